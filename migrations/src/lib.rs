@@ -1,0 +1,17 @@
+//! Schema migrations for pagos, run by `pagos migrate` and at the start of `pagos serve`.
+//!
+//! Every migration must run unchanged on PostgreSQL (production) and SQLite (embedded
+//! default). It must never rewrite or drop data a running older binary still relies on.
+
+pub use sea_orm_migration::prelude::*;
+
+mod m20261202_000001_init;
+
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261202_000001_init::Migration)]
+    }
+}

@@ -1,0 +1,369 @@
+//! Typed settings: every flag of the CLI, each also read from a `PAGOS_…` env var.
+//!
+//! A bad setting must stop the process at start with one line naming it (exit 2), never
+//! surface later as a confusing runtime error.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{e}; expected a duration such as 250ms, 30s or 24h"))
+}
+
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match duration(s)? {
+        d if d.is_zero() => Err("must be greater than zero".into()),
+        d => Ok(d),
+    }
+}
+
+fn rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err("expected a rate between 0 and 1, such as 0.1".into()),
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pagos",
+    version,
+    about = "Payments through external gateways, safe to retry",
+    long_about = "Payments through external gateways, safe to retry.\n\nEvery flag can also be \
+                  set with the environment variable shown next to it."
+)]
+pub struct Cli {
+    /// Log format on stderr (RUST_LOG filters what is logged)
+    #[arg(long, env = "PAGOS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply pending migrations, then serve the HTTP API, the reconciler and the key reaper
+    Serve(Box<Settings>),
+    /// Apply pending migrations and exit
+    Migrate(DatabaseArgs),
+    /// Manage merchants
+    Merchants {
+        #[command(subcommand)]
+        action: MerchantsCommand,
+    },
+    /// Run the sandbox gateway (the reference protocol, from memory) as an HTTP server
+    SandboxGateway(SandboxArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MerchantsCommand {
+    /// Create a merchant and print its API key (only a hash of it is stored)
+    Add(MerchantAddArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MerchantAddArgs {
+    /// The merchant's display name
+    pub name: String,
+    /// Use this API key instead of a random `sk_…` one
+    #[arg(long, env = "PAGOS_MERCHANT_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct DatabaseArgs {
+    /// Database URL: sqlite://FILE?mode=rwc (embedded) or postgres://USER@HOST/DB
+    #[arg(
+        long = "database-url",
+        env = "PAGOS_DATABASE_URL",
+        default_value = "sqlite://pagos.db?mode=rwc",
+        value_name = "URL"
+    )]
+    pub url: String,
+    /// Database connections in the pool
+    #[arg(long = "database-pool-size", env = "PAGOS_DATABASE_POOL_SIZE", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=1000), value_name = "N")]
+    pub pool_size: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GatewayKind {
+    /// In-process sandbox: answers at once and charges successfully
+    Sandbox,
+    /// The reference protocol over HTTP at --gateway-url
+    Http,
+}
+
+/// Everything `pagos serve` needs.
+#[derive(Clone, Debug, Args)]
+pub struct Settings {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Address the HTTP API listens on
+    #[arg(
+        long,
+        env = "PAGOS_BIND",
+        default_value = "127.0.0.1:8080",
+        value_name = "ADDR"
+    )]
+    pub bind: SocketAddr,
+    /// Which gateway to charge through
+    #[arg(long, env = "PAGOS_GATEWAY", value_enum, default_value_t = GatewayKind::Sandbox)]
+    pub gateway: GatewayKind,
+    /// Gateway base URL (required by --gateway http)
+    #[arg(long, env = "PAGOS_GATEWAY_URL", value_name = "URL")]
+    pub gateway_url: Option<url::Url>,
+    /// Secret sent to the gateway as a bearer token
+    #[arg(
+        long,
+        env = "PAGOS_GATEWAY_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    pub gateway_secret: Option<String>,
+    /// Timeout of one gateway call
+    #[arg(long, env = "PAGOS_GATEWAY_TIMEOUT", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
+    pub gateway_timeout: Duration,
+    /// Retries of one gateway call (exponential backoff with jitter, same gateway key)
+    #[arg(long, env = "PAGOS_GATEWAY_RETRIES", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(0..=10), value_name = "N")]
+    pub gateway_retries: u32,
+    /// How long the gateway honours a key: resending with it is safe inside this window
+    #[arg(long, env = "PAGOS_GATEWAY_KEY_WINDOW", default_value = "24h", value_parser = positive_duration, value_name = "DURATION")]
+    pub gateway_key_window: Duration,
+    /// Bearer token of the admin endpoints (unset: they answer 401)
+    #[arg(
+        long,
+        env = "PAGOS_ADMIN_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub admin_token: Option<String>,
+    /// Secret gateway webhooks are signed with (unset: webhooks answer 401)
+    #[arg(
+        long,
+        env = "PAGOS_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    pub webhook_secret: Option<String>,
+    /// Period of the background reconciler
+    #[arg(long, env = "PAGOS_RECONCILE_EVERY", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
+    pub reconcile_every: Duration,
+    /// A non-terminal payment is due for reconciliation after this long
+    #[arg(long, env = "PAGOS_STALE_AFTER", default_value = "30s", value_parser = positive_duration, value_name = "DURATION")]
+    pub stale_after: Duration,
+    /// Idempotency keys of finished payments are kept this long
+    #[arg(long, env = "PAGOS_KEY_RETENTION", default_value = "24h", value_parser = positive_duration, value_name = "DURATION")]
+    pub key_retention: Duration,
+    /// Lease of an in-flight request on its key (must exceed timeout × tries)
+    #[arg(long, env = "PAGOS_LEASE", default_value = "60s", value_parser = positive_duration, value_name = "DURATION")]
+    pub lease: Duration,
+    /// Unresolved this long → REVISION_MANUAL
+    #[arg(long, env = "PAGOS_GIVE_UP_AFTER", default_value = "24h", value_parser = positive_duration, value_name = "DURATION")]
+    pub give_up_after: Duration,
+    /// Concurrent provider look-ups of one reconciliation pass
+    #[arg(long, env = "PAGOS_RECONCILE_CONCURRENCY", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=1024), value_name = "N")]
+    pub reconcile_concurrency: u32,
+}
+
+/// A setting that is well-formed alone but wrong with the others.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid setting {env} (--{flag}): {message}")]
+pub struct SettingError {
+    pub env: &'static str,
+    pub flag: &'static str,
+    pub message: String,
+}
+
+impl Settings {
+    pub fn retry_policy(&self) -> crate::gateway::retry::RetryPolicy {
+        crate::gateway::retry::RetryPolicy::new(self.gateway_retries as usize)
+    }
+
+    /// Checks the settings against each other.
+    pub fn validate(&self) -> Result<(), SettingError> {
+        if self.gateway == GatewayKind::Http && self.gateway_url.is_none() {
+            return Err(SettingError {
+                env: "PAGOS_GATEWAY_URL",
+                flag: "gateway-url",
+                message: "required when PAGOS_GATEWAY=http".into(),
+            });
+        }
+        let worst = self.retry_policy().worst_case(self.gateway_timeout);
+        if self.lease <= worst {
+            return Err(SettingError {
+                env: "PAGOS_LEASE",
+                flag: "lease",
+                message: format!(
+                    "{} must exceed the longest gateway call, {} (PAGOS_GATEWAY_TIMEOUT × tries plus backoff)",
+                    humantime::format_duration(self.lease),
+                    humantime::format_duration(round_ms(worst)),
+                ),
+            });
+        }
+        // A key purged and reused must not meet its old gateway key still honoured by
+        // the gateway: that would replay the old charge for the new payment.
+        if self.key_retention < self.gateway_key_window {
+            return Err(SettingError {
+                env: "PAGOS_KEY_RETENTION",
+                flag: "key-retention",
+                message: format!(
+                    "{} is shorter than PAGOS_GATEWAY_KEY_WINDOW ({}); keys must outlive the gateway's memory of them",
+                    humantime::format_duration(self.key_retention),
+                    humantime::format_duration(self.gateway_key_window),
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct SandboxArgs {
+    /// Address the sandbox gateway listens on
+    #[arg(
+        long,
+        env = "PAGOS_SANDBOX_BIND",
+        default_value = "127.0.0.1:8090",
+        value_name = "ADDR"
+    )]
+    pub bind: SocketAddr,
+    /// Bearer secret callers must send (unset: any caller is accepted)
+    #[arg(
+        long,
+        env = "PAGOS_SANDBOX_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    pub secret: Option<String>,
+    /// Time a new charge takes
+    #[arg(long, env = "PAGOS_SANDBOX_LATENCY", default_value = "0ms", value_parser = duration, value_name = "DURATION")]
+    pub latency: Duration,
+    /// Share of charges declined
+    #[arg(long, env = "PAGOS_SANDBOX_DECLINE_RATE", default_value_t = 0.0, value_parser = rate, value_name = "RATE")]
+    pub decline_rate: f64,
+    /// Share of requests answered 503 without charging
+    #[arg(long, env = "PAGOS_SANDBOX_ERROR_RATE", default_value_t = 0.0, value_parser = rate, value_name = "RATE")]
+    pub error_rate: f64,
+    /// Share of charges made whose answer then hangs past the client's timeout
+    #[arg(long, env = "PAGOS_SANDBOX_TIMEOUT_RATE", default_value_t = 0.0, value_parser = rate, value_name = "RATE")]
+    pub timeout_rate: f64,
+    /// Share of charges made whose connection is then dropped mid-answer
+    #[arg(long, env = "PAGOS_SANDBOX_RESET_RATE", default_value_t = 0.0, value_parser = rate, value_name = "RATE")]
+    pub reset_rate: f64,
+    /// Share of charges left pending, settled later
+    #[arg(long, env = "PAGOS_SANDBOX_PENDING_RATE", default_value_t = 0.0, value_parser = rate, value_name = "RATE")]
+    pub pending_rate: f64,
+    /// How long a pending charge stays pending
+    #[arg(long, env = "PAGOS_SANDBOX_PENDING_FOR", default_value = "2s", value_parser = duration, value_name = "DURATION")]
+    pub pending_for: Duration,
+    /// Seed of the fault and outcome draws (repeatable runs)
+    #[arg(long, env = "PAGOS_SANDBOX_SEED", value_name = "N")]
+    pub seed: Option<u64>,
+}
+
+/// Turns a clap error into the one line the contract asks for, naming flag and env var.
+pub fn one_line_error(err: &clap::Error) -> String {
+    let rendered = err.render().to_string();
+    let first = rendered
+        .lines()
+        .next()
+        .unwrap_or("invalid command line")
+        .trim_start_matches("error: ")
+        .to_owned();
+    let env = flag_in(&first)
+        .and_then(|flag| env_of_flag(&<Cli as clap::CommandFactory>::command(), &flag));
+    match env {
+        Some(env) => format!("pagos: invalid setting {env}: {first}"),
+        None => format!("pagos: {first}"),
+    }
+}
+
+fn flag_in(line: &str) -> Option<String> {
+    let start = line.find("'--")? + 3;
+    let rest = &line[start..];
+    let end = rest.find([' ', '\'', '=']).unwrap_or(rest.len());
+    Some(rest[..end].to_owned())
+}
+
+fn env_of_flag(cmd: &clap::Command, flag: &str) -> Option<String> {
+    for arg in cmd.get_arguments() {
+        if arg.get_long() == Some(flag)
+            && let Some(env) = arg.get_env()
+        {
+            return Some(env.to_string_lossy().into_owned());
+        }
+    }
+    cmd.get_subcommands().find_map(|sub| env_of_flag(sub, flag))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("pagos").chain(args.iter().copied()))
+    }
+
+    fn serve_settings(args: &[&str]) -> Settings {
+        let mut all = vec!["serve"];
+        all.extend_from_slice(args);
+        match parse(&all).map(|cli| cli.command) {
+            Ok(Command::Serve(settings)) => *settings,
+            other => panic!("not a serve command: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_defaults_are_the_contracts() {
+        let s = serve_settings(&[]);
+        assert_eq!(s.database.url, "sqlite://pagos.db?mode=rwc");
+        assert_eq!(s.bind.to_string(), "127.0.0.1:8080");
+        assert_eq!(s.gateway, GatewayKind::Sandbox);
+        assert_eq!(s.gateway_timeout, Duration::from_secs(10));
+        assert_eq!(s.gateway_retries, 3);
+        assert_eq!(s.lease, Duration::from_secs(60));
+        assert_eq!(s.key_retention, Duration::from_secs(86400));
+        assert_eq!(s.reconcile_concurrency, 32);
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn a_bad_duration_is_one_line_naming_flag_and_env() {
+        let err = parse(&["serve", "--gateway-timeout", "soon"]).expect_err("refused");
+        let line = one_line_error(&err);
+        assert!(line.contains("PAGOS_GATEWAY_TIMEOUT"), "{line}");
+        assert!(line.contains("--gateway-timeout"), "{line}");
+        assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn a_lease_shorter_than_the_gateway_call_is_refused() {
+        let s = serve_settings(&["--lease", "20s"]);
+        let err = s.validate().expect_err("refused");
+        assert_eq!(err.env, "PAGOS_LEASE");
+    }
+
+    #[test]
+    fn the_http_gateway_needs_a_url() {
+        let s = serve_settings(&["--gateway", "http"]);
+        assert_eq!(s.validate().expect_err("refused").env, "PAGOS_GATEWAY_URL");
+    }
+}

@@ -1,0 +1,8 @@
+//! Sea-ORM entities: one module per table, rows as the database holds them.
+//!
+//! Entities carry no behaviour; the rules live in `saga` and `idempotency`.
+
+pub mod idempotency_key;
+pub mod merchant;
+pub mod payment;
+pub mod payment_transition;

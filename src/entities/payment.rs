@@ -1,0 +1,33 @@
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "payments")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    pub merchant_id: Uuid,
+    pub idempotency_key: String,
+    pub credit_id: String,
+    /// Minor units of `currency`.
+    pub amount: i64,
+    pub currency: String,
+    pub description: Option<String>,
+    /// A `PaymentState`, as its contract name (`EN_PROCESO`, …).
+    pub state: String,
+    /// Bumped by every write; writes are fenced on it.
+    pub version: i64,
+    /// Gateway calls made for this payment (each one with the same gateway key).
+    pub attempts: i32,
+    pub gateway_key: String,
+    pub gateway_ref: Option<String>,
+    pub decline_code: Option<String>,
+    /// When the reconciler may look at this payment next.
+    pub next_attempt_at: ChronoDateTimeUtc,
+    pub created_at: ChronoDateTimeUtc,
+    pub updated_at: ChronoDateTimeUtc,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,104 @@
+//! The reference-protocol adapter (`PAGOS_GATEWAY=http`): `POST /v1/charges` with the
+//! gateway key in `Idempotency-Key`, `GET /v1/charges?reference=` for lookups.
+//!
+//! It classifies answers, nothing more: 5xx, 409, 429, timeouts, resets and unreadable
+//! bodies are `Unknown` (the charge may exist); other 4xx are `Rejected`.
+
+use super::{Charge, ChargeBody, ChargeRequest, Gateway, GatewayError};
+use async_trait::async_trait;
+use reqwest::StatusCode;
+use serde::Deserialize;
+use std::time::Duration;
+use uuid::Uuid;
+
+pub struct HttpGateway {
+    client: reqwest::Client,
+    base: String,
+    secret: String,
+}
+
+impl HttpGateway {
+    pub fn new(base: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .user_agent(concat!("pagos/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(HttpGateway {
+            client,
+            base: base.trim_end_matches('/').to_owned(),
+            secret: secret.to_owned(),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct ChargeList {
+    data: Vec<Charge>,
+}
+
+fn transport(err: &reqwest::Error) -> GatewayError {
+    let kind = if err.is_timeout() {
+        "timed out"
+    } else if err.is_connect() {
+        "could not connect"
+    } else {
+        "connection failed"
+    };
+    GatewayError::Unknown(format!("{kind}: {err}"))
+}
+
+async fn classify<T: for<'de> Deserialize<'de>>(
+    resp: reqwest::Response,
+) -> Result<T, GatewayError> {
+    let status = resp.status();
+    if status.is_success() {
+        // A success whose body cannot be read may still be a charge: unknown, not failed.
+        let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
+        return serde_json::from_slice(&bytes)
+            .map_err(|e| GatewayError::Unknown(format!("unreadable {status} answer: {e}")));
+    }
+    let detail = resp.text().await.unwrap_or_default();
+    let detail: String = detail.chars().take(300).collect();
+    if status.is_server_error()
+        || status == StatusCode::CONFLICT
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::REQUEST_TIMEOUT
+    {
+        Err(GatewayError::Unknown(format!(
+            "gateway answered {status}: {detail}"
+        )))
+    } else {
+        Err(GatewayError::Rejected {
+            status: status.as_u16(),
+            detail,
+        })
+    }
+}
+
+#[async_trait]
+impl Gateway for HttpGateway {
+    async fn charge(&self, req: &ChargeRequest) -> Result<Charge, GatewayError> {
+        let resp = self
+            .client
+            .post(format!("{}/v1/charges", self.base))
+            .bearer_auth(&self.secret)
+            .header("Idempotency-Key", &req.gateway_key)
+            .json(&ChargeBody::from(req))
+            .send()
+            .await
+            .map_err(|e| transport(&e))?;
+        classify(resp).await
+    }
+
+    async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
+        let resp = self
+            .client
+            .get(format!("{}/v1/charges?reference={reference}", self.base))
+            .bearer_auth(&self.secret)
+            .send()
+            .await
+            .map_err(|e| transport(&e))?;
+        classify::<ChargeList>(resp).await.map(|list| list.data)
+    }
+}

@@ -1,0 +1,145 @@
+//! Talking to payment gateways: the `Gateway` trait, the derived gateway key, the retry
+//! policy, and the adapters (reference HTTP protocol, in-process sandbox).
+//!
+//! This room never touches the database and never decides a payment's state: it reports
+//! what the gateway said, or that nobody knows.
+
+pub mod http;
+pub mod retry;
+pub mod sandbox;
+pub mod sandbox_server;
+
+use crate::idempotency::IdempotencyKey;
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+/// What pagos asks a gateway to charge. Every send of one payment carries the same
+/// `gateway_key` and the same body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChargeRequest {
+    pub gateway_key: String,
+    pub amount: i64,
+    pub currency: String,
+    pub reference: Uuid,
+    pub description: Option<String>,
+}
+
+/// The reference protocol's charge body (what `POST /v1/charges` takes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChargeBody {
+    pub amount: i64,
+    pub currency: String,
+    pub reference: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+impl From<&ChargeRequest> for ChargeBody {
+    fn from(req: &ChargeRequest) -> Self {
+        ChargeBody {
+            amount: req.amount,
+            currency: req.currency.clone(),
+            reference: req.reference.to_string(),
+            description: req.description.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChargeStatus {
+    Succeeded,
+    Declined,
+    Pending,
+}
+
+/// A charge as the gateway reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Charge {
+    pub id: String,
+    pub status: ChargeStatus,
+    pub amount: i64,
+    pub currency: String,
+    pub reference: String,
+    #[serde(default)]
+    pub decline_code: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GatewayError {
+    /// Timeout, 5xx, reset connection, 409 (still in flight), 429, unreadable answer:
+    /// the charge may or may not exist. Safe to retry with the same key.
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+    /// A 4xx other than 409/429: the gateway refused the request, no charge was made.
+    /// Retrying the same request cannot help.
+    #[error("gateway refused the request with {status}: {detail}")]
+    Rejected { status: u16, detail: String },
+}
+
+impl GatewayError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, GatewayError::Unknown(_))
+    }
+}
+
+/// One payment gateway. Each method is one attempt; retries live in `retry`.
+#[async_trait]
+pub trait Gateway: Send + Sync + 'static {
+    /// Creates (or, for a key already used, replays) a charge.
+    async fn charge(&self, req: &ChargeRequest) -> Result<Charge, GatewayError>;
+
+    /// Every charge the gateway holds for this payment reference. Empty means none exists
+    /// (yet).
+    async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError>;
+}
+
+/// The key pagos sends to the gateway for the client's key `key` of `merchant`.
+///
+/// Deterministic (every retry and resend of one payment sends the same key) and injective
+/// across merchants (the merchant id is part of it literally; the client key is hashed so
+/// the result stays at 103 characters whatever the client sent).
+pub fn gateway_key(merchant: Uuid, key: &IdempotencyKey) -> String {
+    let digest = Sha256::digest(key.as_str().as_bytes());
+    format!("pagos-{}-{}", merchant.simple(), hex::encode(digest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> IdempotencyKey {
+        IdempotencyKey::parse(s.as_bytes()).expect("valid key")
+    }
+
+    #[test]
+    fn the_gateway_key_is_deterministic_and_short() {
+        let merchant = Uuid::new_v4();
+        let long = "k".repeat(255);
+        assert_eq!(
+            gateway_key(merchant, &key(&long)),
+            gateway_key(merchant, &key(&long))
+        );
+        assert!(gateway_key(merchant, &key(&long)).len() <= 255);
+    }
+
+    #[test]
+    fn two_merchants_with_one_client_key_get_two_gateway_keys() {
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        assert_ne!(gateway_key(a, &key("same")), gateway_key(b, &key("same")));
+        assert_ne!(gateway_key(a, &key("one")), gateway_key(a, &key("two")));
+    }
+
+    #[test]
+    fn charges_read_the_reference_protocol() {
+        let charge: Charge = serde_json::from_str(
+            r#"{"id":"ch_1","status":"declined","amount":5,"currency":"COP","reference":"r","declineCode":"insufficient_funds"}"#,
+        )
+        .expect("parses");
+        assert_eq!(charge.status, ChargeStatus::Declined);
+        assert_eq!(charge.decline_code.as_deref(), Some("insufficient_funds"));
+    }
+}

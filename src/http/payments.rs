@@ -1,0 +1,273 @@
+//! The merchant API: `POST /v1/pagos` (idempotent) and `GET /v1/pagos/{id}`.
+//!
+//! A request rejected before any work (401, 413, 415, 400, validation 422) stores nothing.
+//! The saga runs in its own task: a client that hangs up never cancels a payment halfway.
+
+use super::AppState;
+use super::auth::Merchant;
+use super::problem::{ApiError, Kind, Problem};
+use crate::domain::{FieldError, NewPayment};
+use crate::entities::payment;
+use crate::idempotency::{self, Begin, IdempotencyKey, KeyError};
+use crate::representation::{Answer, Pago, answer};
+use crate::saga::{self, store::Actor};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use serde_json::Value;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+pub const MAX_BODY: usize = 64 * 1024;
+pub const PAYMENTS_PATH: &str = "/v1/pagos";
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_payment))
+        .routes(routes!(get_payment))
+}
+
+/// The body of `POST /v1/pagos` (documentation only: the handler parses JSON itself to
+/// report every bad field at once).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+#[schema(as = PagoRequest)]
+struct PagoRequest {
+    /// The credit this payment pays, 1–64 characters.
+    #[schema(rename = "creditoId", max_length = 64, example = "42")]
+    credito_id: String,
+    /// Positive whole number of minor units of `moneda`.
+    #[schema(minimum = 1, example = 250000)]
+    monto: i64,
+    /// ISO 4217 code: ARS, BRL, CLP, COP, EUR, GBP, MXN, PEN, USD, UYU.
+    #[schema(example = "COP")]
+    moneda: String,
+    #[schema(max_length = 255)]
+    descripcion: Option<String>,
+}
+
+fn problem(kind: Kind, detail: impl Into<String>) -> ApiError {
+    Problem::new(kind).detail(detail).into()
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
+    let too_large = || {
+        problem(
+            Kind::BodyTooLarge,
+            format!("The body must be at most {MAX_BODY} bytes."),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, MAX_BODY).await.map_err(|err| {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&err);
+        while let Some(e) = source {
+            if e.is::<http_body_util::LengthLimitError>() {
+                return too_large();
+            }
+            source = e.source();
+        }
+        problem(Kind::MalformedJson, "The body could not be read.")
+    })
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
+    let mut values = headers.get_all("idempotency-key").iter();
+    let parsed = match (values.next(), values.next()) {
+        (None, _) => Err(KeyError::Missing),
+        (Some(_), Some(_)) => Err(KeyError::Repeated),
+        (Some(value), None) => IdempotencyKey::parse(value.as_bytes()),
+    };
+    parsed.map_err(|err| {
+        let kind = if err == KeyError::Missing {
+            Kind::MissingKey
+        } else {
+            Kind::MalformedKey
+        };
+        problem(
+            kind,
+            format!("{err}. Generate one key (a UUID v4) per payment and send it on every retry of that payment."),
+        )
+    })
+}
+
+fn validation_failed(errors: Vec<FieldError>) -> ApiError {
+    Problem::new(Kind::Validation)
+        .detail("Correct the fields listed in `errores` and send the request again; nothing was stored.")
+        .with("errores", errors)
+        .into()
+}
+
+/// An answer to `POST /v1/pagos`, with `Location` and, for replays, `Idempotent-Replayed`.
+fn respond(payment_id: Uuid, answer: Answer, replayed: bool) -> Response {
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let content_type = answer.content_type();
+    let mut response = (status, answer.body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if let Ok(location) = HeaderValue::from_str(&format!("{PAYMENTS_PATH}/{payment_id}")) {
+        headers.insert(header::LOCATION, location);
+    }
+    if replayed {
+        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    response
+}
+
+/// Make a payment, safe to retry with the same `Idempotency-Key`.
+#[utoipa::path(
+    post,
+    path = "/v1/pagos",
+    tag = "pagos",
+    security(("api_key" = [])),
+    params(
+        ("Idempotency-Key" = String, Header,
+         description = "One key per payment intent (a UUID v4 is best), sent again on every retry. 1–255 visible ASCII characters; the quoted sf-string form is accepted.")
+    ),
+    request_body(content = PagoRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Charged (COMPLETADA)", body = Pago,
+         headers(("Location" = String), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 202, description = "Outcome not known yet (ENVIADA); the reconciler settles it", body = Pago,
+         headers(("Location" = String))),
+        (status = 400, description = "Idempotency-Key missing or malformed, or body not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 402, description = "Declined (FALLIDA); the payment is under `pago`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The first request with this key is still in progress", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u64))),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Content type is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation failed (`validation-failed`) or the key was used with another body (`idempotency-key-reused`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Temporarily unavailable; retry with the same key", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn create_payment(
+    State(state): State<AppState>,
+    Merchant(merchant): Merchant,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    if !is_json(&headers) {
+        return Err(problem(
+            Kind::UnsupportedMediaType,
+            "Send the body as `Content-Type: application/json`.",
+        ));
+    }
+    let bytes = read_body(&headers, body).await?;
+    let key = idempotency_key(&headers)?;
+    let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        problem(
+            Kind::MalformedJson,
+            format!("The body is not valid JSON: {e}."),
+        )
+    })?;
+    let new_payment = NewPayment::from_json(&value).map_err(validation_failed)?;
+    let fingerprint = idempotency::fingerprint("POST", PAYMENTS_PATH, &value);
+
+    let begun = idempotency::begin(
+        &state.db,
+        merchant,
+        &key,
+        &fingerprint,
+        &new_payment,
+        state.settings.lease,
+    )
+    .await?;
+    let key_hash = idempotency::key_hash(&key);
+    match begun {
+        Begin::Started(p) => {
+            tracing::info!(payment_id = %p.id, key_hash, "payment registered");
+            let deps = state.saga_deps();
+            // Its own task: axum drops this handler if the client hangs up; the saga
+            // must still run to its end.
+            let settled = tokio::spawn(async move { saga::send(&deps, p, Actor::Request).await })
+                .await
+                .map_err(|e| ApiError::Internal(e.into()))?
+                .map_err(|e| ApiError::Internal(e.into()))?;
+            Ok(respond(settled.id, answer(&settled), false))
+        }
+        Begin::Replay { payment_id, answer } => {
+            tracing::info!(%payment_id, key_hash, "replaying the stored answer");
+            Ok(respond(payment_id, answer, true))
+        }
+        Begin::Unsettled { payment_id, .. } => {
+            let current = crate::saga::store::find_payment(&state.db, payment_id)
+                .await?
+                .ok_or_else(|| {
+                    ApiError::Internal(anyhow::anyhow!(
+                        "key points to a missing payment {payment_id}"
+                    ))
+                })?;
+            tracing::info!(%payment_id, key_hash, estado = current.state, "answering the current state");
+            Ok(respond(payment_id, answer(&current), true))
+        }
+        Begin::InFlight { retry_after } => {
+            tracing::info!(key_hash, "duplicate while the first request is in flight");
+            let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            Err(Problem::new(Kind::RequestInFlight)
+                .detail("The first request with this Idempotency-Key is still being processed. Retry after the time in Retry-After.")
+                .retry_after(seconds)
+                .into())
+        }
+        Begin::Mismatch => {
+            tracing::info!(key_hash, "key reused with another body");
+            Err(problem(
+                Kind::KeyReused,
+                "This Idempotency-Key was already used with a different request. Use a new key for a new payment.",
+            ))
+        }
+    }
+}
+
+/// A payment of the caller's.
+#[utoipa::path(
+    get,
+    path = "/v1/pagos/{id}",
+    tag = "pagos",
+    security(("api_key" = [])),
+    params(("id" = Uuid, Path, description = "The payment id")),
+    responses(
+        (status = 200, description = "The payment", body = Pago),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such payment for this merchant", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn get_payment(
+    State(state): State<AppState>,
+    Merchant(merchant): Merchant,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let not_found = || problem(Kind::NotFound, "No payment with this id.");
+    let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
+    let found = payment::Entity::find_by_id(id)
+        .filter(payment::Column::MerchantId.eq(merchant))
+        .one(&state.db)
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(axum::Json(Pago::of(&found)).into_response())
+}

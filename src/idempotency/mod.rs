@@ -1,0 +1,183 @@
+//! Idempotency keys: the fingerprint, the key itself, and the registry that decides what a
+//! request with a key gets — new work, a stored answer, 409, or 422.
+//!
+//! The registry never holds a transaction open across the work it guards: a lease on the
+//! key row marks the owner; the row's primary key settles races.
+
+pub mod fingerprint;
+pub mod key;
+
+pub use fingerprint::fingerprint;
+pub use key::{IdempotencyKey, KeyError};
+
+use crate::domain::NewPayment;
+use crate::entities::{idempotency_key as keys, payment};
+use crate::representation::Answer;
+use crate::saga::store::{self, KEY_COMPLETED, Registered, Registration};
+use chrono::{DateTime, Utc};
+use sea_orm::{DatabaseConnection, DbErr};
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// What the registry decided for a request.
+#[derive(Debug)]
+pub enum Begin {
+    /// First request with this key: the payment is registered and this request owns it.
+    Started(payment::Model),
+    /// The answer was frozen: send it again, byte for byte.
+    Replay { payment_id: Uuid, answer: Answer },
+    /// Same request, not finished, and nobody holds the lease: answer the current state.
+    Unsettled {
+        payment_id: Uuid,
+        lease_expired: bool,
+    },
+    /// Another request holds the key's lease.
+    InFlight { retry_after: Duration },
+    /// The key was used with a different request.
+    Mismatch,
+}
+
+/// The decision for a key row that already exists. Pure.
+pub fn decide(existing: &keys::Model, fingerprint: &str, now: DateTime<Utc>) -> Begin {
+    if existing.fingerprint != fingerprint {
+        return Begin::Mismatch;
+    }
+    if existing.status == KEY_COMPLETED
+        && let (Some(code), Some(body)) = (existing.response_code, &existing.response_body)
+    {
+        return Begin::Replay {
+            payment_id: existing.payment_id,
+            answer: Answer {
+                status: u16::try_from(code).unwrap_or(500),
+                body: body.clone(),
+            },
+        };
+    }
+    match existing.lease_until {
+        Some(until) if until > now => Begin::InFlight {
+            retry_after: (until - now).to_std().unwrap_or_default(),
+        },
+        until => Begin::Unsettled {
+            payment_id: existing.payment_id,
+            lease_expired: until.is_some(),
+        },
+    }
+}
+
+/// A short, stable hash of a client key, for logs (keys may carry merchant data).
+pub fn key_hash(key: &IdempotencyKey) -> String {
+    hex::encode(&Sha256::digest(key.as_str().as_bytes())[..6])
+}
+
+/// Looks the key up (one query: the whole cost of a replay) and registers it with its
+/// payment if it is new.
+pub async fn begin(
+    db: &DatabaseConnection,
+    merchant: Uuid,
+    key: &IdempotencyKey,
+    fingerprint: &str,
+    new_payment: &NewPayment,
+    lease: Duration,
+) -> Result<Begin, DbErr> {
+    if let Some(existing) = store::find_key(db, merchant, key.as_str()).await? {
+        return Ok(decide(&existing, fingerprint, crate::db::now()));
+    }
+    let registration = Registration {
+        merchant,
+        key: key.as_str(),
+        fingerprint,
+        payment: new_payment,
+        gateway_key: crate::gateway::gateway_key(merchant, key),
+        lease,
+    };
+    Ok(match store::register(db, registration).await? {
+        Registered::Started(p) => Begin::Started(p),
+        Registered::Taken(existing) => decide(&existing, fingerprint, crate::db::now()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(fingerprint: &str, status: &str, lease_until: Option<DateTime<Utc>>) -> keys::Model {
+        let at = Utc::now();
+        keys::Model {
+            merchant_id: Uuid::nil(),
+            key: "k".into(),
+            fingerprint: fingerprint.into(),
+            payment_id: Uuid::nil(),
+            status: status.into(),
+            response_code: (status == KEY_COMPLETED).then_some(201),
+            response_body: (status == KEY_COMPLETED).then(|| "{}".into()),
+            lease_until,
+            created_at: at,
+            updated_at: at,
+        }
+    }
+
+    #[test]
+    fn another_body_is_a_mismatch_whatever_the_state() {
+        let now = Utc::now();
+        for status in ["EN_PROCESO", KEY_COMPLETED] {
+            assert!(matches!(
+                decide(&row("a", status, None), "b", now),
+                Begin::Mismatch
+            ));
+        }
+    }
+
+    #[test]
+    fn a_frozen_answer_is_replayed() {
+        let decided = decide(&row("a", KEY_COMPLETED, None), "a", Utc::now());
+        assert!(matches!(
+            decided,
+            Begin::Replay {
+                answer: Answer { status: 201, .. },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_live_lease_means_in_flight_with_the_time_left() {
+        let now = Utc::now();
+        let decided = decide(
+            &row(
+                "a",
+                "EN_PROCESO",
+                Some(now + chrono::TimeDelta::seconds(30)),
+            ),
+            "a",
+            now,
+        );
+        match decided {
+            Begin::InFlight { retry_after } => assert_eq!(retry_after.as_secs(), 30),
+            other => panic!("expected InFlight, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_released_or_expired_lease_is_unsettled() {
+        let now = Utc::now();
+        assert!(matches!(
+            decide(&row("a", "EN_PROCESO", None), "a", now),
+            Begin::Unsettled {
+                lease_expired: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            decide(
+                &row("a", "EN_PROCESO", Some(now - chrono::TimeDelta::seconds(1))),
+                "a",
+                now
+            ),
+            Begin::Unsettled {
+                lease_expired: true,
+                ..
+            }
+        ));
+    }
+}

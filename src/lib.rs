@@ -1,0 +1,17 @@
+//! pagos: payments through external gateways, safe to retry.
+//!
+//! The pure core (`saga::state`, `idempotency::fingerprint`, `domain`) has no I/O; the
+//! shell around it (`http`, `saga::store`, `gateway`) talks to the world.
+
+pub mod app;
+pub mod config;
+pub mod db;
+pub mod domain;
+pub mod entities;
+pub mod failpoint;
+pub mod gateway;
+pub mod http;
+pub mod idempotency;
+pub mod representation;
+pub mod saga;
+pub mod telemetry;

@@ -1,0 +1,79 @@
+//! The `pagos` command line: parse, build, run. Nothing else lives here.
+
+use clap::Parser;
+use pagos::config::{Cli, Command, MerchantsCommand, one_line_error};
+use pagos::{app, telemetry};
+use std::process::ExitCode;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err)
+            if !err.use_stderr()
+                || err.kind()
+                    == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            err.exit()
+        }
+        Err(err) => {
+            eprintln!("{}", one_line_error(&err));
+            return ExitCode::from(2);
+        }
+    };
+    telemetry::init(cli.log_format);
+    match run(cli.command).await {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("pagos: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve(settings) => {
+            if let Err(err) = settings.validate() {
+                eprintln!("pagos: {err}");
+                return Ok(ExitCode::from(2));
+            }
+            if let Err(err) = bad_database_url(&settings.database.url) {
+                eprintln!("pagos: {err}");
+                return Ok(ExitCode::from(2));
+            }
+            app::serve(*settings).await?;
+        }
+        Command::Migrate(database) => {
+            app::open_and_migrate(&database).await?;
+            eprintln!("pagos: migrations applied");
+        }
+        Command::Merchants {
+            action: MerchantsCommand::Add(args),
+        } => {
+            let db = app::open_and_migrate(&args.database).await?;
+            let (id, api_key) = app::add_merchant(&db, &args.name, args.api_key).await?;
+            eprintln!(
+                "pagos: merchant {:?} created with id {id}; its API key (shown once):",
+                args.name
+            );
+            #[allow(clippy::print_stdout)]
+            {
+                println!("{api_key}");
+            }
+        }
+        Command::SandboxGateway(args) => app::sandbox_gateway(args).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bad_database_url(url: &str) -> Result<(), String> {
+    let ok = url.starts_with("sqlite:")
+        || url.starts_with("postgres://")
+        || url.starts_with("postgresql://");
+    if ok {
+        Ok(())
+    } else {
+        Err("invalid setting PAGOS_DATABASE_URL (--database-url): expected sqlite://FILE?mode=rwc or postgres://USER@HOST/DB".into())
+    }
+}

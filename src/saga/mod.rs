@@ -1,0 +1,151 @@
+//! The saga of one payment: register → mark sent → gateway call → settle or hand over.
+//!
+//! `state` is the pure state machine; `store` is the database work; this module runs the
+//! steps in order. It must never hold a transaction across the gateway call, and never
+//! call the gateway for a payment it has not first marked ENVIADA.
+
+pub mod state;
+pub mod store;
+
+use crate::entities::payment;
+use crate::failpoint;
+use crate::gateway::retry::{self, ChargeOutcome, RetryPolicy};
+use crate::gateway::{ChargeRequest, Gateway};
+use crate::representation::GATEWAY_REJECTED_PREFIX;
+use sea_orm::DatabaseConnection;
+use state::Event;
+use std::sync::Arc;
+use std::time::Duration;
+use store::{Actor, Changes, StoreError, Written};
+
+/// What the saga needs from the application.
+#[derive(Clone)]
+pub struct SagaDeps {
+    pub db: DatabaseConnection,
+    pub gateway: Arc<dyn Gateway>,
+    pub policy: RetryPolicy,
+    /// How long until the reconciler looks at a payment handed over to it.
+    pub stale_after: Duration,
+}
+
+pub fn charge_request(p: &payment::Model) -> ChargeRequest {
+    ChargeRequest {
+        gateway_key: p.gateway_key.clone(),
+        amount: p.amount,
+        currency: p.currency.clone(),
+        reference: p.id,
+        description: p.description.clone(),
+    }
+}
+
+/// Marks the payment ENVIADA, calls the gateway (with retries, same key), and records the
+/// outcome. Returns the payment as it stands afterwards — possibly as someone else left
+/// it, if they moved it first (fencing).
+pub async fn send(
+    deps: &SagaDeps,
+    current: payment::Model,
+    actor: Actor,
+) -> Result<payment::Model, StoreError> {
+    let reason = match actor {
+        Actor::Request => "sending to the gateway",
+        _ => "resending to the gateway with the same key",
+    };
+    let sent = match store::apply_now(
+        &deps.db,
+        &current,
+        Event::Send,
+        Changes {
+            count_attempt: true,
+            ..Changes::default()
+        },
+        actor,
+        reason,
+    )
+    .await?
+    {
+        Written::Applied(sent) => sent,
+        Written::Fenced => return reload(deps, &current).await,
+    };
+    failpoint::hit("after_mark_sent");
+
+    let outcome = retry::charge(deps.gateway.as_ref(), &charge_request(&sent), deps.policy).await;
+    failpoint::hit("after_gateway_response");
+    tracing::info!(payment_id = %sent.id, outcome = outcome_name(&outcome), "gateway answered");
+    record_outcome(deps, sent, outcome, actor).await
+}
+
+pub fn outcome_name(outcome: &ChargeOutcome) -> &'static str {
+    match outcome {
+        ChargeOutcome::Succeeded(_) => "succeeded",
+        ChargeOutcome::Declined(_) => "declined",
+        ChargeOutcome::Pending(_) => "pending",
+        ChargeOutcome::Rejected { .. } => "rejected",
+        ChargeOutcome::Unknown(_) => "unknown",
+    }
+}
+
+/// Writes what the gateway said: final states freeze the key's answer; pending and
+/// unknown hand the payment to the reconciler.
+pub async fn record_outcome(
+    deps: &SagaDeps,
+    sent: payment::Model,
+    outcome: ChargeOutcome,
+    actor: Actor,
+) -> Result<payment::Model, StoreError> {
+    let (event, changes, reason) = match outcome {
+        ChargeOutcome::Succeeded(charge) => (
+            Event::Charged,
+            Changes {
+                gateway_ref: Some(charge.id),
+                ..Changes::default()
+            },
+            "gateway charged".to_owned(),
+        ),
+        ChargeOutcome::Declined(charge) => {
+            let code = charge.decline_code.unwrap_or_else(|| "declined".into());
+            (
+                Event::Declined,
+                Changes {
+                    gateway_ref: Some(charge.id),
+                    decline_code: Some(code.clone()),
+                    ..Changes::default()
+                },
+                format!("gateway declined: {code}"),
+            )
+        }
+        ChargeOutcome::Rejected { status, detail } => (
+            Event::Declined,
+            Changes {
+                decline_code: Some(format!("{GATEWAY_REJECTED_PREFIX}_{status}")),
+                ..Changes::default()
+            },
+            format!("gateway refused the request with {status}: {detail}"),
+        ),
+        ChargeOutcome::Pending(charge) => {
+            let due = crate::db::now() + store::chrono_after(deps.stale_after);
+            return match store::hand_over(&deps.db, &sent, Some(charge.id), due).await? {
+                Written::Applied(p) => Ok(p),
+                Written::Fenced => reload(deps, &sent).await,
+            };
+        }
+        ChargeOutcome::Unknown(why) => {
+            tracing::warn!(payment_id = %sent.id, why, "gateway outcome unknown; the reconciler will ask the provider");
+            let due = crate::db::now() + store::chrono_after(deps.stale_after);
+            return match store::hand_over(&deps.db, &sent, None, due).await? {
+                Written::Applied(p) => Ok(p),
+                Written::Fenced => reload(deps, &sent).await,
+            };
+        }
+    };
+    match store::apply_now(&deps.db, &sent, event, changes, actor, &reason).await? {
+        Written::Applied(p) => Ok(p),
+        Written::Fenced => reload(deps, &sent).await,
+    }
+}
+
+async fn reload(deps: &SagaDeps, p: &payment::Model) -> Result<payment::Model, StoreError> {
+    tracing::info!(payment_id = %p.id, "payment moved by someone else first; keeping their decision");
+    Ok(store::find_payment(&deps.db, p.id)
+        .await?
+        .unwrap_or_else(|| p.clone()))
+}
