@@ -205,7 +205,7 @@ async fn create_payment(
             let deps = state.saga_deps();
             // Its own task: axum drops this handler if the client hangs up; the saga
             // must still run to its end.
-            let settled = tokio::spawn(async move { saga::send(&deps, p, Actor::Request).await })
+            let settled = tokio::spawn(async move { saga::send(&deps, *p, Actor::Request).await })
                 .await
                 .map_err(|e| ApiError::Internal(e.into()))?
                 .map_err(|e| ApiError::Internal(e.into()))?;

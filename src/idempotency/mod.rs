@@ -24,7 +24,7 @@ use uuid::Uuid;
 #[derive(Debug)]
 pub enum Begin {
     /// First request with this key: the payment is registered and this request owns it.
-    Started(payment::Model),
+    Started(Box<payment::Model>),
     /// The answer was frozen: send it again, byte for byte.
     Replay { payment_id: Uuid, answer: Answer },
     /// Same request, not finished, and nobody holds the lease: answer the current state.
@@ -92,7 +92,7 @@ pub async fn begin(
         lease,
     };
     Ok(match store::register(db, registration).await? {
-        Registered::Started(p) => Begin::Started(p),
+        Registered::Started(p) => Begin::Started(Box::new(p)),
         Registered::Taken(existing) => decide(&existing, fingerprint, crate::db::now()),
     })
 }

@@ -63,7 +63,7 @@ pub async fn send(
     )
     .await?
     {
-        Written::Applied(sent) => sent,
+        Written::Applied(sent) => *sent,
         Written::Fenced => return reload(deps, &current).await,
     };
     failpoint::hit("after_mark_sent");
@@ -124,7 +124,7 @@ pub async fn record_outcome(
         ChargeOutcome::Pending(charge) => {
             let due = crate::db::now() + store::chrono_after(deps.stale_after);
             return match store::hand_over(&deps.db, &sent, Some(charge.id), due).await? {
-                Written::Applied(p) => Ok(p),
+                Written::Applied(p) => Ok(*p),
                 Written::Fenced => reload(deps, &sent).await,
             };
         }
@@ -132,13 +132,13 @@ pub async fn record_outcome(
             tracing::warn!(payment_id = %sent.id, why, "gateway outcome unknown; the reconciler will ask the provider");
             let due = crate::db::now() + store::chrono_after(deps.stale_after);
             return match store::hand_over(&deps.db, &sent, None, due).await? {
-                Written::Applied(p) => Ok(p),
+                Written::Applied(p) => Ok(*p),
                 Written::Fenced => reload(deps, &sent).await,
             };
         }
     };
     match store::apply_now(&deps.db, &sent, event, changes, actor, &reason).await? {
-        Written::Applied(p) => Ok(p),
+        Written::Applied(p) => Ok(*p),
         Written::Fenced => reload(deps, &sent).await,
     }
 }

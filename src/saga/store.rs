@@ -149,7 +149,7 @@ pub async fn register(db: &DatabaseConnection, reg: Registration<'_>) -> Result<
 /// What a fenced write came to.
 #[derive(Debug)]
 pub enum Written {
-    Applied(payment::Model),
+    Applied(Box<payment::Model>),
     /// The payment moved since it was read: nothing written.
     Fenced,
 }
@@ -214,7 +214,7 @@ pub async fn apply<C: ConnectionTrait>(
     if to.is_terminal() {
         freeze_answer(tx, &next, &answer(&next)).await?;
     }
-    Ok(Written::Applied(next))
+    Ok(Written::Applied(Box::new(next)))
 }
 
 /// Writes `next` over `current` only if nobody wrote in between.
@@ -314,7 +314,7 @@ pub async fn hand_over(
     }
     release_lease(&tx, current).await?;
     tx.commit().await?;
-    Ok(Written::Applied(next))
+    Ok(Written::Applied(Box::new(next)))
 }
 
 /// Ends a request's lease on the payment's key (no answer is frozen).

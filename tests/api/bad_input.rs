@@ -1,0 +1,190 @@
+//! Bad requests: each gets the contract's status as problem+json and leaves nothing
+//! behind, so the same key works afterwards with a corrected request.
+
+use crate::helpers::{API_KEY, Backend, Charge, Spawn, charges, json, payment_body};
+use crate::on_both_databases;
+
+on_both_databases!(
+    every_bad_request_is_a_problem_that_stores_nothing,
+    a_key_rejected_for_a_bad_body_can_be_used_again,
+);
+
+struct Case {
+    name: &'static str,
+    key: Option<Vec<u8>>,
+    api_key: Option<&'static str>,
+    content_type: &'static str,
+    body: Vec<u8>,
+    status: u16,
+    problem_type: &'static str,
+}
+
+fn case(name: &'static str, body: &str, status: u16, problem_type: &'static str) -> Case {
+    Case {
+        name,
+        key: Some(b"k-bad".to_vec()),
+        api_key: Some(API_KEY),
+        content_type: "application/json",
+        body: body.as_bytes().to_vec(),
+        status,
+        problem_type,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let good = payment_body().to_string();
+    vec![
+        Case {
+            key: None,
+            ..case("missing key", &good, 400, "idempotency-key-missing")
+        },
+        Case {
+            key: Some(vec![b'k'; 256]),
+            ..case("key of 256 chars", &good, 400, "idempotency-key-malformed")
+        },
+        Case {
+            key: Some("clavé".as_bytes().to_vec()),
+            ..case("non-ASCII key", &good, 400, "idempotency-key-malformed")
+        },
+        case("not JSON", "{\"creditoId\": ", 400, "malformed-json"),
+        case("JSON array", "[1,2,3]", 422, "validation-failed"),
+        case(
+            "missing field",
+            r#"{"creditoId":"42","moneda":"COP"}"#,
+            422,
+            "validation-failed",
+        ),
+        case(
+            "monto 0",
+            r#"{"creditoId":"42","monto":0,"moneda":"COP"}"#,
+            422,
+            "validation-failed",
+        ),
+        case(
+            "monto negative",
+            r#"{"creditoId":"42","monto":-100,"moneda":"COP"}"#,
+            422,
+            "validation-failed",
+        ),
+        case(
+            "monto not integer",
+            r#"{"creditoId":"42","monto":10.5,"moneda":"COP"}"#,
+            422,
+            "validation-failed",
+        ),
+        case(
+            "monto string",
+            r#"{"creditoId":"42","monto":"250000","moneda":"COP"}"#,
+            422,
+            "validation-failed",
+        ),
+        case(
+            "unknown currency",
+            r#"{"creditoId":"42","monto":1,"moneda":"XAU"}"#,
+            422,
+            "validation-failed",
+        ),
+        case(
+            "body over 64 KiB",
+            &format!(
+                r#"{{"creditoId":"42","monto":1,"moneda":"COP","descripcion":"{}"}}"#,
+                "x".repeat(70_000)
+            ),
+            413,
+            "body-too-large",
+        ),
+        Case {
+            content_type: "text/plain",
+            ..case("wrong content type", &good, 415, "unsupported-media-type")
+        },
+        Case {
+            api_key: None,
+            ..case("missing API key", &good, 401, "unauthorized")
+        },
+        Case {
+            api_key: Some("sk_wrong"),
+            ..case("wrong API key", &good, 401, "unauthorized")
+        },
+    ]
+}
+
+async fn every_bad_request_is_a_problem_that_stores_nothing(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::succeeded())
+        .mount(app.gateway())
+        .await;
+
+    for case in cases() {
+        let mut request = app
+            .http
+            .post(app.url("/v1/pagos"))
+            .header("Content-Type", case.content_type)
+            .body(case.body.clone());
+        if let Some(key) = &case.key {
+            request = request.header(
+                "Idempotency-Key",
+                reqwest::header::HeaderValue::from_bytes(key).expect("header bytes"),
+            );
+        }
+        if let Some(api_key) = case.api_key {
+            request = request.bearer_auth(api_key);
+        }
+        let answer = request.send().await.expect("sent");
+        assert_eq!(answer.status().as_u16(), case.status, "{}", case.name);
+        assert_eq!(
+            answer.headers()["content-type"],
+            "application/problem+json",
+            "{}",
+            case.name
+        );
+        let problem = json(answer).await;
+        assert_eq!(
+            problem["type"],
+            format!("/problems/{}", case.problem_type),
+            "{}",
+            case.name
+        );
+        assert_eq!(problem["status"], case.status, "{}", case.name);
+        assert!(
+            problem["title"].as_str().is_some_and(|t| !t.is_empty()),
+            "{}",
+            case.name
+        );
+        if case.problem_type == "validation-failed" {
+            assert!(
+                problem["errores"].as_array().is_some_and(|e| !e.is_empty()),
+                "{}: lists the fields",
+                case.name
+            );
+        }
+        assert_eq!(
+            app.count_rows().await,
+            (0, 0),
+            "{}: nothing stored",
+            case.name
+        );
+    }
+    assert!(
+        app.charges_seen().await.is_empty(),
+        "no bad request reached the gateway"
+    );
+}
+
+async fn a_key_rejected_for_a_bad_body_can_be_used_again(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::succeeded())
+        .mount(app.gateway())
+        .await;
+
+    let bad = serde_json::json!({"creditoId": "42", "monto": -1, "moneda": "COP"});
+    let rejected = app.pay("k-fix", &bad).await;
+    assert_eq!(rejected.status(), 422);
+    let problem = json(rejected).await;
+    assert_eq!(problem["errores"][0]["campo"], "monto");
+
+    let fixed = app.pay("k-fix", &payment_body()).await;
+    assert_eq!(fixed.status(), 201);
+    assert!(fixed.headers().get("idempotent-replayed").is_none());
+}

@@ -1,0 +1,264 @@
+//! What the gateway does to a payment: fails, declines, hangs, drops the connection.
+//! Every retry carries the same gateway key; the merchant gets a clear answer each time.
+
+use crate::helpers::{Backend, Charge, Spawn, charges, json, payment_body};
+use crate::on_both_databases;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use wiremock::ResponseTemplate;
+
+on_both_databases!(
+    gateway_503_twice_then_201_completes_with_three_calls_and_one_key,
+    a_declined_payment_is_402_stored_and_replayed,
+    a_gateway_that_hangs_past_the_timeout_leaves_the_payment_enviada_with_202,
+    a_reset_connection_is_retried_with_the_same_key,
+    a_gateway_refusal_is_not_retried_and_fails_the_payment,
+    a_pending_charge_answers_202_and_its_retry_gets_the_current_state,
+);
+
+async fn gateway_503_twice_then_201_completes_with_three_calls_and_one_key(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(ResponseTemplate::new(503).set_body_string(include_str!(
+            "../../fixtures/reference-gateway/error_unavailable.json"
+        )))
+        .up_to_n_times(2)
+        .with_priority(1)
+        .mount(app.gateway())
+        .await;
+    charges()
+        .respond_with(Charge::succeeded())
+        .with_priority(2)
+        .mount(app.gateway())
+        .await;
+
+    let answer = app.pay("k-503", &payment_body()).await;
+    assert_eq!(answer.status(), 201);
+    assert_eq!(json(answer).await["estado"], "COMPLETADA");
+    let seen = app.charges_seen().await;
+    assert_eq!(seen.len(), 3);
+    let keys: Vec<_> = seen
+        .iter()
+        .map(|r| r.headers["idempotency-key"].clone())
+        .collect();
+    assert!(
+        keys.windows(2).all(|w| w[0] == w[1]),
+        "one gateway key on every try: {keys:?}"
+    );
+    assert!(
+        keys[0]
+            .to_str()
+            .is_ok_and(|k| k.len() <= 255 && k != "k-503")
+    );
+    assert_eq!(seen[0].headers["authorization"], "Bearer gw_secret");
+}
+
+async fn a_declined_payment_is_402_stored_and_replayed(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::declined())
+        .mount(app.gateway())
+        .await;
+
+    let first = app.pay("k-decline", &payment_body()).await;
+    assert_eq!(first.status(), 402);
+    assert_eq!(first.headers()["content-type"], "application/problem+json");
+    let first_body = first.bytes().await.expect("body");
+    let problem: serde_json::Value = serde_json::from_slice(&first_body).expect("JSON");
+    assert_eq!(problem["type"], "/problems/payment-declined");
+    assert_eq!(problem["pago"]["estado"], "FALLIDA");
+    assert_eq!(problem["declineCode"], "insufficient_funds");
+
+    let replay = app.pay("k-decline", &payment_body()).await;
+    assert_eq!(replay.status(), 402);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.bytes().await.expect("body"), first_body);
+    assert_eq!(app.charges_seen().await.len(), 1);
+}
+
+async fn a_gateway_that_hangs_past_the_timeout_leaves_the_payment_enviada_with_202(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-timeout", "200ms", "--gateway-retries", "2"])
+        .start()
+        .await;
+    charges()
+        .respond_with(Charge::succeeded().respond_later(Duration::from_secs(5)))
+        .mount(app.gateway())
+        .await;
+
+    let answer = app.pay("k-hang", &payment_body()).await;
+    assert_eq!(answer.status(), 202);
+    let location = answer.headers()["location"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "ENVIADA");
+    assert!(location.ends_with(body["id"].as_str().expect("id")));
+    let seen = app.charges_seen().await;
+    assert_eq!(seen.len(), 3, "first try and two retries");
+    let stored = app.payment(body["id"].as_str().expect("id")).await;
+    assert_eq!(stored.state, "ENVIADA");
+}
+
+async fn a_gateway_refusal_is_not_retried_and_fails_the_payment(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(
+            ResponseTemplate::new(400).set_body_string(r#"{"error":"currency not enabled"}"#),
+        )
+        .mount(app.gateway())
+        .await;
+
+    let answer = app.pay("k-refused", &payment_body()).await;
+    assert_eq!(answer.status(), 402);
+    let problem = json(answer).await;
+    assert_eq!(problem["type"], "/problems/gateway-rejected");
+    assert_eq!(problem["pago"]["estado"], "FALLIDA");
+    assert_eq!(app.charges_seen().await.len(), 1, "a 4xx is never retried");
+}
+
+async fn a_pending_charge_answers_202_and_its_retry_gets_the_current_state(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::pending())
+        .mount(app.gateway())
+        .await;
+
+    let first = app.pay("k-pending", &payment_body()).await;
+    assert_eq!(first.status(), 202);
+    let first = json(first).await;
+    assert_eq!(first["estado"], "ENVIADA");
+    assert!(first["gatewayRef"].as_str().is_some());
+
+    // Nobody is working on it any more: the retry is answered, not told to wait.
+    let retry = app.pay("k-pending", &payment_body()).await;
+    assert_eq!(retry.status(), 202);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(retry).await["id"], first["id"]);
+    assert_eq!(app.charges_seen().await.len(), 1);
+}
+
+async fn a_reset_connection_is_retried_with_the_same_key(backend: Backend) {
+    let gateway = ResettingGateway::start().await;
+    let app = Spawn::new(backend)
+        .gateway_url(gateway.url.clone())
+        .start()
+        .await;
+
+    let answer = app.pay("k-reset", &payment_body()).await;
+    assert_eq!(answer.status(), 201);
+    assert_eq!(json(answer).await["estado"], "COMPLETADA");
+    let keys = gateway.keys.lock().expect("lock").clone();
+    assert_eq!(keys.len(), 2, "the reset request and its retry");
+    assert_eq!(keys[0], keys[1], "the retry carries the same gateway key");
+}
+
+trait Later {
+    fn respond_later(self, delay: Duration) -> Delayed;
+}
+
+impl Later for Charge {
+    fn respond_later(self, delay: Duration) -> Delayed {
+        Delayed(self, delay)
+    }
+}
+
+struct Delayed(Charge, Duration);
+
+impl wiremock::Respond for Delayed {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        self.0.respond(request).set_delay(self.1)
+    }
+}
+
+/// A gateway that reads the first charge request and resets the connection (RST) without
+/// answering; later requests get a succeeded charge. wiremock cannot reset a connection.
+struct ResettingGateway {
+    url: String,
+    keys: Arc<Mutex<Vec<String>>>,
+}
+
+impl ResettingGateway {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let keys = Arc::new(Mutex::new(Vec::new()));
+        let seen = keys.clone();
+        tokio::spawn(async move {
+            let mut connections = 0;
+            while let Ok((mut socket, _)) = listener.accept().await {
+                connections += 1;
+                let seen = seen.clone();
+                let reset = connections == 1;
+                tokio::spawn(async move {
+                    let Some((head, body)) = read_request(&mut socket).await else {
+                        return;
+                    };
+                    let key = head
+                        .lines()
+                        .find_map(|l| {
+                            l.strip_prefix("idempotency-key: ")
+                                .or_else(|| l.strip_prefix("Idempotency-Key: "))
+                        })
+                        .unwrap_or("")
+                        .trim()
+                        .to_owned();
+                    seen.lock().expect("lock").push(key);
+                    if reset {
+                        let _ = socket.set_zero_linger();
+                        drop(socket);
+                        return;
+                    }
+                    let request: serde_json::Value =
+                        serde_json::from_slice(&body).unwrap_or_default();
+                    let charge = Charge::succeeded().about(&request).to_string();
+                    let response = format!(
+                        "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{charge}",
+                        charge.len()
+                    );
+                    let _ = socket.write_all(response.as_bytes()).await;
+                    let _ = socket.shutdown().await;
+                });
+            }
+        });
+        ResettingGateway { url, keys }
+    }
+}
+
+async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = socket.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(str::to_owned)
+                })
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            while buffer.len() < end + 4 + length {
+                let n = socket.read(&mut chunk).await.ok()?;
+                if n == 0 {
+                    break;
+                }
+                buffer.extend_from_slice(&chunk[..n]);
+            }
+            return Some((head, buffer[end + 4..].to_vec()));
+        }
+    }
+}

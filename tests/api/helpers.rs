@@ -1,0 +1,382 @@
+//! Test harness: a fresh database per test (SQLite file or a new PostgreSQL database),
+//! pagos bound to port 0 and spoken to over real HTTP, wiremock as the gateway.
+
+use clap::Parser;
+use pagos::config::{Cli, Command, Settings};
+use pagos::gateway::Gateway;
+use sea_orm::{ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::sync::{Arc, Once};
+use std::time::Duration;
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+pub const API_KEY: &str = "sk_test_acme";
+pub const OTHER_API_KEY: &str = "sk_test_globex";
+
+static TRACING: Once = Once::new();
+
+fn init_logs() {
+    TRACING.call_once(|| {
+        if std::env::var_os("TEST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter("info,sqlx=warn")
+                .with_test_writer()
+                .try_init();
+        }
+    });
+}
+
+/// Which database a test runs on.
+#[derive(Clone, Debug)]
+pub enum Backend {
+    Sqlite,
+    Postgres(String),
+}
+
+impl Backend {
+    /// PostgreSQL from `PAGOS_TEST_POSTGRES_URL`. Unset: the test says so and does not run,
+    /// unless `CI=true`, where that is a failure.
+    pub fn postgres() -> Option<Backend> {
+        match std::env::var("PAGOS_TEST_POSTGRES_URL") {
+            Ok(url) if !url.is_empty() => Some(Backend::Postgres(url)),
+            _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+                panic!(
+                    "PAGOS_TEST_POSTGRES_URL must be set when CI=true: the PostgreSQL tests must run"
+                )
+            }
+            _ => {
+                eprintln!(
+                    "skipped: PAGOS_TEST_POSTGRES_URL is not set, this PostgreSQL test did not run"
+                );
+                None
+            }
+        }
+    }
+}
+
+/// Generates a `sqlite` and a `postgres` test for each named async fn taking a `Backend`.
+#[macro_export]
+macro_rules! on_both_databases {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn sqlite() {
+                    super::$name($crate::helpers::Backend::Sqlite).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn postgres() {
+                    if let Some(backend) = $crate::helpers::Backend::postgres() {
+                        super::$name(backend).await
+                    }
+                }
+            }
+        )*
+    };
+}
+
+/// A database made for one test, dropped after it.
+pub struct TestDatabase {
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+    drop_pg: Option<(String, String)>,
+}
+
+impl TestDatabase {
+    pub async fn create(backend: &Backend) -> TestDatabase {
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = format!(
+                    "sqlite://{}?mode=rwc",
+                    dir.path().join("pagos.db").display()
+                );
+                TestDatabase {
+                    url,
+                    _dir: Some(dir),
+                    drop_pg: None,
+                }
+            }
+            Backend::Postgres(admin_url) => {
+                let name = format!("pagos_test_{}", uuid::Uuid::new_v4().simple());
+                let admin = sea_orm::Database::connect(admin_url.as_str())
+                    .await
+                    .expect("connect to PAGOS_TEST_POSTGRES_URL");
+                admin
+                    .execute_unprepared(&format!("CREATE DATABASE {name}"))
+                    .await
+                    .expect("create test database");
+                let _ = admin.close().await;
+                let mut url = url::Url::parse(admin_url).expect("PAGOS_TEST_POSTGRES_URL is a URL");
+                url.set_path(&name);
+                TestDatabase {
+                    url: url.to_string(),
+                    _dir: None,
+                    drop_pg: Some((admin_url.clone(), name)),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if let Some((admin_url, name)) = self.drop_pg.take() {
+            // Drop runs outside async: a short-lived runtime on its own thread.
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                if let Ok(rt) = rt {
+                    rt.block_on(async {
+                        if let Ok(admin) = sea_orm::Database::connect(admin_url.as_str()).await {
+                            let _ = admin
+                                .execute_unprepared(&format!(
+                                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                                ))
+                                .await;
+                            let _ = admin.close().await;
+                        }
+                    });
+                }
+            })
+            .join();
+        }
+    }
+}
+
+/// `pagos serve` settings as the CLI would parse them, plus `extra` flags.
+pub fn settings(database_url: &str, extra: &[&str]) -> Settings {
+    let mut args = vec![
+        "pagos",
+        "serve",
+        "--database-url",
+        database_url,
+        "--bind",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    match Cli::try_parse_from(args).map(|cli| cli.command) {
+        Ok(Command::Serve(settings)) => *settings,
+        other => panic!("bad test settings: {other:?}"),
+    }
+}
+
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub http: reqwest::Client,
+    pub db: DatabaseConnection,
+    pub gateway: Option<MockServer>,
+    _database: TestDatabase,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+pub struct Spawn<'a> {
+    pub backend: Backend,
+    /// Flags for `pagos serve`; a wiremock gateway is added unless `sandbox` is set.
+    pub flags: Vec<&'a str>,
+    pub sandbox: bool,
+    /// A gateway of the test's own instead of wiremock.
+    pub gateway_url: Option<String>,
+}
+
+impl<'a> Spawn<'a> {
+    pub fn new(backend: Backend) -> Self {
+        Spawn {
+            backend,
+            flags: vec![],
+            sandbox: false,
+            gateway_url: None,
+        }
+    }
+
+    pub fn flags(mut self, flags: &[&'a str]) -> Self {
+        self.flags.extend_from_slice(flags);
+        self
+    }
+
+    pub fn sandbox(mut self) -> Self {
+        self.sandbox = true;
+        self
+    }
+
+    pub fn gateway_url(mut self, url: String) -> Self {
+        self.gateway_url = Some(url);
+        self
+    }
+
+    pub async fn start(self) -> TestApp {
+        init_logs();
+        let database = TestDatabase::create(&self.backend).await;
+        let gateway = if self.sandbox || self.gateway_url.is_some() {
+            None
+        } else {
+            Some(MockServer::start().await)
+        };
+        let uri = gateway
+            .as_ref()
+            .map(|g| g.uri())
+            .or(self.gateway_url.clone());
+        let mut flags = Vec::new();
+        for (flag, value) in [("--gateway-timeout", "500ms"), ("--gateway-retries", "3")] {
+            if !self.flags.contains(&flag) {
+                flags.extend_from_slice(&[flag, value]);
+            }
+        }
+        if let Some(uri) = uri.as_deref() {
+            flags.extend_from_slice(&[
+                "--gateway",
+                "http",
+                "--gateway-url",
+                uri,
+                "--gateway-secret",
+                "gw_secret",
+            ]);
+        }
+        flags.extend_from_slice(&self.flags);
+        let settings = settings(&database.url, &flags);
+        settings.validate().expect("valid test settings");
+        let db = pagos::app::open_and_migrate(&settings.database)
+            .await
+            .expect("database");
+        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
+            .await
+            .expect("merchant");
+        pagos::app::add_merchant(&db, "globex", Some(OTHER_API_KEY.into()))
+            .await
+            .expect("merchant");
+        let gw: Arc<dyn Gateway> = pagos::app::gateway_from(&settings).expect("gateway");
+        let state = pagos::app::build(db.clone(), settings, gw);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            let _ = pagos::app::serve_on(listener, state, std::future::pending()).await;
+        });
+        TestApp {
+            addr,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .expect("client"),
+            db,
+            gateway,
+            _database: database,
+            _server: server,
+        }
+    }
+}
+
+pub fn payment_body() -> Value {
+    json!({"creditoId": "42", "monto": 250000, "moneda": "COP"})
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn gateway(&self) -> &MockServer {
+        self.gateway
+            .as_ref()
+            .expect("this test has a wiremock gateway")
+    }
+
+    /// `POST /v1/pagos` as merchant `api_key`.
+    pub async fn pay_as(&self, api_key: &str, key: &str, body: &Value) -> reqwest::Response {
+        self.http
+            .post(self.url("/v1/pagos"))
+            .bearer_auth(api_key)
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn pay(&self, key: &str, body: &Value) -> reqwest::Response {
+        self.pay_as(API_KEY, key, body).await
+    }
+
+    /// Charges the gateway received (POST /v1/charges).
+    pub async fn charges_seen(&self) -> Vec<Request> {
+        self.gateway()
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.method.as_str() == "POST" && r.url.path() == "/v1/charges")
+            .collect()
+    }
+
+    pub async fn count_rows(&self) -> (u64, u64) {
+        let keys = pagos::entities::idempotency_key::Entity::find()
+            .count(&self.db)
+            .await
+            .expect("count");
+        let payments = pagos::entities::payment::Entity::find()
+            .count(&self.db)
+            .await
+            .expect("count");
+        (keys, payments)
+    }
+
+    pub async fn payment(&self, id: &str) -> pagos::entities::payment::Model {
+        let id = uuid::Uuid::parse_str(id).expect("uuid");
+        pagos::entities::payment::Entity::find_by_id(id)
+            .one(&self.db)
+            .await
+            .expect("query")
+            .expect("payment exists")
+    }
+}
+
+/// A wiremock responder speaking the reference protocol: a fixture charge about the
+/// payment that asked (reference, amount and currency from the request).
+pub struct Charge {
+    fixture: &'static str,
+}
+
+impl Charge {
+    pub fn succeeded() -> Self {
+        Charge {
+            fixture: include_str!("../../fixtures/reference-gateway/charge_succeeded.json"),
+        }
+    }
+    pub fn declined() -> Self {
+        Charge {
+            fixture: include_str!("../../fixtures/reference-gateway/charge_declined.json"),
+        }
+    }
+    pub fn pending() -> Self {
+        Charge {
+            fixture: include_str!("../../fixtures/reference-gateway/charge_pending.json"),
+        }
+    }
+
+    pub fn about(&self, request: &Value) -> Value {
+        let mut charge: Value = serde_json::from_str(self.fixture).expect("fixture is JSON");
+        for field in ["reference", "amount", "currency"] {
+            charge[field] = request[field].clone();
+        }
+        charge
+    }
+}
+
+impl Respond for Charge {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        ResponseTemplate::new(201).set_body_json(self.about(&body))
+    }
+}
+
+pub fn charges() -> wiremock::MockBuilder {
+    Mock::given(wiremock::matchers::method("POST")).and(wiremock::matchers::path("/v1/charges"))
+}
+
+pub async fn json(response: reqwest::Response) -> Value {
+    response.json().await.expect("JSON body")
+}

@@ -1,0 +1,11 @@
+//! Integration tests of pagos over real HTTP: one binary, one module per area.
+//! Each scenario runs on SQLite and on PostgreSQL (`PAGOS_TEST_POSTGRES_URL`).
+//! `TEST_LOG=1` shows the service's logs.
+
+mod helpers;
+
+mod bad_input;
+mod gateway_faults;
+mod merchants;
+mod ops;
+mod payments;

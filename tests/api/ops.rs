@@ -1,0 +1,52 @@
+//! Operations endpoints and the OpenAPI document.
+
+use crate::helpers::{Backend, Spawn, json};
+use crate::on_both_databases;
+
+on_both_databases!(
+    health_and_readiness_answer,
+    the_openapi_document_requires_the_idempotency_key
+);
+
+async fn health_and_readiness_answer(backend: Backend) {
+    let app = Spawn::new(backend).sandbox().start().await;
+    for path in ["/healthz", "/readyz"] {
+        let answer = app.http.get(app.url(path)).send().await.expect("sent");
+        assert_eq!(answer.status(), 200, "{path}");
+    }
+    app.db.clone().close().await.expect("close pool");
+    let answer = app.http.get(app.url("/readyz")).send().await.expect("sent");
+    assert_eq!(
+        answer.status(),
+        503,
+        "readyz reports a database it cannot reach"
+    );
+}
+
+async fn the_openapi_document_requires_the_idempotency_key(backend: Backend) {
+    let app = Spawn::new(backend).sandbox().start().await;
+    let doc = json(
+        app.http
+            .get(app.url("/openapi.json"))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert!(
+        doc["openapi"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3.1"))
+    );
+    let post = &doc["paths"]["/v1/pagos"]["post"];
+    let key = post["parameters"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "Idempotency-Key"))
+        .expect("Idempotency-Key is documented");
+    assert_eq!(key["in"], "header");
+    assert_eq!(key["required"], true);
+    for status in ["201", "202", "402", "409", "422"] {
+        assert!(post["responses"][status].is_object(), "{status} documented");
+    }
+    assert!(doc["paths"]["/v1/pagos/{id}"]["get"].is_object());
+}

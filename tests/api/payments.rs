@@ -1,0 +1,224 @@
+//! The seed's test table: one payment per key, whatever the client repeats.
+
+use crate::helpers::{Backend, Charge, Spawn, charges, json, payment_body};
+use crate::on_both_databases;
+use serde_json::json;
+use std::time::Duration;
+use wiremock::ResponseTemplate;
+
+on_both_databases!(
+    same_request_twice_charges_once_and_replays_the_answer_byte_for_byte,
+    twenty_simultaneous_requests_with_one_key_make_one_charge,
+    same_key_with_another_amount_is_rejected_with_422_and_no_second_charge,
+    key_order_and_white_space_do_not_make_another_request,
+    the_quoted_key_form_is_the_same_key,
+    a_payment_can_be_read_back_by_its_location,
+    a_client_that_hangs_up_does_not_stop_the_payment,
+);
+
+async fn same_request_twice_charges_once_and_replays_the_answer_byte_for_byte(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::succeeded())
+        .mount(app.gateway())
+        .await;
+
+    let first = app.pay("k-1", &payment_body()).await;
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let location = first.headers()["location"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let first_body = first.bytes().await.expect("body");
+
+    let second = app.pay("k-1", &payment_body()).await;
+    assert_eq!(second.status(), 201);
+    assert_eq!(second.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        second.headers()["location"].to_str().ok(),
+        Some(location.as_str())
+    );
+    assert_eq!(second.bytes().await.expect("body"), first_body);
+
+    let payment: serde_json::Value = serde_json::from_slice(&first_body).expect("JSON");
+    assert_eq!(payment["estado"], "COMPLETADA");
+    assert_eq!(
+        location,
+        format!("/v1/pagos/{}", payment["id"].as_str().expect("id"))
+    );
+    assert_eq!(app.charges_seen().await.len(), 1);
+}
+
+async fn twenty_simultaneous_requests_with_one_key_make_one_charge(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    // A slow gateway, so the duplicates really overlap the first request.
+    charges()
+        .respond_with(SlowCharge(Duration::from_millis(300)))
+        .mount(app.gateway())
+        .await;
+
+    let body = payment_body();
+    let requests = (0..20).map(|_| app.pay("same-key", &body));
+    let answers = futures::future::join_all(requests).await;
+    let mut bodies = Vec::new();
+    let (mut created, mut conflicts) = (0, 0);
+    for answer in answers {
+        match answer.status().as_u16() {
+            201 => {
+                created += 1;
+                bodies.push(answer.bytes().await.expect("body"));
+            }
+            409 => {
+                conflicts += 1;
+                assert!(answer.headers().contains_key("retry-after"));
+                assert_eq!(answer.headers()["content-type"], "application/problem+json");
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(created + conflicts, 20);
+    assert!(created >= 1, "the first request completes");
+    assert!(
+        bodies.windows(2).all(|w| w[0] == w[1]),
+        "every 201 is the identical answer"
+    );
+    assert_eq!(
+        app.charges_seen().await.len(),
+        1,
+        "exactly one gateway charge"
+    );
+    assert_eq!(app.count_rows().await, (1, 1), "one key, one payment");
+}
+
+struct SlowCharge(Duration);
+
+impl wiremock::Respond for SlowCharge {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        Charge::succeeded().respond(request).set_delay(self.0)
+    }
+}
+
+async fn same_key_with_another_amount_is_rejected_with_422_and_no_second_charge(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::succeeded())
+        .mount(app.gateway())
+        .await;
+
+    assert_eq!(app.pay("k-2", &payment_body()).await.status(), 201);
+    let other = json!({"creditoId": "42", "monto": 999, "moneda": "COP"});
+    let answer = app.pay("k-2", &other).await;
+    assert_eq!(answer.status(), 422);
+    assert_eq!(answer.headers()["content-type"], "application/problem+json");
+    let problem = json(answer).await;
+    assert_eq!(problem["type"], "/problems/idempotency-key-reused");
+    assert_eq!(app.charges_seen().await.len(), 1);
+    assert_eq!(app.count_rows().await, (1, 1));
+}
+
+async fn key_order_and_white_space_do_not_make_another_request(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::succeeded())
+        .mount(app.gateway())
+        .await;
+    assert_eq!(app.pay("k-3", &payment_body()).await.status(), 201);
+
+    let reordered = app
+        .http
+        .post(app.url("/v1/pagos"))
+        .bearer_auth(crate::helpers::API_KEY)
+        .header("Idempotency-Key", "k-3")
+        .header("Content-Type", "application/json")
+        .body("{ \"moneda\": \"COP\",\n \"monto\": 250000, \"creditoId\": \"42\" }")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(reordered.status(), 201);
+    assert_eq!(reordered.headers()["idempotent-replayed"], "true");
+    assert_eq!(app.charges_seen().await.len(), 1);
+}
+
+async fn the_quoted_key_form_is_the_same_key(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::succeeded())
+        .mount(app.gateway())
+        .await;
+    assert_eq!(app.pay("abc", &payment_body()).await.status(), 201);
+    let quoted = app.pay("\"abc\"", &payment_body()).await;
+    assert_eq!(quoted.headers()["idempotent-replayed"], "true");
+    assert_eq!(app.charges_seen().await.len(), 1);
+}
+
+async fn a_payment_can_be_read_back_by_its_location(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::succeeded())
+        .mount(app.gateway())
+        .await;
+    let body = json!({"creditoId": "7", "monto": 1500, "moneda": "USD", "descripcion": "cuota 1"});
+    let created = app.pay("k-4", &body).await;
+    let location = created.headers()["location"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let created = json(created).await;
+
+    let read = app
+        .http
+        .get(app.url(&location))
+        .bearer_auth(crate::helpers::API_KEY)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(read.status(), 200);
+    let read = json(read).await;
+    assert_eq!(read, created);
+    assert_eq!(read["descripcion"], "cuota 1");
+    assert_eq!(read["moneda"], "USD");
+    assert!(
+        read["gatewayRef"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("ch_"))
+    );
+}
+
+async fn a_client_that_hangs_up_does_not_stop_the_payment(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(SlowCharge(Duration::from_millis(400)))
+        .mount(app.gateway())
+        .await;
+
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .expect("client");
+    let gave_up = impatient
+        .post(app.url("/v1/pagos"))
+        .bearer_auth(crate::helpers::API_KEY)
+        .header("Idempotency-Key", "k-hangup")
+        .json(&payment_body())
+        .send()
+        .await;
+    assert!(
+        gave_up.is_err(),
+        "the client hung up before the gateway answered"
+    );
+
+    // The retry finds the request in flight (409) until the saga, still running, ends.
+    let mut answer = app.pay("k-hangup", &payment_body()).await;
+    for _ in 0..50 {
+        if answer.status() != 409 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        answer = app.pay("k-hangup", &payment_body()).await;
+    }
+    assert_eq!(answer.status(), 201);
+    assert_eq!(answer.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(answer).await["estado"], "COMPLETADA");
+    assert_eq!(app.charges_seen().await.len(), 1);
+}
