@@ -60,8 +60,21 @@ pub enum Command {
         #[command(subcommand)]
         action: MerchantsCommand,
     },
+    /// One reconciliation pass over due payments; prints the report as JSON
+    Reconcile(ReconcileArgs),
     /// Run the sandbox gateway (the reference protocol, from memory) as an HTTP server
     SandboxGateway(SandboxArgs),
+    /// Make one payment with the retrying client (one key per intent, kept in a journal)
+    Pay(crate::client::cli::PayArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReconcileArgs {
+    /// Run one pass and exit (the only mode; the periodic reconciler runs inside `serve`)
+    #[arg(long, required = true)]
+    pub once: bool,
+    #[command(flatten)]
+    pub settings: Box<Settings>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -173,6 +186,9 @@ pub struct Settings {
     /// Unresolved this long → REVISION_MANUAL
     #[arg(long, env = "PAGOS_GIVE_UP_AFTER", default_value = "24h", value_parser = positive_duration, value_name = "DURATION")]
     pub give_up_after: Duration,
+    /// Processed webhook ids are kept this long (duplicates older than this are not caught)
+    #[arg(long, env = "PAGOS_MESSAGE_RETENTION", default_value = "7d", value_parser = positive_duration, value_name = "DURATION")]
+    pub message_retention: Duration,
     /// Concurrent provider look-ups of one reconciliation pass
     #[arg(long, env = "PAGOS_RECONCILE_CONCURRENCY", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(1..=1024), value_name = "N")]
@@ -277,6 +293,15 @@ pub struct SandboxArgs {
     /// Seed of the fault and outcome draws (repeatable runs)
     #[arg(long, env = "PAGOS_SANDBOX_SEED", value_name = "N")]
     pub seed: Option<u64>,
+    /// Deliver charge events to this URL (pagos: http://HOST:PORT/v1/webhooks/http)
+    #[arg(long, env = "PAGOS_SANDBOX_WEBHOOK_URL", value_name = "URL")]
+    pub webhook_url: Option<url::Url>,
+    /// Secret the events are signed with (pagos' PAGOS_WEBHOOK_SECRET)
+    #[arg(long, env = "PAGOS_SANDBOX_WEBHOOK_SECRET", hide_env_values = true, value_name = "SECRET")]
+    pub webhook_secret: Option<String>,
+    /// Deliver events duplicated, delayed and out of order
+    #[arg(long, env = "PAGOS_SANDBOX_CHAOS")]
+    pub chaos: bool,
 }
 
 /// Turns a clap error into the one line the contract asks for, naming flag and env var.

@@ -4,6 +4,7 @@
 //! shell around it (`http`, `saga::store`, `gateway`) talks to the world.
 
 pub mod app;
+pub mod client;
 pub mod config;
 pub mod db;
 pub mod domain;
@@ -12,6 +13,7 @@ pub mod failpoint;
 pub mod gateway;
 pub mod http;
 pub mod idempotency;
+pub mod reconciler;
 pub mod representation;
 pub mod saga;
 pub mod telemetry;

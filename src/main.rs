@@ -62,7 +62,9 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 println!("{api_key}");
             }
         }
-        Command::SandboxGateway(args) => app::sandbox_gateway(args).await?,
+        Command::SandboxGateway(args) => pagos::gateway::sandbox_server::run(args).await?,
+        Command::Pay(args) => return pagos::client::cli::run(args).await,
+        Command::Reconcile(args) => return app::reconcile_once(*args.settings).await,
     }
     Ok(ExitCode::SUCCESS)
 }

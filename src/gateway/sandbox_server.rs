@@ -172,3 +172,31 @@ async fn stats(State(server): State<Arc<SandboxServer>>) -> Response {
     }))
     .into_response()
 }
+
+/// `pagos sandbox-gateway`: serves until Ctrl-C or SIGTERM.
+pub async fn run(args: crate::config::SandboxArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let server = SandboxServer::new(
+        Outcomes {
+            decline_rate: args.decline_rate,
+            pending_rate: args.pending_rate,
+            pending_for: args.pending_for,
+            seed: args.seed,
+        },
+        Faults {
+            latency: args.latency,
+            error_rate: args.error_rate,
+            timeout_rate: args.timeout_rate,
+            reset_rate: args.reset_rate,
+        },
+        args.secret,
+    );
+    let listener = tokio::net::TcpListener::bind(args.bind)
+        .await
+        .with_context(|| format!("cannot listen on {} (PAGOS_SANDBOX_BIND)", args.bind))?;
+    tracing::info!(addr = %listener.local_addr()?, "sandbox gateway listening");
+    axum::serve(listener, server.router())
+        .with_graceful_shutdown(crate::app::shutdown_signal())
+        .await
+        .context("serving the sandbox gateway")
+}

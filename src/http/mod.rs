@@ -1,10 +1,13 @@
 //! The HTTP surface: one router per room, merged here so the whole API fits on one
 //! screen, and the OpenAPI document generated from the same routes.
 
+pub mod admin;
 pub mod auth;
+pub mod metrics;
 pub mod ops;
 pub mod payments;
 pub mod problem;
+pub mod webhooks;
 
 use crate::app::App;
 use axum::Router;
@@ -53,6 +56,8 @@ impl Modify for Security {
 pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(payments::router())
+        .merge(webhooks::router())
+        .merge(admin::router())
         .merge(ops::router())
         .split_for_parts()
 }

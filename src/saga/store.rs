@@ -247,7 +247,8 @@ async fn write_fenced<C: ConnectionTrait>(
     Ok(result.rows_affected == 1)
 }
 
-/// Freezes the final answer on the payment's key and releases its lease.
+/// Freezes the final answer on the payment's key and releases its lease. An answer once
+/// frozen never changes: what a client was told is what its retries are told.
 async fn freeze_answer<C: ConnectionTrait>(
     tx: &C,
     p: &payment::Model,
@@ -268,6 +269,7 @@ async fn freeze_answer<C: ConnectionTrait>(
         .filter(keys::Column::MerchantId.eq(p.merchant_id))
         .filter(keys::Column::Key.eq(p.idempotency_key.clone()))
         .filter(keys::Column::PaymentId.eq(p.id))
+        .filter(keys::Column::Status.eq(KEY_IN_PROGRESS))
         .exec(tx)
         .await?;
     Ok(())

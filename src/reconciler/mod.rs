@@ -1,0 +1,1 @@
+//! The reconciler. (Being written.)
