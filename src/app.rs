@@ -10,6 +10,8 @@ use crate::gateway::http::HttpGateway;
 use crate::gateway::sandbox::{Outcomes, SandboxGateway};
 use crate::http::auth::{MerchantCache, hash_api_key};
 use crate::http::{self, AppState};
+use crate::metrics::{MeteredGateway, Metrics};
+use crate::reconciler;
 use crate::saga::SagaDeps;
 use anyhow::Context;
 use migration::{Migrator, MigratorTrait};
@@ -21,9 +23,11 @@ use uuid::Uuid;
 /// Everything a request handler or background task shares.
 pub struct App {
     pub db: DatabaseConnection,
+    /// The configured gateway, metered.
     pub gateway: Arc<dyn Gateway>,
     pub settings: Settings,
     pub merchants: MerchantCache,
+    pub metrics: Arc<Metrics>,
 }
 
 impl App {
@@ -65,11 +69,13 @@ pub fn gateway_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
 
 /// Builds the application over an open database.
 pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gateway>) -> AppState {
+    let metrics = Arc::new(Metrics::new());
     AppState(Arc::new(App {
         db,
-        gateway,
+        gateway: MeteredGateway::wrap(gateway, metrics.clone()),
         settings,
         merchants: MerchantCache::default(),
+        metrics,
     }))
 }
 
@@ -86,8 +92,15 @@ pub async fn serve_on(
         .context("serving HTTP")
 }
 
+/// The API key of the merchant `serve` creates on a fresh database in sandbox mode, so the
+/// README's first curl works with no setup. Never created with a real gateway.
+pub const DEMO_API_KEY: &str = "sk_sandbox_demo";
+
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let db = open_and_migrate(&settings.database).await?;
+    if settings.gateway == GatewayKind::Sandbox {
+        ensure_demo_merchant(&db).await?;
+    }
     let gateway = gateway_from(&settings)?;
     let listener = tokio::net::TcpListener::bind(settings.bind)
         .await
@@ -95,7 +108,38 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, gateway = ?settings.gateway, "pagos listening");
     let state = build(db, settings, gateway);
-    serve_on(listener, state, shutdown_signal()).await
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let background = tokio::spawn(reconciler::run_periodically(state.0.clone(), stopped));
+    let served = serve_on(listener, state, shutdown_signal()).await;
+    let _ = stop.send(true);
+    // A pass in progress finishes its payments; each of its writes is atomic anyway.
+    let _ = background.await;
+    served
+}
+
+async fn ensure_demo_merchant(db: &DatabaseConnection) -> anyhow::Result<()> {
+    use sea_orm::PaginatorTrait;
+    if merchant::Entity::find().count(db).await? == 0 {
+        add_merchant(db, "demo", Some(DEMO_API_KEY.to_owned())).await?;
+        tracing::info!(
+            api_key = DEMO_API_KEY,
+            "sandbox mode on a fresh database: created merchant \"demo\" (the sandbox never moves money)"
+        );
+    }
+    Ok(())
+}
+
+/// `pagos reconcile --once`: one pass, the report as JSON on stdout.
+pub async fn reconcile_once(settings: Settings) -> anyhow::Result<std::process::ExitCode> {
+    let db = open_and_migrate(&settings.database).await?;
+    let gateway = gateway_from(&settings)?;
+    let state = build(db, settings, gateway);
+    let report = reconciler::run_pass(&state).await.context("reconciliation pass")?;
+    #[allow(clippy::print_stdout)]
+    {
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 pub async fn shutdown_signal() {
@@ -138,9 +182,4 @@ pub async fn add_merchant(
     .await
     .context("creating the merchant (is this API key already taken?)")?;
     Ok((id, api_key))
-}
-
-/// `pagos reconcile --once`. (Being written.)
-pub async fn reconcile_once(_settings: Settings) -> anyhow::Result<std::process::ExitCode> {
-    anyhow::bail!("pagos reconcile is not available in this build yet")
 }

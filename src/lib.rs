@@ -13,6 +13,8 @@ pub mod failpoint;
 pub mod gateway;
 pub mod http;
 pub mod idempotency;
+pub mod metrics;
+pub mod reaper;
 pub mod reconciler;
 pub mod representation;
 pub mod saga;

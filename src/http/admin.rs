@@ -1,8 +1,292 @@
-//! The admin API for on-call. (Being written.)
+//! The admin API for on-call: list payments by state, run a reconciliation now, settle a
+//! payment under review by hand, read one payment with its audit trail.
+//!
+//! Every endpoint requires the admin token. A manual resolution is only possible for a
+//! payment in REVISION_MANUAL and is written to the audit trail with its reason.
 
 use super::AppState;
+use super::auth::Admin;
+use super::problem::{ApiError, Kind, Problem};
+use crate::entities::{payment, payment_transition as transitions};
+use crate::reconciler::{self, Report};
+use crate::representation::Pago;
+use crate::saga::state::{Event, PaymentState};
+use crate::saga::store::{self, Actor, Changes, Written};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use chrono::SecondsFormat;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(list_payments))
+        .routes(routes!(payment_detail))
+        .routes(routes!(run_reconciliation))
+        .routes(routes!(resolve))
+}
+
+/// A payment as on-call sees it: the merchant's view plus what the reconciler knows.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PagoAdmin {
+    #[serde(flatten)]
+    pub pago: Pago,
+    pub merchant_id: Uuid,
+    pub intentos: i32,
+    /// When the reconciler looks at it next (RFC 3339).
+    pub proximo_intento: String,
+    pub decline_code: Option<String>,
+    /// Seconds since it was created.
+    pub edad_segundos: i64,
+}
+
+impl PagoAdmin {
+    fn of(p: &payment::Model) -> Self {
+        PagoAdmin {
+            pago: Pago::of(p),
+            merchant_id: p.merchant_id,
+            intentos: p.attempts,
+            proximo_intento: p.next_attempt_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            decline_code: p.decline_code.clone(),
+            edad_segundos: reconciler::age(p.created_at).num_seconds(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ListaPagos {
+    pub pagos: Vec<PagoAdmin>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    /// EN_PROCESO, ENVIADA, COMPLETADA, FALLIDA or REVISION_MANUAL
+    estado: String,
+    /// At most this many (default 50, at most 1000)
+    limite: Option<u64>,
+}
+
+fn bad_request(detail: impl Into<String>) -> ApiError {
+    Problem::new(Kind::Validation).detail(detail).into()
+}
+
+/// Payments in a state, oldest first.
+#[utoipa::path(
+    get,
+    path = "/admin/pagos",
+    tag = "admin",
+    security(("admin_token" = [])),
+    params(ListQuery),
+    responses(
+        (status = 200, description = "Payments, oldest first", body = ListaPagos),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Unknown state or bad limit", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn list_payments(
+    State(state): State<AppState>,
+    _admin: Admin,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<ListaPagos>, ApiError> {
+    let Query(query) = query.map_err(|e| bad_request(format!("{e}: use ?estado=ENVIADA&limite=50")))?;
+    let estado: PaymentState = query
+        .estado
+        .parse()
+        .map_err(|_| bad_request("estado must be one of EN_PROCESO, ENVIADA, COMPLETADA, FALLIDA, REVISION_MANUAL"))?;
+    let limit = query.limite.unwrap_or(50);
+    if !(1..=1000).contains(&limit) {
+        return Err(bad_request("limite must be between 1 and 1000"));
+    }
+    let rows = payment::Entity::find()
+        .filter(payment::Column::State.eq(estado.as_str()))
+        .order_by_asc(payment::Column::CreatedAt)
+        .limit(limit)
+        .all(&state.db)
+        .await?;
+    Ok(Json(ListaPagos {
+        pagos: rows.iter().map(PagoAdmin::of).collect(),
+    }))
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Transicion {
+    pub desde: Option<String>,
+    pub hacia: String,
+    /// request, reconciler, webhook or admin
+    pub quien: String,
+    pub motivo: String,
+    pub en: String,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DetallePago {
+    pub pago: PagoAdmin,
+    /// The audit trail, oldest first.
+    pub transiciones: Vec<Transicion>,
+}
+
+fn not_found() -> ApiError {
+    Problem::new(Kind::NotFound).detail("No payment with this id.").into()
+}
+
+/// One payment with its audit trail.
+#[utoipa::path(
+    get,
+    path = "/admin/pagos/{id}",
+    tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = Uuid, Path, description = "The payment id")),
+    responses(
+        (status = 200, description = "The payment and its audit trail", body = DetallePago),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such payment", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn payment_detail(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<DetallePago>, ApiError> {
+    let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
+    let p = store::find_payment(&state.db, id).await?.ok_or_else(not_found)?;
+    Ok(Json(detail(&state, &p).await?))
+}
+
+async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago, ApiError> {
+    let trail = transitions::Entity::find()
+        .filter(transitions::Column::PaymentId.eq(p.id))
+        .order_by_asc(transitions::Column::CreatedAt)
+        .order_by_asc(transitions::Column::Id)
+        .all(&state.db)
+        .await?;
+    Ok(DetallePago {
+        pago: PagoAdmin::of(p),
+        transiciones: trail
+            .into_iter()
+            .map(|t| Transicion {
+                desde: t.from_state,
+                hacia: t.to_state,
+                quien: t.actor,
+                motivo: t.reason,
+                en: t.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            })
+            .collect(),
+    })
+}
+
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PedidoReconciliacion {
+    /// This payment now, due or not; absent: every due payment.
+    pago_id: Option<Uuid>,
+}
+
+/// Runs one reconciliation pass now and answers its report.
+#[utoipa::path(
+    post,
+    path = "/admin/reconciliaciones",
+    tag = "admin",
+    security(("admin_token" = [])),
+    request_body(content = PedidoReconciliacion, description = "`{}` for every due payment, `{\"pagoId\":\"…\"}` for one"),
+    responses(
+        (status = 200, description = "The pass's report", body = Report),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Body is not `{}` or `{\"pagoId\":\"<uuid>\"}`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn run_reconciliation(
+    State(state): State<AppState>,
+    _admin: Admin,
+    body: Bytes,
+) -> Result<Json<Report>, ApiError> {
+    let request: PedidoReconciliacion = if body.iter().all(u8::is_ascii_whitespace) {
+        PedidoReconciliacion::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| bad_request(format!("expected {{}} or {{\"pagoId\":\"<uuid>\"}}: {e}")))?
+    };
+    let report = match request.pago_id {
+        Some(id) => {
+            store::find_payment(&state.db, id).await?.ok_or_else(not_found)?;
+            reconciler::reconcile_one(&state, id).await?
+        }
+        None => reconciler::run_pass(&state).await?,
+    };
+    Ok(Json(report))
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Resolucion {
+    /// COMPLETADA or FALLIDA
+    estado: String,
+    /// Why (what the provider's dashboard showed, the ticket): kept in the audit trail.
+    motivo: String,
+}
+
+/// On-call settles a payment under review.
+#[utoipa::path(
+    post,
+    path = "/admin/pagos/{id}/resolucion",
+    tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = Uuid, Path, description = "The payment id")),
+    request_body = Resolucion,
+    responses(
+        (status = 200, description = "Settled; the payment and its audit trail", body = DetallePago),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such payment", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The payment is not in REVISION_MANUAL", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad estado or empty motivo", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn resolve(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<DetallePago>, ApiError> {
+    let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
+    let request: Resolucion = serde_json::from_slice(&body)
+        .map_err(|e| bad_request(format!("expected {{\"estado\":\"COMPLETADA\"|\"FALLIDA\",\"motivo\":\"…\"}}: {e}")))?;
+    let event = match request.estado.as_str() {
+        "COMPLETADA" => Event::ResolveCompleted,
+        "FALLIDA" => Event::ResolveFailed,
+        _ => return Err(bad_request("estado must be COMPLETADA or FALLIDA")),
+    };
+    let motivo = request.motivo.trim();
+    if motivo.is_empty() || motivo.chars().count() > 1000 {
+        return Err(bad_request("motivo is required (1–1000 characters): say why, for the audit trail"));
+    }
+    let current = store::find_payment(&state.db, id).await?.ok_or_else(not_found)?;
+    if current.state != PaymentState::RevisionManual.as_str() {
+        return Err(Problem::new(Kind::NotUnderReview)
+            .detail(format!(
+                "The payment is {}, not REVISION_MANUAL: only payments under review are resolved by hand.",
+                current.state
+            ))
+            .into());
+    }
+    let changes = Changes {
+        decline_code: (event == Event::ResolveFailed).then(|| "resolved_by_on_call".to_owned()),
+        ..Changes::default()
+    };
+    let reason = format!("resolved by on-call: {motivo}");
+    match store::apply_now(&state.db, &current, event, changes, Actor::Admin, &reason).await {
+        Ok(Written::Applied(p)) => {
+            tracing::info!(payment_id = %p.id, estado = p.state, "payment resolved by on-call");
+            Ok(Json(detail(&state, &p).await?))
+        }
+        Ok(Written::Fenced) => Err(Problem::new(Kind::NotUnderReview)
+            .detail("The payment changed while resolving it; read it again and retry.")
+            .into()),
+        Err(store::StoreError::Illegal(e)) => Err(Problem::new(Kind::NotUnderReview).detail(e.to_string()).into()),
+        Err(store::StoreError::Db(e)) => Err(e.into()),
+    }
 }

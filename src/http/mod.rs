@@ -3,7 +3,6 @@
 
 pub mod admin;
 pub mod auth;
-pub mod metrics;
 pub mod ops;
 pub mod payments;
 pub mod problem;

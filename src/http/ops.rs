@@ -15,6 +15,55 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(healthz))
         .routes(routes!(readyz))
+        .routes(routes!(metrics))
+}
+
+/// Prometheus metrics (OpenMetrics text). Gauges of stored state are read now.
+#[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text")))]
+async fn metrics(State(state): State<AppState>) -> Response {
+    if let Err(err) = refresh_gauges(&state).await {
+        tracing::warn!(error = %err, "metrics: could not read payment gauges");
+    }
+    (
+        [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn refresh_gauges(state: &AppState) -> Result<(), sea_orm::DbErr> {
+    use crate::entities::payment;
+    use crate::metrics::StateLabel;
+    use crate::saga::state::PaymentState;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
+
+    let counts: Vec<(String, i64)> = payment::Entity::find()
+        .select_only()
+        .column(payment::Column::State)
+        .column_as(payment::Column::Id.count(), "n")
+        .group_by(payment::Column::State)
+        .into_tuple()
+        .all(&state.db)
+        .await?;
+    for estado in PaymentState::ALL {
+        let n = counts.iter().find(|(s, _)| s == estado.as_str()).map_or(0, |(_, n)| *n);
+        state
+            .metrics
+            .payments
+            .get_or_create(&StateLabel { estado: estado.as_str() })
+            .set(n);
+    }
+    let oldest: Option<chrono::DateTime<chrono::Utc>> = payment::Entity::find()
+        .select_only()
+        .column_as(payment::Column::CreatedAt.min(), "oldest")
+        .filter(payment::Column::State.is_in(crate::saga::store::RECONCILABLE.map(|s| s.as_str())))
+        .into_tuple::<Option<chrono::DateTime<chrono::Utc>>>()
+        .one(&state.db)
+        .await?
+        .flatten();
+    let age = oldest.map_or(0.0, |t| (crate::db::now() - t).as_seconds_f64().max(0.0));
+    state.metrics.oldest_unsettled_age.set(age);
+    Ok(())
 }
 
 /// The process is alive.

@@ -10,6 +10,7 @@ use crate::domain::{FieldError, NewPayment};
 use crate::entities::payment;
 use crate::idempotency::{self, Begin, IdempotencyKey, KeyError};
 use crate::representation::{Answer, Pago, answer};
+use crate::saga::state::PaymentState;
 use crate::saga::{self, store::Actor};
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -199,9 +200,17 @@ async fn create_payment(
     )
     .await?;
     let key_hash = idempotency::key_hash(&key);
+    state.metrics.idempotency_outcome(match &begun {
+        Begin::Started(_) => "new",
+        Begin::Replay { .. } => "replayed",
+        Begin::Unsettled { .. } => "unsettled",
+        Begin::InFlight { .. } => "in_flight",
+        Begin::Mismatch => "mismatch",
+    });
     match begun {
         Begin::Started(p) => {
             tracing::info!(payment_id = %p.id, key_hash, "payment registered");
+            crate::failpoint::hit("after_register");
             let deps = state.saga_deps();
             // Its own task: axum drops this handler if the client hangs up; the saga
             // must still run to its end.
@@ -215,14 +224,24 @@ async fn create_payment(
             tracing::info!(%payment_id, key_hash, "replaying the stored answer");
             Ok(respond(payment_id, answer, true))
         }
-        Begin::Unsettled { payment_id, .. } => {
-            let current = crate::saga::store::find_payment(&state.db, payment_id)
-                .await?
-                .ok_or_else(|| {
-                    ApiError::Internal(anyhow::anyhow!(
-                        "key points to a missing payment {payment_id}"
-                    ))
-                })?;
+        Begin::Unsettled { payment_id, lease_expired } => {
+            let find = || async {
+                crate::saga::store::find_payment(&state.db, payment_id)
+                    .await?
+                    .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("key points to a missing payment {payment_id}")))
+            };
+            let mut current = find().await?;
+            // Nobody is working on it and it is due (or its request died holding the
+            // lease): settle it now rather than make the client wait for the next pass.
+            let due = current.next_attempt_at <= crate::db::now();
+            if (lease_expired || due) && current.state != PaymentState::RevisionManual.as_str() {
+                let state_for_task = state.clone();
+                tracing::info!(%payment_id, key_hash, "client retry found the payment abandoned; reconciling it now");
+                tokio::spawn(async move { crate::reconciler::reconcile_one(&state_for_task, payment_id).await })
+                    .await
+                    .map_err(|e| ApiError::Internal(e.into()))??;
+                current = find().await?;
+            }
             tracing::info!(%payment_id, key_hash, estado = current.state, "answering the current state");
             Ok(respond(payment_id, answer(&current), true))
         }

@@ -1,1 +1,258 @@
-//! The reconciler. (Being written.)
+//! The reconciler: settles payments left in between by crashes, timeouts and pending
+//! charges, by asking the provider. Runs periodically inside `pagos serve`, once from
+//! `pagos reconcile --once`, on demand from the admin API, and for a single payment when a
+//! client retry finds its request abandoned.
+//!
+//! It never sends a payment it has not claimed, never resends outside the gateway's key
+//! window, and writes every decision through the fenced store, so any number of processes
+//! can run it side by side.
+
+pub mod decide;
+
+use crate::app::App;
+use crate::entities::payment;
+use crate::saga::state::{Event, PaymentState};
+use crate::saga::store::{self, Actor, Changes, Written};
+use crate::saga::{self, SagaDeps};
+use chrono::{DateTime, TimeDelta, Utc};
+use decide::{Decision, Facts, Horizons, backoff, decide, needs_lookup};
+use futures::StreamExt;
+use rand::Rng;
+use serde::Serialize;
+use std::ops::AddAssign;
+use uuid::Uuid;
+
+/// The report of one pass (contract section 3). Each examined payment is counted in
+/// exactly one of the other fields.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub examinados: u64,
+    /// Settled COMPLETADA in this pass (by the provider's answer or by a send).
+    pub completados: u64,
+    /// Settled FALLIDA in this pass.
+    pub fallidos: u64,
+    /// Sent (or sent again, same key) and the answer is not final yet.
+    pub reenviados: u64,
+    /// Provider pending, or could not be asked: looked at again later.
+    pub pendientes: u64,
+    /// Moved to REVISION_MANUAL: on-call decides.
+    pub revision_manual: u64,
+    /// Could not be processed (database errors); retried on a later pass.
+    pub errores: u64,
+    /// Moved by someone else meanwhile, or not the reconciler's to touch.
+    pub omitidos: u64,
+}
+
+impl AddAssign for Report {
+    fn add_assign(&mut self, other: Report) {
+        self.examinados += other.examinados;
+        self.completados += other.completados;
+        self.fallidos += other.fallidos;
+        self.reenviados += other.reenviados;
+        self.pendientes += other.pendientes;
+        self.revision_manual += other.revision_manual;
+        self.errores += other.errores;
+        self.omitidos += other.omitidos;
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Completed,
+    Failed,
+    Resent,
+    Rescheduled,
+    ManualReview,
+    Error,
+    Skipped,
+}
+
+impl Outcome {
+    fn of_state(state: &str) -> Outcome {
+        match state.parse::<PaymentState>() {
+            Ok(PaymentState::Completada) => Outcome::Completed,
+            Ok(PaymentState::Fallida) => Outcome::Failed,
+            Ok(PaymentState::RevisionManual) => Outcome::ManualReview,
+            _ => Outcome::Resent,
+        }
+    }
+
+    fn metric(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Failed => "failed",
+            Outcome::Resent => "resent",
+            Outcome::Rescheduled => "rescheduled",
+            Outcome::ManualReview => "manual_review",
+            Outcome::Error => "error",
+            Outcome::Skipped => "skipped",
+        }
+    }
+
+    fn report(self) -> Report {
+        let mut r = Report {
+            examinados: 1,
+            ..Report::default()
+        };
+        match self {
+            Outcome::Completed => r.completados = 1,
+            Outcome::Failed => r.fallidos = 1,
+            Outcome::Resent => r.reenviados = 1,
+            Outcome::Rescheduled => r.pendientes = 1,
+            Outcome::ManualReview => r.revision_manual = 1,
+            Outcome::Error => r.errores = 1,
+            Outcome::Skipped => r.omitidos = 1,
+        }
+        r
+    }
+}
+
+fn horizons(app: &App) -> Horizons {
+    let s = &app.settings;
+    Horizons {
+        key_window: store::chrono_after(s.gateway_key_window),
+        // A resend must finish (every try, every backoff) inside the window.
+        resend_margin: store::chrono_after(s.retry_policy().worst_case(s.gateway_timeout)),
+        give_up_after: store::chrono_after(s.give_up_after),
+    }
+}
+
+/// One pass over every payment due now. Payments rescheduled during the pass are left
+/// for the next one, so a pass always ends.
+pub async fn run_pass(app: &App) -> Result<Report, sea_orm::DbErr> {
+    let started: DateTime<Utc> = crate::db::now();
+    let batch = u64::from(app.settings.reconcile_concurrency);
+    let mut report = Report::default();
+    loop {
+        let claimed = store::claim_due(&app.db, started, batch, app.settings.lease).await?;
+        if claimed.is_empty() {
+            break;
+        }
+        report += process_all(app, claimed).await;
+    }
+    app.metrics.reconciler_passes.inc();
+    if report.examinados > 0 {
+        tracing::info!(?report, "reconciliation pass done");
+    }
+    Ok(report)
+}
+
+/// One payment, now, due or not.
+pub async fn reconcile_one(app: &App, id: Uuid) -> Result<Report, sea_orm::DbErr> {
+    match store::claim_one(&app.db, id, app.settings.lease).await? {
+        Some(claimed) => Ok(process_all(app, vec![claimed]).await),
+        None => Ok(Outcome::Skipped.report()),
+    }
+}
+
+async fn process_all(app: &App, claimed: Vec<payment::Model>) -> Report {
+    let concurrency = app.settings.reconcile_concurrency as usize;
+    let outcomes: Vec<Outcome> = futures::stream::iter(claimed)
+        .map(|p| process(app, p))
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let mut report = Report::default();
+    for outcome in outcomes {
+        app.metrics.decision(outcome.metric());
+        report += outcome.report();
+    }
+    report
+}
+
+async fn process(app: &App, claimed: payment::Model) -> Outcome {
+    let id = claimed.id;
+    match decide_and_apply(app, claimed).await {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            tracing::error!(payment_id = %id, error = %err, "reconciling a payment failed; it will be retried");
+            Outcome::Error
+        }
+    }
+}
+
+async fn decide_and_apply(app: &App, claimed: payment::Model) -> Result<Outcome, store::StoreError> {
+    let state: PaymentState = claimed.state.parse().unwrap_or(PaymentState::RevisionManual);
+    let lookup = if needs_lookup(state) {
+        Some(app.gateway.lookup(claimed.id).await)
+    } else {
+        None
+    };
+    let facts = Facts {
+        state,
+        created_at: claimed.created_at,
+        now: crate::db::now(),
+        lookup: lookup.as_ref(),
+    };
+    let decision = decide(&facts, &horizons(app));
+    tracing::info!(payment_id = %claimed.id, estado = %state, decision = ?decision, "reconciler decision");
+    let deps: SagaDeps = app.saga_deps();
+    match decision {
+        Decision::Send => {
+            let after = saga::send(&deps, claimed, Actor::Reconciler).await?;
+            Ok(Outcome::of_state(&after.state))
+        }
+        Decision::Settle(charge) => {
+            let Some((event, changes, reason)) = saga::settlement(&charge) else {
+                return Ok(Outcome::Rescheduled);
+            };
+            let reason = format!("provider lookup: {reason}");
+            Ok(match store::apply_now(&app.db, &claimed, event, changes, Actor::Reconciler, &reason).await? {
+                Written::Applied(p) => Outcome::of_state(&p.state),
+                Written::Fenced => Outcome::Skipped,
+            })
+        }
+        Decision::Reschedule(why) => {
+            let jitter: f64 = rand::rng().random();
+            let due = crate::db::now() + backoff(app.settings.stale_after, claimed.attempts, jitter);
+            tracing::info!(payment_id = %claimed.id, why, next = %due, "rescheduled");
+            Ok(match store::reschedule(&app.db, &claimed, due).await? {
+                Written::Applied(_) => Outcome::Rescheduled,
+                Written::Fenced => Outcome::Skipped,
+            })
+        }
+        Decision::Escalate(why) => {
+            tracing::warn!(payment_id = %claimed.id, why, "moved to REVISION_MANUAL");
+            Ok(
+                match store::apply_now(&app.db, &claimed, Event::Escalate, Changes::default(), Actor::Reconciler, &why)
+                    .await?
+                {
+                    Written::Applied(_) => Outcome::ManualReview,
+                    Written::Fenced => Outcome::Skipped,
+                },
+            )
+        }
+        Decision::Skip => Ok(Outcome::Skipped),
+    }
+}
+
+/// The periodic reconciler and key reaper of `pagos serve`, until `stop` fires.
+pub async fn run_periodically(app: std::sync::Arc<App>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let every = app.settings.reconcile_every;
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The reaper needs no hurry: about once a minute.
+    let reap_every = (60_000 / every.as_millis().max(1)).max(1);
+    let mut ticks: u128 = 0;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.changed() => break,
+        }
+        if let Err(err) = run_pass(&app).await {
+            tracing::error!(error = %err, "reconciliation pass failed; retrying next period");
+        }
+        if ticks % reap_every == 0
+            && let Err(err) = crate::reaper::run(&app).await
+        {
+            tracing::error!(error = %err, "key reaper failed; retrying later");
+        }
+        ticks += 1;
+    }
+}
+
+/// Time since `created_at`, for reports and listings.
+pub fn age(created_at: DateTime<Utc>) -> TimeDelta {
+    crate::db::now() - created_at
+}

@@ -10,7 +10,7 @@ pub mod store;
 use crate::entities::payment;
 use crate::failpoint;
 use crate::gateway::retry::{self, ChargeOutcome, RetryPolicy};
-use crate::gateway::{ChargeRequest, Gateway};
+use crate::gateway::{Charge, ChargeRequest, ChargeStatus, Gateway};
 use crate::representation::GATEWAY_REJECTED_PREFIX;
 use sea_orm::DatabaseConnection;
 use state::Event;
@@ -46,9 +46,10 @@ pub async fn send(
     current: payment::Model,
     actor: Actor,
 ) -> Result<payment::Model, StoreError> {
-    let reason = match actor {
-        Actor::Request => "sending to the gateway",
-        _ => "resending to the gateway with the same key",
+    let reason = match (actor, current.state.as_str()) {
+        (Actor::Request, _) => "sending to the gateway",
+        (_, "EN_PROCESO") => "sending to the gateway (registered, never sent)",
+        _ => "resending to the gateway with the same key (the provider has no charge for it)",
     };
     let sent = match store::apply_now(
         &deps.db,
@@ -84,6 +85,33 @@ pub fn outcome_name(outcome: &ChargeOutcome) -> &'static str {
     }
 }
 
+/// The event a final charge means for its payment, and what to record with it.
+pub fn settlement(charge: &Charge) -> Option<(Event, Changes, String)> {
+    match charge.status {
+        ChargeStatus::Succeeded => Some((
+            Event::Charged,
+            Changes {
+                gateway_ref: Some(charge.id.clone()),
+                ..Changes::default()
+            },
+            format!("gateway charged ({})", charge.id),
+        )),
+        ChargeStatus::Declined => {
+            let code = charge.decline_code.clone().unwrap_or_else(|| "declined".into());
+            Some((
+                Event::Declined,
+                Changes {
+                    gateway_ref: Some(charge.id.clone()),
+                    decline_code: Some(code.clone()),
+                    ..Changes::default()
+                },
+                format!("gateway declined ({}): {code}", charge.id),
+            ))
+        }
+        ChargeStatus::Pending => None,
+    }
+}
+
 /// Writes what the gateway said: final states freeze the key's answer; pending and
 /// unknown hand the payment to the reconciler.
 pub async fn record_outcome(
@@ -93,25 +121,11 @@ pub async fn record_outcome(
     actor: Actor,
 ) -> Result<payment::Model, StoreError> {
     let (event, changes, reason) = match outcome {
-        ChargeOutcome::Succeeded(charge) => (
-            Event::Charged,
-            Changes {
-                gateway_ref: Some(charge.id),
-                ..Changes::default()
-            },
-            "gateway charged".to_owned(),
-        ),
-        ChargeOutcome::Declined(charge) => {
-            let code = charge.decline_code.unwrap_or_else(|| "declined".into());
-            (
-                Event::Declined,
-                Changes {
-                    gateway_ref: Some(charge.id),
-                    decline_code: Some(code.clone()),
-                    ..Changes::default()
-                },
-                format!("gateway declined: {code}"),
-            )
+        ChargeOutcome::Succeeded(charge) | ChargeOutcome::Declined(charge) => {
+            match settlement(&charge) {
+                Some(settled) => settled,
+                None => return Ok(sent),
+            }
         }
         ChargeOutcome::Rejected { status, detail } => (
             Event::Declined,

@@ -10,10 +10,11 @@ use crate::entities::{idempotency_key as keys, payment, payment_transition as tr
 use crate::representation::{Answer, answer};
 use crate::saga::state::{Event, IllegalTransition, PaymentState, transition};
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::Expr;
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::sea_query::{LockBehavior, LockType};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait,
-    QueryFilter, TryInsertResult,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
+    EntityTrait, QueryFilter, QueryOrder, QuerySelect, TryInsertResult,
 };
 use std::time::Duration;
 use uuid::Uuid;
@@ -198,7 +199,9 @@ pub async fn apply<C: ConnectionTrait>(
     if !write_fenced(tx, current, &next).await? {
         return Ok(Written::Fenced);
     }
-    if from != to {
+    // A resend keeps the state but is a decision worth an audit row.
+    let resend = event == Event::Send && actor != Actor::Request;
+    if from != to || resend {
         transitions::Entity::insert(transitions::ActiveModel {
             id: Set(Uuid::now_v7()),
             payment_id: Set(current.id),
@@ -333,4 +336,93 @@ pub async fn release_lease<C: ConnectionTrait>(tx: &C, p: &payment::Model) -> Re
         .exec(tx)
         .await?;
     Ok(())
+}
+
+/// Payments the reconciler may pick: sent or never sent, not final, not under review.
+pub const RECONCILABLE: [PaymentState; 2] = [PaymentState::EnProceso, PaymentState::Enviada];
+
+fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
+    payment::Column::State.is_in(RECONCILABLE.map(|s| s.as_str()))
+}
+
+/// Claims up to `limit` payments due at `due_by`, oldest first: each claimed row gets
+/// `next_attempt_at = now + claim_for` and a new version, so no other process picks it
+/// until this one is done or has died. PostgreSQL skips rows another process is claiming
+/// (`FOR UPDATE SKIP LOCKED`); SQLite's `BEGIN IMMEDIATE` serializes claims.
+pub async fn claim_due(
+    db: &DatabaseConnection,
+    due_by: DateTime<Utc>,
+    limit: u64,
+    claim_for: Duration,
+) -> Result<Vec<payment::Model>, DbErr> {
+    let query = payment::Entity::find()
+        .filter(reconcilable())
+        .filter(payment::Column::NextAttemptAt.lte(due_by))
+        .order_by_asc(payment::Column::NextAttemptAt)
+        .limit(limit);
+    claim(db, query, claim_for).await
+}
+
+/// Claims one payment whether it is due or not (on-call's "this one, now", a client retry
+/// that found its request abandoned). None if it is final, under review, or being claimed.
+pub async fn claim_one(
+    db: &DatabaseConnection,
+    id: Uuid,
+    claim_for: Duration,
+) -> Result<Option<payment::Model>, DbErr> {
+    let query = payment::Entity::find()
+        .filter(payment::Column::Id.eq(id))
+        .filter(reconcilable());
+    Ok(claim(db, query, claim_for).await?.into_iter().next())
+}
+
+async fn claim(
+    db: &DatabaseConnection,
+    query: sea_orm::Select<payment::Entity>,
+    claim_for: Duration,
+) -> Result<Vec<payment::Model>, DbErr> {
+    let tx = begin_write(db).await?;
+    let query = if db.get_database_backend() == DbBackend::Postgres {
+        query.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+    } else {
+        query
+    };
+    let mut rows = query.all(&tx).await?;
+    if rows.is_empty() {
+        tx.rollback().await?;
+        return Ok(rows);
+    }
+    let until = now() + chrono_after(claim_for);
+    // The rows are locked (PostgreSQL) or the database is (SQLite): their versions
+    // cannot move before this update, so each becomes exactly version + 1.
+    payment::Entity::update_many()
+        .col_expr(payment::Column::NextAttemptAt, Expr::value(until))
+        .col_expr(payment::Column::Version, Expr::col(payment::Column::Version).add(1))
+        .filter(payment::Column::Id.is_in(rows.iter().map(|p| p.id)))
+        .exec(&tx)
+        .await?;
+    tx.commit().await?;
+    for row in &mut rows {
+        row.version += 1;
+        row.next_attempt_at = until;
+    }
+    Ok(rows)
+}
+
+/// The provider had no final answer: look again at `due_at`. Counts an attempt.
+pub async fn reschedule(
+    db: &DatabaseConnection,
+    current: &payment::Model,
+    due_at: DateTime<Utc>,
+) -> Result<Written, DbErr> {
+    let mut next = current.clone();
+    next.version += 1;
+    next.attempts += 1;
+    next.updated_at = now();
+    next.next_attempt_at = due_at;
+    Ok(if write_fenced(db, current, &next).await? {
+        Written::Applied(Box::new(next))
+    } else {
+        Written::Fenced
+    })
 }

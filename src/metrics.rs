@@ -1,0 +1,203 @@
+//! Prometheus metrics: one registry per running `App`, rendered at `GET /metrics`.
+//!
+//! Counters are bumped where things happen; gauges of stored state (payments by state,
+//! age of the oldest unsettled payment) are read from the database at scrape time, so
+//! every process reports the same truth. Labels never carry ids, keys or secrets.
+
+use crate::gateway::{Charge, ChargeRequest, Gateway, GatewayError};
+use async_trait::async_trait;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+use uuid::Uuid;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GatewayLabel {
+    pub operation: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabel {
+    pub operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabel {
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub estado: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    /// `POST /v1/pagos` by what the idempotency registry decided.
+    pub idempotency: Family<OutcomeLabel, Counter>,
+    pub gateway_calls: Family<GatewayLabel, Counter>,
+    pub gateway_latency: Family<OperationLabel, Histogram>,
+    pub reconciler_decisions: Family<DecisionLabel, Counter>,
+    pub reconciler_passes: Counter,
+    pub webhook_events: Family<OutcomeLabel, Counter>,
+    pub keys_purged: Counter,
+    pub payments: Family<StateLabel, Gauge>,
+    pub oldest_unsettled_age: Gauge<f64, AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("pagos");
+        let idempotency = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "idempotency_requests",
+            "Payment requests by idempotency outcome (new, replayed, unsettled, in_flight, mismatch)",
+            idempotency.clone(),
+        );
+        let gateway_calls = Family::<GatewayLabel, Counter>::default();
+        registry.register(
+            "gateway_calls",
+            "Gateway calls (single tries) by operation and outcome",
+            gateway_calls.clone(),
+        );
+        let gateway_latency = Family::<OperationLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.0, 14))
+        });
+        registry.register(
+            "gateway_call_duration_seconds",
+            "Duration of one gateway call (single try)",
+            gateway_latency.clone(),
+        );
+        let reconciler_decisions = Family::<DecisionLabel, Counter>::default();
+        registry.register(
+            "reconciler_decisions",
+            "Reconciler decisions by kind",
+            reconciler_decisions.clone(),
+        );
+        let reconciler_passes = Counter::default();
+        registry.register("reconciler_passes", "Reconciliation passes run", reconciler_passes.clone());
+        let webhook_events = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "webhook_events",
+            "Gateway webhook deliveries by outcome",
+            webhook_events.clone(),
+        );
+        let keys_purged = Counter::default();
+        registry.register("idempotency_keys_purged", "Idempotency keys deleted by the reaper", keys_purged.clone());
+        let payments = Family::<StateLabel, Gauge>::default();
+        registry.register("payments", "Payments by state (read at scrape time)", payments.clone());
+        let oldest_unsettled_age = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "oldest_unsettled_payment_age_seconds",
+            "Age of the oldest payment in EN_PROCESO or ENVIADA (0 when none)",
+            oldest_unsettled_age.clone(),
+        );
+        Metrics {
+            registry,
+            idempotency,
+            gateway_calls,
+            gateway_latency,
+            reconciler_decisions,
+            reconciler_passes,
+            webhook_events,
+            keys_purged,
+            payments,
+            oldest_unsettled_age,
+        }
+    }
+
+    pub fn idempotency_outcome(&self, outcome: &'static str) {
+        self.idempotency.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    pub fn decision(&self, decision: &'static str) {
+        self.reconciler_decisions.get_or_create(&DecisionLabel { decision }).inc();
+    }
+
+    /// The registry in the OpenMetrics text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Err(err) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %err, "encoding metrics");
+        }
+        out
+    }
+}
+
+/// Wraps a gateway to count and time every single try.
+pub struct MeteredGateway {
+    inner: Arc<dyn Gateway>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredGateway {
+    pub fn wrap(inner: Arc<dyn Gateway>, metrics: Arc<Metrics>) -> Arc<dyn Gateway> {
+        Arc::new(MeteredGateway { inner, metrics })
+    }
+
+    fn observe(&self, operation: &'static str, outcome: &'static str, started: Instant) {
+        self.metrics
+            .gateway_calls
+            .get_or_create(&GatewayLabel { operation, outcome })
+            .inc();
+        self.metrics
+            .gateway_latency
+            .get_or_create(&OperationLabel { operation })
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+fn error_outcome(err: &GatewayError) -> &'static str {
+    match err {
+        GatewayError::Unknown(_) => "unknown",
+        GatewayError::Rejected { .. } => "rejected",
+    }
+}
+
+#[async_trait]
+impl Gateway for MeteredGateway {
+    async fn charge(&self, req: &ChargeRequest) -> Result<Charge, GatewayError> {
+        let started = Instant::now();
+        let result = self.inner.charge(req).await;
+        let outcome = match &result {
+            Ok(charge) => match charge.status {
+                crate::gateway::ChargeStatus::Succeeded => "succeeded",
+                crate::gateway::ChargeStatus::Declined => "declined",
+                crate::gateway::ChargeStatus::Pending => "pending",
+            },
+            Err(err) => error_outcome(err),
+        };
+        self.observe("charge", outcome, started);
+        result
+    }
+
+    async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
+        let started = Instant::now();
+        let result = self.inner.lookup(reference).await;
+        let outcome = match &result {
+            Ok(charges) if charges.is_empty() => "not_found",
+            Ok(_) => "found",
+            Err(err) => error_outcome(err),
+        };
+        self.observe("lookup", outcome, started);
+        result
+    }
+}

@@ -1,0 +1,317 @@
+//! The reconciler's decision table against a gateway that remembers its charges, driven
+//! through the admin API; on-call's endpoints; the key reaper.
+
+use crate::helpers::{ADMIN_TOKEN, Backend, FakeGateway, Spawn, TestApp, json, payment_body};
+use crate::on_both_databases;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+on_both_databases!(
+    a_pending_charge_is_rescheduled_then_settled_and_the_key_answers_the_final_state,
+    a_failing_lookup_reschedules_and_counts_attempts,
+    past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles_it,
+    no_charge_inside_the_key_window_is_resent_with_the_same_key,
+    no_charge_outside_the_key_window_goes_to_review_without_a_resend,
+    a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it,
+    admin_endpoints_refuse_a_missing_or_wrong_token,
+    the_admin_list_shows_payments_in_a_state_oldest_first,
+    only_payments_under_review_can_be_resolved_by_hand,
+    the_reaper_deletes_expired_final_keys_and_never_an_in_flight_one,
+    metrics_count_idempotency_outcomes_and_gateway_calls,
+);
+
+/// Starts a payment that the gateway leaves pending (202, ENVIADA); returns its id.
+async fn pending_payment(app: &TestApp, key: &str) -> String {
+    let answer = app.pay(key, &payment_body()).await;
+    assert_eq!(answer.status(), 202);
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "ENVIADA");
+    body["id"].as_str().expect("id").to_owned()
+}
+
+fn report(examined: u64, field: &str) -> impl Fn(&Value) {
+    let field = field.to_owned();
+    move |r: &Value| {
+        assert_eq!(r["examinados"], examined, "{r}");
+        assert_eq!(r[field.as_str()], examined, "{field} in {r}");
+    }
+}
+
+async fn a_pending_charge_is_rescheduled_then_settled_and_the_key_answers_the_final_state(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let fake = FakeGateway::charging("pending");
+    fake.mount(app.gateway()).await;
+    let id = pending_payment(&app, "k-p").await;
+
+    report(1, "pendientes")(&app.reconcile(&id).await);
+    let stored = app.payment(&id).await;
+    assert_eq!(stored.state, "ENVIADA");
+    assert!(stored.next_attempt_at > chrono::Utc::now(), "looked at again later");
+
+    fake.settle_all("succeeded");
+    report(1, "completados")(&app.reconcile(&id).await);
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+    assert_eq!(fake.charges_for(&id), 1);
+
+    let retry = app.pay("k-p", &payment_body()).await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(retry).await["estado"], "COMPLETADA");
+}
+
+async fn a_failing_lookup_reschedules_and_counts_attempts(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let fake = FakeGateway::charging("pending");
+    fake.mount(app.gateway()).await;
+    let id = pending_payment(&app, "k-f").await;
+    let before = app.payment(&id).await.attempts;
+
+    fake.fail_lookups(true);
+    report(1, "pendientes")(&app.reconcile(&id).await);
+    report(1, "pendientes")(&app.reconcile(&id).await);
+    let after = app.payment(&id).await;
+    assert_eq!(after.state, "ENVIADA");
+    assert_eq!(after.attempts, before + 2);
+    assert_eq!(fake.charges_for(&id), 1, "a failed lookup never resends");
+}
+
+async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles_it(backend: Backend) {
+    let app = Spawn::new(backend).flags(&["--give-up-after", "1s"]).start().await;
+    let fake = FakeGateway::charging("pending");
+    fake.mount(app.gateway()).await;
+    let id = pending_payment(&app, "k-g").await;
+    fake.fail_lookups(true);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    report(1, "revisionManual")(&app.reconcile(&id).await);
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
+    let listed = json(app.admin_get("/admin/pagos?estado=REVISION_MANUAL").await).await;
+    assert_eq!(listed["pagos"][0]["id"], id.as_str());
+
+    let resolved = app
+        .admin_post(
+            &format!("/admin/pagos/{id}/resolucion"),
+            &json!({"estado": "COMPLETADA", "motivo": "charge ch_fake_1 seen succeeded in the provider dashboard"}),
+        )
+        .await;
+    assert_eq!(resolved.status(), 200);
+    let detail = json(resolved).await;
+    assert_eq!(detail["pago"]["estado"], "COMPLETADA");
+    let last = detail["transiciones"].as_array().and_then(|t| t.last()).cloned().expect("audit rows");
+    assert_eq!(last["quien"], "admin");
+    assert_eq!(last["desde"], "REVISION_MANUAL");
+    assert!(last["motivo"].as_str().is_some_and(|m| m.contains("provider dashboard")));
+    let escalation = &detail["transiciones"].as_array().expect("rows")[1];
+    assert_eq!(escalation["quien"], "reconciler");
+    assert_eq!(escalation["hacia"], "REVISION_MANUAL");
+
+    let retry = app.pay("k-g", &payment_body()).await;
+    assert_eq!(retry.status(), 201, "the key answers on-call's decision");
+}
+
+async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Backend) {
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-timeout", "200ms", "--gateway-retries", "0"])
+        .start()
+        .await;
+    // The first try never reaches the gateway's books (it answers 503 without charging);
+    // later ones charge.
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(wiremock::ResponseTemplate::new(503))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(app.gateway())
+        .await;
+    let fake = FakeGateway::charging("succeeded");
+    fake.mount(app.gateway()).await;
+    let answer = app.pay("k-w", &payment_body()).await;
+    assert_eq!(answer.status(), 202);
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+
+    report(1, "completados")(&app.reconcile(&id).await);
+    let posts = app.charges_seen().await;
+    assert_eq!(posts.len(), 2, "the first try and the reconciler's resend");
+    assert_eq!(posts[0].headers["idempotency-key"], posts[1].headers["idempotency-key"]);
+    assert_eq!(fake.charges_for(&id), 1);
+    let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
+    let resent = detail["transiciones"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .any(|t| t["quien"] == "reconciler" && t["motivo"].as_str().is_some_and(|m| m.contains("same key")));
+    assert!(resent, "the resend is in the audit trail: {detail}");
+}
+
+async fn no_charge_outside_the_key_window_goes_to_review_without_a_resend(backend: Backend) {
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-timeout", "200ms", "--gateway-retries", "0", "--gateway-key-window", "1s"])
+        .start()
+        .await;
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(wiremock::ResponseTemplate::new(503))
+        .mount(app.gateway())
+        .await;
+    wiremock::Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(wiremock::ResponseTemplate::new(200).set_body_json(json!({"data": []})))
+        .mount(app.gateway())
+        .await;
+    let answer = app.pay("k-o", &payment_body()).await;
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    report(1, "revisionManual")(&app.reconcile(&id).await);
+    assert_eq!(app.charges_seen().await.len(), 1, "never resent outside the window");
+    let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
+    let reason = detail["transiciones"].as_array().and_then(|t| t.last()).expect("rows")["motivo"].clone();
+    assert!(reason.as_str().is_some_and(|r| r.contains("key window")), "{reason}");
+}
+
+async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend: Backend) {
+    // A lease shorter than the gateway call: exactly what the start-up checks refuse, built
+    // here on purpose to show that fencing holds even then.
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-timeout", "5s", "--gateway-retries", "0", "--lease", "300ms"])
+        .unvalidated()
+        .start()
+        .await;
+    // The slow answer says succeeded; the provider's books (the lookup) say declined.
+    let fake = FakeGateway::charging("declined").with_delay(Duration::from_millis(1500));
+    fake.mount(app.gateway()).await;
+
+    let slow = {
+        let app_url = app.url("/v1/pagos");
+        let http = app.http.clone();
+        tokio::spawn(async move {
+            http.post(app_url)
+                .bearer_auth(crate::helpers::API_KEY)
+                .header("Idempotency-Key", "k-slow")
+                .json(&payment_body())
+                .send()
+                .await
+                .expect("sent")
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let id = {
+        use pagos::entities::payment;
+        use sea_orm::EntityTrait;
+        payment::Entity::find().one(&app.db).await.expect("query").expect("registered").id.to_string()
+    };
+    // The lease expired: the reconciler owns the payment now.
+    report(1, "fallidos")(&app.reconcile(&id).await);
+    fake.settle_all("succeeded");
+
+    let answer = slow.await.expect("joined");
+    let body = json(answer).await;
+    assert_eq!(body["pago"]["estado"], "FALLIDA", "the slow request answers what the reconciler decided");
+    assert_eq!(app.payment(&id).await.state, "FALLIDA");
+    let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
+    let settled: Vec<&Value> = detail["transiciones"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|t| t["desde"] == "ENVIADA" && t["hacia"] != "ENVIADA")
+        .collect();
+    assert_eq!(settled.len(), 1, "one decision, the reconciler's: {detail}");
+    assert_eq!(settled[0]["quien"], "reconciler");
+}
+
+async fn admin_endpoints_refuse_a_missing_or_wrong_token(backend: Backend) {
+    let app = Spawn::new(backend).sandbox().start().await;
+    let paths = [
+        ("GET", "/admin/pagos?estado=ENVIADA"),
+        ("POST", "/admin/reconciliaciones"),
+        ("POST", "/admin/pagos/00000000-0000-0000-0000-000000000000/resolucion"),
+    ];
+    for (method, path) in paths {
+        for token in [None, Some("wrong"), Some(crate::helpers::API_KEY)] {
+            let mut request = app.http.request(method.parse().expect("method"), app.url(path)).json(&json!({}));
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            let answer = request.send().await.expect("sent");
+            assert_eq!(answer.status(), 401, "{method} {path} with {token:?}");
+            assert_eq!(answer.headers()["content-type"], "application/problem+json");
+        }
+    }
+    let ok = app.http.get(app.url("/admin/pagos?estado=ENVIADA")).bearer_auth(ADMIN_TOKEN).send().await.expect("sent");
+    assert_eq!(ok.status(), 200);
+}
+
+async fn the_admin_list_shows_payments_in_a_state_oldest_first(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    FakeGateway::charging("pending").mount(app.gateway()).await;
+    let first = pending_payment(&app, "k-l1").await;
+    let second = pending_payment(&app, "k-l2").await;
+    let listed = json(app.admin_get("/admin/pagos?estado=ENVIADA&limite=10").await).await;
+    let ids: Vec<&str> = listed["pagos"].as_array().expect("list").iter().filter_map(|p| p["id"].as_str()).collect();
+    assert_eq!(ids, vec![first.as_str(), second.as_str()]);
+    assert!(listed["pagos"][0]["intentos"].as_i64().is_some_and(|n| n >= 1));
+    assert!(listed["pagos"][0]["proximoIntento"].is_string());
+    let bad = app.admin_get("/admin/pagos?estado=PAGADA").await;
+    assert_eq!(bad.status(), 422);
+}
+
+async fn only_payments_under_review_can_be_resolved_by_hand(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    FakeGateway::charging("succeeded").mount(app.gateway()).await;
+    let created = json(app.pay("k-r", &payment_body()).await).await;
+    let id = created["id"].as_str().expect("id");
+    let path = format!("/admin/pagos/{id}/resolucion");
+    let refused = app.admin_post(&path, &json!({"estado": "FALLIDA", "motivo": "test"})).await;
+    assert_eq!(refused.status(), 409);
+    let bad = app.admin_post(&path, &json!({"estado": "PAGADA", "motivo": "x"})).await;
+    assert_eq!(bad.status(), 422);
+    let no_reason = app.admin_post(&path, &json!({"estado": "FALLIDA", "motivo": "  "})).await;
+    assert_eq!(no_reason.status(), 422);
+    assert_eq!(app.payment(id).await.state, "COMPLETADA");
+}
+
+async fn the_reaper_deletes_expired_final_keys_and_never_an_in_flight_one(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let fake = FakeGateway::charging("succeeded");
+    fake.mount(app.gateway()).await;
+    assert_eq!(app.pay("k-done", &payment_body()).await.status(), 201);
+    fake.set_new_status("pending");
+    let pending = pending_payment(&app, "k-open").await;
+
+    let future = chrono::Utc::now() + chrono::TimeDelta::days(2);
+    let purged = pagos::reaper::purge_keys(&app.db, future).await.expect("purge");
+    assert_eq!(purged, 1, "only the final payment's key");
+    assert_eq!(app.count_rows().await, (1, 2), "the in-flight key stays; payments are never deleted");
+
+    // The open key still protects its payment.
+    let retry = app.pay("k-open", &payment_body()).await;
+    assert_eq!(json(retry).await["id"], pending.as_str());
+    // A purged key is a new key: it makes a new payment.
+    fake.set_new_status("succeeded");
+    let reused = app.pay("k-done", &payment_body()).await;
+    assert_eq!(reused.status(), 201);
+    assert!(reused.headers().get("idempotent-replayed").is_none());
+    assert_eq!(app.count_rows().await, (2, 3));
+}
+
+async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    FakeGateway::charging("succeeded").mount(app.gateway()).await;
+    app.pay("k-m", &payment_body()).await;
+    app.pay("k-m", &payment_body()).await;
+    app.pay("k-m", &json!({"creditoId": "1", "monto": 5, "moneda": "USD"})).await;
+    let text = app.http.get(app.url("/metrics")).send().await.expect("sent").text().await.expect("text");
+    for line in [
+        "pagos_idempotency_requests_total{outcome=\"new\"} 1",
+        "pagos_idempotency_requests_total{outcome=\"replayed\"} 1",
+        "pagos_idempotency_requests_total{outcome=\"mismatch\"} 1",
+        "pagos_gateway_calls_total{operation=\"charge\",outcome=\"succeeded\"} 1",
+        "pagos_payments{estado=\"COMPLETADA\"} 1",
+        "pagos_payments{estado=\"ENVIADA\"} 0",
+        "pagos_oldest_unsettled_payment_age_seconds 0.0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+    }
+    assert!(text.contains("pagos_gateway_call_duration_seconds_bucket"));
+    assert!(!text.contains(crate::helpers::API_KEY), "no secrets in metrics");
+}
