@@ -134,7 +134,9 @@ pub async fn reconcile_once(settings: Settings) -> anyhow::Result<std::process::
     let db = open_and_migrate(&settings.database).await?;
     let gateway = gateway_from(&settings)?;
     let state = build(db, settings, gateway);
-    let report = reconciler::run_pass(&state).await.context("reconciliation pass")?;
+    let report = reconciler::run_pass(&state)
+        .await
+        .context("reconciliation pass")?;
     #[allow(clippy::print_stdout)]
     {
         println!("{}", serde_json::to_string(&report)?);

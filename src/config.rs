@@ -297,7 +297,12 @@ pub struct SandboxArgs {
     #[arg(long, env = "PAGOS_SANDBOX_WEBHOOK_URL", value_name = "URL")]
     pub webhook_url: Option<url::Url>,
     /// Secret the events are signed with (pagos' PAGOS_WEBHOOK_SECRET)
-    #[arg(long, env = "PAGOS_SANDBOX_WEBHOOK_SECRET", hide_env_values = true, value_name = "SECRET")]
+    #[arg(
+        long,
+        env = "PAGOS_SANDBOX_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
     pub webhook_secret: Option<String>,
     /// Deliver events duplicated, delayed and out of order
     #[arg(long, env = "PAGOS_SANDBOX_CHAOS")]

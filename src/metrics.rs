@@ -93,7 +93,11 @@ impl Metrics {
             reconciler_decisions.clone(),
         );
         let reconciler_passes = Counter::default();
-        registry.register("reconciler_passes", "Reconciliation passes run", reconciler_passes.clone());
+        registry.register(
+            "reconciler_passes",
+            "Reconciliation passes run",
+            reconciler_passes.clone(),
+        );
         let webhook_events = Family::<OutcomeLabel, Counter>::default();
         registry.register(
             "webhook_events",
@@ -101,9 +105,17 @@ impl Metrics {
             webhook_events.clone(),
         );
         let keys_purged = Counter::default();
-        registry.register("idempotency_keys_purged", "Idempotency keys deleted by the reaper", keys_purged.clone());
+        registry.register(
+            "idempotency_keys_purged",
+            "Idempotency keys deleted by the reaper",
+            keys_purged.clone(),
+        );
         let payments = Family::<StateLabel, Gauge>::default();
-        registry.register("payments", "Payments by state (read at scrape time)", payments.clone());
+        registry.register(
+            "payments",
+            "Payments by state (read at scrape time)",
+            payments.clone(),
+        );
         let oldest_unsettled_age = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "oldest_unsettled_payment_age_seconds",
@@ -125,11 +137,15 @@ impl Metrics {
     }
 
     pub fn idempotency_outcome(&self, outcome: &'static str) {
-        self.idempotency.get_or_create(&OutcomeLabel { outcome }).inc();
+        self.idempotency
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
     }
 
     pub fn decision(&self, decision: &'static str) {
-        self.reconciler_decisions.get_or_create(&DecisionLabel { decision }).inc();
+        self.reconciler_decisions
+            .get_or_create(&DecisionLabel { decision })
+            .inc();
     }
 
     /// The registry in the OpenMetrics text format.

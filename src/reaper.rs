@@ -19,10 +19,10 @@ pub async fn purge_keys(
     let final_payments = Query::select()
         .column(payment::Column::Id)
         .from(payment::Entity)
-        .and_where(
-            payment::Column::State
-                .is_in([PaymentState::Completada.as_str(), PaymentState::Fallida.as_str()]),
-        )
+        .and_where(payment::Column::State.is_in([
+            PaymentState::Completada.as_str(),
+            PaymentState::Fallida.as_str(),
+        ]))
         .to_owned();
     let deleted = keys::Entity::delete_many()
         .filter(keys::Column::CreatedAt.lt(older_than))

@@ -51,7 +51,9 @@ impl PagoAdmin {
             pago: Pago::of(p),
             merchant_id: p.merchant_id,
             intentos: p.attempts,
-            proximo_intento: p.next_attempt_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            proximo_intento: p
+                .next_attempt_at
+                .to_rfc3339_opts(SecondsFormat::Millis, true),
             decline_code: p.decline_code.clone(),
             edad_segundos: reconciler::age(p.created_at).num_seconds(),
         }
@@ -93,11 +95,13 @@ async fn list_payments(
     _admin: Admin,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<ListaPagos>, ApiError> {
-    let Query(query) = query.map_err(|e| bad_request(format!("{e}: use ?estado=ENVIADA&limite=50")))?;
-    let estado: PaymentState = query
-        .estado
-        .parse()
-        .map_err(|_| bad_request("estado must be one of EN_PROCESO, ENVIADA, COMPLETADA, FALLIDA, REVISION_MANUAL"))?;
+    let Query(query) =
+        query.map_err(|e| bad_request(format!("{e}: use ?estado=ENVIADA&limite=50")))?;
+    let estado: PaymentState = query.estado.parse().map_err(|_| {
+        bad_request(
+            "estado must be one of EN_PROCESO, ENVIADA, COMPLETADA, FALLIDA, REVISION_MANUAL",
+        )
+    })?;
     let limit = query.limite.unwrap_or(50);
     if !(1..=1000).contains(&limit) {
         return Err(bad_request("limite must be between 1 and 1000"));
@@ -132,7 +136,9 @@ pub struct DetallePago {
 }
 
 fn not_found() -> ApiError {
-    Problem::new(Kind::NotFound).detail("No payment with this id.").into()
+    Problem::new(Kind::NotFound)
+        .detail("No payment with this id.")
+        .into()
 }
 
 /// One payment with its audit trail.
@@ -154,7 +160,9 @@ async fn payment_detail(
     Path(id): Path<String>,
 ) -> Result<Json<DetallePago>, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
-    let p = store::find_payment(&state.db, id).await?.ok_or_else(not_found)?;
+    let p = store::find_payment(&state.db, id)
+        .await?
+        .ok_or_else(not_found)?;
     Ok(Json(detail(&state, &p).await?))
 }
 
@@ -213,7 +221,9 @@ async fn run_reconciliation(
     };
     let report = match request.pago_id {
         Some(id) => {
-            store::find_payment(&state.db, id).await?.ok_or_else(not_found)?;
+            store::find_payment(&state.db, id)
+                .await?
+                .ok_or_else(not_found)?;
             reconciler::reconcile_one(&state, id).await?
         }
         None => reconciler::run_pass(&state).await?,
@@ -253,8 +263,11 @@ async fn resolve(
     body: Bytes,
 ) -> Result<Json<DetallePago>, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
-    let request: Resolucion = serde_json::from_slice(&body)
-        .map_err(|e| bad_request(format!("expected {{\"estado\":\"COMPLETADA\"|\"FALLIDA\",\"motivo\":\"…\"}}: {e}")))?;
+    let request: Resolucion = serde_json::from_slice(&body).map_err(|e| {
+        bad_request(format!(
+            "expected {{\"estado\":\"COMPLETADA\"|\"FALLIDA\",\"motivo\":\"…\"}}: {e}"
+        ))
+    })?;
     let event = match request.estado.as_str() {
         "COMPLETADA" => Event::ResolveCompleted,
         "FALLIDA" => Event::ResolveFailed,
@@ -262,9 +275,13 @@ async fn resolve(
     };
     let motivo = request.motivo.trim();
     if motivo.is_empty() || motivo.chars().count() > 1000 {
-        return Err(bad_request("motivo is required (1–1000 characters): say why, for the audit trail"));
+        return Err(bad_request(
+            "motivo is required (1–1000 characters): say why, for the audit trail",
+        ));
     }
-    let current = store::find_payment(&state.db, id).await?.ok_or_else(not_found)?;
+    let current = store::find_payment(&state.db, id)
+        .await?
+        .ok_or_else(not_found)?;
     if current.state != PaymentState::RevisionManual.as_str() {
         return Err(Problem::new(Kind::NotUnderReview)
             .detail(format!(
@@ -286,7 +303,9 @@ async fn resolve(
         Ok(Written::Fenced) => Err(Problem::new(Kind::NotUnderReview)
             .detail("The payment changed while resolving it; read it again and retry.")
             .into()),
-        Err(store::StoreError::Illegal(e)) => Err(Problem::new(Kind::NotUnderReview).detail(e.to_string()).into()),
+        Err(store::StoreError::Illegal(e)) => Err(Problem::new(Kind::NotUnderReview)
+            .detail(e.to_string())
+            .into()),
         Err(store::StoreError::Db(e)) => Err(e.into()),
     }
 }

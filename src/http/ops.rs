@@ -25,7 +25,10 @@ async fn metrics(State(state): State<AppState>) -> Response {
         tracing::warn!(error = %err, "metrics: could not read payment gauges");
     }
     (
-        [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         state.metrics.render(),
     )
         .into_response()
@@ -46,11 +49,16 @@ async fn refresh_gauges(state: &AppState) -> Result<(), sea_orm::DbErr> {
         .all(&state.db)
         .await?;
     for estado in PaymentState::ALL {
-        let n = counts.iter().find(|(s, _)| s == estado.as_str()).map_or(0, |(_, n)| *n);
+        let n = counts
+            .iter()
+            .find(|(s, _)| s == estado.as_str())
+            .map_or(0, |(_, n)| *n);
         state
             .metrics
             .payments
-            .get_or_create(&StateLabel { estado: estado.as_str() })
+            .get_or_create(&StateLabel {
+                estado: estado.as_str(),
+            })
             .set(n);
     }
     let oldest: Option<chrono::DateTime<chrono::Utc>> = payment::Entity::find()

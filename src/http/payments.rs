@@ -224,11 +224,18 @@ async fn create_payment(
             tracing::info!(%payment_id, key_hash, "replaying the stored answer");
             Ok(respond(payment_id, answer, true))
         }
-        Begin::Unsettled { payment_id, lease_expired } => {
+        Begin::Unsettled {
+            payment_id,
+            lease_expired,
+        } => {
             let find = || async {
                 crate::saga::store::find_payment(&state.db, payment_id)
                     .await?
-                    .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("key points to a missing payment {payment_id}")))
+                    .ok_or_else(|| {
+                        ApiError::Internal(anyhow::anyhow!(
+                            "key points to a missing payment {payment_id}"
+                        ))
+                    })
             };
             let mut current = find().await?;
             // Nobody is working on it and it is due (or its request died holding the
@@ -237,9 +244,11 @@ async fn create_payment(
             if (lease_expired || due) && current.state != PaymentState::RevisionManual.as_str() {
                 let state_for_task = state.clone();
                 tracing::info!(%payment_id, key_hash, "client retry found the payment abandoned; reconciling it now");
-                tokio::spawn(async move { crate::reconciler::reconcile_one(&state_for_task, payment_id).await })
-                    .await
-                    .map_err(|e| ApiError::Internal(e.into()))??;
+                tokio::spawn(async move {
+                    crate::reconciler::reconcile_one(&state_for_task, payment_id).await
+                })
+                .await
+                .map_err(|e| ApiError::Internal(e.into()))??;
                 current = find().await?;
             }
             tracing::info!(%payment_id, key_hash, estado = current.state, "answering the current state");

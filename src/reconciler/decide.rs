@@ -61,7 +61,9 @@ pub fn decide(facts: &Facts<'_>, horizons: &Horizons) -> Decision {
             Some(Err(err)) => Decision::Reschedule(format!("provider lookup failed: {err}")),
             Some(Ok(charges)) => decide_on_charges(charges, age, horizons),
         },
-        PaymentState::Completada | PaymentState::Fallida | PaymentState::RevisionManual => Decision::Skip,
+        PaymentState::Completada | PaymentState::Fallida | PaymentState::RevisionManual => {
+            Decision::Skip
+        }
     }
 }
 
@@ -91,7 +93,9 @@ fn decide_on_charges(charges: &[Charge], age: TimeDelta, horizons: &Horizons) ->
             charge.id,
             human(age)
         )),
-        ChargeStatus::Pending => Decision::Reschedule(format!("charge {} is pending at the provider", charge.id)),
+        ChargeStatus::Pending => {
+            Decision::Reschedule(format!("charge {} is pending at the provider", charge.id))
+        }
     }
 }
 
@@ -103,7 +107,9 @@ fn human(d: TimeDelta) -> String {
 /// When to look again after `attempts` looks: exponential from `base`, capped at an hour.
 pub fn backoff(base: std::time::Duration, attempts: i32, jitter: f64) -> TimeDelta {
     let exp = u32::try_from(attempts.clamp(0, 16)).unwrap_or(0);
-    let raw = base.saturating_mul(2u32.saturating_pow(exp)).min(std::time::Duration::from_secs(3600));
+    let raw = base
+        .saturating_mul(2u32.saturating_pow(exp))
+        .min(std::time::Duration::from_secs(3600));
     // ±20% so payments that failed together are not all retried together.
     let factor = 0.8 + 0.4 * jitter.clamp(0.0, 1.0);
     TimeDelta::from_std(raw.mul_f64(factor)).unwrap_or(TimeDelta::hours(1))
@@ -132,7 +138,11 @@ mod tests {
         }
     }
 
-    fn decide_at(state: PaymentState, age: TimeDelta, lookup: Option<Result<Vec<Charge>, GatewayError>>) -> Decision {
+    fn decide_at(
+        state: PaymentState,
+        age: TimeDelta,
+        lookup: Option<Result<Vec<Charge>, GatewayError>>,
+    ) -> Decision {
         let now = Utc::now();
         decide(
             &Facts {
@@ -147,13 +157,20 @@ mod tests {
 
     #[test]
     fn a_payment_never_sent_is_sent() {
-        assert_eq!(decide_at(PaymentState::EnProceso, TimeDelta::hours(30), None), Decision::Send);
+        assert_eq!(
+            decide_at(PaymentState::EnProceso, TimeDelta::hours(30), None),
+            Decision::Send
+        );
     }
 
     #[test]
     fn a_final_charge_settles_the_payment() {
         for status in [ChargeStatus::Succeeded, ChargeStatus::Declined] {
-            let decided = decide_at(PaymentState::Enviada, TimeDelta::minutes(5), Some(Ok(vec![charge(status)])));
+            let decided = decide_at(
+                PaymentState::Enviada,
+                TimeDelta::minutes(5),
+                Some(Ok(vec![charge(status)])),
+            );
             assert_eq!(decided, Decision::Settle(charge(status)));
         }
     }
@@ -161,41 +178,80 @@ mod tests {
     #[test]
     fn a_pending_charge_is_looked_at_again_until_the_horizon() {
         let pending = || Some(Ok(vec![charge(ChargeStatus::Pending)]));
-        assert!(matches!(decide_at(PaymentState::Enviada, TimeDelta::hours(1), pending()), Decision::Reschedule(_)));
-        assert!(matches!(decide_at(PaymentState::Enviada, TimeDelta::hours(25), pending()), Decision::Escalate(_)));
+        assert!(matches!(
+            decide_at(PaymentState::Enviada, TimeDelta::hours(1), pending()),
+            Decision::Reschedule(_)
+        ));
+        assert!(matches!(
+            decide_at(PaymentState::Enviada, TimeDelta::hours(25), pending()),
+            Decision::Escalate(_)
+        ));
     }
 
     #[test]
     fn no_charge_inside_the_key_window_is_resent_with_the_same_key() {
-        assert_eq!(decide_at(PaymentState::Enviada, TimeDelta::hours(2), Some(Ok(vec![]))), Decision::Send);
+        assert_eq!(
+            decide_at(PaymentState::Enviada, TimeDelta::hours(2), Some(Ok(vec![]))),
+            Decision::Send
+        );
     }
 
     #[test]
     fn no_charge_outside_the_key_window_is_never_resent() {
-        let decided = decide_at(PaymentState::Enviada, TimeDelta::hours(24), Some(Ok(vec![])));
-        assert!(matches!(decided, Decision::Escalate(ref why) if why.contains("key window")), "{decided:?}");
+        let decided = decide_at(
+            PaymentState::Enviada,
+            TimeDelta::hours(24),
+            Some(Ok(vec![])),
+        );
+        assert!(
+            matches!(decided, Decision::Escalate(ref why) if why.contains("key window")),
+            "{decided:?}"
+        );
         // The margin: a minute before the window ends is already too late.
-        let decided = decide_at(PaymentState::Enviada, TimeDelta::hours(24) - TimeDelta::seconds(30), Some(Ok(vec![])));
+        let decided = decide_at(
+            PaymentState::Enviada,
+            TimeDelta::hours(24) - TimeDelta::seconds(30),
+            Some(Ok(vec![])),
+        );
         assert!(matches!(decided, Decision::Escalate(_)));
     }
 
     #[test]
     fn a_failed_lookup_is_retried_until_the_give_up_horizon() {
         let failed = || Some(Err(GatewayError::Unknown("timed out".into())));
-        assert!(matches!(decide_at(PaymentState::Enviada, TimeDelta::hours(1), failed()), Decision::Reschedule(_)));
-        assert!(matches!(decide_at(PaymentState::Enviada, TimeDelta::hours(25), failed()), Decision::Escalate(_)));
+        assert!(matches!(
+            decide_at(PaymentState::Enviada, TimeDelta::hours(1), failed()),
+            Decision::Reschedule(_)
+        ));
+        assert!(matches!(
+            decide_at(PaymentState::Enviada, TimeDelta::hours(25), failed()),
+            Decision::Escalate(_)
+        ));
     }
 
     #[test]
     fn two_charges_for_one_payment_go_to_on_call() {
-        let two = Some(Ok(vec![charge(ChargeStatus::Succeeded), charge(ChargeStatus::Succeeded)]));
-        assert!(matches!(decide_at(PaymentState::Enviada, TimeDelta::minutes(1), two), Decision::Escalate(_)));
+        let two = Some(Ok(vec![
+            charge(ChargeStatus::Succeeded),
+            charge(ChargeStatus::Succeeded),
+        ]));
+        assert!(matches!(
+            decide_at(PaymentState::Enviada, TimeDelta::minutes(1), two),
+            Decision::Escalate(_)
+        ));
     }
 
     #[test]
     fn final_and_reviewed_payments_are_not_touched() {
-        for state in [PaymentState::Completada, PaymentState::Fallida, PaymentState::RevisionManual] {
-            assert_eq!(decide_at(state, TimeDelta::hours(1), Some(Ok(vec![]))), Decision::Skip);
+        for state in [
+            PaymentState::Completada,
+            PaymentState::Fallida,
+            PaymentState::RevisionManual,
+        ] {
+            assert_eq!(
+                decide_at(state, TimeDelta::hours(1), Some(Ok(vec![]))),
+                Decision::Skip
+            );
         }
     }
 

@@ -172,8 +172,14 @@ async fn process(app: &App, claimed: payment::Model) -> Outcome {
     }
 }
 
-async fn decide_and_apply(app: &App, claimed: payment::Model) -> Result<Outcome, store::StoreError> {
-    let state: PaymentState = claimed.state.parse().unwrap_or(PaymentState::RevisionManual);
+async fn decide_and_apply(
+    app: &App,
+    claimed: payment::Model,
+) -> Result<Outcome, store::StoreError> {
+    let state: PaymentState = claimed
+        .state
+        .parse()
+        .unwrap_or(PaymentState::RevisionManual);
     let lookup = if needs_lookup(state) {
         Some(app.gateway.lookup(claimed.id).await)
     } else {
@@ -198,14 +204,26 @@ async fn decide_and_apply(app: &App, claimed: payment::Model) -> Result<Outcome,
                 return Ok(Outcome::Rescheduled);
             };
             let reason = format!("provider lookup: {reason}");
-            Ok(match store::apply_now(&app.db, &claimed, event, changes, Actor::Reconciler, &reason).await? {
-                Written::Applied(p) => Outcome::of_state(&p.state),
-                Written::Fenced => Outcome::Skipped,
-            })
+            Ok(
+                match store::apply_now(
+                    &app.db,
+                    &claimed,
+                    event,
+                    changes,
+                    Actor::Reconciler,
+                    &reason,
+                )
+                .await?
+                {
+                    Written::Applied(p) => Outcome::of_state(&p.state),
+                    Written::Fenced => Outcome::Skipped,
+                },
+            )
         }
         Decision::Reschedule(why) => {
             let jitter: f64 = rand::rng().random();
-            let due = crate::db::now() + backoff(app.settings.stale_after, claimed.attempts, jitter);
+            let due =
+                crate::db::now() + backoff(app.settings.stale_after, claimed.attempts, jitter);
             tracing::info!(payment_id = %claimed.id, why, next = %due, "rescheduled");
             Ok(match store::reschedule(&app.db, &claimed, due).await? {
                 Written::Applied(_) => Outcome::Rescheduled,
@@ -215,8 +233,15 @@ async fn decide_and_apply(app: &App, claimed: payment::Model) -> Result<Outcome,
         Decision::Escalate(why) => {
             tracing::warn!(payment_id = %claimed.id, why, "moved to REVISION_MANUAL");
             Ok(
-                match store::apply_now(&app.db, &claimed, Event::Escalate, Changes::default(), Actor::Reconciler, &why)
-                    .await?
+                match store::apply_now(
+                    &app.db,
+                    &claimed,
+                    Event::Escalate,
+                    Changes::default(),
+                    Actor::Reconciler,
+                    &why,
+                )
+                .await?
                 {
                     Written::Applied(_) => Outcome::ManualReview,
                     Written::Fenced => Outcome::Skipped,
@@ -228,7 +253,10 @@ async fn decide_and_apply(app: &App, claimed: payment::Model) -> Result<Outcome,
 }
 
 /// The periodic reconciler and key reaper of `pagos serve`, until `stop` fires.
-pub async fn run_periodically(app: std::sync::Arc<App>, mut stop: tokio::sync::watch::Receiver<bool>) {
+pub async fn run_periodically(
+    app: std::sync::Arc<App>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let every = app.settings.reconcile_every;
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

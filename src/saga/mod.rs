@@ -97,7 +97,10 @@ pub fn settlement(charge: &Charge) -> Option<(Event, Changes, String)> {
             format!("gateway charged ({})", charge.id),
         )),
         ChargeStatus::Declined => {
-            let code = charge.decline_code.clone().unwrap_or_else(|| "declined".into());
+            let code = charge
+                .decline_code
+                .clone()
+                .unwrap_or_else(|| "declined".into());
             Some((
                 Event::Declined,
                 Changes {

@@ -397,7 +397,10 @@ async fn claim(
     // cannot move before this update, so each becomes exactly version + 1.
     payment::Entity::update_many()
         .col_expr(payment::Column::NextAttemptAt, Expr::value(until))
-        .col_expr(payment::Column::Version, Expr::col(payment::Column::Version).add(1))
+        .col_expr(
+            payment::Column::Version,
+            Expr::col(payment::Column::Version).add(1),
+        )
         .filter(payment::Column::Id.is_in(rows.iter().map(|p| p.id)))
         .exec(&tx)
         .await?;

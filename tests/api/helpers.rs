@@ -460,7 +460,6 @@ impl FakeGateway {
         self.lock().by_reference.get(reference).map_or(0, Vec::len)
     }
 
-
     pub async fn mount(&self, server: &MockServer) {
         Mock::given(wiremock::matchers::method("POST"))
             .and(wiremock::matchers::path("/v1/charges"))
@@ -489,7 +488,9 @@ impl Respond for FakeCharge {
         let mut state = self.0.lock();
         let delay = state.charge_delay;
         if let Some(existing) = state.by_key.get(&key) {
-            return ResponseTemplate::new(201).set_body_json(existing.clone()).set_delay(delay);
+            return ResponseTemplate::new(201)
+                .set_body_json(existing.clone())
+                .set_delay(delay);
         }
         state.next += 1;
         let status = state.new_status.unwrap_or("succeeded");
@@ -503,8 +504,14 @@ impl Respond for FakeCharge {
             "declineCode": if status == "declined" { Value::from("card_declined") } else { Value::Null },
         });
         state.by_key.insert(key, charge.clone());
-        state.by_reference.entry(reference).or_default().push(charge.clone());
-        ResponseTemplate::new(201).set_body_json(charge).set_delay(delay)
+        state
+            .by_reference
+            .entry(reference)
+            .or_default()
+            .push(charge.clone());
+        ResponseTemplate::new(201)
+            .set_body_json(charge)
+            .set_delay(delay)
     }
 }
 
@@ -522,7 +529,11 @@ impl Respond for FakeLookup {
             .find(|(k, _)| k == "reference")
             .map(|(_, v)| v.into_owned())
             .unwrap_or_default();
-        let data = state.by_reference.get(&reference).cloned().unwrap_or_default();
+        let data = state
+            .by_reference
+            .get(&reference)
+            .cloned()
+            .unwrap_or_default();
         ResponseTemplate::new(200).set_body_json(json!({ "data": data }))
     }
 }
@@ -543,12 +554,19 @@ impl TestApp {
     }
 
     pub async fn admin_get(&self, path: &str) -> reqwest::Response {
-        self.http.get(self.url(path)).bearer_auth(ADMIN_TOKEN).send().await.expect("sent")
+        self.http
+            .get(self.url(path))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("sent")
     }
 
     /// Runs the reconciler for one payment through the admin API; returns the report.
     pub async fn reconcile(&self, payment_id: &str) -> Value {
-        let answer = self.admin_post("/admin/reconciliaciones", &json!({ "pagoId": payment_id })).await;
+        let answer = self
+            .admin_post("/admin/reconciliaciones", &json!({ "pagoId": payment_id }))
+            .await;
         assert_eq!(answer.status(), 200);
         json(answer).await
     }

@@ -37,7 +37,9 @@ fn report(examined: u64, field: &str) -> impl Fn(&Value) {
     }
 }
 
-async fn a_pending_charge_is_rescheduled_then_settled_and_the_key_answers_the_final_state(backend: Backend) {
+async fn a_pending_charge_is_rescheduled_then_settled_and_the_key_answers_the_final_state(
+    backend: Backend,
+) {
     let app = Spawn::new(backend).start().await;
     let fake = FakeGateway::charging("pending");
     fake.mount(app.gateway()).await;
@@ -46,7 +48,10 @@ async fn a_pending_charge_is_rescheduled_then_settled_and_the_key_answers_the_fi
     report(1, "pendientes")(&app.reconcile(&id).await);
     let stored = app.payment(&id).await;
     assert_eq!(stored.state, "ENVIADA");
-    assert!(stored.next_attempt_at > chrono::Utc::now(), "looked at again later");
+    assert!(
+        stored.next_attempt_at > chrono::Utc::now(),
+        "looked at again later"
+    );
 
     fake.settle_all("succeeded");
     report(1, "completados")(&app.reconcile(&id).await);
@@ -75,8 +80,13 @@ async fn a_failing_lookup_reschedules_and_counts_attempts(backend: Backend) {
     assert_eq!(fake.charges_for(&id), 1, "a failed lookup never resends");
 }
 
-async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles_it(backend: Backend) {
-    let app = Spawn::new(backend).flags(&["--give-up-after", "1s"]).start().await;
+async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles_it(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .flags(&["--give-up-after", "1s"])
+        .start()
+        .await;
     let fake = FakeGateway::charging("pending");
     fake.mount(app.gateway()).await;
     let id = pending_payment(&app, "k-g").await;
@@ -97,10 +107,18 @@ async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles
     assert_eq!(resolved.status(), 200);
     let detail = json(resolved).await;
     assert_eq!(detail["pago"]["estado"], "COMPLETADA");
-    let last = detail["transiciones"].as_array().and_then(|t| t.last()).cloned().expect("audit rows");
+    let last = detail["transiciones"]
+        .as_array()
+        .and_then(|t| t.last())
+        .cloned()
+        .expect("audit rows");
     assert_eq!(last["quien"], "admin");
     assert_eq!(last["desde"], "REVISION_MANUAL");
-    assert!(last["motivo"].as_str().is_some_and(|m| m.contains("provider dashboard")));
+    assert!(
+        last["motivo"]
+            .as_str()
+            .is_some_and(|m| m.contains("provider dashboard"))
+    );
     let escalation = &detail["transiciones"].as_array().expect("rows")[1];
     assert_eq!(escalation["quien"], "reconciler");
     assert_eq!(escalation["hacia"], "REVISION_MANUAL");
@@ -132,20 +150,33 @@ async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Ba
     report(1, "completados")(&app.reconcile(&id).await);
     let posts = app.charges_seen().await;
     assert_eq!(posts.len(), 2, "the first try and the reconciler's resend");
-    assert_eq!(posts[0].headers["idempotency-key"], posts[1].headers["idempotency-key"]);
+    assert_eq!(
+        posts[0].headers["idempotency-key"],
+        posts[1].headers["idempotency-key"]
+    );
     assert_eq!(fake.charges_for(&id), 1);
     let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
     let resent = detail["transiciones"]
         .as_array()
         .expect("rows")
         .iter()
-        .any(|t| t["quien"] == "reconciler" && t["motivo"].as_str().is_some_and(|m| m.contains("same key")));
+        .any(|t| {
+            t["quien"] == "reconciler"
+                && t["motivo"].as_str().is_some_and(|m| m.contains("same key"))
+        });
     assert!(resent, "the resend is in the audit trail: {detail}");
 }
 
 async fn no_charge_outside_the_key_window_goes_to_review_without_a_resend(backend: Backend) {
     let app = Spawn::new(backend)
-        .flags(&["--gateway-timeout", "200ms", "--gateway-retries", "0", "--gateway-key-window", "1s"])
+        .flags(&[
+            "--gateway-timeout",
+            "200ms",
+            "--gateway-retries",
+            "0",
+            "--gateway-key-window",
+            "1s",
+        ])
         .start()
         .await;
     wiremock::Mock::given(wiremock::matchers::method("POST"))
@@ -163,17 +194,35 @@ async fn no_charge_outside_the_key_window_goes_to_review_without_a_resend(backen
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
     report(1, "revisionManual")(&app.reconcile(&id).await);
-    assert_eq!(app.charges_seen().await.len(), 1, "never resent outside the window");
+    assert_eq!(
+        app.charges_seen().await.len(),
+        1,
+        "never resent outside the window"
+    );
     let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
-    let reason = detail["transiciones"].as_array().and_then(|t| t.last()).expect("rows")["motivo"].clone();
-    assert!(reason.as_str().is_some_and(|r| r.contains("key window")), "{reason}");
+    let reason = detail["transiciones"]
+        .as_array()
+        .and_then(|t| t.last())
+        .expect("rows")["motivo"]
+        .clone();
+    assert!(
+        reason.as_str().is_some_and(|r| r.contains("key window")),
+        "{reason}"
+    );
 }
 
 async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend: Backend) {
     // A lease shorter than the gateway call: exactly what the start-up checks refuse, built
     // here on purpose to show that fencing holds even then.
     let app = Spawn::new(backend)
-        .flags(&["--gateway-timeout", "5s", "--gateway-retries", "0", "--lease", "300ms"])
+        .flags(&[
+            "--gateway-timeout",
+            "5s",
+            "--gateway-retries",
+            "0",
+            "--lease",
+            "300ms",
+        ])
         .unvalidated()
         .start()
         .await;
@@ -198,7 +247,13 @@ async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend:
     let id = {
         use pagos::entities::payment;
         use sea_orm::EntityTrait;
-        payment::Entity::find().one(&app.db).await.expect("query").expect("registered").id.to_string()
+        payment::Entity::find()
+            .one(&app.db)
+            .await
+            .expect("query")
+            .expect("registered")
+            .id
+            .to_string()
     };
     // The lease expired: the reconciler owns the payment now.
     report(1, "fallidos")(&app.reconcile(&id).await);
@@ -206,7 +261,10 @@ async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend:
 
     let answer = slow.await.expect("joined");
     let body = json(answer).await;
-    assert_eq!(body["pago"]["estado"], "FALLIDA", "the slow request answers what the reconciler decided");
+    assert_eq!(
+        body["pago"]["estado"], "FALLIDA",
+        "the slow request answers what the reconciler decided"
+    );
     assert_eq!(app.payment(&id).await.state, "FALLIDA");
     let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
     let settled: Vec<&Value> = detail["transiciones"]
@@ -224,11 +282,17 @@ async fn admin_endpoints_refuse_a_missing_or_wrong_token(backend: Backend) {
     let paths = [
         ("GET", "/admin/pagos?estado=ENVIADA"),
         ("POST", "/admin/reconciliaciones"),
-        ("POST", "/admin/pagos/00000000-0000-0000-0000-000000000000/resolucion"),
+        (
+            "POST",
+            "/admin/pagos/00000000-0000-0000-0000-000000000000/resolucion",
+        ),
     ];
     for (method, path) in paths {
         for token in [None, Some("wrong"), Some(crate::helpers::API_KEY)] {
-            let mut request = app.http.request(method.parse().expect("method"), app.url(path)).json(&json!({}));
+            let mut request = app
+                .http
+                .request(method.parse().expect("method"), app.url(path))
+                .json(&json!({}));
             if let Some(token) = token {
                 request = request.bearer_auth(token);
             }
@@ -237,7 +301,13 @@ async fn admin_endpoints_refuse_a_missing_or_wrong_token(backend: Backend) {
             assert_eq!(answer.headers()["content-type"], "application/problem+json");
         }
     }
-    let ok = app.http.get(app.url("/admin/pagos?estado=ENVIADA")).bearer_auth(ADMIN_TOKEN).send().await.expect("sent");
+    let ok = app
+        .http
+        .get(app.url("/admin/pagos?estado=ENVIADA"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("sent");
     assert_eq!(ok.status(), 200);
 }
 
@@ -247,9 +317,18 @@ async fn the_admin_list_shows_payments_in_a_state_oldest_first(backend: Backend)
     let first = pending_payment(&app, "k-l1").await;
     let second = pending_payment(&app, "k-l2").await;
     let listed = json(app.admin_get("/admin/pagos?estado=ENVIADA&limite=10").await).await;
-    let ids: Vec<&str> = listed["pagos"].as_array().expect("list").iter().filter_map(|p| p["id"].as_str()).collect();
+    let ids: Vec<&str> = listed["pagos"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|p| p["id"].as_str())
+        .collect();
     assert_eq!(ids, vec![first.as_str(), second.as_str()]);
-    assert!(listed["pagos"][0]["intentos"].as_i64().is_some_and(|n| n >= 1));
+    assert!(
+        listed["pagos"][0]["intentos"]
+            .as_i64()
+            .is_some_and(|n| n >= 1)
+    );
     assert!(listed["pagos"][0]["proximoIntento"].is_string());
     let bad = app.admin_get("/admin/pagos?estado=PAGADA").await;
     assert_eq!(bad.status(), 422);
@@ -257,15 +336,23 @@ async fn the_admin_list_shows_payments_in_a_state_oldest_first(backend: Backend)
 
 async fn only_payments_under_review_can_be_resolved_by_hand(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    FakeGateway::charging("succeeded").mount(app.gateway()).await;
+    FakeGateway::charging("succeeded")
+        .mount(app.gateway())
+        .await;
     let created = json(app.pay("k-r", &payment_body()).await).await;
     let id = created["id"].as_str().expect("id");
     let path = format!("/admin/pagos/{id}/resolucion");
-    let refused = app.admin_post(&path, &json!({"estado": "FALLIDA", "motivo": "test"})).await;
+    let refused = app
+        .admin_post(&path, &json!({"estado": "FALLIDA", "motivo": "test"}))
+        .await;
     assert_eq!(refused.status(), 409);
-    let bad = app.admin_post(&path, &json!({"estado": "PAGADA", "motivo": "x"})).await;
+    let bad = app
+        .admin_post(&path, &json!({"estado": "PAGADA", "motivo": "x"}))
+        .await;
     assert_eq!(bad.status(), 422);
-    let no_reason = app.admin_post(&path, &json!({"estado": "FALLIDA", "motivo": "  "})).await;
+    let no_reason = app
+        .admin_post(&path, &json!({"estado": "FALLIDA", "motivo": "  "}))
+        .await;
     assert_eq!(no_reason.status(), 422);
     assert_eq!(app.payment(id).await.state, "COMPLETADA");
 }
@@ -279,9 +366,15 @@ async fn the_reaper_deletes_expired_final_keys_and_never_an_in_flight_one(backen
     let pending = pending_payment(&app, "k-open").await;
 
     let future = chrono::Utc::now() + chrono::TimeDelta::days(2);
-    let purged = pagos::reaper::purge_keys(&app.db, future).await.expect("purge");
+    let purged = pagos::reaper::purge_keys(&app.db, future)
+        .await
+        .expect("purge");
     assert_eq!(purged, 1, "only the final payment's key");
-    assert_eq!(app.count_rows().await, (1, 2), "the in-flight key stays; payments are never deleted");
+    assert_eq!(
+        app.count_rows().await,
+        (1, 2),
+        "the in-flight key stays; payments are never deleted"
+    );
 
     // The open key still protects its payment.
     let retry = app.pay("k-open", &payment_body()).await;
@@ -296,11 +389,25 @@ async fn the_reaper_deletes_expired_final_keys_and_never_an_in_flight_one(backen
 
 async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    FakeGateway::charging("succeeded").mount(app.gateway()).await;
+    FakeGateway::charging("succeeded")
+        .mount(app.gateway())
+        .await;
     app.pay("k-m", &payment_body()).await;
     app.pay("k-m", &payment_body()).await;
-    app.pay("k-m", &json!({"creditoId": "1", "monto": 5, "moneda": "USD"})).await;
-    let text = app.http.get(app.url("/metrics")).send().await.expect("sent").text().await.expect("text");
+    app.pay(
+        "k-m",
+        &json!({"creditoId": "1", "monto": 5, "moneda": "USD"}),
+    )
+    .await;
+    let text = app
+        .http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("text");
     for line in [
         "pagos_idempotency_requests_total{outcome=\"new\"} 1",
         "pagos_idempotency_requests_total{outcome=\"replayed\"} 1",
@@ -310,8 +417,14 @@ async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) 
         "pagos_payments{estado=\"ENVIADA\"} 0",
         "pagos_oldest_unsettled_payment_age_seconds 0.0",
     ] {
-        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
     }
     assert!(text.contains("pagos_gateway_call_duration_seconds_bucket"));
-    assert!(!text.contains(crate::helpers::API_KEY), "no secrets in metrics");
+    assert!(
+        !text.contains(crate::helpers::API_KEY),
+        "no secrets in metrics"
+    );
 }
