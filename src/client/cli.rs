@@ -109,6 +109,11 @@ pub struct PayArgs {
     #[arg(long, env = "PAGOS_RETRY_MAX_DELAY", default_value = "10s", value_parser = positive_duration,
           value_name = "DURATION")]
     pub retry_max_delay: Duration,
+    /// How long the server keeps Idempotency-Keys (its PAGOS_KEY_RETENTION): an intent
+    /// sent before and older than this is not sent again without a human
+    #[arg(long, env = "PAGOS_KEY_RETENTION", default_value = "24h", value_parser = positive_duration,
+          value_name = "DURATION")]
+    pub key_retention: Duration,
 }
 
 fn positive_duration(s: &str) -> Result<Duration, String> {
@@ -251,6 +256,7 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
 fn client(args: &PayArgs, url: &str, api_key: &str, journal: &Journal) -> anyhow::Result<Client> {
     Ok(Client::new(url, api_key)?
         .with_policy(args.policy())
+        .with_key_retention(args.key_retention)
         .with_journal(journal.clone())
         .on_retry(|notice| eprintln!("pagos: {notice}")))
 }
@@ -344,10 +350,21 @@ async fn report(
         }
         Err(err) => {
             eprintln!("pagos: {err}");
-            if let Ok(Some(_)) = journal.get(key).await {
-                eprintln!(
+            let kept = matches!(journal.get(key).await, Ok(Some(_)));
+            match &err {
+                PayError::KeyReused { .. }
+                | PayError::Blocked { .. }
+                | PayError::Expired { .. }
+                    if kept =>
+                {
+                    eprintln!(
+                        "pagos: intent {key} stays in the journal and is not retried; once you know what it paid, `pagos pay --forget {key}`"
+                    );
+                }
+                _ if kept => eprintln!(
                     "pagos: intent {key} stays in the journal; `pagos pay --resume` retries it with the same key"
-                );
+                ),
+                _ => {}
             }
             Exit::Failed
         }

@@ -94,6 +94,18 @@ pub enum PayError {
     /// The server answered outside the protocol.
     #[error("unexpected answer from the server: {0}")]
     Unexpected(String),
+    /// The intent's first request left longer ago than the server keeps keys, and the
+    /// server never named its payment: sent again, it could be taken for a new payment
+    /// and pay twice. Nothing was sent; the intent stays in the journal for a human.
+    #[error(
+        "intent {key} was first sent at {first_sent}, longer ago than the server keeps Idempotency-Keys ({}); sending it again could pay twice, so it was not sent",
+        humantime::format_duration(*key_retention)
+    )]
+    Expired {
+        key: IntentKey,
+        first_sent: chrono::DateTime<chrono::Utc>,
+        key_retention: Duration,
+    },
     #[error(transparent)]
     Journal(#[from] JournalError),
     #[error("this client has no journal to resume from")]
@@ -188,9 +200,13 @@ pub struct Client {
     api_key: Arc<str>,
     authorization: HeaderValue,
     policy: RetryPolicy,
+    key_retention: Duration,
     journal: Option<Journal>,
     on_retry: Hook,
 }
+
+/// The server's default `PAGOS_KEY_RETENTION`.
+pub const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -301,6 +317,7 @@ impl Client {
             api_key: Arc::from(api_key),
             authorization,
             policy: RetryPolicy::default(),
+            key_retention: DEFAULT_KEY_RETENTION,
             journal: None,
             on_retry: Arc::new(log_notice),
         })
@@ -309,6 +326,14 @@ impl Client {
     /// Retries by this policy instead of the default one.
     pub fn with_policy(mut self, policy: RetryPolicy) -> Client {
         self.policy = policy;
+        self
+    }
+
+    /// How long the server keeps idempotency keys (its `PAGOS_KEY_RETENTION`, 24 h by
+    /// default). A journal intent sent before and older than this, whose payment the
+    /// server never named, is not sent again: [`PayError::Expired`].
+    pub fn with_key_retention(mut self, key_retention: Duration) -> Client {
+        self.key_retention = key_retention;
         self
     }
 
@@ -352,6 +377,16 @@ impl Client {
                 return Err(PayError::Blocked {
                     key: intent.key().clone(),
                     why,
+                });
+            }
+            let age = (chrono::Utc::now() - kept.created_at)
+                .to_std()
+                .unwrap_or_default();
+            if kept.payment_id.is_none() && kept.attempts > 0 && age >= self.key_retention {
+                return Err(PayError::Expired {
+                    key: intent.key().clone(),
+                    first_sent: kept.created_at,
+                    key_retention: self.key_retention,
                 });
             }
             known = kept.payment_id;

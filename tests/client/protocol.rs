@@ -564,3 +564,43 @@ async fn an_answer_about_another_payment_is_not_taken_as_this_ones() {
     assert!(matches!(err, PayError::Unexpected(_)), "{err:?}");
     assert_eq!(journal.journal.pending().await.expect("journal").len(), 1);
 }
+
+#[tokio::test]
+async fn an_unanswered_intent_older_than_the_servers_key_retention_is_not_sent_again() {
+    let server = MockServer::start().await;
+    posts()
+        .respond_with(answer(201, pago(Uuid::new_v4(), "COMPLETADA")))
+        .expect(0)
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let url = pagos::client::base_url(&server.uri()).expect("url");
+    let intent = intent();
+    journal
+        .journal
+        .record(&intent, &url, API_KEY)
+        .await
+        .expect("recorded");
+    journal
+        .journal
+        .count_attempt(intent.key())
+        .await
+        .expect("counted");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (client, _) = client(&server, &journal.journal, fast_policy());
+    let client = client.with_key_retention(Duration::from_millis(10));
+
+    let err = client.pay(&intent).await.expect_err("expired");
+
+    assert!(
+        matches!(&err, PayError::Expired { key, .. } if key == intent.key()),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("could pay twice"), "{err}");
+    assert_eq!(
+        journal.journal.pending().await.expect("journal").len(),
+        1,
+        "kept for a human"
+    );
+    server.verify().await;
+}
