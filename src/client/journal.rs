@@ -11,8 +11,8 @@ use sea_orm::sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
 use sea_orm::{
-    ActiveModelTrait, ActiveValue::Set, ConnectionTrait, DatabaseConnection, EntityTrait,
-    QueryOrder, SqlxSqliteConnector,
+    ActiveModelTrait, ActiveValue::Set, ConnectionTrait, DatabaseConnection, DbBackend,
+    EntityTrait, QueryOrder, SqlxSqliteConnector, Statement,
 };
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -225,13 +225,26 @@ impl Journal {
             .collect()
     }
 
-    /// Counts a request about to be sent; answers how many were sent before it.
+    /// Counts a request about to be sent; answers how many were sent before it. One
+    /// statement, so two processes resuming the same intent never both see "none before".
     pub async fn count_attempt(&self, key: &IntentKey) -> Result<u32, JournalError> {
-        let before = self.require(key).await?;
-        let attempts = before.attempts;
-        self.update(before, |m| m.attempts = Set(attempts.saturating_add(1)))
+        let counted = self
+            .db
+            .query_one_raw(Statement::from_sql_and_values(
+                DbBackend::Sqlite,
+                "UPDATE pending_intents SET attempts = attempts + 1, updated_at = ? \
+                 WHERE idempotency_key = ? RETURNING attempts",
+                [now().into(), key.to_string().into()],
+            ))
             .await?;
-        Ok(u32::try_from(attempts).unwrap_or(0))
+        let Some(row) = counted else {
+            return Err(JournalError::Corrupt {
+                key: key.to_string(),
+                why: "it left the journal while being paid".into(),
+            });
+        };
+        let after: i32 = row.try_get("", "attempts")?;
+        Ok(u32::try_from(after.saturating_sub(1)).unwrap_or(0))
     }
 
     /// The server named the payment: from now on it is looked up, not posted.
@@ -420,6 +433,22 @@ mod tests {
         assert!(journal.remove(intent.key()).await.expect("ok"));
         assert!(!journal.remove(intent.key()).await.expect("ok"));
         assert!(journal.pending().await.expect("ok").is_empty());
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_of_one_intent_are_counted_once_each() {
+        let dir = tempfile::tempdir().expect("dir");
+        let first = journal(&dir).await;
+        let second = journal(&dir).await;
+        let intent = intent();
+        first.record(&intent, &url(), "k").await.expect("ok");
+        let counts = (0..10).map(|i| {
+            let journal = if i % 2 == 0 { &first } else { &second };
+            journal.count_attempt(intent.key())
+        });
+        let mut before: Vec<u32> = futures::future::try_join_all(counts).await.expect("ok");
+        before.sort_unstable();
+        assert_eq!(before, (0..10).collect::<Vec<u32>>());
     }
 
     #[cfg(unix)]
