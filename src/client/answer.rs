@@ -191,7 +191,9 @@ pub fn settled_or_pending(p: Payment) -> Reading {
 fn read_other(head: &Head, body: &[u8]) -> Reading {
     let status = head.status;
     match status {
-        409 | 429 | 500..=599 => {
+        // 408 and 425 say the request was not processed; 409 that the first one still
+        // is; 429 and 5xx that the server is busy or does not know (a proxy's 502/504).
+        408 | 409 | 425 | 429 | 500..=599 => {
             let problem = Problem::read(status, body);
             Reading::Transient {
                 why: format!("{status} {}", problem.title),
@@ -274,7 +276,7 @@ mod tests {
 
     #[test]
     fn busy_and_failing_servers_are_worth_another_try_with_their_retry_after() {
-        for status in [409, 429, 500, 502, 503, 504] {
+        for status in [408, 409, 425, 429, 500, 502, 503, 504] {
             let h = Head {
                 status,
                 retry_after: Some(Duration::from_secs(2)),

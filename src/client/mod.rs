@@ -2,9 +2,9 @@
 //! attempt), kept in a journal across crashes, retried with exponential backoff and full
 //! jitter on answers that leave the outcome unknown or the server busy.
 //!
-//! It must never send an intent under a new key, never retry a refusal (a 4xx other than
-//! 409 and 429: the request itself needs correcting), and never forget an intent before
-//! the server gave a terminal answer about it.
+//! It must never send an intent under a new key, never retry a refusal (a 4xx other
+//! than 408, 409, 425 and 429: the request itself needs correcting), and never forget an
+//! intent before the server gave a terminal answer about it.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
