@@ -1,4 +1,754 @@
-//! The retrying client: one idempotency key per payment intent, kept in a journal across
-//! crashes, retried with backoff and jitter. (Being written: see `cli`.)
+//! The retrying client of `POST /v1/pagos`: one idempotency key per intent to pay (not per
+//! attempt), kept in a journal across crashes, retried with exponential backoff and full
+//! jitter on answers that leave the outcome unknown or the server busy.
+//!
+//! It must never send an intent under a new key, never retry a refusal (a 4xx other
+//! than 408, 409, 425 and 429: the request itself needs correcting), and never forget an
+//! intent before the server gave a terminal answer about it.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use pagos::client::{Client, Intent, Journal, PaymentRequest};
+//! let journal = Journal::open("pagos-journal.db").await?;
+//! let client = Client::new("http://127.0.0.1:8080", "sk_test_acme")?.with_journal(journal);
+//! let intent = Intent::new(PaymentRequest::new("42", 250_000, "COP")?);
+//! let outcome = client.pay(&intent).await?; // Paid, Declined or still Pending
+//! # let _ = outcome; Ok(()) }
+//! ```
+//!
+//! What is retried, for how long, and when an intent leaves the journal: `docs/client.md`.
 
+pub mod answer;
 pub mod cli;
+pub mod intent;
+pub mod journal;
+pub mod retry;
+
+pub use answer::{Payment, Problem};
+pub use intent::{Intent, IntentKey, InvalidRequest, PaymentRequest};
+pub use journal::{Journal, JournalError, PendingIntent};
+pub use retry::RetryPolicy;
+
+use crate::saga::state::PaymentState;
+use answer::{Head, Reading};
+use backon::Retryable;
+use reqwest::header::{AUTHORIZATION, HeaderValue, RETRY_AFTER};
+use retry::{Budget, Exhausted, Unsettled};
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+use url::Url;
+use uuid::Uuid;
+
+/// What became of an intent.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// COMPLETADA: charged, once.
+    Paid(Payment),
+    /// FALLIDA: declined or refused by the gateway; no money moved. The problem (with its
+    /// `declineCode`) comes with a `POST` answer, not with a look-up by id.
+    Declined {
+        payment: Payment,
+        problem: Option<Problem>,
+    },
+    /// The server has the payment but no outcome yet at the deadline. It settles it on its
+    /// own (its reconciler); pay the same intent again later to learn the outcome.
+    Pending(Payment),
+}
+
+impl Outcome {
+    pub fn payment(&self) -> &Payment {
+        match self {
+            Outcome::Paid(p) | Outcome::Pending(p) => p,
+            Outcome::Declined { payment, .. } => payment,
+        }
+    }
+}
+
+/// Why `pay` has no outcome to give.
+#[derive(Debug, thiserror::Error)]
+pub enum PayError {
+    /// The server refused the request (400, 401, 403, 404, 413, 415, validation 422, …).
+    /// Retrying the same request cannot help: it needs correcting.
+    #[error("{status} {}", headline(problem))]
+    Rejected { status: u16, problem: Problem },
+    /// 422 `idempotency-key-reused`: the key already belongs to another request. The
+    /// intent stays in the journal, blocked: a human must find out what the key paid.
+    #[error(
+        "Idempotency-Key {key} was already used for a different request ({}); the intent is kept in the journal but will not be sent again until someone checks it",
+        headline(problem)
+    )]
+    KeyReused { key: IntentKey, problem: Problem },
+    /// The journal holds this intent as blocked (see `KeyReused`): nothing was sent.
+    #[error("intent {key} is blocked and was not sent: {why}")]
+    Blocked { key: IntentKey, why: String },
+    /// Attempts or time ran out with the outcome still unknown. The payment may exist:
+    /// pay the same intent (same key) again later, never a new one.
+    #[error("gave up after {attempts} attempt(s) in {}: {last}", humantime::format_duration(round(*elapsed)))]
+    GaveUp {
+        attempts: u32,
+        elapsed: Duration,
+        last: String,
+    },
+    /// The server answered outside the protocol.
+    #[error("unexpected answer from the server: {0}")]
+    Unexpected(String),
+    /// The intent's first request left longer ago than the server keeps keys, and the
+    /// server never named its payment: sent again, it could be taken for a new payment
+    /// and pay twice. Nothing was sent; the intent stays in the journal for a human.
+    #[error(
+        "intent {key} was first sent at {first_sent}, longer ago than the server keeps Idempotency-Keys ({}); sending it again could pay twice, so it was not sent",
+        humantime::format_duration(*key_retention)
+    )]
+    Expired {
+        key: IntentKey,
+        first_sent: chrono::DateTime<chrono::Utc>,
+        key_retention: Duration,
+    },
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("this client has no journal to resume from")]
+    NoJournal,
+}
+
+impl PayError {
+    /// The problem document the server answered with, for a refusal.
+    pub fn problem(&self) -> Option<&Problem> {
+        match self {
+            PayError::Rejected { problem, .. } | PayError::KeyReused { problem, .. } => {
+                Some(problem)
+            }
+            _ => None,
+        }
+    }
+}
+
+fn headline(problem: &Problem) -> String {
+    match &problem.detail {
+        Some(detail) => format!("{}: {detail}", problem.title),
+        None => problem.title.clone(),
+    }
+}
+
+fn round(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Why a client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("invalid base URL {url:?}: {why}")]
+    BadUrl { url: String, why: String },
+    #[error("the API key must be non-empty visible ASCII")]
+    BadApiKey,
+    #[error("cannot build the HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+/// Why the client is about to wait, told to the `on_retry` hook before each wait.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryNotice {
+    pub key: IntentKey,
+    /// Requests made so far for this `pay`.
+    pub attempt: u32,
+    pub waiting: Waiting,
+    pub wait: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Waiting {
+    /// The outcome is unknown or the server is busy: the same request goes again.
+    Failed {
+        why: String,
+        retry_after: Option<Duration>,
+    },
+    /// The payment has no outcome yet: it is looked up again.
+    Pending {
+        payment_id: Uuid,
+        state: PaymentState,
+    },
+}
+
+impl fmt::Display for RetryNotice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let wait = humantime::format_duration(round(self.wait));
+        match &self.waiting {
+            Waiting::Failed { why, retry_after } => {
+                write!(f, "attempt {} failed ({why}); ", self.attempt)?;
+                if retry_after.is_some_and(|ra| ra >= self.wait) {
+                    write!(f, "the server asks to wait (Retry-After): ")?;
+                }
+                write!(f, "trying again with the same key in {wait}")
+            }
+            Waiting::Pending { payment_id, state } => write!(
+                f,
+                "payment {payment_id} is {state}, outcome not known yet; looking again in {wait}"
+            ),
+        }
+    }
+}
+
+type Hook = Arc<dyn Fn(&RetryNotice) + Send + Sync>;
+
+/// A client of one pagos server, as one merchant. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base_url: Url,
+    payments_url: Url,
+    api_key: Arc<str>,
+    authorization: HeaderValue,
+    policy: RetryPolicy,
+    key_retention: Duration,
+    journal: Option<Journal>,
+    on_retry: Hook,
+}
+
+/// The server's default `PAGOS_KEY_RETENTION`.
+pub const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("base_url", &self.base_url.as_str())
+            .field("api_key", &"<redacted>")
+            .field("policy", &self.policy)
+            .field("journal", &self.journal.as_ref().map(Journal::path))
+            .finish()
+    }
+}
+
+/// A pagos base URL, normalised so that `v1/pagos` joins under it (a path prefix such as
+/// `https://api.example/pagos/` is kept).
+pub fn base_url(raw: &str) -> Result<Url, SetupError> {
+    let bad = |why: &str| SetupError::BadUrl {
+        url: raw.to_owned(),
+        why: why.to_owned(),
+    };
+    let mut url = Url::parse(raw).map_err(|e| bad(&e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(bad("expected http://HOST[:PORT] or https://HOST[:PORT]"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("a base URL has no query or fragment"));
+    }
+    if !url.path().ends_with('/') {
+        let path = format!("{}/", url.path());
+        url.set_path(&path);
+    }
+    Ok(url)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while holding these locks; a poisoned one still holds good data.
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Why one try did not give an outcome (backon's error type).
+#[derive(Debug)]
+enum Stop {
+    Pending(Box<Payment>),
+    Transient {
+        why: String,
+        retry_after: Option<Duration>,
+    },
+    KeyReused(Problem),
+    Refused {
+        status: u16,
+        problem: Problem,
+        /// No earlier request of this intent may have reached the server.
+        first_contact: bool,
+    },
+    Unexpected(String),
+    Journal(JournalError),
+}
+
+impl Stop {
+    fn unsettled(&self) -> Option<Unsettled> {
+        match self {
+            Stop::Pending(_) => Some(Unsettled::Pending),
+            Stop::Transient { retry_after, .. } => Some(Unsettled::Failed {
+                retry_after: *retry_after,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// One intent paid to the end of its budget.
+struct Settling<'a> {
+    client: &'a Client,
+    intent: &'a Intent,
+    body: serde_json::Value,
+    known: Mutex<Option<Uuid>>,
+    budget: Mutex<Budget>,
+    tries: AtomicU32,
+    exhausted: Mutex<Option<Exhausted>>,
+}
+
+impl Client {
+    /// A client of the pagos server at `base_url`, as the merchant whose API key is
+    /// `api_key`, with the default [`RetryPolicy`] and no journal.
+    pub fn new(base_url: &str, api_key: &str) -> Result<Client, SetupError> {
+        let base = self::base_url(base_url)?;
+        let payments_url = base.join("v1/pagos").map_err(|e| SetupError::BadUrl {
+            url: base_url.to_owned(),
+            why: e.to_string(),
+        })?;
+        if api_key.is_empty() || !api_key.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+            return Err(SetupError::BadApiKey);
+        }
+        let mut authorization = HeaderValue::from_str(&format!("Bearer {api_key}"))
+            .map_err(|_| SetupError::BadApiKey)?;
+        authorization.set_sensitive(true);
+        let http = reqwest::Client::builder()
+            // A redirected POST could turn into a GET elsewhere: never follow one.
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(Duration::from_secs(5))
+            .user_agent(concat!("pagos-client/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Client {
+            http,
+            base_url: base,
+            payments_url,
+            api_key: Arc::from(api_key),
+            authorization,
+            policy: RetryPolicy::default(),
+            key_retention: DEFAULT_KEY_RETENTION,
+            journal: None,
+            on_retry: Arc::new(log_notice),
+        })
+    }
+
+    /// Retries by this policy instead of the default one.
+    pub fn with_policy(mut self, policy: RetryPolicy) -> Client {
+        self.policy = policy;
+        self
+    }
+
+    /// How long the server keeps idempotency keys (its `PAGOS_KEY_RETENTION`, 24 h by
+    /// default). A journal intent sent before and older than this, whose payment the
+    /// server never named, is not sent again: [`PayError::Expired`].
+    pub fn with_key_retention(mut self, key_retention: Duration) -> Client {
+        self.key_retention = key_retention;
+        self
+    }
+
+    /// Keeps every intent in `journal` from before its first request until a terminal
+    /// answer, so a process that dies can [`resume`](Client::resume) it with its key.
+    pub fn with_journal(mut self, journal: Journal) -> Client {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// Calls `hook` before each wait (the default logs through `tracing`).
+    pub fn on_retry(mut self, hook: impl Fn(&RetryNotice) + Send + Sync + 'static) -> Client {
+        self.on_retry = Arc::new(hook);
+        self
+    }
+
+    pub fn base_url(&self) -> &Url {
+        &self.base_url
+    }
+
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    pub fn journal(&self) -> Option<&Journal> {
+        self.journal.as_ref()
+    }
+
+    /// Pays `intent`: sends it with its key, retries what may be retried, and, when the
+    /// server answers 202, looks the payment up until it settles or the deadline comes.
+    ///
+    /// With a journal, the intent is written down before the first request and let go
+    /// only on a terminal answer (`docs/client.md` lists the cases).
+    pub async fn pay(&self, intent: &Intent) -> Result<Outcome, PayError> {
+        let mut known = None;
+        if let Some(journal) = &self.journal {
+            let kept = journal
+                .record(intent, &self.base_url, &self.api_key)
+                .await?;
+            if let Some(why) = kept.blocked {
+                return Err(PayError::Blocked {
+                    key: intent.key().clone(),
+                    why,
+                });
+            }
+            let age = (chrono::Utc::now() - kept.created_at)
+                .to_std()
+                .unwrap_or_default();
+            if kept.payment_id.is_none() && kept.attempts > 0 && age >= self.key_retention {
+                return Err(PayError::Expired {
+                    key: intent.key().clone(),
+                    first_sent: kept.created_at,
+                    key_retention: self.key_retention,
+                });
+            }
+            known = kept.payment_id;
+        }
+        let settling = Settling {
+            client: self,
+            intent,
+            body: intent.request().to_json(),
+            known: Mutex::new(known),
+            budget: Mutex::new(Budget::new(&self.policy, Instant::now())),
+            tries: AtomicU32::new(0),
+            exhausted: Mutex::new(None),
+        };
+        let result = settling.run().await;
+        self.file(intent, &result).await;
+        let elapsed = lock(&settling.budget).elapsed(Instant::now());
+        let attempts = settling.tries.load(Ordering::SeqCst);
+        match result {
+            Ok(outcome) => Ok(outcome),
+            Err(Stop::Pending(p)) => Ok(Outcome::Pending(*p)),
+            Err(Stop::Transient { why, .. }) => {
+                let limit = match *lock(&settling.exhausted) {
+                    Some(Exhausted::Attempts) => " (attempts used up)",
+                    Some(Exhausted::Time) => " (deadline reached)",
+                    None => "",
+                };
+                Err(PayError::GaveUp {
+                    attempts,
+                    elapsed,
+                    last: format!("{why}{limit}"),
+                })
+            }
+            Err(Stop::KeyReused(problem)) => Err(PayError::KeyReused {
+                key: intent.key().clone(),
+                problem,
+            }),
+            Err(Stop::Refused {
+                status, problem, ..
+            }) => Err(PayError::Rejected { status, problem }),
+            Err(Stop::Unexpected(why)) => Err(PayError::Unexpected(why)),
+            Err(Stop::Journal(e)) => Err(PayError::Journal(e)),
+        }
+    }
+
+    /// Pays again, one after the other, every intent in the journal that was made at this
+    /// client's server with its API key, each with its own key. Blocked intents are not
+    /// sent; their result is [`PayError::Blocked`].
+    pub async fn resume(&self) -> Result<Vec<Resumed>, PayError> {
+        let journal = self.journal.as_ref().ok_or(PayError::NoJournal)?;
+        let mut resumed = Vec::new();
+        for kept in journal.pending().await? {
+            if kept.base_url != self.base_url || !kept.made_with(&self.api_key) {
+                continue;
+            }
+            let result = self.pay(&kept.intent).await;
+            resumed.push(Resumed {
+                pending: kept,
+                result,
+            });
+        }
+        Ok(resumed)
+    }
+
+    /// Writes down in the journal what the last try taught. A failure here never hides
+    /// the outcome: at worst the intent is kept, and paying it again replays the answer.
+    async fn file(&self, intent: &Intent, result: &Result<Outcome, Stop>) {
+        let Some(journal) = &self.journal else {
+            return;
+        };
+        let key = intent.key();
+        let filed = match result {
+            Ok(Outcome::Paid(_) | Outcome::Declined { .. })
+            | Err(Stop::Refused {
+                first_contact: true,
+                ..
+            }) => journal.remove(key).await.map(drop),
+            Ok(Outcome::Pending(p)) => journal.note(key, &still(p)).await,
+            Err(Stop::Pending(p)) => journal.note(key, &still(p)).await,
+            Err(Stop::Transient { why, .. }) => journal.note(key, why).await,
+            Err(Stop::KeyReused(problem)) => journal.block(key, &headline(problem)).await,
+            Err(Stop::Refused {
+                status, problem, ..
+            }) => {
+                journal
+                    .note(key, &format!("{status} {}", headline(problem)))
+                    .await
+            }
+            Err(Stop::Unexpected(why)) => journal.note(key, why).await,
+            Err(Stop::Journal(_)) => Ok(()),
+        };
+        if let Err(err) = filed {
+            tracing::warn!(key = %key, error = %err, "could not update the journal");
+        }
+    }
+
+    async fn post(&self, intent: &Intent, body: &serde_json::Value, timeout: Duration) -> Reading {
+        let sent = self
+            .http
+            .post(self.payments_url.clone())
+            .header(AUTHORIZATION, self.authorization.clone())
+            .header("Idempotency-Key", intent.key().as_str())
+            .json(body)
+            .timeout(timeout)
+            .send()
+            .await;
+        read(sent, answer::read_post).await
+    }
+
+    async fn look_up(&self, id: Uuid, timeout: Duration) -> Reading {
+        let url = match self.base_url.join(&format!("v1/pagos/{id}")) {
+            Ok(url) => url,
+            Err(e) => return Reading::Unexpected(e.to_string()),
+        };
+        let sent = self
+            .http
+            .get(url)
+            .header(AUTHORIZATION, self.authorization.clone())
+            .timeout(timeout)
+            .send()
+            .await;
+        read(sent, answer::read_get).await
+    }
+}
+
+/// An intent paid again from the journal.
+#[derive(Debug)]
+pub struct Resumed {
+    pub pending: PendingIntent,
+    pub result: Result<Outcome, PayError>,
+}
+
+fn still(p: &Payment) -> String {
+    format!("payment {} still {}", p.id, p.state)
+}
+
+fn log_notice(notice: &RetryNotice) {
+    match notice.waiting {
+        Waiting::Failed { .. } => tracing::warn!(key = %notice.key, "{notice}"),
+        Waiting::Pending { .. } => tracing::info!(key = %notice.key, "{notice}"),
+    }
+}
+
+async fn read(
+    sent: Result<reqwest::Response, reqwest::Error>,
+    reader: fn(&Head, &[u8]) -> Reading,
+) -> Reading {
+    let response = match sent {
+        Ok(response) => response,
+        Err(err) => return network(&err),
+    };
+    let head = Head {
+        status: response.status().as_u16(),
+        retry_after: response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| answer::parse_retry_after(v, SystemTime::now())),
+    };
+    match response.bytes().await {
+        Ok(body) => reader(&head, &body),
+        Err(err) => network(&err),
+    }
+}
+
+/// A request that got no (whole) answer: the outcome is unknown, so it may be sent again.
+fn network(err: &reqwest::Error) -> Reading {
+    if err.is_builder() {
+        return Reading::Unexpected(chain(err));
+    }
+    let why = if err.is_timeout() {
+        "no answer in time".to_owned()
+    } else if err.is_connect() {
+        format!("cannot connect: {}", root(err))
+    } else {
+        format!("connection lost: {}", root(err))
+    };
+    Reading::Transient {
+        why,
+        retry_after: None,
+    }
+}
+
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+fn root(err: &dyn std::error::Error) -> String {
+    let mut last = err;
+    while let Some(e) = last.source() {
+        last = e;
+    }
+    last.to_string()
+}
+
+impl Settling<'_> {
+    async fn run(&self) -> Result<Outcome, Stop> {
+        (|| self.try_once())
+            .retry(self.client.policy.backoff())
+            .when(|stop: &Stop| stop.unsettled().is_some())
+            .adjust(|stop, jittered| {
+                let why = stop.unsettled()?;
+                let waited = lock(&self.budget).next_wait(why, jittered?, Instant::now());
+                waited
+                    .map_err(|exhausted| *lock(&self.exhausted) = Some(exhausted))
+                    .ok()
+            })
+            .notify(|stop, wait| self.notify(stop, wait))
+            .await
+    }
+
+    fn notify(&self, stop: &Stop, wait: Duration) {
+        let waiting = match stop {
+            Stop::Pending(p) => Waiting::Pending {
+                payment_id: p.id,
+                state: p.state,
+            },
+            Stop::Transient { why, retry_after } => Waiting::Failed {
+                why: why.clone(),
+                retry_after: *retry_after,
+            },
+            _ => return,
+        };
+        (self.client.on_retry)(&RetryNotice {
+            key: self.intent.key().clone(),
+            attempt: self.tries.load(Ordering::SeqCst),
+            waiting,
+            wait,
+        });
+    }
+
+    async fn try_once(&self) -> Result<Outcome, Stop> {
+        let client = self.client;
+        let key = self.intent.key();
+        self.tries.fetch_add(1, Ordering::SeqCst);
+        let timeout =
+            lock(&self.budget).request_timeout(client.policy.request_timeout, Instant::now());
+        let known = *lock(&self.known);
+        let (reading, first_contact) = match known {
+            // The server named the payment: reading it is enough, and safe at any age.
+            Some(id) => (client.look_up(id, timeout).await, false),
+            None => {
+                let before = match &client.journal {
+                    Some(journal) => journal.count_attempt(key).await.map_err(Stop::Journal)?,
+                    None => self.tries.load(Ordering::SeqCst).saturating_sub(1),
+                };
+                (
+                    client.post(self.intent, &self.body, timeout).await,
+                    before == 0,
+                )
+            }
+        };
+        match reading {
+            Reading::Paid(p) => self.ours(p).map(Outcome::Paid),
+            Reading::Declined(p, problem) => self
+                .ours(p)
+                .map(|payment| Outcome::Declined { payment, problem }),
+            Reading::Pending(p) => {
+                let p = self.ours(p)?;
+                if known.is_none() {
+                    *lock(&self.known) = Some(p.id);
+                    if let Some(journal) = &client.journal {
+                        journal
+                            .payment_known(key, p.id)
+                            .await
+                            .map_err(Stop::Journal)?;
+                    }
+                }
+                Err(Stop::Pending(Box::new(p)))
+            }
+            Reading::Transient { why, retry_after } => Err(Stop::Transient { why, retry_after }),
+            Reading::KeyReused(problem) => Err(Stop::KeyReused(problem)),
+            Reading::Refused { status, problem } => Err(Stop::Refused {
+                status,
+                problem,
+                first_contact,
+            }),
+            Reading::Unexpected(why) => Err(Stop::Unexpected(why)),
+        }
+    }
+
+    /// The server answered about this intent's payment, not another one.
+    fn ours(&self, p: Payment) -> Result<Payment, Stop> {
+        let request = self.intent.request();
+        let same = p.credit_id == request.credit_id()
+            && p.amount == request.amount()
+            && p.currency == request.currency().code();
+        if same {
+            Ok(p)
+        } else {
+            Err(Stop::Unexpected(format!(
+                "the server answered about payment {} ({} {} {}), not this intent",
+                p.id, p.credit_id, p.amount, p.currency
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_base_url_gets_a_trailing_slash_and_keeps_its_prefix() {
+        let client = Client::new("http://127.0.0.1:8080", "sk_test").expect("client");
+        assert_eq!(
+            client.payments_url.as_str(),
+            "http://127.0.0.1:8080/v1/pagos"
+        );
+        let client = Client::new("https://api.example/pagos", "sk_test").expect("client");
+        assert_eq!(
+            client.payments_url.as_str(),
+            "https://api.example/pagos/v1/pagos"
+        );
+        assert!(Client::new("ftp://example", "k").is_err());
+        assert!(Client::new("not a url", "k").is_err());
+        assert!(Client::new("http://h/?x=1", "k").is_err());
+    }
+
+    #[test]
+    fn an_api_key_that_cannot_be_a_header_is_refused_and_never_shown() {
+        assert!(matches!(
+            Client::new("http://h", "sk with space"),
+            Err(SetupError::BadApiKey)
+        ));
+        assert!(matches!(
+            Client::new("http://h", ""),
+            Err(SetupError::BadApiKey)
+        ));
+        let client = Client::new("http://h", "sk_secret_value").expect("client");
+        assert!(!format!("{client:?}").contains("sk_secret_value"));
+    }
+
+    #[test]
+    fn paying_is_a_future_that_can_be_spawned() {
+        fn assert_send<T: Send>(_: &T) {}
+        let client = Client::new("http://h", "k").expect("client");
+        let intent = Intent::new(PaymentRequest::new("42", 1, "COP").expect("valid"));
+        let paying = client.pay(&intent);
+        assert_send(&paying);
+    }
+
+    #[test]
+    fn a_notice_says_the_attempt_why_and_how_long() {
+        let notice = RetryNotice {
+            key: IntentKey::parse("k-1").expect("key"),
+            attempt: 2,
+            waiting: Waiting::Failed {
+                why: "409 Conflict".into(),
+                retry_after: Some(Duration::from_secs(1)),
+            },
+            wait: Duration::from_secs(1),
+        };
+        assert_eq!(
+            notice.to_string(),
+            "attempt 2 failed (409 Conflict); the server asks to wait (Retry-After): trying again with the same key in 1s"
+        );
+    }
+}

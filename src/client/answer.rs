@@ -1,0 +1,372 @@
+//! Reading the server's answers: the payment and problem documents, and what each answer
+//! means for the intent (settled, still pending, worth another try, or refused).
+//!
+//! Pure: no I/O and no clock of its own. It must never treat an answer whose outcome is
+//! unknown as a refusal (that would forget a payment that may exist), nor a refusal as
+//! worth retrying (the same request gets the same refusal).
+
+use crate::saga::state::PaymentState;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::time::{Duration, SystemTime};
+use uuid::Uuid;
+
+/// A payment as the server shows it (the contract's representation).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payment {
+    pub id: Uuid,
+    #[serde(rename = "creditoId")]
+    pub credit_id: String,
+    /// Minor units of `currency`.
+    #[serde(rename = "monto")]
+    pub amount: i64,
+    #[serde(rename = "moneda")]
+    pub currency: String,
+    #[serde(
+        rename = "descripcion",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub description: Option<String>,
+    #[serde(rename = "estado")]
+    pub state: PaymentState,
+    #[serde(rename = "gatewayRef", default)]
+    pub gateway_ref: Option<String>,
+    /// RFC 3339.
+    #[serde(rename = "creadoEn")]
+    pub created_at: String,
+    /// RFC 3339.
+    #[serde(rename = "actualizadoEn")]
+    pub updated_at: String,
+}
+
+/// An RFC 9457 problem document. Branch on [`Problem::slug`] (the `type`), never on
+/// `title`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Problem {
+    #[serde(rename = "type", default = "about_blank")]
+    pub type_uri: String,
+    #[serde(default)]
+    pub title: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Extension members (`errores`, `declineCode`, `pago`, …).
+    #[serde(flatten)]
+    pub extensions: Map<String, Value>,
+}
+
+fn about_blank() -> String {
+    "about:blank".into()
+}
+
+/// The problem `type` slugs the client acts on.
+pub mod slug {
+    pub const KEY_REUSED: &str = "idempotency-key-reused";
+    pub const REQUEST_IN_FLIGHT: &str = "request-in-flight";
+    pub const VALIDATION_FAILED: &str = "validation-failed";
+}
+
+impl Problem {
+    /// The last segment of `type`: `idempotency-key-reused` for
+    /// `/problems/idempotency-key-reused`.
+    pub fn slug(&self) -> &str {
+        self.type_uri
+            .rsplit('/')
+            .next()
+            .unwrap_or(self.type_uri.as_str())
+    }
+
+    /// Reads a problem body; anything else (a proxy's HTML page, an empty body) becomes
+    /// an `about:blank` problem titled with the status' reason phrase.
+    pub fn read(status: u16, body: &[u8]) -> Problem {
+        match serde_json::from_slice::<Problem>(body) {
+            Ok(mut problem) if !problem.title.is_empty() || problem.type_uri != "about:blank" => {
+                problem.status.get_or_insert(status);
+                problem
+            }
+            _ => {
+                let text = String::from_utf8_lossy(body);
+                let text = text.trim();
+                Problem {
+                    type_uri: about_blank(),
+                    title: reason(status).to_owned(),
+                    status: Some(status),
+                    detail: (!text.is_empty()).then(|| text.chars().take(200).collect()),
+                    extensions: Map::new(),
+                }
+            }
+        }
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    reqwest::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Unexpected status")
+}
+
+/// The header of an answer the reading needs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Head {
+    pub status: u16,
+    pub retry_after: Option<Duration>,
+}
+
+/// What one answer (or a failure to get one) means for the intent.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reading {
+    /// COMPLETADA: charged. Final.
+    Paid(Payment),
+    /// FALLIDA: declined or refused by the gateway; no money moved. Final.
+    Declined(Payment, Option<Problem>),
+    /// The server has the payment but not its outcome yet (202, or a pending state).
+    Pending(Payment),
+    /// The outcome is unknown or the server is busy: the same request may be sent again.
+    Transient {
+        why: String,
+        retry_after: Option<Duration>,
+    },
+    /// The key already belongs to another request.
+    KeyReused(Problem),
+    /// The server refused the request itself: sending it again cannot help.
+    Refused { status: u16, problem: Problem },
+    /// Not the protocol: a human must look.
+    Unexpected(String),
+}
+
+/// Reads the answer to `POST /v1/pagos`.
+pub fn read_post(head: &Head, body: &[u8]) -> Reading {
+    match head.status {
+        201 => match payment(body) {
+            Ok(p) if p.state == PaymentState::Completada => Reading::Paid(p),
+            Ok(p) => Reading::Unexpected(format!("201 with estado {}", p.state)),
+            Err(why) => Reading::Unexpected(format!("201 without a payment: {why}")),
+        },
+        202 => match payment(body) {
+            Ok(p) => Reading::Pending(p),
+            Err(why) => Reading::Unexpected(format!("202 without a payment: {why}")),
+        },
+        402 => {
+            let problem = Problem::read(402, body);
+            match problem
+                .extensions
+                .get("pago")
+                .cloned()
+                .map(serde_json::from_value::<Payment>)
+            {
+                Some(Ok(p)) => Reading::Declined(p, Some(problem)),
+                Some(Err(e)) => Reading::Unexpected(format!("402 with a bad `pago`: {e}")),
+                None => Reading::Unexpected("402 without the payment under `pago`".into()),
+            }
+        }
+        _ => read_other(head, body),
+    }
+}
+
+/// Reads the answer to `GET /v1/pagos/{id}`.
+pub fn read_get(head: &Head, body: &[u8]) -> Reading {
+    match head.status {
+        200 => match payment(body) {
+            Ok(p) => settled_or_pending(p),
+            Err(why) => Reading::Unexpected(format!("200 without a payment: {why}")),
+        },
+        _ => read_other(head, body),
+    }
+}
+
+/// A payment read by id is settled when its state is terminal.
+pub fn settled_or_pending(p: Payment) -> Reading {
+    match p.state {
+        PaymentState::Completada => Reading::Paid(p),
+        PaymentState::Fallida => Reading::Declined(p, None),
+        PaymentState::EnProceso | PaymentState::Enviada | PaymentState::RevisionManual => {
+            Reading::Pending(p)
+        }
+    }
+}
+
+fn read_other(head: &Head, body: &[u8]) -> Reading {
+    let status = head.status;
+    match status {
+        // 408 and 425 say the request was not processed; 409 that the first one still
+        // is; 429 and 5xx that the server is busy or does not know (a proxy's 502/504).
+        408 | 409 | 425 | 429 | 500..=599 => {
+            let problem = Problem::read(status, body);
+            Reading::Transient {
+                why: format!("{status} {}", problem.title),
+                retry_after: head.retry_after,
+            }
+        }
+        400..=499 => {
+            let problem = Problem::read(status, body);
+            if status == 422 && problem.slug() == slug::KEY_REUSED {
+                Reading::KeyReused(problem)
+            } else {
+                Reading::Refused { status, problem }
+            }
+        }
+        _ => Reading::Unexpected(format!("unexpected status {status} {}", reason(status))),
+    }
+}
+
+fn payment(body: &[u8]) -> Result<Payment, String> {
+    serde_json::from_slice(body).map_err(|e| e.to_string())
+}
+
+/// `Retry-After` in either form: delta-seconds (`7`) or an HTTP date, counted from `now`.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    let at = SystemTime::from(at.with_timezone(&chrono::Utc));
+    Some(at.duration_since(now).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn head(status: u16) -> Head {
+        Head {
+            status,
+            ..Head::default()
+        }
+    }
+
+    fn pago(estado: &str) -> Value {
+        json!({"id": "0193c4a2-7f1e-7c3a-9b0e-2a4d5f6e7a8b", "creditoId": "42", "monto": 250000,
+               "moneda": "COP", "estado": estado, "gatewayRef": "ch_1",
+               "creadoEn": "2026-01-01T00:00:00.000Z", "actualizadoEn": "2026-01-01T00:00:01.000Z"})
+    }
+
+    fn bytes(v: &Value) -> Vec<u8> {
+        serde_json::to_vec(v).expect("json")
+    }
+
+    fn problem(status: u16, slug: &str, title: &str) -> Vec<u8> {
+        bytes(&json!({"type": format!("/problems/{slug}"), "title": title, "status": status}))
+    }
+
+    #[test]
+    fn a_201_is_paid_a_202_is_pending_and_a_402_is_declined() {
+        assert!(matches!(
+            read_post(&head(201), &bytes(&pago("COMPLETADA"))),
+            Reading::Paid(p) if p.gateway_ref.as_deref() == Some("ch_1")
+        ));
+        assert!(matches!(
+            read_post(&head(202), &bytes(&pago("ENVIADA"))),
+            Reading::Pending(p) if p.state == PaymentState::Enviada
+        ));
+        let declined = json!({"type": "/problems/payment-declined", "title": "Payment declined",
+                              "status": 402, "declineCode": "insufficient_funds", "pago": pago("FALLIDA")});
+        match read_post(&head(402), &bytes(&declined)) {
+            Reading::Declined(p, Some(problem)) => {
+                assert_eq!(p.state, PaymentState::Fallida);
+                assert_eq!(problem.extensions["declineCode"], "insufficient_funds");
+            }
+            other => panic!("not a decline: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn busy_and_failing_servers_are_worth_another_try_with_their_retry_after() {
+        for status in [408, 409, 425, 429, 500, 502, 503, 504] {
+            let h = Head {
+                status,
+                retry_after: Some(Duration::from_secs(2)),
+            };
+            match read_post(&h, &problem(status, "request-in-flight", "Busy")) {
+                Reading::Transient { why, retry_after } => {
+                    assert!(why.starts_with(&status.to_string()), "{why}");
+                    assert_eq!(retry_after, Some(Duration::from_secs(2)));
+                }
+                other => panic!("{status} is not transient: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn other_4xx_are_refusals_that_carry_the_problem() {
+        for status in [400, 401, 403, 404, 413, 415, 422] {
+            match read_post(&head(status), &problem(status, "validation-failed", "Nope")) {
+                Reading::Refused { status: s, problem } => {
+                    assert_eq!(s, status);
+                    assert_eq!(problem.title, "Nope");
+                }
+                other => panic!("{status} is not a refusal: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_reused_key_is_its_own_reading() {
+        let body = problem(422, slug::KEY_REUSED, "Idempotency-Key already used");
+        assert!(matches!(
+            read_post(&head(422), &body),
+            Reading::KeyReused(p) if p.slug() == slug::KEY_REUSED
+        ));
+    }
+
+    #[test]
+    fn a_body_that_is_not_a_problem_gets_the_reason_phrase_as_title() {
+        let p = Problem::read(401, b"<html>denied</html>");
+        assert_eq!(p.title, "Unauthorized");
+        assert_eq!(p.type_uri, "about:blank");
+        assert_eq!(p.detail.as_deref(), Some("<html>denied</html>"));
+        assert_eq!(Problem::read(503, b"").title, "Service Unavailable");
+    }
+
+    #[test]
+    fn redirects_and_broken_bodies_are_unexpected_not_refusals() {
+        assert!(matches!(read_post(&head(301), b""), Reading::Unexpected(_)));
+        assert!(matches!(
+            read_post(&head(201), b"{}"),
+            Reading::Unexpected(_)
+        ));
+        assert!(matches!(
+            read_post(&head(201), &bytes(&pago("ENVIADA"))),
+            Reading::Unexpected(_)
+        ));
+    }
+
+    #[test]
+    fn a_payment_read_by_id_is_settled_only_in_a_terminal_state() {
+        let read = |estado| read_get(&head(200), &bytes(&pago(estado)));
+        assert!(matches!(read("COMPLETADA"), Reading::Paid(_)));
+        assert!(matches!(read("FALLIDA"), Reading::Declined(_, None)));
+        for estado in ["EN_PROCESO", "ENVIADA", "REVISION_MANUAL"] {
+            assert!(matches!(read(estado), Reading::Pending(_)), "{estado}");
+        }
+        assert!(matches!(
+            read_get(&head(404), &problem(404, "not-found", "Not found")),
+            Reading::Refused { status: 404, .. }
+        ));
+    }
+
+    #[test]
+    fn retry_after_is_read_in_seconds_or_as_a_date() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777);
+        assert_eq!(parse_retry_after("7", now), Some(Duration::from_secs(7)));
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:49:47 GMT", now),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:49:30 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+    }
+
+    #[test]
+    fn the_payment_round_trips_with_the_contracts_names() {
+        let p: Payment = serde_json::from_value(pago("COMPLETADA")).expect("payment");
+        assert_eq!(serde_json::to_value(&p).expect("json"), pago("COMPLETADA"));
+    }
+}

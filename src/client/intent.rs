@@ -1,0 +1,220 @@
+//! A payment intent: what to pay, and the one idempotency key that pays it.
+//!
+//! This room must never mint a key per attempt. The key is made once, when the intent is
+//! made, and every retry — in this process or in the next one, after a crash — sends that
+//! same key with the same body.
+
+use crate::domain::{FieldError, NewPayment};
+use crate::idempotency::{IdempotencyKey, KeyError};
+use serde_json::{Map, Value};
+use std::fmt;
+use uuid::Uuid;
+
+/// The `Idempotency-Key` of one intent: valid by the server's own rules (1–255 visible
+/// ASCII characters).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct IntentKey(String);
+
+impl IntentKey {
+    /// A fresh random key (a UUID v4): what every new intent gets.
+    pub fn generate() -> IntentKey {
+        // The hyphenated form of a UUID is 36 visible ASCII characters: always a valid key.
+        IntentKey(Uuid::new_v4().to_string())
+    }
+
+    /// A key made elsewhere, such as one kept by the caller next to its pending payment.
+    pub fn parse(raw: &str) -> Result<IntentKey, KeyError> {
+        IdempotencyKey::parse(raw.as_bytes()).map(|key| IntentKey(key.as_str().to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IntentKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A `POST /v1/pagos` body the server will accept: it passed the server's own parser.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaymentRequest(NewPayment);
+
+/// A payment the server would refuse, with every offending field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid payment: {}", describe(.0))]
+pub struct InvalidRequest(pub Vec<FieldError>);
+
+fn describe(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("{} {}", e.campo, e.detalle))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl PaymentRequest {
+    /// `credit_id` (1–64 characters), `amount` in minor units of `currency` (positive),
+    /// `currency` an ISO 4217 code the service supports.
+    ///
+    /// ```
+    /// use pagos::client::PaymentRequest;
+    ///
+    /// let request = PaymentRequest::new("42", 250_000, "COP").expect("valid");
+    /// assert_eq!(request.amount(), 250_000);
+    /// assert!(PaymentRequest::new("42", 0, "COP").is_err());
+    /// ```
+    pub fn new(
+        credit_id: impl Into<String>,
+        amount: i64,
+        currency: &str,
+    ) -> Result<PaymentRequest, InvalidRequest> {
+        let mut body = Map::new();
+        body.insert("creditoId".into(), Value::String(credit_id.into()));
+        body.insert("monto".into(), Value::from(amount));
+        body.insert("moneda".into(), Value::String(currency.to_owned()));
+        PaymentRequest::from_json(&Value::Object(body))
+    }
+
+    /// The same payment with a `descripcion` (at most 255 characters).
+    pub fn with_description(
+        self,
+        description: impl Into<String>,
+    ) -> Result<PaymentRequest, InvalidRequest> {
+        let mut body = self.to_json();
+        body["descripcion"] = Value::String(description.into());
+        PaymentRequest::from_json(&body)
+    }
+
+    /// Parses a body in the contract's JSON form (as kept in the journal).
+    pub fn from_json(body: &Value) -> Result<PaymentRequest, InvalidRequest> {
+        NewPayment::from_json(body)
+            .map(PaymentRequest)
+            .map_err(InvalidRequest)
+    }
+
+    /// The body sent to `POST /v1/pagos`.
+    pub fn to_json(&self) -> Value {
+        let mut body = Map::new();
+        body.insert("creditoId".into(), Value::String(self.0.credit_id.clone()));
+        body.insert("monto".into(), Value::from(self.0.amount));
+        body.insert(
+            "moneda".into(),
+            Value::String(self.0.currency.code().to_owned()),
+        );
+        if let Some(description) = &self.0.description {
+            body.insert("descripcion".into(), Value::String(description.clone()));
+        }
+        Value::Object(body)
+    }
+
+    pub fn credit_id(&self) -> &str {
+        &self.0.credit_id
+    }
+
+    /// Minor units of `currency`.
+    pub fn amount(&self) -> i64 {
+        self.0.amount
+    }
+
+    pub fn currency(&self) -> crate::domain::Currency {
+        self.0.currency
+    }
+
+    pub fn description(&self) -> Option<&str> {
+        self.0.description.as_deref()
+    }
+}
+
+/// One intention to pay: a request and the key that every attempt at it carries.
+///
+/// ```
+/// use pagos::client::{Intent, PaymentRequest};
+///
+/// let intent = Intent::new(PaymentRequest::new("42", 250_000, "COP").expect("valid"));
+/// let retry = intent.clone();
+/// assert_eq!(retry.key(), intent.key(), "a retry is the same intent, with the same key");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Intent {
+    key: IntentKey,
+    request: PaymentRequest,
+}
+
+impl Intent {
+    /// A new intent with a fresh UUID v4 key. Make it once per payment and keep it (a
+    /// journal does): a new intent for a retry is how double charges happen.
+    pub fn new(request: PaymentRequest) -> Intent {
+        Intent {
+            key: IntentKey::generate(),
+            request,
+        }
+    }
+
+    /// An intent whose key the caller already keeps (for instance in its own database,
+    /// next to the pending payment).
+    pub fn with_key(key: IntentKey, request: PaymentRequest) -> Intent {
+        Intent { key, request }
+    }
+
+    pub fn key(&self) -> &IntentKey {
+        &self.key
+    }
+
+    pub fn request(&self) -> &PaymentRequest {
+        &self.request
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request() -> PaymentRequest {
+        PaymentRequest::new("42", 250_000, "COP").expect("valid")
+    }
+
+    #[test]
+    fn each_new_intent_gets_its_own_uuid_v4_key() {
+        let a = Intent::new(request());
+        let b = Intent::new(request());
+        assert_ne!(a.key(), b.key());
+        let parsed = Uuid::parse_str(a.key().as_str()).expect("a UUID");
+        assert_eq!(parsed.get_version_num(), 4);
+    }
+
+    #[test]
+    fn the_body_is_the_contracts_json() {
+        assert_eq!(
+            request().to_json(),
+            json!({"creditoId": "42", "monto": 250000, "moneda": "COP"})
+        );
+        let described = request().with_description("cuota 3").expect("valid");
+        assert_eq!(described.to_json()["descripcion"], "cuota 3");
+        assert_eq!(
+            PaymentRequest::from_json(&described.to_json()),
+            Ok(described)
+        );
+    }
+
+    #[test]
+    fn a_payment_the_server_would_refuse_cannot_be_built() {
+        let err = PaymentRequest::new("", -5, "XXX").expect_err("refused");
+        let fields: Vec<_> = err.0.iter().map(|e| e.campo.as_str()).collect();
+        assert_eq!(fields, ["creditoId", "monto", "moneda"]);
+        assert!(request().with_description("x".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn a_key_kept_elsewhere_follows_the_servers_rules() {
+        assert_eq!(
+            IntentKey::parse("pago-42-cuota-3").map(|k| k.to_string()),
+            Ok("pago-42-cuota-3".to_owned())
+        );
+        assert_eq!(IntentKey::parse(""), Err(KeyError::Empty));
+        assert_eq!(IntentKey::parse("a b"), Err(KeyError::NotVisibleAscii));
+    }
+}

@@ -1,0 +1,253 @@
+//! `pagos pay` (the real binary) against `pagos serve` (the real binary), with a wiremock
+//! gateway: exit codes, output, the journal, and a client killed mid-payment.
+
+use crate::helpers::{Charge, RealPagos, key_of, pagos_bin, text};
+use std::process::Stdio;
+use std::time::Duration;
+
+#[tokio::test]
+async fn a_killed_pagos_pay_resumes_with_the_same_key_and_the_server_charges_once() {
+    // The gateway takes 3 s: the payment is in flight when the client dies.
+    let pagos = RealPagos::start(Charge::Succeeded, Duration::from_secs(3)).await;
+    let mut first = pagos
+        .pay()
+        .args(["--credito", "42", "--monto", "250000", "--moneda", "COP"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("pagos pay");
+    let mut waited = Duration::ZERO;
+    while pagos.charges().await.is_empty() {
+        assert!(
+            waited < Duration::from_secs(15),
+            "the charge never reached the gateway"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        waited += Duration::from_millis(25);
+    }
+    first.kill().await.expect("SIGKILL pagos pay");
+    let journal = pagos.journal().await;
+    let kept = journal.pending().await.expect("journal");
+    assert_eq!(
+        kept.len(),
+        1,
+        "the intent was written before the request left"
+    );
+    assert_eq!(kept[0].attempts, 1);
+    let key = kept[0].intent.key().to_string();
+
+    let resumed = pagos
+        .pay()
+        .args(["--resume", "--deadline", "30s"])
+        .output()
+        .await
+        .expect("pagos pay --resume");
+
+    let (stdout, stderr) = (text(&resumed.stdout), text(&resumed.stderr));
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("resuming intent {key}")),
+        "{stderr}"
+    );
+    assert!(stdout.contains(&key), "{stdout}");
+    assert!(stdout.contains("COMPLETADA"), "{stdout}");
+    let charges = pagos.charges().await;
+    assert_eq!(charges.len(), 1, "one charge at the gateway");
+    let payments = pagos.payments().await;
+    assert_eq!(payments.len(), 1, "one payment on the server");
+    assert_eq!(
+        payments[0].idempotency_key, key,
+        "paid under the journal's key"
+    );
+    assert_eq!(payments[0].state, "COMPLETADA");
+    assert!(stdout.contains(&payments[0].id.to_string()));
+    assert!(journal.pending().await.expect("journal").is_empty());
+}
+
+#[tokio::test]
+async fn a_paid_payment_is_printed_as_a_table_or_json_exits_0_and_leaves_the_journal() {
+    let pagos = RealPagos::start(Charge::Succeeded, Duration::ZERO).await;
+
+    let table = pagos
+        .pay()
+        .args(["--credito", "42", "--monto", "250000", "--moneda", "COP"])
+        .args(["--descripcion", "cuota 3"])
+        .output()
+        .await
+        .expect("pagos pay");
+    let json = pagos
+        .pay()
+        .args([
+            "--credito",
+            "43",
+            "--monto",
+            "1000",
+            "--moneda",
+            "USD",
+            "--json",
+        ])
+        .output()
+        .await
+        .expect("pagos pay --json");
+
+    let stdout = text(&table.stdout);
+    assert_eq!(table.status.code(), Some(0), "{}", text(&table.stderr));
+    assert!(stdout.contains("estado          COMPLETADA"), "{stdout}");
+    assert!(
+        stdout.contains("monto           250000 (2500.00 COP)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("descripcion     cuota 3"), "{stdout}");
+    assert!(stdout.contains("gatewayRef      ch_1"), "{stdout}");
+    assert_eq!(json.status.code(), Some(0), "{}", text(&json.stderr));
+    let printed: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert_eq!(printed["estado"], "COMPLETADA");
+    assert_eq!(printed["creditoId"], "43");
+    assert_eq!(printed["moneda"], "USD");
+    let charges = pagos.charges().await;
+    assert_eq!(charges.len(), 2);
+    assert_ne!(
+        key_of(&charges[0]),
+        key_of(&charges[1]),
+        "two intents, two keys"
+    );
+    assert!(
+        pagos
+            .journal()
+            .await
+            .pending()
+            .await
+            .expect("journal")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_declined_payment_exits_3_and_leaves_the_journal() {
+    let pagos = RealPagos::start(Charge::Declined, Duration::ZERO).await;
+
+    let out = pagos
+        .pay()
+        .args(["--credito", "42", "--monto", "250000", "--moneda", "COP"])
+        .output()
+        .await
+        .expect("pagos pay");
+
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("FALLIDA"), "{stdout}");
+    assert!(stdout.contains("insufficient_funds"), "{stdout}");
+    assert!(
+        pagos
+            .journal()
+            .await
+            .pending()
+            .await
+            .expect("journal")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_payment_still_pending_at_the_deadline_exits_4_and_stays_in_the_journal() {
+    let pagos = RealPagos::start(Charge::Pending, Duration::ZERO).await;
+
+    let out = pagos
+        .pay()
+        .args(["--credito", "42", "--monto", "250000", "--moneda", "COP"])
+        .args(["--deadline", "2s"])
+        .output()
+        .await
+        .expect("pagos pay");
+
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(text(&out.stdout).contains("ENVIADA"));
+    assert!(
+        stderr.contains("looking again in"),
+        "progress is shown: {stderr}"
+    );
+    let kept = pagos.journal().await.pending().await.expect("journal");
+    assert_eq!(kept.len(), 1);
+    let payments = pagos.payments().await;
+    assert_eq!(kept[0].payment_id, Some(payments[0].id));
+    assert_eq!(pagos.charges().await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_bad_flag_value_is_one_line_naming_it_and_exits_2() {
+    let out = pagos_bin()
+        .args([
+            "pay",
+            "--url",
+            "http://127.0.0.1:9",
+            "--api-key",
+            "sk_test_acme",
+        ])
+        .args(["--credito", "42", "--monto", "0", "--moneda", "COP"])
+        .output()
+        .expect("pagos pay");
+
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("--monto") && stderr.contains("PAGOS_MONTO"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_be_reached_fails_with_1_and_keeps_the_intent_for_resume() {
+    let dir = tempfile::tempdir().expect("dir");
+    let journal = dir.path().join("journal.db");
+    // Nothing listens on a port just freed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+
+    let out = pagos_bin()
+        .args(["pay", "--url", &format!("http://127.0.0.1:{port}")])
+        .args([
+            "--api-key",
+            "sk_test_acme",
+            "--credito",
+            "42",
+            "--monto",
+            "5",
+        ])
+        .args([
+            "--moneda",
+            "COP",
+            "--deadline",
+            "1s",
+            "--retry-min-delay",
+            "50ms",
+        ])
+        .arg("--journal")
+        .arg(&journal)
+        .output()
+        .expect("pagos pay");
+
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot connect"), "{stderr}");
+    assert!(
+        stderr.contains("trying again with the same key"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("pagos pay --resume"), "{stderr}");
+    assert!(out.stdout.is_empty());
+    let kept = pagos::client::Journal::open(&journal)
+        .await
+        .expect("journal")
+        .pending()
+        .await
+        .expect("pending");
+    assert_eq!(kept.len(), 1);
+}

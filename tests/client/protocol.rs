@@ -1,0 +1,606 @@
+//! The client against a scripted server (wiremock standing in for pagos): what it retries,
+//! with which key, how long it waits, what it refuses to retry, and what the journal keeps.
+
+use crate::helpers::{
+    API_KEY, TestJournal, answer, client, fast_policy, intent, key_of, look_ups, pago, posts,
+    posts_seen, problem,
+};
+use pagos::client::retry::RetryPolicy;
+use pagos::client::{Client, Intent, Outcome, PayError, PaymentRequest, Waiting};
+use pagos::saga::state::PaymentState;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+use wiremock::{MockServer, Request};
+
+#[tokio::test]
+async fn a_connection_dropped_after_the_commit_is_retried_with_the_same_key_and_pays_once() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    posts()
+        .respond_with_err(|_: &Request| {
+            std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "committed, then dropped",
+            )
+        })
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    posts()
+        .respond_with(
+            answer(201, pago(id, "COMPLETADA")).insert_header("Idempotent-Replayed", "true"),
+        )
+        .with_priority(2)
+        .expect(1)
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let (client, notices) = client(&server, &journal.journal, fast_policy());
+    let intent = intent();
+
+    let outcome = client.pay(&intent).await.expect("an outcome");
+
+    assert!(
+        matches!(&outcome, Outcome::Paid(p) if p.id == id),
+        "{outcome:?}"
+    );
+    let seen = posts_seen(&server).await;
+    assert_eq!(seen.len(), 2, "the dropped request and its retry");
+    for request in &seen {
+        assert_eq!(key_of(request), intent.key().as_str());
+        assert_eq!(request.body, seen[0].body, "the same body every time");
+        assert_eq!(
+            request.headers["authorization"],
+            format!("Bearer {API_KEY}")
+        );
+    }
+    let notices = notices.all();
+    assert_eq!(notices.len(), 1);
+    assert!(
+        matches!(&notices[0].waiting, Waiting::Failed { why, .. } if why.starts_with("connection lost")),
+        "{notices:?}"
+    );
+    assert!(
+        journal.journal.pending().await.expect("journal").is_empty(),
+        "a paid intent leaves the journal"
+    );
+}
+
+#[tokio::test]
+async fn a_409_with_retry_after_is_waited_out_and_the_replay_pays_with_the_same_key() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    posts()
+        .respond_with(
+            answer(
+                409,
+                problem(
+                    409,
+                    "request-in-flight",
+                    "A request with this Idempotency-Key is in progress",
+                ),
+            )
+            .insert_header("Retry-After", "1"),
+        )
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    posts()
+        .respond_with(
+            answer(201, pago(id, "COMPLETADA")).insert_header("Idempotent-Replayed", "true"),
+        )
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let (client, notices) = client(&server, &journal.journal, fast_policy());
+    let intent = intent();
+
+    let started = Instant::now();
+    let outcome = client.pay(&intent).await.expect("an outcome");
+
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After: 1 was not honoured ({:?})",
+        started.elapsed()
+    );
+    assert!(matches!(outcome, Outcome::Paid(p) if p.id == id));
+    let keys: Vec<_> = posts_seen(&server).await.iter().map(key_of).collect();
+    assert_eq!(keys, [intent.key().as_str(), intent.key().as_str()]);
+    let notices = notices.all();
+    assert_eq!(notices.len(), 1);
+    assert!(notices[0].wait >= Duration::from_secs(1));
+    assert!(matches!(
+        &notices[0].waiting,
+        Waiting::Failed { why, retry_after: Some(ra) } if why.starts_with("409") && *ra == Duration::from_secs(1)
+    ));
+}
+
+#[tokio::test]
+async fn busy_or_failing_answers_are_retried_with_the_same_key() {
+    for status in [429, 500, 502, 504] {
+        let server = MockServer::start().await;
+        posts()
+            .respond_with(answer(
+                status,
+                problem(status, "service-unavailable", "Busy"),
+            ))
+            .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        posts()
+            .respond_with(answer(201, pago(Uuid::new_v4(), "COMPLETADA")))
+            .with_priority(2)
+            .mount(&server)
+            .await;
+        let journal = TestJournal::new().await;
+        let (client, _) = client(&server, &journal.journal, fast_policy());
+        let intent = intent();
+
+        let outcome = client.pay(&intent).await;
+
+        assert!(
+            matches!(outcome, Ok(Outcome::Paid(_))),
+            "{status}: {outcome:?}"
+        );
+        let keys: Vec<_> = posts_seen(&server).await.iter().map(key_of).collect();
+        assert_eq!(
+            keys,
+            [intent.key().as_str(), intent.key().as_str()],
+            "{status}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_422_400_or_401_is_not_retried_and_is_a_typed_error_with_the_problems_title() {
+    for (status, slug, title) in [
+        (422, "validation-failed", "Request failed validation"),
+        (
+            400,
+            "idempotency-key-malformed",
+            "Idempotency-Key header malformed",
+        ),
+        (401, "unauthorized", "Missing or invalid credentials"),
+    ] {
+        let server = MockServer::start().await;
+        posts()
+            .respond_with(answer(status, problem(status, slug, title)))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let journal = TestJournal::new().await;
+        let (client, notices) = client(&server, &journal.journal, fast_policy());
+
+        let err = client.pay(&intent()).await.expect_err("refused");
+
+        match &err {
+            PayError::Rejected { status: s, problem } => {
+                assert_eq!(*s, status);
+                assert_eq!(problem.title, title);
+                assert_eq!(problem.slug(), slug);
+            }
+            other => panic!("{status}: not a rejection: {other:?}"),
+        }
+        assert_eq!(err.problem().map(|p| p.title.as_str()), Some(title));
+        assert!(err.to_string().contains(title), "{err}");
+        assert!(notices.all().is_empty(), "{status} was retried");
+        server.verify().await;
+        assert!(
+            journal.journal.pending().await.expect("journal").is_empty(),
+            "{status} on the first request: the server never had the intent"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_refusal_after_a_request_with_unknown_outcome_keeps_the_intent() {
+    let server = MockServer::start().await;
+    posts()
+        .respond_with_err(|_: &Request| {
+            std::io::Error::new(std::io::ErrorKind::ConnectionReset, "dropped")
+        })
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    posts()
+        .respond_with(answer(
+            401,
+            problem(401, "unauthorized", "Missing or invalid credentials"),
+        ))
+        .with_priority(2)
+        .expect(1)
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let (client, _) = client(&server, &journal.journal, fast_policy());
+    let intent = intent();
+
+    let err = client.pay(&intent).await.expect_err("refused");
+
+    assert!(
+        matches!(err, PayError::Rejected { status: 401, .. }),
+        "{err:?}"
+    );
+    let kept = journal.journal.pending().await.expect("journal");
+    assert_eq!(
+        kept.len(),
+        1,
+        "the first request may have paid: keep the intent"
+    );
+    assert_eq!(kept[0].intent, intent);
+    assert_eq!(kept[0].attempts, 2);
+    assert!(
+        kept[0]
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("401"))
+    );
+}
+
+#[tokio::test]
+async fn a_reused_key_is_reported_loudly_and_never_sent_again_without_a_human() {
+    let server = MockServer::start().await;
+    posts()
+        .respond_with(answer(
+            422,
+            problem(
+                422,
+                "idempotency-key-reused",
+                "Idempotency-Key already used with another request",
+            ),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let (client, notices) = client(&server, &journal.journal, fast_policy());
+    let intent = intent();
+
+    let err = client.pay(&intent).await.expect_err("refused");
+
+    match &err {
+        PayError::KeyReused { key, problem } => {
+            assert_eq!(key, intent.key());
+            assert_eq!(
+                problem.title,
+                "Idempotency-Key already used with another request"
+            );
+        }
+        other => panic!("not KeyReused: {other:?}"),
+    }
+    assert!(err.to_string().contains(intent.key().as_str()));
+    assert!(notices.all().is_empty());
+    let kept = journal.journal.pending().await.expect("journal");
+    assert_eq!(kept.len(), 1);
+    assert!(kept[0].blocked.is_some(), "kept, and blocked");
+
+    let again = client.pay(&intent).await.expect_err("blocked");
+    assert!(matches!(again, PayError::Blocked { .. }), "{again:?}");
+    let resumed = client.resume().await.expect("resume");
+    assert_eq!(resumed.len(), 1);
+    assert!(matches!(resumed[0].result, Err(PayError::Blocked { .. })));
+    server.verify().await;
+}
+
+#[tokio::test]
+async fn a_503_forever_is_given_up_within_the_total_time_and_the_intent_stays_in_the_journal() {
+    let server = MockServer::start().await;
+    posts()
+        .respond_with(
+            answer(
+                503,
+                problem(
+                    503,
+                    "service-unavailable",
+                    "Service temporarily unavailable",
+                ),
+            )
+            .insert_header("Retry-After", "0"),
+        )
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let total = Duration::from_millis(1500);
+    let policy = RetryPolicy {
+        deadline: total,
+        max_attempts: 1000,
+        min_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(100),
+        ..fast_policy()
+    };
+    let (client, _) = client(&server, &journal.journal, policy);
+    let intent = intent();
+
+    let started = Instant::now();
+    let err = client.pay(&intent).await.expect_err("gave up");
+    let elapsed = started.elapsed();
+
+    assert!(
+        elapsed <= total + Duration::from_millis(500),
+        "took {elapsed:?}"
+    );
+    let sent = posts_seen(&server).await.len();
+    match &err {
+        PayError::GaveUp { attempts, last, .. } => {
+            assert_eq!(*attempts as usize, sent);
+            assert!(last.starts_with("503"), "{last}");
+            assert!(last.contains("deadline"), "{last}");
+        }
+        other => panic!("not GaveUp: {other:?}"),
+    }
+    assert!(sent > 3, "it kept trying until the deadline: {sent}");
+    let kept = journal.journal.pending().await.expect("journal");
+    assert_eq!(kept.len(), 1, "the outcome is unknown: the intent stays");
+    assert_eq!(kept[0].intent, intent);
+    assert_eq!(kept[0].attempts as usize, sent);
+}
+
+#[tokio::test]
+async fn attempts_are_capped_by_the_policy() {
+    let server = MockServer::start().await;
+    posts()
+        .respond_with(answer(
+            503,
+            problem(503, "service-unavailable", "Unavailable"),
+        ))
+        .expect(3)
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let policy = RetryPolicy {
+        max_attempts: 3,
+        ..fast_policy()
+    };
+    let (client, notices) = client(&server, &journal.journal, policy);
+
+    let err = client.pay(&intent()).await.expect_err("gave up");
+
+    assert!(
+        matches!(&err, PayError::GaveUp { attempts: 3, last, .. } if last.contains("attempts")),
+        "{err:?}"
+    );
+    let attempts: Vec<u32> = notices.all().iter().map(|n| n.attempt).collect();
+    assert_eq!(attempts, [1, 2]);
+    server.verify().await;
+}
+
+#[tokio::test]
+async fn a_202_is_followed_by_looking_the_payment_up_until_it_settles() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    posts()
+        .respond_with(answer(202, pago(id, "ENVIADA")))
+        .expect(1)
+        .mount(&server)
+        .await;
+    look_ups(id)
+        .respond_with(answer(200, pago(id, "ENVIADA")))
+        .up_to_n_times(2)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    look_ups(id)
+        .respond_with(answer(200, pago(id, "COMPLETADA")))
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let (client, notices) = client(&server, &journal.journal, fast_policy());
+
+    let outcome = client.pay(&intent()).await.expect("an outcome");
+
+    assert!(matches!(outcome, Outcome::Paid(p) if p.id == id));
+    let pending: Vec<_> = notices
+        .all()
+        .into_iter()
+        .filter(|n| {
+            matches!(
+                n.waiting,
+                Waiting::Pending {
+                    state: PaymentState::Enviada,
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert_eq!(
+        pending.len(),
+        3,
+        "after the 202 and after each ENVIADA look-up"
+    );
+    server.verify().await;
+    assert!(journal.journal.pending().await.expect("journal").is_empty());
+}
+
+#[tokio::test]
+async fn a_payment_pending_at_the_deadline_is_kept_and_later_resumed_by_reading_it_not_posting() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    posts()
+        .respond_with(answer(202, pago(id, "ENVIADA")))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let still = look_ups(id)
+        .respond_with(answer(200, pago(id, "ENVIADA")))
+        .mount_as_scoped(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let policy = RetryPolicy {
+        deadline: Duration::from_millis(600),
+        min_delay: Duration::from_millis(50),
+        ..fast_policy()
+    };
+    let (client, _) = client(&server, &journal.journal, policy);
+    let intent = intent();
+
+    let outcome = client.pay(&intent).await.expect("an outcome");
+
+    assert!(
+        matches!(&outcome, Outcome::Pending(p) if p.id == id && p.state == PaymentState::Enviada)
+    );
+    let kept = journal.journal.pending().await.expect("journal");
+    assert_eq!(kept.len(), 1);
+    assert_eq!(
+        kept[0].payment_id,
+        Some(id),
+        "the payment's id is kept with the intent"
+    );
+
+    drop(still);
+    look_ups(id)
+        .respond_with(answer(200, pago(id, "COMPLETADA")))
+        .mount(&server)
+        .await;
+    let resumed = client.resume().await.expect("resume");
+
+    assert_eq!(resumed.len(), 1);
+    assert!(matches!(&resumed[0].result, Ok(Outcome::Paid(p)) if p.id == id));
+    assert_eq!(
+        posts_seen(&server).await.len(),
+        1,
+        "resumed by GET, never a second POST"
+    );
+    assert!(journal.journal.pending().await.expect("journal").is_empty());
+    server.verify().await;
+}
+
+#[tokio::test]
+async fn a_decline_is_an_outcome_with_its_code_and_leaves_the_journal() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    let mut declined = problem(402, "payment-declined", "Payment declined");
+    declined["declineCode"] = "insufficient_funds".into();
+    declined["pago"] = pago(id, "FALLIDA");
+    posts()
+        .respond_with(answer(402, declined))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let (client, _) = client(&server, &journal.journal, fast_policy());
+
+    let outcome = client.pay(&intent()).await.expect("an outcome");
+
+    match outcome {
+        Outcome::Declined { payment, problem } => {
+            assert_eq!(payment.state, PaymentState::Fallida);
+            let code = problem.and_then(|p| p.extensions.get("declineCode").cloned());
+            assert_eq!(code, Some("insufficient_funds".into()));
+        }
+        other => panic!("not declined: {other:?}"),
+    }
+    assert!(journal.journal.pending().await.expect("journal").is_empty());
+}
+
+#[tokio::test]
+async fn an_intent_recorded_by_a_process_that_died_is_resumed_with_its_key_by_the_next_one() {
+    let server = MockServer::start().await;
+    posts()
+        .respond_with(answer(201, pago(Uuid::new_v4(), "COMPLETADA")))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let url = pagos::client::base_url(&server.uri()).expect("url");
+    // The first process wrote the intent down, counted its request, and died.
+    let intent = intent();
+    journal
+        .journal
+        .record(&intent, &url, API_KEY)
+        .await
+        .expect("recorded");
+    journal
+        .journal
+        .count_attempt(intent.key())
+        .await
+        .expect("counted");
+    // Another merchant's intent at the same server is not this key's to resume.
+    let theirs = Intent::new(PaymentRequest::new("7", 100, "USD").expect("valid"));
+    journal
+        .journal
+        .record(&theirs, &url, "sk_test_globex")
+        .await
+        .expect("recorded");
+
+    let reopened = pagos::client::Journal::open(&journal.path)
+        .await
+        .expect("journal");
+    let client = Client::new(&server.uri(), API_KEY)
+        .expect("client")
+        .with_policy(fast_policy())
+        .with_journal(reopened);
+    let resumed = client.resume().await.expect("resume");
+
+    assert_eq!(resumed.len(), 1);
+    assert!(matches!(resumed[0].result, Ok(Outcome::Paid(_))));
+    let keys: Vec<_> = posts_seen(&server).await.iter().map(key_of).collect();
+    assert_eq!(keys, [intent.key().as_str()]);
+    let left = journal.journal.pending().await.expect("journal");
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].intent, theirs);
+}
+
+#[tokio::test]
+async fn an_answer_about_another_payment_is_not_taken_as_this_ones() {
+    let server = MockServer::start().await;
+    let mut other = pago(Uuid::new_v4(), "COMPLETADA");
+    other["monto"] = 1.into();
+    posts()
+        .respond_with(answer(201, other))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let (client, _) = client(&server, &journal.journal, fast_policy());
+
+    let err = client.pay(&intent()).await.expect_err("not ours");
+
+    assert!(matches!(err, PayError::Unexpected(_)), "{err:?}");
+    assert_eq!(journal.journal.pending().await.expect("journal").len(), 1);
+}
+
+#[tokio::test]
+async fn an_unanswered_intent_older_than_the_servers_key_retention_is_not_sent_again() {
+    let server = MockServer::start().await;
+    posts()
+        .respond_with(answer(201, pago(Uuid::new_v4(), "COMPLETADA")))
+        .expect(0)
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let url = pagos::client::base_url(&server.uri()).expect("url");
+    let intent = intent();
+    journal
+        .journal
+        .record(&intent, &url, API_KEY)
+        .await
+        .expect("recorded");
+    journal
+        .journal
+        .count_attempt(intent.key())
+        .await
+        .expect("counted");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (client, _) = client(&server, &journal.journal, fast_policy());
+    let client = client.with_key_retention(Duration::from_millis(10));
+
+    let err = client.pay(&intent).await.expect_err("expired");
+
+    assert!(
+        matches!(&err, PayError::Expired { key, .. } if key == intent.key()),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("could pay twice"), "{err}");
+    assert_eq!(
+        journal.journal.pending().await.expect("journal").len(),
+        1,
+        "kept for a human"
+    );
+    server.verify().await;
+}
