@@ -9,3 +9,4 @@ mod gateway_faults;
 mod merchants;
 mod ops;
 mod payments;
+mod webhooks;
