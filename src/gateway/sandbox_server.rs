@@ -258,6 +258,9 @@ struct WebhookStats {
     abandoned: AtomicU64,
     /// Copies not yet acknowledged nor given up.
     in_flight: AtomicU64,
+    /// What the receiver said it did, by its answer's `resultado` (pagos: `aplicado`,
+    /// `duplicado`, `obsoleto`, …): shows duplicates and reordering were met.
+    results: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl WebhookStats {
@@ -274,7 +277,18 @@ impl WebhookStats {
             "acksDropped": get(&self.acks_dropped),
             "abandoned": get(&self.abandoned),
             "inFlight": get(&self.in_flight),
+            "results": self.results.lock().map(|r| json!(*r)).unwrap_or_default(),
         })
+    }
+
+    fn count_result(&self, body: &[u8]) {
+        let word = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["resultado"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "(other)".into());
+        if let Ok(mut results) = self.results.lock() {
+            *results.entry(word).or_default() += 1;
+        }
     }
 }
 
@@ -401,6 +415,8 @@ async fn deliver(server: Arc<SandboxServer>, event: Arc<OutgoingEvent>, copy: Co
             .await;
         match answer {
             Ok(answer) if answer.status().is_success() => {
+                // Answered 2xx: delivered, whatever the body; it is only counted.
+                stats.count_result(&answer.bytes().await.unwrap_or_default());
                 if drop_ack.swap(false, Ordering::Relaxed) {
                     stats.acks_dropped.fetch_add(1, Ordering::Relaxed);
                     return Err(DeliveryError::AckDropped);
