@@ -114,7 +114,6 @@ impl SignatureHeader {
 
 fn signed_payload_mac(secret: &[u8], timestamp: i64, body: &[u8]) -> HmacSha256 {
     // HMAC pads or hashes a key of any length: `InvalidLength` is never returned.
-    #[allow(clippy::expect_used)]
     let mut mac =
         <HmacSha256 as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
     mac.update(timestamp.to_string().as_bytes());

@@ -25,6 +25,7 @@ on_both_databases!(
     a_charge_for_an_unknown_reference_is_acknowledged_and_listed_as_orphan,
     other_event_types_are_acknowledged_and_ignored,
     processed_messages_older_than_the_retention_are_purged,
+    the_openapi_document_describes_the_webhook_and_the_orphan_list,
 );
 
 const SECRET: &str = "whsec_test";
@@ -575,4 +576,31 @@ async fn processed_messages_older_than_the_retention_are_purged(backend: Backend
     // Redelivered after its id is gone: the charge's sequence still stops it.
     assert_eq!(outcome(deliver(&app, &body).await).await, "obsoleto");
     assert_eq!(webhook_moves(&app, &id).await.len(), 1);
+}
+
+async fn the_openapi_document_describes_the_webhook_and_the_orphan_list(backend: Backend) {
+    let app = Spawn::new(backend).sandbox().start().await;
+    let doc = json(
+        app.http
+            .get(app.url("/openapi.json"))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    let webhook = &doc["paths"]["/v1/webhooks/http"]["post"];
+    let header = webhook["parameters"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "Gateway-Signature"))
+        .expect("Gateway-Signature is documented");
+    assert_eq!(header["in"], "header");
+    for status in ["200", "400", "401", "503"] {
+        assert!(
+            webhook["responses"][status].is_object(),
+            "{status} documented"
+        );
+    }
+    let orphans = &doc["paths"]["/admin/cargos-huerfanos"]["get"];
+    assert!(orphans["responses"]["200"].is_object());
+    assert!(orphans["security"].is_array(), "admin token required");
 }
