@@ -19,3 +19,4 @@ pub mod reconciler;
 pub mod representation;
 pub mod saga;
 pub mod telemetry;
+pub mod webhooks;

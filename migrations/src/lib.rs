@@ -6,12 +6,16 @@
 pub use sea_orm_migration::prelude::*;
 
 mod m20261202_000001_init;
+mod m20261202_000003_webhooks;
 
 pub struct Migrator;
 
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261202_000001_init::Migration)]
+        vec![
+            Box::new(m20261202_000001_init::Migration),
+            Box::new(m20261202_000003_webhooks::Migration),
+        ]
     }
 }

@@ -6,3 +6,5 @@ pub mod idempotency_key;
 pub mod merchant;
 pub mod payment;
 pub mod payment_transition;
+pub mod processed_message;
+pub mod webhook_charge;

@@ -3,6 +3,9 @@
 //! `SandboxCore` holds the rules (same key + same body replays, same key + other body is
 //! refused, a key in flight answers "in flight", pending charges settle later); the
 //! in-process `SandboxGateway` and the standalone server (`sandbox_server`) share it.
+//! Every change of a charge (made, then settled if it was pending) bumps the charge's
+//! sequence and, when someone listens, is reported as a `ChargeChange`: the standalone
+//! server turns those into webhooks.
 //! Nothing here is durable: it is for demos and tests, never for money.
 
 use super::{Charge, ChargeBody, ChargeRequest, ChargeStatus, Gateway, GatewayError};
@@ -13,6 +16,7 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
 use uuid::Uuid;
 
 /// How charges turn out.
@@ -63,6 +67,15 @@ struct StoredCharge {
     charge: Charge,
     /// For a pending charge: when it settles, and how.
     settles: Option<(Instant, ChargeStatus, Option<String>)>,
+    /// 1 when made, bumped by each change after.
+    sequence: u64,
+}
+
+/// A charge as it stands after a change, with the charge's sequence number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChargeChange {
+    pub charge: Charge,
+    pub sequence: u64,
 }
 
 struct State {
@@ -76,6 +89,8 @@ struct State {
 pub struct SandboxCore {
     outcomes: Outcomes,
     state: Mutex<State>,
+    /// Where changes are reported, in the order they happen (sent under the lock).
+    changes: Option<UnboundedSender<ChargeChange>>,
 }
 
 fn body_hash(body: &ChargeBody) -> [u8; 32] {
@@ -86,6 +101,15 @@ fn body_hash(body: &ChargeBody) -> [u8; 32] {
 
 impl SandboxCore {
     pub fn new(outcomes: Outcomes) -> Self {
+        Self::build(outcomes, None)
+    }
+
+    /// A core that reports every change of a charge on `changes`.
+    pub fn reporting(outcomes: Outcomes, changes: UnboundedSender<ChargeChange>) -> Self {
+        Self::build(outcomes, Some(changes))
+    }
+
+    fn build(outcomes: Outcomes, changes: Option<UnboundedSender<ChargeChange>>) -> Self {
         let rng = match outcomes.seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_os_rng(),
@@ -99,7 +123,12 @@ impl SandboxCore {
                 by_reference: HashMap::new(),
                 next_id: 1,
             }),
+            changes,
         }
+    }
+
+    pub fn outcomes(&self) -> Outcomes {
+        self.outcomes
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -133,7 +162,7 @@ impl SandboxCore {
             }) if *body_hash == hash => {
                 let stored = state.charges.get_mut(charge_id);
                 match stored {
-                    Some(stored) => Begin::Replay(settle(stored).clone()),
+                    Some(stored) => Begin::Replay(settle(stored, &self.changes).clone()),
                     None => Begin::InFlight,
                 }
             }
@@ -191,6 +220,14 @@ impl SandboxCore {
             StoredCharge {
                 charge: charge.clone(),
                 settles,
+                sequence: 1,
+            },
+        );
+        report(
+            &self.changes,
+            ChargeChange {
+                charge: charge.clone(),
+                sequence: 1,
             },
         );
         state
@@ -218,8 +255,22 @@ impl SandboxCore {
             .cloned()
             .unwrap_or_default();
         ids.iter()
-            .filter_map(|id| state.charges.get_mut(id).map(|c| settle(c).clone()))
+            .filter_map(|id| {
+                state
+                    .charges
+                    .get_mut(id)
+                    .map(|c| settle(c, &self.changes).clone())
+            })
             .collect()
+    }
+
+    /// Settles one pending charge if its time has come; the charge as it stands.
+    pub fn settle_due(&self, charge_id: &str) -> Option<Charge> {
+        let mut state = self.lock();
+        state
+            .charges
+            .get_mut(charge_id)
+            .map(|c| settle(c, &self.changes).clone())
     }
 
     /// (charges made, references charged more than once).
@@ -239,18 +290,36 @@ impl SandboxCore {
         state
             .charges
             .values_mut()
-            .map(|c| settle(c).clone())
+            .map(|c| settle(c, &self.changes).clone())
             .collect()
     }
 }
 
-fn settle(stored: &mut StoredCharge) -> &Charge {
+fn report(changes: &Option<UnboundedSender<ChargeChange>>, change: ChargeChange) {
+    if let Some(changes) = changes {
+        // Nobody listening any more (shutting down) is not an error.
+        let _ = changes.send(change);
+    }
+}
+
+fn settle<'a>(
+    stored: &'a mut StoredCharge,
+    changes: &Option<UnboundedSender<ChargeChange>>,
+) -> &'a Charge {
     if let Some((at, status, code)) = &stored.settles
         && Instant::now() >= *at
     {
         stored.charge.status = *status;
         stored.charge.decline_code = code.clone();
         stored.settles = None;
+        stored.sequence += 1;
+        report(
+            changes,
+            ChargeChange {
+                charge: stored.charge.clone(),
+                sequence: stored.sequence,
+            },
+        );
     }
     &stored.charge
 }
@@ -327,6 +396,37 @@ mod tests {
             .await
             .expect_err("refused");
         assert!(matches!(err, GatewayError::Rejected { status: 422, .. }));
+    }
+
+    #[tokio::test]
+    async fn every_change_of_a_charge_is_reported_once_with_a_higher_sequence() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let core = SandboxCore::reporting(
+            Outcomes {
+                pending_rate: 1.0,
+                pending_for: Duration::from_millis(20),
+                ..Outcomes::default()
+            },
+            tx,
+        );
+        let body = ChargeBody::from(&request("k", 10));
+        assert!(matches!(core.begin("k", &body), Begin::New));
+        let charge = core.complete("k", &body);
+        assert!(matches!(core.begin("k", &body), Begin::Replay(_)));
+        let made = rx.try_recv().expect("reported");
+        assert_eq!(
+            (made.sequence, made.charge.status),
+            (1, ChargeStatus::Pending)
+        );
+        assert!(rx.try_recv().is_err(), "a replay is not a change");
+
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let settled = core.settle_due(&charge.id).expect("known");
+        assert_eq!(settled.status, ChargeStatus::Succeeded);
+        let change = rx.try_recv().expect("reported");
+        assert_eq!((change.sequence, change.charge), (2, settled));
+        assert_eq!(core.charges_for(&Uuid::nil().to_string()).len(), 1);
+        assert!(rx.try_recv().is_err(), "settled once, reported once");
     }
 
     #[tokio::test]

@@ -4,19 +4,29 @@
 //! Faults are drawn per request: `error` answers 503 without charging; `timeout` charges
 //! then hangs past any client's patience; `reset` charges then breaks the connection
 //! mid-answer. Each leaves the client not knowing, which is the point.
+//!
+//! With `--webhook-url`, every change of a charge (made; settled after `--pending-for`
+//! if it was pending) becomes a signed `charge.updated` event with the charge's next
+//! sequence, delivered at least once: retried with backoff until answered 2xx. Under
+//! `--chaos` events are also duplicated (sometimes two copies at the same instant),
+//! delayed (so a charge's events arrive out of order) and an acknowledgement is now and
+//! then "lost" (the event is delivered again). `GET /sandbox/stats` counts them.
 
-use super::sandbox::{Begin, Outcomes, SandboxCore};
-use super::{Charge, ChargeBody};
+use super::sandbox::{Begin, ChargeChange, Outcomes, SandboxCore};
+use super::{Charge, ChargeBody, ChargeStatus};
 use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use backon::{ExponentialBuilder, Retryable};
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Fault rates, each in [0, 1].
 #[derive(Clone, Copy, Debug, Default)]
@@ -31,6 +41,16 @@ pub struct SandboxServer {
     core: SandboxCore,
     faults: Faults,
     secret: Option<String>,
+    webhooks: Option<Webhooks>,
+}
+
+/// Where and how to deliver events.
+#[derive(Clone, Debug)]
+pub struct WebhookConfig {
+    pub url: url::Url,
+    /// pagos' `PAGOS_WEBHOOK_SECRET`.
+    pub secret: String,
+    pub chaos: bool,
 }
 
 impl SandboxServer {
@@ -39,7 +59,35 @@ impl SandboxServer {
             core: SandboxCore::new(outcomes),
             faults,
             secret,
+            webhooks: None,
         })
+    }
+
+    /// A server that also delivers webhooks. Starts the delivery task: call it inside a
+    /// Tokio runtime.
+    pub fn with_webhooks(
+        outcomes: Outcomes,
+        faults: Faults,
+        secret: Option<String>,
+        config: WebhookConfig,
+    ) -> anyhow::Result<Arc<Self>> {
+        let (changes, received) = tokio::sync::mpsc::unbounded_channel();
+        let client = reqwest::Client::builder()
+            .timeout(DELIVERY_TIMEOUT)
+            .user_agent("pagos-sandbox-gateway")
+            .build()?;
+        let server = Arc::new(SandboxServer {
+            core: SandboxCore::reporting(outcomes, changes),
+            faults,
+            secret,
+            webhooks: Some(Webhooks {
+                config,
+                client,
+                stats: WebhookStats::default(),
+            }),
+        });
+        tokio::spawn(dispatch(server.clone(), received));
+        Ok(server)
     }
 
     pub fn core(&self) -> &SandboxCore {
@@ -158,7 +206,8 @@ async fn list_charges(
     Json(json!({ "data": data })).into_response()
 }
 
-/// Counts for soak tests and demos: charges made and references charged twice.
+/// Counts for soak tests and demos: charges made and references charged twice, and the
+/// webhooks delivered (`null` without `--webhook-url`).
 async fn stats(State(server): State<Arc<SandboxServer>>) -> Response {
     let charges = server.core.all_charges();
     let (total, duplicated) = server.core.totals();
@@ -166,31 +215,290 @@ async fn stats(State(server): State<Arc<SandboxServer>>) -> Response {
     Json(json!({
         "charges": total,
         "duplicatedReferences": duplicated,
-        "succeeded": count(super::ChargeStatus::Succeeded),
-        "declined": count(super::ChargeStatus::Declined),
-        "pending": count(super::ChargeStatus::Pending),
+        "succeeded": count(ChargeStatus::Succeeded),
+        "declined": count(ChargeStatus::Declined),
+        "pending": count(ChargeStatus::Pending),
+        "webhooks": server.webhooks.as_ref().map(|w| w.stats.to_json()),
     }))
     .into_response()
+}
+
+// ---- Webhook delivery -------------------------------------------------------------
+
+/// One delivery attempt's patience.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// A copy still unacknowledged after this long is given up (and counted).
+const GIVE_UP_AFTER: Duration = Duration::from_secs(3600);
+/// Under chaos, each copy waits up to this long before its first attempt: longer than
+/// the default `--pending-for`, so a charge's two events often arrive swapped.
+const CHAOS_MAX_DELAY: Duration = Duration::from_millis(2500);
+
+struct Webhooks {
+    config: WebhookConfig,
+    client: reqwest::Client,
+    stats: WebhookStats,
+}
+
+#[derive(Default)]
+struct WebhookStats {
+    /// Distinct events made (one per change of a charge).
+    events: AtomicU64,
+    /// Distinct events answered 2xx at least once.
+    events_acknowledged: AtomicU64,
+    /// Extra copies sent by chaos (each one delivered until acknowledged too).
+    duplicates: AtomicU64,
+    /// HTTP attempts, and how they ended.
+    attempts: AtomicU64,
+    acknowledged: AtomicU64,
+    refused: AtomicU64,
+    unreachable: AtomicU64,
+    /// 2xx answers chaos pretended not to have received (the copy is sent again).
+    acks_dropped: AtomicU64,
+    /// Copies given up after `GIVE_UP_AFTER`.
+    abandoned: AtomicU64,
+    /// Copies not yet acknowledged nor given up.
+    in_flight: AtomicU64,
+    /// What the receiver said it did, by its answer's `resultado` (pagos: `aplicado`,
+    /// `duplicado`, `obsoleto`, …): shows duplicates and reordering were met.
+    results: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl WebhookStats {
+    fn to_json(&self) -> serde_json::Value {
+        let get = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        json!({
+            "events": get(&self.events),
+            "eventsAcknowledged": get(&self.events_acknowledged),
+            "duplicates": get(&self.duplicates),
+            "attempts": get(&self.attempts),
+            "acknowledged": get(&self.acknowledged),
+            "refused": get(&self.refused),
+            "unreachable": get(&self.unreachable),
+            "acksDropped": get(&self.acks_dropped),
+            "abandoned": get(&self.abandoned),
+            "inFlight": get(&self.in_flight),
+            "results": self.results.lock().map(|r| json!(*r)).unwrap_or_default(),
+        })
+    }
+
+    fn count_result(&self, body: &[u8]) {
+        let word = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["resultado"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "(other)".into());
+        if let Ok(mut results) = self.results.lock() {
+            *results.entry(word).or_default() += 1;
+        }
+    }
+}
+
+/// One event, as every copy of it sends it: same id, same bytes.
+struct OutgoingEvent {
+    id: String,
+    body: bytes::Bytes,
+    acknowledged: AtomicBool,
+}
+
+/// Turns each change of a charge into an event and schedules its copies; settles
+/// pending charges when their time comes (which reports the second change).
+async fn dispatch(server: Arc<SandboxServer>, mut changes: UnboundedReceiver<ChargeChange>) {
+    while let Some(change) = changes.recv().await {
+        if change.charge.status == ChargeStatus::Pending {
+            let server = server.clone();
+            let id = change.charge.id.clone();
+            let wait = server.core.outcomes().pending_for + Duration::from_millis(1);
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                server.core.settle_due(&id);
+            });
+        }
+        let Some(webhooks) = &server.webhooks else {
+            continue;
+        };
+        let body = json!({
+            "id": format!("evt_{}", uuid::Uuid::new_v4().simple()),
+            "type": "charge.updated",
+            "sequence": change.sequence,
+            "data": change.charge,
+        });
+        let event = Arc::new(OutgoingEvent {
+            id: body["id"].as_str().unwrap_or_default().to_owned(),
+            body: serde_json::to_vec(&body).unwrap_or_default().into(),
+            acknowledged: AtomicBool::new(false),
+        });
+        webhooks.stats.events.fetch_add(1, Ordering::Relaxed);
+        for copy in plan_copies(&server.core, webhooks.config.chaos) {
+            if copy.duplicate {
+                webhooks.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+            }
+            webhooks.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(deliver(server.clone(), event.clone(), copy));
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct CopyPlan {
+    delay: Duration,
+    duplicate: bool,
+    drop_first_ack: bool,
+}
+
+/// One copy, at once, without chaos. Under chaos: one to three copies, each after a
+/// random delay; sometimes a twin of the first at the very same instant; now and then
+/// an acknowledgement "lost".
+fn plan_copies(core: &SandboxCore, chaos: bool) -> Vec<CopyPlan> {
+    if !chaos {
+        return vec![CopyPlan {
+            delay: Duration::ZERO,
+            duplicate: false,
+            drop_first_ack: false,
+        }];
+    }
+    let delay = || CHAOS_MAX_DELAY.mul_f64(core.roll());
+    let first = CopyPlan {
+        delay: delay(),
+        duplicate: false,
+        drop_first_ack: core.roll() < 0.1,
+    };
+    let mut copies = vec![first];
+    if core.roll() < 0.25 {
+        copies.push(CopyPlan {
+            duplicate: true,
+            drop_first_ack: false,
+            ..first
+        });
+    }
+    for share in [0.5, 0.2] {
+        if core.roll() < share {
+            copies.push(CopyPlan {
+                delay: delay(),
+                duplicate: true,
+                drop_first_ack: core.roll() < 0.1,
+            });
+        }
+    }
+    copies
+}
+
+#[derive(Debug, thiserror::Error)]
+enum DeliveryError {
+    #[error("answered {0}")]
+    Refused(reqwest::StatusCode),
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    #[error("acknowledgement dropped by chaos")]
+    AckDropped,
+}
+
+/// Delivers one copy until it is answered 2xx (or `GIVE_UP_AFTER` passes), signing each
+/// attempt afresh: the timestamp is part of what is signed.
+async fn deliver(server: Arc<SandboxServer>, event: Arc<OutgoingEvent>, copy: CopyPlan) {
+    let Some(webhooks) = &server.webhooks else {
+        return;
+    };
+    let stats = &webhooks.stats;
+    tokio::time::sleep(copy.delay).await;
+    let drop_ack = AtomicBool::new(copy.drop_first_ack);
+    let attempt = || async {
+        stats.attempts.fetch_add(1, Ordering::Relaxed);
+        let t = chrono::Utc::now().timestamp();
+        let signature =
+            crate::webhooks::signature::sign(webhooks.config.secret.as_bytes(), t, &event.body);
+        let answer = webhooks
+            .client
+            .post(webhooks.config.url.clone())
+            .header("content-type", "application/json")
+            .header("gateway-signature", signature)
+            .body(event.body.clone())
+            .send()
+            .await;
+        match answer {
+            Ok(answer) if answer.status().is_success() => {
+                // Answered 2xx: delivered, whatever the body; it is only counted.
+                stats.count_result(&answer.bytes().await.unwrap_or_default());
+                if drop_ack.swap(false, Ordering::Relaxed) {
+                    stats.acks_dropped.fetch_add(1, Ordering::Relaxed);
+                    return Err(DeliveryError::AckDropped);
+                }
+                Ok(())
+            }
+            Ok(answer) => {
+                stats.refused.fetch_add(1, Ordering::Relaxed);
+                Err(DeliveryError::Refused(answer.status()))
+            }
+            Err(err) => {
+                stats.unreachable.fetch_add(1, Ordering::Relaxed);
+                Err(DeliveryError::Unreachable(err.to_string()))
+            }
+        }
+    };
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(5))
+        .without_max_times()
+        .with_total_delay(Some(GIVE_UP_AFTER))
+        .with_jitter();
+    let delivered = attempt
+        .retry(backoff)
+        .notify(|err, delay| {
+            tracing::debug!(event_id = event.id, error = %err, retry_in = ?delay, "webhook not acknowledged; retrying");
+        })
+        .await;
+    match delivered {
+        Ok(()) => {
+            stats.acknowledged.fetch_add(1, Ordering::Relaxed);
+            if !event.acknowledged.swap(true, Ordering::Relaxed) {
+                stats.events_acknowledged.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Err(err) => {
+            stats.abandoned.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(event_id = event.id, error = %err, "webhook given up");
+        }
+    }
+    stats.in_flight.fetch_sub(1, Ordering::Relaxed);
 }
 
 /// `pagos sandbox-gateway`: serves until Ctrl-C or SIGTERM.
 pub async fn run(args: crate::config::SandboxArgs) -> anyhow::Result<()> {
     use anyhow::Context;
-    let server = SandboxServer::new(
-        Outcomes {
-            decline_rate: args.decline_rate,
-            pending_rate: args.pending_rate,
-            pending_for: args.pending_for,
-            seed: args.seed,
-        },
-        Faults {
-            latency: args.latency,
-            error_rate: args.error_rate,
-            timeout_rate: args.timeout_rate,
-            reset_rate: args.reset_rate,
-        },
-        args.secret,
-    );
+    let outcomes = Outcomes {
+        decline_rate: args.decline_rate,
+        pending_rate: args.pending_rate,
+        pending_for: args.pending_for,
+        seed: args.seed,
+    };
+    let faults = Faults {
+        latency: args.latency,
+        error_rate: args.error_rate,
+        timeout_rate: args.timeout_rate,
+        reset_rate: args.reset_rate,
+    };
+    let server = match args.webhook_url {
+        Some(url) => {
+            let secret = args.webhook_secret.filter(|s| !s.is_empty()).context(
+                "PAGOS_SANDBOX_WEBHOOK_SECRET (--webhook-secret) is required with --webhook-url: events are signed with pagos' PAGOS_WEBHOOK_SECRET",
+            )?;
+            tracing::info!(%url, chaos = args.chaos, "delivering webhooks");
+            SandboxServer::with_webhooks(
+                outcomes,
+                faults,
+                args.secret,
+                WebhookConfig {
+                    url,
+                    secret,
+                    chaos: args.chaos,
+                },
+            )?
+        }
+        None => {
+            if args.chaos || args.webhook_secret.is_some() {
+                tracing::warn!("--chaos and --webhook-secret do nothing without --webhook-url");
+            }
+            SandboxServer::new(outcomes, faults, args.secret)
+        }
+    };
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("cannot listen on {} (PAGOS_SANDBOX_BIND)", args.bind))?;
@@ -199,4 +507,148 @@ pub async fn run(args: crate::config::SandboxArgs) -> anyhow::Result<()> {
         .with_graceful_shutdown(crate::app::shutdown_signal())
         .await
         .context("serving the sandbox gateway")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    async fn serve(server: Arc<SandboxServer>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, server.router()).await;
+        });
+        format!("http://{addr}")
+    }
+
+    async fn stats_of(client: &reqwest::Client, base: &str) -> serde_json::Value {
+        let answer = client
+            .get(format!("{base}/sandbox/stats"))
+            .send()
+            .await
+            .expect("stats");
+        answer.json().await.expect("JSON")
+    }
+
+    #[tokio::test]
+    async fn each_change_of_a_charge_is_delivered_signed_in_sequence_until_acknowledged() {
+        let receiver = MockServer::start().await;
+        // The first delivery fails: it must be retried.
+        Mock::given(method("POST"))
+            .and(path("/v1/webhooks/http"))
+            .respond_with(ResponseTemplate::new(503))
+            .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&receiver)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/v1/webhooks/http"))
+            .respond_with(ResponseTemplate::new(200))
+            .with_priority(2)
+            .mount(&receiver)
+            .await;
+        let server = SandboxServer::with_webhooks(
+            Outcomes {
+                pending_rate: 1.0,
+                pending_for: Duration::from_millis(50),
+                ..Outcomes::default()
+            },
+            Faults::default(),
+            None,
+            WebhookConfig {
+                url: format!("{}/v1/webhooks/http", receiver.uri())
+                    .parse()
+                    .expect("url"),
+                secret: "whsec_test".into(),
+                chaos: false,
+            },
+        )
+        .expect("server");
+        let base = serve(server).await;
+        let client = reqwest::Client::new();
+        let made = client
+            .post(format!("{base}/v1/charges"))
+            .header("idempotency-key", "k")
+            .json(&json!({"amount": 5, "currency": "COP", "reference": "r-1"}))
+            .send()
+            .await
+            .expect("charge");
+        assert_eq!(made.status(), 201);
+
+        let mut stats = stats_of(&client, &base).await;
+        for _ in 0..100 {
+            if stats["webhooks"]["eventsAcknowledged"] == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            stats = stats_of(&client, &base).await;
+        }
+        let webhooks = &stats["webhooks"];
+        assert_eq!(webhooks["events"], 2, "{stats}");
+        assert_eq!(webhooks["eventsAcknowledged"], 2, "{stats}");
+        assert_eq!(webhooks["refused"], 1, "{stats}");
+        assert_eq!(webhooks["inFlight"], 0, "{stats}");
+
+        let received = receiver.received_requests().await.unwrap_or_default();
+        assert_eq!(received.len(), 3, "one retry");
+        let mut seen = Vec::new();
+        for request in &received {
+            let signature = request.headers["gateway-signature"].as_bytes();
+            let now = chrono::Utc::now().timestamp();
+            crate::webhooks::signature::verify_header(
+                std::iter::once(signature),
+                b"whsec_test",
+                &request.body,
+                now,
+            )
+            .expect("signed with the webhook secret");
+            let event: serde_json::Value = serde_json::from_slice(&request.body).expect("JSON");
+            assert_eq!(event["type"], "charge.updated");
+            assert_eq!(event["data"]["reference"], "r-1");
+            seen.push((
+                event["id"].as_str().unwrap_or_default().to_owned(),
+                event["sequence"].as_u64().unwrap_or_default(),
+                event["data"]["status"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            ));
+        }
+        // The retry of the first may well arrive after the second: order is not promised.
+        seen.sort_by_key(|(_, n, _)| *n);
+        seen.dedup();
+        let statuses: Vec<_> = seen.iter().map(|(_, n, s)| (*n, s.as_str())).collect();
+        assert_eq!(statuses, vec![(1, "pending"), (2, "succeeded")], "{seen:?}");
+        assert_ne!(seen[0].0, seen[1].0, "one id per event");
+    }
+
+    #[test]
+    fn chaos_plans_duplicates_and_delays_and_plain_delivery_plans_one_copy() {
+        let core = SandboxCore::new(Outcomes {
+            seed: Some(7),
+            ..Outcomes::default()
+        });
+        let plain = plan_copies(&core, false);
+        assert_eq!(plain.len(), 1);
+        assert!(plain[0].delay.is_zero() && !plain[0].drop_first_ack);
+        let plans: Vec<_> = (0..200).map(|_| plan_copies(&core, true)).collect();
+        assert!(plans.iter().all(|p| (1..=4).contains(&p.len())));
+        assert!(
+            plans.iter().any(|p| p.len() > 1),
+            "some events are duplicated"
+        );
+        assert!(
+            plans
+                .iter()
+                .any(|p| p.len() > 1 && p[1].delay == p[0].delay),
+            "some copies go at the same instant"
+        );
+        assert!(plans.iter().flatten().all(|c| c.delay <= CHAOS_MAX_DELAY));
+        assert!(plans.iter().flatten().any(|c| c.drop_first_ack));
+    }
 }

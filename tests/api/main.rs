@@ -10,3 +10,4 @@ mod merchants;
 mod ops;
 mod payments;
 mod reconciler;
+mod webhooks;

@@ -1,0 +1,307 @@
+//! Applying one gateway event exactly once, whatever the gateway repeats or reorders.
+//!
+//! One transaction per event. The seed's four strategies, each where it fits:
+//! 1. dedupe by id — the event id goes into `processed_messages` first; a conflict on
+//!    its primary key means "already applied": nothing more is done;
+//! 2. natural upsert — the charge's row in `webhook_charges` is inserted on its natural
+//!    key (gateway, charge id) with `ON CONFLICT DO NOTHING`; that is also how an orphan
+//!    charge is recorded;
+//! 3. sequence — the row then advances only to a higher sequence (`UPDATE … WHERE
+//!    last_sequence < n`); an event at or below it is stale and changes nothing;
+//! 4. absolute operation — the payment is set to the state the event reports, through
+//!    the transition function (`decide`), never moved "one step".
+//!
+//! The id row, the charge row, the payment, its audit row and its key's frozen answer
+//! commit together or not at all: a crash or an error leaves nothing, and the gateway's
+//! redelivery starts over. It never holds a transaction across anything but the database.
+
+use crate::db::{begin_write, now};
+use crate::entities::{payment, processed_message as messages, webhook_charge as charges};
+use crate::gateway::Charge;
+use crate::saga::state::{IllegalTransition, PaymentState};
+use crate::saga::store::{self, Actor, StoreError, Written};
+use crate::webhooks::decide::{Decision, decide};
+use crate::webhooks::event::status_name;
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
+    EntityTrait, QueryFilter, QuerySelect, TryInsertResult,
+};
+use uuid::Uuid;
+
+/// How often an event is re-decided when the payment moved under it before the error
+/// goes back to the gateway (which delivers again later: the event is never lost).
+const MAX_ATTEMPTS: usize = 5;
+
+/// What an event came to. Every one of them is answered 200.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The payment moved to this state.
+    Applied(PaymentState),
+    /// Recorded; the payment already said so, or the event cannot change it.
+    Unchanged,
+    /// This event id was applied before: nothing done.
+    Duplicate,
+    /// A later event for this charge was applied before: nothing done.
+    Stale,
+    /// No payment has this reference: the charge is kept for on-call.
+    Orphan,
+}
+
+impl Outcome {
+    /// The word in the 200 answer.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Applied(PaymentState::RevisionManual) => "revision_manual",
+            Outcome::Applied(_) => "aplicado",
+            Outcome::Unchanged => "sin_cambios",
+            Outcome::Duplicate => "duplicado",
+            Outcome::Stale => "obsoleto",
+            Outcome::Orphan => "huerfano",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumeError {
+    #[error(transparent)]
+    Db(#[from] DbErr),
+    /// A decision the transition table refuses: a bug in `decide`.
+    #[error(transparent)]
+    Illegal(#[from] IllegalTransition),
+    #[error("the payment kept moving while the event was applied ({MAX_ATTEMPTS} attempts)")]
+    Contended,
+}
+
+impl From<StoreError> for ConsumeError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Db(e) => ConsumeError::Db(e),
+            StoreError::Illegal(e) => ConsumeError::Illegal(e),
+        }
+    }
+}
+
+/// A `charge.updated` event, ready to apply.
+#[derive(Clone, Copy, Debug)]
+pub struct ChargeEvent<'a> {
+    /// Which gateway (`http`): ids and charge ids are only unique per gateway.
+    pub source: &'a str,
+    pub event_id: &'a str,
+    pub sequence: i64,
+    pub charge: &'a Charge,
+}
+
+/// Applies the event exactly once. If the payment moves between the read and the fenced
+/// write (the request or the reconciler decided first), the whole transaction is rolled
+/// back and the event re-decided on the new state.
+pub async fn consume(
+    db: &DatabaseConnection,
+    event: ChargeEvent<'_>,
+) -> Result<Outcome, ConsumeError> {
+    for attempt in 1..=MAX_ATTEMPTS {
+        let tx = begin_write(db).await?;
+        match consume_in(&tx, event).await {
+            Ok(Some(outcome)) => {
+                tx.commit().await?;
+                log(event, outcome);
+                return Ok(outcome);
+            }
+            Ok(None) => {
+                tx.rollback().await?;
+                tracing::info!(
+                    event_id = event.event_id,
+                    attempt,
+                    "payment moved under the event; deciding again"
+                );
+            }
+            Err(err) => {
+                // Dropping the transaction rolls it back; say so explicitly.
+                let _ = tx.rollback().await;
+                return Err(err);
+            }
+        }
+    }
+    Err(ConsumeError::Contended)
+}
+
+/// One attempt. `None`: fenced, roll back and try again.
+async fn consume_in(
+    tx: &DatabaseTransaction,
+    event: ChargeEvent<'_>,
+) -> Result<Option<Outcome>, ConsumeError> {
+    // 1. Dedupe by id. On PostgreSQL a simultaneous twin waits here on our uncommitted
+    //    key, then finds the conflict; on SQLite BEGIN IMMEDIATE already serialized them.
+    if !record_message(tx, event.source, event.event_id).await? {
+        return Ok(Some(Outcome::Duplicate));
+    }
+
+    // The payment the reference names, locked (FOR UPDATE on PostgreSQL) so that the
+    // decision below is taken on the state it will be written over. Lock order is
+    // always payment, then charge row: two events of one payment cannot deadlock.
+    let payment = match Uuid::parse_str(&event.charge.reference) {
+        Ok(id) => {
+            payment::Entity::find_by_id(id)
+                .lock_exclusive()
+                .one(tx)
+                .await?
+        }
+        Err(_) => None,
+    };
+
+    // 2 and 3. Natural upsert of the charge row, advanced only by a higher sequence.
+    if !advance_charge(tx, event, payment.as_ref().map(|p| p.id)).await? {
+        return Ok(Some(Outcome::Stale));
+    }
+    let Some(payment) = payment else {
+        return Ok(Some(Outcome::Orphan));
+    };
+
+    // 4. The absolute state.
+    match decide(&payment, event.charge, event.event_id) {
+        Decision::Keep(why) => {
+            tracing::debug!(event_id = event.event_id, payment_id = %payment.id, why, "event changes nothing");
+            Ok(Some(Outcome::Unchanged))
+        }
+        Decision::Move {
+            event: move_by,
+            changes,
+            reason,
+        } => match store::apply(tx, &payment, move_by, changes, Actor::Webhook, &reason).await? {
+            Written::Applied(moved) => {
+                let to = moved.state.parse().unwrap_or(PaymentState::RevisionManual);
+                if to == PaymentState::RevisionManual {
+                    tracing::warn!(payment_id = %payment.id, reason, "webhook sent the payment to manual review");
+                }
+                Ok(Some(Outcome::Applied(to)))
+            }
+            Written::Fenced => Ok(None),
+        },
+    }
+}
+
+/// Inserts the event id; false when it was there already.
+async fn record_message(tx: &impl ConnectionTrait, source: &str, id: &str) -> Result<bool, DbErr> {
+    let inserted = messages::Entity::insert(messages::ActiveModel {
+        source: Set(source.to_owned()),
+        message_id: Set(id.to_owned()),
+        received_at: Set(now()),
+    })
+    .on_conflict_do_nothing()
+    .exec_without_returning(tx)
+    .await?;
+    Ok(matches!(inserted, TryInsertResult::Inserted(n) if n > 0))
+}
+
+/// Records what the event says about its charge if it is the newest word on it; false
+/// when an event of the same or a higher sequence was applied before (stale).
+async fn advance_charge(
+    tx: &impl ConnectionTrait,
+    event: ChargeEvent<'_>,
+    payment_id: Option<Uuid>,
+) -> Result<bool, DbErr> {
+    let charge = event.charge;
+    let at = now();
+    let inserted = charges::Entity::insert(charges::ActiveModel {
+        source: Set(event.source.to_owned()),
+        charge_id: Set(charge.id.clone()),
+        reference: Set(charge.reference.clone()),
+        payment_id: Set(payment_id),
+        status: Set(status_name(charge.status).to_owned()),
+        amount: Set(charge.amount),
+        currency: Set(charge.currency.clone()),
+        decline_code: Set(charge.decline_code.clone()),
+        last_sequence: Set(event.sequence),
+        last_event_id: Set(event.event_id.to_owned()),
+        first_seen_at: Set(at),
+        updated_at: Set(at),
+    })
+    .on_conflict_do_nothing()
+    .exec_without_returning(tx)
+    .await?;
+    if matches!(inserted, TryInsertResult::Inserted(n) if n > 0) {
+        return Ok(true);
+    }
+    // The row exists: move it forward only from a lower sequence. On PostgreSQL a
+    // concurrent event for the same charge holds the row; this waits, then re-checks the
+    // condition against what it committed.
+    let advanced = charges::Entity::update_many()
+        .col_expr(
+            charges::Column::Reference,
+            Expr::value(charge.reference.clone()),
+        )
+        .col_expr(charges::Column::PaymentId, Expr::value(payment_id))
+        .col_expr(
+            charges::Column::Status,
+            Expr::value(status_name(charge.status)),
+        )
+        .col_expr(charges::Column::Amount, Expr::value(charge.amount))
+        .col_expr(
+            charges::Column::Currency,
+            Expr::value(charge.currency.clone()),
+        )
+        .col_expr(
+            charges::Column::DeclineCode,
+            Expr::value(charge.decline_code.clone()),
+        )
+        .col_expr(charges::Column::LastSequence, Expr::value(event.sequence))
+        .col_expr(charges::Column::LastEventId, Expr::value(event.event_id))
+        .col_expr(charges::Column::UpdatedAt, Expr::value(at))
+        .filter(charges::Column::Source.eq(event.source))
+        .filter(charges::Column::ChargeId.eq(charge.id.clone()))
+        .filter(charges::Column::LastSequence.lt(event.sequence))
+        .exec(tx)
+        .await?;
+    Ok(advanced.rows_affected == 1)
+}
+
+fn log(event: ChargeEvent<'_>, outcome: Outcome) {
+    let charge = event.charge;
+    match outcome {
+        Outcome::Orphan => tracing::warn!(
+            event_id = event.event_id,
+            charge_id = charge.id,
+            reference = charge.reference,
+            status = status_name(charge.status),
+            "orphan charge: no payment has this reference (see runbooks/webhooks.md)"
+        ),
+        _ => tracing::info!(
+            event_id = event.event_id,
+            charge_id = charge.id,
+            reference = charge.reference,
+            sequence = event.sequence,
+            status = status_name(charge.status),
+            outcome = outcome.as_str(),
+            "gateway event consumed"
+        ),
+    }
+}
+
+/// On-call's list of orphan charges: charges no payment of ours matches, oldest first.
+pub async fn orphan_charges(
+    db: &impl ConnectionTrait,
+    limit: u64,
+) -> Result<Vec<charges::Model>, DbErr> {
+    use sea_orm::QueryOrder;
+    charges::Entity::find()
+        .filter(charges::Column::PaymentId.is_null())
+        .order_by_asc(charges::Column::FirstSeenAt)
+        .order_by_asc(charges::Column::Source)
+        .order_by_asc(charges::Column::ChargeId)
+        .limit(limit)
+        .all(db)
+        .await
+}
+
+/// Deletes the ids of events received before `older_than`; returns how many. An event
+/// redelivered after its id is gone is still caught by its charge's sequence.
+pub async fn purge_processed_messages(
+    db: &DatabaseConnection,
+    older_than: chrono::DateTime<chrono::Utc>,
+) -> Result<u64, DbErr> {
+    let deleted = messages::Entity::delete_many()
+        .filter(messages::Column::ReceivedAt.lt(older_than))
+        .exec(db)
+        .await?;
+    Ok(deleted.rows_affected)
+}

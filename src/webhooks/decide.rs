@@ -1,0 +1,284 @@
+//! What a charge event does to its payment. Pure: no I/O, no clock.
+//!
+//! Absolute operations: the event reports the state the charge is in, and the payment is
+//! set to match it through the transition function — never "advanced one step". So an
+//! event applied twice, or after another that already said the same, changes nothing.
+//!
+//! The table, by payment state (rows) and reported charge status (columns):
+//!
+//! | payment         | succeeded                   | declined                 | pending |
+//! | --------------- | --------------------------- | ------------------------ | ------- |
+//! | EN_PROCESO      | REVISION_MANUAL (never sent, yet charged) | keep       | keep    |
+//! | ENVIADA         | COMPLETADA                  | FALLIDA                  | keep    |
+//! | COMPLETADA      | keep                        | REVISION_MANUAL          | keep    |
+//! | FALLIDA         | REVISION_MANUAL             | keep                     | keep    |
+//! | REVISION_MANUAL | keep: on-call owns it       | keep                     | keep    |
+//!
+//! A charge that is not the payment's own (another charge id than the one recorded, or
+//! another amount or currency) never settles it: if it succeeded, money was taken that
+//! does not match, and the payment goes to REVISION_MANUAL; if it is declined or pending,
+//! no money moved and nothing changes.
+
+use crate::entities::payment;
+use crate::gateway::{Charge, ChargeStatus};
+use crate::saga::state::{Event, PaymentState};
+use crate::saga::store::Changes;
+use crate::webhooks::event::status_name;
+
+#[derive(Clone, Debug)]
+pub enum Decision {
+    /// Apply `event` to the payment; `reason` goes to the audit trail.
+    Move {
+        event: Event,
+        changes: Changes,
+        reason: String,
+    },
+    /// The payment already says what the event says, or the event cannot change it.
+    Keep(&'static str),
+}
+
+pub fn decide(p: &payment::Model, charge: &Charge, event_id: &str) -> Decision {
+    use ChargeStatus::*;
+    use PaymentState::*;
+    let state: PaymentState = p.state.parse().unwrap_or(RevisionManual);
+    let said = describe(charge, event_id);
+
+    let foreign_charge = p.gateway_ref.as_deref().is_some_and(|r| r != charge.id);
+    let other_amount = charge.amount != p.amount || charge.currency != p.currency;
+    if foreign_charge || other_amount {
+        if charge.status != Succeeded {
+            return Decision::Keep("a charge that is not this payment's, and no money moved");
+        }
+        let why = if foreign_charge {
+            format!(
+                "{said}, but the payment's charge is {}: a second charge",
+                p.gateway_ref.as_deref().unwrap_or("-")
+            )
+        } else {
+            format!(
+                "{said} for {} {}, but the payment is for {} {}",
+                charge.amount, charge.currency, p.amount, p.currency
+            )
+        };
+        return match state {
+            EnProceso | Enviada => escalate(Event::Escalate, why),
+            Completada | Fallida => escalate(Event::Contradicted, format!("{why}; was {state}")),
+            RevisionManual => Decision::Keep("under review: on-call decides"),
+        };
+    }
+
+    match (state, charge.status) {
+        (_, Pending) => Decision::Keep("the charge is still pending"),
+        (Enviada, Succeeded) => Decision::Move {
+            event: Event::Charged,
+            changes: Changes {
+                gateway_ref: Some(charge.id.clone()),
+                ..Changes::default()
+            },
+            reason: said,
+        },
+        (Enviada, Declined) => {
+            let code = charge
+                .decline_code
+                .clone()
+                .unwrap_or_else(|| "declined".into());
+            Decision::Move {
+                event: Event::Declined,
+                changes: Changes {
+                    gateway_ref: Some(charge.id.clone()),
+                    decline_code: Some(code),
+                    ..Changes::default()
+                },
+                reason: said,
+            }
+        }
+        (Completada, Succeeded) | (Fallida, Declined) => {
+            Decision::Keep("the payment already says so")
+        }
+        // The opposite of a final state: never flipped, on-call decides.
+        (Completada, Declined) | (Fallida, Succeeded) => escalate(
+            Event::Contradicted,
+            format!("{said}, contradicting {state}"),
+        ),
+        // pagos marks a payment ENVIADA before it calls the gateway, so a charge for an
+        // EN_PROCESO payment was not made by this payment's saga.
+        (EnProceso, Succeeded) => escalate(
+            Event::Escalate,
+            format!("{said} for a payment pagos has not sent"),
+        ),
+        (EnProceso, Declined) => Decision::Keep("declined before pagos sent it: no money moved"),
+        (RevisionManual, _) => Decision::Keep("under review: on-call decides"),
+    }
+}
+
+fn escalate(event: Event, reason: String) -> Decision {
+    Decision::Move {
+        event,
+        changes: Changes::default(),
+        reason,
+    }
+}
+
+/// "webhook evt_1: charge ch_1 declined (card_declined)", for the audit trail.
+fn describe(charge: &Charge, event_id: &str) -> String {
+    let code = match (&charge.status, &charge.decline_code) {
+        (ChargeStatus::Declined, Some(code)) => format!(" ({code})"),
+        _ => String::new(),
+    };
+    format!(
+        "webhook {event_id}: charge {} {}{code}",
+        charge.id,
+        status_name(charge.status)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::saga::state::transition;
+    use chrono::Utc;
+    use uuid::Uuid;
+
+    fn payment(state: PaymentState, gateway_ref: Option<&str>) -> payment::Model {
+        let at = Utc::now();
+        payment::Model {
+            id: Uuid::nil(),
+            merchant_id: Uuid::nil(),
+            idempotency_key: "k".into(),
+            credit_id: "42".into(),
+            amount: 250_000,
+            currency: "COP".into(),
+            description: None,
+            state: state.as_str().into(),
+            version: 3,
+            attempts: 1,
+            gateway_key: "gk".into(),
+            gateway_ref: gateway_ref.map(str::to_owned),
+            decline_code: None,
+            next_attempt_at: at,
+            created_at: at,
+            updated_at: at,
+        }
+    }
+
+    fn charge(status: ChargeStatus) -> Charge {
+        Charge {
+            id: "ch_1".into(),
+            status,
+            amount: 250_000,
+            currency: "COP".into(),
+            reference: Uuid::nil().to_string(),
+            decline_code: (status == ChargeStatus::Declined).then(|| "card_declined".into()),
+        }
+    }
+
+    /// Where the decision takes the payment (its own state when kept).
+    fn lands(state: PaymentState, gateway_ref: Option<&str>, c: &Charge) -> PaymentState {
+        match decide(&payment(state, gateway_ref), c, "evt_1") {
+            Decision::Keep(_) => state,
+            Decision::Move { event, .. } => {
+                transition(state, event).expect("the decision is a legal transition")
+            }
+        }
+    }
+
+    #[test]
+    fn the_table_in_the_module_comment_holds() {
+        use ChargeStatus::*;
+        use PaymentState::*;
+        let table = [
+            (EnProceso, [RevisionManual, EnProceso, EnProceso]),
+            (Enviada, [Completada, Fallida, Enviada]),
+            (Completada, [Completada, RevisionManual, Completada]),
+            (Fallida, [RevisionManual, Fallida, Fallida]),
+            (
+                RevisionManual,
+                [RevisionManual, RevisionManual, RevisionManual],
+            ),
+        ];
+        for (state, row) in table {
+            for (status, to) in [Succeeded, Declined, Pending].into_iter().zip(row) {
+                for gateway_ref in [None, Some("ch_1")] {
+                    assert_eq!(
+                        lands(state, gateway_ref, &charge(status)),
+                        to,
+                        "{state} + {status:?} (gateway_ref {gateway_ref:?})"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_settling_event_records_the_charge_and_the_decline_code() {
+        let p = payment(PaymentState::Enviada, None);
+        match decide(&p, &charge(ChargeStatus::Declined), "evt_9") {
+            Decision::Move {
+                event,
+                changes,
+                reason,
+            } => {
+                assert_eq!(event, Event::Declined);
+                assert_eq!(changes.gateway_ref.as_deref(), Some("ch_1"));
+                assert_eq!(changes.decline_code.as_deref(), Some("card_declined"));
+                assert_eq!(
+                    reason,
+                    "webhook evt_9: charge ch_1 declined (card_declined)"
+                );
+            }
+            other => panic!("expected a move, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_contradiction_names_the_event_and_the_state_it_contradicts() {
+        let p = payment(PaymentState::Completada, Some("ch_1"));
+        match decide(&p, &charge(ChargeStatus::Declined), "evt_7") {
+            Decision::Move { event, reason, .. } => {
+                assert_eq!(event, Event::Contradicted);
+                assert!(reason.contains("evt_7"), "{reason}");
+                assert!(reason.contains("COMPLETADA"), "{reason}");
+            }
+            other => panic!("expected a move, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_second_charge_that_succeeded_sends_any_payment_to_review() {
+        use PaymentState::*;
+        let second = charge(ChargeStatus::Succeeded);
+        for (state, to) in [
+            (Enviada, RevisionManual),
+            (Completada, RevisionManual),
+            (Fallida, RevisionManual),
+            (RevisionManual, RevisionManual),
+        ] {
+            assert_eq!(lands(state, Some("ch_0"), &second), to, "{state}");
+        }
+        // Declined or pending: no money moved, and the payment's own charge decides.
+        for status in [ChargeStatus::Declined, ChargeStatus::Pending] {
+            assert_eq!(lands(Enviada, Some("ch_0"), &charge(status)), Enviada);
+        }
+    }
+
+    #[test]
+    fn a_charge_for_another_amount_never_settles_the_payment() {
+        let mut other = charge(ChargeStatus::Succeeded);
+        other.amount = 1;
+        assert_eq!(
+            lands(PaymentState::Enviada, None, &other),
+            PaymentState::RevisionManual
+        );
+        other.status = ChargeStatus::Declined;
+        assert_eq!(
+            lands(PaymentState::Enviada, None, &other),
+            PaymentState::Enviada
+        );
+        let mut other_currency = charge(ChargeStatus::Succeeded);
+        other_currency.currency = "USD".into();
+        assert_eq!(
+            lands(PaymentState::Completada, Some("ch_1"), &other_currency),
+            PaymentState::RevisionManual
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! A gateway event, parsed from bytes whose signature was already verified.
+//!
+//! Pure. Holding a `GatewayEvent` means its fields fit what the consumer stores; a body
+//! that does not parse is refused whole (400), before anything is written.
+
+use crate::gateway::{Charge, ChargeStatus};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The only event type with an effect; others are acknowledged and ignored.
+pub const CHARGE_UPDATED: &str = "charge.updated";
+
+const MAX_ID_LEN: usize = 255;
+const MAX_CURRENCY_LEN: usize = 16;
+const MAX_DECLINE_CODE_LEN: usize = 100;
+
+/// The wire envelope: `{"id":"evt_…","type":"charge.updated","sequence":n,"data":{…}}`.
+/// Unknown fields are allowed: gateways add fields without notice.
+#[derive(Deserialize)]
+struct Envelope {
+    id: String,
+    #[serde(rename = "type")]
+    kind: String,
+    sequence: i64,
+    data: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayEvent {
+    /// The gateway's event id: the dedupe key.
+    pub id: String,
+    /// Increases with each change of one charge: the ordering key.
+    pub sequence: i64,
+    pub payload: Payload,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Payload {
+    /// `charge.updated`: the charge as it stands after the change.
+    ChargeUpdated(Charge),
+    /// A type pagos does not act on (kept for the logs).
+    Other(String),
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EventError(String);
+
+fn bounded(field: &str, value: &str, max: usize) -> Result<(), EventError> {
+    if value.is_empty() {
+        return Err(EventError(format!("`{field}` must not be empty")));
+    }
+    if value.chars().count() > max {
+        return Err(EventError(format!("`{field}` is over {max} characters")));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(EventError(format!(
+            "`{field}` must not contain control characters"
+        )));
+    }
+    Ok(())
+}
+
+impl GatewayEvent {
+    pub fn parse(raw: &[u8]) -> Result<Self, EventError> {
+        let envelope: Envelope = serde_json::from_slice(raw)
+            .map_err(|e| EventError(format!("the body is not a gateway event: {e}")))?;
+        bounded("id", &envelope.id, MAX_ID_LEN)?;
+        if envelope.sequence < 0 {
+            return Err(EventError("`sequence` must not be negative".into()));
+        }
+        let payload = if envelope.kind == CHARGE_UPDATED {
+            let charge: Charge = serde_json::from_value(envelope.data)
+                .map_err(|e| EventError(format!("`data` is not a charge: {e}")))?;
+            bounded("data.id", &charge.id, MAX_ID_LEN)?;
+            // An empty or foreign reference is not malformed: it is an orphan charge.
+            if charge.reference.chars().count() > MAX_ID_LEN {
+                return Err(EventError(format!(
+                    "`data.reference` is over {MAX_ID_LEN} characters"
+                )));
+            }
+            bounded("data.currency", &charge.currency, MAX_CURRENCY_LEN)?;
+            if let Some(code) = &charge.decline_code {
+                bounded("data.declineCode", code, MAX_DECLINE_CODE_LEN)?;
+            }
+            Payload::ChargeUpdated(charge)
+        } else {
+            Payload::Other(envelope.kind.chars().take(64).collect())
+        };
+        Ok(GatewayEvent {
+            id: envelope.id,
+            sequence: envelope.sequence,
+            payload,
+        })
+    }
+}
+
+/// The contract's spelling of a charge status.
+pub fn status_name(status: ChargeStatus) -> &'static str {
+    match status {
+        ChargeStatus::Succeeded => "succeeded",
+        ChargeStatus::Declined => "declined",
+        ChargeStatus::Pending => "pending",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn charge() -> Value {
+        json!({"id":"ch_1","status":"succeeded","amount":250000,"currency":"COP",
+               "reference":"01a236bf-3ba3-730c-b454-685f40f9d62b","declineCode":null})
+    }
+
+    fn parse(v: Value) -> Result<GatewayEvent, EventError> {
+        GatewayEvent::parse(&serde_json::to_vec(&v).expect("json"))
+    }
+
+    #[test]
+    fn the_contract_example_parses() {
+        let event = parse(json!({"id":"evt_1","type":"charge.updated","sequence":2,
+                                 "data":charge(),"livemode":false}))
+        .expect("valid");
+        assert_eq!(event.id, "evt_1");
+        assert_eq!(event.sequence, 2);
+        match event.payload {
+            Payload::ChargeUpdated(c) => assert_eq!(c.status, ChargeStatus::Succeeded),
+            other => panic!("not a charge: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn other_types_parse_without_a_charge() {
+        let event = parse(json!({"id":"evt_2","type":"payout.paid","sequence":1,"data":{}}))
+            .expect("valid");
+        assert_eq!(event.payload, Payload::Other("payout.paid".into()));
+    }
+
+    #[test]
+    fn malformed_events_are_refused() {
+        let mut no_status = charge();
+        no_status["status"] = json!("refunded");
+        let mut long_code = charge();
+        long_code["declineCode"] = json!("x".repeat(101));
+        for bad in [
+            json!([1]),
+            json!({"type":"charge.updated","sequence":1,"data":charge()}),
+            json!({"id":"","type":"charge.updated","sequence":1,"data":charge()}),
+            json!({"id":"evt","type":"charge.updated","data":charge()}),
+            json!({"id":"evt","type":"charge.updated","sequence":-1,"data":charge()}),
+            json!({"id":"evt","type":"charge.updated","sequence":1.5,"data":charge()}),
+            json!({"id":"evt","type":"charge.updated","sequence":"1","data":charge()}),
+            json!({"id":"evt","type":"charge.updated","sequence":1,"data":{}}),
+            json!({"id":"evt","type":"charge.updated","sequence":1,"data":no_status}),
+            json!({"id":"evt","type":"charge.updated","sequence":1,"data":long_code}),
+            json!({"id":"e".repeat(256),"type":"charge.updated","sequence":1,"data":charge()}),
+        ] {
+            assert!(parse(bad.clone()).is_err(), "{bad} must be refused");
+        }
+        assert!(GatewayEvent::parse(b"{not json").is_err());
+        assert!(GatewayEvent::parse(b"").is_err());
+    }
+}

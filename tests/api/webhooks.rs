@@ -1,0 +1,606 @@
+//! Gateway webhooks: signed, delivered at least once and in any order, applied exactly
+//! once. Payments are made pending through `POST /v1/pagos` (wiremock answers `pending`),
+//! then settled by signed events sent over real HTTP.
+
+use crate::helpers::{Backend, Charge, Spawn, TestApp, charges, json, payment_body};
+use crate::on_both_databases;
+use hmac::{Hmac, Mac};
+use pagos::entities::{payment_transition, processed_message, webhook_charge};
+use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder};
+use serde_json::{Value, json};
+use sha2::Sha256;
+
+on_both_databases!(
+    one_event_delivered_ten_times_in_a_row_moves_the_payment_once,
+    one_event_delivered_twenty_times_at_once_moves_the_payment_once,
+    sequence_3_delivered_before_sequence_2_stands,
+    twenty_events_of_one_charge_at_once_leave_the_highest_sequence_standing,
+    a_pending_payment_settled_by_a_webhook_replays_its_frozen_201,
+    a_declined_event_fails_a_pending_payment_and_freezes_its_402,
+    bad_signatures_are_refused_with_401_and_nothing_recorded,
+    a_signed_body_that_is_not_an_event_is_refused_with_400_and_nothing_recorded,
+    webhooks_answer_401_while_no_secret_is_set,
+    a_contradicting_event_sends_a_final_payment_to_manual_review,
+    a_payment_under_manual_review_is_left_to_on_call,
+    a_charge_for_an_unknown_reference_is_acknowledged_and_listed_as_orphan,
+    other_event_types_are_acknowledged_and_ignored,
+    processed_messages_older_than_the_retention_are_purged,
+    the_openapi_document_describes_the_webhook_and_the_orphan_list,
+);
+
+const SECRET: &str = "whsec_test";
+const ADMIN: &str = "adm_test_token";
+/// The charge id of the pending fixture: the payment's `gateway_ref`.
+const CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ3";
+
+async fn spawn(backend: Backend) -> TestApp {
+    Spawn::new(backend)
+        .flags(&["--webhook-secret", SECRET, "--admin-token", ADMIN])
+        .start()
+        .await
+}
+
+/// A payment left ENVIADA by a gateway answering `pending`; returns its id.
+async fn pending_payment(app: &TestApp, key: &str) -> String {
+    charges()
+        .respond_with(Charge::pending())
+        .mount(app.gateway())
+        .await;
+    let answer = app.pay(key, &payment_body()).await;
+    assert_eq!(answer.status(), 202);
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "ENVIADA");
+    body["id"].as_str().expect("id").to_owned()
+}
+
+fn charge(reference: &str, status: &str) -> Value {
+    json!({
+        "id": CHARGE_ID,
+        "status": status,
+        "amount": 250000,
+        "currency": "COP",
+        "reference": reference,
+        "declineCode": (status == "declined").then_some("insufficient_funds"),
+    })
+}
+
+fn event(id: &str, sequence: i64, data: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "id": id, "type": "charge.updated", "sequence": sequence, "data": data,
+    }))
+    .expect("JSON")
+}
+
+/// The header a gateway sends, computed here independently of pagos' own code.
+fn signature(secret: &str, t: i64, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
+    mac.update(format!("{t}.").as_bytes());
+    mac.update(body);
+    format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+async fn deliver_signed(app: &TestApp, body: &[u8], signature: &str) -> reqwest::Response {
+    app.http
+        .post(app.url("/v1/webhooks/http"))
+        .header("Content-Type", "application/json")
+        .header("Gateway-Signature", signature)
+        .body(body.to_vec())
+        .send()
+        .await
+        .expect("delivered")
+}
+
+async fn deliver(app: &TestApp, body: &[u8]) -> reqwest::Response {
+    deliver_signed(app, body, &signature(SECRET, now(), body)).await
+}
+
+async fn outcome(answer: reqwest::Response) -> String {
+    assert_eq!(answer.status(), 200);
+    json(answer).await["resultado"]
+        .as_str()
+        .expect("resultado")
+        .to_owned()
+}
+
+/// (from, to, actor, reason) of the payment's audit trail, oldest first.
+async fn trail(app: &TestApp, id: &str) -> Vec<(Option<String>, String, String, String)> {
+    let id = uuid::Uuid::parse_str(id).expect("uuid");
+    payment_transition::Entity::find()
+        .filter(payment_transition::Column::PaymentId.eq(id))
+        .order_by_asc(payment_transition::Column::CreatedAt)
+        .order_by_asc(payment_transition::Column::Id)
+        .all(&app.db)
+        .await
+        .expect("query")
+        .into_iter()
+        .map(|t| (t.from_state, t.to_state, t.actor, t.reason))
+        .collect()
+}
+
+async fn webhook_moves(app: &TestApp, id: &str) -> Vec<(Option<String>, String, String, String)> {
+    trail(app, id)
+        .await
+        .into_iter()
+        .filter(|t| t.2 == "webhook")
+        .collect()
+}
+
+/// (processed messages, charge rows): what a refused request must leave untouched.
+async fn recorded(app: &TestApp) -> (u64, u64) {
+    let messages = processed_message::Entity::find()
+        .count(&app.db)
+        .await
+        .expect("count");
+    let charges = webhook_charge::Entity::find()
+        .count(&app.db)
+        .await
+        .expect("count");
+    (messages, charges)
+}
+
+async fn one_event_delivered_ten_times_in_a_row_moves_the_payment_once(backend: Backend) {
+    let app = spawn(backend).await;
+    let id = pending_payment(&app, "k-wh-10").await;
+    let body = event("evt_ten", 2, charge(&id, "succeeded"));
+
+    let mut outcomes = Vec::new();
+    for _ in 0..10 {
+        // A fresh signature each time, as a gateway's retry carries.
+        outcomes.push(outcome(deliver(&app, &body).await).await);
+    }
+    assert_eq!(outcomes[0], "aplicado");
+    assert!(
+        outcomes[1..].iter().all(|o| o == "duplicado"),
+        "{outcomes:?}"
+    );
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+    let moves = webhook_moves(&app, &id).await;
+    assert_eq!(moves.len(), 1, "one transition: {moves:?}");
+    assert_eq!(moves[0].0.as_deref(), Some("ENVIADA"));
+    assert_eq!(moves[0].1, "COMPLETADA");
+    assert_eq!(trail(&app, &id).await.len(), 2, "sent, then settled once");
+    assert_eq!(recorded(&app).await, (1, 1));
+}
+
+async fn one_event_delivered_twenty_times_at_once_moves_the_payment_once(backend: Backend) {
+    let app = spawn(backend).await;
+    let id = pending_payment(&app, "k-wh-20").await;
+    let body = event("evt_twenty", 2, charge(&id, "succeeded"));
+    let header = signature(SECRET, now(), &body);
+
+    let deliveries = (0..20).map(|_| deliver_signed(&app, &body, &header));
+    let answers = futures::future::join_all(deliveries).await;
+    let mut outcomes = Vec::new();
+    for answer in answers {
+        outcomes.push(outcome(answer).await);
+    }
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "aplicado").count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "duplicado").count(),
+        19,
+        "{outcomes:?}"
+    );
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+    assert_eq!(webhook_moves(&app, &id).await.len(), 1);
+    assert_eq!(trail(&app, &id).await.len(), 2);
+    assert_eq!(recorded(&app).await, (1, 1));
+}
+
+async fn sequence_3_delivered_before_sequence_2_stands(backend: Backend) {
+    let app = spawn(backend).await;
+    let id = pending_payment(&app, "k-wh-seq").await;
+
+    let third = event("evt_seq_3", 3, charge(&id, "declined"));
+    assert_eq!(outcome(deliver(&app, &third).await).await, "aplicado");
+    // Had it been applied, this older event would contradict FALLIDA.
+    let second = event("evt_seq_2", 2, charge(&id, "succeeded"));
+    assert_eq!(outcome(deliver(&app, &second).await).await, "obsoleto");
+    let first = event("evt_seq_1", 1, charge(&id, "pending"));
+    assert_eq!(outcome(deliver(&app, &first).await).await, "obsoleto");
+    // The same sequence again under another id is no newer either.
+    let again = event("evt_seq_3b", 3, charge(&id, "succeeded"));
+    assert_eq!(outcome(deliver(&app, &again).await).await, "obsoleto");
+
+    let payment = app.payment(&id).await;
+    assert_eq!(payment.state, "FALLIDA");
+    assert_eq!(payment.decline_code.as_deref(), Some("insufficient_funds"));
+    assert_eq!(webhook_moves(&app, &id).await.len(), 1);
+    let row = webhook_charge::Entity::find_by_id(("http".to_owned(), CHARGE_ID.to_owned()))
+        .one(&app.db)
+        .await
+        .expect("query")
+        .expect("charge row");
+    assert_eq!(row.last_sequence, 3);
+    assert_eq!(row.last_event_id, "evt_seq_3");
+    assert_eq!(row.status, "declined");
+    assert_eq!(recorded(&app).await, (4, 1), "each id recorded once");
+}
+
+async fn twenty_events_of_one_charge_at_once_leave_the_highest_sequence_standing(backend: Backend) {
+    let app = spawn(backend).await;
+    let id = pending_payment(&app, "k-wh-race").await;
+    // Sequences 1–19 say pending, 20 says succeeded; sent all at once, highest first.
+    let bodies: Vec<Vec<u8>> = (1..=20)
+        .rev()
+        .map(|seq| {
+            let status = if seq == 20 { "succeeded" } else { "pending" };
+            event(&format!("evt_race_{seq}"), seq, charge(&id, status))
+        })
+        .collect();
+    let answers = futures::future::join_all(bodies.iter().map(|b| deliver(&app, b))).await;
+    for answer in answers {
+        let got = outcome(answer).await;
+        assert!(
+            ["aplicado", "sin_cambios", "obsoleto"].contains(&got.as_str()),
+            "{got}"
+        );
+    }
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+    assert_eq!(webhook_moves(&app, &id).await.len(), 1);
+    let row = webhook_charge::Entity::find_by_id(("http".to_owned(), CHARGE_ID.to_owned()))
+        .one(&app.db)
+        .await
+        .expect("query")
+        .expect("row");
+    assert_eq!((row.status.as_str(), row.last_sequence), ("succeeded", 20));
+    assert_eq!(recorded(&app).await, (20, 1));
+}
+
+async fn a_pending_payment_settled_by_a_webhook_replays_its_frozen_201(backend: Backend) {
+    let app = spawn(backend).await;
+    let id = pending_payment(&app, "k-wh-201").await;
+    let retry = app.pay("k-wh-201", &payment_body()).await;
+    assert_eq!(retry.status(), 202, "still pending before the event");
+
+    let pending = event("evt_p_1", 1, charge(&id, "pending"));
+    assert_eq!(outcome(deliver(&app, &pending).await).await, "sin_cambios");
+    let settled = event("evt_p_2", 2, charge(&id, "succeeded"));
+    assert_eq!(outcome(deliver(&app, &settled).await).await, "aplicado");
+
+    let replay = app.pay("k-wh-201", &payment_body()).await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        replay.headers()["location"].to_str().ok(),
+        Some(format!("/v1/pagos/{id}").as_str())
+    );
+    let first_bytes = replay.bytes().await.expect("body");
+    let replay: Value = serde_json::from_slice(&first_bytes).expect("JSON");
+    assert_eq!(replay["estado"], "COMPLETADA");
+    assert_eq!(replay["gatewayRef"], CHARGE_ID);
+    let again = app.pay("k-wh-201", &payment_body()).await;
+    assert_eq!(again.bytes().await.expect("body"), first_bytes, "frozen");
+
+    let moves = webhook_moves(&app, &id).await;
+    assert_eq!(moves.len(), 1);
+    assert_eq!(
+        moves[0].3,
+        format!("webhook evt_p_2: charge {CHARGE_ID} succeeded")
+    );
+    assert_eq!(app.charges_seen().await.len(), 1, "never charged again");
+}
+
+async fn a_declined_event_fails_a_pending_payment_and_freezes_its_402(backend: Backend) {
+    let app = spawn(backend).await;
+    let id = pending_payment(&app, "k-wh-402").await;
+    let declined = event("evt_d_2", 2, charge(&id, "declined"));
+    assert_eq!(outcome(deliver(&app, &declined).await).await, "aplicado");
+
+    let replay = app.pay("k-wh-402", &payment_body()).await;
+    assert_eq!(replay.status(), 402);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let problem = json(replay).await;
+    assert_eq!(problem["declineCode"], "insufficient_funds");
+    assert_eq!(problem["pago"]["estado"], "FALLIDA");
+}
+
+async fn bad_signatures_are_refused_with_401_and_nothing_recorded(backend: Backend) {
+    let app = spawn(backend).await;
+    let id = pending_payment(&app, "k-wh-401").await;
+    let body = event("evt_forged", 2, charge(&id, "succeeded"));
+    let good = signature(SECRET, now(), &body);
+    let v1 = good.split_once(",v1=").expect("v1").1.to_owned();
+    let mut flipped = v1.clone().into_bytes();
+    flipped[0] = if flipped[0] == b'0' { b'1' } else { b'0' };
+    let flipped = String::from_utf8(flipped).expect("hex");
+    let altered = event("evt_forged", 2, charge(&id, "declined"));
+
+    let cases: Vec<(&str, Vec<u8>, Option<String>)> = vec![
+        ("no signature", body.clone(), None),
+        (
+            "a wrong v1",
+            body.clone(),
+            Some(format!("t={},v1={flipped}", now())),
+        ),
+        (
+            "another secret",
+            body.clone(),
+            Some(signature("whsec_other", now(), &body)),
+        ),
+        (
+            "a timestamp 10 minutes old",
+            body.clone(),
+            Some(signature(SECRET, now() - 600, &body)),
+        ),
+        (
+            "a timestamp 10 minutes ahead",
+            body.clone(),
+            Some(signature(SECRET, now() + 600, &body)),
+        ),
+        (
+            "the body altered after signing",
+            altered,
+            Some(good.clone()),
+        ),
+        ("a malformed header", body.clone(), Some(format!("v1={v1}"))),
+        ("garbage", body.clone(), Some("sha256=abc".into())),
+    ];
+    for (case, body, header) in cases {
+        let mut request = app
+            .http
+            .post(app.url("/v1/webhooks/http"))
+            .header("Content-Type", "application/json")
+            .body(body);
+        if let Some(header) = header {
+            request = request.header("Gateway-Signature", header);
+        }
+        let answer = request.send().await.expect("sent");
+        assert_eq!(answer.status(), 401, "{case}");
+        assert_eq!(
+            answer.headers()["content-type"],
+            "application/problem+json",
+            "{case}"
+        );
+        assert_eq!(
+            json(answer).await["type"],
+            "/problems/unauthorized",
+            "{case}"
+        );
+    }
+    // Two headers, one of them good, are refused too.
+    let answer = app
+        .http
+        .post(app.url("/v1/webhooks/http"))
+        .header("Gateway-Signature", good.as_str())
+        .header("Gateway-Signature", "t=1,v1=00")
+        .body(body.clone())
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(answer.status(), 401);
+
+    assert_eq!(recorded(&app).await, (0, 0), "nothing recorded");
+    assert_eq!(app.payment(&id).await.state, "ENVIADA");
+    assert!(webhook_moves(&app, &id).await.is_empty());
+    // The genuine event still applies afterwards.
+    assert_eq!(outcome(deliver(&app, &body).await).await, "aplicado");
+}
+
+async fn a_signed_body_that_is_not_an_event_is_refused_with_400_and_nothing_recorded(
+    backend: Backend,
+) {
+    let app = spawn(backend).await;
+    let id = pending_payment(&app, "k-wh-400").await;
+    let mut not_a_charge = charge(&id, "succeeded");
+    not_a_charge["status"] = json!("refunded");
+    let bodies: Vec<Vec<u8>> = vec![
+        b"{\"id\":\"evt_1\",\"type\":\"charge.updated\",".to_vec(),
+        b"not json at all".to_vec(),
+        Vec::new(),
+        serde_json::to_vec(&json!({"type":"charge.updated","sequence":1,"data":charge(&id, "succeeded")}))
+            .expect("JSON"),
+        event("evt_bad", 2, not_a_charge),
+        serde_json::to_vec(&json!({"id":"evt_x","type":"charge.updated","sequence":-1,"data":charge(&id, "succeeded")}))
+            .expect("JSON"),
+    ];
+    for body in bodies {
+        let answer = deliver(&app, &body).await;
+        assert_eq!(answer.status(), 400, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(answer.headers()["content-type"], "application/problem+json");
+    }
+    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.payment(&id).await.state, "ENVIADA");
+}
+
+async fn webhooks_answer_401_while_no_secret_is_set(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let body = event("evt_nosecret", 1, charge("anything", "succeeded"));
+    let answer = deliver(&app, &body).await;
+    assert_eq!(answer.status(), 401);
+    let problem = json(answer).await;
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("PAGOS_WEBHOOK_SECRET")),
+        "{problem}"
+    );
+    assert_eq!(recorded(&app).await, (0, 0));
+}
+
+async fn a_contradicting_event_sends_a_final_payment_to_manual_review(backend: Backend) {
+    let app = spawn(backend).await;
+    let id = pending_payment(&app, "k-wh-contra").await;
+    let charged = event("evt_c_2", 2, charge(&id, "succeeded"));
+    assert_eq!(outcome(deliver(&app, &charged).await).await, "aplicado");
+    let declined = event("evt_c_3", 3, charge(&id, "declined"));
+    assert_eq!(
+        outcome(deliver(&app, &declined).await).await,
+        "revision_manual"
+    );
+
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
+    let moves = webhook_moves(&app, &id).await;
+    assert_eq!(moves.len(), 2, "{moves:?}");
+    let (from, to, _, reason) = &moves[1];
+    assert_eq!(from.as_deref(), Some("COMPLETADA"));
+    assert_eq!(to, "REVISION_MANUAL");
+    assert!(reason.contains("evt_c_3"), "{reason}");
+    assert!(reason.contains("declined"), "{reason}");
+    assert!(reason.contains("COMPLETADA"), "{reason}");
+
+    // What the client was told stays what its retries are told.
+    let replay = app.pay("k-wh-contra", &payment_body()).await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(json(replay).await["estado"], "COMPLETADA");
+}
+
+async fn a_payment_under_manual_review_is_left_to_on_call(backend: Backend) {
+    let app = spawn(backend).await;
+    let id = pending_payment(&app, "k-wh-review").await;
+    for (evt, seq, status, expected) in [
+        ("evt_r_2", 2, "declined", "aplicado"),
+        ("evt_r_3", 3, "succeeded", "revision_manual"),
+        ("evt_r_4", 4, "declined", "sin_cambios"),
+        ("evt_r_5", 5, "succeeded", "sin_cambios"),
+    ] {
+        let body = event(evt, seq, charge(&id, status));
+        assert_eq!(outcome(deliver(&app, &body).await).await, expected, "{evt}");
+    }
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
+    assert_eq!(webhook_moves(&app, &id).await.len(), 2);
+    // The gateway's latest word is kept for on-call.
+    let row = webhook_charge::Entity::find_by_id(("http".to_owned(), CHARGE_ID.to_owned()))
+        .one(&app.db)
+        .await
+        .expect("query")
+        .expect("row");
+    assert_eq!((row.status.as_str(), row.last_sequence), ("succeeded", 5));
+}
+
+async fn a_charge_for_an_unknown_reference_is_acknowledged_and_listed_as_orphan(backend: Backend) {
+    let app = spawn(backend).await;
+    let unknown = uuid::Uuid::now_v7().to_string();
+    let mut first = charge(&unknown, "pending");
+    first["id"] = json!("ch_orphan_1");
+    assert_eq!(
+        outcome(deliver(&app, &event("evt_o_1", 1, first)).await).await,
+        "huerfano"
+    );
+    let mut settled = charge(&unknown, "succeeded");
+    settled["id"] = json!("ch_orphan_1");
+    assert_eq!(
+        outcome(deliver(&app, &event("evt_o_2", 2, settled)).await).await,
+        "huerfano"
+    );
+    let mut not_a_uuid = charge("order-77", "succeeded");
+    not_a_uuid["id"] = json!("ch_orphan_2");
+    assert_eq!(
+        outcome(deliver(&app, &event("evt_o_3", 1, not_a_uuid.clone())).await).await,
+        "huerfano"
+    );
+    assert_eq!(
+        outcome(deliver(&app, &event("evt_o_3", 1, not_a_uuid)).await).await,
+        "duplicado"
+    );
+
+    let list = |token: Option<&'static str>, query: &'static str| {
+        let mut request = app
+            .http
+            .get(app.url(&format!("/admin/cargos-huerfanos{query}")));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    assert_eq!(list(None, "").await.expect("sent").status(), 401);
+    assert_eq!(list(Some("wrong"), "").await.expect("sent").status(), 401);
+    for bad in ["?limite=0", "?limite=1001", "?limite=x"] {
+        assert_eq!(
+            list(Some(ADMIN), bad).await.expect("sent").status(),
+            422,
+            "{bad}"
+        );
+    }
+    let answer = list(Some(ADMIN), "").await.expect("sent");
+    assert_eq!(answer.status(), 200);
+    let orphans = json(answer).await;
+    let orphans = orphans.as_array().expect("a list");
+    assert_eq!(orphans.len(), 2, "one row per charge: {orphans:?}");
+    assert_eq!(orphans[0]["cargoId"], "ch_orphan_1", "oldest first");
+    assert_eq!(orphans[0]["referencia"], unknown.as_str());
+    assert_eq!(orphans[0]["estado"], "succeeded", "its latest state");
+    assert_eq!(orphans[0]["ultimaSecuencia"], 2);
+    assert_eq!(orphans[0]["monto"], 250000);
+    assert_eq!(orphans[0]["moneda"], "COP");
+    assert_eq!(orphans[0]["fuente"], "http");
+    assert_eq!(orphans[1]["referencia"], "order-77");
+    let limited = json(list(Some(ADMIN), "?limite=1").await.expect("sent")).await;
+    assert_eq!(limited.as_array().map(Vec::len), Some(1));
+
+    // A known payment's charge is not an orphan.
+    let id = pending_payment(&app, "k-wh-known").await;
+    let known = event("evt_known", 2, charge(&id, "succeeded"));
+    assert_eq!(outcome(deliver(&app, &known).await).await, "aplicado");
+    let orphans = json(list(Some(ADMIN), "").await.expect("sent")).await;
+    assert_eq!(orphans.as_array().map(Vec::len), Some(2));
+}
+
+async fn other_event_types_are_acknowledged_and_ignored(backend: Backend) {
+    let app = spawn(backend).await;
+    let body = serde_json::to_vec(
+        &json!({"id":"evt_payout","type":"payout.paid","sequence":1,"data":{"amount":5}}),
+    )
+    .expect("JSON");
+    assert_eq!(outcome(deliver(&app, &body).await).await, "ignorado");
+    assert_eq!(recorded(&app).await, (0, 0));
+}
+
+async fn processed_messages_older_than_the_retention_are_purged(backend: Backend) {
+    let app = spawn(backend).await;
+    let id = pending_payment(&app, "k-wh-purge").await;
+    let body = event("evt_purge", 2, charge(&id, "succeeded"));
+    assert_eq!(outcome(deliver(&app, &body).await).await, "aplicado");
+
+    let week_ago = chrono::Utc::now() - chrono::TimeDelta::days(7);
+    let kept = pagos::webhooks::purge_processed_messages(&app.db, week_ago)
+        .await
+        .expect("purge");
+    assert_eq!(kept, 0, "a fresh id is kept");
+    assert_eq!(recorded(&app).await.0, 1);
+
+    let later = chrono::Utc::now() + chrono::TimeDelta::seconds(1);
+    let purged = pagos::webhooks::purge_processed_messages(&app.db, later)
+        .await
+        .expect("purge");
+    assert_eq!(purged, 1);
+    assert_eq!(recorded(&app).await, (0, 1), "charge rows are kept");
+
+    // Redelivered after its id is gone: the charge's sequence still stops it.
+    assert_eq!(outcome(deliver(&app, &body).await).await, "obsoleto");
+    assert_eq!(webhook_moves(&app, &id).await.len(), 1);
+}
+
+async fn the_openapi_document_describes_the_webhook_and_the_orphan_list(backend: Backend) {
+    let app = Spawn::new(backend).sandbox().start().await;
+    let doc = json(
+        app.http
+            .get(app.url("/openapi.json"))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    let webhook = &doc["paths"]["/v1/webhooks/http"]["post"];
+    let header = webhook["parameters"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "Gateway-Signature"))
+        .expect("Gateway-Signature is documented");
+    assert_eq!(header["in"], "header");
+    for status in ["200", "400", "401", "503"] {
+        assert!(
+            webhook["responses"][status].is_object(),
+            "{status} documented"
+        );
+    }
+    let orphans = &doc["paths"]["/admin/cargos-huerfanos"]["get"];
+    assert!(orphans["responses"]["200"].is_object());
+    assert!(orphans["security"].is_array(), "admin token required");
+}
