@@ -311,37 +311,59 @@ pub struct SandboxArgs {
 
 /// Turns a clap error into the one line the contract asks for, naming flag and env var.
 pub fn one_line_error(err: &clap::Error) -> String {
+    one_line_error_in(err, std::env::args().skip(1))
+}
+
+/// As `one_line_error`, for the command line `args` (without the program name): the
+/// subcommand they name decides which env var a flag reads.
+pub fn one_line_error_in(err: &clap::Error, args: impl IntoIterator<Item = String>) -> String {
     let rendered = err.render().to_string();
-    let first = rendered
-        .lines()
+    let mut lines = rendered.lines();
+    let mut first = lines
         .next()
         .unwrap_or("invalid command line")
         .trim_start_matches("error: ")
         .to_owned();
-    let env = flag_in(&first)
-        .and_then(|flag| env_of_flag(&<Cli as clap::CommandFactory>::command(), &flag));
+    if first.ends_with(':') {
+        // "the following required arguments were not provided:" lists them below.
+        let listed: Vec<&str> = lines
+            .take_while(|l| !l.trim().is_empty())
+            .map(str::trim)
+            .collect();
+        first = format!("{} {}", first, listed.join(", "));
+    }
+    let root = <Cli as clap::CommandFactory>::command();
+    let command = subcommand_of(&root, args);
+    let env = flag_in(&first).and_then(|flag| env_of_flag(command, &flag));
     match env {
         Some(env) => format!("pagos: invalid setting {env}: {first}"),
         None => format!("pagos: {first}"),
     }
 }
 
+/// The deepest subcommand that `args` name.
+fn subcommand_of(root: &clap::Command, args: impl IntoIterator<Item = String>) -> &clap::Command {
+    let mut command = root;
+    for arg in args {
+        if let Some(sub) = command.find_subcommand(&arg) {
+            command = sub;
+        }
+    }
+    command
+}
+
 fn flag_in(line: &str) -> Option<String> {
-    let start = line.find("'--")? + 3;
+    let start = line.find("--")? + 2;
     let rest = &line[start..];
-    let end = rest.find([' ', '\'', '=']).unwrap_or(rest.len());
+    let end = rest.find([' ', '\'', '=', '<', ',']).unwrap_or(rest.len());
     Some(rest[..end].to_owned())
 }
 
 fn env_of_flag(cmd: &clap::Command, flag: &str) -> Option<String> {
-    for arg in cmd.get_arguments() {
-        if arg.get_long() == Some(flag)
-            && let Some(env) = arg.get_env()
-        {
-            return Some(env.to_string_lossy().into_owned());
-        }
-    }
-    cmd.get_subcommands().find_map(|sub| env_of_flag(sub, flag))
+    cmd.get_arguments()
+        .find(|arg| arg.get_long() == Some(flag))
+        .and_then(|arg| arg.get_env())
+        .map(|env| env.to_string_lossy().into_owned())
 }
 
 #[cfg(test)]
@@ -378,10 +400,26 @@ mod tests {
     #[test]
     fn a_bad_duration_is_one_line_naming_flag_and_env() {
         let err = parse(&["serve", "--gateway-timeout", "soon"]).expect_err("refused");
-        let line = one_line_error(&err);
+        let line = one_line_error_in(&err, ["serve".to_owned()]);
         assert!(line.contains("PAGOS_GATEWAY_TIMEOUT"), "{line}");
         assert!(line.contains("--gateway-timeout"), "{line}");
         assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn a_missing_required_flag_is_named_on_the_one_line() {
+        let err = parse(&["reconcile"]).expect_err("refused");
+        let line = one_line_error_in(&err, ["reconcile".to_owned()]);
+        assert!(line.contains("--once"), "{line}");
+        assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn the_env_var_named_is_the_one_of_the_subcommand_used() {
+        let err =
+            parse(&["merchants", "add", "x", "--database-pool-size", "0"]).expect_err("refused");
+        let line = one_line_error_in(&err, ["merchants".to_owned(), "add".to_owned()]);
+        assert!(line.contains("PAGOS_DATABASE_POOL_SIZE"), "{line}");
     }
 
     #[test]

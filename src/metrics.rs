@@ -101,7 +101,7 @@ impl Metrics {
         let webhook_events = Family::<OutcomeLabel, Counter>::default();
         registry.register(
             "webhook_events",
-            "Gateway webhook deliveries by outcome",
+            "Gateway webhook deliveries by outcome (aplicado, duplicado, obsoleto, huerfano, refused_signature, …)",
             webhook_events.clone(),
         );
         let keys_purged = Counter::default();
@@ -138,6 +138,12 @@ impl Metrics {
 
     pub fn idempotency_outcome(&self, outcome: &'static str) {
         self.idempotency
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    pub fn webhook_event(&self, outcome: &'static str) {
+        self.webhook_events
             .get_or_create(&OutcomeLabel { outcome })
             .inc();
     }

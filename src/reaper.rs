@@ -1,4 +1,5 @@
-//! The key reaper: deletes idempotency keys past their retention whose payment is final.
+//! The reaper: deletes idempotency keys past their retention whose payment is final, and
+//! processed webhook ids past theirs.
 //!
 //! It never deletes a key whose answer is not frozen or whose payment is still in flight:
 //! that key is what stops a retry from making a second payment. A key reused after it
@@ -33,12 +34,25 @@ pub async fn purge_keys(
     Ok(deleted.rows_affected)
 }
 
+/// Deletes expired idempotency keys of final payments and webhook ids past their
+/// retention (a redelivery after that is still stopped by the per-charge sequence).
 pub async fn run(app: &App) -> Result<(), DbErr> {
-    let cutoff = crate::db::now() - chrono_after(app.settings.key_retention);
-    let purged = purge_keys(&app.db, cutoff).await?;
+    let now = crate::db::now();
+    let purged = purge_keys(&app.db, now - chrono_after(app.settings.key_retention)).await?;
     if purged > 0 {
         app.metrics.keys_purged.inc_by(purged);
         tracing::info!(purged, "idempotency keys past retention deleted");
+    }
+    let messages = crate::webhooks::purge_processed_messages(
+        &app.db,
+        now - chrono_after(app.settings.message_retention),
+    )
+    .await?;
+    if messages > 0 {
+        tracing::info!(
+            purged = messages,
+            "processed webhook ids past retention deleted"
+        );
     }
     Ok(())
 }

@@ -439,7 +439,7 @@ pub fn money(minor: i64, currency: Currency) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Cli, Command, one_line_error};
+    use crate::config::{Cli, Command, one_line_error_in};
     use clap::Parser;
 
     fn parse(args: &[&str]) -> Result<PayArgs, clap::Error> {
@@ -493,7 +493,7 @@ mod tests {
             let mut args = PAY.to_vec();
             args.extend([flag, value]);
             let err = parse(&args).expect_err("refused");
-            let line = one_line_error(&err);
+            let line = one_line_error_in(&err, ["pay".to_owned()]);
             assert!(line.contains(env), "{flag} {value}: {line}");
             assert!(line.contains(flag), "{line}");
             assert!(!line.contains('\n'), "{line}");

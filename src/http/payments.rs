@@ -256,7 +256,9 @@ async fn create_payment(
         }
         Begin::InFlight { retry_after } => {
             tracing::info!(key_hash, "duplicate while the first request is in flight");
-            let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            // The lease bounds how long the first request can take; most finish far
+            // sooner, so suggest a short wait (a 409 costs one query).
+            let seconds = retry_after.as_secs_f64().ceil().clamp(1.0, 2.0) as u64;
             Err(Problem::new(Kind::RequestInFlight)
                 .detail("The first request with this Idempotency-Key is still being processed. Retry after the time in Retry-After.")
                 .retry_after(seconds)

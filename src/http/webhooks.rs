@@ -130,12 +130,17 @@ async fn receive_http_event(
     if let Err(err) = signature::verify_header(values, secret.as_bytes(), &raw, unix_now()) {
         // Never log the header or the body: they are an attacker's to choose.
         tracing::warn!(reason = %err, kind = signature_failure(err), "webhook signature refused");
+        state.metrics.webhook_event(match err {
+            SignatureError::OutsideTolerance => "refused_timestamp",
+            _ => "refused_signature",
+        });
         return Err(unauthorized(format!(
             "{err}. Sign \"<t>.<raw body>\" with HMAC-SHA256 and the shared secret."
         )));
     }
     let event = GatewayEvent::parse(&raw).map_err(|err| {
         tracing::warn!(error = %err, "signed webhook is not a gateway event");
+        state.metrics.webhook_event("malformed");
         ApiError::from(
             Problem::new(Kind::MalformedJson).detail(format!("{err}. Nothing was recorded.")),
         )
@@ -144,6 +149,7 @@ async fn receive_http_event(
         Payload::ChargeUpdated(charge) => charge,
         Payload::Other(kind) => {
             tracing::info!(event_id = event.id, kind, "event type ignored");
+            state.metrics.webhook_event("ignorado");
             return Ok(acknowledge("ignorado"));
         }
     };
@@ -158,8 +164,12 @@ async fn receive_http_event(
     )
     .await;
     match consumed {
-        Ok(outcome) => Ok(acknowledge(outcome.as_str())),
+        Ok(outcome) => {
+            state.metrics.webhook_event(outcome.as_str());
+            Ok(acknowledge(outcome.as_str()))
+        }
         Err(err) => {
+            state.metrics.webhook_event("error");
             tracing::error!(event_id = event.id, error = %err, "webhook could not be applied; the gateway will deliver it again");
             Err(Problem::new(Kind::Unavailable)
                 .detail(
