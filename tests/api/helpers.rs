@@ -455,6 +455,34 @@ impl FakeGateway {
         self.lock().lookups_fail = fail;
     }
 
+    pub fn clear_delay(&self) {
+        self.lock().charge_delay = Duration::ZERO;
+    }
+
+    /// Charges made, all references together.
+    pub fn total_charges(&self) -> usize {
+        self.lock().by_reference.values().map(Vec::len).sum()
+    }
+
+    /// A charge the provider already holds for `reference` (made before the test looks).
+    pub fn preload(&self, reference: &str, status: &'static str) {
+        let mut state = self.lock();
+        state.next += 1;
+        let charge = json!({
+            "id": format!("ch_pre_{}", state.next),
+            "status": status,
+            "amount": 250000,
+            "currency": "COP",
+            "reference": reference,
+            "declineCode": null,
+        });
+        state
+            .by_reference
+            .entry(reference.to_owned())
+            .or_default()
+            .push(charge);
+    }
+
     /// Charges made for a payment id.
     pub fn charges_for(&self, reference: &str) -> usize {
         self.lock().by_reference.get(reference).map_or(0, Vec::len)

@@ -5,9 +5,11 @@
 mod helpers;
 
 mod bad_input;
+mod crash;
 mod gateway_faults;
 mod merchants;
 mod ops;
 mod payments;
+mod process;
 mod reconciler;
 mod webhooks;

@@ -1,0 +1,376 @@
+//! Crashes at every step of the saga, with real processes: the seed's row "Fallo tras
+//! registrar la clave y antes de completar: el reintento no duplica".
+//!
+//! pagos is started, made to abort at a failpoint (or SIGKILLed), restarted, and
+//! reconciled; the payment must end final with at most one charge at the gateway, and a
+//! retry of the client's key must get the final answer.
+
+use crate::helpers::{API_KEY, Backend, FakeGateway, TestDatabase, json, payment_body};
+use crate::on_both_databases;
+use crate::process::{Serve, reconcile_once};
+use pagos::entities::payment;
+use sea_orm::{DatabaseConnection, EntityTrait};
+use std::time::Duration;
+use wiremock::MockServer;
+
+on_both_databases!(
+    a_crash_after_registering_is_sent_once_by_the_reconciler,
+    a_crash_after_marking_sent_is_resent_with_the_same_key_once,
+    a_crash_after_the_gateway_charged_is_settled_from_the_provider_without_a_second_charge,
+    a_server_killed_while_the_gateway_holds_the_answer_settles_with_one_charge,
+    a_client_retry_after_a_crash_settles_the_payment_at_once,
+);
+
+/// Shared flags: a lease short enough to wait out in a test.
+const LEASE: Duration = Duration::from_millis(1000);
+
+struct World {
+    database: TestDatabase,
+    db: DatabaseConnection,
+    gateway: MockServer,
+    fake: FakeGateway,
+}
+
+impl World {
+    async fn new(backend: Backend, fake: FakeGateway) -> World {
+        let database = TestDatabase::create(&backend).await;
+        let settings = crate::helpers::settings(&database.url, &[]);
+        let db = pagos::app::open_and_migrate(&settings.database)
+            .await
+            .expect("database");
+        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
+            .await
+            .expect("merchant");
+        let gateway = MockServer::start().await;
+        fake.mount(&gateway).await;
+        World {
+            database,
+            db,
+            gateway,
+            fake,
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        [
+            "--database-url",
+            &self.database.url,
+            "--gateway",
+            "http",
+            "--gateway-url",
+            &self.gateway.uri(),
+            "--gateway-timeout",
+            "300ms",
+            "--gateway-retries",
+            "0",
+            "--lease",
+            "1s",
+            "--stale-after",
+            "200ms",
+            "--reconcile-every",
+            "1h",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    async fn serve(&self, env: &[(&str, &str)]) -> Serve {
+        let args = self.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Serve::start(&args, env).await
+    }
+
+    async fn reconcile(&self) -> serde_json::Value {
+        let args = self.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        reconcile_once(&args).await
+    }
+
+    async fn only_payment(&self) -> payment::Model {
+        let all = payment::Entity::find().all(&self.db).await.expect("query");
+        assert_eq!(all.len(), 1, "one payment registered");
+        all.into_iter().next().expect("one")
+    }
+}
+
+async fn pay(url: &str, key: &str) -> Result<reqwest::Response, reqwest::Error> {
+    reqwest::Client::new()
+        .post(format!("{url}/v1/pagos"))
+        .bearer_auth(API_KEY)
+        .header("Idempotency-Key", key)
+        .json(&payment_body())
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+}
+
+/// Makes a payment against a server that aborts at `failpoint`; returns the payment as
+/// the crash left it.
+async fn crash_at(world: &World, failpoint: &str) -> payment::Model {
+    let mut doomed = world.serve(&[("PAGOS_CRASH_AT", failpoint)]).await;
+    let answer = pay(&doomed.url, "k-crash").await;
+    assert!(
+        answer.is_err(),
+        "the server died before answering: {answer:?}"
+    );
+    assert!(
+        doomed.ended_by_itself(Duration::from_secs(5)).await,
+        "pagos aborted at {failpoint}:\n{}",
+        doomed.logs()
+    );
+    world.only_payment().await
+}
+
+async fn settles_with_one_charge_and_the_retry_gets_the_final_answer(
+    world: &World,
+    id: uuid::Uuid,
+) {
+    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    let report = world.reconcile().await;
+    assert_eq!(report["examinados"], 1, "{report}");
+    assert_eq!(report["completados"], 1, "{report}");
+    let settled = world.only_payment().await;
+    assert_eq!(settled.state, "COMPLETADA");
+    assert_eq!(
+        world.fake.charges_for(&id.to_string()),
+        1,
+        "exactly one charge at the gateway"
+    );
+
+    let server = world.serve(&[]).await;
+    let retry = pay(&server.url, "k-crash").await.expect("answered");
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(retry).await["id"], id.to_string());
+    assert_eq!(world.fake.charges_for(&id.to_string()), 1);
+}
+
+async fn a_crash_after_registering_is_sent_once_by_the_reconciler(backend: Backend) {
+    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
+    let left = crash_at(&world, "after_register").await;
+    assert_eq!(left.state, "EN_PROCESO");
+    assert_eq!(
+        world.fake.charges_for(&left.id.to_string()),
+        0,
+        "never sent"
+    );
+    settles_with_one_charge_and_the_retry_gets_the_final_answer(&world, left.id).await;
+}
+
+async fn a_crash_after_marking_sent_is_resent_with_the_same_key_once(backend: Backend) {
+    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
+    let left = crash_at(&world, "after_mark_sent").await;
+    assert_eq!(left.state, "ENVIADA");
+    assert_eq!(
+        world.fake.charges_for(&left.id.to_string()),
+        0,
+        "died before the call"
+    );
+    settles_with_one_charge_and_the_retry_gets_the_final_answer(&world, left.id).await;
+    let keys: Vec<String> = world
+        .gateway
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.method.as_str() == "POST")
+        .map(|r| {
+            r.headers["idempotency-key"]
+                .to_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        vec![left.gateway_key.clone()],
+        "one send, with the payment's gateway key"
+    );
+}
+
+async fn a_crash_after_the_gateway_charged_is_settled_from_the_provider_without_a_second_charge(
+    backend: Backend,
+) {
+    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
+    let left = crash_at(&world, "after_gateway_response").await;
+    assert_eq!(left.state, "ENVIADA");
+    assert_eq!(
+        world.fake.charges_for(&left.id.to_string()),
+        1,
+        "charged, then the crash"
+    );
+    settles_with_one_charge_and_the_retry_gets_the_final_answer(&world, left.id).await;
+    let posts = world
+        .gateway
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.method.as_str() == "POST")
+        .count();
+    assert_eq!(posts, 1, "settled from the lookup, never sent again");
+}
+
+async fn a_server_killed_while_the_gateway_holds_the_answer_settles_with_one_charge(
+    backend: Backend,
+) {
+    let fake = FakeGateway::charging("succeeded").with_delay(Duration::from_secs(3));
+    let world = World::new(backend, fake).await;
+    let mut server = world.serve(&[]).await;
+    let url = server.url.clone();
+    let in_flight = tokio::spawn(async move { pay(&url, "k-crash").await });
+    // The charge is made at the gateway; its answer is held back; the server dies.
+    for _ in 0..50 {
+        if world.fake.total_charges() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(world.fake.total_charges(), 1);
+    server.kill().await;
+    assert!(
+        in_flight.await.expect("joined").is_err(),
+        "the client saw the crash"
+    );
+    let left = world.only_payment().await;
+    assert_eq!(left.state, "ENVIADA");
+    world.fake.clear_delay();
+    settles_with_one_charge_and_the_retry_gets_the_final_answer(&world, left.id).await;
+}
+
+async fn a_client_retry_after_a_crash_settles_the_payment_at_once(backend: Backend) {
+    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
+    let left = crash_at(&world, "after_mark_sent").await;
+    let server = world.serve(&[]).await;
+    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    // No reconciliation pass runs (period 1h): the retry itself finds the lease expired.
+    let retry = pay(&server.url, "k-crash").await.expect("answered");
+    assert_eq!(retry.status(), 201, "{}", server.logs());
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let body = json(retry).await;
+    assert_eq!(body["estado"], "COMPLETADA");
+    assert_eq!(body["id"], left.id.to_string());
+    assert_eq!(world.fake.charges_for(&left.id.to_string()), 1);
+}
+
+/// Three `pagos serve` processes on one PostgreSQL share 500 due payments: each is looked
+/// up exactly once, resent at most once, and ends final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_processes_decide_every_due_payment_exactly_once() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
+    let merchant = pagos::entities::merchant::Entity::find()
+        .one(&world.db)
+        .await
+        .expect("query")
+        .expect("merchant")
+        .id;
+    // 500 payments left ENVIADA by crashes: half were charged before the crash, half never
+    // reached the gateway.
+    let at = pagos::db::now() - chrono::TimeDelta::minutes(5);
+    let mut rows = Vec::new();
+    for n in 0..500 {
+        let id = uuid::Uuid::now_v7();
+        if n % 2 == 0 {
+            world.fake.preload(&id.to_string(), "succeeded");
+        }
+        rows.push(payment::ActiveModel::from(payment::Model {
+            id,
+            merchant_id: merchant,
+            idempotency_key: format!("k-{n}"),
+            credit_id: "42".into(),
+            amount: 250000,
+            currency: "COP".into(),
+            description: None,
+            state: "ENVIADA".into(),
+            version: 1,
+            attempts: 1,
+            gateway_key: format!("pagos-test-{n}"),
+            gateway_ref: None,
+            decline_code: None,
+            next_attempt_at: at,
+            created_at: at,
+            updated_at: at,
+        }));
+    }
+    for chunk in rows.chunks(100) {
+        payment::Entity::insert_many(chunk.to_vec())
+            .exec_without_returning(&world.db)
+            .await
+            .expect("seed");
+    }
+
+    let mut args = world.args();
+    for arg in &mut args {
+        if arg == "1h" {
+            *arg = "100ms".into(); // --reconcile-every
+        }
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut extra = args.clone();
+    extra.extend(["--reconcile-concurrency", "8"]);
+    let servers = [
+        Serve::start(&extra, &[]).await,
+        Serve::start(&extra, &[]).await,
+        Serve::start(&extra, &[]).await,
+    ];
+
+    let mut open = u64::MAX;
+    for _ in 0..600 {
+        use sea_orm::{ColumnTrait, PaginatorTrait, QueryFilter};
+        open = payment::Entity::find()
+            .filter(payment::Column::State.is_in(["EN_PROCESO", "ENVIADA"]))
+            .count(&world.db)
+            .await
+            .expect("count");
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(open, 0, "every payment final; logs:\n{}", servers[0].logs());
+    drop(servers);
+
+    let all = payment::Entity::find().all(&world.db).await.expect("query");
+    assert!(all.iter().all(|p| p.state == "COMPLETADA"));
+    let requests = world.gateway.received_requests().await.unwrap_or_default();
+    let mut lookups = std::collections::HashMap::<String, usize>::new();
+    let mut sends = std::collections::HashMap::<String, usize>::new();
+    for request in &requests {
+        match request.method.as_str() {
+            "GET" => {
+                let reference = request
+                    .url
+                    .query_pairs()
+                    .find(|(k, _)| k == "reference")
+                    .map(|(_, v)| v.into_owned())
+                    .unwrap_or_default();
+                *lookups.entry(reference).or_default() += 1;
+            }
+            _ => {
+                let body: serde_json::Value =
+                    serde_json::from_slice(&request.body).unwrap_or_default();
+                *sends
+                    .entry(body["reference"].as_str().unwrap_or("").to_owned())
+                    .or_default() += 1;
+            }
+        }
+    }
+    assert_eq!(lookups.len(), 500);
+    assert!(
+        lookups.values().all(|n| *n == 1),
+        "each payment looked up exactly once"
+    );
+    assert_eq!(sends.len(), 250, "only the never-charged half was resent");
+    assert!(sends.values().all(|n| *n == 1), "each resent exactly once");
+    for p in &all {
+        assert_eq!(
+            world.fake.charges_for(&p.id.to_string()),
+            1,
+            "one charge per payment"
+        );
+    }
+}
