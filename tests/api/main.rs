@@ -5,6 +5,7 @@
 mod helpers;
 
 mod bad_input;
+mod cli;
 mod crash;
 mod gateway_faults;
 mod merchants;
