@@ -61,10 +61,13 @@ pub async fn charge(
     req: &ChargeRequest,
     policy: RetryPolicy,
 ) -> ChargeOutcome {
+    // Set once a try ended with the charge's existence unknown.
+    let uncertain = std::sync::atomic::AtomicBool::new(false);
     let result = (|| gateway.charge(req))
         .retry(policy.backoff())
         .when(GatewayError::is_retryable)
         .notify(|err, delay| {
+            uncertain.store(true, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(payment_id = %req.reference, error = %err, retry_in = ?delay, "gateway call failed, retrying with the same key");
         })
         .await;
@@ -74,9 +77,109 @@ pub async fn charge(
             ChargeStatus::Declined => ChargeOutcome::Declined(charge),
             ChargeStatus::Pending => ChargeOutcome::Pending(charge),
         },
+        // A refusal proves no charge was made only if no earlier try may have made one.
+        Err(GatewayError::Rejected { status, detail })
+            if uncertain.load(std::sync::atomic::Ordering::Relaxed) =>
+        {
+            ChargeOutcome::Unknown(format!(
+                "refused with {status} after a try whose outcome is unknown: {detail}"
+            ))
+        }
         Err(GatewayError::Rejected { status, detail }) => {
             ChargeOutcome::Rejected { status, detail }
         }
         Err(GatewayError::Unknown(why)) => ChargeOutcome::Unknown(why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::Charge;
+    use async_trait::async_trait;
+    use std::sync::Mutex;
+    use uuid::Uuid;
+
+    /// Answers each try with the next scripted result; counts the tries.
+    struct Scripted(
+        Mutex<Vec<Result<Charge, GatewayError>>>,
+        std::sync::atomic::AtomicUsize,
+    );
+
+    fn scripted(script: Vec<Result<Charge, GatewayError>>) -> Scripted {
+        Scripted(Mutex::new(script), std::sync::atomic::AtomicUsize::new(0))
+    }
+
+    #[async_trait]
+    impl Gateway for Scripted {
+        async fn charge(&self, _req: &ChargeRequest) -> Result<Charge, GatewayError> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut script = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            if script.is_empty() {
+                return Err(GatewayError::Unknown("script ended".into()));
+            }
+            script.remove(0)
+        }
+
+        async fn lookup(&self, _reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
+            Ok(vec![])
+        }
+    }
+
+    fn request() -> ChargeRequest {
+        ChargeRequest {
+            gateway_key: "k".into(),
+            amount: 1,
+            currency: "COP".into(),
+            reference: Uuid::nil(),
+            description: None,
+        }
+    }
+
+    fn fast(retries: usize) -> RetryPolicy {
+        RetryPolicy {
+            retries,
+            min_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(2),
+        }
+    }
+
+    fn rejected() -> GatewayError {
+        GatewayError::Rejected {
+            status: 400,
+            detail: "bad".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_on_the_first_try_means_no_charge() {
+        let gateway = scripted(vec![Err(rejected())]);
+        let outcome = charge(&gateway, &request(), fast(3)).await;
+        assert!(matches!(
+            outcome,
+            ChargeOutcome::Rejected { status: 400, .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_refusal_after_an_unknown_try_stays_unknown() {
+        let gateway = scripted(vec![
+            Err(GatewayError::Unknown("timed out".into())),
+            Err(rejected()),
+        ]);
+        let outcome = charge(&gateway, &request(), fast(3)).await;
+        assert!(matches!(outcome, ChargeOutcome::Unknown(_)), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn retries_stop_at_the_budget() {
+        let gateway = scripted(vec![]);
+        let outcome = charge(&gateway, &request(), fast(2)).await;
+        assert!(matches!(outcome, ChargeOutcome::Unknown(_)));
+        assert_eq!(
+            gateway.1.load(std::sync::atomic::Ordering::Relaxed),
+            3,
+            "one try and two retries"
+        );
     }
 }
