@@ -67,6 +67,44 @@ pub fn gateway_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
     })
 }
 
+/// Records which gateway this database's payments go through, on first use, and refuses
+/// to run with another: a sandbox started by mistake on a production database would
+/// "settle" every payment in flight without asking the real provider.
+pub async fn pin_gateway(db: &DatabaseConnection, settings: &Settings) -> anyhow::Result<()> {
+    use crate::entities::instance_fact as facts;
+    use clap::ValueEnum;
+    let kind = settings
+        .gateway
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default();
+    facts::Entity::insert(facts::ActiveModel {
+        name: Set("gateway".to_owned()),
+        value: Set(kind.clone()),
+        recorded_at: Set(db::now()),
+    })
+    .on_conflict_do_nothing()
+    .exec_without_returning(db)
+    .await?;
+    let pinned = facts::Entity::find_by_id("gateway".to_owned())
+        .one(db)
+        .await?
+        .map(|fact| fact.value)
+        .unwrap_or_else(|| kind.clone());
+    if pinned != kind {
+        return Err(crate::config::SettingError {
+            env: "PAGOS_GATEWAY",
+            flag: "gateway",
+            message: format!(
+                "this database's payments go through the {pinned:?} gateway, not {kind:?}; \
+                 settle or move them first (runbooks/gateway-outage.md, \"Changing gateways\")"
+            ),
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// Builds the application over an open database.
 pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gateway>) -> AppState {
     let metrics = Arc::new(Metrics::new());
@@ -98,6 +136,7 @@ pub const DEMO_API_KEY: &str = "sk_sandbox_demo";
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let db = open_and_migrate(&settings.database).await?;
+    pin_gateway(&db, &settings).await?;
     if settings.gateway == GatewayKind::Sandbox {
         ensure_demo_merchant(&db).await?;
     }
@@ -132,6 +171,7 @@ async fn ensure_demo_merchant(db: &DatabaseConnection) -> anyhow::Result<()> {
 /// `pagos reconcile --once`: one pass, the report as JSON on stdout.
 pub async fn reconcile_once(settings: Settings) -> anyhow::Result<std::process::ExitCode> {
     let db = open_and_migrate(&settings.database).await?;
+    pin_gateway(&db, &settings).await?;
     let gateway = gateway_from(&settings)?;
     let state = build(db, settings, gateway);
     let report = reconciler::run_pass(&state)

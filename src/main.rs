@@ -26,7 +26,11 @@ async fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("pagos: {err:#}");
-            ExitCode::FAILURE
+            if err.downcast_ref::<pagos::config::SettingError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -64,7 +68,13 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::SandboxGateway(args) => pagos::gateway::sandbox_server::run(args).await?,
         Command::Pay(args) => return pagos::client::cli::run(args).await,
-        Command::Reconcile(args) => return app::reconcile_once(*args.settings).await,
+        Command::Reconcile(args) => {
+            if let Err(err) = args.settings.validate() {
+                eprintln!("pagos: {err}");
+                return Ok(ExitCode::from(2));
+            }
+            return app::reconcile_once(*args.settings).await;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -39,6 +39,13 @@ pub struct DecisionLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub method: String,
+    pub route: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
     pub estado: &'static str,
 }
@@ -54,6 +61,10 @@ pub struct Metrics {
     pub webhook_events: Family<OutcomeLabel, Counter>,
     pub keys_purged: Counter,
     pub payments: Family<StateLabel, Gauge>,
+    /// 1 when the last scrape could read the database.
+    pub database_up: Gauge,
+    /// Answers by route and status code.
+    pub http_responses: Family<RouteLabel, Counter>,
     pub oldest_unsettled_age: Gauge<f64, AtomicU64>,
 }
 
@@ -122,8 +133,22 @@ impl Metrics {
             "Age of the oldest payment in EN_PROCESO or ENVIADA (0 when none)",
             oldest_unsettled_age.clone(),
         );
+        let database_up = Gauge::default();
+        registry.register(
+            "database_up",
+            "1 when the last scrape could read the database, 0 when not",
+            database_up.clone(),
+        );
+        let http_responses = Family::<RouteLabel, Counter>::default();
+        registry.register(
+            "http_responses",
+            "HTTP answers by method, route template and status code",
+            http_responses.clone(),
+        );
         Metrics {
             registry,
+            database_up,
+            http_responses,
             idempotency,
             gateway_calls,
             gateway_latency,

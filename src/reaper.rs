@@ -24,6 +24,10 @@ pub async fn purge_keys(
             PaymentState::Completada.as_str(),
             PaymentState::Fallida.as_str(),
         ]))
+        // Counted from the payment's last send or settlement, not the key's creation: a
+        // gateway remembers a key from its first use, which may be long after the key
+        // was registered (a payment sent late by the reconciler).
+        .and_where(payment::Column::UpdatedAt.lt(older_than))
         .to_owned();
     let deleted = keys::Entity::delete_many()
         .filter(keys::Column::CreatedAt.lt(older_than))

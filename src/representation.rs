@@ -45,6 +45,9 @@ impl Pago {
     }
 }
 
+/// `decline_code` of a payment on-call resolved as failed.
+pub const RESOLVED_FAILED: &str = "resolved_by_on_call";
+
 /// Why the gateway refused a charge outright (not a decline): kept in `decline_code`.
 pub const GATEWAY_REJECTED_PREFIX: &str = "gateway_rejected";
 
@@ -79,6 +82,10 @@ pub fn answer(p: &payment::Model) -> Answer {
                 Problem::new(Kind::GatewayRejected).detail(format!(
                     "The gateway refused the charge ({code}); no money was taken. Correct the payment and send it with a new Idempotency-Key."
                 ))
+            } else if code == RESOLVED_FAILED {
+                Problem::new(Kind::PaymentDeclined).detail(
+                    "The payment could not be confirmed with the gateway; operations reviewed it and marked it failed. No charge stands.",
+                )
             } else {
                 Problem::new(Kind::PaymentDeclined)
                     .detail(format!("The gateway declined the payment: {code}."))

@@ -6,6 +6,7 @@
 pub use sea_orm_migration::prelude::*;
 
 mod m20261202_000001_init;
+mod m20261202_000002_instance_facts;
 mod m20261202_000003_webhooks;
 
 pub struct Migrator;
@@ -15,6 +16,7 @@ impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         vec![
             Box::new(m20261202_000001_init::Migration),
+            Box::new(m20261202_000002_instance_facts::Migration),
             Box::new(m20261202_000003_webhooks::Migration),
         ]
     }

@@ -3,6 +3,7 @@
 //! Entities carry no behaviour; the rules live in `saga` and `idempotency`.
 
 pub mod idempotency_key;
+pub mod instance_fact;
 pub mod merchant;
 pub mod payment;
 pub mod payment_transition;

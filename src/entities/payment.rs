@@ -16,7 +16,8 @@ pub struct Model {
     pub state: String,
     /// Bumped by every write; writes are fenced on it.
     pub version: i64,
-    /// Gateway calls made for this payment (each one with the same gateway key).
+    /// Times pagos sent this payment or asked the provider about it (sends, resends and
+    /// reconciler look-ups that rescheduled it).
     pub attempts: i32,
     pub gateway_key: String,
     pub gateway_ref: Option<String>,

@@ -60,6 +60,14 @@ async fn classify<T: for<'de> Deserialize<'de>>(
     }
     let detail = resp.text().await.unwrap_or_default();
     let detail: String = detail.chars().take(300).collect();
+    if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+        // Our credentials, not the payment, are wrong: nothing was charged, but failing
+        // every payment during a credentials incident would be worse than waiting. The
+        // reconciler sends them once PAGOS_GATEWAY_SECRET is fixed.
+        return Err(GatewayError::Unknown(format!(
+            "gateway refused our credentials ({status}): check PAGOS_GATEWAY_SECRET"
+        )));
+    }
     if status.is_server_error()
         || status == StatusCode::CONFLICT
         || status == StatusCode::TOO_MANY_REQUESTS

@@ -9,7 +9,7 @@ use super::auth::Admin;
 use super::problem::{ApiError, Kind, Problem};
 use crate::entities::{payment, payment_transition as transitions};
 use crate::reconciler::{self, Report};
-use crate::representation::Pago;
+use crate::representation::{Pago, RESOLVED_FAILED};
 use crate::saga::state::{Event, PaymentState};
 use crate::saga::store::{self, Actor, Changes, Written};
 use axum::Json;
@@ -219,15 +219,22 @@ async fn run_reconciliation(
         serde_json::from_slice(&body)
             .map_err(|e| bad_request(format!("expected {{}} or {{\"pagoId\":\"<uuid>\"}}: {e}")))?
     };
-    let report = match request.pago_id {
-        Some(id) => {
-            store::find_payment(&state.db, id)
-                .await?
-                .ok_or_else(not_found)?;
-            reconciler::reconcile_one(&state, id).await?
+    if let Some(id) = request.pago_id {
+        store::find_payment(&state.db, id)
+            .await?
+            .ok_or_else(not_found)?;
+    }
+    // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
+    // halfway and leave its claimed payments waiting out their lease.
+    let pass = state.clone();
+    let report = tokio::spawn(async move {
+        match request.pago_id {
+            Some(id) => reconciler::reconcile_one(&pass, id).await,
+            None => reconciler::run_pass(&pass).await,
         }
-        None => reconciler::run_pass(&state).await?,
-    };
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.into()))??;
     Ok(Json(report))
 }
 
@@ -238,6 +245,9 @@ pub struct Resolucion {
     estado: String,
     /// Why (what the provider's dashboard showed, the ticket): kept in the audit trail.
     motivo: String,
+    /// The provider's charge id, when on-call found one.
+    #[serde(rename = "gatewayRef")]
+    gateway_ref: Option<String>,
 }
 
 /// On-call settles a payment under review.
@@ -290,8 +300,14 @@ async fn resolve(
             ))
             .into());
     }
+    if let Some(r) = &request.gateway_ref
+        && (r.trim().is_empty() || r.len() > 255)
+    {
+        return Err(bad_request("gatewayRef must be 1–255 characters"));
+    }
     let changes = Changes {
-        decline_code: (event == Event::ResolveFailed).then(|| "resolved_by_on_call".to_owned()),
+        decline_code: (event == Event::ResolveFailed).then(|| RESOLVED_FAILED.to_owned()),
+        gateway_ref: request.gateway_ref.map(|r| r.trim().to_owned()),
         ..Changes::default()
     };
     let reason = format!("resolved by on-call: {motivo}");

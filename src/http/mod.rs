@@ -51,6 +51,31 @@ impl Modify for Security {
     }
 }
 
+/// Counts every answer by route template (never the raw path: ids would explode the
+/// label set) and status.
+async fn count_responses(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let method = request.method().as_str().to_owned();
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let response = next.run(request).await;
+    state
+        .metrics
+        .http_responses
+        .get_or_create(&crate::metrics::RouteLabel {
+            method,
+            route,
+            status: response.status().as_u16(),
+        })
+        .inc();
+    response
+}
+
 /// The whole API and its OpenAPI document, from the same route list.
 pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
@@ -72,6 +97,11 @@ pub fn router(state: AppState) -> Router {
                 async move { ([("content-type", "application/json")], document).into_response() }
             }),
         )
+        // A route layer runs after routing, so the route template is known.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_responses,
+        ))
         .fallback(|| async {
             problem::Problem::new(problem::Kind::NotFound).detail("No such endpoint.")
         })

@@ -21,8 +21,17 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// Prometheus metrics (OpenMetrics text). Gauges of stored state are read now.
 #[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text")))]
 async fn metrics(State(state): State<AppState>) -> Response {
-    if let Err(err) = refresh_gauges(&state).await {
-        tracing::warn!(error = %err, "metrics: could not read payment gauges");
+    match refresh_gauges(&state).await {
+        Ok(()) => {
+            state.metrics.database_up.set(1);
+        }
+        Err(err) => {
+            // Stale gauges would look healthy exactly when they matter: drop them.
+            tracing::warn!(error = %err, "metrics: could not read payment gauges");
+            state.metrics.database_up.set(0);
+            state.metrics.payments.clear();
+            state.metrics.oldest_unsettled_age.set(f64::NAN);
+        }
     }
     (
         [(
@@ -91,13 +100,30 @@ async fn healthz() -> Response {
     )
 )]
 async fn readyz(State(state): State<AppState>) -> Response {
-    match state.db.ping().await {
-        Ok(()) => Json(json!({"status": "ready"})).into_response(),
-        Err(err) => {
-            tracing::warn!(error = %err, "readiness check failed");
-            Problem::new(Kind::Unavailable)
-                .detail("The database is not reachable.")
-                .into_response()
-        }
+    if let Err(err) = state.db.ping().await {
+        tracing::warn!(error = %err, "readiness check failed");
+        return Problem::new(Kind::Unavailable)
+            .detail("The database is not reachable.")
+            .into_response();
+    }
+    if read_only(&state).await {
+        tracing::warn!("readiness check failed: the database is a read-only replica");
+        return Problem::new(Kind::Unavailable)
+            .detail("The database accepts no writes (a replica, or a failover in progress).")
+            .into_response();
+    }
+    Json(json!({"status": "ready"})).into_response()
+}
+
+/// PostgreSQL in recovery (a replica) accepts reads only: every payment would fail.
+async fn read_only(state: &AppState) -> bool {
+    use sea_orm::{ConnectionTrait, DbBackend, Statement};
+    if state.db.get_database_backend() != DbBackend::Postgres {
+        return false;
+    }
+    let statement = Statement::from_string(DbBackend::Postgres, "SELECT pg_is_in_recovery() AS r");
+    match state.db.query_one_raw(statement).await {
+        Ok(Some(row)) => row.try_get::<bool>("", "r").unwrap_or(false),
+        _ => false,
     }
 }

@@ -187,7 +187,11 @@ async fn create_payment(
             format!("The body is not valid JSON: {e}."),
         )
     })?;
-    let new_payment = NewPayment::from_json(&value).map_err(validation_failed)?;
+    let new_payment = NewPayment::from_json(&value).map_err(|errors| {
+        let campos: Vec<&str> = errors.iter().map(|e| e.campo.as_str()).collect();
+        tracing::info!(%merchant, ?campos, "payment request failed validation");
+        validation_failed(errors)
+    })?;
     let fingerprint = idempotency::fingerprint("POST", PAYMENTS_PATH, &value);
 
     let begun = idempotency::begin(
@@ -255,7 +259,7 @@ async fn create_payment(
             Ok(respond(payment_id, answer(&current), true))
         }
         Begin::InFlight { retry_after } => {
-            tracing::info!(key_hash, "duplicate while the first request is in flight");
+            tracing::info!(%merchant, key_hash, "duplicate while the first request is in flight");
             // The lease bounds how long the first request can take; most finish far
             // sooner, so suggest a short wait (a 409 costs one query).
             let seconds = retry_after.as_secs_f64().ceil().clamp(1.0, 2.0) as u64;
@@ -265,7 +269,7 @@ async fn create_payment(
                 .into())
         }
         Begin::Mismatch => {
-            tracing::info!(key_hash, "key reused with another body");
+            tracing::info!(%merchant, key_hash, "key reused with another body");
             Err(problem(
                 Kind::KeyReused,
                 "This Idempotency-Key was already used with a different request. Use a new key for a new payment.",

@@ -51,11 +51,17 @@ pub fn needs_lookup(state: PaymentState) -> bool {
 pub fn decide(facts: &Facts<'_>, horizons: &Horizons) -> Decision {
     let age = facts.now - facts.created_at;
     match facts.state {
+        // Never sent: sending is safe, but charging a customer days after they paid is
+        // a decision for a person.
+        PaymentState::EnProceso if age > horizons.give_up_after => Decision::Escalate(format!(
+            "never sent, and registered {} ago: sending now would charge the customer late",
+            human(age)
+        )),
         PaymentState::EnProceso => Decision::Send,
         PaymentState::Enviada => match facts.lookup {
             None => Decision::Reschedule("the provider was not asked".into()),
             Some(Err(err)) if age > horizons.give_up_after => Decision::Escalate(format!(
-                "the provider could not be asked for {} (last error: {err}); giving up",
+                "unresolved {} after it was registered and the provider cannot be asked (last error: {err})",
                 human(age)
             )),
             Some(Err(err)) => Decision::Reschedule(format!("provider lookup failed: {err}")),
@@ -156,9 +162,13 @@ mod tests {
     }
 
     #[test]
-    fn a_payment_never_sent_is_sent() {
-        assert_eq!(
+    fn a_payment_never_sent_is_sent_until_the_horizon() {
+        assert!(matches!(
             decide_at(PaymentState::EnProceso, TimeDelta::hours(30), None),
+            Decision::Escalate(ref why) if why.contains("never sent")
+        ));
+        assert_eq!(
+            decide_at(PaymentState::EnProceso, TimeDelta::hours(3), None),
             Decision::Send
         );
     }

@@ -118,6 +118,16 @@ fn horizons(app: &App) -> Horizons {
     }
 }
 
+/// How long a claim keeps other processes away: longer than the most one payment can
+/// take (a look-up, then a send with every retry), and never shorter than the lease.
+fn claim_for(app: &App) -> std::time::Duration {
+    let s = &app.settings;
+    let longest = s.gateway_timeout
+        + s.retry_policy().worst_case(s.gateway_timeout)
+        + std::time::Duration::from_secs(5);
+    s.lease.max(longest)
+}
+
 /// One pass over every payment due now. Payments rescheduled during the pass are left
 /// for the next one, so a pass always ends.
 pub async fn run_pass(app: &App) -> Result<Report, sea_orm::DbErr> {
@@ -125,7 +135,7 @@ pub async fn run_pass(app: &App) -> Result<Report, sea_orm::DbErr> {
     let batch = u64::from(app.settings.reconcile_concurrency);
     let mut report = Report::default();
     loop {
-        let claimed = store::claim_due(&app.db, started, batch, app.settings.lease).await?;
+        let claimed = store::claim_due(&app.db, started, batch, claim_for(app)).await?;
         if claimed.is_empty() {
             break;
         }
@@ -140,7 +150,7 @@ pub async fn run_pass(app: &App) -> Result<Report, sea_orm::DbErr> {
 
 /// One payment, now, due or not.
 pub async fn reconcile_one(app: &App, id: Uuid) -> Result<Report, sea_orm::DbErr> {
-    match store::claim_one(&app.db, id, app.settings.lease).await? {
+    match store::claim_one(&app.db, id, claim_for(app)).await? {
         Some(claimed) => Ok(process_all(app, vec![claimed]).await),
         None => Ok(Outcome::Skipped.report()),
     }

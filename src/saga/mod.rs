@@ -139,7 +139,7 @@ pub async fn record_outcome(
             format!("gateway refused the request with {status}: {detail}"),
         ),
         ChargeOutcome::Pending(charge) => {
-            let due = crate::db::now() + store::chrono_after(deps.stale_after);
+            let due = next_look(deps, &sent);
             return match store::hand_over(&deps.db, &sent, Some(charge.id), due).await? {
                 Written::Applied(p) => Ok(*p),
                 Written::Fenced => reload(deps, &sent).await,
@@ -147,7 +147,7 @@ pub async fn record_outcome(
         }
         ChargeOutcome::Unknown(why) => {
             tracing::warn!(payment_id = %sent.id, why, "gateway outcome unknown; the reconciler will ask the provider");
-            let due = crate::db::now() + store::chrono_after(deps.stale_after);
+            let due = next_look(deps, &sent);
             return match store::hand_over(&deps.db, &sent, None, due).await? {
                 Written::Applied(p) => Ok(*p),
                 Written::Fenced => reload(deps, &sent).await,
@@ -158,6 +158,14 @@ pub async fn record_outcome(
         Written::Applied(p) => Ok(*p),
         Written::Fenced => reload(deps, &sent).await,
     }
+}
+
+/// When the reconciler looks at a handed-over payment: `PAGOS_STALE_AFTER`, doubled for
+/// each earlier send, so a gateway that keeps failing is not resent to every period.
+fn next_look(deps: &SagaDeps, sent: &payment::Model) -> chrono::DateTime<chrono::Utc> {
+    let jitter: f64 = rand::Rng::random(&mut rand::rng());
+    crate::db::now()
+        + crate::reconciler::decide::backoff(deps.stale_after, sent.attempts - 1, jitter)
 }
 
 async fn reload(deps: &SagaDeps, p: &payment::Model) -> Result<payment::Model, StoreError> {

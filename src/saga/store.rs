@@ -364,7 +364,9 @@ pub async fn claim_due(
 }
 
 /// Claims one payment whether it is due or not (on-call's "this one, now", a client retry
-/// that found its request abandoned). None if it is final, under review, or being claimed.
+/// that found its request abandoned). None if it is final or under review. It may take a
+/// payment another pass is working on: the version fence and the shared gateway key keep
+/// that safe (at worst one more look-up or an idempotent resend).
 pub async fn claim_one(
     db: &DatabaseConnection,
     id: Uuid,

@@ -252,3 +252,39 @@ async fn the_standalone_sandbox_gateway_follows_the_reference_protocol() {
     assert_eq!(stats["charges"], 1);
     assert_eq!(stats["duplicatedReferences"], 0);
 }
+
+#[test]
+fn a_database_used_with_one_gateway_refuses_another() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = format!("sqlite://{}?mode=rwc", dir.path().join("p.db").display());
+    let with_http = pagos(
+        &[
+            "reconcile",
+            "--once",
+            "--database-url",
+            &db,
+            "--gateway",
+            "http",
+            "--gateway-url",
+            "http://127.0.0.1:9",
+        ],
+        &[],
+    );
+    assert!(
+        with_http.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with_http.stderr)
+    );
+    let report: Value = serde_json::from_slice(&with_http.stdout).expect("JSON report");
+    assert_eq!(report["examinados"], 0);
+    // The sandbox on a database whose payments went through a real gateway would settle
+    // them without asking it.
+    assert_refused(
+        &pagos(&["reconcile", "--once", "--database-url", &db], &[]),
+        "PAGOS_GATEWAY",
+    );
+    assert_refused(
+        &pagos(&["serve", "--database-url", &db], &[]),
+        "PAGOS_GATEWAY",
+    );
+}

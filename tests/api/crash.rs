@@ -303,10 +303,15 @@ async fn three_processes_decide_every_due_payment_exactly_once() {
             .expect("seed");
     }
 
+    // Patient timeouts: a send that timed out on a busy machine would rightly be looked
+    // up again, and this test counts look-ups.
     let mut args = world.args();
     for arg in &mut args {
-        if arg == "1h" {
-            *arg = "100ms".into(); // --reconcile-every
+        match arg.as_str() {
+            "1h" => *arg = "100ms".into(), // --reconcile-every
+            "300ms" => *arg = "5s".into(), // --gateway-timeout
+            "1s" => *arg = "30s".into(),   // --lease
+            _ => {}
         }
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -360,9 +365,10 @@ async fn three_processes_decide_every_due_payment_exactly_once() {
         }
     }
     assert_eq!(lookups.len(), 500);
+    let twice: Vec<_> = lookups.iter().filter(|(_, n)| **n != 1).collect();
     assert!(
-        lookups.values().all(|n| *n == 1),
-        "each payment looked up exactly once"
+        twice.is_empty(),
+        "each payment looked up exactly once: {twice:?}"
     );
     assert_eq!(sends.len(), 250, "only the never-charged half was resent");
     assert!(sends.values().all(|n| *n == 1), "each resent exactly once");

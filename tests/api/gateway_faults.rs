@@ -15,7 +15,28 @@ on_both_databases!(
     a_reset_connection_is_retried_with_the_same_key,
     a_gateway_refusal_is_not_retried_and_fails_the_payment,
     a_pending_charge_answers_202_and_its_retry_gets_the_current_state,
+    refused_credentials_leave_the_payment_to_the_reconciler_instead_of_failing_it,
 );
+
+async fn refused_credentials_leave_the_payment_to_the_reconciler_instead_of_failing_it(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-retries", "1"])
+        .start()
+        .await;
+    charges()
+        .respond_with(ResponseTemplate::new(401).set_body_string(r#"{"error":"bad secret"}"#))
+        .mount(app.gateway())
+        .await;
+    let answer = app.pay("k-401", &payment_body()).await;
+    assert_eq!(
+        answer.status(),
+        202,
+        "no charge was made, but the payment is not failed either"
+    );
+    assert_eq!(json(answer).await["estado"], "ENVIADA");
+}
 
 async fn gateway_503_twice_then_201_completes_with_three_calls_and_one_key(backend: Backend) {
     let app = Spawn::new(backend).start().await;

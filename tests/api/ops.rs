@@ -21,6 +21,23 @@ async fn health_and_readiness_answer(backend: Backend) {
         503,
         "readyz reports a database it cannot reach"
     );
+    let metrics = app
+        .http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.lines().any(|l| l == "pagos_database_up 0"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("pagos_payments{"),
+        "no stale gauges while the database is down"
+    );
 }
 
 async fn the_openapi_document_requires_the_idempotency_key(backend: Backend) {

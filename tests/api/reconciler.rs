@@ -416,6 +416,8 @@ async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) 
         "pagos_payments{estado=\"COMPLETADA\"} 1",
         "pagos_payments{estado=\"ENVIADA\"} 0",
         "pagos_oldest_unsettled_payment_age_seconds 0.0",
+        "pagos_database_up 1",
+        "pagos_http_responses_total{method=\"POST\",route=\"/v1/pagos\",status=\"422\"} 1",
     ] {
         assert!(
             text.lines().any(|l| l == line),
