@@ -142,10 +142,19 @@ async fn create_charge(
     }
     let charge = match server.core.begin(&key, &body) {
         Begin::New => {
-            if !server.faults.latency.is_zero() {
-                tokio::time::sleep(server.faults.latency).await;
+            // Its own task: like a real gateway, the charge goes through even if the
+            // caller hangs up while waiting (otherwise the key would stay in flight).
+            let (worker, key, body) = (server.clone(), key.clone(), body.clone());
+            let charging = tokio::spawn(async move {
+                if !worker.faults.latency.is_zero() {
+                    tokio::time::sleep(worker.faults.latency).await;
+                }
+                worker.core.complete(&key, &body)
+            });
+            match charging.await {
+                Ok(charge) => charge,
+                Err(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "charge task failed"),
             }
-            server.core.complete(&key, &body)
         }
         Begin::Replay(charge) => charge,
         Begin::InFlight => {

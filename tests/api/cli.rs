@@ -288,3 +288,65 @@ fn a_database_used_with_one_gateway_refuses_another() {
         "PAGOS_GATEWAY",
     );
 }
+
+#[tokio::test]
+async fn the_sandbox_finishes_a_charge_whose_caller_hung_up() {
+    let port = free_port();
+    let _sandbox = Child(
+        Command::new(BIN)
+            .args([
+                "sandbox-gateway",
+                "--bind",
+                &format!("127.0.0.1:{port}"),
+                "--latency",
+                "500ms",
+            ])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("sandbox starts"),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    for _ in 0..100 {
+        if http
+            .get(format!("{base}/sandbox/stats"))
+            .send()
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let body = json!({"amount": 100, "currency": "COP", "reference": "ref-hangup"});
+    let impatient = http
+        .post(format!("{base}/v1/charges"))
+        .header("Idempotency-Key", "gk-hangup")
+        .json(&body)
+        .timeout(Duration::from_millis(100))
+        .send()
+        .await;
+    assert!(impatient.is_err(), "the caller hung up");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let again = http
+        .post(format!("{base}/v1/charges"))
+        .header("Idempotency-Key", "gk-hangup")
+        .json(&body)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(
+        again.status(),
+        201,
+        "the charge was made and is replayed, not stuck in flight"
+    );
+    let stats: Value = http
+        .get(format!("{base}/sandbox/stats"))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(stats["charges"], 1);
+}
