@@ -281,7 +281,7 @@ pub async fn run_periodically(
         if let Err(err) = run_pass(&app).await {
             tracing::error!(error = %err, "reconciliation pass failed; retrying next period");
         }
-        if ticks % reap_every == 0
+        if ticks.is_multiple_of(reap_every)
             && let Err(err) = crate::reaper::run(&app).await
         {
             tracing::error!(error = %err, "key reaper failed; retrying later");
