@@ -1,14 +1,17 @@
 //! Talking to payment gateways: the `Gateway` trait, the derived gateway key, the retry
-//! policy, and the adapters (reference HTTP protocol, in-process sandbox).
+//! policy, and the adapters (reference HTTP protocol, in-process sandbox), with the amount
+//! conversions the providers need.
 //!
 //! This room never touches the database and never decides a payment's state: it reports
 //! what the gateway said, or that nobody knows.
 
+pub mod amount;
 pub mod http;
 pub mod retry;
 pub mod sandbox;
 pub mod sandbox_server;
 
+use crate::domain::PaymentMethod;
 use crate::idempotency::IdempotencyKey;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -24,6 +27,9 @@ pub struct ChargeRequest {
     pub currency: String,
     pub reference: Uuid,
     pub description: Option<String>,
+    /// The payer's `medioPago`, for the gateways that charge one (Stripe, Mercado Pago);
+    /// the reference protocol does not carry it.
+    pub payment_method: Option<PaymentMethod>,
 }
 
 /// The reference protocol's charge body (what `POST /v1/charges` takes).

@@ -48,6 +48,13 @@ struct PagoRequest {
     moneda: String,
     #[schema(max_length = 255)]
     descripcion: Option<String>,
+    /// How the payer pays; required by the Stripe and Mercado Pago gateways (422 listing
+    /// `medioPago` without it). Stripe: a saved PaymentMethod, `"pm_…"` or
+    /// `{"id":"pm_…","cliente":"cus_…"}`. Mercado Pago: `{"id":"visa","token":"…",
+    /// "cuotas":1,"email":"payer@example.com","documento":{"tipo":"CC","numero":"…"}}`
+    /// (`token`, `cuotas`, `emisor` for cards; `documento` when the method needs it).
+    #[schema(rename = "medioPago", value_type = Object)]
+    medio_pago: Option<serde_json::Value>,
 }
 
 fn problem(kind: Kind, detail: impl Into<String>) -> ApiError {
