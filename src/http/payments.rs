@@ -194,7 +194,9 @@ async fn create_payment(
             format!("The body is not valid JSON: {e}."),
         )
     })?;
-    let new_payment = NewPayment::from_json(&value).map_err(validation_failed)?;
+    // What the configured gateway needs is checked here, before anything is stored.
+    let new_payment = NewPayment::from_json_for(&value, state.settings.gateway.needs())
+        .map_err(validation_failed)?;
     let fingerprint = idempotency::fingerprint("POST", PAYMENTS_PATH, &value);
 
     let begun = idempotency::begin(
