@@ -7,6 +7,7 @@ use crate::db;
 use crate::entities::merchant;
 use crate::gateway::Gateway;
 use crate::gateway::http::HttpGateway;
+use crate::gateway::mercadopago::MercadoPagoGateway;
 use crate::gateway::sandbox::{Outcomes, SandboxGateway};
 use crate::gateway::stripe::StripeGateway;
 use crate::http::auth::{MerchantCache, hash_api_key};
@@ -69,7 +70,19 @@ pub fn gateway_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
             let (url, secret) = provider_settings(settings)?;
             Arc::new(StripeGateway::new(url, secret, settings.gateway_timeout)?)
         }
+        GatewayKind::MercadoPago => Arc::new(mercadopago_from(settings)?),
     })
+}
+
+/// The Mercado Pago adapter the settings describe (also what the webhook consumer asks
+/// for a notified payment's state).
+pub fn mercadopago_from(settings: &Settings) -> anyhow::Result<MercadoPagoGateway> {
+    let (url, secret) = provider_settings(settings)?;
+    Ok(MercadoPagoGateway::new(
+        url,
+        secret,
+        settings.gateway_timeout,
+    )?)
 }
 
 /// A provider's base URL (its production API unless PAGOS_GATEWAY_URL says otherwise)

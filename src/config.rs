@@ -118,6 +118,9 @@ pub enum GatewayKind {
     Http,
     /// Stripe PaymentIntents (--gateway-url defaults to https://api.stripe.com)
     Stripe,
+    /// Mercado Pago payments (--gateway-url defaults to https://api.mercadopago.com)
+    #[value(name = "mercadopago")]
+    MercadoPago,
 }
 
 impl GatewayKind {
@@ -127,6 +130,7 @@ impl GatewayKind {
         match self {
             GatewayKind::Sandbox | GatewayKind::Http => GatewayNeeds::Nothing,
             GatewayKind::Stripe => GatewayNeeds::Stripe,
+            GatewayKind::MercadoPago => GatewayNeeds::MercadoPago,
         }
     }
 
@@ -136,6 +140,7 @@ impl GatewayKind {
             GatewayKind::Sandbox => "sandbox",
             GatewayKind::Http => "http",
             GatewayKind::Stripe => "stripe",
+            GatewayKind::MercadoPago => "mercadopago",
         }
     }
 }
@@ -156,15 +161,16 @@ pub struct Settings {
     /// Which gateway to charge through
     #[arg(long, env = "PAGOS_GATEWAY", value_enum, default_value_t = GatewayKind::Sandbox)]
     pub gateway: GatewayKind,
-    /// Gateway base URL (required by --gateway http; stripe defaults to the provider's
-    /// production API)
+    /// Gateway base URL (required by --gateway http; stripe and mercadopago default to the
+    /// provider's production API)
     #[arg(long, env = "PAGOS_GATEWAY_URL", value_name = "URL",
           default_value_ifs = [
               ("gateway", "stripe", Some(crate::gateway::stripe::PRODUCTION_URL)),
+              ("gateway", "mercadopago", Some(crate::gateway::mercadopago::PRODUCTION_URL)),
           ])]
     pub gateway_url: Option<url::Url>,
     /// Secret sent to the gateway as a bearer token (required by stripe: the secret key
-    /// sk_…)
+    /// sk_…; by mercadopago: the access token)
     #[arg(
         long,
         env = "PAGOS_GATEWAY_SECRET",
@@ -180,8 +186,9 @@ pub struct Settings {
           value_parser = clap::value_parser!(u32).range(0..=10), value_name = "N")]
     pub gateway_retries: u32,
     /// How long the gateway honours a key: resending with it is safe inside this window
-    /// (default 24h, Stripe's)
-    #[arg(long, env = "PAGOS_GATEWAY_KEY_WINDOW", default_value = "24h", value_parser = positive_duration, value_name = "DURATION")]
+    /// (default 24h; 24h for stripe; 1h for mercadopago, which does not document it)
+    #[arg(long, env = "PAGOS_GATEWAY_KEY_WINDOW", default_value = "24h", value_parser = positive_duration, value_name = "DURATION",
+          default_value_ifs = [("gateway", "mercadopago", Some("1h"))])]
     pub gateway_key_window: Duration,
     /// Bearer token of the admin endpoints (unset: they answer 401)
     #[arg(
@@ -208,6 +215,15 @@ pub struct Settings {
         value_name = "SECRET"
     )]
     pub stripe_webhook_secret: Option<String>,
+    /// Mercado Pago's webhook secret for /v1/webhooks/mercadopago (unset: it answers 401;
+    /// needs --gateway mercadopago, whose API tells the payment's state)
+    #[arg(
+        long,
+        env = "PAGOS_MERCADOPAGO_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    pub mercadopago_webhook_secret: Option<String>,
     /// Period of the background reconciler
     #[arg(long, env = "PAGOS_RECONCILE_EVERY", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
     pub reconcile_every: Duration,
@@ -255,7 +271,7 @@ impl Settings {
                 message: "required when PAGOS_GATEWAY=http".into(),
             });
         }
-        let provider = matches!(self.gateway, GatewayKind::Stripe);
+        let provider = matches!(self.gateway, GatewayKind::Stripe | GatewayKind::MercadoPago);
         if provider && self.gateway_secret.as_deref().is_none_or(str::is_empty) {
             return Err(SettingError {
                 env: "PAGOS_GATEWAY_SECRET",
@@ -269,6 +285,13 @@ impl Settings {
                         "the access token"
                     }
                 ),
+            });
+        }
+        if self.mercadopago_webhook_secret.is_some() && self.gateway != GatewayKind::MercadoPago {
+            return Err(SettingError {
+                env: "PAGOS_MERCADOPAGO_WEBHOOK_SECRET",
+                flag: "mercadopago-webhook-secret",
+                message: "needs PAGOS_GATEWAY=mercadopago: a notification carries only an id, and the payment's state is asked from Mercado Pago's API".into(),
             });
         }
         let worst = self.retry_policy().worst_case(self.gateway_timeout);
@@ -484,7 +507,10 @@ mod tests {
 
     #[test]
     fn each_provider_defaults_to_its_production_api_and_key_window() {
-        for (kind, url, window) in [("stripe", "https://api.stripe.com/", 24 * 3600)] {
+        for (kind, url, window) in [
+            ("stripe", "https://api.stripe.com/", 24 * 3600),
+            ("mercadopago", "https://api.mercadopago.com/", 3600),
+        ] {
             let s = serve_settings(&["--gateway", kind, "--gateway-secret", "s"]);
             assert_eq!(s.gateway.as_str(), kind);
             assert_eq!(s.gateway_url.as_ref().map(url::Url::as_str), Some(url));
@@ -500,7 +526,7 @@ mod tests {
     fn explicit_url_and_key_window_win_over_the_providers_defaults() {
         let s = serve_settings(&[
             "--gateway",
-            "stripe",
+            "mercadopago",
             "--gateway-secret",
             "s",
             "--gateway-url",
@@ -517,7 +543,7 @@ mod tests {
 
     #[test]
     fn a_provider_needs_its_secret() {
-        for kind in ["stripe"] {
+        for kind in ["stripe", "mercadopago"] {
             let err = serve_settings(&["--gateway", kind])
                 .validate()
                 .expect_err("refused");
@@ -540,6 +566,24 @@ mod tests {
         assert_eq!(
             s.validate().expect_err("refused").env,
             "PAGOS_KEY_RETENTION"
+        );
+        let s = serve_settings(&[
+            "--gateway",
+            "mercadopago",
+            "--gateway-secret",
+            "s",
+            "--key-retention",
+            "2h",
+        ]);
+        assert!(s.validate().is_ok(), "1h window, 2h retention");
+    }
+
+    #[test]
+    fn mercadopago_webhooks_need_the_mercadopago_gateway() {
+        let s = serve_settings(&["--mercadopago-webhook-secret", "x"]);
+        assert_eq!(
+            s.validate().expect_err("refused").env,
+            "PAGOS_MERCADOPAGO_WEBHOOK_SECRET"
         );
     }
 

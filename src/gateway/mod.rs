@@ -1,12 +1,13 @@
 //! Talking to payment gateways: the `Gateway` trait, the derived gateway key, the retry
-//! policy, and the adapters (reference HTTP protocol, in-process sandbox, Stripe), with the
-//! amount conversions the providers need.
+//! policy, and the adapters (reference HTTP protocol, in-process sandbox, Stripe, Mercado
+//! Pago), with the amount conversions the providers need.
 //!
 //! This room never touches the database and never decides a payment's state: it reports
 //! what the gateway said, or that nobody knows.
 
 pub mod amount;
 pub mod http;
+pub mod mercadopago;
 pub mod retry;
 pub mod sandbox;
 pub mod sandbox_server;
