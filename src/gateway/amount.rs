@@ -150,7 +150,7 @@ mod tests {
             101,
             1234,
             250_050,
-            999_999_999_99,
+            99_999_999_999,
             999_999_999_999_999,
         ] {
             let decimal = to_decimal(amount, 2).expect("in range");

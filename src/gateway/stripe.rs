@@ -214,10 +214,12 @@ impl StripeGateway {
                 detail(resp).await
             )));
         }
-        let text = detail(resp).await;
+        // The whole body: a card error embeds the PaymentIntent, far past any excerpt.
+        let text = resp.text().await.unwrap_or_default();
         let error = serde_json::from_str::<ErrorBody>(&text)
             .map(|b| b.error)
             .ok();
+        let text: String = text.chars().take(300).collect();
         // A card error (402) comes with the PaymentIntent it left declined.
         if status == StatusCode::PAYMENT_REQUIRED
             && let Some(err) = &error
