@@ -6,8 +6,10 @@ mod helpers;
 
 mod bad_input;
 mod gateway_faults;
+mod mercadopago;
 mod merchants;
 mod ops;
 mod payments;
 mod reconciler;
+mod stripe;
 mod webhooks;
