@@ -241,17 +241,19 @@ impl Respond for FakeSearch {
             .map(|(_, v)| v.into_owned())
             .unwrap_or_default();
         let state = self.0.lock();
-        let mut answer = fixture("search_empty");
-        if !state.search_lags {
-            let found: Vec<Value> = state
-                .by_id
-                .values()
-                .filter(|p| p["external_reference"] == reference.as_str())
-                .cloned()
-                .collect();
-            answer["paging"]["total"] = Value::from(found.len());
-            answer["results"] = Value::from(found);
-        }
+        let found: Vec<Value> = state
+            .by_id
+            .values()
+            .filter(|p| !state.search_lags && p["external_reference"] == reference.as_str())
+            .cloned()
+            .collect();
+        let mut answer = if found.is_empty() {
+            fixture("search_empty")
+        } else {
+            fixture("search_found")
+        };
+        answer["paging"]["total"] = Value::from(found.len());
+        answer["results"] = Value::from(found);
         ResponseTemplate::new(200).set_body_json(answer)
     }
 }

@@ -247,19 +247,19 @@ impl Respond for FakeSearch {
             .unwrap_or_default();
         let mut state = self.0.lock();
         state.searches.push(query.clone());
-        let mut answer = fixture("search_empty");
-        if !state.search_lags {
-            let reference = query
-                .trim_start_matches("metadata['pagos_reference']:'")
-                .trim_end_matches('\'');
-            answer["data"] = Value::from(
-                state
-                    .by_reference
-                    .get(reference)
-                    .cloned()
-                    .unwrap_or_default(),
-            );
-        }
+        let reference = query
+            .trim_start_matches("metadata['pagos_reference']:'")
+            .trim_end_matches('\'');
+        let found = match state.by_reference.get(reference) {
+            Some(found) if !state.search_lags => found.clone(),
+            _ => vec![],
+        };
+        let mut answer = if found.is_empty() {
+            fixture("search_empty")
+        } else {
+            fixture("search_found")
+        };
+        answer["data"] = Value::from(found);
         ResponseTemplate::new(200).set_body_json(answer)
     }
 }
