@@ -123,7 +123,7 @@ impl Payment {
             amount: minor,
             currency,
             reference: self.external_reference.clone().unwrap_or_default(),
-            decline_code,
+            decline_code: decline_code.as_deref().map(super::decline_code),
         })
     }
 
@@ -357,6 +357,14 @@ mod tests {
             assert_eq!(mapped.currency, "COP");
         }
         assert!(payment("lost_in_space", "").to_charge().is_err());
+        let long = payment("rejected", &"x".repeat(300))
+            .to_charge()
+            .expect("read");
+        assert_eq!(
+            long.decline_code.map(|c| c.len()),
+            Some(100),
+            "fits the column"
+        );
     }
 
     #[test]

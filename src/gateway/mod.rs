@@ -88,6 +88,15 @@ pub enum GatewayError {
     Rejected { status: u16, detail: String },
 }
 
+/// The longest decline code pagos stores (`payments.decline_code`, `webhook_charges`).
+pub const MAX_DECLINE_CODE_LEN: usize = 100;
+
+/// A provider's decline code cut to what pagos stores: a provider's string must never
+/// make a write fail, again on every retry.
+pub fn decline_code(code: &str) -> String {
+    code.chars().take(MAX_DECLINE_CODE_LEN).collect()
+}
+
 impl GatewayError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, GatewayError::Unknown(_))

@@ -138,7 +138,8 @@ impl PaymentIntent {
             amount,
             currency,
             reference: self.reference().unwrap_or_default().to_owned(),
-            decline_code: (status == ChargeStatus::Declined).then(|| decline_code(self, error)),
+            decline_code: (status == ChargeStatus::Declined)
+                .then(|| super::decline_code(&decline_code(self, error))),
         })
     }
 }
