@@ -7,7 +7,9 @@ use crate::db;
 use crate::entities::merchant;
 use crate::gateway::Gateway;
 use crate::gateway::http::HttpGateway;
+use crate::gateway::mercadopago::MercadoPagoGateway;
 use crate::gateway::sandbox::{Outcomes, SandboxGateway};
+use crate::gateway::stripe::StripeGateway;
 use crate::http::auth::{MerchantCache, hash_api_key};
 use crate::http::{self, AppState};
 use crate::metrics::{MeteredGateway, Metrics};
@@ -64,6 +66,11 @@ pub fn gateway_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
                 settings.gateway_timeout,
             )?)
         }
+        GatewayKind::Stripe => {
+            let (url, secret) = provider_settings(settings)?;
+            Arc::new(StripeGateway::new(url, secret, settings.gateway_timeout)?)
+        }
+        GatewayKind::MercadoPago => Arc::new(mercadopago_from(settings)?),
     })
 }
 
@@ -103,6 +110,37 @@ pub async fn pin_gateway(db: &DatabaseConnection, settings: &Settings) -> anyhow
         .into());
     }
     Ok(())
+}
+
+/// The Mercado Pago adapter the settings describe (also what the webhook consumer asks
+/// for a notified payment's state).
+pub fn mercadopago_from(settings: &Settings) -> anyhow::Result<MercadoPagoGateway> {
+    let (url, secret) = provider_settings(settings)?;
+    Ok(MercadoPagoGateway::new(
+        url,
+        secret,
+        settings.gateway_timeout,
+    )?)
+}
+
+/// A provider's base URL (its production API unless PAGOS_GATEWAY_URL says otherwise)
+/// and secret (required: `Settings::validate` refuses to start without it).
+fn provider_settings(settings: &Settings) -> anyhow::Result<(&str, &str)> {
+    let url = settings
+        .gateway_url
+        .as_ref()
+        .context("PAGOS_GATEWAY_URL is required")?;
+    let secret = settings
+        .gateway_secret
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .with_context(|| {
+            format!(
+                "PAGOS_GATEWAY_SECRET is required when PAGOS_GATEWAY={}",
+                settings.gateway.as_str()
+            )
+        })?;
+    Ok((url.as_str(), secret))
 }
 
 /// Builds the application over an open database.

@@ -116,6 +116,33 @@ pub enum GatewayKind {
     Sandbox,
     /// The reference protocol over HTTP at --gateway-url
     Http,
+    /// Stripe PaymentIntents (--gateway-url defaults to https://api.stripe.com)
+    Stripe,
+    /// Mercado Pago payments (--gateway-url defaults to https://api.mercadopago.com)
+    #[value(name = "mercadopago")]
+    MercadoPago,
+}
+
+impl GatewayKind {
+    /// What this gateway needs in a payment request (checked before anything is stored).
+    pub fn needs(self) -> crate::domain::GatewayNeeds {
+        use crate::domain::GatewayNeeds;
+        match self {
+            GatewayKind::Sandbox | GatewayKind::Http => GatewayNeeds::Nothing,
+            GatewayKind::Stripe => GatewayNeeds::Stripe,
+            GatewayKind::MercadoPago => GatewayNeeds::MercadoPago,
+        }
+    }
+
+    /// The name used in settings and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GatewayKind::Sandbox => "sandbox",
+            GatewayKind::Http => "http",
+            GatewayKind::Stripe => "stripe",
+            GatewayKind::MercadoPago => "mercadopago",
+        }
+    }
 }
 
 /// Everything `pagos serve` needs.
@@ -134,10 +161,16 @@ pub struct Settings {
     /// Which gateway to charge through
     #[arg(long, env = "PAGOS_GATEWAY", value_enum, default_value_t = GatewayKind::Sandbox)]
     pub gateway: GatewayKind,
-    /// Gateway base URL (required by --gateway http)
-    #[arg(long, env = "PAGOS_GATEWAY_URL", value_name = "URL")]
+    /// Gateway base URL (required by --gateway http; stripe and mercadopago default to the
+    /// provider's production API)
+    #[arg(long, env = "PAGOS_GATEWAY_URL", value_name = "URL",
+          default_value_ifs = [
+              ("gateway", "stripe", Some(crate::gateway::stripe::PRODUCTION_URL)),
+              ("gateway", "mercadopago", Some(crate::gateway::mercadopago::PRODUCTION_URL)),
+          ])]
     pub gateway_url: Option<url::Url>,
-    /// Secret sent to the gateway as a bearer token
+    /// Secret sent to the gateway as a bearer token (required by stripe: the secret key
+    /// sk_…; by mercadopago: the access token)
     #[arg(
         long,
         env = "PAGOS_GATEWAY_SECRET",
@@ -153,7 +186,9 @@ pub struct Settings {
           value_parser = clap::value_parser!(u32).range(0..=10), value_name = "N")]
     pub gateway_retries: u32,
     /// How long the gateway honours a key: resending with it is safe inside this window
-    #[arg(long, env = "PAGOS_GATEWAY_KEY_WINDOW", default_value = "24h", value_parser = positive_duration, value_name = "DURATION")]
+    /// (default 24h; 24h for stripe; 1h for mercadopago, which does not document it)
+    #[arg(long, env = "PAGOS_GATEWAY_KEY_WINDOW", default_value = "24h", value_parser = positive_duration, value_name = "DURATION",
+          default_value_ifs = [("gateway", "mercadopago", Some("1h"))])]
     pub gateway_key_window: Duration,
     /// Bearer token of the admin endpoints (unset: they answer 401)
     #[arg(
@@ -171,6 +206,24 @@ pub struct Settings {
         value_name = "SECRET"
     )]
     pub webhook_secret: Option<String>,
+    /// Stripe's webhook signing secret (whsec_…) for /v1/webhooks/stripe (unset: it
+    /// answers 401)
+    #[arg(
+        long,
+        env = "PAGOS_STRIPE_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    pub stripe_webhook_secret: Option<String>,
+    /// Mercado Pago's webhook secret for /v1/webhooks/mercadopago (unset: it answers 401;
+    /// needs --gateway mercadopago, whose API tells the payment's state)
+    #[arg(
+        long,
+        env = "PAGOS_MERCADOPAGO_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    pub mercadopago_webhook_secret: Option<String>,
     /// Period of the background reconciler
     #[arg(long, env = "PAGOS_RECONCILE_EVERY", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
     pub reconcile_every: Duration,
@@ -216,6 +269,29 @@ impl Settings {
                 env: "PAGOS_GATEWAY_URL",
                 flag: "gateway-url",
                 message: "required when PAGOS_GATEWAY=http".into(),
+            });
+        }
+        let provider = matches!(self.gateway, GatewayKind::Stripe | GatewayKind::MercadoPago);
+        if provider && self.gateway_secret.as_deref().is_none_or(str::is_empty) {
+            return Err(SettingError {
+                env: "PAGOS_GATEWAY_SECRET",
+                flag: "gateway-secret",
+                message: format!(
+                    "required when PAGOS_GATEWAY={} ({})",
+                    self.gateway.as_str(),
+                    if self.gateway == GatewayKind::Stripe {
+                        "the secret key, sk_…"
+                    } else {
+                        "the access token"
+                    }
+                ),
+            });
+        }
+        if self.mercadopago_webhook_secret.is_some() && self.gateway != GatewayKind::MercadoPago {
+            return Err(SettingError {
+                env: "PAGOS_MERCADOPAGO_WEBHOOK_SECRET",
+                flag: "mercadopago-webhook-secret",
+                message: "needs PAGOS_GATEWAY=mercadopago: a notification carries only an id, and the payment's state is asked from Mercado Pago's API".into(),
             });
         }
         let worst = self.retry_policy().worst_case(self.gateway_timeout);
@@ -427,6 +503,88 @@ mod tests {
         let s = serve_settings(&["--lease", "20s"]);
         let err = s.validate().expect_err("refused");
         assert_eq!(err.env, "PAGOS_LEASE");
+    }
+
+    #[test]
+    fn each_provider_defaults_to_its_production_api_and_key_window() {
+        for (kind, url, window) in [
+            ("stripe", "https://api.stripe.com/", 24 * 3600),
+            ("mercadopago", "https://api.mercadopago.com/", 3600),
+        ] {
+            let s = serve_settings(&["--gateway", kind, "--gateway-secret", "s"]);
+            assert_eq!(s.gateway.as_str(), kind);
+            assert_eq!(s.gateway_url.as_ref().map(url::Url::as_str), Some(url));
+            assert_eq!(s.gateway_key_window, Duration::from_secs(window), "{kind}");
+            assert!(s.validate().is_ok(), "{kind}");
+        }
+        let sandbox = serve_settings(&[]);
+        assert_eq!(sandbox.gateway_url, None);
+        assert_eq!(sandbox.gateway_key_window, Duration::from_secs(24 * 3600));
+    }
+
+    #[test]
+    fn explicit_url_and_key_window_win_over_the_providers_defaults() {
+        let s = serve_settings(&[
+            "--gateway",
+            "mercadopago",
+            "--gateway-secret",
+            "s",
+            "--gateway-url",
+            "http://127.0.0.1:9/",
+            "--gateway-key-window",
+            "10m",
+        ]);
+        assert_eq!(
+            s.gateway_url.as_ref().map(url::Url::as_str),
+            Some("http://127.0.0.1:9/")
+        );
+        assert_eq!(s.gateway_key_window, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn a_provider_needs_its_secret() {
+        for kind in ["stripe", "mercadopago"] {
+            let err = serve_settings(&["--gateway", kind])
+                .validate()
+                .expect_err("refused");
+            assert_eq!(err.env, "PAGOS_GATEWAY_SECRET");
+            assert!(err.to_string().contains(kind), "{err}");
+            assert!(!err.to_string().contains('\n'));
+        }
+    }
+
+    #[test]
+    fn key_retention_must_cover_the_providers_key_window() {
+        let s = serve_settings(&[
+            "--gateway",
+            "stripe",
+            "--gateway-secret",
+            "s",
+            "--key-retention",
+            "12h",
+        ]);
+        assert_eq!(
+            s.validate().expect_err("refused").env,
+            "PAGOS_KEY_RETENTION"
+        );
+        let s = serve_settings(&[
+            "--gateway",
+            "mercadopago",
+            "--gateway-secret",
+            "s",
+            "--key-retention",
+            "2h",
+        ]);
+        assert!(s.validate().is_ok(), "1h window, 2h retention");
+    }
+
+    #[test]
+    fn mercadopago_webhooks_need_the_mercadopago_gateway() {
+        let s = serve_settings(&["--mercadopago-webhook-secret", "x"]);
+        assert_eq!(
+            s.validate().expect_err("refused").env,
+            "PAGOS_MERCADOPAGO_WEBHOOK_SECRET"
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! construction. Pure: no I/O.
 //!
 //! Validation reports every offending field at once, so a merchant fixes a request in one
-//! round trip.
+//! round trip. What a payment needs depends on the configured gateway (`GatewayNeeds`):
+//! Stripe and Mercado Pago cannot charge without a `medioPago`, the sandbox never asks.
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -57,7 +58,65 @@ pub struct NewPayment {
     pub amount: i64,
     pub currency: Currency,
     pub description: Option<String>,
+    /// How the payer pays (`medioPago`): what the configured gateway charges.
+    pub payment_method: Option<PaymentMethod>,
 }
+
+/// The payer's payment method (`medioPago`), one shape for every gateway; each gateway
+/// uses the fields it knows (see `GatewayNeeds`):
+///
+/// ```json
+/// {"id":"pm_1Q0PsIJvEtkwdCNYMSaVuRz6","cliente":"cus_NffrFeUfNV2Hib"}
+/// {"id":"visa","token":"ff8080814c11e237014c1ff593b57b4d","cuotas":1,
+///  "email":"payer@example.com","documento":{"tipo":"CC","numero":"1020304050"}}
+/// ```
+///
+/// A bare string is the same as `{"id": …}`. Never card data: Stripe's saved methods and
+/// Mercado Pago's card tokens stand for a card without being one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaymentMethod {
+    /// Stripe: a saved PaymentMethod (`pm_…`). Mercado Pago: a `payment_method_id`
+    /// (`visa`, `master`, `efecty`, `pix`, …).
+    pub id: String,
+    /// Stripe: the Customer the saved method is attached to (`cus_…`).
+    pub customer: Option<String>,
+    /// Mercado Pago: the card token made by Mercado Pago's JS SDK (cards only).
+    pub token: Option<String>,
+    /// Mercado Pago: installments of a card payment (1 when a token comes without it).
+    pub installments: Option<u32>,
+    /// Mercado Pago: the card issuer (`issuer_id`).
+    pub issuer: Option<String>,
+    /// Mercado Pago: the payer's e-mail (required by Mercado Pago).
+    pub payer_email: Option<String>,
+    /// Mercado Pago: the payer's identification document.
+    pub document: Option<PayerDocument>,
+}
+
+/// A payer's identification document (`{"tipo":"CC","numero":"1020304050"}`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PayerDocument {
+    /// `CC`, `CE`, `NIT` (Colombia), `CPF` (Brazil), `DNI` (Argentina), …
+    pub kind: String,
+    pub number: String,
+}
+
+/// What the configured gateway needs from a payment request beyond the contract's
+/// basics: pure data, so the rules can be checked before anything is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatewayNeeds {
+    /// Sandbox and reference protocol: `medioPago` optional, not sent to the gateway.
+    Nothing,
+    /// Stripe: `medioPago` required, `id` a saved PaymentMethod `pm_…`, optional `cliente`
+    /// (`cus_…`); Mercado Pago's fields are refused.
+    Stripe,
+    /// Mercado Pago: `medioPago` required with `id` and `email`; `token`, `cuotas`,
+    /// `emisor`, `documento` optional (`cuotas` and `emisor` only with a `token`);
+    /// `moneda` one Mercado Pago operates in.
+    MercadoPago,
+}
+
+/// The currencies Mercado Pago operates in (one per country it serves).
+pub const MERCADOPAGO_CURRENCIES: &[&str] = &["ARS", "BRL", "CLP", "COP", "MXN", "PEN", "UYU"];
 
 /// One offending field, as listed in a 422 problem.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -75,11 +134,18 @@ fn field_error(campo: &str, detalle: impl Into<String>) -> FieldError {
     }
 }
 
-const KNOWN_FIELDS: [&str; 4] = ["creditoId", "monto", "moneda", "descripcion"];
+const KNOWN_FIELDS: [&str; 5] = ["creditoId", "monto", "moneda", "descripcion", "medioPago"];
 
 impl NewPayment {
-    /// Parses a JSON body already known to be syntactically valid JSON.
+    /// Parses a JSON body already known to be syntactically valid JSON, with no gateway's
+    /// needs (`medioPago` optional).
     pub fn from_json(body: &Value) -> Result<NewPayment, Vec<FieldError>> {
+        NewPayment::from_json_for(body, GatewayNeeds::Nothing)
+    }
+
+    /// Parses a body for a gateway with `needs`: every offending field at once, the
+    /// gateway's own requirements included.
+    pub fn from_json_for(body: &Value, needs: GatewayNeeds) -> Result<NewPayment, Vec<FieldError>> {
         let Some(object) = body.as_object() else {
             return Err(vec![field_error(
                 "(cuerpo)",
@@ -96,19 +162,353 @@ impl NewPayment {
         let amount = parse_amount(object).map_err(|e| errors.push(e)).ok();
         let currency = parse_currency(object).map_err(|e| errors.push(e)).ok();
         let description = parse_description(object).map_err(|e| errors.push(e)).ok();
-        match (credit_id, amount, currency, description) {
-            (Some(credit_id), Some(amount), Some(currency), Some(description))
-                if errors.is_empty() =>
-            {
-                Ok(NewPayment {
-                    credit_id,
-                    amount,
-                    currency,
-                    description,
-                })
-            }
+        let payment_method = match object.get("medioPago") {
+            None | Some(Value::Null) => Some(None),
+            Some(value) => match PaymentMethod::from_json(value) {
+                Ok(method) => Some(Some(method)),
+                Err(mut found) => {
+                    errors.append(&mut found);
+                    None
+                }
+            },
+        };
+        if let Some(method) = &payment_method {
+            errors.extend(needs.check(method.as_ref(), currency));
+        }
+        match (credit_id, amount, currency, description, payment_method) {
+            (
+                Some(credit_id),
+                Some(amount),
+                Some(currency),
+                Some(description),
+                Some(payment_method),
+            ) if errors.is_empty() => Ok(NewPayment {
+                credit_id,
+                amount,
+                currency,
+                description,
+                payment_method,
+            }),
             _ => Err(errors),
         }
+    }
+}
+
+impl GatewayNeeds {
+    /// What is missing or misplaced for this gateway (empty: nothing). `method` is the
+    /// parsed `medioPago` (None: absent); `currency` None when `moneda` was invalid.
+    pub fn check(
+        self,
+        method: Option<&PaymentMethod>,
+        currency: Option<Currency>,
+    ) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        let (gateway, example) = match self {
+            GatewayNeeds::Nothing => return errors,
+            GatewayNeeds::Stripe => (
+                "Stripe",
+                "a saved PaymentMethod id such as \"pm_1Q0PsIJvEtkwdCNYMSaVuRz6\"",
+            ),
+            GatewayNeeds::MercadoPago => (
+                "Mercado Pago",
+                "an object with `id` (payment_method_id such as \"visa\" or \"efecty\") and `email`",
+            ),
+        };
+        let Some(method) = method else {
+            errors.push(field_error(
+                "medioPago",
+                format!("required by the configured gateway ({gateway}): {example}"),
+            ));
+            return errors;
+        };
+        let unused = |errors: &mut Vec<FieldError>, present: bool, field: &str| {
+            if present {
+                errors.push(field_error(
+                    &format!("medioPago.{field}"),
+                    format!("not used by {gateway}; remove it"),
+                ));
+            }
+        };
+        match self {
+            GatewayNeeds::Nothing => {}
+            GatewayNeeds::Stripe => {
+                if !method.id.starts_with("pm_") {
+                    errors.push(field_error(
+                        "medioPago.id",
+                        "a saved Stripe PaymentMethod id, starting with \"pm_\"",
+                    ));
+                }
+                if method
+                    .customer
+                    .as_deref()
+                    .is_some_and(|c| !c.starts_with("cus_"))
+                {
+                    errors.push(field_error(
+                        "medioPago.cliente",
+                        "a Stripe Customer id, starting with \"cus_\"",
+                    ));
+                }
+                unused(&mut errors, method.token.is_some(), "token");
+                unused(&mut errors, method.installments.is_some(), "cuotas");
+                unused(&mut errors, method.issuer.is_some(), "emisor");
+                unused(&mut errors, method.payer_email.is_some(), "email");
+                unused(&mut errors, method.document.is_some(), "documento");
+            }
+            GatewayNeeds::MercadoPago => {
+                if method.payer_email.is_none() {
+                    errors.push(field_error(
+                        "medioPago.email",
+                        "required by Mercado Pago: the payer's e-mail",
+                    ));
+                }
+                unused(&mut errors, method.customer.is_some(), "cliente");
+                if method.token.is_none() {
+                    for (present, field) in [
+                        (method.installments.is_some(), "cuotas"),
+                        (method.issuer.is_some(), "emisor"),
+                    ] {
+                        if present {
+                            errors.push(field_error(
+                                &format!("medioPago.{field}"),
+                                "only for card payments, with a `token`",
+                            ));
+                        }
+                    }
+                }
+                if let Some(currency) = currency
+                    && !MERCADOPAGO_CURRENCIES.contains(&currency.code())
+                {
+                    errors.push(field_error(
+                        "moneda",
+                        format!(
+                            "Mercado Pago does not charge in {}; it charges in {}",
+                            currency.code(),
+                            MERCADOPAGO_CURRENCIES.join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        errors
+    }
+}
+
+const MAX_METHOD_ID_LEN: usize = 255;
+const MAX_EMAIL_LEN: usize = 254;
+const MAX_INSTALLMENTS: u64 = 48;
+const METHOD_FIELDS: [&str; 7] = [
+    "id",
+    "cliente",
+    "token",
+    "cuotas",
+    "emisor",
+    "email",
+    "documento",
+];
+
+/// An identifier a gateway gave: 1–255 ASCII letters, digits, `_`, `-` or `.`.
+fn parse_identifier(
+    campo: &str,
+    value: Option<&Value>,
+    max: usize,
+) -> Result<Option<String>, FieldError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s))
+            if !s.is_empty()
+                && s.len() <= max
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) =>
+        {
+            Ok(Some(s.clone()))
+        }
+        Some(Value::String(_)) => Err(field_error(
+            campo,
+            format!("1–{max} ASCII letters, digits, '_', '-' or '.'"),
+        )),
+        Some(_) => Err(field_error(campo, "must be a string")),
+    }
+}
+
+impl PaymentMethod {
+    /// Parses `medioPago` (a string id, or an object); every offending field at once.
+    pub fn from_json(value: &Value) -> Result<PaymentMethod, Vec<FieldError>> {
+        let object = match value {
+            Value::String(_) => {
+                let id = parse_identifier("medioPago", Some(value), MAX_METHOD_ID_LEN)
+                    .map_err(|e| vec![e])?;
+                return Ok(PaymentMethod::with_id(id.unwrap_or_default()));
+            }
+            Value::Object(object) => object,
+            _ => {
+                return Err(vec![field_error(
+                    "medioPago",
+                    "must be a payment method id (string) or an object with `id`",
+                )]);
+            }
+        };
+        let mut errors = Vec::new();
+        for name in object.keys() {
+            if !METHOD_FIELDS.contains(&name.as_str()) {
+                errors.push(field_error(&format!("medioPago.{name}"), "unknown field"));
+            }
+        }
+        let mut ok =
+            |r: Result<Option<String>, FieldError>| r.map_err(|e| errors.push(e)).ok().flatten();
+        let id = ok(parse_identifier(
+            "medioPago.id",
+            object.get("id"),
+            MAX_METHOD_ID_LEN,
+        ));
+        let customer = ok(parse_identifier(
+            "medioPago.cliente",
+            object.get("cliente"),
+            MAX_METHOD_ID_LEN,
+        ));
+        let token = ok(parse_identifier(
+            "medioPago.token",
+            object.get("token"),
+            MAX_METHOD_ID_LEN,
+        ));
+        let issuer = ok(parse_identifier(
+            "medioPago.emisor",
+            object.get("emisor"),
+            64,
+        ));
+        let payer_email = ok(parse_email(object.get("email")));
+        if id.is_none() && object.get("id").is_none_or(Value::is_null) {
+            errors.push(field_error("medioPago.id", "required"));
+        }
+        let installments = match object.get("cuotas") {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(v) if (1..=MAX_INSTALLMENTS).contains(&v) => u32::try_from(v).ok(),
+                _ => {
+                    errors.push(field_error(
+                        "medioPago.cuotas",
+                        format!("a whole number between 1 and {MAX_INSTALLMENTS}"),
+                    ));
+                    None
+                }
+            },
+            Some(_) => {
+                errors.push(field_error("medioPago.cuotas", "must be a number"));
+                None
+            }
+        };
+        let document = match object.get("documento") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(doc)) => {
+                let mut doc_errors = Vec::new();
+                for name in doc.keys() {
+                    if name != "tipo" && name != "numero" {
+                        doc_errors.push(field_error(
+                            &format!("medioPago.documento.{name}"),
+                            "unknown field",
+                        ));
+                    }
+                }
+                let kind = parse_identifier("medioPago.documento.tipo", doc.get("tipo"), 20);
+                let number = parse_identifier("medioPago.documento.numero", doc.get("numero"), 30);
+                match (kind, number) {
+                    (Ok(Some(kind)), Ok(Some(number))) if doc_errors.is_empty() => {
+                        Some(PayerDocument { kind, number })
+                    }
+                    (kind, number) => {
+                        for (result, field) in [(kind, "tipo"), (number, "numero")] {
+                            match result {
+                                Err(e) => doc_errors.push(e),
+                                Ok(None) => doc_errors.push(field_error(
+                                    &format!("medioPago.documento.{field}"),
+                                    "required",
+                                )),
+                                Ok(Some(_)) => {}
+                            }
+                        }
+                        errors.append(&mut doc_errors);
+                        None
+                    }
+                }
+            }
+            Some(_) => {
+                errors.push(field_error(
+                    "medioPago.documento",
+                    "must be an object with `tipo` and `numero`",
+                ));
+                None
+            }
+        };
+        match id {
+            Some(id) if errors.is_empty() => Ok(PaymentMethod {
+                id,
+                customer,
+                token,
+                installments,
+                issuer,
+                payer_email,
+                document,
+            }),
+            _ => Err(errors),
+        }
+    }
+
+    pub fn with_id(id: impl Into<String>) -> PaymentMethod {
+        PaymentMethod {
+            id: id.into(),
+            customer: None,
+            token: None,
+            installments: None,
+            issuer: None,
+            payer_email: None,
+            document: None,
+        }
+    }
+
+    /// The contract's JSON form (what is stored on the payment and parsed back).
+    pub fn to_json(&self) -> Value {
+        let mut object = Map::new();
+        object.insert("id".into(), Value::String(self.id.clone()));
+        let mut put = |name: &str, value: &Option<String>| {
+            if let Some(v) = value {
+                object.insert(name.into(), Value::String(v.clone()));
+            }
+        };
+        put("cliente", &self.customer);
+        put("token", &self.token);
+        put("emisor", &self.issuer);
+        put("email", &self.payer_email);
+        if let Some(n) = self.installments {
+            object.insert("cuotas".into(), Value::from(n));
+        }
+        if let Some(doc) = &self.document {
+            let mut d = Map::new();
+            d.insert("tipo".into(), Value::String(doc.kind.clone()));
+            d.insert("numero".into(), Value::String(doc.number.clone()));
+            object.insert("documento".into(), Value::Object(d));
+        }
+        Value::Object(object)
+    }
+}
+
+fn parse_email(value: Option<&Value>) -> Result<Option<String>, FieldError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => {
+            let well_formed = s.len() <= MAX_EMAIL_LEN
+                && s.split_once('@').is_some_and(|(local, domain)| {
+                    !local.is_empty() && domain.contains('.') && !domain.contains('@')
+                })
+                && !s.chars().any(|c| c.is_whitespace() || c.is_control());
+            if well_formed {
+                Ok(Some(s.clone()))
+            } else {
+                Err(field_error(
+                    "medioPago.email",
+                    format!("an e-mail address of at most {MAX_EMAIL_LEN} characters"),
+                ))
+            }
+        }
+        Some(_) => Err(field_error("medioPago.email", "must be a string")),
     }
 }
 
@@ -239,5 +639,115 @@ mod tests {
             ),
             vec!["creditoId", "descripcion"]
         );
+    }
+
+    fn fields_for(needs: GatewayNeeds, body: Value) -> Vec<String> {
+        match NewPayment::from_json_for(&body, needs) {
+            Ok(_) => vec![],
+            Err(errors) => errors.into_iter().map(|e| e.campo).collect(),
+        }
+    }
+
+    fn with_method(method: Value) -> Value {
+        json!({"creditoId":"42","monto":250000,"moneda":"COP","medioPago":method})
+    }
+
+    #[test]
+    fn medio_pago_is_optional_where_the_gateway_does_not_charge_one() {
+        let plain = json!({"creditoId":"42","monto":250000,"moneda":"COP"});
+        assert_eq!(
+            fields_for(GatewayNeeds::Nothing, plain.clone()),
+            Vec::<String>::new()
+        );
+        let parsed = NewPayment::from_json(&with_method(json!("pm_1"))).expect("valid");
+        assert_eq!(parsed.payment_method, Some(PaymentMethod::with_id("pm_1")));
+        assert_eq!(
+            fields_for(GatewayNeeds::Stripe, plain.clone()),
+            vec!["medioPago"]
+        );
+        assert_eq!(
+            fields_for(GatewayNeeds::MercadoPago, plain),
+            vec!["medioPago"]
+        );
+    }
+
+    #[test]
+    fn stripe_takes_a_saved_payment_method_and_its_customer() {
+        for ok in [
+            json!("pm_1Q0PsIJvEtkwdCNYMSaVuRz6"),
+            json!({"id":"pm_1Q0PsIJvEtkwdCNYMSaVuRz6","cliente":"cus_NffrFeUfNV2Hib"}),
+        ] {
+            assert_eq!(
+                fields_for(GatewayNeeds::Stripe, with_method(ok.clone())),
+                Vec::<String>::new(),
+                "{ok}"
+            );
+        }
+        assert_eq!(
+            fields_for(GatewayNeeds::Stripe, with_method(json!("visa"))),
+            vec!["medioPago.id"]
+        );
+        assert_eq!(
+            fields_for(
+                GatewayNeeds::Stripe,
+                with_method(json!({"id":"pm_1","cliente":"x","token":"t","email":"a@b.co"}))
+            ),
+            vec!["medioPago.cliente", "medioPago.token", "medioPago.email"]
+        );
+    }
+
+    #[test]
+    fn mercadopago_needs_a_method_and_the_payers_email() {
+        let card = json!({"id":"visa","token":"ff8080814c11e237014c1ff593b57b4d","cuotas":3,
+                          "emisor":"310","email":"payer@example.com",
+                          "documento":{"tipo":"CC","numero":"1020304050"}});
+        assert_eq!(
+            fields_for(GatewayNeeds::MercadoPago, with_method(card.clone())),
+            Vec::<String>::new()
+        );
+        let parsed =
+            NewPayment::from_json_for(&with_method(card.clone()), GatewayNeeds::MercadoPago)
+                .expect("valid")
+                .payment_method
+                .expect("a method");
+        assert_eq!(parsed.installments, Some(3));
+        assert_eq!(parsed.to_json(), card, "stored as sent");
+        assert_eq!(PaymentMethod::from_json(&parsed.to_json()), Ok(parsed));
+        assert_eq!(
+            fields_for(
+                GatewayNeeds::MercadoPago,
+                with_method(json!({"id":"efecty"}))
+            ),
+            vec!["medioPago.email"]
+        );
+        assert_eq!(
+            fields_for(
+                GatewayNeeds::MercadoPago,
+                with_method(json!({"id":"efecty","email":"p@example.com","cuotas":2}))
+            ),
+            vec!["medioPago.cuotas"]
+        );
+        let usd = json!({"creditoId":"42","monto":100,"moneda":"USD",
+                         "medioPago":{"id":"efecty","email":"p@example.com"}});
+        assert_eq!(fields_for(GatewayNeeds::MercadoPago, usd), vec!["moneda"]);
+    }
+
+    #[test]
+    fn a_malformed_medio_pago_reports_each_bad_field() {
+        assert_eq!(
+            fields(with_method(
+                json!({"id":"pm 1","cuotas":0,"email":"nope","documento":{"tipo":"CC"},"pan":"4242"})
+            )),
+            vec![
+                "medioPago.pan",
+                "medioPago.id",
+                "medioPago.email",
+                "medioPago.cuotas",
+                "medioPago.documento.numero"
+            ]
+        );
+        assert_eq!(fields(with_method(json!(42))), vec!["medioPago"]);
+        assert_eq!(fields(with_method(json!(""))), vec!["medioPago"]);
+        assert_eq!(fields(with_method(json!({}))), vec!["medioPago.id"]);
     }
 }

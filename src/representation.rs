@@ -21,12 +21,32 @@ pub struct Pago {
     pub moneda: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub descripcion: Option<String>,
+    /// The payment method charged: only its `id` (a Stripe `pm_…` or a Mercado Pago
+    /// `payment_method_id`), never a token, e-mail or document.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub medio_pago: Option<MedioPago>,
     pub estado: PaymentState,
     pub gateway_ref: Option<String>,
     /// RFC 3339.
     pub creado_en: String,
     /// RFC 3339.
     pub actualizado_en: String,
+}
+
+/// What the representation shows of a payment method.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct MedioPago {
+    #[schema(example = "pm_1Q0PsIJvEtkwdCNYMSaVuRz6")]
+    pub id: String,
+}
+
+impl MedioPago {
+    /// From the stored contract JSON; only the id is kept.
+    fn of_stored(stored: &str) -> Option<MedioPago> {
+        let value: serde_json::Value = serde_json::from_str(stored).ok()?;
+        let id = value.get("id")?.as_str()?.to_owned();
+        Some(MedioPago { id })
+    }
 }
 
 impl Pago {
@@ -37,6 +57,7 @@ impl Pago {
             monto: p.amount,
             moneda: p.currency.clone(),
             descripcion: p.description.clone(),
+            medio_pago: p.payment_method.as_deref().and_then(MedioPago::of_stored),
             estado: p.state.parse().unwrap_or(PaymentState::RevisionManual),
             gateway_ref: p.gateway_ref.clone(),
             creado_en: p.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),

@@ -8,6 +8,7 @@ pub use sea_orm_migration::prelude::*;
 mod m20261202_000001_init;
 mod m20261202_000002_instance_facts;
 mod m20261202_000003_webhooks;
+mod m20261202_000004_payment_method;
 
 pub struct Migrator;
 
@@ -18,6 +19,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000001_init::Migration),
             Box::new(m20261202_000002_instance_facts::Migration),
             Box::new(m20261202_000003_webhooks::Migration),
+            Box::new(m20261202_000004_payment_method::Migration),
         ]
     }
 }

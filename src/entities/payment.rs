@@ -12,6 +12,9 @@ pub struct Model {
     pub amount: i64,
     pub currency: String,
     pub description: Option<String>,
+    /// The request's `medioPago` in its contract JSON form (`PaymentMethod::to_json`);
+    /// every send of the payment charges it.
+    pub payment_method: Option<String>,
     /// A `PaymentState`, as its contract name (`EN_PROCESO`, …).
     pub state: String,
     /// Bumped by every write; writes are fenced on it.

@@ -17,13 +17,32 @@ pub struct HttpGateway {
     secret: String,
 }
 
+/// The HTTP client every adapter uses: `timeout` bounds one whole try.
+pub(super) fn client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .user_agent(concat!("pagos/", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
+/// The first 300 characters of an answer's body, for an error's detail.
+pub(super) async fn detail(resp: reqwest::Response) -> String {
+    let text = resp.text().await.unwrap_or_default();
+    text.chars().take(300).collect()
+}
+
+/// Statuses after which the request may or may not have been applied.
+pub(super) fn outcome_unknown(status: StatusCode) -> bool {
+    status.is_server_error()
+        || status == StatusCode::CONFLICT
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::REQUEST_TIMEOUT
+}
+
 impl HttpGateway {
     pub fn new(base: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .user_agent(concat!("pagos/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let client = client(timeout)?;
         Ok(HttpGateway {
             client,
             base: base.trim_end_matches('/').to_owned(),
@@ -37,7 +56,8 @@ struct ChargeList {
     data: Vec<Charge>,
 }
 
-fn transport(err: &reqwest::Error) -> GatewayError {
+/// A request that got no answer: the outcome is unknown.
+pub(super) fn transport(err: &reqwest::Error) -> GatewayError {
     let kind = if err.is_timeout() {
         "timed out"
     } else if err.is_connect() {
@@ -58,8 +78,7 @@ async fn classify<T: for<'de> Deserialize<'de>>(
         return serde_json::from_slice(&bytes)
             .map_err(|e| GatewayError::Unknown(format!("unreadable {status} answer: {e}")));
     }
-    let detail = resp.text().await.unwrap_or_default();
-    let detail: String = detail.chars().take(300).collect();
+    let detail = detail(resp).await;
     if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
         // Our credentials, not the payment, are wrong: nothing was charged, but failing
         // every payment during a credentials incident would be worse than waiting. The
@@ -68,11 +87,7 @@ async fn classify<T: for<'de> Deserialize<'de>>(
             "gateway refused our credentials ({status}): check PAGOS_GATEWAY_SECRET"
         )));
     }
-    if status.is_server_error()
-        || status == StatusCode::CONFLICT
-        || status == StatusCode::TOO_MANY_REQUESTS
-        || status == StatusCode::REQUEST_TIMEOUT
-    {
+    if outcome_unknown(status) {
         Err(GatewayError::Unknown(format!(
             "gateway answered {status}: {detail}"
         )))

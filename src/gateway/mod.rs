@@ -1,14 +1,19 @@
 //! Talking to payment gateways: the `Gateway` trait, the derived gateway key, the retry
-//! policy, and the adapters (reference HTTP protocol, in-process sandbox).
+//! policy, and the adapters (reference HTTP protocol, in-process sandbox, Stripe, Mercado
+//! Pago), with the amount conversions the providers need.
 //!
 //! This room never touches the database and never decides a payment's state: it reports
 //! what the gateway said, or that nobody knows.
 
+pub mod amount;
 pub mod http;
+pub mod mercadopago;
 pub mod retry;
 pub mod sandbox;
 pub mod sandbox_server;
+pub mod stripe;
 
+use crate::domain::PaymentMethod;
 use crate::idempotency::IdempotencyKey;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -24,6 +29,9 @@ pub struct ChargeRequest {
     pub currency: String,
     pub reference: Uuid,
     pub description: Option<String>,
+    /// The payer's `medioPago`, for the gateways that charge one (Stripe, Mercado Pago);
+    /// the reference protocol does not carry it.
+    pub payment_method: Option<PaymentMethod>,
 }
 
 /// The reference protocol's charge body (what `POST /v1/charges` takes).
@@ -78,6 +86,15 @@ pub enum GatewayError {
     /// Retrying the same request cannot help.
     #[error("gateway refused the request with {status}: {detail}")]
     Rejected { status: u16, detail: String },
+}
+
+/// The longest decline code pagos stores (`payments.decline_code`, `webhook_charges`).
+pub const MAX_DECLINE_CODE_LEN: usize = 100;
+
+/// A provider's decline code cut to what pagos stores: a provider's string must never
+/// make a write fail, again on every retry.
+pub fn decline_code(code: &str) -> String {
+    code.chars().take(MAX_DECLINE_CODE_LEN).collect()
 }
 
 impl GatewayError {

@@ -374,6 +374,7 @@ mod tests {
             currency: "COP".into(),
             reference: Uuid::nil(),
             description: None,
+            payment_method: None,
         }
     }
 

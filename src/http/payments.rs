@@ -48,6 +48,13 @@ struct PagoRequest {
     moneda: String,
     #[schema(max_length = 255)]
     descripcion: Option<String>,
+    /// How the payer pays; required by the Stripe and Mercado Pago gateways (422 listing
+    /// `medioPago` without it). Stripe: a saved PaymentMethod, `"pm_…"` or
+    /// `{"id":"pm_…","cliente":"cus_…"}`. Mercado Pago: `{"id":"visa","token":"…",
+    /// "cuotas":1,"email":"payer@example.com","documento":{"tipo":"CC","numero":"…"}}`
+    /// (`token`, `cuotas`, `emisor` for cards; `documento` when the method needs it).
+    #[schema(rename = "medioPago", value_type = Object)]
+    medio_pago: Option<serde_json::Value>,
 }
 
 fn problem(kind: Kind, detail: impl Into<String>) -> ApiError {
@@ -187,11 +194,13 @@ async fn create_payment(
             format!("The body is not valid JSON: {e}."),
         )
     })?;
-    let new_payment = NewPayment::from_json(&value).map_err(|errors| {
-        let campos: Vec<&str> = errors.iter().map(|e| e.campo.as_str()).collect();
-        tracing::info!(%merchant, ?campos, "payment request failed validation");
-        validation_failed(errors)
-    })?;
+    // What the configured gateway needs is checked here, before anything is stored.
+    let new_payment =
+        NewPayment::from_json_for(&value, state.settings.gateway.needs()).map_err(|errors| {
+            let campos: Vec<&str> = errors.iter().map(|e| e.campo.as_str()).collect();
+            tracing::info!(%merchant, ?campos, "payment request failed validation");
+            validation_failed(errors)
+        })?;
     let fingerprint = idempotency::fingerprint("POST", PAYMENTS_PATH, &value);
 
     let begun = idempotency::begin(

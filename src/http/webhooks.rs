@@ -1,10 +1,12 @@
-//! Gateway webhooks: `POST /v1/webhooks/http`, and on-call's list of orphan charges
+//! Gateway webhooks: `POST /v1/webhooks/http` (reference protocol), `/v1/webhooks/stripe`
+//! and `/v1/webhooks/mercadopago`, and on-call's list of orphan charges
 //! (`GET /admin/cargos-huerfanos`).
 //!
 //! The signature is checked over the raw bytes before anything is parsed, and nothing is
 //! written for a request refused with 401, 400 or 413. Every event that is accepted —
 //! applied, duplicate, stale, orphan — answers 200, so the gateway stops redelivering it;
-//! only a failure to write answers 503, and the redelivery starts over from nothing.
+//! only a failure to write (or, for Mercado Pago, to ask the payment's state) answers 503,
+//! and the redelivery starts over from nothing.
 
 use super::AppState;
 use super::auth::Admin;
@@ -12,11 +14,13 @@ use super::problem::{ApiError, Kind, Problem};
 use crate::domain::FieldError;
 use crate::entities::webhook_charge;
 use crate::webhooks::event::{GatewayEvent, Payload};
+use crate::webhooks::mercadopago::{self as mp, Notification};
 use crate::webhooks::signature::{self, SignatureError};
-use crate::webhooks::{self, ChargeEvent, SOURCE_HTTP};
+use crate::webhooks::stripe::{self as stripe_event, StripeEvent};
+use crate::webhooks::{self, ChargeEvent, SOURCE_HTTP, SOURCE_MERCADOPAGO, SOURCE_STRIPE};
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Query, State};
+use axum::extract::{Query, RawQuery, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use chrono::SecondsFormat;
@@ -32,6 +36,8 @@ pub const MAX_LIMIT: u64 = 1000;
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(receive_http_event))
+        .routes(routes!(receive_stripe_event))
+        .routes(routes!(receive_mercadopago_notification))
         .routes(routes!(list_orphan_charges))
 }
 
@@ -140,21 +146,17 @@ async fn receive_http_event(
     }
     let event = GatewayEvent::parse(&raw).map_err(|err| {
         tracing::warn!(error = %err, "signed webhook is not a gateway event");
-        state.metrics.webhook_event("malformed");
-        ApiError::from(
-            Problem::new(Kind::MalformedJson).detail(format!("{err}. Nothing was recorded.")),
-        )
+        malformed(&state, err)
     })?;
     let charge = match &event.payload {
         Payload::ChargeUpdated(charge) => charge,
         Payload::Other(kind) => {
             tracing::info!(event_id = event.id, kind, "event type ignored");
-            state.metrics.webhook_event("ignorado");
-            return Ok(acknowledge("ignorado"));
+            return Ok(ignored(&state));
         }
     };
-    let consumed = webhooks::consume(
-        &state.db,
+    apply(
+        &state,
         ChargeEvent {
             source: SOURCE_HTTP,
             event_id: &event.id,
@@ -162,23 +164,297 @@ async fn receive_http_event(
             charge,
         },
     )
-    .await;
-    match consumed {
+    .await
+}
+
+/// Applies an accepted event and answers it: 200 with what it came to, or 503 when it
+/// could not be written (nothing was; the provider delivers it again).
+async fn apply(state: &AppState, event: ChargeEvent<'_>) -> Result<Response, ApiError> {
+    match webhooks::consume(&state.db, event).await {
         Ok(outcome) => {
             state.metrics.webhook_event(outcome.as_str());
             Ok(acknowledge(outcome.as_str()))
         }
         Err(err) => {
             state.metrics.webhook_event("error");
-            tracing::error!(event_id = event.id, error = %err, "webhook could not be applied; the gateway will deliver it again");
-            Err(Problem::new(Kind::Unavailable)
-                .detail(
-                    "The event could not be applied now; nothing was recorded. Deliver it again.",
-                )
-                .retry_after(1)
-                .into())
+            tracing::error!(source = event.source, event_id = event.event_id, error = %err, "webhook could not be applied; the gateway will deliver it again");
+            Err(unavailable(
+                "The event could not be applied now; nothing was recorded. Deliver it again.",
+            ))
         }
     }
+}
+
+fn unavailable(detail: &str) -> ApiError {
+    Problem::new(Kind::Unavailable)
+        .detail(detail)
+        .retry_after(1)
+        .into()
+}
+
+fn malformed(state: &AppState, err: impl std::fmt::Display) -> ApiError {
+    state.metrics.webhook_event("malformed");
+    Problem::new(Kind::MalformedJson)
+        .detail(format!("{err}. Nothing was recorded."))
+        .into()
+}
+
+fn ignored(state: &AppState) -> Response {
+    state.metrics.webhook_event("ignorado");
+    acknowledge("ignorado")
+}
+
+/// The secret of a webhook endpoint, or the 401 it answers while the secret is unset.
+fn secret_of<'a>(secret: Option<&'a str>, env: &str) -> Result<&'a str, ApiError> {
+    match secret.filter(|s| !s.is_empty()) {
+        Some(secret) => Ok(secret),
+        None => {
+            tracing::warn!(setting = env, "webhook refused: its secret is not set");
+            Err(unauthorized(format!(
+                "Webhooks are disabled: {env} is not set."
+            )))
+        }
+    }
+}
+
+fn refuse_signature(state: &AppState, err: SignatureError, how: &str) -> ApiError {
+    // Never log the header or the body: they are an attacker's to choose.
+    tracing::warn!(reason = %err, kind = signature_failure(err), "webhook signature refused");
+    state.metrics.webhook_event(match err {
+        SignatureError::OutsideTolerance => "refused_timestamp",
+        _ => "refused_signature",
+    });
+    unauthorized(format!("{}. {how}", signature_detail(err)))
+}
+
+/// The refusal in words that name no particular header (the variants' own texts name
+/// the reference protocol's).
+fn signature_detail(err: SignatureError) -> String {
+    match err {
+        SignatureError::Missing => "The signature header is missing".into(),
+        SignatureError::Repeated => "Send exactly one signature header".into(),
+        SignatureError::Malformed(why) => format!("The signature header is malformed: {why}"),
+        SignatureError::OutsideTolerance => {
+            "The signature's timestamp is more than 5 minutes away from now".into()
+        }
+        SignatureError::Mismatch => "No signature matches this request".into(),
+    }
+}
+
+/// Receive a Stripe event (`payment_intent.*`), delivered at least once, in any order.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/stripe",
+    tag = "webhooks",
+    params(
+        ("Stripe-Signature" = String, Header,
+         description = "`t=<unix seconds>,v1=<hex HMAC-SHA256(PAGOS_STRIPE_WEBHOOK_SECRET, \"<t>.<raw body>\")>`; other schemes (`v0`) ignored; `t` within 5 minutes of now.")
+    ),
+    request_body(content = Object, content_type = "application/json",
+                 description = "A Stripe event. `payment_intent.succeeded`, `.payment_failed`, `.processing`, `.requires_action` and `.canceled` of PaymentIntents with `metadata.pagos_reference` are applied; anything else is acknowledged and ignored."),
+    responses(
+        (status = 200, description = "Accepted: applied, or already applied, stale, orphan or ignored. Stop delivering it.", body = Acuse),
+        (status = 400, description = "Signed, but not a Stripe event pagos can read; nothing was recorded", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Signature missing, malformed, wrong or outside the 5-minute tolerance, or PAGOS_STRIPE_WEBHOOK_SECRET unset; nothing was recorded", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Could not be applied now; nothing was recorded. Deliver it again.", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u64))),
+    )
+)]
+async fn receive_stripe_event(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let secret = secret_of(
+        state.settings.stripe_webhook_secret.as_deref(),
+        "PAGOS_STRIPE_WEBHOOK_SECRET",
+    )?;
+    let raw = read_raw(body).await?;
+    let values = headers
+        .get_all("stripe-signature")
+        .iter()
+        .map(|v| v.as_bytes());
+    if let Err(err) = signature::verify_stripe_header(values, secret.as_bytes(), &raw, unix_now()) {
+        return Err(refuse_signature(
+            &state,
+            err,
+            "Stripe signs \"<t>.<raw body>\" with the endpoint's signing secret (whsec_…).",
+        ));
+    }
+    let event = StripeEvent::parse(&raw).map_err(|err| {
+        tracing::warn!(error = %err, "signed webhook is not a Stripe event pagos can read");
+        malformed(&state, err)
+    })?;
+    match &event.payload {
+        stripe_event::Payload::Ignored(why) => {
+            tracing::info!(
+                event_id = event.id,
+                kind = event.kind,
+                why,
+                "Stripe event ignored"
+            );
+            Ok(ignored(&state))
+        }
+        stripe_event::Payload::Charge { charge, sequence } => {
+            apply(
+                &state,
+                ChargeEvent {
+                    source: SOURCE_STRIPE,
+                    event_id: &event.id,
+                    sequence: *sequence,
+                    charge,
+                },
+            )
+            .await
+        }
+    }
+}
+
+/// Receive a Mercado Pago notification; the payment's state is asked from Mercado Pago.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/mercadopago",
+    tag = "webhooks",
+    params(
+        ("data.id" = String, Query, description = "The notified payment's id, as Mercado Pago puts it in the URL (signed)."),
+        ("type" = Option<String>, Query, description = "`payment`"),
+        ("x-signature" = String, Header,
+         description = "`ts=<timestamp>,v1=<hex HMAC-SHA256(PAGOS_MERCADOPAGO_WEBHOOK_SECRET, \"id:<data.id>;request-id:<x-request-id>;ts:<ts>;\")>`"),
+        ("x-request-id" = String, Header, description = "Signed with the manifest."),
+    ),
+    request_body(content = Object, content_type = "application/json",
+                 description = "A Mercado Pago notification (`{\"id\":…,\"type\":\"payment\",\"action\":\"payment.updated\",\"data\":{\"id\":\"…\"}}`). Deduplicated by `id`; types other than `payment` are acknowledged and ignored."),
+    responses(
+        (status = 200, description = "Accepted: applied, or already applied, stale, orphan or ignored. Stop delivering it.", body = Acuse),
+        (status = 400, description = "Signed, but not a payment notification pagos can read; nothing was recorded", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Signature missing, malformed or wrong, or PAGOS_MERCADOPAGO_WEBHOOK_SECRET unset; nothing was recorded", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Mercado Pago could not be asked, or the database failed; nothing was recorded. Deliver it again.", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u64))),
+    )
+)]
+async fn receive_mercadopago_notification(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let secret = secret_of(
+        state.settings.mercadopago_webhook_secret.as_deref(),
+        "PAGOS_MERCADOPAGO_WEBHOOK_SECRET",
+    )?;
+    let raw = read_raw(body).await?;
+    let data_id = query.as_deref().and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes())
+            .find(|(name, _)| name == "data.id")
+            .map(|(_, value)| value.into_owned())
+    });
+    let request_id = headers
+        .get(mp::REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok());
+    let values = headers
+        .get_all(mp::SIGNATURE_HEADER)
+        .iter()
+        .map(|v| v.as_bytes());
+    if let Err(err) = mp::verify_request(values, secret.as_bytes(), data_id.as_deref(), request_id)
+    {
+        return Err(refuse_signature(
+            &state,
+            err,
+            "Mercado Pago signs \"id:<data.id>;request-id:<x-request-id>;ts:<ts>;\" with the application's webhook secret.",
+        ));
+    }
+    let notification = Notification::parse(&raw).map_err(|err| {
+        tracing::warn!(error = %err, "signed webhook is not a Mercado Pago notification");
+        malformed(&state, err)
+    })?;
+    if notification.kind != mp::PAYMENT {
+        tracing::info!(
+            notification_id = notification.id,
+            kind = notification.kind,
+            "Mercado Pago notification ignored"
+        );
+        return Ok(ignored(&state));
+    }
+    let Some(payment_id) = data_id else {
+        return Err(malformed(
+            &state,
+            "`data.id` is missing from the URL's query",
+        ));
+    };
+    if notification
+        .data_id
+        .as_deref()
+        .is_some_and(|id| id != payment_id)
+    {
+        return Err(malformed(
+            &state,
+            "`data.id` of the body and of the URL differ",
+        ));
+    }
+    let seen = webhooks::already_processed(&state.db, SOURCE_MERCADOPAGO, &notification.id)
+        .await
+        .map_err(|err| {
+            tracing::error!(notification_id = notification.id, error = %err, "webhook dedupe read failed");
+            unavailable("The notification could not be applied now; nothing was recorded. Deliver it again.")
+        })?;
+    if seen {
+        state.metrics.webhook_event("duplicado");
+        return Ok(acknowledge("duplicado"));
+    }
+    // The notification names the payment; Mercado Pago's API says what state it is in.
+    let adapter = crate::app::mercadopago_from(&state.settings).map_err(ApiError::Internal)?;
+    let payment = match adapter.fetch(&payment_id).await {
+        Ok(Some(payment)) => payment,
+        Ok(None) => {
+            tracing::warn!(
+                notification_id = notification.id,
+                payment_id,
+                "notified payment not found at Mercado Pago; ignored (the reconciler still asks about pending payments)"
+            );
+            return Ok(ignored(&state));
+        }
+        Err(err) => {
+            state.metrics.webhook_event("error");
+            tracing::warn!(notification_id = notification.id, payment_id, error = %err, "could not ask Mercado Pago about a notified payment; it will notify again");
+            return Err(unavailable(
+                "Mercado Pago could not be asked about the payment now; nothing was recorded. Deliver it again.",
+            ));
+        }
+    };
+    let is_ours = payment
+        .external_reference
+        .as_deref()
+        .is_some_and(|r| uuid::Uuid::parse_str(r).is_ok());
+    if !is_ours {
+        tracing::info!(
+            notification_id = notification.id,
+            payment_id,
+            "a Mercado Pago payment pagos did not make; ignored"
+        );
+        return Ok(ignored(&state));
+    }
+    let charge = match payment.to_charge() {
+        Ok(charge) => charge,
+        Err(err) => {
+            state.metrics.webhook_event("error");
+            tracing::error!(notification_id = notification.id, payment_id, error = %err, "Mercado Pago payment pagos cannot read");
+            return Err(unavailable(
+                "The payment's state could not be read; nothing was recorded. Deliver it again.",
+            ));
+        }
+    };
+    apply(
+        &state,
+        ChargeEvent {
+            source: SOURCE_MERCADOPAGO,
+            event_id: &notification.id,
+            sequence: mp::sequence(&payment),
+            charge: &charge,
+        },
+    )
+    .await
 }
 
 fn acknowledge(resultado: &'static str) -> Response {
@@ -212,7 +488,7 @@ struct OrphanQuery {
 #[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct CargoHuerfano {
-    /// The gateway (`http`).
+    /// The gateway (`http`, `stripe`, `mercadopago`).
     fuente: String,
     cargo_id: String,
     /// The reference the gateway holds for the charge.

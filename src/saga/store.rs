@@ -103,6 +103,11 @@ pub async fn register(db: &DatabaseConnection, reg: Registration<'_>) -> Result<
         amount: reg.payment.amount,
         currency: reg.payment.currency.code().to_owned(),
         description: reg.payment.description.clone(),
+        payment_method: reg
+            .payment
+            .payment_method
+            .as_ref()
+            .map(|m| m.to_json().to_string()),
         state: PaymentState::EnProceso.as_str().to_owned(),
         version: 0,
         attempts: 0,

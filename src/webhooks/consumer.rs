@@ -180,6 +180,22 @@ async fn consume_in(
     }
 }
 
+/// Whether the event id was applied already: a cheap read to skip work (such as asking
+/// the provider) for an obvious duplicate. `consume` still decides inside its
+/// transaction; this answer may be stale by the time it is used.
+pub async fn already_processed(
+    db: &impl ConnectionTrait,
+    source: &str,
+    id: &str,
+) -> Result<bool, DbErr> {
+    Ok(
+        messages::Entity::find_by_id((source.to_owned(), id.to_owned()))
+            .one(db)
+            .await?
+            .is_some(),
+    )
+}
+
 /// Inserts the event id; false when it was there already.
 async fn record_message(tx: &impl ConnectionTrait, source: &str, id: &str) -> Result<bool, DbErr> {
     let inserted = messages::Entity::insert(messages::ActiveModel {

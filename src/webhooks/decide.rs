@@ -149,6 +149,7 @@ mod tests {
             amount: 250_000,
             currency: "COP".into(),
             description: None,
+            payment_method: None,
             state: state.as_str().into(),
             version: 3,
             attempts: 1,

@@ -10,7 +10,7 @@ use serde_json::Value;
 /// The only event type with an effect; others are acknowledged and ignored.
 pub const CHARGE_UPDATED: &str = "charge.updated";
 
-const MAX_ID_LEN: usize = 255;
+pub(crate) const MAX_ID_LEN: usize = 255;
 const MAX_CURRENCY_LEN: usize = 16;
 const MAX_DECLINE_CODE_LEN: usize = 100;
 
@@ -44,9 +44,9 @@ pub enum Payload {
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct EventError(String);
+pub struct EventError(pub(crate) String);
 
-fn bounded(field: &str, value: &str, max: usize) -> Result<(), EventError> {
+pub(crate) fn bounded(field: &str, value: &str, max: usize) -> Result<(), EventError> {
     if value.is_empty() {
         return Err(EventError(format!("`{field}` must not be empty")));
     }

@@ -1,18 +1,28 @@
 //! Gateway webhooks: an at-least-once stream applied exactly once.
 //!
-//! `signature` checks who sent the bytes, `event` parses them, `decide` says what an
-//! event does to its payment (pure), and `consumer` applies it in one transaction.
+//! `signature` checks who sent the bytes, `event` parses them (`stripe` and `mercadopago`
+//! the providers' own events), `decide` says what an event does to its payment (pure),
+//! and `consumer` applies it in one transaction.
 //! This room never calls a gateway and never moves a payment except through
 //! `saga::store::apply` (the transition function, the version fence, the audit trail).
 
 pub mod consumer;
 pub mod decide;
 pub mod event;
+pub mod mercadopago;
 pub mod signature;
+pub mod stripe;
 
 pub use consumer::{
-    ChargeEvent, ConsumeError, Outcome, consume, orphan_charges, purge_processed_messages,
+    ChargeEvent, ConsumeError, Outcome, already_processed, consume, orphan_charges,
+    purge_processed_messages,
 };
 
 /// The `source` of events posted to `/v1/webhooks/http` (the reference protocol).
 pub const SOURCE_HTTP: &str = "http";
+
+/// The `source` of events posted to `/v1/webhooks/stripe`.
+pub const SOURCE_STRIPE: &str = "stripe";
+
+/// The `source` of notifications posted to `/v1/webhooks/mercadopago`.
+pub const SOURCE_MERCADOPAGO: &str = "mercadopago";

@@ -1,6 +1,7 @@
 //! The `Gateway-Signature` header: `t=<unix seconds>,v1=<hex HMAC-SHA256(secret,
 //! "<t>.<raw body>")>`, with one or more `v1` (a gateway rotating its secret signs with
-//! both).
+//! both). Stripe's `Stripe-Signature` is the same scheme, except that it may carry other
+//! schemes (`v0=…`) that must be ignored: `parse_lenient`.
 //!
 //! Pure: the clock is an argument. It works on the raw bytes and never parses the body,
 //! compares MACs in constant time (`hmac`'s `verify_slice`), and never logs a secret or a
@@ -20,6 +21,9 @@ pub const TOLERANCE_SECS: i64 = 5 * 60;
 
 /// More `v1` values than this is not a rotation, it is someone guessing.
 const MAX_SIGNATURES: usize = 8;
+
+/// More items than this in a lenient header is not a provider's header.
+const MAX_ITEMS: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SignatureError {
@@ -46,8 +50,21 @@ impl SignatureHeader {
     /// Parses the header strictly: comma-separated `t=` (exactly once, decimal digits)
     /// and `v1=` (at least once, 64 hex digits); anything else is refused.
     pub fn parse(raw: &[u8]) -> Result<Self, SignatureError> {
+        Self::parse_with(raw, false)
+    }
+
+    /// As `parse`, but items other than `t=` and `v1=` (Stripe's `v0=`, schemes a
+    /// provider adds later) are skipped, as Stripe asks of its receivers.
+    pub fn parse_lenient(raw: &[u8]) -> Result<Self, SignatureError> {
+        Self::parse_with(raw, true)
+    }
+
+    fn parse_with(raw: &[u8], skip_unknown: bool) -> Result<Self, SignatureError> {
         use SignatureError::Malformed;
         let text = std::str::from_utf8(raw).map_err(|_| Malformed("not ASCII"))?;
+        if skip_unknown && text.split(',').count() > MAX_ITEMS {
+            return Err(Malformed("too many items"));
+        }
         let mut timestamp = None;
         let mut signatures = Vec::new();
         for item in text.split(',') {
@@ -76,6 +93,7 @@ impl SignatureHeader {
                         return Err(Malformed("too many v1= values"));
                     }
                 }
+                _ if skip_unknown => {}
                 _ => return Err(Malformed("only t= and v1= are allowed")),
             }
         }
@@ -125,17 +143,34 @@ fn signed_payload_mac(secret: &[u8], timestamp: i64, body: &[u8]) -> HmacSha256 
 /// Verifies the `Gateway-Signature` values of a request (all of them: more than one is
 /// refused) over the raw body.
 pub fn verify_header<'a>(
-    mut values: impl Iterator<Item = &'a [u8]>,
+    values: impl Iterator<Item = &'a [u8]>,
     secret: &[u8],
     body: &[u8],
     now: i64,
 ) -> Result<(), SignatureError> {
-    let header = match (values.next(), values.next()) {
-        (None, _) => return Err(SignatureError::Missing),
-        (Some(_), Some(_)) => return Err(SignatureError::Repeated),
-        (Some(value), None) => SignatureHeader::parse(value)?,
-    };
-    header.verify(secret, body, now)
+    one_header(values, SignatureHeader::parse)?.verify(secret, body, now)
+}
+
+/// Verifies the `Stripe-Signature` values of a request (exactly one header; schemes
+/// other than `v1` ignored) over the raw body, with the same 5-minute tolerance.
+pub fn verify_stripe_header<'a>(
+    values: impl Iterator<Item = &'a [u8]>,
+    secret: &[u8],
+    body: &[u8],
+    now: i64,
+) -> Result<(), SignatureError> {
+    one_header(values, SignatureHeader::parse_lenient)?.verify(secret, body, now)
+}
+
+fn one_header<'a>(
+    mut values: impl Iterator<Item = &'a [u8]>,
+    parse: fn(&[u8]) -> Result<SignatureHeader, SignatureError>,
+) -> Result<SignatureHeader, SignatureError> {
+    match (values.next(), values.next()) {
+        (None, _) => Err(SignatureError::Missing),
+        (Some(_), Some(_)) => Err(SignatureError::Repeated),
+        (Some(value), None) => parse(value),
+    }
 }
 
 /// The header a gateway sends for `body` at `timestamp` (used by the sandbox gateway).
@@ -242,6 +277,37 @@ mod tests {
             );
         }
         assert!(SignatureHeader::parse(format!("t={NOW},v1={v1},v1={v1}").as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn stripes_header_may_carry_other_schemes_which_are_ignored() {
+        let signed = sign(SECRET, NOW, BODY);
+        let with_v0 = format!("{signed},v0={}", "cd".repeat(32));
+        assert!(
+            SignatureHeader::parse(with_v0.as_bytes()).is_err(),
+            "strict refuses v0"
+        );
+        let parsed = SignatureHeader::parse_lenient(with_v0.as_bytes()).expect("lenient");
+        assert_eq!(parsed.verify(SECRET, BODY, NOW), Ok(()));
+        for bad in [
+            format!("v0={}", "cd".repeat(32)),
+            format!("t={NOW},v0={}", "cd".repeat(32)),
+            format!("t={NOW},v1=zz"),
+            format!("t={NOW},v1={}{}", "ab".repeat(32), ",x=1".repeat(16)),
+        ] {
+            assert!(
+                SignatureHeader::parse_lenient(bad.as_bytes()).is_err(),
+                "{bad:?} must be refused"
+            );
+        }
+        assert_eq!(
+            verify_stripe_header([with_v0.as_bytes()].into_iter(), SECRET, BODY, NOW),
+            Ok(())
+        );
+        assert_eq!(
+            verify_stripe_header([with_v0.as_bytes()].into_iter(), b"whsec_other", BODY, NOW),
+            Err(SignatureError::Mismatch)
+        );
     }
 
     #[test]

@@ -183,6 +183,9 @@ pub struct Spawn<'a> {
     /// Check the settings as `pagos serve` does (off only to build states the checks
     /// exist to prevent).
     pub validate: bool,
+    /// `PAGOS_GATEWAY` when the gateway is wiremock or the test's own: `http` (the
+    /// reference protocol), `stripe` or `mercadopago`.
+    pub provider: &'a str,
 }
 
 impl<'a> Spawn<'a> {
@@ -193,7 +196,14 @@ impl<'a> Spawn<'a> {
             sandbox: false,
             gateway_url: None,
             validate: true,
+            provider: "http",
         }
+    }
+
+    /// Speak `provider`'s API (`stripe`, `mercadopago`) to the wiremock gateway.
+    pub fn provider(mut self, provider: &'a str) -> Self {
+        self.provider = provider;
+        self
     }
 
     pub fn flags(mut self, flags: &[&'a str]) -> Self {
@@ -241,7 +251,7 @@ impl<'a> Spawn<'a> {
         if let Some(uri) = uri.as_deref() {
             flags.extend_from_slice(&[
                 "--gateway",
-                "http",
+                self.provider,
                 "--gateway-url",
                 uri,
                 "--gateway-secret",

@@ -1,0 +1,425 @@
+//! The Mercado Pago adapter (`PAGOS_GATEWAY=mercadopago`): `POST /v1/payments` (JSON)
+//! with the gateway key in `X-Idempotency-Key` and the payment id in
+//! `external_reference`; looked up with `GET /v1/payments/search?external_reference=`;
+//! and `GET /v1/payments/{id}`, which the webhook consumer needs because Mercado Pago's
+//! notifications carry only the payment's id.
+//!
+//! It classifies answers and maps payment statuses, nothing more (the table is in
+//! `status_of` and in docs/gateways/mercadopago.md).
+
+use super::http::{client, detail, outcome_unknown, transport};
+use super::{Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, amount};
+use async_trait::async_trait;
+use reqwest::StatusCode;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Mercado Pago's production API.
+pub const PRODUCTION_URL: &str = "https://api.mercadopago.com";
+
+/// How long pagos assumes Mercado Pago honours an `X-Idempotency-Key`. Mercado Pago does
+/// not document how long it remembers a key, so this is deliberately short: a resend
+/// happens only while the first request is recent; later, on-call decides.
+pub const KEY_WINDOW: Duration = Duration::from_secs(60 * 60);
+
+pub struct MercadoPagoGateway {
+    client: reqwest::Client,
+    base: String,
+    secret: String,
+}
+
+/// A Mercado Pago payment, trimmed to what pagos reads.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Payment {
+    /// A number on the wire.
+    pub id: Value,
+    pub status: String,
+    #[serde(default)]
+    pub status_detail: Option<String>,
+    pub transaction_amount: f64,
+    #[serde(default)]
+    pub currency_id: Option<String>,
+    #[serde(default)]
+    pub external_reference: Option<String>,
+    #[serde(default)]
+    pub date_created: Option<String>,
+    #[serde(default)]
+    pub date_last_updated: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct SearchResult {
+    results: Vec<Payment>,
+}
+
+/// What a payment's status means for its pagos payment (docs/gateways/mercadopago.md):
+///
+/// | status | charge |
+/// | --- | --- |
+/// | `approved` | succeeded |
+/// | `pending`, `in_process`, `authorized` | pending |
+/// | `in_mediation` | pending (a dispute on an approved payment: a final payment keeps its state until it is decided) |
+/// | `rejected`, `cancelled` | declined |
+/// | `refunded`, `charged_back` | declined: the money went back; a COMPLETADA payment told so goes to REVISION_MANUAL |
+///
+/// None: a status this version does not know; the outcome is unknown.
+pub fn status_of(status: &str) -> Option<ChargeStatus> {
+    match status {
+        "approved" => Some(ChargeStatus::Succeeded),
+        "pending" | "in_process" | "authorized" | "in_mediation" => Some(ChargeStatus::Pending),
+        "rejected" | "cancelled" | "refunded" | "charged_back" => Some(ChargeStatus::Declined),
+        _ => None,
+    }
+}
+
+/// How far along a status is, for ordering what two reads of one payment said: pending
+/// (1), final (2), money returned after being final (3).
+pub fn rank(status: &str) -> i64 {
+    match status {
+        "approved" | "rejected" | "cancelled" => 2,
+        "refunded" | "charged_back" => 3,
+        _ => 1,
+    }
+}
+
+impl Payment {
+    /// The payment's id as text (`"1234567890"`).
+    pub fn id_text(&self) -> String {
+        match &self.id {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        }
+    }
+
+    /// The payment as a charge (amount in pagos' minor units).
+    pub fn to_charge(&self) -> Result<Charge, GatewayError> {
+        let id = self.id_text();
+        let status = status_of(&self.status).ok_or_else(|| {
+            GatewayError::Unknown(format!(
+                "Mercado Pago payment {id} has a status pagos does not know: {}",
+                self.status
+            ))
+        })?;
+        let currency = self
+            .currency_id
+            .clone()
+            .unwrap_or_default()
+            .to_ascii_uppercase();
+        let exponent = amount::iso_exponent(&currency, 2);
+        let minor = amount::from_decimal(self.transaction_amount, exponent)
+            .map_err(|e| GatewayError::Unknown(format!("Mercado Pago payment {id}: amount {e}")))?;
+        let detail = self.status_detail.as_deref().filter(|d| !d.is_empty());
+        let decline_code =
+            (status == ChargeStatus::Declined).then(|| match (self.status.as_str(), detail) {
+                ("rejected", Some(detail)) => detail.to_owned(),
+                ("cancelled", Some(detail)) => format!("cancelled_{detail}"),
+                (status, _) => status.to_owned(),
+            });
+        Ok(Charge {
+            id,
+            status,
+            amount: minor,
+            currency,
+            reference: self.external_reference.clone().unwrap_or_default(),
+            decline_code: decline_code.as_deref().map(super::decline_code),
+        })
+    }
+
+    /// When Mercado Pago last changed the payment, in milliseconds (0 when it does not
+    /// say).
+    pub fn updated_at_millis(&self) -> i64 {
+        self.date_last_updated
+            .as_deref()
+            .or(self.date_created.as_deref())
+            .and_then(|d| chrono::DateTime::parse_from_rfc3339(d).ok())
+            .map_or(0, |d| d.timestamp_millis().max(0))
+    }
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+pub struct PaymentBody {
+    pub transaction_amount: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub payment_method_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub installments: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub issuer_id: Option<String>,
+    pub payer: Payer,
+    pub external_reference: String,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+pub struct Payer {
+    pub email: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identification: Option<Identification>,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+pub struct Identification {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub number: String,
+}
+
+/// The body of `POST /v1/payments` for `req`: the same on every send of one payment.
+pub fn payment_body(req: &ChargeRequest) -> Result<PaymentBody, String> {
+    let method = req
+        .payment_method
+        .as_ref()
+        .ok_or("the payment has no medioPago")?;
+    let email = method
+        .payer_email
+        .clone()
+        .ok_or("medioPago has no payer e-mail")?;
+    let exponent = amount::iso_exponent(&req.currency, 2);
+    let transaction_amount = amount::to_decimal(req.amount, exponent).map_err(|e| e.to_string())?;
+    Ok(PaymentBody {
+        transaction_amount,
+        description: req.description.clone(),
+        payment_method_id: method.id.clone(),
+        token: method.token.clone(),
+        // A card payment needs its installments; one unless the payer chose more.
+        installments: method
+            .token
+            .as_ref()
+            .map(|_| method.installments.unwrap_or(1)),
+        issuer_id: method.issuer.clone(),
+        payer: Payer {
+            email,
+            identification: method.document.as_ref().map(|d| Identification {
+                kind: d.kind.clone(),
+                number: d.number.clone(),
+            }),
+        },
+        external_reference: req.reference.to_string(),
+    })
+}
+
+impl MercadoPagoGateway {
+    pub fn new(base: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
+        Ok(MercadoPagoGateway {
+            client: client(timeout)?,
+            base: base.trim_end_matches('/').to_owned(),
+            secret: secret.to_owned(),
+        })
+    }
+
+    /// `GET /v1/payments/{id}`: the payment as Mercado Pago holds it now; None when
+    /// Mercado Pago has no such payment. `id` must be Mercado Pago's numeric id.
+    pub async fn fetch(&self, id: &str) -> Result<Option<Payment>, GatewayError> {
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+            return Ok(None);
+        }
+        let resp = self
+            .client
+            .get(format!("{}/v1/payments/{id}", self.base))
+            .bearer_auth(&self.secret)
+            .send()
+            .await
+            .map_err(|e| transport(&e))?;
+        let status = resp.status();
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(GatewayError::Unknown(format!(
+                "Mercado Pago answered {status} for payment {id}: {}",
+                detail(resp).await
+            )));
+        }
+        let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| GatewayError::Unknown(format!("unreadable Mercado Pago payment: {e}")))
+    }
+}
+
+#[async_trait]
+impl Gateway for MercadoPagoGateway {
+    async fn charge(&self, req: &ChargeRequest) -> Result<Charge, GatewayError> {
+        let body = payment_body(req).map_err(|why| GatewayError::Rejected {
+            status: 422,
+            detail: format!("not sent to Mercado Pago: {why}"),
+        })?;
+        let resp = self
+            .client
+            .post(format!("{}/v1/payments", self.base))
+            .bearer_auth(&self.secret)
+            .header("X-Idempotency-Key", &req.gateway_key)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| transport(&e))?;
+        let status = resp.status();
+        if status.is_success() {
+            let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
+            let payment: Payment = serde_json::from_slice(&bytes).map_err(|e| {
+                GatewayError::Unknown(format!("unreadable {status} answer from Mercado Pago: {e}"))
+            })?;
+            return payment.to_charge();
+        }
+        let text = detail(resp).await;
+        if outcome_unknown(status) {
+            Err(GatewayError::Unknown(format!(
+                "Mercado Pago answered {status}: {text}"
+            )))
+        } else {
+            Err(GatewayError::Rejected {
+                status: status.as_u16(),
+                detail: text,
+            })
+        }
+    }
+
+    async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
+        let mut url = url::Url::parse(&format!("{}/v1/payments/search", self.base))
+            .map_err(|e| GatewayError::Unknown(format!("bad Mercado Pago URL: {e}")))?;
+        url.query_pairs_mut()
+            .append_pair("external_reference", &reference.to_string())
+            .append_pair("sort", "date_created")
+            .append_pair("criteria", "desc");
+        let resp = self
+            .client
+            .get(url)
+            .bearer_auth(&self.secret)
+            .send()
+            .await
+            .map_err(|e| transport(&e))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(GatewayError::Unknown(format!(
+                "Mercado Pago search answered {status}: {}",
+                detail(resp).await
+            )));
+        }
+        let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
+        let found: SearchResult = serde_json::from_slice(&bytes).map_err(|e| {
+            GatewayError::Unknown(format!("unreadable Mercado Pago search answer: {e}"))
+        })?;
+        let reference = reference.to_string();
+        found
+            .results
+            .iter()
+            .filter(|p| p.external_reference.as_deref() == Some(reference.as_str()))
+            .map(Payment::to_charge)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{PayerDocument, PaymentMethod};
+    use serde_json::json;
+
+    fn payment(status: &str, detail: &str) -> Payment {
+        serde_json::from_value(json!({
+            "id": 1_234_567_890u64, "status": status, "status_detail": detail,
+            "transaction_amount": 2500, "currency_id": "COP",
+            "external_reference": "01a236bf-3ba3-730c-b454-685f40f9d62b",
+            "date_created": "2026-12-02T10:00:00.000-05:00",
+            "date_last_updated": "2026-12-02T10:05:00.000-05:00",
+        }))
+        .expect("a payment")
+    }
+
+    #[test]
+    fn every_status_in_the_table_maps_as_documented() {
+        use ChargeStatus::*;
+        for (status, detail, charge, code) in [
+            ("approved", "accredited", Succeeded, None),
+            ("pending", "pending_waiting_payment", Pending, None),
+            ("in_process", "pending_contingency", Pending, None),
+            ("authorized", "pending_capture", Pending, None),
+            ("in_mediation", "", Pending, None),
+            (
+                "rejected",
+                "cc_rejected_insufficient_amount",
+                Declined,
+                Some("cc_rejected_insufficient_amount"),
+            ),
+            ("cancelled", "expired", Declined, Some("cancelled_expired")),
+            ("refunded", "refunded", Declined, Some("refunded")),
+            ("charged_back", "settled", Declined, Some("charged_back")),
+        ] {
+            let mapped = payment(status, detail).to_charge().expect("known status");
+            assert_eq!(mapped.status, charge, "{status}");
+            assert_eq!(mapped.decline_code.as_deref(), code, "{status}");
+            assert_eq!(mapped.id, "1234567890");
+            assert_eq!(mapped.amount, 250_000, "2500 COP is 250000 cents");
+            assert_eq!(mapped.currency, "COP");
+        }
+        assert!(payment("lost_in_space", "").to_charge().is_err());
+        let long = payment("rejected", &"x".repeat(300))
+            .to_charge()
+            .expect("read");
+        assert_eq!(
+            long.decline_code.map(|c| c.len()),
+            Some(100),
+            "fits the column"
+        );
+    }
+
+    #[test]
+    fn later_states_rank_higher() {
+        assert!(rank("pending") < rank("approved"));
+        assert!(rank("approved") < rank("refunded"));
+        assert_eq!(rank("rejected"), rank("approved"));
+        assert_eq!(
+            payment("approved", "").updated_at_millis(),
+            chrono::DateTime::parse_from_rfc3339("2026-12-02T15:05:00Z")
+                .expect("date")
+                .timestamp_millis()
+        );
+    }
+
+    #[test]
+    fn the_body_carries_every_documented_field() {
+        let req = ChargeRequest {
+            gateway_key: "gk".into(),
+            amount: 250_000,
+            currency: "COP".into(),
+            reference: Uuid::nil(),
+            description: Some("Cuota 3".into()),
+            payment_method: Some(PaymentMethod {
+                token: Some("ff8080814c11e237014c1ff593b57b4d".into()),
+                payer_email: Some("payer@example.com".into()),
+                document: Some(PayerDocument {
+                    kind: "CC".into(),
+                    number: "1020304050".into(),
+                }),
+                ..PaymentMethod::with_id("visa")
+            }),
+        };
+        let body = serde_json::to_value(payment_body(&req).expect("body")).expect("json");
+        assert_eq!(
+            body,
+            json!({
+                "transaction_amount": 2500.0,
+                "description": "Cuota 3",
+                "payment_method_id": "visa",
+                "token": "ff8080814c11e237014c1ff593b57b4d",
+                "installments": 1,
+                "payer": {"email": "payer@example.com",
+                          "identification": {"type": "CC", "number": "1020304050"}},
+                "external_reference": "00000000-0000-0000-0000-000000000000",
+            })
+        );
+        let cash = ChargeRequest {
+            payment_method: Some(PaymentMethod {
+                payer_email: Some("payer@example.com".into()),
+                ..PaymentMethod::with_id("efecty")
+            }),
+            ..req
+        };
+        let body = serde_json::to_value(payment_body(&cash).expect("body")).expect("json");
+        assert!(body.get("token").is_none() && body.get("installments").is_none());
+    }
+}

@@ -1,0 +1,205 @@
+//! A Stripe event (`POST /v1/webhooks/stripe`), parsed from bytes whose `Stripe-Signature`
+//! was already verified. Pure.
+//!
+//! Stripe has no per-object sequence and delivers in any order, so events are ordered by
+//! the state they report: a final PaymentIntent (succeeded, requires_payment_method,
+//! canceled) outranks a pending one, and between two of the same rank the later event
+//! (`created`) wins. A final payment therefore never goes back to pending, and a replay
+//! of an old event changes nothing.
+
+use crate::gateway::stripe::{PaymentIntent, status_of};
+use crate::gateway::{Charge, ChargeStatus};
+use crate::webhooks::event::{EventError, MAX_ID_LEN, bounded};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The event types that report a PaymentIntent's outcome; others are acknowledged and
+/// ignored (`payment_intent.created` included: its snapshot predates the confirmation).
+pub const ACTED_ON: [&str; 5] = [
+    "payment_intent.succeeded",
+    "payment_intent.payment_failed",
+    "payment_intent.processing",
+    "payment_intent.requires_action",
+    "payment_intent.canceled",
+];
+
+/// `created` is in seconds: below 10^10 until the year 2286.
+const RANK_STEP: i64 = 10_000_000_000;
+
+#[derive(Deserialize)]
+struct Envelope {
+    id: String,
+    #[serde(rename = "type")]
+    kind: String,
+    created: i64,
+    data: Data,
+}
+
+#[derive(Deserialize)]
+struct Data {
+    object: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StripeEvent {
+    /// `evt_…`: the dedupe key.
+    pub id: String,
+    pub kind: String,
+    pub payload: Payload,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Payload {
+    /// A PaymentIntent of pagos' (it carries `metadata.pagos_reference`).
+    Charge { charge: Charge, sequence: i64 },
+    /// Nothing for pagos to do, and why (for the logs).
+    Ignored(&'static str),
+}
+
+/// The ordering key of a PaymentIntent's state as reported by an event created at
+/// `created` (unix seconds).
+pub fn sequence(status: ChargeStatus, created: i64) -> i64 {
+    let rank = match status {
+        ChargeStatus::Pending => 1,
+        ChargeStatus::Succeeded | ChargeStatus::Declined => 2,
+    };
+    rank * RANK_STEP + created.clamp(0, RANK_STEP - 1)
+}
+
+impl StripeEvent {
+    pub fn parse(raw: &[u8]) -> Result<StripeEvent, EventError> {
+        let envelope: Envelope = serde_json::from_slice(raw)
+            .map_err(|e| EventError(format!("the body is not a Stripe event: {e}")))?;
+        bounded("id", &envelope.id, MAX_ID_LEN)?;
+        if envelope.created < 0 {
+            return Err(EventError("`created` must not be negative".into()));
+        }
+        let kind: String = envelope.kind.chars().take(64).collect();
+        if !ACTED_ON.contains(&envelope.kind.as_str()) {
+            return Ok(StripeEvent {
+                id: envelope.id,
+                kind,
+                payload: Payload::Ignored("an event type pagos does not act on"),
+            });
+        }
+        let pi: PaymentIntent = serde_json::from_value(envelope.data.object)
+            .map_err(|e| EventError(format!("`data.object` is not a PaymentIntent: {e}")))?;
+        bounded("data.object.id", &pi.id, MAX_ID_LEN)?;
+        if pi.reference().is_none() {
+            return Ok(StripeEvent {
+                id: envelope.id,
+                kind,
+                payload: Payload::Ignored(
+                    "a PaymentIntent pagos did not make (no pagos_reference)",
+                ),
+            });
+        }
+        if status_of(&pi.status).is_none() {
+            return Err(EventError(format!(
+                "PaymentIntent status {:?} is not one pagos knows",
+                pi.status.chars().take(40).collect::<String>()
+            )));
+        }
+        let charge = pi
+            .to_charge(None)
+            .map_err(|e| EventError(format!("`data.object`: {e}")))?;
+        if charge.reference.chars().count() > MAX_ID_LEN {
+            return Err(EventError("`metadata.pagos_reference` is too long".into()));
+        }
+        bounded("data.object.currency", &charge.currency, 16)?;
+        if let Some(code) = &charge.decline_code {
+            bounded("decline code", code, 100)?;
+        }
+        Ok(StripeEvent {
+            id: envelope.id,
+            kind,
+            payload: Payload::Charge {
+                sequence: sequence(charge.status, envelope.created),
+                charge,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(kind: &str, status: &str, created: i64, metadata: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "id": "evt_1NG8Du2eZvKYlo2CUI79vXWy", "object": "event", "type": kind,
+            "created": created, "livemode": false, "api_version": "2024-06-20",
+            "data": {"object": {
+                "id": "pi_3MtwBwLkdIwHu7ix28a3tqPa", "object": "payment_intent",
+                "status": status, "amount": 250000, "currency": "cop", "created": created,
+                "metadata": metadata,
+            }},
+        }))
+        .expect("json")
+    }
+
+    fn ours() -> Value {
+        json!({"pagos_reference": "01a236bf-3ba3-730c-b454-685f40f9d62b"})
+    }
+
+    #[test]
+    fn a_succeeded_event_is_a_charge_of_ours() {
+        let parsed = StripeEvent::parse(&event(
+            "payment_intent.succeeded",
+            "succeeded",
+            1_700_000_000,
+            ours(),
+        ))
+        .expect("valid");
+        match parsed.payload {
+            Payload::Charge { charge, sequence } => {
+                assert_eq!(charge.status, ChargeStatus::Succeeded);
+                assert_eq!(charge.reference, "01a236bf-3ba3-730c-b454-685f40f9d62b");
+                assert_eq!(charge.amount, 250_000);
+                assert_eq!(sequence, 2 * RANK_STEP + 1_700_000_000);
+            }
+            other => panic!("not a charge: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_final_state_outranks_any_pending_one_and_later_breaks_ties() {
+        let final_early = sequence(ChargeStatus::Succeeded, 1_000);
+        let pending_late = sequence(ChargeStatus::Pending, 9_999_999_999);
+        assert!(final_early > pending_late);
+        assert!(sequence(ChargeStatus::Declined, 2_000) > sequence(ChargeStatus::Succeeded, 1_000));
+    }
+
+    #[test]
+    fn other_types_and_other_peoples_intents_are_ignored() {
+        for raw in [
+            event(
+                "payment_intent.created",
+                "requires_payment_method",
+                1,
+                ours(),
+            ),
+            event("charge.refunded", "succeeded", 1, ours()),
+            event("payment_intent.succeeded", "succeeded", 1, json!({})),
+        ] {
+            assert!(matches!(
+                StripeEvent::parse(&raw).expect("valid").payload,
+                Payload::Ignored(_)
+            ));
+        }
+    }
+
+    #[test]
+    fn malformed_events_are_refused() {
+        assert!(StripeEvent::parse(b"{}").is_err());
+        assert!(
+            StripeEvent::parse(&event("payment_intent.succeeded", "teleported", 1, ours()))
+                .is_err()
+        );
+        assert!(
+            StripeEvent::parse(&event("payment_intent.succeeded", "succeeded", -1, ours()))
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,770 @@
+//! The Mercado Pago adapter against wiremock serving `fixtures/mercadopago/`: the request
+//! pagos sends, the status mapping, timeouts settled by a search, resends with the same
+//! key inside the key window and review outside it, and signed notifications whose
+//! payment is asked from Mercado Pago, applied once.
+
+use crate::helpers::{Backend, Spawn, TestApp, json};
+use crate::on_both_databases;
+use hmac::{Hmac, Mac};
+use pagos::entities::{processed_message, webhook_charge};
+use sea_orm::{EntityTrait, PaginatorTrait};
+use serde_json::{Value, json};
+use sha2::Sha256;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use wiremock::matchers::{method, path, path_regex};
+use wiremock::{Mock, Request, Respond, ResponseTemplate};
+
+on_both_databases!(
+    the_request_pagos_sends_is_mercadopagos_documented_shape,
+    every_status_in_the_mapping_table_maps_as_documented,
+    what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_stored,
+    a_timeout_then_a_search_that_finds_the_payment_settles_it,
+    a_search_miss_inside_the_key_window_resends_with_the_same_key,
+    a_search_miss_outside_the_key_window_goes_to_manual_review_without_a_resend,
+    a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_is_refused,
+    a_duplicated_notification_applies_once_and_asks_mercadopago_once,
+    a_notification_mercadopago_cannot_be_asked_about_is_refused_with_503_and_nothing_recorded,
+    a_refund_of_a_completed_payment_sends_it_to_manual_review,
+);
+
+const WEBHOOK_SECRET: &str = "mp_webhook_secret_test";
+const TOKEN: &str = "ff8080814c11e237014c1ff593b57b4d";
+
+fn fixture(name: &str) -> Value {
+    let text = match name {
+        "payment_approved" => include_str!("../../fixtures/mercadopago/payment_approved.json"),
+        "payment_pending" => include_str!("../../fixtures/mercadopago/payment_pending.json"),
+        "payment_in_process" => include_str!("../../fixtures/mercadopago/payment_in_process.json"),
+        "payment_authorized" => include_str!("../../fixtures/mercadopago/payment_authorized.json"),
+        "payment_in_mediation" => {
+            include_str!("../../fixtures/mercadopago/payment_in_mediation.json")
+        }
+        "payment_rejected" => include_str!("../../fixtures/mercadopago/payment_rejected.json"),
+        "payment_cancelled" => include_str!("../../fixtures/mercadopago/payment_cancelled.json"),
+        "payment_refunded" => include_str!("../../fixtures/mercadopago/payment_refunded.json"),
+        "payment_charged_back" => {
+            include_str!("../../fixtures/mercadopago/payment_charged_back.json")
+        }
+        "payment_request" => include_str!("../../fixtures/mercadopago/payment_request.json"),
+        "error_bad_request" => include_str!("../../fixtures/mercadopago/error_bad_request.json"),
+        "error_internal" => include_str!("../../fixtures/mercadopago/error_internal.json"),
+        "search_empty" => include_str!("../../fixtures/mercadopago/search_empty.json"),
+        "search_found" => include_str!("../../fixtures/mercadopago/search_found.json"),
+        "notification_payment_updated" => {
+            include_str!("../../fixtures/mercadopago/notification_payment_updated.json")
+        }
+        "notification_merchant_order" => {
+            include_str!("../../fixtures/mercadopago/notification_merchant_order.json")
+        }
+        other => panic!("no fixture {other}"),
+    };
+    serde_json::from_str(text).expect("fixture is JSON")
+}
+
+async fn spawn(backend: Backend, flags: &[&'static str]) -> TestApp {
+    Spawn::new(backend)
+        .provider("mercadopago")
+        .flags(&["--mercadopago-webhook-secret", WEBHOOK_SECRET])
+        .flags(flags)
+        .start()
+        .await
+}
+
+fn card(description: &str) -> Value {
+    json!({"creditoId": "42", "monto": 250000, "moneda": "COP", "descripcion": description,
+           "medioPago": {"id": "visa", "token": TOKEN, "emisor": "310",
+                         "email": "payer@example.com",
+                         "documento": {"tipo": "CC", "numero": "1020304050"}}})
+}
+
+/// A Mercado Pago payment id of its own for each pagos payment (digits only).
+fn mp_id(reference: &str) -> u64 {
+    let hex: String = reference.replace('-', "").chars().rev().take(12).collect();
+    u64::from_str_radix(&hex, 16).expect("hex") % 10_000_000_000
+}
+
+/// `payment` made about the request that asked: id, amount and reference from it.
+fn about(mut payment: Value, request: &Value) -> Value {
+    let reference = request["external_reference"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    payment["id"] = Value::from(mp_id(&reference));
+    payment["transaction_amount"] = request["transaction_amount"].clone();
+    payment["external_reference"] = Value::from(reference);
+    payment
+}
+
+/// Answers each payment with the fixture named in its `description`
+/// (`<http status> <fixture>`).
+struct ByDescription;
+
+impl Respond for ByDescription {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body: Value = serde_json::from_slice(&request.body).expect("JSON body");
+        let description = body["description"].as_str().unwrap_or_default().to_owned();
+        let (status, name) = description.split_once(' ').expect("`<status> <fixture>`");
+        let status: u16 = status.parse().expect("status");
+        let answer = fixture(name);
+        let answer = if status < 300 {
+            about(answer, &body)
+        } else {
+            answer
+        };
+        ResponseTemplate::new(status).set_body_json(answer)
+    }
+}
+
+/// A stateful Mercado Pago: payments kept by idempotency key (a key reused answers the
+/// same payment), found by search unless the index lags, and read by id.
+#[derive(Clone)]
+struct FakeMercadoPago(Arc<Mutex<FakeState>>);
+
+struct FakeState {
+    new_payments: &'static str,
+    by_key: HashMap<String, Value>,
+    by_id: HashMap<u64, Value>,
+    search_lags: bool,
+    first_answer_delay: Duration,
+    reads_fail: bool,
+}
+
+impl FakeMercadoPago {
+    fn new(new_payments: &'static str) -> Self {
+        FakeMercadoPago(Arc::new(Mutex::new(FakeState {
+            new_payments,
+            by_key: HashMap::new(),
+            by_id: HashMap::new(),
+            search_lags: false,
+            first_answer_delay: Duration::ZERO,
+            reads_fail: false,
+        })))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FakeState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn answering_late(self, delay: Duration) -> Self {
+        self.lock().first_answer_delay = delay;
+        self
+    }
+
+    fn search_lags(&self, lags: bool) {
+        self.lock().search_lags = lags;
+    }
+
+    fn reads_fail(&self, fail: bool) {
+        self.lock().reads_fail = fail;
+    }
+
+    /// Mercado Pago changes the payment of pagos payment `reference`.
+    fn set(&self, reference: &str, fixture_name: &str, updated: &str) {
+        let mut state = self.lock();
+        let id = mp_id(reference);
+        let current = state.by_id.get(&id).cloned().expect("a payment");
+        let mut next = fixture(fixture_name);
+        for field in ["id", "transaction_amount", "external_reference"] {
+            next[field] = current[field].clone();
+        }
+        next["date_last_updated"] = Value::from(updated);
+        state.by_id.insert(id, next.clone());
+        for payment in state.by_key.values_mut() {
+            if payment["id"] == next["id"] {
+                *payment = next.clone();
+            }
+        }
+    }
+
+    fn payments_for(&self, reference: &str) -> usize {
+        self.lock()
+            .by_id
+            .values()
+            .filter(|p| p["external_reference"] == reference)
+            .count()
+    }
+
+    async fn mount(&self, server: &wiremock::MockServer) {
+        Mock::given(method("POST"))
+            .and(path("/v1/payments"))
+            .respond_with(FakeCreate(self.clone()))
+            .mount(server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/v1/payments/search"))
+            .respond_with(FakeSearch(self.clone()))
+            .with_priority(1)
+            .mount(server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex(r"^/v1/payments/[0-9]+$"))
+            .respond_with(FakeRead(self.clone()))
+            .with_priority(2)
+            .mount(server)
+            .await;
+    }
+}
+
+struct FakeCreate(FakeMercadoPago);
+
+impl Respond for FakeCreate {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let key = request.headers["x-idempotency-key"]
+            .to_str()
+            .expect("key")
+            .to_owned();
+        let body: Value = serde_json::from_slice(&request.body).expect("JSON body");
+        let mut state = self.0.lock();
+        if let Some(existing) = state.by_key.get(&key) {
+            return ResponseTemplate::new(200).set_body_json(existing.clone());
+        }
+        let payment = about(fixture(state.new_payments), &body);
+        let id = payment["id"].as_u64().expect("id");
+        state.by_key.insert(key, payment.clone());
+        state.by_id.insert(id, payment.clone());
+        ResponseTemplate::new(201)
+            .set_body_json(payment)
+            .set_delay(state.first_answer_delay)
+    }
+}
+
+struct FakeSearch(FakeMercadoPago);
+
+impl Respond for FakeSearch {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let reference = request
+            .url
+            .query_pairs()
+            .find(|(k, _)| k == "external_reference")
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        let state = self.0.lock();
+        let found: Vec<Value> = state
+            .by_id
+            .values()
+            .filter(|p| !state.search_lags && p["external_reference"] == reference.as_str())
+            .cloned()
+            .collect();
+        let mut answer = if found.is_empty() {
+            fixture("search_empty")
+        } else {
+            fixture("search_found")
+        };
+        answer["paging"]["total"] = Value::from(found.len());
+        answer["results"] = Value::from(found);
+        ResponseTemplate::new(200).set_body_json(answer)
+    }
+}
+
+struct FakeRead(FakeMercadoPago);
+
+impl Respond for FakeRead {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let state = self.0.lock();
+        if state.reads_fail {
+            return ResponseTemplate::new(500).set_body_json(fixture("error_internal"));
+        }
+        let id: u64 = request
+            .url
+            .path()
+            .rsplit('/')
+            .next()
+            .and_then(|id| id.parse().ok())
+            .expect("numeric id");
+        match state.by_id.get(&id) {
+            Some(payment) => ResponseTemplate::new(200).set_body_json(payment.clone()),
+            None => ResponseTemplate::new(404).set_body_json(
+                json!({"message": "Payment not found", "error": "not_found", "status": 404, "cause": []}),
+            ),
+        }
+    }
+}
+
+async fn requests(app: &TestApp, verb: &str, filter: impl Fn(&str) -> bool) -> Vec<Request> {
+    app.gateway()
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.method.as_str() == verb && filter(r.url.path()))
+        .collect()
+}
+
+async fn posts(app: &TestApp) -> Vec<Request> {
+    requests(app, "POST", |p| p == "/v1/payments").await
+}
+
+async fn reads(app: &TestApp) -> usize {
+    requests(app, "GET", |p| {
+        p.starts_with("/v1/payments/") && p != "/v1/payments/search"
+    })
+    .await
+    .len()
+}
+
+async fn pay(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
+    let answer = app.pay(key, body).await;
+    let status = answer.status().as_u16();
+    (status, json(answer).await)
+}
+
+fn report_says(report: &Value, field: &str) {
+    assert_eq!(report["examinados"], 1, "{report}");
+    assert_eq!(report[field], 1, "{report}");
+}
+
+async fn the_request_pagos_sends_is_mercadopagos_documented_shape(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    FakeMercadoPago::new("payment_approved")
+        .mount(app.gateway())
+        .await;
+    let (status, pago) = pay(&app, "k-shape", &card("Cuota 3 del crédito 42")).await;
+    assert_eq!(status, 201, "{pago}");
+    let id = pago["id"].as_str().expect("id");
+    assert_eq!(pago["estado"], "COMPLETADA");
+    assert_eq!(pago["gatewayRef"], mp_id(id).to_string());
+    assert_eq!(
+        pago["medioPago"],
+        json!({"id": "visa"}),
+        "no token, e-mail or document"
+    );
+
+    let sent = posts(&app).await;
+    assert_eq!(sent.len(), 1);
+    let request = &sent[0];
+    assert_eq!(request.method.as_str(), "POST");
+    assert_eq!(request.url.path(), "/v1/payments");
+    assert_eq!(request.headers["authorization"], "Bearer gw_secret");
+    assert_eq!(request.headers["content-type"], "application/json");
+    let key = request.headers["x-idempotency-key"]
+        .to_str()
+        .expect("ASCII");
+    assert!(key.starts_with("pagos-") && key.len() <= 255, "{key}");
+
+    let body: Value = serde_json::from_slice(&request.body).expect("JSON");
+    let mut expected = fixture("payment_request");
+    expected["external_reference"] = Value::from(id);
+    for field in [
+        "transaction_amount",
+        "description",
+        "payment_method_id",
+        "token",
+        "installments",
+        "issuer_id",
+        "payer",
+        "external_reference",
+    ] {
+        assert_eq!(body[field], expected[field], "field {field}");
+    }
+    assert_eq!(body, expected, "no field more, no field less");
+    assert_eq!(
+        body["transaction_amount"].as_f64(),
+        Some(2500.0),
+        "COP 250000 cents is 2500.00"
+    );
+}
+
+async fn every_status_in_the_mapping_table_maps_as_documented(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    Mock::given(method("POST"))
+        .and(path("/v1/payments"))
+        .respond_with(ByDescription)
+        .mount(app.gateway())
+        .await;
+    for (scenario, status, estado, decline) in [
+        ("201 payment_approved", 201, "COMPLETADA", None),
+        ("201 payment_pending", 202, "ENVIADA", None),
+        ("201 payment_in_process", 202, "ENVIADA", None),
+        ("201 payment_authorized", 202, "ENVIADA", None),
+        ("201 payment_in_mediation", 202, "ENVIADA", None),
+        (
+            "201 payment_rejected",
+            402,
+            "FALLIDA",
+            Some("cc_rejected_insufficient_amount"),
+        ),
+        (
+            "201 payment_cancelled",
+            402,
+            "FALLIDA",
+            Some("cancelled_expired"),
+        ),
+        ("201 payment_refunded", 402, "FALLIDA", Some("refunded")),
+        (
+            "201 payment_charged_back",
+            402,
+            "FALLIDA",
+            Some("charged_back"),
+        ),
+        (
+            "400 error_bad_request",
+            402,
+            "FALLIDA",
+            Some("gateway_rejected_400"),
+        ),
+    ] {
+        let key = format!("k-map-{}", scenario.replace(' ', "-"));
+        let (got, answer) = pay(&app, &key, &card(scenario)).await;
+        assert_eq!(got, status, "{scenario}: {answer}");
+        let pago = if got == 402 { &answer["pago"] } else { &answer };
+        assert_eq!(pago["estado"], estado, "{scenario}");
+        if let Some(code) = decline {
+            assert_eq!(answer["declineCode"], code, "{scenario}");
+        }
+    }
+    assert_eq!(posts(&app).await.len(), 10, "one call each");
+}
+
+async fn what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_stored(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    FakeMercadoPago::new("payment_approved")
+        .mount(app.gateway())
+        .await;
+    for (body, fields) in [
+        (
+            json!({"creditoId": "42", "monto": 250000, "moneda": "COP"}),
+            vec!["medioPago"],
+        ),
+        (
+            json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
+                   "medioPago": "pm_1Q0PsIJvEtkwdCNYMSaVuRz6"}),
+            vec!["medioPago.email"],
+        ),
+        (
+            json!({"creditoId": "42", "monto": 9900, "moneda": "USD",
+                   "medioPago": {"id": "efecty", "email": "payer@example.com"}}),
+            vec!["moneda"],
+        ),
+    ] {
+        let (status, problem) = pay(&app, "k-422", &body).await;
+        assert_eq!(status, 422, "{body}");
+        let got: Vec<&str> = problem["errores"]
+            .as_array()
+            .expect("errores")
+            .iter()
+            .filter_map(|e| e["campo"].as_str())
+            .collect();
+        assert_eq!(got, fields, "{body}");
+    }
+    assert_eq!(app.count_rows().await, (0, 0), "a 422 stores nothing");
+    assert!(posts(&app).await.is_empty());
+    let cash = json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
+                      "medioPago": {"id": "efecty", "email": "payer@example.com"}});
+    let (status, _) = pay(&app, "k-422", &cash).await;
+    assert_eq!(status, 201, "the same key works with a corrected body");
+    let body: Value = serde_json::from_slice(&posts(&app).await[0].body).expect("JSON");
+    assert_eq!(body["payment_method_id"], "efecty");
+    assert!(body.get("token").is_none() && body.get("installments").is_none());
+}
+
+async fn a_timeout_then_a_search_that_finds_the_payment_settles_it(backend: Backend) {
+    let app = spawn(
+        backend,
+        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
+    )
+    .await;
+    let fake = FakeMercadoPago::new("payment_approved").answering_late(Duration::from_secs(2));
+    fake.mount(app.gateway()).await;
+    let (status, pago) = pay(&app, "k-timeout", &card("late")).await;
+    assert_eq!(status, 202, "{pago}");
+    let id = pago["id"].as_str().expect("id").to_owned();
+
+    report_says(&app.reconcile(&id).await, "completados");
+    let payment = app.payment(&id).await;
+    assert_eq!(payment.state, "COMPLETADA");
+    assert_eq!(payment.gateway_ref, Some(mp_id(&id).to_string()));
+    assert_eq!(posts(&app).await.len(), 1, "found: nothing resent");
+    let searches = requests(&app, "GET", |p| p == "/v1/payments/search").await;
+    assert_eq!(searches.len(), 1);
+    let asked: HashMap<String, String> = searches[0].url.query_pairs().into_owned().collect();
+    assert_eq!(asked.get("external_reference"), Some(&id));
+}
+
+async fn a_search_miss_inside_the_key_window_resends_with_the_same_key(backend: Backend) {
+    let app = spawn(
+        backend,
+        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
+    )
+    .await;
+    let fake = FakeMercadoPago::new("payment_approved").answering_late(Duration::from_secs(2));
+    fake.search_lags(true);
+    fake.mount(app.gateway()).await;
+    let (status, pago) = pay(&app, "k-resend", &card("lost answer")).await;
+    assert_eq!(status, 202);
+    let id = pago["id"].as_str().expect("id").to_owned();
+
+    report_says(&app.reconcile(&id).await, "completados");
+    let sent = posts(&app).await;
+    assert_eq!(sent.len(), 2, "the first try and the reconciler's resend");
+    assert_eq!(
+        sent[0].headers["x-idempotency-key"],
+        sent[1].headers["x-idempotency-key"]
+    );
+    assert_eq!(sent[0].body, sent[1].body, "the same body");
+    assert_eq!(fake.payments_for(&id), 1, "one payment at Mercado Pago");
+}
+
+async fn a_search_miss_outside_the_key_window_goes_to_manual_review_without_a_resend(
+    backend: Backend,
+) {
+    let app = spawn(
+        backend,
+        &[
+            "--gateway-timeout",
+            "200ms",
+            "--gateway-retries",
+            "0",
+            "--gateway-key-window",
+            "1s",
+        ],
+    )
+    .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/payments"))
+        .respond_with(ResponseTemplate::new(500).set_body_json(fixture("error_internal")))
+        .mount(app.gateway())
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/payments/search"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(fixture("search_empty")))
+        .mount(app.gateway())
+        .await;
+    let (status, pago) = pay(&app, "k-outside", &card("unknown")).await;
+    assert_eq!(status, 202);
+    let id = pago["id"].as_str().expect("id").to_owned();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    report_says(&app.reconcile(&id).await, "revisionManual");
+    assert_eq!(
+        posts(&app).await.len(),
+        1,
+        "never resent outside the window"
+    );
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
+}
+
+/// `x-signature` as Mercado Pago computes it, here independently of pagos' code.
+fn x_signature(secret: &str, data_id: &str, request_id: &str, ts: i64) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
+    mac.update(format!("id:{data_id};request-id:{request_id};ts:{ts};").as_bytes());
+    format!("ts={ts},v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+fn notification(notification_id: u64, data_id: &str) -> Vec<u8> {
+    let mut n = fixture("notification_payment_updated");
+    n["id"] = Value::from(notification_id);
+    n["data"]["id"] = Value::from(data_id);
+    serde_json::to_vec(&n).expect("JSON")
+}
+
+async fn notify_signed(
+    app: &TestApp,
+    data_id: &str,
+    body: &[u8],
+    signature: &str,
+) -> reqwest::Response {
+    app.http
+        .post(app.url(&format!(
+            "/v1/webhooks/mercadopago?data.id={data_id}&type=payment"
+        )))
+        .header("Content-Type", "application/json")
+        .header("x-signature", signature)
+        .header("x-request-id", "bb56a2f1-6aae-46ac-982e-9dcd3581d08e")
+        .body(body.to_vec())
+        .send()
+        .await
+        .expect("delivered")
+}
+
+async fn notify(app: &TestApp, notification_id: u64, data_id: &str) -> reqwest::Response {
+    let signature = x_signature(
+        WEBHOOK_SECRET,
+        data_id,
+        "bb56a2f1-6aae-46ac-982e-9dcd3581d08e",
+        chrono::Utc::now().timestamp(),
+    );
+    notify_signed(
+        app,
+        data_id,
+        &notification(notification_id, data_id),
+        &signature,
+    )
+    .await
+}
+
+async fn outcome(answer: reqwest::Response) -> String {
+    assert_eq!(answer.status(), 200);
+    json(answer).await["resultado"]
+        .as_str()
+        .expect("resultado")
+        .to_owned()
+}
+
+async fn recorded(app: &TestApp) -> (u64, u64) {
+    (
+        processed_message::Entity::find()
+            .count(&app.db)
+            .await
+            .expect("count"),
+        webhook_charge::Entity::find()
+            .count(&app.db)
+            .await
+            .expect("count"),
+    )
+}
+
+/// A payment Mercado Pago left pending (cash at Efecty); returns its id.
+async fn pending_payment(app: &TestApp, key: &str) -> String {
+    let cash = json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
+                      "medioPago": {"id": "efecty", "email": "payer@example.com"}});
+    let (status, pago) = pay(app, key, &cash).await;
+    assert_eq!(status, 202, "{pago}");
+    pago["id"].as_str().expect("id").to_owned()
+}
+
+async fn a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_is_refused(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_pending");
+    fake.mount(app.gateway()).await;
+    let id = pending_payment(&app, "k-wh").await;
+    let data_id = mp_id(&id).to_string();
+    fake.set(&id, "payment_approved", "2026-12-02T11:00:00.000-05:00");
+
+    let body = notification(7001, &data_id);
+    let now = chrono::Utc::now().timestamp();
+    for signature in [
+        x_signature(
+            "other_secret",
+            &data_id,
+            "bb56a2f1-6aae-46ac-982e-9dcd3581d08e",
+            now,
+        ),
+        x_signature(
+            WEBHOOK_SECRET,
+            "999",
+            "bb56a2f1-6aae-46ac-982e-9dcd3581d08e",
+            now,
+        ),
+        x_signature(WEBHOOK_SECRET, &data_id, "another-request", now),
+        format!("v1={}", "ab".repeat(32)),
+    ] {
+        let answer = notify_signed(&app, &data_id, &body, &signature).await;
+        assert_eq!(answer.status(), 401, "{signature}");
+    }
+    assert_eq!(
+        recorded(&app).await,
+        (0, 0),
+        "a refused notification records nothing"
+    );
+    assert_eq!(reads(&app).await, 0, "nor asks Mercado Pago anything");
+
+    assert_eq!(
+        outcome(notify(&app, 7001, &data_id).await).await,
+        "aplicado"
+    );
+    let payment = app.payment(&id).await;
+    assert_eq!(payment.state, "COMPLETADA");
+    assert_eq!(payment.gateway_ref, Some(data_id.clone()));
+
+    let other_type = serde_json::to_vec(&fixture("notification_merchant_order")).expect("JSON");
+    let signature = x_signature(
+        WEBHOOK_SECRET,
+        "26262399173",
+        "bb56a2f1-6aae-46ac-982e-9dcd3581d08e",
+        now,
+    );
+    let answer = notify_signed(&app, "26262399173", &other_type, &signature).await;
+    assert_eq!(outcome(answer).await, "ignorado");
+}
+
+async fn a_duplicated_notification_applies_once_and_asks_mercadopago_once(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_pending");
+    fake.mount(app.gateway()).await;
+    let id = pending_payment(&app, "k-dup").await;
+    let data_id = mp_id(&id).to_string();
+    fake.set(&id, "payment_approved", "2026-12-02T11:00:00.000-05:00");
+
+    assert_eq!(
+        outcome(notify(&app, 7002, &data_id).await).await,
+        "aplicado"
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            outcome(notify(&app, 7002, &data_id).await).await,
+            "duplicado"
+        );
+    }
+    assert_eq!(
+        reads(&app).await,
+        1,
+        "a known notification is not asked about again"
+    );
+    assert_eq!(recorded(&app).await, (1, 1));
+
+    // Another notification about the same, unchanged payment changes nothing either.
+    assert_eq!(
+        outcome(notify(&app, 7003, &data_id).await).await,
+        "obsoleto"
+    );
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+}
+
+async fn a_notification_mercadopago_cannot_be_asked_about_is_refused_with_503_and_nothing_recorded(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_pending");
+    fake.mount(app.gateway()).await;
+    let id = pending_payment(&app, "k-503").await;
+    let data_id = mp_id(&id).to_string();
+    fake.set(&id, "payment_rejected", "2026-12-02T11:00:00.000-05:00");
+    fake.reads_fail(true);
+
+    let answer = notify(&app, 7004, &data_id).await;
+    assert_eq!(answer.status(), 503);
+    assert!(answer.headers().contains_key("retry-after"));
+    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.payment(&id).await.state, "ENVIADA");
+
+    fake.reads_fail(false);
+    assert_eq!(
+        outcome(notify(&app, 7004, &data_id).await).await,
+        "aplicado"
+    );
+    let payment = app.payment(&id).await;
+    assert_eq!(payment.state, "FALLIDA");
+    assert_eq!(
+        payment.decline_code.as_deref(),
+        Some("cc_rejected_insufficient_amount")
+    );
+}
+
+async fn a_refund_of_a_completed_payment_sends_it_to_manual_review(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.mount(app.gateway()).await;
+    let (status, pago) = pay(&app, "k-refund", &card("refunded later")).await;
+    assert_eq!(status, 201);
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let data_id = mp_id(&id).to_string();
+    fake.set(&id, "payment_refunded", "2026-12-03T09:00:00.000-05:00");
+
+    assert_eq!(
+        outcome(notify(&app, 7005, &data_id).await).await,
+        "revision_manual"
+    );
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
+    let replay = app.pay("k-refund", &card("refunded later")).await;
+    assert_eq!(
+        replay.status(),
+        201,
+        "what the client was told stays frozen"
+    );
+}

@@ -1,0 +1,741 @@
+//! The Stripe adapter against wiremock serving `fixtures/stripe/`: the request pagos
+//! sends, the status mapping, timeouts settled by a search, resends with the same key
+//! inside Stripe's key window and review outside it, and signed webhooks applied once.
+
+use crate::helpers::{Backend, Spawn, TestApp, json};
+use crate::on_both_databases;
+use hmac::{Hmac, Mac};
+use pagos::entities::{processed_message, webhook_charge};
+use sea_orm::{EntityTrait, PaginatorTrait};
+use serde_json::{Value, json};
+use sha2::Sha256;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, Request, Respond, ResponseTemplate};
+
+on_both_databases!(
+    the_request_pagos_sends_is_stripes_documented_shape,
+    every_status_in_the_mapping_table_maps_as_documented,
+    without_medio_pago_the_request_is_refused_with_422_and_nothing_is_stored,
+    a_timeout_then_a_search_that_finds_the_charge_settles_it,
+    a_search_miss_inside_the_key_window_resends_with_the_same_key,
+    a_search_miss_outside_the_key_window_goes_to_manual_review_without_a_resend,
+    requires_action_goes_to_manual_review_past_the_give_up_horizon,
+    a_signed_event_settles_a_pending_payment_and_a_wrong_signature_is_refused,
+    a_duplicated_event_applies_once,
+    a_pending_event_after_the_final_one_changes_nothing,
+    events_pagos_does_not_act_on_are_acknowledged_and_unknown_references_are_orphans,
+);
+
+const WEBHOOK_SECRET: &str = "whsec_test_stripe";
+const PM: &str = "pm_1Q0PsIJvEtkwdCNYMSaVuRz6";
+const CUSTOMER: &str = "cus_NffrFeUfNV2Hib";
+
+fn fixture(name: &str) -> Value {
+    let text = match name {
+        "payment_intent_succeeded" => {
+            include_str!("../../fixtures/stripe/payment_intent_succeeded.json")
+        }
+        "payment_intent_processing" => {
+            include_str!("../../fixtures/stripe/payment_intent_processing.json")
+        }
+        "payment_intent_requires_action" => {
+            include_str!("../../fixtures/stripe/payment_intent_requires_action.json")
+        }
+        "payment_intent_requires_payment_method" => {
+            include_str!("../../fixtures/stripe/payment_intent_requires_payment_method.json")
+        }
+        "payment_intent_canceled" => {
+            include_str!("../../fixtures/stripe/payment_intent_canceled.json")
+        }
+        "error_card_declined" => include_str!("../../fixtures/stripe/error_card_declined.json"),
+        "error_authentication_required" => {
+            include_str!("../../fixtures/stripe/error_authentication_required.json")
+        }
+        "error_payment_method_missing" => {
+            include_str!("../../fixtures/stripe/error_payment_method_missing.json")
+        }
+        "error_idempotency_key_reused" => {
+            include_str!("../../fixtures/stripe/error_idempotency_key_reused.json")
+        }
+        "error_api" => include_str!("../../fixtures/stripe/error_api.json"),
+        "search_found" => include_str!("../../fixtures/stripe/search_found.json"),
+        "search_empty" => include_str!("../../fixtures/stripe/search_empty.json"),
+        "event_payment_intent_succeeded" => {
+            include_str!("../../fixtures/stripe/event_payment_intent_succeeded.json")
+        }
+        "event_payment_intent_payment_failed" => {
+            include_str!("../../fixtures/stripe/event_payment_intent_payment_failed.json")
+        }
+        "event_payment_intent_processing" => {
+            include_str!("../../fixtures/stripe/event_payment_intent_processing.json")
+        }
+        "event_payment_intent_created" => {
+            include_str!("../../fixtures/stripe/event_payment_intent_created.json")
+        }
+        other => panic!("no fixture {other}"),
+    };
+    serde_json::from_str(text).expect("fixture is JSON")
+}
+
+async fn spawn(backend: Backend, flags: &[&'static str]) -> TestApp {
+    Spawn::new(backend)
+        .provider("stripe")
+        .flags(&["--stripe-webhook-secret", WEBHOOK_SECRET])
+        .flags(flags)
+        .start()
+        .await
+}
+
+fn body(description: &str) -> Value {
+    json!({"creditoId": "42", "monto": 250000, "moneda": "COP", "descripcion": description,
+           "medioPago": {"id": PM, "cliente": CUSTOMER}})
+}
+
+/// The form fields of a request pagos sent.
+fn form(request: &Request) -> HashMap<String, String> {
+    url::form_urlencoded::parse(&request.body)
+        .into_owned()
+        .collect()
+}
+
+/// A PaymentIntent id of its own for each payment (webhook rows are keyed by it).
+fn intent_id(reference: &str) -> String {
+    format!("pi_{}", &reference.replace('-', "")[..24])
+}
+
+/// `pi` made about the payment that asked: its id, amount, currency and reference.
+fn about(mut pi: Value, form: &HashMap<String, String>) -> Value {
+    let reference = form
+        .get("metadata[pagos_reference]")
+        .cloned()
+        .unwrap_or_default();
+    pi["id"] = Value::from(intent_id(&reference));
+    pi["amount"] = Value::from(
+        form.get("amount")
+            .and_then(|a| a.parse::<i64>().ok())
+            .unwrap_or(0),
+    );
+    pi["currency"] = Value::from(form.get("currency").cloned().unwrap_or_default());
+    pi["metadata"]["pagos_reference"] = Value::from(reference);
+    pi
+}
+
+/// Answers each payment with the fixture named in its `descripcion`
+/// (`<http status> <fixture>`): one app, every scenario.
+struct ByDescription;
+
+impl Respond for ByDescription {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let form = form(request);
+        let description = form.get("description").cloned().unwrap_or_default();
+        let (status, name) = description.split_once(' ').expect("`<status> <fixture>`");
+        let status: u16 = status.parse().expect("status");
+        let mut answer = fixture(name);
+        if answer.get("error").is_some() {
+            if let Some(pi) = answer["error"].get("payment_intent").cloned() {
+                answer["error"]["payment_intent"] = about(pi, &form);
+            }
+        } else {
+            answer = about(answer, &form);
+        }
+        ResponseTemplate::new(status).set_body_json(answer)
+    }
+}
+
+/// A stateful Stripe: PaymentIntents kept by idempotency key (a key reused replays the
+/// first answer, as Stripe does) and found by search unless the index lags.
+#[derive(Clone)]
+struct FakeStripe(Arc<Mutex<FakeState>>);
+
+struct FakeState {
+    new_intents: &'static str,
+    by_key: HashMap<String, Value>,
+    by_reference: HashMap<String, Vec<Value>>,
+    search_lags: bool,
+    first_answer_delay: Duration,
+    searches: Vec<String>,
+}
+
+impl FakeStripe {
+    fn new(new_intents: &'static str) -> Self {
+        FakeStripe(Arc::new(Mutex::new(FakeState {
+            new_intents,
+            by_key: HashMap::new(),
+            by_reference: HashMap::new(),
+            search_lags: false,
+            first_answer_delay: Duration::ZERO,
+            searches: Vec::new(),
+        })))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FakeState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The first answer to a new key comes after `delay` (the intent exists at once).
+    fn answering_late(self, delay: Duration) -> Self {
+        self.lock().first_answer_delay = delay;
+        self
+    }
+
+    fn search_lags(&self, lags: bool) {
+        self.lock().search_lags = lags;
+    }
+
+    fn intents_for(&self, reference: &str) -> usize {
+        self.lock().by_reference.get(reference).map_or(0, Vec::len)
+    }
+
+    async fn mount(&self, server: &wiremock::MockServer) {
+        Mock::given(method("POST"))
+            .and(path("/v1/payment_intents"))
+            .respond_with(FakeCreate(self.clone()))
+            .mount(server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/v1/payment_intents/search"))
+            .respond_with(FakeSearch(self.clone()))
+            .mount(server)
+            .await;
+    }
+}
+
+struct FakeCreate(FakeStripe);
+
+impl Respond for FakeCreate {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let key = request.headers["idempotency-key"]
+            .to_str()
+            .expect("key")
+            .to_owned();
+        let form = form(request);
+        let mut state = self.0.lock();
+        if let Some(existing) = state.by_key.get(&key) {
+            return ResponseTemplate::new(200)
+                .insert_header("Idempotent-Replayed", "true")
+                .set_body_json(existing.clone());
+        }
+        let pi = about(fixture(state.new_intents), &form);
+        let reference = pi["metadata"]["pagos_reference"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        state.by_key.insert(key, pi.clone());
+        state
+            .by_reference
+            .entry(reference)
+            .or_default()
+            .push(pi.clone());
+        ResponseTemplate::new(200)
+            .set_body_json(pi)
+            .set_delay(state.first_answer_delay)
+    }
+}
+
+struct FakeSearch(FakeStripe);
+
+impl Respond for FakeSearch {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let query = request
+            .url
+            .query_pairs()
+            .find(|(k, _)| k == "query")
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        let mut state = self.0.lock();
+        state.searches.push(query.clone());
+        let reference = query
+            .trim_start_matches("metadata['pagos_reference']:'")
+            .trim_end_matches('\'');
+        let found = match state.by_reference.get(reference) {
+            Some(found) if !state.search_lags => found.clone(),
+            _ => vec![],
+        };
+        let mut answer = if found.is_empty() {
+            fixture("search_empty")
+        } else {
+            fixture("search_found")
+        };
+        answer["data"] = Value::from(found);
+        ResponseTemplate::new(200).set_body_json(answer)
+    }
+}
+
+async fn posts(app: &TestApp) -> Vec<Request> {
+    app.gateway()
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.method.as_str() == "POST" && r.url.path() == "/v1/payment_intents")
+        .collect()
+}
+
+async fn pay(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
+    let answer = app.pay(key, body).await;
+    let status = answer.status().as_u16();
+    (status, json(answer).await)
+}
+
+fn report_says(report: &Value, field: &str) {
+    assert_eq!(report["examinados"], 1, "{report}");
+    assert_eq!(report[field], 1, "{report}");
+}
+
+async fn the_request_pagos_sends_is_stripes_documented_shape(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    FakeStripe::new("payment_intent_succeeded")
+        .mount(app.gateway())
+        .await;
+    let (status, pago) = pay(&app, "k-shape", &body("Cuota 3 del crédito 42")).await;
+    assert_eq!(status, 201, "{pago}");
+    let id = pago["id"].as_str().expect("id");
+    assert_eq!(pago["estado"], "COMPLETADA");
+    assert_eq!(pago["gatewayRef"], intent_id(id));
+    assert_eq!(
+        pago["medioPago"],
+        json!({"id": PM}),
+        "the method's id only, never more"
+    );
+
+    let sent = posts(&app).await;
+    assert_eq!(sent.len(), 1);
+    let request = &sent[0];
+    assert_eq!(request.method.as_str(), "POST");
+    assert_eq!(request.url.path(), "/v1/payment_intents");
+    assert_eq!(request.headers["authorization"], "Bearer gw_secret");
+    assert_eq!(
+        request.headers["content-type"],
+        "application/x-www-form-urlencoded"
+    );
+    let key = request.headers["idempotency-key"].to_str().expect("ASCII");
+    assert!(key.starts_with("pagos-") && key.len() <= 255, "{key}");
+    assert_ne!(key, "k-shape", "the derived key, not the client's");
+
+    // Field by field against the fixture of what Stripe documents.
+    let expected: HashMap<String, String> = url::form_urlencoded::parse(
+        include_str!("../../fixtures/stripe/create_payment_intent_request.txt")
+            .trim_end()
+            .as_bytes(),
+    )
+    .into_owned()
+    .map(|(k, v)| {
+        if k == "metadata[pagos_reference]" {
+            (k, id.to_owned())
+        } else {
+            (k, v)
+        }
+    })
+    .collect();
+    let sent = form(request);
+    for field in [
+        "amount",
+        "currency",
+        "confirm",
+        "off_session",
+        "payment_method",
+        "customer",
+        "automatic_payment_methods[enabled]",
+        "automatic_payment_methods[allow_redirects]",
+        "description",
+        "metadata[pagos_reference]",
+    ] {
+        assert_eq!(sent.get(field), expected.get(field), "field {field}");
+    }
+    assert_eq!(sent, expected, "no field more, no field less");
+    assert_eq!(sent["amount"], "250000", "COP in cents: Stripe's unit");
+    assert_eq!(sent["currency"], "cop");
+}
+
+async fn every_status_in_the_mapping_table_maps_as_documented(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    Mock::given(method("POST"))
+        .and(path("/v1/payment_intents"))
+        .respond_with(ByDescription)
+        .mount(app.gateway())
+        .await;
+    for (scenario, status, estado, decline) in [
+        ("200 payment_intent_succeeded", 201, "COMPLETADA", None),
+        ("200 payment_intent_processing", 202, "ENVIADA", None),
+        ("200 payment_intent_requires_action", 202, "ENVIADA", None),
+        (
+            "200 payment_intent_requires_payment_method",
+            402,
+            "FALLIDA",
+            Some("insufficient_funds"),
+        ),
+        (
+            "200 payment_intent_canceled",
+            402,
+            "FALLIDA",
+            Some("canceled_abandoned"),
+        ),
+        (
+            "402 error_card_declined",
+            402,
+            "FALLIDA",
+            Some("insufficient_funds"),
+        ),
+        (
+            "402 error_authentication_required",
+            402,
+            "FALLIDA",
+            Some("authentication_required"),
+        ),
+        (
+            "400 error_payment_method_missing",
+            402,
+            "FALLIDA",
+            Some("gateway_rejected_400"),
+        ),
+        // The key met other parameters: a PaymentIntent may exist, so never FALLIDA.
+        ("400 error_idempotency_key_reused", 202, "ENVIADA", None),
+    ] {
+        let key = format!("k-map-{}", scenario.replace(' ', "-"));
+        let (got, answer) = pay(&app, &key, &body(scenario)).await;
+        assert_eq!(got, status, "{scenario}: {answer}");
+        let pago = if got == 402 { &answer["pago"] } else { &answer };
+        assert_eq!(pago["estado"], estado, "{scenario}");
+        if let Some(code) = decline {
+            assert_eq!(answer["declineCode"], code, "{scenario}");
+        }
+    }
+    // One call per payment (declines and refusals are not retried), four tries for the
+    // unknown outcome.
+    assert_eq!(posts(&app).await.len(), 8 + 4);
+}
+
+async fn without_medio_pago_the_request_is_refused_with_422_and_nothing_is_stored(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    FakeStripe::new("payment_intent_succeeded")
+        .mount(app.gateway())
+        .await;
+    let (status, problem) = pay(
+        &app,
+        "k-422",
+        &json!({"creditoId": "42", "monto": 250000, "moneda": "COP"}),
+    )
+    .await;
+    assert_eq!(status, 422);
+    assert!(
+        problem["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("validation-failed"))
+    );
+    assert_eq!(problem["errores"][0]["campo"], "medioPago", "{problem}");
+    let (status, problem) = pay(
+        &app,
+        "k-422",
+        &json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
+                "medioPago": {"id": "visa", "email": "payer@example.com"}}),
+    )
+    .await;
+    assert_eq!(status, 422);
+    let fields: Vec<&str> = problem["errores"]
+        .as_array()
+        .expect("errores")
+        .iter()
+        .filter_map(|e| e["campo"].as_str())
+        .collect();
+    assert_eq!(fields, ["medioPago.id", "medioPago.email"]);
+    assert_eq!(app.count_rows().await, (0, 0), "a 422 stores nothing");
+    assert!(posts(&app).await.is_empty());
+
+    let (status, _) = pay(&app, "k-422", &body("corrected")).await;
+    assert_eq!(status, 201, "the same key works with a corrected body");
+}
+
+async fn a_timeout_then_a_search_that_finds_the_charge_settles_it(backend: Backend) {
+    let app = spawn(
+        backend,
+        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
+    )
+    .await;
+    let fake = FakeStripe::new("payment_intent_succeeded").answering_late(Duration::from_secs(2));
+    fake.mount(app.gateway()).await;
+    let (status, pago) = pay(&app, "k-timeout", &body("late")).await;
+    assert_eq!(status, 202, "{pago}");
+    assert_eq!(pago["estado"], "ENVIADA");
+    let id = pago["id"].as_str().expect("id").to_owned();
+
+    report_says(&app.reconcile(&id).await, "completados");
+    let payment = app.payment(&id).await;
+    assert_eq!(payment.state, "COMPLETADA");
+    assert_eq!(
+        payment.gateway_ref.as_deref(),
+        Some(intent_id(&id).as_str())
+    );
+    assert_eq!(posts(&app).await.len(), 1, "found: nothing resent");
+    let searches = fake.lock().searches.clone();
+    assert_eq!(searches, [format!("metadata['pagos_reference']:'{id}'")]);
+}
+
+async fn a_search_miss_inside_the_key_window_resends_with_the_same_key(backend: Backend) {
+    let app = spawn(
+        backend,
+        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
+    )
+    .await;
+    // The charge is made, its answer lost to the timeout, and search has not indexed it
+    // yet: only Stripe's idempotency makes the resend safe.
+    let fake = FakeStripe::new("payment_intent_succeeded").answering_late(Duration::from_secs(2));
+    fake.search_lags(true);
+    fake.mount(app.gateway()).await;
+    let (status, pago) = pay(&app, "k-resend", &body("lost answer")).await;
+    assert_eq!(status, 202);
+    let id = pago["id"].as_str().expect("id").to_owned();
+
+    report_says(&app.reconcile(&id).await, "completados");
+    let sent = posts(&app).await;
+    assert_eq!(sent.len(), 2, "the first try and the reconciler's resend");
+    assert_eq!(
+        sent[0].headers["idempotency-key"],
+        sent[1].headers["idempotency-key"]
+    );
+    assert_eq!(sent[0].body, sent[1].body, "the same parameters");
+    assert_eq!(fake.intents_for(&id), 1, "one PaymentIntent, replayed");
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+}
+
+async fn a_search_miss_outside_the_key_window_goes_to_manual_review_without_a_resend(
+    backend: Backend,
+) {
+    let app = spawn(
+        backend,
+        &[
+            "--gateway-timeout",
+            "200ms",
+            "--gateway-retries",
+            "0",
+            "--gateway-key-window",
+            "1s",
+        ],
+    )
+    .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/payment_intents"))
+        .respond_with(ResponseTemplate::new(500).set_body_json(fixture("error_api")))
+        .mount(app.gateway())
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/payment_intents/search"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(fixture("search_empty")))
+        .mount(app.gateway())
+        .await;
+    let (status, pago) = pay(&app, "k-outside", &body("unknown")).await;
+    assert_eq!(status, 202);
+    let id = pago["id"].as_str().expect("id").to_owned();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    report_says(&app.reconcile(&id).await, "revisionManual");
+    assert_eq!(
+        posts(&app).await.len(),
+        1,
+        "never resent outside the window"
+    );
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
+}
+
+async fn requires_action_goes_to_manual_review_past_the_give_up_horizon(backend: Backend) {
+    let app = spawn(backend, &["--give-up-after", "1s"]).await;
+    let fake = FakeStripe::new("payment_intent_requires_action");
+    fake.mount(app.gateway()).await;
+    let (status, pago) = pay(&app, "k-3ds", &body("needs authentication")).await;
+    assert_eq!(status, 202);
+    let id = pago["id"].as_str().expect("id").to_owned();
+
+    report_says(&app.reconcile(&id).await, "pendientes");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    report_says(&app.reconcile(&id).await, "revisionManual");
+    assert_eq!(posts(&app).await.len(), 1);
+}
+
+/// The header Stripe sends, computed here independently of pagos' code.
+fn stripe_signature(secret: &str, t: i64, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
+    mac.update(format!("{t}.").as_bytes());
+    mac.update(body);
+    format!(
+        "t={t},v1={},v0={}",
+        hex::encode(mac.finalize().into_bytes()),
+        "0".repeat(64)
+    )
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// The fixture event `name` about payment `id`, created at `created`.
+fn event(name: &str, event_id: &str, id: &str, created: i64) -> Vec<u8> {
+    let mut event = fixture(name);
+    event["id"] = Value::from(event_id);
+    event["created"] = Value::from(created);
+    let object = &mut event["data"]["object"];
+    object["id"] = Value::from(intent_id(id));
+    object["metadata"]["pagos_reference"] = Value::from(id);
+    serde_json::to_vec(&event).expect("JSON")
+}
+
+async fn deliver_signed(app: &TestApp, body: &[u8], signature: &str) -> reqwest::Response {
+    app.http
+        .post(app.url("/v1/webhooks/stripe"))
+        .header("Content-Type", "application/json")
+        .header("Stripe-Signature", signature)
+        .body(body.to_vec())
+        .send()
+        .await
+        .expect("delivered")
+}
+
+async fn deliver(app: &TestApp, body: &[u8]) -> String {
+    let answer = deliver_signed(app, body, &stripe_signature(WEBHOOK_SECRET, now(), body)).await;
+    assert_eq!(answer.status(), 200);
+    json(answer).await["resultado"]
+        .as_str()
+        .expect("resultado")
+        .to_owned()
+}
+
+async fn recorded(app: &TestApp) -> (u64, u64) {
+    (
+        processed_message::Entity::find()
+            .count(&app.db)
+            .await
+            .expect("count"),
+        webhook_charge::Entity::find()
+            .count(&app.db)
+            .await
+            .expect("count"),
+    )
+}
+
+/// A payment Stripe left `processing`; returns its id.
+async fn processing_payment(app: &TestApp, key: &str) -> String {
+    let (status, pago) = pay(app, key, &body("bank debit")).await;
+    assert_eq!(status, 202, "{pago}");
+    pago["id"].as_str().expect("id").to_owned()
+}
+
+async fn a_signed_event_settles_a_pending_payment_and_a_wrong_signature_is_refused(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    FakeStripe::new("payment_intent_processing")
+        .mount(app.gateway())
+        .await;
+    let id = processing_payment(&app, "k-wh").await;
+    let body = event("event_payment_intent_succeeded", "evt_ok", &id, now());
+
+    for signature in [
+        stripe_signature("whsec_wrong", now(), &body),
+        stripe_signature(WEBHOOK_SECRET, now() - 600, &body),
+        format!("v1={}", "ab".repeat(32)),
+        String::new(),
+    ] {
+        let answer = deliver_signed(&app, &body, &signature).await;
+        assert_eq!(answer.status(), 401, "{signature:?}");
+    }
+    assert_eq!(
+        recorded(&app).await,
+        (0, 0),
+        "a refused event records nothing"
+    );
+    assert_eq!(app.payment(&id).await.state, "ENVIADA");
+
+    assert_eq!(deliver(&app, &body).await, "aplicado");
+    let payment = app.payment(&id).await;
+    assert_eq!(payment.state, "COMPLETADA");
+    let replay = app.pay("k-wh", &body_of_key()).await;
+    assert_eq!(replay.status(), 201, "the key answers the settled state");
+
+    let failed = event(
+        "event_payment_intent_payment_failed",
+        "evt_failed",
+        &processing_payment(&app, "k-wh-2").await,
+        now(),
+    );
+    assert_eq!(deliver(&app, &failed).await, "aplicado");
+}
+
+fn body_of_key() -> Value {
+    body("bank debit")
+}
+
+async fn a_duplicated_event_applies_once(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    FakeStripe::new("payment_intent_processing")
+        .mount(app.gateway())
+        .await;
+    let id = processing_payment(&app, "k-dup").await;
+    let body = event("event_payment_intent_succeeded", "evt_dup", &id, now());
+
+    let answers = futures::future::join_all((0..8).map(|_| deliver(&app, &body))).await;
+    let applied = answers.iter().filter(|a| *a == "aplicado").count();
+    assert_eq!(applied, 1, "{answers:?}");
+    assert!(
+        answers.iter().all(|a| a == "aplicado" || a == "duplicado"),
+        "{answers:?}"
+    );
+    assert_eq!(deliver(&app, &body).await, "duplicado");
+    assert_eq!(recorded(&app).await, (1, 1));
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+}
+
+async fn a_pending_event_after_the_final_one_changes_nothing(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    FakeStripe::new("payment_intent_processing")
+        .mount(app.gateway())
+        .await;
+    let id = processing_payment(&app, "k-order").await;
+    let t = now();
+    let succeeded = event("event_payment_intent_succeeded", "evt_final", &id, t);
+    // Created later, delivered later, yet it reports an earlier state.
+    let processing = event("event_payment_intent_processing", "evt_late", &id, t + 5);
+    assert_eq!(deliver(&app, &succeeded).await, "aplicado");
+    assert_eq!(deliver(&app, &processing).await, "obsoleto");
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+}
+
+async fn events_pagos_does_not_act_on_are_acknowledged_and_unknown_references_are_orphans(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let stranger = uuid::Uuid::now_v7().to_string();
+    let created = event(
+        "event_payment_intent_created",
+        "evt_created",
+        &stranger,
+        now(),
+    );
+    assert_eq!(deliver(&app, &created).await, "ignorado");
+
+    let mut not_ours: Value = serde_json::from_slice(&event(
+        "event_payment_intent_succeeded",
+        "evt_other",
+        &stranger,
+        now(),
+    ))
+    .expect("JSON");
+    not_ours["data"]["object"]["metadata"] = json!({"order_id": "6735"});
+    let not_ours = serde_json::to_vec(&not_ours).expect("JSON");
+    assert_eq!(deliver(&app, &not_ours).await, "ignorado");
+
+    let orphan = event(
+        "event_payment_intent_succeeded",
+        "evt_orphan",
+        &stranger,
+        now(),
+    );
+    assert_eq!(deliver(&app, &orphan).await, "huerfano");
+    let orphans = json(app.admin_get("/admin/cargos-huerfanos").await).await;
+    assert_eq!(orphans[0]["fuente"], "stripe", "{orphans}");
+    assert_eq!(orphans[0]["referencia"], stranger.as_str());
+    assert_eq!(orphans[0]["monto"], 250000);
+    assert_eq!(orphans[0]["moneda"], "COP");
+}
