@@ -289,6 +289,7 @@ async fn three_processes_decide_every_due_payment_exactly_once() {
             version: 1,
             attempts: 1,
             gateway_key: format!("pagos-test-{n}"),
+            payment_method: None,
             gateway_ref: None,
             decline_code: None,
             next_attempt_at: at,
