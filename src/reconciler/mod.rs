@@ -210,7 +210,7 @@ async fn decide_and_apply(
             Ok(Outcome::of_state(&after.state))
         }
         Decision::Settle(charge) => {
-            let Some((event, changes, reason)) = saga::settlement(&charge) else {
+            let Some((event, changes, reason)) = saga::settlement(&claimed, &charge) else {
                 return Ok(Outcome::Rescheduled);
             };
             let reason = format!("provider lookup: {reason}");

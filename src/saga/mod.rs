@@ -96,8 +96,24 @@ pub fn outcome_name(outcome: &ChargeOutcome) -> &'static str {
     }
 }
 
-/// The event a final charge means for its payment, and what to record with it.
-pub fn settlement(charge: &Charge) -> Option<(Event, Changes, String)> {
+/// The event a final charge means for its payment, and what to record with it. A charge
+/// for another amount or currency than the payment's never settles it: on-call decides.
+pub fn settlement(p: &payment::Model, charge: &Charge) -> Option<(Event, Changes, String)> {
+    if charge.status == ChargeStatus::Succeeded
+        && (charge.amount != p.amount || charge.currency != p.currency)
+    {
+        return Some((
+            Event::Escalate,
+            Changes {
+                gateway_ref: Some(charge.id.clone()),
+                ..Changes::default()
+            },
+            format!(
+                "charge {} is for {} {}, but the payment is for {} {}",
+                charge.id, charge.amount, charge.currency, p.amount, p.currency
+            ),
+        ));
+    }
     match charge.status {
         ChargeStatus::Succeeded => Some((
             Event::Charged,
@@ -136,7 +152,7 @@ pub async fn record_outcome(
 ) -> Result<payment::Model, StoreError> {
     let (event, changes, reason) = match outcome {
         ChargeOutcome::Succeeded(charge) | ChargeOutcome::Declined(charge) => {
-            match settlement(&charge) {
+            match settlement(&sent, &charge) {
                 Some(settled) => settled,
                 None => return Ok(sent),
             }

@@ -16,7 +16,28 @@ on_both_databases!(
     a_gateway_refusal_is_not_retried_and_fails_the_payment,
     a_pending_charge_answers_202_and_its_retry_gets_the_current_state,
     refused_credentials_leave_the_payment_to_the_reconciler_instead_of_failing_it,
+    a_charge_for_another_amount_goes_to_review_instead_of_settling,
 );
+
+async fn a_charge_for_another_amount_goes_to_review_instead_of_settling(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let mut charge: serde_json::Value = serde_json::from_str(include_str!(
+        "../../fixtures/reference-gateway/charge_succeeded.json"
+    ))
+    .expect("fixture");
+    charge["amount"] = 1.into();
+    charges()
+        .respond_with(ResponseTemplate::new(201).set_body_json(charge))
+        .mount(app.gateway())
+        .await;
+    let answer = app.pay("k-amount", &payment_body()).await;
+    assert_eq!(answer.status(), 202);
+    let body = json(answer).await;
+    assert_eq!(
+        body["estado"], "REVISION_MANUAL",
+        "money that does not match is never COMPLETADA"
+    );
+}
 
 async fn refused_credentials_leave_the_payment_to_the_reconciler_instead_of_failing_it(
     backend: Backend,
