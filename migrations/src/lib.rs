@@ -7,6 +7,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261202_000001_init;
 mod m20261202_000003_webhooks;
+mod m20261202_000005_claim_index;
 
 pub struct Migrator;
 
@@ -16,6 +17,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261202_000001_init::Migration),
             Box::new(m20261202_000003_webhooks::Migration),
+            Box::new(m20261202_000005_claim_index::Migration),
         ]
     }
 }

@@ -341,8 +341,16 @@ pub async fn release_lease<C: ConnectionTrait>(tx: &C, p: &payment::Model) -> Re
 /// Payments the reconciler may pick: sent or never sent, not final, not under review.
 pub const RECONCILABLE: [PaymentState; 2] = [PaymentState::EnProceso, PaymentState::Enviada];
 
+/// `state IN ('EN_PROCESO', 'ENVIADA')` with the states written into the SQL, not bound:
+/// it is the predicate of the partial index `payments_unsettled_due_idx`, and PostgreSQL
+/// uses a partial index for a prepared statement's generic plan only when the query's own
+/// condition proves the index's, which bound values cannot.
 fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
-    payment::Column::State.is_in(RECONCILABLE.map(|s| s.as_str()))
+    let states: Vec<String> = RECONCILABLE
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect();
+    Expr::cust(format!(r#""payments"."state" IN ({})"#, states.join(", ")))
 }
 
 /// Claims up to `limit` payments due at `due_by`, oldest first: each claimed row gets
