@@ -6,6 +6,10 @@
 //! (a statement prepared: a miss of sqlx's per-connection cache), `Sync` (the end of an
 //! extended-protocol exchange: one round trip) and simple `Query` messages (how sqlx sends
 //! `BEGIN`, `COMMIT` and `ROLLBACK`). The connection must not use TLS (`sslmode=disable`).
+//!
+//! Commits: an explicit `COMMIT`, or a statement that writes run outside `BEGIN` …
+//! `COMMIT` (it commits on its own). A statement writes when its SQL (seen in its `Parse`)
+//! is an `INSERT`, `UPDATE` or `DELETE`, or a `WITH` holding one.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +30,7 @@ pub struct Counters {
     commit: AtomicU64,
     rollback: AtomicU64,
     other_query: AtomicU64,
+    autocommit_writes: AtomicU64,
 }
 
 /// The counters at one moment; subtract two to count what happened in between.
@@ -38,6 +43,8 @@ pub struct Counts {
     pub commit: u64,
     pub rollback: u64,
     pub other_query: u64,
+    /// Statements that wrote outside `BEGIN` … `COMMIT`: each committed on its own.
+    pub autocommit_writes: u64,
 }
 
 impl Counts {
@@ -50,7 +57,13 @@ impl Counts {
             commit: self.commit - earlier.commit,
             rollback: self.rollback - earlier.rollback,
             other_query: self.other_query - earlier.other_query,
+            autocommit_writes: self.autocommit_writes - earlier.autocommit_writes,
         }
+    }
+
+    /// Durable commits: explicit ones and writing statements that committed on their own.
+    pub fn commits(&self) -> u64 {
+        self.commit + self.autocommit_writes
     }
 
     /// Statements that read or write data: prepared-statement runs and simple queries
@@ -77,33 +90,41 @@ impl Counters {
             commit: get(&self.commit),
             rollback: get(&self.rollback),
             other_query: get(&self.other_query),
+            autocommit_writes: get(&self.autocommit_writes),
         }
     }
 
-    fn count(&self, kind: u8, body: &[u8]) {
-        let counter = match kind {
-            b'E' => &self.execute,
-            b'P' => &self.parse,
-            b'S' => &self.sync,
-            b'Q' => {
-                let text = String::from_utf8_lossy(body);
-                let word = text
-                    .trim_start()
-                    .split(|c: char| !c.is_ascii_alphabetic())
-                    .next()
-                    .unwrap_or("")
-                    .to_ascii_uppercase();
-                match word.as_str() {
-                    "BEGIN" | "START" => &self.begin,
-                    "COMMIT" | "END" => &self.commit,
-                    "ROLLBACK" | "ABORT" => &self.rollback,
-                    _ => &self.other_query,
-                }
-            }
-            _ => return,
-        };
+    fn bump(&self, counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::SeqCst);
     }
+}
+
+/// The first word of a statement, upper-cased.
+fn verb(sql: &str) -> String {
+    sql.trim_start()
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or("")
+        .to_ascii_uppercase()
+}
+
+fn writes(sql: &str) -> bool {
+    match verb(sql).as_str() {
+        "INSERT" | "UPDATE" | "DELETE" => true,
+        "WITH" => {
+            let upper = sql.to_ascii_uppercase();
+            ["INSERT INTO", "UPDATE ", "DELETE FROM"]
+                .iter()
+                .any(|w| upper.contains(w))
+        }
+        _ => false,
+    }
+}
+
+/// Zero-terminated strings at the start of a message body.
+fn c_strings(body: &[u8]) -> impl Iterator<Item = String> + '_ {
+    body.split(|b| *b == 0)
+        .map(|s| String::from_utf8_lossy(s).into_owned())
 }
 
 /// Listens on a free port of 127.0.0.1 and relays every connection to `upstream`.
@@ -149,11 +170,17 @@ async fn relay(
     Ok(())
 }
 
-/// Splits the frontend's byte stream into messages.
+/// Splits the frontend's byte stream into messages, and follows the connection's
+/// prepared statements and transaction.
 #[derive(Default)]
 struct Frontend {
     started: bool,
     pending: Vec<u8>,
+    /// Prepared statement name → does it write.
+    statements: std::collections::HashMap<String, bool>,
+    /// The statement of the portal last bound.
+    bound_writes: bool,
+    in_transaction: bool,
 }
 
 fn be32(bytes: &[u8]) -> usize {
@@ -185,9 +212,57 @@ impl Frontend {
             if rest.len() < len {
                 break;
             }
-            counters.count(rest[0], &rest[5..len]);
+            let (kind, body) = (rest[0], rest[5..len].to_vec());
+            self.message(kind, &body, counters);
             at += len.max(5);
         }
         self.pending.drain(..at);
+    }
+
+    fn message(&mut self, kind: u8, body: &[u8], counters: &Counters) {
+        match kind {
+            b'P' => {
+                counters.bump(&counters.parse);
+                let mut strings = c_strings(body);
+                let name = strings.next().unwrap_or_default();
+                let sql = strings.next().unwrap_or_default();
+                self.statements.insert(name, writes(&sql));
+            }
+            b'B' => {
+                let statement = c_strings(body).nth(1).unwrap_or_default();
+                self.bound_writes = self.statements.get(&statement).copied().unwrap_or(false);
+            }
+            b'E' => {
+                counters.bump(&counters.execute);
+                if self.bound_writes && !self.in_transaction {
+                    counters.bump(&counters.autocommit_writes);
+                }
+            }
+            b'S' => counters.bump(&counters.sync),
+            b'Q' => {
+                let sql = c_strings(body).next().unwrap_or_default();
+                match verb(&sql).as_str() {
+                    "BEGIN" | "START" => {
+                        counters.bump(&counters.begin);
+                        self.in_transaction = true;
+                    }
+                    "COMMIT" | "END" => {
+                        counters.bump(&counters.commit);
+                        self.in_transaction = false;
+                    }
+                    "ROLLBACK" | "ABORT" => {
+                        counters.bump(&counters.rollback);
+                        self.in_transaction = false;
+                    }
+                    _ => {
+                        counters.bump(&counters.other_query);
+                        if writes(&sql) && !self.in_transaction {
+                            counters.bump(&counters.autocommit_writes);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 }
