@@ -35,6 +35,14 @@ pub async fn connect(args: &DatabaseArgs) -> Result<DatabaseConnection, OpenErro
         .min_connections(1)
         .connect_timeout(Duration::from_secs(5))
         .acquire_timeout(Duration::from_secs(10))
+        // sqlx pings a pooled connection on every checkout unless told otherwise: one more
+        // round trip in the path of every query (4 of the 22 a created payment cost,
+        // 1 of a replay's 3; benches/run.sh counts them). Ping only connections idle long
+        // enough to have been dropped by a firewall or a proxy. A busy connection the
+        // server dropped (a restart) fails its one query and is discarded when sqlx pings
+        // it on its way back to the pool; the request answers 503 and its retry, with the
+        // same key, goes through.
+        .test_before_acquire_if_idle_for(Duration::from_secs(30))
         .sqlx_logging(false)
         .map_sqlx_sqlite_opts(|opts| {
             opts.journal_mode(SqliteJournalMode::Wal)

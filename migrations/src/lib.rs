@@ -9,6 +9,7 @@ mod m20261202_000001_init;
 mod m20261202_000002_instance_facts;
 mod m20261202_000003_webhooks;
 mod m20261202_000004_payment_method;
+mod m20261202_000005_claim_index;
 
 pub struct Migrator;
 
@@ -20,6 +21,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000002_instance_facts::Migration),
             Box::new(m20261202_000003_webhooks::Migration),
             Box::new(m20261202_000004_payment_method::Migration),
+            Box::new(m20261202_000005_claim_index::Migration),
         ]
     }
 }

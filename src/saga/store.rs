@@ -3,6 +3,12 @@
 //!
 //! No gateway calls and no transaction held across one. A write that finds the version
 //! moved (someone else decided first) changes nothing and reports `Fenced`.
+//!
+//! On PostgreSQL each of those transactions is a single statement (data-modifying `WITH`
+//! clauses, `sql` below): atomic by itself, one round trip and one commit, where
+//! `BEGIN` … `COMMIT` cost five or six round trips (measured with `benches/run.sh`). SQLite
+//! has no data-modifying `WITH`: there the same writes run as statements in a transaction.
+//! Both write exactly the same rows.
 
 use crate::db::{begin_write, now};
 use crate::domain::NewPayment;
@@ -11,10 +17,9 @@ use crate::representation::{Answer, answer};
 use crate::saga::state::{Event, IllegalTransition, PaymentState, transition};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait};
-use sea_orm::sea_query::{LockBehavior, LockType};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
-    EntityTrait, QueryFilter, QueryOrder, QuerySelect, TryInsertResult,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, TryInsertResult,
 };
 use std::time::Duration;
 use uuid::Uuid;
@@ -118,29 +123,12 @@ pub async fn register(db: &DatabaseConnection, reg: Registration<'_>) -> Result<
         created_at: at,
         updated_at: at,
     };
-    let key_row = keys::ActiveModel {
-        merchant_id: Set(reg.merchant),
-        key: Set(reg.key.to_owned()),
-        fingerprint: Set(reg.fingerprint.to_owned()),
-        payment_id: Set(payment_id),
-        status: Set(KEY_IN_PROGRESS.to_owned()),
-        response_code: Set(None),
-        response_body: Set(None),
-        lease_until: Set(Some(at + chrono_after(reg.lease))),
-        created_at: Set(at),
-        updated_at: Set(at),
+    let inserted = if one_statement(db) {
+        sql::register(db, &model, reg.fingerprint).await?
+    } else {
+        register_in_transaction(db, &model, reg.fingerprint).await?
     };
-    let tx = begin_write(db).await?;
-    // The payment first (the key row refers to it); a lost race rolls both back.
-    payment::Entity::insert(payment::ActiveModel::from(model.clone()))
-        .exec_without_returning(&tx)
-        .await?;
-    let inserted = keys::Entity::insert(key_row)
-        .on_conflict_do_nothing()
-        .exec_without_returning(&tx)
-        .await?;
-    if !matches!(inserted, TryInsertResult::Inserted(n) if n > 0) {
-        tx.rollback().await?;
+    if !inserted {
         return match find_key(db, reg.merchant, reg.key).await? {
             Some(existing) => Ok(Registered::Taken(existing)),
             // Inserted by someone else and purged already: vanishingly rare; let the
@@ -148,8 +136,47 @@ pub async fn register(db: &DatabaseConnection, reg: Registration<'_>) -> Result<
             None => Err(DbErr::RecordNotInserted),
         };
     }
-    tx.commit().await?;
     Ok(Registered::Started(model))
+}
+
+/// The key row of a payment being registered: leased to its request until the payment's
+/// first `next_attempt_at`.
+fn key_row(p: &payment::Model, fingerprint: &str) -> keys::Model {
+    keys::Model {
+        merchant_id: p.merchant_id,
+        key: p.idempotency_key.clone(),
+        fingerprint: fingerprint.to_owned(),
+        payment_id: p.id,
+        status: KEY_IN_PROGRESS.to_owned(),
+        response_code: None,
+        response_body: None,
+        lease_until: Some(p.next_attempt_at),
+        created_at: p.created_at,
+        updated_at: p.updated_at,
+    }
+}
+
+/// tx1 on SQLite; false (and nothing written) when the key was taken.
+async fn register_in_transaction(
+    db: &DatabaseConnection,
+    model: &payment::Model,
+    fingerprint: &str,
+) -> Result<bool, DbErr> {
+    let tx = begin_write(db).await?;
+    // The payment first (the key row refers to it); a lost race rolls both back.
+    payment::Entity::insert(payment::ActiveModel::from(model.clone()))
+        .exec_without_returning(&tx)
+        .await?;
+    let inserted = keys::Entity::insert(keys::ActiveModel::from(key_row(model, fingerprint)))
+        .on_conflict_do_nothing()
+        .exec_without_returning(&tx)
+        .await?;
+    if !matches!(inserted, TryInsertResult::Inserted(n) if n > 0) {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// What a fenced write came to.
@@ -169,16 +196,27 @@ pub struct Changes {
     pub count_attempt: bool,
 }
 
-/// Applies `event` to `current` in `tx`: the fenced update, the audit row, and — when the
-/// payment becomes final — the key's frozen answer. The caller commits.
-pub async fn apply<C: ConnectionTrait>(
-    tx: &C,
+/// Everything one decision writes, worked out before anything is written.
+struct Plan {
+    /// The payment as it will be (its version one above the current one).
+    next: payment::Model,
+    /// The audit row, when the decision is worth one.
+    audit: Option<transitions::Model>,
+    /// The key's frozen answer, when the payment becomes final.
+    answer: Option<Answer>,
+    /// The request gives up its lease on the key without an answer (a hand-over).
+    release_lease: bool,
+}
+
+/// What applying `event` to `current` writes; an impossible move is refused here, before
+/// anything is written.
+fn plan(
     current: &payment::Model,
     event: Event,
     changes: Changes,
     actor: Actor,
     reason: &str,
-) -> Result<Written, StoreError> {
+) -> Result<Plan, IllegalTransition> {
     let from: PaymentState = current
         .state
         .parse()
@@ -201,28 +239,90 @@ pub async fn apply<C: ConnectionTrait>(
     if let Some(at) = changes.next_attempt_at {
         next.next_attempt_at = at;
     }
-    if !write_fenced(tx, current, &next).await? {
-        return Ok(Written::Fenced);
-    }
     // A resend keeps the state but is a decision worth an audit row.
     let resend = event == Event::Send && actor != Actor::Request;
-    if from != to || resend {
-        transitions::Entity::insert(transitions::ActiveModel {
-            id: Set(Uuid::now_v7()),
-            payment_id: Set(current.id),
-            from_state: Set(Some(from.as_str().to_owned())),
-            to_state: Set(to.as_str().to_owned()),
-            actor: Set(actor.as_str().to_owned()),
-            reason: Set(reason.to_owned()),
-            created_at: Set(at),
-        })
-        .exec_without_returning(tx)
-        .await?;
+    let audit = (from != to || resend).then(|| transitions::Model {
+        id: Uuid::now_v7(),
+        payment_id: current.id,
+        from_state: Some(from.as_str().to_owned()),
+        to_state: to.as_str().to_owned(),
+        actor: actor.as_str().to_owned(),
+        reason: reason.to_owned(),
+        created_at: at,
+    });
+    let answer = to.is_terminal().then(|| answer(&next));
+    Ok(Plan {
+        next,
+        audit,
+        answer,
+        release_lease: false,
+    })
+}
+
+/// Applies `event` to `current` in `tx`: the fenced update, the audit row, and — when the
+/// payment becomes final — the key's frozen answer. The caller commits.
+pub async fn apply<C: ConnectionTrait>(
+    tx: &C,
+    current: &payment::Model,
+    event: Event,
+    changes: Changes,
+    actor: Actor,
+    reason: &str,
+) -> Result<Written, StoreError> {
+    let plan = plan(current, event, changes, actor, reason)?;
+    Ok(written(write_plan(tx, current, &plan).await?, plan))
+}
+
+fn written(applied: bool, plan: Plan) -> Written {
+    if applied {
+        Written::Applied(Box::new(plan.next))
+    } else {
+        Written::Fenced
     }
-    if to.is_terminal() {
-        freeze_answer(tx, &next, &answer(&next)).await?;
+}
+
+/// The plan's writes as statements in the caller's transaction; false (nothing written)
+/// if the payment moved since `current` was read.
+async fn write_plan<C: ConnectionTrait>(
+    tx: &C,
+    current: &payment::Model,
+    plan: &Plan,
+) -> Result<bool, DbErr> {
+    if !write_fenced(tx, current, &plan.next).await? {
+        return Ok(false);
     }
-    Ok(Written::Applied(Box::new(next)))
+    if let Some(audit) = &plan.audit {
+        transitions::Entity::insert(transitions::ActiveModel::from(audit.clone()))
+            .exec_without_returning(tx)
+            .await?;
+    }
+    if let Some(answer) = &plan.answer {
+        freeze_answer(tx, &plan.next, answer).await?;
+    }
+    if plan.release_lease {
+        release_lease(tx, current).await?;
+    }
+    Ok(true)
+}
+
+/// The plan's writes committed on their own: one statement on PostgreSQL, a transaction
+/// on SQLite.
+async fn write_plan_now(
+    db: &DatabaseConnection,
+    current: &payment::Model,
+    plan: &Plan,
+) -> Result<bool, DbErr> {
+    if one_statement(db) {
+        return sql::write_plan(db, current, plan).await;
+    }
+    let tx = begin_write(db).await?;
+    let applied = write_plan(&tx, current, plan).await?;
+    if applied {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+    }
+    Ok(applied)
 }
 
 /// Writes `next` over `current` only if nobody wrote in between.
@@ -283,7 +383,7 @@ async fn freeze_answer<C: ConnectionTrait>(
     Ok(())
 }
 
-/// One event in its own transaction.
+/// One event, committed on its own.
 pub async fn apply_now(
     db: &DatabaseConnection,
     current: &payment::Model,
@@ -292,13 +392,8 @@ pub async fn apply_now(
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
-    let tx = begin_write(db).await?;
-    let written = apply(&tx, current, event, changes, actor, reason).await?;
-    match written {
-        Written::Applied(_) => tx.commit().await?,
-        Written::Fenced => tx.rollback().await?,
-    }
-    Ok(written)
+    let plan = plan(current, event, changes, actor, reason)?;
+    Ok(written(write_plan_now(db, current, &plan).await?, plan))
 }
 
 /// The request gives up ownership of a payment it could not settle (gateway pending or
@@ -310,7 +405,6 @@ pub async fn hand_over(
     gateway_ref: Option<String>,
     due_at: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
-    let tx = begin_write(db).await?;
     let mut next = current.clone();
     next.version += 1;
     next.updated_at = now();
@@ -318,13 +412,13 @@ pub async fn hand_over(
     if gateway_ref.is_some() {
         next.gateway_ref = gateway_ref;
     }
-    if !write_fenced(&tx, current, &next).await? {
-        tx.rollback().await?;
-        return Ok(Written::Fenced);
-    }
-    release_lease(&tx, current).await?;
-    tx.commit().await?;
-    Ok(Written::Applied(Box::new(next)))
+    let plan = Plan {
+        next,
+        audit: None,
+        answer: None,
+        release_lease: true,
+    };
+    Ok(written(write_plan_now(db, current, &plan).await?, plan))
 }
 
 /// Ends a request's lease on the payment's key (no answer is frozen).
@@ -346,8 +440,16 @@ pub async fn release_lease<C: ConnectionTrait>(tx: &C, p: &payment::Model) -> Re
 /// Payments the reconciler may pick: sent or never sent, not final, not under review.
 pub const RECONCILABLE: [PaymentState; 2] = [PaymentState::EnProceso, PaymentState::Enviada];
 
+/// `state IN ('EN_PROCESO', 'ENVIADA')` with the states written into the SQL, not bound:
+/// it is the predicate of the partial index `payments_unsettled_due_idx`, and PostgreSQL
+/// uses a partial index for a prepared statement's generic plan only when the query's own
+/// condition proves the index's, which bound values cannot.
 fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
-    payment::Column::State.is_in(RECONCILABLE.map(|s| s.as_str()))
+    let states: Vec<String> = RECONCILABLE
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect();
+    Expr::cust(format!(r#""payments"."state" IN ({})"#, states.join(", ")))
 }
 
 /// Claims up to `limit` payments due at `due_by`, oldest first: each claimed row gets
@@ -388,20 +490,18 @@ async fn claim(
     query: sea_orm::Select<payment::Entity>,
     claim_for: Duration,
 ) -> Result<Vec<payment::Model>, DbErr> {
+    let until = now() + chrono_after(claim_for);
+    if one_statement(db) {
+        return sql::claim(db, query, until).await;
+    }
     let tx = begin_write(db).await?;
-    let query = if db.get_database_backend() == DbBackend::Postgres {
-        query.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
-    } else {
-        query
-    };
     let mut rows = query.all(&tx).await?;
     if rows.is_empty() {
         tx.rollback().await?;
         return Ok(rows);
     }
-    let until = now() + chrono_after(claim_for);
-    // The rows are locked (PostgreSQL) or the database is (SQLite): their versions
-    // cannot move before this update, so each becomes exactly version + 1.
+    // `BEGIN IMMEDIATE` holds the database: the versions cannot move before this update,
+    // so each becomes exactly version + 1.
     payment::Entity::update_many()
         .col_expr(payment::Column::NextAttemptAt, Expr::value(until))
         .col_expr(
@@ -435,4 +535,190 @@ pub async fn reschedule(
     } else {
         Written::Fenced
     })
+}
+
+/// Does this database take a transaction's writes as one statement (`sql`)?
+fn one_statement(db: &DatabaseConnection) -> bool {
+    db.get_database_backend() == DbBackend::Postgres
+}
+
+/// The PostgreSQL statements: each is what SQLite does in a transaction, written as one
+/// statement with data-modifying `WITH` clauses. A statement is atomic: its parts commit
+/// together or not at all. The parts that depend on the fenced payment update read its
+/// `RETURNING` rows, so a fenced statement writes nothing.
+mod sql {
+    use super::{KEY_COMPLETED, KEY_IN_PROGRESS, Plan, key_row};
+    use crate::entities::payment;
+    use chrono::{DateTime, Utc};
+    use sea_orm::sea_query::{LockBehavior, LockType};
+    use sea_orm::{
+        ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QuerySelect,
+        QueryTrait, Statement, Value,
+    };
+
+    /// Bound values, numbered as they are added.
+    #[derive(Default)]
+    struct Params(Vec<Value>);
+
+    impl Params {
+        fn add(&mut self, value: impl Into<Value>) -> String {
+            self.0.push(value.into());
+            format!("${}", self.0.len())
+        }
+
+        fn statement(self, sql: String) -> Statement {
+            Statement::from_sql_and_values(DbBackend::Postgres, sql, self.0)
+        }
+    }
+
+    /// tx1: the key first, its primary key settling the race between duplicates; the
+    /// payment only if the key went in (its foreign key is checked at the end of the
+    /// statement, when both rows exist). False, and nothing written, when the key was
+    /// taken.
+    pub(super) async fn register(
+        db: &DatabaseConnection,
+        p: &payment::Model,
+        fingerprint: &str,
+    ) -> Result<bool, DbErr> {
+        let key = key_row(p, fingerprint);
+        let mut v = Params::default();
+        let sql = format!(
+            r#"WITH "registered" AS (
+  INSERT INTO "idempotency_keys" ("merchant_id", "key", "fingerprint", "payment_id", "status", "response_code", "response_body", "lease_until", "created_at", "updated_at")
+  VALUES ({}, {}, {}, {}, {}, NULL, NULL, {}, {}, {})
+  ON CONFLICT ("merchant_id", "key") DO NOTHING
+  RETURNING "payment_id")
+INSERT INTO "payments" ("id", "merchant_id", "idempotency_key", "credit_id", "amount", "currency", "description", "payment_method", "state", "version", "attempts", "gateway_key", "gateway_ref", "decline_code", "next_attempt_at", "created_at", "updated_at")
+SELECT "payment_id", {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} FROM "registered""#,
+            v.add(key.merchant_id),
+            v.add(key.key),
+            v.add(key.fingerprint),
+            v.add(key.payment_id),
+            v.add(key.status),
+            v.add(key.lease_until),
+            v.add(key.created_at),
+            v.add(key.updated_at),
+            v.add(p.merchant_id),
+            v.add(p.idempotency_key.clone()),
+            v.add(p.credit_id.clone()),
+            v.add(p.amount),
+            v.add(p.currency.clone()),
+            v.add(p.description.clone()),
+            v.add(p.payment_method.clone()),
+            v.add(p.state.clone()),
+            v.add(p.version),
+            v.add(p.attempts),
+            v.add(p.gateway_key.clone()),
+            v.add(p.gateway_ref.clone()),
+            v.add(p.decline_code.clone()),
+            v.add(p.next_attempt_at),
+            v.add(p.created_at),
+            v.add(p.updated_at),
+        );
+        let done = db.execute_raw(v.statement(sql)).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// A plan's writes: the payment fenced on its version, then, only if it moved, the
+    /// audit row, the key's frozen answer or the release of its lease. False when fenced.
+    pub(super) async fn write_plan(
+        db: &DatabaseConnection,
+        current: &payment::Model,
+        plan: &Plan,
+    ) -> Result<bool, DbErr> {
+        let next = &plan.next;
+        let mut v = Params::default();
+        let mut sql = format!(
+            r#"WITH "moved" AS (
+  UPDATE "payments" SET "state" = {}, "version" = {}, "attempts" = {}, "gateway_ref" = {}, "decline_code" = {}, "next_attempt_at" = {}, "updated_at" = {}
+  WHERE "id" = {} AND "version" = {}
+  RETURNING "id")"#,
+            v.add(next.state.clone()),
+            v.add(next.version),
+            v.add(next.attempts),
+            v.add(next.gateway_ref.clone()),
+            v.add(next.decline_code.clone()),
+            v.add(next.next_attempt_at),
+            v.add(next.updated_at),
+            v.add(current.id),
+            v.add(current.version),
+        );
+        if let Some(audit) = &plan.audit {
+            sql += &format!(
+                r#",
+"audit" AS (
+  INSERT INTO "payment_transitions" ("id", "payment_id", "from_state", "to_state", "actor", "reason", "created_at")
+  SELECT {}, "id", {}, {}, {}, {}, {} FROM "moved")"#,
+                v.add(audit.id),
+                v.add(audit.from_state.clone()),
+                v.add(audit.to_state.clone()),
+                v.add(audit.actor.clone()),
+                v.add(audit.reason.clone()),
+                v.add(audit.created_at),
+            );
+        }
+        // The key of this payment, while nobody has frozen an answer on it.
+        let its_key = |v: &mut Params| {
+            format!(
+                r#"WHERE "merchant_id" = {} AND "key" = {} AND "payment_id" = {} AND "status" = {} AND EXISTS (SELECT 1 FROM "moved")"#,
+                v.add(current.merchant_id),
+                v.add(current.idempotency_key.clone()),
+                v.add(current.id),
+                v.add(KEY_IN_PROGRESS),
+            )
+        };
+        if let Some(answer) = &plan.answer {
+            let set = format!(
+                r#""status" = {}, "response_code" = {}, "response_body" = {}, "lease_until" = NULL, "updated_at" = {}"#,
+                v.add(KEY_COMPLETED),
+                v.add(i32::from(answer.status)),
+                v.add(answer.body.clone()),
+                v.add(next.updated_at),
+            );
+            sql += &format!(
+                ",\n\"frozen\" AS (\n  UPDATE \"idempotency_keys\" SET {set}\n  {})",
+                its_key(&mut v)
+            );
+        }
+        if plan.release_lease {
+            sql += &format!(
+                ",\n\"released\" AS (\n  UPDATE \"idempotency_keys\" SET \"lease_until\" = NULL\n  {})",
+                its_key(&mut v)
+            );
+        }
+        sql += "\nSELECT count(*) AS \"moved\" FROM \"moved\"";
+        let row = db
+            .query_one_raw(v.statement(sql))
+            .await?
+            .ok_or_else(|| DbErr::Custom("the fenced write returned no row".into()))?;
+        Ok(row.try_get_by_index::<i64>(0)? == 1)
+    }
+
+    /// Claims what `query` selects, oldest due first: the rows are picked and locked
+    /// (skipping those another process is claiming) and moved out of reach until `until`,
+    /// each at exactly version + 1, in one statement. `= ANY(ARRAY(…))` rather than
+    /// `IN (…)`: the pick runs once, first, and the update finds its rows by primary key,
+    /// whatever plan the prepared statement settles on (`IN` let a generic plan hash-join
+    /// the pick against a scan of the whole table: 34 ms instead of 1 ms at 60,000 rows).
+    pub(super) async fn claim(
+        db: &DatabaseConnection,
+        query: sea_orm::Select<payment::Entity>,
+        until: DateTime<Utc>,
+    ) -> Result<Vec<payment::Model>, DbErr> {
+        let picked = query
+            .select_only()
+            .column(payment::Column::Id)
+            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+            .build(DbBackend::Postgres);
+        let mut v = Params(picked.values.map(|values| values.0).unwrap_or_default());
+        let sql = format!(
+            r#"UPDATE "payments" SET "next_attempt_at" = {}, "version" = "version" + 1 WHERE "id" = ANY(ARRAY({})) RETURNING *"#,
+            v.add(until),
+            picked.sql
+        );
+        payment::Entity::find()
+            .from_raw_sql(v.statement(sql))
+            .all(db)
+            .await
+    }
 }

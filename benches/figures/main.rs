@@ -1,0 +1,726 @@
+//! The figures of `benches/run.sh`: pagos measured next to what PostgreSQL itself does on
+//! the same machine, each figure printed next to its target. It prints; it never asserts.
+//!
+//! One run, in this order, over fresh databases dropped at the end:
+//! 1. create: pgbench runs the create path's SQL (`benches/pgbench/create.sql`), then wrk
+//!    posts a fresh key per request to `pagos serve` (in-process sandbox, zero latency);
+//!    `pg_stat_database` is read around each, and pagos' peak RSS after;
+//! 2. replay: pgbench's point select of one completed key row, then wrk replaying it;
+//! 3. database work: another `pagos serve` reaches PostgreSQL through a counting relay
+//!    (`relay.rs`): statements, commits and round trips per payment and per replay;
+//! 4. reconciler: 10,000 ENVIADA payments settled by `pagos reconcile --once` against a
+//!    provider whose look-ups take 20 ms (`lookup.rs`).
+//!
+//! `docs/benchmarks.md` says what each figure means.
+
+#![allow(clippy::print_stdout)] // the table on stdout is this program's output
+
+mod lookup;
+mod relay;
+mod tools;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use futures::StreamExt;
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use tools::{Load, count, db_stats, pagos_output, pgbench, serve, wrk};
+
+const API_KEY: &str = "sk_bench";
+const BODY: &str = r#"{"creditoId":"42","monto":250000,"moneda":"COP"}"#;
+const REPLAY_KEY: &str = "bench-replay";
+/// An idle backend flushes its statistics to `pg_stat_database` within 10 s.
+const STATS_SETTLE: Duration = Duration::from_secs(11);
+
+#[derive(Debug, Parser)]
+#[command(about = "pagos against the physical limit: prints the figures of docs/benchmarks.md")]
+struct Args {
+    /// A PostgreSQL URL allowed to create and drop databases
+    #[arg(
+        long,
+        env = "PAGOS_BENCH_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    postgres_url: String,
+    /// The pagos binary to measure (benches/run.sh passes the plain release build)
+    #[arg(long, env = "PAGOS_BENCH_BIN")]
+    pagos: Option<PathBuf>,
+    /// Length of each measured wrk and pgbench run
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Length of the warm-up runs
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// wrk connections and pgbench clients
+    #[arg(long, default_value_t = 16)]
+    connections: u32,
+    /// wrk and pgbench threads
+    #[arg(long, default_value_t = 2)]
+    threads: u32,
+    /// Payments created (and replays made) through the counting relay
+    #[arg(long, default_value_t = 2000)]
+    counted: usize,
+    /// ENVIADA payments the reconciler settles
+    #[arg(long, default_value_t = 10_000)]
+    reconcile_payments: u32,
+    /// Latency of one provider look-up
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+    lookup_latency: Duration,
+    /// The reconciler's look-up concurrency (PAGOS_RECONCILE_CONCURRENCY)
+    #[arg(long, default_value_t = 32)]
+    reconcile_concurrency: u32,
+    /// Extra flags for `pagos reconcile --once` (e.g. "--database-pool-size 32")
+    #[arg(long, allow_hyphen_values = true, default_value = "")]
+    reconcile_flags: String,
+    /// Keep the reconcile pass's log (RUST_LOG=info) in this file
+    #[arg(long)]
+    reconcile_log: Option<PathBuf>,
+    /// Run only these phases (comma-separated: throughput, work, reconciler)
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "throughput,work,reconciler"
+    )]
+    only: Vec<String>,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("benchmark failed: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn say(what: &str) {
+    eprintln!("==> {what}");
+}
+
+/// Databases made for this run, dropped when it ends however it ends.
+struct Databases {
+    admin_url: String,
+    names: Vec<String>,
+}
+
+impl Databases {
+    async fn create(&mut self, admin: &DatabaseConnection) -> anyhow::Result<(String, String)> {
+        let name = format!(
+            "pagos_bench_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        admin
+            .execute_unprepared(&format!("CREATE DATABASE {name}"))
+            .await
+            .context("creating the benchmark database")?;
+        self.names.push(name.clone());
+        let mut url = url::Url::parse(&self.admin_url)?;
+        url.set_path(&name);
+        Ok((name, url.to_string()))
+    }
+}
+
+impl Drop for Databases {
+    fn drop(&mut self) {
+        let (admin_url, names) = (self.admin_url.clone(), std::mem::take(&mut self.names));
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                if let Ok(admin) = Database::connect(admin_url.as_str()).await {
+                    for name in names {
+                        let _ = admin
+                            .execute_unprepared(&format!(
+                                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                            ))
+                            .await;
+                    }
+                    let _ = admin.close().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A database with pagos' schema and the benchmark merchant.
+async fn prepared_database(
+    bin: &Path,
+    databases: &mut Databases,
+    admin: &DatabaseConnection,
+) -> anyhow::Result<(String, String, DatabaseConnection, String)> {
+    let (name, url) = databases.create(admin).await?;
+    pagos_output(bin, &["migrate", "--database-url", &url])?;
+    pagos_output(
+        bin,
+        &[
+            "merchants",
+            "add",
+            "bench",
+            "--api-key",
+            API_KEY,
+            "--database-url",
+            &url,
+        ],
+    )?;
+    let db = Database::connect(url.as_str()).await?;
+    let merchant = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT id::text FROM merchants",
+        ))
+        .await?
+        .context("no merchant")?
+        .try_get_by_index::<String>(0)?;
+    Ok((name, url, db, merchant))
+}
+
+#[derive(Default)]
+struct Figures {
+    pg_create: tools::PgbenchResult,
+    create: tools::WrkResult,
+    pg_create_commits: f64,
+    create_commits_stat: f64,
+    created: i64,
+    peak_rss_kib: u64,
+    pg_replay: tools::PgbenchResult,
+    replay: tools::WrkResult,
+    replay_commits_stat: f64,
+    per_create: Option<relay::Counts>,
+    per_replay: Option<relay::Counts>,
+    counted: usize,
+    reconcile: Option<Reconciled>,
+}
+
+struct Reconciled {
+    payments: u32,
+    elapsed: Duration,
+    ideal: Duration,
+    settled: i64,
+    max_in_flight: u64,
+    report: String,
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let bin = args
+        .pagos
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pagos")));
+    if !bin.exists() {
+        bail!("no pagos binary at {}", bin.display());
+    }
+    let admin = Database::connect(args.postgres_url.as_str())
+        .await
+        .context("connecting to PAGOS_BENCH_POSTGRES_URL")?;
+    let mut databases = Databases {
+        admin_url: args.postgres_url.clone(),
+        names: vec![],
+    };
+    let logs = tempfile::tempdir()?;
+    let measured = Load {
+        connections: args.connections,
+        threads: args.threads,
+        duration: args.duration,
+    };
+    let warmup = Load {
+        duration: args.warmup,
+        ..measured
+    };
+    let mut figures = Figures {
+        counted: args.counted,
+        ..Figures::default()
+    };
+
+    let phase = |name: &str| args.only.iter().any(|p| p == name);
+    let (name, url, db, merchant) = prepared_database(&bin, &mut databases, &admin).await?;
+    if phase("throughput") {
+        create_and_replay(
+            &bin,
+            &args,
+            &admin,
+            &name,
+            &url,
+            &db,
+            &merchant,
+            &measured,
+            &warmup,
+            logs.path(),
+            &mut figures,
+        )
+        .await?;
+    }
+    if phase("work") {
+        database_work(&bin, &args, &url, logs.path(), &mut figures).await?;
+    }
+    let _ = db.close().await;
+    if phase("reconciler") {
+        figures.reconcile = Some(reconciler(&bin, &args, &mut databases, &admin).await?);
+    }
+    print_table(&args, &figures);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn create_and_replay(
+    bin: &Path,
+    args: &Args,
+    admin: &DatabaseConnection,
+    name: &str,
+    url: &str,
+    db: &DatabaseConnection,
+    merchant: &str,
+    measured: &Load,
+    warmup: &Load,
+    logs: &Path,
+    figures: &mut Figures,
+) -> anyhow::Result<()> {
+    // Create: pagos and pgbench both warmed up, then pgbench right before wrk.
+    let (server, base) = serve(bin, url, &[], &logs.join("serve-create.log")).await?;
+    say(&format!("warming up ({:?} each)", args.warmup));
+    wrk(
+        "create.lua",
+        &base,
+        warmup,
+        &[
+            ("PAGOS_BENCH_API_KEY", API_KEY),
+            ("PAGOS_BENCH_RUN", "warmup"),
+        ],
+    )?;
+    pgbench(
+        "create.sql",
+        url,
+        warmup,
+        &[("merchant", merchant), ("run", "1"), ("i", "0")],
+    )?;
+    tokio::time::sleep(STATS_SETTLE).await;
+
+    say(&format!(
+        "pgbench: the create path's SQL, {} clients, {:?}",
+        measured.connections, measured.duration
+    ));
+    let before = db_stats(admin, name).await?;
+    figures.pg_create = pgbench(
+        "create.sql",
+        url,
+        measured,
+        &[("merchant", merchant), ("run", "2"), ("i", "0")],
+    )?;
+    let between = db_stats(admin, name).await?;
+    figures.pg_create_commits =
+        between.since(before).commits as f64 / figures.pg_create.transactions as f64;
+
+    say(&format!(
+        "wrk: POST /v1/pagos, a fresh key each, {} connections, {:?}",
+        measured.connections, measured.duration
+    ));
+    let payments_before = count(db, "SELECT count(*) FROM payments").await?;
+    figures.create = wrk(
+        "create.lua",
+        &base,
+        measured,
+        &[
+            ("PAGOS_BENCH_API_KEY", API_KEY),
+            ("PAGOS_BENCH_RUN", "measured"),
+        ],
+    )?;
+    figures.peak_rss_kib = server.peak_rss_kib().unwrap_or(0);
+    // Stopping pagos closes its connections: their backends flush their statistics.
+    server.stop(Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = db_stats(admin, name).await?;
+    figures.created = count(db, "SELECT count(*) FROM payments").await? - payments_before;
+    figures.create_commits_stat = after.since(between).commits as f64 / figures.created as f64;
+
+    // Replay: one completed key.
+    let (server, base) = serve(bin, url, &[], &logs.join("serve-replay.log")).await?;
+    let http = reqwest::Client::new();
+    let first = post(&http, &base, REPLAY_KEY).await?;
+    if first != 201 {
+        bail!("the payment to replay was answered {first}, not 201");
+    }
+    wrk(
+        "replay.lua",
+        &base,
+        warmup,
+        &[
+            ("PAGOS_BENCH_API_KEY", API_KEY),
+            ("PAGOS_BENCH_REPLAY_KEY", REPLAY_KEY),
+        ],
+    )?;
+    pgbench(
+        "replay.sql",
+        url,
+        warmup,
+        &[("merchant", merchant), ("key", REPLAY_KEY)],
+    )?;
+    tokio::time::sleep(STATS_SETTLE).await;
+
+    say(&format!(
+        "pgbench: point select of the key row, {} clients, {:?}",
+        measured.connections, measured.duration
+    ));
+    figures.pg_replay = pgbench(
+        "replay.sql",
+        url,
+        measured,
+        &[("merchant", merchant), ("key", REPLAY_KEY)],
+    )?;
+    let between = db_stats(admin, name).await?;
+    say(&format!(
+        "wrk: POST /v1/pagos replaying one key, {} connections, {:?}",
+        measured.connections, measured.duration
+    ));
+    figures.replay = wrk(
+        "replay.lua",
+        &base,
+        measured,
+        &[
+            ("PAGOS_BENCH_API_KEY", API_KEY),
+            ("PAGOS_BENCH_REPLAY_KEY", REPLAY_KEY),
+        ],
+    )?;
+    server.stop(Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = db_stats(admin, name).await?;
+    figures.replay_commits_stat =
+        after.since(between).commits as f64 / figures.replay.requests as f64;
+    Ok(())
+}
+
+async fn post(http: &reqwest::Client, base: &str, key: &str) -> anyhow::Result<u16> {
+    let answer = http
+        .post(format!("{base}/v1/pagos"))
+        .bearer_auth(API_KEY)
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .body(BODY)
+        .send()
+        .await?;
+    let status = answer.status().as_u16();
+    let _ = answer.bytes().await?;
+    Ok(status)
+}
+
+/// `n` requests, 16 at a time; the statuses other than 201.
+async fn posts(
+    http: &reqwest::Client,
+    base: &str,
+    keys: impl Iterator<Item = String>,
+) -> anyhow::Result<usize> {
+    let statuses: Vec<anyhow::Result<u16>> = futures::stream::iter(keys)
+        .map(|key| async move { post(http, base, &key).await })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let mut other = 0;
+    for status in statuses {
+        if status? != 201 {
+            other += 1;
+        }
+    }
+    Ok(other)
+}
+
+async fn database_work(
+    bin: &Path,
+    args: &Args,
+    url: &str,
+    logs: &Path,
+    figures: &mut Figures,
+) -> anyhow::Result<()> {
+    say(&format!(
+        "database work: {} creates and {} replays through a counting relay",
+        args.counted, args.counted
+    ));
+    let mut upstream_url = url::Url::parse(url)?;
+    let host = upstream_url.host_str().unwrap_or("127.0.0.1").to_owned();
+    let port = upstream_url.port().unwrap_or(5432);
+    let upstream = tokio::net::lookup_host((host.as_str(), port))
+        .await?
+        .next()
+        .context("resolving the PostgreSQL host")?;
+    let (addr, counters) = relay::start(upstream).await?;
+    upstream_url.set_host(Some(&addr.ip().to_string()))?;
+    upstream_url
+        .set_port(Some(addr.port()))
+        .map_err(|()| anyhow::anyhow!("cannot set the relay's port"))?;
+    upstream_url
+        .query_pairs_mut()
+        .append_pair("sslmode", "disable");
+    // No periodic reconciler pass in the middle of the count: it is not per-payment work.
+    let (server, base) = serve(
+        bin,
+        upstream_url.as_str(),
+        &["--reconcile-every", "1h"],
+        &logs.join("serve-relay.log"),
+    )
+    .await?;
+    let http = reqwest::Client::new();
+    // Warm: every pooled connection has prepared its statements.
+    posts(&http, &base, (0..200).map(|i| format!("relay-warm-{i}"))).await?;
+    post(&http, &base, "relay-replay").await?;
+    let start = counters.snapshot();
+    let bad = posts(
+        &http,
+        &base,
+        (0..args.counted).map(|i| format!("relay-{i}")),
+    )
+    .await?;
+    let created = counters.snapshot();
+    let bad_replays = posts(
+        &http,
+        &base,
+        (0..args.counted).map(|_| "relay-replay".to_owned()),
+    )
+    .await?;
+    let replayed = counters.snapshot();
+    server.stop(Duration::from_secs(30));
+    if bad + bad_replays > 0 {
+        bail!("{bad} creates and {bad_replays} replays were not answered 201");
+    }
+    figures.per_create = Some(created.since(start));
+    figures.per_replay = Some(replayed.since(created));
+    Ok(())
+}
+
+async fn reconciler(
+    bin: &Path,
+    args: &Args,
+    databases: &mut Databases,
+    admin: &DatabaseConnection,
+) -> anyhow::Result<Reconciled> {
+    let n = args.reconcile_payments;
+    say(&format!("reconciler: seeding {n} ENVIADA payments"));
+    let (_, url, db, merchant) = prepared_database(bin, databases, admin).await?;
+    // As a request leaves a payment whose gateway call timed out: ENVIADA, lease released,
+    // due now, its key not yet answered.
+    db.execute_unprepared(&format!(
+        "WITH p AS (
+           INSERT INTO payments (id, merchant_id, idempotency_key, credit_id, amount, currency,
+             description, state, version, attempts, gateway_key, gateway_ref, decline_code,
+             next_attempt_at, created_at, updated_at)
+           SELECT gen_random_uuid(), '{merchant}', 'recon-' || i, '42', 250000, 'COP', NULL,
+             'ENVIADA', 1, 1, 'pagos-bench-recon-' || i, NULL, NULL,
+             now() - interval '1 minute', now() - interval '2 minutes', now() - interval '2 minutes'
+           FROM generate_series(1, {n}) AS i
+           RETURNING id, idempotency_key)
+         INSERT INTO idempotency_keys (merchant_id, key, fingerprint, payment_id, status,
+           response_code, response_body, lease_until, created_at, updated_at)
+         SELECT '{merchant}', idempotency_key, repeat('0', 64), id, 'EN_PROCESO', NULL, NULL,
+           NULL, now() - interval '2 minutes', now() - interval '2 minutes' FROM p"
+    ))
+    .await?;
+    for table in ["payments", "idempotency_keys"] {
+        db.execute_unprepared(&format!("VACUUM ANALYZE {table}"))
+            .await?;
+    }
+    let (addr, lookups) = lookup::start(args.lookup_latency).await?;
+    let gateway = format!("http://{addr}");
+    let concurrency = args.reconcile_concurrency.to_string();
+    let mut flags = vec![
+        "reconcile",
+        "--once",
+        "--database-url",
+        &url,
+        "--gateway",
+        "http",
+        "--gateway-url",
+        &gateway,
+        "--reconcile-concurrency",
+        &concurrency,
+    ];
+    flags.extend(args.reconcile_flags.split_whitespace());
+    say(&format!(
+        "reconciler: pagos reconcile --once, look-ups {:?}, concurrency {}",
+        args.lookup_latency, args.reconcile_concurrency
+    ));
+    let started = Instant::now();
+    let mut command = tools::pagos(bin, &flags);
+    match &args.reconcile_log {
+        Some(path) => command
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(path)?),
+        None => command.env("RUST_LOG", "warn"),
+    };
+    let out = command.output().context("running pagos reconcile --once")?;
+    let elapsed = started.elapsed();
+    if !out.status.success() {
+        bail!(
+            "pagos reconcile failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let settled = count(
+        &db,
+        "SELECT count(*) FROM payments WHERE state = 'COMPLETADA'",
+    )
+    .await?;
+    let _ = db.close().await;
+    let ideal = args
+        .lookup_latency
+        .mul_f64(f64::from(n) / f64::from(args.reconcile_concurrency));
+    Ok(Reconciled {
+        payments: n,
+        elapsed,
+        ideal,
+        settled,
+        max_in_flight: lookups
+            .max_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst),
+        report: String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+    })
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "MISSED" }
+}
+
+fn print_table(args: &Args, f: &Figures) {
+    let mut rows: Vec<[String; 4]> = Vec::new();
+    let create_ratio = f.create.rate() / f.pg_create.tps;
+    rows.push([
+        "create throughput ratio".into(),
+        format!(
+            "{create_ratio:.2}  (pagos {:.0}/s ÷ pgbench {:.0}/s)",
+            f.create.rate(),
+            f.pg_create.tps
+        ),
+        "≥ 0.8".into(),
+        verdict(create_ratio >= 0.8).into(),
+    ]);
+    let replay_ratio = f.replay.rate() / f.pg_replay.tps;
+    rows.push([
+        "replay throughput ratio".into(),
+        format!(
+            "{replay_ratio:.2}  (pagos {:.0}/s ÷ pgbench {:.0}/s)",
+            f.replay.rate(),
+            f.pg_replay.tps
+        ),
+        "≥ 0.7".into(),
+        verdict(replay_ratio >= 0.7).into(),
+    ]);
+    if let (Some(c), Some(r)) = (f.per_create, f.per_replay) {
+        let n = f.counted as f64;
+        let commits = c.commits() as f64 / n;
+        rows.push([
+            "commits per created payment".into(),
+            format!(
+                "{commits:.2}  (xact_commit in pg_stat_database: pagos {:.2}, pgbench {:.2}; it also counts the key lookup's read-only transaction)",
+                f.create_commits_stat, f.pg_create_commits
+            ),
+            "≤ 3".into(),
+            verdict(commits <= 3.0).into(),
+        ]);
+        let statements = c.statements() as f64 / n;
+        rows.push([
+            "statements per created payment".into(),
+            format!(
+                "{statements:.2}  ({:.2} BEGIN; {:.2} round trips; {:.2} statements prepared)",
+                c.begin as f64 / n,
+                c.round_trips() as f64 / n,
+                c.parse as f64 / n
+            ),
+            "≤ 8".into(),
+            verdict(statements <= 8.0).into(),
+        ]);
+        let replay_statements = r.statements() as f64 / n;
+        rows.push([
+            "statements per replay".into(),
+            format!(
+                "{replay_statements:.2}  ({:.2} round trips; pg_stat_database: {:.2} commits)",
+                r.round_trips() as f64 / n,
+                f.replay_commits_stat
+            ),
+            "1".into(),
+            verdict(replay_statements <= 1.0).into(),
+        ]);
+    }
+    if let Some(rec) = &f.reconcile {
+        let ratio = rec.elapsed.as_secs_f64() / rec.ideal.as_secs_f64();
+        rows.push([
+            "reconciler throughput".into(),
+            format!(
+                "{ratio:.2}  ({} of {} settled in {:.2} s; ideal {:.2} s; {} look-ups in flight at most)",
+                rec.settled,
+                rec.payments,
+                rec.elapsed.as_secs_f64(),
+                rec.ideal.as_secs_f64(),
+                rec.max_in_flight
+            ),
+            "≤ 1.5".into(),
+            verdict(ratio <= 1.5 && rec.settled == i64::from(rec.payments)).into(),
+        ]);
+    }
+    let mib = f.peak_rss_kib as f64 / 1024.0;
+    rows.push([
+        "memory".into(),
+        format!(
+            "{mib:.1} MiB peak RSS of pagos serve ({} payments created)",
+            f.created
+        ),
+        "≤ 64 MiB".into(),
+        verdict(mib <= 64.0).into(),
+    ]);
+    rows.push([
+        "create latency".into(),
+        format!(
+            "p50 {:.1} ms, p99 {:.1} ms  (pgbench mean {:.1} ms)",
+            f.create.p50_ms, f.create.p99_ms, f.pg_create.latency_ms
+        ),
+        "printed".into(),
+        String::new(),
+    ]);
+    rows.push([
+        "replay latency".into(),
+        format!(
+            "p50 {:.2} ms, p99 {:.2} ms  (pgbench mean {:.2} ms)",
+            f.replay.p50_ms, f.replay.p99_ms, f.pg_replay.latency_ms
+        ),
+        "printed".into(),
+        String::new(),
+    ]);
+
+    let width = |i: usize| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0);
+    let (w0, w1, w2) = (width(0).max(6), width(1).max(8), width(2).max(6));
+    println!();
+    println!(
+        "pagos benchmarks — {} connections/clients, {} threads, {:?} runs, {} CPUs",
+        args.connections,
+        args.threads,
+        args.duration,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+    println!(
+        "{:<w0$}  {:<w1$}  {:<w2$}  result",
+        "figure", "measured", "target"
+    );
+    println!("{}", "-".repeat(w0 + w1 + w2 + 14));
+    for [a, b, c, d] in &rows {
+        println!("{a:<w0$}  {b:<w1$}  {c:<w2$}  {d}");
+    }
+    let errors =
+        f.create.non_2xx + f.create.socket_errors + f.replay.non_2xx + f.replay.socket_errors;
+    let failed = f.pg_create.failed + f.pg_replay.failed;
+    println!();
+    println!(
+        "wrk: {} creates ({} non-2xx or socket errors in both runs); pgbench: {} + {} transactions ({failed} failed)",
+        f.create.requests, errors, f.pg_create.transactions, f.pg_replay.transactions
+    );
+    if let Some(rec) = &f.reconcile {
+        println!("reconcile report: {}", rec.report);
+    }
+}
