@@ -12,8 +12,8 @@ WITH "registered" AS (
   VALUES (:merchant, ('pgbench-' || :run || '-' || :client_id || '-' || :i), '5cbbb0b87f0ee699a056ebd5f5772f367dca74915b9b928bf5e0ef8459e7585b', (lpad(to_hex(:i::bigint), 12, '0') || lpad(to_hex(:run::int), 4, '0') || lpad(to_hex(:client_id::int), 4, '0') || '700080000000')::uuid, 'EN_PROCESO', NULL, NULL, now() + interval '60 seconds', now(), now())
   ON CONFLICT ("merchant_id", "key") DO NOTHING
   RETURNING "payment_id")
-INSERT INTO "payments" ("id", "merchant_id", "idempotency_key", "credit_id", "amount", "currency", "description", "state", "version", "attempts", "gateway_key", "gateway_ref", "decline_code", "next_attempt_at", "created_at", "updated_at")
-SELECT "payment_id", :merchant, ('pgbench-' || :run || '-' || :client_id || '-' || :i), '42', 250000, 'COP', NULL, 'EN_PROCESO', 0, 0, 'pagos-01a236f60f9577c4962685e3f0a57f8c-860bc5c69e5ac057f0a92063de1f273283338f6182c3113a3e159ff2e425c05a', NULL, NULL, now() + interval '60 seconds', now(), now() FROM "registered";
+INSERT INTO "payments" ("id", "merchant_id", "idempotency_key", "credit_id", "amount", "currency", "description", "payment_method", "state", "version", "attempts", "gateway_key", "gateway_ref", "decline_code", "next_attempt_at", "created_at", "updated_at")
+SELECT "payment_id", :merchant, ('pgbench-' || :run || '-' || :client_id || '-' || :i), '42', 250000, 'COP', NULL, NULL, 'EN_PROCESO', 0, 0, 'pagos-01a236f60f9577c4962685e3f0a57f8c-860bc5c69e5ac057f0a92063de1f273283338f6182c3113a3e159ff2e425c05a', NULL, NULL, now() + interval '60 seconds', now(), now() FROM "registered";
 WITH "moved" AS (
   UPDATE "payments" SET "state" = 'ENVIADA', "version" = 1, "attempts" = 1, "gateway_ref" = NULL, "decline_code" = NULL, "next_attempt_at" = now() + interval '60 seconds', "updated_at" = now()
   WHERE "id" = (lpad(to_hex(:i::bigint), 12, '0') || lpad(to_hex(:run::int), 4, '0') || lpad(to_hex(:client_id::int), 4, '0') || '700080000000')::uuid AND "version" = 0
