@@ -186,25 +186,42 @@ async fn a_payment_can_be_read_back_by_its_location(backend: Backend) {
 }
 
 async fn a_client_that_hangs_up_does_not_stop_the_payment(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-timeout", "5s"])
+        .start()
+        .await;
     charges()
         .respond_with(SlowCharge(Duration::from_millis(400)))
         .mount(app.gateway())
         .await;
 
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(100))
-        .build()
-        .expect("client");
-    let gave_up = impatient
-        .post(app.url("/v1/pagos"))
-        .bearer_auth(crate::helpers::API_KEY)
-        .header("Idempotency-Key", "k-hangup")
-        .json(&payment_body())
-        .send()
-        .await;
+    // The client hangs up once the gateway holds its charge request (so the saga is
+    // certainly mid-call, however slow the machine).
+    let first = {
+        let (http, url) = (app.http.clone(), app.url("/v1/pagos"));
+        tokio::spawn(async move {
+            http.post(url)
+                .bearer_auth(crate::helpers::API_KEY)
+                .header("Idempotency-Key", "k-hangup")
+                .json(&payment_body())
+                .send()
+                .await
+        })
+    };
+    for _ in 0..200 {
+        if !app.charges_seen().await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        app.charges_seen().await.len(),
+        1,
+        "the gateway has the charge request"
+    );
+    first.abort();
     assert!(
-        gave_up.is_err(),
+        first.await.is_err(),
         "the client hung up before the gateway answered"
     );
 
