@@ -552,8 +552,8 @@ mod sql {
     use chrono::{DateTime, Utc};
     use sea_orm::sea_query::{LockBehavior, LockType};
     use sea_orm::{
-        ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QuerySelect,
-        QueryTrait, Statement, Value,
+        ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, IdenStatic, Iterable,
+        ModelTrait, QuerySelect, QueryTrait, Statement, Value,
     };
 
     /// Bound values, numbered as they are added.
@@ -574,7 +574,8 @@ mod sql {
     /// tx1: the key first, its primary key settling the race between duplicates; the
     /// payment only if the key went in (its foreign key is checked at the end of the
     /// statement, when both rows exist). False, and nothing written, when the key was
-    /// taken.
+    /// taken. Both rows are written whole, column by column from their entities, as the
+    /// SQLite path inserts them: a column added to an entity is written here too.
     pub(super) async fn register(
         db: &DatabaseConnection,
         p: &payment::Model,
@@ -582,41 +583,30 @@ mod sql {
     ) -> Result<bool, DbErr> {
         let key = key_row(p, fingerprint);
         let mut v = Params::default();
+        let (key_columns, key_values) = row(&mut v, &key);
+        let (payment_columns, payment_values) = row(&mut v, p);
         let sql = format!(
             r#"WITH "registered" AS (
-  INSERT INTO "idempotency_keys" ("merchant_id", "key", "fingerprint", "payment_id", "status", "response_code", "response_body", "lease_until", "created_at", "updated_at")
-  VALUES ({}, {}, {}, {}, {}, NULL, NULL, {}, {}, {})
+  INSERT INTO "idempotency_keys" ({key_columns})
+  VALUES ({key_values})
   ON CONFLICT ("merchant_id", "key") DO NOTHING
   RETURNING "payment_id")
-INSERT INTO "payments" ("id", "merchant_id", "idempotency_key", "credit_id", "amount", "currency", "description", "payment_method", "state", "version", "attempts", "gateway_key", "gateway_ref", "decline_code", "next_attempt_at", "created_at", "updated_at")
-SELECT "payment_id", {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} FROM "registered""#,
-            v.add(key.merchant_id),
-            v.add(key.key),
-            v.add(key.fingerprint),
-            v.add(key.payment_id),
-            v.add(key.status),
-            v.add(key.lease_until),
-            v.add(key.created_at),
-            v.add(key.updated_at),
-            v.add(p.merchant_id),
-            v.add(p.idempotency_key.clone()),
-            v.add(p.credit_id.clone()),
-            v.add(p.amount),
-            v.add(p.currency.clone()),
-            v.add(p.description.clone()),
-            v.add(p.payment_method.clone()),
-            v.add(p.state.clone()),
-            v.add(p.version),
-            v.add(p.attempts),
-            v.add(p.gateway_key.clone()),
-            v.add(p.gateway_ref.clone()),
-            v.add(p.decline_code.clone()),
-            v.add(p.next_attempt_at),
-            v.add(p.created_at),
-            v.add(p.updated_at),
+INSERT INTO "payments" ({payment_columns})
+SELECT {payment_values} FROM "registered""#
         );
         let done = db.execute_raw(v.statement(sql)).await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// Every column of `model`'s table, quoted and comma-separated, and its values bound
+    /// in the same order.
+    fn row<M: ModelTrait>(v: &mut Params, model: &M) -> (String, String) {
+        let (mut columns, mut values) = (Vec::new(), Vec::new());
+        for column in <M::Entity as EntityTrait>::Column::iter() {
+            columns.push(format!("\"{}\"", column.as_str()));
+            values.push(v.add(model.get(column)));
+        }
+        (columns.join(", "), values.join(", "))
     }
 
     /// A plan's writes: the payment fenced on its version, then, only if it moved, the
