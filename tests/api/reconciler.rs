@@ -18,6 +18,7 @@ on_both_databases!(
     only_payments_under_review_can_be_resolved_by_hand,
     the_reaper_deletes_expired_final_keys_and_never_an_in_flight_one,
     metrics_count_idempotency_outcomes_and_gateway_calls,
+    one_pass_settles_every_due_payment_however_many_claims_it_takes,
 );
 
 /// Starts a payment that the gateway leaves pending (202, ENVIADA); returns its id.
@@ -429,4 +430,51 @@ async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) 
         !text.contains(crate::helpers::API_KEY),
         "no secrets in metrics"
     );
+}
+
+/// A pass claims `--reconcile-concurrency` payments at a time and claims again while the
+/// last ones are still being looked up: ten due payments at concurrency 3 are four
+/// claims, one pass, each payment looked up once.
+async fn one_pass_settles_every_due_payment_however_many_claims_it_takes(backend: Backend) {
+    use pagos::entities::payment;
+    use sea_orm::sea_query::Expr;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+
+    let app = Spawn::new(backend)
+        .flags(&["--reconcile-concurrency", "3"])
+        .start()
+        .await;
+    let fake = FakeGateway::charging("pending");
+    fake.mount(app.gateway()).await;
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(pending_payment(&app, &format!("k-many-{i}")).await);
+    }
+    fake.settle_all("succeeded");
+    payment::Entity::update_many()
+        .col_expr(
+            payment::Column::NextAttemptAt,
+            Expr::value(chrono::Utc::now() - chrono::TimeDelta::minutes(1)),
+        )
+        .filter(payment::Column::State.eq("ENVIADA"))
+        .exec(&app.db)
+        .await
+        .expect("due now");
+
+    let pass = app.admin_post("/admin/reconciliaciones", &json!({})).await;
+    assert_eq!(pass.status(), 200);
+    report(10, "completados")(&json(pass).await);
+    for id in &ids {
+        assert_eq!(app.payment(id).await.state, "COMPLETADA", "{id}");
+        assert_eq!(fake.charges_for(id), 1, "{id}");
+    }
+    let lookups = app
+        .gateway()
+        .received_requests()
+        .await
+        .expect("recorded")
+        .iter()
+        .filter(|r| r.method.as_str() == "GET")
+        .count();
+    assert_eq!(lookups, 10, "each payment looked up once");
 }
