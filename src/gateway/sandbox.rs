@@ -53,22 +53,83 @@ pub enum Begin {
     Mismatch,
 }
 
-enum KeyEntry {
-    InFlight {
-        body_hash: [u8; 32],
-    },
-    Done {
-        body_hash: [u8; 32],
-        charge_id: String,
-    },
+/// The first 16 bytes of a SHA-256: what the ledger keeps of a gateway key (about 100
+/// bytes) and of a charge body. A sandbox behind a long benchmark holds hundreds of
+/// thousands of charges: every byte per charge counts.
+type Digest16 = [u8; 16];
+
+fn digest16(bytes: &[u8]) -> Digest16 {
+    let full = Sha256::digest(bytes);
+    let mut short = [0; 16];
+    short.copy_from_slice(&full[..16]);
+    short
 }
 
+enum KeyEntry {
+    InFlight { body_hash: Digest16 },
+    Done { body_hash: Digest16, charge: u32 },
+}
+
+/// A charge as the ledger keeps it; `Charge` is made from it when asked for.
 struct StoredCharge {
-    charge: Charge,
+    /// The random part of the id (`ch_{number:06}{suffix:010x}`, number = index + 1).
+    suffix: u64,
+    amount: i64,
+    currency: Box<str>,
+    reference: Box<str>,
+    /// A declined charge carries the decline code `card_declined`.
+    status: ChargeStatus,
     /// For a pending charge: when it settles, and how.
-    settles: Option<(Instant, ChargeStatus, Option<String>)>,
+    settles: Option<(Instant, ChargeStatus)>,
     /// 1 when made, bumped by each change after.
-    sequence: u64,
+    sequence: u32,
+}
+
+const DECLINE_CODE: &str = "card_declined";
+
+impl StoredCharge {
+    fn charge(&self, index: usize) -> Charge {
+        Charge {
+            id: format!("ch_{:06}{:010x}", index + 1, self.suffix),
+            status: self.status,
+            amount: self.amount,
+            currency: self.currency.to_string(),
+            reference: self.reference.to_string(),
+            decline_code: (self.status == ChargeStatus::Declined).then(|| DECLINE_CODE.into()),
+        }
+    }
+}
+
+/// The index of the charge `id` names, if it names one of `charges`.
+fn index_of(charges: &[StoredCharge], id: &str) -> Option<usize> {
+    let rest = id.strip_prefix("ch_")?;
+    let split = rest.len().checked_sub(10)?;
+    let (number, suffix) = (rest.get(..split)?, rest.get(split..)?);
+    let index = number.parse::<usize>().ok()?.checked_sub(1)?;
+    let suffix = u64::from_str_radix(suffix, 16).ok()?;
+    (charges.get(index)?.suffix == suffix && number.len() >= 6).then_some(index)
+}
+
+/// The charges made for one reference: nearly always one.
+enum Refs {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl Refs {
+    fn indexes(&self) -> &[u32] {
+        match self {
+            Refs::One(one) => std::slice::from_ref(one),
+            Refs::Many(many) => many,
+        }
+    }
+}
+
+fn reference_hash(reference: &str) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    reference.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// A charge as it stands after a change, with the charge's sequence number.
@@ -80,10 +141,11 @@ pub struct ChargeChange {
 
 struct State {
     rng: StdRng,
-    keys: HashMap<String, KeyEntry>,
-    charges: HashMap<String, StoredCharge>,
-    by_reference: HashMap<String, Vec<String>>,
-    next_id: u64,
+    keys: HashMap<Digest16, KeyEntry>,
+    charges: Vec<StoredCharge>,
+    /// Charge indexes by a hash of their reference (two references may share a hash:
+    /// readers compare the reference itself).
+    by_reference: HashMap<u64, Refs>,
 }
 
 pub struct SandboxCore {
@@ -93,10 +155,10 @@ pub struct SandboxCore {
     changes: Option<UnboundedSender<ChargeChange>>,
 }
 
-fn body_hash(body: &ChargeBody) -> [u8; 32] {
+fn body_hash(body: &ChargeBody) -> Digest16 {
     let value = serde_json::to_value(body).unwrap_or_default();
     let canonical = serde_json_canonicalizer::to_vec(&value).unwrap_or_default();
-    Sha256::digest(canonical).into()
+    digest16(&canonical)
 }
 
 impl SandboxCore {
@@ -119,9 +181,8 @@ impl SandboxCore {
             state: Mutex::new(State {
                 rng,
                 keys: HashMap::new(),
-                charges: HashMap::new(),
+                charges: Vec::new(),
                 by_reference: HashMap::new(),
-                next_id: 1,
             }),
             changes,
         }
@@ -146,23 +207,21 @@ impl SandboxCore {
 
     pub fn begin(&self, key: &str, body: &ChargeBody) -> Begin {
         let hash = body_hash(body);
+        let key = digest16(key.as_bytes());
         let mut state = self.lock();
         let state = &mut *state;
-        match state.keys.get(key) {
+        match state.keys.get(&key) {
             None => {
                 state
                     .keys
-                    .insert(key.to_owned(), KeyEntry::InFlight { body_hash: hash });
+                    .insert(key, KeyEntry::InFlight { body_hash: hash });
                 Begin::New
             }
             Some(KeyEntry::InFlight { body_hash }) if *body_hash == hash => Begin::InFlight,
-            Some(KeyEntry::Done {
-                body_hash,
-                charge_id,
-            }) if *body_hash == hash => {
-                let stored = state.charges.get_mut(charge_id);
-                match stored {
-                    Some(stored) => Begin::Replay(settle(stored, &self.changes).clone()),
+            Some(KeyEntry::Done { body_hash, charge }) if *body_hash == hash => {
+                let index = *charge as usize;
+                match state.charges.get_mut(index) {
+                    Some(stored) => Begin::Replay(settle(stored, index, &self.changes)),
                     None => Begin::InFlight,
                 }
             }
@@ -172,22 +231,21 @@ impl SandboxCore {
 
     /// Forgets an in-flight key whose request failed before charging (a 503).
     pub fn abandon(&self, key: &str) {
+        let key = digest16(key.as_bytes());
         let mut state = self.lock();
-        if matches!(state.keys.get(key), Some(KeyEntry::InFlight { .. })) {
-            state.keys.remove(key);
+        if matches!(state.keys.get(&key), Some(KeyEntry::InFlight { .. })) {
+            state.keys.remove(&key);
         }
     }
 
     /// Makes the charge for a key that `begin` answered `New` for.
     pub fn complete(&self, key: &str, body: &ChargeBody) -> Charge {
+        let (key, hash) = (digest16(key.as_bytes()), body_hash(body));
         let mut state = self.lock();
         let state = &mut *state;
-        let id = format!(
-            "ch_{:06}{}",
-            state.next_id,
-            &Uuid::new_v4().simple().to_string()[..10]
-        );
-        state.next_id += 1;
+        let index = state.charges.len();
+        let number = u32::try_from(index).unwrap_or(u32::MAX);
+        let suffix: u64 = state.rng.random::<u64>() & 0xff_ffff_ffff;
         let roll: f64 = state.rng.random();
         let decline: f64 = state.rng.random();
         let final_status = if decline < self.outcomes.decline_rate {
@@ -195,34 +253,23 @@ impl SandboxCore {
         } else {
             ChargeStatus::Succeeded
         };
-        let final_code =
-            (final_status == ChargeStatus::Declined).then(|| "card_declined".to_owned());
-        let (status, decline_code, settles) = if roll < self.outcomes.pending_rate {
+        let (status, settles) = if roll < self.outcomes.pending_rate {
             let at = Instant::now() + self.outcomes.pending_for;
-            (
-                ChargeStatus::Pending,
-                None,
-                Some((at, final_status, final_code)),
-            )
+            (ChargeStatus::Pending, Some((at, final_status)))
         } else {
-            (final_status, final_code, None)
+            (final_status, None)
         };
-        let charge = Charge {
-            id: id.clone(),
-            status,
+        let stored = StoredCharge {
+            suffix,
             amount: body.amount,
-            currency: body.currency.clone(),
-            reference: body.reference.clone(),
-            decline_code,
+            currency: body.currency.as_str().into(),
+            reference: body.reference.as_str().into(),
+            status,
+            settles,
+            sequence: 1,
         };
-        state.charges.insert(
-            id.clone(),
-            StoredCharge {
-                charge: charge.clone(),
-                settles,
-                sequence: 1,
-            },
-        );
+        let charge = stored.charge(index);
+        state.charges.push(stored);
         report(
             &self.changes,
             ChargeChange {
@@ -232,14 +279,17 @@ impl SandboxCore {
         );
         state
             .by_reference
-            .entry(body.reference.clone())
-            .or_default()
-            .push(id.clone());
+            .entry(reference_hash(&body.reference))
+            .and_modify(|refs| match refs {
+                Refs::One(one) => *refs = Refs::Many(vec![*one, number]),
+                Refs::Many(many) => many.push(number),
+            })
+            .or_insert(Refs::One(number));
         state.keys.insert(
-            key.to_owned(),
+            key,
             KeyEntry::Done {
-                body_hash: body_hash(body),
-                charge_id: id,
+                body_hash: hash,
+                charge: number,
             },
         );
         charge
@@ -249,38 +299,44 @@ impl SandboxCore {
     pub fn charges_for(&self, reference: &str) -> Vec<Charge> {
         let mut state = self.lock();
         let state = &mut *state;
-        let ids = state
-            .by_reference
-            .get(reference)
-            .cloned()
-            .unwrap_or_default();
-        ids.iter()
-            .filter_map(|id| {
-                state
-                    .charges
-                    .get_mut(id)
-                    .map(|c| settle(c, &self.changes).clone())
-            })
-            .collect()
+        let Some(refs) = state.by_reference.get(&reference_hash(reference)) else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for &index in refs.indexes() {
+            let index = index as usize;
+            if let Some(stored) = state.charges.get_mut(index)
+                && &*stored.reference == reference
+            {
+                found.push(settle(stored, index, &self.changes));
+            }
+        }
+        found
     }
 
     /// Settles one pending charge if its time has come; the charge as it stands.
     pub fn settle_due(&self, charge_id: &str) -> Option<Charge> {
         let mut state = self.lock();
-        state
-            .charges
-            .get_mut(charge_id)
-            .map(|c| settle(c, &self.changes).clone())
+        let index = index_of(&state.charges, charge_id)?;
+        let stored = state.charges.get_mut(index)?;
+        Some(settle(stored, index, &self.changes))
     }
 
     /// (charges made, references charged more than once).
     pub fn totals(&self) -> (usize, usize) {
         let state = self.lock();
-        let duplicated = state
-            .by_reference
-            .values()
-            .filter(|ids| ids.len() > 1)
-            .count();
+        let mut duplicated = 0;
+        for refs in state.by_reference.values() {
+            if let Refs::Many(indexes) = refs {
+                let mut per_reference: HashMap<&str, usize> = HashMap::new();
+                for &index in indexes {
+                    if let Some(stored) = state.charges.get(index as usize) {
+                        *per_reference.entry(&stored.reference).or_default() += 1;
+                    }
+                }
+                duplicated += per_reference.values().filter(|&&n| n > 1).count();
+            }
+        }
         (state.charges.len(), duplicated)
     }
 
@@ -289,8 +345,9 @@ impl SandboxCore {
         let mut state = self.lock();
         state
             .charges
-            .values_mut()
-            .map(|c| settle(c, &self.changes).clone())
+            .iter_mut()
+            .enumerate()
+            .map(|(index, stored)| settle(stored, index, &self.changes))
             .collect()
     }
 }
@@ -302,26 +359,28 @@ fn report(changes: &Option<UnboundedSender<ChargeChange>>, change: ChargeChange)
     }
 }
 
-fn settle<'a>(
-    stored: &'a mut StoredCharge,
+/// The charge at `index` as it stands, settled first if it was pending and its time has
+/// come (a change, reported).
+fn settle(
+    stored: &mut StoredCharge,
+    index: usize,
     changes: &Option<UnboundedSender<ChargeChange>>,
-) -> &'a Charge {
-    if let Some((at, status, code)) = &stored.settles
-        && Instant::now() >= *at
+) -> Charge {
+    if let Some((at, status)) = stored.settles
+        && Instant::now() >= at
     {
-        stored.charge.status = *status;
-        stored.charge.decline_code = code.clone();
+        stored.status = status;
         stored.settles = None;
         stored.sequence += 1;
         report(
             changes,
             ChargeChange {
-                charge: stored.charge.clone(),
-                sequence: stored.sequence,
+                charge: stored.charge(index),
+                sequence: u64::from(stored.sequence),
             },
         );
     }
-    &stored.charge
+    stored.charge(index)
 }
 
 /// The in-process sandbox: answers at once, no network.
@@ -428,6 +487,45 @@ mod tests {
         assert_eq!((change.sequence, change.charge), (2, settled));
         assert_eq!(core.charges_for(&Uuid::nil().to_string()).len(), 1);
         assert!(rx.try_recv().is_err(), "settled once, reported once");
+    }
+
+    #[test]
+    fn two_keys_for_one_reference_are_two_charges_and_one_duplicate() {
+        let core = SandboxCore::new(Outcomes::default());
+        let body = ChargeBody::from(&request("k1", 10));
+        let mut made = Vec::new();
+        for key in ["k1", "k2"] {
+            assert!(matches!(core.begin(key, &body), Begin::New));
+            made.push(core.complete(key, &body));
+        }
+        let other = ChargeBody {
+            reference: "another".into(),
+            ..body.clone()
+        };
+        assert!(matches!(core.begin("k3", &other), Begin::New));
+        made.push(core.complete("k3", &other));
+
+        assert_eq!(core.totals(), (3, 1));
+        assert_eq!(core.charges_for(&body.reference), made[..2].to_vec());
+        assert_eq!(core.charges_for("another"), made[2..].to_vec());
+        assert!(core.charges_for("nobody").is_empty());
+        assert_eq!(core.all_charges(), made);
+        // Each id names its own charge, and nothing else names one.
+        for charge in &made {
+            assert_eq!(core.settle_due(&charge.id).as_ref(), Some(charge));
+        }
+        let forged = format!("{}0", &made[0].id[..made[0].id.len() - 1]);
+        for id in [
+            forged.as_str(),
+            "ch_",
+            "ch_000001",
+            "x",
+            "ch_000009aaaaaaaaaa",
+        ] {
+            if id != made[0].id {
+                assert_eq!(core.settle_due(id), None, "{id}");
+            }
+        }
     }
 
     #[tokio::test]
