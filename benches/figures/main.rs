@@ -589,28 +589,32 @@ fn verdict(met: bool) -> &'static str {
 
 fn print_table(args: &Args, f: &Figures) {
     let mut rows: Vec<[String; 4]> = Vec::new();
+    // Phases left out with --only print no rows.
+    let throughput = f.create.requests > 0;
     let create_ratio = f.create.rate() / f.pg_create.tps;
-    rows.push([
-        "create throughput ratio".into(),
-        format!(
-            "{create_ratio:.2}  (pagos {:.0}/s ÷ pgbench {:.0}/s)",
-            f.create.rate(),
-            f.pg_create.tps
-        ),
-        "≥ 0.8".into(),
-        verdict(create_ratio >= 0.8).into(),
-    ]);
     let replay_ratio = f.replay.rate() / f.pg_replay.tps;
-    rows.push([
-        "replay throughput ratio".into(),
-        format!(
-            "{replay_ratio:.2}  (pagos {:.0}/s ÷ pgbench {:.0}/s)",
-            f.replay.rate(),
-            f.pg_replay.tps
-        ),
-        "≥ 0.7".into(),
-        verdict(replay_ratio >= 0.7).into(),
-    ]);
+    if throughput {
+        rows.push([
+            "create throughput ratio".into(),
+            format!(
+                "{create_ratio:.2}  (pagos {:.0}/s ÷ pgbench {:.0}/s)",
+                f.create.rate(),
+                f.pg_create.tps
+            ),
+            "≥ 0.8".into(),
+            verdict(create_ratio >= 0.8).into(),
+        ]);
+        rows.push([
+            "replay throughput ratio".into(),
+            format!(
+                "{replay_ratio:.2}  (pagos {:.0}/s ÷ pgbench {:.0}/s)",
+                f.replay.rate(),
+                f.pg_replay.tps
+            ),
+            "≥ 0.7".into(),
+            verdict(replay_ratio >= 0.7).into(),
+        ]);
+    }
     if let (Some(c), Some(r)) = (f.per_create, f.per_replay) {
         let n = f.counted as f64;
         let commits = c.commits() as f64 / n;
@@ -664,33 +668,35 @@ fn print_table(args: &Args, f: &Figures) {
         ]);
     }
     let mib = f.peak_rss_kib as f64 / 1024.0;
-    rows.push([
-        "memory".into(),
-        format!(
-            "{mib:.1} MiB peak RSS of pagos serve ({} payments created)",
-            f.created
-        ),
-        "≤ 64 MiB".into(),
-        verdict(mib <= 64.0).into(),
-    ]);
-    rows.push([
-        "create latency".into(),
-        format!(
-            "p50 {:.1} ms, p99 {:.1} ms  (pgbench mean {:.1} ms)",
-            f.create.p50_ms, f.create.p99_ms, f.pg_create.latency_ms
-        ),
-        "printed".into(),
-        String::new(),
-    ]);
-    rows.push([
-        "replay latency".into(),
-        format!(
-            "p50 {:.2} ms, p99 {:.2} ms  (pgbench mean {:.2} ms)",
-            f.replay.p50_ms, f.replay.p99_ms, f.pg_replay.latency_ms
-        ),
-        "printed".into(),
-        String::new(),
-    ]);
+    if throughput {
+        rows.push([
+            "memory".into(),
+            format!(
+                "{mib:.1} MiB peak RSS of pagos serve ({} payments created)",
+                f.created
+            ),
+            "≤ 64 MiB".into(),
+            verdict(mib <= 64.0).into(),
+        ]);
+        rows.push([
+            "create latency".into(),
+            format!(
+                "p50 {:.1} ms, p99 {:.1} ms  (pgbench mean {:.1} ms)",
+                f.create.p50_ms, f.create.p99_ms, f.pg_create.latency_ms
+            ),
+            "printed".into(),
+            String::new(),
+        ]);
+        rows.push([
+            "replay latency".into(),
+            format!(
+                "p50 {:.2} ms, p99 {:.2} ms  (pgbench mean {:.2} ms)",
+                f.replay.p50_ms, f.replay.p99_ms, f.pg_replay.latency_ms
+            ),
+            "printed".into(),
+            String::new(),
+        ]);
+    }
 
     let width = |i: usize| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0);
     let (w0, w1, w2) = (width(0).max(6), width(1).max(8), width(2).max(6));
@@ -712,14 +718,16 @@ fn print_table(args: &Args, f: &Figures) {
     for [a, b, c, d] in &rows {
         println!("{a:<w0$}  {b:<w1$}  {c:<w2$}  {d}");
     }
-    let errors =
-        f.create.non_2xx + f.create.socket_errors + f.replay.non_2xx + f.replay.socket_errors;
-    let failed = f.pg_create.failed + f.pg_replay.failed;
-    println!();
-    println!(
-        "wrk: {} creates ({} non-2xx or socket errors in both runs); pgbench: {} + {} transactions ({failed} failed)",
-        f.create.requests, errors, f.pg_create.transactions, f.pg_replay.transactions
-    );
+    if throughput {
+        let errors =
+            f.create.non_2xx + f.create.socket_errors + f.replay.non_2xx + f.replay.socket_errors;
+        let failed = f.pg_create.failed + f.pg_replay.failed;
+        println!();
+        println!(
+            "wrk: {} creates ({} non-2xx or socket errors in both runs); pgbench: {} + {} transactions ({failed} failed)",
+            f.create.requests, errors, f.pg_create.transactions, f.pg_replay.transactions
+        );
+    }
     if let Some(rec) = &f.reconcile {
         println!("reconcile report: {}", rec.report);
     }
