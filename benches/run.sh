@@ -4,7 +4,7 @@
 # benchmark of docs/benchmarks.md side by side and prints the table (figures are printed,
 # never asserted).
 #
-#   benches/run.sh                      # the whole run, about 3 minutes
+#   benches/run.sh                      # the whole run, about 4 minutes after the build
 #   benches/run.sh --duration 5s        # shorter runs; --help lists every flag
 #
 # PAGOS_BENCH_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432/postgres) must be
