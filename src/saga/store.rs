@@ -18,8 +18,8 @@ use crate::saga::state::{Event, IllegalTransition, PaymentState, transition};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, TryInsertResult,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
+    FromQueryResult, QueryFilter, QueryOrder, QuerySelect, QueryTrait, TryInsertResult,
 };
 use std::time::Duration;
 use uuid::Uuid;
@@ -67,9 +67,33 @@ pub async fn find_key(
     merchant: Uuid,
     key: &str,
 ) -> Result<Option<keys::Model>, DbErr> {
-    keys::Entity::find_by_id((merchant, key.to_owned()))
+    keys::Model::find_by_statement(find_key_statement(db.get_database_backend(), merchant, key))
         .one(db)
         .await
+}
+
+/// `find_key`'s statement. Its SQL is built once per database kind (sea-query's
+/// `find_by_id(…).limit(1)`), not on every request: building it was about a twelfth of
+/// a replay's CPU in pagos (`benches/run.sh`, perf). Only the bound values change.
+fn find_key_statement(backend: DbBackend, merchant: Uuid, key: &str) -> sea_orm::Statement {
+    use std::sync::OnceLock;
+    static BUILT: [OnceLock<sea_orm::Statement>; 2] = [OnceLock::new(), OnceLock::new()];
+    let built = || {
+        keys::Entity::find_by_id((Uuid::nil(), String::new()))
+            .limit(1)
+            .build(backend)
+    };
+    let mut statement = match backend {
+        DbBackend::Postgres => BUILT[0].get_or_init(built).clone(),
+        DbBackend::Sqlite => BUILT[1].get_or_init(built).clone(),
+        _ => built(),
+    };
+    if let Some(values) = statement.values.as_mut() {
+        // The primary key's columns, in order, come first; the limit after them.
+        values.0[0] = merchant.into();
+        values.0[1] = key.into();
+    }
+    statement
 }
 
 pub async fn find_payment(
@@ -548,28 +572,44 @@ fn one_statement(db: &DatabaseConnection) -> bool {
 /// `RETURNING` rows, so a fenced statement writes nothing.
 mod sql {
     use super::{KEY_COMPLETED, KEY_IN_PROGRESS, Plan, key_row};
-    use crate::entities::payment;
+    use crate::entities::{idempotency_key as keys, payment};
     use chrono::{DateTime, Utc};
     use sea_orm::sea_query::{LockBehavior, LockType};
     use sea_orm::{
         ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, IdenStatic, Iterable,
         ModelTrait, QuerySelect, QueryTrait, Statement, Value,
     };
+    use std::sync::OnceLock;
 
     /// Bound values, numbered as they are added.
     #[derive(Default)]
     struct Params(Vec<Value>);
 
+    /// The `$n` of a bound value, written into SQL text only when that text is built.
+    #[derive(Clone, Copy)]
+    struct Placeholder(usize);
+
+    impl std::fmt::Display for Placeholder {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "${}", self.0)
+        }
+    }
+
     impl Params {
-        fn add(&mut self, value: impl Into<Value>) -> String {
+        fn add(&mut self, value: impl Into<Value>) -> Placeholder {
             self.0.push(value.into());
-            format!("${}", self.0.len())
+            Placeholder(self.0.len())
         }
 
-        fn statement(self, sql: String) -> Statement {
+        fn statement(self, sql: &str) -> Statement {
             Statement::from_sql_and_values(DbBackend::Postgres, sql, self.0)
         }
     }
+
+    // The SQL of each statement depends only on its shape, never on its values: it is
+    // built once per shape and kept, and each call only binds its values, in the order
+    // the text numbers them. Formatting the text on every call was about a tenth of a
+    // create's instructions in pagos (callgrind, docs/benchmarks.md).
 
     /// tx1: the key first, its primary key settling the race between duplicates; the
     /// payment only if the key went in (its foreign key is checked at the end of the
@@ -581,32 +621,54 @@ mod sql {
         p: &payment::Model,
         fingerprint: &str,
     ) -> Result<bool, DbErr> {
+        static SQL: OnceLock<String> = OnceLock::new();
         let key = key_row(p, fingerprint);
         let mut v = Params::default();
-        let (key_columns, key_values) = row(&mut v, &key);
-        let (payment_columns, payment_values) = row(&mut v, p);
-        let sql = format!(
-            r#"WITH "registered" AS (
-  INSERT INTO "idempotency_keys" ({key_columns})
-  VALUES ({key_values})
+        let key_values = bind_row(&mut v, &key);
+        let payment_values = bind_row(&mut v, p);
+        let sql = SQL.get_or_init(|| {
+            format!(
+                r#"WITH "registered" AS (
+  INSERT INTO "idempotency_keys" ({})
+  VALUES ({})
   ON CONFLICT ("merchant_id", "key") DO NOTHING
   RETURNING "payment_id")
-INSERT INTO "payments" ({payment_columns})
-SELECT {payment_values} FROM "registered""#
-        );
+INSERT INTO "payments" ({})
+SELECT {} FROM "registered""#,
+                columns::<keys::Entity>(),
+                listed(key_values),
+                columns::<payment::Entity>(),
+                listed(payment_values),
+            )
+        });
         let done = db.execute_raw(v.statement(sql)).await?;
         Ok(done.rows_affected() == 1)
     }
 
-    /// Every column of `model`'s table, quoted and comma-separated, and its values bound
-    /// in the same order.
-    fn row<M: ModelTrait>(v: &mut Params, model: &M) -> (String, String) {
-        let (mut columns, mut values) = (Vec::new(), Vec::new());
+    /// Binds every column of `model`, in the entity's column order; the placeholders of
+    /// the first and the last.
+    fn bind_row<M: ModelTrait>(v: &mut Params, model: &M) -> (Placeholder, Placeholder) {
+        let first = Placeholder(v.0.len() + 1);
         for column in <M::Entity as EntityTrait>::Column::iter() {
-            columns.push(format!("\"{}\"", column.as_str()));
-            values.push(v.add(model.get(column)));
+            v.add(model.get(column));
         }
-        (columns.join(", "), values.join(", "))
+        (first, Placeholder(v.0.len()))
+    }
+
+    /// Every column of `E`'s table, quoted, comma-separated, in the entity's order.
+    fn columns<E: EntityTrait>() -> String {
+        E::Column::iter()
+            .map(|column| format!("\"{}\"", column.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `$first, …, $last`.
+    fn listed((first, last): (Placeholder, Placeholder)) -> String {
+        (first.0..=last.0)
+            .map(|n| Placeholder(n).to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// A plan's writes: the payment fenced on its version, then, only if it moved, the
@@ -616,13 +678,12 @@ SELECT {payment_values} FROM "registered""#
         current: &payment::Model,
         plan: &Plan,
     ) -> Result<bool, DbErr> {
+        // One text per shape: with or without the audit row, the frozen answer, the
+        // release of the lease.
+        static SQL: [OnceLock<String>; 8] = [const { OnceLock::new() }; 8];
         let next = &plan.next;
         let mut v = Params::default();
-        let mut sql = format!(
-            r#"WITH "moved" AS (
-  UPDATE "payments" SET "state" = {}, "version" = {}, "attempts" = {}, "gateway_ref" = {}, "decline_code" = {}, "next_attempt_at" = {}, "updated_at" = {}
-  WHERE "id" = {} AND "version" = {}
-  RETURNING "id")"#,
+        let moved = [
             v.add(next.state.clone()),
             v.add(next.version),
             v.add(next.attempts),
@@ -632,56 +693,97 @@ SELECT {payment_values} FROM "registered""#
             v.add(next.updated_at),
             v.add(current.id),
             v.add(current.version),
-        );
-        if let Some(audit) = &plan.audit {
-            sql += &format!(
-                r#",
-"audit" AS (
-  INSERT INTO "payment_transitions" ("id", "payment_id", "from_state", "to_state", "actor", "reason", "created_at")
-  SELECT {}, "id", {}, {}, {}, {}, {} FROM "moved")"#,
+        ];
+        let audit = plan.audit.as_ref().map(|audit| {
+            [
                 v.add(audit.id),
                 v.add(audit.from_state.clone()),
                 v.add(audit.to_state.clone()),
                 v.add(audit.actor.clone()),
                 v.add(audit.reason.clone()),
                 v.add(audit.created_at),
-            );
-        }
+            ]
+        });
         // The key of this payment, while nobody has frozen an answer on it.
         let its_key = |v: &mut Params| {
-            format!(
-                r#"WHERE "merchant_id" = {} AND "key" = {} AND "payment_id" = {} AND "status" = {} AND EXISTS (SELECT 1 FROM "moved")"#,
+            [
                 v.add(current.merchant_id),
                 v.add(current.idempotency_key.clone()),
                 v.add(current.id),
                 v.add(KEY_IN_PROGRESS),
-            )
+            ]
         };
-        if let Some(answer) = &plan.answer {
-            let set = format!(
-                r#""status" = {}, "response_code" = {}, "response_body" = {}, "lease_until" = NULL, "updated_at" = {}"#,
+        let answer = plan.answer.as_ref().map(|answer| {
+            let set = [
                 v.add(KEY_COMPLETED),
                 v.add(i32::from(answer.status)),
                 v.add(answer.body.clone()),
                 v.add(next.updated_at),
-            );
-            sql += &format!(
-                ",\n\"frozen\" AS (\n  UPDATE \"idempotency_keys\" SET {set}\n  {})",
-                its_key(&mut v)
-            );
-        }
-        if plan.release_lease {
-            sql += &format!(
-                ",\n\"released\" AS (\n  UPDATE \"idempotency_keys\" SET \"lease_until\" = NULL\n  {})",
-                its_key(&mut v)
-            );
-        }
-        sql += "\nSELECT count(*) AS \"moved\" FROM \"moved\"";
+            ];
+            (set, its_key(&mut v))
+        });
+        let released = plan.release_lease.then(|| its_key(&mut v));
+        let shape = usize::from(audit.is_some())
+            | usize::from(answer.is_some()) << 1
+            | usize::from(released.is_some()) << 2;
+        let sql = SQL[shape].get_or_init(|| write_plan_sql(moved, audit, answer, released));
         let row = db
             .query_one_raw(v.statement(sql))
             .await?
             .ok_or_else(|| DbErr::Custom("the fenced write returned no row".into()))?;
         Ok(row.try_get_by_index::<i64>(0)? == 1)
+    }
+
+    fn write_plan_sql(
+        moved: [Placeholder; 9],
+        audit: Option<[Placeholder; 6]>,
+        answer: Option<([Placeholder; 4], [Placeholder; 4])>,
+        released: Option<[Placeholder; 4]>,
+    ) -> String {
+        let [
+            state,
+            version,
+            attempts,
+            gateway_ref,
+            decline_code,
+            next_attempt_at,
+            updated_at,
+            id,
+            current_version,
+        ] = moved;
+        let mut sql = format!(
+            r#"WITH "moved" AS (
+  UPDATE "payments" SET "state" = {state}, "version" = {version}, "attempts" = {attempts}, "gateway_ref" = {gateway_ref}, "decline_code" = {decline_code}, "next_attempt_at" = {next_attempt_at}, "updated_at" = {updated_at}
+  WHERE "id" = {id} AND "version" = {current_version}
+  RETURNING "id")"#
+        );
+        if let Some([id, from_state, to_state, actor, reason, created_at]) = audit {
+            sql += &format!(
+                r#",
+"audit" AS (
+  INSERT INTO "payment_transitions" ("id", "payment_id", "from_state", "to_state", "actor", "reason", "created_at")
+  SELECT {id}, "id", {from_state}, {to_state}, {actor}, {reason}, {created_at} FROM "moved")"#
+            );
+        }
+        let its_key = |[merchant, key, payment, in_progress]: [Placeholder; 4]| {
+            format!(
+                r#"WHERE "merchant_id" = {merchant} AND "key" = {key} AND "payment_id" = {payment} AND "status" = {in_progress} AND EXISTS (SELECT 1 FROM "moved")"#
+            )
+        };
+        if let Some(([status, code, body, updated_at], key)) = answer {
+            sql += &format!(
+                ",\n\"frozen\" AS (\n  UPDATE \"idempotency_keys\" SET \"status\" = {status}, \"response_code\" = {code}, \"response_body\" = {body}, \"lease_until\" = NULL, \"updated_at\" = {updated_at}\n  {})",
+                its_key(key)
+            );
+        }
+        if let Some(key) = released {
+            sql += &format!(
+                ",\n\"released\" AS (\n  UPDATE \"idempotency_keys\" SET \"lease_until\" = NULL\n  {})",
+                its_key(key)
+            );
+        }
+        sql += "\nSELECT count(*) AS \"moved\" FROM \"moved\"";
+        sql
     }
 
     /// Claims what `query` selects, oldest due first: the rows are picked and locked
@@ -707,8 +809,33 @@ SELECT {payment_values} FROM "registered""#
             picked.sql
         );
         payment::Entity::find()
-            .from_raw_sql(v.statement(sql))
+            .from_raw_sql(v.statement(&sql))
             .all(db)
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prebuilt_key_lookup_is_the_statement_sea_query_builds() {
+        for backend in [DbBackend::Postgres, DbBackend::Sqlite] {
+            for (merchant, key) in [(Uuid::now_v7(), "k-1"), (Uuid::now_v7(), "otra clave ñ")] {
+                let expected = keys::Entity::find_by_id((merchant, key.to_owned()))
+                    .limit(1)
+                    .build(backend);
+                assert_eq!(
+                    find_key_statement(backend, merchant, key).to_string(),
+                    expected.to_string(),
+                    "{backend:?}"
+                );
+                assert_eq!(
+                    find_key_statement(backend, merchant, key).values,
+                    expected.values
+                );
+            }
+        }
     }
 }
