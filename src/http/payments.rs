@@ -222,7 +222,7 @@ async fn create_payment(
     });
     match begun {
         Begin::Started(p) => {
-            tracing::info!(payment_id = %p.id, key_hash, "payment registered");
+            tracing::info!(payment_id = %p.id, %key_hash, "payment registered");
             crate::failpoint::hit("after_register");
             let deps = state.saga_deps();
             // Its own task: axum drops this handler if the client hangs up; the saga
@@ -234,7 +234,7 @@ async fn create_payment(
             Ok(respond(settled.id, answer(&settled), false))
         }
         Begin::Replay { payment_id, answer } => {
-            tracing::info!(%payment_id, key_hash, "replaying the stored answer");
+            tracing::info!(%payment_id, %key_hash, "replaying the stored answer");
             Ok(respond(payment_id, answer, true))
         }
         Begin::Unsettled {
@@ -256,7 +256,7 @@ async fn create_payment(
             let due = current.next_attempt_at <= crate::db::now();
             if (lease_expired || due) && current.state != PaymentState::RevisionManual.as_str() {
                 let state_for_task = state.clone();
-                tracing::info!(%payment_id, key_hash, "client retry found the payment abandoned; reconciling it now");
+                tracing::info!(%payment_id, %key_hash, "client retry found the payment abandoned; reconciling it now");
                 tokio::spawn(async move {
                     crate::reconciler::reconcile_one(&state_for_task, payment_id).await
                 })
@@ -264,11 +264,11 @@ async fn create_payment(
                 .map_err(|e| ApiError::Internal(e.into()))??;
                 current = find().await?;
             }
-            tracing::info!(%payment_id, key_hash, estado = current.state, "answering the current state");
+            tracing::info!(%payment_id, %key_hash, estado = current.state, "answering the current state");
             Ok(respond(payment_id, answer(&current), true))
         }
         Begin::InFlight { retry_after } => {
-            tracing::info!(%merchant, key_hash, "duplicate while the first request is in flight");
+            tracing::info!(%merchant, %key_hash, "duplicate while the first request is in flight");
             // The lease bounds how long the first request can take; most finish far
             // sooner, so suggest a short wait (a 409 costs one query).
             let seconds = retry_after.as_secs_f64().ceil().clamp(1.0, 2.0) as u64;
@@ -278,7 +278,7 @@ async fn create_payment(
                 .into())
         }
         Begin::Mismatch => {
-            tracing::info!(%merchant, key_hash, "key reused with another body");
+            tracing::info!(%merchant, %key_hash, "key reused with another body");
             Err(problem(
                 Kind::KeyReused,
                 "This Idempotency-Key was already used with a different request. Use a new key for a new payment.",

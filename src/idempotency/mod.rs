@@ -66,8 +66,20 @@ pub fn decide(existing: &keys::Model, fingerprint: &str, now: DateTime<Utc>) -> 
 }
 
 /// A short, stable hash of a client key, for logs (keys may carry merchant data).
-pub fn key_hash(key: &IdempotencyKey) -> String {
-    hex::encode(&Sha256::digest(key.as_str().as_bytes())[..6])
+pub fn key_hash(key: &IdempotencyKey) -> KeyHash<'_> {
+    KeyHash(key)
+}
+
+/// A key's hash for logs, computed only if a log line that shows it is written.
+#[derive(Clone, Copy)]
+pub struct KeyHash<'a>(&'a IdempotencyKey);
+
+impl std::fmt::Display for KeyHash<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&hex::encode(
+            &Sha256::digest(self.0.as_str().as_bytes())[..6],
+        ))
+    }
 }
 
 /// Looks the key up (one query: the whole cost of a replay) and registers it with its
