@@ -19,6 +19,7 @@ on_both_databases!(
     a_crash_after_the_gateway_charged_is_settled_from_the_provider_without_a_second_charge,
     a_server_killed_while_the_gateway_holds_the_answer_settles_with_one_charge,
     a_client_retry_after_a_crash_settles_the_payment_at_once,
+    a_reconciler_killed_mid_pass_leaves_every_payment_to_the_next_with_one_charge_each,
 );
 
 /// Shared flags: a lease short enough to wait out in a test.
@@ -85,6 +86,60 @@ impl World {
         let args = self.args();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         reconcile_once(&args).await
+    }
+
+    /// `n` payments left ENVIADA and due by crashes, `charged(i)` of them charged at the
+    /// gateway before the crash.
+    async fn due_enviada(&self, n: usize, charged: impl Fn(usize) -> bool) {
+        let merchant = pagos::entities::merchant::Entity::find()
+            .one(&self.db)
+            .await
+            .expect("query")
+            .expect("merchant")
+            .id;
+        let at = pagos::db::now() - chrono::TimeDelta::minutes(5);
+        let mut rows = Vec::new();
+        for i in 0..n {
+            let id = uuid::Uuid::now_v7();
+            if charged(i) {
+                self.fake.preload(&id.to_string(), "succeeded");
+            }
+            rows.push(payment::ActiveModel::from(payment::Model {
+                id,
+                merchant_id: merchant,
+                idempotency_key: format!("k-{i}"),
+                credit_id: "42".into(),
+                amount: 250000,
+                currency: "COP".into(),
+                description: None,
+                state: "ENVIADA".into(),
+                version: 1,
+                attempts: 1,
+                gateway_key: format!("pagos-test-{i}"),
+                payment_method: None,
+                gateway_ref: None,
+                decline_code: None,
+                next_attempt_at: at,
+                created_at: at,
+                updated_at: at,
+            }));
+        }
+        for chunk in rows.chunks(100) {
+            payment::Entity::insert_many(chunk.to_vec())
+                .exec_without_returning(&self.db)
+                .await
+                .expect("seed");
+        }
+    }
+
+    /// Payments still in flight (EN_PROCESO or ENVIADA).
+    async fn open(&self) -> u64 {
+        use sea_orm::{ColumnTrait, PaginatorTrait, QueryFilter};
+        payment::Entity::find()
+            .filter(payment::Column::State.is_in(["EN_PROCESO", "ENVIADA"]))
+            .count(&self.db)
+            .await
+            .expect("count")
     }
 
     async fn only_payment(&self) -> payment::Model {
@@ -262,47 +317,9 @@ async fn three_processes_decide_every_due_payment_exactly_once() {
         return;
     };
     let world = World::new(backend, FakeGateway::charging("succeeded")).await;
-    let merchant = pagos::entities::merchant::Entity::find()
-        .one(&world.db)
-        .await
-        .expect("query")
-        .expect("merchant")
-        .id;
     // 500 payments left ENVIADA by crashes: half were charged before the crash, half never
     // reached the gateway.
-    let at = pagos::db::now() - chrono::TimeDelta::minutes(5);
-    let mut rows = Vec::new();
-    for n in 0..500 {
-        let id = uuid::Uuid::now_v7();
-        if n % 2 == 0 {
-            world.fake.preload(&id.to_string(), "succeeded");
-        }
-        rows.push(payment::ActiveModel::from(payment::Model {
-            id,
-            merchant_id: merchant,
-            idempotency_key: format!("k-{n}"),
-            credit_id: "42".into(),
-            amount: 250000,
-            currency: "COP".into(),
-            description: None,
-            state: "ENVIADA".into(),
-            version: 1,
-            attempts: 1,
-            gateway_key: format!("pagos-test-{n}"),
-            payment_method: None,
-            gateway_ref: None,
-            decline_code: None,
-            next_attempt_at: at,
-            created_at: at,
-            updated_at: at,
-        }));
-    }
-    for chunk in rows.chunks(100) {
-        payment::Entity::insert_many(chunk.to_vec())
-            .exec_without_returning(&world.db)
-            .await
-            .expect("seed");
-    }
+    world.due_enviada(500, |n| n % 2 == 0).await;
 
     // Patient timeouts: a send that timed out on a busy machine would rightly be looked
     // up again, and this test counts look-ups.
@@ -326,12 +343,7 @@ async fn three_processes_decide_every_due_payment_exactly_once() {
 
     let mut open = u64::MAX;
     for _ in 0..600 {
-        use sea_orm::{ColumnTrait, PaginatorTrait, QueryFilter};
-        open = payment::Entity::find()
-            .filter(payment::Column::State.is_in(["EN_PROCESO", "ENVIADA"]))
-            .count(&world.db)
-            .await
-            .expect("count");
+        open = world.open().await;
         if open == 0 {
             break;
         }
@@ -378,6 +390,67 @@ async fn three_processes_decide_every_due_payment_exactly_once() {
             world.fake.charges_for(&p.id.to_string()),
             1,
             "one charge per payment"
+        );
+    }
+}
+
+/// A pass claims ahead of its look-ups: a process SIGKILLed mid-pass leaves payments it
+/// was sending and payments it had claimed but not touched. Once their claims run out,
+/// another process settles every one, each charged exactly once.
+async fn a_reconciler_killed_mid_pass_leaves_every_payment_to_the_next_with_one_charge_each(
+    backend: Backend,
+) {
+    // Sends take 1 s at the gateway, inside a 2 s timeout: a claim lasts 2 + 2 + 5 = 9 s.
+    let fake = FakeGateway::charging("succeeded").with_delay(Duration::from_secs(1));
+    let world = World::new(backend, fake).await;
+    world.due_enviada(12, |_| false).await;
+    let mut args = world.args();
+    for arg in &mut args {
+        match arg.as_str() {
+            "1h" => *arg = "100ms".into(), // --reconcile-every
+            "300ms" => *arg = "2s".into(), // --gateway-timeout
+            "1s" => *arg = "3s".into(),    // --lease, longer than a gateway call
+            _ => {}
+        }
+    }
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(["--reconcile-concurrency", "2"]);
+
+    let mut first = Serve::start(&args, &[]).await;
+    for _ in 0..200 {
+        if world.fake.total_charges() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(world.fake.total_charges() >= 1, "{}", first.logs());
+    first.kill().await;
+    let charged_by_the_first = world.fake.total_charges();
+    assert!(
+        world.open().await > 0,
+        "the first process died with payments in hand"
+    );
+
+    world.fake.clear_delay();
+    let second = Serve::start(&args, &[]).await;
+    let mut open = u64::MAX;
+    for _ in 0..300 {
+        open = world.open().await;
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(open, 0, "every payment final; logs:\n{}", second.logs());
+    let all = payment::Entity::find().all(&world.db).await.expect("query");
+    assert_eq!(all.len(), 12);
+    for p in &all {
+        assert_eq!(p.state, "COMPLETADA");
+        assert_eq!(
+            world.fake.charges_for(&p.id.to_string()),
+            1,
+            "one charge for {} (the first process had charged {charged_by_the_first})",
+            p.id
         );
     }
 }
