@@ -68,6 +68,33 @@ pub(super) fn transport(err: &reqwest::Error) -> GatewayError {
     GatewayError::Unknown(format!("{kind}: {err}"))
 }
 
+/// A provider's search for the charges of one payment (`what` names it in errors). Any
+/// answer but a readable success says nothing about the charge: `Unknown`, never
+/// `Rejected`, so the reconciler looks again later.
+pub(super) async fn search<T: for<'de> Deserialize<'de>>(
+    client: &reqwest::Client,
+    url: url::Url,
+    secret: &str,
+    what: &str,
+) -> Result<T, GatewayError> {
+    let resp = client
+        .get(url)
+        .bearer_auth(secret)
+        .send()
+        .await
+        .map_err(|e| transport(&e))?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(GatewayError::Unknown(format!(
+            "{what} answered {status}: {}",
+            detail(resp).await
+        )));
+    }
+    let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| GatewayError::Unknown(format!("unreadable {what} answer: {e}")))
+}
+
 async fn classify<T: for<'de> Deserialize<'de>>(
     resp: reqwest::Response,
 ) -> Result<T, GatewayError> {

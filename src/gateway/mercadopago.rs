@@ -7,7 +7,7 @@
 //! It classifies answers and maps payment statuses, nothing more (the table is in
 //! `status_of` and in docs/gateways/mercadopago.md).
 
-use super::http::{client, detail, outcome_unknown, transport};
+use super::http::{client, detail, outcome_unknown, search, transport};
 use super::{Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, amount};
 use async_trait::async_trait;
 use reqwest::StatusCode;
@@ -285,24 +285,8 @@ impl Gateway for MercadoPagoGateway {
             .append_pair("external_reference", &reference.to_string())
             .append_pair("sort", "date_created")
             .append_pair("criteria", "desc");
-        let resp = self
-            .client
-            .get(url)
-            .bearer_auth(&self.secret)
-            .send()
-            .await
-            .map_err(|e| transport(&e))?;
-        let status = resp.status();
-        if !status.is_success() {
-            return Err(GatewayError::Unknown(format!(
-                "Mercado Pago search answered {status}: {}",
-                detail(resp).await
-            )));
-        }
-        let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
-        let found: SearchResult = serde_json::from_slice(&bytes).map_err(|e| {
-            GatewayError::Unknown(format!("unreadable Mercado Pago search answer: {e}"))
-        })?;
+        let found: SearchResult =
+            search(&self.client, url, &self.secret, "Mercado Pago search").await?;
         let reference = reference.to_string();
         found
             .results

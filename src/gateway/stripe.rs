@@ -8,7 +8,7 @@
 //! search is eventually consistent, and "nothing found" only means "nothing indexed yet";
 //! the reconciler's answer to it is a resend with the same key, which Stripe replays.
 
-use super::http::{client, detail, outcome_unknown, transport};
+use super::http::{client, detail, outcome_unknown, search, transport};
 use super::{Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, amount};
 use async_trait::async_trait;
 use reqwest::StatusCode;
@@ -271,24 +271,7 @@ impl Gateway for StripeGateway {
         url.query_pairs_mut()
             .append_pair("query", &search_query(reference))
             .append_pair("limit", "10");
-        let resp = self
-            .client
-            .get(url)
-            .bearer_auth(&self.secret)
-            .send()
-            .await
-            .map_err(|e| transport(&e))?;
-        let status = resp.status();
-        if !status.is_success() {
-            // Whatever it is, the search said nothing about the charge.
-            return Err(GatewayError::Unknown(format!(
-                "Stripe search answered {status}: {}",
-                detail(resp).await
-            )));
-        }
-        let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
-        let found: SearchResult = serde_json::from_slice(&bytes)
-            .map_err(|e| GatewayError::Unknown(format!("unreadable Stripe search answer: {e}")))?;
+        let found: SearchResult = search(&self.client, url, &self.secret, "Stripe search").await?;
         let reference = reference.to_string();
         found
             .data
