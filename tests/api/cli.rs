@@ -164,17 +164,17 @@ impl Drop for Child {
     }
 }
 
-#[tokio::test]
-async fn the_standalone_sandbox_gateway_follows_the_reference_protocol() {
+/// `pagos sandbox-gateway` with `--latency`, answering; the process and its base URL.
+async fn sandbox_gateway(latency: &str) -> (Child, String) {
     let port = free_port();
-    let _sandbox = Child(
+    let sandbox = Child(
         Command::new(BIN)
             .args([
                 "sandbox-gateway",
                 "--bind",
                 &format!("127.0.0.1:{port}"),
                 "--latency",
-                "300ms",
+                latency,
             ])
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -193,6 +193,13 @@ async fn the_standalone_sandbox_gateway_follows_the_reference_protocol() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    (sandbox, base)
+}
+
+#[tokio::test]
+async fn the_standalone_sandbox_gateway_follows_the_reference_protocol() {
+    let (_sandbox, base) = sandbox_gateway("300ms").await;
+    let http = reqwest::Client::new();
     let charge = |key: &'static str, amount: i64| {
         let http = http.clone();
         let url = format!("{base}/v1/charges");
@@ -291,33 +298,8 @@ fn a_database_used_with_one_gateway_refuses_another() {
 
 #[tokio::test]
 async fn the_sandbox_finishes_a_charge_whose_caller_hung_up() {
-    let port = free_port();
-    let _sandbox = Child(
-        Command::new(BIN)
-            .args([
-                "sandbox-gateway",
-                "--bind",
-                &format!("127.0.0.1:{port}"),
-                "--latency",
-                "500ms",
-            ])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("sandbox starts"),
-    );
-    let base = format!("http://127.0.0.1:{port}");
+    let (_sandbox, base) = sandbox_gateway("500ms").await;
     let http = reqwest::Client::new();
-    for _ in 0..100 {
-        if http
-            .get(format!("{base}/sandbox/stats"))
-            .send()
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let body = json!({"amount": 100, "currency": "COP", "reference": "ref-hangup"});
     let impatient = http
         .post(format!("{base}/v1/charges"))
