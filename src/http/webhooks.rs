@@ -117,32 +117,23 @@ async fn receive_http_event(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let Some(secret) = state
-        .settings
-        .webhook_secret
-        .as_deref()
-        .filter(|s| !s.is_empty())
-    else {
-        tracing::warn!("webhook refused: PAGOS_WEBHOOK_SECRET is not set");
-        return Err(unauthorized(
-            "Webhooks are disabled: PAGOS_WEBHOOK_SECRET is not set.",
-        ));
-    };
+    let secret = secret_of(
+        state.settings.webhook_secret.as_deref(),
+        "PAGOS_WEBHOOK_SECRET",
+    )?;
     let raw = read_raw(body).await?;
     let values = headers
         .get_all(signature::HEADER)
         .iter()
         .map(|v| v.as_bytes());
     if let Err(err) = signature::verify_header(values, secret.as_bytes(), &raw, unix_now()) {
-        // Never log the header or the body: they are an attacker's to choose.
-        tracing::warn!(reason = %err, kind = signature_failure(err), "webhook signature refused");
-        state.metrics.webhook_event(match err {
-            SignatureError::OutsideTolerance => "refused_timestamp",
-            _ => "refused_signature",
-        });
-        return Err(unauthorized(format!(
-            "{err}. Sign \"<t>.<raw body>\" with HMAC-SHA256 and the shared secret."
-        )));
+        // The reference protocol's own texts name its header.
+        return Err(refuse_signature(
+            &state,
+            err,
+            err.to_string(),
+            "Sign \"<t>.<raw body>\" with HMAC-SHA256 and the shared secret.",
+        ));
     }
     let event = GatewayEvent::parse(&raw).map_err(|err| {
         tracing::warn!(error = %err, "signed webhook is not a gateway event");
@@ -217,14 +208,15 @@ fn secret_of<'a>(secret: Option<&'a str>, env: &str) -> Result<&'a str, ApiError
     }
 }
 
-fn refuse_signature(state: &AppState, err: SignatureError, how: &str) -> ApiError {
+/// A refused signature: logged and counted, answered 401 with `detail` and how to sign.
+fn refuse_signature(state: &AppState, err: SignatureError, detail: String, how: &str) -> ApiError {
     // Never log the header or the body: they are an attacker's to choose.
     tracing::warn!(reason = %err, kind = signature_failure(err), "webhook signature refused");
     state.metrics.webhook_event(match err {
         SignatureError::OutsideTolerance => "refused_timestamp",
         _ => "refused_signature",
     });
-    unauthorized(format!("{}. {how}", signature_detail(err)))
+    unauthorized(format!("{detail}. {how}"))
 }
 
 /// The refusal in words that name no particular header (the variants' own texts name
@@ -279,6 +271,7 @@ async fn receive_stripe_event(
         return Err(refuse_signature(
             &state,
             err,
+            signature_detail(err),
             "Stripe signs \"<t>.<raw body>\" with the endpoint's signing secret (whsec_…).",
         ));
     }
@@ -362,6 +355,7 @@ async fn receive_mercadopago_notification(
         return Err(refuse_signature(
             &state,
             err,
+            signature_detail(err),
             "Mercado Pago signs \"id:<data.id>;request-id:<x-request-id>;ts:<ts>;\" with the application's webhook secret.",
         ));
     }
