@@ -39,6 +39,7 @@ impl App {
             gateway: self.gateway.clone(),
             policy: self.settings.retry_policy(),
             stale_after: self.settings.stale_after,
+            send_hold: self.settings.send_hold(),
         }
     }
 }

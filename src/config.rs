@@ -134,6 +134,18 @@ impl GatewayKind {
         }
     }
 
+    /// The longest the provider documents remembering an idempotency key (None: the
+    /// reference protocol and the sandbox, which say nothing, and where the setting is
+    /// the operator's to know). Mercado Pago documents none: pagos assumes one hour and
+    /// never more.
+    pub fn documented_key_window(self) -> Option<Duration> {
+        match self {
+            GatewayKind::Sandbox | GatewayKind::Http => None,
+            GatewayKind::Stripe => Some(crate::gateway::stripe::KEY_WINDOW),
+            GatewayKind::MercadoPago => Some(crate::gateway::mercadopago::KEY_WINDOW),
+        }
+    }
+
     /// The name used in settings and logs.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -248,6 +260,9 @@ pub struct Settings {
     pub reconcile_concurrency: u32,
 }
 
+/// Added to a send's worst case when a payment is held for it (`Settings::send_hold`).
+pub const SEND_MARGIN: Duration = Duration::from_secs(5);
+
 /// A setting that is well-formed alone but wrong with the others.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid setting {env} (--{flag}): {message}")]
@@ -260,6 +275,13 @@ pub struct SettingError {
 impl Settings {
     pub fn retry_policy(&self) -> crate::gateway::retry::RetryPolicy {
         crate::gateway::retry::RetryPolicy::new(self.gateway_retries as usize)
+    }
+
+    /// How long one send of a payment can take — every try, every backoff — plus a margin
+    /// for the database writes around it: a send starts only from a write that holds the
+    /// payment this long, so nobody else can take it before the send is over.
+    pub fn send_hold(&self) -> Duration {
+        self.retry_policy().worst_case(self.gateway_timeout) + SEND_MARGIN
     }
 
     /// Checks the settings against each other.
@@ -306,8 +328,25 @@ impl Settings {
                 ),
             });
         }
-        // A key purged and reused must not meet its old gateway key still honoured by
-        // the gateway: that would replay the old charge for the new payment.
+        // A resend is safe only while the gateway surely remembers the key: never assume
+        // it remembers longer than it documents.
+        if let Some(documented) = self.gateway.documented_key_window()
+            && self.gateway_key_window > documented
+        {
+            return Err(SettingError {
+                env: "PAGOS_GATEWAY_KEY_WINDOW",
+                flag: "gateway-key-window",
+                message: format!(
+                    "{} is longer than {} remembers an idempotency key ({}); a resend after that could charge twice",
+                    humantime::format_duration(self.gateway_key_window),
+                    self.gateway.as_str(),
+                    humantime::format_duration(documented),
+                ),
+            });
+        }
+        // Kept as a second line of defence: a key reused after its purge gets a gateway
+        // key of its own (its generation), and a retention at least as long as the
+        // window keeps even a generation-less key from meeting a gateway that remembers.
         if self.key_retention < self.gateway_key_window {
             return Err(SettingError {
                 env: "PAGOS_KEY_RETENTION",
@@ -576,6 +615,27 @@ mod tests {
             "2h",
         ]);
         assert!(s.validate().is_ok(), "1h window, 2h retention");
+    }
+
+    #[test]
+    fn a_key_window_longer_than_the_provider_remembers_keys_is_refused() {
+        for (kind, window) in [("stripe", "25h"), ("mercadopago", "2h")] {
+            let s = serve_settings(&[
+                "--gateway",
+                kind,
+                "--gateway-secret",
+                "s",
+                "--gateway-key-window",
+                window,
+                "--key-retention",
+                "48h",
+            ]);
+            let err = s.validate().expect_err("refused");
+            assert_eq!(err.env, "PAGOS_GATEWAY_KEY_WINDOW", "{kind}");
+            assert!(err.to_string().contains(kind), "{err}");
+        }
+        let s = serve_settings(&["--gateway-key-window", "72h", "--key-retention", "72h"]);
+        assert!(s.validate().is_ok(), "the sandbox documents no window");
     }
 
     #[test]

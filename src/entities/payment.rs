@@ -22,6 +22,8 @@ pub struct Model {
     /// Times pagos sent this payment or asked the provider about it (sends, resends and
     /// reconciler look-ups that rescheduled it).
     pub attempts: i32,
+    /// The key sent to the gateway on every send of this payment, derived from the
+    /// merchant, the client's key and `generation` (`idempotency::derive`).
     pub gateway_key: String,
     pub gateway_ref: Option<String>,
     pub decline_code: Option<String>,
@@ -29,6 +31,11 @@ pub struct Model {
     pub next_attempt_at: ChronoDateTimeUtc,
     pub created_at: ChronoDateTimeUtc,
     pub updated_at: ChronoDateTimeUtc,
+    /// Earlier payments of this merchant with the same client key (0: the first).
+    pub generation: i32,
+    /// While in the future, one worker owns the payment (a request, a reconciliation
+    /// pass, on-call's "reconcile now"): nobody else may send it. None: nobody does.
+    pub claimed_until: Option<ChronoDateTimeUtc>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -1,9 +1,12 @@
 //! The reference-protocol adapter (`PAGOS_GATEWAY=http`): `POST /v1/charges` with the
 //! gateway key in `Idempotency-Key`, `GET /v1/charges?reference=` for lookups.
 //!
-//! It classifies answers, nothing more: 5xx, 409, 429, timeouts, resets and unreadable
-//! bodies are `Unknown` (the charge may exist); other 4xx are `Rejected`.
+//! It reads answers through the shared classifier (`classify`), nothing more: 5xx, 409,
+//! 429, 401/403, 422 (the key used with another body), timeouts, resets and unreadable
+//! bodies are `Unknown` (the charge may exist); other 4xx are `Rejected`. A lookup's
+//! answer is a readable list or `Unknown`, never a refusal.
 
+use super::classify::{KeySaid, refusal};
 use super::{Charge, ChargeBody, ChargeRequest, Gateway, GatewayError};
 use async_trait::async_trait;
 use reqwest::StatusCode;
@@ -30,14 +33,6 @@ pub(super) fn client(timeout: Duration) -> Result<reqwest::Client, reqwest::Erro
 pub(super) async fn detail(resp: reqwest::Response) -> String {
     let text = resp.text().await.unwrap_or_default();
     text.chars().take(300).collect()
-}
-
-/// Statuses after which the request may or may not have been applied.
-pub(super) fn outcome_unknown(status: StatusCode) -> bool {
-    status.is_server_error()
-        || status == StatusCode::CONFLICT
-        || status == StatusCode::TOO_MANY_REQUESTS
-        || status == StatusCode::REQUEST_TIMEOUT
 }
 
 impl HttpGateway {
@@ -95,9 +90,10 @@ pub(super) async fn search<T: for<'de> Deserialize<'de>>(
         .map_err(|e| GatewayError::Unknown(format!("unreadable {what} answer: {e}")))
 }
 
-async fn classify<T: for<'de> Deserialize<'de>>(
-    resp: reqwest::Response,
-) -> Result<T, GatewayError> {
+/// The answer to `POST /v1/charges`: a charge, or what the shared classifier makes of the
+/// refusal. In the reference protocol a 422 on a charge means "this key was used with
+/// another body": a charge exists under the key.
+async fn charge_answer(resp: reqwest::Response) -> Result<Charge, GatewayError> {
     let status = resp.status();
     if status.is_success() {
         // A success whose body cannot be read may still be a charge: unknown, not failed.
@@ -105,25 +101,12 @@ async fn classify<T: for<'de> Deserialize<'de>>(
         return serde_json::from_slice(&bytes)
             .map_err(|e| GatewayError::Unknown(format!("unreadable {status} answer: {e}")));
     }
-    let detail = detail(resp).await;
-    if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-        // Our credentials, not the payment, are wrong: nothing was charged, but failing
-        // every payment during a credentials incident would be worse than waiting. The
-        // reconciler sends them once PAGOS_GATEWAY_SECRET is fixed.
-        return Err(GatewayError::Unknown(format!(
-            "gateway refused our credentials ({status}): check PAGOS_GATEWAY_SECRET"
-        )));
-    }
-    if outcome_unknown(status) {
-        Err(GatewayError::Unknown(format!(
-            "gateway answered {status}: {detail}"
-        )))
+    let said = if status == StatusCode::UNPROCESSABLE_ENTITY {
+        KeySaid::UsedWithAnotherRequest
     } else {
-        Err(GatewayError::Rejected {
-            status: status.as_u16(),
-            detail,
-        })
-    }
+        KeySaid::Nothing
+    };
+    Err(refusal("the gateway", status, said, &detail(resp).await))
 }
 
 #[async_trait]
@@ -138,17 +121,15 @@ impl Gateway for HttpGateway {
             .send()
             .await
             .map_err(|e| transport(&e))?;
-        classify(resp).await
+        charge_answer(resp).await
     }
 
     async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
-        let resp = self
-            .client
-            .get(format!("{}/v1/charges?reference={reference}", self.base))
-            .bearer_auth(&self.secret)
-            .send()
-            .await
-            .map_err(|e| transport(&e))?;
-        classify::<ChargeList>(resp).await.map(|list| list.data)
+        let mut url = url::Url::parse(&format!("{}/v1/charges", self.base))
+            .map_err(|e| GatewayError::Unknown(format!("bad gateway URL: {e}")))?;
+        url.query_pairs_mut()
+            .append_pair("reference", &reference.to_string());
+        let found: ChargeList = search(&self.client, url, &self.secret, "gateway lookup").await?;
+        Ok(found.data)
     }
 }

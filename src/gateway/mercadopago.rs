@@ -7,7 +7,8 @@
 //! It classifies answers and maps payment statuses, nothing more (the table is in
 //! `status_of` and in docs/gateways/mercadopago.md).
 
-use super::http::{client, detail, outcome_unknown, search, transport};
+use super::classify::{KeySaid, refusal};
+use super::http::{client, detail, search, transport};
 use super::{Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, amount};
 use async_trait::async_trait;
 use reqwest::StatusCode;
@@ -202,6 +203,33 @@ pub fn payment_body(req: &ChargeRequest) -> Result<PaymentBody, String> {
     })
 }
 
+/// What a Mercado Pago error body says about the idempotency key. Mercado Pago documents
+/// a 409 ("the process has not been completed yet") for a key still being processed,
+/// which the classifier already reads as unknown, and documents no answer for a key
+/// reused with another body; an error that names the idempotency key in its `error`,
+/// `message` or `cause` is read as that, so that it is never taken for a refusal.
+pub fn key_said(body: &str) -> KeySaid {
+    let Ok(value) = serde_json::from_str::<Value>(body) else {
+        return KeySaid::Nothing;
+    };
+    let mut texts = vec![&value["error"], &value["message"]];
+    if let Some(causes) = value["cause"].as_array() {
+        for cause in causes {
+            texts.push(&cause["description"]);
+            texts.push(&cause["code"]);
+        }
+    }
+    let names_the_key = texts.iter().filter_map(|t| t.as_str()).any(|t| {
+        let t = t.to_ascii_lowercase();
+        t.contains("idempotency") || t.contains("idempotencia") || t.contains("idempotência")
+    });
+    if names_the_key {
+        KeySaid::UsedWithAnotherRequest
+    } else {
+        KeySaid::Nothing
+    }
+}
+
 impl MercadoPagoGateway {
     pub fn new(base: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
         Ok(MercadoPagoGateway {
@@ -266,16 +294,7 @@ impl Gateway for MercadoPagoGateway {
             return payment.to_charge();
         }
         let text = detail(resp).await;
-        if outcome_unknown(status) {
-            Err(GatewayError::Unknown(format!(
-                "Mercado Pago answered {status}: {text}"
-            )))
-        } else {
-            Err(GatewayError::Rejected {
-                status: status.as_u16(),
-                detail: text,
-            })
-        }
+        Err(refusal("Mercado Pago", status, key_said(&text), &text))
     }
 
     async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError> {

@@ -1,4 +1,4 @@
-//! Talking to payment gateways: the `Gateway` trait, the derived gateway key, the retry
+//! Talking to payment gateways: the `Gateway` trait, the shared reading of answers, the retry
 //! policy, and the adapters (reference HTTP protocol, in-process sandbox, Stripe, Mercado
 //! Pago), with the amount conversions the providers need.
 //!
@@ -6,6 +6,7 @@
 //! what the gateway said, or that nobody knows.
 
 pub mod amount;
+pub mod classify;
 pub mod http;
 pub mod mercadopago;
 pub mod retry;
@@ -14,10 +15,8 @@ pub mod sandbox_server;
 pub mod stripe;
 
 use crate::domain::PaymentMethod;
-use crate::idempotency::IdempotencyKey;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 /// What pagos asks a gateway to charge. Every send of one payment carries the same
@@ -78,11 +77,13 @@ pub struct Charge {
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum GatewayError {
-    /// Timeout, 5xx, reset connection, 409 (still in flight), 429, unreadable answer:
-    /// the charge may or may not exist. Safe to retry with the same key.
+    /// Timeout, 5xx, reset connection, 409 (still in flight), 429, refused credentials,
+    /// the key used with another request, unreadable answer: the charge may or may not
+    /// exist. Safe to retry with the same key (`classify`).
     #[error("outcome unknown: {0}")]
     Unknown(String),
-    /// A 4xx other than 409/429: the gateway refused the request, no charge was made.
+    /// Any other 4xx: the gateway refused this request. It proves no charge exists only
+    /// if no earlier try of the payment may have reached the gateway (`retry::charge`).
     /// Retrying the same request cannot help.
     #[error("gateway refused the request with {status}: {detail}")]
     Rejected { status: u16, detail: String },
@@ -114,41 +115,9 @@ pub trait Gateway: Send + Sync + 'static {
     async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError>;
 }
 
-/// The key pagos sends to the gateway for the client's key `key` of `merchant`.
-///
-/// Deterministic (every retry and resend of one payment sends the same key) and injective
-/// across merchants (the merchant id is part of it literally; the client key is hashed so
-/// the result stays at 103 characters whatever the client sent).
-pub fn gateway_key(merchant: Uuid, key: &IdempotencyKey) -> String {
-    let digest = Sha256::digest(key.as_str().as_bytes());
-    format!("pagos-{}-{}", merchant.simple(), hex::encode(digest))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn key(s: &str) -> IdempotencyKey {
-        IdempotencyKey::parse(s.as_bytes()).expect("valid key")
-    }
-
-    #[test]
-    fn the_gateway_key_is_deterministic_and_short() {
-        let merchant = Uuid::new_v4();
-        let long = "k".repeat(255);
-        assert_eq!(
-            gateway_key(merchant, &key(&long)),
-            gateway_key(merchant, &key(&long))
-        );
-        assert!(gateway_key(merchant, &key(&long)).len() <= 255);
-    }
-
-    #[test]
-    fn two_merchants_with_one_client_key_get_two_gateway_keys() {
-        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
-        assert_ne!(gateway_key(a, &key("same")), gateway_key(b, &key("same")));
-        assert_ne!(gateway_key(a, &key("one")), gateway_key(a, &key("two")));
-    }
 
     #[test]
     fn charges_read_the_reference_protocol() {

@@ -56,13 +56,20 @@ pub enum ChargeOutcome {
     Unknown(String),
 }
 
+/// One charge call, retried with the same request on unknown outcomes.
+///
+/// `maybe_sent_before`: an earlier send of this payment may have reached the gateway (it
+/// was ENVIADA). Then, as after any try of this call whose outcome was unknown, a refusal
+/// proves nothing — the charge an earlier try may have made still may exist — and the
+/// outcome stays `Unknown`: only a readable charge status settles such a payment.
 pub async fn charge(
     gateway: &dyn Gateway,
     req: &ChargeRequest,
     policy: RetryPolicy,
+    maybe_sent_before: bool,
 ) -> ChargeOutcome {
-    // Set once a try ended with the charge's existence unknown.
-    let uncertain = std::sync::atomic::AtomicBool::new(false);
+    // Set once a try may have made a charge whose existence is unknown.
+    let uncertain = std::sync::atomic::AtomicBool::new(maybe_sent_before);
     let result = (|| gateway.charge(req))
         .retry(policy.backoff())
         .when(GatewayError::is_retryable)
@@ -82,7 +89,7 @@ pub async fn charge(
             if uncertain.load(std::sync::atomic::Ordering::Relaxed) =>
         {
             ChargeOutcome::Unknown(format!(
-                "refused with {status} after a try whose outcome is unknown: {detail}"
+                "refused with {status}, but an earlier try of this payment may have reached the gateway: {detail}"
             ))
         }
         Err(GatewayError::Rejected { status, detail }) => {
@@ -155,7 +162,7 @@ mod tests {
     #[tokio::test]
     async fn a_refusal_on_the_first_try_means_no_charge() {
         let gateway = scripted(vec![Err(rejected())]);
-        let outcome = charge(&gateway, &request(), fast(3)).await;
+        let outcome = charge(&gateway, &request(), fast(3), false).await;
         assert!(matches!(
             outcome,
             ChargeOutcome::Rejected { status: 400, .. }
@@ -168,14 +175,41 @@ mod tests {
             Err(GatewayError::Unknown("timed out".into())),
             Err(rejected()),
         ]);
-        let outcome = charge(&gateway, &request(), fast(3)).await;
+        let outcome = charge(&gateway, &request(), fast(3), false).await;
         assert!(matches!(outcome, ChargeOutcome::Unknown(_)), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn a_refusal_of_a_resend_stays_unknown() {
+        let gateway = scripted(vec![Err(rejected())]);
+        let outcome = charge(&gateway, &request(), fast(3), true).await;
+        assert!(matches!(outcome, ChargeOutcome::Unknown(_)), "{outcome:?}");
+        assert_eq!(
+            gateway.1.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "a refusal is not retried"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_readable_charge_settles_a_resend() {
+        let declined = Charge {
+            id: "ch_1".into(),
+            status: ChargeStatus::Declined,
+            amount: 1,
+            currency: "COP".into(),
+            reference: Uuid::nil().to_string(),
+            decline_code: Some("insufficient_funds".into()),
+        };
+        let gateway = scripted(vec![Ok(declined)]);
+        let outcome = charge(&gateway, &request(), fast(3), true).await;
+        assert!(matches!(outcome, ChargeOutcome::Declined(_)), "{outcome:?}");
     }
 
     #[tokio::test]
     async fn retries_stop_at_the_budget() {
         let gateway = scripted(vec![]);
-        let outcome = charge(&gateway, &request(), fast(2)).await;
+        let outcome = charge(&gateway, &request(), fast(2), false).await;
         assert!(matches!(outcome, ChargeOutcome::Unknown(_)));
         assert_eq!(
             gateway.1.load(std::sync::atomic::Ordering::Relaxed),

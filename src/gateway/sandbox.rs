@@ -410,10 +410,14 @@ impl Gateway for SandboxGateway {
             Begin::InFlight => Err(GatewayError::Unknown(
                 "sandbox: a request with this key is in flight".into(),
             )),
-            Begin::Mismatch => Err(GatewayError::Rejected {
-                status: 422,
-                detail: "sandbox: this key was used with another body".into(),
-            }),
+            // What the standalone sandbox answers 422 for, read the way every adapter's
+            // answers are read.
+            Begin::Mismatch => Err(super::classify::refusal(
+                "the sandbox",
+                reqwest::StatusCode::UNPROCESSABLE_ENTITY,
+                super::classify::KeySaid::UsedWithAnotherRequest,
+                "this key was used with another body",
+            )),
         }
     }
 
@@ -448,14 +452,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn one_key_with_another_body_is_refused() {
+    async fn one_key_with_another_body_leaves_the_outcome_unknown() {
         let sandbox = SandboxGateway::new(Outcomes::default());
         sandbox.charge(&request("k", 10)).await.expect("charged");
         let err = sandbox
             .charge(&request("k", 11))
             .await
             .expect_err("refused");
-        assert!(matches!(err, GatewayError::Rejected { status: 422, .. }));
+        // A charge exists under the key: never read as a refusal of the payment.
+        assert!(matches!(err, GatewayError::Unknown(_)), "{err:?}");
     }
 
     #[tokio::test]

@@ -8,7 +8,8 @@
 //! search is eventually consistent, and "nothing found" only means "nothing indexed yet";
 //! the reconciler's answer to it is a resend with the same key, which Stripe replays.
 
-use super::http::{client, detail, outcome_unknown, search, transport};
+use super::classify::{KeySaid, refusal};
+use super::http::{client, search, transport};
 use super::{Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, amount};
 use async_trait::async_trait;
 use reqwest::StatusCode;
@@ -209,36 +210,27 @@ impl StripeGateway {
             );
             return pi.to_charge(None);
         }
-        if outcome_unknown(status) {
-            return Err(GatewayError::Unknown(format!(
-                "Stripe answered {status}: {}",
-                detail(resp).await
-            )));
-        }
         // The whole body: a card error embeds the PaymentIntent, far past any excerpt.
         let text = resp.text().await.unwrap_or_default();
         let error = serde_json::from_str::<ErrorBody>(&text)
             .map(|b| b.error)
             .ok();
-        let text: String = text.chars().take(300).collect();
-        // A card error (402) comes with the PaymentIntent it left declined.
+        // A card error (402) comes with the PaymentIntent it left declined: an answer that
+        // carries the charge, so its status is readable.
         if status == StatusCode::PAYMENT_REQUIRED
             && let Some(err) = &error
             && let Some(pi) = &err.payment_intent
         {
             return pi.to_charge(Some(err));
         }
-        // The key was used with other parameters: a PaymentIntent may exist. Never
-        // "failed" on this: the reconciler asks.
-        if error.as_ref().and_then(|e| e.kind.as_deref()) == Some("idempotency_error") {
-            return Err(GatewayError::Unknown(format!(
-                "Stripe refused the idempotency key ({status}): {text}"
-            )));
-        }
-        Err(GatewayError::Rejected {
-            status: status.as_u16(),
-            detail: text,
-        })
+        // The key was used with other parameters: a PaymentIntent may exist under it.
+        let said = if error.as_ref().and_then(|e| e.kind.as_deref()) == Some("idempotency_error") {
+            KeySaid::UsedWithAnotherRequest
+        } else {
+            KeySaid::Nothing
+        };
+        let excerpt: String = text.chars().take(300).collect();
+        Err(refusal("Stripe", status, said, &excerpt))
     }
 }
 

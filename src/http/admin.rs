@@ -40,6 +40,10 @@ pub struct PagoAdmin {
     pub intentos: i32,
     /// When the reconciler looks at it next (RFC 3339).
     pub proximo_intento: String,
+    /// While a worker (a request, a reconciliation pass, a "reconcile now") holds it:
+    /// until when (RFC 3339). Nobody else sends it meanwhile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retenido_hasta: Option<String>,
     pub decline_code: Option<String>,
     /// Seconds since it was created.
     pub edad_segundos: i64,
@@ -54,6 +58,10 @@ impl PagoAdmin {
             proximo_intento: p
                 .next_attempt_at
                 .to_rfc3339_opts(SecondsFormat::Millis, true),
+            retenido_hasta: p
+                .claimed_until
+                .filter(|until| *until > crate::db::now())
+                .map(|until| until.to_rfc3339_opts(SecondsFormat::Millis, true)),
             decline_code: p.decline_code.clone(),
             edad_segundos: reconciler::age(p.created_at).num_seconds(),
         }
@@ -229,7 +237,7 @@ async fn run_reconciliation(
     let pass = state.clone();
     let report = tokio::spawn(async move {
         match request.pago_id {
-            Some(id) => reconciler::reconcile_one(&pass, id).await,
+            Some(id) => reconciler::reconcile_one(&pass, id, store::When::Now).await,
             None => reconciler::run_pass(&pass).await,
         }
     })

@@ -11,7 +11,8 @@ use crate::entities::payment;
 use crate::idempotency::{self, Begin, IdempotencyKey, KeyError};
 use crate::representation::{Answer, Pago, answer};
 use crate::saga::state::PaymentState;
-use crate::saga::{self, store::Actor};
+use crate::saga::store::{Actor, When};
+use crate::saga::{self};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -237,10 +238,7 @@ async fn create_payment(
             tracing::info!(%payment_id, %key_hash, "replaying the stored answer");
             Ok(respond(payment_id, answer, true))
         }
-        Begin::Unsettled {
-            payment_id,
-            lease_expired,
-        } => {
+        Begin::Unsettled { payment_id } => {
             let find = || async {
                 crate::saga::store::find_payment(&state.db, payment_id)
                     .await?
@@ -251,21 +249,32 @@ async fn create_payment(
                     })
             };
             let mut current = find().await?;
-            // Nobody is working on it and it is due (or its request died holding the
-            // lease): settle it now rather than make the client wait for the next pass.
+            // Due (its request died, or its next look is now): settle it now rather than
+            // make the client wait for the next pass. Only if due, and only the retry that
+            // claims it: however often a client retries, the provider is asked about a
+            // payment at most once per backoff step.
             let due = current.next_attempt_at <= crate::db::now();
-            if (lease_expired || due) && current.state != PaymentState::RevisionManual.as_str() {
+            if due && current.state != PaymentState::RevisionManual.as_str() {
                 let state_for_task = state.clone();
-                tracing::info!(%payment_id, %key_hash, "client retry found the payment abandoned; reconciling it now");
+                tracing::info!(%payment_id, %key_hash, "client retry found the payment due; reconciling it now");
                 tokio::spawn(async move {
-                    crate::reconciler::reconcile_one(&state_for_task, payment_id).await
+                    crate::reconciler::reconcile_one(&state_for_task, payment_id, When::IfDue).await
                 })
                 .await
                 .map_err(|e| ApiError::Internal(e.into()))??;
                 current = find().await?;
             }
             tracing::info!(%payment_id, %key_hash, estado = current.state, "answering the current state");
-            Ok(respond(payment_id, answer(&current), true))
+            let mut response = respond(payment_id, answer(&current), true);
+            if response.status() == StatusCode::ACCEPTED {
+                // When pagos looks at it next: asking sooner only gets the same answer.
+                let wait = (current.next_attempt_at - crate::db::now()).num_seconds();
+                let seconds = wait.clamp(1, 3600);
+                if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+                    response.headers_mut().insert(header::RETRY_AFTER, value);
+                }
+            }
+            Ok(response)
         }
         Begin::InFlight { retry_after } => {
             tracing::info!(%merchant, %key_hash, "duplicate while the first request is in flight");

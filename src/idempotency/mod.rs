@@ -4,6 +4,7 @@
 //! The registry never holds a transaction open across the work it guards: a lease on the
 //! key row marks the owner; the row's primary key settles races.
 
+pub mod derive;
 pub mod fingerprint;
 pub mod key;
 
@@ -27,11 +28,9 @@ pub enum Begin {
     Started(Box<payment::Model>),
     /// The answer was frozen: send it again, byte for byte.
     Replay { payment_id: Uuid, answer: Answer },
-    /// Same request, not finished, and nobody holds the lease: answer the current state.
-    Unsettled {
-        payment_id: Uuid,
-        lease_expired: bool,
-    },
+    /// Same request, not finished, and no request holds the key's lease: answer the
+    /// current state (and settle it first if it is due).
+    Unsettled { payment_id: Uuid },
     /// Another request holds the key's lease.
     InFlight { retry_after: Duration },
     /// The key was used with a different request.
@@ -58,9 +57,8 @@ pub fn decide(existing: &keys::Model, fingerprint: &str, now: DateTime<Utc>) -> 
         Some(until) if until > now => Begin::InFlight {
             retry_after: (until - now).to_std().unwrap_or_default(),
         },
-        until => Begin::Unsettled {
+        _ => Begin::Unsettled {
             payment_id: existing.payment_id,
-            lease_expired: until.is_some(),
         },
     }
 }
@@ -97,10 +95,9 @@ pub async fn begin(
     }
     let registration = Registration {
         merchant,
-        key: key.as_str(),
+        key,
         fingerprint,
         payment: new_payment,
-        gateway_key: crate::gateway::gateway_key(merchant, key),
         lease,
     };
     Ok(match store::register(db, registration).await? {
@@ -175,10 +172,7 @@ mod tests {
         let now = Utc::now();
         assert!(matches!(
             decide(&row("a", "EN_PROCESO", None), "a", now),
-            Begin::Unsettled {
-                lease_expired: false,
-                ..
-            }
+            Begin::Unsettled { .. }
         ));
         assert!(matches!(
             decide(
@@ -186,10 +180,7 @@ mod tests {
                 "a",
                 now
             ),
-            Begin::Unsettled {
-                lease_expired: true,
-                ..
-            }
+            Begin::Unsettled { .. }
         ));
     }
 }

@@ -1,18 +1,19 @@
 //! The reconciler: settles payments left in between by crashes, timeouts and pending
 //! charges, by asking the provider. Runs periodically inside `pagos serve`, once from
 //! `pagos reconcile --once`, on demand from the admin API, and for a single payment when a
-//! client retry finds its request abandoned.
+//! client retry finds it due.
 //!
-//! It never sends a payment it has not claimed, never resends outside the gateway's key
-//! window, and writes every decision through the fenced store, so any number of processes
-//! can run it side by side.
+//! It never sends a payment it has not claimed, never works on a payment with less than
+//! one payment's work left on its claim, never resends outside the gateway's key window,
+//! and writes every decision through the fenced store, so any number of processes can run
+//! it side by side without two of them working on one payment at once.
 
 pub mod decide;
 
 use crate::app::App;
 use crate::entities::payment;
 use crate::saga::state::{Event, PaymentState};
-use crate::saga::store::{self, Actor, Changes, Written};
+use crate::saga::store::{self, Actor, Changes, When, Written};
 use crate::saga::{self, SagaDeps};
 use chrono::{DateTime, TimeDelta, Utc};
 use decide::{Decision, Facts, Horizons, backoff, decide, needs_lookup};
@@ -120,14 +121,16 @@ fn horizons(app: &App) -> Horizons {
     }
 }
 
-/// How long a claim keeps other processes away: longer than the most one payment can
-/// take (a look-up, then a send with every retry), and never shorter than the lease.
+/// The most one payment's work can take: a look-up, then a send with every retry and
+/// backoff, plus a margin.
+fn work_bound(app: &App) -> std::time::Duration {
+    app.settings.gateway_timeout + app.settings.send_hold()
+}
+
+/// How long a claim keeps other processes away: one payment's whole work, and never
+/// shorter than the lease.
 fn claim_for(app: &App) -> std::time::Duration {
-    let s = &app.settings;
-    let longest = s.gateway_timeout
-        + s.retry_policy().worst_case(s.gateway_timeout)
-        + std::time::Duration::from_secs(5);
-    s.lease.max(longest)
+    app.settings.lease.max(work_bound(app))
 }
 
 /// One pass over every payment due now. Payments rescheduled during the pass are left
@@ -197,9 +200,11 @@ pub async fn run_pass(app: &App) -> Result<Report, sea_orm::DbErr> {
     Ok(report)
 }
 
-/// One payment, now, due or not.
-pub async fn reconcile_one(app: &App, id: Uuid) -> Result<Report, sea_orm::DbErr> {
-    match store::claim_one(&app.db, id, claim_for(app)).await? {
+/// One payment, now (`When::Now`: on-call) or only if it is due (`When::IfDue`: a
+/// client retry), unless someone holds it: a request still sending it, a pass, another
+/// "reconcile now". Then it is skipped (`omitidos`), never worked on twice at once.
+pub async fn reconcile_one(app: &App, id: Uuid, when: When) -> Result<Report, sea_orm::DbErr> {
+    match store::claim_one(&app.db, id, when, claim_for(app)).await? {
         Some(claimed) => Ok(process_all(app, vec![claimed]).await),
         None => Ok(Outcome::Skipped.report()),
     }
@@ -222,6 +227,14 @@ async fn process_all(app: &App, claimed: Vec<payment::Model>) -> Report {
 
 async fn process(app: &App, claimed: payment::Model) -> Outcome {
     let id = claimed.id;
+    let claimed = match take_up(app, claimed).await {
+        Ok(Some(claimed)) => claimed,
+        Ok(None) => return Outcome::Skipped,
+        Err(err) => {
+            tracing::error!(payment_id = %id, error = %err, "renewing a claim failed; the payment will be retried");
+            return Outcome::Error;
+        }
+    };
     match decide_and_apply(app, claimed).await {
         Ok(outcome) => outcome,
         Err(err) => {
@@ -229,6 +242,28 @@ async fn process(app: &App, claimed: payment::Model) -> Outcome {
             Outcome::Error
         }
     }
+}
+
+/// A payment is worked on only with a whole payment's work left on its claim: one claimed
+/// ahead may have waited for a slot for as long as another payment's work. Its claim is
+/// renewed (a fenced write) when less is left; if someone else took it meanwhile (its
+/// claim ran out), it is theirs: None.
+async fn take_up(
+    app: &App,
+    claimed: payment::Model,
+) -> Result<Option<payment::Model>, sea_orm::DbErr> {
+    let needed = crate::db::now() + store::chrono_after(work_bound(app));
+    if claimed.claimed_until.is_some_and(|until| until >= needed) {
+        return Ok(Some(claimed));
+    }
+    let until = store::now_plus(claim_for(app));
+    Ok(match store::renew_claim(&app.db, &claimed, until).await? {
+        Written::Applied(renewed) => Some(*renewed),
+        Written::Fenced => {
+            tracing::warn!(payment_id = %claimed.id, "claim ran out before the payment was taken up; another worker has it");
+            None
+        }
+    })
 }
 
 async fn decide_and_apply(

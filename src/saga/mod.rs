@@ -13,7 +13,7 @@ use crate::gateway::retry::{self, ChargeOutcome, RetryPolicy};
 use crate::gateway::{Charge, ChargeRequest, ChargeStatus, Gateway};
 use crate::representation::GATEWAY_REJECTED_PREFIX;
 use sea_orm::DatabaseConnection;
-use state::Event;
+use state::{Event, PaymentState};
 use std::sync::Arc;
 use std::time::Duration;
 use store::{Actor, Changes, StoreError, Written};
@@ -26,6 +26,9 @@ pub struct SagaDeps {
     pub policy: RetryPolicy,
     /// How long until the reconciler looks at a payment handed over to it.
     pub stale_after: Duration,
+    /// How long a send can take, every try and backoff included, plus a margin: a send
+    /// starts only from a write that holds the payment at least this long.
+    pub send_hold: Duration,
 }
 
 pub fn charge_request(p: &payment::Model) -> ChargeRequest {
@@ -57,6 +60,17 @@ pub async fn send(
     current: payment::Model,
     actor: Actor,
 ) -> Result<payment::Model, StoreError> {
+    // Once any try of this payment may have reached the gateway (it was marked ENVIADA
+    // before), only a readable charge status settles it: a refusal of this send proves
+    // nothing about the charge an earlier one may have made.
+    let maybe_sent_before = current.state == PaymentState::Enviada.as_str();
+    // The write that marks it sent also holds it for the whole send, so nobody else can
+    // claim and send it meanwhile. A request already holds it for its lease, which is
+    // longer than any send (checked at start); a worker's claim may be running out.
+    let hold_until = (actor != Actor::Request).then(|| {
+        let hold = store::now_plus(deps.send_hold);
+        current.claimed_until.map_or(hold, |held| held.max(hold))
+    });
     let reason = match (actor, current.state.as_str()) {
         (Actor::Request, _) => "sending to the gateway",
         (_, "EN_PROCESO") => "sending to the gateway (registered, never sent)",
@@ -68,6 +82,7 @@ pub async fn send(
         Event::Send,
         Changes {
             count_attempt: true,
+            hold_until,
             ..Changes::default()
         },
         actor,
@@ -80,7 +95,13 @@ pub async fn send(
     };
     failpoint::hit("after_mark_sent");
 
-    let outcome = retry::charge(deps.gateway.as_ref(), &charge_request(&sent), deps.policy).await;
+    let outcome = retry::charge(
+        deps.gateway.as_ref(),
+        &charge_request(&sent),
+        deps.policy,
+        maybe_sent_before,
+    )
+    .await;
     failpoint::hit("after_gateway_response");
     tracing::info!(payment_id = %sent.id, outcome = outcome_name(&outcome), "gateway answered");
     record_outcome(deps, sent, outcome, actor).await

@@ -11,8 +11,10 @@
 //! Both write exactly the same rows.
 
 use crate::db::{begin_write, now};
-use crate::domain::NewPayment;
+use crate::domain::{NewPayment, PaymentMethod};
 use crate::entities::{idempotency_key as keys, payment, payment_transition as transitions};
+use crate::idempotency::IdempotencyKey;
+use crate::idempotency::derive::derive;
 use crate::representation::{Answer, answer};
 use crate::saga::state::{Event, IllegalTransition, PaymentState, transition};
 use chrono::{DateTime, Utc};
@@ -61,6 +63,11 @@ pub fn chrono_after(d: Duration) -> chrono::TimeDelta {
     chrono::TimeDelta::from_std(d).unwrap_or(chrono::TimeDelta::MAX)
 }
 
+/// Now plus `d`.
+pub fn now_plus(d: Duration) -> DateTime<Utc> {
+    now() + chrono_after(d)
+}
+
 /// The idempotency key row for `(merchant, key)`: the one query of a replay.
 pub async fn find_key(
     db: &impl ConnectionTrait,
@@ -105,10 +112,9 @@ pub async fn find_payment(
 
 pub struct Registration<'a> {
     pub merchant: Uuid,
-    pub key: &'a str,
+    pub key: &'a IdempotencyKey,
     pub fingerprint: &'a str,
     pub payment: &'a NewPayment,
-    pub gateway_key: String,
     pub lease: Duration,
 }
 
@@ -119,15 +125,67 @@ pub enum Registered {
     Taken(keys::Model),
 }
 
+/// What one attempt to register came to.
+enum Inserted {
+    Both,
+    /// Nothing written: the key is taken, or (on PostgreSQL, where one statement cannot
+    /// tell the two apart) a payment of this generation of the key exists.
+    Neither,
+    /// Nothing written: a payment of this key exists with this generation or a later one
+    /// (the key was purged and is being reused).
+    GenerationUsed,
+}
+
 /// tx1: the key and the payment, together or not at all. The key's primary key settles
 /// the race between simultaneous duplicates.
+///
+/// The payment's id and gateway key are derived from the key's generation
+/// (`idempotency::derive`): 0 for a key never seen, one more than its last payment's for
+/// a key reused after the reaper purged it. The first try assumes 0 (nearly every key is
+/// new), guarded by "no payment of this key has this generation or a later one"; only a
+/// reused key pays for a second try.
 pub async fn register(db: &DatabaseConnection, reg: Registration<'_>) -> Result<Registered, DbErr> {
+    let mut generation = 0;
+    // Each round either registers, finds the key taken, or learns a higher generation;
+    // generations only grow, so this ends. The bound only guards against a bug.
+    for _ in 0..16 {
+        let model = new_payment(&reg, generation);
+        let inserted = if one_statement(db) {
+            sql::register(db, &model, reg.fingerprint).await?
+        } else {
+            register_in_transaction(db, &model, reg.fingerprint).await?
+        };
+        match inserted {
+            Inserted::Both => return Ok(Registered::Started(model)),
+            Inserted::Neither => {
+                if let Some(existing) = find_key(db, reg.merchant, reg.key.as_str()).await? {
+                    return Ok(Registered::Taken(existing));
+                }
+            }
+            Inserted::GenerationUsed => {}
+        }
+        match last_generation(db, reg.merchant, reg.key.as_str()).await? {
+            Some(last) if last >= generation => generation = last + 1,
+            // Inserted by someone else and purged already: vanishingly rare; let the
+            // client retry.
+            _ => return Err(DbErr::RecordNotInserted),
+        }
+    }
+    Err(DbErr::RecordNotInserted)
+}
+
+/// The payment `reg` registers as the `generation`-th of its key.
+fn new_payment(reg: &Registration<'_>, generation: i32) -> payment::Model {
     let at = now();
-    let payment_id = Uuid::now_v7();
-    let model = payment::Model {
-        id: payment_id,
+    let derived = derive(
+        reg.merchant,
+        reg.key,
+        u32::try_from(generation).unwrap_or(0),
+    );
+    payment::Model {
+        id: derived.payment_id,
         merchant_id: reg.merchant,
-        idempotency_key: reg.key.to_owned(),
+        idempotency_key: reg.key.as_str().to_owned(),
         credit_id: reg.payment.credit_id.clone(),
         amount: reg.payment.amount,
         currency: reg.payment.currency.code().to_owned(),
@@ -140,27 +198,33 @@ pub async fn register(db: &DatabaseConnection, reg: Registration<'_>) -> Result<
         state: PaymentState::EnProceso.as_str().to_owned(),
         version: 0,
         attempts: 0,
-        gateway_key: reg.gateway_key,
+        gateway_key: derived.gateway_key,
         gateway_ref: None,
         decline_code: None,
         next_attempt_at: at + chrono_after(reg.lease),
         created_at: at,
         updated_at: at,
-    };
-    let inserted = if one_statement(db) {
-        sql::register(db, &model, reg.fingerprint).await?
-    } else {
-        register_in_transaction(db, &model, reg.fingerprint).await?
-    };
-    if !inserted {
-        return match find_key(db, reg.merchant, reg.key).await? {
-            Some(existing) => Ok(Registered::Taken(existing)),
-            // Inserted by someone else and purged already: vanishingly rare; let the
-            // client retry.
-            None => Err(DbErr::RecordNotInserted),
-        };
+        generation,
+        // The request holds the payment as long as it holds the key.
+        claimed_until: Some(at + chrono_after(reg.lease)),
     }
-    Ok(Registered::Started(model))
+}
+
+/// The generation of the last payment `merchant` made with client key `key`, if any.
+async fn last_generation(
+    db: &impl ConnectionTrait,
+    merchant: Uuid,
+    key: &str,
+) -> Result<Option<i32>, DbErr> {
+    payment::Entity::find()
+        .select_only()
+        .column_as(payment::Column::Generation.max(), "last")
+        .filter(payment::Column::MerchantId.eq(merchant))
+        .filter(payment::Column::IdempotencyKey.eq(key))
+        .into_tuple::<Option<i32>>()
+        .one(db)
+        .await
+        .map(Option::flatten)
 }
 
 /// The key row of a payment being registered: leased to its request until the payment's
@@ -180,13 +244,28 @@ fn key_row(p: &payment::Model, fingerprint: &str) -> keys::Model {
     }
 }
 
-/// tx1 on SQLite; false (and nothing written) when the key was taken.
+/// tx1 on SQLite. `BEGIN IMMEDIATE` holds the database, so the generation check and the
+/// inserts see the same data.
 async fn register_in_transaction(
     db: &DatabaseConnection,
     model: &payment::Model,
     fingerprint: &str,
-) -> Result<bool, DbErr> {
+) -> Result<Inserted, DbErr> {
     let tx = begin_write(db).await?;
+    if find_key(&tx, model.merchant_id, &model.idempotency_key)
+        .await?
+        .is_some()
+    {
+        tx.rollback().await?;
+        return Ok(Inserted::Neither);
+    }
+    if last_generation(&tx, model.merchant_id, &model.idempotency_key)
+        .await?
+        .is_some_and(|last| last >= model.generation)
+    {
+        tx.rollback().await?;
+        return Ok(Inserted::GenerationUsed);
+    }
     // The payment first (the key row refers to it); a lost race rolls both back.
     payment::Entity::insert(payment::ActiveModel::from(model.clone()))
         .exec_without_returning(&tx)
@@ -197,10 +276,10 @@ async fn register_in_transaction(
         .await?;
     if !matches!(inserted, TryInsertResult::Inserted(n) if n > 0) {
         tx.rollback().await?;
-        return Ok(false);
+        return Ok(Inserted::Neither);
     }
     tx.commit().await?;
-    Ok(true)
+    Ok(Inserted::Both)
 }
 
 /// What a fenced write came to.
@@ -216,7 +295,9 @@ pub enum Written {
 pub struct Changes {
     pub gateway_ref: Option<String>,
     pub decline_code: Option<String>,
-    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// The writer holds the payment until then (`claimed_until`, and `next_attempt_at`
+    /// so the reconciler leaves it alone): set by a send, whose claim must outlast it.
+    pub hold_until: Option<DateTime<Utc>>,
     pub count_attempt: bool,
 }
 
@@ -260,8 +341,15 @@ fn plan(
     if let Some(code) = changes.decline_code {
         next.decline_code = Some(code);
     }
-    if let Some(at) = changes.next_attempt_at {
-        next.next_attempt_at = at;
+    if let Some(until) = changes.hold_until {
+        next.next_attempt_at = until;
+        next.claimed_until = Some(until);
+    }
+    if !matches!(to, PaymentState::EnProceso | PaymentState::Enviada) {
+        // Nobody sends it again: nobody holds it, and what was kept only to resend the
+        // same request (card token, payer e-mail and document) is erased.
+        next.claimed_until = None;
+        next.payment_method = current.payment_method.as_deref().map(without_personal_data);
     }
     // A resend keeps the state but is a decision worth an audit row.
     let resend = event == Event::Send && actor != Actor::Request;
@@ -281,6 +369,26 @@ fn plan(
         answer,
         release_lease: false,
     })
+}
+
+/// A stored `medioPago` with only what identifies the method (`id`, Stripe's `cliente`,
+/// installments and issuer): the card token and the payer's e-mail and document are needed
+/// only while the payment may be sent again. One that does not parse is erased whole.
+fn without_personal_data(stored: &str) -> String {
+    serde_json::from_str(stored)
+        .ok()
+        .and_then(|value| PaymentMethod::from_json(&value).ok())
+        .map(|method| {
+            PaymentMethod {
+                token: None,
+                payer_email: None,
+                document: None,
+                ..method
+            }
+            .to_json()
+            .to_string()
+        })
+        .unwrap_or_else(|| "{}".to_owned())
 }
 
 /// Applies `event` to `current` in `tx`: the fenced update, the audit row, and — when the
@@ -372,6 +480,14 @@ async fn write_fenced<C: ConnectionTrait>(
             Expr::value(next.next_attempt_at),
         )
         .col_expr(payment::Column::UpdatedAt, Expr::value(next.updated_at))
+        .col_expr(
+            payment::Column::ClaimedUntil,
+            Expr::value(next.claimed_until),
+        )
+        .col_expr(
+            payment::Column::PaymentMethod,
+            Expr::value(next.payment_method.clone()),
+        )
         .filter(payment::Column::Id.eq(current.id))
         .filter(payment::Column::Version.eq(current.version))
         .exec(tx)
@@ -433,6 +549,7 @@ pub async fn hand_over(
     next.version += 1;
     next.updated_at = now();
     next.next_attempt_at = due_at;
+    next.claimed_until = None;
     if gateway_ref.is_some() {
         next.gateway_ref = gateway_ref;
     }
@@ -477,8 +594,8 @@ fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
 }
 
 /// Claims up to `limit` payments due at `due_by`, oldest first: each claimed row gets
-/// `next_attempt_at = now + claim_for` and a new version, so no other process picks it
-/// until this one is done or has died. PostgreSQL skips rows another process is claiming
+/// `next_attempt_at = claimed_until = now + claim_for` and a new version, so no other
+/// process picks it until this one is done or has died. PostgreSQL skips rows another process is claiming
 /// (`FOR UPDATE SKIP LOCKED`); SQLite's `BEGIN IMMEDIATE` serializes claims.
 pub async fn claim_due(
     db: &DatabaseConnection,
@@ -494,19 +611,58 @@ pub async fn claim_due(
     claim(db, query, claim_for).await
 }
 
-/// Claims one payment whether it is due or not (on-call's "this one, now", a client retry
-/// that found its request abandoned). None if it is final or under review. It may take a
-/// payment another pass is working on: the version fence and the shared gateway key keep
-/// that safe (at worst one more look-up or an idempotent resend).
+/// Which payments `claim_one` may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum When {
+    /// Due or not (on-call's "this one, now").
+    Now,
+    /// Only if it is due (a client retry that found its payment unsettled): however often
+    /// clients retry, the provider is asked about a payment at most once per backoff step.
+    IfDue,
+}
+
+/// Claims one payment that nobody holds (see `claimed_until`): never one a request, a
+/// reconciliation pass or another "reconcile now" is working on, so two workers never
+/// send one payment at once. None if it is held, final, under review, or (`IfDue`) not
+/// due yet.
 pub async fn claim_one(
     db: &DatabaseConnection,
     id: Uuid,
+    when: When,
     claim_for: Duration,
 ) -> Result<Option<payment::Model>, DbErr> {
-    let query = payment::Entity::find()
+    let at = now();
+    let mut query = payment::Entity::find()
         .filter(payment::Column::Id.eq(id))
-        .filter(reconcilable());
+        .filter(reconcilable())
+        .filter(
+            sea_orm::Condition::any()
+                .add(payment::Column::ClaimedUntil.is_null())
+                .add(payment::Column::ClaimedUntil.lte(at)),
+        );
+    if when == When::IfDue {
+        query = query.filter(payment::Column::NextAttemptAt.lte(at));
+    }
     Ok(claim(db, query, claim_for).await?.into_iter().next())
+}
+
+/// Extends a claim this worker holds to `until` (a fenced write): a payment claimed
+/// ahead, taken up after waiting for a slot, starts its work with a whole claim left.
+/// `Fenced` if someone else took it meanwhile.
+pub async fn renew_claim(
+    db: &DatabaseConnection,
+    current: &payment::Model,
+    until: DateTime<Utc>,
+) -> Result<Written, DbErr> {
+    let mut next = current.clone();
+    next.version += 1;
+    next.next_attempt_at = until;
+    next.claimed_until = Some(until);
+    Ok(if write_fenced(db, current, &next).await? {
+        Written::Applied(Box::new(next))
+    } else {
+        Written::Fenced
+    })
 }
 
 async fn claim(
@@ -528,6 +684,7 @@ async fn claim(
     // so each becomes exactly version + 1.
     payment::Entity::update_many()
         .col_expr(payment::Column::NextAttemptAt, Expr::value(until))
+        .col_expr(payment::Column::ClaimedUntil, Expr::value(Some(until)))
         .col_expr(
             payment::Column::Version,
             Expr::col(payment::Column::Version).add(1),
@@ -539,6 +696,7 @@ async fn claim(
     for row in &mut rows {
         row.version += 1;
         row.next_attempt_at = until;
+        row.claimed_until = Some(until);
     }
     Ok(rows)
 }
@@ -554,6 +712,7 @@ pub async fn reschedule(
     next.attempts += 1;
     next.updated_at = now();
     next.next_attempt_at = due_at;
+    next.claimed_until = None;
     Ok(if write_fenced(db, current, &next).await? {
         Written::Applied(Box::new(next))
     } else {
@@ -571,7 +730,7 @@ fn one_statement(db: &DatabaseConnection) -> bool {
 /// together or not at all. The parts that depend on the fenced payment update read its
 /// `RETURNING` rows, so a fenced statement writes nothing.
 mod sql {
-    use super::{KEY_COMPLETED, KEY_IN_PROGRESS, Plan, key_row};
+    use super::{Inserted, KEY_COMPLETED, KEY_IN_PROGRESS, Plan, key_row};
     use crate::entities::{idempotency_key as keys, payment};
     use chrono::{DateTime, Utc};
     use sea_orm::sea_query::{LockBehavior, LockType};
@@ -611,26 +770,33 @@ mod sql {
     // the text numbers them. Formatting the text on every call was about a tenth of a
     // create's instructions in pagos (callgrind, docs/benchmarks.md).
 
-    /// tx1: the key first, its primary key settling the race between duplicates; the
-    /// payment only if the key went in (its foreign key is checked at the end of the
-    /// statement, when both rows exist). False, and nothing written, when the key was
-    /// taken. Both rows are written whole, column by column from their entities, as the
-    /// SQLite path inserts them: a column added to an entity is written here too.
+    /// tx1: the key first, its primary key settling the race between duplicates, and
+    /// only if no payment of this key has this generation or a later one (a key reused
+    /// after a purge); the payment only if the key went in (its foreign key is checked at
+    /// the end of the statement, when both rows exist). Nothing written when the key was
+    /// taken or the generation used (one statement cannot say which). Both rows are
+    /// written whole, column by column from their entities, as the SQLite path inserts
+    /// them: a column added to an entity is written here too.
     pub(super) async fn register(
         db: &DatabaseConnection,
         p: &payment::Model,
         fingerprint: &str,
-    ) -> Result<bool, DbErr> {
+    ) -> Result<Inserted, DbErr> {
         static SQL: OnceLock<String> = OnceLock::new();
         let key = key_row(p, fingerprint);
         let mut v = Params::default();
         let key_values = bind_row(&mut v, &key);
         let payment_values = bind_row(&mut v, p);
+        let merchant = v.add(p.merchant_id);
+        let client_key = v.add(p.idempotency_key.clone());
+        let generation = v.add(p.generation);
         let sql = SQL.get_or_init(|| {
             format!(
                 r#"WITH "registered" AS (
   INSERT INTO "idempotency_keys" ({})
-  VALUES ({})
+  SELECT {} WHERE NOT EXISTS (
+    SELECT 1 FROM "payments"
+    WHERE "merchant_id" = {merchant} AND "idempotency_key" = {client_key} AND "generation" >= {generation})
   ON CONFLICT ("merchant_id", "key") DO NOTHING
   RETURNING "payment_id")
 INSERT INTO "payments" ({})
@@ -642,7 +808,11 @@ SELECT {} FROM "registered""#,
             )
         });
         let done = db.execute_raw(v.statement(sql)).await?;
-        Ok(done.rows_affected() == 1)
+        Ok(if done.rows_affected() == 1 {
+            Inserted::Both
+        } else {
+            Inserted::Neither
+        })
     }
 
     /// Binds every column of `model`, in the entity's column order; the placeholders of
@@ -691,6 +861,8 @@ SELECT {} FROM "registered""#,
             v.add(next.decline_code.clone()),
             v.add(next.next_attempt_at),
             v.add(next.updated_at),
+            v.add(next.claimed_until),
+            v.add(next.payment_method.clone()),
             v.add(current.id),
             v.add(current.version),
         ];
@@ -735,7 +907,7 @@ SELECT {} FROM "registered""#,
     }
 
     fn write_plan_sql(
-        moved: [Placeholder; 9],
+        moved: [Placeholder; 11],
         audit: Option<[Placeholder; 6]>,
         answer: Option<([Placeholder; 4], [Placeholder; 4])>,
         released: Option<[Placeholder; 4]>,
@@ -748,12 +920,14 @@ SELECT {} FROM "registered""#,
             decline_code,
             next_attempt_at,
             updated_at,
+            claimed_until,
+            payment_method,
             id,
             current_version,
         ] = moved;
         let mut sql = format!(
             r#"WITH "moved" AS (
-  UPDATE "payments" SET "state" = {state}, "version" = {version}, "attempts" = {attempts}, "gateway_ref" = {gateway_ref}, "decline_code" = {decline_code}, "next_attempt_at" = {next_attempt_at}, "updated_at" = {updated_at}
+  UPDATE "payments" SET "state" = {state}, "version" = {version}, "attempts" = {attempts}, "gateway_ref" = {gateway_ref}, "decline_code" = {decline_code}, "next_attempt_at" = {next_attempt_at}, "updated_at" = {updated_at}, "claimed_until" = {claimed_until}, "payment_method" = {payment_method}
   WHERE "id" = {id} AND "version" = {current_version}
   RETURNING "id")"#
         );
@@ -803,9 +977,9 @@ SELECT {} FROM "registered""#,
             .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
             .build(DbBackend::Postgres);
         let mut v = Params(picked.values.map(|values| values.0).unwrap_or_default());
+        let until = v.add(until);
         let sql = format!(
-            r#"UPDATE "payments" SET "next_attempt_at" = {}, "version" = "version" + 1 WHERE "id" = ANY(ARRAY({})) RETURNING *"#,
-            v.add(until),
+            r#"UPDATE "payments" SET "next_attempt_at" = {until}, "claimed_until" = {until}, "version" = "version" + 1 WHERE "id" = ANY(ARRAY({})) RETURNING *"#,
             picked.sql
         );
         payment::Entity::find()

@@ -159,6 +159,8 @@ mod tests {
             next_attempt_at: at,
             created_at: at,
             updated_at: at,
+            generation: 0,
+            claimed_until: None,
         }
     }
 

@@ -122,6 +122,8 @@ impl World {
                 next_attempt_at: at,
                 created_at: at,
                 updated_at: at,
+                generation: 0,
+                claimed_until: None,
             }));
         }
         for chunk in rows.chunks(100) {
