@@ -5,14 +5,18 @@
 mod helpers;
 
 mod bad_input;
+mod claims;
 mod cli;
 mod crash;
 mod gateway_faults;
 mod mercadopago;
 mod merchants;
+mod money_path;
 mod ops;
 mod payments;
 mod process;
+mod providers;
 mod reconciler;
+mod restore;
 mod stripe;
 mod webhooks;

@@ -1,0 +1,266 @@
+//! Two `pagos serve` processes never work on one payment at once, whatever the gateway
+//! does: a payment claimed ahead by one pass that waited for a free slot, then was taken
+//! up, must not be claimed and sent by another process while its send is in flight — even
+//! through a gateway (like Mercado Pago) that does not answer 409 to a second request with
+//! a key still in flight.
+
+use crate::helpers::{API_KEY, Backend, TestDatabase};
+use crate::process::Serve;
+use pagos::entities::payment;
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter, TransactionTrait,
+};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+/// A reference-protocol gateway that holds every charge for `hold` (just under pagos'
+/// timeout) and records, per gateway key, when each request was in flight. Charges are
+/// idempotent by key, as the protocol says; the overlap is what the test watches.
+#[derive(Clone)]
+struct Recording {
+    hold: Duration,
+    state: Arc<Mutex<Recorded>>,
+}
+
+#[derive(Default)]
+struct Recorded {
+    /// gateway key → the intervals its requests were in flight.
+    in_flight: HashMap<String, Vec<(Instant, Instant)>>,
+    /// gateway key → the charge made for it.
+    charges: HashMap<String, Value>,
+    /// references, in the order their first request arrived.
+    arrivals: Vec<String>,
+}
+
+impl Recording {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Recorded> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn arrivals(&self) -> Vec<String> {
+        self.lock().arrivals.clone()
+    }
+
+    /// Keys that ever had two requests in flight at once.
+    fn overlapping(&self) -> Vec<String> {
+        let state = self.lock();
+        state
+            .in_flight
+            .iter()
+            .filter(|(_, spans)| {
+                spans
+                    .iter()
+                    .enumerate()
+                    .any(|(i, (a0, a1))| spans[i + 1..].iter().any(|(b0, b1)| a0 < b1 && b0 < a1))
+            })
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+}
+
+impl Respond for Recording {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let key = request.headers["idempotency-key"]
+            .to_str()
+            .unwrap_or_default()
+            .to_owned();
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or_default();
+        let reference = body["reference"].as_str().unwrap_or_default().to_owned();
+        let now = Instant::now();
+        let mut state = self.lock();
+        state
+            .in_flight
+            .entry(key.clone())
+            .or_default()
+            .push((now, now + self.hold));
+        if !state.arrivals.contains(&reference) {
+            state.arrivals.push(reference.clone());
+        }
+        let n = state.charges.len() + 1;
+        let charge = state
+            .charges
+            .entry(key)
+            .or_insert_with(|| {
+                json!({"id": format!("ch_{n}"), "status": "succeeded", "amount": body["amount"],
+                       "currency": body["currency"], "reference": reference, "declineCode": null})
+            })
+            .clone();
+        ResponseTemplate::new(201)
+            .set_body_json(charge)
+            .set_delay(self.hold)
+    }
+}
+
+/// Payments registered and never sent (EN_PROCESO), due now: what a crash between
+/// registering and sending leaves.
+async fn due_never_sent(db: &DatabaseConnection, n: usize) -> Vec<uuid::Uuid> {
+    let merchant = pagos::entities::merchant::Entity::find()
+        .one(db)
+        .await
+        .expect("query")
+        .expect("merchant")
+        .id;
+    let at = pagos::db::now() - chrono::TimeDelta::minutes(1);
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let id = uuid::Uuid::now_v7();
+        ids.push(id);
+        payment::Entity::insert(payment::ActiveModel::from(payment::Model {
+            id,
+            merchant_id: merchant,
+            idempotency_key: format!("k-{i}"),
+            credit_id: "42".into(),
+            amount: 250_000,
+            currency: "COP".into(),
+            description: None,
+            payment_method: None,
+            state: "EN_PROCESO".into(),
+            version: 0,
+            attempts: 0,
+            gateway_key: format!("gk-claims-{i}"),
+            gateway_ref: None,
+            decline_code: None,
+            // The older one first: the pass takes it first, and claims the other ahead.
+            next_attempt_at: at + chrono::TimeDelta::seconds(i as i64),
+            created_at: at,
+            updated_at: at,
+            generation: 0,
+            claimed_until: None,
+        }))
+        .exec_without_returning(db)
+        .await
+        .expect("seed");
+    }
+    ids
+}
+
+async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..600 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// A pass takes the first payment and claims the second ahead; the second waits for the
+/// slot. Here the wait is real: the database holds the first payment's row locked (a slow
+/// database, a long lock), so the first payment's work cannot end, until the second's
+/// claim has only a second and a half left. Then the second is taken up and sent, and its
+/// claim runs out in the middle of its send — unless taking a payment up renews a claim
+/// that is running short, and marking it sent holds it for the whole send. A second
+/// process, polling every 200 ms, must never send it at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payment_claimed_ahead_is_never_sent_by_two_processes_at_once() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let database = TestDatabase::create(&backend).await;
+    let settings = crate::helpers::settings(&database.url, &[]);
+    let db = pagos::app::open_and_migrate(&settings.database)
+        .await
+        .expect("database");
+    pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
+        .await
+        .expect("merchant");
+    let ids = due_never_sent(&db, 2).await;
+
+    let hold = Duration::from_millis(2500);
+    let gateway = MockServer::start().await;
+    let recording = Recording {
+        hold,
+        state: Arc::default(),
+    };
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(recording.clone())
+        .mount(&gateway)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": []})))
+        .mount(&gateway)
+        .await;
+    let uri = gateway.uri();
+    let args = [
+        "--database-url",
+        &database.url,
+        "--gateway",
+        "http",
+        "--gateway-url",
+        &uri,
+        "--gateway-timeout",
+        "3s",
+        "--gateway-retries",
+        "0",
+        "--lease",
+        "4s",
+        "--stale-after",
+        "1s",
+        "--reconcile-every",
+        "200ms",
+        "--reconcile-concurrency",
+        "1",
+    ];
+
+    let first = Serve::start(&args, &[]).await;
+    wait_for("the first payment's send", async || {
+        recording.arrivals().len() == 1
+    })
+    .await;
+    assert_eq!(recording.arrivals(), [ids[0].to_string()]);
+    // The first payment's row stays locked: its work cannot end, the slot stays taken.
+    let lock = db.begin().await.expect("transaction");
+    lock.execute_raw(sea_orm::Statement::from_sql_and_values(
+        sea_orm::DbBackend::Postgres,
+        r#"SELECT 1 FROM "payments" WHERE "id" = $1 FOR UPDATE"#,
+        [ids[0].into()],
+    ))
+    .await
+    .expect("lock the first payment");
+    let second = Serve::start(&args, &[]).await;
+    // The second payment is claimed ahead, waiting for the slot.
+    let ahead = ids[1];
+    let mut claim_ends = None;
+    wait_for("the second payment claimed ahead", async || {
+        claim_ends = payment::Entity::find_by_id(ahead)
+            .one(&db)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|p| p.claimed_until);
+        claim_ends.is_some()
+    })
+    .await;
+    let claim_ends = claim_ends.expect("claimed");
+    let left = (claim_ends - pagos::db::now() - chrono::TimeDelta::milliseconds(1500))
+        .to_std()
+        .expect("a claim lasts 11 s: most of it is left");
+    tokio::time::sleep(left).await;
+    lock.rollback().await.expect("release the lock");
+
+    wait_for("both payments settled", async || {
+        payment::Entity::find()
+            .filter(payment::Column::State.eq("COMPLETADA"))
+            .all(&db)
+            .await
+            .is_ok_and(|all| all.len() == 2)
+    })
+    .await;
+    // Whatever else the second process might do, give it time to do it.
+    tokio::time::sleep(hold + Duration::from_secs(1)).await;
+    assert!(
+        recording.overlapping().is_empty(),
+        "a gateway key had two requests in flight at once: {:?}\nfirst:\n{}\nsecond:\n{}",
+        recording.overlapping(),
+        first.logs(),
+        second.logs()
+    );
+    assert_eq!(recording.lock().charges.len(), 2, "one charge per payment");
+    drop((first, second));
+}

@@ -1,0 +1,407 @@
+//! The money path's wrong answers, each reproduced: a refusal after a try that may have
+//! charged, a gateway key a gateway still remembers, the gateway's "same key, other
+//! request" read as a decline, provider look-ups driven by client retries, two workers on
+//! one payment, and personal data kept after it is needed. Once per provider where the
+//! provider's answers matter.
+
+use crate::helpers::{Backend, FakeGateway, Spawn, TestApp, json, payment_body};
+use crate::on_both_databases;
+use crate::providers::{ALL, FakeProvider, Next, Provider};
+use pagos::entities::{idempotency_key, payment};
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use serde_json::Value;
+use std::time::Duration;
+
+on_both_databases!(
+    a_refused_resend_leaves_a_payment_that_may_be_charged_unknown_until_a_lookup_reads_it,
+    a_key_the_gateway_holds_for_another_request_is_never_a_decline,
+    a_client_key_reused_after_its_purge_reaches_the_gateway_with_a_new_key,
+    a_payment_made_before_generations_keeps_its_key_and_reference,
+    client_retries_ask_the_provider_at_most_once_per_backoff_step,
+    reconcile_now_leaves_a_payment_a_request_is_sending_alone,
+    card_token_and_payer_data_are_erased_once_the_payment_is_final,
+);
+
+async fn pay(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
+    let answer = app.pay(key, body).await;
+    let status = answer.status().as_u16();
+    (status, json(answer).await)
+}
+
+async fn a_refused_resend_leaves_a_payment_that_may_be_charged_unknown_until_a_lookup_reads_it(
+    backend: Backend,
+) {
+    for provider in ALL {
+        let (app, fake) = provider
+            .spawn(
+                backend.clone(),
+                &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
+            )
+            .await;
+        // Charged, but the answer is lost to the timeout; search has not indexed it yet.
+        fake.next([Next::AnswerLate(Duration::from_secs(2))]);
+        fake.search_lags(true);
+        let (status, pago) = pay(&app, "k-charged", &provider.payment(250_000)).await;
+        assert_eq!(status, 202, "{provider:?}: {pago}");
+        let id = pago["id"].as_str().expect("id").to_owned();
+
+        // The reconciler resends with the same key: the credentials were rolled (401),
+        // then the request is refused (400). Neither says anything about the charge the
+        // first try made.
+        for refused in [401, 400] {
+            fake.next([Next::Refuse(refused)]);
+            let report = app.reconcile(&id).await;
+            assert_eq!(report["fallidos"], 0, "{provider:?} {refused}: {report}");
+            let payment = app.payment(&id).await;
+            assert_eq!(
+                payment.state, "ENVIADA",
+                "{provider:?}: a {refused} to a resend must not fail a payment that may be charged"
+            );
+        }
+        let (status, _) = pay(&app, "k-charged", &provider.payment(250_000)).await;
+        assert_eq!(
+            status, 202,
+            "{provider:?}: the retry is told it is not known yet"
+        );
+
+        // Search catches up: the charge is read, and that settles it.
+        fake.search_lags(false);
+        let report = app.reconcile(&id).await;
+        assert_eq!(report["completados"], 1, "{provider:?}: {report}");
+        let (status, pago) = pay(&app, "k-charged", &provider.payment(250_000)).await;
+        assert_eq!(status, 201, "{provider:?}: {pago}");
+        assert_eq!(pago["estado"], "COMPLETADA");
+        assert_eq!(fake.charges(), 1, "{provider:?}");
+    }
+}
+
+async fn a_key_the_gateway_holds_for_another_request_is_never_a_decline(backend: Backend) {
+    for provider in ALL {
+        let (app, fake) = provider
+            .spawn(backend.clone(), &["--gateway-retries", "0"])
+            .await;
+        let merchant = merchant_id(&app).await;
+        // The provider already holds a charge under the gateway key this payment will
+        // derive, made with another request (a payment the database forgot, retried
+        // with another amount).
+        let derived = pagos::idempotency::derive::derive(
+            merchant,
+            &pagos::idempotency::IdempotencyKey::parse(b"k-held").expect("key"),
+            0,
+        );
+        preload(&app, &fake, &derived.gateway_key, &derived.payment_id, 999).await;
+        let (status, pago) = pay(&app, "k-held", &provider.payment(250_000)).await;
+        assert_eq!(
+            status, 202,
+            "{provider:?}: a charge exists under the key; pagos must not say no money was taken: {pago}"
+        );
+        assert_eq!(pago["estado"], "ENVIADA");
+        // The look-up finds that charge: for another amount, so on-call decides.
+        let id = pago["id"].as_str().expect("id").to_owned();
+        let report = app.reconcile(&id).await;
+        assert_eq!(report["revisionManual"], 1, "{provider:?}: {report}");
+        assert_eq!(fake.charges(), 1, "{provider:?}: never a second charge");
+    }
+}
+
+/// Makes the provider hold a charge for `amount` under `key` and `reference`, by sending
+/// it the request another pagos payment would have sent.
+async fn preload(
+    app: &TestApp,
+    fake: &FakeProvider,
+    key: &str,
+    reference: &uuid::Uuid,
+    amount: i64,
+) {
+    use pagos::gateway::ChargeRequest;
+    let body = fake.provider.payment(amount);
+    let method = pagos::domain::NewPayment::from_json(&body)
+        .expect("valid body")
+        .payment_method;
+    let settings = crate::helpers::settings(
+        "sqlite::memory:",
+        &[
+            "--gateway",
+            fake.provider.gateway(),
+            "--gateway-url",
+            &app.gateway().uri(),
+            "--gateway-secret",
+            "gw_secret",
+        ],
+    );
+    let gateway = pagos::app::gateway_from(&settings).expect("gateway");
+    gateway
+        .charge(&ChargeRequest {
+            gateway_key: key.to_owned(),
+            amount,
+            currency: "COP".into(),
+            reference: *reference,
+            description: None,
+            payment_method: method,
+        })
+        .await
+        .expect("charged");
+}
+
+async fn merchant_id(app: &TestApp) -> uuid::Uuid {
+    pagos::entities::merchant::Entity::find()
+        .filter(pagos::entities::merchant::Column::Name.eq("acme"))
+        .one(&app.db)
+        .await
+        .expect("query")
+        .expect("acme")
+        .id
+}
+
+async fn purge_every_final_key(app: &TestApp) {
+    let far = pagos::db::now() + chrono::TimeDelta::days(2);
+    let purged = pagos::reaper::purge_keys(&app.db, far)
+        .await
+        .expect("purge");
+    assert!(purged > 0, "the key was purged");
+}
+
+async fn a_client_key_reused_after_its_purge_reaches_the_gateway_with_a_new_key(backend: Backend) {
+    for provider in ALL {
+        let (app, fake) = provider.spawn(backend.clone(), &[]).await;
+        let mut ids = Vec::new();
+        for round in 0..3 {
+            let (status, pago) = pay(&app, "k-reused", &provider.payment(250_000)).await;
+            assert_eq!(status, 201, "{provider:?} round {round}: {pago}");
+            let answer = pay(&app, "k-reused", &provider.payment(250_000)).await;
+            assert_eq!(answer.1["id"], pago["id"], "a replay while the key lives");
+            ids.push(pago["id"].as_str().expect("id").to_owned());
+            purge_every_final_key(&app).await;
+        }
+        let made = fake.creates();
+        assert_eq!(made.len(), 3, "{provider:?}: three payments, three sends");
+        assert_eq!(
+            fake.charges(),
+            3,
+            "{provider:?}: each reuse of the key is a new charge, not the old one replayed"
+        );
+        for (i, a) in made.iter().enumerate() {
+            for b in &made[i + 1..] {
+                assert_ne!(a.key, b.key, "{provider:?}: a gateway key per payment");
+                assert_ne!(a.reference, b.reference, "{provider:?}");
+            }
+        }
+        assert!(made[1].key.ends_with("-1") && made[2].key.ends_with("-2"));
+        for (i, id) in ids.iter().enumerate() {
+            let p = app.payment(id).await;
+            assert_eq!(p.generation, i as i32);
+            assert_eq!(p.state, "COMPLETADA");
+            assert_eq!(made[i].reference, *id, "the reference is the payment id");
+        }
+    }
+}
+
+async fn a_payment_made_before_generations_keeps_its_key_and_reference(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let fake = FakeProvider::new(Provider::Reference);
+    fake.mount(app.gateway()).await;
+    fake.search_lags(true);
+    let merchant = merchant_id(&app).await;
+    // A payment registered by an earlier version: a random (v7) id, the gateway key of
+    // that version, sent once and left ENVIADA; its key already purged.
+    let id = uuid::Uuid::now_v7();
+    let old_key = format!(
+        "pagos-{}-{}",
+        merchant.simple(),
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"k-legacy"))
+    );
+    let at = pagos::db::now() - chrono::TimeDelta::minutes(5);
+    payment::Entity::insert(payment::ActiveModel::from(payment::Model {
+        id,
+        merchant_id: merchant,
+        idempotency_key: "k-legacy".into(),
+        credit_id: "42".into(),
+        amount: 250_000,
+        currency: "COP".into(),
+        description: None,
+        payment_method: None,
+        state: "ENVIADA".into(),
+        version: 1,
+        attempts: 1,
+        gateway_key: old_key.clone(),
+        gateway_ref: None,
+        decline_code: None,
+        next_attempt_at: at,
+        created_at: at,
+        updated_at: at,
+        generation: 0,
+        claimed_until: None,
+    }))
+    .exec_without_returning(&app.db)
+    .await
+    .expect("seed");
+
+    let report = app.reconcile(&id.to_string()).await;
+    assert_eq!(report["completados"], 1, "{report}");
+    let made = fake.creates();
+    assert_eq!(made.len(), 1);
+    assert_eq!(
+        made[0].key, old_key,
+        "resent with the key it was first sent with"
+    );
+    assert_eq!(
+        made[0].reference,
+        id.to_string(),
+        "and its own id as reference"
+    );
+
+    // The same client key now makes a new payment: a gateway key of its own.
+    let (status, pago) = pay(&app, "k-legacy", &payment_body()).await;
+    assert_eq!(status, 201, "{pago}");
+    assert_ne!(pago["id"], id.to_string());
+    let made = fake.creates();
+    assert_eq!(made.len(), 2);
+    assert_eq!(made[1].key, format!("{old_key}-1"));
+    assert_eq!(fake.charges(), 2);
+}
+
+async fn lookups(app: &TestApp) -> usize {
+    app.gateway()
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.method.as_str() == "GET" && r.url.path() == "/v1/charges")
+        .count()
+}
+
+async fn retry_many(app: &TestApp, key: &'static str, n: usize) -> Vec<reqwest::Response> {
+    let body = payment_body();
+    let retries = (0..n).map(|_| app.pay(key, &body));
+    futures::future::join_all(retries).await
+}
+
+async fn client_retries_ask_the_provider_at_most_once_per_backoff_step(backend: Backend) {
+    let app = Spawn::new(backend)
+        .flags(&["--stale-after", "1s"])
+        .start()
+        .await;
+    FakeGateway::charging("pending").mount(app.gateway()).await;
+    let (status, pago) = pay(&app, "k-pending", &payment_body()).await;
+    assert_eq!(status, 202, "{pago}");
+    let id = pago["id"].as_str().expect("id").to_owned();
+    assert_eq!(lookups(&app).await, 0);
+
+    // Due: ten retries at once. One of them asks the provider; the others get the
+    // current state without asking.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    for answer in retry_many(&app, "k-pending", 10).await {
+        assert_eq!(answer.status(), 202);
+        let wait: u64 = answer.headers()["retry-after"]
+            .to_str()
+            .expect("ascii")
+            .parse()
+            .expect("seconds");
+        assert!(wait >= 1, "Retry-After says when asking again makes sense");
+    }
+    assert_eq!(lookups(&app).await, 1, "one look-up for ten retries");
+
+    // Its request died holding the key (a crash, simulated): however many retries come,
+    // one look-up per backoff step.
+    let past = pagos::db::now() - chrono::TimeDelta::seconds(5);
+    idempotency_key::Entity::update_many()
+        .col_expr(idempotency_key::Column::LeaseUntil, Expr::value(Some(past)))
+        .exec(&app.db)
+        .await
+        .expect("expire the lease");
+    payment::Entity::update_many()
+        .col_expr(payment::Column::NextAttemptAt, Expr::value(past))
+        .col_expr(payment::Column::ClaimedUntil, Expr::value(Some(past)))
+        .filter(payment::Column::Id.eq(uuid::Uuid::parse_str(&id).expect("uuid")))
+        .exec(&app.db)
+        .await
+        .expect("make it due");
+    for _ in 0..10 {
+        let (status, _) = pay(&app, "k-pending", &payment_body()).await;
+        assert_eq!(status, 202);
+    }
+    assert_eq!(
+        lookups(&app).await,
+        2,
+        "ten retries of a key whose request died: one more look-up, not ten"
+    );
+}
+
+async fn reconcile_now_leaves_a_payment_a_request_is_sending_alone(backend: Backend) {
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-timeout", "5s"])
+        .start()
+        .await;
+    let fake = FakeGateway::charging("succeeded").with_delay(Duration::from_millis(1500));
+    fake.mount(app.gateway()).await;
+    let slow = {
+        let app_url = app.url("/v1/pagos");
+        let http = app.http.clone();
+        tokio::spawn(async move {
+            http.post(app_url)
+                .bearer_auth(crate::helpers::API_KEY)
+                .header("Idempotency-Key", "k-busy")
+                .json(&payment_body())
+                .send()
+                .await
+                .expect("sent")
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let id = payment::Entity::find()
+        .one(&app.db)
+        .await
+        .expect("query")
+        .expect("registered")
+        .id
+        .to_string();
+    let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
+    assert!(
+        detail["pago"]["retenidoHasta"].is_string(),
+        "on-call sees who holds it until when: {detail}"
+    );
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["omitidos"], 1, "the request holds it: {report}");
+    assert_eq!(lookups(&app).await, 0, "nobody else asked the provider");
+    assert_eq!(slow.await.expect("joined").status(), 201);
+    assert_eq!(fake.charges_for(&id), 1);
+}
+
+async fn card_token_and_payer_data_are_erased_once_the_payment_is_final(backend: Backend) {
+    let (app, fake) = Provider::MercadoPago
+        .spawn(
+            backend,
+            &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
+        )
+        .await;
+    fake.next([Next::AnswerLate(Duration::from_secs(2))]);
+    let (status, pago) = pay(&app, "k-card", &Provider::MercadoPago.payment(250_000)).await;
+    assert_eq!(status, 202, "{pago}");
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let stored = app.payment(&id).await.payment_method.expect("kept");
+    assert!(
+        stored.contains("ff8080814c11e237014c1ff593b57b4d") && stored.contains("payer@example.com"),
+        "kept while the payment may be resent: {stored}"
+    );
+
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["completados"], 1, "{report}");
+    let stored = app
+        .payment(&id)
+        .await
+        .payment_method
+        .expect("the method's id stays");
+    let method: Value = serde_json::from_str(&stored).expect("JSON");
+    assert_eq!(method["id"], "visa", "{stored}");
+    for gone in [
+        "ff8080814c11e237014c1ff593b57b4d",
+        "payer@example.com",
+        "1020304050",
+    ] {
+        assert!(!stored.contains(gone), "{gone} erased: {stored}");
+    }
+    let (status, pago) = pay(&app, "k-card", &Provider::MercadoPago.payment(250_000)).await;
+    assert_eq!(status, 201);
+    assert_eq!(pago["medioPago"]["id"], "visa");
+}

@@ -1,0 +1,372 @@
+//! The three gateway protocols pagos speaks — the reference protocol, Stripe and Mercado
+//! Pago — as one table, and one stateful fake provider on wiremock that keeps each one's
+//! rules: a key sent again with the same request replays its charge, a key sent with
+//! another request is refused the way that provider refuses it, search finds charges by
+//! reference unless its index lags. Scenarios about the money path run once per provider.
+
+use crate::helpers::{Backend, Spawn, TestApp};
+use serde_json::{Value, json};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provider {
+    Reference,
+    Stripe,
+    MercadoPago,
+}
+
+pub const ALL: [Provider; 3] = [Provider::Reference, Provider::Stripe, Provider::MercadoPago];
+
+/// What a created charge looks like to the test, whatever the provider.
+#[derive(Clone, Debug)]
+pub struct Made {
+    pub key: String,
+    pub reference: String,
+    pub body: Vec<u8>,
+}
+
+impl Provider {
+    /// `PAGOS_GATEWAY`.
+    pub fn gateway(self) -> &'static str {
+        match self {
+            Provider::Reference => "http",
+            Provider::Stripe => "stripe",
+            Provider::MercadoPago => "mercadopago",
+        }
+    }
+
+    /// A payment request this provider can charge (`monto` in minor units of COP).
+    pub fn payment(self, monto: i64) -> Value {
+        let mut body = json!({"creditoId": "42", "monto": monto, "moneda": "COP"});
+        match self {
+            Provider::Reference => {}
+            Provider::Stripe => {
+                body["medioPago"] =
+                    json!({"id": "pm_1Q0PsIJvEtkwdCNYMSaVuRz6", "cliente": "cus_NffrFeUfNV2Hib"});
+            }
+            Provider::MercadoPago => {
+                body["medioPago"] = json!({"id": "visa", "token": "ff8080814c11e237014c1ff593b57b4d",
+                    "email": "payer@example.com", "documento": {"tipo": "CC", "numero": "1020304050"}});
+            }
+        }
+        body
+    }
+
+    fn create_path(self) -> &'static str {
+        match self {
+            Provider::Reference => "/v1/charges",
+            Provider::Stripe => "/v1/payment_intents",
+            Provider::MercadoPago => "/v1/payments",
+        }
+    }
+
+    fn search_path(self) -> &'static str {
+        match self {
+            Provider::Reference => "/v1/charges",
+            Provider::Stripe => "/v1/payment_intents/search",
+            Provider::MercadoPago => "/v1/payments/search",
+        }
+    }
+
+    fn key_header(self) -> &'static str {
+        match self {
+            Provider::MercadoPago => "x-idempotency-key",
+            _ => "idempotency-key",
+        }
+    }
+
+    /// The reference and amount (as the provider writes it) of a create request.
+    fn read_create(self, request: &Request) -> (String, Value) {
+        match self {
+            Provider::Reference => {
+                let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+                (
+                    body["reference"].as_str().unwrap_or_default().to_owned(),
+                    body["amount"].clone(),
+                )
+            }
+            Provider::Stripe => {
+                let form: HashMap<String, String> = url::form_urlencoded::parse(&request.body)
+                    .into_owned()
+                    .collect();
+                (
+                    form.get("metadata[pagos_reference]")
+                        .cloned()
+                        .unwrap_or_default(),
+                    form.get("amount")
+                        .and_then(|a| a.parse::<i64>().ok())
+                        .map_or(Value::Null, Value::from),
+                )
+            }
+            Provider::MercadoPago => {
+                let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+                (
+                    body["external_reference"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    body["transaction_amount"].clone(),
+                )
+            }
+        }
+    }
+
+    fn read_search(self, request: &Request) -> String {
+        let query = |name: &str| {
+            request
+                .url
+                .query_pairs()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        };
+        match self {
+            Provider::Reference => query("reference"),
+            Provider::Stripe => query("query")
+                .trim_start_matches("metadata['pagos_reference']:'")
+                .trim_end_matches('\'')
+                .to_owned(),
+            Provider::MercadoPago => query("external_reference"),
+        }
+    }
+
+    /// A succeeded charge, numbered `n`, about `reference`.
+    fn charge(self, n: usize, reference: &str, amount: &Value) -> Value {
+        match self {
+            Provider::Reference => json!({"id": format!("ch_fake_{n}"), "status": "succeeded",
+                "amount": amount, "currency": "COP", "reference": reference, "declineCode": null}),
+            Provider::Stripe => {
+                let mut pi: Value = serde_json::from_str(include_str!(
+                    "../../fixtures/stripe/payment_intent_succeeded.json"
+                ))
+                .expect("fixture");
+                pi["id"] = Value::from(format!("pi_fake{n:020}"));
+                pi["amount"] = amount.clone();
+                pi["currency"] = Value::from("cop");
+                pi["metadata"]["pagos_reference"] = Value::from(reference);
+                pi
+            }
+            Provider::MercadoPago => {
+                let mut payment: Value = serde_json::from_str(include_str!(
+                    "../../fixtures/mercadopago/payment_approved.json"
+                ))
+                .expect("fixture");
+                payment["id"] = Value::from(1_000_000_000u64 + n as u64);
+                payment["transaction_amount"] = amount.clone();
+                payment["currency_id"] = Value::from("COP");
+                payment["external_reference"] = Value::from(reference);
+                payment
+            }
+        }
+    }
+
+    fn search_answer(self, found: Vec<Value>) -> Value {
+        match self {
+            Provider::Reference => json!({ "data": found }),
+            Provider::Stripe => {
+                json!({"object": "search_result", "url": "/v1/payment_intents/search",
+                       "has_more": false, "next_page": null, "data": found})
+            }
+            Provider::MercadoPago => {
+                json!({"paging": {"total": found.len(), "limit": 30, "offset": 0}, "results": found})
+            }
+        }
+    }
+
+    /// How the provider answers a key sent again with another request.
+    fn key_reused(self) -> ResponseTemplate {
+        match self {
+            Provider::Reference => {
+                ResponseTemplate::new(422).set_body_json(json!({"error": "idempotency_key_reused"}))
+            }
+            Provider::Stripe => ResponseTemplate::new(400).set_body_json(
+                serde_json::from_str::<Value>(include_str!(
+                    "../../fixtures/stripe/error_idempotency_key_reused.json"
+                ))
+                .expect("fixture"),
+            ),
+            // Mercado Pago documents a 409 when "the idempotency process is not
+            // fulfilled" for a payment already made under the key.
+            Provider::MercadoPago => ResponseTemplate::new(409).set_body_json(json!({
+                "status": "409", "error": "Conflict",
+                "message": "The process has not been completed yet. Try again later.",
+                "cause": [{"code": "401001", "description": "idempotency key already used"}]})),
+        }
+    }
+
+    /// A refusal with `status` in the provider's own error shape.
+    fn refusal(self, status: u16) -> ResponseTemplate {
+        let body = match self {
+            Provider::Reference => json!({"error": "refused"}),
+            Provider::Stripe => json!({"error": {"type": "invalid_request_error",
+                "message": if status == 401 { "Invalid API Key provided: sk_live_****" }
+                           else { "Received unknown parameter" }}}),
+            Provider::MercadoPago => json!({"status": status, "error": "bad_request",
+                "message": if status == 401 { "invalid access token" } else { "invalid parameters" },
+                "cause": []}),
+        };
+        ResponseTemplate::new(status).set_body_json(body)
+    }
+
+    /// Starts pagos on `backend` against a fresh fake of this provider.
+    pub async fn spawn(self, backend: Backend, flags: &[&'static str]) -> (TestApp, FakeProvider) {
+        let app = Spawn::new(backend)
+            .provider(self.gateway())
+            .flags(flags)
+            .start()
+            .await;
+        let fake = FakeProvider::new(self);
+        fake.mount(app.gateway()).await;
+        (app, fake)
+    }
+}
+
+/// What the next create requests get, in order, before the provider's own rules apply.
+#[derive(Clone, Debug)]
+pub enum Next {
+    /// Charge, but answer after this long (past pagos' timeout: the answer is lost).
+    AnswerLate(Duration),
+    /// Refuse with this status, without charging.
+    Refuse(u16),
+}
+
+#[derive(Clone)]
+pub struct FakeProvider {
+    pub provider: Provider,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// key → (the request's body, the charge made).
+    by_key: HashMap<String, (Vec<u8>, Value)>,
+    by_reference: HashMap<String, Vec<Value>>,
+    script: VecDeque<Next>,
+    search_lags: bool,
+    charges: usize,
+    creates: Vec<Made>,
+}
+
+impl FakeProvider {
+    pub fn new(provider: Provider) -> Self {
+        FakeProvider {
+            provider,
+            state: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next create requests get these answers, in order.
+    pub fn next(&self, answers: impl IntoIterator<Item = Next>) {
+        self.lock().script.extend(answers);
+    }
+
+    /// While set, search finds nothing (its index has not caught up).
+    pub fn search_lags(&self, lags: bool) {
+        self.lock().search_lags = lags;
+    }
+
+    /// Charges made (never counting replays).
+    pub fn charges(&self) -> usize {
+        self.lock().charges
+    }
+
+    /// Every create request received, in order.
+    pub fn creates(&self) -> Vec<Made> {
+        self.lock().creates.clone()
+    }
+
+    pub async fn mount(&self, server: &MockServer) {
+        Mock::given(method("POST"))
+            .and(path(self.provider.create_path()))
+            .respond_with(Create(self.clone()))
+            .mount(server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(self.provider.search_path()))
+            .respond_with(Search(self.clone()))
+            .mount(server)
+            .await;
+    }
+}
+
+struct Create(FakeProvider);
+
+impl Respond for Create {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let provider = self.0.provider;
+        let key = request
+            .headers
+            .get(provider.key_header())
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let (reference, amount) = provider.read_create(request);
+        let mut state = self.0.lock();
+        state.creates.push(Made {
+            key: key.clone(),
+            reference: reference.clone(),
+            body: request.body.clone(),
+        });
+        let delay = match state.script.pop_front() {
+            Some(Next::Refuse(status)) => return provider.refusal(status),
+            Some(Next::AnswerLate(delay)) => delay,
+            None => Duration::ZERO,
+        };
+        if let Some((body, charge)) = state.by_key.get(&key) {
+            return if *body == request.body {
+                ResponseTemplate::new(200)
+                    .insert_header("Idempotent-Replayed", "true")
+                    .set_body_json(charge.clone())
+                    .set_delay(delay)
+            } else {
+                provider.key_reused()
+            };
+        }
+        state.charges += 1;
+        let charge = provider.charge(state.charges, &reference, &amount);
+        state
+            .by_key
+            .insert(key, (request.body.clone(), charge.clone()));
+        state
+            .by_reference
+            .entry(reference)
+            .or_default()
+            .push(charge.clone());
+        let status = if provider == Provider::Stripe {
+            200
+        } else {
+            201
+        };
+        ResponseTemplate::new(status)
+            .set_body_json(charge)
+            .set_delay(delay)
+    }
+}
+
+struct Search(FakeProvider);
+
+impl Respond for Search {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let provider = self.0.provider;
+        let reference = provider.read_search(request);
+        let state = self.0.lock();
+        let found = if state.search_lags {
+            vec![]
+        } else {
+            state
+                .by_reference
+                .get(&reference)
+                .cloned()
+                .unwrap_or_default()
+        };
+        ResponseTemplate::new(200).set_body_json(provider.search_answer(found))
+    }
+}
