@@ -246,7 +246,20 @@ pub struct Settings {
     #[arg(long, env = "PAGOS_RECONCILE_CONCURRENCY", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(1..=1024), value_name = "N")]
     pub reconcile_concurrency: u32,
+    /// Largest `monto` accepted, in minor units of any currency (1 to 9007199254740991,
+    /// 2^53 − 1); above it, or above the gateway's own maximum for the currency, a payment
+    /// is refused with 422 before anything is stored
+    #[arg(long = "max-monto", env = "PAGOS_MAX_MONTO", default_value_t = DEFAULT_MAX_AMOUNT,
+          value_parser = clap::value_parser!(i64).range(1..=crate::domain::MAX_SAFE_AMOUNT),
+          value_name = "MINOR_UNITS")]
+    pub max_amount: i64,
 }
+
+/// `PAGOS_MAX_MONTO`'s default: twelve digits, the most any gateway pagos speaks to
+/// documents for one charge (Stripe, card payments), so by default nothing a provider
+/// could charge is refused, while a runaway value (an id or a timestamp pasted into
+/// `monto`, a scale applied twice) is. README, "Settings", says how to choose one.
+pub const DEFAULT_MAX_AMOUNT: i64 = 999_999_999_999;
 
 /// A setting that is well-formed alone but wrong with the others.
 #[derive(Debug, thiserror::Error)]
@@ -316,6 +329,23 @@ impl Settings {
                     "{} is shorter than PAGOS_GATEWAY_KEY_WINDOW ({}); keys must outlive the gateway's memory of them",
                     humantime::format_duration(self.key_retention),
                     humantime::format_duration(self.gateway_key_window),
+                ),
+            });
+        }
+        // A signed webhook is accepted while its timestamp is within the tolerance either
+        // way, so its id must be remembered at least that long twice over: forgotten
+        // sooner, a captured request could be replayed and applied again.
+        let replay_window = Duration::from_secs(
+            2 * u64::try_from(crate::webhooks::signature::TOLERANCE_SECS).unwrap_or(300),
+        );
+        if self.message_retention < replay_window {
+            return Err(SettingError {
+                env: "PAGOS_MESSAGE_RETENTION",
+                flag: "message-retention",
+                message: format!(
+                    "{} is shorter than {}: a signed webhook is accepted up to 5 minutes either side of its timestamp, and its id must be remembered that long",
+                    humantime::format_duration(self.message_retention),
+                    humantime::format_duration(replay_window),
                 ),
             });
         }
@@ -584,6 +614,35 @@ mod tests {
         assert_eq!(
             s.validate().expect_err("refused").env,
             "PAGOS_MERCADOPAGO_WEBHOOK_SECRET"
+        );
+    }
+
+    #[test]
+    fn the_maximum_amount_defaults_to_twelve_digits_and_cannot_pass_two_to_the_53() {
+        assert_eq!(serve_settings(&[]).max_amount, 999_999_999_999);
+        assert_eq!(
+            serve_settings(&["--max-monto", "9007199254740991"]).max_amount,
+            crate::domain::MAX_SAFE_AMOUNT
+        );
+        for bad in ["9007199254740992", "0", "-1", "1e6"] {
+            let arg = format!("--max-monto={bad}");
+            let err = parse(&["serve", &arg]).expect_err(bad);
+            let line = one_line_error_in(&err, ["serve".to_owned()]);
+            assert!(line.contains("PAGOS_MAX_MONTO"), "{line}");
+        }
+    }
+
+    #[test]
+    fn webhook_ids_must_outlive_the_signature_tolerance() {
+        let s = serve_settings(&["--message-retention", "5m"]);
+        assert_eq!(
+            s.validate().expect_err("refused").env,
+            "PAGOS_MESSAGE_RETENTION"
+        );
+        assert!(
+            serve_settings(&["--message-retention", "10m"])
+                .validate()
+                .is_ok()
         );
     }
 

@@ -195,12 +195,16 @@ async fn create_payment(
         )
     })?;
     // What the configured gateway needs is checked here, before anything is stored.
-    let new_payment =
-        NewPayment::from_json_for(&value, state.settings.gateway.needs()).map_err(|errors| {
-            let campos: Vec<&str> = errors.iter().map(|e| e.campo.as_str()).collect();
-            tracing::info!(%merchant, ?campos, "payment request failed validation");
-            validation_failed(errors)
-        })?;
+    let new_payment = NewPayment::from_json_for(
+        &value,
+        state.settings.gateway.needs(),
+        state.settings.max_amount,
+    )
+    .map_err(|errors| {
+        let campos: Vec<&str> = errors.iter().map(|e| e.campo.as_str()).collect();
+        tracing::info!(%merchant, ?campos, "payment request failed validation");
+        validation_failed(errors)
+    })?;
     let fingerprint = idempotency::fingerprint("POST", PAYMENTS_PATH, &value);
 
     let begun = idempotency::begin(

@@ -4,6 +4,7 @@
 
 mod helpers;
 
+mod amount_limits;
 mod bad_input;
 mod cli;
 mod crash;
