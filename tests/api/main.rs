@@ -15,5 +15,6 @@ mod ops;
 mod payments;
 mod process;
 mod reconciler;
+mod startup;
 mod stripe;
 mod webhooks;
