@@ -35,7 +35,8 @@ fn rate(s: &str) -> Result<f64, String> {
                   set with the environment variable shown next to it."
 )]
 pub struct Cli {
-    /// Log format on stderr (RUST_LOG filters what is logged)
+    /// Log format on stderr (RUST_LOG filters what is logged; colour only when stderr is a
+    /// terminal, never with NO_COLOR set)
     #[arg(long, env = "PAGOS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
 
@@ -96,7 +97,8 @@ pub struct MerchantAddArgs {
 
 #[derive(Clone, Debug, Args)]
 pub struct DatabaseArgs {
-    /// Database URL: sqlite://FILE?mode=rwc (embedded) or postgres://USER@HOST/DB
+    /// Database URL: sqlite://FILE?mode=rwc (embedded) or postgres://USER@HOST/DB. One
+    /// connection is tried at start: if it fails, one line says where and why (exit 2)
     #[arg(
         long = "database-url",
         env = "PAGOS_DATABASE_URL",
@@ -239,7 +241,8 @@ pub struct Settings {
     /// Unresolved this long → REVISION_MANUAL
     #[arg(long, env = "PAGOS_GIVE_UP_AFTER", default_value = "24h", value_parser = positive_duration, value_name = "DURATION")]
     pub give_up_after: Duration,
-    /// Processed webhook ids are kept this long (duplicates older than this are not caught)
+    /// Processed webhook ids are kept this long (duplicates older than this are not
+    /// caught); at least 10m, twice the 5-minute signature tolerance
     #[arg(long, env = "PAGOS_MESSAGE_RETENTION", default_value = "7d", value_parser = positive_duration, value_name = "DURATION")]
     pub message_retention: Duration,
     /// Concurrent provider look-ups of one reconciliation pass
