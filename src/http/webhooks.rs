@@ -400,13 +400,16 @@ async fn receive_mercadopago_notification(
     let replay_key = mp::replay_key(request_id, &signature);
     let mut seen = false;
     for key in [replay_key.as_str(), notification.id.as_str()] {
-        seen = seen
-            || webhooks::already_processed(&state.db, SOURCE_MERCADOPAGO, key)
-                .await
-                .map_err(|err| {
-                    tracing::error!(notification_id = notification.id, error = %err, "webhook dedupe read failed");
-                    unavailable("The notification could not be applied now; nothing was recorded. Deliver it again.")
-                })?;
+        let known = webhooks::already_processed(&state.db, SOURCE_MERCADOPAGO, key)
+            .await
+            .map_err(|err| {
+                tracing::error!(notification_id = notification.id, error = %err, "webhook dedupe read failed");
+                unavailable("The notification could not be applied now; nothing was recorded. Deliver it again.")
+            })?;
+        if known {
+            seen = true;
+            break;
+        }
     }
     if seen {
         tracing::info!(
