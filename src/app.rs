@@ -12,7 +12,7 @@ use crate::gateway::sandbox::{Outcomes, SandboxGateway};
 use crate::gateway::stripe::StripeGateway;
 use crate::http::auth::{MerchantCache, hash_api_key};
 use crate::http::{self, AppState};
-use crate::metrics::{MeteredGateway, Metrics};
+use crate::metrics::{MeteredGateway, MeteredMercadoPago, Metrics};
 use crate::reconciler;
 use crate::saga::SagaDeps;
 use anyhow::Context;
@@ -30,6 +30,9 @@ pub struct App {
     pub settings: Settings,
     pub merchants: MerchantCache,
     pub metrics: Arc<Metrics>,
+    /// With `PAGOS_GATEWAY=mercadopago`: the client notifications ask for a payment's
+    /// state, built once (its connections are reused) and metered.
+    pub mercadopago: Option<MeteredMercadoPago>,
 }
 
 impl App {
@@ -113,8 +116,8 @@ pub async fn pin_gateway(db: &DatabaseConnection, settings: &Settings) -> anyhow
     Ok(())
 }
 
-/// The Mercado Pago adapter the settings describe (also what the webhook consumer asks
-/// for a notified payment's state).
+/// The Mercado Pago adapter the settings describe (also, built once in `build`, what
+/// notifications ask for a notified payment's state).
 pub fn mercadopago_from(settings: &Settings) -> anyhow::Result<MercadoPagoGateway> {
     let (url, secret) = provider_settings(settings)?;
     Ok(MercadoPagoGateway::new(
@@ -147,12 +150,24 @@ fn provider_settings(settings: &Settings) -> anyhow::Result<(&str, &str)> {
 /// Builds the application over an open database.
 pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gateway>) -> AppState {
     let metrics = Arc::new(Metrics::new());
+    let mercadopago = (settings.gateway == GatewayKind::MercadoPago)
+        .then(|| match mercadopago_from(&settings) {
+            Ok(adapter) => Some(MeteredMercadoPago::new(adapter, metrics.clone())),
+            Err(err) => {
+                // The same settings built the charging adapter: only a broken TLS setup
+                // gets here. Notifications then answer 503 and the reconciler settles.
+                tracing::error!(error = %err, "cannot build the Mercado Pago client for notifications");
+                None
+            }
+        })
+        .flatten();
     AppState(Arc::new(App {
         db,
         gateway: MeteredGateway::wrap(gateway, metrics.clone()),
         settings,
         merchants: MerchantCache::default(),
         metrics,
+        mercadopago,
     }))
 }
 

@@ -35,7 +35,8 @@ fn rate(s: &str) -> Result<f64, String> {
                   set with the environment variable shown next to it."
 )]
 pub struct Cli {
-    /// Log format on stderr (RUST_LOG filters what is logged)
+    /// Log format on stderr (RUST_LOG filters what is logged; colour only when stderr is a
+    /// terminal, never with NO_COLOR set)
     #[arg(long, env = "PAGOS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
 
@@ -96,7 +97,8 @@ pub struct MerchantAddArgs {
 
 #[derive(Clone, Debug, Args)]
 pub struct DatabaseArgs {
-    /// Database URL: sqlite://FILE?mode=rwc (embedded) or postgres://USER@HOST/DB
+    /// Database URL: sqlite://FILE?mode=rwc (embedded) or postgres://USER@HOST/DB. One
+    /// connection is tried at start: if it fails, one line says where and why (exit 2)
     #[arg(
         long = "database-url",
         env = "PAGOS_DATABASE_URL",
@@ -251,17 +253,31 @@ pub struct Settings {
     /// Unresolved this long → REVISION_MANUAL
     #[arg(long, env = "PAGOS_GIVE_UP_AFTER", default_value = "24h", value_parser = positive_duration, value_name = "DURATION")]
     pub give_up_after: Duration,
-    /// Processed webhook ids are kept this long (duplicates older than this are not caught)
+    /// Processed webhook ids are kept this long (duplicates older than this are not
+    /// caught); at least 10m, twice the 5-minute signature tolerance
     #[arg(long, env = "PAGOS_MESSAGE_RETENTION", default_value = "7d", value_parser = positive_duration, value_name = "DURATION")]
     pub message_retention: Duration,
     /// Concurrent provider look-ups of one reconciliation pass
     #[arg(long, env = "PAGOS_RECONCILE_CONCURRENCY", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(1..=1024), value_name = "N")]
     pub reconcile_concurrency: u32,
+    /// Largest `monto` accepted, in minor units of any currency (1 to 9007199254740991,
+    /// 2^53 − 1); above it, or above the gateway's own maximum for the currency, a payment
+    /// is refused with 422 before anything is stored
+    #[arg(long = "max-monto", env = "PAGOS_MAX_MONTO", default_value_t = DEFAULT_MAX_AMOUNT,
+          value_parser = clap::value_parser!(i64).range(1..=crate::domain::MAX_SAFE_AMOUNT),
+          value_name = "MINOR_UNITS")]
+    pub max_amount: i64,
 }
 
 /// Added to a send's worst case when a payment is held for it (`Settings::send_hold`).
 pub const SEND_MARGIN: Duration = Duration::from_secs(5);
+
+/// `PAGOS_MAX_MONTO`'s default: twelve digits, the most any gateway pagos speaks to
+/// documents for one charge (Stripe, card payments), so by default nothing a provider
+/// could charge is refused, while a runaway value (an id or a timestamp pasted into
+/// `monto`, a scale applied twice) is. README, "Settings", says how to choose one.
+pub const DEFAULT_MAX_AMOUNT: i64 = 999_999_999_999;
 
 /// A setting that is well-formed alone but wrong with the others.
 #[derive(Debug, thiserror::Error)]
@@ -355,6 +371,23 @@ impl Settings {
                     "{} is shorter than PAGOS_GATEWAY_KEY_WINDOW ({}); keys must outlive the gateway's memory of them",
                     humantime::format_duration(self.key_retention),
                     humantime::format_duration(self.gateway_key_window),
+                ),
+            });
+        }
+        // A signed webhook is accepted while its timestamp is within the tolerance either
+        // way, so its id must be remembered at least that long twice over: forgotten
+        // sooner, a captured request could be replayed and applied again.
+        let replay_window = Duration::from_secs(
+            2 * u64::try_from(crate::webhooks::signature::TOLERANCE_SECS).unwrap_or(300),
+        );
+        if self.message_retention < replay_window {
+            return Err(SettingError {
+                env: "PAGOS_MESSAGE_RETENTION",
+                flag: "message-retention",
+                message: format!(
+                    "{} is shorter than {}: a signed webhook is accepted up to 5 minutes either side of its timestamp, and its id must be remembered that long",
+                    humantime::format_duration(self.message_retention),
+                    humantime::format_duration(replay_window),
                 ),
             });
         }
@@ -644,6 +677,35 @@ mod tests {
         assert_eq!(
             s.validate().expect_err("refused").env,
             "PAGOS_MERCADOPAGO_WEBHOOK_SECRET"
+        );
+    }
+
+    #[test]
+    fn the_maximum_amount_defaults_to_twelve_digits_and_cannot_pass_two_to_the_53() {
+        assert_eq!(serve_settings(&[]).max_amount, 999_999_999_999);
+        assert_eq!(
+            serve_settings(&["--max-monto", "9007199254740991"]).max_amount,
+            crate::domain::MAX_SAFE_AMOUNT
+        );
+        for bad in ["9007199254740992", "0", "-1", "1e6"] {
+            let arg = format!("--max-monto={bad}");
+            let err = parse(&["serve", &arg]).expect_err(bad);
+            let line = one_line_error_in(&err, ["serve".to_owned()]);
+            assert!(line.contains("PAGOS_MAX_MONTO"), "{line}");
+        }
+    }
+
+    #[test]
+    fn webhook_ids_must_outlive_the_signature_tolerance() {
+        let s = serve_settings(&["--message-retention", "5m"]);
+        assert_eq!(
+            s.validate().expect_err("refused").env,
+            "PAGOS_MESSAGE_RETENTION"
+        );
+        assert!(
+            serve_settings(&["--message-retention", "10m"])
+                .validate()
+                .is_ok()
         );
     }
 

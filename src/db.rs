@@ -3,28 +3,49 @@
 //! SQLite runs in WAL mode with a busy timeout, and every write transaction is
 //! `BEGIN IMMEDIATE`: a deferred transaction that reads and then writes can fail at once
 //! with "database is locked" (busy timeouts do not apply to lock upgrades).
+//!
+//! Before the pool is built, one connection is tried alone, so that a database that cannot
+//! be opened stops the process within seconds with one line saying where and why (the
+//! pool would retry until its acquire timeout and say only that it timed out). Those lines
+//! never carry the URL: it may hold a password.
 
-use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+use sea_orm::sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
+use sea_orm::sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous,
+};
+use sea_orm::sqlx::{self, Connection as _};
 use sea_orm::{
     ConnectOptions, Database, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
     SqliteTransactionMode, TransactionOptions, TransactionTrait,
 };
+use std::str::FromStr;
 use std::time::Duration;
 
 use crate::config::DatabaseArgs;
 
+/// How long the first connection may take before start-up gives up on it.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the database could not be opened. Each renders as one line naming what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error("invalid setting PAGOS_DATABASE_URL (--database-url): {0}")]
     BadUrl(String),
+    /// `target` says which server and database (never the URL), `cause` what went wrong.
+    #[error("cannot open {target}: {cause} (PAGOS_DATABASE_URL, --database-url)")]
+    Unreachable { target: String, cause: String },
     #[error("cannot open the database: {0}")]
-    Unreachable(DbErr),
+    Pool(DbErr),
 }
 
 pub async fn connect(args: &DatabaseArgs) -> Result<DatabaseConnection, OpenError> {
     let url = args.url.as_str();
     let is_sqlite = url.starts_with("sqlite:");
-    if !is_sqlite && !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
+    if is_sqlite {
+        probe_sqlite(url).await?;
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        probe_postgres(url).await?;
+    } else {
         return Err(OpenError::BadUrl(
             "expected sqlite://FILE?mode=rwc or postgres://USER@HOST/DB".into(),
         ));
@@ -50,9 +71,185 @@ pub async fn connect(args: &DatabaseArgs) -> Result<DatabaseConnection, OpenErro
                 .busy_timeout(Duration::from_secs(10))
                 .foreign_keys(true)
         });
-    Database::connect(options)
+    Database::connect(options).await.map_err(OpenError::Pool)
+}
+
+/// One PostgreSQL connection, alone, within `PROBE_TIMEOUT`; closed at once.
+async fn probe_postgres(url: &str) -> Result<(), OpenError> {
+    // Parsed by hand first: sqlx's errors for a malformed URL are vaguer, and ours never
+    // repeat the URL.
+    url::Url::parse(url).map_err(|e| {
+        OpenError::BadUrl(format!(
+            "not a valid URL ({e}); expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+        ))
+    })?;
+    let options =
+        PgConnectOptions::from_str(url).map_err(|e| OpenError::BadUrl(bad_url_reason(&e)))?;
+    let target = postgres_target(&options);
+    let unreachable = |cause: String| OpenError::Unreachable {
+        target: target.clone(),
+        cause,
+    };
+    let is_socket = options.get_socket().is_some() || options.get_host().starts_with('/');
+    if !is_socket {
+        // Resolved apart, so that a name that does not resolve is told as such.
+        let host = options
+            .get_host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let resolved = tokio::time::timeout(
+            PROBE_TIMEOUT,
+            tokio::net::lookup_host((host, options.get_port())),
+        )
         .await
-        .map_err(OpenError::Unreachable)
+        .map(|found| found.map(|mut addresses| addresses.next().is_some()));
+        match resolved {
+            Ok(Ok(true)) => {}
+            Ok(_) => {
+                return Err(unreachable(format!(
+                    "host {:?} not found (no address for that name)",
+                    options.get_host()
+                )));
+            }
+            Err(_) => {
+                return Err(unreachable(format!(
+                    "the name {:?} did not resolve within {}s",
+                    options.get_host(),
+                    PROBE_TIMEOUT.as_secs()
+                )));
+            }
+        }
+    }
+    match tokio::time::timeout(PROBE_TIMEOUT, PgConnection::connect_with(&options)).await {
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+            Ok(())
+        }
+        Ok(Err(err)) => Err(unreachable(postgres_cause(&err, &options))),
+        Err(_) => Err(unreachable(format!(
+            "no answer within {}s (a firewall dropping packets, or the wrong host or port?)",
+            PROBE_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// "PostgreSQL at HOST:PORT, database "D" as user "U"".
+fn postgres_target(options: &PgConnectOptions) -> String {
+    let place = match options.get_socket() {
+        Some(socket) => format!("socket {}", socket.display()),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
+    let user = options.get_username();
+    let database = options.get_database().unwrap_or(user);
+    format!("PostgreSQL at {place}, database {database:?} as user {user:?}")
+}
+
+/// What a failed first connection means, in words an operator can act on.
+fn postgres_cause(err: &sqlx::Error, options: &PgConnectOptions) -> String {
+    let user = options.get_username();
+    let database = options.get_database().unwrap_or(user);
+    match err {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            "connection refused: nothing listens there (is PostgreSQL running, on that host and port?)".into()
+        }
+        // rustls reports a refused certificate through the socket, as an I/O error.
+        sqlx::Error::Io(io)
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>()) =>
+        {
+            tls_cause(io, options)
+        }
+        sqlx::Error::Io(io) => format!("the connection failed: {io}"),
+        sqlx::Error::Tls(tls) => tls_cause(tls, options),
+        sqlx::Error::Database(db) => {
+            let message = db.message();
+            match db.code().as_deref() {
+                Some("28P01") => format!("authentication failed: {message} (check the user and password in the URL)"),
+                Some("28000") if message.contains("does not exist") => {
+                    format!("no such role: {message} (create it, or fix the user in the URL)")
+                }
+                Some("28000") => format!("authentication refused: {message} (see the server's pg_hba.conf)"),
+                Some("3D000") => format!(
+                    "no such database: {message} (create it with `createdb {database}`, or fix the database in the URL)"
+                ),
+                Some("53300") => format!("the server refuses more connections: {message}"),
+                Some(code) => format!("the server refused the connection: {message} (SQLSTATE {code})"),
+                None => format!("the server refused the connection: {message}"),
+            }
+        }
+        sqlx::Error::Protocol(why) => {
+            format!("the server does not answer as PostgreSQL does ({why}): is this port PostgreSQL's?")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// A failed TLS handshake, with the `sslmode` the URL asks for and what to check.
+fn tls_cause(detail: &dyn std::fmt::Display, options: &PgConnectOptions) -> String {
+    let mode = match options.get_ssl_mode() {
+        PgSslMode::Disable => "disable",
+        PgSslMode::Allow => "allow",
+        PgSslMode::Prefer => "prefer",
+        PgSslMode::Require => "require",
+        PgSslMode::VerifyCa => "verify-ca",
+        PgSslMode::VerifyFull => "verify-full",
+    };
+    format!(
+        "TLS failed ({detail}) with sslmode={mode}: check that the server offers TLS and, \
+         for verify-ca or verify-full, that sslrootcert names the CA that signed its \
+         certificate"
+    )
+}
+
+/// Why sqlx refused a URL, without the URL.
+fn bad_url_reason(err: &sqlx::Error) -> String {
+    match err {
+        sqlx::Error::Configuration(why) => format!("{why}"),
+        other => other.to_string(),
+    }
+}
+
+/// One SQLite connection, alone: the file is opened (and created with `mode=rwc`) as the
+/// pool would, so a missing directory or a read-only place is told here.
+async fn probe_sqlite(url: &str) -> Result<(), OpenError> {
+    let options =
+        SqliteConnectOptions::from_str(url).map_err(|e| OpenError::BadUrl(bad_url_reason(&e)))?;
+    let path = options.get_filename().to_path_buf();
+    let target = format!("the SQLite database {}", path.display());
+    let unreachable = |cause: String| OpenError::Unreachable {
+        target: target.clone(),
+        cause,
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, SqliteConnection::connect_with(&options)).await {
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+            Ok(())
+        }
+        Ok(Err(sqlx::Error::Database(db))) if db.code().as_deref() == Some("14") => {
+            let directory = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            let why = if !directory.exists() {
+                format!("the directory {} does not exist", directory.display())
+            } else if !directory.is_dir() {
+                format!("{} is not a directory", directory.display())
+            } else {
+                format!(
+                    "unable to open the file (can pagos write in {}? with mode=ro, the file must exist)",
+                    directory.display()
+                )
+            };
+            Err(unreachable(why))
+        }
+        Ok(Err(sqlx::Error::Database(db))) => Err(unreachable(db.message().to_owned())),
+        Ok(Err(err)) => Err(unreachable(err.to_string())),
+        Err(_) => Err(unreachable(format!(
+            "not opened within {}s (another process holding a lock?)",
+            PROBE_TIMEOUT.as_secs()
+        ))),
+    }
 }
 
 /// Begins a transaction that will write: `BEGIN IMMEDIATE` on SQLite, plain `BEGIN`

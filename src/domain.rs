@@ -4,6 +4,9 @@
 //! Validation reports every offending field at once, so a merchant fixes a request in one
 //! round trip. What a payment needs depends on the configured gateway (`GatewayNeeds`):
 //! Stripe and Mercado Pago cannot charge without a `medioPago`, the sandbox never asks.
+//! `monto` has a ceiling: the smallest of what JSON clients carry exactly (2^53 − 1), the
+//! operator's maximum (`PAGOS_MAX_MONTO`) and the gateway's maximum for the currency, so
+//! an amount no client or gateway can carry is refused before anything is stored.
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -46,6 +49,31 @@ impl Currency {
         self.exponent
     }
 }
+
+/// The largest `monto` pagos ever accepts: 2^53 − 1 (JavaScript's
+/// `Number.MAX_SAFE_INTEGER`). Above it, JavaScript clients and every JSON reader that
+/// keeps numbers as doubles read another number than the one sent, so a merchant's
+/// dashboard would show, and a client would resend, an amount that is not the payment's.
+pub const MAX_SAFE_AMOUNT: i64 = (1 << 53) - 1;
+
+/// Stripe's maximum `amount` for most currencies: eight digits ("The amount value supports
+/// up to eight digits", PaymentIntents API reference; docs.stripe.com/currencies, "Minimum
+/// and maximum charge amounts"). For every currency pagos supports, Stripe's unit is the
+/// ISO 4217 minor unit that `monto` is written in (`gateway::amount` tests it).
+pub const STRIPE_MAX_AMOUNT: i64 = 99_999_999;
+
+/// Stripe's maximum `amount` in COP: ten digits, the one documented exception among the
+/// currencies pagos supports (docs.stripe.com/currencies: "10 digits for COP, for a
+/// maximum charge of 99,999,999.99 COP"). Stripe documents more for card payments in
+/// every currency (12 digits), but pagos cannot tell a saved card from another method
+/// before charging, so it holds to what every method takes.
+pub const STRIPE_MAX_AMOUNT_COP: i64 = 9_999_999_999;
+
+/// The largest amount pagos sends to Mercado Pago. Mercado Pago documents no maximum for
+/// `transaction_amount` (limits are per payment method and per account); this is pagos'
+/// own: the amount goes as a decimal number, exact only below 10^15 minor units
+/// (`gateway::amount::to_decimal`).
+pub const MERCADOPAGO_MAX_AMOUNT: i64 = 999_999_999_999_999;
 
 pub const MAX_CREDIT_ID_LEN: usize = 64;
 pub const MAX_DESCRIPTION_LEN: usize = 255;
@@ -138,14 +166,19 @@ const KNOWN_FIELDS: [&str; 5] = ["creditoId", "monto", "moneda", "descripcion", 
 
 impl NewPayment {
     /// Parses a JSON body already known to be syntactically valid JSON, with no gateway's
-    /// needs (`medioPago` optional).
+    /// needs (`medioPago` optional) and no ceiling but `MAX_SAFE_AMOUNT`.
     pub fn from_json(body: &Value) -> Result<NewPayment, Vec<FieldError>> {
-        NewPayment::from_json_for(body, GatewayNeeds::Nothing)
+        NewPayment::from_json_for(body, GatewayNeeds::Nothing, MAX_SAFE_AMOUNT)
     }
 
-    /// Parses a body for a gateway with `needs`: every offending field at once, the
-    /// gateway's own requirements included.
-    pub fn from_json_for(body: &Value, needs: GatewayNeeds) -> Result<NewPayment, Vec<FieldError>> {
+    /// Parses a body for a gateway with `needs`, under the operator's ceiling `max_amount`
+    /// (`PAGOS_MAX_MONTO`): every offending field at once, the gateway's own requirements
+    /// and maximum included.
+    pub fn from_json_for(
+        body: &Value,
+        needs: GatewayNeeds,
+        max_amount: i64,
+    ) -> Result<NewPayment, Vec<FieldError>> {
         let Some(object) = body.as_object() else {
             return Err(vec![field_error(
                 "(cuerpo)",
@@ -159,8 +192,14 @@ impl NewPayment {
             }
         }
         let credit_id = parse_credit_id(object).map_err(|e| errors.push(e)).ok();
-        let amount = parse_amount(object).map_err(|e| errors.push(e)).ok();
-        let currency = parse_currency(object).map_err(|e| errors.push(e)).ok();
+        // The currency first (its errors still listed after `monto`'s): the gateway's
+        // maximum depends on it.
+        let parsed_currency = parse_currency(object);
+        let ceiling = Ceiling::of(needs, max_amount, parsed_currency.as_ref().ok().copied());
+        let amount = parse_amount(object, &ceiling)
+            .map_err(|e| errors.push(e))
+            .ok();
+        let currency = parsed_currency.map_err(|e| errors.push(e)).ok();
         let description = parse_description(object).map_err(|e| errors.push(e)).ok();
         let payment_method = match object.get("medioPago") {
             None | Some(Value::Null) => Some(None),
@@ -194,7 +233,78 @@ impl NewPayment {
     }
 }
 
+/// The largest `monto` a request may carry, and why: the lowest of the limits that apply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ceiling {
+    pub max: i64,
+    /// What a merchant is told when `monto` is above `max`.
+    pub why: String,
+}
+
+impl Ceiling {
+    /// The ceiling for a payment through a gateway with `needs`, under the operator's
+    /// `max_amount`, in `currency` (None when `moneda` is invalid: the gateway's maximum
+    /// is then unknown, and the other limits still hold).
+    pub fn of(needs: GatewayNeeds, max_amount: i64, currency: Option<Currency>) -> Ceiling {
+        let mut ceiling = Ceiling {
+            max: MAX_SAFE_AMOUNT,
+            why: format!(
+                "at most {MAX_SAFE_AMOUNT} (2^53 − 1): larger whole numbers are not exact in \
+                 JavaScript and other JSON clients"
+            ),
+        };
+        if max_amount < ceiling.max {
+            ceiling = Ceiling {
+                max: max_amount,
+                why: format!("at most {max_amount}: the largest amount this service accepts"),
+            };
+        }
+        if let Some((gateway, max, currency)) =
+            currency.and_then(|c| needs.max_amount(c).map(|(g, max)| (g, max, c)))
+            && max < ceiling.max
+        {
+            let code = currency.code();
+            ceiling = Ceiling {
+                max,
+                why: format!(
+                    "at most {max} for {code} ({} {code}): the largest amount {gateway} charges in {code}",
+                    major_units(max, currency.exponent()),
+                ),
+            };
+        }
+        ceiling
+    }
+}
+
+/// `amount` minor units written in major units: 99999999 (2) → "999999.99".
+pub fn major_units(amount: i64, exponent: u8) -> String {
+    let digits = amount.unsigned_abs().to_string();
+    let exponent = usize::from(exponent);
+    let sign = if amount < 0 { "-" } else { "" };
+    if exponent == 0 {
+        return format!("{sign}{digits}");
+    }
+    let padded = format!("{digits:0>width$}", width = exponent + 1);
+    let (whole, fraction) = padded.split_at(padded.len() - exponent);
+    format!("{sign}{whole}.{fraction}")
+}
+
 impl GatewayNeeds {
+    /// The gateway's name and its maximum `monto` in `currency`, in minor units (None:
+    /// the sandbox and the reference protocol have none of their own).
+    pub fn max_amount(self, currency: Currency) -> Option<(&'static str, i64)> {
+        match self {
+            GatewayNeeds::Nothing => None,
+            GatewayNeeds::Stripe if currency.code() == "COP" => {
+                Some(("Stripe", STRIPE_MAX_AMOUNT_COP))
+            }
+            GatewayNeeds::Stripe => Some(("Stripe", STRIPE_MAX_AMOUNT)),
+            GatewayNeeds::MercadoPago => {
+                Some(("pagos' Mercado Pago adapter", MERCADOPAGO_MAX_AMOUNT))
+            }
+        }
+    }
+
     /// What is missing or misplaced for this gateway (empty: nothing). `method` is the
     /// parsed `medioPago` (None: absent); `currency` None when `moneda` was invalid.
     pub fn check(
@@ -531,14 +641,19 @@ fn parse_credit_id(object: &Map<String, Value>) -> Result<String, FieldError> {
     }
 }
 
-fn parse_amount(object: &Map<String, Value>) -> Result<i64, FieldError> {
+fn parse_amount(object: &Map<String, Value>, ceiling: &Ceiling) -> Result<i64, FieldError> {
+    let too_large = || field_error("monto", ceiling.why.clone());
     match object.get("monto") {
         None | Some(Value::Null) => Err(field_error("monto", "required")),
-        Some(Value::Number(n)) => match n.as_i64() {
-            Some(v) if v > 0 => Ok(v),
-            Some(_) => Err(field_error("monto", "must be greater than zero")),
-            None if n.is_u64() => Err(field_error("monto", "is too large")),
-            None => Err(field_error(
+        Some(Value::Number(n)) => match (n.as_i64(), n.as_f64()) {
+            (Some(v), _) if v > ceiling.max => Err(too_large()),
+            (Some(v), _) if v > 0 => Ok(v),
+            (Some(_), _) => Err(field_error("monto", "must be greater than zero")),
+            // Beyond i64 (a u64, or an integer serde_json could only read as a double).
+            (None, _) if n.is_u64() => Err(too_large()),
+            (None, Some(f)) if f >= 1.0 && f.fract() == 0.0 => Err(too_large()),
+            (None, Some(f)) if f <= 0.0 => Err(field_error("monto", "must be greater than zero")),
+            (None, _) => Err(field_error(
                 "monto",
                 "must be a whole number of minor units (no decimals)",
             )),
@@ -642,7 +757,7 @@ mod tests {
     }
 
     fn fields_for(needs: GatewayNeeds, body: Value) -> Vec<String> {
-        match NewPayment::from_json_for(&body, needs) {
+        match NewPayment::from_json_for(&body, needs, MAX_SAFE_AMOUNT) {
             Ok(_) => vec![],
             Err(errors) => errors.into_iter().map(|e| e.campo).collect(),
         }
@@ -705,11 +820,14 @@ mod tests {
             fields_for(GatewayNeeds::MercadoPago, with_method(card.clone())),
             Vec::<String>::new()
         );
-        let parsed =
-            NewPayment::from_json_for(&with_method(card.clone()), GatewayNeeds::MercadoPago)
-                .expect("valid")
-                .payment_method
-                .expect("a method");
+        let parsed = NewPayment::from_json_for(
+            &with_method(card.clone()),
+            GatewayNeeds::MercadoPago,
+            MAX_SAFE_AMOUNT,
+        )
+        .expect("valid")
+        .payment_method
+        .expect("a method");
         assert_eq!(parsed.installments, Some(3));
         assert_eq!(parsed.to_json(), card, "stored as sent");
         assert_eq!(PaymentMethod::from_json(&parsed.to_json()), Ok(parsed));
@@ -749,5 +867,151 @@ mod tests {
         assert_eq!(fields(with_method(json!(42))), vec!["medioPago"]);
         assert_eq!(fields(with_method(json!(""))), vec!["medioPago"]);
         assert_eq!(fields(with_method(json!({}))), vec!["medioPago.id"]);
+    }
+
+    /// What `monto` is told for `amount` in `moneda` through `needs` under `max_amount`
+    /// (None: accepted).
+    fn amount_error(
+        needs: GatewayNeeds,
+        max_amount: i64,
+        amount: Value,
+        moneda: &str,
+    ) -> Option<String> {
+        let method = match needs {
+            GatewayNeeds::Nothing => Value::Null,
+            GatewayNeeds::Stripe => json!("pm_1"),
+            GatewayNeeds::MercadoPago => json!({"id":"visa","email":"p@example.com"}),
+        };
+        let body = json!({"creditoId":"42","monto":amount,"moneda":moneda,"medioPago":method});
+        match NewPayment::from_json_for(&body, needs, max_amount) {
+            Ok(_) => None,
+            Err(errors) => {
+                assert_eq!(
+                    errors.iter().map(|e| e.campo.as_str()).collect::<Vec<_>>(),
+                    vec!["monto"],
+                    "{body}"
+                );
+                Some(errors[0].detalle.clone())
+            }
+        }
+    }
+
+    #[test]
+    fn no_amount_above_two_to_the_53_minus_one_is_accepted() {
+        assert_eq!(
+            amount_error(
+                GatewayNeeds::Nothing,
+                MAX_SAFE_AMOUNT,
+                json!(MAX_SAFE_AMOUNT),
+                "CLP"
+            ),
+            None,
+            "2^53 − 1 itself is carried exactly"
+        );
+        for huge in [
+            json!(MAX_SAFE_AMOUNT + 1),
+            json!(i64::MAX),
+            json!(u64::MAX),
+            json!(1e20),
+            json!(1e300),
+        ] {
+            let why = amount_error(GatewayNeeds::Nothing, MAX_SAFE_AMOUNT, huge.clone(), "COP")
+                .expect("refused");
+            assert!(why.contains("9007199254740991"), "{huge}: {why}");
+        }
+        assert_eq!(
+            fields(json!({"creditoId":"42","monto":i64::MAX,"moneda":"XXX"})),
+            vec!["monto", "moneda"],
+            "the limit holds without a valid currency"
+        );
+    }
+
+    #[test]
+    fn the_operators_maximum_is_a_ceiling_below_the_universal_one() {
+        assert_eq!(
+            amount_error(GatewayNeeds::Nothing, 1_000_000, json!(1_000_000), "COP"),
+            None
+        );
+        let why = amount_error(GatewayNeeds::Nothing, 1_000_000, json!(1_000_001), "COP")
+            .expect("refused");
+        assert!(
+            why.contains("1000000") && why.contains("this service"),
+            "{why}"
+        );
+        let why = amount_error(GatewayNeeds::Nothing, 1_000_000, json!(i64::MAX), "COP")
+            .expect("refused");
+        assert!(
+            why.contains("1000000"),
+            "the lowest limit is the one named: {why}"
+        );
+    }
+
+    #[test]
+    fn stripe_takes_eight_digits_except_ten_in_cop() {
+        for (code, max, major) in [
+            ("USD", STRIPE_MAX_AMOUNT, "999999.99 USD"),
+            ("EUR", STRIPE_MAX_AMOUNT, "999999.99 EUR"),
+            ("CLP", STRIPE_MAX_AMOUNT, "99999999 CLP"),
+            ("COP", STRIPE_MAX_AMOUNT_COP, "99999999.99 COP"),
+        ] {
+            assert_eq!(
+                amount_error(GatewayNeeds::Stripe, MAX_SAFE_AMOUNT, json!(max), code),
+                None
+            );
+            let why = amount_error(GatewayNeeds::Stripe, MAX_SAFE_AMOUNT, json!(max + 1), code)
+                .expect("refused");
+            assert!(
+                why.contains(&max.to_string()) && why.contains(major) && why.contains("Stripe"),
+                "{why}"
+            );
+        }
+        assert!(
+            amount_error(GatewayNeeds::Stripe, 1_000, json!(1_001), "COP")
+                .is_some_and(|why| why.contains("this service")),
+            "the operator's lower maximum wins"
+        );
+    }
+
+    #[test]
+    fn mercadopago_has_only_the_general_limits_and_what_its_decimals_carry() {
+        assert_eq!(
+            amount_error(
+                GatewayNeeds::MercadoPago,
+                MAX_SAFE_AMOUNT,
+                json!(STRIPE_MAX_AMOUNT_COP + 1),
+                "COP"
+            ),
+            None,
+            "Stripe's maximum is not Mercado Pago's"
+        );
+        assert_eq!(
+            amount_error(
+                GatewayNeeds::MercadoPago,
+                MAX_SAFE_AMOUNT,
+                json!(MERCADOPAGO_MAX_AMOUNT),
+                "COP"
+            ),
+            None
+        );
+        assert!(
+            amount_error(
+                GatewayNeeds::MercadoPago,
+                MAX_SAFE_AMOUNT,
+                json!(MERCADOPAGO_MAX_AMOUNT + 1),
+                "COP"
+            )
+            .is_some()
+        );
+        // The adapter's maximum is exactly what it can write as a decimal.
+        assert!(crate::gateway::amount::to_decimal(MERCADOPAGO_MAX_AMOUNT, 2).is_ok());
+        assert!(crate::gateway::amount::to_decimal(MERCADOPAGO_MAX_AMOUNT + 1, 2).is_err());
+    }
+
+    #[test]
+    fn major_units_are_written_without_rounding() {
+        assert_eq!(major_units(99_999_999, 2), "999999.99");
+        assert_eq!(major_units(5, 2), "0.05");
+        assert_eq!(major_units(5000, 0), "5000");
+        assert_eq!(major_units(1234, 3), "1.234");
     }
 }

@@ -22,11 +22,19 @@ async fn main() -> ExitCode {
         }
     };
     telemetry::init(cli.log_format);
+    // reqwest and sqlx each enable a different rustls crypto provider; with both, rustls
+    // picks none by itself and certificate verification (PostgreSQL's verify-ca and
+    // verify-full) would panic. `Err` means one is installed already: fine.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     match run(cli.command).await {
         Ok(code) => code,
         Err(err) => {
             eprintln!("pagos: {err:#}");
-            if err.downcast_ref::<pagos::config::SettingError>().is_some() {
+            // A bad setting or a database that cannot be opened: the operator fixes the
+            // configuration (exit 2, as for every setting refused at start).
+            let is_setup = err.downcast_ref::<pagos::config::SettingError>().is_some()
+                || err.downcast_ref::<pagos::db::OpenError>().is_some();
+            if is_setup {
                 ExitCode::from(2)
             } else {
                 ExitCode::FAILURE

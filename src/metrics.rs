@@ -4,6 +4,7 @@
 //! age of the oldest unsettled payment) are read from the database at scrape time, so
 //! every process reports the same truth. Labels never carry ids, keys or secrets.
 
+use crate::gateway::mercadopago::{MercadoPagoGateway, Payment};
 use crate::gateway::{Charge, ChargeRequest, Gateway, GatewayError};
 use async_trait::async_trait;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -201,14 +202,47 @@ impl MeteredGateway {
     }
 
     fn observe(&self, operation: &'static str, outcome: &'static str, started: Instant) {
-        self.metrics
-            .gateway_calls
+        self.metrics.gateway_call(operation, outcome, started);
+    }
+}
+
+impl Metrics {
+    /// One gateway call (a single try) of `operation`, ended with `outcome`, begun at
+    /// `started`: counted and timed.
+    pub fn gateway_call(&self, operation: &'static str, outcome: &'static str, started: Instant) {
+        self.gateway_calls
             .get_or_create(&GatewayLabel { operation, outcome })
             .inc();
-        self.metrics
-            .gateway_latency
+        self.gateway_latency
             .get_or_create(&OperationLabel { operation })
             .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// The Mercado Pago client the webhook handler asks for a notified payment's state
+/// (`GET /v1/payments/{id}`): one per process, metered as operation `fetch` like every
+/// other gateway call.
+pub struct MeteredMercadoPago {
+    inner: MercadoPagoGateway,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredMercadoPago {
+    pub fn new(inner: MercadoPagoGateway, metrics: Arc<Metrics>) -> Self {
+        MeteredMercadoPago { inner, metrics }
+    }
+
+    /// The payment as Mercado Pago holds it now; None when it has no such payment.
+    pub async fn fetch(&self, id: &str) -> Result<Option<Payment>, GatewayError> {
+        let started = Instant::now();
+        let result = self.inner.fetch(id).await;
+        let outcome = match &result {
+            Ok(Some(_)) => "found",
+            Ok(None) => "not_found",
+            Err(err) => error_outcome(err),
+        };
+        self.metrics.gateway_call("fetch", outcome, started);
+        result
     }
 }
 

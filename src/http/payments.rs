@@ -41,8 +41,10 @@ struct PagoRequest {
     /// The credit this payment pays, 1–64 characters.
     #[schema(rename = "creditoId", max_length = 64, example = "42")]
     credito_id: String,
-    /// Positive whole number of minor units of `moneda`.
-    #[schema(minimum = 1, example = 250000)]
+    /// Positive whole number of minor units of `moneda`; at most 2^53 − 1, at most
+    /// `PAGOS_MAX_MONTO`, and at most the gateway's maximum for the currency (422 listing
+    /// `monto` above the lowest of them).
+    #[schema(minimum = 1, maximum = 9007199254740991_i64, example = 250000)]
     monto: i64,
     /// ISO 4217 code: ARS, BRL, CLP, COP, EUR, GBP, MXN, PEN, USD, UYU.
     #[schema(example = "COP")]
@@ -196,12 +198,16 @@ async fn create_payment(
         )
     })?;
     // What the configured gateway needs is checked here, before anything is stored.
-    let new_payment =
-        NewPayment::from_json_for(&value, state.settings.gateway.needs()).map_err(|errors| {
-            let campos: Vec<&str> = errors.iter().map(|e| e.campo.as_str()).collect();
-            tracing::info!(%merchant, ?campos, "payment request failed validation");
-            validation_failed(errors)
-        })?;
+    let new_payment = NewPayment::from_json_for(
+        &value,
+        state.settings.gateway.needs(),
+        state.settings.max_amount,
+    )
+    .map_err(|errors| {
+        let campos: Vec<&str> = errors.iter().map(|e| e.campo.as_str()).collect();
+        tracing::info!(%merchant, ?campos, "payment request failed validation");
+        validation_failed(errors)
+    })?;
     let fingerprint = idempotency::fingerprint("POST", PAYMENTS_PATH, &value);
 
     let begun = idempotency::begin(

@@ -313,15 +313,15 @@ async fn receive_stripe_event(
         ("data.id" = String, Query, description = "The notified payment's id, as Mercado Pago puts it in the URL (signed)."),
         ("type" = Option<String>, Query, description = "`payment`"),
         ("x-signature" = String, Header,
-         description = "`ts=<timestamp>,v1=<hex HMAC-SHA256(PAGOS_MERCADOPAGO_WEBHOOK_SECRET, \"id:<data.id>;request-id:<x-request-id>;ts:<ts>;\")>`"),
-        ("x-request-id" = String, Header, description = "Signed with the manifest."),
+         description = "`ts=<timestamp>,v1=<hex HMAC-SHA256(PAGOS_MERCADOPAGO_WEBHOOK_SECRET, \"id:<data.id>;request-id:<x-request-id>;ts:<ts>;\")>`; `ts` (unix seconds, or milliseconds) within 5 minutes of now."),
+        ("x-request-id" = String, Header, description = "Signed with the manifest; a request id already answered is a duplicate (Mercado Pago is not asked again)."),
     ),
     request_body(content = Object, content_type = "application/json",
-                 description = "A Mercado Pago notification (`{\"id\":…,\"type\":\"payment\",\"action\":\"payment.updated\",\"data\":{\"id\":\"…\"}}`). Deduplicated by `id`; types other than `payment` are acknowledged and ignored."),
+                 description = "A Mercado Pago notification (`{\"id\":…,\"type\":\"payment\",\"action\":\"payment.updated\",\"data\":{\"id\":\"…\"}}`). Deduplicated by `x-request-id` and by `id`; types other than `payment` are acknowledged and ignored."),
     responses(
         (status = 200, description = "Accepted: applied, or already applied, stale, orphan or ignored. Stop delivering it.", body = Acuse),
         (status = 400, description = "Signed, but not a payment notification pagos can read; nothing was recorded", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Signature missing, malformed or wrong, or PAGOS_MERCADOPAGO_WEBHOOK_SECRET unset; nothing was recorded", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Signature missing, malformed, wrong or outside the 5-minute tolerance, or PAGOS_MERCADOPAGO_WEBHOOK_SECRET unset; nothing was recorded and Mercado Pago was not asked", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Mercado Pago could not be asked, or the database failed; nothing was recorded. Deliver it again.", body = Problem, content_type = "application/problem+json",
          headers(("Retry-After" = u64))),
@@ -350,15 +350,23 @@ async fn receive_mercadopago_notification(
         .get_all(mp::SIGNATURE_HEADER)
         .iter()
         .map(|v| v.as_bytes());
-    if let Err(err) = mp::verify_request(values, secret.as_bytes(), data_id.as_deref(), request_id)
-    {
-        return Err(refuse_signature(
-            &state,
-            err,
-            signature_detail(err),
-            "Mercado Pago signs \"id:<data.id>;request-id:<x-request-id>;ts:<ts>;\" with the application's webhook secret.",
-        ));
-    }
+    let signature = match mp::verify_request(
+        values,
+        secret.as_bytes(),
+        data_id.as_deref(),
+        request_id,
+        unix_now(),
+    ) {
+        Ok(signature) => signature,
+        Err(err) => {
+            return Err(refuse_signature(
+                &state,
+                err,
+                signature_detail(err),
+                "Mercado Pago signs \"id:<data.id>;request-id:<x-request-id>;ts:<ts>;\" with the application's webhook secret.",
+            ));
+        }
+    };
     let notification = Notification::parse(&raw).map_err(|err| {
         tracing::warn!(error = %err, "signed webhook is not a Mercado Pago notification");
         malformed(&state, err)
@@ -387,19 +395,42 @@ async fn receive_mercadopago_notification(
             "`data.id` of the body and of the URL differ",
         ));
     }
-    let seen = webhooks::already_processed(&state.db, SOURCE_MERCADOPAGO, &notification.id)
-        .await
-        .map_err(|err| {
-            tracing::error!(notification_id = notification.id, error = %err, "webhook dedupe read failed");
-            unavailable("The notification could not be applied now; nothing was recorded. Deliver it again.")
-        })?;
+    // The signed request (a replay of it carries the same key, whatever its unsigned
+    // body says) and the notification's own id (Mercado Pago delivering it again).
+    let replay_key = mp::replay_key(request_id, &signature);
+    let mut seen = false;
+    for key in [replay_key.as_str(), notification.id.as_str()] {
+        let known = webhooks::already_processed(&state.db, SOURCE_MERCADOPAGO, key)
+            .await
+            .map_err(|err| {
+                tracing::error!(notification_id = notification.id, error = %err, "webhook dedupe read failed");
+                unavailable("The notification could not be applied now; nothing was recorded. Deliver it again.")
+            })?;
+        if known {
+            seen = true;
+            break;
+        }
+    }
     if seen {
+        tracing::info!(
+            notification_id = notification.id,
+            replay_key,
+            "Mercado Pago notification already processed; Mercado Pago not asked again"
+        );
         state.metrics.webhook_event("duplicado");
         return Ok(acknowledge("duplicado"));
     }
     // The notification names the payment; Mercado Pago's API says what state it is in.
-    let adapter = crate::app::mercadopago_from(&state.settings).map_err(ApiError::Internal)?;
-    let payment = match adapter.fetch(&payment_id).await {
+    let Some(client) = state.mercadopago.as_ref() else {
+        tracing::error!(
+            notification_id = notification.id,
+            "a Mercado Pago notification, but no Mercado Pago client (PAGOS_GATEWAY is not mercadopago)"
+        );
+        return Err(unavailable(
+            "Mercado Pago could not be asked about the payment now; nothing was recorded. Deliver it again.",
+        ));
+    };
+    let payment = match client.fetch(&payment_id).await {
         Ok(Some(payment)) => payment,
         Ok(None) => {
             tracing::warn!(
@@ -407,6 +438,7 @@ async fn receive_mercadopago_notification(
                 payment_id,
                 "notified payment not found at Mercado Pago; ignored (the reconciler still asks about pending payments)"
             );
+            remember_request(&state, &replay_key).await;
             return Ok(ignored(&state));
         }
         Err(err) => {
@@ -427,6 +459,7 @@ async fn receive_mercadopago_notification(
             payment_id,
             "a Mercado Pago payment pagos did not make; ignored"
         );
+        remember_request(&state, &replay_key).await;
         return Ok(ignored(&state));
     }
     let charge = match payment.to_charge() {
@@ -439,7 +472,7 @@ async fn receive_mercadopago_notification(
             ));
         }
     };
-    apply(
+    let answer = apply(
         &state,
         ChargeEvent {
             source: SOURCE_MERCADOPAGO,
@@ -448,7 +481,20 @@ async fn receive_mercadopago_notification(
             charge: &charge,
         },
     )
-    .await
+    .await?;
+    remember_request(&state, &replay_key).await;
+    Ok(answer)
+}
+
+/// Records a Mercado Pago notification request as answered, so that a replay of it is a
+/// duplicate without asking Mercado Pago again. A failure costs only that: a replay
+/// within the 5-minute tolerance would ask once more, and apply nothing new (the
+/// notification's id and its payment's sequence are recorded with its effect).
+async fn remember_request(state: &AppState, replay_key: &str) {
+    if let Err(err) = webhooks::remember_processed(&state.db, SOURCE_MERCADOPAGO, replay_key).await
+    {
+        tracing::warn!(replay_key, error = %err, "could not record a Mercado Pago notification request as processed");
+    }
 }
 
 fn acknowledge(resultado: &'static str) -> Response {

@@ -196,6 +196,17 @@ pub async fn already_processed(
     )
 }
 
+/// Records `id` as seen for `source`, on its own; false when it was there already. Only
+/// for keys that save work (asking the provider again), never an event's effect, which
+/// `consume` records in the effect's transaction.
+pub async fn remember_processed(
+    db: &impl ConnectionTrait,
+    source: &str,
+    id: &str,
+) -> Result<bool, DbErr> {
+    record_message(db, source, id).await
+}
+
 /// Inserts the event id; false when it was there already.
 async fn record_message(tx: &impl ConnectionTrait, source: &str, id: &str) -> Result<bool, DbErr> {
     let inserted = messages::Entity::insert(messages::ActiveModel {

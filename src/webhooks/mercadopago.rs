@@ -4,13 +4,18 @@
 //! The signature covers a manifest, not the body: `id:<data.id>;request-id:<x-request-id>;
 //! ts:<ts>;`, HMAC-SHA256 with the webhook secret, hex — where `data.id` comes from the
 //! URL's query (lower-cased) and a part whose value the request lacks is left out, as
-//! Mercado Pago documents. The notification only names a payment: its state is asked from
-//! Mercado Pago's API, so a replayed notification can only make pagos read the truth
-//! again, and no timestamp tolerance is applied.
+//! Mercado Pago documents.
+//!
+//! A captured notification must not be replayable forever: each one asks Mercado Pago's
+//! API for the payment it names, so replays would drive provider calls at an attacker's
+//! rate. `ts` must be within 5 minutes of now either way (as for every webhook pagos
+//! takes), and inside that window `replay_key` names the signed request, so that the
+//! same one is answered as a duplicate. The body is not signed: its `id` cannot be that
+//! key.
 
 use crate::gateway::mercadopago::{Payment, rank};
 use crate::webhooks::event::{EventError, MAX_ID_LEN, bounded};
-use crate::webhooks::signature::SignatureError;
+use crate::webhooks::signature::{SignatureError, TOLERANCE_SECS};
 use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::Value;
@@ -89,6 +94,11 @@ pub struct XSignature {
     v1: [u8; 32],
 }
 
+/// A `ts` at or above this is in milliseconds, below it in seconds: seconds reach 10^11
+/// only in the year 5138, milliseconds passed it in 1973. Mercado Pago's examples and
+/// SDKs use seconds, while its text has said milliseconds; both are read.
+const MILLISECONDS_FROM: i64 = 100_000_000_000;
+
 impl XSignature {
     pub fn parse(raw: &[u8]) -> Result<XSignature, SignatureError> {
         use SignatureError::Malformed;
@@ -133,13 +143,29 @@ impl XSignature {
         })
     }
 
-    /// Accepts when `v1` is the MAC of the manifest under `secret` (constant time).
+    /// `ts` in unix seconds (None: out of range).
+    pub fn unix_seconds(&self) -> Option<i64> {
+        let ts: i64 = self.ts.parse().ok()?;
+        Some(if ts >= MILLISECONDS_FROM {
+            ts / 1000
+        } else {
+            ts
+        })
+    }
+
+    /// Accepts when `ts` is within the tolerance of `now` (unix seconds) and `v1` is the
+    /// MAC of the manifest under `secret` (constant time).
     pub fn verify(
         &self,
         secret: &[u8],
         data_id: Option<&str>,
         request_id: Option<&str>,
+        now: i64,
     ) -> Result<(), SignatureError> {
+        match self.unix_seconds() {
+            Some(ts) if (now - ts).abs() <= TOLERANCE_SECS => {}
+            _ => return Err(SignatureError::OutsideTolerance),
+        }
         let mut mac =
             <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
         mac.update(manifest(data_id, request_id, &self.ts).as_bytes());
@@ -163,19 +189,40 @@ pub fn manifest(data_id: Option<&str>, request_id: Option<&str>, ts: &str) -> St
 }
 
 /// Verifies the request's `x-signature` (exactly one) for its query's `data.id` and its
-/// `x-request-id`.
+/// `x-request-id`, at `now` (unix seconds); the verified header.
 pub fn verify_request<'a>(
     mut values: impl Iterator<Item = &'a [u8]>,
     secret: &[u8],
     data_id: Option<&str>,
     request_id: Option<&str>,
-) -> Result<(), SignatureError> {
+    now: i64,
+) -> Result<XSignature, SignatureError> {
     let header = match (values.next(), values.next()) {
         (None, _) => return Err(SignatureError::Missing),
         (Some(_), Some(_)) => return Err(SignatureError::Repeated),
         (Some(value), None) => XSignature::parse(value)?,
     };
-    header.verify(secret, data_id, request_id)
+    header.verify(secret, data_id, request_id, now)?;
+    Ok(header)
+}
+
+/// Longer request ids are kept by their hash (the dedupe column holds 255 characters).
+const MAX_KEPT_REQUEST_ID: usize = 200;
+
+/// What names one signed notification request for deduplication: its `x-request-id`
+/// (signed, unique per notification), or, when a request comes without one, its
+/// signature (the manifest is then `data.id` and `ts` only, so the same signature is the
+/// same request). A replay of a captured request has the same key; Mercado Pago's next
+/// notification has another.
+pub fn replay_key(request_id: Option<&str>, signature: &XSignature) -> String {
+    use sha2::Digest;
+    match request_id.filter(|id| !id.is_empty()) {
+        Some(id) if id.len() <= MAX_KEPT_REQUEST_ID && !id.chars().any(char::is_control) => {
+            format!("x-request-id:{id}")
+        }
+        Some(id) => format!("x-request-id-sha256:{}", hex::encode(Sha256::digest(id))),
+        None => format!("x-signature:{}:{}", signature.ts, hex::encode(signature.v1)),
+    }
 }
 
 /// The ordering key of what one read of a payment said: its status's rank (pending <
@@ -210,12 +257,14 @@ mod tests {
         assert_eq!(manifest(None, Some("r"), "1"), "request-id:r;ts:1;");
     }
 
+    const TS: i64 = 1_704_908_010;
+
     #[test]
     fn a_signed_manifest_verifies_and_anything_else_does_not() {
         let v1 = sign("id:123456;request-id:req-1;ts:1704908010;");
         let header = format!("ts=1704908010,v1={v1}");
         let ok = |id: Option<&str>, req: Option<&str>| {
-            verify_request([header.as_bytes()].into_iter(), SECRET, id, req)
+            verify_request([header.as_bytes()].into_iter(), SECRET, id, req, TS).map(|_| ())
         };
         assert_eq!(ok(Some("123456"), Some("req-1")), Ok(()));
         assert_eq!(
@@ -232,19 +281,92 @@ mod tests {
                 [header.as_bytes()].into_iter(),
                 b"other",
                 Some("123456"),
-                Some("req-1")
+                Some("req-1"),
+                TS
             ),
             Err(SignatureError::Mismatch)
         );
         let spaced = format!("ts=1704908010, v1={v1}");
-        assert_eq!(
+        assert!(
             verify_request(
                 [spaced.as_bytes()].into_iter(),
                 SECRET,
                 Some("123456"),
-                Some("req-1")
-            ),
-            Ok(())
+                Some("req-1"),
+                TS
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn ts_must_be_within_five_minutes_of_now_either_way() {
+        let header = |ts: i64| {
+            let v1 = sign(&format!("id:123456;request-id:req-1;ts:{ts};"));
+            format!("ts={ts},v1={v1}")
+        };
+        let at = |ts: i64, now: i64| {
+            let header = header(ts);
+            verify_request(
+                [header.as_bytes()].into_iter(),
+                SECRET,
+                Some("123456"),
+                Some("req-1"),
+                now,
+            )
+            .map(|_| ())
+        };
+        assert_eq!(at(TS, TS + 300), Ok(()));
+        assert_eq!(at(TS, TS - 300), Ok(()));
+        assert_eq!(
+            at(TS, TS + 301),
+            Err(SignatureError::OutsideTolerance),
+            "stale"
+        );
+        assert_eq!(
+            at(TS, TS - 301),
+            Err(SignatureError::OutsideTolerance),
+            "future"
+        );
+        // The same instant in milliseconds.
+        assert_eq!(at(TS * 1000 + 999, TS + 300), Ok(()));
+        assert_eq!(
+            at(TS * 1000, TS + 301),
+            Err(SignatureError::OutsideTolerance)
+        );
+        assert_eq!(at(0, TS), Err(SignatureError::OutsideTolerance));
+        let huge = "99999999999999999999";
+        let v1 = sign(&format!("id:1;ts:{huge};"));
+        let header = format!("ts={huge},v1={v1}");
+        assert_eq!(
+            verify_request([header.as_bytes()].into_iter(), SECRET, Some("1"), None, TS)
+                .map(|_| ()),
+            Err(SignatureError::OutsideTolerance),
+            "a ts out of range is no timestamp"
+        );
+    }
+
+    #[test]
+    fn the_replay_key_is_the_signed_request_id_or_the_signature() {
+        let v1 = sign("id:1;ts:1704908010;");
+        let signature =
+            XSignature::parse(format!("ts=1704908010,v1={v1}").as_bytes()).expect("parses");
+        assert_eq!(
+            replay_key(Some("bb56a2f1-6aae-46ac-982e-9dcd3581d08e"), &signature),
+            "x-request-id:bb56a2f1-6aae-46ac-982e-9dcd3581d08e"
+        );
+        assert_eq!(
+            replay_key(None, &signature),
+            format!("x-signature:1704908010:{v1}")
+        );
+        assert_eq!(
+            replay_key(Some(""), &signature),
+            replay_key(None, &signature)
+        );
+        let long = replay_key(Some(&"r".repeat(500)), &signature);
+        assert!(
+            long.starts_with("x-request-id-sha256:") && long.len() < 255,
+            "{long}"
         );
     }
 
@@ -264,7 +386,7 @@ mod tests {
         }
         let none: [&[u8]; 0] = [];
         assert_eq!(
-            verify_request(none.into_iter(), SECRET, None, None),
+            verify_request(none.into_iter(), SECRET, None, None, TS),
             Err(SignatureError::Missing)
         );
     }

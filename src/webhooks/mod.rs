@@ -15,7 +15,7 @@ pub mod stripe;
 
 pub use consumer::{
     ChargeEvent, ConsumeError, Outcome, already_processed, consume, orphan_charges,
-    purge_processed_messages,
+    purge_processed_messages, remember_processed,
 };
 
 /// The `source` of events posted to `/v1/webhooks/http` (the reference protocol).

@@ -66,6 +66,20 @@ fn a_bad_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
         ),
         "PAGOS_KEY_RETENTION",
     );
+    assert_refused(
+        &pagos(
+            &["serve", "--database-url", &db],
+            &[("PAGOS_MAX_MONTO", "9007199254740992")],
+        ),
+        "PAGOS_MAX_MONTO",
+    );
+    assert_refused(
+        &pagos(
+            &["serve", "--database-url", &db],
+            &[("PAGOS_MESSAGE_RETENTION", "1m")],
+        ),
+        "PAGOS_MESSAGE_RETENTION",
+    );
     assert!(
         !dir.path().join("x.db").exists(),
         "nothing was created before refusing"
@@ -93,6 +107,8 @@ fn help_names_every_setting_with_its_env_var() {
         "PAGOS_GIVE_UP_AFTER",
         "PAGOS_RECONCILE_CONCURRENCY",
         "PAGOS_GATEWAY_KEY_WINDOW",
+        "PAGOS_MAX_MONTO",
+        "PAGOS_MESSAGE_RETENTION",
     ] {
         assert!(help.contains(env), "--help names {env}");
     }

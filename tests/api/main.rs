@@ -4,6 +4,7 @@
 
 mod helpers;
 
+mod amount_limits;
 mod bad_input;
 mod claims;
 mod cli;
@@ -18,5 +19,6 @@ mod process;
 mod providers;
 mod reconciler;
 mod restore;
+mod startup;
 mod stripe;
 mod webhooks;

@@ -27,6 +27,9 @@ on_both_databases!(
     a_duplicated_notification_applies_once_and_asks_mercadopago_once,
     a_notification_mercadopago_cannot_be_asked_about_is_refused_with_503_and_nothing_recorded,
     a_refund_of_a_completed_payment_sends_it_to_manual_review,
+    a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_asked,
+    one_signed_notification_delivered_again_is_a_duplicate_and_asks_mercadopago_once,
+    a_notification_fetch_is_metered_like_every_gateway_call,
 );
 
 const WEBHOOK_SECRET: &str = "mp_webhook_secret_test";
@@ -561,11 +564,29 @@ fn notification(notification_id: u64, data_id: &str) -> Vec<u8> {
     serde_json::to_vec(&n).expect("JSON")
 }
 
+/// The `x-request-id` Mercado Pago sends with notification `notification_id`: one per
+/// notification, as Mercado Pago's are.
+fn request_id(notification_id: u64) -> String {
+    format!("bb56a2f1-6aae-46ac-982e-{notification_id:012}")
+}
+
+const REQUEST_ID: &str = "bb56a2f1-6aae-46ac-982e-9dcd3581d08e";
+
 async fn notify_signed(
     app: &TestApp,
     data_id: &str,
     body: &[u8],
     signature: &str,
+) -> reqwest::Response {
+    notify_signed_as(app, data_id, body, signature, REQUEST_ID).await
+}
+
+async fn notify_signed_as(
+    app: &TestApp,
+    data_id: &str,
+    body: &[u8],
+    signature: &str,
+    request_id: &str,
 ) -> reqwest::Response {
     app.http
         .post(app.url(&format!(
@@ -573,7 +594,7 @@ async fn notify_signed(
         )))
         .header("Content-Type", "application/json")
         .header("x-signature", signature)
-        .header("x-request-id", "bb56a2f1-6aae-46ac-982e-9dcd3581d08e")
+        .header("x-request-id", request_id)
         .body(body.to_vec())
         .send()
         .await
@@ -581,17 +602,19 @@ async fn notify_signed(
 }
 
 async fn notify(app: &TestApp, notification_id: u64, data_id: &str) -> reqwest::Response {
+    let request_id = request_id(notification_id);
     let signature = x_signature(
         WEBHOOK_SECRET,
         data_id,
-        "bb56a2f1-6aae-46ac-982e-9dcd3581d08e",
+        &request_id,
         chrono::Utc::now().timestamp(),
     );
-    notify_signed(
+    notify_signed_as(
         app,
         data_id,
         &notification(notification_id, data_id),
         &signature,
+        &request_id,
     )
     .await
 }
@@ -639,18 +662,8 @@ async fn a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_i
     let body = notification(7001, &data_id);
     let now = chrono::Utc::now().timestamp();
     for signature in [
-        x_signature(
-            "other_secret",
-            &data_id,
-            "bb56a2f1-6aae-46ac-982e-9dcd3581d08e",
-            now,
-        ),
-        x_signature(
-            WEBHOOK_SECRET,
-            "999",
-            "bb56a2f1-6aae-46ac-982e-9dcd3581d08e",
-            now,
-        ),
+        x_signature("other_secret", &data_id, REQUEST_ID, now),
+        x_signature(WEBHOOK_SECRET, "999", REQUEST_ID, now),
         x_signature(WEBHOOK_SECRET, &data_id, "another-request", now),
         format!("v1={}", "ab".repeat(32)),
     ] {
@@ -673,12 +686,7 @@ async fn a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_i
     assert_eq!(payment.gateway_ref, Some(data_id.clone()));
 
     let other_type = serde_json::to_vec(&fixture("notification_merchant_order")).expect("JSON");
-    let signature = x_signature(
-        WEBHOOK_SECRET,
-        "26262399173",
-        "bb56a2f1-6aae-46ac-982e-9dcd3581d08e",
-        now,
-    );
+    let signature = x_signature(WEBHOOK_SECRET, "26262399173", REQUEST_ID, now);
     let answer = notify_signed(&app, "26262399173", &other_type, &signature).await;
     assert_eq!(outcome(answer).await, "ignorado");
 }
@@ -706,7 +714,11 @@ async fn a_duplicated_notification_applies_once_and_asks_mercadopago_once(backen
         1,
         "a known notification is not asked about again"
     );
-    assert_eq!(recorded(&app).await, (1, 1));
+    assert_eq!(
+        recorded(&app).await,
+        (2, 1),
+        "the notification's id and its request's, one charge"
+    );
 
     // Another notification about the same, unchanged payment changes nothing either.
     assert_eq!(
@@ -767,4 +779,127 @@ async fn a_refund_of_a_completed_payment_sends_it_to_manual_review(backend: Back
         201,
         "what the client was told stays frozen"
     );
+}
+
+async fn metrics(app: &TestApp) -> String {
+    app.http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("text")
+}
+
+async fn a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_asked(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_pending");
+    fake.mount(app.gateway()).await;
+    let id = pending_payment(&app, "k-ts").await;
+    let data_id = mp_id(&id).to_string();
+    fake.set(&id, "payment_approved", "2026-12-02T11:00:00.000-05:00");
+    let body = notification(7100, &data_id);
+    let now = chrono::Utc::now().timestamp();
+    // Correctly signed, 301 s either side of now: seconds, and the same in milliseconds.
+    for ts in [now - 301, now + 301, (now - 301) * 1000, (now + 301) * 1000] {
+        let signature = x_signature(WEBHOOK_SECRET, &data_id, REQUEST_ID, ts);
+        let answer = notify_signed(&app, &data_id, &body, &signature).await;
+        assert_eq!(answer.status(), 401, "ts={ts}");
+        let problem = json(answer).await;
+        assert!(
+            problem["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("5 minutes")),
+            "{problem}"
+        );
+    }
+    assert_eq!(reads(&app).await, 0, "Mercado Pago is not asked");
+    assert_eq!(recorded(&app).await, (0, 0), "nothing is recorded");
+    assert_eq!(app.payment(&id).await.state, "ENVIADA");
+    assert!(
+        metrics(&app)
+            .await
+            .lines()
+            .any(|l| l == "pagos_webhook_events_total{outcome=\"refused_timestamp\"} 4"),
+        "counted like every refused signature"
+    );
+
+    // Inside the tolerance, in seconds or in milliseconds, it is applied.
+    let signature = x_signature(WEBHOOK_SECRET, &data_id, REQUEST_ID, (now - 240) * 1000);
+    let answer = notify_signed(&app, &data_id, &body, &signature).await;
+    assert_eq!(outcome(answer).await, "aplicado");
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+}
+
+async fn one_signed_notification_delivered_again_is_a_duplicate_and_asks_mercadopago_once(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_pending");
+    fake.mount(app.gateway()).await;
+    let id = pending_payment(&app, "k-replay").await;
+    let data_id = mp_id(&id).to_string();
+    fake.set(&id, "payment_approved", "2026-12-02T11:00:00.000-05:00");
+
+    // One notification as Mercado Pago signed it, captured.
+    let request_id = request_id(7101);
+    let signature = x_signature(
+        WEBHOOK_SECRET,
+        &data_id,
+        &request_id,
+        chrono::Utc::now().timestamp(),
+    );
+    let body = notification(7101, &data_id);
+    let deliver = |body: Vec<u8>| {
+        let (data_id, signature, request_id) = (&data_id, &signature, &request_id);
+        let app = &app;
+        async move { outcome(notify_signed_as(app, data_id, &body, signature, request_id).await).await }
+    };
+    assert_eq!(deliver(body.clone()).await, "aplicado");
+    assert_eq!(deliver(body).await, "duplicado", "the same request again");
+    // The body is not signed: another notification id does not make it another request.
+    assert_eq!(
+        deliver(notification(7999, &data_id)).await,
+        "duplicado",
+        "a replay with its body's id changed"
+    );
+    assert_eq!(reads(&app).await, 1, "Mercado Pago asked once");
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+
+    // Mercado Pago's next notification (its own request id) is asked about again.
+    assert_eq!(
+        outcome(notify(&app, 7102, &data_id).await).await,
+        "obsoleto"
+    );
+    assert_eq!(reads(&app).await, 2);
+}
+
+async fn a_notification_fetch_is_metered_like_every_gateway_call(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_pending");
+    fake.mount(app.gateway()).await;
+    let id = pending_payment(&app, "k-metered").await;
+    let data_id = mp_id(&id).to_string();
+    fake.set(&id, "payment_approved", "2026-12-02T11:00:00.000-05:00");
+
+    assert_eq!(
+        outcome(notify(&app, 7201, &data_id).await).await,
+        "aplicado"
+    );
+    assert_eq!(
+        outcome(notify(&app, 7202, "9999999999").await).await,
+        "ignorado",
+        "a payment Mercado Pago does not have"
+    );
+    let text = metrics(&app).await;
+    for line in [
+        "pagos_gateway_calls_total{operation=\"fetch\",outcome=\"found\"} 1",
+        "pagos_gateway_calls_total{operation=\"fetch\",outcome=\"not_found\"} 1",
+        "pagos_gateway_call_duration_seconds_count{operation=\"fetch\"} 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+    }
 }

@@ -1,0 +1,245 @@
+//! Amounts no client or gateway can carry: above 2^53 − 1, above `PAGOS_MAX_MONTO`, above
+//! the configured gateway's maximum for the currency. Each is refused with 422 listing
+//! `monto` before anything is stored or sent, and the same key then works with a
+//! corrected amount.
+
+use crate::helpers::{Backend, Spawn, TestApp, json};
+use crate::on_both_databases;
+use serde_json::{Value, json};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, Request, Respond, ResponseTemplate};
+
+on_both_databases!(
+    an_amount_above_two_to_the_53_minus_one_is_refused_whatever_the_settings,
+    an_amount_above_pagos_max_monto_is_refused_and_the_default_is_twelve_digits,
+    stripe_refuses_more_than_eight_digits_and_more_than_ten_in_cop,
+    mercadopago_has_only_the_general_limits_and_its_exact_decimals,
+);
+
+/// `POST /v1/pagos`: the status and the body.
+async fn pay(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
+    let answer = app.pay(key, body).await;
+    let status = answer.status().as_u16();
+    (status, json(answer).await)
+}
+
+/// Asserts a 422 `validation-failed` listing `monto` alone, whose detail names `limit`,
+/// and that nothing was stored.
+async fn refused(app: &TestApp, key: &str, body: &Value, limit: &str) {
+    let (status, problem) = pay(app, key, body).await;
+    assert_eq!(status, 422, "{body}: {problem}");
+    assert_eq!(problem["type"], "/problems/validation-failed", "{problem}");
+    let errors = problem["errores"].as_array().expect("errores");
+    assert_eq!(errors.len(), 1, "{problem}");
+    assert_eq!(errors[0]["campo"], "monto", "{problem}");
+    let detail = errors[0]["detalle"].as_str().expect("detalle");
+    assert!(detail.contains(limit), "names {limit}: {detail}");
+    assert_eq!(app.count_rows().await, (0, 0), "{body}: nothing stored");
+}
+
+fn sandbox_body(monto: Value) -> Value {
+    json!({"creditoId": "42", "monto": monto, "moneda": "CLP"})
+}
+
+async fn an_amount_above_two_to_the_53_minus_one_is_refused_whatever_the_settings(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .sandbox()
+        .flags(&["--max-monto", "9007199254740991"])
+        .start()
+        .await;
+    // The example, then the first number JavaScript cannot tell from its neighbour.
+    for monto in [
+        json!(9_223_372_036_854_775_807_i64),
+        json!(9_007_199_254_740_992_i64),
+    ] {
+        refused(&app, "k-js", &sandbox_body(monto), "9007199254740991").await;
+    }
+    let (status, pago) = pay(
+        &app,
+        "k-js",
+        &sandbox_body(json!(9_007_199_254_740_991_i64)),
+    )
+    .await;
+    assert_eq!(status, 201, "the same key, 2^53 − 1 itself: {pago}");
+    assert_eq!(pago["monto"], json!(9_007_199_254_740_991_i64));
+}
+
+async fn an_amount_above_pagos_max_monto_is_refused_and_the_default_is_twelve_digits(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend.clone()).sandbox().start().await;
+    refused(
+        &app,
+        "k-default",
+        &sandbox_body(json!(1_000_000_000_000_i64)),
+        "999999999999",
+    )
+    .await;
+    let (status, _) = pay(&app, "k-default", &sandbox_body(json!(999_999_999_999_i64))).await;
+    assert_eq!(status, 201, "the default's own value is accepted");
+
+    let app = Spawn::new(backend)
+        .sandbox()
+        .flags(&["--max-monto", "5000000"])
+        .start()
+        .await;
+    refused(&app, "k-max", &sandbox_body(json!(5_000_001)), "5000000").await;
+    let (status, pago) = pay(&app, "k-max", &sandbox_body(json!(5_000_000))).await;
+    assert_eq!(status, 201, "{pago}");
+    assert_eq!(pago["monto"], 5_000_000);
+}
+
+/// Stripe answering every new PaymentIntent `succeeded`, about the request that asked.
+struct StripeSucceeds;
+
+impl Respond for StripeSucceeds {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let form: std::collections::HashMap<String, String> =
+            url::form_urlencoded::parse(&request.body)
+                .into_owned()
+                .collect();
+        let mut pi: Value = serde_json::from_str(include_str!(
+            "../../fixtures/stripe/payment_intent_succeeded.json"
+        ))
+        .expect("fixture");
+        let reference = form["metadata[pagos_reference]"].clone();
+        pi["id"] = Value::from(format!("pi_{}", &reference.replace('-', "")[..24]));
+        pi["amount"] = Value::from(form["amount"].parse::<i64>().expect("amount"));
+        pi["currency"] = Value::from(form["currency"].clone());
+        pi["metadata"]["pagos_reference"] = Value::from(reference);
+        ResponseTemplate::new(200).set_body_json(pi)
+    }
+}
+
+async fn sent_to(app: &TestApp, gateway_path: &str) -> Vec<Request> {
+    app.gateway()
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.method.as_str() == "POST" && r.url.path() == gateway_path)
+        .collect()
+}
+
+fn stripe_body(monto: i64, moneda: &str) -> Value {
+    json!({"creditoId": "42", "monto": monto, "moneda": moneda,
+           "medioPago": {"id": "pm_1Q0PsIJvEtkwdCNYMSaVuRz6"}})
+}
+
+async fn stripe_refuses_more_than_eight_digits_and_more_than_ten_in_cop(backend: Backend) {
+    let app = Spawn::new(backend)
+        .provider("stripe")
+        .flags(&["--max-monto", "9007199254740991"])
+        .start()
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/payment_intents"))
+        .respond_with(StripeSucceeds)
+        .mount(app.gateway())
+        .await;
+
+    refused(&app, "k-usd", &stripe_body(100_000_000, "USD"), "99999999").await;
+    refused(
+        &app,
+        "k-cop",
+        &stripe_body(10_000_000_000, "COP"),
+        "9999999999",
+    )
+    .await;
+    assert!(
+        sent_to(&app, "/v1/payment_intents").await.is_empty(),
+        "nothing refused reached Stripe"
+    );
+
+    for (key, monto, moneda) in [
+        ("k-usd", 99_999_999, "USD"),
+        ("k-cop", 9_999_999_999, "COP"),
+    ] {
+        let (status, pago) = pay(&app, key, &stripe_body(monto, moneda)).await;
+        assert_eq!(status, 201, "{moneda} {monto}, the same key: {pago}");
+    }
+    let amounts: Vec<String> = sent_to(&app, "/v1/payment_intents")
+        .await
+        .iter()
+        .map(|r| {
+            url::form_urlencoded::parse(&r.body)
+                .find(|(k, _)| k == "amount")
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(amounts, vec!["99999999", "9999999999"]);
+}
+
+/// Mercado Pago answering every new payment `approved`, about the request that asked.
+struct MercadoPagoApproves;
+
+impl Respond for MercadoPagoApproves {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body: Value = serde_json::from_slice(&request.body).expect("JSON body");
+        let mut payment: Value = serde_json::from_str(include_str!(
+            "../../fixtures/mercadopago/payment_approved.json"
+        ))
+        .expect("fixture");
+        payment["id"] = Value::from(1_234_567_890_u64);
+        payment["transaction_amount"] = body["transaction_amount"].clone();
+        payment["external_reference"] = body["external_reference"].clone();
+        ResponseTemplate::new(201).set_body_json(payment)
+    }
+}
+
+fn mercadopago_body(monto: i64) -> Value {
+    json!({"creditoId": "42", "monto": monto, "moneda": "COP",
+           "medioPago": {"id": "efecty", "email": "payer@example.com"}})
+}
+
+async fn mercadopago_has_only_the_general_limits_and_its_exact_decimals(backend: Backend) {
+    let app = Spawn::new(backend.clone())
+        .provider("mercadopago")
+        .flags(&["--max-monto", "9007199254740991"])
+        .start()
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/payments"))
+        .respond_with(MercadoPagoApproves)
+        .mount(app.gateway())
+        .await;
+    // Past what a decimal `transaction_amount` carries exactly: never sent.
+    refused(
+        &app,
+        "k-mp",
+        &mercadopago_body(1_000_000_000_000_000),
+        "999999999999999",
+    )
+    .await;
+    assert!(sent_to(&app, "/v1/payments").await.is_empty());
+    // Stripe's COP maximum is not Mercado Pago's: COP 200,000,000.00 goes through.
+    let (status, pago) = pay(&app, "k-mp", &mercadopago_body(20_000_000_000)).await;
+    assert_eq!(status, 201, "{pago}");
+    let sent: Value =
+        serde_json::from_slice(&sent_to(&app, "/v1/payments").await[0].body).expect("JSON");
+    assert_eq!(sent["transaction_amount"].as_f64(), Some(200_000_000.0));
+
+    let app = Spawn::new(backend)
+        .provider("mercadopago")
+        .flags(&["--max-monto", "50000000000"])
+        .start()
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/payments"))
+        .respond_with(MercadoPagoApproves)
+        .mount(app.gateway())
+        .await;
+    refused(
+        &app,
+        "k-mp-max",
+        &mercadopago_body(50_000_000_001),
+        "50000000000",
+    )
+    .await;
+    assert!(sent_to(&app, "/v1/payments").await.is_empty());
+    let (status, _) = pay(&app, "k-mp-max", &mercadopago_body(50_000_000_000)).await;
+    assert_eq!(status, 201);
+}

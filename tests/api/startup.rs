@@ -1,0 +1,255 @@
+//! What an operator sees when pagos starts, with the real binary: a database that cannot
+//! be opened is one line saying where and why (never the URL's password), exit code 2,
+//! from every command that opens it; and logs carry colour only on a terminal.
+
+use crate::helpers::Backend;
+use crate::process::{BIN, free_port};
+use std::io::{Read, Write};
+use std::process::{Command, Output};
+
+const PASSWORD: &str = "hunter2-do-not-print";
+
+fn pagos(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .env_remove("PAGOS_DATABASE_URL")
+        .env_remove("NO_COLOR");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command.output().expect("pagos runs")
+}
+
+/// Asserts exit code 2 and one line of stderr holding every one of `says`, without the
+/// password; returns the line.
+fn refused_with(output: &Output, says: &[&str]) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "exit 2: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    for part in says {
+        assert!(stderr.contains(part), "says {part:?}: {stderr}");
+    }
+    assert!(
+        !stderr.contains(PASSWORD),
+        "the password is never printed: {stderr}"
+    );
+    assert!(
+        stderr.contains("PAGOS_DATABASE_URL"),
+        "names the setting: {stderr}"
+    );
+    stderr
+}
+
+/// `command` (as words) with `--database-url url` and what it needs besides.
+fn with_url<'a>(command: &[&'a str], url: &'a str) -> Vec<&'a str> {
+    let mut args = command.to_vec();
+    args.extend_from_slice(&["--database-url", url]);
+    args
+}
+
+const EVERY_COMMAND: [&[&str]; 4] = [
+    &["serve", "--bind", "127.0.0.1:0"],
+    &["migrate"],
+    &["reconcile", "--once"],
+    &["merchants", "add", "acme"],
+];
+
+#[test]
+fn a_closed_port_is_connection_refused_from_every_command_naming_host_port_and_database() {
+    let port = free_port();
+    let url = format!("postgres://postgres:{PASSWORD}@127.0.0.1:{port}/pagos");
+    for command in EVERY_COMMAND {
+        let output = pagos(&with_url(command, &url), &[]);
+        refused_with(
+            &output,
+            &[
+                &format!("127.0.0.1:{port}"),
+                "database \"pagos\"",
+                "user \"postgres\"",
+                "connection refused",
+            ],
+        );
+    }
+}
+
+/// The test server's URL with another user and database.
+fn postgres_url(admin: &str, user: &str, password: Option<&str>, database: &str) -> String {
+    let mut url = url::Url::parse(admin).expect("PAGOS_TEST_POSTGRES_URL is a URL");
+    url.set_username(user).expect("a user");
+    url.set_password(password).expect("a password");
+    url.set_path(database);
+    url.to_string()
+}
+
+#[test]
+fn a_missing_database_and_a_missing_role_are_named() {
+    let Some(Backend::Postgres(admin)) = Backend::postgres() else {
+        return;
+    };
+    let missing_db = format!("pagos_missing_{}", uuid::Uuid::new_v4().simple());
+    let url = postgres_url(&admin, "postgres", Some(PASSWORD), &missing_db);
+    refused_with(
+        &pagos(&with_url(&["migrate"], &url), &[]),
+        &["no such database", &missing_db],
+    );
+    // Trust authentication accepts any role that exists; a missing one is refused.
+    let missing_role = format!("pagos_nobody_{}", uuid::Uuid::new_v4().simple());
+    let url = postgres_url(&admin, &missing_role, Some(PASSWORD), &missing_db);
+    refused_with(
+        &pagos(&with_url(&["migrate"], &url), &[]),
+        &["no such role", &missing_role],
+    );
+}
+
+#[test]
+fn tls_that_cannot_be_had_is_said_so_with_the_sslmode_asked() {
+    // A server that answers PostgreSQL's SSLRequest with "N": it has no TLS.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let server = std::thread::spawn(move || {
+        if let Ok((mut socket, _)) = listener.accept() {
+            let mut request = [0u8; 8];
+            let _ = socket.read_exact(&mut request);
+            let _ = socket.write_all(b"N");
+            let mut rest = Vec::new();
+            let _ = socket.read_to_end(&mut rest);
+        }
+    });
+    let url = format!("postgres://postgres:{PASSWORD}@127.0.0.1:{port}/pagos?sslmode=require");
+    refused_with(
+        &pagos(&with_url(&["migrate"], &url), &[]),
+        &[
+            "TLS failed",
+            "server does not support TLS",
+            "sslmode=require",
+        ],
+    );
+    let _ = server.join();
+
+    // The test server, whose certificate (if it has TLS at all) no public CA signed.
+    if let Some(Backend::Postgres(admin)) = Backend::postgres() {
+        let mut url = url::Url::parse(&postgres_url(&admin, "postgres", Some(PASSWORD), "pagos"))
+            .expect("URL");
+        url.query_pairs_mut().append_pair("sslmode", "verify-full");
+        refused_with(
+            &pagos(&with_url(&["migrate"], url.as_str()), &[]),
+            &["TLS failed", "sslmode=verify-full"],
+        );
+    }
+}
+
+#[test]
+fn a_malformed_url_or_an_unknown_host_is_refused_without_the_password() {
+    let bad_port = format!("postgres://postgres:{PASSWORD}@127.0.0.1:99999/pagos");
+    refused_with(
+        &pagos(&with_url(&["migrate"], &bad_port), &[]),
+        &["invalid setting PAGOS_DATABASE_URL", "invalid port number"],
+    );
+    let bad_mode = format!("postgres://postgres:{PASSWORD}@127.0.0.1/pagos?sslmode=sometimes");
+    refused_with(
+        &pagos(&with_url(&["migrate"], &bad_mode), &[]),
+        &["invalid setting PAGOS_DATABASE_URL", "sometimes"],
+    );
+    let unknown = format!("postgres://postgres:{PASSWORD}@pagos-db.invalid:5432/pagos");
+    refused_with(
+        &pagos(&with_url(&["migrate"], &unknown), &[]),
+        &["pagos-db.invalid"],
+    );
+}
+
+#[test]
+fn an_sqlite_file_that_cannot_be_created_names_its_directory() {
+    let dir = tempfile::tempdir().expect("dir");
+    let missing = dir.path().join("no").join("such").join("pagos.db");
+    let url = format!("sqlite://{}?mode=rwc", missing.display());
+    for command in EVERY_COMMAND {
+        refused_with(
+            &pagos(&with_url(command, &url), &[]),
+            &[
+                &missing.display().to_string(),
+                "does not exist",
+                &dir.path().join("no").join("such").display().to_string(),
+            ],
+        );
+    }
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").expect("write");
+    let url = format!("sqlite://{}?mode=rwc", file.join("pagos.db").display());
+    refused_with(
+        &pagos(&with_url(&["migrate"], &url), &[]),
+        &["is not a directory"],
+    );
+}
+
+const ESC: &str = "\u{1b}[";
+
+/// `pagos migrate` on a fresh SQLite file, logging at INFO.
+fn migrate_args(dir: &tempfile::TempDir) -> Vec<String> {
+    vec![
+        "migrate".into(),
+        "--database-url".into(),
+        format!("sqlite://{}?mode=rwc", dir.path().join("logs.db").display()),
+    ]
+}
+
+#[test]
+fn logs_to_a_pipe_carry_no_colour_codes_with_or_without_no_color() {
+    for no_color in [None, Some("1")] {
+        let dir = tempfile::tempdir().expect("dir");
+        let args = migrate_args(&dir);
+        let mut env = vec![("RUST_LOG", "info")];
+        if let Some(value) = no_color {
+            env.push(("NO_COLOR", value));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = pagos(&args, &env);
+        assert!(output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("INFO"), "logs were written: {stderr}");
+        assert!(
+            !stderr.contains(ESC),
+            "no ANSI codes ({no_color:?}): {stderr:?}"
+        );
+    }
+}
+
+#[test]
+fn logs_to_a_terminal_are_coloured_unless_no_color_is_set() {
+    // util-linux `script` runs the command on a pseudo-terminal and copies what it
+    // writes there to its own stdout.
+    let has_script = Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_script {
+        eprintln!("skipped: `script` (util-linux) is not installed; the terminal case did not run");
+        return;
+    }
+    for (no_color, coloured) in [(None, true), (Some(""), true), (Some("1"), false)] {
+        let dir = tempfile::tempdir().expect("dir");
+        let command_line = std::iter::once(BIN.to_owned())
+            .chain(migrate_args(&dir))
+            .map(|word| format!("'{word}'"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut command = Command::new("script");
+        command
+            .args(["-q", "-e", "-c", &command_line, "/dev/null"])
+            .env("RUST_LOG", "info")
+            .env_remove("NO_COLOR")
+            .stdin(std::process::Stdio::null());
+        if let Some(value) = no_color {
+            command.env("NO_COLOR", value);
+        }
+        let output = command.output().expect("script runs");
+        let seen = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{seen}");
+        assert!(seen.contains("INFO"), "logs were written: {seen:?}");
+        assert_eq!(
+            seen.contains(ESC),
+            coloured,
+            "NO_COLOR={no_color:?} on a terminal: {seen:?}"
+        );
+    }
+}
