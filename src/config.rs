@@ -246,6 +246,28 @@ pub struct Settings {
     #[arg(long, env = "PAGOS_RECONCILE_CONCURRENCY", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(1..=1024), value_name = "N")]
     pub reconcile_concurrency: u32,
+    /// A connection that has not sent a whole request head within this is closed (also
+    /// the longest a keep-alive connection may stay idle between requests)
+    #[arg(long, env = "PAGOS_HEADER_TIMEOUT", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
+    pub header_timeout: Duration,
+    /// No request is held longer than this: it is answered 503 request-timeout, and a
+    /// payment it started goes on (default above PAGOS_LEASE, which bounds the gateway work
+    /// of a payment request)
+    #[arg(long, env = "PAGOS_REQUEST_TIMEOUT", default_value = "70s", value_parser = positive_duration, value_name = "DURATION")]
+    pub request_timeout: Duration,
+    /// Requests served at once; past it new ones are answered 503 overloaded at once
+    /// (/healthz and /metrics are never refused)
+    #[arg(long, env = "PAGOS_MAX_IN_FLIGHT", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
+    pub max_in_flight: u32,
+    /// Serve /admin/*, /consola/* and /metrics only on this address, not on PAGOS_BIND
+    /// (unset: everything on PAGOS_BIND)
+    #[arg(long, env = "PAGOS_ADMIN_BIND", value_name = "ADDR")]
+    pub admin_bind: Option<SocketAddr>,
+    /// How often the gauges of stored state (payments by state, oldest unsettled age,
+    /// database up) are read from the database; a scrape of /metrics only reads memory
+    #[arg(long, env = "PAGOS_METRICS_REFRESH", default_value = "15s", value_parser = positive_duration, value_name = "DURATION")]
+    pub metrics_refresh: Duration,
 }
 
 /// A setting that is well-formed alone but wrong with the others.
@@ -303,6 +325,16 @@ impl Settings {
                     "{} must exceed the longest gateway call, {} (PAGOS_GATEWAY_TIMEOUT × tries plus backoff)",
                     humantime::format_duration(self.lease),
                     humantime::format_duration(round_ms(worst)),
+                ),
+            });
+        }
+        if self.admin_bind == Some(self.bind) && self.bind.port() != 0 {
+            return Err(SettingError {
+                env: "PAGOS_ADMIN_BIND",
+                flag: "admin-bind",
+                message: format!(
+                    "{} is also PAGOS_BIND; the admin door needs an address of its own",
+                    self.bind
                 ),
             });
         }
@@ -470,6 +502,14 @@ mod tests {
         assert_eq!(s.lease, Duration::from_secs(60));
         assert_eq!(s.key_retention, Duration::from_secs(86400));
         assert_eq!(s.reconcile_concurrency, 32);
+        assert_eq!(s.header_timeout, Duration::from_secs(10));
+        assert!(
+            s.request_timeout > s.lease,
+            "a payment request is never cut by default"
+        );
+        assert_eq!(s.max_in_flight, 256);
+        assert_eq!(s.admin_bind, None);
+        assert_eq!(s.metrics_refresh, Duration::from_secs(15));
         assert!(s.validate().is_ok());
     }
 
@@ -584,6 +624,18 @@ mod tests {
         assert_eq!(
             s.validate().expect_err("refused").env,
             "PAGOS_MERCADOPAGO_WEBHOOK_SECRET"
+        );
+    }
+
+    #[test]
+    fn the_admin_door_needs_an_address_of_its_own() {
+        let s = serve_settings(&["--admin-bind", "127.0.0.1:8080"]);
+        let err = s.validate().expect_err("refused");
+        assert_eq!(err.env, "PAGOS_ADMIN_BIND");
+        assert!(
+            serve_settings(&["--admin-bind", "127.0.0.1:9090"])
+                .validate()
+                .is_ok()
         );
     }
 

@@ -7,6 +7,7 @@ mod helpers;
 mod bad_input;
 mod cli;
 mod crash;
+mod doors;
 mod gateway_faults;
 mod mercadopago;
 mod merchants;
