@@ -19,6 +19,15 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// A header timeout: positive, and at most an hour (a longer one protects nothing, and
+/// hyper adds it to the clock of every connection).
+fn header_timeout(s: &str) -> Result<Duration, String> {
+    match positive_duration(s)? {
+        d if d > Duration::from_secs(3600) => Err("must be at most 1h".into()),
+        d => Ok(d),
+    }
+}
+
 fn rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
@@ -248,7 +257,7 @@ pub struct Settings {
     pub reconcile_concurrency: u32,
     /// A connection that has not sent a whole request head within this is closed (also
     /// the longest a keep-alive connection may stay idle between requests)
-    #[arg(long, env = "PAGOS_HEADER_TIMEOUT", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
+    #[arg(long, env = "PAGOS_HEADER_TIMEOUT", default_value = "10s", value_parser = header_timeout, value_name = "DURATION")]
     pub header_timeout: Duration,
     /// No request is held longer than this: it is answered 503 request-timeout, and a
     /// payment it started goes on (default above PAGOS_LEASE, which bounds the gateway work

@@ -79,6 +79,7 @@ fn a_malformed_door_setting_stops_serve_with_one_line_naming_it() {
     for (env, value) in [
         ("PAGOS_HEADER_TIMEOUT", "soon"),
         ("PAGOS_HEADER_TIMEOUT", "0s"),
+        ("PAGOS_HEADER_TIMEOUT", "1000years"),
         ("PAGOS_REQUEST_TIMEOUT", "later"),
         ("PAGOS_REQUEST_TIMEOUT", "0s"),
         ("PAGOS_MAX_IN_FLIGHT", "0"),
