@@ -33,6 +33,8 @@ pub struct App {
     /// With `PAGOS_GATEWAY=mercadopago`: the client notifications ask for a payment's
     /// state, built once (its connections are reused) and metered.
     pub mercadopago: Option<MeteredMercadoPago>,
+    /// `PAGOS_MAX_IN_FLIGHT` slots, shared by every door of the process.
+    pub in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl App {
@@ -149,7 +151,7 @@ fn provider_settings(settings: &Settings) -> anyhow::Result<(&str, &str)> {
 
 /// Builds the application over an open database.
 pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gateway>) -> AppState {
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::refreshed_every(settings.metrics_refresh));
     let mercadopago = (settings.gateway == GatewayKind::MercadoPago)
         .then(|| match mercadopago_from(&settings) {
             Ok(adapter) => Some(MeteredMercadoPago::new(adapter, metrics.clone())),
@@ -161,6 +163,7 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
             }
         })
         .flatten();
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(settings.max_in_flight as usize));
     AppState(Arc::new(App {
         db,
         gateway: MeteredGateway::wrap(gateway, metrics.clone()),
@@ -168,20 +171,126 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         merchants: MerchantCache::default(),
         metrics,
         mercadopago,
+        in_flight,
     }))
 }
 
-/// `pagos serve` on an already bound listener, until `shutdown` resolves.
+/// `pagos serve` on an already bound listener, until `shutdown` resolves: the whole
+/// surface on this one door (the caller bound no admin door).
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let router = http::router(state);
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("serving HTTP")
+    serve_doors(listener, None, state, shutdown).await
+}
+
+/// `pagos serve` on its bound listeners until `shutdown` resolves: with an `admin` one,
+/// `/admin/*`, `/consola/*` and `/metrics` are served there and not on `public`. Both get
+/// the same header timeout, limits and shutdown. Keeps the gauges of `/metrics` fresh
+/// meanwhile.
+///
+/// Served with hyper's own HTTP/1 connection builder rather than `axum::serve`, which
+/// has no header read timeout: a client that never finishes its request head would hold
+/// a connection (and a file descriptor) forever.
+pub async fn serve_doors(
+    public: tokio::net::TcpListener,
+    admin: Option<tokio::net::TcpListener>,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    // Dropped with this function: a refresh only reads, so stopping one halfway is fine.
+    let _gauges = AbortOnDrop(tokio::spawn(crate::metrics::keep_gauges_fresh(
+        state.db.clone(),
+        state.metrics.clone(),
+        state.settings.metrics_refresh,
+    )));
+    let mut connections = hyper::server::conn::http1::Builder::new();
+    connections
+        .timer(hyper_util::rt::TokioTimer::new())
+        // Counted from the first byte awaited, and again while a keep-alive connection
+        // waits for its next request.
+        .header_read_timeout(state.settings.header_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let (public_router, admin_door) = match admin {
+        Some(listener) => {
+            let (public_router, admin_router) = http::doors(state);
+            (public_router, Some((listener, admin_router)))
+        }
+        None => (http::router(state), None),
+    };
+    let admin_door = async {
+        match admin_door {
+            Some((listener, router)) => accept(listener, router, &connections, &graceful).await,
+            None => std::future::pending().await,
+        }
+    };
+    // Dropping the accept loops closes the listeners: no new connection once shutting down.
+    tokio::select! {
+        () = shutdown => {}
+        () = accept(public, public_router, &connections, &graceful) => {}
+        () = admin_door => {}
+    }
+    // Requests in flight finish (each bounded by PAGOS_REQUEST_TIMEOUT); idle connections
+    // close now, half-sent heads at PAGOS_HEADER_TIMEOUT.
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// Accepts connections on `listener` for ever, each served by `router` in a task of its
+/// own and watched by `graceful`.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    connections: &hyper::server::conn::http1::Builder,
+    graceful: &hyper_util::server::graceful::GracefulShutdown,
+) {
+    use tower::Layer;
+    loop {
+        let (stream, remote) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) if is_connection_error(&err) => continue,
+            Err(err) => {
+                // Out of file descriptors and the like: wait for some to close rather
+                // than spin on the error.
+                tracing::error!(error = %err, "cannot accept connections");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        // What axum::serve would insert: handlers may extract the client's address.
+        let service = axum::Extension(axum::extract::ConnectInfo(remote)).layer(router.clone());
+        let connection = connections.serve_connection(
+            hyper_util::rt::TokioIo::new(stream),
+            hyper_util::service::TowerToHyperService::new(service),
+        );
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                // A half-sent head closed at the header timeout, a client gone: theirs.
+                tracing::debug!(error = %err, %remote, "connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Errors of one connection that went away before it was accepted: nothing to do.
+fn is_connection_error(err: &std::io::Error) -> bool {
+    matches!(
+        err.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Aborts a background task when its owner ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The API key of the merchant `serve` creates on a fresh database in sandbox mode, so the
@@ -199,11 +308,25 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {} (PAGOS_BIND)", settings.bind))?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, gateway = ?settings.gateway, "pagos listening");
+    let admin = match settings.admin_bind {
+        Some(admin_bind) => Some(
+            tokio::net::TcpListener::bind(admin_bind)
+                .await
+                .with_context(|| format!("cannot listen on {admin_bind} (PAGOS_ADMIN_BIND)"))?,
+        ),
+        None => None,
+    };
+    match &admin {
+        Some(admin) => {
+            let admin_addr = admin.local_addr()?;
+            tracing::info!(%addr, %admin_addr, gateway = ?settings.gateway, "pagos listening; /admin, /consola and /metrics only on the admin address");
+        }
+        None => tracing::info!(%addr, gateway = ?settings.gateway, "pagos listening"),
+    }
     let state = build(db, settings, gateway);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let background = tokio::spawn(reconciler::run_periodically(state.0.clone(), stopped));
-    let served = serve_on(listener, state, shutdown_signal()).await;
+    let served = serve_doors(listener, admin, state, shutdown_signal()).await;
     let _ = stop.send(true);
     // A pass in progress finishes its payments; each of its writes is atomic anyway.
     let _ = background.await;
@@ -278,4 +401,52 @@ pub async fn add_merchant(
     .await
     .context("creating the merchant (is this API key already taken?)")?;
     Ok((id, api_key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn handlers_can_read_the_address_of_the_client() {
+        use axum::extract::ConnectInfo;
+        use std::net::SocketAddr;
+        let router = axum::Router::new().route(
+            "/who",
+            axum::routing::get(|ConnectInfo(addr): ConnectInfo<SocketAddr>| async move {
+                addr.to_string()
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let connections = hyper::server::conn::http1::Builder::new();
+        let served = accept(listener, router, &connections, &graceful);
+        let asked = async {
+            let client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let mine = client.local_addr().expect("local addr");
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(client))
+                    .await
+                    .expect("handshake");
+            tokio::spawn(connection);
+            let request = axum::http::Request::get("/who")
+                .header("host", addr.to_string())
+                .body(String::new())
+                .expect("request");
+            let answer = sender.send_request(request).await.expect("answered");
+            assert_eq!(answer.status(), 200);
+            let body = http_body_util::BodyExt::collect(answer.into_body())
+                .await
+                .expect("body")
+                .to_bytes();
+            (mine, String::from_utf8_lossy(&body).into_owned())
+        };
+        tokio::select! {
+            () = served => panic!("the accept loop ended"),
+            (mine, seen) = asked => assert_eq!(seen, mine.to_string()),
+        }
+    }
 }

@@ -19,6 +19,15 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// A header timeout: positive, and at most an hour (a longer one protects nothing, and
+/// hyper adds it to the clock of every connection).
+fn header_timeout(s: &str) -> Result<Duration, String> {
+    match positive_duration(s)? {
+        d if d > Duration::from_secs(3600) => Err("must be at most 1h".into()),
+        d => Ok(d),
+    }
+}
+
 fn rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
@@ -268,6 +277,28 @@ pub struct Settings {
           value_parser = clap::value_parser!(i64).range(1..=crate::domain::MAX_SAFE_AMOUNT),
           value_name = "MINOR_UNITS")]
     pub max_amount: i64,
+    /// A connection that has not sent a whole request head within this is closed (also
+    /// the longest a keep-alive connection may stay idle between requests)
+    #[arg(long, env = "PAGOS_HEADER_TIMEOUT", default_value = "10s", value_parser = header_timeout, value_name = "DURATION")]
+    pub header_timeout: Duration,
+    /// No request is held longer than this: it is answered 503 request-timeout, and a
+    /// payment it started goes on (default above PAGOS_LEASE, which bounds the gateway work
+    /// of a payment request)
+    #[arg(long, env = "PAGOS_REQUEST_TIMEOUT", default_value = "70s", value_parser = positive_duration, value_name = "DURATION")]
+    pub request_timeout: Duration,
+    /// Requests served at once; past it new ones are answered 503 overloaded at once
+    /// (/healthz and /metrics are never refused)
+    #[arg(long, env = "PAGOS_MAX_IN_FLIGHT", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
+    pub max_in_flight: u32,
+    /// Serve /admin/*, /consola/* and /metrics only on this address, not on PAGOS_BIND
+    /// (unset: everything on PAGOS_BIND)
+    #[arg(long, env = "PAGOS_ADMIN_BIND", value_name = "ADDR")]
+    pub admin_bind: Option<SocketAddr>,
+    /// How often the gauges of stored state (payments by state, oldest unsettled age,
+    /// database up) are read from the database; a scrape of /metrics only reads memory
+    #[arg(long, env = "PAGOS_METRICS_REFRESH", default_value = "15s", value_parser = positive_duration, value_name = "DURATION")]
+    pub metrics_refresh: Duration,
 }
 
 /// Added to a send's worst case when a payment is held for it (`Settings::send_hold`).
@@ -357,6 +388,16 @@ impl Settings {
                     humantime::format_duration(self.gateway_key_window),
                     self.gateway.as_str(),
                     humantime::format_duration(documented),
+                ),
+            });
+        }
+        if self.admin_bind == Some(self.bind) && self.bind.port() != 0 {
+            return Err(SettingError {
+                env: "PAGOS_ADMIN_BIND",
+                flag: "admin-bind",
+                message: format!(
+                    "{} is also PAGOS_BIND; the admin door needs an address of its own",
+                    self.bind
                 ),
             });
         }
@@ -542,6 +583,14 @@ mod tests {
         assert_eq!(s.lease, Duration::from_secs(60));
         assert_eq!(s.key_retention, Duration::from_secs(86400));
         assert_eq!(s.reconcile_concurrency, 32);
+        assert_eq!(s.header_timeout, Duration::from_secs(10));
+        assert!(
+            s.request_timeout > s.lease,
+            "a payment request is never cut by default"
+        );
+        assert_eq!(s.max_in_flight, 256);
+        assert_eq!(s.admin_bind, None);
+        assert_eq!(s.metrics_refresh, Duration::from_secs(15));
         assert!(s.validate().is_ok());
     }
 
@@ -704,6 +753,18 @@ mod tests {
         );
         assert!(
             serve_settings(&["--message-retention", "10m"])
+                .validate()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn the_admin_door_needs_an_address_of_its_own() {
+        let s = serve_settings(&["--admin-bind", "127.0.0.1:8080"]);
+        let err = s.validate().expect_err("refused");
+        assert_eq!(err.env, "PAGOS_ADMIN_BIND");
+        assert!(
+            serve_settings(&["--admin-bind", "127.0.0.1:9090"])
                 .validate()
                 .is_ok()
         );

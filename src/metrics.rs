@@ -1,8 +1,10 @@
 //! Prometheus metrics: one registry per running `App`, rendered at `GET /metrics`.
 //!
 //! Counters are bumped where things happen; gauges of stored state (payments by state,
-//! age of the oldest unsettled payment) are read from the database at scrape time, so
-//! every process reports the same truth. Labels never carry ids, keys or secrets.
+//! age of the oldest unsettled payment, database up) are read from the database by a
+//! background task every `PAGOS_METRICS_REFRESH`, so every process reports the same
+//! truth. A scrape never runs a query: it renders memory, however often it comes.
+//! Labels never carry ids, keys or secrets.
 
 use crate::gateway::mercadopago::{MercadoPagoGateway, Payment};
 use crate::gateway::{Charge, ChargeRequest, Gateway, GatewayError};
@@ -13,9 +15,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use sea_orm::DatabaseConnection;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -51,6 +54,15 @@ pub struct StateLabel {
     pub estado: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    /// `max_in_flight` (shed) or `request_timeout` (cut).
+    pub limit: &'static str,
+}
+
+/// How often the gauges of stored state are refreshed unless `PAGOS_METRICS_REFRESH` says.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(15);
+
 pub struct Metrics {
     registry: Registry,
     /// `POST /v1/pagos` by what the idempotency registry decided.
@@ -62,11 +74,15 @@ pub struct Metrics {
     pub webhook_events: Family<OutcomeLabel, Counter>,
     pub keys_purged: Counter,
     pub payments: Family<StateLabel, Gauge>,
-    /// 1 when the last scrape could read the database.
+    /// 1 when the last refresh could read the database.
     pub database_up: Gauge,
     /// Answers by route and status code.
     pub http_responses: Family<RouteLabel, Counter>,
     pub oldest_unsettled_age: Gauge<f64, AtomicU64>,
+    /// Requests answered 503 by a limit of the doors.
+    pub http_limited: Family<LimitLabel, Counter>,
+    /// Requests being served under `PAGOS_MAX_IN_FLIGHT`, set when scraped.
+    pub http_in_flight: Gauge,
 }
 
 impl Default for Metrics {
@@ -77,6 +93,12 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
+        Self::refreshed_every(DEFAULT_REFRESH)
+    }
+
+    /// The registry, its gauges' help text naming how often they are refreshed.
+    pub fn refreshed_every(refresh: Duration) -> Self {
+        let every = humantime::format_duration(refresh);
         let mut registry = Registry::with_prefix("pagos");
         let idempotency = Family::<OutcomeLabel, Counter>::default();
         registry.register(
@@ -125,19 +147,23 @@ impl Metrics {
         let payments = Family::<StateLabel, Gauge>::default();
         registry.register(
             "payments",
-            "Payments by state (read at scrape time)",
+            format!("Payments by state (read from the database every {every}, not at scrape time)"),
             payments.clone(),
         );
         let oldest_unsettled_age = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "oldest_unsettled_payment_age_seconds",
-            "Age of the oldest payment in EN_PROCESO or ENVIADA (0 when none)",
+            format!(
+                "Age of the oldest payment in EN_PROCESO or ENVIADA (0 when none; read from the database every {every})"
+            ),
             oldest_unsettled_age.clone(),
         );
         let database_up = Gauge::default();
         registry.register(
             "database_up",
-            "1 when the last scrape could read the database, 0 when not",
+            format!(
+                "1 when the last refresh of the gauges (every {every}) could read the database, 0 when not"
+            ),
             database_up.clone(),
         );
         let http_responses = Family::<RouteLabel, Counter>::default();
@@ -146,8 +172,22 @@ impl Metrics {
             "HTTP answers by method, route template and status code",
             http_responses.clone(),
         );
+        let http_limited = Family::<LimitLabel, Counter>::default();
+        registry.register(
+            "http_limited",
+            "Requests answered 503 by a limit: shed past PAGOS_MAX_IN_FLIGHT (max_in_flight) or cut at PAGOS_REQUEST_TIMEOUT (request_timeout)",
+            http_limited.clone(),
+        );
+        let http_in_flight = Gauge::default();
+        registry.register(
+            "http_requests_in_flight",
+            "Requests being served that count against PAGOS_MAX_IN_FLIGHT (at scrape time)",
+            http_in_flight.clone(),
+        );
         Metrics {
             registry,
+            http_limited,
+            http_in_flight,
             database_up,
             http_responses,
             idempotency,
@@ -188,6 +228,98 @@ impl Metrics {
         }
         out
     }
+}
+
+/// Reads the gauges of stored state from the database every `period`, until dropped:
+/// `pagos serve` runs it beside the listeners, and a scrape only renders what it read.
+/// The first refresh is at once.
+pub async fn keep_gauges_fresh(db: DatabaseConnection, metrics: Arc<Metrics>, period: Duration) {
+    // The pool waits up to 10 s for a connection; a refresh longer than that (or than the
+    // period) is a database that hangs, not one that is slow.
+    let within = period.max(Duration::from_secs(10));
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        refresh_gauges(&db, &metrics, within).await;
+    }
+}
+
+/// One refresh of the gauges of stored state. A refresh that fails, or takes longer than
+/// `within` (a database that hangs), reports the database down.
+pub async fn refresh_gauges(db: &DatabaseConnection, metrics: &Metrics, within: Duration) {
+    let read = match tokio::time::timeout(within, read_gauges(db)).await {
+        Ok(read) => read,
+        Err(_) => Err(sea_orm::DbErr::Custom(format!(
+            "reading the gauges took longer than {}",
+            humantime::format_duration(within)
+        ))),
+    };
+    match read {
+        Ok(gauges) => {
+            for (estado, n) in gauges.payments {
+                metrics
+                    .payments
+                    .get_or_create(&StateLabel { estado })
+                    .set(n);
+            }
+            metrics
+                .oldest_unsettled_age
+                .set(gauges.oldest_unsettled_age);
+            metrics.database_up.set(1);
+        }
+        Err(err) => {
+            // Stale gauges would look healthy exactly when they matter: drop them.
+            tracing::warn!(error = %err, "metrics: could not read payment gauges");
+            metrics.database_up.set(0);
+            metrics.payments.clear();
+            metrics.oldest_unsettled_age.set(f64::NAN);
+        }
+    }
+}
+
+struct StoredGauges {
+    payments: Vec<(&'static str, i64)>,
+    oldest_unsettled_age: f64,
+}
+
+async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::DbErr> {
+    use crate::entities::payment;
+    use crate::saga::state::PaymentState;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
+
+    let counts: Vec<(String, i64)> = payment::Entity::find()
+        .select_only()
+        .column(payment::Column::State)
+        .column_as(payment::Column::Id.count(), "n")
+        .group_by(payment::Column::State)
+        .into_tuple()
+        .all(db)
+        .await?;
+    let payments = PaymentState::ALL
+        .iter()
+        .map(|estado| {
+            let n = counts
+                .iter()
+                .find(|(s, _)| s == estado.as_str())
+                .map_or(0, |(_, n)| *n);
+            (estado.as_str(), n)
+        })
+        .collect();
+    let oldest: Option<chrono::DateTime<chrono::Utc>> = payment::Entity::find()
+        .select_only()
+        .column_as(payment::Column::CreatedAt.min(), "oldest")
+        .filter(payment::Column::State.is_in(crate::saga::store::RECONCILABLE.map(|s| s.as_str())))
+        .into_tuple::<Option<chrono::DateTime<chrono::Utc>>>()
+        .one(db)
+        .await?
+        .flatten();
+    let oldest_unsettled_age =
+        oldest.map_or(0.0, |t| (crate::db::now() - t).as_seconds_f64().max(0.0));
+    Ok(StoredGauges {
+        payments,
+        oldest_unsettled_age,
+    })
 }
 
 /// Wraps a gateway to count and time every single try.

@@ -1,5 +1,10 @@
 //! The HTTP surface: one router per room, merged here so the whole API fits on one
 //! screen, and the OpenAPI document generated from the same routes.
+//!
+//! Also the doors' limits every request meets (`PAGOS_MAX_IN_FLIGHT`,
+//! `PAGOS_REQUEST_TIMEOUT`) and which rooms each door serves (`PAGOS_ADMIN_BIND`). The
+//! header timeout is the server's, in `app::serve_doors`. Nothing here reads a request's
+//! body or touches the database.
 
 pub mod admin;
 pub mod auth;
@@ -9,10 +14,15 @@ pub mod problem;
 pub mod webhooks;
 
 use crate::app::App;
+use crate::metrics::{LimitLabel, Metrics};
 use axum::Router;
-use axum::response::IntoResponse;
+use axum::error_handling::HandleErrorLayer;
+use axum::http::{Method, Uri};
+use axum::response::{IntoResponse, Response};
 use std::ops::Deref;
 use std::sync::Arc;
+use std::time::Duration;
+use tower::limit::GlobalConcurrencyLimitLayer;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
@@ -76,35 +86,204 @@ async fn count_responses(
     response
 }
 
-/// The whole API and its OpenAPI document, from the same route list.
-pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// Paths served only on the admin door when `PAGOS_ADMIN_BIND` is set, whatever room
+/// serves them. `/consola` is reserved for an operators' console: nothing answers under
+/// it yet but a 404.
+pub const ADMIN_PREFIXES: [&str; 3] = ["/admin", "/consola", "/metrics"];
+
+/// Served on both doors, so a probe of either address tells whether the process lives.
+const PROBES: [&str; 2] = ["/healthz", "/readyz"];
+
+/// Which door a router serves. The door of a path is decided by its prefix alone, so a
+/// room adding an `/admin/…` route cannot put it on the merchants' door by mistake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Door {
+    /// `PAGOS_ADMIN_BIND` unset: everything on `PAGOS_BIND`.
+    Only,
+    /// `PAGOS_BIND` beside an admin door: merchants and gateways.
+    Public,
+    /// `PAGOS_ADMIN_BIND`: on-call and the metrics scraper.
+    Admin,
+}
+
+impl Door {
+    fn serves(self, path: &str) -> bool {
+        let admin_only = ADMIN_PREFIXES.iter().any(|prefix| {
+            path.strip_prefix(prefix)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        });
+        match self {
+            Door::Only => true,
+            Door::Public => !admin_only,
+            Door::Admin => admin_only || PROBES.contains(&path),
+        }
+    }
+}
+
+/// The rooms that count against `PAGOS_MAX_IN_FLIGHT` and are cut at
+/// `PAGOS_REQUEST_TIMEOUT`: everything that may wait on the database or a gateway.
+fn limited_rooms() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
         .merge(payments::router())
         .merge(webhooks::router())
         .merge(admin::router())
-        .merge(ops::router())
+        .merge(ops::readiness())
+}
+
+/// The rooms that answer from memory and so are never refused: a liveness probe that
+/// failed under load would get a healthy process killed, and metrics matter most then.
+fn light_rooms() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .merge(ops::liveness())
+        .merge(ops::metrics_route())
+}
+
+/// The whole API and its OpenAPI document, from the same route list.
+pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(limited_rooms())
+        .merge(light_rooms())
         .split_for_parts()
 }
 
+/// The whole surface on one door (`PAGOS_ADMIN_BIND` unset).
 pub fn router(state: AppState) -> Router {
-    let (router, openapi) = api();
+    door(Door::Only, state)
+}
+
+/// The public door and the admin door, for `PAGOS_ADMIN_BIND`: `/admin/*`, `/consola/*`
+/// and `/metrics` only on the second, and the first answers them 404.
+pub fn doors(state: AppState) -> (Router, Router) {
+    (door(Door::Public, state.clone()), door(Door::Admin, state))
+}
+
+fn door(door: Door, state: AppState) -> Router {
+    let (limited, _) = limited_rooms().split_for_parts();
+    let (light, _) = light_rooms().split_for_parts();
+    let (_, openapi) = api();
     let document = openapi.to_json().unwrap_or_default();
-    router
-        .route(
-            "/openapi.json",
-            axum::routing::get(move || {
-                let document = document.clone();
-                async move { ([("content-type", "application/json")], document).into_response() }
-            }),
-        )
-        // A route layer runs after routing, so the route template is known.
+    let light = light.route(
+        "/openapi.json",
+        axum::routing::get(move || {
+            let document = document.clone();
+            async move { ([("content-type", "application/json")], document).into_response() }
+        }),
+    );
+    let metrics = state.metrics.clone();
+    let cut_after = state.settings.request_timeout;
+    let limits = tower::ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(
+            move |method: Method, uri: Uri, err: tower::BoxError| {
+                let metrics = metrics.clone();
+                async move { refused(&metrics, cut_after, &method, &uri, &err) }
+            },
+        ))
+        // Shed rather than queue: a request waiting for a slot holds its connection and
+        // its client's patience, and the queue would grow without bound.
+        .load_shed()
+        // One semaphore for every door and route of the process.
+        .layer(GlobalConcurrencyLimitLayer::with_semaphore(
+            state.in_flight.clone(),
+        ))
+        // Inside the limit, so a request cut frees its slot. The work a handler spawned
+        // (a payment's saga, a reconciliation pass) is a task of its own and goes on.
+        .timeout(cut_after);
+    limited
+        .route_layer(limits)
+        .merge(light)
+        // A route layer runs after routing, so the route template is known; outside the
+        // limits, so their 503s are counted too.
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             count_responses,
         ))
-        .fallback(|| async {
-            problem::Problem::new(problem::Kind::NotFound).detail("No such endpoint.")
-        })
+        .fallback(|| async { no_such_endpoint() })
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| async move {
+                if door.serves(request.uri().path()) {
+                    next.run(request).await
+                } else {
+                    no_such_endpoint().into_response()
+                }
+            },
+        ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
+}
+
+fn no_such_endpoint() -> problem::Problem {
+    problem::Problem::new(problem::Kind::NotFound).detail("No such endpoint.")
+}
+
+/// What a door answers when one of its limits stops a request. Written here rather than
+/// taken from tower-http's timeout layer, whose answer is an empty 408: every pagos error
+/// is problem+json with a stable type, and a 503 + Retry-After tells clients to retry.
+fn refused(
+    metrics: &Metrics,
+    cut_after: Duration,
+    method: &Method,
+    uri: &Uri,
+    err: &tower::BoxError,
+) -> Response {
+    let limited = |limit| {
+        metrics
+            .http_limited
+            .get_or_create(&LimitLabel { limit })
+            .inc()
+    };
+    if err.is::<tower::load_shed::error::Overloaded>() {
+        limited("max_in_flight");
+        // One line per shed request would flood the logs exactly under overload: the
+        // counter pagos_http_limited_total tells it.
+        tracing::debug!(%method, path = uri.path(), "request shed: PAGOS_MAX_IN_FLIGHT requests in progress");
+        return problem::Problem::new(problem::Kind::Overloaded)
+            .detail("Too many requests are in progress. This one was not started and nothing was stored: retry it, with the same Idempotency-Key, after the time in Retry-After.")
+            .retry_after(1)
+            .into_response();
+    }
+    if err.is::<tower::timeout::error::Elapsed>() {
+        limited("request_timeout");
+        tracing::warn!(%method, path = uri.path(), "request cut at PAGOS_REQUEST_TIMEOUT; work it started goes on");
+        return problem::Problem::new(problem::Kind::RequestTimeout)
+            .detail(format!(
+                "The request took longer than {} and was answered before its end. A payment it started goes on: retry with the same Idempotency-Key to get its outcome.",
+                humantime::format_duration(cut_after)
+            ))
+            .retry_after(1)
+            .into_response();
+    }
+    problem::ApiError::Internal(anyhow::anyhow!("a door's limits failed: {err}")).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_is_served_on_the_door_its_prefix_names() {
+        let cases = [
+            ("/admin/pagos", false, true),
+            ("/admin/cargos-huerfanos", false, true),
+            ("/admin", false, true),
+            ("/consola", false, true),
+            ("/consola/pagos/1", false, true),
+            ("/metrics", false, true),
+            ("/v1/pagos", true, false),
+            ("/v1/webhooks/stripe", true, false),
+            ("/openapi.json", true, false),
+            ("/administrador", true, false),
+            ("/metricsx", true, false),
+            ("/healthz", true, true),
+            ("/readyz", true, true),
+        ];
+        for (path, public, admin) in cases {
+            assert_eq!(
+                Door::Public.serves(path),
+                public,
+                "{path} on the public door"
+            );
+            assert_eq!(Door::Admin.serves(path), admin, "{path} on the admin door");
+            assert!(Door::Only.serves(path), "{path} with one door");
+        }
+    }
 }

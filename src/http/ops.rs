@@ -1,6 +1,7 @@
-//! Operations endpoints: liveness, readiness, the OpenAPI document.
+//! Operations endpoints: liveness, readiness, metrics.
 //!
-//! They never need credentials and never touch payment data.
+//! They never need credentials and never touch payment data; liveness and metrics never
+//! touch the database at all.
 
 use super::AppState;
 use super::problem::{Kind, Problem};
@@ -11,28 +12,30 @@ use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(healthz))
-        .routes(routes!(readyz))
-        .routes(routes!(metrics))
+/// `/healthz`: answers from memory, so the doors never shed or time it out (a liveness
+/// probe that failed under load would get a healthy process killed).
+pub fn liveness() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(healthz))
 }
 
-/// Prometheus metrics (OpenMetrics text). Gauges of stored state are read now.
+/// `/readyz`: asks the database, so it counts against the limits like any request.
+pub fn readiness() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(readyz))
+}
+
+/// `/metrics`: renders memory only, so it is never shed either (overload is when it is
+/// needed). Served on the admin door when `PAGOS_ADMIN_BIND` is set.
+pub fn metrics_route() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(metrics))
+}
+
+/// Prometheus metrics (OpenMetrics text). Never runs a query: the gauges of stored state
+/// are refreshed in the background every `PAGOS_METRICS_REFRESH`.
 #[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text")))]
 async fn metrics(State(state): State<AppState>) -> Response {
-    match refresh_gauges(&state).await {
-        Ok(()) => {
-            state.metrics.database_up.set(1);
-        }
-        Err(err) => {
-            // Stale gauges would look healthy exactly when they matter: drop them.
-            tracing::warn!(error = %err, "metrics: could not read payment gauges");
-            state.metrics.database_up.set(0);
-            state.metrics.payments.clear();
-            state.metrics.oldest_unsettled_age.set(f64::NAN);
-        }
-    }
+    let limit = i64::from(state.settings.max_in_flight);
+    let free = i64::try_from(state.in_flight.available_permits()).unwrap_or(limit);
+    state.metrics.http_in_flight.set(limit - free);
     (
         [(
             "content-type",
@@ -41,46 +44,6 @@ async fn metrics(State(state): State<AppState>) -> Response {
         state.metrics.render(),
     )
         .into_response()
-}
-
-async fn refresh_gauges(state: &AppState) -> Result<(), sea_orm::DbErr> {
-    use crate::entities::payment;
-    use crate::metrics::StateLabel;
-    use crate::saga::state::PaymentState;
-    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
-
-    let counts: Vec<(String, i64)> = payment::Entity::find()
-        .select_only()
-        .column(payment::Column::State)
-        .column_as(payment::Column::Id.count(), "n")
-        .group_by(payment::Column::State)
-        .into_tuple()
-        .all(&state.db)
-        .await?;
-    for estado in PaymentState::ALL {
-        let n = counts
-            .iter()
-            .find(|(s, _)| s == estado.as_str())
-            .map_or(0, |(_, n)| *n);
-        state
-            .metrics
-            .payments
-            .get_or_create(&StateLabel {
-                estado: estado.as_str(),
-            })
-            .set(n);
-    }
-    let oldest: Option<chrono::DateTime<chrono::Utc>> = payment::Entity::find()
-        .select_only()
-        .column_as(payment::Column::CreatedAt.min(), "oldest")
-        .filter(payment::Column::State.is_in(crate::saga::store::RECONCILABLE.map(|s| s.as_str())))
-        .into_tuple::<Option<chrono::DateTime<chrono::Utc>>>()
-        .one(&state.db)
-        .await?
-        .flatten();
-    let age = oldest.map_or(0.0, |t| (crate::db::now() - t).as_seconds_f64().max(0.0));
-    state.metrics.oldest_unsettled_age.set(age);
-    Ok(())
 }
 
 /// The process is alive.

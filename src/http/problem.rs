@@ -27,6 +27,10 @@ pub enum Kind {
     PaymentDeclined,
     GatewayRejected,
     Unavailable,
+    /// Shed at `PAGOS_MAX_IN_FLIGHT`: not started, nothing stored.
+    Overloaded,
+    /// Cut at `PAGOS_REQUEST_TIMEOUT`: a payment it started goes on.
+    RequestTimeout,
     Internal,
 }
 
@@ -47,6 +51,8 @@ impl Kind {
             Kind::PaymentDeclined => "payment-declined",
             Kind::GatewayRejected => "gateway-rejected",
             Kind::Unavailable => "service-unavailable",
+            Kind::Overloaded => "overloaded",
+            Kind::RequestTimeout => "request-timeout",
             Kind::Internal => "internal-error",
         }
     }
@@ -61,7 +67,9 @@ impl Kind {
             Kind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Kind::RequestInFlight | Kind::NotUnderReview => StatusCode::CONFLICT,
             Kind::PaymentDeclined | Kind::GatewayRejected => StatusCode::PAYMENT_REQUIRED,
-            Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::Unavailable | Kind::Overloaded | Kind::RequestTimeout => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -82,6 +90,8 @@ impl Kind {
             Kind::PaymentDeclined => "Payment declined",
             Kind::GatewayRejected => "Payment refused by the gateway",
             Kind::Unavailable => "Service temporarily unavailable",
+            Kind::Overloaded => "Too many requests in progress",
+            Kind::RequestTimeout => "The request took too long",
             Kind::Internal => "Internal error",
         }
     }

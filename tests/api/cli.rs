@@ -87,6 +87,40 @@ fn a_bad_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
 }
 
 #[test]
+fn a_malformed_door_setting_stops_serve_with_one_line_naming_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display());
+    for (env, value) in [
+        ("PAGOS_HEADER_TIMEOUT", "soon"),
+        ("PAGOS_HEADER_TIMEOUT", "0s"),
+        ("PAGOS_HEADER_TIMEOUT", "1000years"),
+        ("PAGOS_REQUEST_TIMEOUT", "later"),
+        ("PAGOS_REQUEST_TIMEOUT", "0s"),
+        ("PAGOS_MAX_IN_FLIGHT", "0"),
+        ("PAGOS_MAX_IN_FLIGHT", "many"),
+        ("PAGOS_ADMIN_BIND", "localhost"),
+        ("PAGOS_ADMIN_BIND", "127.0.0.1:8080"),
+        ("PAGOS_METRICS_REFRESH", "often"),
+    ] {
+        assert_refused(
+            &pagos(&["serve", "--database-url", &db], &[(env, value)]),
+            env,
+        );
+    }
+    assert_refused(
+        &pagos(
+            &["serve", "--database-url", &db, "--header-timeout", "soon"],
+            &[],
+        ),
+        "--header-timeout",
+    );
+    assert!(
+        !dir.path().join("x.db").exists(),
+        "nothing was created before refusing"
+    );
+}
+
+#[test]
 fn help_names_every_setting_with_its_env_var() {
     let output = pagos(&["serve", "--help"], &[]);
     let help = String::from_utf8_lossy(&output.stdout);
@@ -109,6 +143,11 @@ fn help_names_every_setting_with_its_env_var() {
         "PAGOS_GATEWAY_KEY_WINDOW",
         "PAGOS_MAX_MONTO",
         "PAGOS_MESSAGE_RETENTION",
+        "PAGOS_HEADER_TIMEOUT",
+        "PAGOS_REQUEST_TIMEOUT",
+        "PAGOS_MAX_IN_FLIGHT",
+        "PAGOS_ADMIN_BIND",
+        "PAGOS_METRICS_REFRESH",
     ] {
         assert!(help.contains(env), "--help names {env}");
     }

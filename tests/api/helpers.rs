@@ -609,3 +609,32 @@ impl TestApp {
         json(answer).await
     }
 }
+
+impl TestApp {
+    /// Scrapes `/metrics` until `wanted` holds of the text (the gauges of stored state
+    /// change only at a background refresh); the text that satisfied it.
+    pub async fn scrape_until(&self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+        let mut text = String::new();
+        for _ in 0..200 {
+            text = self
+                .http
+                .get(self.url("/metrics"))
+                .send()
+                .await
+                .expect("sent")
+                .text()
+                .await
+                .expect("text");
+            if wanted(&text) {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("metrics never showed {what}:\n{text}");
+    }
+}
+
+/// `text` (OpenMetrics) has exactly this line.
+pub fn has_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l == line)
+}

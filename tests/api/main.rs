@@ -9,6 +9,7 @@ mod bad_input;
 mod claims;
 mod cli;
 mod crash;
+mod doors;
 mod gateway_faults;
 mod mercadopago;
 mod merchants;

@@ -389,7 +389,10 @@ async fn the_reaper_deletes_expired_final_keys_and_never_an_in_flight_one(backen
 }
 
 async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
+    let app = Spawn::new(backend)
+        .flags(&["--metrics-refresh", "100ms"])
+        .start()
+        .await;
     FakeGateway::charging("succeeded")
         .mount(app.gateway())
         .await;
@@ -400,15 +403,13 @@ async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) 
         &json!({"creditoId": "1", "monto": 5, "moneda": "USD"}),
     )
     .await;
+    // Counters move at once; the gauges of stored state at the next background refresh.
     let text = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("sent")
-        .text()
-        .await
-        .expect("text");
+        .scrape_until("the payment in the gauges", |m| {
+            m.lines()
+                .any(|l| l == "pagos_payments{estado=\"COMPLETADA\"} 1")
+        })
+        .await;
     for line in [
         "pagos_idempotency_requests_total{outcome=\"new\"} 1",
         "pagos_idempotency_requests_total{outcome=\"replayed\"} 1",
