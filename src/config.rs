@@ -3,7 +3,9 @@
 //! A bad setting must stop the process at start with one line naming it (exit 2), never
 //! surface later as a confusing runtime error.
 
+use crate::merchants::name::MerchantName;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use secrecy::{ExposeSecret, SecretString};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -17,6 +19,20 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
         d if d.is_zero() => Err("must be greater than zero".into()),
         d => Ok(d),
     }
+}
+
+/// A setting that holds a secret: redacted in `Debug`, wiped from memory when dropped.
+pub(crate) fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
+    Ok(SecretString::from(s))
+}
+
+/// A secret setting's value, for the one place that uses it.
+pub fn exposed(secret: &Option<SecretString>) -> Option<&str> {
+    secret.as_ref().map(ExposeSecret::expose_secret)
+}
+
+fn merchant_name(s: &str) -> Result<MerchantName, String> {
+    MerchantName::parse(s).map_err(|e| e.to_string())
 }
 
 fn rate(s: &str) -> Result<f64, String> {
@@ -79,19 +95,100 @@ pub struct ReconcileArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum MerchantsCommand {
-    /// Create a merchant and print its API key (only a hash of it is stored)
+    /// Create a merchant and print its first API key once (only a hash of it is stored)
     Add(MerchantAddArgs),
+    /// List merchants: name, id, created, active keys
+    List(MerchantListArgs),
+    /// Add, list and revoke a merchant's API keys
+    Keys {
+        #[command(subcommand)]
+        action: KeysCommand,
+    },
 }
 
 #[derive(Debug, Args)]
 pub struct MerchantAddArgs {
-    /// The merchant's display name
-    pub name: String,
-    /// Use this API key instead of a random `sk_…` one
-    #[arg(long, env = "PAGOS_MERCHANT_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
+    /// The merchant's name: unique, trimmed, at most 64 printable characters
+    #[arg(value_parser = merchant_name)]
+    pub name: MerchantName,
+    /// Use this API key instead of a generated one (a bearer token; a warning is printed
+    /// when it is shorter than 24 characters or under 128 bits of apparent entropy)
+    #[arg(long, env = "PAGOS_MERCHANT_API_KEY", hide_env_values = true, value_name = "KEY",
+          value_parser = secret)]
+    pub api_key: Option<SecretString>,
+    #[command(flatten)]
+    pub key_kind: KeyKindArgs,
     #[command(flatten)]
     pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct MerchantListArgs {
+    /// Print JSON (an array) instead of a table
+    #[arg(long, env = "PAGOS_JSON")]
+    pub json: bool,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Generate a new API key for a merchant and print it once (its other keys keep working)
+    Add(KeyAddArgs),
+    /// A merchant's keys: prefix, created, last used (to the minute), expiry, state
+    List(KeyListArgs),
+    /// Revoke one of a merchant's keys, named by its prefix: every pagos process refuses it
+    /// within 5 seconds
+    Revoke(KeyRevokeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KeyAddArgs {
+    /// The merchant's name
+    #[arg(value_parser = merchant_name)]
+    pub name: MerchantName,
+    /// The key stops working this long from now (unset: it works until revoked)
+    #[arg(long, env = "PAGOS_EXPIRA", value_parser = positive_duration, value_name = "DURATION")]
+    pub expira: Option<Duration>,
+    #[command(flatten)]
+    pub key_kind: KeyKindArgs,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyListArgs {
+    /// The merchant's name
+    #[arg(value_parser = merchant_name)]
+    pub name: MerchantName,
+    /// Print JSON (an array) instead of a table
+    #[arg(long, env = "PAGOS_JSON")]
+    pub json: bool,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyRevokeArgs {
+    /// The merchant's name
+    #[arg(value_parser = merchant_name)]
+    pub name: MerchantName,
+    /// The key's prefix, as `pagos merchants keys list NAME` shows it
+    pub prefix: String,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+/// Which kind of key to generate: `sk_test_` when this database's payments go through the
+/// sandbox, `sk_live_` otherwise. The gateway the database is pinned to (recorded by the
+/// first `pagos serve` or `pagos reconcile`) decides; this setting only until then.
+#[derive(Clone, Debug, Args)]
+pub struct KeyKindArgs {
+    /// Gateway this database will charge through, for a database no `pagos serve` has used
+    /// yet (afterwards the database's own gateway decides): sandbox gives sk_test_ keys,
+    /// any other sk_live_ keys
+    #[arg(long, env = "PAGOS_GATEWAY", value_enum, default_value_t = GatewayKind::Sandbox)]
+    pub gateway: GatewayKind,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -175,9 +272,10 @@ pub struct Settings {
         long,
         env = "PAGOS_GATEWAY_SECRET",
         hide_env_values = true,
-        value_name = "SECRET"
+        value_name = "SECRET",
+        value_parser = secret
     )]
-    pub gateway_secret: Option<String>,
+    pub gateway_secret: Option<SecretString>,
     /// Timeout of one gateway call
     #[arg(long, env = "PAGOS_GATEWAY_TIMEOUT", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
     pub gateway_timeout: Duration,
@@ -195,35 +293,39 @@ pub struct Settings {
         long,
         env = "PAGOS_ADMIN_TOKEN",
         hide_env_values = true,
-        value_name = "TOKEN"
+        value_name = "TOKEN",
+        value_parser = secret
     )]
-    pub admin_token: Option<String>,
+    pub admin_token: Option<SecretString>,
     /// Secret gateway webhooks are signed with (unset: webhooks answer 401)
     #[arg(
         long,
         env = "PAGOS_WEBHOOK_SECRET",
         hide_env_values = true,
-        value_name = "SECRET"
+        value_name = "SECRET",
+        value_parser = secret
     )]
-    pub webhook_secret: Option<String>,
+    pub webhook_secret: Option<SecretString>,
     /// Stripe's webhook signing secret (whsec_…) for /v1/webhooks/stripe (unset: it
     /// answers 401)
     #[arg(
         long,
         env = "PAGOS_STRIPE_WEBHOOK_SECRET",
         hide_env_values = true,
-        value_name = "SECRET"
+        value_name = "SECRET",
+        value_parser = secret
     )]
-    pub stripe_webhook_secret: Option<String>,
+    pub stripe_webhook_secret: Option<SecretString>,
     /// Mercado Pago's webhook secret for /v1/webhooks/mercadopago (unset: it answers 401;
     /// needs --gateway mercadopago, whose API tells the payment's state)
     #[arg(
         long,
         env = "PAGOS_MERCADOPAGO_WEBHOOK_SECRET",
         hide_env_values = true,
-        value_name = "SECRET"
+        value_name = "SECRET",
+        value_parser = secret
     )]
-    pub mercadopago_webhook_secret: Option<String>,
+    pub mercadopago_webhook_secret: Option<SecretString>,
     /// Period of the background reconciler
     #[arg(long, env = "PAGOS_RECONCILE_EVERY", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
     pub reconcile_every: Duration,
@@ -246,6 +348,11 @@ pub struct Settings {
     #[arg(long, env = "PAGOS_RECONCILE_CONCURRENCY", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(1..=1024), value_name = "N")]
     pub reconcile_concurrency: u32,
+    /// Failed authentications (API key or admin token) one client address may make in a
+    /// minute; past it, its requests get 429 with Retry-After before any key is looked up
+    #[arg(long, env = "PAGOS_AUTH_FAILURES_PER_MINUTE", default_value_t = 60,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
+    pub auth_failures_per_minute: u32,
 }
 
 /// A setting that is well-formed alone but wrong with the others.
@@ -272,7 +379,12 @@ impl Settings {
             });
         }
         let provider = matches!(self.gateway, GatewayKind::Stripe | GatewayKind::MercadoPago);
-        if provider && self.gateway_secret.as_deref().is_none_or(str::is_empty) {
+        if provider
+            && self
+                .gateway_secret
+                .as_ref()
+                .is_none_or(|s| s.expose_secret().is_empty())
+        {
             return Err(SettingError {
                 env: "PAGOS_GATEWAY_SECRET",
                 flag: "gateway-secret",
@@ -342,9 +454,10 @@ pub struct SandboxArgs {
         long,
         env = "PAGOS_SANDBOX_SECRET",
         hide_env_values = true,
-        value_name = "SECRET"
+        value_name = "SECRET",
+        value_parser = secret
     )]
-    pub secret: Option<String>,
+    pub secret: Option<SecretString>,
     /// Time a new charge takes
     #[arg(long, env = "PAGOS_SANDBOX_LATENCY", default_value = "0ms", value_parser = duration, value_name = "DURATION")]
     pub latency: Duration,
@@ -377,9 +490,10 @@ pub struct SandboxArgs {
         long,
         env = "PAGOS_SANDBOX_WEBHOOK_SECRET",
         hide_env_values = true,
-        value_name = "SECRET"
+        value_name = "SECRET",
+        value_parser = secret
     )]
-    pub webhook_secret: Option<String>,
+    pub webhook_secret: Option<SecretString>,
     /// Deliver events duplicated, delayed and out of order
     #[arg(long, env = "PAGOS_SANDBOX_CHAOS")]
     pub chaos: bool,

@@ -10,6 +10,8 @@ mod m20261202_000002_instance_facts;
 mod m20261202_000003_webhooks;
 mod m20261202_000004_payment_method;
 mod m20261202_000005_claim_index;
+mod m20261203_000007_api_keys;
+mod m20261203_000008_merchant_names;
 
 pub struct Migrator;
 
@@ -22,6 +24,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000003_webhooks::Migration),
             Box::new(m20261202_000004_payment_method::Migration),
             Box::new(m20261202_000005_claim_index::Migration),
+            Box::new(m20261203_000007_api_keys::Migration),
+            Box::new(m20261203_000008_merchant_names::Migration),
         ]
     }
 }
