@@ -584,6 +584,7 @@ mod tests {
         assert_eq!(s.lease, Duration::from_secs(60));
         assert_eq!(s.key_retention, Duration::from_secs(86400));
         assert_eq!(s.reconcile_concurrency, 32);
+        assert_eq!(s.auth_failures_per_minute, 60);
         assert!(s.validate().is_ok());
     }
 
@@ -699,6 +700,62 @@ mod tests {
             s.validate().expect_err("refused").env,
             "PAGOS_MERCADOPAGO_WEBHOOK_SECRET"
         );
+    }
+
+    #[test]
+    fn debug_output_of_the_settings_never_shows_a_secret() {
+        let secrets = [
+            ("--gateway-secret", "gw-secret-4f7a1c"),
+            ("--admin-token", "admin-secret-9b2e5d"),
+            ("--webhook-secret", "webhook-secret-1d8c3a"),
+            ("--stripe-webhook-secret", "whsec_stripe-7e6f2b"),
+            ("--mercadopago-webhook-secret", "mp-secret-3a9d4e"),
+        ];
+        let flags: Vec<&str> = secrets.iter().flat_map(|(f, v)| [*f, *v]).collect();
+        let settings = serve_settings(&flags);
+        assert_eq!(exposed(&settings.admin_token), Some("admin-secret-9b2e5d"));
+        let shown = format!("{settings:?}");
+        for (flag, secret) in secrets {
+            assert!(!shown.contains(secret), "{flag} shown: {shown}");
+        }
+        assert!(shown.contains("REDACTED"), "{shown}");
+
+        let sandbox = match parse(&[
+            "sandbox-gateway",
+            "--secret",
+            "sandbox-5c1b7f",
+            "--webhook-secret",
+            "sandbox-wh-2f8e9a",
+        ])
+        .map(|cli| cli.command)
+        {
+            Ok(Command::SandboxGateway(args)) => args,
+            other => panic!("not the sandbox: {other:?}"),
+        };
+        let shown = format!("{sandbox:?}");
+        assert!(!shown.contains("sandbox-5c1b7f") && !shown.contains("sandbox-wh-2f8e9a"));
+
+        for args in [
+            &[
+                "merchants",
+                "add",
+                "acme",
+                "--api-key",
+                "sk_live_cli_8d2f6a",
+            ][..],
+            &[
+                "pay",
+                "--url",
+                "http://x",
+                "--api-key",
+                "sk_live_cli_8d2f6a",
+                "--resume",
+            ][..],
+        ] {
+            let cli = parse(args).expect("parsed");
+            let shown = format!("{cli:?}");
+            assert!(!shown.contains("sk_live_cli_8d2f6a"), "{shown}");
+        }
     }
 
     #[test]
