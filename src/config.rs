@@ -184,10 +184,11 @@ pub struct KeyRevokeArgs {
 /// first `pagos serve` or `pagos reconcile`) decides; this setting only until then.
 #[derive(Clone, Debug, Args)]
 pub struct KeyKindArgs {
-    /// Gateway this database will charge through, for a database no `pagos serve` has used
-    /// yet (afterwards the database's own gateway decides): sandbox gives sk_test_ keys,
-    /// any other sk_live_ keys
-    #[arg(long, env = "PAGOS_GATEWAY", value_enum, default_value_t = GatewayKind::Sandbox)]
+    /// Gateway this database will charge through (sandbox, http, stripe, mercadopago), for
+    /// a database no `pagos serve` has used yet (afterwards the database's own gateway
+    /// decides): sandbox gives sk_test_ keys, any other sk_live_ keys
+    #[arg(long, env = "PAGOS_GATEWAY", value_enum, default_value_t = GatewayKind::Sandbox,
+          hide_possible_values = true)]
     pub gateway: GatewayKind,
 }
 
