@@ -458,7 +458,7 @@ fn merchants_keys_add_list_and_revoke_through_the_cli() {
     assert!(expiring_row["expiresAt"].is_string());
     let lasting_row = keys
         .iter()
-        .find(|k| k["prefix"] == &lasting[..16])
+        .find(|k| k["prefix"] == lasting[..16])
         .expect("listed");
     assert_eq!(lasting_row["state"], "active");
     assert_eq!(lasting_row["expiresAt"], Value::Null);

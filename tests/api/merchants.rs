@@ -1,7 +1,21 @@
-//! Merchant scoping: a key or a payment id of another merchant is never shared or shown.
+//! Merchants: scoping (a key or a payment id of another merchant is never shared or
+//! shown), several API keys per merchant, revocation and expiry seen by a running server,
+//! the key cache, the limit on failed authentications, unique names and their migration.
+//! Keys are added and revoked with the real `pagos` binary on the app's database, as an
+//! operator would, while the app serves.
 
-use crate::helpers::{API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, charges, json, payment_body};
+use crate::helpers::{
+    ADMIN_TOKEN, API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, TestDatabase, charges,
+    json, payment_body,
+};
 use crate::on_both_databases;
+use crate::process::BIN;
+use pagos::entities::merchant;
+use pagos::merchants::key::hash_api_key;
+use pagos::merchants::store::{self, Credential};
+use sea_orm::{ActiveValue::Set, EntityTrait, QueryOrder};
+use serde_json::Value;
+use std::time::{Duration, Instant};
 
 on_both_databases!(
     two_merchants_with_one_key_make_two_payments_with_two_gateway_keys,
@@ -72,19 +86,6 @@ async fn a_merchant_cannot_read_another_merchants_payment(backend: Backend) {
         .expect("sent");
     assert_eq!(not_a_uuid.status(), 404);
 }
-
-// Several API keys per merchant, revocation, expiry, the key cache and the limit on
-// failed authentications. Keys are added and revoked with the real `pagos` binary on the
-// app's database, as an operator would, while the app serves.
-
-use crate::helpers::{ADMIN_TOKEN, TestApp, TestDatabase};
-use crate::process::BIN;
-use pagos::entities::merchant;
-use pagos::merchants::key::hash_api_key;
-use pagos::merchants::store::{self, Credential};
-use sea_orm::{ActiveValue::Set, EntityTrait, QueryOrder};
-use serde_json::Value;
-use std::time::{Duration, Instant};
 
 on_both_databases!(
     two_keys_of_one_merchant_both_work_and_see_the_same_payments,
