@@ -486,9 +486,12 @@ pub async fn run(args: crate::config::SandboxArgs) -> anyhow::Result<()> {
     };
     let server = match args.webhook_url {
         Some(url) => {
-            let secret = crate::config::exposed(&args.webhook_secret).filter(|s| !s.is_empty()).map(str::to_owned).context(
-                "PAGOS_SANDBOX_WEBHOOK_SECRET (--webhook-secret) is required with --webhook-url: events are signed with pagos' PAGOS_WEBHOOK_SECRET",
-            )?;
+            let secret = crate::config::exposed(&args.webhook_secret)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .context(
+                    "PAGOS_SANDBOX_WEBHOOK_SECRET (--webhook-secret) is required with --webhook-url: events are signed with pagos' PAGOS_WEBHOOK_SECRET",
+                )?;
             tracing::info!(%url, chaos = args.chaos, "delivering webhooks");
             SandboxServer::with_webhooks(
                 outcomes,
