@@ -16,7 +16,7 @@ use crate::merchants::store::{self, Credential};
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
-use governor::clock::{Clock, DefaultClock};
+use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use sea_orm::DatabaseConnection;
 use sha2::{Digest, Sha256};
@@ -103,7 +103,7 @@ impl Authenticator {
         match self.failures.check_key(&client) {
             Ok(()) => unauthorized(detail),
             Err(not_until) => {
-                let wait = not_until.wait_time_from(DefaultClock::default().now());
+                let wait = not_until.wait_time_from(self.failures.clock().now());
                 self.blocked.insert(client, Instant::now() + wait).await;
                 tracing::warn!(%client, "too many failed authentications: refused with 429");
                 too_many_failures(wait)

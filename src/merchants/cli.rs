@@ -51,15 +51,15 @@ async fn add_merchant(args: MerchantAddArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let db = open_and_migrate(&args.database).await?;
-    let key = match chosen {
-        Some(key) => {
-            warn_if_weak(&key);
-            key
-        }
+    let key = match &chosen {
+        Some(key) => key.clone(),
         None => ApiKey::generate(store::key_kind(&db, args.key_kind.gateway).await?),
     };
     match store::add_merchant(&db, &args.name, &key).await {
         Ok(id) => {
+            if chosen.is_some() {
+                warn_if_weak(&key);
+            }
             eprintln!(
                 "pagos: merchant {:?} created with id {id}; its API key (prefix {}, shown once):",
                 args.name.as_str(),

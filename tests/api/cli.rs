@@ -643,6 +643,21 @@ fn merchant_names_are_trimmed_unique_non_blank_and_at_most_64_printable_characte
         &pagos(&["merchants", "add", " acme\t", "--database-url", &db], &[]),
         "already exists",
     );
+    assert_refused(
+        &pagos(
+            &[
+                "merchants",
+                "add",
+                "acme",
+                "--api-key",
+                "sk_short",
+                "--database-url",
+                &db,
+            ],
+            &[],
+        ),
+        "already exists",
+    );
     for (name, says) in [
         ("", "blank"),
         ("   ", "blank"),
