@@ -4,21 +4,20 @@
 
 use crate::config::{DatabaseArgs, GatewayKind, Settings};
 use crate::db;
-use crate::entities::merchant;
 use crate::gateway::Gateway;
 use crate::gateway::http::HttpGateway;
 use crate::gateway::mercadopago::MercadoPagoGateway;
 use crate::gateway::sandbox::{Outcomes, SandboxGateway};
 use crate::gateway::stripe::StripeGateway;
-use crate::http::auth::{MerchantCache, hash_api_key};
+use crate::http::auth::Authenticator;
 use crate::http::{self, AppState};
 use crate::metrics::{MeteredGateway, MeteredMercadoPago, Metrics};
 use crate::reconciler;
 use crate::saga::SagaDeps;
 use anyhow::Context;
 use migration::{Migrator, MigratorTrait};
-use rand::distr::{Alphanumeric, SampleString};
 use sea_orm::{ActiveValue::Set, DatabaseConnection, EntityTrait};
+use secrecy::ExposeSecret;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -28,7 +27,8 @@ pub struct App {
     /// The configured gateway, metered.
     pub gateway: Arc<dyn Gateway>,
     pub settings: Settings,
-    pub merchants: MerchantCache,
+    /// The API-key cache and the limit on failed authentications.
+    pub auth: Authenticator,
     pub metrics: Arc<Metrics>,
     /// With `PAGOS_GATEWAY=mercadopago`: the client notifications ask for a payment's
     /// state, built once (its connections are reused) and metered.
@@ -68,7 +68,10 @@ pub fn gateway_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
                 .context("PAGOS_GATEWAY_URL is required")?;
             Arc::new(HttpGateway::new(
                 url.as_str(),
-                settings.gateway_secret.as_deref().unwrap_or(""),
+                settings
+                    .gateway_secret
+                    .as_ref()
+                    .map_or("", ExposeSecret::expose_secret),
                 settings.gateway_timeout,
             )?)
         }
@@ -138,7 +141,8 @@ fn provider_settings(settings: &Settings) -> anyhow::Result<(&str, &str)> {
         .context("PAGOS_GATEWAY_URL is required")?;
     let secret = settings
         .gateway_secret
-        .as_deref()
+        .as_ref()
+        .map(ExposeSecret::expose_secret)
         .filter(|s| !s.is_empty())
         .with_context(|| {
             format!(
@@ -167,8 +171,8 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
     AppState(Arc::new(App {
         db,
         gateway: MeteredGateway::wrap(gateway, metrics.clone()),
+        auth: Authenticator::new(settings.auth_failures_per_minute),
         settings,
-        merchants: MerchantCache::default(),
         metrics,
         mercadopago,
         in_flight,
@@ -333,16 +337,28 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     served
 }
 
+/// The sandbox's merchant `demo` on a database that has no merchant yet. Two processes
+/// starting at once on a fresh database both try: the name and the key are unique, so one
+/// of them creates it and the other finds it there.
 async fn ensure_demo_merchant(db: &DatabaseConnection) -> anyhow::Result<()> {
+    use crate::merchants::{key::ApiKey, name::MerchantName, store};
     use sea_orm::PaginatorTrait;
-    if merchant::Entity::find().count(db).await? == 0 {
-        add_merchant(db, "demo", Some(DEMO_API_KEY.to_owned())).await?;
-        tracing::info!(
-            api_key = DEMO_API_KEY,
-            "sandbox mode on a fresh database: created merchant \"demo\" (the sandbox never moves money)"
-        );
+    if crate::entities::merchant::Entity::find().count(db).await? > 0 {
+        return Ok(());
     }
-    Ok(())
+    let name = MerchantName::parse("demo")?;
+    let key = ApiKey::chosen(&DEMO_API_KEY.into())?;
+    match store::add_merchant(db, &name, &key).await {
+        Ok(_) => {
+            tracing::info!(
+                key_prefix = %key.prefix(),
+                "sandbox mode on a fresh database: created merchant \"demo\" with the README's demo API key (the sandbox never moves money)"
+            );
+            Ok(())
+        }
+        Err(store::AddError::NameTaken(_) | store::AddError::KeyTaken) => Ok(()),
+        Err(store::AddError::Db(err)) => Err(err.into()),
+    }
 }
 
 /// `pagos reconcile --once`: one pass, the report as JSON on stdout.
@@ -382,25 +398,22 @@ pub async fn shutdown_signal() {
     tracing::info!("shutting down: finishing requests in flight");
 }
 
-/// Creates a merchant; returns (id, API key).
+/// Creates a merchant named `name` with `api_key` (generated when `None`, of the kind this
+/// database's gateway calls for); returns its id and the key. `pagos merchants add` does the
+/// same with its own messages (`merchants::cli`).
 pub async fn add_merchant(
     db: &DatabaseConnection,
     name: &str,
     api_key: Option<String>,
 ) -> anyhow::Result<(Uuid, String)> {
-    let api_key = api_key
-        .unwrap_or_else(|| format!("sk_{}", Alphanumeric.sample_string(&mut rand::rng(), 32)));
-    let id = Uuid::now_v7();
-    merchant::Entity::insert(merchant::ActiveModel {
-        id: Set(id),
-        name: Set(name.to_owned()),
-        api_key_hash: Set(hash_api_key(&api_key)),
-        created_at: Set(db::now()),
-    })
-    .exec_without_returning(db)
-    .await
-    .context("creating the merchant (is this API key already taken?)")?;
-    Ok((id, api_key))
+    use crate::merchants::{key::ApiKey, name::MerchantName, store};
+    let name = MerchantName::parse(name)?;
+    let key = match api_key {
+        Some(key) => ApiKey::chosen(&key.into())?,
+        None => ApiKey::generate(store::key_kind(db, GatewayKind::Sandbox).await?),
+    };
+    let id = store::add_merchant(db, &name, &key).await?;
+    Ok((id, key.expose().to_owned()))
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 //! A bad setting must stop the process at start with one line naming it (exit 2), never
 //! surface later as a confusing runtime error.
 
+use crate::merchants::name::MerchantName;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use secrecy::{ExposeSecret, SecretString};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -26,6 +28,20 @@ fn header_timeout(s: &str) -> Result<Duration, String> {
         d if d > Duration::from_secs(3600) => Err("must be at most 1h".into()),
         d => Ok(d),
     }
+}
+
+/// A setting that holds a secret: redacted in `Debug`, wiped from memory when dropped.
+pub(crate) fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
+    Ok(SecretString::from(s))
+}
+
+/// A secret setting's value, for the one place that uses it.
+pub fn exposed(secret: &Option<SecretString>) -> Option<&str> {
+    secret.as_ref().map(ExposeSecret::expose_secret)
+}
+
+fn merchant_name(s: &str) -> Result<MerchantName, String> {
+    MerchantName::parse(s).map_err(|e| e.to_string())
 }
 
 fn rate(s: &str) -> Result<f64, String> {
@@ -89,19 +105,101 @@ pub struct ReconcileArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum MerchantsCommand {
-    /// Create a merchant and print its API key (only a hash of it is stored)
+    /// Create a merchant and print its first API key once (only a hash of it is stored)
     Add(MerchantAddArgs),
+    /// List merchants: name, id, created, active keys
+    List(MerchantListArgs),
+    /// Add, list and revoke a merchant's API keys
+    Keys {
+        #[command(subcommand)]
+        action: KeysCommand,
+    },
 }
 
 #[derive(Debug, Args)]
 pub struct MerchantAddArgs {
-    /// The merchant's display name
-    pub name: String,
-    /// Use this API key instead of a random `sk_…` one
-    #[arg(long, env = "PAGOS_MERCHANT_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
+    /// The merchant's name: unique, trimmed, at most 64 printable characters
+    #[arg(value_parser = merchant_name)]
+    pub name: MerchantName,
+    /// Use this API key instead of a generated one (a bearer token; a warning is printed
+    /// when it is shorter than 24 characters or under 128 bits of apparent entropy)
+    #[arg(long, env = "PAGOS_MERCHANT_API_KEY", hide_env_values = true, value_name = "KEY",
+          value_parser = secret)]
+    pub api_key: Option<SecretString>,
+    #[command(flatten)]
+    pub key_kind: KeyKindArgs,
     #[command(flatten)]
     pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct MerchantListArgs {
+    /// Print JSON (an array) instead of a table
+    #[arg(long, env = "PAGOS_JSON")]
+    pub json: bool,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Generate a new API key for a merchant and print it once (its other keys keep working)
+    Add(KeyAddArgs),
+    /// A merchant's keys: prefix, created, last used (to the minute), expiry, state
+    List(KeyListArgs),
+    /// Revoke one of a merchant's keys, named by its prefix: every pagos process refuses it
+    /// within 5 seconds
+    Revoke(KeyRevokeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KeyAddArgs {
+    /// The merchant's name
+    #[arg(value_parser = merchant_name)]
+    pub name: MerchantName,
+    /// The key stops working this long from now (unset: it works until revoked)
+    #[arg(long, env = "PAGOS_EXPIRA", value_parser = positive_duration, value_name = "DURATION")]
+    pub expira: Option<Duration>,
+    #[command(flatten)]
+    pub key_kind: KeyKindArgs,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyListArgs {
+    /// The merchant's name
+    #[arg(value_parser = merchant_name)]
+    pub name: MerchantName,
+    /// Print JSON (an array) instead of a table
+    #[arg(long, env = "PAGOS_JSON")]
+    pub json: bool,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyRevokeArgs {
+    /// The merchant's name
+    #[arg(value_parser = merchant_name)]
+    pub name: MerchantName,
+    /// The key's prefix, as `pagos merchants keys list NAME` shows it
+    pub prefix: String,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+/// Which kind of key to generate: `sk_test_` when this database's payments go through the
+/// sandbox, `sk_live_` otherwise. The gateway the database is pinned to (recorded by the
+/// first `pagos serve` or `pagos reconcile`) decides; this setting only until then.
+#[derive(Clone, Debug, Args)]
+pub struct KeyKindArgs {
+    /// Gateway this database will charge through (sandbox, http, stripe, mercadopago), for
+    /// a database no `pagos serve` has used yet (afterwards the database's own gateway
+    /// decides): sandbox gives sk_test_ keys, any other sk_live_ keys
+    #[arg(long, env = "PAGOS_GATEWAY", value_enum, default_value_t = GatewayKind::Sandbox,
+          hide_possible_values = true)]
+    pub gateway: GatewayKind,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -198,9 +296,10 @@ pub struct Settings {
         long,
         env = "PAGOS_GATEWAY_SECRET",
         hide_env_values = true,
-        value_name = "SECRET"
+        value_name = "SECRET",
+        value_parser = secret
     )]
-    pub gateway_secret: Option<String>,
+    pub gateway_secret: Option<SecretString>,
     /// Timeout of one gateway call
     #[arg(long, env = "PAGOS_GATEWAY_TIMEOUT", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
     pub gateway_timeout: Duration,
@@ -218,35 +317,39 @@ pub struct Settings {
         long,
         env = "PAGOS_ADMIN_TOKEN",
         hide_env_values = true,
-        value_name = "TOKEN"
+        value_name = "TOKEN",
+        value_parser = secret
     )]
-    pub admin_token: Option<String>,
+    pub admin_token: Option<SecretString>,
     /// Secret gateway webhooks are signed with (unset: webhooks answer 401)
     #[arg(
         long,
         env = "PAGOS_WEBHOOK_SECRET",
         hide_env_values = true,
-        value_name = "SECRET"
+        value_name = "SECRET",
+        value_parser = secret
     )]
-    pub webhook_secret: Option<String>,
+    pub webhook_secret: Option<SecretString>,
     /// Stripe's webhook signing secret (whsec_…) for /v1/webhooks/stripe (unset: it
     /// answers 401)
     #[arg(
         long,
         env = "PAGOS_STRIPE_WEBHOOK_SECRET",
         hide_env_values = true,
-        value_name = "SECRET"
+        value_name = "SECRET",
+        value_parser = secret
     )]
-    pub stripe_webhook_secret: Option<String>,
+    pub stripe_webhook_secret: Option<SecretString>,
     /// Mercado Pago's webhook secret for /v1/webhooks/mercadopago (unset: it answers 401;
     /// needs --gateway mercadopago, whose API tells the payment's state)
     #[arg(
         long,
         env = "PAGOS_MERCADOPAGO_WEBHOOK_SECRET",
         hide_env_values = true,
-        value_name = "SECRET"
+        value_name = "SECRET",
+        value_parser = secret
     )]
-    pub mercadopago_webhook_secret: Option<String>,
+    pub mercadopago_webhook_secret: Option<SecretString>,
     /// Period of the background reconciler
     #[arg(long, env = "PAGOS_RECONCILE_EVERY", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
     pub reconcile_every: Duration,
@@ -299,6 +402,11 @@ pub struct Settings {
     /// database up) are read from the database; a scrape of /metrics only reads memory
     #[arg(long, env = "PAGOS_METRICS_REFRESH", default_value = "15s", value_parser = positive_duration, value_name = "DURATION")]
     pub metrics_refresh: Duration,
+    /// Failed authentications (API key or admin token) one client address may make in a
+    /// minute; past it, its requests get 429 with Retry-After before any key is looked up
+    #[arg(long, env = "PAGOS_AUTH_FAILURES_PER_MINUTE", default_value_t = 60,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
+    pub auth_failures_per_minute: u32,
 }
 
 /// Added to a send's worst case when a payment is held for it (`Settings::send_hold`).
@@ -341,7 +449,12 @@ impl Settings {
             });
         }
         let provider = matches!(self.gateway, GatewayKind::Stripe | GatewayKind::MercadoPago);
-        if provider && self.gateway_secret.as_deref().is_none_or(str::is_empty) {
+        if provider
+            && self
+                .gateway_secret
+                .as_ref()
+                .is_none_or(|s| s.expose_secret().is_empty())
+        {
             return Err(SettingError {
                 env: "PAGOS_GATEWAY_SECRET",
                 flag: "gateway-secret",
@@ -455,9 +568,10 @@ pub struct SandboxArgs {
         long,
         env = "PAGOS_SANDBOX_SECRET",
         hide_env_values = true,
-        value_name = "SECRET"
+        value_name = "SECRET",
+        value_parser = secret
     )]
-    pub secret: Option<String>,
+    pub secret: Option<SecretString>,
     /// Time a new charge takes
     #[arg(long, env = "PAGOS_SANDBOX_LATENCY", default_value = "0ms", value_parser = duration, value_name = "DURATION")]
     pub latency: Duration,
@@ -490,9 +604,10 @@ pub struct SandboxArgs {
         long,
         env = "PAGOS_SANDBOX_WEBHOOK_SECRET",
         hide_env_values = true,
-        value_name = "SECRET"
+        value_name = "SECRET",
+        value_parser = secret
     )]
-    pub webhook_secret: Option<String>,
+    pub webhook_secret: Option<SecretString>,
     /// Deliver events duplicated, delayed and out of order
     #[arg(long, env = "PAGOS_SANDBOX_CHAOS")]
     pub chaos: bool,
@@ -591,6 +706,7 @@ mod tests {
         assert_eq!(s.max_in_flight, 256);
         assert_eq!(s.admin_bind, None);
         assert_eq!(s.metrics_refresh, Duration::from_secs(15));
+        assert_eq!(s.auth_failures_per_minute, 60);
         assert!(s.validate().is_ok());
     }
 
@@ -741,6 +857,62 @@ mod tests {
             let err = parse(&["serve", &arg]).expect_err(bad);
             let line = one_line_error_in(&err, ["serve".to_owned()]);
             assert!(line.contains("PAGOS_MAX_MONTO"), "{line}");
+        }
+    }
+
+    #[test]
+    fn debug_output_of_the_settings_never_shows_a_secret() {
+        let secrets = [
+            ("--gateway-secret", "gw-secret-4f7a1c"),
+            ("--admin-token", "admin-secret-9b2e5d"),
+            ("--webhook-secret", "webhook-secret-1d8c3a"),
+            ("--stripe-webhook-secret", "whsec_stripe-7e6f2b"),
+            ("--mercadopago-webhook-secret", "mp-secret-3a9d4e"),
+        ];
+        let flags: Vec<&str> = secrets.iter().flat_map(|(f, v)| [*f, *v]).collect();
+        let settings = serve_settings(&flags);
+        assert_eq!(exposed(&settings.admin_token), Some("admin-secret-9b2e5d"));
+        let shown = format!("{settings:?}");
+        for (flag, secret) in secrets {
+            assert!(!shown.contains(secret), "{flag} shown: {shown}");
+        }
+        assert!(shown.contains("REDACTED"), "{shown}");
+
+        let sandbox = match parse(&[
+            "sandbox-gateway",
+            "--secret",
+            "sandbox-5c1b7f",
+            "--webhook-secret",
+            "sandbox-wh-2f8e9a",
+        ])
+        .map(|cli| cli.command)
+        {
+            Ok(Command::SandboxGateway(args)) => args,
+            other => panic!("not the sandbox: {other:?}"),
+        };
+        let shown = format!("{sandbox:?}");
+        assert!(!shown.contains("sandbox-5c1b7f") && !shown.contains("sandbox-wh-2f8e9a"));
+
+        for args in [
+            &[
+                "merchants",
+                "add",
+                "acme",
+                "--api-key",
+                "sk_live_cli_8d2f6a",
+            ][..],
+            &[
+                "pay",
+                "--url",
+                "http://x",
+                "--api-key",
+                "sk_live_cli_8d2f6a",
+                "--resume",
+            ][..],
+        ] {
+            let cli = parse(args).expect("parsed");
+            let shown = format!("{cli:?}");
+            assert!(!shown.contains("sk_live_cli_8d2f6a"), "{shown}");
         }
     }
 

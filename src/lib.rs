@@ -13,6 +13,7 @@ pub mod failpoint;
 pub mod gateway;
 pub mod http;
 pub mod idempotency;
+pub mod merchants;
 pub mod metrics;
 pub mod reaper;
 pub mod reconciler;

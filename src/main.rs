@@ -1,7 +1,7 @@
 //! The `pagos` command line: parse, build, run. Nothing else lives here.
 
 use clap::Parser;
-use pagos::config::{Cli, Command, MerchantsCommand, one_line_error};
+use pagos::config::{Cli, Command, one_line_error};
 use pagos::{app, telemetry};
 use std::process::ExitCode;
 
@@ -60,20 +60,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             app::open_and_migrate(&database).await?;
             eprintln!("pagos: migrations applied");
         }
-        Command::Merchants {
-            action: MerchantsCommand::Add(args),
-        } => {
-            let db = app::open_and_migrate(&args.database).await?;
-            let (id, api_key) = app::add_merchant(&db, &args.name, args.api_key).await?;
-            eprintln!(
-                "pagos: merchant {:?} created with id {id}; its API key (shown once):",
-                args.name
-            );
-            #[allow(clippy::print_stdout)]
-            {
-                println!("{api_key}");
-            }
-        }
+        Command::Merchants { action } => return pagos::merchants::cli::run(action).await,
         Command::SandboxGateway(args) => pagos::gateway::sandbox_server::run(args).await?,
         Command::Pay(args) => return pagos::client::cli::run(args).await,
         Command::Reconcile(args) => {

@@ -11,6 +11,8 @@ mod m20261202_000003_webhooks;
 mod m20261202_000004_payment_method;
 mod m20261202_000005_claim_index;
 mod m20261203_000006_payment_generations;
+mod m20261203_000007_api_keys;
+mod m20261203_000008_merchant_names;
 
 pub struct Migrator;
 
@@ -24,6 +26,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000004_payment_method::Migration),
             Box::new(m20261202_000005_claim_index::Migration),
             Box::new(m20261203_000006_payment_generations::Migration),
+            Box::new(m20261203_000007_api_keys::Migration),
+            Box::new(m20261203_000008_merchant_names::Migration),
         ]
     }
 }

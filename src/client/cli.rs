@@ -56,9 +56,10 @@ pub struct PayArgs {
         env = "PAGOS_API_KEY",
         hide_env_values = true,
         value_name = "KEY",
+        value_parser = crate::config::secret,
         required_unless_present = "forget"
     )]
-    pub api_key: Option<String>,
+    pub api_key: Option<secrecy::SecretString>,
     /// The credit this payment pays (creditoId)
     #[arg(long, env = "PAGOS_CREDITO", value_name = "ID", value_parser = credit_id,
           required_unless_present_any = ["resume", "forget"])]
@@ -208,7 +209,9 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
         let journal = Journal::open(&path).await?;
         return forget(&journal, &key).await;
     }
-    let api_key = args.api_key.clone().unwrap_or_default();
+    let api_key = crate::config::exposed(&args.api_key)
+        .unwrap_or_default()
+        .to_owned();
     if let Err(err) = Client::new("http://localhost", &api_key) {
         return Ok(bad_setting("PAGOS_API_KEY", "api-key", err));
     }

@@ -2,6 +2,7 @@
 //!
 //! Entities carry no behaviour; the rules live in `saga` and `idempotency`.
 
+pub mod api_key;
 pub mod idempotency_key;
 pub mod instance_fact;
 pub mod merchant;

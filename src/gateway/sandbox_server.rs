@@ -486,14 +486,17 @@ pub async fn run(args: crate::config::SandboxArgs) -> anyhow::Result<()> {
     };
     let server = match args.webhook_url {
         Some(url) => {
-            let secret = args.webhook_secret.filter(|s| !s.is_empty()).context(
-                "PAGOS_SANDBOX_WEBHOOK_SECRET (--webhook-secret) is required with --webhook-url: events are signed with pagos' PAGOS_WEBHOOK_SECRET",
-            )?;
+            let secret = crate::config::exposed(&args.webhook_secret)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .context(
+                    "PAGOS_SANDBOX_WEBHOOK_SECRET (--webhook-secret) is required with --webhook-url: events are signed with pagos' PAGOS_WEBHOOK_SECRET",
+                )?;
             tracing::info!(%url, chaos = args.chaos, "delivering webhooks");
             SandboxServer::with_webhooks(
                 outcomes,
                 faults,
-                args.secret,
+                crate::config::exposed(&args.secret).map(str::to_owned),
                 WebhookConfig {
                     url,
                     secret,
@@ -505,7 +508,11 @@ pub async fn run(args: crate::config::SandboxArgs) -> anyhow::Result<()> {
             if args.chaos || args.webhook_secret.is_some() {
                 tracing::warn!("--chaos and --webhook-secret do nothing without --webhook-url");
             }
-            SandboxServer::new(outcomes, faults, args.secret)
+            SandboxServer::new(
+                outcomes,
+                faults,
+                crate::config::exposed(&args.secret).map(str::to_owned),
+            )
         }
     };
     let listener = tokio::net::TcpListener::bind(args.bind)

@@ -1,39 +1,151 @@
 //! Who is calling: merchants by API key (only its SHA-256 is stored), on-call by the admin
 //! token (compared in constant time). Never logs a key or a token.
+//!
+//! Two memories keep this cheap and hard to abuse:
+//! - what a process learnt about a key (which merchant, revoked, unknown) is kept for
+//!   `KEY_CACHE_TTL`, so repeated requests with one key, known or not, reach the database
+//!   once per that period, and a key revoked or expiring anywhere is refused by every
+//!   process within 5 seconds;
+//! - failed authentications per client address: past `PAGOS_AUTH_FAILURES_PER_MINUTE`, the
+//!   address gets 429 with `Retry-After` before any key is looked up.
 
 use super::AppState;
 use super::problem::{ApiError, Kind, Problem};
-use crate::entities::merchant;
-use axum::extract::FromRequestParts;
+pub use crate::merchants::key::hash_api_key;
+use crate::merchants::store::{self, Credential};
+use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use governor::clock::Clock;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use sea_orm::DatabaseConnection;
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
-use std::sync::RwLock;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::num::NonZeroU32;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
-/// API keys are long random strings, so a fast hash is enough to store them safely.
-pub fn hash_api_key(api_key: &str) -> String {
-    hex::encode(Sha256::digest(api_key.as_bytes()))
+/// How long a process trusts what it learnt about a key. A key revoked, expired or added
+/// in the database is seen by every process within this plus one look-up, inside the
+/// contract's 5 seconds.
+pub const KEY_CACHE_TTL: Duration = Duration::from_secs(4);
+/// Keys remembered at once; past it the least used are forgotten (and looked up again).
+const KEY_CACHE_CAPACITY: u64 = 100_000;
+/// Addresses remembered as over the limit at once.
+const BLOCKED_CAPACITY: u64 = 100_000;
+/// How often the failure counters of quiet addresses are dropped.
+const FORGET_QUIET_EVERY: Duration = Duration::from_secs(60);
+
+/// Authentication's shared state: the key cache and the failure limiter.
+pub struct Authenticator {
+    keys: moka::future::Cache<String, Credential>,
+    failures: DefaultKeyedRateLimiter<IpAddr>,
+    /// Addresses over the limit, with when they may try again: checked before any look-up.
+    blocked: moka::future::Cache<IpAddr, Instant>,
+    last_forgot: Mutex<Instant>,
 }
 
-/// Known API key hashes → merchant. Merchants are never deleted, so a hit stays true;
-/// a miss always asks the database (a merchant added by another process is found).
-#[derive(Default)]
-pub struct MerchantCache(RwLock<HashMap<String, Uuid>>);
-
-impl MerchantCache {
-    fn get(&self, hash: &str) -> Option<Uuid> {
-        self.0.read().ok()?.get(hash).copied()
-    }
-
-    fn put(&self, hash: String, merchant: Uuid) {
-        if let Ok(mut map) = self.0.write() {
-            map.insert(hash, merchant);
+impl Authenticator {
+    /// `failures_per_minute`: failed authentications one address may make in a minute
+    /// (that many at once, then one every minute / that many).
+    pub fn new(failures_per_minute: u32) -> Authenticator {
+        let per_minute = NonZeroU32::new(failures_per_minute).unwrap_or(NonZeroU32::MIN);
+        Authenticator {
+            keys: moka::future::Cache::builder()
+                .max_capacity(KEY_CACHE_CAPACITY)
+                .time_to_live(KEY_CACHE_TTL)
+                .build(),
+            failures: RateLimiter::keyed(Quota::per_minute(per_minute)),
+            blocked: moka::future::Cache::builder()
+                .max_capacity(BLOCKED_CAPACITY)
+                .time_to_live(Duration::from_secs(60))
+                .build(),
+            last_forgot: Mutex::new(Instant::now()),
         }
     }
+
+    /// What is known about the key whose hash is `hash`: from the cache, or from one
+    /// look-up shared by every request that asks meanwhile.
+    async fn credential(
+        &self,
+        db: &DatabaseConnection,
+        hash: String,
+    ) -> Result<Credential, ApiError> {
+        let lookup = store::lookup(db, &hash);
+        self.keys
+            .try_get_with(hash.clone(), lookup)
+            .await
+            .map_err(|err| ApiError::Internal(anyhow::anyhow!("looking up an API key: {err}")))
+    }
+
+    /// 429 when `client` is over the limit of failed authentications.
+    async fn refuse_if_blocked(&self, client: Option<IpAddr>) -> Result<(), ApiError> {
+        let Some(client) = client else {
+            return Ok(());
+        };
+        match self.blocked.get(&client).await {
+            Some(until) if until > Instant::now() => Err(too_many_failures(
+                until.saturating_duration_since(Instant::now()),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts a failed authentication of `client`: the 401 to answer, or a 429 when this
+    /// failure is one too many.
+    async fn failed(&self, client: Option<IpAddr>, detail: &str) -> ApiError {
+        let Some(client) = client else {
+            return unauthorized(detail);
+        };
+        self.forget_quiet_addresses();
+        match self.failures.check_key(&client) {
+            Ok(()) => unauthorized(detail),
+            Err(not_until) => {
+                let wait = not_until.wait_time_from(self.failures.clock().now());
+                self.blocked.insert(client, Instant::now() + wait).await;
+                tracing::warn!(%client, "too many failed authentications: refused with 429");
+                too_many_failures(wait)
+            }
+        }
+    }
+
+    /// Drops the counters of addresses that have been quiet long enough to be back at a
+    /// full allowance, so an attack from many addresses does not grow memory for good.
+    fn forget_quiet_addresses(&self) {
+        if let Ok(mut last) = self.last_forgot.try_lock()
+            && last.elapsed() >= FORGET_QUIET_EVERY
+        {
+            *last = Instant::now();
+            self.failures.retain_recent();
+            self.failures.shrink_to_fit();
+        }
+    }
+}
+
+/// The address failures are counted by: the peer's IP (an IPv6 client by its /64, which
+/// one host usually holds whole). Requests through a proxy all share the proxy's address.
+fn client_address(parts: &Parts) -> Option<IpAddr> {
+    let ConnectInfo(peer) = parts.extensions.get::<ConnectInfo<SocketAddr>>()?;
+    Some(match peer.ip() {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from_bits(v6.to_bits() & !u128::from(u64::MAX))),
+        },
+        v4 => v4,
+    })
+}
+
+fn too_many_failures(wait: Duration) -> ApiError {
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    Problem::new(Kind::TooManyAuthFailures)
+        .detail(
+            "Too many requests from this address failed to authenticate. Wait for Retry-After, \
+             then send valid credentials.",
+        )
+        .retry_after(seconds.max(1))
+        .into()
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -59,26 +171,31 @@ impl FromRequestParts<AppState> for Merchant {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
+        let auth = &state.auth;
+        let client = client_address(parts);
+        auth.refuse_if_blocked(client).await?;
         let Some(token) = bearer(&parts.headers).filter(|t| !t.is_empty()) else {
-            return Err(unauthorized(
-                "Send your API key as `Authorization: Bearer <key>`.",
-            ));
+            return Err(auth
+                .failed(
+                    client,
+                    "Send your API key as `Authorization: Bearer <key>`.",
+                )
+                .await);
         };
-        let hash = hash_api_key(token);
-        if let Some(id) = state.merchants.get(&hash) {
-            return Ok(Merchant(id));
-        }
-        let found = merchant::Entity::find()
-            .filter(merchant::Column::ApiKeyHash.eq(hash.clone()))
-            .one(&state.db)
-            .await?;
-        match found {
-            Some(m) => {
-                state.merchants.put(hash, m.id);
-                Ok(Merchant(m.id))
+        let detail = match auth.credential(&state.db, hash_api_key(token)).await? {
+            Credential::Known {
+                merchant,
+                expires_at,
+            } => {
+                if expires_at.is_none_or(|at| at > chrono::Utc::now()) {
+                    return Ok(Merchant(merchant));
+                }
+                "This API key has expired. Use another key of this merchant."
             }
-            None => Err(unauthorized("Unknown API key.")),
-        }
+            Credential::Revoked => "This API key was revoked. Use another key of this merchant.",
+            Credential::Unknown => "Unknown API key.",
+        };
+        Err(auth.failed(client, detail).await)
     }
 }
 
@@ -93,15 +210,23 @@ impl FromRequestParts<AppState> for Admin {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
+        use secrecy::ExposeSecret;
+        let auth = &state.auth;
+        let client = client_address(parts);
+        auth.refuse_if_blocked(client).await?;
         let Some(expected) = state
             .settings
             .admin_token
-            .as_deref()
+            .as_ref()
+            .map(ExposeSecret::expose_secret)
             .filter(|t| !t.is_empty())
         else {
-            return Err(unauthorized(
-                "Admin endpoints are disabled: PAGOS_ADMIN_TOKEN is not set.",
-            ));
+            return Err(auth
+                .failed(
+                    client,
+                    "Admin endpoints are disabled: PAGOS_ADMIN_TOKEN is not set.",
+                )
+                .await);
         };
         let given = bearer(&parts.headers).unwrap_or("");
         // Compare hashes so the comparison's length is fixed too.
@@ -111,9 +236,56 @@ impl FromRequestParts<AppState> for Admin {
         if matches {
             Ok(Admin)
         } else {
-            Err(unauthorized(
-                "Send the admin token as `Authorization: Bearer <token>`.",
-            ))
+            Err(auth
+                .failed(
+                    client,
+                    "Send the admin token as `Authorization: Bearer <token>`.",
+                )
+                .await)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts_from(peer: &str) -> Parts {
+        let mut request = axum::http::Request::new(());
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(peer.parse::<SocketAddr>().expect("address")));
+        request.into_parts().0
+    }
+
+    #[test]
+    fn an_ipv6_client_is_counted_by_its_64_and_a_mapped_ipv4_as_ipv4() {
+        let a = client_address(&parts_from("[2001:db8:1:2:aaaa::1]:5000"));
+        let b = client_address(&parts_from("[2001:db8:1:2:bbbb::9]:6000"));
+        let other = client_address(&parts_from("[2001:db8:1:3::1]:5000"));
+        assert_eq!(a, b);
+        assert_ne!(a, other);
+        assert_eq!(
+            client_address(&parts_from("[::ffff:192.0.2.7]:80")),
+            Some("192.0.2.7".parse().expect("ip"))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_failure_past_the_limit_is_a_429_and_the_address_stays_refused() {
+        let auth = Authenticator::new(3);
+        let client = Some("192.0.2.1".parse().expect("ip"));
+        for _ in 0..3 {
+            let err = auth.failed(client, "no").await;
+            assert!(matches!(err, ApiError::Problem(p) if p.status == 401));
+        }
+        let err = auth.failed(client, "no").await;
+        assert!(
+            matches!(&err, ApiError::Problem(p) if p.status == 429 && p.retry_after >= Some(1)),
+            "{err:?}"
+        );
+        assert!(auth.refuse_if_blocked(client).await.is_err());
+        let other = Some("192.0.2.2".parse().expect("ip"));
+        assert!(auth.refuse_if_blocked(other).await.is_ok());
     }
 }

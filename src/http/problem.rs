@@ -14,6 +14,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Unauthorized,
+    TooManyAuthFailures,
     NotFound,
     MissingKey,
     MalformedKey,
@@ -38,6 +39,7 @@ impl Kind {
     pub fn slug(self) -> &'static str {
         match self {
             Kind::Unauthorized => "unauthorized",
+            Kind::TooManyAuthFailures => "too-many-failed-authentications",
             Kind::NotFound => "not-found",
             Kind::MissingKey => "idempotency-key-missing",
             Kind::MalformedKey => "idempotency-key-malformed",
@@ -60,6 +62,7 @@ impl Kind {
     pub fn status(self) -> StatusCode {
         match self {
             Kind::Unauthorized => StatusCode::UNAUTHORIZED,
+            Kind::TooManyAuthFailures => StatusCode::TOO_MANY_REQUESTS,
             Kind::NotFound => StatusCode::NOT_FOUND,
             Kind::MissingKey | Kind::MalformedKey | Kind::MalformedJson => StatusCode::BAD_REQUEST,
             Kind::Validation | Kind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -77,6 +80,7 @@ impl Kind {
     fn title(self) -> &'static str {
         match self {
             Kind::Unauthorized => "Missing or invalid credentials",
+            Kind::TooManyAuthFailures => "Too many failed authentications from this address",
             Kind::NotFound => "Not found",
             Kind::MissingKey => "Idempotency-Key header missing",
             Kind::MalformedKey => "Idempotency-Key header malformed",

@@ -11,6 +11,7 @@
 use super::AppState;
 use super::auth::Admin;
 use super::problem::{ApiError, Kind, Problem};
+use crate::config::exposed;
 use crate::domain::FieldError;
 use crate::entities::webhook_charge;
 use crate::webhooks::event::{GatewayEvent, Payload};
@@ -118,7 +119,7 @@ async fn receive_http_event(
     body: Body,
 ) -> Result<Response, ApiError> {
     let secret = secret_of(
-        state.settings.webhook_secret.as_deref(),
+        exposed(&state.settings.webhook_secret),
         "PAGOS_WEBHOOK_SECRET",
     )?;
     let raw = read_raw(body).await?;
@@ -259,7 +260,7 @@ async fn receive_stripe_event(
     body: Body,
 ) -> Result<Response, ApiError> {
     let secret = secret_of(
-        state.settings.stripe_webhook_secret.as_deref(),
+        exposed(&state.settings.stripe_webhook_secret),
         "PAGOS_STRIPE_WEBHOOK_SECRET",
     )?;
     let raw = read_raw(body).await?;
@@ -334,7 +335,7 @@ async fn receive_mercadopago_notification(
     body: Body,
 ) -> Result<Response, ApiError> {
     let secret = secret_of(
-        state.settings.mercadopago_webhook_secret.as_deref(),
+        exposed(&state.settings.mercadopago_webhook_secret),
         "PAGOS_MERCADOPAGO_WEBHOOK_SECRET",
     )?;
     let raw = read_raw(body).await?;

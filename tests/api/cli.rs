@@ -62,6 +62,13 @@ fn a_bad_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
     assert_refused(
         &pagos(
             &["serve", "--database-url", &db],
+            &[("PAGOS_AUTH_FAILURES_PER_MINUTE", "0")],
+        ),
+        "PAGOS_AUTH_FAILURES_PER_MINUTE",
+    );
+    assert_refused(
+        &pagos(
+            &["serve", "--database-url", &db],
             &[("PAGOS_KEY_RETENTION", "1h")],
         ),
         "PAGOS_KEY_RETENTION",
@@ -148,6 +155,7 @@ fn help_names_every_setting_with_its_env_var() {
         "PAGOS_MAX_IN_FLIGHT",
         "PAGOS_ADMIN_BIND",
         "PAGOS_METRICS_REFRESH",
+        "PAGOS_AUTH_FAILURES_PER_MINUTE",
     ] {
         assert!(help.contains(env), "--help names {env}");
     }
@@ -386,4 +394,531 @@ async fn the_sandbox_finishes_a_charge_whose_caller_hung_up() {
         .await
         .expect("JSON");
     assert_eq!(stats["charges"], 1);
+}
+
+/// A fresh SQLite database in `dir`.
+fn sqlite_in(dir: &tempfile::TempDir, file: &str) -> String {
+    format!("sqlite://{}?mode=rwc", dir.path().join(file).display())
+}
+
+fn succeeded(output: &std::process::Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+#[test]
+fn merchants_keys_add_list_and_revoke_through_the_cli() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = sqlite_in(&dir, "k.db");
+    succeeded(&pagos(
+        &["merchants", "add", "acme", "--database-url", &db],
+        &[],
+    ));
+    let expiring = succeeded(&pagos(
+        &[
+            "merchants",
+            "keys",
+            "add",
+            "acme",
+            "--expira",
+            "30d",
+            "--database-url",
+            &db,
+        ],
+        &[],
+    ));
+    let lasting = succeeded(&pagos(
+        &["merchants", "keys", "add", "acme", "--database-url", &db],
+        &[],
+    ));
+    assert_ne!(expiring, lasting);
+
+    let table = succeeded(&pagos(
+        &["merchants", "keys", "list", "acme", "--database-url", &db],
+        &[],
+    ));
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 4, "a header and three keys:\n{table}");
+    for column in ["PREFIX", "CREATED", "LAST USED", "EXPIRES", "STATE"] {
+        assert!(lines[0].contains(column), "{table}");
+    }
+    let expiring_prefix = &expiring[..16];
+    let row = lines
+        .iter()
+        .find(|l| l.starts_with(expiring_prefix))
+        .expect("the expiring key's row");
+    assert!(
+        row.contains("never") && row.contains("active") && row.contains("UTC"),
+        "{row}"
+    );
+    assert!(
+        !table.contains(&expiring) && !table.contains(&lasting),
+        "never a whole key"
+    );
+
+    let revoked = pagos(
+        &[
+            "merchants",
+            "keys",
+            "revoke",
+            "acme",
+            expiring_prefix,
+            "--database-url",
+            &db,
+        ],
+        &[],
+    );
+    succeeded(&revoked);
+    assert!(String::from_utf8_lossy(&revoked.stderr).contains("revoked"));
+    let again = pagos(
+        &[
+            "merchants",
+            "keys",
+            "revoke",
+            "acme",
+            expiring_prefix,
+            "--database-url",
+            &db,
+        ],
+        &[],
+    );
+    succeeded(&again);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already revoked"));
+
+    let listed: Value = serde_json::from_str(&succeeded(&pagos(
+        &[
+            "merchants",
+            "keys",
+            "list",
+            "acme",
+            "--json",
+            "--database-url",
+            &db,
+        ],
+        &[],
+    )))
+    .expect("JSON");
+    let keys = listed.as_array().expect("an array");
+    assert_eq!(keys.len(), 3);
+    let expiring_row = keys
+        .iter()
+        .find(|k| k["prefix"] == expiring_prefix)
+        .expect("listed");
+    assert_eq!(expiring_row["state"], "revoked");
+    assert!(expiring_row["revokedAt"].is_string());
+    assert!(expiring_row["expiresAt"].is_string());
+    let lasting_row = keys
+        .iter()
+        .find(|k| k["prefix"] == lasting[..16])
+        .expect("listed");
+    assert_eq!(lasting_row["state"], "active");
+    assert_eq!(lasting_row["expiresAt"], Value::Null);
+    assert_eq!(lasting_row["lastUsedAt"], Value::Null);
+
+    assert_refused(
+        &pagos(
+            &[
+                "merchants",
+                "keys",
+                "revoke",
+                "acme",
+                "sk_live_nothing",
+                "--database-url",
+                &db,
+            ],
+            &[],
+        ),
+        "no key with prefix",
+    );
+    assert_refused(
+        &pagos(
+            &["merchants", "keys", "add", "nobody", "--database-url", &db],
+            &[],
+        ),
+        "no merchant is named \"nobody\"",
+    );
+    assert_refused(
+        &pagos(
+            &["merchants", "keys", "list", "nobody", "--database-url", &db],
+            &[],
+        ),
+        "no merchant is named \"nobody\"",
+    );
+    assert_refused(
+        &pagos(
+            &[
+                "merchants",
+                "keys",
+                "add",
+                "acme",
+                "--expira",
+                "soon",
+                "--database-url",
+                &db,
+            ],
+            &[],
+        ),
+        "PAGOS_EXPIRA",
+    );
+}
+
+#[test]
+fn generated_keys_are_sk_test_on_a_sandbox_database_and_sk_live_otherwise() {
+    let dir = tempfile::tempdir().expect("dir");
+    let random_part = |key: &str, scheme: &str| {
+        let random = key
+            .strip_prefix(scheme)
+            .unwrap_or_else(|| panic!("{key} is {scheme}…"));
+        assert_eq!(random.len(), 32, "32 base62 characters, 190 bits: {key}");
+        assert!(random.chars().all(|c| c.is_ascii_alphanumeric()), "{key}");
+        random.to_owned()
+    };
+    // A database nothing has used yet: the sandbox is the default gateway.
+    let sandbox = sqlite_in(&dir, "sandbox.db");
+    let first = succeeded(&pagos(
+        &["merchants", "add", "a", "--database-url", &sandbox],
+        &[],
+    ));
+    let second = succeeded(&pagos(
+        &["merchants", "keys", "add", "a", "--database-url", &sandbox],
+        &[],
+    ));
+    assert_ne!(
+        random_part(&first, "sk_test_"),
+        random_part(&second, "sk_test_")
+    );
+
+    // A database whose payments go through a real gateway: the gateway it is pinned to
+    // decides, whatever PAGOS_GATEWAY says.
+    let live = sqlite_in(&dir, "live.db");
+    succeeded(&pagos(
+        &[
+            "reconcile",
+            "--once",
+            "--database-url",
+            &live,
+            "--gateway",
+            "http",
+            "--gateway-url",
+            "http://127.0.0.1:9",
+        ],
+        &[],
+    ));
+    let key = succeeded(&pagos(
+        &["merchants", "add", "b", "--database-url", &live],
+        &[("PAGOS_GATEWAY", "sandbox")],
+    ));
+    random_part(&key, "sk_live_");
+    let key = succeeded(&pagos(
+        &["merchants", "keys", "add", "b", "--database-url", &live],
+        &[],
+    ));
+    random_part(&key, "sk_live_");
+
+    // Before any `pagos serve`, the configured gateway says.
+    let fresh = sqlite_in(&dir, "fresh.db");
+    let key = succeeded(&pagos(
+        &["merchants", "add", "c", "--database-url", &fresh],
+        &[("PAGOS_GATEWAY", "stripe")],
+    ));
+    random_part(&key, "sk_live_");
+}
+
+#[test]
+fn a_short_hand_chosen_key_is_warned_about_and_never_repeated_on_stderr() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = sqlite_in(&dir, "w.db");
+    let short = pagos(
+        &[
+            "merchants",
+            "add",
+            "acme",
+            "--api-key",
+            "sk_test_acme",
+            "--database-url",
+            &db,
+        ],
+        &[],
+    );
+    assert_eq!(
+        succeeded(&short),
+        "sk_test_acme",
+        "the chosen key keeps working"
+    );
+    let stderr = String::from_utf8_lossy(&short.stderr);
+    assert!(
+        stderr.contains("warning") && stderr.contains("12 characters"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("sk_test_acme"), "{stderr}");
+
+    let strong = "Xk3-9fQ_aZ7mP2vL8wR4tY6uB1nC5dE0";
+    let given = pagos(
+        &["merchants", "add", "globex", "--database-url", &db],
+        &[("PAGOS_MERCHANT_API_KEY", strong)],
+    );
+    assert_eq!(succeeded(&given), strong);
+    let stderr = String::from_utf8_lossy(&given.stderr);
+    assert!(!stderr.contains("warning"), "{stderr}");
+    assert!(!stderr.contains(strong), "{stderr}");
+
+    let bad = pagos(
+        &[
+            "merchants",
+            "add",
+            "initech",
+            "--api-key",
+            "sk with spaces",
+            "--database-url",
+            &db,
+        ],
+        &[],
+    );
+    assert_refused(&bad, "PAGOS_MERCHANT_API_KEY");
+    assert!(!String::from_utf8_lossy(&bad.stderr).contains("with spaces"));
+}
+
+#[test]
+fn merchant_names_are_trimmed_unique_non_blank_and_at_most_64_printable_characters() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = sqlite_in(&dir, "n.db");
+    succeeded(&pagos(
+        &["merchants", "add", "  acme ", "--database-url", &db],
+        &[],
+    ));
+    assert_refused(
+        &pagos(&["merchants", "add", "acme", "--database-url", &db], &[]),
+        "a merchant named \"acme\" already exists",
+    );
+    assert_refused(
+        &pagos(&["merchants", "add", " acme\t", "--database-url", &db], &[]),
+        "already exists",
+    );
+    assert_refused(
+        &pagos(
+            &[
+                "merchants",
+                "add",
+                "acme",
+                "--api-key",
+                "sk_short",
+                "--database-url",
+                &db,
+            ],
+            &[],
+        ),
+        "already exists",
+    );
+    for (name, says) in [
+        ("", "blank"),
+        ("   ", "blank"),
+        (&*"x".repeat(65), "at most 64"),
+        ("ac\u{7}me", "printable"),
+        ("acme\u{202E}moc", "printable"),
+    ] {
+        assert_refused(
+            &pagos(&["merchants", "add", name, "--database-url", &db], &[]),
+            says,
+        );
+    }
+    succeeded(&pagos(
+        &["merchants", "add", &"ñ".repeat(64), "--database-url", &db],
+        &[],
+    ));
+    let listed: Value = serde_json::from_str(&succeeded(&pagos(
+        &["merchants", "list", "--json", "--database-url", &db],
+        &[],
+    )))
+    .expect("JSON");
+    let names: Vec<&str> = listed
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["acme", &*"ñ".repeat(64)],
+        "nothing else was created"
+    );
+}
+
+#[test]
+fn merchants_list_is_a_table_for_people_and_json_for_scripts() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = sqlite_in(&dir, "l.db");
+    succeeded(&pagos(
+        &["merchants", "add", "acme", "--database-url", &db],
+        &[],
+    ));
+    let extra = succeeded(&pagos(
+        &["merchants", "keys", "add", "acme", "--database-url", &db],
+        &[],
+    ));
+    succeeded(&pagos(
+        &["merchants", "add", "Panadería Ñandú", "--database-url", &db],
+        &[],
+    ));
+    succeeded(&pagos(
+        &[
+            "merchants",
+            "keys",
+            "revoke",
+            "acme",
+            &extra[..16],
+            "--database-url",
+            &db,
+        ],
+        &[],
+    ));
+    let listed: Value = serde_json::from_str(&succeeded(&pagos(
+        &["merchants", "list", "--json", "--database-url", &db],
+        &[],
+    )))
+    .expect("JSON");
+    let merchants = listed.as_array().expect("array");
+    assert_eq!(merchants.len(), 2);
+    assert_eq!(merchants[0]["name"], "acme", "oldest first");
+    assert_eq!(
+        merchants[0]["activeKeys"], 1,
+        "the revoked key does not count"
+    );
+    assert_eq!(merchants[1]["name"], "Panadería Ñandú");
+    assert_eq!(merchants[1]["activeKeys"], 1);
+    for m in merchants {
+        assert!(m["id"].as_str().is_some_and(|id| id.len() == 36));
+        assert!(m["createdAt"].as_str().is_some_and(|at| at.ends_with('Z')));
+    }
+
+    let table = succeeded(&pagos(&["merchants", "list", "--database-url", &db], &[]));
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    let column = |line: &str, word: &str| line.find(word).map(|b| line[..b].chars().count());
+    assert!(lines[0].starts_with("NAME"), "{table}");
+    let id_column = column(lines[0], "ID");
+    assert_eq!(
+        id_column,
+        column(lines[1], merchants[0]["id"].as_str().unwrap_or("-")),
+        "{table}"
+    );
+    assert_eq!(
+        id_column,
+        column(lines[2], merchants[1]["id"].as_str().unwrap_or("-")),
+        "{table}"
+    );
+    assert!(
+        lines[0].contains("ACTIVE KEYS") && lines[0].contains("CREATED"),
+        "{table}"
+    );
+}
+
+#[tokio::test]
+async fn the_sandbox_demo_merchant_and_an_operators_demo_never_collide() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = sqlite_in(&dir, "demo.db");
+    let serve = crate::process::Serve::start(&["--database-url", &db], &[]).await;
+    let answer = reqwest::Client::new()
+        .get(format!("{}/v1/pagos/{}", serve.url, uuid::Uuid::nil()))
+        .bearer_auth(pagos::app::DEMO_API_KEY)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(answer.status(), 404, "the README's demo key works");
+    assert!(!serve.logs().contains(pagos::app::DEMO_API_KEY));
+    drop(serve);
+    assert_refused(
+        &pagos(&["merchants", "add", "demo", "--database-url", &db], &[]),
+        "a merchant named \"demo\" already exists",
+    );
+    // Started again, the sandbox finds its merchant and creates no other.
+    let serve = crate::process::Serve::start(&["--database-url", &db], &[]).await;
+    drop(serve);
+    let listed: Value = serde_json::from_str(&succeeded(&pagos(
+        &["merchants", "list", "--json", "--database-url", &db],
+        &[],
+    )))
+    .expect("JSON");
+    assert_eq!(listed.as_array().map(Vec::len), Some(1));
+}
+
+#[tokio::test]
+async fn secrets_never_appear_in_the_logs_of_serve_or_the_sandbox_gateway() {
+    let secrets = [
+        ("PAGOS_GATEWAY_SECRET", "gw-secret-4f7a1c"),
+        ("PAGOS_ADMIN_TOKEN", "admin-secret-9b2e5d"),
+        ("PAGOS_WEBHOOK_SECRET", "webhook-secret-1d8c3a"),
+        ("PAGOS_STRIPE_WEBHOOK_SECRET", "whsec_stripe-secret-7e6f2b"),
+        ("PAGOS_MERCADOPAGO_WEBHOOK_SECRET", "mp-secret-3a9d4e"),
+    ];
+    let dir = tempfile::tempdir().expect("dir");
+    let db = sqlite_in(&dir, "s.db");
+    let mut env: Vec<(&str, &str)> = secrets.to_vec();
+    env.push(("RUST_LOG", "debug"));
+    let serve = crate::process::Serve::start(
+        &[
+            "--database-url",
+            &db,
+            "--gateway",
+            "mercadopago",
+            "--gateway-url",
+            "http://127.0.0.1:9",
+        ],
+        &env,
+    )
+    .await;
+    // A request that uses the admin token, so its handling is in the logs too.
+    let answer = reqwest::Client::new()
+        .get(format!("{}/admin/pagos?estado=ENVIADA&limite=1", serve.url))
+        .bearer_auth("admin-secret-9b2e5d")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(answer.status(), 200);
+    let logs = serve.logs();
+    assert!(logs.contains("pagos listening"), "{logs}");
+    for (env, secret) in secrets {
+        assert!(!logs.contains(secret), "{env} appears in the logs:\n{logs}");
+    }
+
+    let log_path = dir.path().join("sandbox.log");
+    let port = free_port();
+    let sandbox = Child(
+        Command::new(BIN)
+            .args(["sandbox-gateway", "--bind", &format!("127.0.0.1:{port}")])
+            .args(["--webhook-url", "http://127.0.0.1:9/v1/webhooks/http"])
+            .env("PAGOS_SANDBOX_SECRET", "sandbox-secret-5c1b7f")
+            .env(
+                "PAGOS_SANDBOX_WEBHOOK_SECRET",
+                "sandbox-webhook-secret-2f8e9a",
+            )
+            .env("RUST_LOG", "debug")
+            .stderr(std::fs::File::create(&log_path).expect("log"))
+            .spawn()
+            .expect("sandbox starts"),
+    );
+    let http = reqwest::Client::new();
+    for _ in 0..100 {
+        if http
+            .get(format!("http://127.0.0.1:{port}/sandbox/stats"))
+            .send()
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(sandbox);
+    let logs = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(logs.contains("sandbox gateway listening"), "{logs}");
+    for secret in ["sandbox-secret-5c1b7f", "sandbox-webhook-secret-2f8e9a"] {
+        assert!(
+            !logs.contains(secret),
+            "{secret} appears in the logs:\n{logs}"
+        );
+    }
 }

@@ -300,6 +300,11 @@ pub fn payment_body() -> Value {
 }
 
 impl TestApp {
+    /// The database this app runs on, for a `pagos` command run beside it.
+    pub fn database_url(&self) -> &str {
+        &self._database.url
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }

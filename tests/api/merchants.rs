@@ -1,7 +1,21 @@
-//! Merchant scoping: a key or a payment id of another merchant is never shared or shown.
+//! Merchants: scoping (a key or a payment id of another merchant is never shared or
+//! shown), several API keys per merchant, revocation and expiry seen by a running server,
+//! the key cache, the limit on failed authentications, unique names and their migration.
+//! Keys are added and revoked with the real `pagos` binary on the app's database, as an
+//! operator would, while the app serves.
 
-use crate::helpers::{API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, charges, json, payment_body};
+use crate::helpers::{
+    ADMIN_TOKEN, API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, TestDatabase, charges,
+    json, payment_body,
+};
 use crate::on_both_databases;
+use crate::process::BIN;
+use pagos::entities::merchant;
+use pagos::merchants::key::hash_api_key;
+use pagos::merchants::store::{self, Credential};
+use sea_orm::{ActiveValue::Set, EntityTrait, QueryOrder};
+use serde_json::Value;
+use std::time::{Duration, Instant};
 
 on_both_databases!(
     two_merchants_with_one_key_make_two_payments_with_two_gateway_keys,
@@ -71,4 +85,444 @@ async fn a_merchant_cannot_read_another_merchants_payment(backend: Backend) {
         .await
         .expect("sent");
     assert_eq!(not_a_uuid.status(), 404);
+}
+
+on_both_databases!(
+    two_keys_of_one_merchant_both_work_and_see_the_same_payments,
+    a_key_revoked_from_the_command_line_is_refused_by_a_running_server_within_5_seconds,
+    a_key_past_its_expiry_is_refused_with_401,
+    unknown_and_revoked_keys_sent_again_and_again_are_looked_up_once,
+    an_address_past_the_failure_limit_gets_429_before_any_look_up_and_others_do_not,
+    failed_admin_tokens_count_toward_the_same_limit,
+    merchant_names_are_unique_in_the_database,
+    a_merchant_created_by_an_older_binary_during_a_deploy_can_authenticate,
+    the_names_migration_renames_duplicates_in_creation_order_and_old_keys_keep_working,
+);
+
+/// `pagos ARGS --database-url <the app's database>`, the way an operator runs it.
+async fn pagos_on(database_url: &str, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(BIN)
+        .args(args)
+        .args(["--database-url", database_url])
+        .env_remove("PAGOS_DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("pagos runs")
+}
+
+async fn pagos(app: &TestApp, args: &[&str]) -> std::process::Output {
+    let output = pagos_on(app.database_url(), args).await;
+    assert!(
+        output.status.success(),
+        "pagos {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// A new key of merchant `name` from `pagos merchants keys add`, with `extra` flags.
+async fn new_key(app: &TestApp, name: &str, extra: &[&str]) -> String {
+    let mut args = vec!["merchants", "keys", "add", name];
+    args.extend_from_slice(extra);
+    let output = pagos(app, &args).await;
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+async fn keys_of(app: &TestApp, name: &str) -> Vec<Value> {
+    let output = pagos(app, &["merchants", "keys", "list", name, "--json"]).await;
+    let keys: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    keys.as_array().expect("an array").clone()
+}
+
+/// The listed key that is `key`: the longest prefix it starts with (`sk_tes`, the prefix of
+/// `sk_test_acme`, is also the start of every generated `sk_test_…` key).
+fn key_with_prefix<'a>(keys: &'a [Value], key: &str) -> &'a Value {
+    keys.iter()
+        .filter(|k| key.starts_with(k["prefix"].as_str().unwrap_or("-")))
+        .max_by_key(|k| k["prefix"].as_str().map_or(0, str::len))
+        .expect("the key is listed")
+}
+
+/// An authenticated request that changes nothing: 404 for a merchant (no such payment),
+/// 401 when the key does not authenticate.
+async fn probe(app: &TestApp, http: &reqwest::Client, api_key: &str) -> reqwest::Response {
+    http.get(app.url(&format!("/v1/pagos/{}", uuid::Uuid::nil())))
+        .bearer_auth(api_key)
+        .send()
+        .await
+        .expect("sent")
+}
+
+async fn detail(answer: reqwest::Response) -> String {
+    json(answer).await["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn two_keys_of_one_merchant_both_work_and_see_the_same_payments(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::succeeded())
+        .mount(app.gateway())
+        .await;
+    let second = new_key(&app, "acme", &[]).await;
+
+    let made = app.pay_as(API_KEY, "two-keys", &payment_body()).await;
+    assert_eq!(made.status(), 201);
+    let made = json(made).await;
+    let path = format!("/v1/pagos/{}", made["id"].as_str().expect("id"));
+    let seen = app
+        .http
+        .get(app.url(&path))
+        .bearer_auth(&second)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(
+        seen.status(),
+        200,
+        "the second key reads the first key's payment"
+    );
+    assert_eq!(json(seen).await["id"], made["id"]);
+    // One merchant, one key space: the same Idempotency-Key through the other key replays.
+    let again = app.pay_as(&second, "two-keys", &payment_body()).await;
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(again).await["id"], made["id"]);
+    assert_eq!(app.charges_seen().await.len(), 1);
+
+    let keys = keys_of(&app, "acme").await;
+    assert_eq!(keys.len(), 2);
+    for key in [API_KEY, second.as_str()] {
+        let listed = key_with_prefix(&keys, key);
+        assert_eq!(listed["state"], "active");
+        assert!(
+            listed["lastUsedAt"].is_string(),
+            "a key that authenticated has a last use: {listed}"
+        );
+    }
+}
+
+async fn a_key_revoked_from_the_command_line_is_refused_by_a_running_server_within_5_seconds(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let key = new_key(&app, "acme", &[]).await;
+    // The server has seen the key, so it is in its cache when the revocation happens.
+    assert_eq!(probe(&app, &app.http, &key).await.status(), 404);
+    let prefix = key_with_prefix(&keys_of(&app, "acme").await, &key)["prefix"]
+        .as_str()
+        .expect("prefix")
+        .to_owned();
+    assert!(prefix.len() < key.len() / 2 + 1 && key.starts_with(&prefix));
+
+    pagos(&app, &["merchants", "keys", "revoke", "acme", &prefix]).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let refused = loop {
+        let sent = Instant::now();
+        let answer = probe(&app, &app.http, &key).await;
+        if answer.status() == 401 {
+            break answer;
+        }
+        assert_eq!(answer.status(), 404);
+        assert!(
+            sent < deadline,
+            "a revoked key was still accepted 5 s after the revocation"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(detail(refused).await.contains("revoked"));
+    assert_eq!(
+        probe(&app, &app.http, API_KEY).await.status(),
+        404,
+        "the merchant's other key still works"
+    );
+    assert_eq!(
+        key_with_prefix(&keys_of(&app, "acme").await, &key)["state"],
+        "revoked"
+    );
+}
+
+async fn a_key_past_its_expiry_is_refused_with_401(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let key = new_key(&app, "acme", &["--expira", "1s"]).await;
+    let listed = key_with_prefix(&keys_of(&app, "acme").await, &key).clone();
+    let expires_at: chrono::DateTime<chrono::Utc> = listed["expiresAt"]
+        .as_str()
+        .and_then(|at| at.parse().ok())
+        .expect("an expiry");
+    let left = (expires_at - chrono::Utc::now())
+        .to_std()
+        .unwrap_or_default();
+    tokio::time::sleep(left + Duration::from_millis(100)).await;
+
+    let refused = probe(&app, &app.http, &key).await;
+    assert_eq!(refused.status(), 401);
+    assert!(detail(refused).await.contains("expired"));
+    assert_eq!(
+        key_with_prefix(&keys_of(&app, "acme").await, &key)["state"],
+        "expired"
+    );
+    let merchants: Value =
+        serde_json::from_slice(&pagos(&app, &["merchants", "list", "--json"]).await.stdout)
+            .expect("JSON");
+    let acme = merchants
+        .as_array()
+        .and_then(|all| all.iter().find(|m| m["name"] == "acme"))
+        .expect("acme is listed");
+    assert_eq!(acme["activeKeys"], 1, "only the key that has not expired");
+}
+
+async fn unknown_and_revoked_keys_sent_again_and_again_are_looked_up_once(backend: Backend) {
+    let app = Spawn::new(backend)
+        .flags(&["--auth-failures-per-minute", "1000"])
+        .start()
+        .await;
+    let revoked = new_key(&app, "acme", &[]).await;
+    let prefix: String = revoked.chars().take(16).collect();
+    pagos(&app, &["merchants", "keys", "revoke", "acme", &prefix]).await;
+    let unknown = "sk_live_NotAKeyOfAnyMerchantAtAll0000";
+    assert_eq!(probe(&app, &app.http, unknown).await.status(), 401);
+    assert_eq!(probe(&app, &app.http, &revoked).await.status(), 401);
+
+    // From here on, a look-up in the database fails and answers 503.
+    app.db.clone().close().await.expect("database closed");
+    for _ in 0..25 {
+        let answer = probe(&app, &app.http, unknown).await;
+        assert_eq!(answer.status(), 401, "answered without the database");
+        assert_eq!(detail(answer).await, "Unknown API key.");
+        let answer = probe(&app, &app.http, &revoked).await;
+        assert_eq!(answer.status(), 401, "answered without the database");
+        assert!(detail(answer).await.contains("revoked"));
+    }
+}
+
+/// A client whose requests come from `127.0.0.2`: another address on this machine.
+fn client_at_another_address() -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+async fn an_address_past_the_failure_limit_gets_429_before_any_look_up_and_others_do_not(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .flags(&["--auth-failures-per-minute", "5"])
+        .start()
+        .await;
+    for i in 0..5 {
+        let answer = probe(&app, &app.http, &format!("sk_live_wrong_{i}")).await;
+        assert_eq!(answer.status(), 401, "failure {i} is within the limit");
+    }
+    let refused = probe(&app, &app.http, "sk_live_wrong_5").await;
+    assert_eq!(refused.status(), 429);
+    let wait: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .expect("Retry-After in seconds");
+    assert!(
+        (1..=12).contains(&wait),
+        "one failure back every 12 s: {wait}"
+    );
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert_eq!(
+        json(refused).await["type"],
+        "/problems/too-many-failed-authentications"
+    );
+    // Until then the address is refused whatever it sends.
+    assert_eq!(probe(&app, &app.http, API_KEY).await.status(), 429);
+    assert_eq!(
+        app.admin_get("/admin/pagos?estado=ENVIADA").await.status(),
+        429
+    );
+
+    let other = client_at_another_address();
+    assert_eq!(probe(&app, &other, API_KEY).await.status(), 404);
+    assert_eq!(probe(&app, &other, "sk_live_wrong_x").await.status(), 401);
+
+    // Refused before any look-up: with the database gone, a key never seen is still a 429.
+    app.db.clone().close().await.expect("database closed");
+    assert_eq!(
+        probe(&app, &app.http, "sk_live_never_seen").await.status(),
+        429
+    );
+}
+
+async fn failed_admin_tokens_count_toward_the_same_limit(backend: Backend) {
+    let app = Spawn::new(backend)
+        .flags(&["--auth-failures-per-minute", "3"])
+        .start()
+        .await;
+    let admin_as = |http: &reqwest::Client, token: &str| {
+        http.get(app.url("/admin/pagos?estado=ENVIADA&limite=1"))
+            .bearer_auth(token)
+            .send()
+    };
+    for _ in 0..3 {
+        let answer = admin_as(&app.http, "not-the-token").await.expect("sent");
+        assert_eq!(answer.status(), 401);
+    }
+    let refused = admin_as(&app.http, "not-the-token").await.expect("sent");
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    let other = client_at_another_address();
+    let answer = admin_as(&other, ADMIN_TOKEN).await.expect("sent");
+    assert_eq!(answer.status(), 200, "another address is not affected");
+}
+
+async fn merchant_names_are_unique_in_the_database(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let taken = pagos::app::add_merchant(&app.db, "  acme ", None).await;
+    assert!(taken.is_err(), "a name already taken is refused");
+    // A write that skips the checks meets the unique index.
+    let forced = merchant::Entity::insert(merchant::ActiveModel {
+        id: Set(uuid::Uuid::now_v7()),
+        name: Set("acme".to_owned()),
+        api_key_hash: Set(hash_api_key("sk_another_acme")),
+        created_at: Set(pagos::db::now()),
+    })
+    .exec_without_returning(&app.db)
+    .await;
+    assert!(forced.is_err(), "the database refuses a second \"acme\"");
+    assert!(
+        pagos::app::add_merchant(&app.db, "   ", None)
+            .await
+            .is_err()
+    );
+    assert!(
+        pagos::app::add_merchant(&app.db, &"x".repeat(65), None)
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        merchant::Entity::find()
+            .all(&app.db)
+            .await
+            .expect("read")
+            .len(),
+        2
+    );
+}
+
+async fn a_merchant_created_by_an_older_binary_during_a_deploy_can_authenticate(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    // What `merchants add` of a binary that predates `api_keys` writes: the merchant alone.
+    let legacy_key = "sk_live_MadeByAnOlderBinaryDuringADeploy0";
+    merchant::Entity::insert(merchant::ActiveModel {
+        id: Set(uuid::Uuid::now_v7()),
+        name: Set("legacy".to_owned()),
+        api_key_hash: Set(hash_api_key(legacy_key)),
+        created_at: Set(pagos::db::now()),
+    })
+    .exec_without_returning(&app.db)
+    .await
+    .expect("inserted");
+    assert_eq!(probe(&app, &app.http, legacy_key).await.status(), 404);
+    let keys = keys_of(&app, "legacy").await;
+    assert_eq!(keys.len(), 1);
+    let prefix = keys[0]["prefix"].as_str().expect("prefix").to_owned();
+    assert_eq!(
+        prefix,
+        format!("sha256:{}", &hash_api_key(legacy_key)[..12])
+    );
+
+    // Revoked, it no longer works for binaries that read `merchants.api_key_hash` either.
+    pagos(&app, &["merchants", "keys", "revoke", "legacy", &prefix]).await;
+    let row = merchant::Entity::find()
+        .all(&app.db)
+        .await
+        .expect("read")
+        .into_iter()
+        .find(|m| m.name == "legacy")
+        .expect("legacy");
+    assert_ne!(row.api_key_hash, hash_api_key(legacy_key));
+}
+
+async fn the_names_migration_renames_duplicates_in_creation_order_and_old_keys_keep_working(
+    backend: Backend,
+) {
+    use migration::{Migrator, MigratorTrait};
+    let database = TestDatabase::create(&backend).await;
+    let db = sea_orm::Database::connect(database.url.as_str())
+        .await
+        .expect("open");
+    let before_keys = Migrator::migrations()
+        .iter()
+        .position(|m| m.name() == "m20261203_000007_api_keys")
+        .expect("the api_keys migration");
+    Migrator::up(&db, Some(u32::try_from(before_keys).expect("count")))
+        .await
+        .expect("the schema before api keys and unique names");
+    // Merchants as `merchants add` made them before names were unique.
+    let seeded = ["demo", "demo", "demo-2", "demo", " acme ", "   "];
+    let start = pagos::db::now() - chrono::TimeDelta::hours(1);
+    let mut ids = Vec::new();
+    for (i, name) in seeded.iter().enumerate() {
+        let id = uuid::Uuid::now_v7();
+        merchant::Entity::insert(merchant::ActiveModel {
+            id: Set(id),
+            name: Set((*name).to_owned()),
+            api_key_hash: Set(hash_api_key(&format!("sk_old_{i}"))),
+            created_at: Set(start + chrono::TimeDelta::seconds(i64::try_from(i).expect("i"))),
+        })
+        .exec_without_returning(&db)
+        .await
+        .expect("seeded");
+        ids.push(id);
+    }
+    db.close().await.expect("closed");
+
+    let migrated = tokio::process::Command::new(BIN)
+        .args(["migrate", "--database-url", &database.url])
+        .env("RUST_LOG", "info")
+        .output()
+        .await
+        .expect("pagos migrate runs");
+    let log = String::from_utf8_lossy(&migrated.stderr);
+    assert!(migrated.status.success(), "{log}");
+    assert!(log.contains("renamed 4 merchant(s)"), "{log}");
+    assert!(log.contains(r#""demo" -> "demo-3""#), "{log}");
+
+    let db = sea_orm::Database::connect(database.url.as_str())
+        .await
+        .expect("open");
+    let names: Vec<String> = merchant::Entity::find()
+        .order_by_asc(merchant::Column::CreatedAt)
+        .all(&db)
+        .await
+        .expect("read")
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    assert_eq!(
+        names,
+        ["demo", "demo-3", "demo-2", "demo-4", "acme", "merchant"]
+    );
+    let connection = pagos::app::open_and_migrate(&pagos::config::DatabaseArgs {
+        url: database.url.clone(),
+        pool_size: 2,
+    })
+    .await
+    .expect("open");
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(
+            store::lookup(&connection, &hash_api_key(&format!("sk_old_{i}")))
+                .await
+                .expect("look-up"),
+            Credential::Known {
+                merchant: *id,
+                expires_at: None
+            },
+            "the key of merchant {i} still authenticates it"
+        );
+    }
 }
