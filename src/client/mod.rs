@@ -287,6 +287,9 @@ struct Settling<'a> {
     budget: Mutex<Budget>,
     tries: AtomicU32,
     exhausted: Mutex<Option<Exhausted>>,
+    /// The payment as the server last showed it while not settled: what the merchant is
+    /// told if the deadline comes in the middle of a later look-up.
+    last_pending: Mutex<Option<Payment>>,
 }
 
 impl Client {
@@ -399,8 +402,17 @@ impl Client {
             budget: Mutex::new(Budget::new(&self.policy, Instant::now())),
             tries: AtomicU32::new(0),
             exhausted: Mutex::new(None),
+            last_pending: Mutex::new(None),
         };
-        let result = settling.run().await;
+        let mut result = settling.run().await;
+        // The deadline came while a look-up of a payment the server had already shown
+        // pending was unanswered: it is still pending as far as anyone knows, not a failure.
+        if matches!(result, Err(Stop::Transient { .. }))
+            && *lock(&settling.exhausted) == Some(Exhausted::Time)
+            && let Some(p) = lock(&settling.last_pending).take()
+        {
+            result = Err(Stop::Pending(Box::new(p)));
+        }
         self.file(intent, &result).await;
         let elapsed = lock(&settling.budget).elapsed(Instant::now());
         let attempts = settling.tries.load(Ordering::SeqCst);
@@ -661,6 +673,7 @@ impl Settling<'_> {
                             .map_err(Stop::Journal)?;
                     }
                 }
+                *lock(&self.last_pending) = Some(p.clone());
                 Err(Stop::Pending(Box::new(p)))
             }
             Reading::Transient { why, retry_after } => Err(Stop::Transient { why, retry_after }),

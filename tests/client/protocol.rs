@@ -470,6 +470,40 @@ async fn a_payment_pending_at_the_deadline_is_kept_and_later_resumed_by_reading_
     server.verify().await;
 }
 
+/// The deadline comes while a look-up of a payment the server already showed pending is
+/// unanswered (the server is slow, or the look-up started with little time left): the
+/// payment is pending as far as anyone knows — never "gave up", which would tell the
+/// merchant something failed.
+#[tokio::test]
+async fn a_look_up_unanswered_at_the_deadline_leaves_the_payment_pending_not_failed() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    posts()
+        .respond_with(answer(202, pago(id, "ENVIADA")))
+        .expect(1)
+        .mount(&server)
+        .await;
+    look_ups(id)
+        .respond_with(answer(200, pago(id, "ENVIADA")).set_delay(Duration::from_secs(5)))
+        .mount(&server)
+        .await;
+    let journal = TestJournal::new().await;
+    let policy = RetryPolicy {
+        deadline: Duration::from_millis(600),
+        min_delay: Duration::from_millis(50),
+        ..fast_policy()
+    };
+    let (client, _) = client(&server, &journal.journal, policy);
+
+    let outcome = client.pay(&intent()).await;
+
+    assert!(
+        matches!(&outcome, Ok(Outcome::Pending(p)) if p.id == id && p.state == PaymentState::Enviada),
+        "{outcome:?}"
+    );
+    assert_eq!(journal.journal.pending().await.expect("journal").len(), 1);
+}
+
 #[tokio::test]
 async fn a_decline_is_an_outcome_with_its_code_and_leaves_the_journal() {
     let server = MockServer::start().await;
