@@ -572,31 +572,34 @@ pub struct SandboxArgs {
         value_parser = secret
     )]
     pub secret: Option<SecretString>,
-    /// Time a new charge takes
+    /// Time a new charge or refund takes
     #[arg(long, env = "PAGOS_SANDBOX_LATENCY", default_value = "0ms", value_parser = duration, value_name = "DURATION")]
     pub latency: Duration,
     /// Share of charges declined
     #[arg(long, env = "PAGOS_SANDBOX_DECLINE_RATE", default_value_t = 0.0, value_parser = rate, value_name = "RATE")]
     pub decline_rate: f64,
-    /// Share of requests answered 503 without charging
+    /// Share of refunds that fail (at once, or when they settle if left pending)
+    #[arg(long, env = "PAGOS_SANDBOX_REFUND_FAILURE_RATE", default_value_t = 0.0, value_parser = rate, value_name = "RATE")]
+    pub refund_failure_rate: f64,
+    /// Share of requests answered 503 without charging or refunding
     #[arg(long, env = "PAGOS_SANDBOX_ERROR_RATE", default_value_t = 0.0, value_parser = rate, value_name = "RATE")]
     pub error_rate: f64,
-    /// Share of charges made whose answer then hangs past the client's timeout
+    /// Share of charges and refunds made whose answer then hangs past the client's timeout
     #[arg(long, env = "PAGOS_SANDBOX_TIMEOUT_RATE", default_value_t = 0.0, value_parser = rate, value_name = "RATE")]
     pub timeout_rate: f64,
-    /// Share of charges made whose connection is then dropped mid-answer
+    /// Share of charges and refunds made whose connection is then dropped mid-answer
     #[arg(long, env = "PAGOS_SANDBOX_RESET_RATE", default_value_t = 0.0, value_parser = rate, value_name = "RATE")]
     pub reset_rate: f64,
-    /// Share of charges left pending, settled later
+    /// Share of charges and refunds left pending, settled later
     #[arg(long, env = "PAGOS_SANDBOX_PENDING_RATE", default_value_t = 0.0, value_parser = rate, value_name = "RATE")]
     pub pending_rate: f64,
-    /// How long a pending charge stays pending
+    /// How long a pending charge or refund stays pending
     #[arg(long, env = "PAGOS_SANDBOX_PENDING_FOR", default_value = "2s", value_parser = duration, value_name = "DURATION")]
     pub pending_for: Duration,
     /// Seed of the fault and outcome draws (repeatable runs)
     #[arg(long, env = "PAGOS_SANDBOX_SEED", value_name = "N")]
     pub seed: Option<u64>,
-    /// Deliver charge events to this URL (pagos: http://HOST:PORT/v1/webhooks/http)
+    /// Deliver charge and refund events to this URL (pagos: http://HOST:PORT/v1/webhooks/http)
     #[arg(long, env = "PAGOS_SANDBOX_WEBHOOK_URL", value_name = "URL")]
     pub webhook_url: Option<url::Url>,
     /// Secret the events are signed with (pagos' PAGOS_WEBHOOK_SECRET)

@@ -7,7 +7,9 @@
 //! Labels never carry ids, keys or secrets.
 
 use crate::gateway::mercadopago::{MercadoPagoGateway, Payment};
-use crate::gateway::{Charge, ChargeRequest, Gateway, GatewayError};
+use crate::gateway::{
+    Charge, ChargeRequest, Gateway, GatewayError, Refund, RefundLookup, RefundRequest, RefundStatus,
+};
 use async_trait::async_trait;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -412,5 +414,100 @@ impl Gateway for MeteredGateway {
         };
         self.observe("lookup", outcome, started);
         result
+    }
+
+    async fn refund(&self, req: &RefundRequest) -> Result<Refund, GatewayError> {
+        let started = Instant::now();
+        let result = self.inner.refund(req).await;
+        let outcome = match &result {
+            Ok(refund) => match refund.status {
+                RefundStatus::Succeeded => "succeeded",
+                RefundStatus::Failed => "failed",
+                RefundStatus::Pending => "pending",
+            },
+            Err(err) => error_outcome(err),
+        };
+        self.observe("refund", outcome, started);
+        result
+    }
+
+    async fn lookup_refunds(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
+        let started = Instant::now();
+        let result = self.inner.lookup_refunds(refund).await;
+        let outcome = match &result {
+            Ok(refunds) if refunds.is_empty() => "not_found",
+            Ok(_) => "found",
+            Err(err) => error_outcome(err),
+        };
+        self.observe("refund_lookup", outcome, started);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::sandbox::{Outcomes, SandboxGateway};
+
+    fn has_line(text: &str, line: &str) -> bool {
+        text.lines().any(|l| l == line)
+    }
+
+    #[tokio::test]
+    async fn refunds_and_their_lookups_are_counted_and_timed_like_charges() {
+        let metrics = Arc::new(Metrics::new());
+        let gateway = MeteredGateway::wrap(
+            Arc::new(SandboxGateway::new(Outcomes::default())),
+            metrics.clone(),
+        );
+        let charge = gateway
+            .charge(&ChargeRequest {
+                gateway_key: "k".into(),
+                amount: 100,
+                currency: "COP".into(),
+                reference: Uuid::nil(),
+                description: None,
+                payment_method: None,
+            })
+            .await
+            .expect("charged");
+        let req = RefundRequest {
+            gateway_key: "rk".into(),
+            charge: charge.id,
+            amount: 100,
+            currency: "COP".into(),
+            reference: Uuid::from_u128(1),
+            reason: None,
+            whole: true,
+        };
+        gateway.refund(&req).await.expect("refunded");
+        let over = RefundRequest {
+            gateway_key: "rk2".into(),
+            reference: Uuid::from_u128(2),
+            amount: 1,
+            whole: false,
+            ..req.clone()
+        };
+        gateway.refund(&over).await.expect_err("nothing is left");
+        gateway
+            .lookup_refunds(&req.lookup(None))
+            .await
+            .expect("found");
+        gateway
+            .lookup_refunds(&over.lookup(None))
+            .await
+            .expect("none");
+
+        let text = metrics.render();
+        for line in [
+            r#"pagos_gateway_calls_total{operation="refund",outcome="succeeded"} 1"#,
+            r#"pagos_gateway_calls_total{operation="refund",outcome="rejected"} 1"#,
+            r#"pagos_gateway_calls_total{operation="refund_lookup",outcome="found"} 1"#,
+            r#"pagos_gateway_calls_total{operation="refund_lookup",outcome="not_found"} 1"#,
+            r#"pagos_gateway_call_duration_seconds_count{operation="refund"} 2"#,
+            r#"pagos_gateway_call_duration_seconds_count{operation="refund_lookup"} 2"#,
+        ] {
+            assert!(has_line(&text, line), "{line} in\n{text}");
+        }
     }
 }

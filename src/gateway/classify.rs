@@ -1,13 +1,14 @@
 //! One reading of gateway answers, shared by every adapter: which answers leave a charge's
-//! existence unknown and which prove the gateway refused the request.
+//! (or a refund's) existence unknown and which prove the gateway refused the request.
 //!
 //! Pure: a status and what the provider said, in; a `GatewayError`, out. Adapters only
-//! say what their provider's body means ("this key was used with another request");
-//! they never decide on their own that an answer is a refusal. The rule that a refusal
-//! proves nothing once an earlier try of the payment may have reached the gateway is
-//! the saga's (`retry::charge`), because only the saga knows the payment's history.
+//! say what their provider's body means ("this key was used with another request", "the
+//! refund is over what is left of the charge"); they never decide on their own that an
+//! answer is a refusal. The rule that a refusal proves nothing once an earlier try may
+//! have reached the gateway is the saga's (`retry::charge`, `retry::refund`), because only
+//! the saga knows the history of what it sends.
 
-use super::GatewayError;
+use super::{GatewayError, RejectReason};
 use reqwest::StatusCode;
 
 /// What a provider's error body says about the idempotency key, beyond its status.
@@ -15,13 +16,24 @@ use reqwest::StatusCode;
 pub enum KeySaid {
     /// Nothing about the key.
     Nothing,
-    /// "This key was already used with other parameters": a charge may exist under it
+    /// "This key was already used with other parameters": a charge (or refund) may exist under it
     /// (reference protocol 422 on a charge, Stripe's `idempotency_error`, Mercado Pago's
     /// idempotency conflicts). Never a decline.
     UsedWithAnotherRequest,
 }
 
-/// What a non-success answer to a request that creates something (a charge) means.
+/// What a provider's error body says about a refused refund's amount, beyond its status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AmountSaid {
+    /// Nothing about the amount.
+    Nothing,
+    /// "The refund is over what is left of the charge" (reference protocol
+    /// `amount_exceeds_remaining`, Stripe `charge_already_refunded`, …).
+    ExceedsRemaining,
+}
+
+/// What a non-success answer to a request that creates something (a charge, a refund)
+/// means.
 ///
 /// - 5xx, 408, 409 (a request with this key still in flight), 425, 429: the request may
 ///   or may not have been applied — unknown.
@@ -43,15 +55,35 @@ pub fn refusal(provider: &str, status: StatusCode, said: KeySaid, detail: &str) 
     }
     if said == KeySaid::UsedWithAnotherRequest {
         return GatewayError::Unknown(format!(
-            "{provider} holds another request under this key ({status}), so a charge may exist: {detail}"
+            "{provider} holds another request under this key ({status}), so a charge or refund may exist under it: {detail}"
         ));
     }
     if !status.is_client_error() {
         return GatewayError::Unknown(format!("{provider} answered {status}: {detail}"));
     }
-    GatewayError::Rejected {
-        status: code,
-        detail: detail.to_owned(),
+    GatewayError::rejected(code, detail)
+}
+
+/// What a non-success answer to a refund means: as `refusal`, and a refusal whose body says
+/// the amount is over what is left of the charge is told apart (the saga answers it as
+/// such). What the body says never turns an unknown outcome into a refusal: a 5xx or a 409
+/// that mentions the amount stays unknown.
+pub fn refund_refusal(
+    provider: &str,
+    status: StatusCode,
+    said: KeySaid,
+    amount: AmountSaid,
+    detail: &str,
+) -> GatewayError {
+    match refusal(provider, status, said, detail) {
+        GatewayError::Rejected { status, detail, .. } if amount == AmountSaid::ExceedsRemaining => {
+            GatewayError::Rejected {
+                status,
+                detail,
+                reason: RejectReason::ExceedsRemaining,
+            }
+        }
+        other => other,
     }
 }
 
@@ -86,6 +118,51 @@ mod tests {
                 "{code}"
             );
         }
+    }
+
+    #[test]
+    fn an_over_refund_is_told_apart_only_when_it_is_a_refusal() {
+        let read = |code: u16, said: KeySaid| {
+            let status = StatusCode::from_u16(code).expect("a status");
+            refund_refusal("gw", status, said, AmountSaid::ExceedsRemaining, "over")
+        };
+        for code in [400, 402, 422] {
+            assert!(
+                matches!(
+                    read(code, KeySaid::Nothing),
+                    GatewayError::Rejected {
+                        reason: RejectReason::ExceedsRemaining,
+                        ..
+                    }
+                ),
+                "{code}"
+            );
+        }
+        for code in [500, 503, 409, 429, 401] {
+            assert!(
+                matches!(read(code, KeySaid::Nothing), GatewayError::Unknown(_)),
+                "{code}"
+            );
+        }
+        assert!(matches!(
+            read(422, KeySaid::UsedWithAnotherRequest),
+            GatewayError::Unknown(_)
+        ));
+        let plain = refund_refusal(
+            "gw",
+            StatusCode::BAD_REQUEST,
+            KeySaid::Nothing,
+            AmountSaid::Nothing,
+            "bad",
+        );
+        assert!(matches!(
+            plain,
+            GatewayError::Rejected {
+                status: 400,
+                reason: RejectReason::Other,
+                ..
+            }
+        ));
     }
 
     #[test]

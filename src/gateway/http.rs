@@ -1,16 +1,22 @@
-//! The reference-protocol adapter (`PAGOS_GATEWAY=http`): `POST /v1/charges` with the
-//! gateway key in `Idempotency-Key`, `GET /v1/charges?reference=` for lookups.
+//! The reference-protocol adapter (`PAGOS_GATEWAY=http`): `POST /v1/charges` and
+//! `POST /v1/refunds` with the gateway key in `Idempotency-Key`; `GET /v1/charges?reference=`
+//! and `GET /v1/refunds?reference=` for lookups.
 //!
 //! It reads answers through the shared classifier (`classify`), nothing more: 5xx, 409,
 //! 429, 401/403, 422 (the key used with another body), timeouts, resets and unreadable
-//! bodies are `Unknown` (the charge may exist); other 4xx are `Rejected`. A lookup's
-//! answer is a readable list or `Unknown`, never a refusal.
+//! bodies are `Unknown` (the charge or refund may exist); other 4xx are `Rejected`, and a
+//! refund refused with `{"error":"amount_exceeds_remaining"}` says so. A lookup's answer is
+//! a readable list or `Unknown`, never a refusal.
 
-use super::classify::{KeySaid, refusal};
-use super::{Charge, ChargeBody, ChargeRequest, Gateway, GatewayError};
+use super::classify::{AmountSaid, KeySaid, refund_refusal};
+use super::{
+    Charge, ChargeBody, ChargeRequest, Gateway, GatewayError, Refund, RefundBody, RefundLookup,
+    RefundRequest,
+};
 use async_trait::async_trait;
 use reqwest::StatusCode;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -46,10 +52,14 @@ impl HttpGateway {
     }
 }
 
+/// `{"data":[…]}`: the reference protocol's lists.
 #[derive(Deserialize)]
-struct ChargeList {
-    data: Vec<Charge>,
+struct List<T> {
+    data: Vec<T>,
 }
+
+/// The reference protocol's refusal of a refund over what is left of its charge.
+pub const AMOUNT_EXCEEDS_REMAINING: &str = "amount_exceeds_remaining";
 
 /// A request that got no answer: the outcome is unknown.
 pub(super) fn transport(err: &reqwest::Error) -> GatewayError {
@@ -90,10 +100,11 @@ pub(super) async fn search<T: for<'de> Deserialize<'de>>(
         .map_err(|e| GatewayError::Unknown(format!("unreadable {what} answer: {e}")))
 }
 
-/// The answer to `POST /v1/charges`: a charge, or what the shared classifier makes of the
-/// refusal. In the reference protocol a 422 on a charge means "this key was used with
-/// another body": a charge exists under the key.
-async fn charge_answer(resp: reqwest::Response) -> Result<Charge, GatewayError> {
+/// The answer to `POST /v1/charges` or `POST /v1/refunds`: what was made, or what the
+/// shared classifier makes of the refusal. In the reference protocol a 422 means "this key
+/// was used with another body": something exists under the key. Only a refund can be over
+/// what is left of its charge, but the error is read the same way for both.
+async fn created<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, GatewayError> {
     let status = resp.status();
     if status.is_success() {
         // A success whose body cannot be read may still be a charge: unknown, not failed.
@@ -106,7 +117,37 @@ async fn charge_answer(resp: reqwest::Response) -> Result<Charge, GatewayError> 
     } else {
         KeySaid::Nothing
     };
-    Err(refusal("the gateway", status, said, &detail(resp).await))
+    let text = detail(resp).await;
+    Err(refund_refusal(
+        "the gateway",
+        status,
+        said,
+        amount_said(&text),
+        &text,
+    ))
+}
+
+/// Whether an error body is `{"error":"amount_exceeds_remaining"}`.
+pub(super) fn amount_said(body: &str) -> AmountSaid {
+    let said = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(|e| e == AMOUNT_EXCEEDS_REMAINING));
+    if said == Some(true) {
+        AmountSaid::ExceedsRemaining
+    } else {
+        AmountSaid::Nothing
+    }
+}
+
+impl HttpGateway {
+    /// `{base}/v1/{what}?reference=…`
+    fn by_reference(&self, what: &str, reference: Uuid) -> Result<url::Url, GatewayError> {
+        let mut url = url::Url::parse(&format!("{}/v1/{what}", self.base))
+            .map_err(|e| GatewayError::Unknown(format!("bad gateway URL: {e}")))?;
+        url.query_pairs_mut()
+            .append_pair("reference", &reference.to_string());
+        Ok(url)
+    }
 }
 
 #[async_trait]
@@ -121,15 +162,38 @@ impl Gateway for HttpGateway {
             .send()
             .await
             .map_err(|e| transport(&e))?;
-        charge_answer(resp).await
+        created(resp).await
     }
 
     async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
-        let mut url = url::Url::parse(&format!("{}/v1/charges", self.base))
-            .map_err(|e| GatewayError::Unknown(format!("bad gateway URL: {e}")))?;
-        url.query_pairs_mut()
-            .append_pair("reference", &reference.to_string());
-        let found: ChargeList = search(&self.client, url, &self.secret, "gateway lookup").await?;
+        let url = self.by_reference("charges", reference)?;
+        let found: List<Charge> = search(&self.client, url, &self.secret, "gateway lookup").await?;
         Ok(found.data)
+    }
+
+    async fn refund(&self, req: &RefundRequest) -> Result<Refund, GatewayError> {
+        let resp = self
+            .client
+            .post(format!("{}/v1/refunds", self.base))
+            .bearer_auth(&self.secret)
+            .header("Idempotency-Key", &req.gateway_key)
+            .json(&RefundBody::from(req))
+            .send()
+            .await
+            .map_err(|e| transport(&e))?;
+        created(resp).await
+    }
+
+    async fn lookup_refunds(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
+        let url = self.by_reference("refunds", refund.reference)?;
+        let found: List<Refund> =
+            search(&self.client, url, &self.secret, "gateway refund lookup").await?;
+        // The reference is the refund's; a gateway answering another's is not believed.
+        let reference = refund.reference.to_string();
+        Ok(found
+            .data
+            .into_iter()
+            .filter(|r| r.reference == reference)
+            .collect())
     }
 }

@@ -6,10 +6,21 @@
 //!
 //! It classifies answers and maps payment statuses, nothing more (the table is in
 //! `status_of` and in docs/gateways/mercadopago.md).
+//!
+//! Refunds: `POST /v1/payments/{id}/refunds` with the refund's own key in
+//! `X-Idempotency-Key` and `X-Render-In-Process-Refunds: true` (so a refund still in
+//! process is a 201 `in_process`, not a 400), body `{"amount": <decimal>}` or `{}` for the
+//! whole payment. A Mercado Pago refund carries nothing of pagos' (its request takes only
+//! the amount), so a look-up finds a refund only by the id an earlier answer gave
+//! (`GET /v1/payments/{id}/refunds`); without one it finds nothing, and a resend with the
+//! same key is the way to learn what became of the refund.
 
-use super::classify::{KeySaid, refusal};
+use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
 use super::http::{client, detail, search, transport};
-use super::{Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, amount};
+use super::{
+    Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundLookup,
+    RefundRequest, RefundStatus, amount,
+};
 use async_trait::async_trait;
 use reqwest::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -230,6 +241,111 @@ pub fn key_said(body: &str) -> KeySaid {
     }
 }
 
+/// A Mercado Pago refund, trimmed to what pagos reads. Its amount is in the payment's
+/// currency, which the refund does not name.
+#[derive(Clone, Debug, Deserialize)]
+pub struct MercadoPagoRefund {
+    /// A number on the wire.
+    pub id: Value,
+    #[serde(default)]
+    pub payment_id: Value,
+    pub amount: f64,
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub date_created: Option<String>,
+}
+
+/// What a refund's status means (docs/gateways/mercadopago.md):
+///
+/// | status | refund |
+/// | --- | --- |
+/// | `approved` | succeeded |
+/// | `in_process`, `pending` | pending (Pix in contingency, …; with `X-Render-In-Process-Refunds`) |
+/// | `rejected`, `cancelled` | failed, code the status |
+///
+/// None: a status this version does not know (or none); the outcome is unknown.
+pub fn refund_status_of(status: &str) -> Option<RefundStatus> {
+    match status {
+        "approved" => Some(RefundStatus::Succeeded),
+        "in_process" | "pending" => Some(RefundStatus::Pending),
+        "rejected" | "cancelled" => Some(RefundStatus::Failed),
+        _ => None,
+    }
+}
+
+/// A Mercado Pago id (a number on the wire) as text.
+fn id_text(id: &Value) -> String {
+    match id {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+impl MercadoPagoRefund {
+    pub fn id_text(&self) -> String {
+        id_text(&self.id)
+    }
+
+    /// The refund in pagos' terms: `currency` is the payment's (the refund has none),
+    /// `reference` the pagos refund it answers for (the refund does not carry it).
+    pub fn to_refund(&self, currency: &str, reference: &str) -> Result<Refund, GatewayError> {
+        let id = self.id_text();
+        let shown = self.status.as_deref().unwrap_or("(none)");
+        let status = self
+            .status
+            .as_deref()
+            .and_then(refund_status_of)
+            .ok_or_else(|| {
+                GatewayError::Unknown(format!(
+                    "Mercado Pago refund {id} has a status pagos does not know: {shown}"
+                ))
+            })?;
+        let currency = currency.to_ascii_uppercase();
+        let exponent = amount::iso_exponent(&currency, 2);
+        let minor = amount::from_decimal(self.amount, exponent)
+            .map_err(|e| GatewayError::Unknown(format!("Mercado Pago refund {id}: amount {e}")))?;
+        Ok(Refund {
+            id,
+            status,
+            charge: id_text(&self.payment_id),
+            amount: minor,
+            currency,
+            reference: reference.to_owned(),
+            failure_code: (status == RefundStatus::Failed).then(|| super::decline_code(shown)),
+        })
+    }
+}
+
+/// The body of `POST /v1/payments/{id}/refunds`: `{"amount": <decimal>}`, or `{}` for the
+/// whole payment (Mercado Pago's total refund).
+#[derive(Debug, PartialEq, Serialize)]
+pub struct RefundBody {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amount: Option<f64>,
+}
+
+/// The refund body for `req`: the same on every send of one refund.
+pub fn refund_body(req: &RefundRequest) -> Result<RefundBody, String> {
+    if req.whole {
+        return Ok(RefundBody { amount: None });
+    }
+    let exponent = amount::iso_exponent(&req.currency, 2);
+    let amount = amount::to_decimal(req.amount, exponent).map_err(|e| e.to_string())?;
+    Ok(RefundBody {
+        amount: Some(amount),
+    })
+}
+
+/// Whether `id` can be a Mercado Pago payment id (a number).
+fn is_payment_id(id: &str) -> bool {
+    !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The header that makes a refund still in process answer 201 `in_process` instead of 400.
+const RENDER_IN_PROCESS: &str = "X-Render-In-Process-Refunds";
+
 impl MercadoPagoGateway {
     pub fn new(base: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
         Ok(MercadoPagoGateway {
@@ -242,7 +358,7 @@ impl MercadoPagoGateway {
     /// `GET /v1/payments/{id}`: the payment as Mercado Pago holds it now; None when
     /// Mercado Pago has no such payment. `id` must be Mercado Pago's numeric id.
     pub async fn fetch(&self, id: &str) -> Result<Option<Payment>, GatewayError> {
-        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+        if !is_payment_id(id) {
             return Ok(None);
         }
         let resp = self
@@ -272,9 +388,8 @@ impl MercadoPagoGateway {
 #[async_trait]
 impl Gateway for MercadoPagoGateway {
     async fn charge(&self, req: &ChargeRequest) -> Result<Charge, GatewayError> {
-        let body = payment_body(req).map_err(|why| GatewayError::Rejected {
-            status: 422,
-            detail: format!("not sent to Mercado Pago: {why}"),
+        let body = payment_body(req).map_err(|why| {
+            GatewayError::rejected(422, format!("not sent to Mercado Pago: {why}"))
         })?;
         let resp = self
             .client
@@ -312,6 +427,95 @@ impl Gateway for MercadoPagoGateway {
             .iter()
             .filter(|p| p.external_reference.as_deref() == Some(reference.as_str()))
             .map(Payment::to_charge)
+            .collect()
+    }
+
+    async fn refund(&self, req: &RefundRequest) -> Result<Refund, GatewayError> {
+        let not_sent =
+            |why: String| GatewayError::rejected(422, format!("not sent to Mercado Pago: {why}"));
+        if !is_payment_id(&req.charge) {
+            return Err(not_sent(format!(
+                "{:?} is not a Mercado Pago payment id",
+                req.charge.chars().take(40).collect::<String>()
+            )));
+        }
+        let body = refund_body(req).map_err(not_sent)?;
+        let resp = self
+            .client
+            .post(format!("{}/v1/payments/{}/refunds", self.base, req.charge))
+            .bearer_auth(&self.secret)
+            .header("X-Idempotency-Key", &req.gateway_key)
+            .header(RENDER_IN_PROCESS, "true")
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| transport(&e))?;
+        let status = resp.status();
+        if status.is_success() {
+            let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
+            let made: MercadoPagoRefund = serde_json::from_slice(&bytes).map_err(|e| {
+                GatewayError::Unknown(format!("unreadable {status} answer from Mercado Pago: {e}"))
+            })?;
+            let mut refund = made.to_refund(&req.currency, &req.reference.to_string())?;
+            if refund.charge.is_empty() {
+                refund.charge.clone_from(&req.charge);
+            }
+            return Ok(refund);
+        }
+        let text = detail(resp).await;
+        // Mercado Pago documents no error of its own for a refund over what is left of the
+        // payment: its refusals are read as refusals of the request as a whole.
+        Err(refund_refusal(
+            "Mercado Pago",
+            status,
+            key_said(&text),
+            AmountSaid::Nothing,
+            &text,
+        ))
+    }
+
+    async fn lookup_refunds(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
+        // Nothing on a Mercado Pago refund names the pagos refund: without the id an answer
+        // gave, no refund of the payment can be told to be this one.
+        let Some(known) = refund.gateway_ref.as_deref() else {
+            return Ok(Vec::new());
+        };
+        if !is_payment_id(&refund.charge) {
+            return Ok(Vec::new());
+        }
+        let resp = self
+            .client
+            .get(format!(
+                "{}/v1/payments/{}/refunds",
+                self.base, refund.charge
+            ))
+            .bearer_auth(&self.secret)
+            .header(RENDER_IN_PROCESS, "true")
+            .send()
+            .await
+            .map_err(|e| transport(&e))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(GatewayError::Unknown(format!(
+                "Mercado Pago refund list answered {status}: {}",
+                detail(resp).await
+            )));
+        }
+        let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
+        let listed: Vec<MercadoPagoRefund> = serde_json::from_slice(&bytes).map_err(|e| {
+            GatewayError::Unknown(format!("unreadable Mercado Pago refund list: {e}"))
+        })?;
+        let reference = refund.reference.to_string();
+        listed
+            .iter()
+            .filter(|r| r.id_text() == known)
+            .map(|r| {
+                let mut found = r.to_refund(&refund.currency, &reference)?;
+                if found.charge.is_empty() {
+                    found.charge.clone_from(&refund.charge);
+                }
+                Ok(found)
+            })
             .collect()
     }
 }

@@ -1,9 +1,9 @@
-//! Talking to payment gateways: the `Gateway` trait, the shared reading of answers, the retry
-//! policy, and the adapters (reference HTTP protocol, in-process sandbox, Stripe, Mercado
-//! Pago), with the amount conversions the providers need.
+//! Talking to payment gateways: the `Gateway` trait (charges, and refunds of them), the
+//! shared reading of answers, the retry policy, and the adapters (reference HTTP protocol,
+//! in-process sandbox, Stripe, Mercado Pago), with the amount conversions the providers need.
 //!
-//! This room never touches the database and never decides a payment's state: it reports
-//! what the gateway said, or that nobody knows.
+//! This room never touches the database and never decides a payment's or a refund's state:
+//! it reports what the gateway said, or that nobody knows.
 
 pub mod amount;
 pub mod classify;
@@ -75,18 +75,134 @@ pub struct Charge {
     pub decline_code: Option<String>,
 }
 
+/// What pagos asks a gateway to refund: part or all of a charge it made. Every send of one
+/// refund carries the same `gateway_key` and the same body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundRequest {
+    /// Unique to the refund (never a payment's key).
+    pub gateway_key: String,
+    /// The provider's id of the charge refunded: the reference protocol's `ch_…`, Stripe's
+    /// PaymentIntent `pi_…`, Mercado Pago's payment id (a payment's `gatewayRef`).
+    pub charge: String,
+    /// Minor units of `currency`, positive.
+    pub amount: i64,
+    /// The charge's currency.
+    pub currency: String,
+    /// The pagos refund id: what look-ups search for.
+    pub reference: Uuid,
+    /// Why, in the merchant's words; the providers that keep a note carry it.
+    pub reason: Option<String>,
+    /// `amount` is the whole charge (so no other refund of it exists). Mercado Pago takes a
+    /// total refund as an empty body, and some of its payment methods refuse a partial one
+    /// even for the whole amount; the others ignore it. Derived from what pagos stores
+    /// (amount = the payment's `monto`), so it is the same on every send.
+    pub whole: bool,
+}
+
+impl RefundRequest {
+    /// What to look this refund up with, knowing the provider's refund id if an answer gave
+    /// one.
+    pub fn lookup(&self, gateway_ref: Option<String>) -> RefundLookup {
+        RefundLookup {
+            charge: self.charge.clone(),
+            currency: self.currency.clone(),
+            reference: self.reference,
+            gateway_ref,
+        }
+    }
+}
+
+/// What pagos knows of a refund when it asks the gateway what became of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundLookup {
+    /// The provider's id of the charge refunded (as in `RefundRequest`).
+    pub charge: String,
+    /// The charge's currency (Mercado Pago's refunds carry amounts without one).
+    pub currency: String,
+    /// The pagos refund id.
+    pub reference: Uuid,
+    /// The provider's refund id, once an answer gave one (a refund left pending). A
+    /// provider whose refunds carry no reference of pagos' (Mercado Pago) finds a refund
+    /// only by it.
+    pub gateway_ref: Option<String>,
+}
+
+/// The reference protocol's refund body (what `POST /v1/refunds` takes, contract section 6).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefundBody {
+    pub charge: String,
+    pub amount: i64,
+    pub currency: String,
+    pub reference: String,
+}
+
+impl From<&RefundRequest> for RefundBody {
+    fn from(req: &RefundRequest) -> Self {
+        RefundBody {
+            charge: req.charge.clone(),
+            amount: req.amount,
+            currency: req.currency.clone(),
+            reference: req.reference.to_string(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RefundStatus {
+    /// The money went back (a provider may still report it failed later: Stripe).
+    Succeeded,
+    /// No money went back.
+    Failed,
+    /// Accepted; settled later.
+    Pending,
+}
+
+/// A refund as the gateway reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Refund {
+    pub id: String,
+    pub status: RefundStatus,
+    /// The provider's id of the charge refunded.
+    pub charge: String,
+    /// Minor units of `currency`.
+    pub amount: i64,
+    pub currency: String,
+    /// The pagos refund id.
+    pub reference: String,
+    /// Why a failed refund failed.
+    #[serde(default)]
+    pub failure_code: Option<String>,
+}
+
+/// What a refusal is about, when the provider's answer says so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectReason {
+    /// Nothing pagos tells apart: the request as a whole was refused.
+    Other,
+    /// A refund over what is left of its charge (reference protocol
+    /// `amount_exceeds_remaining`, Stripe `charge_already_refunded` and its "greater than
+    /// unrefunded amount" refusal).
+    ExceedsRemaining,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum GatewayError {
     /// Timeout, 5xx, reset connection, 409 (still in flight), 429, refused credentials,
-    /// the key used with another request, unreadable answer: the charge may or may not
-    /// exist. Safe to retry with the same key (`classify`).
+    /// the key used with another request, unreadable answer: the charge (or refund) may or
+    /// may not exist. Safe to retry with the same key (`classify`).
     #[error("outcome unknown: {0}")]
     Unknown(String),
-    /// Any other 4xx: the gateway refused this request. It proves no charge exists only
-    /// if no earlier try of the payment may have reached the gateway (`retry::charge`).
+    /// Any other 4xx: the gateway refused this request. It proves nothing was made only
+    /// if no earlier try may have reached the gateway (`retry::charge`, `retry::refund`).
     /// Retrying the same request cannot help.
     #[error("gateway refused the request with {status}: {detail}")]
-    Rejected { status: u16, detail: String },
+    Rejected {
+        status: u16,
+        detail: String,
+        reason: RejectReason,
+    },
 }
 
 /// The longest decline code pagos stores (`payments.decline_code`, `webhook_charges`).
@@ -104,6 +220,17 @@ impl GatewayError {
     }
 }
 
+impl GatewayError {
+    /// A refusal of the request as a whole.
+    pub fn rejected(status: u16, detail: impl Into<String>) -> Self {
+        GatewayError::Rejected {
+            status,
+            detail: detail.into(),
+            reason: RejectReason::Other,
+        }
+    }
+}
+
 /// One payment gateway. Each method is one attempt; retries live in `retry`.
 #[async_trait]
 pub trait Gateway: Send + Sync + 'static {
@@ -113,6 +240,15 @@ pub trait Gateway: Send + Sync + 'static {
     /// Every charge the gateway holds for this payment reference. Empty means none exists
     /// (yet).
     async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError>;
+
+    /// Creates (or, for a key already used, replays) a refund of part or all of a charge.
+    async fn refund(&self, req: &RefundRequest) -> Result<Refund, GatewayError>;
+
+    /// Every refund the gateway holds for this refund (its reference, or its provider id
+    /// when one is known). Empty means none the gateway can attribute to it (yet): never
+    /// proof that the refund does not exist, only that a resend with the same key is the
+    /// way to find out (the provider replays it, or makes the only one).
+    async fn lookup_refunds(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError>;
 }
 
 #[cfg(test)]
@@ -127,5 +263,50 @@ mod tests {
         .expect("parses");
         assert_eq!(charge.status, ChargeStatus::Declined);
         assert_eq!(charge.decline_code.as_deref(), Some("insufficient_funds"));
+    }
+
+    #[test]
+    fn refunds_read_and_write_the_reference_protocol() {
+        let refund: Refund = serde_json::from_str(include_str!(
+            "../../fixtures/reference-gateway/refund_failed.json"
+        ))
+        .expect("parses");
+        assert_eq!(refund.status, RefundStatus::Failed);
+        assert_eq!(
+            refund.failure_code.as_deref(),
+            Some("expired_or_canceled_card")
+        );
+        let written = serde_json::to_value(&refund).expect("json");
+        assert_eq!(written["failureCode"], "expired_or_canceled_card");
+        assert_eq!(written["status"], "failed");
+
+        let req = RefundRequest {
+            gateway_key: "k".into(),
+            charge: "ch_1".into(),
+            amount: 50_000,
+            currency: "COP".into(),
+            reference: Uuid::nil(),
+            reason: Some("solicitud del cliente".into()),
+            whole: false,
+        };
+        let body = serde_json::to_value(RefundBody::from(&req)).expect("json");
+        let documented: serde_json::Value = serde_json::from_str(include_str!(
+            "../../fixtures/reference-gateway/refund_request.json"
+        ))
+        .expect("fixture");
+        let keys = |v: &serde_json::Value| {
+            let mut k: Vec<String> = v
+                .as_object()
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default();
+            k.sort();
+            k
+        };
+        assert_eq!(
+            keys(&body),
+            keys(&documented),
+            "the contract's four fields, no more"
+        );
+        assert_eq!(body["reference"], Uuid::nil().to_string());
     }
 }

@@ -1,9 +1,14 @@
 //! The retry policy for one gateway call: exponential backoff with jitter (backon), the
 //! same request (and so the same gateway key) on every try, and only on errors that leave
-//! the outcome unknown.
+//! the outcome unknown. Charges and refunds share one rule (`send`): a refusal proves
+//! nothing once an earlier try may have reached the gateway.
 
-use super::{Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError};
+use super::{
+    Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundRequest,
+    RefundStatus, RejectReason,
+};
 use backon::{ExponentialBuilder, Retryable};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// How hard to try one gateway call.
@@ -56,6 +61,85 @@ pub enum ChargeOutcome {
     Unknown(String),
 }
 
+/// What a refund call came to, after retries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RefundOutcome {
+    Succeeded(Refund),
+    /// The gateway made the refund and it failed: no money went back.
+    Failed(Refund),
+    /// The gateway accepted the refund and will settle it later.
+    Pending(Refund),
+    /// The gateway refused the request: no refund exists. `reason` tells a refund over
+    /// what is left of the charge apart.
+    Rejected {
+        status: u16,
+        detail: String,
+        reason: RejectReason,
+    },
+    /// Nobody knows whether the refund exists: the reconciler must ask.
+    Unknown(String),
+}
+
+/// How one gateway call ended after its retries, before its answer is read.
+enum Sent<T> {
+    Answered(T),
+    /// A refusal that proves nothing was made: no try before it may have reached the gateway.
+    Rejected {
+        status: u16,
+        detail: String,
+        reason: RejectReason,
+    },
+    Unknown(String),
+}
+
+/// One gateway call, retried with the same request (and so the same key) on unknown
+/// outcomes; the rule every operation that makes something shares.
+///
+/// `maybe_sent_before`: an earlier send of the same thing may have reached the gateway.
+/// Then, as after any try of this call whose outcome was unknown, a refusal proves nothing
+/// — what an earlier try may have made still may exist — and the outcome stays `Unknown`:
+/// only a readable answer settles it.
+async fn send<T, F, Fut>(
+    call: F,
+    policy: RetryPolicy,
+    maybe_sent_before: bool,
+    on_retry: impl Fn(&GatewayError, Duration),
+) -> Sent<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, GatewayError>>,
+{
+    // Set once a try may have made something whose existence is unknown.
+    let uncertain = AtomicBool::new(maybe_sent_before);
+    let result = call
+        .retry(policy.backoff())
+        .when(GatewayError::is_retryable)
+        .notify(|err, delay| {
+            uncertain.store(true, Ordering::Relaxed);
+            on_retry(err, delay);
+        })
+        .await;
+    match result {
+        Ok(answer) => Sent::Answered(answer),
+        // A refusal proves nothing was made only if no earlier try may have made it.
+        Err(GatewayError::Rejected { status, detail, .. }) if uncertain.load(Ordering::Relaxed) => {
+            Sent::Unknown(format!(
+                "refused with {status}, but an earlier try may have reached the gateway: {detail}"
+            ))
+        }
+        Err(GatewayError::Rejected {
+            status,
+            detail,
+            reason,
+        }) => Sent::Rejected {
+            status,
+            detail,
+            reason,
+        },
+        Err(GatewayError::Unknown(why)) => Sent::Unknown(why),
+    }
+}
+
 /// One charge call, retried with the same request on unknown outcomes.
 ///
 /// `maybe_sent_before`: an earlier send of this payment may have reached the gateway (it
@@ -68,67 +152,132 @@ pub async fn charge(
     policy: RetryPolicy,
     maybe_sent_before: bool,
 ) -> ChargeOutcome {
-    // Set once a try may have made a charge whose existence is unknown.
-    let uncertain = std::sync::atomic::AtomicBool::new(maybe_sent_before);
-    let result = (|| gateway.charge(req))
-        .retry(policy.backoff())
-        .when(GatewayError::is_retryable)
-        .notify(|err, delay| {
-            uncertain.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = send(
+        || gateway.charge(req),
+        policy,
+        maybe_sent_before,
+        |err, delay| {
             tracing::warn!(payment_id = %req.reference, error = %err, retry_in = ?delay, "gateway call failed, retrying with the same key");
-        })
-        .await;
-    match result {
-        Ok(charge) => match charge.status {
+        },
+    )
+    .await;
+    match sent {
+        Sent::Answered(charge) => match charge.status {
             ChargeStatus::Succeeded => ChargeOutcome::Succeeded(charge),
             ChargeStatus::Declined => ChargeOutcome::Declined(charge),
             ChargeStatus::Pending => ChargeOutcome::Pending(charge),
         },
-        // A refusal proves no charge was made only if no earlier try may have made one.
-        Err(GatewayError::Rejected { status, detail })
-            if uncertain.load(std::sync::atomic::Ordering::Relaxed) =>
-        {
-            ChargeOutcome::Unknown(format!(
-                "refused with {status}, but an earlier try of this payment may have reached the gateway: {detail}"
-            ))
-        }
-        Err(GatewayError::Rejected { status, detail }) => {
-            ChargeOutcome::Rejected { status, detail }
-        }
-        Err(GatewayError::Unknown(why)) => ChargeOutcome::Unknown(why),
+        Sent::Rejected { status, detail, .. } => ChargeOutcome::Rejected { status, detail },
+        Sent::Unknown(why) => ChargeOutcome::Unknown(why),
+    }
+}
+
+/// One refund call, with exactly the charge's rules: retried with the same request on
+/// unknown outcomes, and a refusal proves no refund exists only if no earlier try of this
+/// refund may have reached the gateway (`maybe_sent_before`: it was sent before). A refusal
+/// of a resend — "over what is left of the charge" included, which is just what a gateway
+/// that forgot the key answers once the first try's refund took what was left — stays
+/// `Unknown`.
+pub async fn refund(
+    gateway: &dyn Gateway,
+    req: &RefundRequest,
+    policy: RetryPolicy,
+    maybe_sent_before: bool,
+) -> RefundOutcome {
+    let sent = send(
+        || gateway.refund(req),
+        policy,
+        maybe_sent_before,
+        |err, delay| {
+            tracing::warn!(refund_id = %req.reference, error = %err, retry_in = ?delay, "gateway refund call failed, retrying with the same key");
+        },
+    )
+    .await;
+    match sent {
+        Sent::Answered(refund) => match refund.status {
+            RefundStatus::Succeeded => RefundOutcome::Succeeded(refund),
+            RefundStatus::Failed => RefundOutcome::Failed(refund),
+            RefundStatus::Pending => RefundOutcome::Pending(refund),
+        },
+        Sent::Rejected {
+            status,
+            detail,
+            reason,
+        } => RefundOutcome::Rejected {
+            status,
+            detail,
+            reason,
+        },
+        Sent::Unknown(why) => RefundOutcome::Unknown(why),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::Charge;
+    use crate::gateway::{Charge, RefundLookup};
     use async_trait::async_trait;
     use std::sync::Mutex;
+    use std::sync::atomic::AtomicUsize;
     use uuid::Uuid;
 
     /// Answers each try with the next scripted result; counts the tries.
-    struct Scripted(
-        Mutex<Vec<Result<Charge, GatewayError>>>,
-        std::sync::atomic::AtomicUsize,
-    );
+    struct Scripted {
+        charges: Mutex<Vec<Result<Charge, GatewayError>>>,
+        refunds: Mutex<Vec<Result<Refund, GatewayError>>>,
+        tries: AtomicUsize,
+    }
 
     fn scripted(script: Vec<Result<Charge, GatewayError>>) -> Scripted {
-        Scripted(Mutex::new(script), std::sync::atomic::AtomicUsize::new(0))
+        Scripted {
+            charges: Mutex::new(script),
+            refunds: Mutex::new(Vec::new()),
+            tries: AtomicUsize::new(0),
+        }
+    }
+
+    fn scripted_refunds(script: Vec<Result<Refund, GatewayError>>) -> Scripted {
+        Scripted {
+            charges: Mutex::new(Vec::new()),
+            refunds: Mutex::new(script),
+            tries: AtomicUsize::new(0),
+        }
+    }
+
+    fn next<T>(script: &Mutex<Vec<Result<T, GatewayError>>>) -> Result<T, GatewayError> {
+        let mut script = script.lock().unwrap_or_else(|e| e.into_inner());
+        if script.is_empty() {
+            return Err(GatewayError::Unknown("script ended".into()));
+        }
+        script.remove(0)
+    }
+
+    impl Scripted {
+        fn tries(&self) -> usize {
+            self.tries.load(Ordering::Relaxed)
+        }
     }
 
     #[async_trait]
     impl Gateway for Scripted {
         async fn charge(&self, _req: &ChargeRequest) -> Result<Charge, GatewayError> {
-            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let mut script = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            if script.is_empty() {
-                return Err(GatewayError::Unknown("script ended".into()));
-            }
-            script.remove(0)
+            self.tries.fetch_add(1, Ordering::Relaxed);
+            next(&self.charges)
         }
 
         async fn lookup(&self, _reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
+            Ok(vec![])
+        }
+
+        async fn refund(&self, _req: &RefundRequest) -> Result<Refund, GatewayError> {
+            self.tries.fetch_add(1, Ordering::Relaxed);
+            next(&self.refunds)
+        }
+
+        async fn lookup_refunds(
+            &self,
+            _refund: &RefundLookup,
+        ) -> Result<Vec<Refund>, GatewayError> {
             Ok(vec![])
         }
     }
@@ -144,6 +293,30 @@ mod tests {
         }
     }
 
+    fn refund_request() -> RefundRequest {
+        RefundRequest {
+            gateway_key: "rk".into(),
+            charge: "ch_1".into(),
+            amount: 1,
+            currency: "COP".into(),
+            reference: Uuid::nil(),
+            reason: None,
+            whole: false,
+        }
+    }
+
+    fn made(status: RefundStatus) -> Refund {
+        Refund {
+            id: "re_1".into(),
+            status,
+            charge: "ch_1".into(),
+            amount: 1,
+            currency: "COP".into(),
+            reference: Uuid::nil().to_string(),
+            failure_code: (status == RefundStatus::Failed).then(|| "declined".into()),
+        }
+    }
+
     fn fast(retries: usize) -> RetryPolicy {
         RetryPolicy {
             retries,
@@ -153,9 +326,14 @@ mod tests {
     }
 
     fn rejected() -> GatewayError {
+        GatewayError::rejected(400, "bad")
+    }
+
+    fn over_remaining() -> GatewayError {
         GatewayError::Rejected {
             status: 400,
-            detail: "bad".into(),
+            detail: "amount_exceeds_remaining".into(),
+            reason: RejectReason::ExceedsRemaining,
         }
     }
 
@@ -184,11 +362,7 @@ mod tests {
         let gateway = scripted(vec![Err(rejected())]);
         let outcome = charge(&gateway, &request(), fast(3), true).await;
         assert!(matches!(outcome, ChargeOutcome::Unknown(_)), "{outcome:?}");
-        assert_eq!(
-            gateway.1.load(std::sync::atomic::Ordering::Relaxed),
-            1,
-            "a refusal is not retried"
-        );
+        assert_eq!(gateway.tries(), 1, "a refusal is not retried");
     }
 
     #[tokio::test]
@@ -211,10 +385,65 @@ mod tests {
         let gateway = scripted(vec![]);
         let outcome = charge(&gateway, &request(), fast(2), false).await;
         assert!(matches!(outcome, ChargeOutcome::Unknown(_)));
-        assert_eq!(
-            gateway.1.load(std::sync::atomic::Ordering::Relaxed),
-            3,
-            "one try and two retries"
+        assert_eq!(gateway.tries(), 3, "one try and two retries");
+    }
+
+    #[tokio::test]
+    async fn each_refund_status_is_its_own_outcome_even_for_a_resend() {
+        for (status, resend) in [
+            (RefundStatus::Succeeded, false),
+            (RefundStatus::Failed, true),
+            (RefundStatus::Pending, true),
+        ] {
+            let gateway = scripted_refunds(vec![Ok(made(status))]);
+            let outcome = refund(&gateway, &refund_request(), fast(3), resend).await;
+            let expected = match status {
+                RefundStatus::Succeeded => RefundOutcome::Succeeded(made(status)),
+                RefundStatus::Failed => RefundOutcome::Failed(made(status)),
+                RefundStatus::Pending => RefundOutcome::Pending(made(status)),
+            };
+            assert_eq!(outcome, expected);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_over_refund_on_the_first_try_is_a_refusal_that_says_so() {
+        let gateway = scripted_refunds(vec![Err(over_remaining())]);
+        let outcome = refund(&gateway, &refund_request(), fast(3), false).await;
+        assert!(
+            matches!(
+                outcome,
+                RefundOutcome::Rejected {
+                    status: 400,
+                    reason: RejectReason::ExceedsRemaining,
+                    ..
+                }
+            ),
+            "{outcome:?}"
         );
+        assert_eq!(gateway.tries(), 1, "a refusal is not retried");
+    }
+
+    #[tokio::test]
+    async fn a_refund_refused_after_a_timeout_or_on_a_resend_stays_unknown() {
+        let gateway = scripted_refunds(vec![
+            Err(GatewayError::Unknown("timed out".into())),
+            Err(over_remaining()),
+        ]);
+        let outcome = refund(&gateway, &refund_request(), fast(3), false).await;
+        assert!(matches!(outcome, RefundOutcome::Unknown(_)), "{outcome:?}");
+        assert_eq!(gateway.tries(), 2, "retried once with the same request");
+
+        let gateway = scripted_refunds(vec![Err(over_remaining())]);
+        let outcome = refund(&gateway, &refund_request(), fast(3), true).await;
+        assert!(matches!(outcome, RefundOutcome::Unknown(_)), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn refund_retries_stop_at_the_budget() {
+        let gateway = scripted_refunds(vec![]);
+        let outcome = refund(&gateway, &refund_request(), fast(1), false).await;
+        assert!(matches!(outcome, RefundOutcome::Unknown(_)));
+        assert_eq!(gateway.tries(), 2, "one try and one retry");
     }
 }

@@ -1,19 +1,23 @@
 //! `pagos sandbox-gateway`: the reference protocol served over HTTP from memory, with
-//! fault injection for tests and demos.
+//! fault injection for tests and demos: charges (`/v1/charges`) and refunds of them
+//! (`/v1/refunds`, contract section 6), under the same rules and the same faults.
 //!
-//! Faults are drawn per request: `error` answers 503 without charging; `timeout` charges
-//! then hangs past any client's patience; `reset` charges then breaks the connection
-//! mid-answer. Each leaves the client not knowing, which is the point.
+//! Faults are drawn per request: `error` answers 503 without charging (or refunding);
+//! `timeout` charges (refunds) then hangs past any client's patience; `reset` charges
+//! (refunds) then breaks the connection mid-answer. Each leaves the client not knowing,
+//! which is the point. A refund over what is left of its charge, or of a charge that did
+//! not succeed, is refused with 400 as a real gateway refuses it.
 //!
-//! With `--webhook-url`, every change of a charge (made; settled after `--pending-for`
-//! if it was pending) becomes a signed `charge.updated` event with the charge's next
-//! sequence, delivered at least once: retried with backoff until answered 2xx. Under
+//! With `--webhook-url`, every change of a charge or refund (made; settled after
+//! `--pending-for` if it was pending) becomes a signed `charge.updated` or
+//! `refund.updated` event with the charge's (refund's) next sequence, delivered at least
+//! once: retried with backoff until answered 2xx. Under
 //! `--chaos` events are also duplicated (sometimes two copies at the same instant),
 //! delayed (so a charge's events arrive out of order) and an acknowledgement is now and
 //! then "lost" (the event is delivered again). `GET /sandbox/stats` counts them.
 
-use super::sandbox::{Begin, ChargeChange, Outcomes, SandboxCore};
-use super::{Charge, ChargeBody, ChargeStatus};
+use super::sandbox::{Begin, Change, Outcomes, SandboxCore};
+use super::{Charge, ChargeBody, ChargeStatus, Refund, RefundBody};
 use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -22,6 +26,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use backon::{ExponentialBuilder, Retryable};
 use serde::Deserialize;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -97,6 +103,7 @@ impl SandboxServer {
     pub fn router(self: Arc<Self>) -> Router {
         Router::new()
             .route("/v1/charges", post(create_charge).get(list_charges))
+            .route("/v1/refunds", post(create_refund).get(list_refunds))
             .route("/sandbox/stats", get(stats))
             .with_state(self)
     }
@@ -121,7 +128,52 @@ async fn create_charge(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    if !authorized(&server, &headers) {
+    create(
+        server,
+        &headers,
+        &body,
+        "a charge request",
+        SandboxCore::begin,
+        |core: &SandboxCore, key: &str, body: &ChargeBody| Ok(core.complete(key, body)),
+    )
+    .await
+}
+
+async fn create_refund(
+    State(server): State<Arc<SandboxServer>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    create(
+        server,
+        &headers,
+        &body,
+        "a refund request",
+        SandboxCore::begin_refund,
+        |core: &SandboxCore, key: &str, body: &RefundBody| {
+            core.complete_refund(key, body)
+                .map_err(|refused| refused.body())
+        },
+    )
+    .await
+}
+
+/// A request that makes something (a charge, a refund), served by the same rules and
+/// faults whatever it makes: the key replays, is in flight (409) or was used with another
+/// body (422); `complete` makes the thing or says why not (answered 400 with that body).
+async fn create<B, T>(
+    server: Arc<SandboxServer>,
+    headers: &HeaderMap,
+    body: &[u8],
+    what: &str,
+    begin: fn(&SandboxCore, &str, &B) -> Begin<T>,
+    complete: fn(&SandboxCore, &str, &B) -> Result<T, serde_json::Value>,
+) -> Response
+where
+    B: DeserializeOwned + Send + 'static,
+    T: Serialize + Send + 'static,
+{
+    if !authorized(&server, headers) {
         return error(StatusCode::UNAUTHORIZED, "bad or missing bearer secret");
     }
     let Some(key) = headers
@@ -131,8 +183,8 @@ async fn create_charge(
     else {
         return error(StatusCode::BAD_REQUEST, "Idempotency-Key is required");
     };
-    let Ok(body) = serde_json::from_slice::<ChargeBody>(&body) else {
-        return error(StatusCode::BAD_REQUEST, "body is not a charge request");
+    let Ok(body) = serde_json::from_slice::<B>(body) else {
+        return error(StatusCode::BAD_REQUEST, &format!("body is not {what}"));
     };
     if server.core.roll() < server.faults.error_rate {
         return error(
@@ -140,23 +192,26 @@ async fn create_charge(
             "injected fault: unavailable",
         );
     }
-    let charge = match server.core.begin(&key, &body) {
+    let made = match begin(&server.core, &key, &body) {
         Begin::New => {
-            // Its own task: like a real gateway, the charge goes through even if the
+            // Its own task: like a real gateway, the request goes through even if the
             // caller hangs up while waiting (otherwise the key would stay in flight).
-            let (worker, key, body) = (server.clone(), key.clone(), body.clone());
-            let charging = tokio::spawn(async move {
+            let worker = server.clone();
+            let making = tokio::spawn(async move {
                 if !worker.faults.latency.is_zero() {
                     tokio::time::sleep(worker.faults.latency).await;
                 }
-                worker.core.complete(&key, &body)
+                complete(&worker.core, &key, &body)
             });
-            match charging.await {
-                Ok(charge) => charge,
-                Err(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "charge task failed"),
+            match making.await {
+                Ok(Ok(made)) => made,
+                Ok(Err(refused)) => {
+                    return (StatusCode::BAD_REQUEST, Json(refused)).into_response();
+                }
+                Err(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "the task failed"),
             }
         }
-        Begin::Replay(charge) => charge,
+        Begin::Replay(made) => made,
         Begin::InFlight => {
             return error(StatusCode::CONFLICT, "a request with this key is in flight");
         }
@@ -168,13 +223,13 @@ async fn create_charge(
         }
     };
     if server.core.roll() < server.faults.timeout_rate {
-        // Charged; the answer never comes in time.
+        // Made; the answer never comes in time.
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
     if server.core.roll() < server.faults.reset_rate {
         return broken_answer();
     }
-    (StatusCode::CREATED, Json(charge)).into_response()
+    (StatusCode::CREATED, Json(made)).into_response()
 }
 
 /// Headers go out, then the body fails: the client's connection breaks mid-answer.
@@ -215,11 +270,31 @@ async fn list_charges(
     Json(json!({ "data": data })).into_response()
 }
 
-/// Counts for soak tests and demos: charges made and references charged twice, and the
+async fn list_refunds(
+    State(server): State<Arc<SandboxServer>>,
+    headers: HeaderMap,
+    Query(query): Query<ReferenceQuery>,
+) -> Response {
+    if !authorized(&server, &headers) {
+        return error(StatusCode::UNAUTHORIZED, "bad or missing bearer secret");
+    }
+    if server.core.roll() < server.faults.error_rate {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "injected fault: unavailable",
+        );
+    }
+    let data: Vec<Refund> = server.core.refunds_for(&query.reference);
+    Json(json!({ "data": data })).into_response()
+}
+
+/// Counts for soak tests and demos: charges made and references charged twice; refunds
+/// made, the amount refunded and the charges refunded over their amount (never); and the
 /// webhooks delivered (`null` without `--webhook-url`).
 async fn stats(State(server): State<Arc<SandboxServer>>) -> Response {
     let charges = server.core.all_charges();
     let (total, duplicated) = server.core.totals();
+    let refunds = server.core.refund_totals();
     let count = |status| charges.iter().filter(|c| c.status == status).count();
     Json(json!({
         "charges": total,
@@ -227,6 +302,16 @@ async fn stats(State(server): State<Arc<SandboxServer>>) -> Response {
         "succeeded": count(ChargeStatus::Succeeded),
         "declined": count(ChargeStatus::Declined),
         "pending": count(ChargeStatus::Pending),
+        "refunds": {
+            "made": refunds.made,
+            "succeeded": refunds.succeeded,
+            "failed": refunds.failed,
+            "pending": refunds.pending,
+            "refundedAmount": refunds.refunded_amount,
+            "refundedCharges": refunds.refunded_charges,
+            "overRefundedCharges": refunds.over_refunded_charges,
+            "duplicatedReferences": refunds.duplicated_references,
+        },
         "webhooks": server.webhooks.as_ref().map(|w| w.stats.to_json()),
     }))
     .into_response()
@@ -250,7 +335,7 @@ struct Webhooks {
 
 #[derive(Default)]
 struct WebhookStats {
-    /// Distinct events made (one per change of a charge).
+    /// Distinct events made (one per change of a charge or refund).
     events: AtomicU64,
     /// Distinct events answered 2xx at least once.
     events_acknowledged: AtomicU64,
@@ -308,27 +393,44 @@ struct OutgoingEvent {
     acknowledged: AtomicBool,
 }
 
-/// Turns each change of a charge into an event and schedules its copies; settles
-/// pending charges when their time comes (which reports the second change).
-async fn dispatch(server: Arc<SandboxServer>, mut changes: UnboundedReceiver<ChargeChange>) {
+/// Turns each change of a charge or refund into an event and schedules its copies;
+/// settles pending charges and refunds when their time comes (which reports the second
+/// change).
+async fn dispatch(server: Arc<SandboxServer>, mut changes: UnboundedReceiver<Change>) {
     while let Some(change) = changes.recv().await {
-        if change.charge.status == ChargeStatus::Pending {
-            let server = server.clone();
-            let id = change.charge.id.clone();
-            let wait = server.core.outcomes().pending_for + Duration::from_millis(1);
-            tokio::spawn(async move {
-                tokio::time::sleep(wait).await;
-                server.core.settle_due(&id);
-            });
-        }
+        let wait = server.core.outcomes().pending_for + Duration::from_millis(1);
+        let (kind, sequence, data) = match change {
+            Change::Charge(change) => {
+                if change.charge.status == ChargeStatus::Pending {
+                    let (server, id) = (server.clone(), change.charge.id.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(wait).await;
+                        server.core.settle_due(&id);
+                    });
+                }
+                let data = serde_json::to_value(&change.charge).unwrap_or_default();
+                ("charge.updated", change.sequence, data)
+            }
+            Change::Refund(change) => {
+                if change.refund.status == super::RefundStatus::Pending {
+                    let (server, id) = (server.clone(), change.refund.id.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(wait).await;
+                        server.core.settle_refund_due(&id);
+                    });
+                }
+                let data = serde_json::to_value(&change.refund).unwrap_or_default();
+                ("refund.updated", change.sequence, data)
+            }
+        };
         let Some(webhooks) = &server.webhooks else {
             continue;
         };
         let body = json!({
             "id": format!("evt_{}", uuid::Uuid::new_v4().simple()),
-            "type": "charge.updated",
-            "sequence": change.sequence,
-            "data": change.charge,
+            "type": kind,
+            "sequence": sequence,
+            "data": data,
         });
         let event = Arc::new(OutgoingEvent {
             id: body["id"].as_str().unwrap_or_default().to_owned(),
@@ -474,6 +576,7 @@ pub async fn run(args: crate::config::SandboxArgs) -> anyhow::Result<()> {
     use anyhow::Context;
     let outcomes = Outcomes {
         decline_rate: args.decline_rate,
+        refund_failure_rate: args.refund_failure_rate,
         pending_rate: args.pending_rate,
         pending_for: args.pending_for,
         seed: args.seed,

@@ -7,10 +7,19 @@
 //! `status_of` and in docs/gateways/stripe.md). It never reads search's silence as proof:
 //! search is eventually consistent, and "nothing found" only means "nothing indexed yet";
 //! the reconciler's answer to it is a resend with the same key, which Stripe replays.
+//!
+//! Refunds: `POST /v1/refunds` (form-encoded: `payment_intent`, `amount`,
+//! `metadata[pagos_reference]` = the pagos refund id) with the refund's own key; looked up
+//! by listing `GET /v1/refunds?payment_intent=` and keeping those that carry the reference.
+//! Refund statuses map in `refund_status_of`; `refund_event` reads the refund of a
+//! `refund.*` / `charge.refund.updated` event (pure, for the webhook consumer).
 
-use super::classify::{KeySaid, refusal};
+use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
 use super::http::{client, search, transport};
-use super::{Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, amount};
+use super::{
+    Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundLookup,
+    RefundRequest, RefundStatus, amount,
+};
 use async_trait::async_trait;
 use reqwest::StatusCode;
 use serde::Deserialize;
@@ -25,8 +34,17 @@ pub const PRODUCTION_URL: &str = "https://api.stripe.com";
 /// 24 hours old", so a resend inside 24 hours replays the first answer.
 pub const KEY_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// The metadata key that carries the pagos payment id.
+/// The metadata key that carries the pagos payment id (on a PaymentIntent) or refund id
+/// (on a Refund).
 pub const REFERENCE_KEY: &str = "pagos_reference";
+
+/// The metadata key that carries a refund's reason in the merchant's words (Stripe's own
+/// `reason` takes only `duplicate`, `fraudulent` or `requested_by_customer`).
+pub const REASON_KEY: &str = "pagos_reason";
+
+/// How many pages of 100 refunds a look-up reads before it gives up (unknown outcome): a
+/// PaymentIntent with more than a thousand refunds is not one pagos made.
+const MAX_REFUND_PAGES: usize = 10;
 
 pub struct StripeGateway {
     client: reqwest::Client,
@@ -62,6 +80,9 @@ pub struct ApiError {
     pub decline_code: Option<String>,
     #[serde(default)]
     pub message: Option<String>,
+    /// The parameter the error is about (`amount`, …).
+    #[serde(default)]
+    pub param: Option<String>,
     /// On a card error, the PaymentIntent as the failed confirmation left it.
     #[serde(default)]
     pub payment_intent: Option<Box<PaymentIntent>>,
@@ -182,6 +203,229 @@ pub fn search_query(reference: Uuid) -> String {
     format!("metadata['{REFERENCE_KEY}']:'{reference}'")
 }
 
+/// A Stripe Refund, trimmed to what pagos reads (fields stable across API versions).
+#[derive(Clone, Debug, Deserialize)]
+pub struct StripeRefund {
+    pub id: String,
+    /// Nullable in Stripe's reference.
+    #[serde(default)]
+    pub status: Option<String>,
+    pub amount: i64,
+    pub currency: String,
+    #[serde(default)]
+    pub payment_intent: Option<String>,
+    #[serde(default)]
+    pub charge: Option<String>,
+    #[serde(default)]
+    pub metadata: HashMap<String, String>,
+    #[serde(default)]
+    pub failure_reason: Option<String>,
+    #[serde(default)]
+    pub created: i64,
+}
+
+/// What a Refund's status means (docs/gateways/stripe.md):
+///
+/// | status | refund |
+/// | --- | --- |
+/// | `succeeded` | succeeded (it may still turn `failed` later: the card was closed, …) |
+/// | `pending` | pending |
+/// | `requires_action` | pending: the customer must give details for the money to go back (some non-card methods) |
+/// | `failed` | failed, code `failure_reason` |
+/// | `canceled` | failed (a `requires_action` refund canceled), code `failure_reason` else `canceled` |
+///
+/// None: a status this version does not know (or none); the outcome is unknown.
+pub fn refund_status_of(status: &str) -> Option<RefundStatus> {
+    match status {
+        "succeeded" => Some(RefundStatus::Succeeded),
+        "pending" | "requires_action" => Some(RefundStatus::Pending),
+        "failed" | "canceled" => Some(RefundStatus::Failed),
+        _ => None,
+    }
+}
+
+impl StripeRefund {
+    /// The pagos refund id this Refund carries, if pagos made it.
+    pub fn reference(&self) -> Option<&str> {
+        self.metadata.get(REFERENCE_KEY).map(String::as_str)
+    }
+
+    /// The Refund in pagos' terms (amount in pagos' minor units, currency upper case, the
+    /// charge its PaymentIntent).
+    pub fn to_refund(&self) -> Result<Refund, GatewayError> {
+        let shown = self.status.as_deref().unwrap_or("(none)");
+        let status = self
+            .status
+            .as_deref()
+            .and_then(refund_status_of)
+            .ok_or_else(|| {
+                GatewayError::Unknown(format!(
+                    "Refund {} has a status pagos does not know: {shown}",
+                    self.id
+                ))
+            })?;
+        let currency = self.currency.to_ascii_uppercase();
+        let amount = amount::from_stripe(self.amount, &currency)
+            .map_err(|e| GatewayError::Unknown(format!("Refund {}: amount {e}", self.id)))?;
+        let failure_code = (status == RefundStatus::Failed).then(|| {
+            let code = self
+                .failure_reason
+                .as_deref()
+                .filter(|r| !r.is_empty())
+                .unwrap_or(shown);
+            super::decline_code(code)
+        });
+        Ok(Refund {
+            id: self.id.clone(),
+            status,
+            charge: self
+                .payment_intent
+                .clone()
+                .or_else(|| self.charge.clone())
+                .unwrap_or_default(),
+            amount,
+            currency,
+            reference: self.reference().unwrap_or_default().to_owned(),
+            failure_code,
+        })
+    }
+}
+
+/// The form body of `POST /v1/refunds` for `req`: the same bytes on every send of one
+/// refund.
+pub fn refund_form(req: &RefundRequest) -> Result<String, String> {
+    let stripe_amount = amount::to_stripe(req.amount, &req.currency).map_err(|e| e.to_string())?;
+    let mut form = url::form_urlencoded::Serializer::new(String::new());
+    form.append_pair("payment_intent", &req.charge)
+        .append_pair("amount", &stripe_amount.to_string())
+        .append_pair(
+            &format!("metadata[{REFERENCE_KEY}]"),
+            &req.reference.to_string(),
+        );
+    if let Some(reason) = &req.reason {
+        form.append_pair(&format!("metadata[{REASON_KEY}]"), reason);
+    }
+    Ok(form.finish())
+}
+
+/// What a Stripe error says about a refused refund's amount: `charge_already_refunded`
+/// (nothing left), `amount_too_large`, or the refusal Stripe sends without a code, on
+/// `param: amount`, "Refund amount (…) is greater than unrefunded amount on charge (…)".
+pub fn refund_amount_said(error: &ApiError) -> AmountSaid {
+    let code = error.code.as_deref();
+    let over_unrefunded = error.param.as_deref() == Some("amount")
+        && error
+            .message
+            .as_deref()
+            .is_some_and(|m| m.to_ascii_lowercase().contains("unrefunded"));
+    if matches!(code, Some("charge_already_refunded" | "amount_too_large")) || over_unrefunded {
+        AmountSaid::ExceedsRemaining
+    } else {
+        AmountSaid::Nothing
+    }
+}
+
+#[derive(Deserialize)]
+struct RefundList {
+    data: Vec<StripeRefund>,
+    #[serde(default)]
+    has_more: bool,
+}
+
+/// The refund events whose object is a Refund.
+pub const REFUND_EVENTS: [&str; 4] = [
+    "refund.created",
+    "refund.updated",
+    "refund.failed",
+    "charge.refund.updated",
+];
+
+/// `created` is in seconds: below 10^10 until the year 2286.
+const RANK_STEP: i64 = 10_000_000_000;
+
+/// The ordering key of a refund's state as reported by an event created at `created` (unix
+/// seconds). Stripe has no per-object sequence and delivers in any order, so a state
+/// outranks the states that come before it: pending (1) < succeeded (2) < failed (3). A
+/// refund can turn `failed` after `succeeded`, never the other way, so a late `succeeded`
+/// event never undoes a `failed` one; between two of one rank, the later event wins.
+pub fn refund_sequence(status: RefundStatus, created: i64) -> i64 {
+    let rank = match status {
+        RefundStatus::Pending => 1,
+        RefundStatus::Succeeded => 2,
+        RefundStatus::Failed => 3,
+    };
+    rank * RANK_STEP + created.clamp(0, RANK_STEP - 1)
+}
+
+/// A refund as one Stripe event reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundEvent {
+    /// `evt_…`: the dedupe key.
+    pub id: String,
+    pub kind: String,
+    pub refund: Refund,
+    /// `refund_sequence` of the state reported.
+    pub sequence: i64,
+}
+
+/// Why an event's body could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unreadable Stripe refund event: {0}")]
+pub struct UnreadableEvent(pub String);
+
+#[derive(Deserialize)]
+struct EventEnvelope {
+    id: String,
+    #[serde(rename = "type")]
+    kind: String,
+    created: i64,
+    data: EventData,
+}
+
+#[derive(Deserialize)]
+struct EventData {
+    object: serde_json::Value,
+}
+
+/// The refund a Stripe event reports, from bytes whose signature was already verified.
+/// Pure. `None`: not a refund event (`REFUND_EVENTS`), or a refund pagos did not make (no
+/// `metadata.pagos_reference`).
+pub fn refund_event(raw: &[u8]) -> Result<Option<RefundEvent>, UnreadableEvent> {
+    let envelope: EventEnvelope = serde_json::from_slice(raw)
+        .map_err(|e| UnreadableEvent(format!("not a Stripe event: {e}")))?;
+    if !REFUND_EVENTS.contains(&envelope.kind.as_str()) {
+        return Ok(None);
+    }
+    if envelope.object_is_not("refund") {
+        return Err(UnreadableEvent(format!(
+            "a {} event whose `data.object` is not a refund",
+            envelope.kind
+        )));
+    }
+    let refund: StripeRefund = serde_json::from_value(envelope.data.object)
+        .map_err(|e| UnreadableEvent(format!("`data.object` is not a Refund: {e}")))?;
+    if refund.reference().is_none() {
+        return Ok(None);
+    }
+    let refund = refund
+        .to_refund()
+        .map_err(|e| UnreadableEvent(format!("`data.object`: {e}")))?;
+    Ok(Some(RefundEvent {
+        id: envelope.id,
+        kind: envelope.kind,
+        sequence: refund_sequence(refund.status, envelope.created),
+        refund,
+    }))
+}
+
+impl EventEnvelope {
+    fn object_is_not(&self, kind: &str) -> bool {
+        self.data.object["object"]
+            .as_str()
+            .is_some_and(|object| object != kind)
+    }
+}
+
 impl StripeGateway {
     pub fn new(base: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
         Ok(StripeGateway {
@@ -232,15 +476,48 @@ impl StripeGateway {
         let excerpt: String = text.chars().take(300).collect();
         Err(refusal("Stripe", status, said, &excerpt))
     }
+
+    async fn classify_refund(
+        &self,
+        resp: reqwest::Response,
+        req: &RefundRequest,
+    ) -> Result<Refund, GatewayError> {
+        let status = resp.status();
+        if status.is_success() {
+            let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
+            let made: StripeRefund = serde_json::from_slice(&bytes).map_err(|e| {
+                GatewayError::Unknown(format!("unreadable {status} answer from Stripe: {e}"))
+            })?;
+            tracing::debug!(refund = made.id, status = ?made.status, "Stripe answered a refund");
+            let mut refund = made.to_refund()?;
+            if refund.reference.is_empty() {
+                // The answer to this refund's own key is this refund's.
+                refund.reference = req.reference.to_string();
+            }
+            return Ok(refund);
+        }
+        let text = resp.text().await.unwrap_or_default();
+        let error = serde_json::from_str::<ErrorBody>(&text)
+            .map(|b| b.error)
+            .ok();
+        let said = if error.as_ref().and_then(|e| e.kind.as_deref()) == Some("idempotency_error") {
+            KeySaid::UsedWithAnotherRequest
+        } else {
+            KeySaid::Nothing
+        };
+        let amount = error
+            .as_ref()
+            .map_or(AmountSaid::Nothing, refund_amount_said);
+        let excerpt: String = text.chars().take(300).collect();
+        Err(refund_refusal("Stripe", status, said, amount, &excerpt))
+    }
 }
 
 #[async_trait]
 impl Gateway for StripeGateway {
     async fn charge(&self, req: &ChargeRequest) -> Result<Charge, GatewayError> {
-        let body = form_body(req).map_err(|why| GatewayError::Rejected {
-            status: 422,
-            detail: format!("not sent to Stripe: {why}"),
-        })?;
+        let body = form_body(req)
+            .map_err(|why| GatewayError::rejected(422, format!("not sent to Stripe: {why}")))?;
         let resp = self
             .client
             .post(format!("{}/v1/payment_intents", self.base))
@@ -271,6 +548,61 @@ impl Gateway for StripeGateway {
             .filter(|pi| pi.reference() == Some(reference.as_str()))
             .map(|pi| pi.to_charge(None))
             .collect()
+    }
+
+    async fn refund(&self, req: &RefundRequest) -> Result<Refund, GatewayError> {
+        let body = refund_form(req)
+            .map_err(|why| GatewayError::rejected(422, format!("not sent to Stripe: {why}")))?;
+        let resp = self
+            .client
+            .post(format!("{}/v1/refunds", self.base))
+            .bearer_auth(&self.secret)
+            .header("Idempotency-Key", &req.gateway_key)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| transport(&e))?;
+        self.classify_refund(resp, req).await
+    }
+
+    async fn lookup_refunds(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
+        let reference = refund.reference.to_string();
+        let ours = |r: &StripeRefund| {
+            r.reference() == Some(reference.as_str())
+                || refund.gateway_ref.as_deref() == Some(r.id.as_str())
+        };
+        let mut found = Vec::new();
+        let mut after: Option<String> = None;
+        for _ in 0..MAX_REFUND_PAGES {
+            let mut url = url::Url::parse(&format!("{}/v1/refunds", self.base))
+                .map_err(|e| GatewayError::Unknown(format!("bad Stripe URL: {e}")))?;
+            url.query_pairs_mut()
+                .append_pair("payment_intent", &refund.charge)
+                .append_pair("limit", "100");
+            if let Some(after) = &after {
+                url.query_pairs_mut().append_pair("starting_after", after);
+            }
+            let page: RefundList =
+                search(&self.client, url, &self.secret, "Stripe refund list").await?;
+            for listed in page.data.iter().filter(|r| ours(r)) {
+                let mut mapped = listed.to_refund()?;
+                mapped.reference.clone_from(&reference);
+                found.push(mapped);
+            }
+            match page.data.last() {
+                Some(last) if page.has_more => after = Some(last.id.clone()),
+                _ => return Ok(found),
+            }
+        }
+        Err(GatewayError::Unknown(format!(
+            "PaymentIntent {} has more than {} refunds; pagos reads no further",
+            refund.charge,
+            MAX_REFUND_PAGES * 100
+        )))
     }
 }
 
