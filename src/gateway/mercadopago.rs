@@ -629,4 +629,98 @@ mod tests {
         let body = serde_json::to_value(payment_body(&cash).expect("body")).expect("json");
         assert!(body.get("token").is_none() && body.get("installments").is_none());
     }
+
+    #[test]
+    fn every_refund_status_in_the_table_maps_as_documented() {
+        use RefundStatus::*;
+        for (fixture, status, code) in [
+            (
+                include_str!("../../fixtures/mercadopago/refund_approved.json"),
+                Succeeded,
+                None,
+            ),
+            (
+                include_str!("../../fixtures/mercadopago/refund_in_process.json"),
+                Pending,
+                None,
+            ),
+            (
+                include_str!("../../fixtures/mercadopago/refund_rejected.json"),
+                Failed,
+                Some("rejected"),
+            ),
+            (
+                include_str!("../../fixtures/mercadopago/refund_cancelled.json"),
+                Failed,
+                Some("cancelled"),
+            ),
+        ] {
+            let read: MercadoPagoRefund = serde_json::from_str(fixture).expect("a refund");
+            let refund = read.to_refund("cop", "r-1").expect("known status");
+            assert_eq!(refund.status, status, "{fixture}");
+            assert_eq!(refund.failure_code.as_deref(), code, "{fixture}");
+            assert_eq!(refund.charge, "1234567890");
+            assert_eq!(refund.amount, 50_000, "500 COP is 50000 cents");
+            assert_eq!(refund.currency, "COP");
+            assert_eq!(refund.reference, "r-1");
+        }
+        let pending: MercadoPagoRefund =
+            serde_json::from_value(json!({"id": 1, "amount": 5, "status": "pending"}))
+                .expect("a refund");
+        assert_eq!(
+            pending.to_refund("COP", "r").map(|r| r.status),
+            Ok(Pending)
+        );
+        for status in [json!("lost_in_space"), serde_json::Value::Null] {
+            let odd: MercadoPagoRefund =
+                serde_json::from_value(json!({"id": 1, "amount": 5, "status": status}))
+                    .expect("a refund");
+            assert!(matches!(odd.to_refund("COP", "r"), Err(GatewayError::Unknown(_))));
+        }
+        let inexact: MercadoPagoRefund =
+            serde_json::from_value(json!({"id": 1, "amount": 5.005, "status": "approved"}))
+                .expect("a refund");
+        assert!(inexact.to_refund("COP", "r").is_err(), "never rounded");
+    }
+
+    #[test]
+    fn the_refund_body_is_the_exact_decimal_amount_or_empty_for_the_whole() {
+        let req = RefundRequest {
+            gateway_key: "rk".into(),
+            charge: "1234567890".into(),
+            amount: 50_000,
+            currency: "COP".into(),
+            reference: Uuid::nil(),
+            reason: Some("solicitud del cliente".into()),
+            whole: false,
+        };
+        let body = serde_json::to_value(refund_body(&req).expect("body")).expect("json");
+        let documented: serde_json::Value = serde_json::from_str(include_str!(
+            "../../fixtures/mercadopago/refund_request.json"
+        ))
+        .expect("fixture");
+        assert_eq!(body, documented);
+        assert_eq!(serde_json::to_string(&body).expect("json"), r#"{"amount":500.0}"#);
+        let cents = RefundRequest {
+            amount: 1_234,
+            ..req.clone()
+        };
+        assert_eq!(
+            serde_json::to_string(&refund_body(&cents).expect("body")).expect("json"),
+            r#"{"amount":12.34}"#
+        );
+        let whole = RefundRequest {
+            whole: true,
+            ..req.clone()
+        };
+        assert_eq!(
+            serde_json::to_string(&refund_body(&whole).expect("body")).expect("json"),
+            "{}"
+        );
+        let huge = RefundRequest {
+            amount: i64::MAX,
+            ..req
+        };
+        assert!(refund_body(&huge).is_err(), "refused, never rounded");
+    }
 }

@@ -746,6 +746,103 @@ mod tests {
         assert_ne!(seen[0].0, seen[1].0, "one id per event");
     }
 
+    #[tokio::test]
+    async fn a_pending_refund_settles_and_each_of_its_changes_is_a_refund_event_in_sequence() {
+        let receiver = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/v1/webhooks/http"))
+            .respond_with(ResponseTemplate::new(200))
+            .mount(&receiver)
+            .await;
+        let server = SandboxServer::with_webhooks(
+            Outcomes {
+                pending_rate: 1.0,
+                pending_for: Duration::from_millis(50),
+                ..Outcomes::default()
+            },
+            Faults::default(),
+            None,
+            WebhookConfig {
+                url: format!("{}/v1/webhooks/http", receiver.uri())
+                    .parse()
+                    .expect("url"),
+                secret: "whsec_test".into(),
+                chaos: false,
+            },
+        )
+        .expect("server");
+        let base = serve(server).await;
+        let client = reqwest::Client::new();
+        let charge: serde_json::Value = client
+            .post(format!("{base}/v1/charges"))
+            .header("idempotency-key", "k")
+            .json(&json!({"amount": 100, "currency": "COP", "reference": "p-1"}))
+            .send()
+            .await
+            .expect("charge")
+            .json()
+            .await
+            .expect("JSON");
+        let refund = |amount: i64| {
+            client
+                .post(format!("{base}/v1/refunds"))
+                .header("idempotency-key", format!("rk-{amount}"))
+                .json(&json!({"charge": charge["id"], "amount": amount, "currency": "COP",
+                              "reference": format!("r-{amount}")}))
+                .send()
+        };
+        // Still pending, the charge cannot be refunded.
+        let early = refund(60).await.expect("sent");
+        assert_eq!(early.status(), 400);
+        let early: serde_json::Value = early.json().await.expect("JSON");
+        assert_eq!(early["error"], "charge_not_refundable");
+
+        let mut stats = stats_of(&client, &base).await;
+        for _ in 0..100 {
+            if stats["webhooks"]["eventsAcknowledged"] == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            stats = stats_of(&client, &base).await;
+        }
+        let made = refund(60).await.expect("sent");
+        assert_eq!(made.status(), 201);
+        let made: serde_json::Value = made.json().await.expect("JSON");
+        assert_eq!(made["status"], "pending");
+        for _ in 0..100 {
+            if stats["webhooks"]["eventsAcknowledged"] == 4 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            stats = stats_of(&client, &base).await;
+        }
+        assert_eq!(stats["webhooks"]["events"], 4, "{stats}");
+        assert_eq!(stats["refunds"]["succeeded"], 1, "{stats}");
+        assert_eq!(stats["refunds"]["refundedAmount"], 60, "{stats}");
+
+        let received = receiver.received_requests().await.unwrap_or_default();
+        let mut refund_events: Vec<(u64, String)> = received
+            .iter()
+            .filter_map(|request| {
+                let event: serde_json::Value = serde_json::from_slice(&request.body).ok()?;
+                (event["type"] == "refund.updated").then(|| {
+                    assert_eq!(event["data"]["id"], made["id"]);
+                    assert_eq!(event["data"]["reference"], "r-60");
+                    assert_eq!(event["data"]["charge"], charge["id"]);
+                    (
+                        event["sequence"].as_u64().unwrap_or_default(),
+                        event["data"]["status"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+            })
+            .collect();
+        refund_events.sort();
+        assert_eq!(
+            refund_events,
+            vec![(1, "pending".to_owned()), (2, "succeeded".to_owned())]
+        );
+    }
+
     #[test]
     fn chaos_plans_duplicates_and_delays_and_plain_delivery_plans_one_copy() {
         let core = SandboxCore::new(Outcomes {

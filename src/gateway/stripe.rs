@@ -702,4 +702,198 @@ mod tests {
             "metadata['pagos_reference']:'00000000-0000-0000-0000-000000000000'"
         );
     }
+
+    fn stripe_refund(fixture: &str) -> StripeRefund {
+        serde_json::from_str(fixture).expect("a Refund")
+    }
+
+    #[test]
+    fn every_refund_status_in_the_table_maps_as_documented() {
+        use RefundStatus::*;
+        for (fixture, status, code) in [
+            (
+                include_str!("../../fixtures/stripe/refund_succeeded.json"),
+                Succeeded,
+                None,
+            ),
+            (
+                include_str!("../../fixtures/stripe/refund_pending.json"),
+                Pending,
+                None,
+            ),
+            (
+                include_str!("../../fixtures/stripe/refund_requires_action.json"),
+                Pending,
+                None,
+            ),
+            (
+                include_str!("../../fixtures/stripe/refund_failed.json"),
+                Failed,
+                Some("expired_or_canceled_card"),
+            ),
+            (
+                include_str!("../../fixtures/stripe/refund_canceled.json"),
+                Failed,
+                Some("canceled"),
+            ),
+        ] {
+            let refund = stripe_refund(fixture).to_refund().expect("known status");
+            assert_eq!(refund.status, status, "{fixture}");
+            assert_eq!(refund.failure_code.as_deref(), code, "{fixture}");
+            assert_eq!(refund.charge, "pi_3MtwBwLkdIwHu7ix28a3tqPa", "the PaymentIntent");
+            assert_eq!((refund.amount, refund.currency.as_str()), (50_000, "COP"));
+            assert_eq!(refund.reference, "7f3c2a10-5b6e-4d8f-9a1c-2e4b6d8f0a12");
+        }
+        let mut odd = stripe_refund(include_str!("../../fixtures/stripe/refund_succeeded.json"));
+        for status in [Some("teleported".to_owned()), None] {
+            odd.status = status;
+            assert!(matches!(odd.to_refund(), Err(GatewayError::Unknown(_))));
+        }
+    }
+
+    fn refund_request() -> RefundRequest {
+        RefundRequest {
+            gateway_key: "rk".into(),
+            charge: "pi_3MtwBwLkdIwHu7ix28a3tqPa".into(),
+            amount: 50_000,
+            currency: "COP".into(),
+            reference: Uuid::parse_str("7f3c2a10-5b6e-4d8f-9a1c-2e4b6d8f0a12").expect("uuid"),
+            reason: Some("solicitud del cliente".into()),
+            whole: false,
+        }
+    }
+
+    #[test]
+    fn the_refund_form_is_the_documented_one_and_stable() {
+        let req = refund_request();
+        let body = refund_form(&req).expect("a body");
+        assert_eq!(refund_form(&req).expect("a body"), body);
+        assert_eq!(
+            body,
+            include_str!("../../fixtures/stripe/create_refund_request.txt").trim_end()
+        );
+        let pairs: Vec<(String, String)> = url::form_urlencoded::parse(body.as_bytes())
+            .into_owned()
+            .collect();
+        let names: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "payment_intent",
+                "amount",
+                "metadata[pagos_reference]",
+                "metadata[pagos_reason]"
+            ]
+        );
+        let plain = refund_form(&RefundRequest {
+            reason: None,
+            whole: true,
+            ..req
+        })
+        .expect("a body");
+        assert!(!plain.contains("pagos_reason"), "{plain}");
+        assert!(plain.contains("amount=50000"), "Stripe takes the amount even for the whole");
+    }
+
+    fn error(fixture: &str) -> ApiError {
+        serde_json::from_str::<ErrorBody>(fixture)
+            .expect("an error")
+            .error
+    }
+
+    #[test]
+    fn stripes_over_refund_refusals_are_told_apart_from_other_refusals() {
+        for fixture in [
+            include_str!("../../fixtures/stripe/error_charge_already_refunded.json"),
+            include_str!("../../fixtures/stripe/error_refund_exceeds_unrefunded.json"),
+            r#"{"error":{"type":"invalid_request_error","code":"amount_too_large","param":"amount","message":"Amount must be no more than $999,999.99"}}"#,
+        ] {
+            assert_eq!(
+                refund_amount_said(&error(fixture)),
+                AmountSaid::ExceedsRemaining,
+                "{fixture}"
+            );
+        }
+        for fixture in [
+            include_str!("../../fixtures/stripe/error_payment_method_missing.json"),
+            include_str!("../../fixtures/stripe/error_idempotency_key_reused.json"),
+            r#"{"error":{"type":"invalid_request_error","param":"payment_intent","message":"No such payment_intent: 'pi_x'; unrefunded"}}"#,
+        ] {
+            assert_eq!(
+                refund_amount_said(&error(fixture)),
+                AmountSaid::Nothing,
+                "{fixture}"
+            );
+        }
+    }
+
+    #[test]
+    fn refund_events_report_the_refund_in_pagos_terms_and_ignore_the_rest() {
+        let created = refund_event(
+            include_str!("../../fixtures/stripe/event_refund_created.json").as_bytes(),
+        )
+        .expect("readable")
+        .expect("a refund of pagos'");
+        assert_eq!(created.kind, "refund.created");
+        assert_eq!(created.id, "evt_3MtwBwLkdIwHu7ix1Rc4Nw7A");
+        assert_eq!(created.refund.status, RefundStatus::Succeeded);
+        assert_eq!(created.refund.reference, "7f3c2a10-5b6e-4d8f-9a1c-2e4b6d8f0a12");
+
+        let pending = refund_event(
+            include_str!("../../fixtures/stripe/event_refund_updated_pending.json").as_bytes(),
+        )
+        .expect("readable")
+        .expect("a refund");
+        assert_eq!(pending.refund.status, RefundStatus::Pending);
+
+        for fixture in [
+            include_str!("../../fixtures/stripe/event_refund_failed.json"),
+            include_str!("../../fixtures/stripe/event_charge_refund_updated.json"),
+        ] {
+            let failed = refund_event(fixture.as_bytes())
+                .expect("readable")
+                .expect("a refund");
+            assert_eq!(failed.refund.status, RefundStatus::Failed, "{fixture}");
+            assert_eq!(
+                failed.refund.failure_code.as_deref(),
+                Some("expired_or_canceled_card")
+            );
+            // Failed after succeeded: the later state wins, whatever order they arrive in.
+            assert!(failed.sequence > created.sequence);
+        }
+        assert!(created.sequence > pending.sequence);
+
+        // A payment's event, and a refund pagos did not make, are not refunds of pagos'.
+        assert_eq!(
+            refund_event(
+                include_str!("../../fixtures/stripe/event_payment_intent_succeeded.json")
+                    .as_bytes()
+            ),
+            Ok(None)
+        );
+        let mut foreign: serde_json::Value =
+            serde_json::from_str(include_str!("../../fixtures/stripe/event_refund_created.json"))
+                .expect("json");
+        foreign["data"]["object"]["metadata"] = serde_json::json!({});
+        let raw = serde_json::to_vec(&foreign).expect("json");
+        assert_eq!(refund_event(&raw), Ok(None));
+        // A refund event whose object is not a refund, or whose status is unknown, is not
+        // silently taken.
+        foreign["data"]["object"]["object"] = serde_json::json!("charge");
+        assert!(refund_event(&serde_json::to_vec(&foreign).expect("json")).is_err());
+        let mut odd: serde_json::Value =
+            serde_json::from_str(include_str!("../../fixtures/stripe/event_refund_created.json"))
+                .expect("json");
+        odd["data"]["object"]["status"] = serde_json::json!("teleported");
+        assert!(refund_event(&serde_json::to_vec(&odd).expect("json")).is_err());
+        assert!(refund_event(b"not json").is_err());
+    }
+
+    #[test]
+    fn a_late_succeeded_never_outranks_failed_and_a_later_event_of_one_rank_wins() {
+        use RefundStatus::*;
+        assert!(refund_sequence(Failed, 100) > refund_sequence(Succeeded, 200));
+        assert!(refund_sequence(Succeeded, 100) > refund_sequence(Pending, 200));
+        assert!(refund_sequence(Pending, 201) > refund_sequence(Pending, 200));
+    }
 }
