@@ -667,15 +667,15 @@ mod tests {
         let pending: MercadoPagoRefund =
             serde_json::from_value(json!({"id": 1, "amount": 5, "status": "pending"}))
                 .expect("a refund");
-        assert_eq!(
-            pending.to_refund("COP", "r").map(|r| r.status),
-            Ok(Pending)
-        );
+        assert_eq!(pending.to_refund("COP", "r").map(|r| r.status), Ok(Pending));
         for status in [json!("lost_in_space"), serde_json::Value::Null] {
             let odd: MercadoPagoRefund =
                 serde_json::from_value(json!({"id": 1, "amount": 5, "status": status}))
                     .expect("a refund");
-            assert!(matches!(odd.to_refund("COP", "r"), Err(GatewayError::Unknown(_))));
+            assert!(matches!(
+                odd.to_refund("COP", "r"),
+                Err(GatewayError::Unknown(_))
+            ));
         }
         let inexact: MercadoPagoRefund =
             serde_json::from_value(json!({"id": 1, "amount": 5.005, "status": "approved"}))
@@ -700,7 +700,10 @@ mod tests {
         ))
         .expect("fixture");
         assert_eq!(body, documented);
-        assert_eq!(serde_json::to_string(&body).expect("json"), r#"{"amount":500.0}"#);
+        assert_eq!(
+            serde_json::to_string(&body).expect("json"),
+            r#"{"amount":500.0}"#
+        );
         let cents = RefundRequest {
             amount: 1_234,
             ..req.clone()

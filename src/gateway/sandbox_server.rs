@@ -787,8 +787,10 @@ mod tests {
             client
                 .post(format!("{base}/v1/refunds"))
                 .header("idempotency-key", format!("rk-{amount}"))
-                .json(&json!({"charge": charge["id"], "amount": amount, "currency": "COP",
-                              "reference": format!("r-{amount}")}))
+                .json(
+                    &json!({"charge": charge["id"], "amount": amount, "currency": "COP",
+                              "reference": format!("r-{amount}")}),
+                )
                 .send()
         };
         // Still pending, the charge cannot be refunded.
@@ -831,7 +833,10 @@ mod tests {
                     assert_eq!(event["data"]["charge"], charge["id"]);
                     (
                         event["sequence"].as_u64().unwrap_or_default(),
-                        event["data"]["status"].as_str().unwrap_or_default().to_owned(),
+                        event["data"]["status"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
                     )
                 })
             })

@@ -740,7 +740,10 @@ mod tests {
             let refund = stripe_refund(fixture).to_refund().expect("known status");
             assert_eq!(refund.status, status, "{fixture}");
             assert_eq!(refund.failure_code.as_deref(), code, "{fixture}");
-            assert_eq!(refund.charge, "pi_3MtwBwLkdIwHu7ix28a3tqPa", "the PaymentIntent");
+            assert_eq!(
+                refund.charge, "pi_3MtwBwLkdIwHu7ix28a3tqPa",
+                "the PaymentIntent"
+            );
             assert_eq!((refund.amount, refund.currency.as_str()), (50_000, "COP"));
             assert_eq!(refund.reference, "7f3c2a10-5b6e-4d8f-9a1c-2e4b6d8f0a12");
         }
@@ -792,7 +795,10 @@ mod tests {
         })
         .expect("a body");
         assert!(!plain.contains("pagos_reason"), "{plain}");
-        assert!(plain.contains("amount=50000"), "Stripe takes the amount even for the whole");
+        assert!(
+            plain.contains("amount=50000"),
+            "Stripe takes the amount even for the whole"
+        );
     }
 
     fn error(fixture: &str) -> ApiError {
@@ -837,7 +843,10 @@ mod tests {
         assert_eq!(created.kind, "refund.created");
         assert_eq!(created.id, "evt_3MtwBwLkdIwHu7ix1Rc4Nw7A");
         assert_eq!(created.refund.status, RefundStatus::Succeeded);
-        assert_eq!(created.refund.reference, "7f3c2a10-5b6e-4d8f-9a1c-2e4b6d8f0a12");
+        assert_eq!(
+            created.refund.reference,
+            "7f3c2a10-5b6e-4d8f-9a1c-2e4b6d8f0a12"
+        );
 
         let pending = refund_event(
             include_str!("../../fixtures/stripe/event_refund_updated_pending.json").as_bytes(),
@@ -871,9 +880,10 @@ mod tests {
             ),
             Ok(None)
         );
-        let mut foreign: serde_json::Value =
-            serde_json::from_str(include_str!("../../fixtures/stripe/event_refund_created.json"))
-                .expect("json");
+        let mut foreign: serde_json::Value = serde_json::from_str(include_str!(
+            "../../fixtures/stripe/event_refund_created.json"
+        ))
+        .expect("json");
         foreign["data"]["object"]["metadata"] = serde_json::json!({});
         let raw = serde_json::to_vec(&foreign).expect("json");
         assert_eq!(refund_event(&raw), Ok(None));
@@ -881,9 +891,10 @@ mod tests {
         // silently taken.
         foreign["data"]["object"]["object"] = serde_json::json!("charge");
         assert!(refund_event(&serde_json::to_vec(&foreign).expect("json")).is_err());
-        let mut odd: serde_json::Value =
-            serde_json::from_str(include_str!("../../fixtures/stripe/event_refund_created.json"))
-                .expect("json");
+        let mut odd: serde_json::Value = serde_json::from_str(include_str!(
+            "../../fixtures/stripe/event_refund_created.json"
+        ))
+        .expect("json");
         odd["data"]["object"]["status"] = serde_json::json!("teleported");
         assert!(refund_event(&serde_json::to_vec(&odd).expect("json")).is_err());
         assert!(refund_event(b"not json").is_err());

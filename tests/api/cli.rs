@@ -229,16 +229,16 @@ impl Drop for Child {
 
 /// `pagos sandbox-gateway` with `--latency`, answering; the process and its base URL.
 async fn sandbox_gateway(latency: &str) -> (Child, String) {
+    sandbox_gateway_with(&["--latency", latency]).await
+}
+
+/// `pagos sandbox-gateway` with these flags, answering; the process and its base URL.
+async fn sandbox_gateway_with(flags: &[&str]) -> (Child, String) {
     let port = free_port();
     let sandbox = Child(
         Command::new(BIN)
-            .args([
-                "sandbox-gateway",
-                "--bind",
-                &format!("127.0.0.1:{port}"),
-                "--latency",
-                latency,
-            ])
+            .args(["sandbox-gateway", "--bind", &format!("127.0.0.1:{port}")])
+            .args(flags)
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("sandbox starts"),
@@ -321,6 +321,304 @@ async fn the_standalone_sandbox_gateway_follows_the_reference_protocol() {
         .expect("JSON");
     assert_eq!(stats["charges"], 1);
     assert_eq!(stats["duplicatedReferences"], 0);
+}
+
+async fn get_json(http: &reqwest::Client, url: String) -> Value {
+    http.get(url)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("JSON")
+}
+
+/// A charge of `amount` COP cents made at the standalone sandbox; its id.
+async fn sandbox_charge(
+    http: &reqwest::Client,
+    base: &str,
+    reference: &str,
+    amount: i64,
+) -> String {
+    let made = http
+        .post(format!("{base}/v1/charges"))
+        .header("Idempotency-Key", format!("charge-{reference}"))
+        .json(&json!({"amount": amount, "currency": "COP", "reference": reference}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(made.status(), 201);
+    let made: Value = made.json().await.expect("JSON");
+    made["id"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn the_standalone_sandbox_refunds_by_the_reference_protocol() {
+    let (_sandbox, base) = sandbox_gateway("300ms").await;
+    let http = reqwest::Client::new();
+    let charge = sandbox_charge(&http, &base, "pay-1", 100_000).await;
+    let refund = |key: &'static str, charge: String, amount: i64, reference: &'static str| {
+        let http = http.clone();
+        let url = format!("{base}/v1/refunds");
+        async move {
+            http.post(url)
+                .header("Idempotency-Key", key)
+                .json(
+                    &json!({"charge": charge, "amount": amount, "currency": "COP",
+                              "reference": reference}),
+                )
+                .send()
+                .await
+                .expect("sent")
+        }
+    };
+    // A duplicate while the first is in flight: 409.
+    let (first, second) = tokio::join!(refund("rk-1", charge.clone(), 60_000, "ref-r1"), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        refund("rk-1", charge.clone(), 60_000, "ref-r1").await
+    });
+    assert_eq!(first.status(), 201);
+    assert_eq!(second.status(), 409);
+    let first: Value = first.json().await.expect("JSON");
+    assert_eq!(first["status"], "succeeded");
+    assert_eq!(first["charge"], charge.as_str());
+    assert_eq!(first["failureCode"], Value::Null);
+
+    let replay = refund("rk-1", charge.clone(), 60_000, "ref-r1").await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(
+        replay.json::<Value>().await.expect("JSON"),
+        first,
+        "the same refund"
+    );
+    assert_eq!(
+        refund("rk-1", charge.clone(), 1, "ref-r1").await.status(),
+        422,
+        "same key, another body"
+    );
+
+    let over = refund("rk-2", charge.clone(), 40_001, "ref-r2").await;
+    assert_eq!(over.status(), 400);
+    let over: Value = over.json().await.expect("JSON");
+    assert_eq!(over["error"], "amount_exceeds_remaining");
+    assert_eq!(over["remaining"], 40_000);
+    let stray = refund("rk-3", "ch_000099aaaaaaaaaa".into(), 1, "ref-r3").await;
+    assert_eq!(stray.status(), 400);
+    assert_eq!(
+        stray.json::<Value>().await.expect("JSON")["error"],
+        "charge_not_found"
+    );
+
+    let found = get_json(&http, format!("{base}/v1/refunds?reference=ref-r1")).await;
+    assert_eq!(found["data"], json!([first]));
+    let none = get_json(&http, format!("{base}/v1/refunds?reference=ref-r2")).await;
+    assert_eq!(none["data"], json!([]), "a refused refund was never made");
+
+    // The library's reference adapter reads the process's answers the same way.
+    let gateway = pagos::gateway::http::HttpGateway::new(&base, "unused", Duration::from_secs(5))
+        .expect("client");
+    let req = |key: &str, amount: i64, n: u128| pagos::gateway::RefundRequest {
+        gateway_key: key.into(),
+        charge: charge.clone(),
+        amount,
+        currency: "COP".into(),
+        reference: uuid::Uuid::from_u128(n),
+        reason: None,
+        whole: false,
+    };
+    let policy = pagos::gateway::retry::RetryPolicy::new(0);
+    let refused =
+        pagos::gateway::retry::refund(&gateway, &req("rk-4", 40_001, 4), policy, false).await;
+    assert!(
+        matches!(
+            refused,
+            pagos::gateway::retry::RefundOutcome::Rejected {
+                reason: pagos::gateway::RejectReason::ExceedsRemaining,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    let rest =
+        pagos::gateway::retry::refund(&gateway, &req("rk-5", 40_000, 5), policy, false).await;
+    assert!(
+        matches!(rest, pagos::gateway::retry::RefundOutcome::Succeeded(_)),
+        "{rest:?}"
+    );
+
+    let stats = get_json(&http, format!("{base}/sandbox/stats")).await;
+    let refunds = &stats["refunds"];
+    assert_eq!(refunds["made"], 2, "{stats}");
+    assert_eq!(refunds["succeeded"], 2, "{stats}");
+    assert_eq!(refunds["refundedAmount"], 100_000, "{stats}");
+    assert_eq!(refunds["refundedCharges"], 1, "{stats}");
+    assert_eq!(refunds["overRefundedCharges"], 0, "{stats}");
+    assert_eq!(refunds["duplicatedReferences"], 0, "{stats}");
+}
+
+#[tokio::test]
+async fn the_standalone_sandbox_settles_a_pending_refund_and_delivers_its_signed_events() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let receiver = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/webhooks/http"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"resultado": "ignorado"})))
+        .mount(&receiver)
+        .await;
+    let hook = format!("{}/v1/webhooks/http", receiver.uri());
+    let (_sandbox, base) = sandbox_gateway_with(&[
+        "--pending-rate",
+        "1",
+        "--pending-for",
+        "300ms",
+        "--webhook-url",
+        &hook,
+        "--webhook-secret",
+        "whsec_sandbox_refunds",
+    ])
+    .await;
+    let http = reqwest::Client::new();
+    let charge = sandbox_charge(&http, &base, "pay-pending", 50_000).await;
+    let settled = |url: String| {
+        let http = http.clone();
+        async move {
+            for _ in 0..100 {
+                let found = get_json(&http, url.clone()).await;
+                if found["data"][0]["status"] != "pending" && found["data"][0] != Value::Null {
+                    return found["data"][0].clone();
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("{url} never settled");
+        }
+    };
+    let charged = settled(format!("{base}/v1/charges?reference=pay-pending")).await;
+    assert_eq!(charged["status"], "succeeded");
+
+    let made = http
+        .post(format!("{base}/v1/refunds"))
+        .header("Idempotency-Key", "rk-pending")
+        .json(
+            &json!({"charge": charge, "amount": 50_000, "currency": "COP",
+                      "reference": "ref-pending"}),
+        )
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(made.status(), 201);
+    let made: Value = made.json().await.expect("JSON");
+    assert_eq!(made["status"], "pending");
+    let refunded = settled(format!("{base}/v1/refunds?reference=ref-pending")).await;
+    assert_eq!(refunded["status"], "succeeded");
+    assert_eq!(refunded["id"], made["id"]);
+
+    let mut events = Vec::new();
+    for _ in 0..100 {
+        events = receiver
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| {
+                serde_json::from_slice::<Value>(&r.body)
+                    .is_ok_and(|e| e["type"] == "refund.updated")
+            })
+            .collect();
+        if events.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut seen: Vec<(u64, String)> = events
+        .iter()
+        .map(|request| {
+            let signature = request.headers["gateway-signature"].as_bytes();
+            pagos::webhooks::signature::verify_header(
+                std::iter::once(signature),
+                b"whsec_sandbox_refunds",
+                &request.body,
+                chrono::Utc::now().timestamp(),
+            )
+            .expect("signed with the webhook secret");
+            let event: Value = serde_json::from_slice(&request.body).expect("JSON");
+            assert_eq!(event["data"]["id"], made["id"]);
+            assert_eq!(event["data"]["reference"], "ref-pending");
+            (
+                event["sequence"].as_u64().unwrap_or_default(),
+                event["data"]["status"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![(1, "pending".to_owned()), (2, "succeeded".to_owned())],
+        "one event per change of the refund, in its own sequence"
+    );
+}
+
+#[tokio::test]
+async fn the_standalone_sandbox_refunds_then_drops_the_connection_under_reset_rate() {
+    let (_sandbox, base) =
+        sandbox_gateway_with(&["--reset-rate", "1", "--refund-failure-rate", "1"]).await;
+    let http = reqwest::Client::new();
+    // The charge's answer is dropped too: find it by its reference.
+    let dropped = http
+        .post(format!("{base}/v1/charges"))
+        .header("Idempotency-Key", "charge-reset")
+        .json(&json!({"amount": 10_000, "currency": "COP", "reference": "pay-reset"}))
+        .send()
+        .await;
+    assert!(
+        match dropped {
+            Err(_) => true,
+            Ok(answer) => answer.bytes().await.is_err(),
+        },
+        "the answer breaks mid-way"
+    );
+    let charges = get_json(&http, format!("{base}/v1/charges?reference=pay-reset")).await;
+    let charge = charges["data"][0]["id"].clone();
+    for _ in 0..2 {
+        let answer = http
+            .post(format!("{base}/v1/refunds"))
+            .header("Idempotency-Key", "rk-reset")
+            .json(
+                &json!({"charge": charge, "amount": 10_000, "currency": "COP",
+                          "reference": "ref-reset"}),
+            )
+            .send()
+            .await;
+        let broken = match answer {
+            Err(_) => true,
+            Ok(answer) => answer.bytes().await.is_err(),
+        };
+        assert!(broken, "the refund's answer breaks mid-way");
+    }
+    let stats = get_json(&http, format!("{base}/sandbox/stats")).await;
+    assert_eq!(
+        stats["refunds"]["made"], 1,
+        "made once, however often sent: {stats}"
+    );
+    let found = get_json(&http, format!("{base}/v1/refunds?reference=ref-reset")).await;
+    assert_eq!(found["data"][0]["status"], "failed");
+    assert_eq!(found["data"][0]["failureCode"], "declined");
+}
+
+#[test]
+fn a_refund_failure_rate_outside_0_to_1_stops_the_sandbox_with_one_line_naming_it() {
+    let output = pagos(&["sandbox-gateway", "--refund-failure-rate", "2"], &[]);
+    assert_refused(&output, "PAGOS_SANDBOX_REFUND_FAILURE_RATE");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--refund-failure-rate"), "{stderr}");
+    let help = pagos(&["sandbox-gateway", "--help"], &[]);
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("PAGOS_SANDBOX_REFUND_FAILURE_RATE"),
+        "--help names it"
+    );
 }
 
 #[test]

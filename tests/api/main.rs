@@ -11,6 +11,7 @@ mod cli;
 mod crash;
 mod doors;
 mod gateway_faults;
+mod gateway_refunds;
 mod mercadopago;
 mod merchants;
 mod money_path;
