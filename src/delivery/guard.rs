@@ -62,14 +62,28 @@ pub enum Refusal {
     Credentials,
     #[error("{host} does not resolve ({reason})")]
     Unresolvable { host: String, reason: String },
-    #[error(
-        "{host} is {address}, a {kind} address: webhooks are delivered only to public addresses"
-    )]
+    #[error("{}", forbidden_text(host, address, kind))]
     Forbidden {
         host: String,
         address: IpAddr,
         kind: &'static str,
     },
+}
+
+fn forbidden_text(host: &str, address: &IpAddr, kind: &str) -> String {
+    let literal = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .is_ok();
+    let subject = if literal {
+        format!("{address} is")
+    } else {
+        format!("{host} resolves to {address},")
+    };
+    format!(
+        "{subject} not a public address ({kind}): webhooks are delivered only to public addresses"
+    )
 }
 
 impl Refusal {
@@ -216,11 +230,11 @@ const fn v6(segments: [u16; 8], len: u8) -> IpNet {
 /// The IPv4 special-purpose blocks (IANA registry, RFC 6890 and later) no delivery goes
 /// to, most specific first (the first match names the kind).
 const IPV4_BLOCKS: &[(IpNet, &str)] = &[
-    (v4(169, 254, 169, 254, 32), "link-local (cloud metadata)"),
+    (v4(169, 254, 169, 254, 32), "link-local, cloud metadata"),
     (v4(255, 255, 255, 255, 32), "broadcast"),
-    (v4(0, 0, 0, 0, 8), "unspecified (\"this network\")"),
+    (v4(0, 0, 0, 0, 8), "unspecified"),
     (v4(10, 0, 0, 0, 8), "private"),
-    (v4(100, 64, 0, 0, 10), "shared (carrier-grade NAT)"),
+    (v4(100, 64, 0, 0, 10), "shared, carrier-grade NAT"),
     (v4(127, 0, 0, 0, 8), "loopback"),
     (v4(169, 254, 0, 0, 16), "link-local"),
     (v4(172, 16, 0, 0, 12), "private"),
@@ -240,7 +254,7 @@ const IPV6_BLOCKS: &[(IpNet, &str)] = &[
     (v6([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32), "documentation"),
     (
         v6([0x2001, 0, 0, 0, 0, 0, 0, 0], 23),
-        "IETF protocol assignment (Teredo, ORCHID)",
+        "IETF protocol assignment, Teredo or ORCHID",
     ),
     (v6([0x2002, 0, 0, 0, 0, 0, 0, 0], 16), "6to4"),
     (v6([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20), "documentation"),
@@ -267,12 +281,12 @@ fn non_public_v4(ip: Ipv4Addr) -> Option<&'static str> {
 fn non_public_v6(ip: Ipv6Addr) -> Option<&'static str> {
     // An IPv4 address carried in IPv6 reaches that IPv4 address: judge it as one.
     if let Some(mapped) = ip.to_ipv4_mapped() {
-        return non_public_v4(mapped).map(|_| "IPv4-mapped non-public");
+        return non_public_v4(mapped);
     }
     let addr = IpAddr::V6(ip);
     if NAT64.contains(&addr) {
         let [.., a, b, c, d] = ip.octets();
-        return non_public_v4(Ipv4Addr::new(a, b, c, d)).map(|_| "NAT64 of a non-public");
+        return non_public_v4(Ipv4Addr::new(a, b, c, d));
     }
     if ip.is_unspecified() {
         return Some("unspecified");
@@ -281,7 +295,7 @@ fn non_public_v6(ip: Ipv6Addr) -> Option<&'static str> {
         return Some("loopback");
     }
     if ip.is_unique_local() {
-        return Some("unique-local (private)");
+        return Some("unique-local, private");
     }
     if ip.is_unicast_link_local() {
         return Some("link-local");
@@ -290,7 +304,7 @@ fn non_public_v6(ip: Ipv6Addr) -> Option<&'static str> {
         return Some("multicast");
     }
     if !IPV6_GLOBAL_UNICAST.contains(&addr) {
-        return Some("reserved (not global unicast)");
+        return Some("reserved, not global unicast");
     }
     IPV6_BLOCKS
         .iter()
@@ -316,10 +330,10 @@ mod tests {
             ("172.31.255.255", "private"),
             ("192.168.1.1", "private"),
             ("169.254.0.1", "link-local"),
-            ("169.254.169.254", "link-local (cloud metadata)"),
-            ("100.64.0.1", "shared (carrier-grade NAT)"),
-            ("100.100.100.200", "shared (carrier-grade NAT)"),
-            ("0.0.0.0", "unspecified (\"this network\")"),
+            ("169.254.169.254", "link-local, cloud metadata"),
+            ("100.64.0.1", "shared, carrier-grade NAT"),
+            ("100.100.100.200", "shared, carrier-grade NAT"),
+            ("0.0.0.0", "unspecified"),
             ("255.255.255.255", "broadcast"),
             ("192.0.2.10", "documentation"),
             ("198.51.100.7", "documentation"),
@@ -359,20 +373,20 @@ mod tests {
         for (address, kind) in [
             ("::1", "loopback"),
             ("::", "unspecified"),
-            ("fc00::1", "unique-local (private)"),
-            ("fd00:ec2::254", "unique-local (private)"),
+            ("fc00::1", "unique-local, private"),
+            ("fd00:ec2::254", "unique-local, private"),
             ("fe80::1", "link-local"),
             ("ff02::1", "multicast"),
-            ("::ffff:127.0.0.1", "IPv4-mapped non-public"),
-            ("::ffff:169.254.169.254", "IPv4-mapped non-public"),
-            ("::ffff:10.0.0.1", "IPv4-mapped non-public"),
-            ("64:ff9b::a00:1", "NAT64 of a non-public"),
-            ("::127.0.0.1", "reserved (not global unicast)"),
-            ("fec0::1", "reserved (not global unicast)"),
-            ("100::1", "reserved (not global unicast)"),
+            ("::ffff:127.0.0.1", "loopback"),
+            ("::ffff:169.254.169.254", "link-local, cloud metadata"),
+            ("::ffff:10.0.0.1", "private"),
+            ("64:ff9b::a00:1", "private"),
+            ("::127.0.0.1", "reserved, not global unicast"),
+            ("fec0::1", "reserved, not global unicast"),
+            ("100::1", "reserved, not global unicast"),
             ("2001:db8::1", "documentation"),
             ("3fff::1", "documentation"),
-            ("2001::1", "IETF protocol assignment (Teredo, ORCHID)"),
+            ("2001::1", "IETF protocol assignment, Teredo or ORCHID"),
             ("2002:7f00:1::1", "6to4"),
         ] {
             assert_eq!(non_public(ip(address)), Some(kind), "{address}");
@@ -477,7 +491,7 @@ mod tests {
             .expect_err("refused");
         assert_eq!(
             refusal.to_string(),
-            "hooks.example.com is 10.0.0.7, a private address: webhooks are delivered only to public addresses"
+            "hooks.example.com resolves to 10.0.0.7, not a public address (private): webhooks are delivered only to public addresses"
         );
         assert!(refusal.is_about_the_url());
 
