@@ -82,7 +82,8 @@ pub struct Attempt {
 }
 
 /// Sends attempts. One per process: it keeps one HTTP client per checked destination, so
-/// deliveries to an endpoint reuse their connections.
+/// deliveries to an endpoint reuse their connections. Cheap to clone (shared inside).
+#[derive(Clone)]
 pub struct Deliverer {
     policy: AddressPolicy,
     timeout: Duration,
