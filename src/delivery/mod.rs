@@ -20,4 +20,4 @@ pub use attempt::{Attempt, Deliverer, Message, Outcome};
 pub use guard::{AddressPolicy, Destination, Refusal};
 pub use schedule::{Next, Schedule};
 pub use settings::WebhookSettings;
-pub use signing::{Secret, SignedHeaders};
+pub use signing::{Keys, Secret, SignedHeaders};
