@@ -407,6 +407,9 @@ pub struct Settings {
     #[arg(long, env = "PAGOS_AUTH_FAILURES_PER_MINUTE", default_value_t = 60,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), value_name = "N")]
     pub auth_failures_per_minute: u32,
+    /// Deliveries to merchants' endpoints (PAGOS_WEBHOOKS_*)
+    #[command(flatten)]
+    pub webhooks: crate::delivery::WebhookSettings,
 }
 
 /// Added to a send's worst case when a payment is held for it (`Settings::send_hold`).
