@@ -91,7 +91,7 @@ pub enum Command {
     /// Run the sandbox gateway (the reference protocol, from memory) as an HTTP server
     SandboxGateway(SandboxArgs),
     /// Make one payment with the retrying client (one key per intent, kept in a journal)
-    Pay(crate::client::cli::PayArgs),
+    Pay(Box<pagos_client::cli::PayArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -733,6 +733,40 @@ mod tests {
             parse(&["merchants", "add", "x", "--database-pool-size", "0"]).expect_err("refused");
         let line = one_line_error_in(&err, ["merchants".to_owned(), "add".to_owned()]);
         assert!(line.contains("PAGOS_DATABASE_POOL_SIZE"), "{line}");
+    }
+
+    #[test]
+    fn a_bad_pay_flag_is_one_line_naming_the_flag_and_its_env_var() {
+        let pay = [
+            "pay",
+            "--url",
+            "http://127.0.0.1:8080",
+            "--api-key",
+            "sk_test_acme",
+            "--credito",
+            "42",
+            "--monto",
+            "250000",
+            "--moneda",
+            "cop",
+        ];
+        for (flag, value, env) in [
+            ("--monto", "0", "PAGOS_MONTO"),
+            ("--monto", "12.5", "PAGOS_MONTO"),
+            ("--moneda", "XXX", "PAGOS_MONEDA"),
+            ("--credito", "", "PAGOS_CREDITO"),
+            ("--deadline", "soon", "PAGOS_DEADLINE"),
+            ("--url", "ftp://x", "PAGOS_URL"),
+            ("--medio-pago", "{\"id\":\"pm 1\"}", "PAGOS_MEDIO_PAGO"),
+        ] {
+            let mut args = pay.to_vec();
+            args.extend([flag, value]);
+            let err = parse(&args).expect_err("refused");
+            let line = one_line_error_in(&err, ["pay".to_owned()]);
+            assert!(line.contains(env), "{flag} {value}: {line}");
+            assert!(line.contains(flag), "{line}");
+            assert!(!line.contains('\n'), "{line}");
+        }
     }
 
     #[test]

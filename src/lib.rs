@@ -4,7 +4,6 @@
 //! shell around it (`http`, `saga::store`, `gateway`) talks to the world.
 
 pub mod app;
-pub mod client;
 pub mod config;
 pub mod db;
 pub mod domain;

@@ -6,7 +6,7 @@
 
 use super::AppState;
 use super::auth::Admin;
-use super::problem::{ApiError, Kind, Problem};
+use super::problem::{ApiError, Problem, ProblemType};
 use crate::entities::{payment, payment_transition as transitions};
 use crate::reconciler::{self, Report};
 use crate::representation::{Pago, RESOLVED_FAILED};
@@ -52,7 +52,7 @@ pub struct PagoAdmin {
 impl PagoAdmin {
     fn of(p: &payment::Model) -> Self {
         PagoAdmin {
-            pago: Pago::of(p),
+            pago: crate::representation::pago(p),
             merchant_id: p.merchant_id,
             intentos: p.attempts,
             proximo_intento: p
@@ -82,7 +82,7 @@ pub struct ListQuery {
 }
 
 fn bad_request(detail: impl Into<String>) -> ApiError {
-    Problem::new(Kind::Validation).detail(detail).into()
+    Problem::new(ProblemType::Validation).detail(detail).into()
 }
 
 /// Payments in a state, oldest first.
@@ -144,7 +144,7 @@ pub struct DetallePago {
 }
 
 fn not_found() -> ApiError {
-    Problem::new(Kind::NotFound)
+    Problem::new(ProblemType::NotFound)
         .detail("No payment with this id.")
         .into()
 }
@@ -301,7 +301,7 @@ async fn resolve(
         .await?
         .ok_or_else(not_found)?;
     if current.state != PaymentState::RevisionManual.as_str() {
-        return Err(Problem::new(Kind::NotUnderReview)
+        return Err(Problem::new(ProblemType::NotUnderReview)
             .detail(format!(
                 "The payment is {}, not REVISION_MANUAL: only payments under review are resolved by hand.",
                 current.state
@@ -324,10 +324,10 @@ async fn resolve(
             tracing::info!(payment_id = %p.id, estado = p.state, "payment resolved by on-call");
             Ok(Json(detail(&state, &p).await?))
         }
-        Ok(Written::Fenced) => Err(Problem::new(Kind::NotUnderReview)
+        Ok(Written::Fenced) => Err(Problem::new(ProblemType::NotUnderReview)
             .detail("The payment changed while resolving it; read it again and retry.")
             .into()),
-        Err(store::StoreError::Illegal(e)) => Err(Problem::new(Kind::NotUnderReview)
+        Err(store::StoreError::Illegal(e)) => Err(Problem::new(ProblemType::NotUnderReview)
             .detail(e.to_string())
             .into()),
         Err(store::StoreError::Db(e)) => Err(e.into()),

@@ -19,6 +19,7 @@ use axum::Router;
 use axum::error_handling::HandleErrorLayer;
 use axum::http::{Method, Uri};
 use axum::response::{IntoResponse, Response};
+use problem::ProblemResponse;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
@@ -197,7 +198,7 @@ fn door(door: Door, state: AppState) -> Router {
             state.clone(),
             count_responses,
         ))
-        .fallback(|| async { no_such_endpoint() })
+        .fallback(|| async { no_such_endpoint().into_response() })
         .layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| async move {
                 if door.serves(request.uri().path()) {
@@ -212,7 +213,7 @@ fn door(door: Door, state: AppState) -> Router {
 }
 
 fn no_such_endpoint() -> problem::Problem {
-    problem::Problem::new(problem::Kind::NotFound).detail("No such endpoint.")
+    problem::Problem::new(problem::ProblemType::NotFound).detail("No such endpoint.")
 }
 
 /// What a door answers when one of its limits stops a request. Written here rather than
@@ -236,7 +237,7 @@ fn refused(
         // One line per shed request would flood the logs exactly under overload: the
         // counter pagos_http_limited_total tells it.
         tracing::debug!(%method, path = uri.path(), "request shed: PAGOS_MAX_IN_FLIGHT requests in progress");
-        return problem::Problem::new(problem::Kind::Overloaded)
+        return problem::Problem::new(problem::ProblemType::Overloaded)
             .detail("Too many requests are in progress. This one was not started and nothing was stored: retry it, with the same Idempotency-Key, after the time in Retry-After.")
             .retry_after(1)
             .into_response();
@@ -244,7 +245,7 @@ fn refused(
     if err.is::<tower::timeout::error::Elapsed>() {
         limited("request_timeout");
         tracing::warn!(%method, path = uri.path(), "request cut at PAGOS_REQUEST_TIMEOUT; work it started goes on");
-        return problem::Problem::new(problem::Kind::RequestTimeout)
+        return problem::Problem::new(problem::ProblemType::RequestTimeout)
             .detail(format!(
                 "The request took longer than {} and was answered before its end. A payment it started goes on: retry with the same Idempotency-Key to get its outcome.",
                 humantime::format_duration(cut_after)

@@ -80,7 +80,9 @@ mod tests {
         p.payment_method = Some(MedioPago { id: "visa".into() });
         let text = serde_json::to_string(&p).expect("json");
         assert!(
-            text.contains(r#""moneda":"COP","descripcion":"cuota 3","medioPago":{"id":"visa"},"estado""#),
+            text.contains(
+                r#""moneda":"COP","descripcion":"cuota 3","medioPago":{"id":"visa"},"estado""#
+            ),
             "{text}"
         );
     }

@@ -85,7 +85,9 @@ impl ProblemType {
 
     /// The kind whose slug this is.
     pub fn from_slug(slug: &str) -> Option<ProblemType> {
-        ProblemType::ALL.into_iter().find(|kind| kind.slug() == slug)
+        ProblemType::ALL
+            .into_iter()
+            .find(|kind| kind.slug() == slug)
     }
 
     /// The HTTP status it is answered with.
@@ -94,17 +96,13 @@ impl ProblemType {
             ProblemType::Unauthorized => 401,
             ProblemType::TooManyAuthFailures => 429,
             ProblemType::NotFound => 404,
-            ProblemType::MissingKey | ProblemType::MalformedKey | ProblemType::MalformedJson => {
-                400
-            }
+            ProblemType::MissingKey | ProblemType::MalformedKey | ProblemType::MalformedJson => 400,
             ProblemType::Validation | ProblemType::KeyReused => 422,
             ProblemType::BodyTooLarge => 413,
             ProblemType::UnsupportedMediaType => 415,
             ProblemType::RequestInFlight | ProblemType::NotUnderReview => 409,
             ProblemType::PaymentDeclined | ProblemType::GatewayRejected => 402,
-            ProblemType::Unavailable | ProblemType::Overloaded | ProblemType::RequestTimeout => {
-                503
-            }
+            ProblemType::Unavailable | ProblemType::Overloaded | ProblemType::RequestTimeout => 503,
             ProblemType::Internal => 500,
         }
     }
@@ -294,7 +292,10 @@ mod tests {
 
     #[test]
     fn a_problem_without_status_gets_the_answers() {
-        let p = Problem::read(409, br#"{"type":"/problems/request-in-flight","title":"Busy"}"#);
+        let p = Problem::read(
+            409,
+            br#"{"type":"/problems/request-in-flight","title":"Busy"}"#,
+        );
         assert_eq!(p.status, Some(409));
         assert_eq!(p.kind(), Some(ProblemType::RequestInFlight));
     }
