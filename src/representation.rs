@@ -3,6 +3,7 @@
 //! Pure and deterministic: the answer frozen on an idempotency key and the one rendered
 //! later from the same row are the same bytes.
 
+use crate::entities::idempotency_key::FrozenAnswer;
 use crate::entities::payment;
 use chrono::SecondsFormat;
 use pagos_types::PaymentState;
@@ -54,6 +55,12 @@ impl Answer {
             "application/json"
         }
     }
+}
+
+/// The answer a payment that became final freezes on its key (`saga::store::Render`).
+pub fn frozen(p: &payment::Model) -> FrozenAnswer {
+    let Answer { status, body } = answer(p);
+    FrozenAnswer { status, body }
 }
 
 /// 201 COMPLETADA, 402 FALLIDA (problem with the payment under `pago`), 202 otherwise.

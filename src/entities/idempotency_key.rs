@@ -1,5 +1,18 @@
 use sea_orm::entity::prelude::*;
 
+/// Key row status while nobody has frozen an answer on it.
+pub const KEY_IN_PROGRESS: &str = "EN_PROCESO";
+/// Key row status once its answer is frozen.
+pub const KEY_COMPLETED: &str = "COMPLETADA";
+
+/// A key's frozen answer as stored (`response_code`, `response_body`): a status and the
+/// exact bytes first sent, opaque to the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrozenAnswer {
+    pub status: u16,
+    pub body: String,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "idempotency_keys")]
 pub struct Model {

@@ -319,7 +319,7 @@ async fn resolve(
         ..Changes::default()
     };
     let reason = format!("resolved by on-call: {motivo}");
-    match store::apply_now(&state.db, &current, event, changes, Actor::Admin, &reason).await {
+    match crate::saga::apply_now(&state.db, &current, event, changes, Actor::Admin, &reason).await {
         Ok(Written::Applied(p)) => {
             tracing::info!(payment_id = %p.id, estado = p.state, "payment resolved by on-call");
             Ok(Json(detail(&state, &p).await?))

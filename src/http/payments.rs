@@ -210,7 +210,7 @@ async fn create_payment(
     })?;
     let fingerprint = idempotency::fingerprint("POST", PAYMENTS_PATH, &value);
 
-    let begun = idempotency::begin(
+    let begun = saga::registry::begin(
         &state.db,
         merchant,
         &key,

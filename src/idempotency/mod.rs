@@ -1,8 +1,9 @@
-//! Idempotency keys: the fingerprint, the key itself, and the registry that decides what a
-//! request with a key gets — new work, a stored answer, 409, or 422.
+//! Idempotency keys: the fingerprint, the key itself, the derivation of payment ids and
+//! gateway keys, and the decision of what a request with a key gets — new work, a stored
+//! answer, 409, or 422.
 //!
-//! The registry never holds a transaction open across the work it guards: a lease on the
-//! key row marks the owner; the row's primary key settles races.
+//! Pure: no I/O, no clock of its own. The registry that reads and writes key rows and
+//! asks `decide` is the saga's (`saga::registry`).
 
 pub mod derive;
 pub mod fingerprint;
@@ -11,12 +12,10 @@ pub mod key;
 pub use fingerprint::fingerprint;
 pub use key::{IdempotencyKey, KeyError};
 
-use crate::domain::NewPayment;
-use crate::entities::{idempotency_key as keys, payment};
+use crate::entities::idempotency_key::{self as keys, KEY_COMPLETED};
+use crate::entities::payment;
 use crate::representation::Answer;
-use crate::saga::store::{self, KEY_COMPLETED, Registered, Registration};
 use chrono::{DateTime, Utc};
-use sea_orm::{DatabaseConnection, DbErr};
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 use uuid::Uuid;
@@ -78,32 +77,6 @@ impl std::fmt::Display for KeyHash<'_> {
             &Sha256::digest(self.0.as_str().as_bytes())[..6],
         ))
     }
-}
-
-/// Looks the key up (one query: the whole cost of a replay) and registers it with its
-/// payment if it is new.
-pub async fn begin(
-    db: &DatabaseConnection,
-    merchant: Uuid,
-    key: &IdempotencyKey,
-    fingerprint: &str,
-    new_payment: &NewPayment,
-    lease: Duration,
-) -> Result<Begin, DbErr> {
-    if let Some(existing) = store::find_key(db, merchant, key.as_str()).await? {
-        return Ok(decide(&existing, fingerprint, crate::db::now()));
-    }
-    let registration = Registration {
-        merchant,
-        key,
-        fingerprint,
-        payment: new_payment,
-        lease,
-    };
-    Ok(match store::register(db, registration).await? {
-        Registered::Started(p) => Begin::Started(Box::new(p)),
-        Registered::Taken(existing) => decide(&existing, fingerprint, crate::db::now()),
-    })
 }
 
 #[cfg(test)]

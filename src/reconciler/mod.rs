@@ -299,7 +299,7 @@ async fn decide_and_apply(
             };
             let reason = format!("provider lookup: {reason}");
             Ok(
-                match store::apply_now(
+                match saga::apply_now(
                     &app.db,
                     &claimed,
                     event,
@@ -327,7 +327,7 @@ async fn decide_and_apply(
         Decision::Escalate(why) => {
             tracing::warn!(payment_id = %claimed.id, why, "moved to REVISION_MANUAL");
             Ok(
-                match store::apply_now(
+                match saga::apply_now(
                     &app.db,
                     &claimed,
                     Event::Escalate,

@@ -4,6 +4,7 @@
 //! steps in order. It must never hold a transaction across the gateway call, and never
 //! call the gateway for a payment it has not first marked ENVIADA.
 
+pub mod registry;
 pub mod state;
 pub mod store;
 
@@ -11,7 +12,7 @@ use crate::entities::payment;
 use crate::failpoint;
 use crate::gateway::retry::{self, ChargeOutcome, RetryPolicy};
 use crate::gateway::{Charge, ChargeRequest, ChargeStatus, Gateway};
-use crate::representation::GATEWAY_REJECTED_PREFIX;
+use crate::representation::{self, GATEWAY_REJECTED_PREFIX};
 use sea_orm::DatabaseConnection;
 use state::{Event, PaymentState};
 use std::sync::Arc;
@@ -29,6 +30,50 @@ pub struct SagaDeps {
     /// How long a send can take, every try and backoff included, plus a margin: a send
     /// starts only from a write that holds the payment at least this long.
     pub send_hold: Duration,
+}
+
+/// Applies `event` to `current` in `tx` (`store::apply`), freezing the key's answer as
+/// the contract renders it when the payment becomes final. Every decision goes through
+/// here or `apply_now`: the store writes, the answer is rendered above it.
+pub async fn apply<C: sea_orm::ConnectionTrait>(
+    tx: &C,
+    current: &payment::Model,
+    event: Event,
+    changes: Changes,
+    actor: Actor,
+    reason: &str,
+) -> Result<Written, StoreError> {
+    store::apply(
+        tx,
+        current,
+        event,
+        changes,
+        actor,
+        reason,
+        representation::frozen,
+    )
+    .await
+}
+
+/// One event committed on its own (`store::apply_now`), with the rendered answer.
+pub async fn apply_now(
+    db: &DatabaseConnection,
+    current: &payment::Model,
+    event: Event,
+    changes: Changes,
+    actor: Actor,
+    reason: &str,
+) -> Result<Written, StoreError> {
+    store::apply_now(
+        db,
+        current,
+        event,
+        changes,
+        actor,
+        reason,
+        representation::frozen,
+    )
+    .await
 }
 
 pub fn charge_request(p: &payment::Model) -> ChargeRequest {
@@ -76,7 +121,7 @@ pub async fn send(
         (_, "EN_PROCESO") => "sending to the gateway (registered, never sent)",
         _ => "resending to the gateway with the same key (the provider has no charge for it)",
     };
-    let sent = match store::apply_now(
+    let sent = match apply_now(
         &deps.db,
         &current,
         Event::Send,
@@ -202,7 +247,7 @@ pub async fn record_outcome(
             };
         }
     };
-    match store::apply_now(&deps.db, &sent, event, changes, actor, &reason).await? {
+    match apply_now(&deps.db, &sent, event, changes, actor, &reason).await? {
         Written::Applied(p) => Ok(*p),
         Written::Fenced => reload(deps, &sent).await,
     }

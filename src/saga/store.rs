@@ -15,7 +15,6 @@ use crate::domain::{NewPayment, PaymentMethod};
 use crate::entities::{idempotency_key as keys, payment, payment_transition as transitions};
 use crate::idempotency::IdempotencyKey;
 use crate::idempotency::derive::derive;
-use crate::representation::{Answer, answer};
 use crate::saga::state::{Event, IllegalTransition, PaymentState, transition};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait};
@@ -54,10 +53,12 @@ pub enum StoreError {
     Illegal(#[from] IllegalTransition),
 }
 
-/// Key row status while nobody has frozen an answer on it.
-pub const KEY_IN_PROGRESS: &str = "EN_PROCESO";
-/// Key row status once its answer is frozen.
-pub const KEY_COMPLETED: &str = "COMPLETADA";
+pub use crate::entities::idempotency_key::{FrozenAnswer, KEY_COMPLETED, KEY_IN_PROGRESS};
+
+/// Renders the answer a payment that just became final freezes on its key. Given by the
+/// layer above (`saga::apply` hands it `representation::frozen`): storage stores, it
+/// never renders.
+pub type Render = fn(&payment::Model) -> FrozenAnswer;
 
 pub fn chrono_after(d: Duration) -> chrono::TimeDelta {
     chrono::TimeDelta::from_std(d).unwrap_or(chrono::TimeDelta::MAX)
@@ -308,7 +309,7 @@ struct Plan {
     /// The audit row, when the decision is worth one.
     audit: Option<transitions::Model>,
     /// The key's frozen answer, when the payment becomes final.
-    answer: Option<Answer>,
+    answer: Option<FrozenAnswer>,
     /// The request gives up its lease on the key without an answer (a hand-over).
     release_lease: bool,
 }
@@ -321,6 +322,7 @@ fn plan(
     changes: Changes,
     actor: Actor,
     reason: &str,
+    render: Render,
 ) -> Result<Plan, IllegalTransition> {
     let from: PaymentState = current
         .state
@@ -362,7 +364,7 @@ fn plan(
         reason: reason.to_owned(),
         created_at: at,
     });
-    let answer = to.is_terminal().then(|| answer(&next));
+    let answer = to.is_terminal().then(|| render(&next));
     Ok(Plan {
         next,
         audit,
@@ -392,7 +394,8 @@ fn without_personal_data(stored: &str) -> String {
 }
 
 /// Applies `event` to `current` in `tx`: the fenced update, the audit row, and — when the
-/// payment becomes final — the key's frozen answer. The caller commits.
+/// payment becomes final — the key's frozen answer, as `render` renders it. The caller
+/// commits.
 pub async fn apply<C: ConnectionTrait>(
     tx: &C,
     current: &payment::Model,
@@ -400,8 +403,9 @@ pub async fn apply<C: ConnectionTrait>(
     changes: Changes,
     actor: Actor,
     reason: &str,
+    render: Render,
 ) -> Result<Written, StoreError> {
-    let plan = plan(current, event, changes, actor, reason)?;
+    let plan = plan(current, event, changes, actor, reason, render)?;
     Ok(written(write_plan(tx, current, &plan).await?, plan))
 }
 
@@ -500,7 +504,7 @@ async fn write_fenced<C: ConnectionTrait>(
 async fn freeze_answer<C: ConnectionTrait>(
     tx: &C,
     p: &payment::Model,
-    answer: &Answer,
+    answer: &FrozenAnswer,
 ) -> Result<(), DbErr> {
     keys::Entity::update_many()
         .col_expr(keys::Column::Status, Expr::value(KEY_COMPLETED))
@@ -523,7 +527,7 @@ async fn freeze_answer<C: ConnectionTrait>(
     Ok(())
 }
 
-/// One event, committed on its own.
+/// One event, committed on its own (`apply`'s writes, and `render`'s frozen answer).
 pub async fn apply_now(
     db: &DatabaseConnection,
     current: &payment::Model,
@@ -531,8 +535,9 @@ pub async fn apply_now(
     changes: Changes,
     actor: Actor,
     reason: &str,
+    render: Render,
 ) -> Result<Written, StoreError> {
-    let plan = plan(current, event, changes, actor, reason)?;
+    let plan = plan(current, event, changes, actor, reason, render)?;
     Ok(written(write_plan_now(db, current, &plan).await?, plan))
 }
 

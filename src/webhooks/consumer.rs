@@ -19,7 +19,7 @@ use crate::db::{begin_write, now};
 use crate::entities::{payment, processed_message as messages, webhook_charge as charges};
 use crate::gateway::Charge;
 use crate::saga::state::{IllegalTransition, PaymentState};
-use crate::saga::store::{self, Actor, StoreError, Written};
+use crate::saga::store::{Actor, StoreError, Written};
 use crate::webhooks::decide::{Decision, decide};
 use crate::webhooks::event::status_name;
 use sea_orm::sea_query::Expr;
@@ -167,7 +167,9 @@ async fn consume_in(
             event: move_by,
             changes,
             reason,
-        } => match store::apply(tx, &payment, move_by, changes, Actor::Webhook, &reason).await? {
+        } => match crate::saga::apply(tx, &payment, move_by, changes, Actor::Webhook, &reason)
+            .await?
+        {
             Written::Applied(moved) => {
                 let to = moved.state.parse().unwrap_or(PaymentState::RevisionManual);
                 if to == PaymentState::RevisionManual {
