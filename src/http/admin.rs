@@ -8,8 +8,8 @@ use super::AppState;
 use super::auth::Admin;
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::entities::{payment, payment_transition as transitions};
-use crate::reconciler::{self, Report};
 use crate::representation::{Pago, RESOLVED_FAILED};
+use crate::saga::reconcile::{self, Report};
 use crate::saga::state::{Event, PaymentState};
 use crate::saga::store::{self, Actor, Changes, Written};
 use axum::Json;
@@ -63,7 +63,7 @@ impl PagoAdmin {
                 .filter(|until| *until > crate::db::now())
                 .map(|until| until.to_rfc3339_opts(SecondsFormat::Millis, true)),
             decline_code: p.decline_code.clone(),
-            edad_segundos: reconciler::age(p.created_at).num_seconds(),
+            edad_segundos: reconcile::age(p.created_at).num_seconds(),
         }
     }
 }
@@ -234,11 +234,11 @@ async fn run_reconciliation(
     }
     // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
     // halfway and leave its claimed payments waiting out their lease.
-    let pass = state.clone();
+    let reconciler = state.reconciler.clone();
     let report = tokio::spawn(async move {
         match request.pago_id {
-            Some(id) => reconciler::reconcile_one(&pass, id, store::When::Now).await,
-            None => reconciler::run_pass(&pass).await,
+            Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
+            None => reconcile::run_pass(&reconciler).await,
         }
     })
     .await

@@ -13,13 +13,18 @@ pub mod payments;
 pub mod problem;
 pub mod webhooks;
 
-use crate::app::App;
-use crate::metrics::{LimitLabel, Metrics};
+use crate::config::Settings;
+use crate::gateway::Gateway;
+use crate::metrics::{LimitLabel, MeteredMercadoPago, Metrics};
+use crate::saga::SagaDeps;
+use crate::saga::reconcile::Reconciler;
+use auth::Authenticator;
 use axum::Router;
 use axum::error_handling::HandleErrorLayer;
 use axum::http::{Method, Uri};
 use axum::response::{IntoResponse, Response};
 use problem::ProblemResponse;
+use sea_orm::DatabaseConnection;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,13 +33,39 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 
+/// Everything a request handler shares. Defined here, by the HTTP surface that uses it,
+/// and built by the composition root (`app::build`).
+pub struct Shared {
+    pub db: DatabaseConnection,
+    /// The configured gateway, metered.
+    pub gateway: Arc<dyn Gateway>,
+    pub settings: Settings,
+    /// The API-key cache and the limit on failed authentications.
+    pub auth: Authenticator,
+    pub metrics: Arc<Metrics>,
+    /// With `PAGOS_GATEWAY=mercadopago`: the client notifications ask for a payment's
+    /// state, built once (its connections are reused) and metered.
+    pub mercadopago: Option<MeteredMercadoPago>,
+    /// `PAGOS_MAX_IN_FLIGHT` slots, shared by every door of the process.
+    pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// On-call's "reconcile now" and a client retry that finds its payment due.
+    pub reconciler: Reconciler,
+}
+
+impl Shared {
+    /// What a payment's saga needs.
+    pub fn saga_deps(&self) -> SagaDeps {
+        self.reconciler.saga.clone()
+    }
+}
+
 /// The state every handler shares: cheap to clone.
 #[derive(Clone)]
-pub struct AppState(pub Arc<App>);
+pub struct AppState(pub Arc<Shared>);
 
 impl Deref for AppState {
-    type Target = App;
-    fn deref(&self) -> &App {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
         &self.0
     }
 }

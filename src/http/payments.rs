@@ -261,10 +261,10 @@ async fn create_payment(
             // payment at most once per backoff step.
             let due = current.next_attempt_at <= crate::db::now();
             if due && current.state != PaymentState::RevisionManual.as_str() {
-                let state_for_task = state.clone();
+                let reconciler = state.reconciler.clone();
                 tracing::info!(%payment_id, %key_hash, "client retry found the payment due; reconciling it now");
                 tokio::spawn(async move {
-                    crate::reconciler::reconcile_one(&state_for_task, payment_id, When::IfDue).await
+                    saga::reconcile::reconcile_one(&reconciler, payment_id, When::IfDue).await
                 })
                 .await
                 .map_err(|e| ApiError::Internal(e.into()))??;

@@ -1,9 +1,13 @@
 //! The saga of one payment: register → mark sent → gateway call → settle or hand over.
 //!
 //! `state` is the pure state machine; `store` is the database work; this module runs the
-//! steps in order. It must never hold a transaction across the gateway call, and never
+//! steps in order. `registry` decides what a request with a key gets; `reconcile` settles
+//! what was left in between (shared by the HTTP handlers and the periodic worker, which
+//! import it and never each other). It must never hold a transaction across the gateway call, and never
 //! call the gateway for a payment it has not first marked ENVIADA.
 
+pub mod backoff;
+pub mod reconcile;
 pub mod registry;
 pub mod state;
 pub mod store;
@@ -257,8 +261,7 @@ pub async fn record_outcome(
 /// each earlier send, so a gateway that keeps failing is not resent to every period.
 fn next_look(deps: &SagaDeps, sent: &payment::Model) -> chrono::DateTime<chrono::Utc> {
     let jitter: f64 = rand::Rng::random(&mut rand::rng());
-    crate::db::now()
-        + crate::reconciler::decide::backoff(deps.stale_after, sent.attempts - 1, jitter)
+    crate::db::now() + backoff::backoff(deps.stale_after, sent.attempts - 1, jitter)
 }
 
 async fn reload(deps: &SagaDeps, p: &payment::Model) -> Result<payment::Model, StoreError> {
