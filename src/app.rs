@@ -2,7 +2,7 @@
 //!
 //! Start-up is the only place allowed to stop the process on bad settings.
 
-use crate::config::{DatabaseArgs, GatewayKind, Settings};
+use crate::config::{GatewayKind, Settings};
 use crate::db;
 use crate::gateway::Gateway;
 use crate::gateway::http::HttpGateway;
@@ -17,20 +17,13 @@ use crate::reconciler;
 use crate::saga::SagaDeps;
 use crate::saga::reconcile::{self, Limits, Reconciler};
 use anyhow::Context;
-use migration::{Migrator, MigratorTrait};
 use sea_orm::{ActiveValue::Set, DatabaseConnection, EntityTrait};
 use secrecy::ExposeSecret;
 use std::sync::Arc;
 use uuid::Uuid;
 
-/// Opens the database and applies pending migrations.
-pub async fn open_and_migrate(args: &DatabaseArgs) -> anyhow::Result<DatabaseConnection> {
-    let db = db::connect(args).await?;
-    Migrator::up(&db, None)
-        .await
-        .context("applying migrations")?;
-    Ok(db)
-}
+/// Opens the database and applies pending migrations (`db::open_and_migrate`).
+pub use crate::db::open_and_migrate;
 
 pub fn gateway_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
     Ok(match settings.gateway {
@@ -340,7 +333,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         reaper::period(every),
         stopped,
     ));
-    let served = serve_doors(listener, admin, state, shutdown_signal()).await;
+    let served = serve_doors(listener, admin, state, crate::signals::shutdown_signal()).await;
     let _ = stop.send(true);
     // A pass in progress finishes its payments; each of its writes is atomic anyway.
     let _ = reconciling.await;
@@ -388,27 +381,6 @@ pub async fn reconcile_once(settings: Settings) -> anyhow::Result<std::process::
     Ok(std::process::ExitCode::SUCCESS)
 }
 
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        if let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            term.recv().await;
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutting down: finishing requests in flight");
-}
-
 /// Creates a merchant named `name` with `api_key` (generated when `None`, of the kind this
 /// database's gateway calls for); returns its id and the key. `pagos merchants add` does the
 /// same with its own messages (`merchants::cli`).
@@ -421,7 +393,7 @@ pub async fn add_merchant(
     let name = MerchantName::parse(name)?;
     let key = match api_key {
         Some(key) => ApiKey::chosen(&key.into())?,
-        None => ApiKey::generate(store::key_kind(db, GatewayKind::Sandbox).await?),
+        None => ApiKey::generate(store::key_kind(db, GatewayKind::Sandbox.as_str()).await?),
     };
     let id = store::add_merchant(db, &name, &key).await?;
     Ok((id, key.expose().to_owned()))

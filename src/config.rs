@@ -4,6 +4,10 @@
 //! surface later as a confusing runtime error.
 
 use crate::merchants::name::MerchantName;
+
+/// The database settings every command that opens one flattens in (defined by `db`, which
+/// opens it).
+pub use crate::db::DatabaseArgs;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 use std::net::SocketAddr;
@@ -200,23 +204,6 @@ pub struct KeyKindArgs {
     #[arg(long, env = "PAGOS_GATEWAY", value_enum, default_value_t = GatewayKind::Sandbox,
           hide_possible_values = true)]
     pub gateway: GatewayKind,
-}
-
-#[derive(Clone, Debug, Args)]
-pub struct DatabaseArgs {
-    /// Database URL: sqlite://FILE?mode=rwc (embedded) or postgres://USER@HOST/DB. One
-    /// connection is tried at start: if it fails, one line says where and why (exit 2)
-    #[arg(
-        long = "database-url",
-        env = "PAGOS_DATABASE_URL",
-        default_value = "sqlite://pagos.db?mode=rwc",
-        value_name = "URL"
-    )]
-    pub url: String,
-    /// Database connections in the pool
-    #[arg(long = "database-pool-size", env = "PAGOS_DATABASE_POOL_SIZE", default_value_t = 16,
-          value_parser = clap::value_parser!(u32).range(1..=1000), value_name = "N")]
-    pub pool_size: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -974,6 +961,25 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn only_the_sandbox_gateway_gives_test_keys() {
+        use crate::merchants::key::KeyKind;
+        for kind in GatewayKind::value_variants() {
+            let expected = if *kind == GatewayKind::Sandbox {
+                KeyKind::Test
+            } else {
+                KeyKind::Live
+            };
+            assert_eq!(KeyKind::of_gateway(kind.as_str()), expected, "{kind:?}");
+            let value = kind.to_possible_value().map(|v| v.get_name().to_owned());
+            assert_eq!(
+                value.as_deref(),
+                Some(kind.as_str()),
+                "the pinned name is as_str"
+            );
+        }
     }
 
     #[test]

@@ -18,5 +18,6 @@ pub mod reaper;
 pub mod reconciler;
 pub mod representation;
 pub mod saga;
+pub mod signals;
 pub mod telemetry;
 pub mod webhooks;

@@ -285,7 +285,7 @@ struct StoredGauges {
 
 async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::DbErr> {
     use crate::entities::payment;
-    use crate::saga::state::PaymentState;
+    use pagos_types::PaymentState;
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
 
     let counts: Vec<(String, i64)> = payment::Entity::find()
@@ -309,7 +309,7 @@ async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::D
     let oldest: Option<chrono::DateTime<chrono::Utc>> = payment::Entity::find()
         .select_only()
         .column_as(payment::Column::CreatedAt.min(), "oldest")
-        .filter(payment::Column::State.is_in(crate::saga::store::RECONCILABLE.map(|s| s.as_str())))
+        .filter(payment::Column::State.is_in(PaymentState::IN_FLIGHT.map(|s| s.as_str())))
         .into_tuple::<Option<chrono::DateTime<chrono::Utc>>>()
         .one(db)
         .await?

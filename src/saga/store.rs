@@ -584,7 +584,7 @@ pub async fn release_lease<C: ConnectionTrait>(tx: &C, p: &payment::Model) -> Re
 }
 
 /// Payments the reconciler may pick: sent or never sent, not final, not under review.
-pub const RECONCILABLE: [PaymentState; 2] = [PaymentState::EnProceso, PaymentState::Enviada];
+pub const RECONCILABLE: [PaymentState; 2] = PaymentState::IN_FLIGHT;
 
 /// `state IN ('EN_PROCESO', 'ENVIADA')` with the states written into the SQL, not bound:
 /// it is the predicate of the partial index `payments_unsettled_due_idx`, and PostgreSQL

@@ -33,6 +33,10 @@ impl PaymentState {
         PaymentState::RevisionManual,
     ];
 
+    /// Sent or never sent, and neither final nor under review: the states a payment is
+    /// sent or looked up in (the reconciler's).
+    pub const IN_FLIGHT: [PaymentState; 2] = [PaymentState::EnProceso, PaymentState::Enviada];
+
     pub fn as_str(self) -> &'static str {
         match self {
             PaymentState::EnProceso => "EN_PROCESO",
