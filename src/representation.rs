@@ -47,6 +47,16 @@ pub struct Answer {
     pub body: String,
 }
 
+impl From<FrozenAnswer> for Answer {
+    /// A frozen answer, replayed: the same status and bytes.
+    fn from(frozen: FrozenAnswer) -> Answer {
+        Answer {
+            status: frozen.status,
+            body: frozen.body,
+        }
+    }
+}
+
 impl Answer {
     pub fn content_type(&self) -> &'static str {
         if self.status >= 400 {

@@ -298,6 +298,49 @@ fn no_room_imports_another_that_imports_it_back_however_far_round() {
     assert_eq!(cycles(&rooms), Vec::<Vec<String>>::new());
 }
 
+/// The layers of docs/architecture.md, top to bottom, by room.
+const LAYERS: [(&str, &[&str]); 7] = [
+    ("composition root", &["main", "app"]),
+    (
+        "other commands",
+        &["merchants::cli", "gateway::sandbox_server"],
+    ),
+    ("doors and workers", &["http", "reconciler", "reaper"]),
+    ("settings", &["config", "telemetry", "signals"]),
+    (
+        "saga layer",
+        &["saga", "webhooks", "metrics", "representation"],
+    ),
+    (
+        "storage and adapters",
+        &["merchants", "gateway", "db", "failpoint"],
+    ),
+    (
+        "pure domain and entities",
+        &["idempotency", "domain", "entities"],
+    ),
+];
+
+#[test]
+fn every_import_goes_down_the_layers_or_sideways() {
+    let layer_of = |room: &str| {
+        LAYERS
+            .iter()
+            .position(|(_, rooms)| rooms.contains(&room))
+            .unwrap_or_else(|| panic!("room {room} is in no layer of docs/architecture.md"))
+    };
+    for (from, targets) in room_graph(&file_graph()) {
+        for to in targets {
+            assert!(
+                layer_of(&to) >= layer_of(&from),
+                "{from} ({}) imports {to} ({}), a layer above it",
+                LAYERS[layer_of(&from)].0,
+                LAYERS[layer_of(&to)].0,
+            );
+        }
+    }
+}
+
 #[test]
 fn nothing_but_main_imports_the_composition_root() {
     for (module, targets) in file_graph() {

@@ -242,7 +242,7 @@ async fn create_payment(
         }
         Begin::Replay { payment_id, answer } => {
             tracing::info!(%payment_id, %key_hash, "replaying the stored answer");
-            Ok(respond(payment_id, answer, true))
+            Ok(respond(payment_id, answer.into(), true))
         }
         Begin::Unsettled { payment_id } => {
             let find = || async {

@@ -12,9 +12,8 @@ pub mod key;
 pub use fingerprint::fingerprint;
 pub use key::{IdempotencyKey, KeyError};
 
-use crate::entities::idempotency_key::{self as keys, KEY_COMPLETED};
+use crate::entities::idempotency_key::{self as keys, FrozenAnswer, KEY_COMPLETED};
 use crate::entities::payment;
-use crate::representation::Answer;
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 use std::time::Duration;
@@ -26,7 +25,10 @@ pub enum Begin {
     /// First request with this key: the payment is registered and this request owns it.
     Started(Box<payment::Model>),
     /// The answer was frozen: send it again, byte for byte.
-    Replay { payment_id: Uuid, answer: Answer },
+    Replay {
+        payment_id: Uuid,
+        answer: FrozenAnswer,
+    },
     /// Same request, not finished, and no request holds the key's lease: answer the
     /// current state (and settle it first if it is due).
     Unsettled { payment_id: Uuid },
@@ -46,7 +48,7 @@ pub fn decide(existing: &keys::Model, fingerprint: &str, now: DateTime<Utc>) -> 
     {
         return Begin::Replay {
             payment_id: existing.payment_id,
-            answer: Answer {
+            answer: FrozenAnswer {
                 status: u16::try_from(code).unwrap_or(500),
                 body: body.clone(),
             },
@@ -116,7 +118,7 @@ mod tests {
         assert!(matches!(
             decided,
             Begin::Replay {
-                answer: Answer { status: 201, .. },
+                answer: FrozenAnswer { status: 201, .. },
                 ..
             }
         ));
