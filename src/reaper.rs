@@ -6,10 +6,11 @@
 //! that key is what stops a retry from making a second payment. A key reused after it
 //! was purged makes a new payment (documented in the README).
 
+use crate::entities::idempotency_key::KeyStatus;
 use crate::entities::{idempotency_key as keys, payment};
 use crate::metrics::Metrics;
 use crate::saga::state::PaymentState;
-use crate::saga::store::{KEY_COMPLETED, chrono_after};
+use crate::saga::store::chrono_after;
 use sea_orm::sea_query::Query;
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter};
 use std::sync::Arc;
@@ -45,7 +46,7 @@ pub async fn purge_keys(
         .to_owned();
     let deleted = keys::Entity::delete_many()
         .filter(keys::Column::CreatedAt.lt(older_than))
-        .filter(keys::Column::Status.eq(KEY_COMPLETED))
+        .filter(keys::Column::Status.eq(KeyStatus::Completed))
         .filter(keys::Column::PaymentId.in_subquery(final_payments))
         .exec(db)
         .await?;

@@ -27,7 +27,7 @@ pub fn pago(p: &payment::Model) -> Pago {
         currency: p.currency.clone(),
         description: p.description.clone(),
         payment_method: p.payment_method.as_deref().and_then(medio_pago_of_stored),
-        state: p.state.parse().unwrap_or(PaymentState::RevisionManual),
+        state: p.state,
         gateway_ref: p.gateway_ref.clone(),
         created_at: p.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
         updated_at: p.updated_at.to_rfc3339_opts(SecondsFormat::Millis, true),

@@ -186,9 +186,9 @@ async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago, Api
         transiciones: trail
             .into_iter()
             .map(|t| Transicion {
-                desde: t.from_state,
-                hacia: t.to_state,
-                quien: t.actor,
+                desde: t.from_state.map(|s| s.as_str().to_owned()),
+                hacia: t.to_state.as_str().to_owned(),
+                quien: t.actor.as_str().to_owned(),
                 motivo: t.reason,
                 en: t.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
             })
@@ -300,7 +300,7 @@ async fn resolve(
     let current = store::find_payment(&state.db, id)
         .await?
         .ok_or_else(not_found)?;
-    if current.state != PaymentState::RevisionManual.as_str() {
+    if current.state != PaymentState::RevisionManual {
         return Err(Problem::new(ProblemType::NotUnderReview)
             .detail(format!(
                 "The payment is {}, not REVISION_MANUAL: only payments under review are resolved by hand.",
@@ -321,7 +321,7 @@ async fn resolve(
     let reason = format!("resolved by on-call: {motivo}");
     match crate::saga::apply_now(&state.db, &current, event, changes, Actor::Admin, &reason).await {
         Ok(Written::Applied(p)) => {
-            tracing::info!(payment_id = %p.id, estado = p.state, "payment resolved by on-call");
+            tracing::info!(payment_id = %p.id, estado = %p.state, "payment resolved by on-call");
             Ok(Json(detail(&state, &p).await?))
         }
         Ok(Written::Fenced) => Err(Problem::new(ProblemType::NotUnderReview)

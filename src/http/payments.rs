@@ -260,7 +260,7 @@ async fn create_payment(
             // claims it: however often a client retries, the provider is asked about a
             // payment at most once per backoff step.
             let due = current.next_attempt_at <= crate::db::now();
-            if due && current.state != PaymentState::RevisionManual.as_str() {
+            if due && current.state != PaymentState::RevisionManual {
                 let reconciler = state.reconciler.clone();
                 tracing::info!(%payment_id, %key_hash, "client retry found the payment due; reconciling it now");
                 tokio::spawn(async move {
@@ -270,7 +270,7 @@ async fn create_payment(
                 .map_err(|e| ApiError::Internal(e.into()))??;
                 current = find().await?;
             }
-            tracing::info!(%payment_id, %key_hash, estado = current.state, "answering the current state");
+            tracing::info!(%payment_id, %key_hash, estado = %current.state, "answering the current state");
             let mut response = respond(payment_id, answer(&current), true);
             if response.status() == StatusCode::ACCEPTED {
                 // When pagos looks at it next: asking sooner only gets the same answer.

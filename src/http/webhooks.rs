@@ -555,7 +555,7 @@ impl From<webhook_charge::Model> for CargoHuerfano {
             fuente: c.source,
             cargo_id: c.charge_id,
             referencia: c.reference,
-            estado: c.status,
+            estado: c.status.as_str().to_owned(),
             monto: c.amount,
             moneda: c.currency,
             codigo_rechazo: c.decline_code,

@@ -12,7 +12,7 @@ pub mod key;
 pub use fingerprint::fingerprint;
 pub use key::{IdempotencyKey, KeyError};
 
-use crate::entities::idempotency_key::{self as keys, FrozenAnswer, KEY_COMPLETED};
+use crate::entities::idempotency_key::{self as keys, FrozenAnswer, KeyStatus};
 use crate::entities::payment;
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
@@ -43,7 +43,7 @@ pub fn decide(existing: &keys::Model, fingerprint: &str, now: DateTime<Utc>) -> 
     if existing.fingerprint != fingerprint {
         return Begin::Mismatch;
     }
-    if existing.status == KEY_COMPLETED
+    if existing.status == KeyStatus::Completed
         && let (Some(code), Some(body)) = (existing.response_code, &existing.response_body)
     {
         return Begin::Replay {
@@ -85,16 +85,20 @@ impl std::fmt::Display for KeyHash<'_> {
 mod tests {
     use super::*;
 
-    fn row(fingerprint: &str, status: &str, lease_until: Option<DateTime<Utc>>) -> keys::Model {
+    fn row(
+        fingerprint: &str,
+        status: KeyStatus,
+        lease_until: Option<DateTime<Utc>>,
+    ) -> keys::Model {
         let at = Utc::now();
         keys::Model {
             merchant_id: Uuid::nil(),
             key: "k".into(),
             fingerprint: fingerprint.into(),
             payment_id: Uuid::nil(),
-            status: status.into(),
-            response_code: (status == KEY_COMPLETED).then_some(201),
-            response_body: (status == KEY_COMPLETED).then(|| "{}".into()),
+            status,
+            response_code: (status == KeyStatus::Completed).then_some(201),
+            response_body: (status == KeyStatus::Completed).then(|| "{}".into()),
             lease_until,
             created_at: at,
             updated_at: at,
@@ -104,7 +108,7 @@ mod tests {
     #[test]
     fn another_body_is_a_mismatch_whatever_the_state() {
         let now = Utc::now();
-        for status in ["EN_PROCESO", KEY_COMPLETED] {
+        for status in [KeyStatus::InProgress, KeyStatus::Completed] {
             assert!(matches!(
                 decide(&row("a", status, None), "b", now),
                 Begin::Mismatch
@@ -114,7 +118,7 @@ mod tests {
 
     #[test]
     fn a_frozen_answer_is_replayed() {
-        let decided = decide(&row("a", KEY_COMPLETED, None), "a", Utc::now());
+        let decided = decide(&row("a", KeyStatus::Completed, None), "a", Utc::now());
         assert!(matches!(
             decided,
             Begin::Replay {
@@ -130,7 +134,7 @@ mod tests {
         let decided = decide(
             &row(
                 "a",
-                "EN_PROCESO",
+                KeyStatus::InProgress,
                 Some(now + chrono::TimeDelta::seconds(30)),
             ),
             "a",
@@ -146,12 +150,16 @@ mod tests {
     fn a_released_or_expired_lease_is_unsettled() {
         let now = Utc::now();
         assert!(matches!(
-            decide(&row("a", "EN_PROCESO", None), "a", now),
+            decide(&row("a", KeyStatus::InProgress, None), "a", now),
             Begin::Unsettled { .. }
         ));
         assert!(matches!(
             decide(
-                &row("a", "EN_PROCESO", Some(now - chrono::TimeDelta::seconds(1))),
+                &row(
+                    "a",
+                    KeyStatus::InProgress,
+                    Some(now - chrono::TimeDelta::seconds(1))
+                ),
                 "a",
                 now
             ),

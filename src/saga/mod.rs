@@ -112,7 +112,7 @@ pub async fn send(
     // Once any try of this payment may have reached the gateway (it was marked ENVIADA
     // before), only a readable charge status settles it: a refusal of this send proves
     // nothing about the charge an earlier one may have made.
-    let maybe_sent_before = current.state == PaymentState::Enviada.as_str();
+    let maybe_sent_before = current.state == PaymentState::Enviada;
     // The write that marks it sent also holds it for the whole send, so nobody else can
     // claim and send it meanwhile. A request already holds it for its lease, which is
     // longer than any send (checked at start); a worker's claim may be running out.

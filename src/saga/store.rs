@@ -25,25 +25,7 @@ use sea_orm::{
 use std::time::Duration;
 use uuid::Uuid;
 
-/// Who made a decision, for the audit trail.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Actor {
-    Request,
-    Reconciler,
-    Webhook,
-    Admin,
-}
-
-impl Actor {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Actor::Request => "request",
-            Actor::Reconciler => "reconciler",
-            Actor::Webhook => "webhook",
-            Actor::Admin => "admin",
-        }
-    }
-}
+pub use crate::entities::payment_transition::Actor;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -53,7 +35,7 @@ pub enum StoreError {
     Illegal(#[from] IllegalTransition),
 }
 
-pub use crate::entities::idempotency_key::{FrozenAnswer, KEY_COMPLETED, KEY_IN_PROGRESS};
+pub use crate::entities::idempotency_key::{FrozenAnswer, KeyStatus};
 
 /// Renders the answer a payment that just became final freezes on its key. Given by the
 /// layer above (`saga::apply` hands it `representation::frozen`): storage stores, it
@@ -196,7 +178,7 @@ fn new_payment(reg: &Registration<'_>, generation: i32) -> payment::Model {
             .payment_method
             .as_ref()
             .map(|m| m.to_json().to_string()),
-        state: PaymentState::EnProceso.as_str().to_owned(),
+        state: PaymentState::EnProceso,
         version: 0,
         attempts: 0,
         gateway_key: derived.gateway_key,
@@ -236,7 +218,7 @@ fn key_row(p: &payment::Model, fingerprint: &str) -> keys::Model {
         key: p.idempotency_key.clone(),
         fingerprint: fingerprint.to_owned(),
         payment_id: p.id,
-        status: KEY_IN_PROGRESS.to_owned(),
+        status: KeyStatus::InProgress,
         response_code: None,
         response_body: None,
         lease_until: Some(p.next_attempt_at),
@@ -324,14 +306,11 @@ fn plan(
     reason: &str,
     render: Render,
 ) -> Result<Plan, IllegalTransition> {
-    let from: PaymentState = current
-        .state
-        .parse()
-        .unwrap_or(PaymentState::RevisionManual);
+    let from = current.state;
     let to = transition(from, event)?;
     let at = now();
     let mut next = current.clone();
-    next.state = to.as_str().to_owned();
+    next.state = to;
     next.version += 1;
     next.updated_at = at;
     if changes.count_attempt {
@@ -358,9 +337,9 @@ fn plan(
     let audit = (from != to || resend).then(|| transitions::Model {
         id: Uuid::now_v7(),
         payment_id: current.id,
-        from_state: Some(from.as_str().to_owned()),
-        to_state: to.as_str().to_owned(),
-        actor: actor.as_str().to_owned(),
+        from_state: Some(from),
+        to_state: to,
+        actor,
         reason: reason.to_owned(),
         created_at: at,
     });
@@ -468,7 +447,7 @@ async fn write_fenced<C: ConnectionTrait>(
     next: &payment::Model,
 ) -> Result<bool, DbErr> {
     let result = payment::Entity::update_many()
-        .col_expr(payment::Column::State, Expr::value(next.state.clone()))
+        .col_expr(payment::Column::State, Expr::value(next.state))
         .col_expr(payment::Column::Version, Expr::value(next.version))
         .col_expr(payment::Column::Attempts, Expr::value(next.attempts))
         .col_expr(
@@ -507,7 +486,10 @@ async fn freeze_answer<C: ConnectionTrait>(
     answer: &FrozenAnswer,
 ) -> Result<(), DbErr> {
     keys::Entity::update_many()
-        .col_expr(keys::Column::Status, Expr::value(KEY_COMPLETED))
+        .col_expr(
+            keys::Column::Status,
+            Expr::value(KeyStatus::Completed.as_str()),
+        )
         .col_expr(
             keys::Column::ResponseCode,
             Expr::value(i32::from(answer.status)),
@@ -521,7 +503,7 @@ async fn freeze_answer<C: ConnectionTrait>(
         .filter(keys::Column::MerchantId.eq(p.merchant_id))
         .filter(keys::Column::Key.eq(p.idempotency_key.clone()))
         .filter(keys::Column::PaymentId.eq(p.id))
-        .filter(keys::Column::Status.eq(KEY_IN_PROGRESS))
+        .filter(keys::Column::Status.eq(KeyStatus::InProgress))
         .exec(tx)
         .await?;
     Ok(())
@@ -577,7 +559,7 @@ pub async fn release_lease<C: ConnectionTrait>(tx: &C, p: &payment::Model) -> Re
         .filter(keys::Column::MerchantId.eq(p.merchant_id))
         .filter(keys::Column::Key.eq(p.idempotency_key.clone()))
         .filter(keys::Column::PaymentId.eq(p.id))
-        .filter(keys::Column::Status.eq(KEY_IN_PROGRESS))
+        .filter(keys::Column::Status.eq(KeyStatus::InProgress))
         .exec(tx)
         .await?;
     Ok(())
@@ -735,7 +717,7 @@ fn one_statement(db: &DatabaseConnection) -> bool {
 /// together or not at all. The parts that depend on the fenced payment update read its
 /// `RETURNING` rows, so a fenced statement writes nothing.
 mod sql {
-    use super::{Inserted, KEY_COMPLETED, KEY_IN_PROGRESS, Plan, key_row};
+    use super::{Inserted, KeyStatus, Plan, key_row};
     use crate::entities::{idempotency_key as keys, payment};
     use chrono::{DateTime, Utc};
     use sea_orm::sea_query::{LockBehavior, LockType};
@@ -859,7 +841,7 @@ SELECT {} FROM "registered""#,
         let next = &plan.next;
         let mut v = Params::default();
         let moved = [
-            v.add(next.state.clone()),
+            v.add(next.state),
             v.add(next.version),
             v.add(next.attempts),
             v.add(next.gateway_ref.clone()),
@@ -874,9 +856,9 @@ SELECT {} FROM "registered""#,
         let audit = plan.audit.as_ref().map(|audit| {
             [
                 v.add(audit.id),
-                v.add(audit.from_state.clone()),
-                v.add(audit.to_state.clone()),
-                v.add(audit.actor.clone()),
+                v.add(audit.from_state),
+                v.add(audit.to_state),
+                v.add(audit.actor),
                 v.add(audit.reason.clone()),
                 v.add(audit.created_at),
             ]
@@ -887,12 +869,12 @@ SELECT {} FROM "registered""#,
                 v.add(current.merchant_id),
                 v.add(current.idempotency_key.clone()),
                 v.add(current.id),
-                v.add(KEY_IN_PROGRESS),
+                v.add(KeyStatus::InProgress),
             ]
         };
         let answer = plan.answer.as_ref().map(|answer| {
             let set = [
-                v.add(KEY_COMPLETED),
+                v.add(KeyStatus::Completed),
                 v.add(i32::from(answer.status)),
                 v.add(answer.body.clone()),
                 v.add(next.updated_at),

@@ -15,7 +15,7 @@ pub mod signature;
 pub mod stripe;
 
 pub use consumer::{
-    ChargeEvent, ConsumeError, Outcome, already_processed, consume, orphan_charges,
+    ChargeEvent, ConsumeError, Consumed, already_processed, consume, orphan_charges,
     purge_processed_messages, remember_processed,
 };
 

@@ -3,24 +3,39 @@
 //! Only the names and their spelling live here; which moves between them are legal is the
 //! server's state machine (`pagos::saga::state::transition`).
 
+#[cfg(feature = "sea-orm")]
+use sea_orm::entity::prelude::StringLen;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
 /// Where a payment stands. The names are the contract's (`estado`).
+///
+/// With the `sea-orm` feature (the server's), an entity column of this type is stored as
+/// the same contract name, in a text column (`payments.state`, the audit trail's states).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "sea-orm",
+    derive(sea_orm::EnumIter, sea_orm::DeriveActiveEnum),
+    sea_orm(rs_type = "String", db_type = "String(StringLen::N(20))")
+)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum PaymentState {
     /// Registered, never sent to the gateway.
+    #[cfg_attr(feature = "sea-orm", sea_orm(string_value = "EN_PROCESO"))]
     EnProceso,
     /// Maybe sent: after a crash, ask the provider before anything else.
+    #[cfg_attr(feature = "sea-orm", sea_orm(string_value = "ENVIADA"))]
     Enviada,
     /// Charged. Final.
+    #[cfg_attr(feature = "sea-orm", sea_orm(string_value = "COMPLETADA"))]
     Completada,
     /// Declined or refused by the gateway; no money moved. Final.
+    #[cfg_attr(feature = "sea-orm", sea_orm(string_value = "FALLIDA"))]
     Fallida,
     /// pagos cannot decide without risking a second charge: on-call decides.
+    #[cfg_attr(feature = "sea-orm", sea_orm(string_value = "REVISION_MANUAL"))]
     RevisionManual,
 }
 
@@ -59,6 +74,19 @@ impl fmt::Display for PaymentState {
     }
 }
 
+/// A state equals its contract name: `state == "COMPLETADA"`.
+impl PartialEq<str> for PaymentState {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for PaymentState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 impl FromStr for PaymentState {
     type Err = UnknownState;
 
@@ -78,6 +106,20 @@ pub struct UnknownState(pub String);
 mod tests {
     use super::*;
 
+    #[cfg(feature = "sea-orm")]
+    #[test]
+    fn the_database_keeps_the_contract_spelling() {
+        use sea_orm::ActiveEnum;
+        for state in PaymentState::ALL {
+            assert_eq!(state.to_value(), state.as_str());
+            assert_eq!(
+                PaymentState::try_from_value(&state.as_str().to_owned()).ok(),
+                Some(state)
+            );
+        }
+        assert!(PaymentState::try_from_value(&"PAGADA".to_owned()).is_err());
+    }
+
     #[test]
     fn state_names_round_trip_through_their_contract_spelling() {
         for state in PaymentState::ALL {
@@ -86,5 +128,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", state.as_str()));
         }
         assert!("PAGADA".parse::<PaymentState>().is_err());
+        assert!(PaymentState::Completada == "COMPLETADA");
+        assert!(PaymentState::Completada != "FALLIDA");
     }
 }

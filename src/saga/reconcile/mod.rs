@@ -117,8 +117,9 @@ impl AddAssign for Report {
     }
 }
 
+/// What a pass did with one payment: one bucket of the `Report`, one metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Outcome {
+enum Handled {
     Completed,
     Failed,
     Resent,
@@ -128,25 +129,25 @@ enum Outcome {
     Skipped,
 }
 
-impl Outcome {
-    fn of_state(state: &str) -> Outcome {
-        match state.parse::<PaymentState>() {
-            Ok(PaymentState::Completada) => Outcome::Completed,
-            Ok(PaymentState::Fallida) => Outcome::Failed,
-            Ok(PaymentState::RevisionManual) => Outcome::ManualReview,
-            _ => Outcome::Resent,
+impl Handled {
+    fn of_state(state: PaymentState) -> Handled {
+        match state {
+            PaymentState::Completada => Handled::Completed,
+            PaymentState::Fallida => Handled::Failed,
+            PaymentState::RevisionManual => Handled::ManualReview,
+            PaymentState::EnProceso | PaymentState::Enviada => Handled::Resent,
         }
     }
 
     fn metric(self) -> &'static str {
         match self {
-            Outcome::Completed => "completed",
-            Outcome::Failed => "failed",
-            Outcome::Resent => "resent",
-            Outcome::Rescheduled => "rescheduled",
-            Outcome::ManualReview => "manual_review",
-            Outcome::Error => "error",
-            Outcome::Skipped => "skipped",
+            Handled::Completed => "completed",
+            Handled::Failed => "failed",
+            Handled::Resent => "resent",
+            Handled::Rescheduled => "rescheduled",
+            Handled::ManualReview => "manual_review",
+            Handled::Error => "error",
+            Handled::Skipped => "skipped",
         }
     }
 
@@ -156,13 +157,13 @@ impl Outcome {
             ..Report::default()
         };
         match self {
-            Outcome::Completed => r.completados = 1,
-            Outcome::Failed => r.fallidos = 1,
-            Outcome::Resent => r.reenviados = 1,
-            Outcome::Rescheduled => r.pendientes = 1,
-            Outcome::ManualReview => r.revision_manual = 1,
-            Outcome::Error => r.errores = 1,
-            Outcome::Skipped => r.omitidos = 1,
+            Handled::Completed => r.completados = 1,
+            Handled::Failed => r.fallidos = 1,
+            Handled::Resent => r.reenviados = 1,
+            Handled::Rescheduled => r.pendientes = 1,
+            Handled::ManualReview => r.revision_manual = 1,
+            Handled::Error => r.errores = 1,
+            Handled::Skipped => r.omitidos = 1,
         }
         r
     }
@@ -241,13 +242,13 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
 pub async fn reconcile_one(r: &Reconciler, id: Uuid, when: When) -> Result<Report, sea_orm::DbErr> {
     match store::claim_one(&r.saga.db, id, when, r.claim_for).await? {
         Some(claimed) => Ok(process_all(r, vec![claimed]).await),
-        None => Ok(Outcome::Skipped.report()),
+        None => Ok(Handled::Skipped.report()),
     }
 }
 
 async fn process_all(r: &Reconciler, claimed: Vec<payment::Model>) -> Report {
     let concurrency = r.concurrency as usize;
-    let outcomes: Vec<Outcome> = futures::stream::iter(claimed)
+    let outcomes: Vec<Handled> = futures::stream::iter(claimed)
         .map(|p| process(r, p))
         .buffer_unordered(concurrency)
         .collect()
@@ -260,21 +261,21 @@ async fn process_all(r: &Reconciler, claimed: Vec<payment::Model>) -> Report {
     report
 }
 
-async fn process(r: &Reconciler, claimed: payment::Model) -> Outcome {
+async fn process(r: &Reconciler, claimed: payment::Model) -> Handled {
     let id = claimed.id;
     let claimed = match take_up(r, claimed).await {
         Ok(Some(claimed)) => claimed,
-        Ok(None) => return Outcome::Skipped,
+        Ok(None) => return Handled::Skipped,
         Err(err) => {
             tracing::error!(payment_id = %id, error = %err, "renewing a claim failed; the payment will be retried");
-            return Outcome::Error;
+            return Handled::Error;
         }
     };
     match decide_and_apply(r, claimed).await {
         Ok(outcome) => outcome,
         Err(err) => {
             tracing::error!(payment_id = %id, error = %err, "reconciling a payment failed; it will be retried");
-            Outcome::Error
+            Handled::Error
         }
     }
 }
@@ -306,11 +307,8 @@ async fn take_up(
 async fn decide_and_apply(
     r: &Reconciler,
     claimed: payment::Model,
-) -> Result<Outcome, store::StoreError> {
-    let state: PaymentState = claimed
-        .state
-        .parse()
-        .unwrap_or(PaymentState::RevisionManual);
+) -> Result<Handled, store::StoreError> {
+    let state = claimed.state;
     let lookup = if needs_lookup(state) {
         Some(r.saga.gateway.lookup(claimed.id).await)
     } else {
@@ -328,11 +326,11 @@ async fn decide_and_apply(
     match decision {
         Decision::Send => {
             let after = saga::send(deps, claimed, Actor::Reconciler).await?;
-            Ok(Outcome::of_state(&after.state))
+            Ok(Handled::of_state(after.state))
         }
         Decision::Settle(charge) => {
             let Some((event, changes, reason)) = saga::settlement(&claimed, &charge) else {
-                return Ok(Outcome::Rescheduled);
+                return Ok(Handled::Rescheduled);
             };
             let reason = format!("provider lookup: {reason}");
             Ok(
@@ -346,8 +344,8 @@ async fn decide_and_apply(
                 )
                 .await?
                 {
-                    Written::Applied(p) => Outcome::of_state(&p.state),
-                    Written::Fenced => Outcome::Skipped,
+                    Written::Applied(p) => Handled::of_state(p.state),
+                    Written::Fenced => Handled::Skipped,
                 },
             )
         }
@@ -356,8 +354,8 @@ async fn decide_and_apply(
             let due = crate::db::now() + backoff(deps.stale_after, claimed.attempts, jitter);
             tracing::info!(payment_id = %claimed.id, why, next = %due, "rescheduled");
             Ok(match store::reschedule(&deps.db, &claimed, due).await? {
-                Written::Applied(_) => Outcome::Rescheduled,
-                Written::Fenced => Outcome::Skipped,
+                Written::Applied(_) => Handled::Rescheduled,
+                Written::Fenced => Handled::Skipped,
             })
         }
         Decision::Escalate(why) => {
@@ -373,12 +371,12 @@ async fn decide_and_apply(
                 )
                 .await?
                 {
-                    Written::Applied(_) => Outcome::ManualReview,
-                    Written::Fenced => Outcome::Skipped,
+                    Written::Applied(_) => Handled::ManualReview,
+                    Written::Fenced => Handled::Skipped,
                 },
             )
         }
-        Decision::Skip => Ok(Outcome::Skipped),
+        Decision::Skip => Ok(Handled::Skipped),
     }
 }
 
