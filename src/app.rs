@@ -1,4 +1,6 @@
-//! Building and running pagos: the shared `App`, and one function per command.
+//! Building and running pagos: the composition root. It builds the handlers' state
+//! (`http::Shared`) and each worker's dependencies from the settings, and has one function
+//! per command. Nothing imports it but `main.rs`.
 //!
 //! Start-up is the only place allowed to stop the process on bad settings.
 

@@ -1,4 +1,4 @@
-//! Prometheus metrics: one registry per running `App`, rendered at `GET /metrics`.
+//! Prometheus metrics: one registry per running process, rendered at `GET /metrics`.
 //!
 //! Counters are bumped where things happen; gauges of stored state (payments by state,
 //! age of the oldest unsettled payment, database up) are read from the database by a

@@ -79,7 +79,8 @@ pub struct PayArgs {
     /// How the payer pays (medioPago), as the contract's JSON; required when the server
     /// charges through Stripe ('{"id":"pm_…","cliente":"cus_…"}', or just the pm_… id) or
     /// Mercado Pago ('{"id":"visa","token":"…","cuotas":1,"email":"payer@example.com"}')
-    #[arg(long, env = "PAGOS_MEDIO_PAGO", value_name = "JSON", value_parser = payment_method)]
+    #[arg(long, env = "PAGOS_MEDIO_PAGO", hide_env_values = true, value_name = "JSON",
+          value_parser = payment_method)]
     pub medio_pago: Option<PaymentMethod>,
     /// Retry every intent still in the journal, each with its own key and server
     /// (the API key must be the one it was made with)
