@@ -1,8 +1,10 @@
-//! Building and running pagos: the shared `App`, and one function per command.
+//! Building and running pagos: the composition root. It builds the handlers' state
+//! (`http::Shared`) and each worker's dependencies from the settings, and has one function
+//! per command. Nothing imports it but `main.rs`.
 //!
 //! Start-up is the only place allowed to stop the process on bad settings.
 
-use crate::config::{DatabaseArgs, GatewayKind, Settings};
+use crate::config::{GatewayKind, Settings};
 use crate::db;
 use crate::gateway::Gateway;
 use crate::gateway::http::HttpGateway;
@@ -10,53 +12,20 @@ use crate::gateway::mercadopago::MercadoPagoGateway;
 use crate::gateway::sandbox::{Outcomes, SandboxGateway};
 use crate::gateway::stripe::StripeGateway;
 use crate::http::auth::Authenticator;
-use crate::http::{self, AppState};
+use crate::http::{self, AppState, Shared};
 use crate::metrics::{MeteredGateway, MeteredMercadoPago, Metrics};
+use crate::reaper::{self, Reaper};
 use crate::reconciler;
 use crate::saga::SagaDeps;
+use crate::saga::reconcile::{self, Limits, Reconciler};
 use anyhow::Context;
-use migration::{Migrator, MigratorTrait};
 use sea_orm::{ActiveValue::Set, DatabaseConnection, EntityTrait};
 use secrecy::ExposeSecret;
 use std::sync::Arc;
 use uuid::Uuid;
 
-/// Everything a request handler or background task shares.
-pub struct App {
-    pub db: DatabaseConnection,
-    /// The configured gateway, metered.
-    pub gateway: Arc<dyn Gateway>,
-    pub settings: Settings,
-    /// The API-key cache and the limit on failed authentications.
-    pub auth: Authenticator,
-    pub metrics: Arc<Metrics>,
-    /// With `PAGOS_GATEWAY=mercadopago`: the client notifications ask for a payment's
-    /// state, built once (its connections are reused) and metered.
-    pub mercadopago: Option<MeteredMercadoPago>,
-    /// `PAGOS_MAX_IN_FLIGHT` slots, shared by every door of the process.
-    pub in_flight: Arc<tokio::sync::Semaphore>,
-}
-
-impl App {
-    pub fn saga_deps(&self) -> SagaDeps {
-        SagaDeps {
-            db: self.db.clone(),
-            gateway: self.gateway.clone(),
-            policy: self.settings.retry_policy(),
-            stale_after: self.settings.stale_after,
-            send_hold: self.settings.send_hold(),
-        }
-    }
-}
-
-/// Opens the database and applies pending migrations.
-pub async fn open_and_migrate(args: &DatabaseArgs) -> anyhow::Result<DatabaseConnection> {
-    let db = db::connect(args).await?;
-    Migrator::up(&db, None)
-        .await
-        .context("applying migrations")?;
-    Ok(db)
-}
+/// Opens the database and applies pending migrations (`db::open_and_migrate`).
+pub use crate::db::open_and_migrate;
 
 pub fn gateway_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
     Ok(match settings.gateway {
@@ -168,15 +137,41 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         })
         .flatten();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(settings.max_in_flight as usize));
-    AppState(Arc::new(App {
+    let gateway = MeteredGateway::wrap(gateway, metrics.clone());
+    let saga = SagaDeps {
+        db: db.clone(),
+        gateway: gateway.clone(),
+        policy: settings.retry_policy(),
+        stale_after: settings.stale_after,
+        send_hold: settings.send_hold(),
+    };
+    let limits = Limits {
+        key_window: settings.gateway_key_window,
+        give_up_after: settings.give_up_after,
+        gateway_timeout: settings.gateway_timeout,
+        lease: settings.lease,
+        concurrency: settings.reconcile_concurrency,
+    };
+    AppState(Arc::new(Shared {
         db,
-        gateway: MeteredGateway::wrap(gateway, metrics.clone()),
+        gateway,
         auth: Authenticator::new(settings.auth_failures_per_minute),
+        reconciler: Reconciler::new(saga, metrics.clone(), limits),
         settings,
         metrics,
         mercadopago,
         in_flight,
     }))
+}
+
+/// The key reaper of this state's database and settings.
+fn reaper_of(state: &AppState) -> Reaper {
+    Reaper {
+        db: state.db.clone(),
+        metrics: state.metrics.clone(),
+        key_retention: state.settings.key_retention,
+        message_retention: state.settings.message_retention,
+    }
 }
 
 /// `pagos serve` on an already bound listener, until `shutdown` resolves: the whole
@@ -329,11 +324,22 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     }
     let state = build(db, settings, gateway);
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let background = tokio::spawn(reconciler::run_periodically(state.0.clone(), stopped));
-    let served = serve_doors(listener, admin, state, shutdown_signal()).await;
+    let every = state.settings.reconcile_every;
+    let reconciling = tokio::spawn(reconciler::run_periodically(
+        state.reconciler.clone(),
+        every,
+        stopped.clone(),
+    ));
+    let reaping = tokio::spawn(reaper::run_periodically(
+        reaper_of(&state),
+        reaper::period(every),
+        stopped,
+    ));
+    let served = serve_doors(listener, admin, state, crate::signals::shutdown_signal()).await;
     let _ = stop.send(true);
     // A pass in progress finishes its payments; each of its writes is atomic anyway.
-    let _ = background.await;
+    let _ = reconciling.await;
+    let _ = reaping.await;
     served
 }
 
@@ -367,7 +373,7 @@ pub async fn reconcile_once(settings: Settings) -> anyhow::Result<std::process::
     pin_gateway(&db, &settings).await?;
     let gateway = gateway_from(&settings)?;
     let state = build(db, settings, gateway);
-    let report = reconciler::run_pass(&state)
+    let report = reconcile::run_pass(&state.reconciler)
         .await
         .context("reconciliation pass")?;
     #[allow(clippy::print_stdout)]
@@ -375,27 +381,6 @@ pub async fn reconcile_once(settings: Settings) -> anyhow::Result<std::process::
         println!("{}", serde_json::to_string(&report)?);
     }
     Ok(std::process::ExitCode::SUCCESS)
-}
-
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        if let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            term.recv().await;
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutting down: finishing requests in flight");
 }
 
 /// Creates a merchant named `name` with `api_key` (generated when `None`, of the kind this
@@ -410,7 +395,7 @@ pub async fn add_merchant(
     let name = MerchantName::parse(name)?;
     let key = match api_key {
         Some(key) => ApiKey::chosen(&key.into())?,
-        None => ApiKey::generate(store::key_kind(db, GatewayKind::Sandbox).await?),
+        None => ApiKey::generate(store::key_kind(db, GatewayKind::Sandbox.as_str()).await?),
     };
     let id = store::add_merchant(db, &name, &key).await?;
     Ok((id, key.expose().to_owned()))

@@ -4,6 +4,10 @@
 //! surface later as a confusing runtime error.
 
 use crate::merchants::name::MerchantName;
+
+/// The database settings every command that opens one flattens in (defined by `db`, which
+/// opens it).
+pub use crate::db::DatabaseArgs;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 use std::net::SocketAddr;
@@ -91,7 +95,7 @@ pub enum Command {
     /// Run the sandbox gateway (the reference protocol, from memory) as an HTTP server
     SandboxGateway(SandboxArgs),
     /// Make one payment with the retrying client (one key per intent, kept in a journal)
-    Pay(crate::client::cli::PayArgs),
+    Pay(Box<pagos_client::cli::PayArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -200,23 +204,6 @@ pub struct KeyKindArgs {
     #[arg(long, env = "PAGOS_GATEWAY", value_enum, default_value_t = GatewayKind::Sandbox,
           hide_possible_values = true)]
     pub gateway: GatewayKind,
-}
-
-#[derive(Clone, Debug, Args)]
-pub struct DatabaseArgs {
-    /// Database URL: sqlite://FILE?mode=rwc (embedded) or postgres://USER@HOST/DB. One
-    /// connection is tried at start: if it fails, one line says where and why (exit 2)
-    #[arg(
-        long = "database-url",
-        env = "PAGOS_DATABASE_URL",
-        default_value = "sqlite://pagos.db?mode=rwc",
-        value_name = "URL"
-    )]
-    pub url: String,
-    /// Database connections in the pool
-    #[arg(long = "database-pool-size", env = "PAGOS_DATABASE_POOL_SIZE", default_value_t = 16,
-          value_parser = clap::value_parser!(u32).range(1..=1000), value_name = "N")]
-    pub pool_size: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -742,6 +729,40 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_pay_flag_is_one_line_naming_the_flag_and_its_env_var() {
+        let pay = [
+            "pay",
+            "--url",
+            "http://127.0.0.1:8080",
+            "--api-key",
+            "sk_test_acme",
+            "--credito",
+            "42",
+            "--monto",
+            "250000",
+            "--moneda",
+            "cop",
+        ];
+        for (flag, value, env) in [
+            ("--monto", "0", "PAGOS_MONTO"),
+            ("--monto", "12.5", "PAGOS_MONTO"),
+            ("--moneda", "XXX", "PAGOS_MONEDA"),
+            ("--credito", "", "PAGOS_CREDITO"),
+            ("--deadline", "soon", "PAGOS_DEADLINE"),
+            ("--url", "ftp://x", "PAGOS_URL"),
+            ("--medio-pago", "{\"id\":\"pm 1\"}", "PAGOS_MEDIO_PAGO"),
+        ] {
+            let mut args = pay.to_vec();
+            args.extend([flag, value]);
+            let err = parse(&args).expect_err("refused");
+            let line = one_line_error_in(&err, ["pay".to_owned()]);
+            assert!(line.contains(env), "{flag} {value}: {line}");
+            assert!(line.contains(flag), "{line}");
+            assert!(!line.contains('\n'), "{line}");
+        }
+    }
+
+    #[test]
     fn a_lease_shorter_than_the_gateway_call_is_refused() {
         let s = serve_settings(&["--lease", "20s"]);
         let err = s.validate().expect_err("refused");
@@ -949,8 +970,105 @@ mod tests {
     }
 
     #[test]
+    fn only_the_sandbox_gateway_gives_test_keys() {
+        use crate::merchants::key::KeyKind;
+        for kind in GatewayKind::value_variants() {
+            let expected = if *kind == GatewayKind::Sandbox {
+                KeyKind::Test
+            } else {
+                KeyKind::Live
+            };
+            assert_eq!(KeyKind::of_gateway(kind.as_str()), expected, "{kind:?}");
+            let value = kind.to_possible_value().map(|v| v.get_name().to_owned());
+            assert_eq!(
+                value.as_deref(),
+                Some(kind.as_str()),
+                "the pinned name is as_str"
+            );
+        }
+    }
+
+    #[test]
     fn the_http_gateway_needs_a_url() {
         let s = serve_settings(&["--gateway", "http"]);
         assert_eq!(s.validate().expect_err("refused").env, "PAGOS_GATEWAY_URL");
+    }
+}
+
+/// The webhook delivery settings, as `pagos serve` parses them.
+#[cfg(test)]
+mod webhook_settings {
+    use crate::config::{Cli, Command, one_line_error_in};
+    use clap::Parser;
+    use std::time::Duration;
+
+    fn serve(args: &[&str]) -> Result<crate::delivery::WebhookSettings, String> {
+        let all = std::iter::once("pagos")
+            .chain(std::iter::once("serve"))
+            .chain(args.iter().copied());
+        match Cli::try_parse_from(all) {
+            Ok(Cli {
+                command: Command::Serve(settings),
+                ..
+            }) => Ok(settings.webhooks),
+            Ok(other) => panic!("not serve: {other:?}"),
+            Err(e) => Err(one_line_error_in(&e, ["serve".to_owned()])),
+        }
+    }
+
+    #[test]
+    fn the_defaults_are_the_contracts() {
+        let s = serve(&[]).expect("defaults parse");
+        assert_eq!(s.timeout, Duration::from_secs(15));
+        assert_eq!(s.disable_after, Duration::from_secs(5 * 24 * 3600));
+        assert_eq!(s.schedule.attempts(), 8);
+        assert!(!s.allow_private);
+        assert_eq!(s.policy(), crate::delivery::AddressPolicy::PublicOnly);
+    }
+
+    #[test]
+    fn allowing_private_addresses_takes_a_flag_or_a_boolean() {
+        assert!(
+            serve(&["--webhooks-allow-private"])
+                .expect("parses")
+                .allow_private
+        );
+        assert!(
+            serve(&["--webhooks-allow-private=true"])
+                .expect("parses")
+                .allow_private
+        );
+        assert!(
+            !serve(&["--webhooks-allow-private=false"])
+                .expect("parses")
+                .allow_private
+        );
+        let line = serve(&["--webhooks-allow-private=maybe"]).expect_err("refused");
+        assert!(line.contains("PAGOS_WEBHOOKS_ALLOW_PRIVATE"), "{line}");
+    }
+
+    #[test]
+    fn each_bad_setting_is_one_line_naming_its_flag_and_env() {
+        for (args, env) in [
+            (&["--webhooks-timeout", "0s"][..], "PAGOS_WEBHOOKS_TIMEOUT"),
+            (&["--webhooks-timeout", "10m"][..], "PAGOS_WEBHOOKS_TIMEOUT"),
+            (
+                &["--webhooks-schedule", "0s,5x"][..],
+                "PAGOS_WEBHOOKS_SCHEDULE",
+            ),
+            (
+                &["--webhooks-disable-after", "soon"][..],
+                "PAGOS_WEBHOOKS_DISABLE_AFTER",
+            ),
+            (
+                &["--webhooks-disable-after", "0s"][..],
+                "PAGOS_WEBHOOKS_DISABLE_AFTER",
+            ),
+        ] {
+            let line = serve(args).expect_err("refused");
+            assert!(line.contains(env), "{args:?}: {line}");
+            assert!(line.contains(args[0]), "{args:?}: {line}");
+            assert!(!line.contains('\n'), "{line}");
+        }
     }
 }

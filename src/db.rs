@@ -21,7 +21,36 @@ use sea_orm::{
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::config::DatabaseArgs;
+use anyhow::Context;
+use migration::{Migrator, MigratorTrait};
+
+/// Where the database is and how many connections to it: flattened into every command
+/// that opens one (`config`).
+#[derive(Clone, Debug, clap::Args)]
+pub struct DatabaseArgs {
+    /// Database URL: sqlite://FILE?mode=rwc (embedded) or postgres://USER@HOST/DB. One
+    /// connection is tried at start: if it fails, one line says where and why (exit 2)
+    #[arg(
+        long = "database-url",
+        env = "PAGOS_DATABASE_URL",
+        default_value = "sqlite://pagos.db?mode=rwc",
+        value_name = "URL"
+    )]
+    pub url: String,
+    /// Database connections in the pool
+    #[arg(long = "database-pool-size", env = "PAGOS_DATABASE_POOL_SIZE", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=1000), value_name = "N")]
+    pub pool_size: u32,
+}
+
+/// Opens the database and applies pending migrations.
+pub async fn open_and_migrate(args: &DatabaseArgs) -> anyhow::Result<DatabaseConnection> {
+    let db = connect(args).await?;
+    Migrator::up(&db, None)
+        .await
+        .context("applying migrations")?;
+    Ok(db)
+}
 
 /// How long the first connection may take before start-up gives up on it.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -4,7 +4,6 @@
 //! shell around it (`http`, `saga::store`, `gateway`) talks to the world.
 
 pub mod app;
-pub mod client;
 pub mod config;
 pub mod db;
 pub mod delivery;
@@ -20,5 +19,6 @@ pub mod reaper;
 pub mod reconciler;
 pub mod representation;
 pub mod saga;
+pub mod signals;
 pub mod telemetry;
 pub mod webhooks;

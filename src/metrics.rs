@@ -1,4 +1,4 @@
-//! Prometheus metrics: one registry per running `App`, rendered at `GET /metrics`.
+//! Prometheus metrics: one registry per running process, rendered at `GET /metrics`.
 //!
 //! Counters are bumped where things happen; gauges of stored state (payments by state,
 //! age of the oldest unsettled payment, database up) are read from the database by a
@@ -287,7 +287,7 @@ struct StoredGauges {
 
 async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::DbErr> {
     use crate::entities::payment;
-    use crate::saga::state::PaymentState;
+    use pagos_types::PaymentState;
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
 
     let counts: Vec<(String, i64)> = payment::Entity::find()
@@ -311,7 +311,7 @@ async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::D
     let oldest: Option<chrono::DateTime<chrono::Utc>> = payment::Entity::find()
         .select_only()
         .column_as(payment::Column::CreatedAt.min(), "oldest")
-        .filter(payment::Column::State.is_in(crate::saga::store::RECONCILABLE.map(|s| s.as_str())))
+        .filter(payment::Column::State.is_in(PaymentState::IN_FLIGHT.map(|s| s.as_str())))
         .into_tuple::<Option<chrono::DateTime<chrono::Utc>>>()
         .one(db)
         .await?

@@ -1,16 +1,31 @@
-//! The reaper: deletes idempotency keys past their retention whose payment is final, and
-//! processed webhook ids past theirs.
+//! The reaper: a worker that deletes idempotency keys past their retention whose payment
+//! is final, and processed webhook ids past theirs. It gets exactly what it uses
+//! (`Reaper`), never the application, and imports no other worker nor the HTTP surface.
 //!
 //! It never deletes a key whose answer is not frozen or whose payment is still in flight:
 //! that key is what stops a retry from making a second payment. A key reused after it
 //! was purged makes a new payment (documented in the README).
 
-use crate::app::App;
+use crate::entities::idempotency_key::KeyStatus;
 use crate::entities::{idempotency_key as keys, payment};
+use crate::metrics::Metrics;
 use crate::saga::state::PaymentState;
-use crate::saga::store::{KEY_COMPLETED, chrono_after};
+use crate::saga::store::chrono_after;
 use sea_orm::sea_query::Query;
-use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter};
+use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Exactly what the reaper uses.
+#[derive(Clone)]
+pub struct Reaper {
+    pub db: DatabaseConnection,
+    pub metrics: Arc<Metrics>,
+    /// `PAGOS_KEY_RETENTION`.
+    pub key_retention: Duration,
+    /// `PAGOS_MESSAGE_RETENTION`.
+    pub message_retention: Duration,
+}
 
 /// Deletes expired keys of final payments; returns how many.
 pub async fn purge_keys(
@@ -31,7 +46,7 @@ pub async fn purge_keys(
         .to_owned();
     let deleted = keys::Entity::delete_many()
         .filter(keys::Column::CreatedAt.lt(older_than))
-        .filter(keys::Column::Status.eq(KEY_COMPLETED))
+        .filter(keys::Column::Status.eq(KeyStatus::Completed))
         .filter(keys::Column::PaymentId.in_subquery(final_payments))
         .exec(db)
         .await?;
@@ -40,16 +55,16 @@ pub async fn purge_keys(
 
 /// Deletes expired idempotency keys of final payments and webhook ids past their
 /// retention (a redelivery after that is still stopped by the per-charge sequence).
-pub async fn run(app: &App) -> Result<(), DbErr> {
+pub async fn run(reaper: &Reaper) -> Result<(), DbErr> {
     let now = crate::db::now();
-    let purged = purge_keys(&app.db, now - chrono_after(app.settings.key_retention)).await?;
+    let purged = purge_keys(&reaper.db, now - chrono_after(reaper.key_retention)).await?;
     if purged > 0 {
-        app.metrics.keys_purged.inc_by(purged);
+        reaper.metrics.keys_purged.inc_by(purged);
         tracing::info!(purged, "idempotency keys past retention deleted");
     }
     let messages = crate::webhooks::purge_processed_messages(
-        &app.db,
-        now - chrono_after(app.settings.message_retention),
+        &reaper.db,
+        now - chrono_after(reaper.message_retention),
     )
     .await?;
     if messages > 0 {
@@ -59,4 +74,43 @@ pub async fn run(app: &App) -> Result<(), DbErr> {
         );
     }
     Ok(())
+}
+
+/// How often the reaper runs beside a reconciler that passes every `reconcile_every`:
+/// about once a minute (it needs no hurry), and never more often than a pass.
+pub fn period(reconcile_every: Duration) -> Duration {
+    let passes = (60_000 / reconcile_every.as_millis().max(1)).max(1);
+    reconcile_every.saturating_mul(u32::try_from(passes).unwrap_or(u32::MAX))
+}
+
+/// Reaps every `every`, the first at once, until `stop` fires.
+pub async fn run_periodically(
+    reaper: Reaper,
+    every: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.changed() => break,
+        }
+        if let Err(err) = run(&reaper).await {
+            tracing::error!(error = %err, "key reaper failed; retrying later");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reaper_runs_about_once_a_minute_and_never_more_often_than_a_pass() {
+        assert_eq!(period(Duration::from_secs(10)), Duration::from_secs(60));
+        assert_eq!(period(Duration::from_secs(7)), Duration::from_secs(56));
+        assert_eq!(period(Duration::from_secs(300)), Duration::from_secs(300));
+        assert_eq!(period(Duration::from_millis(1)), Duration::from_secs(60));
+    }
 }

@@ -3,66 +3,34 @@
 //! Pure and deterministic: the answer frozen on an idempotency key and the one rendered
 //! later from the same row are the same bytes.
 
+use crate::entities::idempotency_key::FrozenAnswer;
 use crate::entities::payment;
-use crate::http::problem::{Kind, Problem};
-use crate::saga::state::PaymentState;
 use chrono::SecondsFormat;
-use serde::Serialize;
-use uuid::Uuid;
+use pagos_types::PaymentState;
+use pagos_types::problem::{Problem, ProblemType};
 
-/// The payment representation of the contract.
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Pago {
-    pub id: Uuid,
-    pub credito_id: String,
-    /// Minor units of `moneda`.
-    pub monto: i64,
-    pub moneda: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub descripcion: Option<String>,
-    /// The payment method charged: only its `id` (a Stripe `pm_…` or a Mercado Pago
-    /// `payment_method_id`), never a token, e-mail or document.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub medio_pago: Option<MedioPago>,
-    pub estado: PaymentState,
-    pub gateway_ref: Option<String>,
-    /// RFC 3339.
-    pub creado_en: String,
-    /// RFC 3339.
-    pub actualizado_en: String,
+pub use pagos_types::payment::{MedioPago, Pago};
+
+/// What the representation shows of a stored `medioPago` (the contract JSON): its id only.
+fn medio_pago_of_stored(stored: &str) -> Option<MedioPago> {
+    let value: serde_json::Value = serde_json::from_str(stored).ok()?;
+    let id = value.get("id")?.as_str()?.to_owned();
+    Some(MedioPago { id })
 }
 
-/// What the representation shows of a payment method.
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
-pub struct MedioPago {
-    #[schema(example = "pm_1Q0PsIJvEtkwdCNYMSaVuRz6")]
-    pub id: String,
-}
-
-impl MedioPago {
-    /// From the stored contract JSON; only the id is kept.
-    fn of_stored(stored: &str) -> Option<MedioPago> {
-        let value: serde_json::Value = serde_json::from_str(stored).ok()?;
-        let id = value.get("id")?.as_str()?.to_owned();
-        Some(MedioPago { id })
-    }
-}
-
-impl Pago {
-    pub fn of(p: &payment::Model) -> Pago {
-        Pago {
-            id: p.id,
-            credito_id: p.credit_id.clone(),
-            monto: p.amount,
-            moneda: p.currency.clone(),
-            descripcion: p.description.clone(),
-            medio_pago: p.payment_method.as_deref().and_then(MedioPago::of_stored),
-            estado: p.state.parse().unwrap_or(PaymentState::RevisionManual),
-            gateway_ref: p.gateway_ref.clone(),
-            creado_en: p.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
-            actualizado_en: p.updated_at.to_rfc3339_opts(SecondsFormat::Millis, true),
-        }
+/// The contract's representation of a stored payment.
+pub fn pago(p: &payment::Model) -> Pago {
+    Pago {
+        id: p.id,
+        credit_id: p.credit_id.clone(),
+        amount: p.amount,
+        currency: p.currency.clone(),
+        description: p.description.clone(),
+        payment_method: p.payment_method.as_deref().and_then(medio_pago_of_stored),
+        state: p.state,
+        gateway_ref: p.gateway_ref.clone(),
+        created_at: p.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+        updated_at: p.updated_at.to_rfc3339_opts(SecondsFormat::Millis, true),
     }
 }
 
@@ -79,20 +47,36 @@ pub struct Answer {
     pub body: String,
 }
 
+impl From<FrozenAnswer> for Answer {
+    /// A frozen answer, replayed: the same status and bytes.
+    fn from(frozen: FrozenAnswer) -> Answer {
+        Answer {
+            status: frozen.status,
+            body: frozen.body,
+        }
+    }
+}
+
 impl Answer {
     pub fn content_type(&self) -> &'static str {
         if self.status >= 400 {
-            crate::http::problem::PROBLEM_JSON
+            pagos_types::problem::PROBLEM_JSON
         } else {
             "application/json"
         }
     }
 }
 
+/// The answer a payment that became final freezes on its key (`saga::store::Render`).
+pub fn frozen(p: &payment::Model) -> FrozenAnswer {
+    let Answer { status, body } = answer(p);
+    FrozenAnswer { status, body }
+}
+
 /// 201 COMPLETADA, 402 FALLIDA (problem with the payment under `pago`), 202 otherwise.
 pub fn answer(p: &payment::Model) -> Answer {
-    let pago = Pago::of(p);
-    match pago.estado {
+    let pago = pago(p);
+    match pago.state {
         PaymentState::Completada => Answer {
             status: 201,
             body: serde_json::to_string(&pago).unwrap_or_default(),
@@ -100,15 +84,15 @@ pub fn answer(p: &payment::Model) -> Answer {
         PaymentState::Fallida => {
             let code = p.decline_code.clone().unwrap_or_else(|| "declined".into());
             let problem = if code.starts_with(GATEWAY_REJECTED_PREFIX) {
-                Problem::new(Kind::GatewayRejected).detail(format!(
+                Problem::new(ProblemType::GatewayRejected).detail(format!(
                     "The gateway refused the charge ({code}); no money was taken. Correct the payment and send it with a new Idempotency-Key."
                 ))
             } else if code == RESOLVED_FAILED {
-                Problem::new(Kind::PaymentDeclined).detail(
+                Problem::new(ProblemType::PaymentDeclined).detail(
                     "The payment could not be confirmed with the gateway; operations reviewed it and marked it failed. No charge stands.",
                 )
             } else {
-                Problem::new(Kind::PaymentDeclined)
+                Problem::new(ProblemType::PaymentDeclined)
                     .detail(format!("The gateway declined the payment: {code}."))
             };
             let problem = problem.with("declineCode", &code).with("pago", &pago);

@@ -273,7 +273,7 @@ async fn two_hundred_payments_settle_once_each_under_chaotic_webhooks() {
         );
         assert_eq!(mine.len(), 2, "sent, then settled: {mine:?}");
         assert!(mine.iter().all(|t| t.to_state != "REVISION_MANUAL"));
-        *settled_by.entry(finals[0].actor.clone()).or_default() += 1;
+        *settled_by.entry(finals[0].actor.to_string()).or_default() += 1;
     }
 
     // Every event recorded once, whatever number of copies arrived.

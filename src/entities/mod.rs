@@ -10,3 +10,51 @@ pub mod payment;
 pub mod payment_transition;
 pub mod processed_message;
 pub mod webhook_charge;
+
+#[cfg(test)]
+mod tests {
+    use super::idempotency_key::KeyStatus;
+    use super::payment::PaymentState;
+    use super::payment_transition::Actor;
+    use super::webhook_charge::ReportedStatus;
+    use sea_orm::ActiveEnum;
+
+    /// Each enum's stored text, exactly what rows written before the enums hold.
+    #[test]
+    fn every_enum_is_stored_as_the_text_older_rows_hold() {
+        fn stored<E: ActiveEnum<Value = String> + std::fmt::Debug + PartialEq>(
+            pairs: &[(E, &str)],
+        ) {
+            for (value, text) in pairs {
+                assert_eq!(&value.to_value(), text);
+                assert_eq!(
+                    E::try_from_value(&(*text).to_owned()).ok().as_ref(),
+                    Some(value)
+                );
+            }
+            assert!(E::try_from_value(&"something else".to_owned()).is_err());
+        }
+        stored(&[
+            (PaymentState::EnProceso, "EN_PROCESO"),
+            (PaymentState::Enviada, "ENVIADA"),
+            (PaymentState::Completada, "COMPLETADA"),
+            (PaymentState::Fallida, "FALLIDA"),
+            (PaymentState::RevisionManual, "REVISION_MANUAL"),
+        ]);
+        stored(&[
+            (KeyStatus::InProgress, "EN_PROCESO"),
+            (KeyStatus::Completed, "COMPLETADA"),
+        ]);
+        stored(&[
+            (Actor::Request, "request"),
+            (Actor::Reconciler, "reconciler"),
+            (Actor::Webhook, "webhook"),
+            (Actor::Admin, "admin"),
+        ]);
+        stored(&[
+            (ReportedStatus::Succeeded, "succeeded"),
+            (ReportedStatus::Declined, "declined"),
+            (ReportedStatus::Pending, "pending"),
+        ]);
+    }
+}

@@ -1,5 +1,7 @@
 use sea_orm::entity::prelude::*;
 
+pub use pagos_types::PaymentState;
+
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "payments")]
 pub struct Model {
@@ -15,8 +17,8 @@ pub struct Model {
     /// The request's `medioPago` in its contract JSON form (`PaymentMethod::to_json`);
     /// every send of the payment charges it.
     pub payment_method: Option<String>,
-    /// A `PaymentState`, as its contract name (`EN_PROCESO`, …).
-    pub state: String,
+    /// Stored as its contract name (`EN_PROCESO`, …), as it always was.
+    pub state: PaymentState,
     /// Bumped by every write; writes are fenced on it.
     pub version: i64,
     /// Times pagos sent this payment or asked the provider about it (sends, resends and

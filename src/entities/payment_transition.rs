@@ -1,5 +1,45 @@
 use sea_orm::entity::prelude::*;
 
+pub use pagos_types::PaymentState;
+
+/// Who made a decision, for the audit trail; stored as its name (`request`, …).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::N(20))")]
+pub enum Actor {
+    #[sea_orm(string_value = "request")]
+    Request,
+    #[sea_orm(string_value = "reconciler")]
+    Reconciler,
+    #[sea_orm(string_value = "webhook")]
+    Webhook,
+    #[sea_orm(string_value = "admin")]
+    Admin,
+}
+
+impl std::fmt::Display for Actor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Equal to its stored name.
+impl PartialEq<&str> for Actor {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl Actor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Actor::Request => "request",
+            Actor::Reconciler => "reconciler",
+            Actor::Webhook => "webhook",
+            Actor::Admin => "admin",
+        }
+    }
+}
+
 /// One row of the audit trail: who moved a payment from where to where, and why.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "payment_transitions")]
@@ -7,10 +47,9 @@ pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
     pub id: Uuid,
     pub payment_id: Uuid,
-    pub from_state: Option<String>,
-    pub to_state: String,
-    /// `request`, `reconciler`, `webhook` or `admin`.
-    pub actor: String,
+    pub from_state: Option<PaymentState>,
+    pub to_state: PaymentState,
+    pub actor: Actor,
     pub reason: String,
     pub created_at: ChronoDateTimeUtc,
 }

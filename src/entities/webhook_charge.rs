@@ -1,5 +1,34 @@
 use sea_orm::entity::prelude::*;
 
+/// The status a webhook last reported for a charge; stored as its name, as it always was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::N(20))")]
+pub enum ReportedStatus {
+    #[sea_orm(string_value = "succeeded")]
+    Succeeded,
+    #[sea_orm(string_value = "declined")]
+    Declined,
+    #[sea_orm(string_value = "pending")]
+    Pending,
+}
+
+impl ReportedStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReportedStatus::Succeeded => "succeeded",
+            ReportedStatus::Declined => "declined",
+            ReportedStatus::Pending => "pending",
+        }
+    }
+}
+
+/// Equal to its stored name.
+impl PartialEq<&str> for ReportedStatus {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// What a gateway's webhooks last told us about one of its charges.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "webhook_charges")]
@@ -12,8 +41,8 @@ pub struct Model {
     pub reference: String,
     /// The payment the reference names; `None` for an orphan charge (no such payment).
     pub payment_id: Option<Uuid>,
-    /// `succeeded`, `declined` or `pending`, as of `last_sequence`.
-    pub status: String,
+    /// As of `last_sequence`.
+    pub status: ReportedStatus,
     pub amount: i64,
     pub currency: String,
     pub decline_code: Option<String>,

@@ -623,7 +623,7 @@ pub async fn run(args: crate::config::SandboxArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {} (PAGOS_SANDBOX_BIND)", args.bind))?;
     tracing::info!(addr = %listener.local_addr()?, "sandbox gateway listening");
     axum::serve(listener, server.router())
-        .with_graceful_shutdown(crate::app::shutdown_signal())
+        .with_graceful_shutdown(crate::signals::shutdown_signal())
         .await
         .context("serving the sandbox gateway")
 }

@@ -6,10 +6,10 @@
 
 use super::AppState;
 use super::auth::Admin;
-use super::problem::{ApiError, Kind, Problem};
+use super::problem::{ApiError, Problem, ProblemType};
 use crate::entities::{payment, payment_transition as transitions};
-use crate::reconciler::{self, Report};
 use crate::representation::{Pago, RESOLVED_FAILED};
+use crate::saga::reconcile::{self, Report};
 use crate::saga::state::{Event, PaymentState};
 use crate::saga::store::{self, Actor, Changes, Written};
 use axum::Json;
@@ -52,7 +52,7 @@ pub struct PagoAdmin {
 impl PagoAdmin {
     fn of(p: &payment::Model) -> Self {
         PagoAdmin {
-            pago: Pago::of(p),
+            pago: crate::representation::pago(p),
             merchant_id: p.merchant_id,
             intentos: p.attempts,
             proximo_intento: p
@@ -63,7 +63,7 @@ impl PagoAdmin {
                 .filter(|until| *until > crate::db::now())
                 .map(|until| until.to_rfc3339_opts(SecondsFormat::Millis, true)),
             decline_code: p.decline_code.clone(),
-            edad_segundos: reconciler::age(p.created_at).num_seconds(),
+            edad_segundos: reconcile::age(p.created_at).num_seconds(),
         }
     }
 }
@@ -82,7 +82,7 @@ pub struct ListQuery {
 }
 
 fn bad_request(detail: impl Into<String>) -> ApiError {
-    Problem::new(Kind::Validation).detail(detail).into()
+    Problem::new(ProblemType::Validation).detail(detail).into()
 }
 
 /// Payments in a state, oldest first.
@@ -144,7 +144,7 @@ pub struct DetallePago {
 }
 
 fn not_found() -> ApiError {
-    Problem::new(Kind::NotFound)
+    Problem::new(ProblemType::NotFound)
         .detail("No payment with this id.")
         .into()
 }
@@ -186,9 +186,9 @@ async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago, Api
         transiciones: trail
             .into_iter()
             .map(|t| Transicion {
-                desde: t.from_state,
-                hacia: t.to_state,
-                quien: t.actor,
+                desde: t.from_state.map(|s| s.as_str().to_owned()),
+                hacia: t.to_state.as_str().to_owned(),
+                quien: t.actor.as_str().to_owned(),
                 motivo: t.reason,
                 en: t.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
             })
@@ -234,11 +234,11 @@ async fn run_reconciliation(
     }
     // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
     // halfway and leave its claimed payments waiting out their lease.
-    let pass = state.clone();
+    let reconciler = state.reconciler.clone();
     let report = tokio::spawn(async move {
         match request.pago_id {
-            Some(id) => reconciler::reconcile_one(&pass, id, store::When::Now).await,
-            None => reconciler::run_pass(&pass).await,
+            Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
+            None => reconcile::run_pass(&reconciler).await,
         }
     })
     .await
@@ -300,8 +300,8 @@ async fn resolve(
     let current = store::find_payment(&state.db, id)
         .await?
         .ok_or_else(not_found)?;
-    if current.state != PaymentState::RevisionManual.as_str() {
-        return Err(Problem::new(Kind::NotUnderReview)
+    if current.state != PaymentState::RevisionManual {
+        return Err(Problem::new(ProblemType::NotUnderReview)
             .detail(format!(
                 "The payment is {}, not REVISION_MANUAL: only payments under review are resolved by hand.",
                 current.state
@@ -319,15 +319,15 @@ async fn resolve(
         ..Changes::default()
     };
     let reason = format!("resolved by on-call: {motivo}");
-    match store::apply_now(&state.db, &current, event, changes, Actor::Admin, &reason).await {
+    match crate::saga::apply_now(&state.db, &current, event, changes, Actor::Admin, &reason).await {
         Ok(Written::Applied(p)) => {
-            tracing::info!(payment_id = %p.id, estado = p.state, "payment resolved by on-call");
+            tracing::info!(payment_id = %p.id, estado = %p.state, "payment resolved by on-call");
             Ok(Json(detail(&state, &p).await?))
         }
-        Ok(Written::Fenced) => Err(Problem::new(Kind::NotUnderReview)
+        Ok(Written::Fenced) => Err(Problem::new(ProblemType::NotUnderReview)
             .detail("The payment changed while resolving it; read it again and retry.")
             .into()),
-        Err(store::StoreError::Illegal(e)) => Err(Problem::new(Kind::NotUnderReview)
+        Err(store::StoreError::Illegal(e)) => Err(Problem::new(ProblemType::NotUnderReview)
             .detail(e.to_string())
             .into()),
         Err(store::StoreError::Db(e)) => Err(e.into()),

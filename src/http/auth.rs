@@ -10,7 +10,7 @@
 //!   address gets 429 with `Retry-After` before any key is looked up.
 
 use super::AppState;
-use super::problem::{ApiError, Kind, Problem};
+use super::problem::{ApiError, Problem, ProblemType};
 pub use crate::merchants::key::hash_api_key;
 use crate::merchants::store::{self, Credential};
 use axum::extract::{ConnectInfo, FromRequestParts};
@@ -139,7 +139,7 @@ fn client_address(parts: &Parts) -> Option<IpAddr> {
 
 fn too_many_failures(wait: Duration) -> ApiError {
     let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-    Problem::new(Kind::TooManyAuthFailures)
+    Problem::new(ProblemType::TooManyAuthFailures)
         .detail(
             "Too many requests from this address failed to authenticate. Wait for Retry-After, \
              then send valid credentials.",
@@ -157,7 +157,9 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 fn unauthorized(detail: &str) -> ApiError {
-    Problem::new(Kind::Unauthorized).detail(detail).into()
+    Problem::new(ProblemType::Unauthorized)
+        .detail(detail)
+        .into()
 }
 
 /// The authenticated merchant of a request.
@@ -277,11 +279,11 @@ mod tests {
         let client = Some("192.0.2.1".parse().expect("ip"));
         for _ in 0..3 {
             let err = auth.failed(client, "no").await;
-            assert!(matches!(err, ApiError::Problem(p) if p.status == 401));
+            assert!(matches!(err, ApiError::Problem(p) if p.status == Some(401)));
         }
         let err = auth.failed(client, "no").await;
         assert!(
-            matches!(&err, ApiError::Problem(p) if p.status == 429 && p.retry_after >= Some(1)),
+            matches!(&err, ApiError::Problem(p) if p.status == Some(429) && p.retry_after >= Some(1)),
             "{err:?}"
         );
         assert!(auth.refuse_if_blocked(client).await.is_err());

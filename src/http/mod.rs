@@ -13,12 +13,18 @@ pub mod payments;
 pub mod problem;
 pub mod webhooks;
 
-use crate::app::App;
-use crate::metrics::{LimitLabel, Metrics};
+use crate::config::Settings;
+use crate::gateway::Gateway;
+use crate::metrics::{LimitLabel, MeteredMercadoPago, Metrics};
+use crate::saga::SagaDeps;
+use crate::saga::reconcile::Reconciler;
+use auth::Authenticator;
 use axum::Router;
 use axum::error_handling::HandleErrorLayer;
 use axum::http::{Method, Uri};
 use axum::response::{IntoResponse, Response};
+use problem::ProblemResponse;
+use sea_orm::DatabaseConnection;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,13 +33,39 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 
+/// Everything a request handler shares. Defined here, by the HTTP surface that uses it,
+/// and built by the composition root (`app::build`).
+pub struct Shared {
+    pub db: DatabaseConnection,
+    /// The configured gateway, metered.
+    pub gateway: Arc<dyn Gateway>,
+    pub settings: Settings,
+    /// The API-key cache and the limit on failed authentications.
+    pub auth: Authenticator,
+    pub metrics: Arc<Metrics>,
+    /// With `PAGOS_GATEWAY=mercadopago`: the client notifications ask for a payment's
+    /// state, built once (its connections are reused) and metered.
+    pub mercadopago: Option<MeteredMercadoPago>,
+    /// `PAGOS_MAX_IN_FLIGHT` slots, shared by every door of the process.
+    pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// On-call's "reconcile now" and a client retry that finds its payment due.
+    pub reconciler: Reconciler,
+}
+
+impl Shared {
+    /// What a payment's saga needs.
+    pub fn saga_deps(&self) -> SagaDeps {
+        self.reconciler.saga.clone()
+    }
+}
+
 /// The state every handler shares: cheap to clone.
 #[derive(Clone)]
-pub struct AppState(pub Arc<App>);
+pub struct AppState(pub Arc<Shared>);
 
 impl Deref for AppState {
-    type Target = App;
-    fn deref(&self) -> &App {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
         &self.0
     }
 }
@@ -197,7 +229,7 @@ fn door(door: Door, state: AppState) -> Router {
             state.clone(),
             count_responses,
         ))
-        .fallback(|| async { no_such_endpoint() })
+        .fallback(|| async { no_such_endpoint().into_response() })
         .layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| async move {
                 if door.serves(request.uri().path()) {
@@ -212,7 +244,7 @@ fn door(door: Door, state: AppState) -> Router {
 }
 
 fn no_such_endpoint() -> problem::Problem {
-    problem::Problem::new(problem::Kind::NotFound).detail("No such endpoint.")
+    problem::Problem::new(problem::ProblemType::NotFound).detail("No such endpoint.")
 }
 
 /// What a door answers when one of its limits stops a request. Written here rather than
@@ -236,7 +268,7 @@ fn refused(
         // One line per shed request would flood the logs exactly under overload: the
         // counter pagos_http_limited_total tells it.
         tracing::debug!(%method, path = uri.path(), "request shed: PAGOS_MAX_IN_FLIGHT requests in progress");
-        return problem::Problem::new(problem::Kind::Overloaded)
+        return problem::Problem::new(problem::ProblemType::Overloaded)
             .detail("Too many requests are in progress. This one was not started and nothing was stored: retry it, with the same Idempotency-Key, after the time in Retry-After.")
             .retry_after(1)
             .into_response();
@@ -244,7 +276,7 @@ fn refused(
     if err.is::<tower::timeout::error::Elapsed>() {
         limited("request_timeout");
         tracing::warn!(%method, path = uri.path(), "request cut at PAGOS_REQUEST_TIMEOUT; work it started goes on");
-        return problem::Problem::new(problem::Kind::RequestTimeout)
+        return problem::Problem::new(problem::ProblemType::RequestTimeout)
             .detail(format!(
                 "The request took longer than {} and was answered before its end. A payment it started goes on: retry with the same Idempotency-Key to get its outcome.",
                 humantime::format_duration(cut_after)

@@ -4,7 +4,7 @@
 //! touch the database at all.
 
 use super::AppState;
-use super::problem::{Kind, Problem};
+use super::problem::{Problem, ProblemResponse, ProblemType};
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -65,13 +65,13 @@ async fn healthz() -> Response {
 async fn readyz(State(state): State<AppState>) -> Response {
     if let Err(err) = state.db.ping().await {
         tracing::warn!(error = %err, "readiness check failed");
-        return Problem::new(Kind::Unavailable)
+        return Problem::new(ProblemType::Unavailable)
             .detail("The database is not reachable.")
             .into_response();
     }
     if read_only(&state).await {
         tracing::warn!("readiness check failed: the database is a read-only replica");
-        return Problem::new(Kind::Unavailable)
+        return Problem::new(ProblemType::Unavailable)
             .detail("The database accepts no writes (a replica, or a failover in progress).")
             .into_response();
     }

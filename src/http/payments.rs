@@ -5,7 +5,7 @@
 
 use super::AppState;
 use super::auth::Merchant;
-use super::problem::{ApiError, Kind, Problem};
+use super::problem::{ApiError, Problem, ProblemType};
 use crate::domain::{FieldError, NewPayment};
 use crate::entities::payment;
 use crate::idempotency::{self, Begin, IdempotencyKey, KeyError};
@@ -60,7 +60,7 @@ struct PagoRequest {
     medio_pago: Option<serde_json::Value>,
 }
 
-fn problem(kind: Kind, detail: impl Into<String>) -> ApiError {
+fn problem(kind: ProblemType, detail: impl Into<String>) -> ApiError {
     Problem::new(kind).detail(detail).into()
 }
 
@@ -84,7 +84,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
     let too_large = || {
         problem(
-            Kind::BodyTooLarge,
+            ProblemType::BodyTooLarge,
             format!("The body must be at most {MAX_BODY} bytes."),
         )
     };
@@ -103,7 +103,7 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiE
             }
             source = e.source();
         }
-        problem(Kind::MalformedJson, "The body could not be read.")
+        problem(ProblemType::MalformedJson, "The body could not be read.")
     })
 }
 
@@ -116,9 +116,9 @@ fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
     };
     parsed.map_err(|err| {
         let kind = if err == KeyError::Missing {
-            Kind::MissingKey
+            ProblemType::MissingKey
         } else {
-            Kind::MalformedKey
+            ProblemType::MalformedKey
         };
         problem(
             kind,
@@ -128,7 +128,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
 }
 
 fn validation_failed(errors: Vec<FieldError>) -> ApiError {
-    Problem::new(Kind::Validation)
+    Problem::new(ProblemType::Validation)
         .detail("Correct the fields listed in `errores` and send the request again; nothing was stored.")
         .with("errores", errors)
         .into()
@@ -185,7 +185,7 @@ async fn create_payment(
 ) -> Result<Response, ApiError> {
     if !is_json(&headers) {
         return Err(problem(
-            Kind::UnsupportedMediaType,
+            ProblemType::UnsupportedMediaType,
             "Send the body as `Content-Type: application/json`.",
         ));
     }
@@ -193,7 +193,7 @@ async fn create_payment(
     let key = idempotency_key(&headers)?;
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
         problem(
-            Kind::MalformedJson,
+            ProblemType::MalformedJson,
             format!("The body is not valid JSON: {e}."),
         )
     })?;
@@ -210,7 +210,7 @@ async fn create_payment(
     })?;
     let fingerprint = idempotency::fingerprint("POST", PAYMENTS_PATH, &value);
 
-    let begun = idempotency::begin(
+    let begun = saga::registry::begin(
         &state.db,
         merchant,
         &key,
@@ -242,7 +242,7 @@ async fn create_payment(
         }
         Begin::Replay { payment_id, answer } => {
             tracing::info!(%payment_id, %key_hash, "replaying the stored answer");
-            Ok(respond(payment_id, answer, true))
+            Ok(respond(payment_id, answer.into(), true))
         }
         Begin::Unsettled { payment_id } => {
             let find = || async {
@@ -260,17 +260,17 @@ async fn create_payment(
             // claims it: however often a client retries, the provider is asked about a
             // payment at most once per backoff step.
             let due = current.next_attempt_at <= crate::db::now();
-            if due && current.state != PaymentState::RevisionManual.as_str() {
-                let state_for_task = state.clone();
+            if due && current.state != PaymentState::RevisionManual {
+                let reconciler = state.reconciler.clone();
                 tracing::info!(%payment_id, %key_hash, "client retry found the payment due; reconciling it now");
                 tokio::spawn(async move {
-                    crate::reconciler::reconcile_one(&state_for_task, payment_id, When::IfDue).await
+                    saga::reconcile::reconcile_one(&reconciler, payment_id, When::IfDue).await
                 })
                 .await
                 .map_err(|e| ApiError::Internal(e.into()))??;
                 current = find().await?;
             }
-            tracing::info!(%payment_id, %key_hash, estado = current.state, "answering the current state");
+            tracing::info!(%payment_id, %key_hash, estado = %current.state, "answering the current state");
             let mut response = respond(payment_id, answer(&current), true);
             if response.status() == StatusCode::ACCEPTED {
                 // When pagos looks at it next: asking sooner only gets the same answer.
@@ -287,7 +287,7 @@ async fn create_payment(
             // The lease bounds how long the first request can take; most finish far
             // sooner, so suggest a short wait (a 409 costs one query).
             let seconds = retry_after.as_secs_f64().ceil().clamp(1.0, 2.0) as u64;
-            Err(Problem::new(Kind::RequestInFlight)
+            Err(Problem::new(ProblemType::RequestInFlight)
                 .detail("The first request with this Idempotency-Key is still being processed. Retry after the time in Retry-After.")
                 .retry_after(seconds)
                 .into())
@@ -295,7 +295,7 @@ async fn create_payment(
         Begin::Mismatch => {
             tracing::info!(%merchant, %key_hash, "key reused with another body");
             Err(problem(
-                Kind::KeyReused,
+                ProblemType::KeyReused,
                 "This Idempotency-Key was already used with a different request. Use a new key for a new payment.",
             ))
         }
@@ -320,12 +320,12 @@ async fn get_payment(
     Merchant(merchant): Merchant,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let not_found = || problem(Kind::NotFound, "No payment with this id.");
+    let not_found = || problem(ProblemType::NotFound, "No payment with this id.");
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
     let found = payment::Entity::find_by_id(id)
         .filter(payment::Column::MerchantId.eq(merchant))
         .one(&state.db)
         .await?
         .ok_or_else(not_found)?;
-    Ok(axum::Json(Pago::of(&found)).into_response())
+    Ok(axum::Json(crate::representation::pago(&found)).into_response())
 }

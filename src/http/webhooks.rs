@@ -10,7 +10,7 @@
 
 use super::AppState;
 use super::auth::Admin;
-use super::problem::{ApiError, Kind, Problem};
+use super::problem::{ApiError, Problem, ProblemType};
 use crate::config::exposed;
 use crate::domain::FieldError;
 use crate::entities::webhook_charge;
@@ -72,7 +72,9 @@ struct EventoPasarela {
 }
 
 fn unauthorized(detail: impl Into<String>) -> ApiError {
-    Problem::new(Kind::Unauthorized).detail(detail).into()
+    Problem::new(ProblemType::Unauthorized)
+        .detail(detail)
+        .into()
 }
 
 async fn read_raw(body: Body) -> Result<bytes::Bytes, ApiError> {
@@ -82,13 +84,13 @@ async fn read_raw(body: Body) -> Result<bytes::Bytes, ApiError> {
             let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&err);
             while let Some(e) = source {
                 if e.is::<http_body_util::LengthLimitError>() {
-                    return Problem::new(Kind::BodyTooLarge)
+                    return Problem::new(ProblemType::BodyTooLarge)
                         .detail(format!("An event must be at most {MAX_EVENT_BODY} bytes."))
                         .into();
                 }
                 source = e.source();
             }
-            Problem::new(Kind::MalformedJson)
+            Problem::new(ProblemType::MalformedJson)
                 .detail("The body could not be read.")
                 .into()
         })
@@ -178,7 +180,7 @@ async fn apply(state: &AppState, event: ChargeEvent<'_>) -> Result<Response, Api
 }
 
 fn unavailable(detail: &str) -> ApiError {
-    Problem::new(Kind::Unavailable)
+    Problem::new(ProblemType::Unavailable)
         .detail(detail)
         .retry_after(1)
         .into()
@@ -186,7 +188,7 @@ fn unavailable(detail: &str) -> ApiError {
 
 fn malformed(state: &AppState, err: impl std::fmt::Display) -> ApiError {
     state.metrics.webhook_event("malformed");
-    Problem::new(Kind::MalformedJson)
+    Problem::new(ProblemType::MalformedJson)
         .detail(format!("{err}. Nothing was recorded."))
         .into()
 }
@@ -553,7 +555,7 @@ impl From<webhook_charge::Model> for CargoHuerfano {
             fuente: c.source,
             cargo_id: c.charge_id,
             referencia: c.reference,
-            estado: c.status,
+            estado: c.status.as_str().to_owned(),
             monto: c.amount,
             moneda: c.currency,
             codigo_rechazo: c.decline_code,
@@ -589,7 +591,7 @@ async fn list_orphan_charges(
         Some(raw) => match raw.parse::<u64>() {
             Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
             _ => {
-                return Err(Problem::new(Kind::Validation)
+                return Err(Problem::new(ProblemType::Validation)
                     .detail("Correct the parameters listed in `errores`.")
                     .with(
                         "errores",

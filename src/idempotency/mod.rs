@@ -1,8 +1,9 @@
-//! Idempotency keys: the fingerprint, the key itself, and the registry that decides what a
-//! request with a key gets — new work, a stored answer, 409, or 422.
+//! Idempotency keys: the fingerprint, the key itself, the derivation of payment ids and
+//! gateway keys, and the decision of what a request with a key gets — new work, a stored
+//! answer, 409, or 422.
 //!
-//! The registry never holds a transaction open across the work it guards: a lease on the
-//! key row marks the owner; the row's primary key settles races.
+//! Pure: no I/O, no clock of its own. The registry that reads and writes key rows and
+//! asks `decide` is the saga's (`saga::registry`).
 
 pub mod derive;
 pub mod fingerprint;
@@ -11,12 +12,9 @@ pub mod key;
 pub use fingerprint::fingerprint;
 pub use key::{IdempotencyKey, KeyError};
 
-use crate::domain::NewPayment;
-use crate::entities::{idempotency_key as keys, payment};
-use crate::representation::Answer;
-use crate::saga::store::{self, KEY_COMPLETED, Registered, Registration};
+use crate::entities::idempotency_key::{self as keys, FrozenAnswer, KeyStatus};
+use crate::entities::payment;
 use chrono::{DateTime, Utc};
-use sea_orm::{DatabaseConnection, DbErr};
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 use uuid::Uuid;
@@ -27,7 +25,10 @@ pub enum Begin {
     /// First request with this key: the payment is registered and this request owns it.
     Started(Box<payment::Model>),
     /// The answer was frozen: send it again, byte for byte.
-    Replay { payment_id: Uuid, answer: Answer },
+    Replay {
+        payment_id: Uuid,
+        answer: FrozenAnswer,
+    },
     /// Same request, not finished, and no request holds the key's lease: answer the
     /// current state (and settle it first if it is due).
     Unsettled { payment_id: Uuid },
@@ -42,12 +43,12 @@ pub fn decide(existing: &keys::Model, fingerprint: &str, now: DateTime<Utc>) -> 
     if existing.fingerprint != fingerprint {
         return Begin::Mismatch;
     }
-    if existing.status == KEY_COMPLETED
+    if existing.status == KeyStatus::Completed
         && let (Some(code), Some(body)) = (existing.response_code, &existing.response_body)
     {
         return Begin::Replay {
             payment_id: existing.payment_id,
-            answer: Answer {
+            answer: FrozenAnswer {
                 status: u16::try_from(code).unwrap_or(500),
                 body: body.clone(),
             },
@@ -80,46 +81,24 @@ impl std::fmt::Display for KeyHash<'_> {
     }
 }
 
-/// Looks the key up (one query: the whole cost of a replay) and registers it with its
-/// payment if it is new.
-pub async fn begin(
-    db: &DatabaseConnection,
-    merchant: Uuid,
-    key: &IdempotencyKey,
-    fingerprint: &str,
-    new_payment: &NewPayment,
-    lease: Duration,
-) -> Result<Begin, DbErr> {
-    if let Some(existing) = store::find_key(db, merchant, key.as_str()).await? {
-        return Ok(decide(&existing, fingerprint, crate::db::now()));
-    }
-    let registration = Registration {
-        merchant,
-        key,
-        fingerprint,
-        payment: new_payment,
-        lease,
-    };
-    Ok(match store::register(db, registration).await? {
-        Registered::Started(p) => Begin::Started(Box::new(p)),
-        Registered::Taken(existing) => decide(&existing, fingerprint, crate::db::now()),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn row(fingerprint: &str, status: &str, lease_until: Option<DateTime<Utc>>) -> keys::Model {
+    fn row(
+        fingerprint: &str,
+        status: KeyStatus,
+        lease_until: Option<DateTime<Utc>>,
+    ) -> keys::Model {
         let at = Utc::now();
         keys::Model {
             merchant_id: Uuid::nil(),
             key: "k".into(),
             fingerprint: fingerprint.into(),
             payment_id: Uuid::nil(),
-            status: status.into(),
-            response_code: (status == KEY_COMPLETED).then_some(201),
-            response_body: (status == KEY_COMPLETED).then(|| "{}".into()),
+            status,
+            response_code: (status == KeyStatus::Completed).then_some(201),
+            response_body: (status == KeyStatus::Completed).then(|| "{}".into()),
             lease_until,
             created_at: at,
             updated_at: at,
@@ -129,7 +108,7 @@ mod tests {
     #[test]
     fn another_body_is_a_mismatch_whatever_the_state() {
         let now = Utc::now();
-        for status in ["EN_PROCESO", KEY_COMPLETED] {
+        for status in [KeyStatus::InProgress, KeyStatus::Completed] {
             assert!(matches!(
                 decide(&row("a", status, None), "b", now),
                 Begin::Mismatch
@@ -139,11 +118,11 @@ mod tests {
 
     #[test]
     fn a_frozen_answer_is_replayed() {
-        let decided = decide(&row("a", KEY_COMPLETED, None), "a", Utc::now());
+        let decided = decide(&row("a", KeyStatus::Completed, None), "a", Utc::now());
         assert!(matches!(
             decided,
             Begin::Replay {
-                answer: Answer { status: 201, .. },
+                answer: FrozenAnswer { status: 201, .. },
                 ..
             }
         ));
@@ -155,7 +134,7 @@ mod tests {
         let decided = decide(
             &row(
                 "a",
-                "EN_PROCESO",
+                KeyStatus::InProgress,
                 Some(now + chrono::TimeDelta::seconds(30)),
             ),
             "a",
@@ -171,12 +150,16 @@ mod tests {
     fn a_released_or_expired_lease_is_unsettled() {
         let now = Utc::now();
         assert!(matches!(
-            decide(&row("a", "EN_PROCESO", None), "a", now),
+            decide(&row("a", KeyStatus::InProgress, None), "a", now),
             Begin::Unsettled { .. }
         ));
         assert!(matches!(
             decide(
-                &row("a", "EN_PROCESO", Some(now - chrono::TimeDelta::seconds(1))),
+                &row(
+                    "a",
+                    KeyStatus::InProgress,
+                    Some(now - chrono::TimeDelta::seconds(1))
+                ),
                 "a",
                 now
             ),

@@ -5,11 +5,11 @@
 use super::key::{ApiKey, KeyKind, SHORT_BELOW_CHARS, WEAK_BELOW_BITS};
 use super::name::MerchantName;
 use super::store::{self, AddError, KeyState, Revocation};
-use crate::app::open_and_migrate;
 use crate::config::{
     DatabaseArgs, KeyAddArgs, KeyListArgs, KeyRevokeArgs, KeysCommand, MerchantAddArgs,
     MerchantListArgs, MerchantsCommand,
 };
+use crate::db::open_and_migrate;
 use crate::entities::{api_key, merchant};
 use chrono::{DateTime, Utc};
 use comfy_table::{Table, presets::NOTHING};
@@ -53,7 +53,7 @@ async fn add_merchant(args: MerchantAddArgs) -> anyhow::Result<ExitCode> {
     let db = open_and_migrate(&args.database).await?;
     let key = match &chosen {
         Some(key) => key.clone(),
-        None => ApiKey::generate(store::key_kind(&db, args.key_kind.gateway).await?),
+        None => ApiKey::generate(store::key_kind(&db, args.key_kind.gateway.as_str()).await?),
     };
     match store::add_merchant(&db, &args.name, &key).await {
         Ok(id) => {
@@ -164,7 +164,7 @@ async fn add_key(args: KeyAddArgs) -> anyhow::Result<ExitCode> {
             }
         },
     };
-    let kind: KeyKind = store::key_kind(&db, args.key_kind.gateway).await?;
+    let kind: KeyKind = store::key_kind(&db, args.key_kind.gateway.as_str()).await?;
     let key = ApiKey::generate(kind);
     match store::add_key(&db, &merchant, &key, expires_at).await {
         Ok(row) => {

@@ -31,6 +31,16 @@ pub enum KeyKind {
 }
 
 impl KeyKind {
+    /// The kind of key a database whose payments go through the gateway named `gateway`
+    /// (its `PAGOS_GATEWAY` name) calls for: the sandbox never moves money.
+    pub fn of_gateway(gateway: &str) -> KeyKind {
+        if gateway == "sandbox" {
+            KeyKind::Test
+        } else {
+            KeyKind::Live
+        }
+    }
+
     pub fn scheme(self) -> &'static str {
         match self {
             KeyKind::Live => "sk_live_",

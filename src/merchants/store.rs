@@ -3,7 +3,6 @@
 
 use super::key::{ApiKey, KeyKind, hash_api_key};
 use super::name::MerchantName;
-use crate::config::GatewayKind;
 use crate::db;
 use crate::entities::{api_key, instance_fact, merchant};
 use chrono::{DateTime, TimeDelta, Utc};
@@ -59,21 +58,14 @@ impl KeyState {
 }
 
 /// The kind of key to generate for this database: the gateway it is pinned to decides
-/// (`sandbox` → `sk_test_`); `configured` only when nothing has pinned one yet.
-pub async fn key_kind(db: &DatabaseConnection, configured: GatewayKind) -> Result<KeyKind, DbErr> {
+/// (`sandbox` → `sk_test_`); `configured` (the gateway `PAGOS_GATEWAY` names) only when
+/// nothing has pinned one yet.
+pub async fn key_kind(db: &DatabaseConnection, configured: &str) -> Result<KeyKind, DbErr> {
     let pinned = instance_fact::Entity::find_by_id("gateway".to_owned())
         .one(db)
         .await?
         .map(|fact| fact.value);
-    let sandbox = match pinned {
-        Some(gateway) => gateway == GatewayKind::Sandbox.as_str(),
-        None => configured == GatewayKind::Sandbox,
-    };
-    Ok(if sandbox {
-        KeyKind::Test
-    } else {
-        KeyKind::Live
-    })
+    Ok(KeyKind::of_gateway(pinned.as_deref().unwrap_or(configured)))
 }
 
 /// Creates a merchant with `key` as its first key.

@@ -1,9 +1,14 @@
 //! The saga of one payment: register → mark sent → gateway call → settle or hand over.
 //!
 //! `state` is the pure state machine; `store` is the database work; this module runs the
-//! steps in order. It must never hold a transaction across the gateway call, and never
+//! steps in order. `registry` decides what a request with a key gets; `reconcile` settles
+//! what was left in between (shared by the HTTP handlers and the periodic worker, which
+//! import it and never each other). It must never hold a transaction across the gateway call, and never
 //! call the gateway for a payment it has not first marked ENVIADA.
 
+pub mod backoff;
+pub mod reconcile;
+pub mod registry;
 pub mod state;
 pub mod store;
 
@@ -11,7 +16,7 @@ use crate::entities::payment;
 use crate::failpoint;
 use crate::gateway::retry::{self, ChargeOutcome, RetryPolicy};
 use crate::gateway::{Charge, ChargeRequest, ChargeStatus, Gateway};
-use crate::representation::GATEWAY_REJECTED_PREFIX;
+use crate::representation::{self, GATEWAY_REJECTED_PREFIX};
 use sea_orm::DatabaseConnection;
 use state::{Event, PaymentState};
 use std::sync::Arc;
@@ -29,6 +34,50 @@ pub struct SagaDeps {
     /// How long a send can take, every try and backoff included, plus a margin: a send
     /// starts only from a write that holds the payment at least this long.
     pub send_hold: Duration,
+}
+
+/// Applies `event` to `current` in `tx` (`store::apply`), freezing the key's answer as
+/// the contract renders it when the payment becomes final. Every decision goes through
+/// here or `apply_now`: the store writes, the answer is rendered above it.
+pub async fn apply<C: sea_orm::ConnectionTrait>(
+    tx: &C,
+    current: &payment::Model,
+    event: Event,
+    changes: Changes,
+    actor: Actor,
+    reason: &str,
+) -> Result<Written, StoreError> {
+    store::apply(
+        tx,
+        current,
+        event,
+        changes,
+        actor,
+        reason,
+        representation::frozen,
+    )
+    .await
+}
+
+/// One event committed on its own (`store::apply_now`), with the rendered answer.
+pub async fn apply_now(
+    db: &DatabaseConnection,
+    current: &payment::Model,
+    event: Event,
+    changes: Changes,
+    actor: Actor,
+    reason: &str,
+) -> Result<Written, StoreError> {
+    store::apply_now(
+        db,
+        current,
+        event,
+        changes,
+        actor,
+        reason,
+        representation::frozen,
+    )
+    .await
 }
 
 pub fn charge_request(p: &payment::Model) -> ChargeRequest {
@@ -63,7 +112,7 @@ pub async fn send(
     // Once any try of this payment may have reached the gateway (it was marked ENVIADA
     // before), only a readable charge status settles it: a refusal of this send proves
     // nothing about the charge an earlier one may have made.
-    let maybe_sent_before = current.state == PaymentState::Enviada.as_str();
+    let maybe_sent_before = current.state == PaymentState::Enviada;
     // The write that marks it sent also holds it for the whole send, so nobody else can
     // claim and send it meanwhile. A request already holds it for its lease, which is
     // longer than any send (checked at start); a worker's claim may be running out.
@@ -76,7 +125,7 @@ pub async fn send(
         (_, "EN_PROCESO") => "sending to the gateway (registered, never sent)",
         _ => "resending to the gateway with the same key (the provider has no charge for it)",
     };
-    let sent = match store::apply_now(
+    let sent = match apply_now(
         &deps.db,
         &current,
         Event::Send,
@@ -202,7 +251,7 @@ pub async fn record_outcome(
             };
         }
     };
-    match store::apply_now(&deps.db, &sent, event, changes, actor, &reason).await? {
+    match apply_now(&deps.db, &sent, event, changes, actor, &reason).await? {
         Written::Applied(p) => Ok(*p),
         Written::Fenced => reload(deps, &sent).await,
     }
@@ -212,8 +261,7 @@ pub async fn record_outcome(
 /// each earlier send, so a gateway that keeps failing is not resent to every period.
 fn next_look(deps: &SagaDeps, sent: &payment::Model) -> chrono::DateTime<chrono::Utc> {
     let jitter: f64 = rand::Rng::random(&mut rand::rng());
-    crate::db::now()
-        + crate::reconciler::decide::backoff(deps.stale_after, sent.attempts - 1, jitter)
+    crate::db::now() + backoff::backoff(deps.stale_after, sent.attempts - 1, jitter)
 }
 
 async fn reload(deps: &SagaDeps, p: &payment::Model) -> Result<payment::Model, StoreError> {

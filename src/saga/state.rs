@@ -3,71 +3,7 @@
 //! Pure: no I/O, no clock. Every write of `payments.state` asks `transition` first, so an
 //! impossible move (COMPLETADA → ENVIADA) cannot be written by any code path.
 
-use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::str::FromStr;
-
-/// Where a payment stands. The names are the contract's (`estado`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum PaymentState {
-    /// Registered, never sent to the gateway.
-    EnProceso,
-    /// Maybe sent: after a crash, ask the provider before anything else.
-    Enviada,
-    /// Charged. Final.
-    Completada,
-    /// Declined or refused by the gateway; no money moved. Final.
-    Fallida,
-    /// pagos cannot decide without risking a second charge: on-call decides.
-    RevisionManual,
-}
-
-impl PaymentState {
-    pub const ALL: [PaymentState; 5] = [
-        PaymentState::EnProceso,
-        PaymentState::Enviada,
-        PaymentState::Completada,
-        PaymentState::Fallida,
-        PaymentState::RevisionManual,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PaymentState::EnProceso => "EN_PROCESO",
-            PaymentState::Enviada => "ENVIADA",
-            PaymentState::Completada => "COMPLETADA",
-            PaymentState::Fallida => "FALLIDA",
-            PaymentState::RevisionManual => "REVISION_MANUAL",
-        }
-    }
-
-    /// COMPLETADA and FALLIDA never change again (but for a contradiction, see `Event`).
-    pub fn is_terminal(self) -> bool {
-        matches!(self, PaymentState::Completada | PaymentState::Fallida)
-    }
-}
-
-impl fmt::Display for PaymentState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for PaymentState {
-    type Err = UnknownState;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        PaymentState::ALL
-            .into_iter()
-            .find(|state| state.as_str() == s)
-            .ok_or_else(|| UnknownState(s.to_owned()))
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("unknown payment state {0:?}")]
-pub struct UnknownState(pub String);
+pub use pagos_types::state::{PaymentState, UnknownState};
 
 /// What happened to a payment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,15 +113,5 @@ mod tests {
         assert!(transition(Fallida, Send).is_err());
         assert!(transition(Completada, Declined).is_err());
         assert!(transition(Fallida, Charged).is_err());
-    }
-
-    #[test]
-    fn state_names_round_trip_through_their_contract_spelling() {
-        for state in PaymentState::ALL {
-            assert_eq!(state.as_str().parse::<PaymentState>().ok(), Some(state));
-            let json = serde_json::to_string(&state).unwrap_or_default();
-            assert_eq!(json, format!("\"{}\"", state.as_str()));
-        }
-        assert!("PAGADA".parse::<PaymentState>().is_err());
     }
 }

@@ -15,7 +15,6 @@ use crate::domain::{NewPayment, PaymentMethod};
 use crate::entities::{idempotency_key as keys, payment, payment_transition as transitions};
 use crate::idempotency::IdempotencyKey;
 use crate::idempotency::derive::derive;
-use crate::representation::{Answer, answer};
 use crate::saga::state::{Event, IllegalTransition, PaymentState, transition};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait};
@@ -26,25 +25,7 @@ use sea_orm::{
 use std::time::Duration;
 use uuid::Uuid;
 
-/// Who made a decision, for the audit trail.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Actor {
-    Request,
-    Reconciler,
-    Webhook,
-    Admin,
-}
-
-impl Actor {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Actor::Request => "request",
-            Actor::Reconciler => "reconciler",
-            Actor::Webhook => "webhook",
-            Actor::Admin => "admin",
-        }
-    }
-}
+pub use crate::entities::payment_transition::Actor;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -54,10 +35,12 @@ pub enum StoreError {
     Illegal(#[from] IllegalTransition),
 }
 
-/// Key row status while nobody has frozen an answer on it.
-pub const KEY_IN_PROGRESS: &str = "EN_PROCESO";
-/// Key row status once its answer is frozen.
-pub const KEY_COMPLETED: &str = "COMPLETADA";
+pub use crate::entities::idempotency_key::{FrozenAnswer, KeyStatus};
+
+/// Renders the answer a payment that just became final freezes on its key. Given by the
+/// layer above (`saga::apply` hands it `representation::frozen`): storage stores, it
+/// never renders.
+pub type Render = fn(&payment::Model) -> FrozenAnswer;
 
 pub fn chrono_after(d: Duration) -> chrono::TimeDelta {
     chrono::TimeDelta::from_std(d).unwrap_or(chrono::TimeDelta::MAX)
@@ -195,7 +178,7 @@ fn new_payment(reg: &Registration<'_>, generation: i32) -> payment::Model {
             .payment_method
             .as_ref()
             .map(|m| m.to_json().to_string()),
-        state: PaymentState::EnProceso.as_str().to_owned(),
+        state: PaymentState::EnProceso,
         version: 0,
         attempts: 0,
         gateway_key: derived.gateway_key,
@@ -235,7 +218,7 @@ fn key_row(p: &payment::Model, fingerprint: &str) -> keys::Model {
         key: p.idempotency_key.clone(),
         fingerprint: fingerprint.to_owned(),
         payment_id: p.id,
-        status: KEY_IN_PROGRESS.to_owned(),
+        status: KeyStatus::InProgress,
         response_code: None,
         response_body: None,
         lease_until: Some(p.next_attempt_at),
@@ -308,7 +291,7 @@ struct Plan {
     /// The audit row, when the decision is worth one.
     audit: Option<transitions::Model>,
     /// The key's frozen answer, when the payment becomes final.
-    answer: Option<Answer>,
+    answer: Option<FrozenAnswer>,
     /// The request gives up its lease on the key without an answer (a hand-over).
     release_lease: bool,
 }
@@ -321,15 +304,13 @@ fn plan(
     changes: Changes,
     actor: Actor,
     reason: &str,
+    render: Render,
 ) -> Result<Plan, IllegalTransition> {
-    let from: PaymentState = current
-        .state
-        .parse()
-        .unwrap_or(PaymentState::RevisionManual);
+    let from = current.state;
     let to = transition(from, event)?;
     let at = now();
     let mut next = current.clone();
-    next.state = to.as_str().to_owned();
+    next.state = to;
     next.version += 1;
     next.updated_at = at;
     if changes.count_attempt {
@@ -356,13 +337,13 @@ fn plan(
     let audit = (from != to || resend).then(|| transitions::Model {
         id: Uuid::now_v7(),
         payment_id: current.id,
-        from_state: Some(from.as_str().to_owned()),
-        to_state: to.as_str().to_owned(),
-        actor: actor.as_str().to_owned(),
+        from_state: Some(from),
+        to_state: to,
+        actor,
         reason: reason.to_owned(),
         created_at: at,
     });
-    let answer = to.is_terminal().then(|| answer(&next));
+    let answer = to.is_terminal().then(|| render(&next));
     Ok(Plan {
         next,
         audit,
@@ -392,7 +373,8 @@ fn without_personal_data(stored: &str) -> String {
 }
 
 /// Applies `event` to `current` in `tx`: the fenced update, the audit row, and — when the
-/// payment becomes final — the key's frozen answer. The caller commits.
+/// payment becomes final — the key's frozen answer, as `render` renders it. The caller
+/// commits.
 pub async fn apply<C: ConnectionTrait>(
     tx: &C,
     current: &payment::Model,
@@ -400,8 +382,9 @@ pub async fn apply<C: ConnectionTrait>(
     changes: Changes,
     actor: Actor,
     reason: &str,
+    render: Render,
 ) -> Result<Written, StoreError> {
-    let plan = plan(current, event, changes, actor, reason)?;
+    let plan = plan(current, event, changes, actor, reason, render)?;
     Ok(written(write_plan(tx, current, &plan).await?, plan))
 }
 
@@ -464,7 +447,7 @@ async fn write_fenced<C: ConnectionTrait>(
     next: &payment::Model,
 ) -> Result<bool, DbErr> {
     let result = payment::Entity::update_many()
-        .col_expr(payment::Column::State, Expr::value(next.state.clone()))
+        .col_expr(payment::Column::State, Expr::value(next.state))
         .col_expr(payment::Column::Version, Expr::value(next.version))
         .col_expr(payment::Column::Attempts, Expr::value(next.attempts))
         .col_expr(
@@ -500,10 +483,13 @@ async fn write_fenced<C: ConnectionTrait>(
 async fn freeze_answer<C: ConnectionTrait>(
     tx: &C,
     p: &payment::Model,
-    answer: &Answer,
+    answer: &FrozenAnswer,
 ) -> Result<(), DbErr> {
     keys::Entity::update_many()
-        .col_expr(keys::Column::Status, Expr::value(KEY_COMPLETED))
+        .col_expr(
+            keys::Column::Status,
+            Expr::value(KeyStatus::Completed.as_str()),
+        )
         .col_expr(
             keys::Column::ResponseCode,
             Expr::value(i32::from(answer.status)),
@@ -517,13 +503,13 @@ async fn freeze_answer<C: ConnectionTrait>(
         .filter(keys::Column::MerchantId.eq(p.merchant_id))
         .filter(keys::Column::Key.eq(p.idempotency_key.clone()))
         .filter(keys::Column::PaymentId.eq(p.id))
-        .filter(keys::Column::Status.eq(KEY_IN_PROGRESS))
+        .filter(keys::Column::Status.eq(KeyStatus::InProgress))
         .exec(tx)
         .await?;
     Ok(())
 }
 
-/// One event, committed on its own.
+/// One event, committed on its own (`apply`'s writes, and `render`'s frozen answer).
 pub async fn apply_now(
     db: &DatabaseConnection,
     current: &payment::Model,
@@ -531,8 +517,9 @@ pub async fn apply_now(
     changes: Changes,
     actor: Actor,
     reason: &str,
+    render: Render,
 ) -> Result<Written, StoreError> {
-    let plan = plan(current, event, changes, actor, reason)?;
+    let plan = plan(current, event, changes, actor, reason, render)?;
     Ok(written(write_plan_now(db, current, &plan).await?, plan))
 }
 
@@ -572,14 +559,14 @@ pub async fn release_lease<C: ConnectionTrait>(tx: &C, p: &payment::Model) -> Re
         .filter(keys::Column::MerchantId.eq(p.merchant_id))
         .filter(keys::Column::Key.eq(p.idempotency_key.clone()))
         .filter(keys::Column::PaymentId.eq(p.id))
-        .filter(keys::Column::Status.eq(KEY_IN_PROGRESS))
+        .filter(keys::Column::Status.eq(KeyStatus::InProgress))
         .exec(tx)
         .await?;
     Ok(())
 }
 
 /// Payments the reconciler may pick: sent or never sent, not final, not under review.
-pub const RECONCILABLE: [PaymentState; 2] = [PaymentState::EnProceso, PaymentState::Enviada];
+pub const RECONCILABLE: [PaymentState; 2] = PaymentState::IN_FLIGHT;
 
 /// `state IN ('EN_PROCESO', 'ENVIADA')` with the states written into the SQL, not bound:
 /// it is the predicate of the partial index `payments_unsettled_due_idx`, and PostgreSQL
@@ -730,7 +717,7 @@ fn one_statement(db: &DatabaseConnection) -> bool {
 /// together or not at all. The parts that depend on the fenced payment update read its
 /// `RETURNING` rows, so a fenced statement writes nothing.
 mod sql {
-    use super::{Inserted, KEY_COMPLETED, KEY_IN_PROGRESS, Plan, key_row};
+    use super::{Inserted, KeyStatus, Plan, key_row};
     use crate::entities::{idempotency_key as keys, payment};
     use chrono::{DateTime, Utc};
     use sea_orm::sea_query::{LockBehavior, LockType};
@@ -854,7 +841,7 @@ SELECT {} FROM "registered""#,
         let next = &plan.next;
         let mut v = Params::default();
         let moved = [
-            v.add(next.state.clone()),
+            v.add(next.state),
             v.add(next.version),
             v.add(next.attempts),
             v.add(next.gateway_ref.clone()),
@@ -869,9 +856,9 @@ SELECT {} FROM "registered""#,
         let audit = plan.audit.as_ref().map(|audit| {
             [
                 v.add(audit.id),
-                v.add(audit.from_state.clone()),
-                v.add(audit.to_state.clone()),
-                v.add(audit.actor.clone()),
+                v.add(audit.from_state),
+                v.add(audit.to_state),
+                v.add(audit.actor),
                 v.add(audit.reason.clone()),
                 v.add(audit.created_at),
             ]
@@ -882,12 +869,12 @@ SELECT {} FROM "registered""#,
                 v.add(current.merchant_id),
                 v.add(current.idempotency_key.clone()),
                 v.add(current.id),
-                v.add(KEY_IN_PROGRESS),
+                v.add(KeyStatus::InProgress),
             ]
         };
         let answer = plan.answer.as_ref().map(|answer| {
             let set = [
-                v.add(KEY_COMPLETED),
+                v.add(KeyStatus::Completed),
                 v.add(i32::from(answer.status)),
                 v.add(answer.body.clone()),
                 v.add(next.updated_at),

@@ -16,11 +16,12 @@
 //! redelivery starts over. It never holds a transaction across anything but the database.
 
 use crate::db::{begin_write, now};
-use crate::entities::{payment, processed_message as messages, webhook_charge as charges};
-use crate::gateway::Charge;
+use crate::entities::webhook_charge::{self as charges, ReportedStatus};
+use crate::entities::{payment, processed_message as messages};
+use crate::gateway::{Charge, ChargeStatus};
 use crate::saga::state::{IllegalTransition, PaymentState};
-use crate::saga::store::{self, Actor, StoreError, Written};
-use crate::webhooks::decide::{Decision, decide};
+use crate::saga::store::{Actor, StoreError, Written};
+use crate::webhooks::decide::{Effect, decide};
 use crate::webhooks::event::status_name;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
@@ -29,13 +30,22 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
+/// The charge's status as its row keeps it.
+fn reported(status: ChargeStatus) -> ReportedStatus {
+    match status {
+        ChargeStatus::Succeeded => ReportedStatus::Succeeded,
+        ChargeStatus::Declined => ReportedStatus::Declined,
+        ChargeStatus::Pending => ReportedStatus::Pending,
+    }
+}
+
 /// How often an event is re-decided when the payment moved under it before the error
 /// goes back to the gateway (which delivers again later: the event is never lost).
 const MAX_ATTEMPTS: usize = 5;
 
-/// What an event came to. Every one of them is answered 200.
+/// What consuming an event came to. Every one of them is answered 200.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Consumed {
     /// The payment moved to this state.
     Applied(PaymentState),
     /// Recorded; the payment already said so, or the event cannot change it.
@@ -48,16 +58,16 @@ pub enum Outcome {
     Orphan,
 }
 
-impl Outcome {
+impl Consumed {
     /// The word in the 200 answer.
     pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Applied(PaymentState::RevisionManual) => "revision_manual",
-            Outcome::Applied(_) => "aplicado",
-            Outcome::Unchanged => "sin_cambios",
-            Outcome::Duplicate => "duplicado",
-            Outcome::Stale => "obsoleto",
-            Outcome::Orphan => "huerfano",
+            Consumed::Applied(PaymentState::RevisionManual) => "revision_manual",
+            Consumed::Applied(_) => "aplicado",
+            Consumed::Unchanged => "sin_cambios",
+            Consumed::Duplicate => "duplicado",
+            Consumed::Stale => "obsoleto",
+            Consumed::Orphan => "huerfano",
         }
     }
 }
@@ -98,7 +108,7 @@ pub struct ChargeEvent<'a> {
 pub async fn consume(
     db: &DatabaseConnection,
     event: ChargeEvent<'_>,
-) -> Result<Outcome, ConsumeError> {
+) -> Result<Consumed, ConsumeError> {
     for attempt in 1..=MAX_ATTEMPTS {
         let tx = begin_write(db).await?;
         match consume_in(&tx, event).await {
@@ -129,11 +139,11 @@ pub async fn consume(
 async fn consume_in(
     tx: &DatabaseTransaction,
     event: ChargeEvent<'_>,
-) -> Result<Option<Outcome>, ConsumeError> {
+) -> Result<Option<Consumed>, ConsumeError> {
     // 1. Dedupe by id. On PostgreSQL a simultaneous twin waits here on our uncommitted
     //    key, then finds the conflict; on SQLite BEGIN IMMEDIATE already serialized them.
     if !record_message(tx, event.source, event.event_id).await? {
-        return Ok(Some(Outcome::Duplicate));
+        return Ok(Some(Consumed::Duplicate));
     }
 
     // The payment the reference names, locked (FOR UPDATE on PostgreSQL) so that the
@@ -151,29 +161,31 @@ async fn consume_in(
 
     // 2 and 3. Natural upsert of the charge row, advanced only by a higher sequence.
     if !advance_charge(tx, event, payment.as_ref().map(|p| p.id)).await? {
-        return Ok(Some(Outcome::Stale));
+        return Ok(Some(Consumed::Stale));
     }
     let Some(payment) = payment else {
-        return Ok(Some(Outcome::Orphan));
+        return Ok(Some(Consumed::Orphan));
     };
 
     // 4. The absolute state.
     match decide(&payment, event.charge, event.event_id) {
-        Decision::Keep(why) => {
+        Effect::Keep(why) => {
             tracing::debug!(event_id = event.event_id, payment_id = %payment.id, why, "event changes nothing");
-            Ok(Some(Outcome::Unchanged))
+            Ok(Some(Consumed::Unchanged))
         }
-        Decision::Move {
+        Effect::Move {
             event: move_by,
             changes,
             reason,
-        } => match store::apply(tx, &payment, move_by, changes, Actor::Webhook, &reason).await? {
+        } => match crate::saga::apply(tx, &payment, move_by, changes, Actor::Webhook, &reason)
+            .await?
+        {
             Written::Applied(moved) => {
-                let to = moved.state.parse().unwrap_or(PaymentState::RevisionManual);
+                let to = moved.state;
                 if to == PaymentState::RevisionManual {
                     tracing::warn!(payment_id = %payment.id, reason, "webhook sent the payment to manual review");
                 }
-                Ok(Some(Outcome::Applied(to)))
+                Ok(Some(Consumed::Applied(to)))
             }
             Written::Fenced => Ok(None),
         },
@@ -234,7 +246,7 @@ async fn advance_charge(
         charge_id: Set(charge.id.clone()),
         reference: Set(charge.reference.clone()),
         payment_id: Set(payment_id),
-        status: Set(status_name(charge.status).to_owned()),
+        status: Set(reported(charge.status)),
         amount: Set(charge.amount),
         currency: Set(charge.currency.clone()),
         decline_code: Set(charge.decline_code.clone()),
@@ -260,7 +272,7 @@ async fn advance_charge(
         .col_expr(charges::Column::PaymentId, Expr::value(payment_id))
         .col_expr(
             charges::Column::Status,
-            Expr::value(status_name(charge.status)),
+            Expr::value(reported(charge.status)),
         )
         .col_expr(charges::Column::Amount, Expr::value(charge.amount))
         .col_expr(
@@ -282,10 +294,10 @@ async fn advance_charge(
     Ok(advanced.rows_affected == 1)
 }
 
-fn log(event: ChargeEvent<'_>, outcome: Outcome) {
+fn log(event: ChargeEvent<'_>, outcome: Consumed) {
     let charge = event.charge;
     match outcome {
-        Outcome::Orphan => tracing::warn!(
+        Consumed::Orphan => tracing::warn!(
             event_id = event.event_id,
             charge_id = charge.id,
             reference = charge.reference,

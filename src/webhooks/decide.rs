@@ -25,8 +25,9 @@ use crate::saga::state::{Event, PaymentState};
 use crate::saga::store::Changes;
 use crate::webhooks::event::status_name;
 
+/// What an event does to its payment.
 #[derive(Clone, Debug)]
-pub enum Decision {
+pub enum Effect {
     /// Apply `event` to the payment; `reason` goes to the audit trail.
     Move {
         event: Event,
@@ -37,17 +38,17 @@ pub enum Decision {
     Keep(&'static str),
 }
 
-pub fn decide(p: &payment::Model, charge: &Charge, event_id: &str) -> Decision {
+pub fn decide(p: &payment::Model, charge: &Charge, event_id: &str) -> Effect {
     use ChargeStatus::*;
     use PaymentState::*;
-    let state: PaymentState = p.state.parse().unwrap_or(RevisionManual);
+    let state = p.state;
     let said = describe(charge, event_id);
 
     let foreign_charge = p.gateway_ref.as_deref().is_some_and(|r| r != charge.id);
     let other_amount = charge.amount != p.amount || charge.currency != p.currency;
     if foreign_charge || other_amount {
         if charge.status != Succeeded {
-            return Decision::Keep("a charge that is not this payment's, and no money moved");
+            return Effect::Keep("a charge that is not this payment's, and no money moved");
         }
         let why = if foreign_charge {
             format!(
@@ -63,13 +64,13 @@ pub fn decide(p: &payment::Model, charge: &Charge, event_id: &str) -> Decision {
         return match state {
             EnProceso | Enviada => escalate(Event::Escalate, why),
             Completada | Fallida => escalate(Event::Contradicted, format!("{why}; was {state}")),
-            RevisionManual => Decision::Keep("under review: on-call decides"),
+            RevisionManual => Effect::Keep("under review: on-call decides"),
         };
     }
 
     match (state, charge.status) {
-        (_, Pending) => Decision::Keep("the charge is still pending"),
-        (Enviada, Succeeded) => Decision::Move {
+        (_, Pending) => Effect::Keep("the charge is still pending"),
+        (Enviada, Succeeded) => Effect::Move {
             event: Event::Charged,
             changes: Changes {
                 gateway_ref: Some(charge.id.clone()),
@@ -82,7 +83,7 @@ pub fn decide(p: &payment::Model, charge: &Charge, event_id: &str) -> Decision {
                 .decline_code
                 .clone()
                 .unwrap_or_else(|| "declined".into());
-            Decision::Move {
+            Effect::Move {
                 event: Event::Declined,
                 changes: Changes {
                     gateway_ref: Some(charge.id.clone()),
@@ -93,7 +94,7 @@ pub fn decide(p: &payment::Model, charge: &Charge, event_id: &str) -> Decision {
             }
         }
         (Completada, Succeeded) | (Fallida, Declined) => {
-            Decision::Keep("the payment already says so")
+            Effect::Keep("the payment already says so")
         }
         // The opposite of a final state: never flipped, on-call decides.
         (Completada, Declined) | (Fallida, Succeeded) => escalate(
@@ -106,13 +107,13 @@ pub fn decide(p: &payment::Model, charge: &Charge, event_id: &str) -> Decision {
             Event::Escalate,
             format!("{said} for a payment pagos has not sent"),
         ),
-        (EnProceso, Declined) => Decision::Keep("declined before pagos sent it: no money moved"),
-        (RevisionManual, _) => Decision::Keep("under review: on-call decides"),
+        (EnProceso, Declined) => Effect::Keep("declined before pagos sent it: no money moved"),
+        (RevisionManual, _) => Effect::Keep("under review: on-call decides"),
     }
 }
 
-fn escalate(event: Event, reason: String) -> Decision {
-    Decision::Move {
+fn escalate(event: Event, reason: String) -> Effect {
+    Effect::Move {
         event,
         changes: Changes::default(),
         reason,
@@ -150,7 +151,7 @@ mod tests {
             currency: "COP".into(),
             description: None,
             payment_method: None,
-            state: state.as_str().into(),
+            state,
             version: 3,
             attempts: 1,
             gateway_key: "gk".into(),
@@ -178,8 +179,8 @@ mod tests {
     /// Where the decision takes the payment (its own state when kept).
     fn lands(state: PaymentState, gateway_ref: Option<&str>, c: &Charge) -> PaymentState {
         match decide(&payment(state, gateway_ref), c, "evt_1") {
-            Decision::Keep(_) => state,
-            Decision::Move { event, .. } => {
+            Effect::Keep(_) => state,
+            Effect::Move { event, .. } => {
                 transition(state, event).expect("the decision is a legal transition")
             }
         }
@@ -216,7 +217,7 @@ mod tests {
     fn a_settling_event_records_the_charge_and_the_decline_code() {
         let p = payment(PaymentState::Enviada, None);
         match decide(&p, &charge(ChargeStatus::Declined), "evt_9") {
-            Decision::Move {
+            Effect::Move {
                 event,
                 changes,
                 reason,
@@ -237,7 +238,7 @@ mod tests {
     fn a_contradiction_names_the_event_and_the_state_it_contradicts() {
         let p = payment(PaymentState::Completada, Some("ch_1"));
         match decide(&p, &charge(ChargeStatus::Declined), "evt_7") {
-            Decision::Move { event, reason, .. } => {
+            Effect::Move { event, reason, .. } => {
                 assert_eq!(event, Event::Contradicted);
                 assert!(reason.contains("evt_7"), "{reason}");
                 assert!(reason.contains("COMPLETADA"), "{reason}");

@@ -4,7 +4,8 @@
 //! the providers' own events), `decide` says what an event does to its payment (pure),
 //! and `consumer` applies it in one transaction.
 //! This room never calls a gateway and never moves a payment except through
-//! `saga::store::apply` (the transition function, the version fence, the audit trail).
+//! `saga::apply` (the transition function, the version fence, the audit trail, the
+//! frozen answer).
 
 pub mod consumer;
 pub mod decide;
@@ -14,7 +15,7 @@ pub mod signature;
 pub mod stripe;
 
 pub use consumer::{
-    ChargeEvent, ConsumeError, Outcome, already_processed, consume, orphan_charges,
+    ChargeEvent, ConsumeError, Consumed, already_processed, consume, orphan_charges,
     purge_processed_messages, remember_processed,
 };
 

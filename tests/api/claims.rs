@@ -118,7 +118,7 @@ async fn due_never_sent(db: &DatabaseConnection, n: usize) -> Vec<uuid::Uuid> {
             currency: "COP".into(),
             description: None,
             payment_method: None,
-            state: "EN_PROCESO".into(),
+            state: pagos::entities::payment::PaymentState::EnProceso,
             version: 0,
             attempts: 0,
             gateway_key: format!("gk-claims-{i}"),

@@ -112,7 +112,7 @@ impl World {
                 amount: 250000,
                 currency: "COP".into(),
                 description: None,
-                state: "ENVIADA".into(),
+                state: pagos::entities::payment::PaymentState::Enviada,
                 version: 1,
                 attempts: 1,
                 gateway_key: format!("pagos-test-{i}"),

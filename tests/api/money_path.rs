@@ -221,7 +221,7 @@ async fn a_payment_made_before_generations_keeps_its_key_and_reference(backend: 
         currency: "COP".into(),
         description: None,
         payment_method: None,
-        state: "ENVIADA".into(),
+        state: pagos::entities::payment::PaymentState::Enviada,
         version: 1,
         attempts: 1,
         gateway_key: old_key.clone(),

@@ -117,7 +117,14 @@ async fn trail(app: &TestApp, id: &str) -> Vec<(Option<String>, String, String, 
         .await
         .expect("query")
         .into_iter()
-        .map(|t| (t.from_state, t.to_state, t.actor, t.reason))
+        .map(|t| {
+            (
+                t.from_state.map(|s| s.to_string()),
+                t.to_state.to_string(),
+                t.actor.to_string(),
+                t.reason,
+            )
+        })
         .collect()
 }
 

@@ -243,11 +243,51 @@ async fn a_server_that_cannot_be_reached_fails_with_1_and_keeps_the_intent_for_r
     );
     assert!(stderr.contains("pagos pay --resume"), "{stderr}");
     assert!(out.stdout.is_empty());
-    let kept = pagos::client::Journal::open(&journal)
+    let kept = pagos_client::Journal::open(&journal)
         .await
         .expect("journal")
         .pending()
         .await
         .expect("pending");
     assert_eq!(kept.len(), 1);
+}
+
+#[tokio::test]
+async fn pagos_pay_with_a_medio_pago_pays_through_stripe_and_without_one_is_refused() {
+    let pagos = RealPagos::start_stripe().await;
+    let payment = ["--credito", "42", "--monto", "250000", "--moneda", "COP"];
+
+    let refused = pagos.pay().args(payment).output().await.expect("pagos pay");
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stderr));
+    assert!(
+        text(&refused.stderr).contains("medioPago"),
+        "the server names what is missing: {}",
+        text(&refused.stderr)
+    );
+    assert!(pagos.charges().await.is_empty(), "nothing reached Stripe");
+
+    let paid = pagos
+        .pay()
+        .args(payment)
+        .args([
+            "--medio-pago",
+            r#"{"id":"pm_1Q0PsIJvEtkwdCNYMSaVuRz6","cliente":"cus_NffrFeUfNV2Hib"}"#,
+            "--json",
+        ])
+        .output()
+        .await
+        .expect("pagos pay");
+    assert_eq!(paid.status.code(), Some(0), "{}", text(&paid.stderr));
+    let shown: serde_json::Value = serde_json::from_slice(&paid.stdout).expect("one JSON line");
+    assert_eq!(shown["estado"], "COMPLETADA");
+    assert_eq!(shown["medioPago"]["id"], "pm_1Q0PsIJvEtkwdCNYMSaVuRz6");
+    let charges = pagos.charges().await;
+    assert_eq!(charges.len(), 1, "one PaymentIntent");
+    let form: std::collections::HashMap<String, String> =
+        url::form_urlencoded::parse(&charges[0].body)
+            .into_owned()
+            .collect();
+    assert_eq!(form["payment_method"], "pm_1Q0PsIJvEtkwdCNYMSaVuRz6");
+    assert_eq!(form["customer"], "cus_NffrFeUfNV2Hib");
+    assert_eq!(form["amount"], "250000");
 }

@@ -1,74 +1,17 @@
-//! Test harness for the client: wiremock standing in for pagos, and the real `pagos`
-//! binary (`serve` with a wiremock gateway, and `pay`) for the end-to-end tests.
+//! Test harness for the client against the real `pagos` binary (`serve` with a wiremock
+//! gateway, and `pay`). The client's tests that need only a scripted server live in the
+//! `pagos-client` crate.
 
-use pagos::client::{Client, Intent, Journal, PaymentRequest, RetryNotice, RetryPolicy};
+use pagos_client::Journal;
 use serde_json::{Value, json};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use uuid::Uuid;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 pub const API_KEY: &str = "sk_test_acme";
-
-/// Quick retries, so a test waits only where it means to (a `Retry-After`).
-pub fn fast_policy() -> RetryPolicy {
-    RetryPolicy {
-        max_attempts: 10,
-        deadline: Duration::from_secs(10),
-        request_timeout: Duration::from_secs(2),
-        min_delay: Duration::from_millis(5),
-        max_delay: Duration::from_millis(40),
-        seed: Some(7),
-    }
-}
-
-pub fn intent() -> Intent {
-    Intent::new(PaymentRequest::new("42", 250_000, "COP").expect("valid"))
-}
-
-/// The payment of `intent()` as pagos shows it.
-pub fn pago(id: Uuid, estado: &str) -> Value {
-    json!({"id": id, "creditoId": "42", "monto": 250000, "moneda": "COP", "estado": estado,
-           "gatewayRef": "ch_1", "creadoEn": "2026-01-01T00:00:00.000Z",
-           "actualizadoEn": "2026-01-01T00:00:01.000Z"})
-}
-
-pub fn problem(status: u16, slug: &str, title: &str) -> Value {
-    json!({"type": format!("/problems/{slug}"), "title": title, "status": status,
-           "detail": format!("{title}, as the test asked.")})
-}
-
-pub fn answer(status: u16, body: Value) -> ResponseTemplate {
-    let content_type = if status >= 400 {
-        "application/problem+json"
-    } else {
-        "application/json"
-    };
-    ResponseTemplate::new(status).set_body_raw(body.to_string(), content_type)
-}
-
-pub fn posts() -> wiremock::MockBuilder {
-    Mock::given(method("POST")).and(path("/v1/pagos"))
-}
-
-pub fn look_ups(id: Uuid) -> wiremock::MockBuilder {
-    Mock::given(method("GET")).and(path(format!("/v1/pagos/{id}")))
-}
-
-/// The `POST /v1/pagos` requests a server received.
-pub async fn posts_seen(server: &MockServer) -> Vec<Request> {
-    server
-        .received_requests()
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r.method.as_str() == "POST" && r.url.path() == "/v1/pagos")
-        .collect()
-}
 
 pub fn key_of(request: &Request) -> String {
     request
@@ -78,51 +21,6 @@ pub fn key_of(request: &Request) -> String {
         .unwrap_or_default()
         .to_owned()
 }
-
-/// A journal in its own temporary directory.
-pub struct TestJournal {
-    pub journal: Journal,
-    pub path: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl TestJournal {
-    pub async fn new() -> TestJournal {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("journal.db");
-        let journal = Journal::open(&path).await.expect("journal");
-        TestJournal {
-            journal,
-            path,
-            _dir: dir,
-        }
-    }
-}
-
-/// The notices a client gave before each wait.
-#[derive(Clone, Default)]
-pub struct Notices(Arc<Mutex<Vec<RetryNotice>>>);
-
-impl Notices {
-    pub fn all(&self) -> Vec<RetryNotice> {
-        self.0.lock().expect("lock").clone()
-    }
-}
-
-/// A client of `server` with quick retries, a journal, and its notices recorded.
-pub fn client(server: &MockServer, journal: &Journal, policy: RetryPolicy) -> (Client, Notices) {
-    let notices = Notices::default();
-    let sink = notices.clone();
-    let client = Client::new(&server.uri(), API_KEY)
-        .expect("client")
-        .with_policy(policy)
-        .with_journal(journal.clone())
-        .on_retry(move |n| sink.0.lock().expect("lock").push(n.clone()));
-    (client, notices)
-}
-
-// ---------------------------------------------------------------------------------------
-// The real binary.
 
 pub fn pagos_bin() -> std::process::Command {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_pagos"));
@@ -188,6 +86,29 @@ fn free_port() -> u16 {
     listener.local_addr().expect("addr").port()
 }
 
+/// Stripe creating every PaymentIntent it is asked for, succeeded (the fixture, made
+/// about the payment that asked: its amount, currency and reference).
+struct StripeSucceeds;
+
+impl Respond for StripeSucceeds {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let form: std::collections::HashMap<String, String> =
+            url::form_urlencoded::parse(&request.body)
+                .into_owned()
+                .collect();
+        let mut intent: Value = serde_json::from_str(include_str!(
+            "../../fixtures/stripe/payment_intent_succeeded.json"
+        ))
+        .expect("fixture");
+        let amount = form.get("amount").and_then(|a| a.parse::<i64>().ok());
+        intent["amount"] = json!(amount);
+        intent["amount_received"] = json!(amount);
+        intent["currency"] = json!(form.get("currency"));
+        intent["metadata"]["pagos_reference"] = json!(form.get("metadata[pagos_reference]"));
+        ResponseTemplate::new(200).set_body_json(intent)
+    }
+}
+
 impl RealPagos {
     pub async fn start(charge: Charge, delay: Duration) -> RealPagos {
         let gateway = MockServer::start().await;
@@ -196,6 +117,25 @@ impl RealPagos {
             .respond_with(ChargeResponder { charge, delay })
             .mount(&gateway)
             .await;
+        RealPagos::serve(gateway, &["--gateway", "http"]).await
+    }
+
+    /// `pagos serve --gateway stripe`, with a Stripe that charges every PaymentIntent.
+    pub async fn start_stripe() -> RealPagos {
+        let gateway = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/v1/payment_intents"))
+            .respond_with(StripeSucceeds)
+            .mount(&gateway)
+            .await;
+        RealPagos::serve(
+            gateway,
+            &["--gateway", "stripe", "--gateway-secret", "sk_test_x"],
+        )
+        .await
+    }
+
+    async fn serve(gateway: MockServer, gateway_flags: &[&str]) -> RealPagos {
         let dir = tempfile::tempdir().expect("temp dir");
         let database_url = format!(
             "sqlite://{}?mode=rwc",
@@ -216,7 +156,8 @@ impl RealPagos {
         let server = pagos_bin()
             .args(["serve", "--database-url", &database_url])
             .args(["--bind", &format!("127.0.0.1:{port}")])
-            .args(["--gateway", "http", "--gateway-url", &gateway.uri()])
+            .args(gateway_flags)
+            .args(["--gateway-url", &gateway.uri()])
             .args(["--gateway-timeout", "5s", "--gateway-retries", "0"])
             // The lease bounds the Retry-After of a 409: keep waits short.
             .args(["--lease", "6s"])
@@ -278,7 +219,10 @@ impl RealPagos {
             .await
             .unwrap_or_default()
             .into_iter()
-            .filter(|r| r.method.as_str() == "POST" && r.url.path() == "/v1/charges")
+            .filter(|r| {
+                r.method.as_str() == "POST"
+                    && matches!(r.url.path(), "/v1/charges" | "/v1/payment_intents")
+            })
             .collect()
     }
 

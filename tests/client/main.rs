@@ -1,8 +1,7 @@
-//! Integration tests of the retrying client over real HTTP: one binary, one module per area.
-//! `protocol` scripts the server with wiremock; `end_to_end` runs the real `pagos pay`
-//! against the real `pagos serve`.
+//! Integration tests of the retrying client against the real server: `end_to_end` runs the
+//! real `pagos pay` against the real `pagos serve`. (What needs only a scripted server is
+//! tested in the `pagos-client` crate, `client/tests/protocol.rs`.)
 
 mod helpers;
 
 mod end_to_end;
-mod protocol;

@@ -2,7 +2,7 @@
 //! `pagos sandbox-gateway` that times out after charging (10%), resets the connection after
 //! charging (10%), answers 503 without charging (5%), declines (5%) and leaves charges
 //! pending (10%) to settle later through duplicated, delayed and reordered webhooks
-//! (`--chaos`). Sixteen clients of `pagos::client` (one key per intent, a journal each,
+//! (`--chaos`). Sixteen clients of `pagos_client` (one key per intent, a journal each,
 //! retries) pay N payments while the server is SIGKILLed and restarted; then the journals
 //! are resumed, the system is left to settle, and one reconciliation pass runs.
 //!
@@ -22,10 +22,10 @@ mod helpers;
 
 use futures::StreamExt;
 use helpers::{Backend, TestDatabase};
-use pagos::client::{
-    Client, Intent, Journal, Outcome, PayError, Payment, PaymentRequest, RetryPolicy, Waiting,
-};
 use pagos::entities::{idempotency_key, payment, payment_transition};
+use pagos_client::{
+    Client, Intent, Journal, Outcome, Pago, PayError, PayPolicy, PaymentRequest, Waiting,
+};
 use sea_orm::{
     ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
 };
@@ -154,7 +154,7 @@ async fn sandbox_stats(http: &reqwest::Client, base: &str) -> Value {
 #[derive(Clone, Debug)]
 enum Seen {
     /// A final answer: the payment, and 201 (paid) or 402 (declined).
-    Final(Box<Payment>, u16),
+    Final(Box<Pago>, u16),
     /// Pending at the deadline, or gave up with the outcome unknown: still in its journal.
     Unsettled(String),
     /// Anything else: never expected.
@@ -172,8 +172,8 @@ fn seen(result: &Result<Outcome, PayError>) -> Seen {
 }
 
 /// The clients' retry budget: long enough to outlast a killed server's leases.
-fn policy() -> RetryPolicy {
-    RetryPolicy {
+fn policy() -> PayPolicy {
+    PayPolicy {
         max_attempts: 40,
         deadline: Duration::from_secs(60),
         request_timeout: Duration::from_secs(15),
@@ -814,7 +814,7 @@ async fn replay(
         } else {
             json
         };
-        let payment: Payment = serde_json::from_value(pago).map_err(|e| e.to_string())?;
+        let payment: Pago = serde_json::from_value(pago).map_err(|e| e.to_string())?;
         if payment.id != key_row.payment_id {
             return Err(format!(
                 "replay names payment {}, the key {}",

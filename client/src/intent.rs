@@ -4,8 +4,8 @@
 //! made, and every retry — in this process or in the next one, after a crash — sends that
 //! same key with the same body.
 
-use crate::domain::{FieldError, NewPayment};
-use crate::idempotency::{IdempotencyKey, KeyError};
+use pagos_types::key::{IdempotencyKey, KeyError};
+use pagos_types::request::{Currency, FieldError, NewPayment, PaymentMethod};
 use serde_json::{Map, Value};
 use std::fmt;
 use uuid::Uuid;
@@ -60,7 +60,7 @@ impl PaymentRequest {
     /// `currency` an ISO 4217 code the service supports.
     ///
     /// ```
-    /// use pagos::client::PaymentRequest;
+    /// use pagos_client::PaymentRequest;
     ///
     /// let request = PaymentRequest::new("42", 250_000, "COP").expect("valid");
     /// assert_eq!(request.amount(), 250_000);
@@ -88,6 +88,41 @@ impl PaymentRequest {
         PaymentRequest::from_json(&body)
     }
 
+    /// The same payment, paid with `method` (`medioPago`): what a server charging through
+    /// Stripe or Mercado Pago needs. The fields a gateway does not use are refused by the
+    /// server, which knows its gateway; this checks only their form.
+    ///
+    /// ```
+    /// use pagos_client::{PaymentMethod, PaymentRequest};
+    ///
+    /// // Stripe: a saved PaymentMethod, and the Customer it belongs to.
+    /// let stripe = PaymentMethod {
+    ///     customer: Some("cus_NffrFeUfNV2Hib".into()),
+    ///     ..PaymentMethod::with_id("pm_1Q0PsIJvEtkwdCNYMSaVuRz6")
+    /// };
+    /// let request = PaymentRequest::new("42", 250_000, "COP")?.with_payment_method(stripe)?;
+    /// assert_eq!(request.to_json()["medioPago"]["cliente"], "cus_NffrFeUfNV2Hib");
+    ///
+    /// // Mercado Pago: the card token of its JS SDK, installments and the payer's e-mail.
+    /// let card = PaymentMethod {
+    ///     token: Some("ff8080814c11e237014c1ff593b57b4d".into()),
+    ///     installments: Some(1),
+    ///     payer_email: Some("payer@example.com".into()),
+    ///     ..PaymentMethod::with_id("visa")
+    /// };
+    /// let request = PaymentRequest::new("42", 250_000, "COP")?.with_payment_method(card)?;
+    /// assert_eq!(request.payment_method().map(|m| m.id.as_str()), Some("visa"));
+    /// # Ok::<(), pagos_client::InvalidRequest>(())
+    /// ```
+    pub fn with_payment_method(
+        self,
+        method: PaymentMethod,
+    ) -> Result<PaymentRequest, InvalidRequest> {
+        let mut body = self.to_json();
+        body["medioPago"] = method.to_json();
+        PaymentRequest::from_json(&body)
+    }
+
     /// Parses a body in the contract's JSON form (as kept in the journal).
     pub fn from_json(body: &Value) -> Result<PaymentRequest, InvalidRequest> {
         NewPayment::from_json(body)
@@ -107,6 +142,9 @@ impl PaymentRequest {
         if let Some(description) = &self.0.description {
             body.insert("descripcion".into(), Value::String(description.clone()));
         }
+        if let Some(method) = &self.0.payment_method {
+            body.insert("medioPago".into(), method.to_json());
+        }
         Value::Object(body)
     }
 
@@ -119,19 +157,24 @@ impl PaymentRequest {
         self.0.amount
     }
 
-    pub fn currency(&self) -> crate::domain::Currency {
+    pub fn currency(&self) -> Currency {
         self.0.currency
     }
 
     pub fn description(&self) -> Option<&str> {
         self.0.description.as_deref()
     }
+
+    /// How the payer pays (`medioPago`), when given.
+    pub fn payment_method(&self) -> Option<&PaymentMethod> {
+        self.0.payment_method.as_ref()
+    }
 }
 
 /// One intention to pay: a request and the key that every attempt at it carries.
 ///
 /// ```
-/// use pagos::client::{Intent, PaymentRequest};
+/// use pagos_client::{Intent, PaymentRequest};
 ///
 /// let intent = Intent::new(PaymentRequest::new("42", 250_000, "COP").expect("valid"));
 /// let retry = intent.clone();
@@ -198,6 +241,27 @@ mod tests {
             PaymentRequest::from_json(&described.to_json()),
             Ok(described)
         );
+    }
+
+    #[test]
+    fn the_payment_method_goes_in_the_body_and_comes_back_from_it() {
+        let method = PaymentMethod {
+            payer_email: Some("payer@example.com".into()),
+            ..PaymentMethod::with_id("efecty")
+        };
+        let request = request()
+            .with_payment_method(method.clone())
+            .expect("valid");
+        assert_eq!(
+            request.to_json(),
+            json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
+                   "medioPago": {"id": "efecty", "email": "payer@example.com"}})
+        );
+        let read = PaymentRequest::from_json(&request.to_json()).expect("valid");
+        assert_eq!(read.payment_method(), Some(&method));
+        let bad = PaymentMethod::with_id("pm 1");
+        let err = request.with_payment_method(bad).expect_err("refused");
+        assert_eq!(err.0[0].campo, "medioPago.id");
     }
 
     #[test]

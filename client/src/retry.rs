@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 /// How hard one `pay` tries. The defaults suit an interactive payment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
+pub struct PayPolicy {
     /// Tries of a request that failed with an unknown outcome, the first one included.
     /// Looking a pending payment up again does not count.
     pub max_attempts: u32,
@@ -29,9 +29,9 @@ pub struct RetryPolicy {
     pub seed: Option<u64>,
 }
 
-impl Default for RetryPolicy {
+impl Default for PayPolicy {
     fn default() -> Self {
-        RetryPolicy {
+        PayPolicy {
             max_attempts: 10,
             deadline: Duration::from_secs(120),
             request_timeout: Duration::from_secs(15),
@@ -42,7 +42,7 @@ impl Default for RetryPolicy {
     }
 }
 
-impl RetryPolicy {
+impl PayPolicy {
     /// The jittered delays of this policy, as a backon backoff.
     pub fn backoff(&self) -> FullJitter {
         let rng = match self.seed {
@@ -116,7 +116,7 @@ pub enum Exhausted {
 }
 
 impl Budget {
-    pub fn new(policy: &RetryPolicy, now: Instant) -> Budget {
+    pub fn new(policy: &PayPolicy, now: Instant) -> Budget {
         Budget {
             started: now,
             deadline: now + policy.deadline,
@@ -170,12 +170,12 @@ impl Budget {
 mod tests {
     use super::*;
 
-    fn policy(seed: u64) -> RetryPolicy {
-        RetryPolicy {
+    fn policy(seed: u64) -> PayPolicy {
+        PayPolicy {
             min_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(2),
             seed: Some(seed),
-            ..RetryPolicy::default()
+            ..PayPolicy::default()
         }
     }
 
@@ -248,7 +248,7 @@ mod tests {
     #[test]
     fn failures_stop_at_max_attempts_but_pending_lookups_do_not_count() {
         let now = Instant::now();
-        let p = RetryPolicy {
+        let p = PayPolicy {
             max_attempts: 3,
             ..policy(1)
         };
@@ -271,7 +271,7 @@ mod tests {
     #[test]
     fn no_try_starts_past_the_deadline() {
         let now = Instant::now();
-        let p = RetryPolicy {
+        let p = PayPolicy {
             deadline: Duration::from_secs(5),
             max_attempts: 1000,
             ..policy(1)
@@ -297,7 +297,7 @@ mod tests {
     #[test]
     fn a_request_never_waits_past_the_deadline() {
         let now = Instant::now();
-        let p = RetryPolicy {
+        let p = PayPolicy {
             deadline: Duration::from_secs(5),
             ..policy(1)
         };

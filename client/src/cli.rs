@@ -5,8 +5,9 @@
 //! intent for a payment it already holds: retrying a payment is `--resume`, which sends
 //! the key kept in the journal.
 
-use super::{Client, Intent, IntentKey, Journal, Outcome, PayError, PaymentRequest, RetryPolicy};
-use crate::domain::Currency;
+use super::{Client, Intent, IntentKey, Journal, Outcome, PayError, PayPolicy, PaymentRequest};
+use pagos_types::{Currency, FieldError, PaymentMethod, Problem};
+use secrecy::{ExposeSecret, SecretString};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -56,10 +57,10 @@ pub struct PayArgs {
         env = "PAGOS_API_KEY",
         hide_env_values = true,
         value_name = "KEY",
-        value_parser = crate::config::secret,
+        value_parser = secret,
         required_unless_present = "forget"
     )]
-    pub api_key: Option<secrecy::SecretString>,
+    pub api_key: Option<SecretString>,
     /// The credit this payment pays (creditoId)
     #[arg(long, env = "PAGOS_CREDITO", value_name = "ID", value_parser = credit_id,
           required_unless_present_any = ["resume", "forget"])]
@@ -75,6 +76,12 @@ pub struct PayArgs {
     /// Optional description of the payment (at most 255 characters)
     #[arg(long, env = "PAGOS_DESCRIPCION", value_name = "TEXT", value_parser = description)]
     pub descripcion: Option<String>,
+    /// How the payer pays (medioPago), as the contract's JSON; required when the server
+    /// charges through Stripe ('{"id":"pm_…","cliente":"cus_…"}', or just the pm_… id) or
+    /// Mercado Pago ('{"id":"visa","token":"…","cuotas":1,"email":"payer@example.com"}')
+    #[arg(long, env = "PAGOS_MEDIO_PAGO", hide_env_values = true, value_name = "JSON",
+          value_parser = payment_method)]
+    pub medio_pago: Option<PaymentMethod>,
     /// Retry every intent still in the journal, each with its own key and server
     /// (the API key must be the one it was made with)
     #[arg(long, env = "PAGOS_RESUME")]
@@ -115,6 +122,11 @@ pub struct PayArgs {
     #[arg(long, env = "PAGOS_KEY_RETENTION", default_value = "24h", value_parser = positive_duration,
           value_name = "DURATION")]
     pub key_retention: Duration,
+}
+
+/// A setting that holds a secret: redacted in `Debug`, wiped from memory when dropped.
+fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
+    Ok(SecretString::from(s))
 }
 
 fn positive_duration(s: &str) -> Result<Duration, String> {
@@ -164,6 +176,19 @@ fn description(s: &str) -> Result<String, String> {
     field("descripcion", s.into()).map(|()| s.to_owned())
 }
 
+/// `medioPago` as JSON (`{"id":…}` or `"pm_…"`); text that is not JSON is taken as the id,
+/// which the contract reads the same (`pm_…` for `"pm_…"`).
+fn payment_method(s: &str) -> Result<PaymentMethod, String> {
+    let value = serde_json::from_str(s).unwrap_or_else(|_| serde_json::Value::from(s));
+    PaymentMethod::from_json(&value).map_err(|errors| {
+        errors
+            .into_iter()
+            .map(|e| format!("{} {}", e.campo, e.detalle))
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
 /// A setting that parsed but cannot be used: one line naming it, exit 2.
 fn bad_setting(env: &str, flag: &str, message: impl std::fmt::Display) -> ExitCode {
     eprintln!("pagos: invalid setting {env} (--{flag}): {message}");
@@ -171,8 +196,8 @@ fn bad_setting(env: &str, flag: &str, message: impl std::fmt::Display) -> ExitCo
 }
 
 impl PayArgs {
-    fn policy(&self) -> RetryPolicy {
-        RetryPolicy {
+    fn policy(&self) -> PayPolicy {
+        PayPolicy {
             max_attempts: self.max_attempts,
             deadline: self.deadline,
             request_timeout: self.request_timeout,
@@ -209,7 +234,10 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
         let journal = Journal::open(&path).await?;
         return forget(&journal, &key).await;
     }
-    let api_key = crate::config::exposed(&args.api_key)
+    let api_key = args
+        .api_key
+        .as_ref()
+        .map(ExposeSecret::expose_secret)
         .unwrap_or_default()
         .to_owned();
     if let Err(err) = Client::new("http://localhost", &api_key) {
@@ -217,9 +245,13 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
     }
     let journal = Journal::open(&path).await?;
     if args.resume {
-        if args.credito.is_some() || args.monto.is_some() || args.moneda.is_some() {
+        if args.credito.is_some()
+            || args.monto.is_some()
+            || args.moneda.is_some()
+            || args.medio_pago.is_some()
+        {
             eprintln!(
-                "pagos: --resume retries the journal's intents; --credito, --monto and --moneda are ignored"
+                "pagos: --resume retries the journal's intents; --credito, --monto, --moneda and --medio-pago are ignored"
             );
         }
         return Ok(resume(&args, &journal, &api_key).await?.into());
@@ -233,12 +265,15 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
             "--url, --credito, --monto and --moneda are required to pay",
         ));
     };
-    let request = PaymentRequest::new(credito.as_str(), monto, moneda).and_then(|r| {
-        match &args.descripcion {
+    let request = PaymentRequest::new(credito.as_str(), monto, moneda)
+        .and_then(|r| match &args.descripcion {
             Some(d) => r.with_description(d.as_str()),
             None => Ok(r),
-        }
-    });
+        })
+        .and_then(|r| match &args.medio_pago {
+            Some(method) => r.with_payment_method(method.clone()),
+            None => Ok(r),
+        });
     let request = match request {
         Ok(request) => request,
         Err(err) => return Ok(bad_setting("PAGOS_MONTO", "monto", err)),
@@ -353,6 +388,9 @@ async fn report(
         }
         Err(err) => {
             eprintln!("pagos: {err}");
+            for field in err.problem().map(field_errors).unwrap_or_default() {
+                eprintln!("pagos:   {}: {}", field.campo, field.detalle);
+            }
             let kept = matches!(journal.get(key).await, Ok(Some(_)));
             match &err {
                 PayError::KeyReused { .. }
@@ -372,6 +410,16 @@ async fn report(
             Exit::Failed
         }
     }
+}
+
+/// The offending fields a validation refusal lists under `errores`.
+fn field_errors(problem: &Problem) -> Vec<FieldError> {
+    problem
+        .extensions
+        .get("errores")
+        .cloned()
+        .and_then(|errores| serde_json::from_value(errores).ok())
+        .unwrap_or_default()
 }
 
 fn print(text: &str) {
@@ -398,6 +446,9 @@ pub fn render(key: &IntentKey, outcome: &Outcome, json: bool) -> String {
     ];
     if let Some(d) = &p.description {
         rows.push(("descripcion", d.clone()));
+    }
+    if let Some(method) = &p.payment_method {
+        rows.push(("medioPago", method.id.clone()));
     }
     rows.push(("gatewayRef", p.gateway_ref.clone().unwrap_or_default()));
     if let Outcome::Declined {
@@ -442,15 +493,18 @@ pub fn money(minor: i64, currency: Currency) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Cli, Command, one_line_error_in};
     use clap::Parser;
 
+    /// `pay` as a program of its own, the way `pagos` mounts it as a subcommand.
+    #[derive(Debug, Parser)]
+    struct Pay {
+        #[command(flatten)]
+        args: PayArgs,
+    }
+
     fn parse(args: &[&str]) -> Result<PayArgs, clap::Error> {
-        let all = ["pagos", "pay"].iter().chain(args.iter()).copied();
-        match Cli::try_parse_from(all)?.command {
-            Command::Pay(args) => Ok(args),
-            other => panic!("not pay: {other:?}"),
-        }
+        let all = ["pay"].iter().chain(args.iter()).copied();
+        Pay::try_parse_from(all).map(|pay| pay.args)
     }
 
     const PAY: [&str; 10] = [
@@ -484,23 +538,54 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_value_is_one_line_naming_the_flag_and_its_env_var() {
-        for (flag, value, env) in [
-            ("--monto", "0", "PAGOS_MONTO"),
-            ("--monto", "12.5", "PAGOS_MONTO"),
-            ("--moneda", "XXX", "PAGOS_MONEDA"),
-            ("--credito", "", "PAGOS_CREDITO"),
-            ("--deadline", "soon", "PAGOS_DEADLINE"),
-            ("--url", "ftp://x", "PAGOS_URL"),
+    fn a_bad_value_is_refused_naming_the_flag() {
+        for (flag, value) in [
+            ("--monto", "0"),
+            ("--monto", "12.5"),
+            ("--moneda", "XXX"),
+            ("--credito", ""),
+            ("--deadline", "soon"),
+            ("--url", "ftp://x"),
+            ("--medio-pago", "{\"id\":\"pm 1\"}"),
+            ("--medio-pago", "{\"id\":\"visa\",\"cuotas\":0}"),
         ] {
             let mut args = PAY.to_vec();
             args.extend([flag, value]);
             let err = parse(&args).expect_err("refused");
-            let line = one_line_error_in(&err, ["pay".to_owned()]);
-            assert!(line.contains(env), "{flag} {value}: {line}");
-            assert!(line.contains(flag), "{line}");
-            assert!(!line.contains('\n'), "{line}");
+            let shown = err.render().to_string();
+            assert!(shown.contains(flag), "{flag} {value}: {shown}");
         }
+    }
+
+    #[test]
+    fn the_payment_method_is_the_contracts_json_or_a_bare_id() {
+        let mut args = PAY.to_vec();
+        args.extend([
+            "--medio-pago",
+            r#"{"id":"visa","token":"ff8080814c11e237014c1ff593b57b4d","cuotas":3,"email":"payer@example.com"}"#,
+        ]);
+        let method = parse(&args).expect("parses").medio_pago.expect("a method");
+        assert_eq!(method.id, "visa");
+        assert_eq!(method.installments, Some(3));
+        assert_eq!(method.payer_email.as_deref(), Some("payer@example.com"));
+        for bare in [
+            "pm_1Q0PsIJvEtkwdCNYMSaVuRz6",
+            "\"pm_1Q0PsIJvEtkwdCNYMSaVuRz6\"",
+        ] {
+            let mut args = PAY.to_vec();
+            args.extend(["--medio-pago", bare]);
+            let method = parse(&args).expect("parses").medio_pago.expect("a method");
+            assert_eq!(
+                method,
+                PaymentMethod::with_id("pm_1Q0PsIJvEtkwdCNYMSaVuRz6")
+            );
+        }
+    }
+
+    #[test]
+    fn the_api_key_is_never_shown_by_the_parsed_flags() {
+        let args = parse(&["--resume", "--api-key", "sk_live_cli_8d2f6a"]).expect("parses");
+        assert!(!format!("{args:?}").contains("sk_live_cli_8d2f6a"));
     }
 
     #[test]
@@ -526,7 +611,7 @@ mod tests {
 
     #[test]
     fn the_table_is_aligned_and_json_is_the_payment() {
-        let payment: super::super::Payment = serde_json::from_value(serde_json::json!({
+        let payment: crate::Pago = serde_json::from_value(serde_json::json!({
             "id": "0193c4a2-7f1e-7c3a-9b0e-2a4d5f6e7a8b", "creditoId": "42", "monto": 250000,
             "moneda": "COP", "estado": "COMPLETADA", "gatewayRef": "ch_1",
             "creadoEn": "2026-01-01T00:00:00.000Z", "actualizadoEn": "2026-01-01T00:00:01.000Z"

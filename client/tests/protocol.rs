@@ -1,13 +1,15 @@
 //! The client against a scripted server (wiremock standing in for pagos): what it retries,
 //! with which key, how long it waits, what it refuses to retry, and what the journal keeps.
 
-use crate::helpers::{
+mod helpers;
+
+use helpers::{
     API_KEY, TestJournal, answer, client, fast_policy, intent, key_of, look_ups, pago, posts,
     posts_seen, problem,
 };
-use pagos::client::retry::RetryPolicy;
-use pagos::client::{Client, Intent, Outcome, PayError, PaymentRequest, Waiting};
-use pagos::saga::state::PaymentState;
+use pagos_client::{
+    Client, Intent, Outcome, PayError, PayPolicy, PaymentRequest, PaymentState, Waiting,
+};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 use wiremock::{MockServer, Request};
@@ -306,7 +308,7 @@ async fn a_503_forever_is_given_up_within_the_total_time_and_the_intent_stays_in
         .await;
     let journal = TestJournal::new().await;
     let total = Duration::from_millis(1500);
-    let policy = RetryPolicy {
+    let policy = PayPolicy {
         deadline: total,
         max_attempts: 1000,
         min_delay: Duration::from_millis(10),
@@ -352,7 +354,7 @@ async fn attempts_are_capped_by_the_policy() {
         .mount(&server)
         .await;
     let journal = TestJournal::new().await;
-    let policy = RetryPolicy {
+    let policy = PayPolicy {
         max_attempts: 3,
         ..fast_policy()
     };
@@ -431,7 +433,7 @@ async fn a_payment_pending_at_the_deadline_is_kept_and_later_resumed_by_reading_
         .mount_as_scoped(&server)
         .await;
     let journal = TestJournal::new().await;
-    let policy = RetryPolicy {
+    let policy = PayPolicy {
         deadline: Duration::from_millis(600),
         min_delay: Duration::from_millis(50),
         ..fast_policy()
@@ -488,7 +490,7 @@ async fn a_look_up_unanswered_at_the_deadline_leaves_the_payment_pending_not_fai
         .mount(&server)
         .await;
     let journal = TestJournal::new().await;
-    let policy = RetryPolicy {
+    let policy = PayPolicy {
         deadline: Duration::from_millis(600),
         min_delay: Duration::from_millis(50),
         ..fast_policy()
@@ -541,7 +543,7 @@ async fn an_intent_recorded_by_a_process_that_died_is_resumed_with_its_key_by_th
         .mount(&server)
         .await;
     let journal = TestJournal::new().await;
-    let url = pagos::client::base_url(&server.uri()).expect("url");
+    let url = pagos_client::base_url(&server.uri()).expect("url");
     // The first process wrote the intent down, counted its request, and died.
     let intent = intent();
     journal
@@ -562,7 +564,7 @@ async fn an_intent_recorded_by_a_process_that_died_is_resumed_with_its_key_by_th
         .await
         .expect("recorded");
 
-    let reopened = pagos::client::Journal::open(&journal.path)
+    let reopened = pagos_client::Journal::open(&journal.path)
         .await
         .expect("journal");
     let client = Client::new(&server.uri(), API_KEY)
@@ -608,7 +610,7 @@ async fn an_unanswered_intent_older_than_the_servers_key_retention_is_not_sent_a
         .mount(&server)
         .await;
     let journal = TestJournal::new().await;
-    let url = pagos::client::base_url(&server.uri()).expect("url");
+    let url = pagos_client::base_url(&server.uri()).expect("url");
     let intent = intent();
     journal
         .journal

@@ -1,19 +1,82 @@
-//! The retrying client of `POST /v1/pagos`: one idempotency key per intent to pay (not per
-//! attempt), kept in a journal across crashes, retried with exponential backoff and full
-//! jitter on answers that leave the outcome unknown or the server busy.
+//! `pagos-client`: the retrying client of a pagos server, for merchants. One idempotency
+//! key per intent to pay (not per attempt), kept in a journal across crashes, retried with
+//! exponential backoff and full jitter on answers that leave the outcome unknown or the
+//! server busy; and `pagos pay`, its command line ([`cli`]).
 //!
 //! It must never send an intent under a new key, never retry a refusal (a 4xx other
 //! than 408, 409, 425 and 429: the request itself needs correcting), and never forget an
-//! intent before the server gave a terminal answer about it.
+//! intent before the server gave a terminal answer about it. It depends on the wire types
+//! it shares with the server (`pagos-types`) and on nothing of the server itself.
+//!
+//! # A merchant's whole integration
 //!
 //! ```no_run
-//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! use pagos::client::{Client, Intent, Journal, PaymentRequest};
-//! let journal = Journal::open("pagos-journal.db").await?;
-//! let client = Client::new("http://127.0.0.1:8080", "sk_test_acme")?.with_journal(journal);
-//! let intent = Intent::new(PaymentRequest::new("42", 250_000, "COP")?);
-//! let outcome = client.pay(&intent).await?; // Paid, Declined or still Pending
-//! # let _ = outcome; Ok(()) }
+//! use pagos_client::{
+//!     Client, Intent, IntentKey, Journal, Outcome, PayError, PayPolicy, PaymentMethod,
+//!     PaymentRequest, ProblemType,
+//! };
+//! use std::time::Duration;
+//!
+//! # async fn integration() -> Result<(), Box<dyn std::error::Error>> {
+//! // Once, at start: a client of the pagos server, as this merchant, with a journal (a
+//! // local SQLite file) that keeps every intent and its key until a terminal answer.
+//! let journal = Journal::open("/var/lib/shop/pagos-journal.db").await?;
+//! let client = Client::new("https://pagos.internal", "sk_live_…")?
+//!     .with_journal(journal)
+//!     .with_policy(PayPolicy {
+//!         deadline: Duration::from_secs(30),
+//!         ..PayPolicy::default()
+//!     });
+//!
+//! // A process that died mid-payment left intents behind: pay them first, each with its
+//! // own key (never a new one).
+//! for resumed in client.resume().await? {
+//!     println!("{}: {:?}", resumed.pending.intent.key(), resumed.result);
+//! }
+//!
+//! // One intent per payment the customer means to make: its key is made here, once. A
+//! // Stripe server needs the saved PaymentMethod (a Mercado Pago one, the card token and
+//! // the payer's e-mail: see `PaymentRequest::with_payment_method`).
+//! let request = PaymentRequest::new("credit-42", 250_000, "COP")? // 2500.00 COP
+//!     .with_description("installment 3")?
+//!     .with_payment_method(PaymentMethod {
+//!         customer: Some("cus_NffrFeUfNV2Hib".into()),
+//!         ..PaymentMethod::with_id("pm_1Q0PsIJvEtkwdCNYMSaVuRz6")
+//!     })?;
+//! let intent = Intent::new(request);
+//! // Keep `intent.key()` next to the order if the order outlives this process: a retry
+//! // tomorrow is `Intent::with_key(IntentKey::parse(&kept)?, request)`, never a new intent.
+//! let kept_key: String = intent.key().to_string();
+//! # let _: IntentKey = IntentKey::parse(&kept_key)?;
+//!
+//! match client.pay(&intent).await {
+//!     Ok(Outcome::Paid(payment)) => println!("paid: {} ({:?})", payment.id, payment.gateway_ref),
+//!     Ok(Outcome::Declined { payment, problem }) => {
+//!         // No money moved. `declineCode` says why (insufficient_funds, …).
+//!         let code = problem.as_ref().and_then(|p| p.extensions.get("declineCode"));
+//!         println!("declined: {} {code:?}", payment.id);
+//!     }
+//!     Ok(Outcome::Pending(payment)) => {
+//!         // The server has it and settles it on its own: pay the same intent later.
+//!         println!("still {} at the deadline: {}", payment.state, payment.id);
+//!     }
+//!     Err(PayError::Rejected { status, problem }) => {
+//!         // The request needs correcting; branch on the problem's type, never its title.
+//!         if problem.kind() == Some(ProblemType::Validation) {
+//!             println!("{status}: {:?}", problem.extensions.get("errores"));
+//!         }
+//!     }
+//!     Err(PayError::GaveUp { .. }) => {
+//!         // Unknown outcome: the payment may exist. The journal keeps the intent; the next
+//!         // `resume` (or paying this same intent) finds out, with the same key.
+//!     }
+//!     Err(err @ (PayError::KeyReused { .. } | PayError::Blocked { .. } | PayError::Expired { .. })) => {
+//!         // A human checks what the key paid, then `pagos pay --forget KEY`.
+//!         eprintln!("needs a human: {err}");
+//!     }
+//!     Err(err) => eprintln!("{err}"),
+//! }
+//! # Ok(()) }
 //! ```
 //!
 //! What is retried, for how long, and when an intent leaves the journal: `docs/client.md`.
@@ -24,12 +87,13 @@ pub mod intent;
 pub mod journal;
 pub mod retry;
 
-pub use answer::{Payment, Problem};
+pub use answer::{MedioPago, Pago, Problem};
 pub use intent::{Intent, IntentKey, InvalidRequest, PaymentRequest};
 pub use journal::{Journal, JournalError, PendingIntent};
-pub use retry::RetryPolicy;
+pub use pagos_types::request::PayerDocument;
+pub use pagos_types::{Currency, FieldError, PaymentMethod, PaymentState, ProblemType};
+pub use retry::PayPolicy;
 
-use crate::saga::state::PaymentState;
 use answer::{Head, Reading};
 use backon::Retryable;
 use reqwest::header::{AUTHORIZATION, HeaderValue, RETRY_AFTER};
@@ -45,20 +109,20 @@ use uuid::Uuid;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
     /// COMPLETADA: charged, once.
-    Paid(Payment),
+    Paid(Pago),
     /// FALLIDA: declined or refused by the gateway; no money moved. The problem (with its
     /// `declineCode`) comes with a `POST` answer, not with a look-up by id.
     Declined {
-        payment: Payment,
+        payment: Pago,
         problem: Option<Problem>,
     },
     /// The server has the payment but no outcome yet at the deadline. It settles it on its
     /// own (its reconciler); pay the same intent again later to learn the outcome.
-    Pending(Payment),
+    Pending(Pago),
 }
 
 impl Outcome {
-    pub fn payment(&self) -> &Payment {
+    pub fn payment(&self) -> &Pago {
         match self {
             Outcome::Paid(p) | Outcome::Pending(p) => p,
             Outcome::Declined { payment, .. } => payment,
@@ -125,10 +189,7 @@ impl PayError {
 }
 
 fn headline(problem: &Problem) -> String {
-    match &problem.detail {
-        Some(detail) => format!("{}: {detail}", problem.title),
-        None => problem.title.clone(),
-    }
+    problem.headline()
 }
 
 fn round(d: Duration) -> Duration {
@@ -199,7 +260,7 @@ pub struct Client {
     payments_url: Url,
     api_key: Arc<str>,
     authorization: HeaderValue,
-    policy: RetryPolicy,
+    policy: PayPolicy,
     key_retention: Duration,
     journal: Option<Journal>,
     on_retry: Hook,
@@ -250,7 +311,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Why one try did not give an outcome (backon's error type).
 #[derive(Debug)]
 enum Stop {
-    Pending(Box<Payment>),
+    Pending(Box<Pago>),
     Transient {
         why: String,
         retry_after: Option<Duration>,
@@ -289,12 +350,12 @@ struct Settling<'a> {
     exhausted: Mutex<Option<Exhausted>>,
     /// The payment as the server last showed it while not settled: what the merchant is
     /// told if the deadline comes in the middle of a later look-up.
-    last_pending: Mutex<Option<Payment>>,
+    last_pending: Mutex<Option<Pago>>,
 }
 
 impl Client {
     /// A client of the pagos server at `base_url`, as the merchant whose API key is
-    /// `api_key`, with the default [`RetryPolicy`] and no journal.
+    /// `api_key`, with the default [`PayPolicy`] and no journal.
     pub fn new(base_url: &str, api_key: &str) -> Result<Client, SetupError> {
         let base = self::base_url(base_url)?;
         let payments_url = base.join("v1/pagos").map_err(|e| SetupError::BadUrl {
@@ -319,7 +380,7 @@ impl Client {
             payments_url,
             api_key: Arc::from(api_key),
             authorization,
-            policy: RetryPolicy::default(),
+            policy: PayPolicy::default(),
             key_retention: DEFAULT_KEY_RETENTION,
             journal: None,
             on_retry: Arc::new(log_notice),
@@ -327,7 +388,7 @@ impl Client {
     }
 
     /// Retries by this policy instead of the default one.
-    pub fn with_policy(mut self, policy: RetryPolicy) -> Client {
+    pub fn with_policy(mut self, policy: PayPolicy) -> Client {
         self.policy = policy;
         self
     }
@@ -357,7 +418,7 @@ impl Client {
         &self.base_url
     }
 
-    pub fn policy(&self) -> &RetryPolicy {
+    pub fn policy(&self) -> &PayPolicy {
         &self.policy
     }
 
@@ -530,7 +591,7 @@ pub struct Resumed {
     pub result: Result<Outcome, PayError>,
 }
 
-fn still(p: &Payment) -> String {
+fn still(p: &Pago) -> String {
     format!("payment {} still {}", p.id, p.state)
 }
 
@@ -688,7 +749,7 @@ impl Settling<'_> {
     }
 
     /// The server answered about this intent's payment, not another one.
-    fn ours(&self, p: Payment) -> Result<Payment, Stop> {
+    fn ours(&self, p: Pago) -> Result<Pago, Stop> {
         let request = self.intent.request();
         let same = p.credit_id == request.credit_id()
             && p.amount == request.amount()

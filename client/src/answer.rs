@@ -5,101 +5,11 @@
 //! unknown as a refusal (that would forget a payment that may exist), nor a refusal as
 //! worth retrying (the same request gets the same refusal).
 
-use crate::saga::state::PaymentState;
-use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use pagos_types::PaymentState;
 use std::time::{Duration, SystemTime};
-use uuid::Uuid;
 
-/// A payment as the server shows it (the contract's representation).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Payment {
-    pub id: Uuid,
-    #[serde(rename = "creditoId")]
-    pub credit_id: String,
-    /// Minor units of `currency`.
-    #[serde(rename = "monto")]
-    pub amount: i64,
-    #[serde(rename = "moneda")]
-    pub currency: String,
-    #[serde(
-        rename = "descripcion",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub description: Option<String>,
-    #[serde(rename = "estado")]
-    pub state: PaymentState,
-    #[serde(rename = "gatewayRef", default)]
-    pub gateway_ref: Option<String>,
-    /// RFC 3339.
-    #[serde(rename = "creadoEn")]
-    pub created_at: String,
-    /// RFC 3339.
-    #[serde(rename = "actualizadoEn")]
-    pub updated_at: String,
-}
-
-/// An RFC 9457 problem document. Branch on [`Problem::slug`] (the `type`), never on
-/// `title`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Problem {
-    #[serde(rename = "type", default = "about_blank")]
-    pub type_uri: String,
-    #[serde(default)]
-    pub title: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<u16>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-    /// Extension members (`errores`, `declineCode`, `pago`, …).
-    #[serde(flatten)]
-    pub extensions: Map<String, Value>,
-}
-
-fn about_blank() -> String {
-    "about:blank".into()
-}
-
-/// The problem `type` slugs the client acts on.
-pub mod slug {
-    pub const KEY_REUSED: &str = "idempotency-key-reused";
-    pub const REQUEST_IN_FLIGHT: &str = "request-in-flight";
-    pub const VALIDATION_FAILED: &str = "validation-failed";
-}
-
-impl Problem {
-    /// The last segment of `type`: `idempotency-key-reused` for
-    /// `/problems/idempotency-key-reused`.
-    pub fn slug(&self) -> &str {
-        self.type_uri
-            .rsplit('/')
-            .next()
-            .unwrap_or(self.type_uri.as_str())
-    }
-
-    /// Reads a problem body; anything else (a proxy's HTML page, an empty body) becomes
-    /// an `about:blank` problem titled with the status' reason phrase.
-    pub fn read(status: u16, body: &[u8]) -> Problem {
-        match serde_json::from_slice::<Problem>(body) {
-            Ok(mut problem) if !problem.title.is_empty() || problem.type_uri != "about:blank" => {
-                problem.status.get_or_insert(status);
-                problem
-            }
-            _ => {
-                let text = String::from_utf8_lossy(body);
-                let text = text.trim();
-                Problem {
-                    type_uri: about_blank(),
-                    title: reason(status).to_owned(),
-                    status: Some(status),
-                    detail: (!text.is_empty()).then(|| text.chars().take(200).collect()),
-                    extensions: Map::new(),
-                }
-            }
-        }
-    }
-}
+pub use pagos_types::payment::{MedioPago, Pago};
+pub use pagos_types::problem::{Problem, ProblemType};
 
 fn reason(status: u16) -> &'static str {
     reqwest::StatusCode::from_u16(status)
@@ -119,11 +29,11 @@ pub struct Head {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reading {
     /// COMPLETADA: charged. Final.
-    Paid(Payment),
+    Paid(Pago),
     /// FALLIDA: declined or refused by the gateway; no money moved. Final.
-    Declined(Payment, Option<Problem>),
+    Declined(Pago, Option<Problem>),
     /// The server has the payment but not its outcome yet (202, or a pending state).
-    Pending(Payment),
+    Pending(Pago),
     /// The outcome is unknown or the server is busy: the same request may be sent again.
     Transient {
         why: String,
@@ -155,7 +65,7 @@ pub fn read_post(head: &Head, body: &[u8]) -> Reading {
                 .extensions
                 .get("pago")
                 .cloned()
-                .map(serde_json::from_value::<Payment>)
+                .map(serde_json::from_value::<Pago>)
             {
                 Some(Ok(p)) => Reading::Declined(p, Some(problem)),
                 Some(Err(e)) => Reading::Unexpected(format!("402 with a bad `pago`: {e}")),
@@ -178,7 +88,7 @@ pub fn read_get(head: &Head, body: &[u8]) -> Reading {
 }
 
 /// A payment read by id is settled when its state is terminal.
-pub fn settled_or_pending(p: Payment) -> Reading {
+pub fn settled_or_pending(p: Pago) -> Reading {
     match p.state {
         PaymentState::Completada => Reading::Paid(p),
         PaymentState::Fallida => Reading::Declined(p, None),
@@ -202,7 +112,7 @@ fn read_other(head: &Head, body: &[u8]) -> Reading {
         }
         400..=499 => {
             let problem = Problem::read(status, body);
-            if status == 422 && problem.slug() == slug::KEY_REUSED {
+            if status == 422 && problem.kind() == Some(ProblemType::KeyReused) {
                 Reading::KeyReused(problem)
             } else {
                 Reading::Refused { status, problem }
@@ -212,7 +122,7 @@ fn read_other(head: &Head, body: &[u8]) -> Reading {
     }
 }
 
-fn payment(body: &[u8]) -> Result<Payment, String> {
+fn payment(body: &[u8]) -> Result<Pago, String> {
     serde_json::from_slice(body).map_err(|e| e.to_string())
 }
 
@@ -230,7 +140,7 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn head(status: u16) -> Head {
         Head {
@@ -263,7 +173,7 @@ mod tests {
             read_post(&head(202), &bytes(&pago("ENVIADA"))),
             Reading::Pending(p) if p.state == PaymentState::Enviada
         ));
-        let declined = json!({"type": "/problems/payment-declined", "title": "Payment declined",
+        let declined = json!({"type": "/problems/payment-declined", "title": "Pago declined",
                               "status": 402, "declineCode": "insufficient_funds", "pago": pago("FALLIDA")});
         match read_post(&head(402), &bytes(&declined)) {
             Reading::Declined(p, Some(problem)) => {
@@ -306,20 +216,15 @@ mod tests {
 
     #[test]
     fn a_reused_key_is_its_own_reading() {
-        let body = problem(422, slug::KEY_REUSED, "Idempotency-Key already used");
+        let body = problem(
+            422,
+            ProblemType::KeyReused.slug(),
+            "Idempotency-Key already used",
+        );
         assert!(matches!(
             read_post(&head(422), &body),
-            Reading::KeyReused(p) if p.slug() == slug::KEY_REUSED
+            Reading::KeyReused(p) if p.kind() == Some(ProblemType::KeyReused)
         ));
-    }
-
-    #[test]
-    fn a_body_that_is_not_a_problem_gets_the_reason_phrase_as_title() {
-        let p = Problem::read(401, b"<html>denied</html>");
-        assert_eq!(p.title, "Unauthorized");
-        assert_eq!(p.type_uri, "about:blank");
-        assert_eq!(p.detail.as_deref(), Some("<html>denied</html>"));
-        assert_eq!(Problem::read(503, b"").title, "Service Unavailable");
     }
 
     #[test]
@@ -362,11 +267,5 @@ mod tests {
             Some(Duration::ZERO)
         );
         assert_eq!(parse_retry_after("soon", now), None);
-    }
-
-    #[test]
-    fn the_payment_round_trips_with_the_contracts_names() {
-        let p: Payment = serde_json::from_value(pago("COMPLETADA")).expect("payment");
-        assert_eq!(serde_json::to_value(&p).expect("json"), pago("COMPLETADA"));
     }
 }

@@ -5,49 +5,20 @@
 //! provably never saw it), and never hold an API key: only its SHA-256, to tell at resume
 //! time which intents a key may resume. Writes are durable before they return
 //! (`synchronous=FULL`): an intent is on disk before its first request leaves.
+//!
+//! SQLite's calls block, so each runs on Tokio's blocking pool; one connection per
+//! `Journal` (its clones share it), and several journals on one file, in this process or
+//! another, wait for each other's writes (WAL, busy timeout).
 
 use super::intent::{Intent, IntentKey, PaymentRequest};
-use sea_orm::sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
-};
-use sea_orm::{
-    ActiveModelTrait, ActiveValue::Set, ConnectionTrait, DatabaseConnection, DbBackend,
-    EntityTrait, QueryOrder, SqlxSqliteConnector, Statement,
-};
+use chrono::{DateTime, SecondsFormat, Utc};
+use rusqlite::{Connection, OptionalExtension, params};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use url::Url;
 use uuid::Uuid;
-
-mod entry {
-    use sea_orm::entity::prelude::*;
-
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "pending_intents")]
-    pub struct Model {
-        #[sea_orm(primary_key, auto_increment = false)]
-        pub idempotency_key: String,
-        pub base_url: String,
-        pub api_key_sha256: String,
-        /// The body, as the contract's JSON.
-        pub body: String,
-        /// Requests that left for `POST /v1/pagos` (counted before each one is sent).
-        pub attempts: i32,
-        /// Set once the server answered with the payment: from then on it is only read.
-        pub payment_id: Option<String>,
-        /// Why this intent must not be sent again without a human (a reused key).
-        pub blocked: Option<String>,
-        pub last_error: Option<String>,
-        pub created_at: ChronoDateTimeUtc,
-        pub updated_at: ChronoDateTimeUtc,
-    }
-
-    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-    pub enum Relation {}
-
-    impl ActiveModelBehavior for ActiveModel {}
-}
 
 const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS pending_intents (
     idempotency_key TEXT NOT NULL PRIMARY KEY,
@@ -62,6 +33,9 @@ const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS pending_intents (
     updated_at TEXT NOT NULL
 )";
 
+const COLUMNS: &str = "idempotency_key, base_url, api_key_sha256, body, attempts, payment_id, \
+                       blocked, last_error, created_at, updated_at";
+
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
     #[error("cannot open the journal {path}: {source}")]
@@ -70,7 +44,7 @@ pub enum JournalError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("journal: {0}")]
-    Db(#[from] sea_orm::DbErr),
+    Db(#[from] rusqlite::Error),
     #[error("journal entry {key} is unreadable: {why}")]
     Corrupt { key: String, why: String },
     #[error(
@@ -115,12 +89,69 @@ pub fn api_key_sha256(api_key: &str) -> String {
 /// between processes (SQLite in WAL mode, with a busy timeout).
 #[derive(Clone, Debug)]
 pub struct Journal {
-    db: DatabaseConnection,
+    db: Arc<Mutex<Connection>>,
     path: PathBuf,
 }
 
-fn now() -> chrono::DateTime<chrono::Utc> {
-    crate::db::now()
+/// Now, to the millisecond, as every timestamp of the journal.
+fn now() -> DateTime<Utc> {
+    use chrono::DurationRound;
+    let now = Utc::now();
+    now.duration_trunc(chrono::TimeDelta::milliseconds(1))
+        .unwrap_or(now)
+}
+
+/// How a time is written: RFC 3339 with the offset spelled out
+/// (`2026-01-01T00:00:00.123+00:00`), what journals have always held, so older files read
+/// alike and `ORDER BY created_at` is the order of creation.
+fn stamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::AutoSi, false)
+}
+
+fn read_stamp(text: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|at| at.with_timezone(&Utc))
+        .or_else(|_| {
+            chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f")
+                .map(|at| at.and_utc())
+        })
+        .map_err(|e| format!("unreadable time {text:?}: {e}"))
+}
+
+/// One row, as stored.
+struct Row {
+    idempotency_key: String,
+    base_url: String,
+    api_key_sha256: String,
+    body: String,
+    attempts: i64,
+    payment_id: Option<String>,
+    blocked: Option<String>,
+    last_error: Option<String>,
+    created_at: String,
+    updated_at: String,
+}
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+    Ok(Row {
+        idempotency_key: r.get(0)?,
+        base_url: r.get(1)?,
+        api_key_sha256: r.get(2)?,
+        body: r.get(3)?,
+        attempts: r.get(4)?,
+        payment_id: r.get(5)?,
+        blocked: r.get(6)?,
+        last_error: r.get(7)?,
+        created_at: r.get(8)?,
+        updated_at: r.get(9)?,
+    })
+}
+
+fn gone(key: &IntentKey) -> JournalError {
+    JournalError::Corrupt {
+        key: key.to_string(),
+        why: "it left the journal while being paid".into(),
+    }
 }
 
 impl Journal {
@@ -134,35 +165,44 @@ impl Journal {
     /// Opens (creating if needed) the journal at `path`, and its parent directories.
     pub async fn open(path: impl Into<PathBuf>) -> Result<Journal, JournalError> {
         let path = path.into();
-        let fail = |source: Box<dyn std::error::Error + Send + Sync>| JournalError::Open {
-            path: path.clone(),
-            source,
-        };
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| fail(e.into()))?;
-        }
-        create_private(&path).map_err(|e| fail(e.into()))?;
-        let options = SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            // FULL: a committed intent survives a power cut, not only a crash.
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
+        let opened = path.clone();
+        let db = tokio::task::spawn_blocking(move || connect(&opened))
             .await
-            .map_err(|e| fail(e.into()))?;
-        let db = SqlxSqliteConnector::from_sqlx_sqlite_pool(pool);
-        db.execute_unprepared(CREATE_TABLE)
-            .await
-            .map_err(|e| fail(e.into()))?;
-        Ok(Journal { db, path })
+            .map_err(|e| JournalError::Open {
+                path: path.clone(),
+                source: e.into(),
+            })?
+            .map_err(|source| JournalError::Open {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(Journal {
+            db: Arc::new(Mutex::new(db)),
+            path,
+        })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Runs `work` on the connection, on the blocking pool.
+    async fn with<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Connection) -> Result<T, JournalError> + Send + 'static,
+    ) -> Result<T, JournalError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            // Nothing panics while holding the lock; a poisoned one still holds the
+            // connection.
+            let db = db.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            work(&db)
+        })
+        .await
+        .map_err(|e| JournalError::Corrupt {
+            key: String::new(),
+            why: format!("a journal call did not finish: {e}"),
+        })?
     }
 
     /// Writes the intent down before anything is sent. Recording it again is a no-op that
@@ -173,32 +213,22 @@ impl Journal {
         base_url: &Url,
         api_key: &str,
     ) -> Result<PendingIntent, JournalError> {
+        let key = intent.key().to_string();
         let body = intent.request().to_json().to_string();
-        if let Some(kept) = self.get(intent.key()).await? {
-            if kept.intent != *intent {
-                return Err(JournalError::KeyTaken(intent.key().clone()));
-            }
-            return Ok(kept);
-        }
-        let at = now();
-        let model = entry::ActiveModel {
-            idempotency_key: Set(intent.key().to_string()),
-            base_url: Set(base_url.to_string()),
-            api_key_sha256: Set(api_key_sha256(api_key)),
-            body: Set(body),
-            attempts: Set(0),
-            payment_id: Set(None),
-            blocked: Set(None),
-            last_error: Set(None),
-            created_at: Set(at),
-            updated_at: Set(at),
-        };
-        match entry::Entity::insert(model).exec(&self.db).await {
-            Ok(_) => {}
-            // Another task or process recorded it first: read what it wrote.
-            Err(err) if self.get(intent.key()).await?.is_none() => return Err(err.into()),
-            Err(_) => {}
-        }
+        let base_url = base_url.to_string();
+        let hash = api_key_sha256(api_key);
+        let at = stamp(now());
+        // One statement: another task or process that recorded it first keeps its row.
+        self.with(move |db| {
+            db.execute(
+                "INSERT INTO pending_intents (idempotency_key, base_url, api_key_sha256, body, \
+                 attempts, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5) \
+                 ON CONFLICT (idempotency_key) DO NOTHING",
+                params![key, base_url, hash, body, at],
+            )?;
+            Ok(())
+        })
+        .await?;
         match self.get(intent.key()).await? {
             Some(kept) if kept.intent == *intent => Ok(kept),
             _ => Err(JournalError::KeyTaken(intent.key().clone())),
@@ -207,102 +237,124 @@ impl Journal {
 
     /// One intent, if kept.
     pub async fn get(&self, key: &IntentKey) -> Result<Option<PendingIntent>, JournalError> {
-        entry::Entity::find_by_id(key.to_string())
-            .one(&self.db)
-            .await?
+        let key = key.to_string();
+        self.with(move |db| {
+            db.query_row(
+                &format!("SELECT {COLUMNS} FROM pending_intents WHERE idempotency_key = ?1"),
+                params![key],
+                row,
+            )
+            .optional()?
             .map(pending)
             .transpose()
+        })
+        .await
     }
 
     /// Every kept intent, oldest first.
     pub async fn pending(&self) -> Result<Vec<PendingIntent>, JournalError> {
-        entry::Entity::find()
-            .order_by_asc(entry::Column::CreatedAt)
-            .all(&self.db)
-            .await?
-            .into_iter()
-            .map(pending)
-            .collect()
+        self.with(|db| {
+            let mut statement = db.prepare(&format!(
+                "SELECT {COLUMNS} FROM pending_intents ORDER BY created_at"
+            ))?;
+            let rows = statement.query_map([], row)?;
+            rows.map(|r| pending(r?)).collect()
+        })
+        .await
     }
 
     /// Counts a request about to be sent; answers how many were sent before it. One
     /// statement, so two processes resuming the same intent never both see "none before".
     pub async fn count_attempt(&self, key: &IntentKey) -> Result<u32, JournalError> {
-        let counted = self
-            .db
-            .query_one_raw(Statement::from_sql_and_values(
-                DbBackend::Sqlite,
-                "UPDATE pending_intents SET attempts = attempts + 1, updated_at = ? \
-                 WHERE idempotency_key = ? RETURNING attempts",
-                [now().into(), key.to_string().into()],
-            ))
+        let id = key.clone();
+        let after: Option<i64> = self
+            .with(move |db| {
+                Ok(db
+                    .query_row(
+                        "UPDATE pending_intents SET attempts = attempts + 1, updated_at = ?1 \
+                         WHERE idempotency_key = ?2 RETURNING attempts",
+                        params![stamp(now()), id.to_string()],
+                        |r| r.get(0),
+                    )
+                    .optional()?)
+            })
             .await?;
-        let Some(row) = counted else {
-            return Err(JournalError::Corrupt {
-                key: key.to_string(),
-                why: "it left the journal while being paid".into(),
-            });
-        };
-        let after: i32 = row.try_get("", "attempts")?;
+        let after = after.ok_or_else(|| gone(key))?;
         Ok(u32::try_from(after.saturating_sub(1)).unwrap_or(0))
     }
 
     /// The server named the payment: from now on it is looked up, not posted.
     pub async fn payment_known(&self, key: &IntentKey, id: Uuid) -> Result<(), JournalError> {
-        let kept = self.require(key).await?;
-        self.update(kept, |m| m.payment_id = Set(Some(id.to_string())))
-            .await
+        self.update(key, "payment_id = ?1", id.to_string()).await
     }
 
     /// Notes why the last try did not settle the intent.
     pub async fn note(&self, key: &IntentKey, error: &str) -> Result<(), JournalError> {
-        let kept = self.require(key).await?;
-        self.update(kept, |m| m.last_error = Set(Some(error.to_owned())))
-            .await
+        self.update(key, "last_error = ?1", error.to_owned()).await
     }
 
     /// Keeps the intent but out of automatic retries, until a human forgets it.
     pub async fn block(&self, key: &IntentKey, why: &str) -> Result<(), JournalError> {
-        let kept = self.require(key).await?;
-        self.update(kept, |m| {
-            m.blocked = Set(Some(why.to_owned()));
-            m.last_error = Set(Some(why.to_owned()));
-        })
-        .await
+        self.update(key, "blocked = ?1, last_error = ?1", why.to_owned())
+            .await
     }
 
     /// Lets the intent go. Answers whether it was kept.
     pub async fn remove(&self, key: &IntentKey) -> Result<bool, JournalError> {
-        let result = entry::Entity::delete_by_id(key.to_string())
-            .exec(&self.db)
-            .await?;
-        Ok(result.rows_affected > 0)
+        let key = key.to_string();
+        self.with(move |db| {
+            let removed = db.execute(
+                "DELETE FROM pending_intents WHERE idempotency_key = ?1",
+                params![key],
+            )?;
+            Ok(removed > 0)
+        })
+        .await
     }
 
-    async fn require(&self, key: &IntentKey) -> Result<entry::Model, JournalError> {
-        entry::Entity::find_by_id(key.to_string())
-            .one(&self.db)
-            .await?
-            .ok_or_else(|| JournalError::Corrupt {
-                key: key.to_string(),
-                why: "it left the journal while being paid".into(),
-            })
-    }
-
+    /// Sets `assignments` (with `?1` bound to `value`) on a kept intent.
     async fn update(
         &self,
-        kept: entry::Model,
-        change: impl FnOnce(&mut entry::ActiveModel),
+        key: &IntentKey,
+        assignments: &'static str,
+        value: String,
     ) -> Result<(), JournalError> {
-        let mut model: entry::ActiveModel = kept.into();
-        change(&mut model);
-        model.updated_at = Set(now());
-        model.update(&self.db).await?;
+        let id = key.to_string();
+        let changed = self
+            .with(move |db| {
+                Ok(db.execute(
+                    &format!(
+                        "UPDATE pending_intents SET {assignments}, updated_at = ?2 \
+                         WHERE idempotency_key = ?3"
+                    ),
+                    params![value, stamp(now()), id],
+                )?)
+            })
+            .await?;
+        if changed == 0 {
+            return Err(gone(key));
+        }
         Ok(())
     }
 }
 
-fn pending(model: entry::Model) -> Result<PendingIntent, JournalError> {
+/// Opens the file (owner-only), in WAL mode with full sync and a busy timeout, and makes
+/// sure the table is there.
+fn connect(path: &Path) -> Result<Connection, Box<dyn std::error::Error + Send + Sync>> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    create_private(path)?;
+    let db = Connection::open(path)?;
+    db.busy_timeout(Duration::from_secs(10))?;
+    db.pragma_update(None, "journal_mode", "WAL")?;
+    // FULL: a committed intent survives a power cut, not only a crash.
+    db.pragma_update(None, "synchronous", "FULL")?;
+    db.execute_batch(CREATE_TABLE)?;
+    Ok(db)
+}
+
+fn pending(model: Row) -> Result<PendingIntent, JournalError> {
     let corrupt = |why: String| JournalError::Corrupt {
         key: model.idempotency_key.clone(),
         why,
@@ -318,6 +370,8 @@ fn pending(model: entry::Model) -> Result<PendingIntent, JournalError> {
         .map(Uuid::parse_str)
         .transpose()
         .map_err(|e| corrupt(e.to_string()))?;
+    let created_at = read_stamp(&model.created_at).map_err(corrupt)?;
+    let updated_at = read_stamp(&model.updated_at).map_err(corrupt)?;
     Ok(PendingIntent {
         intent: Intent::with_key(key, request),
         base_url,
@@ -326,8 +380,8 @@ fn pending(model: entry::Model) -> Result<PendingIntent, JournalError> {
         payment_id,
         blocked: model.blocked,
         last_error: model.last_error,
-        created_at: model.created_at,
-        updated_at: model.updated_at,
+        created_at,
+        updated_at,
     })
 }
 
@@ -449,6 +503,43 @@ mod tests {
         let mut before: Vec<u32> = futures::future::try_join_all(counts).await.expect("ok");
         before.sort_unstable();
         assert_eq!(before, (0..10).collect::<Vec<u32>>());
+    }
+
+    #[tokio::test]
+    async fn a_journal_written_by_an_earlier_client_is_read_as_it_was_written() {
+        // The row exactly as the client wrote it before it had a crate of its own
+        // (sea-orm over sqlx: times as RFC 3339 with a spelled-out offset).
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("journal.db");
+        {
+            let db = Connection::open(&path).expect("db");
+            db.execute_batch(CREATE_TABLE).expect("table");
+            db.execute(
+                "INSERT INTO pending_intents VALUES ('k-older', 'http://127.0.0.1:8080/', ?1, \
+                 '{\"creditoId\":\"42\",\"moneda\":\"COP\",\"monto\":250000}', 3, NULL, NULL, \
+                 '502 Bad Gateway', '2026-01-01T00:00:00.123+00:00', '2026-01-01T00:00:05+00:00')",
+                params![api_key_sha256("sk_test_acme")],
+            )
+            .expect("row");
+        }
+        let journal = Journal::open(&path).await.expect("journal");
+        let newer = intent();
+        journal.record(&newer, &url(), "k").await.expect("recorded");
+        let kept = journal.pending().await.expect("pending");
+        assert_eq!(kept.len(), 2);
+        let older = &kept[0];
+        assert_eq!(older.intent.key().as_str(), "k-older", "oldest first");
+        assert_eq!(older.intent.request(), intent().request());
+        assert_eq!(older.attempts, 3);
+        assert!(older.made_with("sk_test_acme"));
+        assert_eq!(older.last_error.as_deref(), Some("502 Bad Gateway"));
+        assert_eq!(
+            older
+                .created_at
+                .to_rfc3339_opts(SecondsFormat::Millis, true),
+            "2026-01-01T00:00:00.123Z"
+        );
+        assert_eq!(kept[1].intent, newer);
     }
 
     #[cfg(unix)]

@@ -1,0 +1,386 @@
+//! Reconciliation: settles payments left in between by crashes, timeouts and pending
+//! charges, by asking the provider. One pass over every due payment, or one payment. The
+//! periodic worker (`reconciler`) runs passes inside `pagos serve`, `pagos reconcile
+//! --once` runs one, the admin API runs one on demand, and a client retry that finds its
+//! payment due reconciles that one: they all call this, which imports none of them.
+//!
+//! It never sends a payment it has not claimed, never works on a payment with less than
+//! one payment's work left on its claim, never resends outside the gateway's key window,
+//! and writes every decision through the fenced store, so any number of processes can run
+//! it side by side without two of them working on one payment at once.
+
+pub mod decide;
+
+use crate::entities::payment;
+use crate::metrics::Metrics;
+use crate::saga::backoff::backoff;
+use crate::saga::state::{Event, PaymentState};
+use crate::saga::store::{self, Actor, Changes, When, Written};
+use crate::saga::{self, SagaDeps};
+use chrono::{DateTime, TimeDelta, Utc};
+use decide::{Decision, Facts, Horizons, decide, needs_lookup};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use rand::Rng;
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::ops::AddAssign;
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Exactly what reconciling needs: the saga's dependencies (database, metered gateway,
+/// retry policy, hold times), the metrics it counts in, and its limits. Built once by the
+/// composition root; cheap to clone.
+#[derive(Clone)]
+pub struct Reconciler {
+    pub saga: SagaDeps,
+    pub metrics: Arc<Metrics>,
+    pub horizons: Horizons,
+    /// Payments in hand at once (`PAGOS_RECONCILE_CONCURRENCY`).
+    pub concurrency: u32,
+    /// The most one payment's work can take: a look-up, then a send with every retry
+    /// and backoff, plus a margin.
+    pub work_bound: Duration,
+    /// How long a claim keeps other processes away: one payment's whole work, and never
+    /// shorter than the lease.
+    pub claim_for: Duration,
+}
+
+/// The settings a `Reconciler` is made from.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// `PAGOS_GATEWAY_KEY_WINDOW`.
+    pub key_window: Duration,
+    /// `PAGOS_GIVE_UP_AFTER`.
+    pub give_up_after: Duration,
+    /// `PAGOS_GATEWAY_TIMEOUT`: one call, a look-up or one try of a send.
+    pub gateway_timeout: Duration,
+    /// `PAGOS_LEASE`.
+    pub lease: Duration,
+    /// `PAGOS_RECONCILE_CONCURRENCY`.
+    pub concurrency: u32,
+}
+
+impl Reconciler {
+    pub fn new(saga: SagaDeps, metrics: Arc<Metrics>, limits: Limits) -> Reconciler {
+        let horizons = Horizons {
+            key_window: store::chrono_after(limits.key_window),
+            // A resend must finish (every try, every backoff) inside the window.
+            resend_margin: store::chrono_after(saga.policy.worst_case(limits.gateway_timeout)),
+            give_up_after: store::chrono_after(limits.give_up_after),
+        };
+        let work_bound = limits.gateway_timeout + saga.send_hold;
+        Reconciler {
+            horizons,
+            concurrency: limits.concurrency,
+            work_bound,
+            claim_for: limits.lease.max(work_bound),
+            saga,
+            metrics,
+        }
+    }
+}
+
+/// The report of one pass (contract section 3). Each examined payment is counted in
+/// exactly one of the other fields.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub examinados: u64,
+    /// Settled COMPLETADA in this pass (by the provider's answer or by a send).
+    pub completados: u64,
+    /// Settled FALLIDA in this pass.
+    pub fallidos: u64,
+    /// Sent (or sent again, same key) and the answer is not final yet.
+    pub reenviados: u64,
+    /// Provider pending, or could not be asked: looked at again later.
+    pub pendientes: u64,
+    /// Moved to REVISION_MANUAL: on-call decides.
+    pub revision_manual: u64,
+    /// Could not be processed (database errors); retried on a later pass.
+    pub errores: u64,
+    /// Moved by someone else meanwhile, or not the reconciler's to touch.
+    pub omitidos: u64,
+}
+
+impl AddAssign for Report {
+    fn add_assign(&mut self, other: Report) {
+        self.examinados += other.examinados;
+        self.completados += other.completados;
+        self.fallidos += other.fallidos;
+        self.reenviados += other.reenviados;
+        self.pendientes += other.pendientes;
+        self.revision_manual += other.revision_manual;
+        self.errores += other.errores;
+        self.omitidos += other.omitidos;
+    }
+}
+
+/// What a pass did with one payment: one bucket of the `Report`, one metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Handled {
+    Completed,
+    Failed,
+    Resent,
+    Rescheduled,
+    ManualReview,
+    Error,
+    Skipped,
+}
+
+impl Handled {
+    fn of_state(state: PaymentState) -> Handled {
+        match state {
+            PaymentState::Completada => Handled::Completed,
+            PaymentState::Fallida => Handled::Failed,
+            PaymentState::RevisionManual => Handled::ManualReview,
+            PaymentState::EnProceso | PaymentState::Enviada => Handled::Resent,
+        }
+    }
+
+    fn metric(self) -> &'static str {
+        match self {
+            Handled::Completed => "completed",
+            Handled::Failed => "failed",
+            Handled::Resent => "resent",
+            Handled::Rescheduled => "rescheduled",
+            Handled::ManualReview => "manual_review",
+            Handled::Error => "error",
+            Handled::Skipped => "skipped",
+        }
+    }
+
+    fn report(self) -> Report {
+        let mut r = Report {
+            examinados: 1,
+            ..Report::default()
+        };
+        match self {
+            Handled::Completed => r.completados = 1,
+            Handled::Failed => r.fallidos = 1,
+            Handled::Resent => r.reenviados = 1,
+            Handled::Rescheduled => r.pendientes = 1,
+            Handled::ManualReview => r.revision_manual = 1,
+            Handled::Error => r.errores = 1,
+            Handled::Skipped => r.omitidos = 1,
+        }
+        r
+    }
+}
+
+/// One pass over every payment due now. Payments rescheduled during the pass are left
+/// for the next one, so a pass always ends.
+///
+/// The look-ups are a pipeline, not a series of batches: `reconcile_concurrency` payments
+/// are in hand at any moment, and the next batch is claimed as soon as the last of the
+/// one before has been taken up, while its look-ups are still in flight. Waiting for a
+/// whole batch to finish before claiming the next left the slots idle behind the slowest
+/// look-up of each batch (1.77 × the ideal time in `benches/run.sh`).
+pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
+    let started: DateTime<Utc> = crate::db::now();
+    let concurrency = r.concurrency as usize;
+    let batch = u64::from(r.concurrency);
+    let mut report = Report::default();
+    let mut in_hand: VecDeque<payment::Model> = VecDeque::new();
+    let mut in_flight = FuturesUnordered::new();
+    let mut claiming = None;
+    let mut more = true;
+    let mut claim_failed = None;
+    loop {
+        while in_flight.len() < concurrency
+            && let Some(p) = in_hand.pop_front()
+        {
+            in_flight.push(process(r, p));
+        }
+        if in_hand.is_empty() && more && claiming.is_none() {
+            claiming = Some(Box::pin(store::claim_due(
+                &r.saga.db,
+                started,
+                batch,
+                r.claim_for,
+            )));
+        }
+        tokio::select! {
+            Some(outcome) = in_flight.next(), if !in_flight.is_empty() => {
+                r.metrics.decision(outcome.metric());
+                report += outcome.report();
+            }
+            claimed = async { claiming.as_mut().expect("guarded").await }, if claiming.is_some() => {
+                claiming = None;
+                match claimed {
+                    Ok(claimed) if claimed.is_empty() => more = false,
+                    Ok(claimed) => in_hand.extend(claimed),
+                    // A claim that fails ends the claiming; the payments in hand are
+                    // still finished before the error is reported (they are claimed:
+                    // dropping them would only delay them until their claim runs out).
+                    Err(err) => {
+                        more = false;
+                        claim_failed = Some(err);
+                    }
+                }
+            }
+            else => break,
+        }
+    }
+    if let Some(err) = claim_failed {
+        if report.examinados > 0 {
+            tracing::info!(?report, "reconciliation pass cut short");
+        }
+        return Err(err);
+    }
+    r.metrics.reconciler_passes.inc();
+    if report.examinados > 0 {
+        tracing::info!(?report, "reconciliation pass done");
+    }
+    Ok(report)
+}
+
+/// One payment, now (`When::Now`: on-call) or only if it is due (`When::IfDue`: a
+/// client retry), unless someone holds it: a request still sending it, a pass, another
+/// "reconcile now". Then it is skipped (`omitidos`), never worked on twice at once.
+pub async fn reconcile_one(r: &Reconciler, id: Uuid, when: When) -> Result<Report, sea_orm::DbErr> {
+    match store::claim_one(&r.saga.db, id, when, r.claim_for).await? {
+        Some(claimed) => Ok(process_all(r, vec![claimed]).await),
+        None => Ok(Handled::Skipped.report()),
+    }
+}
+
+async fn process_all(r: &Reconciler, claimed: Vec<payment::Model>) -> Report {
+    let concurrency = r.concurrency as usize;
+    let outcomes: Vec<Handled> = futures::stream::iter(claimed)
+        .map(|p| process(r, p))
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let mut report = Report::default();
+    for outcome in outcomes {
+        r.metrics.decision(outcome.metric());
+        report += outcome.report();
+    }
+    report
+}
+
+async fn process(r: &Reconciler, claimed: payment::Model) -> Handled {
+    let id = claimed.id;
+    let claimed = match take_up(r, claimed).await {
+        Ok(Some(claimed)) => claimed,
+        Ok(None) => return Handled::Skipped,
+        Err(err) => {
+            tracing::error!(payment_id = %id, error = %err, "renewing a claim failed; the payment will be retried");
+            return Handled::Error;
+        }
+    };
+    match decide_and_apply(r, claimed).await {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            tracing::error!(payment_id = %id, error = %err, "reconciling a payment failed; it will be retried");
+            Handled::Error
+        }
+    }
+}
+
+/// A payment is worked on only with a whole payment's work left on its claim: one claimed
+/// ahead may have waited for a slot for as long as another payment's work. Its claim is
+/// renewed (a fenced write) when less is left; if someone else took it meanwhile (its
+/// claim ran out), it is theirs: None.
+async fn take_up(
+    r: &Reconciler,
+    claimed: payment::Model,
+) -> Result<Option<payment::Model>, sea_orm::DbErr> {
+    let needed = crate::db::now() + store::chrono_after(r.work_bound);
+    if claimed.claimed_until.is_some_and(|until| until >= needed) {
+        return Ok(Some(claimed));
+    }
+    let until = store::now_plus(r.claim_for);
+    Ok(
+        match store::renew_claim(&r.saga.db, &claimed, until).await? {
+            Written::Applied(renewed) => Some(*renewed),
+            Written::Fenced => {
+                tracing::warn!(payment_id = %claimed.id, "claim ran out before the payment was taken up; another worker has it");
+                None
+            }
+        },
+    )
+}
+
+async fn decide_and_apply(
+    r: &Reconciler,
+    claimed: payment::Model,
+) -> Result<Handled, store::StoreError> {
+    let state = claimed.state;
+    let lookup = if needs_lookup(state) {
+        Some(r.saga.gateway.lookup(claimed.id).await)
+    } else {
+        None
+    };
+    let facts = Facts {
+        state,
+        created_at: claimed.created_at,
+        now: crate::db::now(),
+        lookup: lookup.as_ref(),
+    };
+    let decision = decide(&facts, &r.horizons);
+    tracing::info!(payment_id = %claimed.id, estado = %state, decision = ?decision, "reconciler decision");
+    let deps: &SagaDeps = &r.saga;
+    match decision {
+        Decision::Send => {
+            let after = saga::send(deps, claimed, Actor::Reconciler).await?;
+            Ok(Handled::of_state(after.state))
+        }
+        Decision::Settle(charge) => {
+            let Some((event, changes, reason)) = saga::settlement(&claimed, &charge) else {
+                return Ok(Handled::Rescheduled);
+            };
+            let reason = format!("provider lookup: {reason}");
+            Ok(
+                match saga::apply_now(
+                    &deps.db,
+                    &claimed,
+                    event,
+                    changes,
+                    Actor::Reconciler,
+                    &reason,
+                )
+                .await?
+                {
+                    Written::Applied(p) => Handled::of_state(p.state),
+                    Written::Fenced => Handled::Skipped,
+                },
+            )
+        }
+        Decision::Reschedule(why) => {
+            let jitter: f64 = rand::rng().random();
+            let due = crate::db::now() + backoff(deps.stale_after, claimed.attempts, jitter);
+            tracing::info!(payment_id = %claimed.id, why, next = %due, "rescheduled");
+            Ok(match store::reschedule(&deps.db, &claimed, due).await? {
+                Written::Applied(_) => Handled::Rescheduled,
+                Written::Fenced => Handled::Skipped,
+            })
+        }
+        Decision::Escalate(why) => {
+            tracing::warn!(payment_id = %claimed.id, why, "moved to REVISION_MANUAL");
+            Ok(
+                match saga::apply_now(
+                    &deps.db,
+                    &claimed,
+                    Event::Escalate,
+                    Changes::default(),
+                    Actor::Reconciler,
+                    &why,
+                )
+                .await?
+                {
+                    Written::Applied(_) => Handled::ManualReview,
+                    Written::Fenced => Handled::Skipped,
+                },
+            )
+        }
+        Decision::Skip => Ok(Handled::Skipped),
+    }
+}
+
+/// Time since `created_at`, for reports and listings.
+pub fn age(created_at: DateTime<Utc>) -> TimeDelta {
+    crate::db::now() - created_at
+}

@@ -1,0 +1,25 @@
+//! The wire types pagos' server and its client share: what a payment looks like
+//! ([`Pago`]), where it stands ([`PaymentState`]), how a request is written and checked
+//! ([`request`]), the `Idempotency-Key` ([`key`]), and the RFC 9457 problem documents
+//! answers carry ([`Problem`], with its stable `type` slugs).
+//!
+//! Pure: no I/O, no clock, no HTTP framework, no database. It must never hold the server's
+//! behaviour (storage, sagas, gateways) nor the client's (retries, journal): only the
+//! shapes both ends agree on, so neither can drift from the other. Refunds and events get
+//! their wire shapes here too, next to the payment's.
+//!
+//! Derives only the server needs sit behind features a merchant's build never enables:
+//! `openapi` (`utoipa::ToSchema`) and `sea-orm` (`DeriveActiveEnum`, so an entity stores
+//! an enum as its contract text).
+
+pub mod key;
+pub mod payment;
+pub mod problem;
+pub mod request;
+pub mod state;
+
+pub use key::{IdempotencyKey, KeyError};
+pub use payment::{MedioPago, Pago};
+pub use problem::{Problem, ProblemType};
+pub use request::{Currency, FieldError, NewPayment, PaymentMethod};
+pub use state::PaymentState;

@@ -1,0 +1,302 @@
+//! RFC 9457 problem documents: the body of every refusal pagos answers, and what the
+//! client reads them into.
+//!
+//! Each kind has a stable `type` (`/problems/<slug>`): clients branch on it, never on
+//! `title`. The server renders a [`Problem`] with `serde_json` (its field order is the
+//! bytes of every frozen answer, so it never changes); the client reads any body into one,
+//! a proxy's HTML page included ([`Problem::read`]).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The media type of a problem document.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The kinds of problem pagos answers with. `type` is `/problems/<slug>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProblemType {
+    Unauthorized,
+    TooManyAuthFailures,
+    NotFound,
+    MissingKey,
+    MalformedKey,
+    MalformedJson,
+    Validation,
+    BodyTooLarge,
+    UnsupportedMediaType,
+    KeyReused,
+    RequestInFlight,
+    NotUnderReview,
+    PaymentDeclined,
+    GatewayRejected,
+    Unavailable,
+    /// Shed at `PAGOS_MAX_IN_FLIGHT`: not started, nothing stored.
+    Overloaded,
+    /// Cut at `PAGOS_REQUEST_TIMEOUT`: a payment it started goes on.
+    RequestTimeout,
+    Internal,
+}
+
+impl ProblemType {
+    pub const ALL: [ProblemType; 18] = [
+        ProblemType::Unauthorized,
+        ProblemType::TooManyAuthFailures,
+        ProblemType::NotFound,
+        ProblemType::MissingKey,
+        ProblemType::MalformedKey,
+        ProblemType::MalformedJson,
+        ProblemType::Validation,
+        ProblemType::BodyTooLarge,
+        ProblemType::UnsupportedMediaType,
+        ProblemType::KeyReused,
+        ProblemType::RequestInFlight,
+        ProblemType::NotUnderReview,
+        ProblemType::PaymentDeclined,
+        ProblemType::GatewayRejected,
+        ProblemType::Unavailable,
+        ProblemType::Overloaded,
+        ProblemType::RequestTimeout,
+        ProblemType::Internal,
+    ];
+
+    /// The stable last segment of `type`.
+    pub fn slug(self) -> &'static str {
+        match self {
+            ProblemType::Unauthorized => "unauthorized",
+            ProblemType::TooManyAuthFailures => "too-many-failed-authentications",
+            ProblemType::NotFound => "not-found",
+            ProblemType::MissingKey => "idempotency-key-missing",
+            ProblemType::MalformedKey => "idempotency-key-malformed",
+            ProblemType::MalformedJson => "malformed-json",
+            ProblemType::Validation => "validation-failed",
+            ProblemType::BodyTooLarge => "body-too-large",
+            ProblemType::UnsupportedMediaType => "unsupported-media-type",
+            ProblemType::KeyReused => "idempotency-key-reused",
+            ProblemType::RequestInFlight => "request-in-flight",
+            ProblemType::NotUnderReview => "not-under-review",
+            ProblemType::PaymentDeclined => "payment-declined",
+            ProblemType::GatewayRejected => "gateway-rejected",
+            ProblemType::Unavailable => "service-unavailable",
+            ProblemType::Overloaded => "overloaded",
+            ProblemType::RequestTimeout => "request-timeout",
+            ProblemType::Internal => "internal-error",
+        }
+    }
+
+    /// The kind whose slug this is.
+    pub fn from_slug(slug: &str) -> Option<ProblemType> {
+        ProblemType::ALL
+            .into_iter()
+            .find(|kind| kind.slug() == slug)
+    }
+
+    /// The HTTP status it is answered with.
+    pub fn status(self) -> u16 {
+        match self {
+            ProblemType::Unauthorized => 401,
+            ProblemType::TooManyAuthFailures => 429,
+            ProblemType::NotFound => 404,
+            ProblemType::MissingKey | ProblemType::MalformedKey | ProblemType::MalformedJson => 400,
+            ProblemType::Validation | ProblemType::KeyReused => 422,
+            ProblemType::BodyTooLarge => 413,
+            ProblemType::UnsupportedMediaType => 415,
+            ProblemType::RequestInFlight | ProblemType::NotUnderReview => 409,
+            ProblemType::PaymentDeclined | ProblemType::GatewayRejected => 402,
+            ProblemType::Unavailable | ProblemType::Overloaded | ProblemType::RequestTimeout => 503,
+            ProblemType::Internal => 500,
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            ProblemType::Unauthorized => "Missing or invalid credentials",
+            ProblemType::TooManyAuthFailures => "Too many failed authentications from this address",
+            ProblemType::NotFound => "Not found",
+            ProblemType::MissingKey => "Idempotency-Key header missing",
+            ProblemType::MalformedKey => "Idempotency-Key header malformed",
+            ProblemType::MalformedJson => "Body is not valid JSON",
+            ProblemType::Validation => "Request failed validation",
+            ProblemType::BodyTooLarge => "Body too large",
+            ProblemType::UnsupportedMediaType => "Content type must be application/json",
+            ProblemType::KeyReused => "Idempotency-Key already used with another request",
+            ProblemType::RequestInFlight => "A request with this Idempotency-Key is in progress",
+            ProblemType::NotUnderReview => "The payment is not under manual review",
+            ProblemType::PaymentDeclined => "Payment declined",
+            ProblemType::GatewayRejected => "Payment refused by the gateway",
+            ProblemType::Unavailable => "Service temporarily unavailable",
+            ProblemType::Overloaded => "Too many requests in progress",
+            ProblemType::RequestTimeout => "The request took too long",
+            ProblemType::Internal => "Internal error",
+        }
+    }
+}
+
+/// A problem document. Extension members go in `extensions`.
+// (`errores`, `declineCode`, `pago`, …; the doc comment above is the OpenAPI description.)
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Problem {
+    #[serde(rename = "type", default = "about_blank")]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub type_uri: String,
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub title: String,
+    // Always set by pagos; a body from elsewhere may lack it (`Problem::read` fills it in
+    // from the answer's status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = u16, required = true))]
+    pub status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub extensions: Map<String, Value>,
+    /// Seconds for the `Retry-After` header that goes with it: never part of the body.
+    #[serde(skip)]
+    pub retry_after: Option<u64>,
+}
+
+fn about_blank() -> String {
+    "about:blank".into()
+}
+
+impl Problem {
+    pub fn new(kind: ProblemType) -> Self {
+        Problem {
+            type_uri: format!("/problems/{}", kind.slug()),
+            title: kind.title().to_owned(),
+            status: Some(kind.status()),
+            detail: None,
+            extensions: Map::new(),
+            retry_after: None,
+        }
+    }
+
+    pub fn detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    pub fn with(mut self, name: &str, value: impl Serialize) -> Self {
+        self.extensions.insert(
+            name.to_owned(),
+            serde_json::to_value(value).unwrap_or(Value::Null),
+        );
+        self
+    }
+
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    /// The body, as sent.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The last segment of `type`: `idempotency-key-reused` for
+    /// `/problems/idempotency-key-reused`.
+    pub fn slug(&self) -> &str {
+        self.type_uri
+            .rsplit('/')
+            .next()
+            .unwrap_or(self.type_uri.as_str())
+    }
+
+    /// The kind of problem, when `type` is one of pagos' own.
+    pub fn kind(&self) -> Option<ProblemType> {
+        self.type_uri
+            .strip_prefix("/problems/")
+            .and_then(ProblemType::from_slug)
+    }
+
+    /// Reads a problem body answered with `status`; anything else (a proxy's HTML page,
+    /// an empty body) becomes an `about:blank` problem titled with the status' reason
+    /// phrase.
+    pub fn read(status: u16, body: &[u8]) -> Problem {
+        match serde_json::from_slice::<Problem>(body) {
+            Ok(mut problem) if !problem.title.is_empty() || problem.type_uri != "about:blank" => {
+                problem.status.get_or_insert(status);
+                problem
+            }
+            _ => {
+                let text = String::from_utf8_lossy(body);
+                let text = text.trim();
+                Problem {
+                    type_uri: about_blank(),
+                    title: reason(status).to_owned(),
+                    status: Some(status),
+                    detail: (!text.is_empty()).then(|| text.chars().take(200).collect()),
+                    extensions: Map::new(),
+                    retry_after: None,
+                }
+            }
+        }
+    }
+
+    /// `detail`, or `title` when there is none: one line for a human.
+    pub fn headline(&self) -> String {
+        match &self.detail {
+            Some(detail) => format!("{}: {detail}", self.title),
+            None => self.title.clone(),
+        }
+    }
+}
+
+/// The status' reason phrase (RFC 9110), from the `http` crate's table.
+fn reason(status: u16) -> &'static str {
+    http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Unexpected status")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_slug_names_its_kind_and_no_two_kinds_share_one() {
+        for kind in ProblemType::ALL {
+            assert_eq!(ProblemType::from_slug(kind.slug()), Some(kind));
+            let problem = Problem::new(kind);
+            assert_eq!(problem.kind(), Some(kind));
+            assert_eq!(problem.slug(), kind.slug());
+            assert_eq!(problem.status, Some(kind.status()));
+        }
+        assert_eq!(ProblemType::from_slug("no-such-problem"), None);
+    }
+
+    #[test]
+    fn the_body_is_written_type_title_status_detail_then_extensions() {
+        let problem = Problem::new(ProblemType::PaymentDeclined)
+            .detail("The gateway declined the payment: insufficient_funds.")
+            .with("declineCode", "insufficient_funds")
+            .retry_after(3);
+        assert_eq!(
+            String::from_utf8(problem.to_bytes()).expect("utf-8"),
+            r#"{"type":"/problems/payment-declined","title":"Payment declined","status":402,"detail":"The gateway declined the payment: insufficient_funds.","declineCode":"insufficient_funds"}"#
+        );
+    }
+
+    #[test]
+    fn a_body_that_is_not_a_problem_gets_the_reason_phrase_as_title() {
+        let p = Problem::read(401, b"<html>denied</html>");
+        assert_eq!(p.title, "Unauthorized");
+        assert_eq!(p.type_uri, "about:blank");
+        assert_eq!(p.detail.as_deref(), Some("<html>denied</html>"));
+        assert_eq!(Problem::read(503, b"").title, "Service Unavailable");
+    }
+
+    #[test]
+    fn a_problem_without_status_gets_the_answers() {
+        let p = Problem::read(
+            409,
+            br#"{"type":"/problems/request-in-flight","title":"Busy"}"#,
+        );
+        assert_eq!(p.status, Some(409));
+        assert_eq!(p.kind(), Some(ProblemType::RequestInFlight));
+    }
+}
