@@ -11,6 +11,7 @@ pub mod auth;
 pub mod ops;
 pub mod payments;
 pub mod problem;
+pub mod refunds;
 pub mod webhooks;
 
 use crate::config::Settings;
@@ -160,6 +161,7 @@ fn limited_rooms() -> OpenApiRouter<AppState> {
         .merge(webhooks::router())
         .merge(admin::router())
         .merge(ops::readiness())
+        .merge(refunds::router())
 }
 
 /// The rooms that answer from memory and so are never refused: a liveness probe that

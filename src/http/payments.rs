@@ -60,11 +60,11 @@ struct PagoRequest {
     medio_pago: Option<serde_json::Value>,
 }
 
-fn problem(kind: ProblemType, detail: impl Into<String>) -> ApiError {
+pub(super) fn problem(kind: ProblemType, detail: impl Into<String>) -> ApiError {
     Problem::new(kind).detail(detail).into()
 }
 
-fn is_json(headers: &HeaderMap) -> bool {
+pub(super) fn is_json(headers: &HeaderMap) -> bool {
     let Some(value) = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -81,7 +81,7 @@ fn is_json(headers: &HeaderMap) -> bool {
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
-async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
+pub(super) async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
     let too_large = || {
         problem(
             ProblemType::BodyTooLarge,
@@ -107,7 +107,7 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiE
     })
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
+pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
     let mut values = headers.get_all("idempotency-key").iter();
     let parsed = match (values.next(), values.next()) {
         (None, _) => Err(KeyError::Missing),
@@ -127,7 +127,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
     })
 }
 
-fn validation_failed(errors: Vec<FieldError>) -> ApiError {
+pub(super) fn validation_failed(errors: Vec<FieldError>) -> ApiError {
     Problem::new(ProblemType::Validation)
         .detail("Correct the fields listed in `errores` and send the request again; nothing was stored.")
         .with("errores", errors)
@@ -327,5 +327,6 @@ async fn get_payment(
         .one(&state.db)
         .await?
         .ok_or_else(not_found)?;
-    Ok(axum::Json(crate::representation::pago(&found)).into_response())
+    let refunded = crate::saga::refund::store::refunded_amount(&state.db, found.id).await?;
+    Ok(axum::Json(crate::representation::pago_with_refunds(&found, refunded)).into_response())
 }

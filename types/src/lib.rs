@@ -15,11 +15,13 @@
 pub mod key;
 pub mod payment;
 pub mod problem;
+pub mod refund;
 pub mod request;
 pub mod state;
 
 pub use key::{IdempotencyKey, KeyError};
 pub use payment::{MedioPago, Pago};
 pub use problem::{Problem, ProblemType};
+pub use refund::{NewRefund, Reembolso, RefundState};
 pub use request::{Currency, FieldError, NewPayment, PaymentMethod};
 pub use state::PaymentState;

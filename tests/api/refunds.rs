@@ -1,0 +1,553 @@
+//! Refunds (contract section 6) over real HTTP, against a stateful reference gateway on
+//! wiremock that keeps refunds by key (replaying a key's refund) and by reference
+//! (look-ups tell the truth), so a test can count exactly what the gateway made.
+
+use crate::helpers::{
+    ADMIN_TOKEN, API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, charges, json,
+    payment_body,
+};
+use crate::on_both_databases;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+on_both_databases!(
+    a_full_refund_returns_the_whole_payment_and_shows_it_refunded,
+    partial_refunds_add_up_and_the_last_one_takes_what_is_left,
+    the_same_refund_twice_refunds_once_and_replays_the_answer_byte_for_byte,
+    a_refund_key_reused_with_another_body_is_422_and_a_payments_key_is_not_a_refunds,
+    a_refund_over_what_is_left_is_422_with_restante_and_stores_nothing,
+    a_payment_that_is_not_completada_cannot_be_refunded,
+    another_merchants_payment_and_refund_are_404,
+    a_refused_refund_is_422_fallido_and_leaves_the_amount_to_refund_again,
+    a_refund_that_times_out_is_202_and_the_reconciler_settles_it,
+    on_call_refunds_with_a_reason_recorded_in_the_audit_trail,
+);
+
+/// The gateway's refunds, by key and by reference.
+#[derive(Clone, Default)]
+pub struct FakeRefunds {
+    state: Arc<Mutex<RefundsState>>,
+}
+
+#[derive(Default)]
+struct RefundsState {
+    by_key: HashMap<String, Value>,
+    /// Every refund made, in order.
+    made: Vec<Value>,
+    status: Option<&'static str>,
+    delay: Duration,
+    next: u64,
+}
+
+impl FakeRefunds {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RefundsState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// New refunds get `status` (succeeded by default, failed, pending).
+    pub fn refunding(&self, status: &'static str) {
+        self.lock().status = Some(status);
+    }
+
+    /// Every answer comes after `delay` (the refund is made at once).
+    pub fn delay(&self, delay: Duration) {
+        self.lock().delay = delay;
+    }
+
+    /// The refunds the gateway made.
+    pub fn made(&self) -> Vec<Value> {
+        self.lock().made.clone()
+    }
+
+    pub async fn mount(&self, server: &MockServer) {
+        charges()
+            .respond_with(Charge::succeeded())
+            .mount(server)
+            .await;
+        Mock::given(wiremock::matchers::method("POST"))
+            .and(wiremock::matchers::path("/v1/refunds"))
+            .respond_with(MakeRefund(self.clone()))
+            .mount(server)
+            .await;
+        Mock::given(wiremock::matchers::method("GET"))
+            .and(wiremock::matchers::path("/v1/refunds"))
+            .respond_with(LookRefunds(self.clone()))
+            .mount(server)
+            .await;
+    }
+}
+
+struct MakeRefund(FakeRefunds);
+
+impl Respond for MakeRefund {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let key = request
+            .headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let mut state = self.0.lock();
+        let delay = state.delay;
+        if let Some(existing) = state.by_key.get(&key) {
+            return ResponseTemplate::new(201)
+                .set_body_json(existing.clone())
+                .set_delay(delay);
+        }
+        state.next += 1;
+        let status = state.status.unwrap_or("succeeded");
+        let refund = json!({
+            "id": format!("re_fake_{}", state.next),
+            "status": status,
+            "charge": body["charge"],
+            "amount": body["amount"],
+            "currency": body["currency"],
+            "reference": body["reference"],
+            "failureCode": if status == "failed" { Value::from("expired_or_canceled_card") } else { Value::Null },
+        });
+        state.by_key.insert(key, refund.clone());
+        state.made.push(refund.clone());
+        ResponseTemplate::new(201)
+            .set_body_json(refund)
+            .set_delay(delay)
+    }
+}
+
+struct LookRefunds(FakeRefunds);
+
+impl Respond for LookRefunds {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let reference = request
+            .url
+            .query_pairs()
+            .find(|(k, _)| k == "reference")
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        let state = self.0.lock();
+        let data: Vec<Value> = state
+            .made
+            .iter()
+            .filter(|r| r["reference"] == reference.as_str())
+            .cloned()
+            .collect();
+        ResponseTemplate::new(200).set_body_json(json!({ "data": data }))
+    }
+}
+
+/// An app on `backend` with the fake gateway mounted.
+async fn app_with(backend: Backend, flags: &[&'static str]) -> (TestApp, FakeRefunds) {
+    let app = Spawn::new(backend).flags(flags).start().await;
+    let fake = FakeRefunds::default();
+    fake.mount(app.gateway()).await;
+    (app, fake)
+}
+
+/// A COMPLETADA payment of 250000 COP; its id.
+async fn paid(app: &TestApp, key: &str) -> String {
+    let answer = app.pay(key, &payment_body()).await;
+    assert_eq!(answer.status(), 201);
+    json(answer).await["id"].as_str().expect("id").to_owned()
+}
+
+pub async fn refund_as(
+    app: &TestApp,
+    api_key: &str,
+    payment: &str,
+    key: &str,
+    body: &Value,
+) -> reqwest::Response {
+    app.http
+        .post(app.url(&format!("/v1/pagos/{payment}/reembolsos")))
+        .bearer_auth(api_key)
+        .header("Idempotency-Key", key)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent")
+}
+
+pub async fn refund(app: &TestApp, payment: &str, key: &str, body: &Value) -> reqwest::Response {
+    refund_as(app, API_KEY, payment, key, body).await
+}
+
+async fn get(app: &TestApp, api_key: &str, path: &str) -> reqwest::Response {
+    app.http
+        .get(app.url(path))
+        .bearer_auth(api_key)
+        .send()
+        .await
+        .expect("sent")
+}
+
+async fn a_full_refund_returns_the_whole_payment_and_shows_it_refunded(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+
+    let answer = refund(
+        &app,
+        &payment,
+        "ref-1",
+        &json!({"motivo": "solicitud del cliente"}),
+    )
+    .await;
+    assert_eq!(answer.status(), 201);
+    let location = answer.headers()["location"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "COMPLETADO");
+    assert_eq!(body["monto"], 250000);
+    assert_eq!(body["moneda"], "COP");
+    assert_eq!(body["pagoId"], payment.as_str());
+    assert_eq!(body["motivo"], "solicitud del cliente");
+    assert_eq!(body["gatewayRef"], "re_fake_1");
+    assert_eq!(
+        location,
+        format!("/v1/reembolsos/{}", body["id"].as_str().expect("id"))
+    );
+
+    let made = fake.made();
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0]["amount"], 250000);
+    assert_eq!(
+        made[0]["charge"], "ch_3Pq8sTQ2xY7wZ1",
+        "the payment's charge is refunded"
+    );
+    assert_eq!(made[0]["reference"], body["id"]);
+
+    let read = json(get(&app, API_KEY, &location).await).await;
+    assert_eq!(read, body);
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(
+        pago["estado"], "COMPLETADA",
+        "a refunded payment stays COMPLETADA"
+    );
+    assert_eq!(pago["montoReembolsado"], 250000);
+    let list = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}/reembolsos")).await).await;
+    assert_eq!(list["reembolsos"], json!([body]));
+
+    // Nothing is left: one more is refused, and the gateway is not asked.
+    let more = refund(&app, &payment, "ref-2", &json!({})).await;
+    assert_eq!(more.status(), 422);
+    let problem = json(more).await;
+    assert_eq!(problem["type"], "/problems/refund-exceeds-remaining");
+    assert_eq!(problem["restante"], 0);
+    assert_eq!(fake.made().len(), 1);
+}
+
+async fn partial_refunds_add_up_and_the_last_one_takes_what_is_left(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+
+    let first = refund(&app, &payment, "ref-1", &json!({"monto": 50000})).await;
+    assert_eq!(first.status(), 201);
+    assert_eq!(json(first).await["monto"], 50000);
+    let second = refund(&app, &payment, "ref-2", &json!({"monto": 100000})).await;
+    assert_eq!(second.status(), 201);
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 150000);
+
+    let rest = refund(&app, &payment, "ref-3", &json!({})).await;
+    assert_eq!(rest.status(), 201);
+    assert_eq!(json(rest).await["monto"], 100000, "no monto: what is left");
+    let amounts: Vec<i64> = fake
+        .made()
+        .iter()
+        .map(|r| r["amount"].as_i64().expect("amount"))
+        .collect();
+    assert_eq!(amounts, vec![50000, 100000, 100000]);
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 250000);
+    let list = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}/reembolsos")).await).await;
+    assert_eq!(list["reembolsos"].as_array().map(Vec::len), Some(3));
+}
+
+async fn the_same_refund_twice_refunds_once_and_replays_the_answer_byte_for_byte(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    let body = json!({"monto": 50000, "motivo": "devolución"});
+
+    let first = refund(&app, &payment, "ref-1", &body).await;
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let location = first.headers()["location"].clone();
+    let first_body = first.bytes().await.expect("body");
+
+    // Key order and white space do not make another request.
+    let again = app
+        .http
+        .post(app.url(&format!("/v1/pagos/{payment}/reembolsos")))
+        .bearer_auth(API_KEY)
+        .header("Idempotency-Key", "ref-1")
+        .header("Content-Type", "application/json")
+        .body(r#"{ "motivo": "devolución",   "monto": 50000 }"#)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["location"], location);
+    assert_eq!(again.bytes().await.expect("body"), first_body);
+    assert_eq!(fake.made().len(), 1, "one refund at the gateway");
+}
+
+async fn a_refund_key_reused_with_another_body_is_422_and_a_payments_key_is_not_a_refunds(
+    backend: Backend,
+) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "shared-key").await;
+
+    // The payment's key names nothing in the refunds' key space.
+    let first = refund(&app, &payment, "shared-key", &json!({"monto": 1000})).await;
+    assert_eq!(first.status(), 201);
+
+    let other = refund(&app, &payment, "shared-key", &json!({"monto": 2000})).await;
+    assert_eq!(other.status(), 422);
+    assert_eq!(
+        json(other).await["type"],
+        "/problems/idempotency-key-reused"
+    );
+    assert_eq!(fake.made().len(), 1);
+
+    // And the payment's key still replays the payment.
+    let replay = app.pay("shared-key", &payment_body()).await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+}
+
+async fn a_refund_over_what_is_left_is_422_with_restante_and_stores_nothing(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    assert_eq!(
+        refund(&app, &payment, "ref-1", &json!({"monto": 200000}))
+            .await
+            .status(),
+        201
+    );
+
+    let over = refund(&app, &payment, "ref-2", &json!({"monto": 50001})).await;
+    assert_eq!(over.status(), 422);
+    assert_eq!(over.headers()["content-type"], "application/problem+json");
+    let problem = json(over).await;
+    assert_eq!(problem["type"], "/problems/refund-exceeds-remaining");
+    assert_eq!(problem["restante"], 50000);
+    assert_eq!(fake.made().len(), 1);
+
+    // Nothing was stored under the key: corrected, it goes through.
+    let fixed = refund(&app, &payment, "ref-2", &json!({"monto": 50000})).await;
+    assert_eq!(fixed.status(), 201);
+
+    // Bad input is refused before anything, and stores nothing either.
+    let bad = refund(&app, &payment, "ref-3", &json!({"monto": -1, "otro": 1})).await;
+    assert_eq!(bad.status(), 422);
+    let problem = json(bad).await;
+    assert_eq!(problem["type"], "/problems/validation-failed");
+    let missing_key = app
+        .http
+        .post(app.url(&format!("/v1/pagos/{payment}/reembolsos")))
+        .bearer_auth(API_KEY)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(missing_key.status(), 400);
+    assert_eq!(fake.made().len(), 2);
+}
+
+async fn a_payment_that_is_not_completada_cannot_be_refunded(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::declined())
+        .mount(app.gateway())
+        .await;
+    let answer = app.pay("pay-1", &payment_body()).await;
+    assert_eq!(answer.status(), 402);
+    let payment = json(answer).await["pago"]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+
+    let refused = refund(&app, &payment, "ref-1", &json!({})).await;
+    assert_eq!(refused.status(), 409);
+    let problem = json(refused).await;
+    assert_eq!(problem["type"], "/problems/payment-not-refundable");
+    assert_eq!(problem["estado"], "FALLIDA");
+    let refunds_asked = app
+        .gateway()
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.url.path() == "/v1/refunds")
+        .count();
+    assert_eq!(refunds_asked, 0);
+}
+
+async fn another_merchants_payment_and_refund_are_404(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    let mine = json(refund(&app, &payment, "ref-1", &json!({"monto": 10})).await).await;
+
+    let theirs = refund_as(
+        &app,
+        OTHER_API_KEY,
+        &payment,
+        "ref-1",
+        &json!({"monto": 10}),
+    )
+    .await;
+    assert_eq!(theirs.status(), 404);
+    assert_eq!(json(theirs).await["type"], "/problems/not-found");
+    let path = format!("/v1/reembolsos/{}", mine["id"].as_str().expect("id"));
+    assert_eq!(get(&app, OTHER_API_KEY, &path).await.status(), 404);
+    assert_eq!(
+        get(
+            &app,
+            OTHER_API_KEY,
+            &format!("/v1/pagos/{payment}/reembolsos")
+        )
+        .await
+        .status(),
+        404
+    );
+    assert_eq!(
+        get(&app, API_KEY, "/v1/reembolsos/not-a-uuid")
+            .await
+            .status(),
+        404
+    );
+    let nobody = uuid::Uuid::now_v7();
+    assert_eq!(
+        refund(&app, &nobody.to_string(), "ref-9", &json!({}))
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(fake.made().len(), 1);
+}
+
+async fn a_refused_refund_is_422_fallido_and_leaves_the_amount_to_refund_again(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.refunding("failed");
+
+    let refused = refund(&app, &payment, "ref-1", &json!({"monto": 250000})).await;
+    assert_eq!(refused.status(), 422);
+    let refused_bytes = refused.bytes().await.expect("body");
+    let problem: Value = serde_json::from_slice(&refused_bytes).expect("json");
+    assert_eq!(problem["type"], "/problems/refund-refused");
+    assert_eq!(problem["reembolso"]["estado"], "FALLIDO");
+    assert_eq!(problem["failureCode"], "expired_or_canceled_card");
+
+    let replay = refund(&app, &payment, "ref-1", &json!({"monto": 250000})).await;
+    assert_eq!(replay.status(), 422);
+    assert_eq!(replay.bytes().await.expect("body"), refused_bytes);
+
+    // A failed refund took nothing: the whole amount can be refunded again.
+    fake.refunding("succeeded");
+    let again = refund(&app, &payment, "ref-2", &json!({"monto": 250000})).await;
+    assert_eq!(again.status(), 201);
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 250000);
+}
+
+async fn a_refund_that_times_out_is_202_and_the_reconciler_settles_it(backend: Backend) {
+    let (app, fake) = app_with(backend, &["--stale-after", "1s"]).await;
+    let payment = paid(&app, "pay-1").await;
+    // Made at once, answered after the client gave up: every try times out.
+    fake.delay(Duration::from_secs(2));
+
+    let answer = refund(&app, &payment, "ref-1", &json!({"monto": 70000})).await;
+    assert_eq!(answer.status(), 202);
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "ENVIADO");
+    let id = body["id"].as_str().expect("id").to_owned();
+    assert_eq!(fake.made().len(), 1, "every retry carried the same key");
+    // In flight, it counts against what is left.
+    let over = refund(&app, &payment, "ref-2", &json!({"monto": 180001})).await;
+    assert_eq!(over.status(), 422);
+
+    fake.delay(Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let report = json(app.admin_post("/admin/reconciliaciones", &json!({})).await).await;
+    assert_eq!(report["reembolsos"]["completados"], 1, "{report}");
+
+    let read = json(get(&app, API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "COMPLETADO");
+    assert_eq!(read["gatewayRef"], "re_fake_1");
+    assert_eq!(fake.made().len(), 1, "settled by look-up, not sent again");
+    // The client's retry now gets the final answer.
+    let retry = refund(&app, &payment, "ref-1", &json!({"monto": 70000})).await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 70000);
+}
+
+async fn on_call_refunds_with_a_reason_recorded_in_the_audit_trail(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    let path = format!("/admin/pagos/{payment}/reembolsos");
+    let post = |body: Value, token: &'static str| {
+        let request = app
+            .http
+            .post(app.url(&path))
+            .bearer_auth(token)
+            .header("Idempotency-Key", "oncall-1")
+            .json(&body);
+        async move { request.send().await.expect("sent") }
+    };
+
+    assert_eq!(
+        post(json!({"monto": 1000}), ADMIN_TOKEN).await.status(),
+        422,
+        "motivo required"
+    );
+    assert_eq!(
+        post(json!({"monto": 1000, "motivo": "x"}), API_KEY)
+            .await
+            .status(),
+        401
+    );
+    let done = post(
+        json!({"monto": 1000, "motivo": "cliente llamó"}),
+        ADMIN_TOKEN,
+    )
+    .await;
+    assert_eq!(done.status(), 201);
+    let body = json(done).await;
+    assert_eq!(body["estado"], "COMPLETADO");
+    assert_eq!(fake.made().len(), 1);
+
+    // The merchant sees it, and its key space is not on-call's.
+    let id = body["id"].as_str().expect("id");
+    assert_eq!(
+        get(&app, API_KEY, &format!("/v1/reembolsos/{id}"))
+            .await
+            .status(),
+        200
+    );
+    let mine = refund(&app, &payment, "oncall-1", &json!({"monto": 1000})).await;
+    assert_eq!(mine.status(), 201);
+    assert_ne!(json(mine).await["id"], body["id"]);
+    assert_eq!(fake.made().len(), 2);
+
+    let trail =
+        pagos::saga::refund::store::trail(&app.db, uuid::Uuid::parse_str(id).expect("uuid"))
+            .await
+            .expect("trail");
+    assert!(
+        trail[0].reason.contains("admin") && trail[0].reason.contains("cliente llamó"),
+        "{:?}",
+        trail[0]
+    );
+    assert_eq!(
+        trail.last().map(|t| t.to_state.as_str()),
+        Some("COMPLETADO")
+    );
+}
