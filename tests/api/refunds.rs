@@ -551,3 +551,66 @@ async fn on_call_refunds_with_a_reason_recorded_in_the_audit_trail(backend: Back
         Some("COMPLETADO")
     );
 }
+
+on_both_databases!(
+    twenty_concurrent_partial_refunds_never_exceed_the_payment,
+    a_second_request_with_the_key_while_the_first_is_in_flight_is_409,
+);
+
+async fn twenty_concurrent_partial_refunds_never_exceed_the_payment(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    // A slow gateway, so the refunds really overlap.
+    fake.delay(Duration::from_millis(100));
+
+    // 20 × 30000 = 600000 asked of 250000: at most 8 fit.
+    let body = json!({"monto": 30000});
+    let keys: Vec<String> = (0..20).map(|i| format!("race-{i}")).collect();
+    let answers =
+        futures::future::join_all(keys.iter().map(|k| refund(&app, &payment, k, &body))).await;
+    let (mut refunded, mut refused) = (Vec::new(), 0);
+    for answer in answers {
+        match answer.status().as_u16() {
+            201 => refunded.push(json(answer).await["id"].as_str().expect("id").to_owned()),
+            422 => {
+                let problem = json(answer).await;
+                assert_eq!(problem["type"], "/problems/refund-exceeds-remaining");
+                refused += 1;
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(refunded.len() + refused, 20);
+    assert_eq!(refunded.len(), 8, "every refund that fits, and no more");
+    let made = fake.made();
+    let sum: i64 = made.iter().map(|r| r["amount"].as_i64().expect("amount")).sum();
+    assert!(sum <= 250000, "the gateway refunded {sum}");
+    let mut seen: Vec<String> = made
+        .iter()
+        .map(|r| r["reference"].as_str().expect("reference").to_owned())
+        .collect();
+    seen.sort();
+    refunded.sort();
+    assert_eq!(seen, refunded, "the gateway saw exactly the refunds not refused");
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 240000);
+}
+
+async fn a_second_request_with_the_key_while_the_first_is_in_flight_is_409(backend: Backend) {
+    let (app, fake) = app_with(backend, &["--gateway-timeout", "3s"]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.delay(Duration::from_millis(800));
+
+    let body = json!({"monto": 1000});
+    let first = refund(&app, &payment, "ref-1", &body);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        refund(&app, &payment, "ref-1", &body).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first.status(), 201);
+    assert_eq!(second.status(), 409);
+    assert!(second.headers().contains_key("retry-after"));
+    assert_eq!(json(second).await["type"], "/problems/request-in-flight");
+    assert_eq!(fake.made().len(), 1);
+}
