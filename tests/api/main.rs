@@ -22,6 +22,7 @@ mod process;
 mod providers;
 mod receiver;
 mod reconciler;
+mod refund_crash;
 mod refunds;
 mod restore;
 mod startup;

@@ -583,7 +583,10 @@ async fn twenty_concurrent_partial_refunds_never_exceed_the_payment(backend: Bac
     assert_eq!(refunded.len() + refused, 20);
     assert_eq!(refunded.len(), 8, "every refund that fits, and no more");
     let made = fake.made();
-    let sum: i64 = made.iter().map(|r| r["amount"].as_i64().expect("amount")).sum();
+    let sum: i64 = made
+        .iter()
+        .map(|r| r["amount"].as_i64().expect("amount"))
+        .sum();
     assert!(sum <= 250000, "the gateway refunded {sum}");
     let mut seen: Vec<String> = made
         .iter()
@@ -591,7 +594,10 @@ async fn twenty_concurrent_partial_refunds_never_exceed_the_payment(backend: Bac
         .collect();
     seen.sort();
     refunded.sort();
-    assert_eq!(seen, refunded, "the gateway saw exactly the refunds not refused");
+    assert_eq!(
+        seen, refunded,
+        "the gateway saw exactly the refunds not refused"
+    );
     let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(pago["montoReembolsado"], 240000);
 }
