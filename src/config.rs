@@ -397,6 +397,11 @@ pub struct Settings {
     /// Deliveries to merchants' endpoints (PAGOS_WEBHOOKS_*)
     #[command(flatten)]
     pub webhooks: crate::delivery::WebhookSettings,
+    /// A charge found for a payment answered FALLIDA (an orphan charge): `refund` it in
+    /// full through the refund saga, or send the payment to REVISION_MANUAL (`review`)
+    #[arg(long, env = "PAGOS_ORPHAN_CHARGES", value_enum,
+          default_value_t = crate::saga::refund::OrphanCharges::Refund)]
+    pub orphan_charges: crate::saga::refund::OrphanCharges,
 }
 
 /// Added to a send's worst case when a payment is held for it (`Settings::send_hold`).

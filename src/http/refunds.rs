@@ -149,6 +149,7 @@ async fn begin_and_answer(
             lease: state.settings.lease,
             payment_states: &[PaymentState::Completada],
             charge: None,
+            charge_amount: None,
         },
     )
     .await?;

@@ -164,7 +164,7 @@ async fn receive_http_event(
 /// Applies an accepted event and answers it: 200 with what it came to, or 503 when it
 /// could not be written (nothing was; the provider delivers it again).
 async fn apply(state: &AppState, event: ChargeEvent<'_>) -> Result<Response, ApiError> {
-    match webhooks::consume(&state.db, event).await {
+    match webhooks::consume(&state.db, event, state.settings.orphan_charges).await {
         Ok(outcome) => {
             state.metrics.webhook_event(outcome.as_str());
             Ok(acknowledge(outcome.as_str()))

@@ -67,6 +67,11 @@ impl FakeRefunds {
             .respond_with(Charge::succeeded())
             .mount(server)
             .await;
+        self.mount_refunds(server).await;
+    }
+
+    /// Only the refund endpoints (the test mounts its own charges).
+    pub async fn mount_refunds(&self, server: &MockServer) {
         Mock::given(wiremock::matchers::method("POST"))
             .and(wiremock::matchers::path("/v1/refunds"))
             .respond_with(MakeRefund(self.clone()))

@@ -229,3 +229,82 @@ async fn reload(deps: &SagaDeps, r: &refund::Model) -> Result<refund::Model, Sto
         .await?
         .unwrap_or_else(|| r.clone()))
 }
+
+/// What pagos does with a charge it finds for a payment whose answer was `FALLIDA`
+/// (`PAGOS_ORPHAN_CHARGES`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OrphanCharges {
+    /// Refund it in full through the refund saga, so the answer (no money taken) becomes
+    /// true again.
+    #[default]
+    Refund,
+    /// Send the payment to `REVISION_MANUAL`: on-call decides.
+    Review,
+}
+
+/// The compensation of an orphan charge: a refund of `charge` (in full) registered in the
+/// caller's transaction, in pagos' own key space (the key is the charge's id, so the same
+/// charge found twice is refunded once), with an audit row on the payment saying why. The
+/// refund is due at once: the next reconciliation pass sends it (or on-call's "reconcile
+/// now"). The payment must be `FALLIDA`; its row must be locked by the caller or the
+/// database serialized (`lock` as `store::register_in`).
+pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
+    tx: &C,
+    p: &crate::entities::payment::Model,
+    charge: &crate::gateway::Charge,
+    actor: Actor,
+    why: &str,
+    lock: bool,
+) -> Result<store::Registered, sea_orm::DbErr> {
+    use crate::entities::payment_transition as payment_transitions;
+    use sea_orm::EntityTrait;
+    let fingerprint = crate::idempotency::fingerprint(
+        "COMPENSATE",
+        &format!("/v1/pagos/{}", p.id),
+        &serde_json::json!({ "charge": charge.id, "monto": charge.amount }),
+    );
+    let reason = format!("compensation: {why}");
+    let registered = store::register_in(
+        tx,
+        &store::Registration {
+            merchant: p.merchant_id,
+            scope: crate::entities::refund::KeyScope::Orphan,
+            key: &charge.id,
+            fingerprint: &fingerprint,
+            payment: p.id,
+            amount: Some(charge.amount),
+            reason: Some(truncate(&reason, pagos_types::refund::MAX_REASON_LEN)),
+            requested_by: "pagos".to_owned(),
+            lease: std::time::Duration::ZERO,
+            payment_states: &[crate::saga::state::PaymentState::Fallida],
+            charge: Some(charge.id.clone()),
+            charge_amount: Some(charge.amount),
+        },
+        lock,
+    )
+    .await?;
+    if let store::Registered::Started(r) = &registered {
+        payment_transitions::Entity::insert(payment_transitions::ActiveModel::from(
+            payment_transitions::Model {
+                id: uuid::Uuid::now_v7(),
+                payment_id: p.id,
+                from_state: Some(p.state),
+                to_state: p.state,
+                actor,
+                reason: format!(
+                    "{why}: the answer was FALLIDA, so the charge is refunded in full (refund {}) to keep it true",
+                    r.id
+                ),
+                created_at: r.created_at,
+            },
+        ))
+        .exec_without_returning(tx)
+        .await?;
+        tracing::warn!(payment_id = %p.id, refund_id = %r.id, charge = charge.id, "orphan charge: refunding it");
+    }
+    Ok(registered)
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}

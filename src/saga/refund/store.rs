@@ -137,6 +137,9 @@ pub struct Registration<'a> {
     pub payment_states: &'a [PaymentState],
     /// The charge to refund, when it is not the payment's `gatewayRef` (an orphan's).
     pub charge: Option<String>,
+    /// That charge's amount: what is left is then what is left of that charge, not of
+    /// the payment.
+    pub charge_amount: Option<i64>,
 }
 
 #[derive(Debug)]
@@ -160,41 +163,69 @@ pub async fn register(db: &DatabaseConnection, reg: Registration<'_>) -> Result<
         return Ok(Registered::Taken(Box::new(existing)));
     }
     let tx = begin_write(db).await?;
-    let mut query = payment::Entity::find_by_id(reg.payment)
-        .filter(payment::Column::MerchantId.eq(reg.merchant));
-    if one_statement(db) {
-        // Concurrent registrations of this payment wait here, one at a time; the sum
-        // below is a statement of its own, so its snapshot sees every one that went first.
-        query = query.lock_exclusive();
+    let registered = register_in(&tx, &reg, one_statement(db)).await?;
+    if matches!(registered, Registered::Started(_)) {
+        tx.commit().await?;
+        return Ok(registered);
     }
-    let Some(p) = query.one(&tx).await? else {
-        tx.rollback().await?;
-        return Ok(Registered::NoPayment);
-    };
-    let charge = reg.charge.clone().or_else(|| p.gateway_ref.clone());
-    let Some(charge) = charge.filter(|_| reg.payment_states.contains(&p.state)) else {
-        tx.rollback().await?;
-        return Ok(Registered::NotRefundable(p.state));
-    };
-    let counted = sum_in(&tx, p.id, &RefundState::COUNTED).await?;
-    let remaining = std::cmp::max(p.amount - counted, 0);
-    let amount = reg.amount.unwrap_or(remaining);
-    if amount > remaining || amount <= 0 {
-        tx.rollback().await?;
-        return Ok(Registered::ExceedsRemaining { remaining });
-    }
-    let model = new_refund(&reg, &p, charge, amount);
-    let inserted = refund::Entity::insert(refund::ActiveModel::from(model.clone()))
-        .on_conflict_do_nothing()
-        .exec_without_returning(&tx)
-        .await?;
-    if !matches!(inserted, TryInsertResult::Inserted(n) if n > 0) {
-        // The same key won a race meanwhile.
-        tx.rollback().await?;
+    tx.rollback().await?;
+    if let Registered::Taken(_) = registered {
+        // The same key won a race meanwhile: its row, as committed.
         return match find_key(db, reg.merchant, reg.scope, reg.key).await? {
             Some(existing) => Ok(Registered::Taken(Box::new(existing))),
             None => Err(DbErr::RecordNotInserted),
         };
+    }
+    Ok(registered)
+}
+
+/// `register`'s work in the caller's transaction, which commits it only if `Started`.
+/// `lock`: lock the payment's row first (PostgreSQL; a caller that holds the lock already,
+/// or SQLite under `BEGIN IMMEDIATE`, passes false).
+pub async fn register_in<C: ConnectionTrait>(
+    tx: &C,
+    reg: &Registration<'_>,
+    lock: bool,
+) -> Result<Registered, DbErr> {
+    if let Some(existing) = find_key(tx, reg.merchant, reg.scope, reg.key).await? {
+        return Ok(Registered::Taken(Box::new(existing)));
+    }
+    let mut query = payment::Entity::find_by_id(reg.payment)
+        .filter(payment::Column::MerchantId.eq(reg.merchant));
+    if lock {
+        // Concurrent registrations of this payment wait here, one at a time; the sum
+        // below is a statement of its own, so its snapshot sees every one that went first.
+        query = query.lock_exclusive();
+    }
+    let Some(p) = query.one(tx).await? else {
+        return Ok(Registered::NoPayment);
+    };
+    let charge = reg.charge.clone().or_else(|| p.gateway_ref.clone());
+    let Some(charge) = charge.filter(|_| reg.payment_states.contains(&p.state)) else {
+        return Ok(Registered::NotRefundable(p.state));
+    };
+    let remaining = match reg.charge_amount {
+        // What is left of that one charge (an orphan's: not the payment's own).
+        Some(charged) => {
+            let counted = sum_of_charge(tx, p.id, &charge).await?;
+            std::cmp::max(charged - counted, 0)
+        }
+        None => {
+            let counted = sum_in(tx, p.id, &RefundState::COUNTED).await?;
+            std::cmp::max(p.amount - counted, 0)
+        }
+    };
+    let amount = reg.amount.unwrap_or(remaining);
+    if amount > remaining || amount <= 0 {
+        return Ok(Registered::ExceedsRemaining { remaining });
+    }
+    let model = new_refund(reg, &p, charge, amount);
+    let inserted = refund::Entity::insert(refund::ActiveModel::from(model.clone()))
+        .on_conflict_do_nothing()
+        .exec_without_returning(tx)
+        .await?;
+    if !matches!(inserted, TryInsertResult::Inserted(n) if n > 0) {
+        return Ok(Registered::Taken(Box::new(model)));
     }
     transitions::Entity::insert(transitions::ActiveModel::from(transitions::Model {
         id: Uuid::now_v7(),
@@ -213,10 +244,30 @@ pub async fn register(db: &DatabaseConnection, reg: Registration<'_>) -> Result<
         ),
         created_at: model.created_at,
     }))
-    .exec_without_returning(&tx)
+    .exec_without_returning(tx)
     .await?;
-    tx.commit().await?;
     Ok(Registered::Started(Box::new(model)))
+}
+
+/// Sum of a payment's counted refunds of one charge.
+async fn sum_of_charge(
+    db: &impl ConnectionTrait,
+    payment: Uuid,
+    charge: &str,
+) -> Result<i64, DbErr> {
+    Ok(refund::Entity::find()
+        .select_only()
+        .expr_as(
+            Expr::cust(r#"CAST(COALESCE(SUM("amount"), 0) AS BIGINT)"#),
+            "total",
+        )
+        .filter(refund::Column::PaymentId.eq(payment))
+        .filter(refund::Column::ChargeRef.eq(charge))
+        .filter(refund::Column::State.is_in(RefundState::COUNTED))
+        .into_tuple::<i64>()
+        .one(db)
+        .await?
+        .unwrap_or(0))
 }
 
 fn actor_of(scope: KeyScope) -> Actor {
