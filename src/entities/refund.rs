@@ -73,6 +73,8 @@ pub struct Model {
     pub claimed_until: Option<ChronoDateTimeUtc>,
     pub created_at: ChronoDateTimeUtc,
     pub updated_at: ChronoDateTimeUtc,
+    /// The highest `sequence` of a gateway refund event applied to it (None: none yet).
+    pub last_event_sequence: Option<i64>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

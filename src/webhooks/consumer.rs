@@ -248,7 +248,11 @@ pub async fn remember_processed(
 }
 
 /// Inserts the event id; false when it was there already.
-async fn record_message(tx: &impl ConnectionTrait, source: &str, id: &str) -> Result<bool, DbErr> {
+pub(crate) async fn record_message(
+    tx: &impl ConnectionTrait,
+    source: &str,
+    id: &str,
+) -> Result<bool, DbErr> {
     let inserted = messages::Entity::insert(messages::ActiveModel {
         source: Set(source.to_owned()),
         message_id: Set(id.to_owned()),

@@ -16,7 +16,7 @@ on_both_databases!(
     in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_refunded,
 );
 
-const SECRET: &str = "whsec_test";
+pub const SECRET: &str = "whsec_test";
 const ADMIN: &str = "adm_test_token";
 /// The declined fixture's charge id: the payment's `gateway_ref`.
 const CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ2";
@@ -58,10 +58,20 @@ fn succeeded(reference: &str) -> Value {
 }
 
 async fn deliver(app: &TestApp, id: &str, sequence: i64, data: Value) -> String {
-    let body = serde_json::to_vec(
-        &json!({"id": id, "type": "charge.updated", "sequence": sequence, "data": data}),
-    )
-    .expect("JSON");
+    deliver_event(app, id, "charge.updated", sequence, data).await
+}
+
+/// A signed reference-protocol event of `kind`, delivered; the word of the 200 answer.
+pub async fn deliver_event(
+    app: &TestApp,
+    id: &str,
+    kind: &str,
+    sequence: i64,
+    data: Value,
+) -> String {
+    let body =
+        serde_json::to_vec(&json!({"id": id, "type": kind, "sequence": sequence, "data": data}))
+            .expect("JSON");
     let t = chrono::Utc::now().timestamp();
     let mut mac = Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).expect("key");
     mac.update(format!("{t}.").as_bytes());

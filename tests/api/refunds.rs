@@ -625,3 +625,54 @@ async fn a_second_request_with_the_key_while_the_first_is_in_flight_is_409(backe
     assert_eq!(json(second).await["type"], "/problems/request-in-flight");
     assert_eq!(fake.made().len(), 1);
 }
+
+on_both_databases!(a_pending_refund_is_settled_by_refund_events_applied_once_and_in_order);
+
+async fn a_pending_refund_is_settled_by_refund_events_applied_once_and_in_order(backend: Backend) {
+    use crate::compensation::{SECRET, deliver_event};
+    let (app, fake) = app_with(backend, &["--webhook-secret", SECRET]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.refunding("pending");
+    let answer = refund(&app, &payment, "ref-1", &json!({"monto": 5000})).await;
+    assert_eq!(answer.status(), 202);
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "ENVIADO");
+    assert_eq!(body["gatewayRef"], "re_fake_1");
+    let id = body["id"].as_str().expect("id").to_owned();
+    let mut made = fake.made()[0].clone();
+
+    made["status"] = json!("succeeded");
+    assert_eq!(
+        deliver_event(&app, "evt_r1", "refund.updated", 2, made.clone()).await,
+        "aplicado"
+    );
+    assert_eq!(
+        deliver_event(&app, "evt_r1", "refund.updated", 2, made.clone()).await,
+        "duplicado"
+    );
+    let mut older = made.clone();
+    older["status"] = json!("pending");
+    assert_eq!(
+        deliver_event(&app, "evt_r0", "refund.updated", 1, older).await,
+        "obsoleto"
+    );
+    let read = json(get(&app, API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "COMPLETADO");
+    // The key's answer was frozen when the event settled it.
+    let retry = refund(&app, &payment, "ref-1", &json!({"monto": 5000})).await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+
+    // A refund that fails after it succeeded (Stripe's): on-call is told, never silently.
+    made["status"] = json!("failed");
+    made["failureCode"] = json!("charge_for_pending_refund_disputed");
+    assert_eq!(
+        deliver_event(&app, "evt_r2", "refund.updated", 3, made).await,
+        "revision_manual"
+    );
+    let read = json(get(&app, API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "REVISION_MANUAL");
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 0, "only COMPLETADO refunds count");
+    assert_eq!(fake.made().len(), 1);
+}

@@ -313,6 +313,7 @@ fn new_refund(
         claimed_until: Some(held),
         created_at: at,
         updated_at: at,
+        last_event_sequence: None,
     }
 }
 
@@ -345,6 +346,41 @@ pub async fn apply_now(
     reason: &str,
     render: Render,
 ) -> Result<Written, StoreError> {
+    let (next, audit) = plan(current, event, changes, actor, reason, render)?;
+    Ok(if write(db, current, &next, audit).await? {
+        Written::Applied(Box::new(next))
+    } else {
+        Written::Fenced
+    })
+}
+
+/// `apply_now`'s writes in the caller's transaction (a webhook's, with its dedupe row).
+pub async fn apply_in<C: ConnectionTrait>(
+    tx: &C,
+    current: &refund::Model,
+    event: Event,
+    changes: Changes,
+    actor: Actor,
+    reason: &str,
+    render: Render,
+) -> Result<Written, StoreError> {
+    let (next, audit) = plan(current, event, changes, actor, reason, render)?;
+    Ok(if write_on(tx, current, &next, audit).await? {
+        Written::Applied(Box::new(next))
+    } else {
+        Written::Fenced
+    })
+}
+
+/// What applying `event` writes; an impossible move is refused before anything is.
+fn plan(
+    current: &refund::Model,
+    event: Event,
+    changes: Changes,
+    actor: Actor,
+    reason: &str,
+    render: Render,
+) -> Result<(refund::Model, Option<transitions::Model>), IllegalTransition> {
     let from = current.state;
     let to = transition(from, event)?;
     let at = now();
@@ -386,11 +422,30 @@ pub async fn apply_now(
         reason: reason.to_owned(),
         created_at: at,
     });
-    Ok(if write(db, current, &next, audit).await? {
-        Written::Applied(Box::new(next))
-    } else {
-        Written::Fenced
-    })
+    Ok((next, audit))
+}
+
+/// Records `sequence` as the refund's newest event, if it is newer than the last one
+/// applied; false (stale: nothing to do) otherwise. In the event's transaction.
+pub async fn advance_event_sequence<C: ConnectionTrait>(
+    tx: &C,
+    refund: Uuid,
+    sequence: i64,
+) -> Result<bool, DbErr> {
+    let done = refund::Entity::update_many()
+        .col_expr(
+            refund::Column::LastEventSequence,
+            Expr::value(Some(sequence)),
+        )
+        .filter(refund::Column::Id.eq(refund))
+        .filter(
+            sea_orm::Condition::any()
+                .add(refund::Column::LastEventSequence.is_null())
+                .add(refund::Column::LastEventSequence.lt(sequence)),
+        )
+        .exec(tx)
+        .await?;
+    Ok(done.rows_affected == 1)
 }
 
 /// The request gives up its refund without a final answer (gateway pending or unknown):
@@ -486,6 +541,25 @@ async fn write(
         return sql_write(db, current, next, audit).await;
     }
     let tx = begin_write(db).await?;
+    let applied = write_on(&tx, current, next, audit).await?;
+    if applied {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+    }
+    Ok(applied)
+}
+
+/// `write`'s statements in the caller's transaction, which commits them.
+async fn write_on<C: ConnectionTrait>(
+    tx: &C,
+    current: &refund::Model,
+    next: &refund::Model,
+    audit: Option<transitions::Model>,
+) -> Result<bool, DbErr> {
+    if one_statement(tx) {
+        return sql_write(tx, current, next, audit).await;
+    }
     let mut update = refund::Entity::update_many();
     for (column, value) in MOVED.iter().zip(moved_values(next)) {
         update = update.col_expr(*column, Expr::val(value));
@@ -493,23 +567,21 @@ async fn write(
     let done = update
         .filter(refund::Column::Id.eq(current.id))
         .filter(refund::Column::Version.eq(current.version))
-        .exec(&tx)
+        .exec(tx)
         .await?;
     if done.rows_affected != 1 {
-        tx.rollback().await?;
         return Ok(false);
     }
     if let Some(audit) = audit {
         transitions::Entity::insert(transitions::ActiveModel::from(audit))
-            .exec_without_returning(&tx)
+            .exec_without_returning(tx)
             .await?;
     }
-    tx.commit().await?;
     Ok(true)
 }
 
-async fn sql_write(
-    db: &DatabaseConnection,
+async fn sql_write<C: ConnectionTrait>(
+    db: &C,
     current: &refund::Model,
     next: &refund::Model,
     audit: Option<transitions::Model>,
