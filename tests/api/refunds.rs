@@ -675,4 +675,48 @@ async fn a_pending_refund_is_settled_by_refund_events_applied_once_and_in_order(
     let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(pago["montoReembolsado"], 0, "only COMPLETADO refunds count");
     assert_eq!(fake.made().len(), 1);
+
+    // On-call checks the provider and settles it; the trail says who and why.
+    let resolve = |body: Value| {
+        let request = app
+            .http
+            .post(app.url(&format!("/admin/reembolsos/{id}/resolucion")))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&body);
+        async move { request.send().await.expect("sent") }
+    };
+    assert_eq!(
+        resolve(json!({"estado": "FALLIDO", "motivo": " "}))
+            .await
+            .status(),
+        422
+    );
+    let resolved =
+        resolve(json!({"estado": "FALLIDO", "motivo": "dashboard: refund failed, card closed"}))
+            .await;
+    assert_eq!(resolved.status(), 200);
+    let detail = json(resolved).await;
+    assert_eq!(detail["reembolso"]["estado"], "FALLIDO");
+    let last = detail["transiciones"]
+        .as_array()
+        .and_then(|t| t.last())
+        .cloned()
+        .expect("trail");
+    assert_eq!(last["quien"], "admin");
+    assert!(
+        last["motivo"]
+            .as_str()
+            .is_some_and(|m| m.contains("card closed"))
+    );
+    assert_eq!(
+        resolve(json!({"estado": "COMPLETADO", "motivo": "again"}))
+            .await
+            .status(),
+        409,
+        "only a refund under review is resolved by hand"
+    );
+    // FALLIDO: its amount can be refunded again.
+    let again = refund(&app, &payment, "ref-2", &json!({})).await;
+    assert_eq!(again.status(), 202, "the fake still answers pending");
+    assert_eq!(json(again).await["monto"], 250000);
 }
