@@ -187,12 +187,16 @@ async fn consume_in(
             "gateway event {} reports charge {} succeeded",
             event.event_id, event.charge.id
         );
-        return Ok(Some(
-            match compensate_in(tx, &payment, event.charge, Actor::Webhook, &why, false).await? {
-                Registered::Started(_) => Consumed::Compensated,
-                _ => Consumed::Unchanged,
-            },
-        ));
+        match compensate_in(tx, &payment, event.charge, Actor::Webhook, &why, false).await? {
+            Registered::Started(_) => return Ok(Some(Consumed::Compensated)),
+            // This charge is being refunded already.
+            Registered::Taken(_) => return Ok(Some(Consumed::Unchanged)),
+            // It cannot be refunded as it stands (nothing left of it): on-call decides,
+            // through the table below.
+            Registered::NoPayment
+            | Registered::NotRefundable(_)
+            | Registered::ExceedsRemaining { .. } => {}
+        }
     }
 
     // 4. The absolute state.

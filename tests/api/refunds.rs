@@ -720,3 +720,47 @@ async fn a_pending_refund_is_settled_by_refund_events_applied_once_and_in_order(
     assert_eq!(again.status(), 202, "the fake still answers pending");
     assert_eq!(json(again).await["monto"], 250000);
 }
+
+on_both_databases!(the_openapi_document_describes_the_refund_endpoints);
+
+async fn the_openapi_document_describes_the_refund_endpoints(backend: Backend) {
+    let app = Spawn::new(backend).sandbox().start().await;
+    let doc = json(
+        app.http
+            .get(app.url("/openapi.json"))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    for path in ["/v1/pagos/{id}/reembolsos", "/admin/pagos/{id}/reembolsos"] {
+        let post = &doc["paths"][path]["post"];
+        let key = post["parameters"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["name"] == "Idempotency-Key"))
+            .unwrap_or_else(|| panic!("{path}: Idempotency-Key documented"));
+        assert_eq!(key["in"], "header");
+        assert_eq!(key["required"], true, "{path}");
+        for status in ["201", "202", "404", "409", "422"] {
+            assert!(post["responses"][status].is_object(), "{path} {status}");
+        }
+    }
+    assert!(doc["paths"]["/v1/pagos/{id}/reembolsos"]["get"].is_object());
+    assert!(doc["paths"]["/v1/reembolsos/{id}"]["get"].is_object());
+    assert!(doc["paths"]["/admin/reembolsos/{id}/resolucion"]["post"].is_object());
+    let schema = &doc["components"]["schemas"]["Reembolso"]["properties"];
+    for field in [
+        "id",
+        "pagoId",
+        "monto",
+        "moneda",
+        "estado",
+        "motivo",
+        "gatewayRef",
+        "creadoEn",
+        "actualizadoEn",
+    ] {
+        assert!(schema[field].is_object(), "Reembolso.{field}");
+    }
+    assert!(doc["components"]["schemas"]["Pago"]["properties"]["montoReembolsado"].is_object());
+}

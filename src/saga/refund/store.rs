@@ -200,6 +200,11 @@ pub async fn register_in<C: ConnectionTrait>(
     let Some(p) = query.one(tx).await? else {
         return Ok(Registered::NoPayment);
     };
+    if lock && let Some(existing) = find_key(tx, reg.merchant, reg.scope, reg.key).await? {
+        // A twin with this key held the lock first and committed: it is the refund (409
+        // or its answer), not a second one measured against what it left.
+        return Ok(Registered::Taken(Box::new(existing)));
+    }
     let charge = reg.charge.clone().or_else(|| p.gateway_ref.clone());
     let Some(charge) = charge.filter(|_| reg.payment_states.contains(&p.state)) else {
         return Ok(Registered::NotRefundable(p.state));
