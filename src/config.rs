@@ -96,6 +96,8 @@ pub enum Command {
     SandboxGateway(SandboxArgs),
     /// Make one payment with the retrying client (one key per intent, kept in a journal)
     Pay(Box<pagos_client::cli::PayArgs>),
+    /// Refund part or all of a payment with the retrying client (one key per refund, kept in a journal)
+    Refund(Box<pagos_client::refund_cli::RefundArgs>),
 }
 
 #[derive(Debug, Args)]

@@ -764,3 +764,111 @@ async fn the_openapi_document_describes_the_refund_endpoints(backend: Backend) {
     }
     assert!(doc["components"]["schemas"]["Pago"]["properties"]["montoReembolsado"].is_object());
 }
+
+on_both_databases!(
+    the_client_refunds_with_one_key_per_intent_kept_until_the_refund_settles,
+    pagos_refund_refunds_and_prints_the_refund,
+);
+
+async fn the_client_refunds_with_one_key_per_intent_kept_until_the_refund_settles(
+    backend: Backend,
+) {
+    use pagos_client::{Client, Journal, PayPolicy, RefundIntent, RefundOutcome, RefundRequest};
+    let (app, fake) = app_with(backend, &["--stale-after", "4s", "--gateway-retries", "0"]).await;
+    let payment = paid(&app, "pay-1").await;
+    let dir = tempfile::tempdir().expect("dir");
+    let journal = Journal::open(dir.path().join("journal.db"))
+        .await
+        .expect("journal");
+    let client = Client::new(&app.url("/"), API_KEY)
+        .expect("client")
+        .with_journal(journal)
+        .with_policy(PayPolicy {
+            deadline: Duration::from_secs(2),
+            min_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(500),
+            ..PayPolicy::default()
+        });
+    let payment_id = uuid::Uuid::parse_str(&payment).expect("uuid");
+    let request = RefundRequest::new(payment_id, Some(40000), Some("devolución")).expect("valid");
+    assert!(RefundRequest::new(payment_id, Some(0), None).is_err());
+
+    // The gateway makes the refund and answers too late: 202, kept in the journal.
+    fake.delay(Duration::from_secs(2));
+    let intent = RefundIntent::new(request.clone());
+    match client.refund(&intent).await.expect("an outcome") {
+        RefundOutcome::Pending(refund) => assert_eq!(refund.state.as_str(), "ENVIADO"),
+        other => panic!("expected pending, got {other:?}"),
+    }
+    let kept = client
+        .kept_refund(&request)
+        .await
+        .expect("journal")
+        .expect("kept");
+    assert_eq!(
+        kept.key(),
+        intent.key(),
+        "the same refund asked again: the same key"
+    );
+
+    // Once the refund is due, asking again settles it from the gateway's look-up.
+    fake.delay(Duration::ZERO);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    match client.refund(&kept).await.expect("an outcome") {
+        RefundOutcome::Refunded(refund) => {
+            assert_eq!(refund.amount, 40000);
+            assert_eq!(refund.state.as_str(), "COMPLETADO");
+        }
+        other => panic!("expected refunded, got {other:?}"),
+    }
+    assert!(
+        client
+            .kept_refund(&request)
+            .await
+            .expect("journal")
+            .is_none(),
+        "let go"
+    );
+    assert_eq!(fake.made().len(), 1, "one refund at the gateway");
+}
+
+async fn pagos_refund_refunds_and_prints_the_refund(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    let dir = tempfile::tempdir().expect("dir");
+    let journal = dir.path().join("journal.db");
+    let (url, journal) = (app.url("/"), journal.to_str().expect("utf-8").to_owned());
+    let done = tokio::process::Command::new(crate::process::BIN)
+        .args([
+            "refund",
+            "--url",
+            &url,
+            "--pago",
+            &payment,
+            "--monto",
+            "60000",
+            "--motivo",
+            "solicitud del cliente",
+            "--journal",
+            &journal,
+        ])
+        .env("PAGOS_API_KEY", API_KEY)
+        .output()
+        .await
+        .expect("pagos refund runs");
+    assert_eq!(
+        done.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let refund: Value = serde_json::from_slice(&done.stdout).expect("the refund as JSON");
+    assert_eq!(refund["estado"], "COMPLETADO");
+    assert_eq!(refund["monto"], 60000);
+    assert_eq!(refund["motivo"], "solicitud del cliente");
+    assert!(
+        !String::from_utf8_lossy(&done.stderr).contains(API_KEY),
+        "the API key is never printed"
+    );
+    assert_eq!(fake.made().len(), 1);
+}
