@@ -25,6 +25,7 @@ mod receiver;
 mod reconciler;
 mod refund_crash;
 mod refunds;
+mod refunds_stripe;
 mod restore;
 mod startup;
 mod stripe;
