@@ -210,6 +210,8 @@ async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago, Api
 pub struct PedidoReconciliacion {
     /// This payment now, due or not; absent: every due payment.
     pago_id: Option<Uuid>,
+    /// This refund now, due or not (its report under `reembolsos`).
+    reembolso_id: Option<Uuid>,
 }
 
 /// Runs one reconciliation pass now and answers its report.
@@ -218,7 +220,7 @@ pub struct PedidoReconciliacion {
     path = "/admin/reconciliaciones",
     tag = "admin",
     security(("admin_token" = [])),
-    request_body(content = PedidoReconciliacion, description = "`{}` for every due payment, `{\"pagoId\":\"…\"}` for one"),
+    request_body(content = PedidoReconciliacion, description = "`{}` for every due payment and refund, `{\"pagoId\":\"…\"}` for one payment, `{\"reembolsoId\":\"…\"}` for one refund"),
     responses(
         (status = 200, description = "The pass's report", body = Report),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
@@ -243,6 +245,25 @@ async fn run_reconciliation(
     }
     // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
     // halfway and leave its claimed payments waiting out their lease.
+    if let Some(id) = request.reembolso_id {
+        crate::saga::refund::store::find(&state.db, id)
+            .await?
+            .ok_or_else(|| {
+                ApiError::from(
+                    Problem::new(ProblemType::NotFound).detail("No refund with this id."),
+                )
+            })?;
+        let (deps, limits) = (state.saga_deps(), state.reconciler.refund_limits());
+        let reembolsos = tokio::spawn(async move {
+            crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))??;
+        return Ok(Json(Report {
+            reembolsos,
+            ..Report::default()
+        }));
+    }
     let reconciler = state.reconciler.clone();
     let report = tokio::spawn(async move {
         match request.pago_id {

@@ -872,3 +872,33 @@ async fn pagos_refund_refunds_and_prints_the_refund(backend: Backend) {
     );
     assert_eq!(fake.made().len(), 1);
 }
+
+on_both_databases!(on_call_reconciles_one_refund_now_without_waiting_for_it_to_be_due);
+
+async fn on_call_reconciles_one_refund_now_without_waiting_for_it_to_be_due(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.delay(Duration::from_secs(2));
+    let answer = refund(&app, &payment, "ref-1", &json!({"monto": 1000})).await;
+    assert_eq!(answer.status(), 202);
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+    fake.delay(Duration::ZERO);
+
+    // Not due for PAGOS_STALE_AFTER (30 s): a pass leaves it, "this one now" does not.
+    let pass = json(app.admin_post("/admin/reconciliaciones", &json!({})).await).await;
+    assert!(pass.get("reembolsos").is_none(), "{pass}");
+    let report = json(
+        app.admin_post("/admin/reconciliaciones", &json!({ "reembolsoId": id }))
+            .await,
+    )
+    .await;
+    assert_eq!(report["reembolsos"]["completados"], 1, "{report}");
+    let missing = app
+        .admin_post(
+            "/admin/reconciliaciones",
+            &json!({ "reembolsoId": uuid::Uuid::now_v7() }),
+        )
+        .await;
+    assert_eq!(missing.status(), 404);
+    assert_eq!(fake.made().len(), 1);
+}
