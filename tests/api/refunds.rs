@@ -246,7 +246,7 @@ async fn a_full_refund_returns_the_whole_payment_and_shows_it_refunded(backend: 
 }
 
 async fn partial_refunds_add_up_and_the_last_one_takes_what_is_left(backend: Backend) {
-    let (app, fake) = app_with(backend, &[]).await;
+    let (app, fake) = app_with(backend, &["--metrics-refresh", "100ms"]).await;
     let payment = paid(&app, "pay-1").await;
 
     let first = refund(&app, &payment, "ref-1", &json!({"monto": 50000})).await;
@@ -270,6 +270,11 @@ async fn partial_refunds_add_up_and_the_last_one_takes_what_is_left(backend: Bac
     assert_eq!(pago["montoReembolsado"], 250000);
     let list = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}/reembolsos")).await).await;
     assert_eq!(list["reembolsos"].as_array().map(Vec::len), Some(3));
+    app.scrape_until("pagos_refunds", |text| {
+        crate::helpers::has_line(text, r#"pagos_refunds{estado="COMPLETADO"} 3"#)
+            && crate::helpers::has_line(text, r#"pagos_refunds{estado="ENVIADO"} 0"#)
+    })
+    .await;
 }
 
 async fn the_same_refund_twice_refunds_once_and_replays_the_answer_byte_for_byte(backend: Backend) {
