@@ -34,6 +34,11 @@ pub fn pago(p: &payment::Model) -> Pago {
     }
 }
 
+/// A payment as an event's `datos` shows it: its representation.
+pub fn datos(p: &payment::Model) -> serde_json::Value {
+    serde_json::to_value(pago(p)).unwrap_or(serde_json::Value::Null)
+}
+
 /// `decline_code` of a payment on-call resolved as failed.
 pub const RESOLVED_FAILED: &str = "resolved_by_on_call";
 

@@ -313,7 +313,14 @@ const LAYERS: [(&str, &[&str]); 7] = [
     ),
     (
         "storage and adapters",
-        &["merchants", "gateway", "delivery", "db", "failpoint"],
+        &[
+            "merchants",
+            "gateway",
+            "delivery",
+            "db",
+            "failpoint",
+            "outbox",
+        ],
     ),
     (
         "pure domain and entities",

@@ -17,6 +17,7 @@ mod mercadopago;
 mod merchants;
 mod money_path;
 mod ops;
+mod outbox;
 mod payments;
 mod process;
 mod providers;
