@@ -14,6 +14,7 @@ mod m20261203_000006_payment_generations;
 mod m20261203_000007_api_keys;
 mod m20261203_000008_merchant_names;
 mod m20261204_000011_events;
+mod m20261204_000012_delivery_rounds;
 
 pub struct Migrator;
 
@@ -30,6 +31,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000007_api_keys::Migration),
             Box::new(m20261203_000008_merchant_names::Migration),
             Box::new(m20261204_000011_events::Migration),
+            Box::new(m20261204_000012_delivery_rounds::Migration),
         ]
     }
 }

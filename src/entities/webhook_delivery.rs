@@ -37,6 +37,8 @@ pub struct Model {
     pub state: DeliveryState,
     /// Attempts made so far; the next is number `attempts + 1`.
     pub attempts: i32,
+    /// `attempts` when the current round began (a redelivery starts the schedule over).
+    pub round_start: i32,
     /// When the next attempt is due; a claim moves it past the attempt.
     pub next_attempt_at: ChronoDateTimeUtc,
     pub delivered_at: Option<ChronoDateTimeUtc>,

@@ -1,1 +1,1 @@
-//! placeholder
+//! The delivery worker's storage: fan-out, claims, attempts.

@@ -26,4 +26,5 @@ mod reconciler;
 mod restore;
 mod startup;
 mod stripe;
+mod webhook_endpoints;
 mod webhooks;

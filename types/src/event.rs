@@ -152,6 +152,13 @@ pub struct WebhookEndpoint {
     /// RFC 3339.
     #[serde(rename = "creadoEn")]
     pub creado_en: String,
+    /// Until when the secret before the last rotation also signs (RFC 3339).
+    #[serde(
+        rename = "secretoAnteriorHasta",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub secreto_anterior_hasta: Option<String>,
     /// Why it is `DESACTIVADO`.
     #[serde(
         rename = "motivoDesactivacion",
