@@ -7,6 +7,7 @@ pub mod app;
 pub mod config;
 pub mod db;
 pub mod delivery;
+pub mod dispatcher;
 pub mod domain;
 pub mod entities;
 pub mod failpoint;

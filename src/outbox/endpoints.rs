@@ -231,3 +231,13 @@ pub fn previous_secret_at(endpoint: &endpoints::Model, at: DateTime<Utc>) -> Opt
         _ => None,
     }
 }
+
+/// How many endpoints are `DESACTIVADO`.
+pub async fn count_disabled(db: &DatabaseConnection) -> Result<i64, DbErr> {
+    use sea_orm::PaginatorTrait;
+    let n = endpoints::Entity::find()
+        .filter(endpoints::Column::State.eq(EndpointState::Desactivado))
+        .count(db)
+        .await?;
+    Ok(i64::try_from(n).unwrap_or(i64::MAX))
+}

@@ -14,7 +14,7 @@ use uuid::Uuid;
 /// delivery that is not `ENTREGADA`.
 fn pending() -> sea_orm::sea_query::SimpleExpr {
     Expr::cust(
-        r#"("events"."fanned_out" = FALSE OR EXISTS (SELECT 1 FROM "webhook_deliveries" AS "d" WHERE "d"."event_id" = "events"."id" AND "d"."state" <> 'ENTREGADA'))"#,
+        r#"("events"."fanned_out" = FALSE OR EXISTS (SELECT 1 FROM "webhook_deliveries" AS "d" WHERE "d"."event_id" = "events"."id" AND "d"."state" IN ('PENDIENTE', 'ABANDONADA')))"#,
     )
 }
 
@@ -89,4 +89,27 @@ pub async fn find(
         deliveries,
         attempts,
     }))
+}
+
+/// When the oldest event not yet delivered to every endpoint that wants it was written.
+/// Two indexed look-ups (events not fanned out; deliveries not delivered), never a scan
+/// of every event.
+pub async fn oldest_undelivered(
+    db: &DatabaseConnection,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, DbErr> {
+    let oldest = |condition: sea_orm::sea_query::SimpleExpr| {
+        event::Entity::find()
+            .select_only()
+            .column_as(event::Column::CreatedAt.min(), "oldest")
+            .filter(condition)
+            .into_tuple::<Option<chrono::DateTime<chrono::Utc>>>()
+            .one(db)
+    };
+    let not_fanned = oldest(event::Column::FannedOut.eq(false)).await?.flatten();
+    let not_delivered = oldest(Expr::cust(
+        r#""events"."id" IN (SELECT "event_id" FROM "webhook_deliveries" WHERE "state" IN ('PENDIENTE', 'ABANDONADA'))"#,
+    ))
+    .await?
+    .flatten();
+    Ok(not_fanned.into_iter().chain(not_delivered).min())
 }

@@ -28,3 +28,4 @@ mod startup;
 mod stripe;
 mod webhook_endpoints;
 mod webhooks;
+mod webhooks_out;
