@@ -29,3 +29,4 @@ mod stripe;
 mod webhook_endpoints;
 mod webhooks;
 mod webhooks_out;
+mod webhooks_processes;
