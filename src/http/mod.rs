@@ -15,6 +15,7 @@ pub mod webhooks;
 // Webhooks to merchants: their endpoints and their events.
 pub mod endpoints;
 pub mod events;
+pub mod search;
 
 use crate::config::Settings;
 use crate::gateway::Gateway;
@@ -165,6 +166,7 @@ fn limited_rooms() -> OpenApiRouter<AppState> {
         .merge(ops::readiness())
         .merge(endpoints::router())
         .merge(events::router())
+        .merge(search::router())
 }
 
 /// The rooms that answer from memory and so are never refused: a liveness probe that

@@ -18,6 +18,7 @@ mod merchants;
 mod money_path;
 mod ops;
 mod outbox;
+mod payment_search;
 mod payments;
 mod process;
 mod providers;
