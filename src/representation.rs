@@ -34,9 +34,10 @@ pub fn pago(p: &payment::Model) -> Pago {
     }
 }
 
-/// A payment as an event's `datos` shows it: its representation.
-pub fn datos(p: &payment::Model) -> serde_json::Value {
-    serde_json::to_value(pago(p)).unwrap_or(serde_json::Value::Null)
+/// A payment as an event's `datos` shows it: its representation, the same bytes as an
+/// answer's.
+pub fn datos(p: &payment::Model) -> String {
+    serde_json::to_string(&pago(p)).unwrap_or_default()
 }
 
 /// `decline_code` of a payment on-call resolved as failed.

@@ -17,7 +17,7 @@ pub mod events;
 
 use crate::entities::event;
 use chrono::{DateTime, SecondsFormat, Utc};
-use pagos_types::{EventType, Evento};
+use pagos_types::EventType;
 use sea_orm::{ConnectionTrait, DbErr, EntityTrait};
 use uuid::Uuid;
 
@@ -27,32 +27,44 @@ pub fn new_id() -> String {
 }
 
 /// The event row of `tipo` about `subject` (a payment or a refund) at step `sequence`
-/// (its version after the change: it only grows), with `datos` its representation after
-/// the change. The body is rendered here once: every delivery sends these bytes.
+/// (its version after the change: it only grows), with `datos` the JSON text of its
+/// representation after the change, kept byte for byte (the contract's field order). The
+/// body is rendered here once: every delivery sends these bytes.
 pub fn event(
     merchant: Uuid,
     tipo: EventType,
     subject: Uuid,
     sequence: i64,
-    datos: serde_json::Value,
+    datos: &str,
     at: DateTime<Utc>,
 ) -> event::Model {
+    /// `Evento` without its `datos`, which are spliced in as they were rendered.
+    #[derive(serde::Serialize)]
+    struct Head<'a> {
+        id: &'a str,
+        tipo: EventType,
+        #[serde(rename = "creadoEn")]
+        creado_en: String,
+        secuencia: u64,
+    }
     let id = new_id();
-    let wire = Evento {
-        id: id.clone(),
+    let head = Head {
+        id: &id,
         tipo,
         creado_en: at.to_rfc3339_opts(SecondsFormat::Millis, true),
         secuencia: u64::try_from(sequence).unwrap_or(0),
-        datos,
     };
+    // A struct of strings and numbers always serializes.
+    let head = serde_json::to_string(&head).unwrap_or_default();
+    let open = head.strip_suffix('}').unwrap_or(&head);
+    let body = format!(r#"{open},"datos":{datos}}}"#);
     event::Model {
         id,
         merchant_id: merchant,
         event_type: tipo,
         subject_id: subject,
         sequence,
-        // Serializing a struct of strings, numbers and a JSON value cannot fail.
-        body: serde_json::to_string(&wire).unwrap_or_default(),
+        body,
         created_at: at,
         fanned_out: false,
     }
@@ -65,4 +77,36 @@ pub async fn record<C: ConnectionTrait>(tx: &C, event: &event::Model) -> Result<
         .exec_without_returning(tx)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagos_types::Evento;
+
+    #[test]
+    fn the_body_is_the_contracts_event_with_datos_as_rendered() {
+        let at = DateTime::parse_from_rfc3339("2026-01-02T03:04:05.678Z")
+            .expect("time")
+            .with_timezone(&Utc);
+        let datos = r#"{"id":"p","creditoId":"42","estado":"COMPLETADA"}"#;
+        let e = event(
+            Uuid::nil(),
+            EventType::PagoCompletado,
+            Uuid::nil(),
+            7,
+            datos,
+            at,
+        );
+        assert_eq!(
+            e.body,
+            format!(
+                r#"{{"id":"{}","tipo":"pago.completado","creadoEn":"2026-01-02T03:04:05.678Z","secuencia":7,"datos":{datos}}}"#,
+                e.id
+            )
+        );
+        let wire: Evento = serde_json::from_str(&e.body).expect("an Evento");
+        assert_eq!(wire.secuencia, 7);
+        assert!(e.id.starts_with("evt_") && e.id.len() == 36);
+    }
 }

@@ -45,8 +45,8 @@ pub use crate::entities::idempotency_key::{FrozenAnswer, KeyStatus};
 pub struct Render {
     /// The answer a payment that just became final freezes on its key.
     pub answer: fn(&payment::Model) -> FrozenAnswer,
-    /// The payment as an event's `datos` shows it.
-    pub datos: fn(&payment::Model) -> serde_json::Value,
+    /// The payment as an event's `datos` shows it (JSON text).
+    pub datos: fn(&payment::Model) -> String,
 }
 
 pub fn chrono_after(d: Duration) -> chrono::TimeDelta {
@@ -364,7 +364,7 @@ fn plan(
                 tipo,
                 next.id,
                 i64::from(next.version),
-                (render.datos)(&next),
+                &(render.datos)(&next),
                 at,
             )
         });
