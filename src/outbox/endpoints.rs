@@ -144,9 +144,10 @@ pub async fn rotate(
     Ok(Some(updated))
 }
 
-/// `ACTIVO` again: its pending deliveries are due now, and with `resend_since` every
-/// event of the merchant since then that the endpoint wants is delivered again (its
-/// schedule starting over), delivered before or not.
+/// `ACTIVO` again: if it was `DESACTIVADO`, its pending deliveries are due now; and with
+/// `resend_since` every event of the merchant since then that the endpoint wants and
+/// that is not pending already is delivered again (its schedule starting over),
+/// delivered before or not.
 pub async fn reactivate(
     db: &DatabaseConnection,
     merchant: Uuid,
@@ -169,7 +170,11 @@ pub async fn reactivate(
     model.disabled_reason = Set(None);
     model.updated_at = Set(at);
     let updated = model.update(&tx).await?;
-    // What was pending when it went down starts a new round now.
+    // What was pending when it went down starts a new round now. (An endpoint that was
+    // active may have a delivery claimed by a worker right now: making that one due
+    // again would let a second worker send the same attempt, so its deliveries keep
+    // their schedule.)
+    let was_down = found.state == EndpointState::Desactivado;
     deliveries::Entity::update_many()
         .col_expr(deliveries::Column::NextAttemptAt, Expr::value(at))
         .col_expr(
@@ -179,6 +184,7 @@ pub async fn reactivate(
         .col_expr(deliveries::Column::UpdatedAt, Expr::value(at))
         .filter(deliveries::Column::EndpointId.eq(id))
         .filter(deliveries::Column::State.eq(DeliveryState::Pending))
+        .filter(Expr::value(was_down))
         .exec(&tx)
         .await?;
     if let Some(since) = resend_since {
@@ -214,6 +220,8 @@ pub async fn reactivate(
                         deliveries::Column::RoundStart,
                         Expr::col((deliveries::Entity, deliveries::Column::Attempts)),
                     )
+                    // One still pending is already on its way (see above).
+                    .action_and_where(deliveries::Column::State.ne(DeliveryState::Pending))
                     .to_owned(),
                 )
                 .exec_without_returning(&tx)

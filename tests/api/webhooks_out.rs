@@ -22,6 +22,7 @@ on_both_databases!(
     during_a_rotation_both_secrets_sign_and_after_it_only_the_new,
     a_410_deactivates_the_endpoint_and_reactivation_redelivers,
     an_endpoint_failing_past_the_horizon_is_deactivated_and_counted,
+    redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes,
 );
 
 /// Flags of a delivering app that may reach the local receiver, with a quick schedule.
@@ -336,6 +337,50 @@ async fn an_endpoint_failing_past_the_horizon_is_deactivated_and_counted(backend
             && text.lines().any(|l| {
                 l.starts_with("pagos_oldest_undelivered_event_age_seconds ") && !l.ends_with(" 0.0")
             })
+    })
+    .await;
+}
+
+async fn redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes(
+    backend: Backend,
+) {
+    let (app, _fake) = app(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    let made = app.register_endpoint(&receiver.url("/")).await;
+    let id = made["id"].as_str().expect("id").to_owned();
+    receiver.consume(Verifier::new(made["secreto"].as_str().expect("secret")).expect("verifier"));
+    let since = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
+    pay(&app, "k-a").await;
+    eventually(Duration::from_secs(10), "delivered", async || {
+        pending_events(&app).await.is_empty() && receiver.deliveries().len() == 1
+    })
+    .await;
+    let again = app
+        .post_as(
+            API_KEY,
+            &format!("/v1/webhook-endpoints/{id}/reactivar"),
+            &json!({"reenviarDesde": since.to_rfc3339()}),
+        )
+        .await;
+    assert_eq!(again.status(), 200);
+    eventually(Duration::from_secs(10), "delivered again", async || {
+        receiver.deliveries().len() == 2
+    })
+    .await;
+    let d = receiver.deliveries();
+    assert_eq!(d[0].header("webhook-id"), d[1].header("webhook-id"));
+    assert_eq!(d[0].body, d[1].body);
+    assert_eq!(receiver.applied().len(), 1, "the consumer applies it once");
+    eventually(Duration::from_secs(5), "both attempts stored", async || {
+        webhook_attempt::Entity::find()
+            .all(&app.db)
+            .await
+            .expect("attempts")
+            .iter()
+            .map(|a| a.number)
+            .collect::<Vec<_>>()
+            .len()
+            == 2
     })
     .await;
 }
