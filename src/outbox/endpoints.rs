@@ -179,7 +179,7 @@ pub async fn reactivate(
         .col_expr(deliveries::Column::NextAttemptAt, Expr::value(at))
         .col_expr(
             deliveries::Column::RoundStart,
-            Expr::col(deliveries::Column::Attempts).into(),
+            Expr::col(deliveries::Column::Attempts),
         )
         .col_expr(deliveries::Column::UpdatedAt, Expr::value(at))
         .filter(deliveries::Column::EndpointId.eq(id))

@@ -363,7 +363,7 @@ fn plan(
                 next.merchant_id,
                 tipo,
                 next.id,
-                i64::from(next.version),
+                next.version,
                 &(render.datos)(&next),
                 at,
             )

@@ -133,7 +133,7 @@ async fn a_transition_that_fails_writes_neither_the_move_nor_its_event(backend: 
         current.merchant_id,
         EventType::PagoCompletado,
         current.id,
-        i64::from(current.version + 1),
+        current.version + 1,
         "{}",
         pagos::db::now(),
     );
