@@ -17,6 +17,33 @@ on_both_databases!(
     events_are_listed_oldest_first_with_a_cursor_and_only_to_their_merchant,
 );
 
+#[tokio::test]
+async fn the_openapi_document_lists_endpoints_events_and_the_payment_search() {
+    let app = Spawn::new(Backend::Sqlite).start().await;
+    let doc = json(
+        app.http
+            .get(app.url("/openapi.json"))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    let paths = &doc["paths"];
+    for (path, method) in [
+        ("/v1/webhook-endpoints", "post"),
+        ("/v1/webhook-endpoints", "get"),
+        ("/v1/webhook-endpoints/{id}", "delete"),
+        ("/v1/webhook-endpoints/{id}/rotar-secreto", "post"),
+        ("/v1/webhook-endpoints/{id}/reactivar", "post"),
+        ("/v1/eventos", "get"),
+        ("/v1/eventos/{id}", "get"),
+        ("/v1/pagos", "get"),
+        ("/v1/pagos", "post"),
+    ] {
+        assert!(paths[path][method].is_object(), "{method} {path}");
+    }
+}
+
 impl TestApp {
     pub async fn post_as(&self, key: &str, path: &str, body: &Value) -> reqwest::Response {
         self.http

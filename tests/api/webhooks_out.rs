@@ -23,6 +23,7 @@ on_both_databases!(
     a_410_deactivates_the_endpoint_and_reactivation_redelivers,
     an_endpoint_failing_past_the_horizon_is_deactivated_and_counted,
     redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes,
+    a_dead_endpoint_does_not_slow_payments,
 );
 
 /// Flags of a delivering app that may reach the local receiver, with a quick schedule.
@@ -383,4 +384,27 @@ async fn redelivery_sends_events_already_delivered_again_with_the_same_id_and_by
             == 2
     })
     .await;
+}
+
+/// Deliveries run off the payment path: an endpoint that never answers (every attempt
+/// waits out the timeout) leaves every payment as fast as it was.
+async fn a_dead_endpoint_does_not_slow_payments(backend: Backend) {
+    let (app, _fake) = app(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    receiver.flaky(0.0, 1.0, Duration::from_secs(30), 3);
+    app.register_endpoint(&receiver.url("/")).await;
+    let mut slowest = Duration::ZERO;
+    for n in 0..10 {
+        let started = std::time::Instant::now();
+        pay(&app, &format!("k-slow-{n}")).await;
+        slowest = slowest.max(started.elapsed());
+    }
+    eventually(Duration::from_secs(5), "attempts under way", async || {
+        !receiver.deliveries().is_empty()
+    })
+    .await;
+    assert!(
+        slowest < Duration::from_millis(900),
+        "a payment took {slowest:?} while its webhooks hang for 1 s each"
+    );
 }
