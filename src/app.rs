@@ -13,6 +13,7 @@ use crate::gateway::sandbox::{Outcomes, SandboxGateway};
 use crate::gateway::stripe::StripeGateway;
 use crate::http::auth::Authenticator;
 use crate::http::{self, AppState, Shared};
+use crate::idempotency::cache::ReplayCache;
 use crate::metrics::{MeteredGateway, MeteredMercadoPago, Metrics};
 use crate::reaper::{self, Reaper};
 use crate::reconciler;
@@ -160,6 +161,10 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         gateway,
         auth: Authenticator::new(settings.auth_failures_per_minute),
         reconciler: Reconciler::new(saga, metrics.clone(), limits),
+        replay_cache: ReplayCache::new(
+            settings.replay_cache_mib.saturating_mul(1024 * 1024),
+            settings.key_retention,
+        ),
         settings,
         metrics,
         mercadopago,

@@ -389,6 +389,12 @@ pub struct Settings {
     /// database up) are read from the database; a scrape of /metrics only reads memory
     #[arg(long, env = "PAGOS_METRICS_REFRESH", default_value = "15s", value_parser = positive_duration, value_name = "DURATION")]
     pub metrics_refresh: Duration,
+    /// Memory for frozen answers kept to serve replays without the database, in MiB
+    /// (0: every replay reads the database); an answer is dropped a minute before its key
+    /// may be purged
+    #[arg(long, env = "PAGOS_REPLAY_CACHE_MIB", default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(0..=65_536), value_name = "MIB")]
+    pub replay_cache_mib: u64,
     /// Failed authentications (API key or admin token) one client address may make in a
     /// minute; past it, its requests get 429 with Retry-After before any key is looked up
     #[arg(long, env = "PAGOS_AUTH_FAILURES_PER_MINUTE", default_value_t = 60,

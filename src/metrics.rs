@@ -91,6 +91,19 @@ pub struct Metrics {
     pub oldest_undelivered_event_age: Gauge<f64, AtomicU64>,
     /// Webhook endpoints `DESACTIVADO`.
     pub webhook_endpoints_disabled: Gauge,
+    /// Replays of frozen answers by where they were read: `memory` or `database`.
+    pub replays: Family<SourceLabel, Counter>,
+    /// Share of replays served from memory since the process started, set when scraped.
+    pub replay_cache_hit_ratio: Gauge<f64, AtomicU64>,
+    /// Entries and bytes held by the replay cache, set when scraped.
+    pub replay_cache_entries: Gauge,
+    pub replay_cache_bytes: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    /// `memory` (the replay cache) or `database`.
+    pub source: &'static str,
 }
 
 impl Default for Metrics {
@@ -212,11 +225,39 @@ impl Metrics {
             format!("Webhook endpoints DESACTIVADO (read from the database every {every})"),
             webhook_endpoints_disabled.clone(),
         );
+        let replays = Family::<SourceLabel, Counter>::default();
+        registry.register(
+            "replays",
+            "Replays of frozen answers by where they were read: memory (the replay cache) or database",
+            replays.clone(),
+        );
+        let replay_cache_hit_ratio = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "replay_cache_hit_ratio",
+            "Share of replays served from the replay cache since the process started (at scrape time; 0 before the first replay)",
+            replay_cache_hit_ratio.clone(),
+        );
+        let replay_cache_entries = Gauge::default();
+        registry.register(
+            "replay_cache_entries",
+            "Frozen answers held by the replay cache (at scrape time)",
+            replay_cache_entries.clone(),
+        );
+        let replay_cache_bytes = Gauge::default();
+        registry.register(
+            "replay_cache_bytes",
+            "Bytes of keys, fingerprints and answers held by the replay cache, bounded by PAGOS_REPLAY_CACHE_MIB (at scrape time)",
+            replay_cache_bytes.clone(),
+        );
         Metrics {
             webhook_deliveries,
             oldest_undelivered_event_age,
             webhook_endpoints_disabled,
             registry,
+            replays,
+            replay_cache_hit_ratio,
+            replay_cache_entries,
+            replay_cache_bytes,
             http_limited,
             http_in_flight,
             database_up,
@@ -237,6 +278,27 @@ impl Metrics {
         self.idempotency
             .get_or_create(&OutcomeLabel { outcome })
             .inc();
+    }
+
+    /// A replay served, from `memory` or the `database`.
+    pub fn replay(&self, source: &'static str) {
+        self.replays.get_or_create(&SourceLabel { source }).inc();
+    }
+
+    /// Sets the replay cache's gauges from what it holds and the replays counted so far.
+    pub fn observe_replay_cache(&self, entries: u64, bytes: u64) {
+        let read = |source| self.replays.get_or_create(&SourceLabel { source }).get();
+        let (memory, database) = (read("memory"), read("database"));
+        let total = memory + database;
+        self.replay_cache_hit_ratio.set(if total == 0 {
+            0.0
+        } else {
+            memory as f64 / total as f64
+        });
+        self.replay_cache_entries
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+        self.replay_cache_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     pub fn webhook_event(&self, outcome: &'static str) {

@@ -19,6 +19,7 @@ pub mod search;
 
 use crate::config::Settings;
 use crate::gateway::Gateway;
+use crate::idempotency::cache::ReplayCache;
 use crate::metrics::{LimitLabel, MeteredMercadoPago, Metrics};
 use crate::saga::SagaDeps;
 use crate::saga::reconcile::Reconciler;
@@ -54,6 +55,8 @@ pub struct Shared {
     pub in_flight: Arc<tokio::sync::Semaphore>,
     /// On-call's "reconcile now" and a client retry that finds its payment due.
     pub reconciler: Reconciler,
+    /// Frozen answers kept in memory (`PAGOS_REPLAY_CACHE_MIB`).
+    pub replay_cache: ReplayCache,
 }
 
 impl Shared {

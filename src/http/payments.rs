@@ -212,6 +212,7 @@ async fn create_payment(
 
     let begun = saga::registry::begin(
         &state.db,
+        &state.replay_cache,
         merchant,
         &key,
         &fingerprint,
@@ -240,8 +241,15 @@ async fn create_payment(
                 .map_err(|e| ApiError::Internal(e.into()))?;
             Ok(respond(settled.id, answer(&settled), false))
         }
-        Begin::Replay { payment_id, answer } => {
-            tracing::info!(%payment_id, %key_hash, "replaying the stored answer");
+        Begin::Replay {
+            payment_id,
+            answer,
+            from_memory,
+        } => {
+            state
+                .metrics
+                .replay(if from_memory { "memory" } else { "database" });
+            tracing::info!(%payment_id, %key_hash, from_memory, "replaying the stored answer");
             Ok(respond(payment_id, answer.into(), true))
         }
         Begin::Unsettled { payment_id } => {

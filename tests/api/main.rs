@@ -24,6 +24,7 @@ mod process;
 mod providers;
 mod receiver;
 mod reconciler;
+mod replay_cache;
 mod restore;
 mod startup;
 mod stripe;
