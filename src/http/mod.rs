@@ -50,6 +50,9 @@ pub struct Shared {
     pub in_flight: Arc<tokio::sync::Semaphore>,
     /// On-call's "reconcile now" and a client retry that finds its payment due.
     pub reconciler: Reconciler,
+    /// Every saga (or reconciliation) a request started in a task of its own: `serve`
+    /// waits for them on shutdown, up to `PAGOS_SHUTDOWN_GRACE`.
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
 impl Shared {

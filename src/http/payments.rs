@@ -234,7 +234,9 @@ async fn create_payment(
             let deps = state.saga_deps();
             // Its own task: axum drops this handler if the client hangs up; the saga
             // must still run to its end.
-            let settled = tokio::spawn(async move { saga::send(&deps, *p, Actor::Request).await })
+            let settled = state
+                .tasks
+                .spawn(async move { saga::send(&deps, *p, Actor::Request).await })
                 .await
                 .map_err(|e| ApiError::Internal(e.into()))?
                 .map_err(|e| ApiError::Internal(e.into()))?;
@@ -263,11 +265,13 @@ async fn create_payment(
             if due && current.state != PaymentState::RevisionManual {
                 let reconciler = state.reconciler.clone();
                 tracing::info!(%payment_id, %key_hash, "client retry found the payment due; reconciling it now");
-                tokio::spawn(async move {
-                    saga::reconcile::reconcile_one(&reconciler, payment_id, When::IfDue).await
-                })
-                .await
-                .map_err(|e| ApiError::Internal(e.into()))??;
+                state
+                    .tasks
+                    .spawn(async move {
+                        saga::reconcile::reconcile_one(&reconciler, payment_id, When::IfDue).await
+                    })
+                    .await
+                    .map_err(|e| ApiError::Internal(e.into()))??;
                 current = find().await?;
             }
             tracing::info!(%payment_id, %key_hash, estado = %current.state, "answering the current state");

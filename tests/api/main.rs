@@ -23,6 +23,7 @@ mod providers;
 mod receiver;
 mod reconciler;
 mod restore;
+mod shutdown;
 mod startup;
 mod stripe;
 mod webhooks;

@@ -78,6 +78,24 @@ impl Serve {
         let _ = self.child.wait().await;
     }
 
+    /// SIGTERM, as an orchestrator stopping the process would.
+    pub fn terminate(&self) {
+        let pid = self.child.id().expect("still running");
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "SIGTERM sent");
+    }
+
+    /// Waits up to `within` for the process to exit; its exit status if it did.
+    pub async fn exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .ok()
+            .map(|status| status.expect("wait"))
+    }
+
     /// Waits for the process to end by itself (a failpoint abort); true if it did.
     pub async fn ended_by_itself(&mut self, within: Duration) -> bool {
         match tokio::time::timeout(within, self.child.wait()).await {
