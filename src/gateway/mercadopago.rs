@@ -50,7 +50,7 @@ pub struct Payment {
     pub status: String,
     #[serde(default)]
     pub status_detail: Option<String>,
-    pub transaction_amount: f64,
+    pub transaction_amount: amount::MajorUnits,
     #[serde(default)]
     pub currency_id: Option<String>,
     #[serde(default)]
@@ -152,7 +152,7 @@ impl Payment {
 
 #[derive(Debug, PartialEq, Serialize)]
 pub struct PaymentBody {
-    pub transaction_amount: f64,
+    pub transaction_amount: amount::MajorUnits,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     pub payment_method_id: String,
@@ -249,7 +249,7 @@ pub struct MercadoPagoRefund {
     pub id: Value,
     #[serde(default)]
     pub payment_id: Value,
-    pub amount: f64,
+    pub amount: amount::MajorUnits,
     #[serde(default)]
     pub status: Option<String>,
     #[serde(default)]
@@ -323,7 +323,7 @@ impl MercadoPagoRefund {
 #[derive(Debug, PartialEq, Serialize)]
 pub struct RefundBody {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub amount: Option<f64>,
+    pub amount: Option<amount::MajorUnits>,
 }
 
 /// The refund body for `req`: the same on every send of one refund.
@@ -527,13 +527,16 @@ mod tests {
     use serde_json::json;
 
     fn payment(status: &str, detail: &str) -> Payment {
-        serde_json::from_value(json!({
-            "id": 1_234_567_890u64, "status": status, "status_detail": detail,
-            "transaction_amount": 2500, "currency_id": "COP",
-            "external_reference": "01a236bf-3ba3-730c-b454-685f40f9d62b",
-            "date_created": "2026-12-02T10:00:00.000-05:00",
-            "date_last_updated": "2026-12-02T10:05:00.000-05:00",
-        }))
+        serde_json::from_str(
+            &json!({
+                "id": 1_234_567_890u64, "status": status, "status_detail": detail,
+                "transaction_amount": 2500, "currency_id": "COP",
+                "external_reference": "01a236bf-3ba3-730c-b454-685f40f9d62b",
+                "date_created": "2026-12-02T10:00:00.000-05:00",
+                "date_last_updated": "2026-12-02T10:05:00.000-05:00",
+            })
+            .to_string(),
+        )
         .expect("a payment")
     }
 
@@ -665,12 +668,12 @@ mod tests {
             assert_eq!(refund.reference, "r-1");
         }
         let pending: MercadoPagoRefund =
-            serde_json::from_value(json!({"id": 1, "amount": 5, "status": "pending"}))
+            serde_json::from_str(&json!({"id": 1, "amount": 5, "status": "pending"}).to_string())
                 .expect("a refund");
         assert_eq!(pending.to_refund("COP", "r").map(|r| r.status), Ok(Pending));
         for status in [json!("lost_in_space"), serde_json::Value::Null] {
             let odd: MercadoPagoRefund =
-                serde_json::from_value(json!({"id": 1, "amount": 5, "status": status}))
+                serde_json::from_str(&json!({"id": 1, "amount": 5, "status": status}).to_string())
                     .expect("a refund");
             assert!(matches!(
                 odd.to_refund("COP", "r"),
@@ -678,7 +681,7 @@ mod tests {
             ));
         }
         let inexact: MercadoPagoRefund =
-            serde_json::from_value(json!({"id": 1, "amount": 5.005, "status": "approved"}))
+            serde_json::from_str(r#"{"id": 1, "amount": 5.005, "status": "approved"}"#)
                 .expect("a refund");
         assert!(inexact.to_refund("COP", "r").is_err(), "never rounded");
     }
