@@ -4,7 +4,7 @@
 //! through a gateway (like Mercado Pago) that does not answer 409 to a second request with
 //! a key still in flight.
 
-use crate::helpers::{API_KEY, Backend, TestDatabase};
+use crate::helpers::{Backend, TestDatabase};
 use crate::process::Serve;
 use pagos::entities::payment;
 use sea_orm::{
@@ -160,14 +160,7 @@ async fn a_payment_claimed_ahead_is_never_sent_by_two_processes_at_once() {
     let Some(backend) = Backend::postgres() else {
         return;
     };
-    let database = TestDatabase::create(&backend).await;
-    let settings = crate::helpers::settings(&database.url, &[]);
-    let db = pagos::app::open_and_migrate(&settings.database)
-        .await
-        .expect("database");
-    pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
-        .await
-        .expect("merchant");
+    let (database, db) = TestDatabase::with_acme(&backend).await;
     let ids = due_never_sent(&db, 2).await;
 
     let hold = Duration::from_millis(2500);

@@ -5,13 +5,12 @@
 //! reconciled; the payment must end final with at most one charge at the gateway, and a
 //! retry of the client's key must get the final answer.
 
-use crate::helpers::{API_KEY, Backend, FakeGateway, TestDatabase, json, payment_body};
+use crate::helpers::{API_KEY, Backend, FakeGateway, json, payment_body};
 use crate::on_both_databases;
-use crate::process::{Serve, reconcile_once};
+use crate::process::{Serve, World, reconcile_once};
 use pagos::entities::payment;
-use sea_orm::{DatabaseConnection, EntityTrait};
+use sea_orm::EntityTrait;
 use std::time::Duration;
-use wiremock::MockServer;
 
 on_both_databases!(
     a_crash_after_registering_is_sent_once_by_the_reconciler,
@@ -25,33 +24,7 @@ on_both_databases!(
 /// Shared flags: a lease short enough to wait out in a test.
 const LEASE: Duration = Duration::from_millis(1000);
 
-struct World {
-    database: TestDatabase,
-    db: DatabaseConnection,
-    gateway: MockServer,
-    fake: FakeGateway,
-}
-
 impl World {
-    async fn new(backend: Backend, fake: FakeGateway) -> World {
-        let database = TestDatabase::create(&backend).await;
-        let settings = crate::helpers::settings(&database.url, &[]);
-        let db = pagos::app::open_and_migrate(&settings.database)
-            .await
-            .expect("database");
-        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
-            .await
-            .expect("merchant");
-        let gateway = MockServer::start().await;
-        fake.mount(&gateway).await;
-        World {
-            database,
-            db,
-            gateway,
-            fake,
-        }
-    }
-
     fn args(&self) -> Vec<String> {
         [
             "--database-url",
@@ -142,12 +115,6 @@ impl World {
             .count(&self.db)
             .await
             .expect("count")
-    }
-
-    async fn only_payment(&self) -> payment::Model {
-        let all = payment::Entity::find().all(&self.db).await.expect("query");
-        assert_eq!(all.len(), 1, "one payment registered");
-        all.into_iter().next().expect("one")
     }
 }
 

@@ -85,6 +85,23 @@ pub struct TestDatabase {
 }
 
 impl TestDatabase {
+    /// A new database, migrated, with the merchant `acme` (`API_KEY`).
+    pub async fn with_acme(backend: &Backend) -> (TestDatabase, DatabaseConnection) {
+        let database = TestDatabase::create(backend).await;
+        let db = database.migrated().await;
+        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
+            .await
+            .expect("merchant");
+        (database, db)
+    }
+
+    /// This database, migrated.
+    pub async fn migrated(&self) -> DatabaseConnection {
+        pagos::app::open_and_migrate(&settings(&self.url, &[]).database)
+            .await
+            .expect("database")
+    }
+
     pub async fn create(backend: &Backend) -> TestDatabase {
         match backend {
             Backend::Sqlite => {

@@ -6,6 +6,8 @@ mod helpers;
 
 mod amount_limits;
 mod bad_input;
+#[path = "../support/binary.rs"]
+mod binary;
 mod claims;
 mod cli;
 mod crash;

@@ -2,48 +2,19 @@
 //! `PAGOS_SHUTDOWN_GRACE`, and what it cannot wait for is left to the reconciler, never
 //! half-written and never charged twice.
 
-use crate::helpers::{API_KEY, Backend, FakeGateway, TestDatabase, payment_body};
+use crate::helpers::{API_KEY, Backend, FakeGateway, payment_body};
 use crate::on_both_databases;
-use crate::process::Serve;
-use pagos::entities::payment;
-use sea_orm::{DatabaseConnection, EntityTrait};
+use crate::process::{Serve, World};
 use std::time::Duration;
-use wiremock::MockServer;
 
 on_both_databases!(
     on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer,
     past_the_grace_a_saga_in_flight_is_left_to_the_reconciler_and_charged_once,
 );
 
-struct World {
-    database: TestDatabase,
-    db: DatabaseConnection,
-    gateway: MockServer,
-    fake: FakeGateway,
-}
-
 impl World {
-    async fn new(backend: Backend, fake: FakeGateway) -> World {
-        let database = TestDatabase::create(&backend).await;
-        let settings = crate::helpers::settings(&database.url, &[]);
-        let db = pagos::app::open_and_migrate(&settings.database)
-            .await
-            .expect("database");
-        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
-            .await
-            .expect("merchant");
-        let gateway = MockServer::start().await;
-        fake.mount(&gateway).await;
-        World {
-            database,
-            db,
-            gateway,
-            fake,
-        }
-    }
-
     /// `pagos serve` over a gateway that may answer slowly (in under 2s), with `grace`.
-    async fn serve(&self, grace: &str) -> Serve {
+    async fn serve_with_grace(&self, grace: &str) -> Serve {
         let url = self.gateway.uri();
         Serve::start(
             &[
@@ -67,12 +38,6 @@ impl World {
             &[],
         )
         .await
-    }
-
-    async fn only_payment(&self) -> payment::Model {
-        let all = payment::Entity::find().all(&self.db).await.expect("query");
-        assert_eq!(all.len(), 1, "one payment registered");
-        all.into_iter().next().expect("one")
     }
 
     /// Waits until the gateway has received the charge: the saga is in flight.
@@ -107,7 +72,7 @@ async fn on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer(
         FakeGateway::charging("succeeded").with_delay(Duration::from_millis(1500)),
     )
     .await;
-    let mut server = world.serve("15s").await;
+    let mut server = world.serve_with_grace("15s").await;
     let answer = pay(&server.url);
     world.charge_reached_the_gateway().await;
 
@@ -140,7 +105,7 @@ async fn past_the_grace_a_saga_in_flight_is_left_to_the_reconciler_and_charged_o
         FakeGateway::charging("succeeded").with_delay(Duration::from_millis(1500)),
     )
     .await;
-    let mut server = world.serve("200ms").await;
+    let mut server = world.serve_with_grace("200ms").await;
     let answer = pay(&server.url);
     world.charge_reached_the_gateway().await;
 
@@ -180,7 +145,7 @@ async fn past_the_grace_a_saga_in_flight_is_left_to_the_reconciler_and_charged_o
     let held_until = left.claimed_until.expect("held for its send");
     let wait = (held_until - pagos::db::now()).to_std().unwrap_or_default();
     tokio::time::sleep(wait + Duration::from_millis(200)).await;
-    let server = world.serve("15s").await;
+    let server = world.serve_with_grace("15s").await;
     let mut settled = world.only_payment().await;
     for _ in 0..100 {
         if settled.state != "ENVIADA" {
