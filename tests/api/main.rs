@@ -21,6 +21,7 @@ mod money_path;
 mod ops;
 mod payments;
 mod process;
+mod provider_table;
 mod providers;
 mod receiver;
 mod reconciler;

@@ -12,7 +12,6 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, Request, Respond, ResponseTemplate};
 
@@ -20,9 +19,6 @@ on_both_databases!(
     the_request_pagos_sends_is_mercadopagos_documented_shape,
     every_status_in_the_mapping_table_maps_as_documented,
     what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_stored,
-    a_timeout_then_a_search_that_finds_the_payment_settles_it,
-    a_search_miss_inside_the_key_window_resends_with_the_same_key,
-    a_search_miss_outside_the_key_window_goes_to_manual_review_without_a_resend,
     a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_is_refused,
     a_duplicated_notification_applies_once_and_asks_mercadopago_once,
     a_notification_mercadopago_cannot_be_asked_about_is_refused_with_503_and_nothing_recorded,
@@ -121,7 +117,7 @@ impl Respond for ByDescription {
 }
 
 /// A stateful Mercado Pago: payments kept by idempotency key (a key reused answers the
-/// same payment), found by search unless the index lags, and read by id.
+/// same payment), found by search, and read by id.
 #[derive(Clone)]
 struct FakeMercadoPago(Arc<Mutex<FakeState>>);
 
@@ -129,8 +125,6 @@ struct FakeState {
     new_payments: &'static str,
     by_key: HashMap<String, Value>,
     by_id: HashMap<u64, Value>,
-    search_lags: bool,
-    first_answer_delay: Duration,
     reads_fail: bool,
 }
 
@@ -140,23 +134,12 @@ impl FakeMercadoPago {
             new_payments,
             by_key: HashMap::new(),
             by_id: HashMap::new(),
-            search_lags: false,
-            first_answer_delay: Duration::ZERO,
             reads_fail: false,
         })))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, FakeState> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn answering_late(self, delay: Duration) -> Self {
-        self.lock().first_answer_delay = delay;
-        self
-    }
-
-    fn search_lags(&self, lags: bool) {
-        self.lock().search_lags = lags;
     }
 
     fn reads_fail(&self, fail: bool) {
@@ -179,14 +162,6 @@ impl FakeMercadoPago {
                 *payment = next.clone();
             }
         }
-    }
-
-    fn payments_for(&self, reference: &str) -> usize {
-        self.lock()
-            .by_id
-            .values()
-            .filter(|p| p["external_reference"] == reference)
-            .count()
     }
 
     async fn mount(&self, server: &wiremock::MockServer) {
@@ -227,9 +202,7 @@ impl Respond for FakeCreate {
         let id = payment["id"].as_u64().expect("id");
         state.by_key.insert(key, payment.clone());
         state.by_id.insert(id, payment.clone());
-        ResponseTemplate::new(201)
-            .set_body_json(payment)
-            .set_delay(state.first_answer_delay)
+        ResponseTemplate::new(201).set_body_json(payment)
     }
 }
 
@@ -247,7 +220,7 @@ impl Respond for FakeSearch {
         let found: Vec<Value> = state
             .by_id
             .values()
-            .filter(|p| !state.search_lags && p["external_reference"] == reference.as_str())
+            .filter(|p| p["external_reference"] == reference.as_str())
             .cloned()
             .collect();
         let mut answer = if found.is_empty() {
@@ -311,11 +284,6 @@ async fn pay(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
     let answer = app.pay(key, body).await;
     let status = answer.status().as_u16();
     (status, json(answer).await)
-}
-
-fn report_says(report: &Value, field: &str) {
-    assert_eq!(report["examinados"], 1, "{report}");
-    assert_eq!(report[field], 1, "{report}");
 }
 
 async fn the_request_pagos_sends_is_mercadopagos_documented_shape(backend: Backend) {
@@ -462,92 +430,6 @@ async fn what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_store
     let body: Value = serde_json::from_slice(&posts(&app).await[0].body).expect("JSON");
     assert_eq!(body["payment_method_id"], "efecty");
     assert!(body.get("token").is_none() && body.get("installments").is_none());
-}
-
-async fn a_timeout_then_a_search_that_finds_the_payment_settles_it(backend: Backend) {
-    let app = spawn(
-        backend,
-        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
-    )
-    .await;
-    let fake = FakeMercadoPago::new("payment_approved").answering_late(Duration::from_secs(2));
-    fake.mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-timeout", &card("late")).await;
-    assert_eq!(status, 202, "{pago}");
-    let id = pago["id"].as_str().expect("id").to_owned();
-
-    report_says(&app.reconcile(&id).await, "completados");
-    let payment = app.payment(&id).await;
-    assert_eq!(payment.state, "COMPLETADA");
-    assert_eq!(payment.gateway_ref, Some(mp_id(&id).to_string()));
-    assert_eq!(posts(&app).await.len(), 1, "found: nothing resent");
-    let searches = requests(&app, "GET", |p| p == "/v1/payments/search").await;
-    assert_eq!(searches.len(), 1);
-    let asked: HashMap<String, String> = searches[0].url.query_pairs().into_owned().collect();
-    assert_eq!(asked.get("external_reference"), Some(&id));
-}
-
-async fn a_search_miss_inside_the_key_window_resends_with_the_same_key(backend: Backend) {
-    let app = spawn(
-        backend,
-        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
-    )
-    .await;
-    let fake = FakeMercadoPago::new("payment_approved").answering_late(Duration::from_secs(2));
-    fake.search_lags(true);
-    fake.mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-resend", &card("lost answer")).await;
-    assert_eq!(status, 202);
-    let id = pago["id"].as_str().expect("id").to_owned();
-
-    report_says(&app.reconcile(&id).await, "completados");
-    let sent = posts(&app).await;
-    assert_eq!(sent.len(), 2, "the first try and the reconciler's resend");
-    assert_eq!(
-        sent[0].headers["x-idempotency-key"],
-        sent[1].headers["x-idempotency-key"]
-    );
-    assert_eq!(sent[0].body, sent[1].body, "the same body");
-    assert_eq!(fake.payments_for(&id), 1, "one payment at Mercado Pago");
-}
-
-async fn a_search_miss_outside_the_key_window_goes_to_manual_review_without_a_resend(
-    backend: Backend,
-) {
-    let app = spawn(
-        backend,
-        &[
-            "--gateway-timeout",
-            "200ms",
-            "--gateway-retries",
-            "0",
-            "--gateway-key-window",
-            "1s",
-        ],
-    )
-    .await;
-    Mock::given(method("POST"))
-        .and(path("/v1/payments"))
-        .respond_with(ResponseTemplate::new(500).set_body_json(fixture("error_internal")))
-        .mount(app.gateway())
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/payments/search"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(fixture("search_empty")))
-        .mount(app.gateway())
-        .await;
-    let (status, pago) = pay(&app, "k-outside", &card("unknown")).await;
-    assert_eq!(status, 202);
-    let id = pago["id"].as_str().expect("id").to_owned();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-
-    report_says(&app.reconcile(&id).await, "revisionManual");
-    assert_eq!(
-        posts(&app).await.len(),
-        1,
-        "never resent outside the window"
-    );
-    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
 }
 
 /// `x-signature` as Mercado Pago computes it, here independently of pagos' code.

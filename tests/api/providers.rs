@@ -126,9 +126,11 @@ impl Provider {
         };
         match self {
             Provider::Reference => query("reference"),
+            // Strict: a search in another form finds nothing.
             Provider::Stripe => query("query")
-                .trim_start_matches("metadata['pagos_reference']:'")
-                .trim_end_matches('\'')
+                .strip_prefix("metadata['pagos_reference']:'")
+                .and_then(|rest| rest.strip_suffix('\''))
+                .unwrap_or_default()
                 .to_owned(),
             Provider::MercadoPago => query("external_reference"),
         }
@@ -247,6 +249,8 @@ struct State {
     by_reference: HashMap<String, Vec<Value>>,
     script: VecDeque<Next>,
     search_lags: bool,
+    /// The reference of every search, in order.
+    searches: Vec<String>,
     charges: usize,
     creates: Vec<Made>,
 }
@@ -276,6 +280,11 @@ impl FakeProvider {
     /// Charges made (never counting replays).
     pub fn charges(&self) -> usize {
         self.lock().charges
+    }
+
+    /// The reference every search asked for, in order (empty: not in the provider's form).
+    pub fn searches(&self) -> Vec<String> {
+        self.lock().searches.clone()
     }
 
     /// Every create request received, in order.
@@ -357,7 +366,8 @@ impl Respond for Search {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let provider = self.0.provider;
         let reference = provider.read_search(request);
-        let state = self.0.lock();
+        let mut state = self.0.lock();
+        state.searches.push(reference.clone());
         let found = if state.search_lags {
             vec![]
         } else {

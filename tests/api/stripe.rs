@@ -19,9 +19,6 @@ on_both_databases!(
     the_request_pagos_sends_is_stripes_documented_shape,
     every_status_in_the_mapping_table_maps_as_documented,
     without_medio_pago_the_request_is_refused_with_422_and_nothing_is_stored,
-    a_timeout_then_a_search_that_finds_the_charge_settles_it,
-    a_search_miss_inside_the_key_window_resends_with_the_same_key,
-    a_search_miss_outside_the_key_window_goes_to_manual_review_without_a_resend,
     requires_action_goes_to_manual_review_past_the_give_up_horizon,
     a_signed_event_settles_a_pending_payment_and_a_wrong_signature_is_refused,
     a_duplicated_event_applies_once,
@@ -146,7 +143,7 @@ impl Respond for ByDescription {
 }
 
 /// A stateful Stripe: PaymentIntents kept by idempotency key (a key reused replays the
-/// first answer, as Stripe does) and found by search unless the index lags.
+/// first answer, as Stripe does) and found by search.
 #[derive(Clone)]
 struct FakeStripe(Arc<Mutex<FakeState>>);
 
@@ -154,8 +151,6 @@ struct FakeState {
     new_intents: &'static str,
     by_key: HashMap<String, Value>,
     by_reference: HashMap<String, Vec<Value>>,
-    search_lags: bool,
-    first_answer_delay: Duration,
     searches: Vec<String>,
 }
 
@@ -165,28 +160,12 @@ impl FakeStripe {
             new_intents,
             by_key: HashMap::new(),
             by_reference: HashMap::new(),
-            search_lags: false,
-            first_answer_delay: Duration::ZERO,
             searches: Vec::new(),
         })))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, FakeState> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The first answer to a new key comes after `delay` (the intent exists at once).
-    fn answering_late(self, delay: Duration) -> Self {
-        self.lock().first_answer_delay = delay;
-        self
-    }
-
-    fn search_lags(&self, lags: bool) {
-        self.lock().search_lags = lags;
-    }
-
-    fn intents_for(&self, reference: &str) -> usize {
-        self.lock().by_reference.get(reference).map_or(0, Vec::len)
     }
 
     async fn mount(&self, server: &wiremock::MockServer) {
@@ -229,9 +208,7 @@ impl Respond for FakeCreate {
             .entry(reference)
             .or_default()
             .push(pi.clone());
-        ResponseTemplate::new(200)
-            .set_body_json(pi)
-            .set_delay(state.first_answer_delay)
+        ResponseTemplate::new(200).set_body_json(pi)
     }
 }
 
@@ -251,7 +228,7 @@ impl Respond for FakeSearch {
             .trim_start_matches("metadata['pagos_reference']:'")
             .trim_end_matches('\'');
         let found = match state.by_reference.get(reference) {
-            Some(found) if !state.search_lags => found.clone(),
+            Some(found) => found.clone(),
             _ => vec![],
         };
         let mut answer = if found.is_empty() {
@@ -448,97 +425,6 @@ async fn without_medio_pago_the_request_is_refused_with_422_and_nothing_is_store
 
     let (status, _) = pay(&app, "k-422", &body("corrected")).await;
     assert_eq!(status, 201, "the same key works with a corrected body");
-}
-
-async fn a_timeout_then_a_search_that_finds_the_charge_settles_it(backend: Backend) {
-    let app = spawn(
-        backend,
-        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
-    )
-    .await;
-    let fake = FakeStripe::new("payment_intent_succeeded").answering_late(Duration::from_secs(2));
-    fake.mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-timeout", &body("late")).await;
-    assert_eq!(status, 202, "{pago}");
-    assert_eq!(pago["estado"], "ENVIADA");
-    let id = pago["id"].as_str().expect("id").to_owned();
-
-    report_says(&app.reconcile(&id).await, "completados");
-    let payment = app.payment(&id).await;
-    assert_eq!(payment.state, "COMPLETADA");
-    assert_eq!(
-        payment.gateway_ref.as_deref(),
-        Some(intent_id(&id).as_str())
-    );
-    assert_eq!(posts(&app).await.len(), 1, "found: nothing resent");
-    let searches = fake.lock().searches.clone();
-    assert_eq!(searches, [format!("metadata['pagos_reference']:'{id}'")]);
-}
-
-async fn a_search_miss_inside_the_key_window_resends_with_the_same_key(backend: Backend) {
-    let app = spawn(
-        backend,
-        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
-    )
-    .await;
-    // The charge is made, its answer lost to the timeout, and search has not indexed it
-    // yet: only Stripe's idempotency makes the resend safe.
-    let fake = FakeStripe::new("payment_intent_succeeded").answering_late(Duration::from_secs(2));
-    fake.search_lags(true);
-    fake.mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-resend", &body("lost answer")).await;
-    assert_eq!(status, 202);
-    let id = pago["id"].as_str().expect("id").to_owned();
-
-    report_says(&app.reconcile(&id).await, "completados");
-    let sent = posts(&app).await;
-    assert_eq!(sent.len(), 2, "the first try and the reconciler's resend");
-    assert_eq!(
-        sent[0].headers["idempotency-key"],
-        sent[1].headers["idempotency-key"]
-    );
-    assert_eq!(sent[0].body, sent[1].body, "the same parameters");
-    assert_eq!(fake.intents_for(&id), 1, "one PaymentIntent, replayed");
-    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
-}
-
-async fn a_search_miss_outside_the_key_window_goes_to_manual_review_without_a_resend(
-    backend: Backend,
-) {
-    let app = spawn(
-        backend,
-        &[
-            "--gateway-timeout",
-            "200ms",
-            "--gateway-retries",
-            "0",
-            "--gateway-key-window",
-            "1s",
-        ],
-    )
-    .await;
-    Mock::given(method("POST"))
-        .and(path("/v1/payment_intents"))
-        .respond_with(ResponseTemplate::new(500).set_body_json(fixture("error_api")))
-        .mount(app.gateway())
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/payment_intents/search"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(fixture("search_empty")))
-        .mount(app.gateway())
-        .await;
-    let (status, pago) = pay(&app, "k-outside", &body("unknown")).await;
-    assert_eq!(status, 202);
-    let id = pago["id"].as_str().expect("id").to_owned();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-
-    report_says(&app.reconcile(&id).await, "revisionManual");
-    assert_eq!(
-        posts(&app).await.len(),
-        1,
-        "never resent outside the window"
-    );
-    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
 }
 
 async fn requires_action_goes_to_manual_review_past_the_give_up_horizon(backend: Backend) {
