@@ -28,16 +28,6 @@ fn pagos(args: &[&str]) -> std::process::Command {
     binary::pagos(args, None)
 }
 
-async fn get_json(http: &reqwest::Client, url: &str) -> Value {
-    http.get(url)
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("JSON")
-}
-
 async fn count_final(db: &DatabaseConnection) -> u64 {
     payment::Entity::find()
         .filter(payment::Column::State.is_in(["COMPLETADA", "FALLIDA"]))
@@ -55,18 +45,7 @@ async fn two_hundred_payments_settle_once_each_under_chaotic_webhooks() {
     let database = TestDatabase::create(&backend).await;
     let db_url = database.url.clone();
 
-    let added = pagos(&[
-        "merchants",
-        "add",
-        "acme",
-        "--api-key",
-        API_KEY,
-        "--database-url",
-        &db_url,
-    ])
-    .status()
-    .expect("pagos merchants add runs");
-    assert!(added.success(), "merchants add: {added}");
+    binary::add_merchant(&db_url, "acme", API_KEY);
 
     let (serve_port, sandbox_port) = (binary::free_port(), binary::free_port());
     let serve_url = format!("http://127.0.0.1:{serve_port}");
@@ -164,7 +143,7 @@ async fn two_hundred_payments_settle_once_each_under_chaotic_webhooks() {
 
     // Until every payment is final and every event acknowledged (bounded).
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut stats = get_json(&http, &format!("{sandbox_url}/sandbox/stats")).await;
+    let mut stats = binary::get_json(&http, &format!("{sandbox_url}/sandbox/stats")).await;
     loop {
         let settled = count_final(&db).await as usize == PAYMENTS;
         let webhooks = &stats["webhooks"];
@@ -180,7 +159,7 @@ async fn two_hundred_payments_settle_once_each_under_chaotic_webhooks() {
             count_final(&db).await
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-        stats = get_json(&http, &format!("{sandbox_url}/sandbox/stats")).await;
+        stats = binary::get_json(&http, &format!("{sandbox_url}/sandbox/stats")).await;
     }
     let webhooks = stats["webhooks"].clone();
 
@@ -197,7 +176,7 @@ async fn two_hundred_payments_settle_once_each_under_chaotic_webhooks() {
         .expect("transitions");
     let mut settled_by: HashMap<String, usize> = HashMap::new();
     for p in &payments {
-        let charges = get_json(
+        let charges = binary::get_json(
             &http,
             &format!("{sandbox_url}/v1/charges?reference={}", p.id),
         )

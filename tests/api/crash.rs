@@ -329,12 +329,7 @@ async fn three_processes_decide_every_due_payment_exactly_once() {
     for request in &requests {
         match request.method.as_str() {
             "GET" => {
-                let reference = request
-                    .url
-                    .query_pairs()
-                    .find(|(k, _)| k == "reference")
-                    .map(|(_, v)| v.into_owned())
-                    .unwrap_or_default();
+                let reference = crate::helpers::query_param(request, "reference");
                 *lookups.entry(reference).or_default() += 1;
             }
             _ => {

@@ -344,6 +344,13 @@ impl TestApp {
             .expect("request sent")
     }
 
+    /// `POST /v1/pagos` as acme; the status and the JSON body.
+    pub async fn pay_read(&self, key: &str, body: &Value) -> (u16, Value) {
+        let answer = self.pay(key, body).await;
+        let status = answer.status().as_u16();
+        (status, json(answer).await)
+    }
+
     pub async fn pay(&self, key: &str, body: &Value) -> reqwest::Response {
         self.pay_as(API_KEY, key, body).await
     }
@@ -583,12 +590,7 @@ impl Respond for FakeLookup {
         if state.lookups_fail {
             return ResponseTemplate::new(503).set_body_json(json!({"error": "unavailable"}));
         }
-        let reference = request
-            .url
-            .query_pairs()
-            .find(|(k, _)| k == "reference")
-            .map(|(_, v)| v.into_owned())
-            .unwrap_or_default();
+        let reference = query_param(request, "reference");
         let data = state
             .by_reference
             .get(&reference)
@@ -659,4 +661,24 @@ impl TestApp {
 /// `text` (OpenMetrics) has exactly this line.
 pub fn has_line(text: &str, line: &str) -> bool {
     text.lines().any(|l| l == line)
+}
+
+/// The value of the query parameter `name` of `request` (empty when absent).
+pub fn query_param(request: &Request, name: &str) -> String {
+    request
+        .url
+        .query_pairs()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// A provider's recorded request or answer: `fixtures/<provider>/<name>.json`.
+pub fn fixture(provider: &str, name: &str) -> Value {
+    let path = format!(
+        "{}/fixtures/{provider}/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("no fixture {path}: {e}"));
+    serde_json::from_str(&text).expect("fixture is JSON")
 }

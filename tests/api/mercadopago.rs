@@ -32,34 +32,7 @@ const WEBHOOK_SECRET: &str = "mp_webhook_secret_test";
 const TOKEN: &str = "ff8080814c11e237014c1ff593b57b4d";
 
 fn fixture(name: &str) -> Value {
-    let text = match name {
-        "payment_approved" => include_str!("../../fixtures/mercadopago/payment_approved.json"),
-        "payment_pending" => include_str!("../../fixtures/mercadopago/payment_pending.json"),
-        "payment_in_process" => include_str!("../../fixtures/mercadopago/payment_in_process.json"),
-        "payment_authorized" => include_str!("../../fixtures/mercadopago/payment_authorized.json"),
-        "payment_in_mediation" => {
-            include_str!("../../fixtures/mercadopago/payment_in_mediation.json")
-        }
-        "payment_rejected" => include_str!("../../fixtures/mercadopago/payment_rejected.json"),
-        "payment_cancelled" => include_str!("../../fixtures/mercadopago/payment_cancelled.json"),
-        "payment_refunded" => include_str!("../../fixtures/mercadopago/payment_refunded.json"),
-        "payment_charged_back" => {
-            include_str!("../../fixtures/mercadopago/payment_charged_back.json")
-        }
-        "payment_request" => include_str!("../../fixtures/mercadopago/payment_request.json"),
-        "error_bad_request" => include_str!("../../fixtures/mercadopago/error_bad_request.json"),
-        "error_internal" => include_str!("../../fixtures/mercadopago/error_internal.json"),
-        "search_empty" => include_str!("../../fixtures/mercadopago/search_empty.json"),
-        "search_found" => include_str!("../../fixtures/mercadopago/search_found.json"),
-        "notification_payment_updated" => {
-            include_str!("../../fixtures/mercadopago/notification_payment_updated.json")
-        }
-        "notification_merchant_order" => {
-            include_str!("../../fixtures/mercadopago/notification_merchant_order.json")
-        }
-        other => panic!("no fixture {other}"),
-    };
-    serde_json::from_str(text).expect("fixture is JSON")
+    crate::helpers::fixture("mercadopago", name)
 }
 
 async fn spawn(backend: Backend, flags: &[&'static str]) -> TestApp {
@@ -210,12 +183,7 @@ struct FakeSearch(FakeMercadoPago);
 
 impl Respond for FakeSearch {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let reference = request
-            .url
-            .query_pairs()
-            .find(|(k, _)| k == "external_reference")
-            .map(|(_, v)| v.into_owned())
-            .unwrap_or_default();
+        let reference = crate::helpers::query_param(request, "external_reference");
         let state = self.0.lock();
         let found: Vec<Value> = state
             .by_id
@@ -280,18 +248,14 @@ async fn reads(app: &TestApp) -> usize {
     .len()
 }
 
-async fn pay(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
-    let answer = app.pay(key, body).await;
-    let status = answer.status().as_u16();
-    (status, json(answer).await)
-}
-
 async fn the_request_pagos_sends_is_mercadopagos_documented_shape(backend: Backend) {
     let app = spawn(backend, &[]).await;
     FakeMercadoPago::new("payment_approved")
         .mount(app.gateway())
         .await;
-    let (status, pago) = pay(&app, "k-shape", &card("Cuota 3 del crédito 42")).await;
+    let (status, pago) = app
+        .pay_read("k-shape", &card("Cuota 3 del crédito 42"))
+        .await;
     assert_eq!(status, 201, "{pago}");
     let id = pago["id"].as_str().expect("id");
     assert_eq!(pago["estado"], "COMPLETADA");
@@ -377,7 +341,7 @@ async fn every_status_in_the_mapping_table_maps_as_documented(backend: Backend) 
         ),
     ] {
         let key = format!("k-map-{}", scenario.replace(' ', "-"));
-        let (got, answer) = pay(&app, &key, &card(scenario)).await;
+        let (got, answer) = app.pay_read(&key, &card(scenario)).await;
         assert_eq!(got, status, "{scenario}: {answer}");
         let pago = if got == 402 { &answer["pago"] } else { &answer };
         assert_eq!(pago["estado"], estado, "{scenario}");
@@ -411,7 +375,7 @@ async fn what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_store
             vec!["moneda"],
         ),
     ] {
-        let (status, problem) = pay(&app, "k-422", &body).await;
+        let (status, problem) = app.pay_read("k-422", &body).await;
         assert_eq!(status, 422, "{body}");
         let got: Vec<&str> = problem["errores"]
             .as_array()
@@ -425,7 +389,7 @@ async fn what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_store
     assert!(posts(&app).await.is_empty());
     let cash = json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
                       "medioPago": {"id": "efecty", "email": "payer@example.com"}});
-    let (status, _) = pay(&app, "k-422", &cash).await;
+    let (status, _) = app.pay_read("k-422", &cash).await;
     assert_eq!(status, 201, "the same key works with a corrected body");
     let body: Value = serde_json::from_slice(&posts(&app).await[0].body).expect("JSON");
     assert_eq!(body["payment_method_id"], "efecty");
@@ -526,7 +490,7 @@ async fn recorded(app: &TestApp) -> (u64, u64) {
 async fn pending_payment(app: &TestApp, key: &str) -> String {
     let cash = json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
                       "medioPago": {"id": "efecty", "email": "payer@example.com"}});
-    let (status, pago) = pay(app, key, &cash).await;
+    let (status, pago) = app.pay_read(key, &cash).await;
     assert_eq!(status, 202, "{pago}");
     pago["id"].as_str().expect("id").to_owned()
 }
@@ -644,7 +608,7 @@ async fn a_refund_of_a_completed_payment_sends_it_to_manual_review(backend: Back
     let app = spawn(backend, &[]).await;
     let fake = FakeMercadoPago::new("payment_approved");
     fake.mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-refund", &card("refunded later")).await;
+    let (status, pago) = app.pay_read("k-refund", &card("refunded later")).await;
     assert_eq!(status, 201);
     let id = pago["id"].as_str().expect("id").to_owned();
     let data_id = mp_id(&id).to_string();

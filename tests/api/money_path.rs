@@ -23,12 +23,6 @@ on_both_databases!(
     card_token_and_payer_data_are_erased_once_the_payment_is_final,
 );
 
-async fn pay(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
-    let answer = app.pay(key, body).await;
-    let status = answer.status().as_u16();
-    (status, json(answer).await)
-}
-
 async fn a_refused_resend_leaves_a_payment_that_may_be_charged_unknown_until_a_lookup_reads_it(
     backend: Backend,
 ) {
@@ -42,7 +36,7 @@ async fn a_refused_resend_leaves_a_payment_that_may_be_charged_unknown_until_a_l
         // Charged, but the answer is lost to the timeout; search has not indexed it yet.
         fake.next([Next::AnswerLate(Duration::from_secs(2))]);
         fake.search_lags(true);
-        let (status, pago) = pay(&app, "k-charged", &provider.payment(250_000)).await;
+        let (status, pago) = app.pay_read("k-charged", &provider.payment(250_000)).await;
         assert_eq!(status, 202, "{provider:?}: {pago}");
         let id = pago["id"].as_str().expect("id").to_owned();
 
@@ -59,7 +53,7 @@ async fn a_refused_resend_leaves_a_payment_that_may_be_charged_unknown_until_a_l
                 "{provider:?}: a {refused} to a resend must not fail a payment that may be charged"
             );
         }
-        let (status, _) = pay(&app, "k-charged", &provider.payment(250_000)).await;
+        let (status, _) = app.pay_read("k-charged", &provider.payment(250_000)).await;
         assert_eq!(
             status, 202,
             "{provider:?}: the retry is told it is not known yet"
@@ -69,7 +63,7 @@ async fn a_refused_resend_leaves_a_payment_that_may_be_charged_unknown_until_a_l
         fake.search_lags(false);
         let report = app.reconcile(&id).await;
         assert_eq!(report["completados"], 1, "{provider:?}: {report}");
-        let (status, pago) = pay(&app, "k-charged", &provider.payment(250_000)).await;
+        let (status, pago) = app.pay_read("k-charged", &provider.payment(250_000)).await;
         assert_eq!(status, 201, "{provider:?}: {pago}");
         assert_eq!(pago["estado"], "COMPLETADA");
         assert_eq!(fake.charges(), 1, "{provider:?}");
@@ -91,7 +85,7 @@ async fn a_key_the_gateway_holds_for_another_request_is_never_a_decline(backend:
             0,
         );
         preload(&app, &fake, &derived.gateway_key, &derived.payment_id, 999).await;
-        let (status, pago) = pay(&app, "k-held", &provider.payment(250_000)).await;
+        let (status, pago) = app.pay_read("k-held", &provider.payment(250_000)).await;
         assert_eq!(
             status, 202,
             "{provider:?}: a charge exists under the key; pagos must not say no money was taken: {pago}"
@@ -167,9 +161,9 @@ async fn a_client_key_reused_after_its_purge_reaches_the_gateway_with_a_new_key(
         let (app, fake) = provider.spawn(backend.clone(), &[]).await;
         let mut ids = Vec::new();
         for round in 0..3 {
-            let (status, pago) = pay(&app, "k-reused", &provider.payment(250_000)).await;
+            let (status, pago) = app.pay_read("k-reused", &provider.payment(250_000)).await;
             assert_eq!(status, 201, "{provider:?} round {round}: {pago}");
-            let answer = pay(&app, "k-reused", &provider.payment(250_000)).await;
+            let answer = app.pay_read("k-reused", &provider.payment(250_000)).await;
             assert_eq!(answer.1["id"], pago["id"], "a replay while the key lives");
             ids.push(pago["id"].as_str().expect("id").to_owned());
             purge_every_final_key(&app).await;
@@ -252,7 +246,7 @@ async fn a_payment_made_before_generations_keeps_its_key_and_reference(backend: 
     );
 
     // The same client key now makes a new payment: a gateway key of its own.
-    let (status, pago) = pay(&app, "k-legacy", &payment_body()).await;
+    let (status, pago) = app.pay_read("k-legacy", &payment_body()).await;
     assert_eq!(status, 201, "{pago}");
     assert_ne!(pago["id"], id.to_string());
     let made = fake.creates();
@@ -283,7 +277,7 @@ async fn client_retries_ask_the_provider_at_most_once_per_backoff_step(backend: 
         .start()
         .await;
     FakeGateway::charging("pending").mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-pending", &payment_body()).await;
+    let (status, pago) = app.pay_read("k-pending", &payment_body()).await;
     assert_eq!(status, 202, "{pago}");
     let id = pago["id"].as_str().expect("id").to_owned();
     assert_eq!(lookups(&app).await, 0);
@@ -318,7 +312,7 @@ async fn client_retries_ask_the_provider_at_most_once_per_backoff_step(backend: 
         .await
         .expect("make it due");
     for _ in 0..10 {
-        let (status, _) = pay(&app, "k-pending", &payment_body()).await;
+        let (status, _) = app.pay_read("k-pending", &payment_body()).await;
         assert_eq!(status, 202);
     }
     assert_eq!(
@@ -376,7 +370,9 @@ async fn card_token_and_payer_data_are_erased_once_the_payment_is_final(backend:
         )
         .await;
     fake.next([Next::AnswerLate(Duration::from_secs(2))]);
-    let (status, pago) = pay(&app, "k-card", &Provider::MercadoPago.payment(250_000)).await;
+    let (status, pago) = app
+        .pay_read("k-card", &Provider::MercadoPago.payment(250_000))
+        .await;
     assert_eq!(status, 202, "{pago}");
     let id = pago["id"].as_str().expect("id").to_owned();
     let stored = app.payment(&id).await.payment_method.expect("kept");
@@ -401,7 +397,9 @@ async fn card_token_and_payer_data_are_erased_once_the_payment_is_final(backend:
     ] {
         assert!(!stored.contains(gone), "{gone} erased: {stored}");
     }
-    let (status, pago) = pay(&app, "k-card", &Provider::MercadoPago.payment(250_000)).await;
+    let (status, pago) = app
+        .pay_read("k-card", &Provider::MercadoPago.payment(250_000))
+        .await;
     assert_eq!(status, 201);
     assert_eq!(pago["medioPago"]["id"], "visa");
 }

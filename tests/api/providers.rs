@@ -116,14 +116,7 @@ impl Provider {
     }
 
     fn read_search(self, request: &Request) -> String {
-        let query = |name: &str| {
-            request
-                .url
-                .query_pairs()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.into_owned())
-                .unwrap_or_default()
-        };
+        let query = |name: &str| crate::helpers::query_param(request, name);
         match self {
             Provider::Reference => query("reference"),
             // Strict: a search in another form finds nothing.

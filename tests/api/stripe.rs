@@ -31,50 +31,7 @@ const PM: &str = "pm_1Q0PsIJvEtkwdCNYMSaVuRz6";
 const CUSTOMER: &str = "cus_NffrFeUfNV2Hib";
 
 fn fixture(name: &str) -> Value {
-    let text = match name {
-        "payment_intent_succeeded" => {
-            include_str!("../../fixtures/stripe/payment_intent_succeeded.json")
-        }
-        "payment_intent_processing" => {
-            include_str!("../../fixtures/stripe/payment_intent_processing.json")
-        }
-        "payment_intent_requires_action" => {
-            include_str!("../../fixtures/stripe/payment_intent_requires_action.json")
-        }
-        "payment_intent_requires_payment_method" => {
-            include_str!("../../fixtures/stripe/payment_intent_requires_payment_method.json")
-        }
-        "payment_intent_canceled" => {
-            include_str!("../../fixtures/stripe/payment_intent_canceled.json")
-        }
-        "error_card_declined" => include_str!("../../fixtures/stripe/error_card_declined.json"),
-        "error_authentication_required" => {
-            include_str!("../../fixtures/stripe/error_authentication_required.json")
-        }
-        "error_payment_method_missing" => {
-            include_str!("../../fixtures/stripe/error_payment_method_missing.json")
-        }
-        "error_idempotency_key_reused" => {
-            include_str!("../../fixtures/stripe/error_idempotency_key_reused.json")
-        }
-        "error_api" => include_str!("../../fixtures/stripe/error_api.json"),
-        "search_found" => include_str!("../../fixtures/stripe/search_found.json"),
-        "search_empty" => include_str!("../../fixtures/stripe/search_empty.json"),
-        "event_payment_intent_succeeded" => {
-            include_str!("../../fixtures/stripe/event_payment_intent_succeeded.json")
-        }
-        "event_payment_intent_payment_failed" => {
-            include_str!("../../fixtures/stripe/event_payment_intent_payment_failed.json")
-        }
-        "event_payment_intent_processing" => {
-            include_str!("../../fixtures/stripe/event_payment_intent_processing.json")
-        }
-        "event_payment_intent_created" => {
-            include_str!("../../fixtures/stripe/event_payment_intent_created.json")
-        }
-        other => panic!("no fixture {other}"),
-    };
-    serde_json::from_str(text).expect("fixture is JSON")
+    crate::helpers::fixture("stripe", name)
 }
 
 async fn spawn(backend: Backend, flags: &[&'static str]) -> TestApp {
@@ -216,12 +173,7 @@ struct FakeSearch(FakeStripe);
 
 impl Respond for FakeSearch {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let query = request
-            .url
-            .query_pairs()
-            .find(|(k, _)| k == "query")
-            .map(|(_, v)| v.into_owned())
-            .unwrap_or_default();
+        let query = crate::helpers::query_param(request, "query");
         let mut state = self.0.lock();
         state.searches.push(query.clone());
         let reference = query
@@ -251,12 +203,6 @@ async fn posts(app: &TestApp) -> Vec<Request> {
         .collect()
 }
 
-async fn pay(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
-    let answer = app.pay(key, body).await;
-    let status = answer.status().as_u16();
-    (status, json(answer).await)
-}
-
 fn report_says(report: &Value, field: &str) {
     assert_eq!(report["examinados"], 1, "{report}");
     assert_eq!(report[field], 1, "{report}");
@@ -267,7 +213,9 @@ async fn the_request_pagos_sends_is_stripes_documented_shape(backend: Backend) {
     FakeStripe::new("payment_intent_succeeded")
         .mount(app.gateway())
         .await;
-    let (status, pago) = pay(&app, "k-shape", &body("Cuota 3 del crédito 42")).await;
+    let (status, pago) = app
+        .pay_read("k-shape", &body("Cuota 3 del crédito 42"))
+        .await;
     assert_eq!(status, 201, "{pago}");
     let id = pago["id"].as_str().expect("id");
     assert_eq!(pago["estado"], "COMPLETADA");
@@ -372,7 +320,7 @@ async fn every_status_in_the_mapping_table_maps_as_documented(backend: Backend) 
         ("400 error_idempotency_key_reused", 202, "ENVIADA", None),
     ] {
         let key = format!("k-map-{}", scenario.replace(' ', "-"));
-        let (got, answer) = pay(&app, &key, &body(scenario)).await;
+        let (got, answer) = app.pay_read(&key, &body(scenario)).await;
         assert_eq!(got, status, "{scenario}: {answer}");
         let pago = if got == 402 { &answer["pago"] } else { &answer };
         assert_eq!(pago["estado"], estado, "{scenario}");
@@ -392,12 +340,12 @@ async fn without_medio_pago_the_request_is_refused_with_422_and_nothing_is_store
     FakeStripe::new("payment_intent_succeeded")
         .mount(app.gateway())
         .await;
-    let (status, problem) = pay(
-        &app,
-        "k-422",
-        &json!({"creditoId": "42", "monto": 250000, "moneda": "COP"}),
-    )
-    .await;
+    let (status, problem) = app
+        .pay_read(
+            "k-422",
+            &json!({"creditoId": "42", "monto": 250000, "moneda": "COP"}),
+        )
+        .await;
     assert_eq!(status, 422);
     assert!(
         problem["type"]
@@ -405,13 +353,13 @@ async fn without_medio_pago_the_request_is_refused_with_422_and_nothing_is_store
             .is_some_and(|t| t.ends_with("validation-failed"))
     );
     assert_eq!(problem["errores"][0]["campo"], "medioPago", "{problem}");
-    let (status, problem) = pay(
-        &app,
-        "k-422",
-        &json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
+    let (status, problem) = app
+        .pay_read(
+            "k-422",
+            &json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
                 "medioPago": {"id": "visa", "email": "payer@example.com"}}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, 422);
     let fields: Vec<&str> = problem["errores"]
         .as_array()
@@ -423,7 +371,7 @@ async fn without_medio_pago_the_request_is_refused_with_422_and_nothing_is_store
     assert_eq!(app.count_rows().await, (0, 0), "a 422 stores nothing");
     assert!(posts(&app).await.is_empty());
 
-    let (status, _) = pay(&app, "k-422", &body("corrected")).await;
+    let (status, _) = app.pay_read("k-422", &body("corrected")).await;
     assert_eq!(status, 201, "the same key works with a corrected body");
 }
 
@@ -431,7 +379,7 @@ async fn requires_action_goes_to_manual_review_past_the_give_up_horizon(backend:
     let app = spawn(backend, &["--give-up-after", "1s"]).await;
     let fake = FakeStripe::new("payment_intent_requires_action");
     fake.mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-3ds", &body("needs authentication")).await;
+    let (status, pago) = app.pay_read("k-3ds", &body("needs authentication")).await;
     assert_eq!(status, 202);
     let id = pago["id"].as_str().expect("id").to_owned();
 
@@ -503,7 +451,7 @@ async fn recorded(app: &TestApp) -> (u64, u64) {
 
 /// A payment Stripe left `processing`; returns its id.
 async fn processing_payment(app: &TestApp, key: &str) -> String {
-    let (status, pago) = pay(app, key, &body("bank debit")).await;
+    let (status, pago) = app.pay_read(key, &body("bank debit")).await;
     assert_eq!(status, 202, "{pago}");
     pago["id"].as_str().expect("id").to_owned()
 }

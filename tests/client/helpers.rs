@@ -5,7 +5,7 @@
 use pagos_client::Journal;
 use serde_json::{Value, json};
 use std::path::PathBuf;
-use std::process::Stdio;
+
 use std::time::Duration;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
@@ -126,16 +126,7 @@ impl RealPagos {
             dir.path().join("pagos.db").display()
         );
         let log = dir.path().join("serve.log");
-        let added = crate::binary::pagos(&["merchants", "add", "acme", "--api-key", API_KEY], None)
-            .args(["--database-url", &database_url])
-            .stderr(Stdio::piped())
-            .output()
-            .expect("pagos merchants add");
-        assert!(
-            added.status.success(),
-            "merchants add: {}",
-            String::from_utf8_lossy(&added.stderr)
-        );
+        crate::binary::add_merchant(&database_url, "acme", API_KEY);
         let port = crate::binary::free_port();
         let server = crate::binary::pagos(&["serve", "--database-url", &database_url], Some(&log))
             .args(["--bind", &format!("127.0.0.1:{port}")])

@@ -212,21 +212,7 @@ async fn soak(backend: Backend, payments: usize, kills: usize, clients: usize, s
     let db_url = database.url.clone();
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("children.log");
-    let added = pagos(
-        &[
-            "merchants",
-            "add",
-            "acme",
-            "--api-key",
-            API_KEY,
-            "--database-url",
-            &db_url,
-        ],
-        &log,
-    )
-    .status()
-    .expect("pagos merchants add runs");
-    assert!(added.success(), "merchants add: {added}");
+    binary::add_merchant(&db_url, "acme", API_KEY);
 
     let (serve_port, sandbox_port) = (free_port(), free_port());
     let serve_url = format!("http://127.0.0.1:{serve_port}");

@@ -86,3 +86,29 @@ pub async fn wait_until_up(url: &str, within: Duration, logs: impl FnOnce() -> S
         panic!("{url} did not come up within {within:?}:\n{}", logs());
     }
 }
+
+/// `pagos merchants add NAME --api-key KEY` on `database_url`; panics with its stderr if
+/// it fails.
+pub fn add_merchant(database_url: &str, name: &str, api_key: &str) {
+    let added = pagos(&["merchants", "add", name, "--api-key", api_key], None)
+        .args(["--database-url", database_url])
+        .stderr(Stdio::piped())
+        .output()
+        .expect("pagos merchants add runs");
+    assert!(
+        added.status.success(),
+        "merchants add: {}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+}
+
+/// `GET url`, read as JSON.
+pub async fn get_json(http: &reqwest::Client, url: &str) -> serde_json::Value {
+    http.get(url)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("JSON")
+}
