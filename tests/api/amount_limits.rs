@@ -106,13 +106,7 @@ impl Respond for StripeSucceeds {
 }
 
 async fn sent_to(app: &TestApp, gateway_path: &str) -> Vec<Request> {
-    app.gateway()
-        .received_requests()
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r.method.as_str() == "POST" && r.url.path() == gateway_path)
-        .collect()
+    crate::helpers::received(app.gateway(), "POST", |p| p == gateway_path).await
 }
 
 fn stripe_body(monto: i64, moneda: &str) -> Value {

@@ -98,42 +98,25 @@ impl Respond for Recording {
 /// Payments registered and never sent (EN_PROCESO), due now: what a crash between
 /// registering and sending leaves.
 async fn due_never_sent(db: &DatabaseConnection, n: usize) -> Vec<uuid::Uuid> {
-    let merchant = pagos::entities::merchant::Entity::find()
-        .one(db)
-        .await
-        .expect("query")
-        .expect("merchant")
-        .id;
+    let merchant = crate::helpers::acme(db).await;
     let at = pagos::db::now() - chrono::TimeDelta::minutes(1);
     let mut ids = Vec::new();
     for i in 0..n {
-        let id = uuid::Uuid::now_v7();
-        ids.push(id);
-        payment::Entity::insert(payment::ActiveModel::from(payment::Model {
-            id,
-            merchant_id: merchant,
-            idempotency_key: format!("k-{i}"),
-            credit_id: "42".into(),
-            amount: 250_000,
-            currency: "COP".into(),
-            description: None,
-            payment_method: None,
-            state: pagos::entities::payment::PaymentState::EnProceso,
-            version: 0,
-            attempts: 0,
-            gateway_key: format!("gk-claims-{i}"),
-            gateway_ref: None,
-            decline_code: None,
-            // The older one first: the pass takes it first, and claims the other ahead.
-            next_attempt_at: at + chrono::TimeDelta::seconds(i as i64),
-            created_at: at,
-            updated_at: at,
-            generation: 0,
-            claimed_until: None,
-        }))
-        .exec_without_returning(db)
-        .await
-        .expect("seed");
+        let mut row = crate::helpers::left_payment(
+            merchant,
+            &format!("k-{i}"),
+            pagos::entities::payment::PaymentState::EnProceso,
+            0,
+            format!("gk-claims-{i}"),
+            at,
+        );
+        // The older one first: the pass takes it first, and claims the other ahead.
+        row.next_attempt_at = at + chrono::TimeDelta::seconds(i as i64);
+        ids.push(row.id);
+        payment::Entity::insert(payment::ActiveModel::from(row))
+            .exec_without_returning(db)
+            .await
+            .expect("seed");
     }
     ids
 }

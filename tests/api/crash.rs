@@ -64,40 +64,22 @@ impl World {
     /// `n` payments left ENVIADA and due by crashes, `charged(i)` of them charged at the
     /// gateway before the crash.
     async fn due_enviada(&self, n: usize, charged: impl Fn(usize) -> bool) {
-        let merchant = pagos::entities::merchant::Entity::find()
-            .one(&self.db)
-            .await
-            .expect("query")
-            .expect("merchant")
-            .id;
+        let merchant = crate::helpers::acme(&self.db).await;
         let at = pagos::db::now() - chrono::TimeDelta::minutes(5);
         let mut rows = Vec::new();
         for i in 0..n {
-            let id = uuid::Uuid::now_v7();
+            let row = crate::helpers::left_payment(
+                merchant,
+                &format!("k-{i}"),
+                pagos::entities::payment::PaymentState::Enviada,
+                1,
+                format!("pagos-test-{i}"),
+                at,
+            );
             if charged(i) {
-                self.fake.preload(&id.to_string(), "succeeded");
+                self.fake.preload(&row.id.to_string(), "succeeded");
             }
-            rows.push(payment::ActiveModel::from(payment::Model {
-                id,
-                merchant_id: merchant,
-                idempotency_key: format!("k-{i}"),
-                credit_id: "42".into(),
-                amount: 250000,
-                currency: "COP".into(),
-                description: None,
-                state: pagos::entities::payment::PaymentState::Enviada,
-                version: 1,
-                attempts: 1,
-                gateway_key: format!("pagos-test-{i}"),
-                payment_method: None,
-                gateway_ref: None,
-                decline_code: None,
-                next_attempt_at: at,
-                created_at: at,
-                updated_at: at,
-                generation: 0,
-                claimed_until: None,
-            }));
+            rows.push(payment::ActiveModel::from(row));
         }
         for chunk in rows.chunks(100) {
             payment::Entity::insert_many(chunk.to_vec())
@@ -192,13 +174,9 @@ async fn a_crash_after_marking_sent_is_resent_with_the_same_key_once(backend: Ba
         "died before the call"
     );
     settles_with_one_charge_and_the_retry_gets_the_final_answer(&world, left.id).await;
-    let keys: Vec<String> = world
-        .gateway
-        .received_requests()
+    let keys: Vec<String> = crate::helpers::received(&world.gateway, "POST", |_| true)
         .await
-        .unwrap_or_default()
         .iter()
-        .filter(|r| r.method.as_str() == "POST")
         .map(|r| {
             r.headers["idempotency-key"]
                 .to_str()
@@ -225,14 +203,9 @@ async fn a_crash_after_the_gateway_charged_is_settled_from_the_provider_without_
         "charged, then the crash"
     );
     settles_with_one_charge_and_the_retry_gets_the_final_answer(&world, left.id).await;
-    let posts = world
-        .gateway
-        .received_requests()
+    let posts = crate::helpers::received(&world.gateway, "POST", |_| true)
         .await
-        .unwrap_or_default()
-        .iter()
-        .filter(|r| r.method.as_str() == "POST")
-        .count();
+        .len();
     assert_eq!(posts, 1, "settled from the lookup, never sent again");
 }
 

@@ -4,7 +4,9 @@
 use clap::Parser;
 use pagos::config::{Cli, Command, Settings};
 use pagos::gateway::Gateway;
-use sea_orm::{ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter,
+};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::{Arc, Once};
@@ -357,13 +359,7 @@ impl TestApp {
 
     /// Charges the gateway received (POST /v1/charges).
     pub async fn charges_seen(&self) -> Vec<Request> {
-        self.gateway()
-            .received_requests()
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|r| r.method.as_str() == "POST" && r.url.path() == "/v1/charges")
-            .collect()
+        received(self.gateway(), "POST", |p| p == "/v1/charges").await
     }
 
     pub async fn count_rows(&self) -> (u64, u64) {
@@ -681,4 +677,63 @@ pub fn fixture(provider: &str, name: &str) -> Value {
     );
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("no fixture {path}: {e}"));
     serde_json::from_str(&text).expect("fixture is JSON")
+}
+
+/// The requests `server` received with `method` on a path `path` accepts, in order.
+pub async fn received(
+    server: &MockServer,
+    method: &str,
+    path: impl Fn(&str) -> bool,
+) -> Vec<Request> {
+    server
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.method.as_str() == method && path(r.url.path()))
+        .collect()
+}
+
+/// The id of the merchant `acme`.
+pub async fn acme(db: &DatabaseConnection) -> uuid::Uuid {
+    pagos::entities::merchant::Entity::find()
+        .filter(pagos::entities::merchant::Column::Name.eq("acme"))
+        .one(db)
+        .await
+        .expect("query")
+        .expect("acme")
+        .id
+}
+
+/// A payment of acme's as a crash or an older version leaves it: `state`, sent `attempts`
+/// times with `gateway_key`, created and due at `at`, nobody holding it.
+pub fn left_payment(
+    merchant: uuid::Uuid,
+    client_key: &str,
+    state: pagos::entities::payment::PaymentState,
+    attempts: i32,
+    gateway_key: String,
+    at: chrono::DateTime<chrono::Utc>,
+) -> pagos::entities::payment::Model {
+    pagos::entities::payment::Model {
+        id: uuid::Uuid::now_v7(),
+        merchant_id: merchant,
+        idempotency_key: client_key.to_owned(),
+        credit_id: "42".into(),
+        amount: 250_000,
+        currency: "COP".into(),
+        description: None,
+        payment_method: None,
+        state,
+        version: i64::from(attempts),
+        attempts,
+        gateway_key,
+        gateway_ref: None,
+        decline_code: None,
+        next_attempt_at: at,
+        created_at: at,
+        updated_at: at,
+        generation: 0,
+        claimed_until: None,
+    }
 }

@@ -227,13 +227,7 @@ impl Respond for FakeRead {
 }
 
 async fn requests(app: &TestApp, verb: &str, filter: impl Fn(&str) -> bool) -> Vec<Request> {
-    app.gateway()
-        .received_requests()
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r.method.as_str() == verb && filter(r.url.path()))
-        .collect()
+    crate::helpers::received(app.gateway(), verb, filter).await
 }
 
 async fn posts(app: &TestApp) -> Vec<Request> {

@@ -139,13 +139,7 @@ async fn preload(
 }
 
 async fn merchant_id(app: &TestApp) -> uuid::Uuid {
-    pagos::entities::merchant::Entity::find()
-        .filter(pagos::entities::merchant::Column::Name.eq("acme"))
-        .one(&app.db)
-        .await
-        .expect("query")
-        .expect("acme")
-        .id
+    crate::helpers::acme(&app.db).await
 }
 
 async fn purge_every_final_key(app: &TestApp) {
@@ -199,37 +193,25 @@ async fn a_payment_made_before_generations_keeps_its_key_and_reference(backend: 
     let merchant = merchant_id(&app).await;
     // A payment registered by an earlier version: a random (v7) id, the gateway key of
     // that version, sent once and left ENVIADA; its key already purged.
-    let id = uuid::Uuid::now_v7();
     let old_key = format!(
         "pagos-{}-{}",
         merchant.simple(),
         hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"k-legacy"))
     );
     let at = pagos::db::now() - chrono::TimeDelta::minutes(5);
-    payment::Entity::insert(payment::ActiveModel::from(payment::Model {
-        id,
-        merchant_id: merchant,
-        idempotency_key: "k-legacy".into(),
-        credit_id: "42".into(),
-        amount: 250_000,
-        currency: "COP".into(),
-        description: None,
-        payment_method: None,
-        state: pagos::entities::payment::PaymentState::Enviada,
-        version: 1,
-        attempts: 1,
-        gateway_key: old_key.clone(),
-        gateway_ref: None,
-        decline_code: None,
-        next_attempt_at: at,
-        created_at: at,
-        updated_at: at,
-        generation: 0,
-        claimed_until: None,
-    }))
-    .exec_without_returning(&app.db)
-    .await
-    .expect("seed");
+    let row = crate::helpers::left_payment(
+        merchant,
+        "k-legacy",
+        pagos::entities::payment::PaymentState::Enviada,
+        1,
+        old_key.clone(),
+        at,
+    );
+    let id = row.id;
+    payment::Entity::insert(payment::ActiveModel::from(row))
+        .exec_without_returning(&app.db)
+        .await
+        .expect("seed");
 
     let report = app.reconcile(&id.to_string()).await;
     assert_eq!(report["completados"], 1, "{report}");
@@ -256,13 +238,9 @@ async fn a_payment_made_before_generations_keeps_its_key_and_reference(backend: 
 }
 
 async fn lookups(app: &TestApp) -> usize {
-    app.gateway()
-        .received_requests()
+    crate::helpers::received(app.gateway(), "GET", |p| p == "/v1/charges")
         .await
-        .unwrap_or_default()
-        .iter()
-        .filter(|r| r.method.as_str() == "GET" && r.url.path() == "/v1/charges")
-        .count()
+        .len()
 }
 
 async fn retry_many(app: &TestApp, key: &'static str, n: usize) -> Vec<reqwest::Response> {

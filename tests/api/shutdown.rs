@@ -52,7 +52,23 @@ impl World {
     }
 }
 
-fn pay(url: &str) -> tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>> {
+type Answer = tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>>;
+
+/// `pagos serve` with `grace`, over a gateway that answers in 1.5 s, once the charge of
+/// one payment has reached the gateway: the client's answer to come.
+async fn paying_slowly(grace: &str, backend: Backend) -> (World, Serve, Answer) {
+    let world = World::new(
+        backend,
+        FakeGateway::charging("succeeded").with_delay(Duration::from_millis(1500)),
+    )
+    .await;
+    let server = world.serve_with_grace(grace).await;
+    let answer = pay(&server.url);
+    world.charge_reached_the_gateway().await;
+    (world, server, answer)
+}
+
+fn pay(url: &str) -> Answer {
     let url = format!("{url}/v1/pagos");
     tokio::spawn(async move {
         reqwest::Client::new()
@@ -67,14 +83,7 @@ fn pay(url: &str) -> tokio::task::JoinHandle<Result<reqwest::Response, reqwest::
 }
 
 async fn on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer(backend: Backend) {
-    let world = World::new(
-        backend,
-        FakeGateway::charging("succeeded").with_delay(Duration::from_millis(1500)),
-    )
-    .await;
-    let mut server = world.serve_with_grace("15s").await;
-    let answer = pay(&server.url);
-    world.charge_reached_the_gateway().await;
+    let (world, mut server, answer) = paying_slowly("15s", backend).await;
 
     server.terminate();
     let answer = answer.await.expect("task").expect("answered before exit");
@@ -100,14 +109,7 @@ async fn on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer(
 async fn past_the_grace_a_saga_in_flight_is_left_to_the_reconciler_and_charged_once(
     backend: Backend,
 ) {
-    let world = World::new(
-        backend,
-        FakeGateway::charging("succeeded").with_delay(Duration::from_millis(1500)),
-    )
-    .await;
-    let mut server = world.serve_with_grace("200ms").await;
-    let answer = pay(&server.url);
-    world.charge_reached_the_gateway().await;
+    let (world, mut server, answer) = paying_slowly("200ms", backend).await;
 
     let asked_to_stop = std::time::Instant::now();
     server.terminate();

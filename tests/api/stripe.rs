@@ -194,13 +194,7 @@ impl Respond for FakeSearch {
 }
 
 async fn posts(app: &TestApp) -> Vec<Request> {
-    app.gateway()
-        .received_requests()
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r.method.as_str() == "POST" && r.url.path() == "/v1/payment_intents")
-        .collect()
+    crate::helpers::received(app.gateway(), "POST", |p| p == "/v1/payment_intents").await
 }
 
 fn report_says(report: &Value, field: &str) {
