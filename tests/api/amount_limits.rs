@@ -37,11 +37,7 @@ fn sandbox_body(monto: Value) -> Value {
 async fn an_amount_above_two_to_the_53_minus_one_is_refused_whatever_the_settings(
     backend: Backend,
 ) {
-    let app = Spawn::new(backend)
-        .sandbox()
-        .flags(&["--max-monto", "9007199254740991"])
-        .start()
-        .await;
+    let app = crate::helpers::started_sandbox(backend, &["--max-monto", "9007199254740991"]).await;
     // The example, then the first number JavaScript cannot tell from its neighbour.
     for monto in [
         json!(9_223_372_036_854_775_807_i64),
@@ -72,11 +68,7 @@ async fn an_amount_above_pagos_max_monto_is_refused_and_the_default_is_twelve_di
         .await;
     assert_eq!(status, 201, "the default's own value is accepted");
 
-    let app = Spawn::new(backend)
-        .sandbox()
-        .flags(&["--max-monto", "5000000"])
-        .start()
-        .await;
+    let app = crate::helpers::started_sandbox(backend, &["--max-monto", "5000000"]).await;
     refused(&app, "k-max", &sandbox_body(json!(5_000_001)), "5000000").await;
     let (status, pago) = app.pay_read("k-max", &sandbox_body(json!(5_000_000))).await;
     assert_eq!(status, 201, "{pago}");

@@ -346,6 +346,18 @@ impl TestApp {
             .expect("request sent")
     }
 
+    /// `GET /metrics`, as text.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("sent")
+            .text()
+            .await
+            .expect("text")
+    }
+
     /// `POST /v1/pagos` as acme; the status and the JSON body.
     pub async fn pay_read(&self, key: &str, body: &Value) -> (u16, Value) {
         let answer = self.pay(key, body).await;
@@ -636,15 +648,7 @@ impl TestApp {
     pub async fn scrape_until(&self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
         let mut text = String::new();
         for _ in 0..200 {
-            text = self
-                .http
-                .get(self.url("/metrics"))
-                .send()
-                .await
-                .expect("sent")
-                .text()
-                .await
-                .expect("text");
+            text = self.metrics().await;
             if wanted(&text) {
                 return text;
             }
@@ -736,4 +740,22 @@ pub fn left_payment(
         generation: 0,
         claimed_until: None,
     }
+}
+
+/// pagos with `flags` over a wiremock gateway.
+pub async fn started(backend: Backend, flags: &[&str]) -> TestApp {
+    Spawn::new(backend).flags(flags).start().await
+}
+
+/// pagos with `flags` over the in-process sandbox.
+pub async fn started_sandbox(backend: Backend, flags: &[&str]) -> TestApp {
+    Spawn::new(backend).sandbox().flags(flags).start().await
+}
+
+/// The `field` of every item of `value[array]`, in order.
+pub fn listed<'a>(value: &'a Value, array: &str, field: &str) -> Vec<&'a str> {
+    value[array]
+        .as_array()
+        .map(|items| items.iter().filter_map(|i| i[field].as_str()).collect())
+        .unwrap_or_default()
 }

@@ -371,12 +371,7 @@ async fn what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_store
     ] {
         let (status, problem) = app.pay_read("k-422", &body).await;
         assert_eq!(status, 422, "{body}");
-        let got: Vec<&str> = problem["errores"]
-            .as_array()
-            .expect("errores")
-            .iter()
-            .filter_map(|e| e["campo"].as_str())
-            .collect();
+        let got = crate::helpers::listed(&problem, "errores", "campo");
         assert_eq!(got, fields, "{body}");
     }
     assert_eq!(app.count_rows().await, (0, 0), "a 422 stores nothing");
@@ -621,17 +616,6 @@ async fn a_refund_of_a_completed_payment_sends_it_to_manual_review(backend: Back
     );
 }
 
-async fn metrics(app: &TestApp) -> String {
-    app.http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("sent")
-        .text()
-        .await
-        .expect("text")
-}
-
 async fn a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_asked(
     backend: Backend,
 ) {
@@ -661,7 +645,7 @@ async fn a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_
     assert_eq!(recorded(&app).await, (0, 0), "nothing is recorded");
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
     assert!(
-        metrics(&app)
+        app.metrics()
             .await
             .lines()
             .any(|l| l == "pagos_webhook_events_total{outcome=\"refused_timestamp\"} 4"),
@@ -735,7 +719,7 @@ async fn a_notification_fetch_is_metered_like_every_gateway_call(backend: Backen
         "ignorado",
         "a payment Mercado Pago does not have"
     );
-    let text = metrics(&app).await;
+    let text = app.metrics().await;
     for line in [
         "pagos_gateway_calls_total{operation=\"fetch\",outcome=\"found\"} 1",
         "pagos_gateway_calls_total{operation=\"fetch\",outcome=\"not_found\"} 1",

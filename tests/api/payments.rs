@@ -186,10 +186,7 @@ async fn a_payment_can_be_read_back_by_its_location(backend: Backend) {
 }
 
 async fn a_client_that_hangs_up_does_not_stop_the_payment(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&["--gateway-timeout", "5s"])
-        .start()
-        .await;
+    let app = crate::helpers::started(backend, &["--gateway-timeout", "5s"]).await;
     charges()
         .respond_with(SlowCharge(Duration::from_millis(400)))
         .mount(app.gateway())

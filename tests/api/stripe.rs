@@ -355,12 +355,7 @@ async fn without_medio_pago_the_request_is_refused_with_422_and_nothing_is_store
         )
         .await;
     assert_eq!(status, 422);
-    let fields: Vec<&str> = problem["errores"]
-        .as_array()
-        .expect("errores")
-        .iter()
-        .filter_map(|e| e["campo"].as_str())
-        .collect();
+    let fields = crate::helpers::listed(&problem, "errores", "campo");
     assert_eq!(fields, ["medioPago.id", "medioPago.email"]);
     assert_eq!(app.count_rows().await, (0, 0), "a 422 stores nothing");
     assert!(posts(&app).await.is_empty());

@@ -35,10 +35,11 @@ const ADMIN: &str = "adm_test_token";
 const CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ3";
 
 async fn spawn(backend: Backend) -> TestApp {
-    Spawn::new(backend)
-        .flags(&["--webhook-secret", SECRET, "--admin-token", ADMIN])
-        .start()
-        .await
+    crate::helpers::started(
+        backend,
+        &["--webhook-secret", SECRET, "--admin-token", ADMIN],
+    )
+    .await
 }
 
 /// A payment left ENVIADA by a gateway answering `pending`; returns its id.
