@@ -346,6 +346,21 @@ impl TestApp {
             .expect("request sent")
     }
 
+    /// `POST /v1/pagos` as acme with `payment_body()`, in a task of its own: a request
+    /// still running while the test looks.
+    pub fn pay_in_background(
+        &self,
+        key: &str,
+    ) -> tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>> {
+        let request = self
+            .http
+            .post(self.url("/v1/pagos"))
+            .bearer_auth(API_KEY)
+            .header("Idempotency-Key", key)
+            .json(&payment_body());
+        tokio::spawn(request.send())
+    }
+
     /// `GET /metrics`, as text.
     pub async fn metrics(&self) -> String {
         self.http

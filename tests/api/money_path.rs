@@ -301,19 +301,7 @@ async fn reconcile_now_leaves_a_payment_a_request_is_sending_alone(backend: Back
     let app = crate::helpers::started(backend, &["--gateway-timeout", "5s"]).await;
     let fake = FakeGateway::charging("succeeded").with_delay(Duration::from_millis(1500));
     fake.mount(app.gateway()).await;
-    let slow = {
-        let app_url = app.url("/v1/pagos");
-        let http = app.http.clone();
-        tokio::spawn(async move {
-            http.post(app_url)
-                .bearer_auth(crate::helpers::API_KEY)
-                .header("Idempotency-Key", "k-busy")
-                .json(&payment_body())
-                .send()
-                .await
-                .expect("sent")
-        })
-    };
+    let slow = app.pay_in_background("k-busy");
     tokio::time::sleep(Duration::from_millis(400)).await;
     let id = payment::Entity::find()
         .one(&app.db)
@@ -330,7 +318,7 @@ async fn reconcile_now_leaves_a_payment_a_request_is_sending_alone(backend: Back
     let report = app.reconcile(&id).await;
     assert_eq!(report["omitidos"], 1, "the request holds it: {report}");
     assert_eq!(lookups(&app).await, 0, "nobody else asked the provider");
-    assert_eq!(slow.await.expect("joined").status(), 201);
+    assert_eq!(slow.await.expect("joined").expect("sent").status(), 201);
     assert_eq!(fake.charges_for(&id), 1);
 }
 

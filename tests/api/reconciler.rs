@@ -230,19 +230,7 @@ async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend:
     let fake = FakeGateway::charging("declined").with_delay(Duration::from_millis(1500));
     fake.mount(app.gateway()).await;
 
-    let slow = {
-        let app_url = app.url("/v1/pagos");
-        let http = app.http.clone();
-        tokio::spawn(async move {
-            http.post(app_url)
-                .bearer_auth(crate::helpers::API_KEY)
-                .header("Idempotency-Key", "k-slow")
-                .json(&payment_body())
-                .send()
-                .await
-                .expect("sent")
-        })
-    };
+    let slow = app.pay_in_background("k-slow");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let id = {
         use pagos::entities::payment;
@@ -259,7 +247,7 @@ async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend:
     report(1, "fallidos")(&app.reconcile(&id).await);
     fake.settle_all("succeeded");
 
-    let answer = slow.await.expect("joined");
+    let answer = slow.await.expect("joined").expect("sent");
     let body = json(answer).await;
     assert_eq!(
         body["pago"]["estado"], "FALLIDA",
