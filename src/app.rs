@@ -169,6 +169,7 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         metrics,
         mercadopago,
         in_flight,
+        tasks: tokio_util::task::TaskTracker::new(),
     }))
 }
 
@@ -233,6 +234,8 @@ pub async fn serve_doors(
         // waits for its next request.
         .header_read_timeout(state.settings.header_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let tasks = state.tasks.clone();
+    let grace = state.settings.shutdown_grace;
     let (public_router, admin_door) = match admin {
         Some(listener) => {
             let (public_router, admin_router) = http::doors(state);
@@ -252,10 +255,47 @@ pub async fn serve_doors(
         () = accept(public, public_router, &connections, &graceful) => {}
         () = admin_door => {}
     }
-    // Requests in flight finish (each bounded by PAGOS_REQUEST_TIMEOUT); idle connections
-    // close now, half-sent heads at PAGOS_HEADER_TIMEOUT.
-    graceful.shutdown().await;
+    // Requests in flight and the sagas they started finish, up to PAGOS_SHUTDOWN_GRACE;
+    // idle connections close now, half-sent heads at PAGOS_HEADER_TIMEOUT.
+    drain(graceful, &tasks, grace).await;
     Ok(())
+}
+
+/// Waits for the connections `graceful` watches and the tasks `tasks` tracks, up to
+/// `grace`. A saga still running then is dropped with the process: its payment stays
+/// `EN_PROCESO` or `ENVIADA`, held until its lease ends, and the reconciler (of this
+/// process when it starts again, or of another one) takes it from there, exactly as
+/// after a crash. Returns how many were left.
+pub async fn drain(
+    graceful: hyper_util::server::graceful::GracefulShutdown,
+    tasks: &tokio_util::task::TaskTracker,
+    grace: std::time::Duration,
+) -> usize {
+    tasks.close();
+    let running = tasks.len();
+    if running > 0 {
+        tracing::info!(sagas = running, grace = %humantime::format_duration(grace), "waiting for the sagas in flight");
+    }
+    let both = async {
+        tokio::join!(graceful.shutdown(), tasks.wait());
+    };
+    if tokio::time::timeout(grace, both).await.is_ok() {
+        return 0;
+    }
+    let left = tasks.len();
+    if left > 0 {
+        tracing::warn!(
+            sagas = left,
+            grace = %humantime::format_duration(grace),
+            "PAGOS_SHUTDOWN_GRACE is over: {left} saga(s) still in flight are left to the reconciler"
+        );
+    } else {
+        tracing::warn!(
+            grace = %humantime::format_duration(grace),
+            "PAGOS_SHUTDOWN_GRACE is over: closing the requests still in flight"
+        );
+    }
+    left
 }
 
 /// Accepts connections on `listener` for ever, each served by `router` in a task of its

@@ -403,6 +403,11 @@ pub struct Settings {
     /// Deliveries to merchants' endpoints (PAGOS_WEBHOOKS_*)
     #[command(flatten)]
     pub webhooks: crate::delivery::WebhookSettings,
+    /// On SIGTERM or Ctrl-C, how long requests and the sagas they started may still run;
+    /// what is still running then is left to the reconciler (its payments stay ENVIADA or
+    /// EN_PROCESO, which is what a crash leaves too)
+    #[arg(long, env = "PAGOS_SHUTDOWN_GRACE", default_value = "25s", value_parser = positive_duration, value_name = "DURATION")]
+    pub shutdown_grace: Duration,
 }
 
 /// Added to a send's worst case when a payment is held for it (`Settings::send_hold`).

@@ -235,14 +235,16 @@ async fn run_reconciliation(
     // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
     // halfway and leave its claimed payments waiting out their lease.
     let reconciler = state.reconciler.clone();
-    let report = tokio::spawn(async move {
-        match request.pago_id {
-            Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
-            None => reconcile::run_pass(&reconciler).await,
-        }
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.into()))??;
+    let report = state
+        .tasks
+        .spawn(async move {
+            match request.pago_id {
+                Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
+                None => reconcile::run_pass(&reconciler).await,
+            }
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))??;
     Ok(Json(report))
 }
 

@@ -57,6 +57,9 @@ pub struct Shared {
     pub reconciler: Reconciler,
     /// Frozen answers kept in memory (`PAGOS_REPLAY_CACHE_MIB`).
     pub replay_cache: ReplayCache,
+    /// Every saga (or reconciliation) a request started in a task of its own: `serve`
+    /// waits for them on shutdown, up to `PAGOS_SHUTDOWN_GRACE`.
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
 impl Shared {

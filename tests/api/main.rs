@@ -6,6 +6,8 @@ mod helpers;
 
 mod amount_limits;
 mod bad_input;
+#[path = "../support/binary.rs"]
+mod binary;
 mod claims;
 mod cli;
 mod crash;
@@ -21,11 +23,13 @@ mod outbox;
 mod payment_search;
 mod payments;
 mod process;
+mod provider_table;
 mod providers;
 mod receiver;
 mod reconciler;
 mod replay_cache;
 mod restore;
+mod shutdown;
 mod startup;
 mod stripe;
 mod webhook_endpoints;
