@@ -13,9 +13,13 @@ use crate::gateway::sandbox::{Outcomes, SandboxGateway};
 use crate::gateway::stripe::StripeGateway;
 use crate::http::auth::Authenticator;
 use crate::http::{self, AppState, Shared};
+use crate::idempotency::cache::ReplayCache;
 use crate::metrics::{MeteredGateway, MeteredMercadoPago, Metrics};
 use crate::reaper::{self, Reaper};
 use crate::reconciler;
+// Webhooks to merchants: the delivery worker.
+use crate::delivery::Deliverer;
+use crate::dispatcher::{self, Dispatcher};
 use crate::saga::SagaDeps;
 use crate::saga::reconcile::{self, Limits, Reconciler};
 use anyhow::Context;
@@ -157,10 +161,15 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         gateway,
         auth: Authenticator::new(settings.auth_failures_per_minute),
         reconciler: Reconciler::new(saga, metrics.clone(), limits),
+        replay_cache: ReplayCache::new(
+            settings.replay_cache_mib.saturating_mul(1024 * 1024),
+            settings.key_retention,
+        ),
         settings,
         metrics,
         mercadopago,
         in_flight,
+        tasks: tokio_util::task::TaskTracker::new(),
     }))
 }
 
@@ -171,6 +180,20 @@ fn reaper_of(state: &AppState) -> Reaper {
         metrics: state.metrics.clone(),
         key_retention: state.settings.key_retention,
         message_retention: state.settings.message_retention,
+    }
+}
+
+/// The webhook delivery worker of this state's database and settings.
+pub fn dispatcher_of(state: &AppState) -> Dispatcher {
+    let webhooks = &state.settings.webhooks;
+    Dispatcher {
+        db: state.db.clone(),
+        deliverer: Deliverer::new(webhooks),
+        retries: webhooks.retries(),
+        metrics: state.metrics.clone(),
+        batch: 32,
+        claim_for: webhooks.timeout + dispatcher::CLAIM_MARGIN,
+        idle: std::time::Duration::from_millis(250),
     }
 }
 
@@ -211,6 +234,8 @@ pub async fn serve_doors(
         // waits for its next request.
         .header_read_timeout(state.settings.header_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let tasks = state.tasks.clone();
+    let grace = state.settings.shutdown_grace;
     let (public_router, admin_door) = match admin {
         Some(listener) => {
             let (public_router, admin_router) = http::doors(state);
@@ -230,10 +255,47 @@ pub async fn serve_doors(
         () = accept(public, public_router, &connections, &graceful) => {}
         () = admin_door => {}
     }
-    // Requests in flight finish (each bounded by PAGOS_REQUEST_TIMEOUT); idle connections
-    // close now, half-sent heads at PAGOS_HEADER_TIMEOUT.
-    graceful.shutdown().await;
+    // Requests in flight and the sagas they started finish, up to PAGOS_SHUTDOWN_GRACE;
+    // idle connections close now, half-sent heads at PAGOS_HEADER_TIMEOUT.
+    drain(graceful, &tasks, grace).await;
     Ok(())
+}
+
+/// Waits for the connections `graceful` watches and the tasks `tasks` tracks, up to
+/// `grace`. A saga still running then is dropped with the process: its payment stays
+/// `EN_PROCESO` or `ENVIADA`, held until its lease ends, and the reconciler (of this
+/// process when it starts again, or of another one) takes it from there, exactly as
+/// after a crash. Returns how many were left.
+pub async fn drain(
+    graceful: hyper_util::server::graceful::GracefulShutdown,
+    tasks: &tokio_util::task::TaskTracker,
+    grace: std::time::Duration,
+) -> usize {
+    tasks.close();
+    let running = tasks.len();
+    if running > 0 {
+        tracing::info!(sagas = running, grace = %humantime::format_duration(grace), "waiting for the sagas in flight");
+    }
+    let both = async {
+        tokio::join!(graceful.shutdown(), tasks.wait());
+    };
+    if tokio::time::timeout(grace, both).await.is_ok() {
+        return 0;
+    }
+    let left = tasks.len();
+    if left > 0 {
+        tracing::warn!(
+            sagas = left,
+            grace = %humantime::format_duration(grace),
+            "PAGOS_SHUTDOWN_GRACE is over: {left} saga(s) still in flight are left to the reconciler"
+        );
+    } else {
+        tracing::warn!(
+            grace = %humantime::format_duration(grace),
+            "PAGOS_SHUTDOWN_GRACE is over: closing the requests still in flight"
+        );
+    }
+    left
 }
 
 /// Accepts connections on `listener` for ever, each served by `router` in a task of its
@@ -333,13 +395,15 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let reaping = tokio::spawn(reaper::run_periodically(
         reaper_of(&state),
         reaper::period(every),
-        stopped,
+        stopped.clone(),
     ));
+    let delivering = tokio::spawn(dispatcher::run_periodically(dispatcher_of(&state), stopped));
     let served = serve_doors(listener, admin, state, crate::signals::shutdown_signal()).await;
     let _ = stop.send(true);
     // A pass in progress finishes its payments; each of its writes is atomic anyway.
     let _ = reconciling.await;
     let _ = reaping.await;
+    let _ = delivering.await;
     served
 }
 

@@ -391,6 +391,12 @@ pub struct Settings {
     /// database up) are read from the database; a scrape of /metrics only reads memory
     #[arg(long, env = "PAGOS_METRICS_REFRESH", default_value = "15s", value_parser = positive_duration, value_name = "DURATION")]
     pub metrics_refresh: Duration,
+    /// Memory for frozen answers kept to serve replays without the database, in MiB
+    /// (0: every replay reads the database); an answer is dropped a minute before its key
+    /// may be purged
+    #[arg(long, env = "PAGOS_REPLAY_CACHE_MIB", default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(0..=65_536), value_name = "MIB")]
+    pub replay_cache_mib: u64,
     /// Failed authentications (API key or admin token) one client address may make in a
     /// minute; past it, its requests get 429 with Retry-After before any key is looked up
     #[arg(long, env = "PAGOS_AUTH_FAILURES_PER_MINUTE", default_value_t = 60,
@@ -404,6 +410,11 @@ pub struct Settings {
     #[arg(long, env = "PAGOS_ORPHAN_CHARGES", value_enum,
           default_value_t = crate::saga::refund::OrphanCharges::Refund)]
     pub orphan_charges: crate::saga::refund::OrphanCharges,
+    /// On SIGTERM or Ctrl-C, how long requests and the sagas they started may still run;
+    /// what is still running then is left to the reconciler (its payments stay ENVIADA or
+    /// EN_PROCESO, which is what a crash leaves too)
+    #[arg(long, env = "PAGOS_SHUTDOWN_GRACE", default_value = "25s", value_parser = positive_duration, value_name = "DURATION")]
+    pub shutdown_grace: Duration,
 }
 
 /// Added to a send's worst case when a payment is held for it (`Settings::send_hold`).

@@ -87,6 +87,25 @@ pub struct Metrics {
     pub http_in_flight: Gauge,
     /// Refunds by state (`pagos_refunds{estado}`), read like `payments`.
     pub refunds: Family<StateLabel, Gauge>,
+    /// Webhook attempts to merchants' endpoints by outcome (delivered, failed, gone, refused).
+    pub webhook_deliveries: Family<OutcomeLabel, Counter>,
+    /// Seconds since the oldest event not yet delivered to every endpoint was written.
+    pub oldest_undelivered_event_age: Gauge<f64, AtomicU64>,
+    /// Webhook endpoints `DESACTIVADO`.
+    pub webhook_endpoints_disabled: Gauge,
+    /// Replays of frozen answers by where they were read: `memory` or `database`.
+    pub replays: Family<SourceLabel, Counter>,
+    /// Share of replays served from memory since the process started, set when scraped.
+    pub replay_cache_hit_ratio: Gauge<f64, AtomicU64>,
+    /// Entries and bytes held by the replay cache, set when scraped.
+    pub replay_cache_entries: Gauge,
+    pub replay_cache_bytes: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    /// `memory` (the replay cache) or `database`.
+    pub source: &'static str,
 }
 
 impl Default for Metrics {
@@ -194,8 +213,59 @@ impl Metrics {
             "Requests being served that count against PAGOS_MAX_IN_FLIGHT (at scrape time)",
             http_in_flight.clone(),
         );
+        let webhook_deliveries = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "webhook_deliveries",
+            "Webhook attempts to merchants' endpoints by outcome (delivered, failed, gone, refused)",
+            webhook_deliveries.clone(),
+        );
+        let oldest_undelivered_event_age = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "oldest_undelivered_event_age_seconds",
+            format!(
+                "Age of the oldest event not yet delivered to every endpoint that wants it (0 when none; read from the database every {every})"
+            ),
+            oldest_undelivered_event_age.clone(),
+        );
+        let webhook_endpoints_disabled = Gauge::default();
+        registry.register(
+            "webhook_endpoints_disabled",
+            format!("Webhook endpoints DESACTIVADO (read from the database every {every})"),
+            webhook_endpoints_disabled.clone(),
+        );
+        let replays = Family::<SourceLabel, Counter>::default();
+        registry.register(
+            "replays",
+            "Replays of frozen answers by where they were read: memory (the replay cache) or database",
+            replays.clone(),
+        );
+        let replay_cache_hit_ratio = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "replay_cache_hit_ratio",
+            "Share of replays served from the replay cache since the process started (at scrape time; 0 before the first replay)",
+            replay_cache_hit_ratio.clone(),
+        );
+        let replay_cache_entries = Gauge::default();
+        registry.register(
+            "replay_cache_entries",
+            "Frozen answers held by the replay cache (at scrape time)",
+            replay_cache_entries.clone(),
+        );
+        let replay_cache_bytes = Gauge::default();
+        registry.register(
+            "replay_cache_bytes",
+            "Bytes of keys, fingerprints and answers held by the replay cache, bounded by PAGOS_REPLAY_CACHE_MIB (at scrape time)",
+            replay_cache_bytes.clone(),
+        );
         Metrics {
+            webhook_deliveries,
+            oldest_undelivered_event_age,
+            webhook_endpoints_disabled,
             registry,
+            replays,
+            replay_cache_hit_ratio,
+            replay_cache_entries,
+            replay_cache_bytes,
             http_limited,
             http_in_flight,
             database_up,
@@ -217,6 +287,27 @@ impl Metrics {
         self.idempotency
             .get_or_create(&OutcomeLabel { outcome })
             .inc();
+    }
+
+    /// A replay served, from `memory` or the `database`.
+    pub fn replay(&self, source: &'static str) {
+        self.replays.get_or_create(&SourceLabel { source }).inc();
+    }
+
+    /// Sets the replay cache's gauges from what it holds and the replays counted so far.
+    pub fn observe_replay_cache(&self, entries: u64, bytes: u64) {
+        let read = |source| self.replays.get_or_create(&SourceLabel { source }).get();
+        let (memory, database) = (read("memory"), read("database"));
+        let total = memory + database;
+        self.replay_cache_hit_ratio.set(if total == 0 {
+            0.0
+        } else {
+            memory as f64 / total as f64
+        });
+        self.replay_cache_entries
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+        self.replay_cache_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     pub fn webhook_event(&self, outcome: &'static str) {
@@ -280,6 +371,12 @@ pub async fn refresh_gauges(db: &DatabaseConnection, metrics: &Metrics, within: 
             metrics
                 .oldest_unsettled_age
                 .set(gauges.oldest_unsettled_age);
+            metrics
+                .oldest_undelivered_event_age
+                .set(gauges.oldest_undelivered_event_age);
+            metrics
+                .webhook_endpoints_disabled
+                .set(gauges.webhook_endpoints_disabled);
             metrics.database_up.set(1);
         }
         Err(err) => {
@@ -289,6 +386,7 @@ pub async fn refresh_gauges(db: &DatabaseConnection, metrics: &Metrics, within: 
             metrics.payments.clear();
             metrics.refunds.clear();
             metrics.oldest_unsettled_age.set(f64::NAN);
+            metrics.oldest_undelivered_event_age.set(f64::NAN);
         }
     }
 }
@@ -297,6 +395,8 @@ struct StoredGauges {
     payments: Vec<(&'static str, i64)>,
     oldest_unsettled_age: f64,
     refunds: Vec<(&'static str, i64)>,
+    oldest_undelivered_event_age: f64,
+    webhook_endpoints_disabled: i64,
 }
 
 async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::DbErr> {
@@ -350,9 +450,15 @@ async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::D
             (estado.as_str(), n)
         })
         .collect();
+    let oldest_undelivered_event_age = crate::outbox::events::oldest_undelivered(db)
+        .await?
+        .map_or(0.0, |t| (crate::db::now() - t).as_seconds_f64().max(0.0));
+    let webhook_endpoints_disabled = crate::outbox::endpoints::count_disabled(db).await?;
     Ok(StoredGauges {
         payments,
         oldest_unsettled_age,
+        oldest_undelivered_event_age,
+        webhook_endpoints_disabled,
         refunds,
     })
 }

@@ -87,19 +87,14 @@ pub fn period(reconcile_every: Duration) -> Duration {
 pub async fn run_periodically(
     reaper: Reaper,
     every: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = stop.changed() => break,
-        }
+    crate::signals::every(every, stop, || async {
         if let Err(err) = run(&reaper).await {
             tracing::error!(error = %err, "key reaper failed; retrying later");
         }
-    }
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -35,6 +35,12 @@ pub fn pago(p: &payment::Model) -> Pago {
     }
 }
 
+/// A payment as an event's `datos` shows it: its representation, the same bytes as an
+/// answer's.
+pub fn datos(p: &payment::Model) -> String {
+    serde_json::to_string(&pago(p)).unwrap_or_default()
+}
+
 /// `decline_code` of a payment on-call resolved as failed.
 pub const RESOLVED_FAILED: &str = "resolved_by_on_call";
 
@@ -163,6 +169,11 @@ pub fn refund_answer(r: &crate::entities::refund::Model) -> Answer {
             body: serde_json::to_string(&reembolso).unwrap_or_default(),
         },
     }
+}
+
+/// A refund as an event's `datos` shows it: its representation.
+pub fn refund_datos(r: &crate::entities::refund::Model) -> String {
+    serde_json::to_string(&reembolso(r)).unwrap_or_default()
 }
 
 /// The answer a refund that became final freezes on its key

@@ -305,7 +305,10 @@ const LAYERS: [(&str, &[&str]); 7] = [
         "other commands",
         &["merchants::cli", "gateway::sandbox_server"],
     ),
-    ("doors and workers", &["http", "reconciler", "reaper"]),
+    (
+        "doors and workers",
+        &["http", "reconciler", "reaper", "dispatcher"],
+    ),
     ("settings", &["config", "telemetry", "signals"]),
     (
         "saga layer",
@@ -313,7 +316,14 @@ const LAYERS: [(&str, &[&str]); 7] = [
     ),
     (
         "storage and adapters",
-        &["merchants", "gateway", "delivery", "db", "failpoint"],
+        &[
+            "merchants",
+            "gateway",
+            "delivery",
+            "db",
+            "failpoint",
+            "outbox",
+        ],
     ),
     (
         "pure domain and entities",
@@ -353,7 +363,7 @@ fn nothing_but_main_imports_the_composition_root() {
 #[test]
 fn http_and_the_workers_never_import_each_other() {
     let rooms = room_graph(&file_graph());
-    let side_by_side = ["http", "reconciler", "reaper"];
+    let side_by_side = ["http", "reconciler", "reaper", "dispatcher"];
     for from in side_by_side {
         for to in side_by_side {
             if from != to {

@@ -6,6 +6,8 @@
 //! PostgreSQL when `PAGOS_TEST_POSTGRES_URL` is set (a fresh database), else SQLite.
 //! `TEST_LOG=1` shows the children's logs.
 
+#[path = "support/binary.rs"]
+mod binary;
 #[allow(dead_code)]
 #[path = "api/helpers.rs"]
 mod helpers;
@@ -16,74 +18,14 @@ use pagos::entities::{payment, payment_transition, processed_message, webhook_ch
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const PAYMENTS: usize = 200;
 const SECRET: &str = "whsec_e2e";
 const API_KEY: &str = "sk_e2e_acme";
 
-/// Children killed however the test ends.
-struct Running(Vec<std::process::Child>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn pagos(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pagos"));
-    command.args(args).stdin(Stdio::null());
-    // The test's own settings only: nothing from the environment.
-    for (name, _) in std::env::vars() {
-        if name.starts_with("PAGOS_") {
-            command.env_remove(name);
-        }
-    }
-    if std::env::var_os("TEST_LOG").is_some() {
-        command.env("RUST_LOG", "info,sqlx=warn");
-    } else {
-        command.stderr(Stdio::null()).env("RUST_LOG", "error");
-    }
-    command.stdout(Stdio::null());
-    command
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-async fn wait_until_up(http: &reqwest::Client, url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if http
-            .get(url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{url} did not come up within 60s");
-}
-
-async fn get_json(http: &reqwest::Client, url: &str) -> Value {
-    http.get(url)
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("JSON")
+fn pagos(args: &[&str]) -> std::process::Command {
+    binary::pagos(args, None)
 }
 
 async fn count_final(db: &DatabaseConnection) -> u64 {
@@ -103,20 +45,9 @@ async fn two_hundred_payments_settle_once_each_under_chaotic_webhooks() {
     let database = TestDatabase::create(&backend).await;
     let db_url = database.url.clone();
 
-    let added = pagos(&[
-        "merchants",
-        "add",
-        "acme",
-        "--api-key",
-        API_KEY,
-        "--database-url",
-        &db_url,
-    ])
-    .status()
-    .expect("pagos merchants add runs");
-    assert!(added.success(), "merchants add: {added}");
+    binary::add_merchant(&db_url, "acme", API_KEY);
 
-    let (serve_port, sandbox_port) = (free_port(), free_port());
+    let (serve_port, sandbox_port) = (binary::free_port(), binary::free_port());
     let serve_url = format!("http://127.0.0.1:{serve_port}");
     let sandbox_url = format!("http://127.0.0.1:{sandbox_port}");
     let sandbox_bind = format!("127.0.0.1:{sandbox_port}");
@@ -142,7 +73,7 @@ async fn two_hundred_payments_settle_once_each_under_chaotic_webhooks() {
     ])
     .spawn()
     .expect("sandbox starts");
-    let mut children = Running(vec![sandbox]);
+    let mut children = vec![binary::Running(sandbox)];
     let serve = pagos(&[
         "serve",
         "--database-url",
@@ -161,14 +92,15 @@ async fn two_hundred_payments_settle_once_each_under_chaotic_webhooks() {
     ])
     .spawn()
     .expect("serve starts");
-    children.0.push(serve);
+    children.push(binary::Running(serve));
 
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
         .expect("client");
-    wait_until_up(&http, &format!("{serve_url}/healthz")).await;
-    wait_until_up(&http, &format!("{sandbox_url}/sandbox/stats")).await;
+    let up = Duration::from_secs(60);
+    binary::wait_until_up(&format!("{serve_url}/healthz"), up, String::new).await;
+    binary::wait_until_up(&format!("{sandbox_url}/sandbox/stats"), up, String::new).await;
 
     // 200 payments, 16 at a time.
     let answers: Vec<(u16, Value)> = futures::stream::iter(0..PAYMENTS)
@@ -211,7 +143,7 @@ async fn two_hundred_payments_settle_once_each_under_chaotic_webhooks() {
 
     // Until every payment is final and every event acknowledged (bounded).
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut stats = get_json(&http, &format!("{sandbox_url}/sandbox/stats")).await;
+    let mut stats = binary::get_json(&http, &format!("{sandbox_url}/sandbox/stats")).await;
     loop {
         let settled = count_final(&db).await as usize == PAYMENTS;
         let webhooks = &stats["webhooks"];
@@ -227,7 +159,7 @@ async fn two_hundred_payments_settle_once_each_under_chaotic_webhooks() {
             count_final(&db).await
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-        stats = get_json(&http, &format!("{sandbox_url}/sandbox/stats")).await;
+        stats = binary::get_json(&http, &format!("{sandbox_url}/sandbox/stats")).await;
     }
     let webhooks = stats["webhooks"].clone();
 
@@ -244,7 +176,7 @@ async fn two_hundred_payments_settle_once_each_under_chaotic_webhooks() {
         .expect("transitions");
     let mut settled_by: HashMap<String, usize> = HashMap::new();
     for p in &payments {
-        let charges = get_json(
+        let charges = binary::get_json(
             &http,
             &format!("{sandbox_url}/v1/charges?reference={}", p.id),
         )

@@ -88,6 +88,7 @@ pub mod journal;
 pub mod refund;
 pub mod refund_cli;
 pub mod retry;
+pub mod webhooks;
 
 pub use answer::{MedioPago, Pago, Problem};
 pub use intent::{Intent, IntentKey, InvalidRequest, PaymentRequest};

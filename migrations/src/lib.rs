@@ -15,6 +15,8 @@ mod m20261203_000007_api_keys;
 mod m20261203_000008_merchant_names;
 mod m20261204_000009_refunds;
 mod m20261204_000010_refund_event_sequence;
+mod m20261204_000011_events;
+mod m20261204_000012_delivery_rounds;
 
 pub struct Migrator;
 
@@ -32,6 +34,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000008_merchant_names::Migration),
             Box::new(m20261204_000009_refunds::Migration),
             Box::new(m20261204_000010_refund_event_sequence::Migration),
+            Box::new(m20261204_000011_events::Migration),
+            Box::new(m20261204_000012_delivery_rounds::Migration),
         ]
     }
 }

@@ -6,6 +6,7 @@
 //! a charge for another amount than the payment's is a wrong charge.
 
 use crate::domain::Currency;
+use rust_decimal::Decimal;
 
 /// Currencies Stripe takes in whole units (its "zero-decimal currencies").
 const STRIPE_ZERO_DECIMAL: &[&str] = &[
@@ -76,72 +77,105 @@ pub fn from_stripe(amount: i64, currency: &str) -> Result<i64, AmountError> {
     rescale(amount, stripe, iso_exponent(currency, stripe))
 }
 
-/// Amounts this large or larger are refused in decimal form: beyond 15 significant
-/// digits a double cannot carry every decimal exactly.
+/// Amounts this large or larger are refused in decimal form: Mercado Pago's API (and every
+/// JSON reader that keeps numbers as doubles) cannot carry more than 15 significant digits
+/// exactly.
 const MAX_DECIMAL_MINOR: i64 = 1_000_000_000_000_000;
 
-/// pagos' minor units as a decimal number of major units: 250000 COP → 2500.00.
+/// A decimal number of major units (Mercado Pago's `transaction_amount`, a refund's
+/// `amount`), exact: a `rust_decimal::Decimal`, written and read as a JSON number by its
+/// text, never through a double.
 ///
-/// The `f64` is the nearest double to the exact decimal, and serde_json writes the
-/// shortest text that reads back as that double: `2500.0`, `12.34`, never `12.340000001`.
-/// With at most 15 significant digits that text is the exact decimal.
-pub fn to_decimal(amount: i64, exponent: u8) -> Result<f64, AmountError> {
-    if amount.unsigned_abs() >= MAX_DECIMAL_MINOR.unsigned_abs() {
-        return Err(AmountError::Overflow(amount));
+/// Written as the shortest decimal, with `.0` on a whole number (`2500.0`, `12.34`): the
+/// text pagos has always sent, so a payment sent before an upgrade is sent again with the
+/// very same body, which a provider needs to replay rather than refuse the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MajorUnits(pub Decimal);
+
+impl serde::Serialize for MajorUnits {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let normalized = self.0.normalize();
+        let text = if normalized.scale() == 0 {
+            format!("{normalized}.0")
+        } else {
+            normalized.to_string()
+        };
+        let raw =
+            serde_json::value::RawValue::from_string(text).map_err(serde::ser::Error::custom)?;
+        raw.serialize(serializer)
     }
-    let factor = 10i64
-        .checked_pow(u32::from(exponent))
-        .ok_or(AmountError::Overflow(amount))?;
-    // Both exact in f64; IEEE division rounds the quotient once, to the nearest double.
-    Ok(amount as f64 / factor as f64)
 }
 
-/// A decimal number of major units back to minor units: 2500.0 (2) → 250000. Exact: the
-/// number is read back as the shortest decimal text of the double (what the provider
-/// wrote), and one with more decimals than the currency has (2500.005 COP) is refused.
-pub fn from_decimal(value: f64, exponent: u8) -> Result<i64, AmountError> {
-    let not_an_amount = || AmountError::NotAnAmount(value.to_string());
-    let text = serde_json::Number::from_f64(value)
-        .ok_or_else(not_an_amount)?
-        .to_string();
-    let (negative, digits) = match text.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, text.as_str()),
-    };
-    let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
-    let fraction = fraction.trim_end_matches('0');
-    let plain = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if whole.is_empty() || !plain(whole) || !plain(fraction) {
-        // Exponent notation: far out of any amount's range.
+impl<'de> serde::Deserialize<'de> for MajorUnits {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = Box::<serde_json::value::RawValue>::deserialize(deserializer)?;
+        let text = raw.get().trim();
+        let not_a_number = || serde::de::Error::custom(format!("{text} is not an amount"));
+        if !text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+            return Err(not_a_number());
+        }
+        let parsed = if text.contains(['e', 'E']) {
+            Decimal::from_scientific(text)
+        } else {
+            Decimal::from_str_exact(text)
+        };
+        parsed.map(MajorUnits).map_err(|_| not_a_number())
+    }
+}
+
+/// pagos' minor units as a decimal number of major units: 250000 COP → 2500.00, exactly.
+pub fn to_decimal(amount: i64, exponent: u8) -> Result<MajorUnits, AmountError> {
+    if amount.unsigned_abs() >= MAX_DECIMAL_MINOR.unsigned_abs() || exponent > 18 {
+        return Err(AmountError::Overflow(amount));
+    }
+    Ok(MajorUnits(Decimal::new(amount, u32::from(exponent))))
+}
+
+/// A decimal number of major units back to minor units: 2500.0 (2) → 250000. One with more
+/// decimals than the currency has (2500.005 COP) is refused, never rounded.
+pub fn from_decimal(value: MajorUnits, exponent: u8) -> Result<i64, AmountError> {
+    let not_an_amount = || AmountError::NotAnAmount(value.0.normalize().to_string());
+    let value = value.0.normalize();
+    if value.scale() > u32::from(exponent) {
         return Err(not_an_amount());
     }
-    if fraction.len() > usize::from(exponent) {
+    let factor = Decimal::from(
+        10i64
+            .checked_pow(u32::from(exponent))
+            .ok_or_else(not_an_amount)?,
+    );
+    let minor = value
+        .checked_mul(factor)
+        .and_then(|m| i64::try_from(m).ok())
+        .ok_or_else(not_an_amount)?;
+    if minor.unsigned_abs() >= MAX_DECIMAL_MINOR.unsigned_abs() {
         return Err(not_an_amount());
     }
-    let padded = format!("{whole}{fraction:0<width$}", width = usize::from(exponent));
-    let minor: i64 = padded.parse().map_err(|_| not_an_amount())?;
-    if minor >= MAX_DECIMAL_MINOR {
-        return Err(not_an_amount());
-    }
-    Ok(if negative { -minor } else { minor })
+    Ok(minor)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn cop_250000_is_2500_00_in_major_units_and_back() {
-        assert_eq!(to_decimal(250_000, 2), Ok(2500.0));
-        assert_eq!(
-            serde_json::to_string(&to_decimal(250_000, 2).expect("ok")).expect("json"),
-            "2500.0"
-        );
-        assert_eq!(from_decimal(2500.0, 2), Ok(250_000));
+    fn major(text: &str) -> MajorUnits {
+        serde_json::from_str(text).expect("a number")
+    }
+
+    fn wire(amount: i64, exponent: u8) -> String {
+        serde_json::to_string(&to_decimal(amount, exponent).expect("in range")).expect("json")
     }
 
     #[test]
-    fn cents_survive_the_round_trip_through_a_double() {
+    fn cop_250000_is_2500_00_in_major_units_and_back() {
+        assert_eq!(wire(250_000, 2), "2500.0");
+        assert_eq!(from_decimal(major("2500.0"), 2), Ok(250_000));
+        assert_eq!(from_decimal(major("2500"), 2), Ok(250_000));
+        assert_eq!(from_decimal(major("2500.00"), 2), Ok(250_000));
+    }
+
+    #[test]
+    fn cents_survive_the_round_trip_exactly() {
         for amount in [
             1,
             5,
@@ -153,35 +187,59 @@ mod tests {
             99_999_999_999,
             999_999_999_999_999,
         ] {
-            let decimal = to_decimal(amount, 2).expect("in range");
-            let text = serde_json::to_string(&decimal).expect("json");
-            let read: f64 = serde_json::from_str(&text).expect("number");
-            assert_eq!(from_decimal(read, 2), Ok(amount), "{amount} → {text}");
+            let text = wire(amount, 2);
+            assert_eq!(
+                from_decimal(major(&text), 2),
+                Ok(amount),
+                "{amount} → {text}"
+            );
         }
-        assert_eq!(
-            serde_json::to_string(&to_decimal(1234, 2).expect("ok")).expect("json"),
-            "12.34"
-        );
+        assert_eq!(wire(1234, 2), "12.34");
+    }
+
+    #[test]
+    fn the_text_sent_is_the_one_a_double_wrote_before() {
+        // A payment sent before amounts were decimals is sent again with the same body.
+        #[allow(clippy::cast_precision_loss)]
+        for exponent in [0u8, 2, 3] {
+            for amount in [
+                1,
+                5,
+                10,
+                99,
+                101,
+                1234,
+                250_000,
+                250_050,
+                123_456_789,
+                999_999_999_999_999,
+            ] {
+                let factor = 10i64.pow(u32::from(exponent)) as f64;
+                let before = serde_json::to_string(&(amount as f64 / factor)).expect("json");
+                assert_eq!(wire(amount, exponent), before, "{amount} ({exponent})");
+            }
+        }
     }
 
     #[test]
     fn a_zero_decimal_currency_has_no_cents() {
-        assert_eq!(to_decimal(5000, 0), Ok(5000.0));
-        assert_eq!(from_decimal(5000.0, 0), Ok(5000));
-        assert!(from_decimal(5000.5, 0).is_err());
+        assert_eq!(wire(5000, 0), "5000.0");
+        assert_eq!(from_decimal(major("5000"), 0), Ok(5000));
+        assert!(from_decimal(major("5000.5"), 0).is_err());
     }
 
     #[test]
     fn more_decimals_than_the_currency_has_are_refused() {
-        assert!(from_decimal(2500.005, 2).is_err());
-        assert!(from_decimal(f64::NAN, 2).is_err());
-        assert!(from_decimal(f64::INFINITY, 2).is_err());
+        assert!(from_decimal(major("2500.005"), 2).is_err());
         assert!(to_decimal(i64::MAX, 2).is_err());
         assert!(to_decimal(1_000_000_000_000_000, 2).is_err());
         assert_eq!(
-            from_decimal(0.1 + 0.2, 2),
+            from_decimal(major("0.30000000000000004"), 2),
             Err(AmountError::NotAnAmount("0.30000000000000004".into()))
         );
+        assert_eq!(from_decimal(major("2.5e3"), 2), Ok(250_000));
+        assert!(serde_json::from_str::<MajorUnits>("\"2500\"").is_err());
+        assert!(serde_json::from_str::<MajorUnits>("null").is_err());
     }
 
     #[test]

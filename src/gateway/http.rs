@@ -76,18 +76,22 @@ pub(super) fn transport(err: &reqwest::Error) -> GatewayError {
 /// A provider's search for the charges of one payment (`what` names it in errors). Any
 /// answer but a readable success says nothing about the charge: `Unknown`, never
 /// `Rejected`, so the reconciler looks again later.
-pub(super) async fn search<T: for<'de> Deserialize<'de>>(
+pub(super) async fn search<T: DeserializeOwned>(
     client: &reqwest::Client,
     url: url::Url,
     secret: &str,
     what: &str,
 ) -> Result<T, GatewayError> {
-    let resp = client
-        .get(url)
-        .bearer_auth(secret)
-        .send()
-        .await
-        .map_err(|e| transport(&e))?;
+    ask(client.get(url).bearer_auth(secret), what).await
+}
+
+/// Sends a read-only `request` (`what` names it in errors): its answer, or `Unknown` for
+/// any answer but a readable success.
+pub(super) async fn ask<T: DeserializeOwned>(
+    request: reqwest::RequestBuilder,
+    what: &str,
+) -> Result<T, GatewayError> {
+    let resp = request.send().await.map_err(|e| transport(&e))?;
     let status = resp.status();
     if !status.is_success() {
         return Err(GatewayError::Unknown(format!(
@@ -95,9 +99,17 @@ pub(super) async fn search<T: for<'de> Deserialize<'de>>(
             detail(resp).await
         )));
     }
+    read(resp, &format!("{what} answer")).await
+}
+
+/// The body of `resp` as a `T`; `Unknown` when it cannot be read (`what` names it).
+pub(super) async fn read<T: DeserializeOwned>(
+    resp: reqwest::Response,
+    what: &str,
+) -> Result<T, GatewayError> {
     let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
     serde_json::from_slice(&bytes)
-        .map_err(|e| GatewayError::Unknown(format!("unreadable {what} answer: {e}")))
+        .map_err(|e| GatewayError::Unknown(format!("unreadable {what}: {e}")))
 }
 
 /// The answer to `POST /v1/charges` or `POST /v1/refunds`: what was made, or what the
@@ -108,9 +120,7 @@ async fn created<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, Gate
     let status = resp.status();
     if status.is_success() {
         // A success whose body cannot be read may still be a charge: unknown, not failed.
-        let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
-        return serde_json::from_slice(&bytes)
-            .map_err(|e| GatewayError::Unknown(format!("unreadable {status} answer: {e}")));
+        return read(resp, &format!("{status} answer")).await;
     }
     let said = if status == StatusCode::UNPROCESSABLE_ENTITY {
         KeySaid::UsedWithAnotherRequest

@@ -16,7 +16,7 @@
 //! same key is the way to learn what became of the refund.
 
 use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
-use super::http::{client, detail, search, transport};
+use super::http::{ask, client, detail, read, search, transport};
 use super::{
     Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundLookup,
     RefundRequest, RefundStatus, amount,
@@ -50,7 +50,7 @@ pub struct Payment {
     pub status: String,
     #[serde(default)]
     pub status_detail: Option<String>,
-    pub transaction_amount: f64,
+    pub transaction_amount: amount::MajorUnits,
     #[serde(default)]
     pub currency_id: Option<String>,
     #[serde(default)]
@@ -152,7 +152,7 @@ impl Payment {
 
 #[derive(Debug, PartialEq, Serialize)]
 pub struct PaymentBody {
-    pub transaction_amount: f64,
+    pub transaction_amount: amount::MajorUnits,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     pub payment_method_id: String,
@@ -249,7 +249,7 @@ pub struct MercadoPagoRefund {
     pub id: Value,
     #[serde(default)]
     pub payment_id: Value,
-    pub amount: f64,
+    pub amount: amount::MajorUnits,
     #[serde(default)]
     pub status: Option<String>,
     #[serde(default)]
@@ -323,7 +323,7 @@ impl MercadoPagoRefund {
 #[derive(Debug, PartialEq, Serialize)]
 pub struct RefundBody {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub amount: Option<f64>,
+    pub amount: Option<amount::MajorUnits>,
 }
 
 /// The refund body for `req`: the same on every send of one refund.
@@ -355,6 +355,22 @@ impl MercadoPagoGateway {
         })
     }
 
+    /// Sends a create `request` with `body`, authenticated and under `key`.
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        key: &str,
+        body: &impl Serialize,
+    ) -> Result<reqwest::Response, GatewayError> {
+        request
+            .bearer_auth(&self.secret)
+            .header("X-Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| transport(&e))
+    }
+
     /// `GET /v1/payments/{id}`: the payment as Mercado Pago holds it now; None when
     /// Mercado Pago has no such payment. `id` must be Mercado Pago's numeric id.
     pub async fn fetch(&self, id: &str) -> Result<Option<Payment>, GatewayError> {
@@ -378,10 +394,7 @@ impl MercadoPagoGateway {
                 detail(resp).await
             )));
         }
-        let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| GatewayError::Unknown(format!("unreadable Mercado Pago payment: {e}")))
+        read(resp, "Mercado Pago payment").await.map(Some)
     }
 }
 
@@ -391,21 +404,12 @@ impl Gateway for MercadoPagoGateway {
         let body = payment_body(req).map_err(|why| {
             GatewayError::rejected(422, format!("not sent to Mercado Pago: {why}"))
         })?;
-        let resp = self
-            .client
-            .post(format!("{}/v1/payments", self.base))
-            .bearer_auth(&self.secret)
-            .header("X-Idempotency-Key", &req.gateway_key)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| transport(&e))?;
+        let request = self.client.post(format!("{}/v1/payments", self.base));
+        let resp = self.send(request, &req.gateway_key, &body).await?;
         let status = resp.status();
         if status.is_success() {
-            let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
-            let payment: Payment = serde_json::from_slice(&bytes).map_err(|e| {
-                GatewayError::Unknown(format!("unreadable {status} answer from Mercado Pago: {e}"))
-            })?;
+            let payment: Payment =
+                read(resp, &format!("{status} answer from Mercado Pago")).await?;
             return payment.to_charge();
         }
         let text = detail(resp).await;
@@ -440,22 +444,15 @@ impl Gateway for MercadoPagoGateway {
             )));
         }
         let body = refund_body(req).map_err(not_sent)?;
-        let resp = self
+        let request = self
             .client
             .post(format!("{}/v1/payments/{}/refunds", self.base, req.charge))
-            .bearer_auth(&self.secret)
-            .header("X-Idempotency-Key", &req.gateway_key)
-            .header(RENDER_IN_PROCESS, "true")
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| transport(&e))?;
+            .header(RENDER_IN_PROCESS, "true");
+        let resp = self.send(request, &req.gateway_key, &body).await?;
         let status = resp.status();
         if status.is_success() {
-            let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
-            let made: MercadoPagoRefund = serde_json::from_slice(&bytes).map_err(|e| {
-                GatewayError::Unknown(format!("unreadable {status} answer from Mercado Pago: {e}"))
-            })?;
+            let made: MercadoPagoRefund =
+                read(resp, &format!("{status} answer from Mercado Pago")).await?;
             let mut refund = made.to_refund(&req.currency, &req.reference.to_string())?;
             if refund.charge.is_empty() {
                 refund.charge.clone_from(&req.charge);
@@ -483,28 +480,15 @@ impl Gateway for MercadoPagoGateway {
         if !is_payment_id(&refund.charge) {
             return Ok(Vec::new());
         }
-        let resp = self
+        let request = self
             .client
             .get(format!(
                 "{}/v1/payments/{}/refunds",
                 self.base, refund.charge
             ))
             .bearer_auth(&self.secret)
-            .header(RENDER_IN_PROCESS, "true")
-            .send()
-            .await
-            .map_err(|e| transport(&e))?;
-        let status = resp.status();
-        if !status.is_success() {
-            return Err(GatewayError::Unknown(format!(
-                "Mercado Pago refund list answered {status}: {}",
-                detail(resp).await
-            )));
-        }
-        let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
-        let listed: Vec<MercadoPagoRefund> = serde_json::from_slice(&bytes).map_err(|e| {
-            GatewayError::Unknown(format!("unreadable Mercado Pago refund list: {e}"))
-        })?;
+            .header(RENDER_IN_PROCESS, "true");
+        let listed: Vec<MercadoPagoRefund> = ask(request, "Mercado Pago refund list").await?;
         let reference = refund.reference.to_string();
         listed
             .iter()
@@ -527,13 +511,16 @@ mod tests {
     use serde_json::json;
 
     fn payment(status: &str, detail: &str) -> Payment {
-        serde_json::from_value(json!({
-            "id": 1_234_567_890u64, "status": status, "status_detail": detail,
-            "transaction_amount": 2500, "currency_id": "COP",
-            "external_reference": "01a236bf-3ba3-730c-b454-685f40f9d62b",
-            "date_created": "2026-12-02T10:00:00.000-05:00",
-            "date_last_updated": "2026-12-02T10:05:00.000-05:00",
-        }))
+        serde_json::from_str(
+            &json!({
+                "id": 1_234_567_890u64, "status": status, "status_detail": detail,
+                "transaction_amount": 2500, "currency_id": "COP",
+                "external_reference": "01a236bf-3ba3-730c-b454-685f40f9d62b",
+                "date_created": "2026-12-02T10:00:00.000-05:00",
+                "date_last_updated": "2026-12-02T10:05:00.000-05:00",
+            })
+            .to_string(),
+        )
         .expect("a payment")
     }
 
@@ -665,12 +652,12 @@ mod tests {
             assert_eq!(refund.reference, "r-1");
         }
         let pending: MercadoPagoRefund =
-            serde_json::from_value(json!({"id": 1, "amount": 5, "status": "pending"}))
+            serde_json::from_str(&json!({"id": 1, "amount": 5, "status": "pending"}).to_string())
                 .expect("a refund");
         assert_eq!(pending.to_refund("COP", "r").map(|r| r.status), Ok(Pending));
         for status in [json!("lost_in_space"), serde_json::Value::Null] {
             let odd: MercadoPagoRefund =
-                serde_json::from_value(json!({"id": 1, "amount": 5, "status": status}))
+                serde_json::from_str(&json!({"id": 1, "amount": 5, "status": status}).to_string())
                     .expect("a refund");
             assert!(matches!(
                 odd.to_refund("COP", "r"),
@@ -678,7 +665,7 @@ mod tests {
             ));
         }
         let inexact: MercadoPagoRefund =
-            serde_json::from_value(json!({"id": 1, "amount": 5.005, "status": "approved"}))
+            serde_json::from_str(r#"{"id": 1, "amount": 5.005, "status": "approved"}"#)
                 .expect("a refund");
         assert!(inexact.to_refund("COP", "r").is_err(), "never rounded");
     }

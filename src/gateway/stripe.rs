@@ -435,6 +435,27 @@ impl StripeGateway {
         })
     }
 
+    /// `POST {path}` with a form `body`, authenticated and under `key`.
+    async fn post_form(
+        &self,
+        path: &str,
+        key: &str,
+        body: String,
+    ) -> Result<reqwest::Response, GatewayError> {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.secret)
+            .header("Idempotency-Key", key)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| transport(&e))
+    }
+
     async fn classify_charge(&self, resp: reqwest::Response) -> Result<Charge, GatewayError> {
         let status = resp.status();
         let replayed = resp
@@ -519,18 +540,8 @@ impl Gateway for StripeGateway {
         let body = form_body(req)
             .map_err(|why| GatewayError::rejected(422, format!("not sent to Stripe: {why}")))?;
         let resp = self
-            .client
-            .post(format!("{}/v1/payment_intents", self.base))
-            .bearer_auth(&self.secret)
-            .header("Idempotency-Key", &req.gateway_key)
-            .header(
-                reqwest::header::CONTENT_TYPE,
-                "application/x-www-form-urlencoded",
-            )
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| transport(&e))?;
+            .post_form("/v1/payment_intents", &req.gateway_key, body)
+            .await?;
         self.classify_charge(resp).await
     }
 
@@ -554,18 +565,8 @@ impl Gateway for StripeGateway {
         let body = refund_form(req)
             .map_err(|why| GatewayError::rejected(422, format!("not sent to Stripe: {why}")))?;
         let resp = self
-            .client
-            .post(format!("{}/v1/refunds", self.base))
-            .bearer_auth(&self.secret)
-            .header("Idempotency-Key", &req.gateway_key)
-            .header(
-                reqwest::header::CONTENT_TYPE,
-                "application/x-www-form-urlencoded",
-            )
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| transport(&e))?;
+            .post_form("/v1/refunds", &req.gateway_key, body)
+            .await?;
         self.classify_refund(resp, req).await
     }
 

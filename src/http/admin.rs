@@ -265,14 +265,16 @@ async fn run_reconciliation(
         }));
     }
     let reconciler = state.reconciler.clone();
-    let report = tokio::spawn(async move {
-        match request.pago_id {
-            Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
-            None => reconcile::run_pass(&reconciler).await,
-        }
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.into()))??;
+    let report = state
+        .tasks
+        .spawn(async move {
+            match request.pago_id {
+                Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
+                None => reconcile::run_pass(&reconciler).await,
+            }
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))??;
     Ok(Json(report))
 }
 

@@ -148,12 +148,13 @@ fn too_many_failures(wait: Duration) -> ApiError {
         .into()
 }
 
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get("authorization")?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then_some(token.trim())
+/// The token of `Authorization: Bearer <token>` (the scheme in any case; blanks around
+/// the token ignored), read as a typed header.
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    use headers::HeaderMapExt;
+    use headers::authorization::{Authorization, Bearer};
+    let header = headers.typed_get::<Authorization<Bearer>>()?;
+    Some(header.token().trim().to_owned())
 }
 
 fn unauthorized(detail: &str) -> ApiError {
@@ -184,7 +185,7 @@ impl FromRequestParts<AppState> for Merchant {
                 )
                 .await);
         };
-        let detail = match auth.credential(&state.db, hash_api_key(token)).await? {
+        let detail = match auth.credential(&state.db, hash_api_key(&token)).await? {
             Credential::Known {
                 merchant,
                 expires_at,
@@ -230,7 +231,7 @@ impl FromRequestParts<AppState> for Admin {
                 )
                 .await);
         };
-        let given = bearer(&parts.headers).unwrap_or("");
+        let given = bearer(&parts.headers).unwrap_or_default();
         // Compare hashes so the comparison's length is fixed too.
         let matches: bool = Sha256::digest(given.as_bytes())
             .ct_eq(&Sha256::digest(expected.as_bytes()))
@@ -289,5 +290,38 @@ mod tests {
         assert!(auth.refuse_if_blocked(client).await.is_err());
         let other = Some("192.0.2.2".parse().expect("ip"));
         assert!(auth.refuse_if_blocked(other).await.is_ok());
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case_and_blanks_around_the_token_are_ignored() {
+        let read = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                "authorization",
+                axum::http::HeaderValue::from_str(value).expect("value"),
+            );
+            bearer(&headers)
+        };
+        assert_eq!(read("Bearer sk_1").as_deref(), Some("sk_1"));
+        assert_eq!(read("bearer sk_1").as_deref(), Some("sk_1"));
+        assert_eq!(read("BEARER  sk_1").as_deref(), Some("sk_1"));
+        assert_eq!(read("Bearer "), Some(String::new()));
+        assert_eq!(read("Bearer"), None);
+        assert_eq!(read("Bearersk_1"), None);
+        assert_eq!(read("Basic c2tfMTo="), None);
+        assert_eq!(read("Token sk_1"), None);
+        assert_eq!(bearer(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn a_cached_key_is_looked_up_again_within_the_contracts_5_seconds_however_often_it_is_used() {
+        // Time to live, counted from the look-up: a key in constant use is read again every
+        // KEY_CACHE_TTL. A time to idle would keep a busy revoked key working for ever.
+        let auth = Authenticator::new(60);
+        let policy = auth.keys.policy();
+        assert_eq!(policy.time_to_live(), Some(KEY_CACHE_TTL));
+        assert_eq!(policy.time_to_idle(), None);
+        // One more look-up (bounded by the database's answer) must fit in the 5 seconds.
+        assert!(KEY_CACHE_TTL + Duration::from_secs(1) <= Duration::from_secs(5));
     }
 }

@@ -13,9 +13,14 @@ pub mod payments;
 pub mod problem;
 pub mod refunds;
 pub mod webhooks;
+// Webhooks to merchants: their endpoints and their events.
+pub mod endpoints;
+pub mod events;
+pub mod search;
 
 use crate::config::Settings;
 use crate::gateway::Gateway;
+use crate::idempotency::cache::ReplayCache;
 use crate::metrics::{LimitLabel, MeteredMercadoPago, Metrics};
 use crate::saga::SagaDeps;
 use crate::saga::reconcile::Reconciler;
@@ -51,6 +56,11 @@ pub struct Shared {
     pub in_flight: Arc<tokio::sync::Semaphore>,
     /// On-call's "reconcile now" and a client retry that finds its payment due.
     pub reconciler: Reconciler,
+    /// Frozen answers kept in memory (`PAGOS_REPLAY_CACHE_MIB`).
+    pub replay_cache: ReplayCache,
+    /// Every saga (or reconciliation) a request started in a task of its own: `serve`
+    /// waits for them on shutdown, up to `PAGOS_SHUTDOWN_GRACE`.
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
 impl Shared {
@@ -162,6 +172,9 @@ fn limited_rooms() -> OpenApiRouter<AppState> {
         .merge(admin::router())
         .merge(ops::readiness())
         .merge(refunds::router())
+        .merge(endpoints::router())
+        .merge(events::router())
+        .merge(search::router())
 }
 
 /// The rooms that answer from memory and so are never refused: a liveness probe that

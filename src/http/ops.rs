@@ -36,6 +36,8 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let limit = i64::from(state.settings.max_in_flight);
     let free = i64::try_from(state.in_flight.available_permits()).unwrap_or(limit);
     state.metrics.http_in_flight.set(limit - free);
+    let (entries, bytes) = state.replay_cache.size();
+    state.metrics.observe_replay_cache(entries, bytes);
     (
         [(
             "content-type",

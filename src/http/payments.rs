@@ -13,7 +13,9 @@ use crate::representation::{Answer, Pago, answer};
 use crate::saga::state::PaymentState;
 use crate::saga::store::{Actor, When};
 use crate::saga::{self};
-use axum::body::Body;
+use axum::Json;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -30,6 +32,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_payment))
         .routes(routes!(get_payment))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
 }
 
 /// The body of `POST /v1/pagos` (documentation only: the handler parses JSON itself to
@@ -64,47 +67,38 @@ pub(super) fn problem(kind: ProblemType, detail: impl Into<String>) -> ApiError 
     Problem::new(kind).detail(detail).into()
 }
 
-pub(super) fn is_json(headers: &HeaderMap) -> bool {
-    let Some(value) = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
-    let essence = value
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
-}
+/// The body as JSON, read by axum's `Json` under `DefaultBodyLimit` (`MAX_BODY`). Its
+/// rejections become the contract's problems: a content type that is not JSON (`json` or
+/// `+json`) 415, a body over the limit 413, anything else that is not JSON 400. A body
+/// that is not JSON is reported after the key (a request with neither gets the key's 400),
+/// so the answer is the same as when the body was read by hand.
+pub(super) struct Body(pub(super) Result<Value, ApiError>);
 
-pub(super) async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
-    let too_large = || {
-        problem(
+pub(super) fn body(extracted: Result<Json<Value>, JsonRejection>) -> Result<Body, ApiError> {
+    match extracted {
+        Ok(Json(value)) => Ok(Body(Ok(value))),
+        Err(JsonRejection::MissingJsonContentType(_)) => Err(problem(
+            ProblemType::UnsupportedMediaType,
+            "Send the body as `Content-Type: application/json`.",
+        )),
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(problem(
             ProblemType::BodyTooLarge,
             format!("The body must be at most {MAX_BODY} bytes."),
-        )
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY as u64) {
-        return Err(too_large());
-    }
-    axum::body::to_bytes(body, MAX_BODY).await.map_err(|err| {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&err);
-        while let Some(e) = source {
-            if e.is::<http_body_util::LengthLimitError>() {
-                return too_large();
-            }
-            source = e.source();
+        )),
+        Err(JsonRejection::BytesRejection(_)) => Err(problem(
+            ProblemType::MalformedJson,
+            "The body could not be read.",
+        )),
+        Err(rejection) => {
+            // The parser's own words (line and column), without axum's prefix.
+            let text = rejection.body_text();
+            let reason = text.rsplit_once(": ").map_or(text.as_str(), |(_, r)| r);
+            Ok(Body(Err(problem(
+                ProblemType::MalformedJson,
+                format!("The body is not valid JSON: {reason}."),
+            ))))
         }
-        problem(ProblemType::MalformedJson, "The body could not be read.")
-    })
+    }
 }
 
 pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
@@ -181,22 +175,11 @@ async fn create_payment(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
     headers: HeaderMap,
-    body: Body,
+    json: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    if !is_json(&headers) {
-        return Err(problem(
-            ProblemType::UnsupportedMediaType,
-            "Send the body as `Content-Type: application/json`.",
-        ));
-    }
-    let bytes = read_body(&headers, body).await?;
+    let Body(value) = body(json)?;
     let key = idempotency_key(&headers)?;
-    let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        problem(
-            ProblemType::MalformedJson,
-            format!("The body is not valid JSON: {e}."),
-        )
-    })?;
+    let value = value?;
     // What the configured gateway needs is checked here, before anything is stored.
     let new_payment = NewPayment::from_json_for(
         &value,
@@ -212,6 +195,7 @@ async fn create_payment(
 
     let begun = saga::registry::begin(
         &state.db,
+        &state.replay_cache,
         merchant,
         &key,
         &fingerprint,
@@ -234,14 +218,23 @@ async fn create_payment(
             let deps = state.saga_deps();
             // Its own task: axum drops this handler if the client hangs up; the saga
             // must still run to its end.
-            let settled = tokio::spawn(async move { saga::send(&deps, *p, Actor::Request).await })
+            let settled = state
+                .tasks
+                .spawn(async move { saga::send(&deps, *p, Actor::Request).await })
                 .await
                 .map_err(|e| ApiError::Internal(e.into()))?
                 .map_err(|e| ApiError::Internal(e.into()))?;
             Ok(respond(settled.id, answer(&settled), false))
         }
-        Begin::Replay { payment_id, answer } => {
-            tracing::info!(%payment_id, %key_hash, "replaying the stored answer");
+        Begin::Replay {
+            payment_id,
+            answer,
+            from_memory,
+        } => {
+            state
+                .metrics
+                .replay(if from_memory { "memory" } else { "database" });
+            tracing::info!(%payment_id, %key_hash, from_memory, "replaying the stored answer");
             Ok(respond(payment_id, answer.into(), true))
         }
         Begin::Unsettled { payment_id } => {
@@ -263,11 +256,13 @@ async fn create_payment(
             if due && current.state != PaymentState::RevisionManual {
                 let reconciler = state.reconciler.clone();
                 tracing::info!(%payment_id, %key_hash, "client retry found the payment due; reconciling it now");
-                tokio::spawn(async move {
-                    saga::reconcile::reconcile_one(&reconciler, payment_id, When::IfDue).await
-                })
-                .await
-                .map_err(|e| ApiError::Internal(e.into()))??;
+                state
+                    .tasks
+                    .spawn(async move {
+                        saga::reconcile::reconcile_one(&reconciler, payment_id, When::IfDue).await
+                    })
+                    .await
+                    .map_err(|e| ApiError::Internal(e.into()))??;
                 current = find().await?;
             }
             tracing::info!(%payment_id, %key_hash, estado = %current.state, "answering the current state");

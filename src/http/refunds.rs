@@ -9,7 +9,7 @@
 
 use super::AppState;
 use super::auth::{Admin, Merchant};
-use super::payments::{idempotency_key, is_json, problem, read_body, validation_failed};
+use super::payments::{Body, MAX_BODY, body, idempotency_key, problem, validation_failed};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::entities::idempotency_key as keys;
 use crate::entities::refund::{self, KeyScope};
@@ -19,7 +19,8 @@ use crate::saga::refund::store::{self, Registered, Registration};
 use crate::saga::refund::{self as refunds, Actor};
 use crate::saga::state::PaymentState;
 use axum::Json;
-use axum::body::Body;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -39,6 +40,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_refunds))
         .routes(routes!(admin_refund))
         .routes(routes!(resolve_refund))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
 }
 
 /// The body of a refund request (documentation only: the handler parses JSON itself to
@@ -106,21 +108,14 @@ struct Asked {
     refund: NewRefund,
 }
 
-async fn parse(headers: &HeaderMap, body: Body, reason_required: bool) -> Result<Asked, ApiError> {
-    if !is_json(headers) {
-        return Err(problem(
-            ProblemType::UnsupportedMediaType,
-            "Send the body as `Content-Type: application/json`.",
-        ));
-    }
-    let bytes = read_body(headers, body).await?;
+fn parse(
+    headers: &HeaderMap,
+    json: Result<Json<Value>, JsonRejection>,
+    reason_required: bool,
+) -> Result<Asked, ApiError> {
+    let Body(value) = body(json)?;
     let key = idempotency_key(headers)?;
-    let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        problem(
-            ProblemType::MalformedJson,
-            format!("The body is not valid JSON: {e}."),
-        )
-    })?;
+    let value = value?;
     let refund = NewRefund::from_json(&value, reason_required).map_err(validation_failed)?;
     Ok(Asked { key, value, refund })
 }
@@ -187,7 +182,9 @@ async fn begin_and_answer(
                     ProblemType::KeyReused,
                     "This Idempotency-Key was already used with a different request. Use a new key for a new refund.",
                 )),
-                Begin::Replay { payment_id, answer } => {
+                Begin::Replay {
+                    payment_id, answer, ..
+                } => {
                     tracing::info!(refund_id = %payment_id, %key_hash, "replaying the stored refund answer");
                     Ok(respond(payment_id, answer.into(), true))
                 }
@@ -270,9 +267,9 @@ async fn create_refund(
     Merchant(merchant): Merchant,
     Path(id): Path<String>,
     headers: HeaderMap,
-    body: Body,
+    json: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let asked = parse(&headers, body, false).await?;
+    let asked = parse(&headers, json, false)?;
     let payment = Uuid::parse_str(&id).map_err(|_| not_found("payment"))?;
     let path = format!("/v1/pagos/{payment}/reembolsos");
     begin_and_answer(
@@ -369,9 +366,9 @@ async fn admin_refund(
     _admin: Admin,
     Path(id): Path<String>,
     headers: HeaderMap,
-    body: Body,
+    json: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let asked = parse(&headers, body, true).await?;
+    let asked = parse(&headers, json, true)?;
     let payment = Uuid::parse_str(&id).map_err(|_| not_found("payment"))?;
     let Some(found) = crate::saga::store::find_payment(&state.db, payment).await? else {
         return Err(not_found("payment"));

@@ -20,8 +20,11 @@ use crate::webhooks::signature::{self, SignatureError};
 use crate::webhooks::stripe::{self as stripe_event, StripeEvent};
 use crate::webhooks::{self, ChargeEvent, SOURCE_HTTP, SOURCE_MERCADOPAGO, SOURCE_STRIPE};
 use axum::Json;
-use axum::body::Body;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Query, RawQuery, State};
+use axum::http::StatusCode;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use chrono::SecondsFormat;
@@ -40,6 +43,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(receive_stripe_event))
         .routes(routes!(receive_mercadopago_notification))
         .routes(routes!(list_orphan_charges))
+        .layer(DefaultBodyLimit::max(MAX_EVENT_BODY))
 }
 
 /// The answer to an accepted event.
@@ -77,23 +81,20 @@ fn unauthorized(detail: impl Into<String>) -> ApiError {
         .into()
 }
 
-async fn read_raw(body: Body) -> Result<bytes::Bytes, ApiError> {
-    axum::body::to_bytes(body, MAX_EVENT_BODY)
-        .await
-        .map_err(|err| {
-            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&err);
-            while let Some(e) = source {
-                if e.is::<http_body_util::LengthLimitError>() {
-                    return Problem::new(ProblemType::BodyTooLarge)
-                        .detail(format!("An event must be at most {MAX_EVENT_BODY} bytes."))
-                        .into();
-                }
-                source = e.source();
-            }
+/// The raw bytes the signature is checked over, read by axum under `DefaultBodyLimit`
+/// (`MAX_EVENT_BODY`): a larger body is 413, one that could not be read 400.
+fn raw(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Problem::new(ProblemType::BodyTooLarge)
+                .detail(format!("An event must be at most {MAX_EVENT_BODY} bytes."))
+                .into()
+        } else {
             Problem::new(ProblemType::MalformedJson)
                 .detail("The body could not be read.")
                 .into()
-        })
+        }
+    })
 }
 
 /// Receive a gateway event (reference protocol), delivered at least once, in any order.
@@ -118,13 +119,13 @@ async fn read_raw(body: Body) -> Result<bytes::Bytes, ApiError> {
 async fn receive_http_event(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Body,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let secret = secret_of(
         exposed(&state.settings.webhook_secret),
         "PAGOS_WEBHOOK_SECRET",
     )?;
-    let raw = read_raw(body).await?;
+    let raw = raw(body)?;
     let values = headers
         .get_all(signature::HEADER)
         .iter()
@@ -291,13 +292,13 @@ fn signature_detail(err: SignatureError) -> String {
 async fn receive_stripe_event(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Body,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let secret = secret_of(
         exposed(&state.settings.stripe_webhook_secret),
         "PAGOS_STRIPE_WEBHOOK_SECRET",
     )?;
-    let raw = read_raw(body).await?;
+    let raw = raw(body)?;
     let values = headers
         .get_all("stripe-signature")
         .iter()
@@ -386,13 +387,13 @@ async fn receive_mercadopago_notification(
     State(state): State<AppState>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-    body: Body,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let secret = secret_of(
         exposed(&state.settings.mercadopago_webhook_secret),
         "PAGOS_MERCADOPAGO_WEBHOOK_SECRET",
     )?;
-    let raw = read_raw(body).await?;
+    let raw = raw(body)?;
     let data_id = query.as_deref().and_then(|q| {
         url::form_urlencoded::parse(q.as_bytes())
             .find(|(name, _)| name == "data.id")

@@ -5,6 +5,7 @@
 //! Pure: no I/O, no clock of its own. The registry that reads and writes key rows and
 //! asks `decide` is the saga's (`saga::registry`).
 
+pub mod cache;
 pub mod derive;
 pub mod fingerprint;
 pub mod key;
@@ -28,6 +29,8 @@ pub enum Begin {
     Replay {
         payment_id: Uuid,
         answer: FrozenAnswer,
+        /// Served by this process's replay cache, without the database.
+        from_memory: bool,
     },
     /// Same request, not finished, and no request holds the key's lease: answer the
     /// current state (and settle it first if it is due).
@@ -52,6 +55,7 @@ pub fn decide(existing: &keys::Model, fingerprint: &str, now: DateTime<Utc>) -> 
                 status: u16::try_from(code).unwrap_or(500),
                 body: body.clone(),
             },
+            from_memory: false,
         };
     }
     match existing.lease_until {

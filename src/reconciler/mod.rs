@@ -13,17 +13,12 @@ use std::time::Duration;
 pub async fn run_periodically(
     reconciler: Reconciler,
     every: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = stop.changed() => break,
-        }
+    crate::signals::every(every, stop, || async {
         if let Err(err) = run_pass(&reconciler).await {
             tracing::error!(error = %err, "reconciliation pass failed; retrying next period");
         }
-    }
+    })
+    .await;
 }

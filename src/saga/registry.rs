@@ -5,24 +5,39 @@
 //! marks the owner; the row's primary key settles races.
 
 use crate::domain::NewPayment;
+use crate::idempotency::cache::ReplayCache;
 use crate::idempotency::{Begin, IdempotencyKey, decide};
 use crate::saga::store::{self, Registered, Registration};
 use sea_orm::{DatabaseConnection, DbErr};
 use std::time::Duration;
 use uuid::Uuid;
 
-/// Looks the key up (one query: the whole cost of a replay) and registers it with its
-/// payment if it is new.
+/// Looks the key up (in the replay cache, then with one query) and registers it with its
+/// payment if it is new. A frozen answer read from the database is kept in the cache.
 pub async fn begin(
     db: &DatabaseConnection,
+    cache: &ReplayCache,
     merchant: Uuid,
     key: &IdempotencyKey,
     fingerprint: &str,
     new_payment: &NewPayment,
     lease: Duration,
 ) -> Result<Begin, DbErr> {
+    if let Some(frozen) = cache.get(merchant, key.as_str()) {
+        return Ok(if frozen.fingerprint == fingerprint {
+            Begin::Replay {
+                payment_id: frozen.payment_id,
+                answer: frozen.answer.clone(),
+                from_memory: true,
+            }
+        } else {
+            Begin::Mismatch
+        });
+    }
     if let Some(existing) = store::find_key(db, merchant, key.as_str()).await? {
-        return Ok(decide(&existing, fingerprint, crate::db::now()));
+        let now = crate::db::now();
+        cache.keep(&existing, now);
+        return Ok(decide(&existing, fingerprint, now));
     }
     let registration = Registration {
         merchant,

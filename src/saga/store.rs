@@ -12,11 +12,13 @@
 
 use crate::db::{begin_write, now};
 use crate::domain::{NewPayment, PaymentMethod};
-use crate::entities::{idempotency_key as keys, payment, payment_transition as transitions};
+use crate::entities::{event, idempotency_key as keys, payment, payment_transition as transitions};
 use crate::idempotency::IdempotencyKey;
 use crate::idempotency::derive::derive;
+use crate::outbox;
 use crate::saga::state::{Event, IllegalTransition, PaymentState, transition};
 use chrono::{DateTime, Utc};
+use pagos_types::EventType;
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
@@ -37,10 +39,15 @@ pub enum StoreError {
 
 pub use crate::entities::idempotency_key::{FrozenAnswer, KeyStatus};
 
-/// Renders the answer a payment that just became final freezes on its key. Given by the
-/// layer above (`saga::apply` hands it `representation::frozen`): storage stores, it
-/// never renders.
-pub type Render = fn(&payment::Model) -> FrozenAnswer;
+/// What the layer above renders for a write (`saga::apply` hands over
+/// `representation`'s): storage stores, it never renders.
+#[derive(Clone, Copy)]
+pub struct Render {
+    /// The answer a payment that just became final freezes on its key.
+    pub answer: fn(&payment::Model) -> FrozenAnswer,
+    /// The payment as an event's `datos` shows it (JSON text).
+    pub datos: fn(&payment::Model) -> String,
+}
 
 pub fn chrono_after(d: Duration) -> chrono::TimeDelta {
     chrono::TimeDelta::from_std(d).unwrap_or(chrono::TimeDelta::MAX)
@@ -294,6 +301,9 @@ struct Plan {
     answer: Option<FrozenAnswer>,
     /// The request gives up its lease on the key without an answer (a hand-over).
     release_lease: bool,
+    /// The event the merchant is told, when the move is one it must know (the outbox:
+    /// written with the move or not at all).
+    event: Option<event::Model>,
 }
 
 /// What applying `event` to `current` writes; an impossible move is refused here, before
@@ -343,12 +353,27 @@ fn plan(
         reason: reason.to_owned(),
         created_at: at,
     });
-    let answer = to.is_terminal().then(|| render(&next));
+    let answer = to.is_terminal().then(|| (render.answer)(&next));
+    // Its `secuencia` is the payment's version after the move: it only grows, and each
+    // version is written once (fencing).
+    let event = EventType::of_payment(to)
+        .filter(|_| from != to)
+        .map(|tipo| {
+            outbox::event(
+                next.merchant_id,
+                tipo,
+                next.id,
+                next.version,
+                &(render.datos)(&next),
+                at,
+            )
+        });
     Ok(Plan {
         next,
         audit,
         answer,
         release_lease: false,
+        event,
     })
 }
 
@@ -416,6 +441,9 @@ async fn write_plan<C: ConnectionTrait>(
     }
     if plan.release_lease {
         release_lease(tx, current).await?;
+    }
+    if let Some(event) = &plan.event {
+        outbox::record(tx, event).await?;
     }
     Ok(true)
 }
@@ -545,6 +573,7 @@ pub async fn hand_over(
         audit: None,
         answer: None,
         release_lease: true,
+        event: None,
     };
     Ok(written(write_plan_now(db, current, &plan).await?, plan))
 }
@@ -718,7 +747,7 @@ fn one_statement(db: &DatabaseConnection) -> bool {
 /// `RETURNING` rows, so a fenced statement writes nothing.
 mod sql {
     use super::{Inserted, KeyStatus, Plan, key_row};
-    use crate::entities::{idempotency_key as keys, payment};
+    use crate::entities::{event, idempotency_key as keys, payment};
     use chrono::{DateTime, Utc};
     use sea_orm::sea_query::{LockBehavior, LockType};
     use sea_orm::{
@@ -733,7 +762,7 @@ mod sql {
 
     /// The `$n` of a bound value, written into SQL text only when that text is built.
     #[derive(Clone, Copy)]
-    struct Placeholder(usize);
+    pub(super) struct Placeholder(pub(super) usize);
 
     impl std::fmt::Display for Placeholder {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -836,8 +865,8 @@ SELECT {} FROM "registered""#,
         plan: &Plan,
     ) -> Result<bool, DbErr> {
         // One text per shape: with or without the audit row, the frozen answer, the
-        // release of the lease.
-        static SQL: [OnceLock<String>; 8] = [const { OnceLock::new() }; 8];
+        // release of the lease, the event.
+        static SQL: [OnceLock<String>; 16] = [const { OnceLock::new() }; 16];
         let next = &plan.next;
         let mut v = Params::default();
         let moved = [
@@ -882,10 +911,12 @@ SELECT {} FROM "registered""#,
             (set, its_key(&mut v))
         });
         let released = plan.release_lease.then(|| its_key(&mut v));
+        let told = plan.event.as_ref().map(|e| bind_row(&mut v, e));
         let shape = usize::from(audit.is_some())
             | usize::from(answer.is_some()) << 1
-            | usize::from(released.is_some()) << 2;
-        let sql = SQL[shape].get_or_init(|| write_plan_sql(moved, audit, answer, released));
+            | usize::from(released.is_some()) << 2
+            | usize::from(told.is_some()) << 3;
+        let sql = SQL[shape].get_or_init(|| write_plan_sql(moved, audit, answer, released, told));
         let row = db
             .query_one_raw(v.statement(sql))
             .await?
@@ -893,11 +924,12 @@ SELECT {} FROM "registered""#,
         Ok(row.try_get_by_index::<i64>(0)? == 1)
     }
 
-    fn write_plan_sql(
+    pub(super) fn write_plan_sql(
         moved: [Placeholder; 11],
         audit: Option<[Placeholder; 6]>,
         answer: Option<([Placeholder; 4], [Placeholder; 4])>,
         released: Option<[Placeholder; 4]>,
+        told: Option<(Placeholder, Placeholder)>,
     ) -> String {
         let [
             state,
@@ -941,6 +973,14 @@ SELECT {} FROM "registered""#,
             sql += &format!(
                 ",\n\"released\" AS (\n  UPDATE \"idempotency_keys\" SET \"lease_until\" = NULL\n  {})",
                 its_key(key)
+            );
+        }
+        if let Some(row) = told {
+            // The outbox: the event only if the payment moved.
+            sql += &format!(
+                ",\n\"told\" AS (\n  INSERT INTO \"events\" ({})\n  SELECT {} FROM \"moved\")",
+                columns::<event::Entity>(),
+                listed(row)
             );
         }
         sql += "\nSELECT count(*) AS \"moved\" FROM \"moved\"";
@@ -997,6 +1037,116 @@ mod tests {
                     expected.values
                 );
             }
+        }
+    }
+
+    /// The column list of `INSERT INTO "<table>" (…)` in `sql`, or of the `SET` of
+    /// `UPDATE "<table>"` (up to its `WHERE`).
+    fn written_columns(sql: &str, table: &str) -> Vec<String> {
+        let names = |list: &str| -> Vec<String> {
+            list.split(", ")
+                .map(|part| {
+                    let column = part.split(" = ").next().unwrap_or(part).trim();
+                    column.trim_matches('"').to_owned()
+                })
+                .collect()
+        };
+        if let Some((_, rest)) = sql.split_once(&format!("INSERT INTO \"{table}\" (")) {
+            return names(rest.split_once(')').expect("a column list").0);
+        }
+        let (_, rest) = sql
+            .split_once(&format!("UPDATE \"{table}\" SET "))
+            .expect("an update of the table");
+        names(rest.split_once("WHERE").expect("a WHERE").0.trim())
+    }
+
+    fn all_columns<E: EntityTrait>() -> Vec<String> {
+        use sea_orm::Iterable;
+        E::Column::iter()
+            .map(|c| sea_orm::IdenStatic::as_str(&c).to_owned())
+            .collect()
+    }
+
+    /// Fails when an entity gains a column that the PostgreSQL statements of a write do
+    /// not write: on SQLite the same write saves the whole model, so the column would be
+    /// written there and silently dropped on PostgreSQL. A new column must be written by
+    /// the statement, or listed here as fixed once the row is registered.
+    #[test]
+    fn the_postgresql_statements_write_every_column_their_entities_have() {
+        use sql::{Placeholder, write_plan_sql};
+        let p = |n| Placeholder(n);
+        let text = write_plan_sql(
+            std::array::from_fn(|i| p(i + 1)),
+            Some(std::array::from_fn(|i| p(i + 20))),
+            Some((
+                std::array::from_fn(|i| p(i + 30)),
+                std::array::from_fn(|i| p(i + 40)),
+            )),
+            Some(std::array::from_fn(|i| p(i + 50))),
+            Some((p(60), p(60 + all_columns::<event::Entity>().len() - 1))),
+        );
+
+        // payments: what a write may change, and what is fixed at registration.
+        let fixed_at_registration = [
+            "id",
+            "merchant_id",
+            "idempotency_key",
+            "credit_id",
+            "amount",
+            "currency",
+            "description",
+            "gateway_key",
+            "created_at",
+            "generation",
+        ];
+        let written = written_columns(&text, "payments");
+        for column in all_columns::<payment::Entity>() {
+            assert!(
+                written.contains(&column) || fixed_at_registration.contains(&column.as_str()),
+                "payments.{column} is not written by the PostgreSQL write of a plan \
+                 (sql::write_plan): write it there, or say here why it never changes"
+            );
+        }
+        for column in &written {
+            assert!(
+                !fixed_at_registration.contains(&column.as_str()),
+                "payments.{column} is written, so it is not fixed"
+            );
+        }
+
+        // The audit row is inserted whole.
+        assert_eq!(
+            written_columns(&text, "payment_transitions"),
+            all_columns::<transitions::Entity>(),
+            "payment_transitions: every column, in the entity's order"
+        );
+        // So is the event of the outbox.
+        assert_eq!(
+            written_columns(&text, "events"),
+            all_columns::<event::Entity>(),
+            "events: every column, in the entity's order"
+        );
+
+        // The key's frozen answer: what freezing changes, and what is fixed at registration.
+        let fixed_key = [
+            "merchant_id",
+            "key",
+            "fingerprint",
+            "payment_id",
+            "created_at",
+        ];
+        let frozen = written_columns(
+            text.split_once("\"frozen\" AS")
+                .expect("the frozen answer")
+                .1,
+            "idempotency_keys",
+        );
+        for column in all_columns::<keys::Entity>() {
+            assert!(
+                frozen.contains(&column) || fixed_key.contains(&column.as_str()),
+                "idempotency_keys.{column} is not written when an answer is frozen \
+                 (sql::write_plan): write it there, or say here why it never changes"
+            );
         }
     }
 }

@@ -11,7 +11,6 @@
 use crate::db::begin_write;
 use crate::entities::refund;
 use crate::gateway::{Refund, RefundStatus};
-use crate::representation;
 use crate::saga::refund::state::{Event, RefundState};
 use crate::saga::refund::store::{self, Changes, Written};
 use crate::saga::refund::{Actor, settlement};
@@ -196,7 +195,7 @@ async fn consume_in(
             changes,
             Actor::Webhook,
             &reason,
-            representation::refund_frozen,
+            crate::saga::refund::RENDER,
         )
         .await
         {

@@ -3,7 +3,7 @@
 //! `monto` before anything is stored or sent, and the same key then works with a
 //! corrected amount.
 
-use crate::helpers::{Backend, Spawn, TestApp, json};
+use crate::helpers::{Backend, Spawn, TestApp};
 use crate::on_both_databases;
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
@@ -16,17 +16,10 @@ on_both_databases!(
     mercadopago_has_only_the_general_limits_and_its_exact_decimals,
 );
 
-/// `POST /v1/pagos`: the status and the body.
-async fn pay(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
-    let answer = app.pay(key, body).await;
-    let status = answer.status().as_u16();
-    (status, json(answer).await)
-}
-
 /// Asserts a 422 `validation-failed` listing `monto` alone, whose detail names `limit`,
 /// and that nothing was stored.
 async fn refused(app: &TestApp, key: &str, body: &Value, limit: &str) {
-    let (status, problem) = pay(app, key, body).await;
+    let (status, problem) = app.pay_read(key, body).await;
     assert_eq!(status, 422, "{body}: {problem}");
     assert_eq!(problem["type"], "/problems/validation-failed", "{problem}");
     let errors = problem["errores"].as_array().expect("errores");
@@ -44,11 +37,7 @@ fn sandbox_body(monto: Value) -> Value {
 async fn an_amount_above_two_to_the_53_minus_one_is_refused_whatever_the_settings(
     backend: Backend,
 ) {
-    let app = Spawn::new(backend)
-        .sandbox()
-        .flags(&["--max-monto", "9007199254740991"])
-        .start()
-        .await;
+    let app = crate::helpers::started_sandbox(backend, &["--max-monto", "9007199254740991"]).await;
     // The example, then the first number JavaScript cannot tell from its neighbour.
     for monto in [
         json!(9_223_372_036_854_775_807_i64),
@@ -56,12 +45,9 @@ async fn an_amount_above_two_to_the_53_minus_one_is_refused_whatever_the_setting
     ] {
         refused(&app, "k-js", &sandbox_body(monto), "9007199254740991").await;
     }
-    let (status, pago) = pay(
-        &app,
-        "k-js",
-        &sandbox_body(json!(9_007_199_254_740_991_i64)),
-    )
-    .await;
+    let (status, pago) = app
+        .pay_read("k-js", &sandbox_body(json!(9_007_199_254_740_991_i64)))
+        .await;
     assert_eq!(status, 201, "the same key, 2^53 − 1 itself: {pago}");
     assert_eq!(pago["monto"], json!(9_007_199_254_740_991_i64));
 }
@@ -77,16 +63,14 @@ async fn an_amount_above_pagos_max_monto_is_refused_and_the_default_is_twelve_di
         "999999999999",
     )
     .await;
-    let (status, _) = pay(&app, "k-default", &sandbox_body(json!(999_999_999_999_i64))).await;
+    let (status, _) = app
+        .pay_read("k-default", &sandbox_body(json!(999_999_999_999_i64)))
+        .await;
     assert_eq!(status, 201, "the default's own value is accepted");
 
-    let app = Spawn::new(backend)
-        .sandbox()
-        .flags(&["--max-monto", "5000000"])
-        .start()
-        .await;
+    let app = crate::helpers::started_sandbox(backend, &["--max-monto", "5000000"]).await;
     refused(&app, "k-max", &sandbox_body(json!(5_000_001)), "5000000").await;
-    let (status, pago) = pay(&app, "k-max", &sandbox_body(json!(5_000_000))).await;
+    let (status, pago) = app.pay_read("k-max", &sandbox_body(json!(5_000_000))).await;
     assert_eq!(status, 201, "{pago}");
     assert_eq!(pago["monto"], 5_000_000);
 }
@@ -114,13 +98,7 @@ impl Respond for StripeSucceeds {
 }
 
 async fn sent_to(app: &TestApp, gateway_path: &str) -> Vec<Request> {
-    app.gateway()
-        .received_requests()
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r.method.as_str() == "POST" && r.url.path() == gateway_path)
-        .collect()
+    crate::helpers::received(app.gateway(), "POST", |p| p == gateway_path).await
 }
 
 fn stripe_body(monto: i64, moneda: &str) -> Value {
@@ -157,7 +135,7 @@ async fn stripe_refuses_more_than_eight_digits_and_more_than_ten_in_cop(backend:
         ("k-usd", 99_999_999, "USD"),
         ("k-cop", 9_999_999_999, "COP"),
     ] {
-        let (status, pago) = pay(&app, key, &stripe_body(monto, moneda)).await;
+        let (status, pago) = app.pay_read(key, &stripe_body(monto, moneda)).await;
         assert_eq!(status, 201, "{moneda} {monto}, the same key: {pago}");
     }
     let amounts: Vec<String> = sent_to(&app, "/v1/payment_intents")
@@ -216,7 +194,9 @@ async fn mercadopago_has_only_the_general_limits_and_its_exact_decimals(backend:
     .await;
     assert!(sent_to(&app, "/v1/payments").await.is_empty());
     // Stripe's COP maximum is not Mercado Pago's: COP 200,000,000.00 goes through.
-    let (status, pago) = pay(&app, "k-mp", &mercadopago_body(20_000_000_000)).await;
+    let (status, pago) = app
+        .pay_read("k-mp", &mercadopago_body(20_000_000_000))
+        .await;
     assert_eq!(status, 201, "{pago}");
     let sent: Value =
         serde_json::from_slice(&sent_to(&app, "/v1/payments").await[0].body).expect("JSON");
@@ -240,6 +220,8 @@ async fn mercadopago_has_only_the_general_limits_and_its_exact_decimals(backend:
     )
     .await;
     assert!(sent_to(&app, "/v1/payments").await.is_empty());
-    let (status, _) = pay(&app, "k-mp-max", &mercadopago_body(50_000_000_000)).await;
+    let (status, _) = app
+        .pay_read("k-mp-max", &mercadopago_body(50_000_000_000))
+        .await;
     assert_eq!(status, 201);
 }

@@ -101,6 +101,45 @@ fn cases() -> Vec<Case> {
             api_key: None,
             ..case("missing API key", &good, 401, "unauthorized")
         },
+        // One request, several faults: the content type first, then the size, then the
+        // key, then the JSON.
+        Case {
+            key: None,
+            ..case(
+                "not JSON and no key",
+                "{\"creditoId\": ",
+                400,
+                "idempotency-key-missing",
+            )
+        },
+        Case {
+            key: None,
+            content_type: "text/plain",
+            ..case(
+                "wrong content type and no key",
+                "not json",
+                415,
+                "unsupported-media-type",
+            )
+        },
+        Case {
+            key: None,
+            ..case(
+                "body over 64 KiB and no key",
+                &"x".repeat(70_000),
+                413,
+                "body-too-large",
+            )
+        },
+        Case {
+            content_type: "text/plain",
+            ..case(
+                "wrong content type and over 64 KiB",
+                &"x".repeat(70_000),
+                415,
+                "unsupported-media-type",
+            )
+        },
         Case {
             api_key: Some("sk_wrong"),
             ..case("wrong API key", &good, 401, "unauthorized")

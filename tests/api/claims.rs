@@ -4,7 +4,7 @@
 //! through a gateway (like Mercado Pago) that does not answer 409 to a second request with
 //! a key still in flight.
 
-use crate::helpers::{API_KEY, Backend, TestDatabase};
+use crate::helpers::{Backend, TestDatabase};
 use crate::process::Serve;
 use pagos::entities::payment;
 use sea_orm::{
@@ -98,42 +98,25 @@ impl Respond for Recording {
 /// Payments registered and never sent (EN_PROCESO), due now: what a crash between
 /// registering and sending leaves.
 async fn due_never_sent(db: &DatabaseConnection, n: usize) -> Vec<uuid::Uuid> {
-    let merchant = pagos::entities::merchant::Entity::find()
-        .one(db)
-        .await
-        .expect("query")
-        .expect("merchant")
-        .id;
+    let merchant = crate::helpers::acme(db).await;
     let at = pagos::db::now() - chrono::TimeDelta::minutes(1);
     let mut ids = Vec::new();
     for i in 0..n {
-        let id = uuid::Uuid::now_v7();
-        ids.push(id);
-        payment::Entity::insert(payment::ActiveModel::from(payment::Model {
-            id,
-            merchant_id: merchant,
-            idempotency_key: format!("k-{i}"),
-            credit_id: "42".into(),
-            amount: 250_000,
-            currency: "COP".into(),
-            description: None,
-            payment_method: None,
-            state: pagos::entities::payment::PaymentState::EnProceso,
-            version: 0,
-            attempts: 0,
-            gateway_key: format!("gk-claims-{i}"),
-            gateway_ref: None,
-            decline_code: None,
-            // The older one first: the pass takes it first, and claims the other ahead.
-            next_attempt_at: at + chrono::TimeDelta::seconds(i as i64),
-            created_at: at,
-            updated_at: at,
-            generation: 0,
-            claimed_until: None,
-        }))
-        .exec_without_returning(db)
-        .await
-        .expect("seed");
+        let mut row = crate::helpers::left_payment(
+            merchant,
+            &format!("k-{i}"),
+            pagos::entities::payment::PaymentState::EnProceso,
+            0,
+            format!("gk-claims-{i}"),
+            at,
+        );
+        // The older one first: the pass takes it first, and claims the other ahead.
+        row.next_attempt_at = at + chrono::TimeDelta::seconds(i as i64);
+        ids.push(row.id);
+        payment::Entity::insert(payment::ActiveModel::from(row))
+            .exec_without_returning(db)
+            .await
+            .expect("seed");
     }
     ids
 }
@@ -160,14 +143,7 @@ async fn a_payment_claimed_ahead_is_never_sent_by_two_processes_at_once() {
     let Some(backend) = Backend::postgres() else {
         return;
     };
-    let database = TestDatabase::create(&backend).await;
-    let settings = crate::helpers::settings(&database.url, &[]);
-    let db = pagos::app::open_and_migrate(&settings.database)
-        .await
-        .expect("database");
-    pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
-        .await
-        .expect("merchant");
+    let (database, db) = TestDatabase::with_acme(&backend).await;
     let ids = due_never_sent(&db, 2).await;
 
     let hold = Duration::from_millis(2500);

@@ -22,70 +22,53 @@ fn assert_refused(output: &std::process::Output, names: &str) {
     assert!(stderr.contains(names), "names {names}: {stderr}");
 }
 
+/// Extra flags, environment, and the setting the one line must name.
+type BadSetting<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+
 #[test]
 fn a_bad_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
     let dir = tempfile::tempdir().expect("dir");
     let db = format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display());
-    assert_refused(
-        &pagos(
-            &["serve", "--database-url", &db, "--gateway-timeout", "soon"],
+    let table: [BadSetting; 10] = [
+        (&["--gateway-timeout", "soon"], &[], "PAGOS_GATEWAY_TIMEOUT"),
+        (
             &[],
-        ),
-        "PAGOS_GATEWAY_TIMEOUT",
-    );
-    assert_refused(
-        &pagos(
-            &["serve", "--database-url", &db],
             &[("PAGOS_GATEWAY_RETRIES", "-1")],
+            "PAGOS_GATEWAY_RETRIES",
         ),
-        "PAGOS_GATEWAY_RETRIES",
-    );
-    assert_refused(
-        &pagos(&["serve", "--database-url", &db], &[("PAGOS_LEASE", "5s")]),
-        "PAGOS_LEASE",
-    );
-    assert_refused(
-        &pagos(&["serve", "--database-url", &db, "--gateway", "http"], &[]),
-        "PAGOS_GATEWAY_URL",
-    );
-    assert_refused(
-        &pagos(
-            &["serve", "--database-url", &db, "--gateway", "paypal"],
+        (&[], &[("PAGOS_LEASE", "5s")], "PAGOS_LEASE"),
+        (&["--gateway", "http"], &[], "PAGOS_GATEWAY_URL"),
+        (&["--gateway", "paypal"], &[], "PAGOS_GATEWAY"),
+        (
             &[],
+            &[("PAGOS_AUTH_FAILURES_PER_MINUTE", "0")],
+            "PAGOS_AUTH_FAILURES_PER_MINUTE",
         ),
-        "PAGOS_GATEWAY",
-    );
+        (&[], &[("PAGOS_KEY_RETENTION", "1h")], "PAGOS_KEY_RETENTION"),
+        (
+            &[],
+            &[("PAGOS_MAX_MONTO", "9007199254740992")],
+            "PAGOS_MAX_MONTO",
+        ),
+        (
+            &[],
+            &[("PAGOS_MESSAGE_RETENTION", "1m")],
+            "PAGOS_MESSAGE_RETENTION",
+        ),
+        (
+            &[],
+            &[("PAGOS_SHUTDOWN_GRACE", "0s")],
+            "PAGOS_SHUTDOWN_GRACE",
+        ),
+    ];
+    for (flags, env, names) in table {
+        let mut args = vec!["serve", "--database-url", &db];
+        args.extend_from_slice(flags);
+        assert_refused(&pagos(&args, env), names);
+    }
     assert_refused(
         &pagos(&["serve", "--database-url", "mysql://x"], &[]),
         "PAGOS_DATABASE_URL",
-    );
-    assert_refused(
-        &pagos(
-            &["serve", "--database-url", &db],
-            &[("PAGOS_AUTH_FAILURES_PER_MINUTE", "0")],
-        ),
-        "PAGOS_AUTH_FAILURES_PER_MINUTE",
-    );
-    assert_refused(
-        &pagos(
-            &["serve", "--database-url", &db],
-            &[("PAGOS_KEY_RETENTION", "1h")],
-        ),
-        "PAGOS_KEY_RETENTION",
-    );
-    assert_refused(
-        &pagos(
-            &["serve", "--database-url", &db],
-            &[("PAGOS_MAX_MONTO", "9007199254740992")],
-        ),
-        "PAGOS_MAX_MONTO",
-    );
-    assert_refused(
-        &pagos(
-            &["serve", "--database-url", &db],
-            &[("PAGOS_MESSAGE_RETENTION", "1m")],
-        ),
-        "PAGOS_MESSAGE_RETENTION",
     );
     assert!(
         !dir.path().join("x.db").exists(),
@@ -293,44 +276,13 @@ async fn the_standalone_sandbox_gateway_follows_the_reference_protocol() {
         "same key, another body"
     );
 
-    let found: Value = http
-        .get(format!("{base}/v1/charges?reference=ref-1"))
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("JSON");
+    let found = crate::binary::get_json(&http, &format!("{base}/v1/charges?reference=ref-1")).await;
     assert_eq!(found["data"].as_array().map(Vec::len), Some(1));
-    let none: Value = http
-        .get(format!("{base}/v1/charges?reference=nope"))
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("JSON");
+    let none = crate::binary::get_json(&http, &format!("{base}/v1/charges?reference=nope")).await;
     assert_eq!(none["data"], json!([]));
-    let stats: Value = http
-        .get(format!("{base}/sandbox/stats"))
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("JSON");
+    let stats = crate::binary::get_json(&http, &format!("{base}/sandbox/stats")).await;
     assert_eq!(stats["charges"], 1);
     assert_eq!(stats["duplicatedReferences"], 0);
-}
-
-async fn get_json(http: &reqwest::Client, url: String) -> Value {
-    http.get(url)
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("JSON")
 }
 
 /// A charge of `amount` COP cents made at the standalone sandbox; its id.
@@ -409,9 +361,10 @@ async fn the_standalone_sandbox_refunds_by_the_reference_protocol() {
         "charge_not_found"
     );
 
-    let found = get_json(&http, format!("{base}/v1/refunds?reference=ref-r1")).await;
+    let found =
+        crate::binary::get_json(&http, &format!("{base}/v1/refunds?reference=ref-r1")).await;
     assert_eq!(found["data"], json!([first]));
-    let none = get_json(&http, format!("{base}/v1/refunds?reference=ref-r2")).await;
+    let none = crate::binary::get_json(&http, &format!("{base}/v1/refunds?reference=ref-r2")).await;
     assert_eq!(none["data"], json!([]), "a refused refund was never made");
 
     // The library's reference adapter reads the process's answers the same way.
@@ -446,7 +399,7 @@ async fn the_standalone_sandbox_refunds_by_the_reference_protocol() {
         "{rest:?}"
     );
 
-    let stats = get_json(&http, format!("{base}/sandbox/stats")).await;
+    let stats = crate::binary::get_json(&http, &format!("{base}/sandbox/stats")).await;
     let refunds = &stats["refunds"];
     assert_eq!(refunds["made"], 2, "{stats}");
     assert_eq!(refunds["succeeded"], 2, "{stats}");
@@ -484,7 +437,7 @@ async fn the_standalone_sandbox_settles_a_pending_refund_and_delivers_its_signed
         let http = http.clone();
         async move {
             for _ in 0..100 {
-                let found = get_json(&http, url.clone()).await;
+                let found = crate::binary::get_json(&http, &url).await;
                 if found["data"][0]["status"] != "pending" && found["data"][0] != Value::Null {
                     return found["data"][0].clone();
                 }
@@ -580,7 +533,8 @@ async fn the_standalone_sandbox_refunds_then_drops_the_connection_under_reset_ra
         },
         "the answer breaks mid-way"
     );
-    let charges = get_json(&http, format!("{base}/v1/charges?reference=pay-reset")).await;
+    let charges =
+        crate::binary::get_json(&http, &format!("{base}/v1/charges?reference=pay-reset")).await;
     let charge = charges["data"][0]["id"].clone();
     for _ in 0..2 {
         let answer = http
@@ -598,12 +552,13 @@ async fn the_standalone_sandbox_refunds_then_drops_the_connection_under_reset_ra
         };
         assert!(broken, "the refund's answer breaks mid-way");
     }
-    let stats = get_json(&http, format!("{base}/sandbox/stats")).await;
+    let stats = crate::binary::get_json(&http, &format!("{base}/sandbox/stats")).await;
     assert_eq!(
         stats["refunds"]["made"], 1,
         "made once, however often sent: {stats}"
     );
-    let found = get_json(&http, format!("{base}/v1/refunds?reference=ref-reset")).await;
+    let found =
+        crate::binary::get_json(&http, &format!("{base}/v1/refunds?reference=ref-reset")).await;
     assert_eq!(found["data"][0]["status"], "failed");
     assert_eq!(found["data"][0]["failureCode"], "declined");
 }
@@ -683,14 +638,7 @@ async fn the_sandbox_finishes_a_charge_whose_caller_hung_up() {
         201,
         "the charge was made and is replayed, not stuck in flight"
     );
-    let stats: Value = http
-        .get(format!("{base}/sandbox/stats"))
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("JSON");
+    let stats = crate::binary::get_json(&http, &format!("{base}/sandbox/stats")).await;
     assert_eq!(stats["charges"], 1);
 }
 

@@ -5,13 +5,12 @@
 //! reconciled; the payment must end final with at most one charge at the gateway, and a
 //! retry of the client's key must get the final answer.
 
-use crate::helpers::{API_KEY, Backend, FakeGateway, TestDatabase, json, payment_body};
+use crate::helpers::{API_KEY, Backend, FakeGateway, json, payment_body};
 use crate::on_both_databases;
-use crate::process::{Serve, reconcile_once};
+use crate::process::{Serve, World, reconcile_once};
 use pagos::entities::payment;
-use sea_orm::{DatabaseConnection, EntityTrait};
+use sea_orm::EntityTrait;
 use std::time::Duration;
-use wiremock::MockServer;
 
 on_both_databases!(
     a_crash_after_registering_is_sent_once_by_the_reconciler,
@@ -25,33 +24,7 @@ on_both_databases!(
 /// Shared flags: a lease short enough to wait out in a test.
 const LEASE: Duration = Duration::from_millis(1000);
 
-struct World {
-    database: TestDatabase,
-    db: DatabaseConnection,
-    gateway: MockServer,
-    fake: FakeGateway,
-}
-
 impl World {
-    async fn new(backend: Backend, fake: FakeGateway) -> World {
-        let database = TestDatabase::create(&backend).await;
-        let settings = crate::helpers::settings(&database.url, &[]);
-        let db = pagos::app::open_and_migrate(&settings.database)
-            .await
-            .expect("database");
-        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
-            .await
-            .expect("merchant");
-        let gateway = MockServer::start().await;
-        fake.mount(&gateway).await;
-        World {
-            database,
-            db,
-            gateway,
-            fake,
-        }
-    }
-
     fn args(&self) -> Vec<String> {
         [
             "--database-url",
@@ -91,40 +64,22 @@ impl World {
     /// `n` payments left ENVIADA and due by crashes, `charged(i)` of them charged at the
     /// gateway before the crash.
     async fn due_enviada(&self, n: usize, charged: impl Fn(usize) -> bool) {
-        let merchant = pagos::entities::merchant::Entity::find()
-            .one(&self.db)
-            .await
-            .expect("query")
-            .expect("merchant")
-            .id;
+        let merchant = crate::helpers::acme(&self.db).await;
         let at = pagos::db::now() - chrono::TimeDelta::minutes(5);
         let mut rows = Vec::new();
         for i in 0..n {
-            let id = uuid::Uuid::now_v7();
+            let row = crate::helpers::left_payment(
+                merchant,
+                &format!("k-{i}"),
+                pagos::entities::payment::PaymentState::Enviada,
+                1,
+                format!("pagos-test-{i}"),
+                at,
+            );
             if charged(i) {
-                self.fake.preload(&id.to_string(), "succeeded");
+                self.fake.preload(&row.id.to_string(), "succeeded");
             }
-            rows.push(payment::ActiveModel::from(payment::Model {
-                id,
-                merchant_id: merchant,
-                idempotency_key: format!("k-{i}"),
-                credit_id: "42".into(),
-                amount: 250000,
-                currency: "COP".into(),
-                description: None,
-                state: pagos::entities::payment::PaymentState::Enviada,
-                version: 1,
-                attempts: 1,
-                gateway_key: format!("pagos-test-{i}"),
-                payment_method: None,
-                gateway_ref: None,
-                decline_code: None,
-                next_attempt_at: at,
-                created_at: at,
-                updated_at: at,
-                generation: 0,
-                claimed_until: None,
-            }));
+            rows.push(payment::ActiveModel::from(row));
         }
         for chunk in rows.chunks(100) {
             payment::Entity::insert_many(chunk.to_vec())
@@ -142,12 +97,6 @@ impl World {
             .count(&self.db)
             .await
             .expect("count")
-    }
-
-    async fn only_payment(&self) -> payment::Model {
-        let all = payment::Entity::find().all(&self.db).await.expect("query");
-        assert_eq!(all.len(), 1, "one payment registered");
-        all.into_iter().next().expect("one")
     }
 }
 
@@ -225,13 +174,9 @@ async fn a_crash_after_marking_sent_is_resent_with_the_same_key_once(backend: Ba
         "died before the call"
     );
     settles_with_one_charge_and_the_retry_gets_the_final_answer(&world, left.id).await;
-    let keys: Vec<String> = world
-        .gateway
-        .received_requests()
+    let keys: Vec<String> = crate::helpers::received(&world.gateway, "POST", |_| true)
         .await
-        .unwrap_or_default()
         .iter()
-        .filter(|r| r.method.as_str() == "POST")
         .map(|r| {
             r.headers["idempotency-key"]
                 .to_str()
@@ -258,14 +203,9 @@ async fn a_crash_after_the_gateway_charged_is_settled_from_the_provider_without_
         "charged, then the crash"
     );
     settles_with_one_charge_and_the_retry_gets_the_final_answer(&world, left.id).await;
-    let posts = world
-        .gateway
-        .received_requests()
+    let posts = crate::helpers::received(&world.gateway, "POST", |_| true)
         .await
-        .unwrap_or_default()
-        .iter()
-        .filter(|r| r.method.as_str() == "POST")
-        .count();
+        .len();
     assert_eq!(posts, 1, "settled from the lookup, never sent again");
 }
 
@@ -362,12 +302,7 @@ async fn three_processes_decide_every_due_payment_exactly_once() {
     for request in &requests {
         match request.method.as_str() {
             "GET" => {
-                let reference = request
-                    .url
-                    .query_pairs()
-                    .find(|(k, _)| k == "reference")
-                    .map(|(_, v)| v.into_owned())
-                    .unwrap_or_default();
+                let reference = crate::helpers::query_param(request, "reference");
                 *lookups.entry(reference).or_default() += 1;
             }
             _ => {

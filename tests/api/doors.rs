@@ -2,7 +2,7 @@
 //! the request timeout, load shedding past `PAGOS_MAX_IN_FLIGHT`, the admin door of
 //! `PAGOS_ADMIN_BIND`, and `/metrics` that never queries the database.
 
-use crate::helpers::{API_KEY, Backend, FakeGateway, Spawn, TestApp, has_line, json, payment_body};
+use crate::helpers::{API_KEY, Backend, FakeGateway, TestApp, has_line, json, payment_body};
 use crate::on_both_databases;
 use crate::process::{Serve, free_port};
 use serde_json::Value;
@@ -110,17 +110,18 @@ async fn half_sent_request_heads_are_closed_at_the_header_timeout_while_healthz_
 async fn a_request_longer_than_the_request_timeout_is_answered_503_and_its_payment_still_settles(
     backend: Backend,
 ) {
-    let app = Spawn::new(backend)
-        .flags(&[
+    let app = crate::helpers::started(
+        backend,
+        &[
             "--request-timeout",
             "1s",
             "--gateway-timeout",
             "10s",
             "--gateway-retries",
             "0",
-        ])
-        .start()
-        .await;
+        ],
+    )
+    .await;
     let gateway_delay = Duration::from_secs(4);
     let fake = FakeGateway::charging("succeeded").with_delay(gateway_delay);
     fake.mount(app.gateway()).await;
@@ -181,17 +182,18 @@ async fn retry_until_final(app: &TestApp, key: &str) -> (u16, Option<String>, Va
 }
 
 async fn past_max_in_flight_a_request_is_refused_at_once_and_stores_nothing(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&[
+    let app = crate::helpers::started(
+        backend,
+        &[
             "--max-in-flight",
             "2",
             "--gateway-timeout",
             "10s",
             "--gateway-retries",
             "0",
-        ])
-        .start()
-        .await;
+        ],
+    )
+    .await;
     let gateway_delay = Duration::from_secs(3);
     let fake = FakeGateway::charging("succeeded").with_delay(gateway_delay);
     fake.mount(app.gateway()).await;
@@ -331,11 +333,7 @@ async fn with_an_admin_bind_admin_paths_and_metrics_answer_only_on_the_admin_add
 async fn a_scrape_reads_memory_only_and_keeps_the_last_gauges_when_the_database_is_gone(
     backend: Backend,
 ) {
-    let app = Spawn::new(backend)
-        .sandbox()
-        .flags(&["--metrics-refresh", "1h"])
-        .start()
-        .await;
+    let app = crate::helpers::started_sandbox(backend, &["--metrics-refresh", "1h"]).await;
     let before = app
         .scrape_until("the refresh at start", |m| {
             has_line(m, "pagos_database_up 1")
@@ -361,11 +359,7 @@ async fn a_scrape_reads_memory_only_and_keeps_the_last_gauges_when_the_database_
 }
 
 async fn the_gauges_follow_the_database_at_each_refresh(backend: Backend) {
-    let app = Spawn::new(backend)
-        .sandbox()
-        .flags(&["--metrics-refresh", "100ms"])
-        .start()
-        .await;
+    let app = crate::helpers::started_sandbox(backend, &["--metrics-refresh", "100ms"]).await;
     assert_eq!(app.pay("k-1", &payment_body()).await.status(), 201);
     app.scrape_until("the new payment", |m| {
         has_line(m, "pagos_payments{estado=\"COMPLETADA\"} 1") && has_line(m, "pagos_database_up 1")

@@ -42,10 +42,7 @@ async fn a_charge_for_another_amount_goes_to_review_instead_of_settling(backend:
 async fn refused_credentials_leave_the_payment_to_the_reconciler_instead_of_failing_it(
     backend: Backend,
 ) {
-    let app = Spawn::new(backend)
-        .flags(&["--gateway-retries", "1"])
-        .start()
-        .await;
+    let app = crate::helpers::started(backend, &["--gateway-retries", "1"]).await;
     charges()
         .respond_with(ResponseTemplate::new(401).set_body_string(r#"{"error":"bad secret"}"#))
         .mount(app.gateway())
@@ -122,10 +119,11 @@ async fn a_declined_payment_is_402_stored_and_replayed(backend: Backend) {
 async fn a_gateway_that_hangs_past_the_timeout_leaves_the_payment_enviada_with_202(
     backend: Backend,
 ) {
-    let app = Spawn::new(backend)
-        .flags(&["--gateway-timeout", "200ms", "--gateway-retries", "2"])
-        .start()
-        .await;
+    let app = crate::helpers::started(
+        backend,
+        &["--gateway-timeout", "200ms", "--gateway-retries", "2"],
+    )
+    .await;
     charges()
         .respond_with(Charge::succeeded().respond_later(Duration::from_secs(5)))
         .mount(app.gateway())

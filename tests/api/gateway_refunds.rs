@@ -160,13 +160,7 @@ fn policy(retries: usize) -> RetryPolicy {
 }
 
 async fn created(server: &MockServer, adapter: Adapter) -> Vec<Request> {
-    server
-        .received_requests()
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r.method.as_str() == "POST" && r.url.path() == adapter.create_path())
-        .collect()
+    crate::helpers::received(server, "POST", |p| p == adapter.create_path()).await
 }
 
 fn key_of(request: &Request, adapter: Adapter) -> String {
@@ -659,13 +653,9 @@ async fn the_mercadopago_lookup_finds_a_refund_only_by_the_id_an_answer_gave() {
         .await
         .expect("answered");
     assert!(unknown.is_empty(), "{unknown:?}");
-    let gets = server
-        .received_requests()
+    let gets = crate::helpers::received(&server, "GET", |_| true)
         .await
-        .unwrap_or_default()
-        .iter()
-        .filter(|r| r.method.as_str() == "GET")
-        .count();
+        .len();
     assert_eq!(gets, 1, "nothing to ask without the refund's id");
 }
 

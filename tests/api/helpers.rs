@@ -4,7 +4,9 @@
 use clap::Parser;
 use pagos::config::{Cli, Command, Settings};
 use pagos::gateway::Gateway;
-use sea_orm::{ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter,
+};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::{Arc, Once};
@@ -85,6 +87,23 @@ pub struct TestDatabase {
 }
 
 impl TestDatabase {
+    /// A new database, migrated, with the merchant `acme` (`API_KEY`).
+    pub async fn with_acme(backend: &Backend) -> (TestDatabase, DatabaseConnection) {
+        let database = TestDatabase::create(backend).await;
+        let db = database.migrated().await;
+        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
+            .await
+            .expect("merchant");
+        (database, db)
+    }
+
+    /// This database, migrated.
+    pub async fn migrated(&self) -> DatabaseConnection {
+        pagos::app::open_and_migrate(&settings(&self.url, &[]).database)
+            .await
+            .expect("database")
+    }
+
     pub async fn create(backend: &Backend) -> TestDatabase {
         match backend {
             Backend::Sqlite => {
@@ -171,6 +190,8 @@ pub struct TestApp {
     pub gateway: Option<MockServer>,
     _database: TestDatabase,
     _server: tokio::task::JoinHandle<()>,
+    /// Stops the delivery worker (if any) when the app is dropped.
+    _stop_delivering: tokio::sync::watch::Sender<bool>,
 }
 
 pub struct Spawn<'a> {
@@ -186,6 +207,8 @@ pub struct Spawn<'a> {
     /// `PAGOS_GATEWAY` when the gateway is wiremock or the test's own: `http` (the
     /// reference protocol), `stripe` or `mercadopago`.
     pub provider: &'a str,
+    /// Run the webhook delivery worker beside the server, as `pagos serve` does.
+    pub delivering: bool,
 }
 
 impl<'a> Spawn<'a> {
@@ -197,7 +220,14 @@ impl<'a> Spawn<'a> {
             gateway_url: None,
             validate: true,
             provider: "http",
+            delivering: false,
         }
+    }
+
+    /// With the webhook delivery worker.
+    pub fn delivering(mut self) -> Self {
+        self.delivering = true;
+        self
     }
 
     /// Speak `provider`'s API (`stripe`, `mercadopago`) to the wiremock gateway.
@@ -274,6 +304,13 @@ impl<'a> Spawn<'a> {
             .expect("merchant");
         let gw: Arc<dyn Gateway> = pagos::app::gateway_from(&settings).expect("gateway");
         let state = pagos::app::build(db.clone(), settings, gw);
+        let (stop_delivering, stopped) = tokio::sync::watch::channel(false);
+        if self.delivering {
+            tokio::spawn(pagos::dispatcher::run_periodically(
+                pagos::app::dispatcher_of(&state),
+                stopped,
+            ));
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -291,6 +328,7 @@ impl<'a> Spawn<'a> {
             gateway,
             _database: database,
             _server: server,
+            _stop_delivering: stop_delivering,
         }
     }
 }
@@ -327,19 +365,47 @@ impl TestApp {
             .expect("request sent")
     }
 
+    /// `POST /v1/pagos` as acme with `payment_body()`, in a task of its own: a request
+    /// still running while the test looks.
+    pub fn pay_in_background(
+        &self,
+        key: &str,
+    ) -> tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>> {
+        let request = self
+            .http
+            .post(self.url("/v1/pagos"))
+            .bearer_auth(API_KEY)
+            .header("Idempotency-Key", key)
+            .json(&payment_body());
+        tokio::spawn(request.send())
+    }
+
+    /// `GET /metrics`, as text.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("sent")
+            .text()
+            .await
+            .expect("text")
+    }
+
+    /// `POST /v1/pagos` as acme; the status and the JSON body.
+    pub async fn pay_read(&self, key: &str, body: &Value) -> (u16, Value) {
+        let answer = self.pay(key, body).await;
+        let status = answer.status().as_u16();
+        (status, json(answer).await)
+    }
+
     pub async fn pay(&self, key: &str, body: &Value) -> reqwest::Response {
         self.pay_as(API_KEY, key, body).await
     }
 
     /// Charges the gateway received (POST /v1/charges).
     pub async fn charges_seen(&self) -> Vec<Request> {
-        self.gateway()
-            .received_requests()
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|r| r.method.as_str() == "POST" && r.url.path() == "/v1/charges")
-            .collect()
+        received(self.gateway(), "POST", |p| p == "/v1/charges").await
     }
 
     pub async fn count_rows(&self) -> (u64, u64) {
@@ -566,12 +632,7 @@ impl Respond for FakeLookup {
         if state.lookups_fail {
             return ResponseTemplate::new(503).set_body_json(json!({"error": "unavailable"}));
         }
-        let reference = request
-            .url
-            .query_pairs()
-            .find(|(k, _)| k == "reference")
-            .map(|(_, v)| v.into_owned())
-            .unwrap_or_default();
+        let reference = query_param(request, "reference");
         let data = state
             .by_reference
             .get(&reference)
@@ -621,15 +682,7 @@ impl TestApp {
     pub async fn scrape_until(&self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
         let mut text = String::new();
         for _ in 0..200 {
-            text = self
-                .http
-                .get(self.url("/metrics"))
-                .send()
-                .await
-                .expect("sent")
-                .text()
-                .await
-                .expect("text");
+            text = self.metrics().await;
             if wanted(&text) {
                 return text;
             }
@@ -642,4 +695,101 @@ impl TestApp {
 /// `text` (OpenMetrics) has exactly this line.
 pub fn has_line(text: &str, line: &str) -> bool {
     text.lines().any(|l| l == line)
+}
+
+/// The value of the query parameter `name` of `request` (empty when absent).
+pub fn query_param(request: &Request, name: &str) -> String {
+    request
+        .url
+        .query_pairs()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// A provider's recorded request or answer: `fixtures/<provider>/<name>.json`.
+pub fn fixture(provider: &str, name: &str) -> Value {
+    let path = format!(
+        "{}/fixtures/{provider}/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("no fixture {path}: {e}"));
+    serde_json::from_str(&text).expect("fixture is JSON")
+}
+
+/// The requests `server` received with `method` on a path `path` accepts, in order.
+pub async fn received(
+    server: &MockServer,
+    method: &str,
+    path: impl Fn(&str) -> bool,
+) -> Vec<Request> {
+    server
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.method.as_str() == method && path(r.url.path()))
+        .collect()
+}
+
+/// The id of the merchant `acme`.
+pub async fn acme(db: &DatabaseConnection) -> uuid::Uuid {
+    pagos::entities::merchant::Entity::find()
+        .filter(pagos::entities::merchant::Column::Name.eq("acme"))
+        .one(db)
+        .await
+        .expect("query")
+        .expect("acme")
+        .id
+}
+
+/// A payment of acme's as a crash or an older version leaves it: `state`, sent `attempts`
+/// times with `gateway_key`, created and due at `at`, nobody holding it.
+pub fn left_payment(
+    merchant: uuid::Uuid,
+    client_key: &str,
+    state: pagos::entities::payment::PaymentState,
+    attempts: i32,
+    gateway_key: String,
+    at: chrono::DateTime<chrono::Utc>,
+) -> pagos::entities::payment::Model {
+    pagos::entities::payment::Model {
+        id: uuid::Uuid::now_v7(),
+        merchant_id: merchant,
+        idempotency_key: client_key.to_owned(),
+        credit_id: "42".into(),
+        amount: 250_000,
+        currency: "COP".into(),
+        description: None,
+        payment_method: None,
+        state,
+        version: i64::from(attempts),
+        attempts,
+        gateway_key,
+        gateway_ref: None,
+        decline_code: None,
+        next_attempt_at: at,
+        created_at: at,
+        updated_at: at,
+        generation: 0,
+        claimed_until: None,
+    }
+}
+
+/// pagos with `flags` over a wiremock gateway.
+pub async fn started(backend: Backend, flags: &[&str]) -> TestApp {
+    Spawn::new(backend).flags(flags).start().await
+}
+
+/// pagos with `flags` over the in-process sandbox.
+pub async fn started_sandbox(backend: Backend, flags: &[&str]) -> TestApp {
+    Spawn::new(backend).sandbox().flags(flags).start().await
+}
+
+/// The `field` of every item of `value[array]`, in order.
+pub fn listed<'a>(value: &'a Value, array: &str, field: &str) -> Vec<&'a str> {
+    value[array]
+        .as_array()
+        .map(|items| items.iter().filter_map(|i| i[field].as_str()).collect())
+        .unwrap_or_default()
 }

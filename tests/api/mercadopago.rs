@@ -12,7 +12,6 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, Request, Respond, ResponseTemplate};
 
@@ -20,9 +19,6 @@ on_both_databases!(
     the_request_pagos_sends_is_mercadopagos_documented_shape,
     every_status_in_the_mapping_table_maps_as_documented,
     what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_stored,
-    a_timeout_then_a_search_that_finds_the_payment_settles_it,
-    a_search_miss_inside_the_key_window_resends_with_the_same_key,
-    a_search_miss_outside_the_key_window_goes_to_manual_review_without_a_resend,
     a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_is_refused,
     a_duplicated_notification_applies_once_and_asks_mercadopago_once,
     a_notification_mercadopago_cannot_be_asked_about_is_refused_with_503_and_nothing_recorded,
@@ -36,34 +32,7 @@ const WEBHOOK_SECRET: &str = "mp_webhook_secret_test";
 const TOKEN: &str = "ff8080814c11e237014c1ff593b57b4d";
 
 fn fixture(name: &str) -> Value {
-    let text = match name {
-        "payment_approved" => include_str!("../../fixtures/mercadopago/payment_approved.json"),
-        "payment_pending" => include_str!("../../fixtures/mercadopago/payment_pending.json"),
-        "payment_in_process" => include_str!("../../fixtures/mercadopago/payment_in_process.json"),
-        "payment_authorized" => include_str!("../../fixtures/mercadopago/payment_authorized.json"),
-        "payment_in_mediation" => {
-            include_str!("../../fixtures/mercadopago/payment_in_mediation.json")
-        }
-        "payment_rejected" => include_str!("../../fixtures/mercadopago/payment_rejected.json"),
-        "payment_cancelled" => include_str!("../../fixtures/mercadopago/payment_cancelled.json"),
-        "payment_refunded" => include_str!("../../fixtures/mercadopago/payment_refunded.json"),
-        "payment_charged_back" => {
-            include_str!("../../fixtures/mercadopago/payment_charged_back.json")
-        }
-        "payment_request" => include_str!("../../fixtures/mercadopago/payment_request.json"),
-        "error_bad_request" => include_str!("../../fixtures/mercadopago/error_bad_request.json"),
-        "error_internal" => include_str!("../../fixtures/mercadopago/error_internal.json"),
-        "search_empty" => include_str!("../../fixtures/mercadopago/search_empty.json"),
-        "search_found" => include_str!("../../fixtures/mercadopago/search_found.json"),
-        "notification_payment_updated" => {
-            include_str!("../../fixtures/mercadopago/notification_payment_updated.json")
-        }
-        "notification_merchant_order" => {
-            include_str!("../../fixtures/mercadopago/notification_merchant_order.json")
-        }
-        other => panic!("no fixture {other}"),
-    };
-    serde_json::from_str(text).expect("fixture is JSON")
+    crate::helpers::fixture("mercadopago", name)
 }
 
 async fn spawn(backend: Backend, flags: &[&'static str]) -> TestApp {
@@ -121,7 +90,7 @@ impl Respond for ByDescription {
 }
 
 /// A stateful Mercado Pago: payments kept by idempotency key (a key reused answers the
-/// same payment), found by search unless the index lags, and read by id.
+/// same payment), found by search, and read by id.
 #[derive(Clone)]
 struct FakeMercadoPago(Arc<Mutex<FakeState>>);
 
@@ -129,8 +98,6 @@ struct FakeState {
     new_payments: &'static str,
     by_key: HashMap<String, Value>,
     by_id: HashMap<u64, Value>,
-    search_lags: bool,
-    first_answer_delay: Duration,
     reads_fail: bool,
 }
 
@@ -140,23 +107,12 @@ impl FakeMercadoPago {
             new_payments,
             by_key: HashMap::new(),
             by_id: HashMap::new(),
-            search_lags: false,
-            first_answer_delay: Duration::ZERO,
             reads_fail: false,
         })))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, FakeState> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn answering_late(self, delay: Duration) -> Self {
-        self.lock().first_answer_delay = delay;
-        self
-    }
-
-    fn search_lags(&self, lags: bool) {
-        self.lock().search_lags = lags;
     }
 
     fn reads_fail(&self, fail: bool) {
@@ -179,14 +135,6 @@ impl FakeMercadoPago {
                 *payment = next.clone();
             }
         }
-    }
-
-    fn payments_for(&self, reference: &str) -> usize {
-        self.lock()
-            .by_id
-            .values()
-            .filter(|p| p["external_reference"] == reference)
-            .count()
     }
 
     async fn mount(&self, server: &wiremock::MockServer) {
@@ -227,9 +175,7 @@ impl Respond for FakeCreate {
         let id = payment["id"].as_u64().expect("id");
         state.by_key.insert(key, payment.clone());
         state.by_id.insert(id, payment.clone());
-        ResponseTemplate::new(201)
-            .set_body_json(payment)
-            .set_delay(state.first_answer_delay)
+        ResponseTemplate::new(201).set_body_json(payment)
     }
 }
 
@@ -237,17 +183,12 @@ struct FakeSearch(FakeMercadoPago);
 
 impl Respond for FakeSearch {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let reference = request
-            .url
-            .query_pairs()
-            .find(|(k, _)| k == "external_reference")
-            .map(|(_, v)| v.into_owned())
-            .unwrap_or_default();
+        let reference = crate::helpers::query_param(request, "external_reference");
         let state = self.0.lock();
         let found: Vec<Value> = state
             .by_id
             .values()
-            .filter(|p| !state.search_lags && p["external_reference"] == reference.as_str())
+            .filter(|p| p["external_reference"] == reference.as_str())
             .cloned()
             .collect();
         let mut answer = if found.is_empty() {
@@ -286,13 +227,7 @@ impl Respond for FakeRead {
 }
 
 async fn requests(app: &TestApp, verb: &str, filter: impl Fn(&str) -> bool) -> Vec<Request> {
-    app.gateway()
-        .received_requests()
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r.method.as_str() == verb && filter(r.url.path()))
-        .collect()
+    crate::helpers::received(app.gateway(), verb, filter).await
 }
 
 async fn posts(app: &TestApp) -> Vec<Request> {
@@ -307,23 +242,14 @@ async fn reads(app: &TestApp) -> usize {
     .len()
 }
 
-async fn pay(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
-    let answer = app.pay(key, body).await;
-    let status = answer.status().as_u16();
-    (status, json(answer).await)
-}
-
-fn report_says(report: &Value, field: &str) {
-    assert_eq!(report["examinados"], 1, "{report}");
-    assert_eq!(report[field], 1, "{report}");
-}
-
 async fn the_request_pagos_sends_is_mercadopagos_documented_shape(backend: Backend) {
     let app = spawn(backend, &[]).await;
     FakeMercadoPago::new("payment_approved")
         .mount(app.gateway())
         .await;
-    let (status, pago) = pay(&app, "k-shape", &card("Cuota 3 del crédito 42")).await;
+    let (status, pago) = app
+        .pay_read("k-shape", &card("Cuota 3 del crédito 42"))
+        .await;
     assert_eq!(status, 201, "{pago}");
     let id = pago["id"].as_str().expect("id");
     assert_eq!(pago["estado"], "COMPLETADA");
@@ -409,7 +335,7 @@ async fn every_status_in_the_mapping_table_maps_as_documented(backend: Backend) 
         ),
     ] {
         let key = format!("k-map-{}", scenario.replace(' ', "-"));
-        let (got, answer) = pay(&app, &key, &card(scenario)).await;
+        let (got, answer) = app.pay_read(&key, &card(scenario)).await;
         assert_eq!(got, status, "{scenario}: {answer}");
         let pago = if got == 402 { &answer["pago"] } else { &answer };
         assert_eq!(pago["estado"], estado, "{scenario}");
@@ -443,111 +369,20 @@ async fn what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_store
             vec!["moneda"],
         ),
     ] {
-        let (status, problem) = pay(&app, "k-422", &body).await;
+        let (status, problem) = app.pay_read("k-422", &body).await;
         assert_eq!(status, 422, "{body}");
-        let got: Vec<&str> = problem["errores"]
-            .as_array()
-            .expect("errores")
-            .iter()
-            .filter_map(|e| e["campo"].as_str())
-            .collect();
+        let got = crate::helpers::listed(&problem, "errores", "campo");
         assert_eq!(got, fields, "{body}");
     }
     assert_eq!(app.count_rows().await, (0, 0), "a 422 stores nothing");
     assert!(posts(&app).await.is_empty());
     let cash = json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
                       "medioPago": {"id": "efecty", "email": "payer@example.com"}});
-    let (status, _) = pay(&app, "k-422", &cash).await;
+    let (status, _) = app.pay_read("k-422", &cash).await;
     assert_eq!(status, 201, "the same key works with a corrected body");
     let body: Value = serde_json::from_slice(&posts(&app).await[0].body).expect("JSON");
     assert_eq!(body["payment_method_id"], "efecty");
     assert!(body.get("token").is_none() && body.get("installments").is_none());
-}
-
-async fn a_timeout_then_a_search_that_finds_the_payment_settles_it(backend: Backend) {
-    let app = spawn(
-        backend,
-        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
-    )
-    .await;
-    let fake = FakeMercadoPago::new("payment_approved").answering_late(Duration::from_secs(2));
-    fake.mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-timeout", &card("late")).await;
-    assert_eq!(status, 202, "{pago}");
-    let id = pago["id"].as_str().expect("id").to_owned();
-
-    report_says(&app.reconcile(&id).await, "completados");
-    let payment = app.payment(&id).await;
-    assert_eq!(payment.state, "COMPLETADA");
-    assert_eq!(payment.gateway_ref, Some(mp_id(&id).to_string()));
-    assert_eq!(posts(&app).await.len(), 1, "found: nothing resent");
-    let searches = requests(&app, "GET", |p| p == "/v1/payments/search").await;
-    assert_eq!(searches.len(), 1);
-    let asked: HashMap<String, String> = searches[0].url.query_pairs().into_owned().collect();
-    assert_eq!(asked.get("external_reference"), Some(&id));
-}
-
-async fn a_search_miss_inside_the_key_window_resends_with_the_same_key(backend: Backend) {
-    let app = spawn(
-        backend,
-        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
-    )
-    .await;
-    let fake = FakeMercadoPago::new("payment_approved").answering_late(Duration::from_secs(2));
-    fake.search_lags(true);
-    fake.mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-resend", &card("lost answer")).await;
-    assert_eq!(status, 202);
-    let id = pago["id"].as_str().expect("id").to_owned();
-
-    report_says(&app.reconcile(&id).await, "completados");
-    let sent = posts(&app).await;
-    assert_eq!(sent.len(), 2, "the first try and the reconciler's resend");
-    assert_eq!(
-        sent[0].headers["x-idempotency-key"],
-        sent[1].headers["x-idempotency-key"]
-    );
-    assert_eq!(sent[0].body, sent[1].body, "the same body");
-    assert_eq!(fake.payments_for(&id), 1, "one payment at Mercado Pago");
-}
-
-async fn a_search_miss_outside_the_key_window_goes_to_manual_review_without_a_resend(
-    backend: Backend,
-) {
-    let app = spawn(
-        backend,
-        &[
-            "--gateway-timeout",
-            "200ms",
-            "--gateway-retries",
-            "0",
-            "--gateway-key-window",
-            "1s",
-        ],
-    )
-    .await;
-    Mock::given(method("POST"))
-        .and(path("/v1/payments"))
-        .respond_with(ResponseTemplate::new(500).set_body_json(fixture("error_internal")))
-        .mount(app.gateway())
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/payments/search"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(fixture("search_empty")))
-        .mount(app.gateway())
-        .await;
-    let (status, pago) = pay(&app, "k-outside", &card("unknown")).await;
-    assert_eq!(status, 202);
-    let id = pago["id"].as_str().expect("id").to_owned();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-
-    report_says(&app.reconcile(&id).await, "revisionManual");
-    assert_eq!(
-        posts(&app).await.len(),
-        1,
-        "never resent outside the window"
-    );
-    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
 }
 
 /// `x-signature` as Mercado Pago computes it, here independently of pagos' code.
@@ -644,7 +479,7 @@ async fn recorded(app: &TestApp) -> (u64, u64) {
 async fn pending_payment(app: &TestApp, key: &str) -> String {
     let cash = json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
                       "medioPago": {"id": "efecty", "email": "payer@example.com"}});
-    let (status, pago) = pay(app, key, &cash).await;
+    let (status, pago) = app.pay_read(key, &cash).await;
     assert_eq!(status, 202, "{pago}");
     pago["id"].as_str().expect("id").to_owned()
 }
@@ -762,7 +597,7 @@ async fn a_refund_of_a_completed_payment_sends_it_to_manual_review(backend: Back
     let app = spawn(backend, &[]).await;
     let fake = FakeMercadoPago::new("payment_approved");
     fake.mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-refund", &card("refunded later")).await;
+    let (status, pago) = app.pay_read("k-refund", &card("refunded later")).await;
     assert_eq!(status, 201);
     let id = pago["id"].as_str().expect("id").to_owned();
     let data_id = mp_id(&id).to_string();
@@ -779,17 +614,6 @@ async fn a_refund_of_a_completed_payment_sends_it_to_manual_review(backend: Back
         201,
         "what the client was told stays frozen"
     );
-}
-
-async fn metrics(app: &TestApp) -> String {
-    app.http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("sent")
-        .text()
-        .await
-        .expect("text")
 }
 
 async fn a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_asked(
@@ -821,7 +645,7 @@ async fn a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_
     assert_eq!(recorded(&app).await, (0, 0), "nothing is recorded");
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
     assert!(
-        metrics(&app)
+        app.metrics()
             .await
             .lines()
             .any(|l| l == "pagos_webhook_events_total{outcome=\"refused_timestamp\"} 4"),
@@ -895,7 +719,7 @@ async fn a_notification_fetch_is_metered_like_every_gateway_call(backend: Backen
         "ignorado",
         "a payment Mercado Pago does not have"
     );
-    let text = metrics(&app).await;
+    let text = app.metrics().await;
     for line in [
         "pagos_gateway_calls_total{operation=\"fetch\",outcome=\"found\"} 1",
         "pagos_gateway_calls_total{operation=\"fetch\",outcome=\"not_found\"} 1",

@@ -276,10 +276,7 @@ async fn a_key_past_its_expiry_is_refused_with_401(backend: Backend) {
 }
 
 async fn unknown_and_revoked_keys_sent_again_and_again_are_looked_up_once(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&["--auth-failures-per-minute", "1000"])
-        .start()
-        .await;
+    let app = crate::helpers::started(backend, &["--auth-failures-per-minute", "1000"]).await;
     let revoked = new_key(&app, "acme", &[]).await;
     let prefix: String = revoked.chars().take(16).collect();
     pagos(&app, &["merchants", "keys", "revoke", "acme", &prefix]).await;
@@ -311,10 +308,7 @@ fn client_at_another_address() -> reqwest::Client {
 async fn an_address_past_the_failure_limit_gets_429_before_any_look_up_and_others_do_not(
     backend: Backend,
 ) {
-    let app = Spawn::new(backend)
-        .flags(&["--auth-failures-per-minute", "5"])
-        .start()
-        .await;
+    let app = crate::helpers::started(backend, &["--auth-failures-per-minute", "5"]).await;
     for i in 0..5 {
         let answer = probe(&app, &app.http, &format!("sk_live_wrong_{i}")).await;
         assert_eq!(answer.status(), 401, "failure {i} is within the limit");
@@ -358,10 +352,7 @@ async fn an_address_past_the_failure_limit_gets_429_before_any_look_up_and_other
 }
 
 async fn failed_admin_tokens_count_toward_the_same_limit(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&["--auth-failures-per-minute", "3"])
-        .start()
-        .await;
+    let app = crate::helpers::started(backend, &["--auth-failures-per-minute", "3"]).await;
     let admin_as = |http: &reqwest::Client, token: &str| {
         http.get(app.url("/admin/pagos?estado=ENVIADA&limite=1"))
             .bearer_auth(token)

@@ -9,11 +9,7 @@ on_both_databases!(
 );
 
 async fn health_and_readiness_answer(backend: Backend) {
-    let app = Spawn::new(backend)
-        .sandbox()
-        .flags(&["--metrics-refresh", "100ms"])
-        .start()
-        .await;
+    let app = crate::helpers::started_sandbox(backend, &["--metrics-refresh", "100ms"]).await;
     for path in ["/healthz", "/readyz"] {
         let answer = app.http.get(app.url(path)).send().await.expect("sent");
         assert_eq!(answer.status(), 200, "{path}");

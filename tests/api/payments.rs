@@ -186,10 +186,7 @@ async fn a_payment_can_be_read_back_by_its_location(backend: Backend) {
 }
 
 async fn a_client_that_hangs_up_does_not_stop_the_payment(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&["--gateway-timeout", "5s"])
-        .start()
-        .await;
+    let app = crate::helpers::started(backend, &["--gateway-timeout", "5s"]).await;
     charges()
         .respond_with(SlowCharge(Duration::from_millis(400)))
         .mount(app.gateway())
@@ -197,17 +194,7 @@ async fn a_client_that_hangs_up_does_not_stop_the_payment(backend: Backend) {
 
     // The client hangs up once the gateway holds its charge request (so the saga is
     // certainly mid-call, however slow the machine).
-    let first = {
-        let (http, url) = (app.http.clone(), app.url("/v1/pagos"));
-        tokio::spawn(async move {
-            http.post(url)
-                .bearer_auth(crate::helpers::API_KEY)
-                .header("Idempotency-Key", "k-hangup")
-                .json(&payment_body())
-                .send()
-                .await
-        })
-    };
+    let first = app.pay_in_background("k-hangup");
     for _ in 0..200 {
         if !app.charges_seen().await.is_empty() {
             break;

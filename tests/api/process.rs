@@ -1,19 +1,46 @@
-//! Real `pagos` processes for crash tests: started, killed with SIGKILL, restarted.
+//! Real `pagos` processes for crash and shutdown tests: started, killed with SIGKILL or
+//! stopped with SIGTERM, restarted. Started as every test starts the binary
+//! (`tests/support/binary.rs`).
 
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 use tokio::process::{Child, Command};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_pagos");
+pub use crate::binary::{BIN, free_port};
+use crate::helpers::{Backend, FakeGateway, TestDatabase};
+use pagos::entities::payment;
+use sea_orm::{DatabaseConnection, EntityTrait};
+use wiremock::MockServer;
 
-/// A port free right now on the loopback interface.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+/// What a test of processes works on: a database with the merchant `acme`, and a fake
+/// gateway the processes charge through.
+pub struct World {
+    pub database: TestDatabase,
+    pub db: DatabaseConnection,
+    pub gateway: MockServer,
+    pub fake: FakeGateway,
+}
+
+impl World {
+    pub async fn new(backend: Backend, fake: FakeGateway) -> World {
+        let (database, db) = TestDatabase::with_acme(&backend).await;
+        let gateway = MockServer::start().await;
+        fake.mount(&gateway).await;
+        World {
+            database,
+            db,
+            gateway,
+            fake,
+        }
+    }
+
+    /// The one payment of the test.
+    pub async fn only_payment(&self) -> payment::Model {
+        let all = payment::Entity::find().all(&self.db).await.expect("query");
+        assert_eq!(all.len(), 1, "one payment registered");
+        all.into_iter().next().expect("one")
+    }
 }
 
 /// One `pagos serve` process. Killed when dropped.
@@ -32,18 +59,16 @@ impl Serve {
         let log = dir.path().join("serve.log");
         let port = free_port();
         let bind = format!("127.0.0.1:{port}");
-        let mut command = Command::new(BIN);
+        let mut command = crate::binary::pagos(&["serve"], None);
         command
-            .arg("serve")
             .args(args)
             .args(["--bind", &bind])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .kill_on_drop(true);
+            .stderr(std::fs::File::create(&log).expect("log file"));
         for (key, value) in env {
             command.env(key, value);
         }
+        let mut command = Command::from(command);
+        command.kill_on_drop(true);
         let child = command.spawn().expect("pagos serve starts");
         let serve = Serve {
             child,
@@ -56,16 +81,12 @@ impl Serve {
     }
 
     async fn wait_ready(&self) {
-        let http = reqwest::Client::new();
-        for _ in 0..200 {
-            if let Ok(answer) = http.get(format!("{}/healthz", self.url)).send().await
-                && answer.status() == 200
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("pagos serve did not come up:\n{}", self.logs());
+        crate::binary::wait_until_up(
+            &format!("{}/healthz", self.url),
+            Duration::from_secs(10),
+            || self.logs(),
+        )
+        .await;
     }
 
     pub fn logs(&self) -> String {
@@ -76,6 +97,24 @@ impl Serve {
     pub async fn kill(&mut self) {
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
+    }
+
+    /// SIGTERM, as an orchestrator stopping the process would.
+    pub fn terminate(&self) {
+        let pid = self.child.id().expect("still running");
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "SIGTERM sent");
+    }
+
+    /// Waits up to `within` for the process to exit; its exit status if it did.
+    pub async fn exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .ok()
+            .map(|status| status.expect("wait"))
     }
 
     /// Waits for the process to end by itself (a failpoint abort); true if it did.

@@ -116,19 +116,14 @@ impl Provider {
     }
 
     fn read_search(self, request: &Request) -> String {
-        let query = |name: &str| {
-            request
-                .url
-                .query_pairs()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.into_owned())
-                .unwrap_or_default()
-        };
+        let query = |name: &str| crate::helpers::query_param(request, name);
         match self {
             Provider::Reference => query("reference"),
+            // Strict: a search in another form finds nothing.
             Provider::Stripe => query("query")
-                .trim_start_matches("metadata['pagos_reference']:'")
-                .trim_end_matches('\'')
+                .strip_prefix("metadata['pagos_reference']:'")
+                .and_then(|rest| rest.strip_suffix('\''))
+                .unwrap_or_default()
                 .to_owned(),
             Provider::MercadoPago => query("external_reference"),
         }
@@ -247,6 +242,8 @@ struct State {
     by_reference: HashMap<String, Vec<Value>>,
     script: VecDeque<Next>,
     search_lags: bool,
+    /// The reference of every search, in order.
+    searches: Vec<String>,
     charges: usize,
     creates: Vec<Made>,
 }
@@ -276,6 +273,11 @@ impl FakeProvider {
     /// Charges made (never counting replays).
     pub fn charges(&self) -> usize {
         self.lock().charges
+    }
+
+    /// The reference every search asked for, in order (empty: not in the provider's form).
+    pub fn searches(&self) -> Vec<String> {
+        self.lock().searches.clone()
     }
 
     /// Every create request received, in order.
@@ -357,7 +359,8 @@ impl Respond for Search {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let provider = self.0.provider;
         let reference = provider.read_search(request);
-        let state = self.0.lock();
+        let mut state = self.0.lock();
+        state.searches.push(reference.clone());
         let found = if state.search_lags {
             vec![]
         } else {

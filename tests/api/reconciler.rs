@@ -84,10 +84,7 @@ async fn a_failing_lookup_reschedules_and_counts_attempts(backend: Backend) {
 async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles_it(
     backend: Backend,
 ) {
-    let app = Spawn::new(backend)
-        .flags(&["--give-up-after", "1s"])
-        .start()
-        .await;
+    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
     let fake = FakeGateway::charging("pending");
     fake.mount(app.gateway()).await;
     let id = pending_payment(&app, "k-g").await;
@@ -129,10 +126,11 @@ async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles
 }
 
 async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&["--gateway-timeout", "200ms", "--gateway-retries", "0"])
-        .start()
-        .await;
+    let app = crate::helpers::started(
+        backend,
+        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
+    )
+    .await;
     // The first try never reaches the gateway's books (it answers 503 without charging);
     // later ones charge.
     wiremock::Mock::given(wiremock::matchers::method("POST"))
@@ -169,17 +167,18 @@ async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Ba
 }
 
 async fn no_charge_outside_the_key_window_goes_to_review_without_a_resend(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&[
+    let app = crate::helpers::started(
+        backend,
+        &[
             "--gateway-timeout",
             "200ms",
             "--gateway-retries",
             "0",
             "--gateway-key-window",
             "1s",
-        ])
-        .start()
-        .await;
+        ],
+    )
+    .await;
     wiremock::Mock::given(wiremock::matchers::method("POST"))
         .and(wiremock::matchers::path("/v1/charges"))
         .respond_with(wiremock::ResponseTemplate::new(503))
@@ -231,19 +230,7 @@ async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend:
     let fake = FakeGateway::charging("declined").with_delay(Duration::from_millis(1500));
     fake.mount(app.gateway()).await;
 
-    let slow = {
-        let app_url = app.url("/v1/pagos");
-        let http = app.http.clone();
-        tokio::spawn(async move {
-            http.post(app_url)
-                .bearer_auth(crate::helpers::API_KEY)
-                .header("Idempotency-Key", "k-slow")
-                .json(&payment_body())
-                .send()
-                .await
-                .expect("sent")
-        })
-    };
+    let slow = app.pay_in_background("k-slow");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let id = {
         use pagos::entities::payment;
@@ -260,7 +247,7 @@ async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend:
     report(1, "fallidos")(&app.reconcile(&id).await);
     fake.settle_all("succeeded");
 
-    let answer = slow.await.expect("joined");
+    let answer = slow.await.expect("joined").expect("sent");
     let body = json(answer).await;
     assert_eq!(
         body["pago"]["estado"], "FALLIDA",
@@ -318,12 +305,7 @@ async fn the_admin_list_shows_payments_in_a_state_oldest_first(backend: Backend)
     let first = pending_payment(&app, "k-l1").await;
     let second = pending_payment(&app, "k-l2").await;
     let listed = json(app.admin_get("/admin/pagos?estado=ENVIADA&limite=10").await).await;
-    let ids: Vec<&str> = listed["pagos"]
-        .as_array()
-        .expect("list")
-        .iter()
-        .filter_map(|p| p["id"].as_str())
-        .collect();
+    let ids = crate::helpers::listed(&listed, "pagos", "id");
     assert_eq!(ids, vec![first.as_str(), second.as_str()]);
     assert!(
         listed["pagos"][0]["intentos"]
@@ -389,10 +371,7 @@ async fn the_reaper_deletes_expired_final_keys_and_never_an_in_flight_one(backen
 }
 
 async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&["--metrics-refresh", "100ms"])
-        .start()
-        .await;
+    let app = crate::helpers::started(backend, &["--metrics-refresh", "100ms"]).await;
     FakeGateway::charging("succeeded")
         .mount(app.gateway())
         .await;
@@ -441,10 +420,7 @@ async fn one_pass_settles_every_due_payment_however_many_claims_it_takes(backend
     use sea_orm::sea_query::Expr;
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
-    let app = Spawn::new(backend)
-        .flags(&["--reconcile-concurrency", "3"])
-        .start()
-        .await;
+    let app = crate::helpers::started(backend, &["--reconcile-concurrency", "3"]).await;
     let fake = FakeGateway::charging("pending");
     fake.mount(app.gateway()).await;
     let mut ids = Vec::new();
@@ -469,13 +445,8 @@ async fn one_pass_settles_every_due_payment_however_many_claims_it_takes(backend
         assert_eq!(app.payment(id).await.state, "COMPLETADA", "{id}");
         assert_eq!(fake.charges_for(id), 1, "{id}");
     }
-    let lookups = app
-        .gateway()
-        .received_requests()
+    let lookups = crate::helpers::received(app.gateway(), "GET", |_| true)
         .await
-        .expect("recorded")
-        .iter()
-        .filter(|r| r.method.as_str() == "GET")
-        .count();
+        .len();
     assert_eq!(lookups, 10, "each payment looked up once");
 }

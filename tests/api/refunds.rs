@@ -22,6 +22,7 @@ on_both_databases!(
     a_payment_that_is_not_completada_cannot_be_refunded,
     another_merchants_payment_and_refund_are_404,
     a_refused_refund_is_422_fallido_and_leaves_the_amount_to_refund_again,
+    refunds_that_settle_tell_the_merchant_with_an_event_of_the_refund,
     a_refund_that_times_out_is_202_and_the_reconciler_settles_it,
     on_call_refunds_with_a_reason_recorded_in_the_audit_trail,
 );
@@ -906,4 +907,49 @@ async fn on_call_reconciles_one_refund_now_without_waiting_for_it_to_be_due(back
         .await;
     assert_eq!(missing.status(), 404);
     assert_eq!(fake.made().len(), 1);
+}
+
+/// A refund that settles is an event of the outbox, written with its move: the merchant
+/// sees `reembolso.fallido` and `reembolso.completado` with the refund as it was answered.
+async fn refunds_that_settle_tell_the_merchant_with_an_event_of_the_refund(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.refunding("failed");
+    let refused = refund(&app, &payment, "ref-1", &json!({"monto": 1000})).await;
+    assert_eq!(refused.status(), 422);
+    let refused_id = json(refused).await["reembolso"]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    fake.refunding("succeeded");
+    let made = refund(&app, &payment, "ref-2", &json!({"monto": 2000})).await;
+    assert_eq!(made.status(), 201);
+    let made: Value = json(made).await;
+
+    let page = json(get(&app, API_KEY, "/v1/eventos?limite=50").await).await;
+    let events: Vec<&Value> = page["eventos"]
+        .as_array()
+        .expect("eventos")
+        .iter()
+        .filter(|e| {
+            e["tipo"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("reembolso."))
+        })
+        .collect();
+    assert_eq!(events.len(), 2, "{page}");
+    assert_eq!(events[0]["tipo"], "reembolso.fallido");
+    assert_eq!(events[0]["datos"]["id"], refused_id.as_str());
+    assert_eq!(events[0]["datos"]["estado"], "FALLIDO");
+    assert_eq!(events[1]["tipo"], "reembolso.completado");
+    assert_eq!(events[1]["datos"], made, "the refund as it was answered");
+    assert!(events[1]["secuencia"].as_u64().expect("secuencia") > 0);
+    // The payment itself did not change state: no new payment event.
+    let payment_events = page["eventos"]
+        .as_array()
+        .expect("eventos")
+        .iter()
+        .filter(|e| e["tipo"].as_str().is_some_and(|t| t.starts_with("pago.")))
+        .count();
+    assert_eq!(payment_events, 1, "only the payment's own pago.completado");
 }

@@ -184,14 +184,7 @@ struct Snapshots {
 
 impl Snapshots {
     async fn new(backend: Backend) -> Snapshots {
-        let database = TestDatabase::create(&backend).await;
-        let settings = crate::helpers::settings(&database.url, &[]);
-        let db = pagos::app::open_and_migrate(&settings.database)
-            .await
-            .expect("database");
-        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
-            .await
-            .expect("merchant");
+        let (database, db) = TestDatabase::with_acme(&backend).await;
         db.close().await.expect("closed");
         Snapshots {
             backend,

@@ -19,9 +19,6 @@ on_both_databases!(
     the_request_pagos_sends_is_stripes_documented_shape,
     every_status_in_the_mapping_table_maps_as_documented,
     without_medio_pago_the_request_is_refused_with_422_and_nothing_is_stored,
-    a_timeout_then_a_search_that_finds_the_charge_settles_it,
-    a_search_miss_inside_the_key_window_resends_with_the_same_key,
-    a_search_miss_outside_the_key_window_goes_to_manual_review_without_a_resend,
     requires_action_goes_to_manual_review_past_the_give_up_horizon,
     a_signed_event_settles_a_pending_payment_and_a_wrong_signature_is_refused,
     a_duplicated_event_applies_once,
@@ -34,50 +31,7 @@ const PM: &str = "pm_1Q0PsIJvEtkwdCNYMSaVuRz6";
 const CUSTOMER: &str = "cus_NffrFeUfNV2Hib";
 
 fn fixture(name: &str) -> Value {
-    let text = match name {
-        "payment_intent_succeeded" => {
-            include_str!("../../fixtures/stripe/payment_intent_succeeded.json")
-        }
-        "payment_intent_processing" => {
-            include_str!("../../fixtures/stripe/payment_intent_processing.json")
-        }
-        "payment_intent_requires_action" => {
-            include_str!("../../fixtures/stripe/payment_intent_requires_action.json")
-        }
-        "payment_intent_requires_payment_method" => {
-            include_str!("../../fixtures/stripe/payment_intent_requires_payment_method.json")
-        }
-        "payment_intent_canceled" => {
-            include_str!("../../fixtures/stripe/payment_intent_canceled.json")
-        }
-        "error_card_declined" => include_str!("../../fixtures/stripe/error_card_declined.json"),
-        "error_authentication_required" => {
-            include_str!("../../fixtures/stripe/error_authentication_required.json")
-        }
-        "error_payment_method_missing" => {
-            include_str!("../../fixtures/stripe/error_payment_method_missing.json")
-        }
-        "error_idempotency_key_reused" => {
-            include_str!("../../fixtures/stripe/error_idempotency_key_reused.json")
-        }
-        "error_api" => include_str!("../../fixtures/stripe/error_api.json"),
-        "search_found" => include_str!("../../fixtures/stripe/search_found.json"),
-        "search_empty" => include_str!("../../fixtures/stripe/search_empty.json"),
-        "event_payment_intent_succeeded" => {
-            include_str!("../../fixtures/stripe/event_payment_intent_succeeded.json")
-        }
-        "event_payment_intent_payment_failed" => {
-            include_str!("../../fixtures/stripe/event_payment_intent_payment_failed.json")
-        }
-        "event_payment_intent_processing" => {
-            include_str!("../../fixtures/stripe/event_payment_intent_processing.json")
-        }
-        "event_payment_intent_created" => {
-            include_str!("../../fixtures/stripe/event_payment_intent_created.json")
-        }
-        other => panic!("no fixture {other}"),
-    };
-    serde_json::from_str(text).expect("fixture is JSON")
+    crate::helpers::fixture("stripe", name)
 }
 
 async fn spawn(backend: Backend, flags: &[&'static str]) -> TestApp {
@@ -146,7 +100,7 @@ impl Respond for ByDescription {
 }
 
 /// A stateful Stripe: PaymentIntents kept by idempotency key (a key reused replays the
-/// first answer, as Stripe does) and found by search unless the index lags.
+/// first answer, as Stripe does) and found by search.
 #[derive(Clone)]
 struct FakeStripe(Arc<Mutex<FakeState>>);
 
@@ -154,8 +108,6 @@ struct FakeState {
     new_intents: &'static str,
     by_key: HashMap<String, Value>,
     by_reference: HashMap<String, Vec<Value>>,
-    search_lags: bool,
-    first_answer_delay: Duration,
     searches: Vec<String>,
 }
 
@@ -165,28 +117,12 @@ impl FakeStripe {
             new_intents,
             by_key: HashMap::new(),
             by_reference: HashMap::new(),
-            search_lags: false,
-            first_answer_delay: Duration::ZERO,
             searches: Vec::new(),
         })))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, FakeState> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The first answer to a new key comes after `delay` (the intent exists at once).
-    fn answering_late(self, delay: Duration) -> Self {
-        self.lock().first_answer_delay = delay;
-        self
-    }
-
-    fn search_lags(&self, lags: bool) {
-        self.lock().search_lags = lags;
-    }
-
-    fn intents_for(&self, reference: &str) -> usize {
-        self.lock().by_reference.get(reference).map_or(0, Vec::len)
     }
 
     async fn mount(&self, server: &wiremock::MockServer) {
@@ -229,9 +165,7 @@ impl Respond for FakeCreate {
             .entry(reference)
             .or_default()
             .push(pi.clone());
-        ResponseTemplate::new(200)
-            .set_body_json(pi)
-            .set_delay(state.first_answer_delay)
+        ResponseTemplate::new(200).set_body_json(pi)
     }
 }
 
@@ -239,19 +173,14 @@ struct FakeSearch(FakeStripe);
 
 impl Respond for FakeSearch {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let query = request
-            .url
-            .query_pairs()
-            .find(|(k, _)| k == "query")
-            .map(|(_, v)| v.into_owned())
-            .unwrap_or_default();
+        let query = crate::helpers::query_param(request, "query");
         let mut state = self.0.lock();
         state.searches.push(query.clone());
         let reference = query
             .trim_start_matches("metadata['pagos_reference']:'")
             .trim_end_matches('\'');
         let found = match state.by_reference.get(reference) {
-            Some(found) if !state.search_lags => found.clone(),
+            Some(found) => found.clone(),
             _ => vec![],
         };
         let mut answer = if found.is_empty() {
@@ -265,19 +194,7 @@ impl Respond for FakeSearch {
 }
 
 async fn posts(app: &TestApp) -> Vec<Request> {
-    app.gateway()
-        .received_requests()
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r.method.as_str() == "POST" && r.url.path() == "/v1/payment_intents")
-        .collect()
-}
-
-async fn pay(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
-    let answer = app.pay(key, body).await;
-    let status = answer.status().as_u16();
-    (status, json(answer).await)
+    crate::helpers::received(app.gateway(), "POST", |p| p == "/v1/payment_intents").await
 }
 
 fn report_says(report: &Value, field: &str) {
@@ -290,7 +207,9 @@ async fn the_request_pagos_sends_is_stripes_documented_shape(backend: Backend) {
     FakeStripe::new("payment_intent_succeeded")
         .mount(app.gateway())
         .await;
-    let (status, pago) = pay(&app, "k-shape", &body("Cuota 3 del crédito 42")).await;
+    let (status, pago) = app
+        .pay_read("k-shape", &body("Cuota 3 del crédito 42"))
+        .await;
     assert_eq!(status, 201, "{pago}");
     let id = pago["id"].as_str().expect("id");
     assert_eq!(pago["estado"], "COMPLETADA");
@@ -395,7 +314,7 @@ async fn every_status_in_the_mapping_table_maps_as_documented(backend: Backend) 
         ("400 error_idempotency_key_reused", 202, "ENVIADA", None),
     ] {
         let key = format!("k-map-{}", scenario.replace(' ', "-"));
-        let (got, answer) = pay(&app, &key, &body(scenario)).await;
+        let (got, answer) = app.pay_read(&key, &body(scenario)).await;
         assert_eq!(got, status, "{scenario}: {answer}");
         let pago = if got == 402 { &answer["pago"] } else { &answer };
         assert_eq!(pago["estado"], estado, "{scenario}");
@@ -415,12 +334,12 @@ async fn without_medio_pago_the_request_is_refused_with_422_and_nothing_is_store
     FakeStripe::new("payment_intent_succeeded")
         .mount(app.gateway())
         .await;
-    let (status, problem) = pay(
-        &app,
-        "k-422",
-        &json!({"creditoId": "42", "monto": 250000, "moneda": "COP"}),
-    )
-    .await;
+    let (status, problem) = app
+        .pay_read(
+            "k-422",
+            &json!({"creditoId": "42", "monto": 250000, "moneda": "COP"}),
+        )
+        .await;
     assert_eq!(status, 422);
     assert!(
         problem["type"]
@@ -428,124 +347,28 @@ async fn without_medio_pago_the_request_is_refused_with_422_and_nothing_is_store
             .is_some_and(|t| t.ends_with("validation-failed"))
     );
     assert_eq!(problem["errores"][0]["campo"], "medioPago", "{problem}");
-    let (status, problem) = pay(
-        &app,
-        "k-422",
-        &json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
+    let (status, problem) = app
+        .pay_read(
+            "k-422",
+            &json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
                 "medioPago": {"id": "visa", "email": "payer@example.com"}}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, 422);
-    let fields: Vec<&str> = problem["errores"]
-        .as_array()
-        .expect("errores")
-        .iter()
-        .filter_map(|e| e["campo"].as_str())
-        .collect();
+    let fields = crate::helpers::listed(&problem, "errores", "campo");
     assert_eq!(fields, ["medioPago.id", "medioPago.email"]);
     assert_eq!(app.count_rows().await, (0, 0), "a 422 stores nothing");
     assert!(posts(&app).await.is_empty());
 
-    let (status, _) = pay(&app, "k-422", &body("corrected")).await;
+    let (status, _) = app.pay_read("k-422", &body("corrected")).await;
     assert_eq!(status, 201, "the same key works with a corrected body");
-}
-
-async fn a_timeout_then_a_search_that_finds_the_charge_settles_it(backend: Backend) {
-    let app = spawn(
-        backend,
-        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
-    )
-    .await;
-    let fake = FakeStripe::new("payment_intent_succeeded").answering_late(Duration::from_secs(2));
-    fake.mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-timeout", &body("late")).await;
-    assert_eq!(status, 202, "{pago}");
-    assert_eq!(pago["estado"], "ENVIADA");
-    let id = pago["id"].as_str().expect("id").to_owned();
-
-    report_says(&app.reconcile(&id).await, "completados");
-    let payment = app.payment(&id).await;
-    assert_eq!(payment.state, "COMPLETADA");
-    assert_eq!(
-        payment.gateway_ref.as_deref(),
-        Some(intent_id(&id).as_str())
-    );
-    assert_eq!(posts(&app).await.len(), 1, "found: nothing resent");
-    let searches = fake.lock().searches.clone();
-    assert_eq!(searches, [format!("metadata['pagos_reference']:'{id}'")]);
-}
-
-async fn a_search_miss_inside_the_key_window_resends_with_the_same_key(backend: Backend) {
-    let app = spawn(
-        backend,
-        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
-    )
-    .await;
-    // The charge is made, its answer lost to the timeout, and search has not indexed it
-    // yet: only Stripe's idempotency makes the resend safe.
-    let fake = FakeStripe::new("payment_intent_succeeded").answering_late(Duration::from_secs(2));
-    fake.search_lags(true);
-    fake.mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-resend", &body("lost answer")).await;
-    assert_eq!(status, 202);
-    let id = pago["id"].as_str().expect("id").to_owned();
-
-    report_says(&app.reconcile(&id).await, "completados");
-    let sent = posts(&app).await;
-    assert_eq!(sent.len(), 2, "the first try and the reconciler's resend");
-    assert_eq!(
-        sent[0].headers["idempotency-key"],
-        sent[1].headers["idempotency-key"]
-    );
-    assert_eq!(sent[0].body, sent[1].body, "the same parameters");
-    assert_eq!(fake.intents_for(&id), 1, "one PaymentIntent, replayed");
-    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
-}
-
-async fn a_search_miss_outside_the_key_window_goes_to_manual_review_without_a_resend(
-    backend: Backend,
-) {
-    let app = spawn(
-        backend,
-        &[
-            "--gateway-timeout",
-            "200ms",
-            "--gateway-retries",
-            "0",
-            "--gateway-key-window",
-            "1s",
-        ],
-    )
-    .await;
-    Mock::given(method("POST"))
-        .and(path("/v1/payment_intents"))
-        .respond_with(ResponseTemplate::new(500).set_body_json(fixture("error_api")))
-        .mount(app.gateway())
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/payment_intents/search"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(fixture("search_empty")))
-        .mount(app.gateway())
-        .await;
-    let (status, pago) = pay(&app, "k-outside", &body("unknown")).await;
-    assert_eq!(status, 202);
-    let id = pago["id"].as_str().expect("id").to_owned();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-
-    report_says(&app.reconcile(&id).await, "revisionManual");
-    assert_eq!(
-        posts(&app).await.len(),
-        1,
-        "never resent outside the window"
-    );
-    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
 }
 
 async fn requires_action_goes_to_manual_review_past_the_give_up_horizon(backend: Backend) {
     let app = spawn(backend, &["--give-up-after", "1s"]).await;
     let fake = FakeStripe::new("payment_intent_requires_action");
     fake.mount(app.gateway()).await;
-    let (status, pago) = pay(&app, "k-3ds", &body("needs authentication")).await;
+    let (status, pago) = app.pay_read("k-3ds", &body("needs authentication")).await;
     assert_eq!(status, 202);
     let id = pago["id"].as_str().expect("id").to_owned();
 
@@ -617,7 +440,7 @@ async fn recorded(app: &TestApp) -> (u64, u64) {
 
 /// A payment Stripe left `processing`; returns its id.
 async fn processing_payment(app: &TestApp, key: &str) -> String {
-    let (status, pago) = pay(app, key, &body("bank debit")).await;
+    let (status, pago) = app.pay_read(key, &body("bank debit")).await;
     assert_eq!(status, 202, "{pago}");
     pago["id"].as_str().expect("id").to_owned()
 }

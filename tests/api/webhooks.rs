@@ -26,6 +26,7 @@ on_both_databases!(
     other_event_types_are_acknowledged_and_ignored,
     processed_messages_older_than_the_retention_are_purged,
     the_openapi_document_describes_the_webhook_and_the_orphan_list,
+    a_signed_event_over_64_kib_is_refused_with_413_and_nothing_recorded,
 );
 
 const SECRET: &str = "whsec_test";
@@ -34,10 +35,11 @@ const ADMIN: &str = "adm_test_token";
 const CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ3";
 
 async fn spawn(backend: Backend) -> TestApp {
-    Spawn::new(backend)
-        .flags(&["--webhook-secret", SECRET, "--admin-token", ADMIN])
-        .start()
-        .await
+    crate::helpers::started(
+        backend,
+        &["--webhook-secret", SECRET, "--admin-token", ADMIN],
+    )
+    .await
 }
 
 /// A payment left ENVIADA by a gateway answering `pending`; returns its id.
@@ -622,4 +624,18 @@ async fn the_openapi_document_describes_the_webhook_and_the_orphan_list(backend:
     let orphans = &doc["paths"]["/admin/cargos-huerfanos"]["get"];
     assert!(orphans["responses"]["200"].is_object());
     assert!(orphans["security"].is_array(), "admin token required");
+}
+
+async fn a_signed_event_over_64_kib_is_refused_with_413_and_nothing_recorded(backend: Backend) {
+    let app = spawn(backend).await;
+    let id = pending_payment(&app, "k-wh-413").await;
+    let mut large = charge(&id, "succeeded");
+    large["description"] = json!("x".repeat(70_000));
+    let body = event("evt_large", 1, large);
+    let answer = deliver(&app, &body).await;
+    assert_eq!(answer.status(), 413);
+    assert_eq!(answer.headers()["content-type"], "application/problem+json");
+    assert_eq!(json(answer).await["type"], "/problems/body-too-large");
+    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.payment(&id).await.state, "ENVIADA");
 }

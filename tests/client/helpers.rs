@@ -4,9 +4,8 @@
 
 use pagos_client::Journal;
 use serde_json::{Value, json};
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+
 use std::time::Duration;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
@@ -29,16 +28,6 @@ pub fn pagos_bin() -> std::process::Command {
         command.env("RUST_LOG", filter);
     }
     command
-}
-
-/// A child process killed (and reaped) when the test ends, however it ends.
-pub struct KillOnDrop(pub Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// What the wiremock gateway does with a charge.
@@ -78,12 +67,7 @@ pub struct RealPagos {
     pub url: String,
     pub gateway: MockServer,
     pub dir: tempfile::TempDir,
-    _server: KillOnDrop,
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
+    _server: crate::binary::Running,
 }
 
 /// Stripe creating every PaymentIntent it is asked for, succeeded (the fixture, made
@@ -141,31 +125,19 @@ impl RealPagos {
             "sqlite://{}?mode=rwc",
             dir.path().join("pagos.db").display()
         );
-        let added = pagos_bin()
-            .args(["merchants", "add", "acme", "--api-key", API_KEY])
-            .args(["--database-url", &database_url])
-            .output()
-            .expect("pagos merchants add");
-        assert!(
-            added.status.success(),
-            "merchants add: {}",
-            String::from_utf8_lossy(&added.stderr)
-        );
-        let port = free_port();
-        let log = std::fs::File::create(dir.path().join("serve.log")).expect("log file");
-        let server = pagos_bin()
-            .args(["serve", "--database-url", &database_url])
+        let log = dir.path().join("serve.log");
+        crate::binary::add_merchant(&database_url, "acme", API_KEY);
+        let port = crate::binary::free_port();
+        let server = crate::binary::pagos(&["serve", "--database-url", &database_url], Some(&log))
             .args(["--bind", &format!("127.0.0.1:{port}")])
             .args(gateway_flags)
             .args(["--gateway-url", &gateway.uri()])
             .args(["--gateway-timeout", "5s", "--gateway-retries", "0"])
             // The lease bounds the Retry-After of a 409: keep waits short.
             .args(["--lease", "6s"])
-            .stdout(Stdio::null())
-            .stderr(log)
             .spawn()
             .expect("pagos serve");
-        let server = KillOnDrop(server);
+        let server = crate::binary::Running(server);
         let url = format!("http://127.0.0.1:{port}");
         let pagos = RealPagos {
             url,
@@ -178,21 +150,13 @@ impl RealPagos {
     }
 
     async fn wait_until_up(&self) {
-        let http = reqwest::Client::new();
-        for _ in 0..200 {
-            let up = http
-                .get(format!("{}/healthz", self.url))
-                .timeout(Duration::from_millis(500))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
-            if up {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let log = std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default();
-        panic!("pagos serve did not come up:\n{log}");
+        let log = self.dir.path().join("serve.log");
+        crate::binary::wait_until_up(
+            &format!("{}/healthz", self.url),
+            Duration::from_secs(10),
+            || std::fs::read_to_string(log).unwrap_or_default(),
+        )
+        .await;
     }
 
     pub fn journal_path(&self) -> PathBuf {

@@ -4,4 +4,6 @@
 
 mod helpers;
 
+#[path = "../support/binary.rs"]
+mod binary;
 mod end_to_end;

@@ -19,6 +19,8 @@
 //! PostgreSQL from `PAGOS_TEST_POSTGRES_URL` (a fresh database); unset, it says so and does
 //! not run, unless `CI=true`. `TEST_LOG=1` shows the children's logs.
 
+#[path = "../support/binary.rs"]
+mod binary;
 #[allow(dead_code)]
 #[path = "../api/helpers.rs"]
 mod helpers;
@@ -54,38 +56,10 @@ fn setting(name: &str, default: u64) -> u64 {
 }
 
 fn pagos(args: &[&str], log: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pagos"));
-    command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    // The soak's own settings only: nothing from the environment.
-    for (name, _) in std::env::vars() {
-        if name.starts_with("PAGOS_") {
-            command.env_remove(name);
-        }
-    }
-    if std::env::var_os("TEST_LOG").is_some() {
-        command.env("RUST_LOG", "info,sqlx=warn");
-    } else {
-        command.env("RUST_LOG", "warn,sqlx=warn");
-        if let Ok(file) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-        {
-            command.stderr(file);
-        }
-    }
-    command
+    binary::pagos(args, Some(log))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+use binary::free_port;
 
 /// The children, SIGKILLed and reaped however the soak ends.
 #[derive(Default)]
@@ -120,21 +94,8 @@ impl Serve {
     }
 }
 
-async fn wait_until_up(http: &reqwest::Client, url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        let up = http
-            .get(url)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success());
-        if up {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{url} did not come up within 60s");
+async fn wait_until_up(url: &str) {
+    binary::wait_until_up(url, Duration::from_secs(60), String::new).await;
 }
 
 async fn sandbox_stats(http: &reqwest::Client, base: &str) -> Value {
@@ -255,21 +216,7 @@ async fn soak(backend: Backend, payments: usize, kills: usize, clients: usize, s
     let db_url = database.url.clone();
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("children.log");
-    let added = pagos(
-        &[
-            "merchants",
-            "add",
-            "acme",
-            "--api-key",
-            API_KEY,
-            "--database-url",
-            &db_url,
-        ],
-        &log,
-    )
-    .status()
-    .expect("pagos merchants add runs");
-    assert!(added.success(), "merchants add: {added}");
+    binary::add_merchant(&db_url, "acme", API_KEY);
 
     let (serve_port, sandbox_port) = (free_port(), free_port());
     let serve_url = format!("http://127.0.0.1:{serve_port}");
@@ -353,8 +300,8 @@ async fn soak(backend: Backend, payments: usize, kills: usize, clients: usize, s
         .timeout(Duration::from_secs(30))
         .build()
         .expect("client");
-    wait_until_up(&http, &format!("{serve_url}/healthz")).await;
-    wait_until_up(&http, &format!("{sandbox_url}/sandbox/stats")).await;
+    wait_until_up(&format!("{serve_url}/healthz")).await;
+    wait_until_up(&format!("{sandbox_url}/sandbox/stats")).await;
 
     // The intents, made up front: one key each, for good.
     let intents: Arc<Vec<Intent>> = Arc::new(

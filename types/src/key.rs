@@ -30,8 +30,16 @@ impl IdempotencyKey {
     /// Parses the header's raw bytes.
     pub fn parse(raw: &[u8]) -> Result<Self, KeyError> {
         if raw.len() >= 2 && raw[0] == b'"' && raw[raw.len() - 1] == b'"' {
-            let inner = unescape_sf_string(&raw[1..raw.len() - 1])?;
-            return Self::from_plain(&inner);
+            // An sf-string item (RFC 9651), without parameters.
+            let item: sfv::Item = sfv::Parser::new(raw)
+                .parse()
+                .map_err(|_| KeyError::BadQuoting)?;
+            return match item.bare_item {
+                sfv::BareItem::String(inner) if item.params.is_empty() => {
+                    Self::from_plain(inner.as_str().as_bytes())
+                }
+                _ => Err(KeyError::BadQuoting),
+            };
         }
         Self::from_plain(raw)
     }
@@ -60,23 +68,6 @@ impl fmt::Display for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
-}
-
-/// RFC 8941 sf-string body: `\"` and `\\` are the only escapes.
-fn unescape_sf_string(inner: &[u8]) -> Result<Vec<u8>, KeyError> {
-    let mut out = Vec::with_capacity(inner.len());
-    let mut bytes = inner.iter();
-    while let Some(&b) = bytes.next() {
-        match b {
-            b'\\' => match bytes.next() {
-                Some(&escaped @ (b'"' | b'\\')) => out.push(escaped),
-                _ => return Err(KeyError::BadQuoting),
-            },
-            b'"' => return Err(KeyError::BadQuoting),
-            _ => out.push(b),
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -141,5 +132,16 @@ mod tests {
             IdempotencyKey::parse(br#""a\x""#),
             Err(KeyError::BadQuoting)
         );
+        // An sf-string item with parameters is not a key.
+        assert_eq!(
+            IdempotencyKey::parse(br#""abc";v="1""#),
+            Err(KeyError::BadQuoting)
+        );
+        // A well-quoted string is still held to the key's own rules.
+        assert_eq!(
+            IdempotencyKey::parse(br#""a b""#),
+            Err(KeyError::NotVisibleAscii)
+        );
+        assert_eq!(IdempotencyKey::parse(br#""""#), Err(KeyError::Empty));
     }
 }

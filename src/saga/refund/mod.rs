@@ -37,17 +37,14 @@ pub async fn apply_now(
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
-    store::apply_now(
-        &deps.db,
-        current,
-        event,
-        changes,
-        actor,
-        reason,
-        representation::refund_frozen,
-    )
-    .await
+    store::apply_now(&deps.db, current, event, changes, actor, reason, RENDER).await
 }
+
+/// What the refund store writes rendered: the key's frozen answer and the event's `datos`.
+pub const RENDER: store::Render = store::Render {
+    answer: representation::refund_frozen,
+    datos: representation::refund_datos,
+};
 
 /// What every send of `r` asks the gateway: the same key and the same body. `whole` when
 /// the refund is the payment's whole amount (`payment_amount`).

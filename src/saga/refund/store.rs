@@ -12,13 +12,15 @@
 //! `BEGIN IMMEDIATE` serializes writers. No gateway calls, no rendering here.
 
 use crate::db::{begin_write, now};
-use crate::entities::payment;
 use crate::entities::refund::{self, KeyScope, KeyStatus};
 use crate::entities::refund_transition::{self as transitions, Actor};
+use crate::entities::{event, payment};
 use crate::idempotency::derive::derive_refund;
+use crate::outbox;
 use crate::saga::refund::state::{Event, IllegalTransition, RefundState, transition};
 use crate::saga::state::PaymentState;
 use chrono::{DateTime, Utc};
+use pagos_types::EventType;
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
@@ -37,9 +39,14 @@ pub enum StoreError {
     Illegal(#[from] IllegalTransition),
 }
 
-/// Renders the answer a refund that just became final freezes on its key; given by the
-/// layer above. Storage stores, it never renders.
-pub type Render = fn(&refund::Model) -> FrozenAnswer;
+/// What the store writes rendered, given by the layer above (storage stores, it never
+/// renders): the answer a refund that just became final freezes on its key, and the
+/// refund as an event's `datos` shows it (JSON text).
+#[derive(Clone, Copy)]
+pub struct Render {
+    pub answer: fn(&refund::Model) -> FrozenAnswer,
+    pub datos: fn(&refund::Model) -> String,
+}
 
 fn after(d: Duration) -> chrono::TimeDelta {
     chrono::TimeDelta::from_std(d).unwrap_or(chrono::TimeDelta::MAX)
@@ -351,8 +358,8 @@ pub async fn apply_now(
     reason: &str,
     render: Render,
 ) -> Result<Written, StoreError> {
-    let (next, audit) = plan(current, event, changes, actor, reason, render)?;
-    Ok(if write(db, current, &next, audit).await? {
+    let (next, audit, told) = plan(current, event, changes, actor, reason, render)?;
+    Ok(if write(db, current, &next, audit, told).await? {
         Written::Applied(Box::new(next))
     } else {
         Written::Fenced
@@ -369,8 +376,8 @@ pub async fn apply_in<C: ConnectionTrait>(
     reason: &str,
     render: Render,
 ) -> Result<Written, StoreError> {
-    let (next, audit) = plan(current, event, changes, actor, reason, render)?;
-    Ok(if write_on(tx, current, &next, audit).await? {
+    let (next, audit, told) = plan(current, event, changes, actor, reason, render)?;
+    Ok(if write_on(tx, current, &next, audit, told).await? {
         Written::Applied(Box::new(next))
     } else {
         Written::Fenced
@@ -385,7 +392,7 @@ fn plan(
     actor: Actor,
     reason: &str,
     render: Render,
-) -> Result<(refund::Model, Option<transitions::Model>), IllegalTransition> {
+) -> Result<Planned, IllegalTransition> {
     let from = current.state;
     let to = transition(from, event)?;
     let at = now();
@@ -411,7 +418,7 @@ fn plan(
     }
     if to.is_terminal() && current.key_status == KeyStatus::InProgress {
         // What a client was told first is what its retries are told: frozen once.
-        let answer = render(&next);
+        let answer = (render.answer)(&next);
         next.key_status = KeyStatus::Completed;
         next.response_code = Some(i32::from(answer.status));
         next.response_body = Some(answer.body);
@@ -427,8 +434,27 @@ fn plan(
         reason: reason.to_owned(),
         created_at: at,
     });
-    Ok((next, audit))
+    // The outbox: a move the merchant must know writes its event with it. Its
+    // `secuencia` is the refund's version after the move (it only grows).
+    let told = EventType::of_refund(to).filter(|_| from != to).map(|tipo| {
+        outbox::event(
+            next.merchant_id,
+            tipo,
+            next.id,
+            next.version,
+            &(render.datos)(&next),
+            at,
+        )
+    });
+    Ok((next, audit, told))
 }
+
+/// A planned write: the refund after it, its audit row, its event.
+type Planned = (
+    refund::Model,
+    Option<transitions::Model>,
+    Option<event::Model>,
+);
 
 /// Records `sequence` as the refund's newest event, if it is newer than the last one
 /// applied; false (stale: nothing to do) otherwise. In the event's transaction.
@@ -470,7 +496,7 @@ pub async fn hand_over(
     if gateway_ref.is_some() {
         next.gateway_ref = gateway_ref;
     }
-    Ok(if write(db, current, &next, None).await? {
+    Ok(if write(db, current, &next, None, None).await? {
         Written::Applied(Box::new(next))
     } else {
         Written::Fenced
@@ -489,7 +515,7 @@ pub async fn reschedule(
     next.updated_at = now();
     next.next_attempt_at = due_at;
     next.claimed_until = None;
-    Ok(if write(db, current, &next, None).await? {
+    Ok(if write(db, current, &next, None, None).await? {
         Written::Applied(Box::new(next))
     } else {
         Written::Fenced
@@ -506,7 +532,7 @@ pub async fn renew_claim(
     next.version += 1;
     next.next_attempt_at = until;
     next.claimed_until = Some(until);
-    Ok(if write(db, current, &next, None).await? {
+    Ok(if write(db, current, &next, None, None).await? {
         Written::Applied(Box::new(next))
     } else {
         Written::Fenced
@@ -541,12 +567,13 @@ async fn write(
     current: &refund::Model,
     next: &refund::Model,
     audit: Option<transitions::Model>,
+    told: Option<event::Model>,
 ) -> Result<bool, DbErr> {
     if one_statement(db) {
-        return sql_write(db, current, next, audit).await;
+        return sql_write(db, current, next, audit, told).await;
     }
     let tx = begin_write(db).await?;
-    let applied = write_on(&tx, current, next, audit).await?;
+    let applied = write_on(&tx, current, next, audit, told).await?;
     if applied {
         tx.commit().await?;
     } else {
@@ -561,9 +588,10 @@ async fn write_on<C: ConnectionTrait>(
     current: &refund::Model,
     next: &refund::Model,
     audit: Option<transitions::Model>,
+    told: Option<event::Model>,
 ) -> Result<bool, DbErr> {
     if one_statement(tx) {
-        return sql_write(tx, current, next, audit).await;
+        return sql_write(tx, current, next, audit, told).await;
     }
     let mut update = refund::Entity::update_many();
     for (column, value) in MOVED.iter().zip(moved_values(next)) {
@@ -582,6 +610,9 @@ async fn write_on<C: ConnectionTrait>(
             .exec_without_returning(tx)
             .await?;
     }
+    if let Some(told) = told {
+        outbox::record(tx, &told).await?;
+    }
     Ok(true)
 }
 
@@ -590,6 +621,7 @@ async fn sql_write<C: ConnectionTrait>(
     current: &refund::Model,
     next: &refund::Model,
     audit: Option<transitions::Model>,
+    told: Option<event::Model>,
 ) -> Result<bool, DbErr> {
     use sea_orm::IdenStatic;
     let mut values = moved_values(next);
@@ -628,6 +660,24 @@ async fn sql_write<C: ConnectionTrait>(
             n + 4,
             n + 5,
             n + 6
+        );
+    }
+    if let Some(told) = told {
+        // The outbox: the event only if the refund moved.
+        use sea_orm::{Iterable, ModelTrait};
+        let first = values.len() + 1;
+        let mut columns = Vec::new();
+        for column in <event::Entity as EntityTrait>::Column::iter() {
+            columns.push(format!("\"{}\"", column.as_str()));
+            values.push(told.get(column));
+        }
+        let placeholders: Vec<String> = (first..first + columns.len())
+            .map(|n| format!("${n}"))
+            .collect();
+        sql += &format!(
+            ",\n\"told\" AS (\n  INSERT INTO \"events\" ({})\n  SELECT {} FROM \"moved\")",
+            columns.join(", "),
+            placeholders.join(", ")
         );
     }
     sql += "\nSELECT count(*) AS \"moved\" FROM \"moved\"";

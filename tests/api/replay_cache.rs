@@ -1,0 +1,139 @@
+//! Replays served from memory: a frozen answer never changes, so after the first replay
+//! read from the database, the process answers the key's retries from its replay cache,
+//! byte for byte, without the database (neither for the key nor for the API key).
+
+use crate::helpers::{Backend, FakeGateway, Spawn, TestApp, payment_body};
+use crate::on_both_databases;
+use sea_orm::ConnectionTrait;
+use serde_json::json;
+
+on_both_databases!(
+    replays_after_the_first_are_served_from_memory_byte_for_byte,
+    a_replay_from_memory_reaches_no_database,
+    with_no_replay_cache_every_replay_reads_the_database,
+);
+
+async fn answer(
+    app: &TestApp,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, Option<String>, String) {
+    let response = app.pay(key, body).await;
+    let status = response.status().as_u16();
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .map(|v| v.to_str().expect("ascii").to_owned());
+    (status, replayed, response.text().await.expect("body"))
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+async fn scrape(app: &TestApp) -> String {
+    app.http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
+async fn replays_after_the_first_are_served_from_memory_byte_for_byte(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    FakeGateway::charging("succeeded")
+        .mount(app.gateway())
+        .await;
+    let (status, replayed, first) = answer(&app, "k-cache", &payment_body()).await;
+    assert_eq!((status, replayed), (201, None));
+    for _ in 0..3 {
+        let (status, replayed, again) = answer(&app, "k-cache", &payment_body()).await;
+        assert_eq!(status, 201);
+        assert_eq!(replayed.as_deref(), Some("true"));
+        assert_eq!(again, first, "the frozen answer, byte for byte");
+    }
+    // The key with another body is refused from memory as well.
+    let other = json!({"creditoId": "1", "monto": 5, "moneda": "USD"});
+    let (status, _, problem) = answer(&app, "k-cache", &other).await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(problem.contains("idempotency-key-reused"), "{problem}");
+
+    let text = scrape(&app).await;
+    assert_eq!(
+        metric(&text, "pagos_replays_total{source=\"database\"}"),
+        1.0
+    );
+    assert_eq!(metric(&text, "pagos_replays_total{source=\"memory\"}"), 2.0);
+    let ratio = metric(&text, "pagos_replay_cache_hit_ratio");
+    assert!((ratio - 2.0 / 3.0).abs() < 1e-9, "hit ratio {ratio}");
+    assert_eq!(metric(&text, "pagos_replay_cache_entries"), 1.0);
+    assert!(metric(&text, "pagos_replay_cache_bytes") > 0.0);
+    assert_eq!(app.charges_seen().await.len(), 1, "one charge");
+}
+
+/// Both tables a replay could read are renamed away: the cached replay still answers,
+/// while anything that needs the database fails — proof that the replay did not touch it.
+async fn break_the_tables(app: &TestApp) {
+    for (from, to) in [
+        ("idempotency_keys", "keys_away"),
+        ("api_keys", "api_keys_away"),
+    ] {
+        app.db
+            .execute_unprepared(&format!("ALTER TABLE {from} RENAME TO {to}"))
+            .await
+            .expect("rename");
+    }
+}
+
+async fn a_replay_from_memory_reaches_no_database(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    FakeGateway::charging("succeeded")
+        .mount(app.gateway())
+        .await;
+    let (_, _, first) = answer(&app, "k-away", &payment_body()).await;
+    let (status, _, _) = answer(&app, "k-away", &payment_body()).await;
+    assert_eq!(
+        status, 201,
+        "the first replay, read from the database, is kept"
+    );
+    break_the_tables(&app).await;
+
+    let (status, replayed, again) = answer(&app, "k-away", &payment_body()).await;
+    assert_eq!(
+        (status, replayed.as_deref()),
+        (201, Some("true")),
+        "{again}"
+    );
+    assert_eq!(again, first);
+    let (status, _, _) = answer(&app, "k-new", &payment_body()).await;
+    assert!(status >= 500, "a new key needs the database: {status}");
+}
+
+async fn with_no_replay_cache_every_replay_reads_the_database(backend: Backend) {
+    let app = Spawn::new(backend)
+        .flags(&["--replay-cache-mib", "0"])
+        .start()
+        .await;
+    FakeGateway::charging("succeeded")
+        .mount(app.gateway())
+        .await;
+    answer(&app, "k-nocache", &payment_body()).await;
+    answer(&app, "k-nocache", &payment_body()).await;
+    break_the_tables(&app).await;
+    let (status, _, _) = answer(&app, "k-nocache", &payment_body()).await;
+    assert!(
+        status >= 500,
+        "without the cache a replay reads the database: {status}"
+    );
+    let text = scrape(&app).await;
+    assert_eq!(
+        metric(&text, "pagos_replays_total{source=\"database\"}"),
+        1.0
+    );
+    assert_eq!(metric(&text, "pagos_replay_cache_entries"), 0.0);
+}

@@ -1,0 +1,190 @@
+//! `SIGTERM` with payments in flight: `pagos serve` waits for their sagas up to
+//! `PAGOS_SHUTDOWN_GRACE`, and what it cannot wait for is left to the reconciler, never
+//! half-written and never charged twice.
+
+use crate::helpers::{API_KEY, Backend, FakeGateway, payment_body};
+use crate::on_both_databases;
+use crate::process::{Serve, World};
+use std::time::Duration;
+
+on_both_databases!(
+    on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer,
+    past_the_grace_a_saga_in_flight_is_left_to_the_reconciler_and_charged_once,
+);
+
+impl World {
+    /// `pagos serve` over a gateway that may answer slowly (in under 2s), with `grace`.
+    async fn serve_with_grace(&self, grace: &str) -> Serve {
+        let url = self.gateway.uri();
+        Serve::start(
+            &[
+                "--database-url",
+                &self.database.url,
+                "--gateway",
+                "http",
+                "--gateway-url",
+                &url,
+                "--gateway-timeout",
+                "2s",
+                "--gateway-retries",
+                "0",
+                "--lease",
+                "3s",
+                "--reconcile-every",
+                "1h",
+                "--shutdown-grace",
+                grace,
+            ],
+            &[],
+        )
+        .await
+    }
+
+    /// Waits until the gateway has received the charge: the saga is in flight.
+    async fn charge_reached_the_gateway(&self) {
+        for _ in 0..200 {
+            if self.fake.total_charges() == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the charge never reached the gateway");
+    }
+}
+
+type Answer = tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>>;
+
+/// `pagos serve` with `grace`, over a gateway that answers in 1.5 s, once the charge of
+/// one payment has reached the gateway: the client's answer to come.
+async fn paying_slowly(grace: &str, backend: Backend) -> (World, Serve, Answer) {
+    let world = World::new(
+        backend,
+        FakeGateway::charging("succeeded").with_delay(Duration::from_millis(1500)),
+    )
+    .await;
+    let server = world.serve_with_grace(grace).await;
+    let answer = pay(&server.url);
+    world.charge_reached_the_gateway().await;
+    (world, server, answer)
+}
+
+fn pay(url: &str) -> Answer {
+    let url = format!("{url}/v1/pagos");
+    tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .bearer_auth(API_KEY)
+            .header("Idempotency-Key", "k-shutdown")
+            .json(&payment_body())
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+    })
+}
+
+async fn on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer(backend: Backend) {
+    let (world, mut server, answer) = paying_slowly("15s", backend).await;
+
+    server.terminate();
+    let answer = answer.await.expect("task").expect("answered before exit");
+    assert_eq!(answer.status(), 201, "the saga finished during the grace");
+    let status = server
+        .exited(Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| panic!("pagos exited after the saga:\n{}", server.logs()));
+    assert!(
+        status.success(),
+        "a clean exit: {status}\n{}",
+        server.logs()
+    );
+
+    let settled = world.only_payment().await;
+    assert_eq!(settled.state, "COMPLETADA");
+    assert_eq!(world.fake.total_charges(), 1);
+    let logs = server.logs();
+    assert!(logs.contains("waiting for the sagas in flight"), "{logs}");
+    assert!(!logs.contains("left to the reconciler"), "{logs}");
+}
+
+async fn past_the_grace_a_saga_in_flight_is_left_to_the_reconciler_and_charged_once(
+    backend: Backend,
+) {
+    let (world, mut server, answer) = paying_slowly("200ms", backend).await;
+
+    let asked_to_stop = std::time::Instant::now();
+    server.terminate();
+    let status = server
+        .exited(Duration::from_secs(8))
+        .await
+        .unwrap_or_else(|| panic!("pagos exited at the grace:\n{}", server.logs()));
+    assert!(
+        asked_to_stop.elapsed() < Duration::from_secs(5),
+        "it did not wait for the slow gateway: {:?}",
+        asked_to_stop.elapsed()
+    );
+    assert!(
+        status.success(),
+        "a clean exit: {status}\n{}",
+        server.logs()
+    );
+    assert!(
+        answer.await.expect("task").is_err(),
+        "the client got no answer: its retry with the same key gets one"
+    );
+    let logs = server.logs();
+    assert!(
+        logs.contains("1 saga(s) still in flight are left to the reconciler"),
+        "{logs}"
+    );
+
+    // Maybe sent: the reconciler asks the provider before anything else.
+    let left = world.only_payment().await;
+    assert_eq!(left.state, "ENVIADA");
+
+    // Held as long as a send could last, so that nobody sends it again meanwhile; then
+    // the next process's reconciler settles it: the charge the gateway made is found, not
+    // made again.
+    let held_until = left.claimed_until.expect("held for its send");
+    let wait = (held_until - pagos::db::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(wait + Duration::from_millis(200)).await;
+    let server = world.serve_with_grace("15s").await;
+    let mut settled = world.only_payment().await;
+    for _ in 0..100 {
+        if settled.state != "ENVIADA" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        settled = world.only_payment().await;
+    }
+    assert_eq!(settled.state, "COMPLETADA", "{}", server.logs());
+    assert_eq!(world.fake.total_charges(), 1, "exactly one charge");
+}
+
+#[test]
+fn a_bad_shutdown_grace_stops_serve_with_one_line_naming_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display());
+    for value in ["soon", "0s", "-1s"] {
+        let output = std::process::Command::new(crate::process::BIN)
+            .args(["serve", "--database-url", &db])
+            .env("PAGOS_SHUTDOWN_GRACE", value)
+            .output()
+            .expect("pagos runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{value}: exit 2: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        assert!(
+            stderr.contains("PAGOS_SHUTDOWN_GRACE"),
+            "names it: {stderr}"
+        );
+    }
+    assert!(
+        !dir.path().join("x.db").exists(),
+        "nothing was created before refusing"
+    );
+    let help = std::process::Command::new(crate::process::BIN)
+        .args(["serve", "--help"])
+        .output()
+        .expect("pagos runs");
+    assert!(String::from_utf8_lossy(&help.stdout).contains("PAGOS_SHUTDOWN_GRACE"));
+}
