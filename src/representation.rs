@@ -37,8 +37,12 @@ pub fn pago(p: &payment::Model) -> Pago {
 
 /// A payment as an event's `datos` shows it: its representation, the same bytes as an
 /// answer's.
+///
+/// Rendered in the store's write, which reads no refunds: `montoReembolsado` is 0, as in
+/// the answer to the request (a payment moving into a final state from `ENVIADA` has no
+/// refunds yet).
 pub fn datos(p: &payment::Model) -> String {
-    serde_json::to_string(&pago(p)).unwrap_or_default()
+    serde_json::to_string(&pago_with_refunds(p, 0)).unwrap_or_default()
 }
 
 /// `decline_code` of a payment on-call resolved as failed.
