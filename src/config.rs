@@ -96,6 +96,8 @@ pub enum Command {
     SandboxGateway(SandboxArgs),
     /// Make one payment with the retrying client (one key per intent, kept in a journal)
     Pay(Box<pagos_client::cli::PayArgs>),
+    /// Refund part or all of a payment with the retrying client (one key per refund, kept in a journal)
+    Refund(Box<pagos_client::refund_cli::RefundArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -403,6 +405,11 @@ pub struct Settings {
     /// Deliveries to merchants' endpoints (PAGOS_WEBHOOKS_*)
     #[command(flatten)]
     pub webhooks: crate::delivery::WebhookSettings,
+    /// A charge found for a payment answered FALLIDA (an orphan charge): `refund` it in
+    /// full through the refund saga, or send the payment to REVISION_MANUAL (`review`)
+    #[arg(long, env = "PAGOS_ORPHAN_CHARGES", value_enum,
+          default_value_t = crate::saga::refund::OrphanCharges::Refund)]
+    pub orphan_charges: crate::saga::refund::OrphanCharges,
     /// On SIGTERM or Ctrl-C, how long requests and the sagas they started may still run;
     /// what is still running then is left to the reconciler (its payments stay ENVIADA or
     /// EN_PROCESO, which is what a crash leaves too)

@@ -85,6 +85,8 @@ pub struct Metrics {
     pub http_limited: Family<LimitLabel, Counter>,
     /// Requests being served under `PAGOS_MAX_IN_FLIGHT`, set when scraped.
     pub http_in_flight: Gauge,
+    /// Refunds by state (`pagos_refunds{estado}`), read like `payments`.
+    pub refunds: Family<StateLabel, Gauge>,
     /// Webhook attempts to merchants' endpoints by outcome (delivered, failed, gone, refused).
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
     /// Seconds since the oldest event not yet delivered to every endpoint was written.
@@ -170,6 +172,12 @@ impl Metrics {
             "payments",
             format!("Payments by state (read from the database every {every}, not at scrape time)"),
             payments.clone(),
+        );
+        let refunds = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "refunds",
+            format!("Refunds by state (read from the database every {every}, not at scrape time)"),
+            refunds.clone(),
         );
         let oldest_unsettled_age = Gauge::<f64, AtomicU64>::default();
         registry.register(
@@ -271,6 +279,7 @@ impl Metrics {
             keys_purged,
             payments,
             oldest_unsettled_age,
+            refunds,
         }
     }
 
@@ -356,6 +365,9 @@ pub async fn refresh_gauges(db: &DatabaseConnection, metrics: &Metrics, within: 
                     .get_or_create(&StateLabel { estado })
                     .set(n);
             }
+            for (estado, n) in gauges.refunds {
+                metrics.refunds.get_or_create(&StateLabel { estado }).set(n);
+            }
             metrics
                 .oldest_unsettled_age
                 .set(gauges.oldest_unsettled_age);
@@ -372,6 +384,7 @@ pub async fn refresh_gauges(db: &DatabaseConnection, metrics: &Metrics, within: 
             tracing::warn!(error = %err, "metrics: could not read payment gauges");
             metrics.database_up.set(0);
             metrics.payments.clear();
+            metrics.refunds.clear();
             metrics.oldest_unsettled_age.set(f64::NAN);
             metrics.oldest_undelivered_event_age.set(f64::NAN);
         }
@@ -381,6 +394,7 @@ pub async fn refresh_gauges(db: &DatabaseConnection, metrics: &Metrics, within: 
 struct StoredGauges {
     payments: Vec<(&'static str, i64)>,
     oldest_unsettled_age: f64,
+    refunds: Vec<(&'static str, i64)>,
     oldest_undelivered_event_age: f64,
     webhook_endpoints_disabled: i64,
 }
@@ -418,6 +432,24 @@ async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::D
         .flatten();
     let oldest_unsettled_age =
         oldest.map_or(0.0, |t| (crate::db::now() - t).as_seconds_f64().max(0.0));
+    let refund_counts: Vec<(String, i64)> = crate::entities::refund::Entity::find()
+        .select_only()
+        .column(crate::entities::refund::Column::State)
+        .column_as(crate::entities::refund::Column::Id.count(), "n")
+        .group_by(crate::entities::refund::Column::State)
+        .into_tuple()
+        .all(db)
+        .await?;
+    let refunds = pagos_types::RefundState::ALL
+        .iter()
+        .map(|estado| {
+            let n = refund_counts
+                .iter()
+                .find(|(s, _)| s == estado.as_str())
+                .map_or(0, |(_, n)| *n);
+            (estado.as_str(), n)
+        })
+        .collect();
     let oldest_undelivered_event_age = crate::outbox::events::oldest_undelivered(db)
         .await?
         .map_or(0.0, |t| (crate::db::now() - t).as_seconds_f64().max(0.0));
@@ -427,6 +459,7 @@ async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::D
         oldest_unsettled_age,
         oldest_undelivered_event_age,
         webhook_endpoints_disabled,
+        refunds,
     })
 }
 

@@ -29,6 +29,7 @@ pub fn pago(p: &payment::Model) -> Pago {
         payment_method: p.payment_method.as_deref().and_then(medio_pago_of_stored),
         state: p.state,
         gateway_ref: p.gateway_ref.clone(),
+        refunded_amount: None,
         created_at: p.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
         updated_at: p.updated_at.to_rfc3339_opts(SecondsFormat::Millis, true),
     }
@@ -36,8 +37,12 @@ pub fn pago(p: &payment::Model) -> Pago {
 
 /// A payment as an event's `datos` shows it: its representation, the same bytes as an
 /// answer's.
+///
+/// Rendered in the store's write, which reads no refunds: `montoReembolsado` is 0, as in
+/// the answer to the request (a payment moving into a final state from `ENVIADA` has no
+/// refunds yet).
 pub fn datos(p: &payment::Model) -> String {
-    serde_json::to_string(&pago(p)).unwrap_or_default()
+    serde_json::to_string(&pago_with_refunds(p, 0)).unwrap_or_default()
 }
 
 /// `decline_code` of a payment on-call resolved as failed.
@@ -81,7 +86,9 @@ pub fn frozen(p: &payment::Model) -> FrozenAnswer {
 
 /// 201 COMPLETADA, 402 FALLIDA (problem with the payment under `pago`), 202 otherwise.
 pub fn answer(p: &payment::Model) -> Answer {
-    let pago = pago(p);
+    // A payment is refunded only once COMPLETADA, and only after its answer is frozen:
+    // the answer to the request that made it has nothing refunded yet.
+    let pago = pago_with_refunds(p, 0);
     match pago.state {
         PaymentState::Completada => Answer {
             status: 201,
@@ -112,4 +119,70 @@ pub fn answer(p: &payment::Model) -> Answer {
             body: serde_json::to_string(&pago).unwrap_or_default(),
         },
     }
+}
+
+/// The contract's representation of a stored refund (section 6).
+pub fn reembolso(r: &crate::entities::refund::Model) -> pagos_types::Reembolso {
+    pagos_types::Reembolso {
+        id: r.id,
+        payment_id: r.payment_id,
+        amount: r.amount,
+        currency: r.currency.clone(),
+        state: r.state,
+        reason: r.reason.clone(),
+        gateway_ref: r.gateway_ref.clone(),
+        created_at: r.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+        updated_at: r.updated_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+    }
+}
+
+/// A payment as `GET` shows it: with `montoReembolsado`, the sum of its `COMPLETADO`
+/// refunds.
+pub fn pago_with_refunds(p: &payment::Model, refunded: i64) -> Pago {
+    Pago {
+        refunded_amount: Some(refunded),
+        ..pago(p)
+    }
+}
+
+/// 201 COMPLETADO, 422 FALLIDO (`refund-refused`, the refund under `reembolso`), 202
+/// otherwise: the answer to `POST /v1/pagos/{id}/reembolsos` for a refund as it stands.
+pub fn refund_answer(r: &crate::entities::refund::Model) -> Answer {
+    use pagos_types::RefundState;
+    let reembolso = reembolso(r);
+    match r.state {
+        RefundState::Completado => Answer {
+            status: 201,
+            body: serde_json::to_string(&reembolso).unwrap_or_default(),
+        },
+        RefundState::Fallido => {
+            let code = r.failure_code.clone().unwrap_or_else(|| "failed".into());
+            let problem = Problem::new(ProblemType::RefundRefused)
+                .detail(format!(
+                    "The gateway did not refund ({code}); no money went back. What is left of the payment can be refunded with a new Idempotency-Key."
+                ))
+                .with("failureCode", &code)
+                .with("reembolso", &reembolso);
+            Answer {
+                status: 422,
+                body: String::from_utf8(problem.to_bytes()).unwrap_or_default(),
+            }
+        }
+        RefundState::EnProceso | RefundState::Enviado | RefundState::RevisionManual => Answer {
+            status: 202,
+            body: serde_json::to_string(&reembolso).unwrap_or_default(),
+        },
+    }
+}
+
+/// A refund as an event's `datos` shows it: its representation.
+pub fn refund_datos(r: &crate::entities::refund::Model) -> String {
+    serde_json::to_string(&reembolso(r)).unwrap_or_default()
+}
+
+/// The answer a refund that became final freezes on its key
+/// (`saga::refund::store::Render`).
+pub fn refund_frozen(r: &crate::entities::refund::Model) -> FrozenAnswer {
+    let Answer { status, body } = refund_answer(r);
+    FrozenAnswer { status, body }
 }

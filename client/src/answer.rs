@@ -98,7 +98,7 @@ pub fn settled_or_pending(p: Pago) -> Reading {
     }
 }
 
-fn read_other(head: &Head, body: &[u8]) -> Reading {
+pub(crate) fn read_other(head: &Head, body: &[u8]) -> Reading {
     let status = head.status;
     match status {
         // 408 and 425 say the request was not processed; 409 that the first one still

@@ -33,6 +33,17 @@ const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS pending_intents (
     updated_at TEXT NOT NULL
 )";
 
+/// Refund intents, kept like payment intents: the key from before the first request
+/// until a terminal answer. (server, API key, payment, body) finds an intent again.
+const CREATE_REFUNDS_TABLE: &str = "CREATE TABLE IF NOT EXISTS pending_refunds (
+    idempotency_key TEXT NOT NULL PRIMARY KEY,
+    base_url TEXT NOT NULL,
+    api_key_sha256 TEXT NOT NULL,
+    payment_id TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created_at TEXT NOT NULL
+)";
+
 const COLUMNS: &str = "idempotency_key, base_url, api_key_sha256, body, attempts, payment_id, \
                        blocked, last_error, created_at, updated_at";
 
@@ -312,6 +323,88 @@ impl Journal {
         .await
     }
 
+    /// Writes a refund intent down before anything is sent; recording it again is a no-op.
+    /// Another refund under the same key is refused.
+    pub async fn record_refund(
+        &self,
+        intent: &crate::refund::RefundIntent,
+        base_url: &Url,
+        api_key: &str,
+    ) -> Result<(), JournalError> {
+        let key = intent.key().to_string();
+        let payment = intent.request().payment().to_string();
+        let body = intent.request().to_json().to_string();
+        let (base_url, hash, at) = (base_url.to_string(), api_key_sha256(api_key), stamp(now()));
+        let (k, p, b) = (key.clone(), payment.clone(), body.clone());
+        let kept: Option<(String, String)> = self
+            .with(move |db| {
+                db.execute(
+                    "INSERT INTO pending_refunds (idempotency_key, base_url, api_key_sha256, \
+                     payment_id, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+                     ON CONFLICT (idempotency_key) DO NOTHING",
+                    params![k, base_url, hash, p, b, at],
+                )?;
+                Ok(db
+                    .query_row(
+                        "SELECT payment_id, body FROM pending_refunds WHERE idempotency_key = ?1",
+                        params![k],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?)
+            })
+            .await?;
+        match kept {
+            Some((p, b)) if p == payment && b == body => Ok(()),
+            _ => Err(JournalError::KeyTaken(intent.key().clone())),
+        }
+    }
+
+    /// The kept refund intent asking exactly `request` of this server with this API key.
+    pub async fn find_refund(
+        &self,
+        request: &crate::refund::RefundRequest,
+        base_url: &Url,
+        api_key: &str,
+    ) -> Result<Option<crate::refund::RefundIntent>, JournalError> {
+        let payment = request.payment().to_string();
+        let body = request.to_json().to_string();
+        let (base_url, hash) = (base_url.to_string(), api_key_sha256(api_key));
+        let key: Option<String> = self
+            .with(move |db| {
+                Ok(db
+                    .query_row(
+                        "SELECT idempotency_key FROM pending_refunds WHERE base_url = ?1 \
+                         AND api_key_sha256 = ?2 AND payment_id = ?3 AND body = ?4 \
+                         ORDER BY created_at LIMIT 1",
+                        params![base_url, hash, payment, body],
+                        |r| r.get(0),
+                    )
+                    .optional()?)
+            })
+            .await?;
+        key.map(|k| {
+            IntentKey::parse(&k)
+                .map(|key| crate::refund::RefundIntent::with_key(key, request.clone()))
+                .map_err(|e| JournalError::Corrupt {
+                    key: k.clone(),
+                    why: e.to_string(),
+                })
+        })
+        .transpose()
+    }
+
+    /// Lets a refund intent go. Answers whether it was kept.
+    pub async fn remove_refund(&self, key: &IntentKey) -> Result<bool, JournalError> {
+        let key = key.to_string();
+        self.with(move |db| {
+            Ok(db.execute(
+                "DELETE FROM pending_refunds WHERE idempotency_key = ?1",
+                params![key],
+            )? > 0)
+        })
+        .await
+    }
+
     /// Sets `assignments` (with `?1` bound to `value`) on a kept intent.
     async fn update(
         &self,
@@ -351,6 +444,7 @@ fn connect(path: &Path) -> Result<Connection, Box<dyn std::error::Error + Send +
     // FULL: a committed intent survives a power cut, not only a crash.
     db.pragma_update(None, "synchronous", "FULL")?;
     db.execute_batch(CREATE_TABLE)?;
+    db.execute_batch(CREATE_REFUNDS_TABLE)?;
     Ok(db)
 }
 

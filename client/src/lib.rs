@@ -85,6 +85,8 @@ pub mod answer;
 pub mod cli;
 pub mod intent;
 pub mod journal;
+pub mod refund;
+pub mod refund_cli;
 pub mod retry;
 pub mod webhooks;
 
@@ -93,6 +95,8 @@ pub use intent::{Intent, IntentKey, InvalidRequest, PaymentRequest};
 pub use journal::{Journal, JournalError, PendingIntent};
 pub use pagos_types::request::PayerDocument;
 pub use pagos_types::{Currency, FieldError, PaymentMethod, PaymentState, ProblemType};
+pub use pagos_types::{Reembolso, RefundState};
+pub use refund::{RefundIntent, RefundOutcome, RefundRequest};
 pub use retry::PayPolicy;
 
 use answer::{Head, Reading};
@@ -302,7 +306,7 @@ pub fn base_url(raw: &str) -> Result<Url, SetupError> {
     Ok(url)
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while holding these locks; a poisoned one still holds good data.
     mutex
         .lock()
@@ -626,7 +630,7 @@ async fn read(
 }
 
 /// A request that got no (whole) answer: the outcome is unknown, so it may be sent again.
-fn network(err: &reqwest::Error) -> Reading {
+pub(crate) fn network(err: &reqwest::Error) -> Reading {
     if err.is_builder() {
         return Reading::Unexpected(chain(err));
     }

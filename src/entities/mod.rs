@@ -10,6 +10,8 @@ pub mod merchant;
 pub mod payment;
 pub mod payment_transition;
 pub mod processed_message;
+pub mod refund;
+pub mod refund_transition;
 pub mod webhook_attempt;
 pub mod webhook_charge;
 pub mod webhook_delivery;

@@ -141,6 +141,9 @@ pub struct DetallePago {
     pub pago: PagoAdmin,
     /// The audit trail, oldest first.
     pub transiciones: Vec<Transicion>,
+    /// The payment's refunds, oldest first (left out when there are none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reembolsos: Vec<pagos_types::Reembolso>,
 }
 
 fn not_found() -> ApiError {
@@ -181,7 +184,13 @@ async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago, Api
         .order_by_asc(transitions::Column::Id)
         .all(&state.db)
         .await?;
+    let reembolsos = crate::saga::refund::store::of_payment(&state.db, p.id)
+        .await?
+        .iter()
+        .map(crate::representation::reembolso)
+        .collect();
     Ok(DetallePago {
+        reembolsos,
         pago: PagoAdmin::of(p),
         transiciones: trail
             .into_iter()
@@ -201,6 +210,8 @@ async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago, Api
 pub struct PedidoReconciliacion {
     /// This payment now, due or not; absent: every due payment.
     pago_id: Option<Uuid>,
+    /// This refund now, due or not (its report under `reembolsos`).
+    reembolso_id: Option<Uuid>,
 }
 
 /// Runs one reconciliation pass now and answers its report.
@@ -209,7 +220,7 @@ pub struct PedidoReconciliacion {
     path = "/admin/reconciliaciones",
     tag = "admin",
     security(("admin_token" = [])),
-    request_body(content = PedidoReconciliacion, description = "`{}` for every due payment, `{\"pagoId\":\"…\"}` for one"),
+    request_body(content = PedidoReconciliacion, description = "`{}` for every due payment and refund, `{\"pagoId\":\"…\"}` for one payment, `{\"reembolsoId\":\"…\"}` for one refund"),
     responses(
         (status = 200, description = "The pass's report", body = Report),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
@@ -234,6 +245,25 @@ async fn run_reconciliation(
     }
     // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
     // halfway and leave its claimed payments waiting out their lease.
+    if let Some(id) = request.reembolso_id {
+        crate::saga::refund::store::find(&state.db, id)
+            .await?
+            .ok_or_else(|| {
+                ApiError::from(
+                    Problem::new(ProblemType::NotFound).detail("No refund with this id."),
+                )
+            })?;
+        let (deps, limits) = (state.saga_deps(), state.reconciler.refund_limits());
+        let reembolsos = tokio::spawn(async move {
+            crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))??;
+        return Ok(Json(Report {
+            reembolsos,
+            ..Report::default()
+        }));
+    }
     let reconciler = state.reconciler.clone();
     let report = state
         .tasks
@@ -258,6 +288,11 @@ pub struct Resolucion {
     /// The provider's charge id, when on-call found one.
     #[serde(rename = "gatewayRef")]
     gateway_ref: Option<String>,
+    /// With `FALLIDA`: refund in full every charge the provider holds for the payment
+    /// (asked now), so the failed answer is true. Each refund is a saga of its own
+    /// (`pagos` asked it; on-call's `motivo` in its audit trail).
+    #[serde(default)]
+    reembolsar: bool,
 }
 
 /// On-call settles a payment under review.
@@ -315,23 +350,86 @@ async fn resolve(
     {
         return Err(bad_request("gatewayRef must be 1–255 characters"));
     }
+    if request.reembolsar && event != Event::ResolveFailed {
+        return Err(bad_request(
+            "reembolsar goes with estado FALLIDA: a COMPLETADA payment keeps its charge",
+        ));
+    }
     let changes = Changes {
         decline_code: (event == Event::ResolveFailed).then(|| RESOLVED_FAILED.to_owned()),
         gateway_ref: request.gateway_ref.map(|r| r.trim().to_owned()),
         ..Changes::default()
     };
     let reason = format!("resolved by on-call: {motivo}");
-    match crate::saga::apply_now(&state.db, &current, event, changes, Actor::Admin, &reason).await {
-        Ok(Written::Applied(p)) => {
-            tracing::info!(payment_id = %p.id, estado = %p.state, "payment resolved by on-call");
-            Ok(Json(detail(&state, &p).await?))
+    // What the provider charged, asked before anything is written: a look-up that fails
+    // changes nothing (503), and on-call tries again.
+    let charged: Vec<crate::gateway::Charge> = if request.reembolsar {
+        state
+            .gateway
+            .lookup(current.id)
+            .await
+            .map_err(|e| {
+                Problem::new(ProblemType::Unavailable)
+                    .detail(format!(
+                        "The provider could not be asked what it charged ({e}); nothing was changed. Try again."
+                    ))
+                    .retry_after(5)
+            })?
+            .into_iter()
+            .filter(|c| c.status == crate::gateway::ChargeStatus::Succeeded)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let tx = crate::db::begin_write(&state.db).await?;
+    let resolved =
+        match crate::saga::apply(&tx, &current, event, changes, Actor::Admin, &reason).await {
+            Ok(Written::Applied(p)) => *p,
+            Ok(Written::Fenced) => {
+                tx.rollback().await?;
+                return Err(Problem::new(ProblemType::NotUnderReview)
+                    .detail("The payment changed while resolving it; read it again and retry.")
+                    .into());
+            }
+            Err(store::StoreError::Illegal(e)) => {
+                tx.rollback().await?;
+                return Err(Problem::new(ProblemType::NotUnderReview)
+                    .detail(e.to_string())
+                    .into());
+            }
+            Err(store::StoreError::Db(e)) => return Err(e.into()),
+        };
+    // The refunds commit with the resolution: a FALLIDA answer is never written without
+    // the refunds that make it true.
+    let mut refunds = Vec::new();
+    for charge in &charged {
+        let why = format!(
+            "on-call resolved the payment FALLIDA and asked to refund charge {} ({motivo})",
+            charge.id
+        );
+        if let crate::saga::refund::store::Registered::Started(r) =
+            crate::saga::refund::compensate_in(&tx, &resolved, charge, Actor::Admin, &why, false)
+                .await?
+        {
+            refunds.push(r.id);
         }
-        Ok(Written::Fenced) => Err(Problem::new(ProblemType::NotUnderReview)
-            .detail("The payment changed while resolving it; read it again and retry.")
-            .into()),
-        Err(store::StoreError::Illegal(e)) => Err(Problem::new(ProblemType::NotUnderReview)
-            .detail(e.to_string())
-            .into()),
-        Err(store::StoreError::Db(e)) => Err(e.into()),
     }
+    tx.commit().await?;
+    tracing::info!(payment_id = %resolved.id, estado = %resolved.state, refunds = refunds.len(), "payment resolved by on-call");
+    // Sent now rather than at the next pass; what is left in between the reconciler
+    // settles as any refund.
+    let deps = state.saga_deps();
+    let limits = state.reconciler.refund_limits();
+    for id in refunds {
+        let (deps, limits) = (deps.clone(), limits);
+        let sent = tokio::spawn(async move {
+            crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))?;
+        if let Err(err) = sent {
+            tracing::error!(refund_id = %id, error = %err, "sending a compensation refund failed; the reconciler will");
+        }
+    }
+    Ok(Json(detail(&state, &resolved).await?))
 }

@@ -11,6 +11,7 @@ pub mod auth;
 pub mod ops;
 pub mod payments;
 pub mod problem;
+pub mod refunds;
 pub mod webhooks;
 // Webhooks to merchants: their endpoints and their events.
 pub mod endpoints;
@@ -170,6 +171,7 @@ fn limited_rooms() -> OpenApiRouter<AppState> {
         .merge(webhooks::router())
         .merge(admin::router())
         .merge(ops::readiness())
+        .merge(refunds::router())
         .merge(endpoints::router())
         .merge(events::router())
         .merge(search::router())

@@ -63,7 +63,7 @@ struct PagoRequest {
     medio_pago: Option<serde_json::Value>,
 }
 
-fn problem(kind: ProblemType, detail: impl Into<String>) -> ApiError {
+pub(super) fn problem(kind: ProblemType, detail: impl Into<String>) -> ApiError {
     Problem::new(kind).detail(detail).into()
 }
 
@@ -72,9 +72,9 @@ fn problem(kind: ProblemType, detail: impl Into<String>) -> ApiError {
 /// `+json`) 415, a body over the limit 413, anything else that is not JSON 400. A body
 /// that is not JSON is reported after the key (a request with neither gets the key's 400),
 /// so the answer is the same as when the body was read by hand.
-struct Body(Result<Value, ApiError>);
+pub(super) struct Body(pub(super) Result<Value, ApiError>);
 
-fn body(extracted: Result<Json<Value>, JsonRejection>) -> Result<Body, ApiError> {
+pub(super) fn body(extracted: Result<Json<Value>, JsonRejection>) -> Result<Body, ApiError> {
     match extracted {
         Ok(Json(value)) => Ok(Body(Ok(value))),
         Err(JsonRejection::MissingJsonContentType(_)) => Err(problem(
@@ -101,7 +101,7 @@ fn body(extracted: Result<Json<Value>, JsonRejection>) -> Result<Body, ApiError>
     }
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
+pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
     let mut values = headers.get_all("idempotency-key").iter();
     let parsed = match (values.next(), values.next()) {
         (None, _) => Err(KeyError::Missing),
@@ -121,7 +121,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
     })
 }
 
-fn validation_failed(errors: Vec<FieldError>) -> ApiError {
+pub(super) fn validation_failed(errors: Vec<FieldError>) -> ApiError {
     Problem::new(ProblemType::Validation)
         .detail("Correct the fields listed in `errores` and send the request again; nothing was stored.")
         .with("errores", errors)
@@ -322,5 +322,6 @@ async fn get_payment(
         .one(&state.db)
         .await?
         .ok_or_else(not_found)?;
-    Ok(axum::Json(crate::representation::pago(&found)).into_response())
+    let refunded = crate::saga::refund::store::refunded_amount(&state.db, found.id).await?;
+    Ok(axum::Json(crate::representation::pago_with_refunds(&found, refunded)).into_response())
 }

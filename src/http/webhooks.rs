@@ -145,6 +145,18 @@ async fn receive_http_event(
     })?;
     let charge = match &event.payload {
         Payload::ChargeUpdated(charge) => charge,
+        Payload::RefundUpdated(refund) => {
+            return apply_refund(
+                &state,
+                webhooks::refunds::RefundEvent {
+                    source: SOURCE_HTTP,
+                    event_id: &event.id,
+                    sequence: event.sequence,
+                    refund,
+                },
+            )
+            .await;
+        }
         Payload::Other(kind) => {
             tracing::info!(event_id = event.id, kind, "event type ignored");
             return Ok(ignored(&state));
@@ -165,7 +177,7 @@ async fn receive_http_event(
 /// Applies an accepted event and answers it: 200 with what it came to, or 503 when it
 /// could not be written (nothing was; the provider delivers it again).
 async fn apply(state: &AppState, event: ChargeEvent<'_>) -> Result<Response, ApiError> {
-    match webhooks::consume(&state.db, event).await {
+    match webhooks::consume(&state.db, event, state.settings.orphan_charges).await {
         Ok(outcome) => {
             state.metrics.webhook_event(outcome.as_str());
             Ok(acknowledge(outcome.as_str()))
@@ -173,6 +185,26 @@ async fn apply(state: &AppState, event: ChargeEvent<'_>) -> Result<Response, Api
         Err(err) => {
             state.metrics.webhook_event("error");
             tracing::error!(source = event.source, event_id = event.event_id, error = %err, "webhook could not be applied; the gateway will deliver it again");
+            Err(unavailable(
+                "The event could not be applied now; nothing was recorded. Deliver it again.",
+            ))
+        }
+    }
+}
+
+/// Applies an accepted refund event and answers it, as `apply` does a charge's.
+async fn apply_refund(
+    state: &AppState,
+    event: webhooks::refunds::RefundEvent<'_>,
+) -> Result<Response, ApiError> {
+    match webhooks::refunds::consume(&state.db, event).await {
+        Ok(outcome) => {
+            state.metrics.webhook_event(outcome.as_str());
+            Ok(acknowledge(outcome.as_str()))
+        }
+        Err(err) => {
+            state.metrics.webhook_event("error");
+            tracing::error!(source = event.source, event_id = event.event_id, error = %err, "refund webhook could not be applied; the gateway will deliver it again");
             Err(unavailable(
                 "The event could not be applied now; nothing was recorded. Deliver it again.",
             ))
@@ -278,6 +310,26 @@ async fn receive_stripe_event(
             signature_detail(err),
             "Stripe signs \"<t>.<raw body>\" with the endpoint's signing secret (whsec_…).",
         ));
+    }
+    // Refund events (`refund.*`, `charge.refund.updated`) carry a Refund, not a charge.
+    match crate::gateway::stripe::refund_event(&raw) {
+        Ok(Some(refund_event)) => {
+            return apply_refund(
+                &state,
+                webhooks::refunds::RefundEvent {
+                    source: SOURCE_STRIPE,
+                    event_id: &refund_event.id,
+                    sequence: refund_event.sequence,
+                    refund: &refund_event.refund,
+                },
+            )
+            .await;
+        }
+        Ok(None) => {}
+        Err(err) => {
+            tracing::warn!(error = %err, "signed webhook is a Stripe refund event pagos cannot read");
+            return Err(malformed(&state, err));
+        }
     }
     let event = StripeEvent::parse(&raw).map_err(|err| {
         tracing::warn!(error = %err, "signed webhook is not a Stripe event pagos can read");

@@ -59,6 +59,52 @@ pub fn derive(merchant: Uuid, key: &IdempotencyKey, generation: u32) -> Derived 
     }
 }
 
+/// The namespace of refund ids (UUIDv5). Fixed forever, like the payments'.
+const REFUND_NAMESPACE: Uuid = Uuid::from_u128(0x5f0c_2a71_93e4_4b8d_a1c6_0d2e_7b39_c4f8);
+
+/// What one refund's key names: the refund's id (also its `reference`) and its gateway key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DerivedRefund {
+    pub refund_id: Uuid,
+    pub gateway_key: String,
+}
+
+/// The id and gateway key of the refund of `payment` that `merchant` asks for with `key`
+/// in key space `scope` (`merchant`, `admin`, `orphan`), derived the way a payment's are,
+/// and for the same reason: a refund the database forgot (a restore, a failover) reaches
+/// the gateway again with the very same key and reference, so the gateway replays it
+/// instead of refunding twice. Refund keys are never purged (the key lives on the refund's
+/// row), so no generation is needed.
+///
+/// - Unique to the refund: never a payment's key (`pagos-refund-…` against `pagos-…`);
+///   the scope, the merchant, the key and the payment all go in.
+/// - At most 13 + 32 + 1 + 64 + 1 + 8 = 119 characters.
+pub fn derive_refund(merchant: Uuid, scope: &str, key: &str, payment: Uuid) -> DerivedRefund {
+    let mut hasher = Sha256::new();
+    // Length-prefixed parts: no two inputs hash the same bytes.
+    for part in [scope.as_bytes(), key.as_bytes(), payment.as_bytes()] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part);
+    }
+    let digest = hasher.finalize();
+    let mut name = Vec::with_capacity(16 + 32);
+    name.extend_from_slice(merchant.as_bytes());
+    name.extend_from_slice(&digest);
+    let scope_tag: String = scope
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(8)
+        .collect();
+    DerivedRefund {
+        refund_id: Uuid::new_v5(&REFUND_NAMESPACE, &name),
+        gateway_key: format!(
+            "pagos-refund-{}-{}-{scope_tag}",
+            merchant.simple(),
+            hex::encode(digest)
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +141,33 @@ mod tests {
                 assert_ne!(x.gateway_key, y.gateway_key);
             }
         }
+    }
+
+    #[test]
+    fn a_refund_key_is_deterministic_unique_and_never_a_payments() {
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let (p, q) = (Uuid::now_v7(), Uuid::now_v7());
+        assert_eq!(
+            derive_refund(a, "merchant", "k", p),
+            derive_refund(a, "merchant", "k", p)
+        );
+        let all = [
+            derive_refund(a, "merchant", "k", p),
+            derive_refund(b, "merchant", "k", p),
+            derive_refund(a, "admin", "k", p),
+            derive_refund(a, "merchant", "k2", p),
+            derive_refund(a, "merchant", "k", q),
+        ];
+        for (i, x) in all.iter().enumerate() {
+            for y in &all[i + 1..] {
+                assert_ne!(x.refund_id, y.refund_id);
+                assert_ne!(x.gateway_key, y.gateway_key);
+            }
+        }
+        let payment = derive(a, &key("k"), 0);
+        assert_ne!(all[0].gateway_key, payment.gateway_key);
+        assert_ne!(all[0].refund_id, payment.payment_id);
+        assert!(all[0].gateway_key.len() <= 255);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod backoff;
 pub mod reconcile;
+pub mod refund;
 pub mod registry;
 pub mod state;
 pub mod store;

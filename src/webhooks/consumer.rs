@@ -19,6 +19,8 @@ use crate::db::{begin_write, now};
 use crate::entities::webhook_charge::{self as charges, ReportedStatus};
 use crate::entities::{payment, processed_message as messages};
 use crate::gateway::{Charge, ChargeStatus};
+use crate::saga::refund::store::Registered;
+use crate::saga::refund::{OrphanCharges, compensate_in};
 use crate::saga::state::{IllegalTransition, PaymentState};
 use crate::saga::store::{Actor, StoreError, Written};
 use crate::webhooks::decide::{Effect, decide};
@@ -56,6 +58,9 @@ pub enum Consumed {
     Stale,
     /// No payment has this reference: the charge is kept for on-call.
     Orphan,
+    /// The charge succeeded for a payment answered `FALLIDA`: it is being refunded in
+    /// full (`PAGOS_ORPHAN_CHARGES=refund`), and the payment stays `FALLIDA`.
+    Compensated,
 }
 
 impl Consumed {
@@ -68,6 +73,7 @@ impl Consumed {
             Consumed::Duplicate => "duplicado",
             Consumed::Stale => "obsoleto",
             Consumed::Orphan => "huerfano",
+            Consumed::Compensated => "reembolsando",
         }
     }
 }
@@ -108,10 +114,11 @@ pub struct ChargeEvent<'a> {
 pub async fn consume(
     db: &DatabaseConnection,
     event: ChargeEvent<'_>,
+    orphans: OrphanCharges,
 ) -> Result<Consumed, ConsumeError> {
     for attempt in 1..=MAX_ATTEMPTS {
         let tx = begin_write(db).await?;
-        match consume_in(&tx, event).await {
+        match consume_in(&tx, event, orphans).await {
             Ok(Some(outcome)) => {
                 tx.commit().await?;
                 log(event, outcome);
@@ -139,6 +146,7 @@ pub async fn consume(
 async fn consume_in(
     tx: &DatabaseTransaction,
     event: ChargeEvent<'_>,
+    orphans: OrphanCharges,
 ) -> Result<Option<Consumed>, ConsumeError> {
     // 1. Dedupe by id. On PostgreSQL a simultaneous twin waits here on our uncommitted
     //    key, then finds the conflict; on SQLite BEGIN IMMEDIATE already serialized them.
@@ -166,6 +174,30 @@ async fn consume_in(
     let Some(payment) = payment else {
         return Ok(Some(Consumed::Orphan));
     };
+
+    // A charge that succeeded for a payment answered FALLIDA: money was taken and the
+    // merchant was told none was. With PAGOS_ORPHAN_CHARGES=refund it is refunded in full,
+    // in this transaction (the payment's row is locked above), and the answer stays true;
+    // otherwise `decide` sends the payment to REVISION_MANUAL.
+    if orphans == OrphanCharges::Refund
+        && payment.state == PaymentState::Fallida
+        && event.charge.status == ChargeStatus::Succeeded
+    {
+        let why = format!(
+            "gateway event {} reports charge {} succeeded",
+            event.event_id, event.charge.id
+        );
+        match compensate_in(tx, &payment, event.charge, Actor::Webhook, &why, false).await? {
+            Registered::Started(_) => return Ok(Some(Consumed::Compensated)),
+            // This charge is being refunded already.
+            Registered::Taken(_) => return Ok(Some(Consumed::Unchanged)),
+            // It cannot be refunded as it stands (nothing left of it): on-call decides,
+            // through the table below.
+            Registered::NoPayment
+            | Registered::NotRefundable(_)
+            | Registered::ExceedsRemaining { .. } => {}
+        }
+    }
 
     // 4. The absolute state.
     match decide(&payment, event.charge, event.event_id) {
@@ -220,7 +252,11 @@ pub async fn remember_processed(
 }
 
 /// Inserts the event id; false when it was there already.
-async fn record_message(tx: &impl ConnectionTrait, source: &str, id: &str) -> Result<bool, DbErr> {
+pub(crate) async fn record_message(
+    tx: &impl ConnectionTrait,
+    source: &str,
+    id: &str,
+) -> Result<bool, DbErr> {
     let inserted = messages::Entity::insert(messages::ActiveModel {
         source: Set(source.to_owned()),
         message_id: Set(id.to_owned()),

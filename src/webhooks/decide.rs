@@ -14,6 +14,11 @@
 //! | FALLIDA         | REVISION_MANUAL             | keep                     | keep    |
 //! | REVISION_MANUAL | keep: on-call owns it       | keep                     | keep    |
 //!
+//! FALLIDA + succeeded is an orphan charge: with `PAGOS_ORPHAN_CHARGES=refund` (the
+//! default) the consumer refunds it in full before asking this table
+//! (`saga::refund::compensate_in`) and the payment stays FALLIDA; the table's answer,
+//! REVISION_MANUAL, is `review`'s.
+//!
 //! A charge that is not the payment's own (another charge id than the one recorded, or
 //! another amount or currency) never settles it: if it succeeded, money was taken that
 //! does not match, and the payment goes to REVISION_MANUAL; if it is declined or pending,

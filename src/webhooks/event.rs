@@ -7,8 +7,10 @@ use crate::gateway::{Charge, ChargeStatus};
 use serde::Deserialize;
 use serde_json::Value;
 
-/// The only event type with an effect; others are acknowledged and ignored.
+/// The event types with an effect; others are acknowledged and ignored.
 pub const CHARGE_UPDATED: &str = "charge.updated";
+/// A refund's state changed (contract section 6): `data` is a refund.
+pub const REFUND_UPDATED: &str = "refund.updated";
 
 pub(crate) const MAX_ID_LEN: usize = 255;
 const MAX_CURRENCY_LEN: usize = 16;
@@ -38,6 +40,8 @@ pub struct GatewayEvent {
 pub enum Payload {
     /// `charge.updated`: the charge as it stands after the change.
     ChargeUpdated(Charge),
+    /// `refund.updated`: the refund as it stands after the change.
+    RefundUpdated(crate::gateway::Refund),
     /// A type pagos does not act on (kept for the logs).
     Other(String),
 }
@@ -84,6 +88,16 @@ impl GatewayEvent {
                 bounded("data.declineCode", code, MAX_DECLINE_CODE_LEN)?;
             }
             Payload::ChargeUpdated(charge)
+        } else if envelope.kind == REFUND_UPDATED {
+            let refund: crate::gateway::Refund = serde_json::from_value(envelope.data)
+                .map_err(|e| EventError(format!("`data` is not a refund: {e}")))?;
+            bounded("data.id", &refund.id, MAX_ID_LEN)?;
+            bounded("data.reference", &refund.reference, MAX_ID_LEN)?;
+            bounded("data.currency", &refund.currency, MAX_CURRENCY_LEN)?;
+            if let Some(code) = &refund.failure_code {
+                bounded("data.failureCode", code, MAX_DECLINE_CODE_LEN)?;
+            }
+            Payload::RefundUpdated(refund)
         } else {
             Payload::Other(envelope.kind.chars().take(64).collect())
         };

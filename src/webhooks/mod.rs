@@ -11,6 +11,7 @@ pub mod consumer;
 pub mod decide;
 pub mod event;
 pub mod mercadopago;
+pub mod refunds;
 pub mod signature;
 pub mod stripe;
 

@@ -462,7 +462,19 @@ async fn a_contradicting_event_sends_a_final_payment_to_manual_review(backend: B
 }
 
 async fn a_payment_under_manual_review_is_left_to_on_call(backend: Backend) {
-    let app = spawn(backend).await;
+    // A charge succeeding after FALLIDA sends the payment to review only when orphan
+    // charges are reviewed rather than refunded (tests/api/compensation.rs has the other).
+    let app = Spawn::new(backend)
+        .flags(&[
+            "--webhook-secret",
+            SECRET,
+            "--admin-token",
+            ADMIN,
+            "--orphan-charges",
+            "review",
+        ])
+        .start()
+        .await;
     let id = pending_payment(&app, "k-wh-review").await;
     for (evt, seq, status, expected) in [
         ("evt_r_2", 2, "declined", "aplicado"),

@@ -8,7 +8,10 @@
 //!
 //! It checks the invariants: no reference charged twice at the gateway; no payment left
 //! in flight (REVISION_MANUAL ones are listed); every intent's key, replayed once more,
-//! answers the same final answer; gateway charges = COMPLETADA + declined payments.
+//! answers the same final answer; gateway charges = COMPLETADA + declined payments. Then
+//! every fourth COMPLETADA payment is refunded by half through the same faults (and 5 %
+//! of refunds failing at the gateway), and: refunds at the gateway = refunds COMPLETADO,
+//! none made twice, no charge nor payment refunded beyond its amount, none left in flight.
 //!
 //! Size: `PAGOS_SOAK_PAYMENTS` (300), `PAGOS_SOAK_KILLS` (1), `PAGOS_SOAK_CLIENTS` (16),
 //! `PAGOS_SOAK_SEED` (random, printed). The full soak (docs/benchmarks.md):
@@ -24,9 +27,10 @@ mod helpers;
 
 use futures::StreamExt;
 use helpers::{Backend, TestDatabase};
-use pagos::entities::{idempotency_key, payment, payment_transition};
+use pagos::entities::{idempotency_key, payment, payment_transition, refund};
 use pagos_client::{
-    Client, Intent, Journal, Outcome, Pago, PayError, PayPolicy, PaymentRequest, Waiting,
+    Client, Intent, Journal, Outcome, Pago, PayError, PayPolicy, PaymentRequest, RefundIntent,
+    RefundOutcome, RefundRequest, Waiting,
 };
 use sea_orm::{
     ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
@@ -234,6 +238,8 @@ async fn soak(backend: Backend, payments: usize, kills: usize, clients: usize, s
             "--pending-rate",
             "0.1",
             "--decline-rate",
+            "0.05",
+            "--refund-failure-rate",
             "0.05",
             "--pending-for",
             "1s",
@@ -458,6 +464,68 @@ async fn soak(backend: Backend, payments: usize, kills: usize, clients: usize, s
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
+    // Refunds of a share of the payments, through the same faults: every fourth
+    // COMPLETADA payment is refunded by half, by a client with a journal of its own (one
+    // key per refund intent), 16 at a time; then the refunds are left to settle.
+    let completed = payment::Entity::find()
+        .filter(payment::Column::State.eq("COMPLETADA"))
+        .order_by_asc(payment::Column::CreatedAt)
+        .all(&db)
+        .await
+        .expect("payments");
+    let to_refund: Vec<(uuid::Uuid, i64)> = completed
+        .iter()
+        .step_by(4)
+        .map(|p| (p.id, p.amount / 2))
+        .collect();
+    let refund_client = Client::new(&serve_url, API_KEY)
+        .expect("client")
+        .with_journal(
+            Journal::open(dir.path().join("journal-refunds.db"))
+                .await
+                .expect("journal"),
+        )
+        .with_policy(PayPolicy {
+            deadline: Duration::from_secs(60),
+            ..PayPolicy::default()
+        });
+    let refund_answers: Vec<Result<RefundOutcome, PayError>> =
+        futures::stream::iter(to_refund.clone())
+            .map(|(id, amount)| {
+                let client = refund_client.clone();
+                async move {
+                    let request =
+                        RefundRequest::new(id, Some(amount), Some("soak")).expect("a valid refund");
+                    client.refund(&RefundIntent::new(request)).await
+                }
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await;
+    let refund_client_errors: Vec<String> = refund_answers
+        .iter()
+        .filter_map(|a| match a {
+            Err(PayError::GaveUp { .. }) | Ok(_) => None,
+            Err(e) => Some(e.to_string()),
+        })
+        .collect();
+    let refunds_quiet_by = Instant::now() + Duration::from_secs(120);
+    loop {
+        let stats = sandbox_stats(&http, &sandbox_url).await;
+        let not_due = refund::Entity::find()
+            .filter(refund::Column::State.is_in(["EN_PROCESO", "ENVIADO"]))
+            .filter(refund::Column::NextAttemptAt.gt(pagos::db::now()))
+            .count(&db)
+            .await
+            .expect("count");
+        let quiet =
+            stats["refunds"]["pending"] == 0 && stats["webhooks"]["inFlight"] == 0 && not_due == 0;
+        if quiet || Instant::now() > refunds_quiet_by {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
     // One reconciliation pass.
     let mut reconcile_args = vec!["reconcile", "--once", "--database-url", &db_url];
     reconcile_args.extend(gateway_flags.iter().map(String::as_str));
@@ -578,6 +646,28 @@ async fn soak(backend: Backend, payments: usize, kills: usize, clients: usize, s
             n.unwrap_or(0)
         ));
     }
+    let refund_rows = refund::Entity::find().all(&db).await.expect("refunds");
+    let refund_states = count_by(refund_rows.iter().map(|r| r.state.as_str()));
+    let refund_state = |s: &str| refund_states.get(s).copied().unwrap_or(0);
+    let refunds_in_flight = refund_state("EN_PROCESO") + refund_state("ENVIADO");
+    let refunds_succeeded = stats["refunds"]["succeeded"].as_u64().unwrap_or(u64::MAX) as usize;
+    let refunds_duplicated = stats["refunds"]["duplicatedReferences"]
+        .as_u64()
+        .unwrap_or(u64::MAX);
+    let over_refunded = stats["refunds"]["overRefundedCharges"]
+        .as_u64()
+        .unwrap_or(u64::MAX);
+    let over_refunded_here = rows
+        .iter()
+        .filter(|p| {
+            let counted: i64 = refund_rows
+                .iter()
+                .filter(|r| r.payment_id == p.id && r.state.as_str() != "FALLIDO")
+                .map(|r| r.amount)
+                .sum();
+            counted > p.amount
+        })
+        .count();
     let webhooks = &stats["webhooks"];
     let elapsed = started.elapsed();
 
@@ -641,6 +731,25 @@ async fn soak(backend: Backend, payments: usize, kills: usize, clients: usize, s
                     && intents.iter().all(|i| keys.contains_key(i.key().as_str()))
             )
         ),
+        format!(
+            "  refunds                      {} asked, {} {:?}; gateway {}",
+            to_refund.len(),
+            refund_rows.len(),
+            refund_states,
+            stats["refunds"]
+        ),
+        format!(
+            "  refunds at the gateway       {refunds_succeeded} succeeded = {} COMPLETADO, {refunds_duplicated} twice, {over_refunded} charges over-refunded, {over_refunded_here} payments over  {}",
+            refund_state("COMPLETADO"),
+            check(
+                (refunds_succeeded == refund_state("COMPLETADO")
+                    || refund_state("REVISION_MANUAL") > 0)
+                    && refunds_duplicated == 0
+                    && over_refunded == 0
+                    && over_refunded_here == 0
+                    && refunds_in_flight == 0
+            )
+        ),
     ];
     for line in &lines {
         eprintln!("{line}");
@@ -654,6 +763,29 @@ async fn soak(backend: Backend, payments: usize, kills: usize, clients: usize, s
         "clients got answers outside the protocol: {client_errors:#?}"
     );
     assert_eq!(duplicated, 0, "a reference was charged twice: {stats}");
+    assert!(
+        refund_client_errors.is_empty(),
+        "refund clients got answers outside the protocol: {refund_client_errors:#?}"
+    );
+    assert_eq!(refunds_duplicated, 0, "a refund was made twice: {stats}");
+    assert_eq!(over_refunded, 0, "a charge was refunded beyond it: {stats}");
+    assert_eq!(over_refunded_here, 0, "refunds over a payment's amount");
+    assert_eq!(
+        refunds_in_flight, 0,
+        "refunds still in flight after the final pass"
+    );
+    assert_eq!(
+        refund_rows.len(),
+        to_refund.len(),
+        "one refund per refund intent"
+    );
+    if refund_state("REVISION_MANUAL") == 0 {
+        assert_eq!(
+            refunds_succeeded,
+            refund_state("COMPLETADO"),
+            "refunds at the gateway must equal COMPLETADO refunds: {stats}"
+        );
+    }
     assert!(
         in_flight.is_empty(),
         "payments still in flight after the final pass: {:#?}",

@@ -78,6 +78,16 @@ impl EventType {
             PaymentState::EnProceso | PaymentState::Enviada => None,
         }
     }
+
+    /// The event a refund's move into `state` is, if the merchant must be told of it.
+    pub fn of_refund(state: crate::RefundState) -> Option<EventType> {
+        match state {
+            crate::RefundState::Completado => Some(EventType::ReembolsoCompletado),
+            crate::RefundState::Fallido => Some(EventType::ReembolsoFallido),
+            crate::RefundState::RevisionManual => Some(EventType::ReembolsoRevisionManual),
+            crate::RefundState::EnProceso | crate::RefundState::Enviado => None,
+        }
+    }
 }
 
 impl fmt::Display for EventType {

@@ -16,6 +16,7 @@ pub mod event;
 pub mod key;
 pub mod payment;
 pub mod problem;
+pub mod refund;
 pub mod request;
 pub mod state;
 
@@ -23,5 +24,6 @@ pub use event::{EndpointState, EventType, Evento, WebhookEndpoint};
 pub use key::{IdempotencyKey, KeyError};
 pub use payment::{MedioPago, Pago};
 pub use problem::{Problem, ProblemType};
+pub use refund::{NewRefund, Reembolso, RefundState};
 pub use request::{Currency, FieldError, NewPayment, PaymentMethod};
 pub use state::PaymentState;

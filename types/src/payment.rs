@@ -35,6 +35,15 @@ pub struct Pago {
     pub state: PaymentState,
     #[serde(rename = "gatewayRef", default)]
     pub gateway_ref: Option<String>,
+    /// Sum of the payment's `COMPLETADO` refunds, in minor units. Shown when the payment is
+    /// read (`GET`); the answer frozen when it was made predates any refund and leaves it
+    /// out.
+    #[serde(
+        rename = "montoReembolsado",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub refunded_amount: Option<i64>,
     /// RFC 3339.
     #[serde(rename = "creadoEn")]
     pub created_at: String,

@@ -35,10 +35,16 @@ pub enum ProblemType {
     /// Cut at `PAGOS_REQUEST_TIMEOUT`: a payment it started goes on.
     RequestTimeout,
     Internal,
+    /// The gateway refused a refund (the refund, `FALLIDO`, under `reembolso`).
+    RefundRefused,
+    /// A refund of a payment that is not `COMPLETADA`.
+    PaymentNotRefundable,
+    /// A refund over what is left of the payment (`restante`).
+    RefundExceedsRemaining,
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 18] = [
+    pub const ALL: [ProblemType; 21] = [
         ProblemType::Unauthorized,
         ProblemType::TooManyAuthFailures,
         ProblemType::NotFound,
@@ -57,6 +63,9 @@ impl ProblemType {
         ProblemType::Overloaded,
         ProblemType::RequestTimeout,
         ProblemType::Internal,
+        ProblemType::RefundRefused,
+        ProblemType::PaymentNotRefundable,
+        ProblemType::RefundExceedsRemaining,
     ];
 
     /// The stable last segment of `type`.
@@ -80,6 +89,9 @@ impl ProblemType {
             ProblemType::Overloaded => "overloaded",
             ProblemType::RequestTimeout => "request-timeout",
             ProblemType::Internal => "internal-error",
+            ProblemType::RefundRefused => "refund-refused",
+            ProblemType::PaymentNotRefundable => "payment-not-refundable",
+            ProblemType::RefundExceedsRemaining => "refund-exceeds-remaining",
         }
     }
 
@@ -104,6 +116,8 @@ impl ProblemType {
             ProblemType::PaymentDeclined | ProblemType::GatewayRejected => 402,
             ProblemType::Unavailable | ProblemType::Overloaded | ProblemType::RequestTimeout => 503,
             ProblemType::Internal => 500,
+            ProblemType::RefundRefused | ProblemType::RefundExceedsRemaining => 422,
+            ProblemType::PaymentNotRefundable => 409,
         }
     }
 
@@ -127,6 +141,9 @@ impl ProblemType {
             ProblemType::Overloaded => "Too many requests in progress",
             ProblemType::RequestTimeout => "The request took too long",
             ProblemType::Internal => "Internal error",
+            ProblemType::RefundRefused => "Refund refused by the gateway",
+            ProblemType::PaymentNotRefundable => "The payment cannot be refunded",
+            ProblemType::RefundExceedsRemaining => "The refund exceeds what is left of the payment",
         }
     }
 }

@@ -47,6 +47,18 @@ pub struct Reconciler {
     pub claim_for: Duration,
 }
 
+impl Reconciler {
+    /// The same limits, for refunds (`saga::refund::reconcile`).
+    pub fn refund_limits(&self) -> crate::saga::refund::reconcile::RefundLimits {
+        crate::saga::refund::reconcile::RefundLimits {
+            horizons: self.horizons,
+            concurrency: self.concurrency,
+            work_bound: self.work_bound,
+            claim_for: self.claim_for,
+        }
+    }
+}
+
 /// The settings a `Reconciler` is made from.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -102,6 +114,10 @@ pub struct Report {
     pub errores: u64,
     /// Moved by someone else meanwhile, or not the reconciler's to touch.
     pub omitidos: u64,
+    /// What the pass did with refunds (contract section 6), counted the same way; left
+    /// out when it touched none.
+    #[serde(skip_serializing_if = "crate::saga::refund::reconcile::RefundReport::is_empty")]
+    pub reembolsos: crate::saga::refund::reconcile::RefundReport,
 }
 
 impl AddAssign for Report {
@@ -114,6 +130,7 @@ impl AddAssign for Report {
         self.revision_manual += other.revision_manual;
         self.errores += other.errores;
         self.omitidos += other.omitidos;
+        self.reembolsos.merge(&other.reembolsos);
     }
 }
 
@@ -229,6 +246,9 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
         }
         return Err(err);
     }
+    // Refunds left in between, after the payments (a pass's refunds are few).
+    report.reembolsos =
+        crate::saga::refund::reconcile::run_pass(&r.saga, &r.refund_limits()).await?;
     r.metrics.reconciler_passes.inc();
     if report.examinados > 0 {
         tracing::info!(?report, "reconciliation pass done");

@@ -1,0 +1,152 @@
+//! `pagos refund`: one refund with the retrying client. The refund intent's key is kept in
+//! the journal until a terminal answer, and running the same command again while it is
+//! kept sends the same key: a refund asked twice is made once.
+//!
+//! Stdout carries the result only (the refund as JSON); progress and errors go to stderr.
+//! It must never print or store the API key.
+
+use super::{Client, Journal, PayError, PayPolicy, RefundIntent, RefundOutcome, RefundRequest};
+use secrecy::{ExposeSecret, SecretString};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use uuid::Uuid;
+
+#[derive(Debug, clap::Args)]
+#[command(
+    about = "Refund part or all of a payment with the retrying client (one key per refund, kept in a journal)",
+    after_help = "Exit codes: 0 refunded, 3 refused by the gateway, 4 still pending at the deadline, 1 anything else, 2 a bad flag.\n\
+                  The same command run again while its refund is kept in the journal sends the same Idempotency-Key."
+)]
+pub struct RefundArgs {
+    /// Base URL of the pagos server
+    #[arg(long, env = "PAGOS_URL", value_name = "URL", value_parser = url)]
+    pub url: url::Url,
+    /// The merchant's API key (the journal keeps only its SHA-256)
+    #[arg(long, env = "PAGOS_API_KEY", hide_env_values = true, value_name = "KEY",
+          value_parser = secret)]
+    pub api_key: SecretString,
+    /// The payment to refund (its id)
+    #[arg(long, env = "PAGOS_PAGO", value_name = "ID")]
+    pub pago: Uuid,
+    /// Amount to refund in minor units (default: everything not yet refunded)
+    #[arg(long, env = "PAGOS_MONTO", value_name = "N")]
+    pub monto: Option<i64>,
+    /// Why (at most 255 characters)
+    #[arg(long, env = "PAGOS_MOTIVO", value_name = "TEXT")]
+    pub motivo: Option<String>,
+    /// The journal of pending intents (default: pagos/journal.db in the user's data
+    /// directory)
+    #[arg(long, env = "PAGOS_JOURNAL", value_name = "PATH")]
+    pub journal: Option<PathBuf>,
+    /// How long the refund may take in all, retries and waits included
+    #[arg(long, env = "PAGOS_DEADLINE", default_value = "2m", value_parser = positive_duration,
+          value_name = "DURATION")]
+    pub deadline: Duration,
+    /// Tries of a request whose outcome stays unknown, the first one included
+    #[arg(long, env = "PAGOS_MAX_ATTEMPTS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=1000), value_name = "N")]
+    pub max_attempts: u32,
+}
+
+fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
+    Ok(SecretString::from(s))
+}
+
+fn url(s: &str) -> Result<url::Url, String> {
+    super::base_url(s).map_err(|e| e.to_string())
+}
+
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("must be greater than zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(format!("{e}; expected a duration such as 250ms, 30s or 2m")),
+    }
+}
+
+fn bad_setting(env: &str, flag: &str, message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("pagos: invalid setting {env} (--{flag}): {message}");
+    ExitCode::from(2)
+}
+
+pub async fn run(args: RefundArgs) -> anyhow::Result<ExitCode> {
+    let Some(path) = args.journal.clone().or_else(Journal::default_path) else {
+        return Ok(bad_setting(
+            "PAGOS_JOURNAL",
+            "journal",
+            "this user has no data directory; give the journal's path",
+        ));
+    };
+    let request = match RefundRequest::new(args.pago, args.monto, args.motivo.as_deref()) {
+        Ok(request) => request,
+        Err(errors) => {
+            let first = errors.first().map(|e| e.campo.as_str()).unwrap_or("monto");
+            let (env, flag) = if first == "motivo" {
+                ("PAGOS_MOTIVO", "motivo")
+            } else {
+                ("PAGOS_MONTO", "monto")
+            };
+            let why: Vec<String> = errors.into_iter().map(|e| e.detalle).collect();
+            return Ok(bad_setting(env, flag, why.join("; ")));
+        }
+    };
+    let api_key = args.api_key.expose_secret().to_owned();
+    let client = match Client::new(args.url.as_str(), &api_key) {
+        Ok(client) => client,
+        Err(err) => return Ok(bad_setting("PAGOS_API_KEY", "api-key", err)),
+    };
+    let journal = Journal::open(&path).await?;
+    let client = client.with_journal(journal).with_policy(PayPolicy {
+        deadline: args.deadline,
+        max_attempts: args.max_attempts,
+        ..PayPolicy::default()
+    });
+    let intent = match client.kept_refund(&request).await? {
+        Some(kept) => {
+            eprintln!(
+                "pagos: this refund is kept in the journal; asking again with its Idempotency-Key {}",
+                kept.key()
+            );
+            kept
+        }
+        None => RefundIntent::new(request),
+    };
+    eprintln!(
+        "pagos: refunding payment {} with Idempotency-Key {}",
+        args.pago,
+        intent.key()
+    );
+    let (code, printed) = match client.refund(&intent).await {
+        Ok(RefundOutcome::Refunded(refund)) => (0, Some(refund)),
+        Ok(RefundOutcome::Refused { refund, problem }) => {
+            eprintln!("pagos: refused: {}", problem.headline());
+            (3, Some(refund))
+        }
+        Ok(RefundOutcome::Pending(refund)) => {
+            eprintln!(
+                "pagos: refund {} still {} at the deadline; run the same command later to learn the outcome",
+                refund.id, refund.state
+            );
+            (4, Some(refund))
+        }
+        Err(err @ PayError::GaveUp { .. }) => {
+            eprintln!("pagos: {err}; run the same command again: it sends the same key");
+            (1, None)
+        }
+        Err(err) => {
+            eprintln!("pagos: {err}");
+            (1, None)
+        }
+    };
+    if let Some(refund) = printed {
+        // A closed stdout (`| head`) must not turn a refund into a panic.
+        let _ = writeln!(
+            std::io::stdout().lock(),
+            "{}",
+            serde_json::to_string(&refund)?
+        );
+    }
+    Ok(ExitCode::from(code))
+}

@@ -1,0 +1,33 @@
+//! `refunds.last_event_sequence`: the highest `sequence` of a gateway refund event applied
+//! to the refund (the third strategy of at-least-once consumers: an event at or below it
+//! is stale and changes nothing). NULL until the first event. Older binaries ignore it.
+
+use sea_orm_migration::{prelude::*, schema::*};
+
+#[derive(DeriveMigrationName)]
+pub struct Migration;
+
+#[async_trait::async_trait]
+impl MigrationTrait for Migration {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .alter_table(
+                Table::alter()
+                    .table("refunds")
+                    .add_column(big_integer_null("last_event_sequence"))
+                    .to_owned(),
+            )
+            .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .alter_table(
+                Table::alter()
+                    .table("refunds")
+                    .drop_column("last_event_sequence")
+                    .to_owned(),
+            )
+            .await
+    }
+}

@@ -1,0 +1,513 @@
+//! Refunds (contract section 6): `POST /v1/pagos/{id}/reembolsos` (idempotent, keys in a
+//! key space of their own), `GET /v1/reembolsos/{id}`, `GET /v1/pagos/{id}/reembolsos`,
+//! and on-call's `POST /admin/pagos/{id}/reembolsos`.
+//!
+//! A request rejected before any work (401, 413, 415, 400, validation 422), and one
+//! refused by the check of what is left (404, 409, 422 `refund-exceeds-remaining`),
+//! stores nothing: the same key can be sent again. The saga runs in its own task: a client
+//! that hangs up never cancels a refund halfway.
+
+use super::AppState;
+use super::auth::{Admin, Merchant};
+use super::payments::{Body, MAX_BODY, body, idempotency_key, problem, validation_failed};
+use super::problem::{ApiError, Problem, ProblemType};
+use crate::entities::idempotency_key as keys;
+use crate::entities::refund::{self, KeyScope};
+use crate::idempotency::{self, Begin, IdempotencyKey};
+use crate::representation::{Answer, reembolso, refund_answer};
+use crate::saga::refund::store::{self, Registered, Registration};
+use crate::saga::refund::{self as refunds, Actor};
+use crate::saga::state::PaymentState;
+use axum::Json;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use pagos_types::{NewRefund, Reembolso};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+pub const REFUNDS_PATH: &str = "/v1/reembolsos";
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_refund))
+        .routes(routes!(get_refund))
+        .routes(routes!(list_refunds))
+        .routes(routes!(admin_refund))
+        .routes(routes!(resolve_refund))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+}
+
+/// The body of a refund request (documentation only: the handler parses JSON itself to
+/// report every bad field at once).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+#[schema(as = ReembolsoRequest)]
+struct ReembolsoRequest {
+    /// Minor units, positive, at most what is left of the payment; absent: everything not
+    /// yet refunded.
+    #[schema(minimum = 1, example = 50000)]
+    monto: Option<i64>,
+    /// Why, at most 255 characters (required on the admin refund).
+    #[schema(max_length = 255, example = "solicitud del cliente")]
+    motivo: Option<String>,
+}
+
+/// A payment's refunds, oldest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ListaReembolsos {
+    pub reembolsos: Vec<Reembolso>,
+}
+
+fn not_found(what: &str) -> ApiError {
+    problem(ProblemType::NotFound, format!("No {what} with this id."))
+}
+
+/// An answer with `Location` and, for replays, `Idempotent-Replayed`.
+fn respond(refund_id: Uuid, answer: Answer, replayed: bool) -> Response {
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let content_type = answer.content_type();
+    let mut response = (status, answer.body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if let Ok(location) = HeaderValue::from_str(&format!("{REFUNDS_PATH}/{refund_id}")) {
+        headers.insert(header::LOCATION, location);
+    }
+    if replayed {
+        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    response
+}
+
+/// The key columns of a refund's row, read as a key row, so `idempotency::decide` says
+/// what a request with this key gets, exactly as for payments.
+fn key_row(r: &refund::Model) -> keys::Model {
+    keys::Model {
+        merchant_id: r.merchant_id,
+        key: r.idempotency_key.clone(),
+        fingerprint: r.fingerprint.clone(),
+        payment_id: r.id,
+        status: r.key_status,
+        response_code: r.response_code,
+        response_body: r.response_body.clone(),
+        lease_until: r.lease_until,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+    }
+}
+
+/// Everything a refund request carries, parsed.
+struct Asked {
+    key: IdempotencyKey,
+    value: Value,
+    refund: NewRefund,
+}
+
+fn parse(
+    headers: &HeaderMap,
+    json: Result<Json<Value>, JsonRejection>,
+    reason_required: bool,
+) -> Result<Asked, ApiError> {
+    let Body(value) = body(json)?;
+    let key = idempotency_key(headers)?;
+    let value = value?;
+    let refund = NewRefund::from_json(&value, reason_required).map_err(validation_failed)?;
+    Ok(Asked { key, value, refund })
+}
+
+/// Registers (or finds) the refund and answers as the contract says.
+async fn begin_and_answer(
+    state: &AppState,
+    merchant: Uuid,
+    scope: KeyScope,
+    path: &str,
+    payment: Uuid,
+    asked: Asked,
+    requested_by: String,
+) -> Result<Response, ApiError> {
+    let fingerprint = idempotency::fingerprint("POST", path, &asked.value);
+    let registered = store::register(
+        &state.db,
+        Registration {
+            merchant,
+            scope,
+            key: asked.key.as_str(),
+            fingerprint: &fingerprint,
+            payment,
+            amount: asked.refund.amount,
+            reason: asked.refund.reason.clone(),
+            requested_by,
+            lease: state.settings.lease,
+            payment_states: &[PaymentState::Completada],
+            charge: None,
+            charge_amount: None,
+        },
+    )
+    .await?;
+    let key_hash = idempotency::key_hash(&asked.key);
+    match registered {
+        Registered::NoPayment => Err(not_found("payment")),
+        Registered::NotRefundable(estado) => Err(Problem::new(ProblemType::PaymentNotRefundable)
+            .detail(format!(
+                "The payment is {estado}: only a COMPLETADA payment with a charge at the gateway can be refunded."
+            ))
+            .with("estado", estado)
+            .into()),
+        Registered::ExceedsRemaining { remaining } => {
+            Err(Problem::new(ProblemType::RefundExceedsRemaining)
+                .detail(format!(
+                    "At most {remaining} is left to refund (the payment's monto less its refunds COMPLETADO, ENVIADO, EN_PROCESO and REVISION_MANUAL); nothing was stored."
+                ))
+                .with("restante", remaining)
+                .into())
+        }
+        Registered::Started(r) => {
+            tracing::info!(refund_id = %r.id, payment_id = %r.payment_id, %key_hash, "refund registered");
+            crate::failpoint::hit("refund_after_register");
+            let deps = state.saga_deps();
+            let settled = tokio::spawn(async move { refunds::send(&deps, *r, Actor::Request).await })
+                .await
+                .map_err(|e| ApiError::Internal(e.into()))?
+                .map_err(|e| ApiError::Internal(e.into()))?;
+            Ok(respond(settled.id, refund_answer(&settled), false))
+        }
+        Registered::Taken(existing) => {
+            match idempotency::decide(&key_row(&existing), &fingerprint, crate::db::now()) {
+                Begin::Mismatch => Err(problem(
+                    ProblemType::KeyReused,
+                    "This Idempotency-Key was already used with a different request. Use a new key for a new refund.",
+                )),
+                Begin::Replay {
+                    payment_id, answer, ..
+                } => {
+                    tracing::info!(refund_id = %payment_id, %key_hash, "replaying the stored refund answer");
+                    Ok(respond(payment_id, answer.into(), true))
+                }
+                Begin::InFlight { retry_after } => {
+                    let seconds = retry_after.as_secs_f64().ceil().clamp(1.0, 2.0) as u64;
+                    Err(Problem::new(ProblemType::RequestInFlight)
+                        .detail("The first request with this Idempotency-Key is still being processed. Retry after the time in Retry-After.")
+                        .retry_after(seconds)
+                        .into())
+                }
+                Begin::Unsettled { .. } | Begin::Started(_) => {
+                    answer_current(state, *existing, &key_hash.to_string()).await
+                }
+            }
+        }
+    }
+}
+
+/// A retry of a refund nobody is working on: settle it first if it is due, then answer
+/// its state (202 with `Retry-After` while it is not final).
+async fn answer_current(
+    state: &AppState,
+    mut current: refund::Model,
+    key_hash: &str,
+) -> Result<Response, ApiError> {
+    let id = current.id;
+    if current.next_attempt_at <= crate::db::now() && !current.state.is_terminal() {
+        tracing::info!(refund_id = %id, key_hash, "client retry found the refund due; reconciling it now");
+        let deps = state.saga_deps();
+        let limits = state.reconciler.refund_limits();
+        tokio::spawn(async move {
+            crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, true).await
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))??;
+        current = store::find(&state.db, id)
+            .await?
+            .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("refund {id} vanished")))?;
+    }
+    let mut response = respond(id, refund_answer(&current), true);
+    if response.status() == StatusCode::ACCEPTED {
+        let wait = (current.next_attempt_at - crate::db::now()).num_seconds();
+        if let Ok(value) = HeaderValue::from_str(&wait.clamp(1, 3600).to_string()) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+    }
+    Ok(response)
+}
+
+/// Refund part or all of a `COMPLETADA` payment, safe to retry with the same
+/// `Idempotency-Key`.
+#[utoipa::path(
+    post,
+    path = "/v1/pagos/{id}/reembolsos",
+    tag = "reembolsos",
+    security(("api_key" = [])),
+    params(
+        ("id" = Uuid, Path, description = "The payment to refund"),
+        ("Idempotency-Key" = String, Header,
+         description = "One key per refund intent, sent again on every retry. Refund keys are a key space of their own: the key of a payment names nothing here.")
+    ),
+    request_body(content = ReembolsoRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Refunded (COMPLETADO)", body = Reembolso,
+         headers(("Location" = String), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 202, description = "Outcome not known yet or pending at the gateway (ENVIADO); the reconciler settles it", body = Reembolso,
+         headers(("Location" = String))),
+        (status = 400, description = "Idempotency-Key missing or malformed, or body not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such payment for this merchant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The payment is not COMPLETADA (`payment-not-refundable`), or the first request with this key is still in progress (`request-in-flight`, with Retry-After)", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Content type is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The gateway refused the refund (`refund-refused`, FALLIDO under `reembolso`), `monto` over what is left (`refund-exceeds-remaining`, with `restante`), validation failed, or the key was used with another body", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Temporarily unavailable; retry with the same key", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn create_refund(
+    State(state): State<AppState>,
+    Merchant(merchant): Merchant,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    json: Result<Json<Value>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let asked = parse(&headers, json, false)?;
+    let payment = Uuid::parse_str(&id).map_err(|_| not_found("payment"))?;
+    let path = format!("/v1/pagos/{payment}/reembolsos");
+    begin_and_answer(
+        &state,
+        merchant,
+        KeyScope::Merchant,
+        &path,
+        payment,
+        asked,
+        "merchant".to_owned(),
+    )
+    .await
+}
+
+/// A refund of the caller's.
+#[utoipa::path(
+    get,
+    path = "/v1/reembolsos/{id}",
+    tag = "reembolsos",
+    security(("api_key" = [])),
+    params(("id" = Uuid, Path, description = "The refund id")),
+    responses(
+        (status = 200, description = "The refund", body = Reembolso),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such refund for this merchant", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn get_refund(
+    State(state): State<AppState>,
+    Merchant(merchant): Merchant,
+    Path(id): Path<String>,
+) -> Result<Json<Reembolso>, ApiError> {
+    let id = Uuid::parse_str(&id).map_err(|_| not_found("refund"))?;
+    let found = store::find_for_merchant(&state.db, merchant, id)
+        .await?
+        .ok_or_else(|| not_found("refund"))?;
+    Ok(Json(reembolso(&found)))
+}
+
+/// A payment's refunds, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/pagos/{id}/reembolsos",
+    tag = "reembolsos",
+    security(("api_key" = [])),
+    params(("id" = Uuid, Path, description = "The payment id")),
+    responses(
+        (status = 200, description = "The payment's refunds, oldest first", body = ListaReembolsos),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such payment for this merchant", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn list_refunds(
+    State(state): State<AppState>,
+    Merchant(merchant): Merchant,
+    Path(id): Path<String>,
+) -> Result<Json<ListaReembolsos>, ApiError> {
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    let id = Uuid::parse_str(&id).map_err(|_| not_found("payment"))?;
+    crate::entities::payment::Entity::find_by_id(id)
+        .filter(crate::entities::payment::Column::MerchantId.eq(merchant))
+        .one(&state.db)
+        .await?
+        .ok_or_else(|| not_found("payment"))?;
+    let rows = store::of_payment(&state.db, id).await?;
+    Ok(Json(ListaReembolsos {
+        reembolsos: rows.iter().map(reembolso).collect(),
+    }))
+}
+
+/// On-call refunds part or all of a `COMPLETADA` payment; `motivo` is required and goes
+/// to the refund's audit trail with who asked.
+#[utoipa::path(
+    post,
+    path = "/admin/pagos/{id}/reembolsos",
+    tag = "admin",
+    security(("admin_token" = [])),
+    params(
+        ("id" = Uuid, Path, description = "The payment to refund"),
+        ("Idempotency-Key" = String, Header, description = "One key per refund intent; on-call's keys are a key space of their own")
+    ),
+    request_body(content = ReembolsoRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Refunded (COMPLETADO)", body = Reembolso),
+        (status = 202, description = "Outcome not known yet (ENVIADO)", body = Reembolso),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such payment", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not COMPLETADA, or the first request with this key is in progress", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Refused by the gateway, over what is left, `motivo` missing, or the key used with another body", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn admin_refund(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    json: Result<Json<Value>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let asked = parse(&headers, json, true)?;
+    let payment = Uuid::parse_str(&id).map_err(|_| not_found("payment"))?;
+    let Some(found) = crate::saga::store::find_payment(&state.db, payment).await? else {
+        return Err(not_found("payment"));
+    };
+    let path = format!("/admin/pagos/{payment}/reembolsos");
+    begin_and_answer(
+        &state,
+        found.merchant_id,
+        KeyScope::Admin,
+        &path,
+        payment,
+        asked,
+        "admin".to_owned(),
+    )
+    .await
+}
+
+/// On-call's settlement of a refund under review.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResolucionReembolso {
+    /// COMPLETADO (the provider shows the money went back) or FALLIDO (it shows none did)
+    estado: String,
+    /// Why (what the provider's dashboard showed, the ticket): kept in the audit trail.
+    motivo: String,
+    /// The provider's refund id, when on-call found one.
+    #[serde(rename = "gatewayRef")]
+    gateway_ref: Option<String>,
+}
+
+/// A refund with its audit trail, as on-call sees it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DetalleReembolso {
+    pub reembolso: Reembolso,
+    /// The audit trail, oldest first.
+    pub transiciones: Vec<super::admin::Transicion>,
+}
+
+/// On-call settles a refund in `REVISION_MANUAL`, after checking the provider.
+#[utoipa::path(
+    post,
+    path = "/admin/reembolsos/{id}/resolucion",
+    tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = Uuid, Path, description = "The refund id")),
+    request_body = ResolucionReembolso,
+    responses(
+        (status = 200, description = "Settled; the refund and its audit trail", body = DetalleReembolso),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such refund", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The refund is not in REVISION_MANUAL", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad estado or empty motivo", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn resolve_refund(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<DetalleReembolso>, ApiError> {
+    use crate::saga::refund::state::Event;
+    use crate::saga::refund::store::{Changes, StoreError, Written};
+    let bad = |detail: String| -> ApiError { problem(ProblemType::Validation, detail) };
+    let id = Uuid::parse_str(&id).map_err(|_| not_found("refund"))?;
+    let request: ResolucionReembolso = serde_json::from_slice(&body).map_err(|e| {
+        bad(format!(
+            "expected {{\"estado\":\"COMPLETADO\"|\"FALLIDO\",\"motivo\":\"…\"}}: {e}"
+        ))
+    })?;
+    let event = match request.estado.as_str() {
+        "COMPLETADO" => Event::ResolveCompleted,
+        "FALLIDO" => Event::ResolveFailed,
+        _ => return Err(bad("estado must be COMPLETADO or FALLIDO".into())),
+    };
+    let motivo = request.motivo.trim();
+    if motivo.is_empty() || motivo.chars().count() > 1000 {
+        return Err(bad(
+            "motivo is required (1–1000 characters): say why, for the audit trail".into(),
+        ));
+    }
+    if let Some(r) = &request.gateway_ref
+        && (r.trim().is_empty() || r.len() > 255)
+    {
+        return Err(bad("gatewayRef must be 1–255 characters".into()));
+    }
+    let current = store::find(&state.db, id)
+        .await?
+        .ok_or_else(|| not_found("refund"))?;
+    let not_under_review = |detail: String| -> ApiError {
+        Problem::new(ProblemType::NotUnderReview)
+            .detail(detail)
+            .into()
+    };
+    if current.state != crate::saga::refund::state::RefundState::RevisionManual {
+        return Err(not_under_review(format!(
+            "The refund is {}, not REVISION_MANUAL: only refunds under review are resolved by hand.",
+            current.state
+        )));
+    }
+    let changes = Changes {
+        failure_code: (event == Event::ResolveFailed).then(|| refunds::RESOLVED_FAILED.to_owned()),
+        gateway_ref: request.gateway_ref.map(|r| r.trim().to_owned()),
+        ..Changes::default()
+    };
+    let reason = format!("resolved by on-call: {motivo}");
+    let resolved = match refunds::apply_now(
+        &state.saga_deps(),
+        &current,
+        event,
+        changes,
+        Actor::Admin,
+        &reason,
+    )
+    .await
+    {
+        Ok(Written::Applied(r)) => *r,
+        Ok(Written::Fenced) => {
+            return Err(not_under_review(
+                "The refund changed while resolving it; read it again and retry.".into(),
+            ));
+        }
+        Err(StoreError::Illegal(e)) => return Err(not_under_review(e.to_string())),
+        Err(StoreError::Db(e)) => return Err(e.into()),
+    };
+    tracing::info!(refund_id = %resolved.id, estado = %resolved.state, "refund resolved by on-call");
+    let trail = store::trail(&state.db, resolved.id).await?;
+    Ok(Json(DetalleReembolso {
+        reembolso: reembolso(&resolved),
+        transiciones: trail
+            .into_iter()
+            .map(|t| super::admin::Transicion {
+                desde: t.from_state.map(|s| s.as_str().to_owned()),
+                hacia: t.to_state.as_str().to_owned(),
+                quien: t.actor.as_str().to_owned(),
+                motivo: t.reason,
+                en: t
+                    .created_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            })
+            .collect(),
+    }))
+}

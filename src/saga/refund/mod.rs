@@ -1,0 +1,307 @@
+//! The refund saga, the compensating step of a payment's: register (with the check of
+//! what is left of the payment) → mark sent → gateway call → settle or hand over to the
+//! reconciler. The same shape and guarantees as a payment's: one refund at the gateway per
+//! refund (one derived gateway key, every send with it), never lost, never half-written.
+//!
+//! `state` is the pure state machine; `store` is the database work; this module runs the
+//! steps. It never holds a transaction across the gateway call, and never calls the
+//! gateway for a refund it has not first marked ENVIADO.
+
+pub mod reconcile;
+pub mod state;
+pub mod store;
+
+use crate::entities::refund;
+use crate::failpoint;
+use crate::gateway::retry::{self, RefundOutcome};
+use crate::gateway::{Refund, RefundRequest, RefundStatus, RejectReason};
+use crate::representation;
+use crate::saga::SagaDeps;
+use state::{Event, RefundState};
+use store::{Changes, StoreError, Written};
+
+pub use crate::entities::refund_transition::Actor;
+
+/// `failure_code` of a refund the gateway refused outright.
+pub const GATEWAY_REJECTED: &str = "gateway_rejected";
+
+/// `failure_code` of a refund on-call resolved as failed.
+pub const RESOLVED_FAILED: &str = "resolved_by_on_call";
+
+/// One event committed on its own, with the answer rendered for the key.
+pub async fn apply_now(
+    deps: &SagaDeps,
+    current: &refund::Model,
+    event: Event,
+    changes: Changes,
+    actor: Actor,
+    reason: &str,
+) -> Result<Written, StoreError> {
+    store::apply_now(&deps.db, current, event, changes, actor, reason, RENDER).await
+}
+
+/// What the refund store writes rendered: the key's frozen answer and the event's `datos`.
+pub const RENDER: store::Render = store::Render {
+    answer: representation::refund_frozen,
+    datos: representation::refund_datos,
+};
+
+/// What every send of `r` asks the gateway: the same key and the same body. `whole` when
+/// the refund is the payment's whole amount (`payment_amount`).
+pub fn refund_request(r: &refund::Model, payment_amount: i64) -> RefundRequest {
+    RefundRequest {
+        gateway_key: r.gateway_key.clone(),
+        charge: r.charge_ref.clone(),
+        amount: r.amount,
+        currency: r.currency.clone(),
+        reference: r.id,
+        reason: r.reason.clone(),
+        whole: r.amount == payment_amount,
+    }
+}
+
+/// Marks the refund ENVIADO, calls the gateway (with retries, same key), and records the
+/// outcome. Returns the refund as it stands afterwards, possibly as someone else left it.
+pub async fn send(
+    deps: &SagaDeps,
+    current: refund::Model,
+    actor: Actor,
+) -> Result<refund::Model, StoreError> {
+    let maybe_sent_before = current.state == RefundState::Enviado;
+    let hold_until = (actor != Actor::Request).then(|| {
+        let hold = crate::saga::store::now_plus(deps.send_hold);
+        current.claimed_until.map_or(hold, |held| held.max(hold))
+    });
+    let reason = match (actor, current.state) {
+        (Actor::Request, _) => "sending the refund to the gateway",
+        (_, RefundState::EnProceso) => "sending the refund to the gateway (registered, never sent)",
+        _ => "resending the refund with the same key (the provider has none for it)",
+    };
+    let payment_amount = crate::saga::store::find_payment(&deps.db, current.payment_id)
+        .await?
+        .map_or(0, |p| p.amount);
+    let sent = match apply_now(
+        deps,
+        &current,
+        Event::Send,
+        Changes {
+            count_attempt: true,
+            hold_until,
+            ..Changes::default()
+        },
+        actor,
+        reason,
+    )
+    .await?
+    {
+        Written::Applied(sent) => *sent,
+        Written::Fenced => return reload(deps, &current).await,
+    };
+    failpoint::hit("refund_after_mark_sent");
+    let outcome = retry::refund(
+        deps.gateway.as_ref(),
+        &refund_request(&sent, payment_amount),
+        deps.policy,
+        maybe_sent_before,
+    )
+    .await;
+    failpoint::hit("refund_after_gateway_response");
+    tracing::info!(refund_id = %sent.id, outcome = outcome_name(&outcome), "gateway answered the refund");
+    record_outcome(deps, sent, outcome, actor).await
+}
+
+pub fn outcome_name(outcome: &RefundOutcome) -> &'static str {
+    match outcome {
+        RefundOutcome::Succeeded(_) => "succeeded",
+        RefundOutcome::Failed(_) => "failed",
+        RefundOutcome::Pending(_) => "pending",
+        RefundOutcome::Rejected { .. } => "rejected",
+        RefundOutcome::Unknown(_) => "unknown",
+    }
+}
+
+/// The event a gateway refund means for `r`, and what to record with it. None: pending.
+/// A refund for another amount or currency never settles it: on-call decides.
+pub fn settlement(r: &refund::Model, found: &Refund) -> Option<(Event, Changes, String)> {
+    let changes = Changes {
+        gateway_ref: Some(found.id.clone()),
+        ..Changes::default()
+    };
+    if found.amount != r.amount || !found.currency.eq_ignore_ascii_case(&r.currency) {
+        return Some((
+            Event::Escalate,
+            changes,
+            format!(
+                "refund {} is for {} {}, but the refund asked for {} {}",
+                found.id, found.amount, found.currency, r.amount, r.currency
+            ),
+        ));
+    }
+    match found.status {
+        RefundStatus::Succeeded => Some((
+            Event::Refunded,
+            changes,
+            format!("gateway refunded ({})", found.id),
+        )),
+        RefundStatus::Failed => {
+            let code = found
+                .failure_code
+                .clone()
+                .unwrap_or_else(|| "failed".into());
+            Some((
+                Event::Failed,
+                Changes {
+                    failure_code: Some(crate::gateway::decline_code(&code)),
+                    ..changes
+                },
+                format!("gateway refund failed ({}): {code}", found.id),
+            ))
+        }
+        RefundStatus::Pending => None,
+    }
+}
+
+/// Writes what the gateway said: final states freeze the key's answer; pending and
+/// unknown hand the refund to the reconciler.
+pub async fn record_outcome(
+    deps: &SagaDeps,
+    sent: refund::Model,
+    outcome: RefundOutcome,
+    actor: Actor,
+) -> Result<refund::Model, StoreError> {
+    let (event, changes, reason) = match outcome {
+        RefundOutcome::Succeeded(found) | RefundOutcome::Failed(found) => {
+            match settlement(&sent, &found) {
+                Some(settled) => settled,
+                None => return hand_over(deps, sent, Some(found.id)).await,
+            }
+        }
+        RefundOutcome::Rejected {
+            status,
+            detail,
+            reason,
+        } => {
+            let code = match reason {
+                RejectReason::ExceedsRemaining => "amount_exceeds_remaining".to_owned(),
+                RejectReason::Other => format!("{GATEWAY_REJECTED}_{status}"),
+            };
+            (
+                Event::Failed,
+                Changes {
+                    failure_code: Some(code),
+                    ..Changes::default()
+                },
+                format!("gateway refused the refund with {status}: {detail}"),
+            )
+        }
+        RefundOutcome::Pending(found) => return hand_over(deps, sent, Some(found.id)).await,
+        RefundOutcome::Unknown(why) => {
+            tracing::warn!(refund_id = %sent.id, why, "refund outcome unknown; the reconciler will ask the provider");
+            return hand_over(deps, sent, None).await;
+        }
+    };
+    match apply_now(deps, &sent, event, changes, actor, &reason).await? {
+        Written::Applied(r) => Ok(*r),
+        Written::Fenced => reload(deps, &sent).await,
+    }
+}
+
+async fn hand_over(
+    deps: &SagaDeps,
+    sent: refund::Model,
+    gateway_ref: Option<String>,
+) -> Result<refund::Model, StoreError> {
+    let jitter: f64 = rand::Rng::random(&mut rand::rng());
+    let due = crate::db::now()
+        + crate::saga::backoff::backoff(deps.stale_after, sent.attempts - 1, jitter);
+    match store::hand_over(&deps.db, &sent, gateway_ref, due).await? {
+        Written::Applied(r) => Ok(*r),
+        Written::Fenced => reload(deps, &sent).await,
+    }
+}
+
+async fn reload(deps: &SagaDeps, r: &refund::Model) -> Result<refund::Model, StoreError> {
+    tracing::info!(refund_id = %r.id, "refund moved by someone else first; keeping their decision");
+    Ok(store::find(&deps.db, r.id)
+        .await?
+        .unwrap_or_else(|| r.clone()))
+}
+
+/// What pagos does with a charge it finds for a payment whose answer was `FALLIDA`
+/// (`PAGOS_ORPHAN_CHARGES`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OrphanCharges {
+    /// Refund it in full through the refund saga, so the answer (no money taken) becomes
+    /// true again.
+    #[default]
+    Refund,
+    /// Send the payment to `REVISION_MANUAL`: on-call decides.
+    Review,
+}
+
+/// The compensation of an orphan charge: a refund of `charge` (in full) registered in the
+/// caller's transaction, in pagos' own key space (the key is the charge's id, so the same
+/// charge found twice is refunded once), with an audit row on the payment saying why. The
+/// refund is due at once: the next reconciliation pass sends it (or on-call's "reconcile
+/// now"). The payment must be `FALLIDA`; its row must be locked by the caller or the
+/// database serialized (`lock` as `store::register_in`).
+pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
+    tx: &C,
+    p: &crate::entities::payment::Model,
+    charge: &crate::gateway::Charge,
+    actor: Actor,
+    why: &str,
+    lock: bool,
+) -> Result<store::Registered, sea_orm::DbErr> {
+    use crate::entities::payment_transition as payment_transitions;
+    use sea_orm::EntityTrait;
+    let fingerprint = crate::idempotency::fingerprint(
+        "COMPENSATE",
+        &format!("/v1/pagos/{}", p.id),
+        &serde_json::json!({ "charge": charge.id, "monto": charge.amount }),
+    );
+    let reason = format!("compensation: {why}");
+    let registered = store::register_in(
+        tx,
+        &store::Registration {
+            merchant: p.merchant_id,
+            scope: crate::entities::refund::KeyScope::Orphan,
+            key: &charge.id,
+            fingerprint: &fingerprint,
+            payment: p.id,
+            amount: Some(charge.amount),
+            reason: Some(truncate(&reason, pagos_types::refund::MAX_REASON_LEN)),
+            requested_by: "pagos".to_owned(),
+            lease: std::time::Duration::ZERO,
+            payment_states: &[crate::saga::state::PaymentState::Fallida],
+            charge: Some(charge.id.clone()),
+            charge_amount: Some(charge.amount),
+        },
+        lock,
+    )
+    .await?;
+    if let store::Registered::Started(r) = &registered {
+        payment_transitions::Entity::insert(payment_transitions::ActiveModel::from(
+            payment_transitions::Model {
+                id: uuid::Uuid::now_v7(),
+                payment_id: p.id,
+                from_state: Some(p.state),
+                to_state: p.state,
+                actor,
+                reason: format!(
+                    "{why}: the answer was FALLIDA, so the charge is refunded in full (refund {}) to keep it true",
+                    r.id
+                ),
+                created_at: r.created_at,
+            },
+        ))
+        .exec_without_returning(tx)
+        .await?;
+        tracing::warn!(payment_id = %p.id, refund_id = %r.id, charge = charge.id, "orphan charge: refunding it");
+    }
+    Ok(registered)
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}

@@ -1,0 +1,464 @@
+//! Reconciliation of refunds left in between (a crash, a timeout, a refund pending at the
+//! provider), exactly as payments are reconciled: look the refund up by its reference,
+//! settle it from a readable status, resend it with the same gateway key while the gateway
+//! still honours the key, and hand it to on-call (`REVISION_MANUAL`) at the horizons.
+//!
+//! `decide` is the pure decision table; `run_pass` and `reconcile_one` claim refunds the
+//! way payments are claimed (nobody else works on a claimed refund) and apply decisions
+//! through the fenced store.
+
+use crate::entities::refund;
+use crate::gateway::{GatewayError, Refund, RefundLookup, RefundStatus};
+use crate::saga::SagaDeps;
+use crate::saga::backoff::backoff;
+use crate::saga::reconcile::decide::Horizons;
+use crate::saga::refund::state::{Event, RefundState};
+use crate::saga::refund::store::{self, Changes, StoreError, Written};
+use crate::saga::refund::{self as steps, Actor};
+use chrono::{DateTime, TimeDelta, Utc};
+use futures::StreamExt;
+use rand::Rng;
+use serde::Serialize;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// What the reconciler knows about one refund.
+#[derive(Clone, Debug)]
+pub struct Facts<'a> {
+    pub state: RefundState,
+    pub created_at: DateTime<Utc>,
+    pub now: DateTime<Utc>,
+    /// The provider's refunds for this refund (None: not asked).
+    pub lookup: Option<&'a Result<Vec<Refund>, GatewayError>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Never sent, or sent with no refund at the provider inside its key window: send
+    /// with the same gateway key (the provider replays it or makes the only one).
+    Send,
+    Settle(Refund),
+    Reschedule(String),
+    Escalate(String),
+    Skip,
+}
+
+pub fn needs_lookup(state: RefundState) -> bool {
+    state == RefundState::Enviado
+}
+
+/// The decision table: the payments' (`saga::reconcile::decide`), read for refunds.
+pub fn decide(facts: &Facts<'_>, horizons: &Horizons) -> Decision {
+    let age = facts.now - facts.created_at;
+    match facts.state {
+        RefundState::EnProceso if age > horizons.give_up_after => Decision::Escalate(format!(
+            "refund never sent, and registered {} ago",
+            human(age)
+        )),
+        RefundState::EnProceso => Decision::Send,
+        RefundState::Enviado => match facts.lookup {
+            None => Decision::Reschedule("the provider was not asked".into()),
+            Some(Err(err)) if age > horizons.give_up_after => Decision::Escalate(format!(
+                "refund unresolved {} after it was registered and the provider cannot be asked (last error: {err})",
+                human(age)
+            )),
+            Some(Err(err)) => Decision::Reschedule(format!("provider lookup failed: {err}")),
+            Some(Ok(found)) => decide_on_refunds(found, age, horizons),
+        },
+        RefundState::Completado | RefundState::Fallido | RefundState::RevisionManual => {
+            Decision::Skip
+        }
+    }
+}
+
+fn decide_on_refunds(found: &[Refund], age: TimeDelta, horizons: &Horizons) -> Decision {
+    if found.len() > 1 {
+        let ids: Vec<&str> = found.iter().map(|r| r.id.as_str()).collect();
+        return Decision::Escalate(format!(
+            "the provider holds {} refunds for this one refund ({})",
+            found.len(),
+            ids.join(", ")
+        ));
+    }
+    let Some(one) = found.first() else {
+        return if age + horizons.resend_margin < horizons.key_window {
+            Decision::Send
+        } else {
+            Decision::Escalate(format!(
+                "no refund at the provider and the gateway's key window ({}) has passed: a resend could refund twice",
+                human(horizons.key_window)
+            ))
+        };
+    };
+    match one.status {
+        RefundStatus::Succeeded | RefundStatus::Failed => Decision::Settle(one.clone()),
+        RefundStatus::Pending if age > horizons.give_up_after => Decision::Escalate(format!(
+            "refund {} still pending after {}",
+            one.id,
+            human(age)
+        )),
+        RefundStatus::Pending => {
+            Decision::Reschedule(format!("refund {} is pending at the provider", one.id))
+        }
+    }
+}
+
+fn human(d: TimeDelta) -> String {
+    let secs = u64::try_from(d.num_seconds()).unwrap_or(0);
+    humantime::format_duration(Duration::from_secs(secs)).to_string()
+}
+
+/// What reconciling refunds needs: the saga's dependencies and the payments' limits.
+#[derive(Clone, Copy, Debug)]
+pub struct RefundLimits {
+    pub horizons: Horizons,
+    pub concurrency: u32,
+    /// The most one refund's work can take (a look-up, then a send).
+    pub work_bound: Duration,
+    pub claim_for: Duration,
+}
+
+/// What a pass did with refunds (the `reembolsos` of a reconciliation report).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RefundReport {
+    pub examinados: u64,
+    pub completados: u64,
+    pub fallidos: u64,
+    pub reenviados: u64,
+    pub pendientes: u64,
+    pub revision_manual: u64,
+    pub errores: u64,
+    pub omitidos: u64,
+}
+
+impl RefundReport {
+    pub fn is_empty(&self) -> bool {
+        self == &RefundReport::default()
+    }
+
+    fn add(&mut self, handled: Handled) {
+        self.examinados += 1;
+        match handled {
+            Handled::Completed => self.completados += 1,
+            Handled::Failed => self.fallidos += 1,
+            Handled::Resent => self.reenviados += 1,
+            Handled::Rescheduled => self.pendientes += 1,
+            Handled::ManualReview => self.revision_manual += 1,
+            Handled::Error => self.errores += 1,
+            Handled::Skipped => self.omitidos += 1,
+        }
+    }
+
+    pub fn merge(&mut self, other: &RefundReport) {
+        self.examinados += other.examinados;
+        self.completados += other.completados;
+        self.fallidos += other.fallidos;
+        self.reenviados += other.reenviados;
+        self.pendientes += other.pendientes;
+        self.revision_manual += other.revision_manual;
+        self.errores += other.errores;
+        self.omitidos += other.omitidos;
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Handled {
+    Completed,
+    Failed,
+    Resent,
+    Rescheduled,
+    ManualReview,
+    Error,
+    Skipped,
+}
+
+impl Handled {
+    fn of_state(state: RefundState) -> Handled {
+        match state {
+            RefundState::Completado => Handled::Completed,
+            RefundState::Fallido => Handled::Failed,
+            RefundState::RevisionManual => Handled::ManualReview,
+            RefundState::EnProceso | RefundState::Enviado => Handled::Resent,
+        }
+    }
+}
+
+/// One pass over every refund due when it started.
+pub async fn run_pass(
+    deps: &SagaDeps,
+    limits: &RefundLimits,
+) -> Result<RefundReport, sea_orm::DbErr> {
+    let started = crate::db::now();
+    let mut report = RefundReport::default();
+    loop {
+        let claimed = store::claim_due(
+            &deps.db,
+            started,
+            u64::from(limits.concurrency),
+            limits.claim_for,
+        )
+        .await?;
+        if claimed.is_empty() {
+            break;
+        }
+        let outcomes: Vec<Handled> = futures::stream::iter(claimed)
+            .map(|r| process(deps, limits, r))
+            .buffer_unordered(limits.concurrency.max(1) as usize)
+            .collect()
+            .await;
+        for handled in outcomes {
+            report.add(handled);
+        }
+    }
+    if report.examinados > 0 {
+        tracing::info!(?report, "refund reconciliation pass done");
+    }
+    Ok(report)
+}
+
+/// One refund now (`if_due` false: on-call) or only if due (a client retry), unless
+/// someone holds it.
+pub async fn reconcile_one(
+    deps: &SagaDeps,
+    limits: &RefundLimits,
+    id: Uuid,
+    if_due: bool,
+) -> Result<RefundReport, sea_orm::DbErr> {
+    let mut report = RefundReport::default();
+    match store::claim_one(&deps.db, id, if_due, limits.claim_for).await? {
+        Some(claimed) => report.add(process(deps, limits, claimed).await),
+        None => report.add(Handled::Skipped),
+    }
+    Ok(report)
+}
+
+async fn process(deps: &SagaDeps, limits: &RefundLimits, claimed: refund::Model) -> Handled {
+    let id = claimed.id;
+    let needed = crate::db::now() + crate::saga::store::chrono_after(limits.work_bound);
+    let claimed = if claimed.claimed_until.is_some_and(|until| until >= needed) {
+        claimed
+    } else {
+        let until = crate::saga::store::now_plus(limits.claim_for);
+        match store::renew_claim(&deps.db, &claimed, until).await {
+            Ok(Written::Applied(renewed)) => *renewed,
+            Ok(Written::Fenced) => return Handled::Skipped,
+            Err(err) => {
+                tracing::error!(refund_id = %id, error = %err, "renewing a refund's claim failed");
+                return Handled::Error;
+            }
+        }
+    };
+    match decide_and_apply(deps, limits, claimed).await {
+        Ok(handled) => handled,
+        Err(err) => {
+            tracing::error!(refund_id = %id, error = %err, "reconciling a refund failed; it will be retried");
+            Handled::Error
+        }
+    }
+}
+
+fn lookup_of(r: &refund::Model) -> RefundLookup {
+    RefundLookup {
+        charge: r.charge_ref.clone(),
+        currency: r.currency.clone(),
+        reference: r.id,
+        gateway_ref: r.gateway_ref.clone(),
+    }
+}
+
+async fn decide_and_apply(
+    deps: &SagaDeps,
+    limits: &RefundLimits,
+    claimed: refund::Model,
+) -> Result<Handled, StoreError> {
+    let lookup = if needs_lookup(claimed.state) {
+        Some(deps.gateway.lookup_refunds(&lookup_of(&claimed)).await)
+    } else {
+        None
+    };
+    let facts = Facts {
+        state: claimed.state,
+        created_at: claimed.created_at,
+        now: crate::db::now(),
+        lookup: lookup.as_ref(),
+    };
+    let decision = decide(&facts, &limits.horizons);
+    tracing::info!(refund_id = %claimed.id, estado = %claimed.state, decision = ?decision, "refund reconciler decision");
+    match decision {
+        Decision::Send => {
+            let after = steps::send(deps, claimed, Actor::Reconciler).await?;
+            Ok(Handled::of_state(after.state))
+        }
+        Decision::Settle(found) => {
+            let Some((event, changes, reason)) = steps::settlement(&claimed, &found) else {
+                return Ok(Handled::Rescheduled);
+            };
+            let reason = format!("provider lookup: {reason}");
+            Ok(
+                match steps::apply_now(deps, &claimed, event, changes, Actor::Reconciler, &reason)
+                    .await?
+                {
+                    Written::Applied(r) => Handled::of_state(r.state),
+                    Written::Fenced => Handled::Skipped,
+                },
+            )
+        }
+        Decision::Reschedule(why) => {
+            let jitter: f64 = rand::rng().random();
+            let due = crate::db::now() + backoff(deps.stale_after, claimed.attempts, jitter);
+            tracing::info!(refund_id = %claimed.id, why, next = %due, "refund rescheduled");
+            Ok(match store::reschedule(&deps.db, &claimed, due).await? {
+                Written::Applied(_) => Handled::Rescheduled,
+                Written::Fenced => Handled::Skipped,
+            })
+        }
+        Decision::Escalate(why) => {
+            tracing::warn!(refund_id = %claimed.id, why, "refund moved to REVISION_MANUAL");
+            Ok(
+                match steps::apply_now(
+                    deps,
+                    &claimed,
+                    Event::Escalate,
+                    Changes::default(),
+                    Actor::Reconciler,
+                    &why,
+                )
+                .await?
+                {
+                    Written::Applied(_) => Handled::ManualReview,
+                    Written::Fenced => Handled::Skipped,
+                },
+            )
+        }
+        Decision::Skip => Ok(Handled::Skipped),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn horizons() -> Horizons {
+        Horizons {
+            key_window: TimeDelta::hours(24),
+            resend_margin: TimeDelta::minutes(1),
+            give_up_after: TimeDelta::hours(24),
+        }
+    }
+
+    fn found(status: RefundStatus) -> Refund {
+        Refund {
+            id: "re_1".into(),
+            status,
+            charge: "ch_1".into(),
+            amount: 100,
+            currency: "COP".into(),
+            reference: "r".into(),
+            failure_code: None,
+        }
+    }
+
+    fn decide_at(
+        state: RefundState,
+        age: TimeDelta,
+        lookup: Option<Result<Vec<Refund>, GatewayError>>,
+    ) -> Decision {
+        let now = Utc::now();
+        decide(
+            &Facts {
+                state,
+                created_at: now - age,
+                now,
+                lookup: lookup.as_ref(),
+            },
+            &horizons(),
+        )
+    }
+
+    #[test]
+    fn a_refund_never_sent_is_sent_until_the_horizon() {
+        assert_eq!(
+            decide_at(RefundState::EnProceso, TimeDelta::hours(1), None),
+            Decision::Send
+        );
+        assert!(matches!(
+            decide_at(RefundState::EnProceso, TimeDelta::hours(25), None),
+            Decision::Escalate(_)
+        ));
+    }
+
+    #[test]
+    fn a_final_refund_at_the_provider_settles_it() {
+        for status in [RefundStatus::Succeeded, RefundStatus::Failed] {
+            assert_eq!(
+                decide_at(
+                    RefundState::Enviado,
+                    TimeDelta::minutes(5),
+                    Some(Ok(vec![found(status)]))
+                ),
+                Decision::Settle(found(status))
+            );
+        }
+    }
+
+    #[test]
+    fn no_refund_at_the_provider_is_resent_only_inside_the_key_window() {
+        assert_eq!(
+            decide_at(RefundState::Enviado, TimeDelta::hours(1), Some(Ok(vec![]))),
+            Decision::Send
+        );
+        assert!(matches!(
+            decide_at(RefundState::Enviado, TimeDelta::hours(24), Some(Ok(vec![]))),
+            Decision::Escalate(ref why) if why.contains("refund twice")
+        ));
+    }
+
+    #[test]
+    fn pending_or_unreachable_is_looked_at_again_until_the_horizon() {
+        let err = || Some(Err(GatewayError::Unknown("timeout".into())));
+        assert!(matches!(
+            decide_at(RefundState::Enviado, TimeDelta::hours(1), err()),
+            Decision::Reschedule(_)
+        ));
+        assert!(matches!(
+            decide_at(RefundState::Enviado, TimeDelta::hours(25), err()),
+            Decision::Escalate(_)
+        ));
+        let pending = || Some(Ok(vec![found(RefundStatus::Pending)]));
+        assert!(matches!(
+            decide_at(RefundState::Enviado, TimeDelta::hours(1), pending()),
+            Decision::Reschedule(_)
+        ));
+        assert!(matches!(
+            decide_at(RefundState::Enviado, TimeDelta::hours(25), pending()),
+            Decision::Escalate(_)
+        ));
+    }
+
+    #[test]
+    fn two_refunds_at_the_provider_for_one_go_to_on_call() {
+        assert!(matches!(
+            decide_at(
+                RefundState::Enviado,
+                TimeDelta::minutes(1),
+                Some(Ok(vec![
+                    found(RefundStatus::Succeeded),
+                    found(RefundStatus::Succeeded)
+                ]))
+            ),
+            Decision::Escalate(_)
+        ));
+    }
+
+    #[test]
+    fn final_and_reviewed_refunds_are_left_alone() {
+        for state in [
+            RefundState::Completado,
+            RefundState::Fallido,
+            RefundState::RevisionManual,
+        ] {
+            assert_eq!(decide_at(state, TimeDelta::hours(1), None), Decision::Skip);
+        }
+    }
+}

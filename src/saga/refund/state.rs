@@ -1,0 +1,120 @@
+//! The refund state machine: the only place that knows which moves of a refund are legal.
+//!
+//! Pure: no I/O, no clock. Every write of `refunds.state` asks `transition` first, so an
+//! impossible move (COMPLETADO → ENVIADO: a second refund) cannot be written by any path.
+
+pub use pagos_types::RefundState;
+
+/// What happened to a refund.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// About to call the gateway (written before the call: the recovery point).
+    Send,
+    /// The gateway reports the money went back.
+    Refunded,
+    /// The gateway refused the refund, or reports it failed: no money went back.
+    Failed,
+    /// Nothing can be decided safely (no refund found outside the gateway's key window,
+    /// provider unreachable past the give-up horizon, a refund for another amount).
+    Escalate,
+    /// The provider reports the opposite of a final state held (Stripe: `failed` after
+    /// `succeeded`).
+    Contradicted,
+    /// On-call settles a refund under review.
+    ResolveCompleted,
+    ResolveFailed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("illegal refund transition: {event:?} from {from}")]
+pub struct IllegalTransition {
+    pub from: RefundState,
+    pub event: Event,
+}
+
+/// The transition table. Anything not listed is illegal.
+pub fn transition(from: RefundState, event: Event) -> Result<RefundState, IllegalTransition> {
+    use Event::*;
+    use RefundState::*;
+    let to = match (from, event) {
+        (EnProceso, Send) => Enviado,
+        // A resend by the reconciler keeps the refund ENVIADO (same gateway key).
+        (Enviado, Send) => Enviado,
+        (Enviado, Refunded) => Completado,
+        (Enviado, Failed) => Fallido,
+        (EnProceso | Enviado, Escalate) => RevisionManual,
+        (Completado | Fallido, Contradicted) => RevisionManual,
+        (RevisionManual, ResolveCompleted) => Completado,
+        (RevisionManual, ResolveFailed) => Fallido,
+        _ => return Err(IllegalTransition { from, event }),
+    };
+    Ok(to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Event::*;
+    use RefundState::*;
+
+    const EVENTS: [Event; 7] = [
+        Send,
+        Refunded,
+        Failed,
+        Escalate,
+        Contradicted,
+        ResolveCompleted,
+        ResolveFailed,
+    ];
+
+    /// The whole table, written out: every (state, event) pair not here must be refused.
+    const ALLOWED: [(RefundState, Event, RefundState); 10] = [
+        (EnProceso, Send, Enviado),
+        (Enviado, Send, Enviado),
+        (Enviado, Refunded, Completado),
+        (Enviado, Failed, Fallido),
+        (EnProceso, Escalate, RevisionManual),
+        (Enviado, Escalate, RevisionManual),
+        (Completado, Contradicted, RevisionManual),
+        (Fallido, Contradicted, RevisionManual),
+        (RevisionManual, ResolveCompleted, Completado),
+        (RevisionManual, ResolveFailed, Fallido),
+    ];
+
+    #[test]
+    fn every_allowed_refund_move_lands_where_the_table_says() {
+        for (from, event, to) in ALLOWED {
+            assert_eq!(transition(from, event), Ok(to), "{from} + {event:?}");
+        }
+    }
+
+    #[test]
+    fn every_other_refund_move_is_refused() {
+        let mut refused = 0;
+        for from in RefundState::ALL {
+            for event in EVENTS {
+                if ALLOWED.iter().any(|(f, e, _)| *f == from && *e == event) {
+                    continue;
+                }
+                assert_eq!(
+                    transition(from, event),
+                    Err(IllegalTransition { from, event }),
+                    "{from} + {event:?} must be refused"
+                );
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, 5 * 7 - ALLOWED.len());
+    }
+
+    #[test]
+    fn a_final_refund_is_never_sent_again() {
+        for from in [Completado, Fallido, RevisionManual] {
+            assert!(transition(from, Send).is_err(), "{from}");
+        }
+        assert!(
+            transition(EnProceso, Refunded).is_err(),
+            "never sent, never refunded"
+        );
+    }
+}

@@ -1,0 +1,805 @@
+//! The refund saga's database work: each function is one short transaction, and every
+//! refund write is fenced on the row's `version`, as the payments' are.
+//!
+//! A refund's idempotency key lives on its own row (the refunds' key space), so a step's
+//! state change, its audit row and the key's frozen answer are one update and one insert:
+//! one statement on PostgreSQL (a data-modifying `WITH`), a transaction on SQLite.
+//!
+//! Registration is the one step that reads before it writes: what is left of the payment
+//! and the new refund are one atomic step. On PostgreSQL the payment's row is locked
+//! (`FOR UPDATE`) before the sum is read, in a statement of its own, so the sum's snapshot
+//! is taken after every concurrent registration that held the lock committed; SQLite's
+//! `BEGIN IMMEDIATE` serializes writers. No gateway calls, no rendering here.
+
+use crate::db::{begin_write, now};
+use crate::entities::refund::{self, KeyScope, KeyStatus};
+use crate::entities::refund_transition::{self as transitions, Actor};
+use crate::entities::{event, payment};
+use crate::idempotency::derive::derive_refund;
+use crate::outbox;
+use crate::saga::refund::state::{Event, IllegalTransition, RefundState, transition};
+use crate::saga::state::PaymentState;
+use chrono::{DateTime, Utc};
+use pagos_types::EventType;
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, Statement, TryInsertResult, Value,
+};
+use std::time::Duration;
+use uuid::Uuid;
+
+pub use crate::entities::idempotency_key::FrozenAnswer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Db(#[from] DbErr),
+    #[error(transparent)]
+    Illegal(#[from] IllegalTransition),
+}
+
+/// What the store writes rendered, given by the layer above (storage stores, it never
+/// renders): the answer a refund that just became final freezes on its key, and the
+/// refund as an event's `datos` shows it (JSON text).
+#[derive(Clone, Copy)]
+pub struct Render {
+    pub answer: fn(&refund::Model) -> FrozenAnswer,
+    pub datos: fn(&refund::Model) -> String,
+}
+
+fn after(d: Duration) -> chrono::TimeDelta {
+    chrono::TimeDelta::from_std(d).unwrap_or(chrono::TimeDelta::MAX)
+}
+
+fn one_statement(db: &impl ConnectionTrait) -> bool {
+    db.get_database_backend() == DbBackend::Postgres
+}
+
+pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<refund::Model>, DbErr> {
+    refund::Entity::find_by_id(id).one(db).await
+}
+
+/// The refund `id` if it is `merchant`'s.
+pub async fn find_for_merchant(
+    db: &impl ConnectionTrait,
+    merchant: Uuid,
+    id: Uuid,
+) -> Result<Option<refund::Model>, DbErr> {
+    refund::Entity::find_by_id(id)
+        .filter(refund::Column::MerchantId.eq(merchant))
+        .one(db)
+        .await
+}
+
+/// A payment's refunds, oldest first.
+pub async fn of_payment(
+    db: &impl ConnectionTrait,
+    payment: Uuid,
+) -> Result<Vec<refund::Model>, DbErr> {
+    refund::Entity::find()
+        .filter(refund::Column::PaymentId.eq(payment))
+        .order_by_asc(refund::Column::CreatedAt)
+        .order_by_asc(refund::Column::Id)
+        .all(db)
+        .await
+}
+
+/// The row of a key in the refunds' key space.
+pub async fn find_key(
+    db: &impl ConnectionTrait,
+    merchant: Uuid,
+    scope: KeyScope,
+    key: &str,
+) -> Result<Option<refund::Model>, DbErr> {
+    refund::Entity::find()
+        .filter(refund::Column::MerchantId.eq(merchant))
+        .filter(refund::Column::KeyScope.eq(scope))
+        .filter(refund::Column::IdempotencyKey.eq(key))
+        .one(db)
+        .await
+}
+
+/// Sum of a payment's refunds in `states`, in minor units.
+async fn sum_in(
+    db: &impl ConnectionTrait,
+    payment: Uuid,
+    states: &[RefundState],
+) -> Result<i64, DbErr> {
+    Ok(refund::Entity::find()
+        .select_only()
+        // PostgreSQL's SUM of a bigint is a numeric: cast back.
+        .expr_as(
+            Expr::cust(r#"CAST(COALESCE(SUM("amount"), 0) AS BIGINT)"#),
+            "total",
+        )
+        .filter(refund::Column::PaymentId.eq(payment))
+        .filter(refund::Column::State.is_in(states.iter().copied()))
+        .into_tuple::<i64>()
+        .one(db)
+        .await?
+        .unwrap_or(0))
+}
+
+/// The payment's `montoReembolsado`: its `COMPLETADO` refunds.
+pub async fn refunded_amount(db: &impl ConnectionTrait, payment: Uuid) -> Result<i64, DbErr> {
+    sum_in(db, payment, &[RefundState::Completado]).await
+}
+
+/// What a refund registration asks for.
+pub struct Registration<'a> {
+    pub merchant: Uuid,
+    pub scope: KeyScope,
+    pub key: &'a str,
+    pub fingerprint: &'a str,
+    pub payment: Uuid,
+    /// None: everything not yet refunded.
+    pub amount: Option<i64>,
+    pub reason: Option<String>,
+    pub requested_by: String,
+    /// The request holds the key and the refund this long.
+    pub lease: Duration,
+    /// The payment states a refund may be registered in: `COMPLETADA` for a merchant's
+    /// or on-call's; the compensation of an orphan charge takes a `FALLIDA` one.
+    pub payment_states: &'a [PaymentState],
+    /// The charge to refund, when it is not the payment's `gatewayRef` (an orphan's).
+    pub charge: Option<String>,
+    /// That charge's amount: what is left is then what is left of that charge, not of
+    /// the payment.
+    pub charge_amount: Option<i64>,
+}
+
+#[derive(Debug)]
+pub enum Registered {
+    /// Committed: the refund, `EN_PROCESO`, its key leased to this request.
+    Started(Box<refund::Model>),
+    /// The key names a refund already (this request's earlier try, or another's).
+    Taken(Box<refund::Model>),
+    /// No such payment of this merchant's.
+    NoPayment,
+    /// The payment is not in a state that can be refunded (or nothing was charged).
+    NotRefundable(PaymentState),
+    /// The amount is over what is left (`remaining`, possibly 0).
+    ExceedsRemaining { remaining: i64 },
+}
+
+/// The refund's registration and the check of what is left of its payment, as one atomic
+/// step: concurrent refunds of one payment never together exceed it.
+pub async fn register(db: &DatabaseConnection, reg: Registration<'_>) -> Result<Registered, DbErr> {
+    if let Some(existing) = find_key(db, reg.merchant, reg.scope, reg.key).await? {
+        return Ok(Registered::Taken(Box::new(existing)));
+    }
+    let tx = begin_write(db).await?;
+    let registered = register_in(&tx, &reg, one_statement(db)).await?;
+    if matches!(registered, Registered::Started(_)) {
+        tx.commit().await?;
+        return Ok(registered);
+    }
+    tx.rollback().await?;
+    if let Registered::Taken(_) = registered {
+        // The same key won a race meanwhile: its row, as committed.
+        return match find_key(db, reg.merchant, reg.scope, reg.key).await? {
+            Some(existing) => Ok(Registered::Taken(Box::new(existing))),
+            None => Err(DbErr::RecordNotInserted),
+        };
+    }
+    Ok(registered)
+}
+
+/// `register`'s work in the caller's transaction, which commits it only if `Started`.
+/// `lock`: lock the payment's row first (PostgreSQL; a caller that holds the lock already,
+/// or SQLite under `BEGIN IMMEDIATE`, passes false).
+pub async fn register_in<C: ConnectionTrait>(
+    tx: &C,
+    reg: &Registration<'_>,
+    lock: bool,
+) -> Result<Registered, DbErr> {
+    if let Some(existing) = find_key(tx, reg.merchant, reg.scope, reg.key).await? {
+        return Ok(Registered::Taken(Box::new(existing)));
+    }
+    let mut query = payment::Entity::find_by_id(reg.payment)
+        .filter(payment::Column::MerchantId.eq(reg.merchant));
+    if lock {
+        // Concurrent registrations of this payment wait here, one at a time; the sum
+        // below is a statement of its own, so its snapshot sees every one that went first.
+        query = query.lock_exclusive();
+    }
+    let Some(p) = query.one(tx).await? else {
+        return Ok(Registered::NoPayment);
+    };
+    if lock && let Some(existing) = find_key(tx, reg.merchant, reg.scope, reg.key).await? {
+        // A twin with this key held the lock first and committed: it is the refund (409
+        // or its answer), not a second one measured against what it left.
+        return Ok(Registered::Taken(Box::new(existing)));
+    }
+    let charge = reg.charge.clone().or_else(|| p.gateway_ref.clone());
+    let Some(charge) = charge.filter(|_| reg.payment_states.contains(&p.state)) else {
+        return Ok(Registered::NotRefundable(p.state));
+    };
+    let remaining = match reg.charge_amount {
+        // What is left of that one charge (an orphan's: not the payment's own).
+        Some(charged) => {
+            let counted = sum_of_charge(tx, p.id, &charge).await?;
+            std::cmp::max(charged - counted, 0)
+        }
+        None => {
+            let counted = sum_in(tx, p.id, &RefundState::COUNTED).await?;
+            std::cmp::max(p.amount - counted, 0)
+        }
+    };
+    let amount = reg.amount.unwrap_or(remaining);
+    if amount > remaining || amount <= 0 {
+        return Ok(Registered::ExceedsRemaining { remaining });
+    }
+    let model = new_refund(reg, &p, charge, amount);
+    let inserted = refund::Entity::insert(refund::ActiveModel::from(model.clone()))
+        .on_conflict_do_nothing()
+        .exec_without_returning(tx)
+        .await?;
+    if !matches!(inserted, TryInsertResult::Inserted(n) if n > 0) {
+        return Ok(Registered::Taken(Box::new(model)));
+    }
+    transitions::Entity::insert(transitions::ActiveModel::from(transitions::Model {
+        id: Uuid::now_v7(),
+        refund_id: model.id,
+        from_state: None,
+        to_state: RefundState::EnProceso,
+        actor: actor_of(reg.scope),
+        reason: format!(
+            "refund of {amount} {} asked by {}{}",
+            model.currency,
+            reg.requested_by,
+            reg.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+        created_at: model.created_at,
+    }))
+    .exec_without_returning(tx)
+    .await?;
+    Ok(Registered::Started(Box::new(model)))
+}
+
+/// Sum of a payment's counted refunds of one charge.
+async fn sum_of_charge(
+    db: &impl ConnectionTrait,
+    payment: Uuid,
+    charge: &str,
+) -> Result<i64, DbErr> {
+    Ok(refund::Entity::find()
+        .select_only()
+        .expr_as(
+            Expr::cust(r#"CAST(COALESCE(SUM("amount"), 0) AS BIGINT)"#),
+            "total",
+        )
+        .filter(refund::Column::PaymentId.eq(payment))
+        .filter(refund::Column::ChargeRef.eq(charge))
+        .filter(refund::Column::State.is_in(RefundState::COUNTED))
+        .into_tuple::<i64>()
+        .one(db)
+        .await?
+        .unwrap_or(0))
+}
+
+fn actor_of(scope: KeyScope) -> Actor {
+    match scope {
+        KeyScope::Merchant => Actor::Request,
+        KeyScope::Admin => Actor::Admin,
+        KeyScope::Orphan => Actor::Reconciler,
+    }
+}
+
+fn new_refund(
+    reg: &Registration<'_>,
+    p: &payment::Model,
+    charge: String,
+    amount: i64,
+) -> refund::Model {
+    let at = now();
+    let derived = derive_refund(reg.merchant, reg.scope.as_str(), reg.key, p.id);
+    let held = at + after(reg.lease);
+    refund::Model {
+        id: derived.refund_id,
+        payment_id: p.id,
+        merchant_id: reg.merchant,
+        key_scope: reg.scope,
+        idempotency_key: reg.key.to_owned(),
+        fingerprint: reg.fingerprint.to_owned(),
+        key_status: KeyStatus::InProgress,
+        response_code: None,
+        response_body: None,
+        lease_until: Some(held),
+        charge_ref: charge,
+        amount,
+        currency: p.currency.clone(),
+        reason: reg.reason.clone(),
+        requested_by: Some(reg.requested_by.clone()),
+        state: RefundState::EnProceso,
+        version: 0,
+        attempts: 0,
+        gateway_key: derived.gateway_key,
+        gateway_ref: None,
+        failure_code: None,
+        next_attempt_at: held,
+        claimed_until: Some(held),
+        created_at: at,
+        updated_at: at,
+        last_event_sequence: None,
+    }
+}
+
+/// What a fenced write came to.
+#[derive(Debug)]
+pub enum Written {
+    Applied(Box<refund::Model>),
+    /// The refund moved since it was read: nothing written.
+    Fenced,
+}
+
+/// What changes besides the state.
+#[derive(Clone, Debug, Default)]
+pub struct Changes {
+    pub gateway_ref: Option<String>,
+    pub failure_code: Option<String>,
+    /// The writer holds the refund until then (a send).
+    pub hold_until: Option<DateTime<Utc>>,
+    pub count_attempt: bool,
+}
+
+/// Applies `event` to `current`, committed on its own: the fenced update (with the key's
+/// frozen answer when the refund becomes final) and its audit row.
+pub async fn apply_now(
+    db: &DatabaseConnection,
+    current: &refund::Model,
+    event: Event,
+    changes: Changes,
+    actor: Actor,
+    reason: &str,
+    render: Render,
+) -> Result<Written, StoreError> {
+    let (next, audit, told) = plan(current, event, changes, actor, reason, render)?;
+    Ok(if write(db, current, &next, audit, told).await? {
+        Written::Applied(Box::new(next))
+    } else {
+        Written::Fenced
+    })
+}
+
+/// `apply_now`'s writes in the caller's transaction (a webhook's, with its dedupe row).
+pub async fn apply_in<C: ConnectionTrait>(
+    tx: &C,
+    current: &refund::Model,
+    event: Event,
+    changes: Changes,
+    actor: Actor,
+    reason: &str,
+    render: Render,
+) -> Result<Written, StoreError> {
+    let (next, audit, told) = plan(current, event, changes, actor, reason, render)?;
+    Ok(if write_on(tx, current, &next, audit, told).await? {
+        Written::Applied(Box::new(next))
+    } else {
+        Written::Fenced
+    })
+}
+
+/// What applying `event` writes; an impossible move is refused before anything is.
+fn plan(
+    current: &refund::Model,
+    event: Event,
+    changes: Changes,
+    actor: Actor,
+    reason: &str,
+    render: Render,
+) -> Result<Planned, IllegalTransition> {
+    let from = current.state;
+    let to = transition(from, event)?;
+    let at = now();
+    let mut next = current.clone();
+    next.state = to;
+    next.version += 1;
+    next.updated_at = at;
+    if changes.count_attempt {
+        next.attempts += 1;
+    }
+    if let Some(r) = changes.gateway_ref {
+        next.gateway_ref = Some(r);
+    }
+    if let Some(code) = changes.failure_code {
+        next.failure_code = Some(code);
+    }
+    if let Some(until) = changes.hold_until {
+        next.next_attempt_at = until;
+        next.claimed_until = Some(until);
+    }
+    if !matches!(to, RefundState::EnProceso | RefundState::Enviado) {
+        next.claimed_until = None;
+    }
+    if to.is_terminal() && current.key_status == KeyStatus::InProgress {
+        // What a client was told first is what its retries are told: frozen once.
+        let answer = (render.answer)(&next);
+        next.key_status = KeyStatus::Completed;
+        next.response_code = Some(i32::from(answer.status));
+        next.response_body = Some(answer.body);
+        next.lease_until = None;
+    }
+    let resend = event == Event::Send && actor != Actor::Request;
+    let audit = (from != to || resend).then(|| transitions::Model {
+        id: Uuid::now_v7(),
+        refund_id: current.id,
+        from_state: Some(from),
+        to_state: to,
+        actor,
+        reason: reason.to_owned(),
+        created_at: at,
+    });
+    // The outbox: a move the merchant must know writes its event with it. Its
+    // `secuencia` is the refund's version after the move (it only grows).
+    let told = EventType::of_refund(to).filter(|_| from != to).map(|tipo| {
+        outbox::event(
+            next.merchant_id,
+            tipo,
+            next.id,
+            next.version,
+            &(render.datos)(&next),
+            at,
+        )
+    });
+    Ok((next, audit, told))
+}
+
+/// A planned write: the refund after it, its audit row, its event.
+type Planned = (
+    refund::Model,
+    Option<transitions::Model>,
+    Option<event::Model>,
+);
+
+/// Records `sequence` as the refund's newest event, if it is newer than the last one
+/// applied; false (stale: nothing to do) otherwise. In the event's transaction.
+pub async fn advance_event_sequence<C: ConnectionTrait>(
+    tx: &C,
+    refund: Uuid,
+    sequence: i64,
+) -> Result<bool, DbErr> {
+    let done = refund::Entity::update_many()
+        .col_expr(
+            refund::Column::LastEventSequence,
+            Expr::value(Some(sequence)),
+        )
+        .filter(refund::Column::Id.eq(refund))
+        .filter(
+            sea_orm::Condition::any()
+                .add(refund::Column::LastEventSequence.is_null())
+                .add(refund::Column::LastEventSequence.lt(sequence)),
+        )
+        .exec(tx)
+        .await?;
+    Ok(done.rows_affected == 1)
+}
+
+/// The request gives up its refund without a final answer (gateway pending or unknown):
+/// the reconciler takes it from `due_at`, and retries of the key get its current state.
+pub async fn hand_over(
+    db: &DatabaseConnection,
+    current: &refund::Model,
+    gateway_ref: Option<String>,
+    due_at: DateTime<Utc>,
+) -> Result<Written, DbErr> {
+    let mut next = current.clone();
+    next.version += 1;
+    next.updated_at = now();
+    next.next_attempt_at = due_at;
+    next.claimed_until = None;
+    next.lease_until = None;
+    if gateway_ref.is_some() {
+        next.gateway_ref = gateway_ref;
+    }
+    Ok(if write(db, current, &next, None, None).await? {
+        Written::Applied(Box::new(next))
+    } else {
+        Written::Fenced
+    })
+}
+
+/// The provider had no final answer: look again at `due_at`. Counts an attempt.
+pub async fn reschedule(
+    db: &DatabaseConnection,
+    current: &refund::Model,
+    due_at: DateTime<Utc>,
+) -> Result<Written, DbErr> {
+    let mut next = current.clone();
+    next.version += 1;
+    next.attempts += 1;
+    next.updated_at = now();
+    next.next_attempt_at = due_at;
+    next.claimed_until = None;
+    Ok(if write(db, current, &next, None, None).await? {
+        Written::Applied(Box::new(next))
+    } else {
+        Written::Fenced
+    })
+}
+
+/// Extends a claim this worker holds (a fenced write).
+pub async fn renew_claim(
+    db: &DatabaseConnection,
+    current: &refund::Model,
+    until: DateTime<Utc>,
+) -> Result<Written, DbErr> {
+    let mut next = current.clone();
+    next.version += 1;
+    next.next_attempt_at = until;
+    next.claimed_until = Some(until);
+    Ok(if write(db, current, &next, None, None).await? {
+        Written::Applied(Box::new(next))
+    } else {
+        Written::Fenced
+    })
+}
+
+/// The columns a step may change, in the order `write` binds them.
+const MOVED: [refund::Column; 12] = [
+    refund::Column::State,
+    refund::Column::Version,
+    refund::Column::Attempts,
+    refund::Column::GatewayRef,
+    refund::Column::FailureCode,
+    refund::Column::NextAttemptAt,
+    refund::Column::ClaimedUntil,
+    refund::Column::UpdatedAt,
+    refund::Column::KeyStatus,
+    refund::Column::ResponseCode,
+    refund::Column::ResponseBody,
+    refund::Column::LeaseUntil,
+];
+
+fn moved_values(next: &refund::Model) -> Vec<Value> {
+    use sea_orm::ModelTrait;
+    MOVED.iter().map(|c| next.get(*c)).collect()
+}
+
+/// Writes `next` over `current` only if nobody wrote in between, with its audit row:
+/// one statement on PostgreSQL, a transaction on SQLite. False when fenced.
+async fn write(
+    db: &DatabaseConnection,
+    current: &refund::Model,
+    next: &refund::Model,
+    audit: Option<transitions::Model>,
+    told: Option<event::Model>,
+) -> Result<bool, DbErr> {
+    if one_statement(db) {
+        return sql_write(db, current, next, audit, told).await;
+    }
+    let tx = begin_write(db).await?;
+    let applied = write_on(&tx, current, next, audit, told).await?;
+    if applied {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+    }
+    Ok(applied)
+}
+
+/// `write`'s statements in the caller's transaction, which commits them.
+async fn write_on<C: ConnectionTrait>(
+    tx: &C,
+    current: &refund::Model,
+    next: &refund::Model,
+    audit: Option<transitions::Model>,
+    told: Option<event::Model>,
+) -> Result<bool, DbErr> {
+    if one_statement(tx) {
+        return sql_write(tx, current, next, audit, told).await;
+    }
+    let mut update = refund::Entity::update_many();
+    for (column, value) in MOVED.iter().zip(moved_values(next)) {
+        update = update.col_expr(*column, Expr::val(value));
+    }
+    let done = update
+        .filter(refund::Column::Id.eq(current.id))
+        .filter(refund::Column::Version.eq(current.version))
+        .exec(tx)
+        .await?;
+    if done.rows_affected != 1 {
+        return Ok(false);
+    }
+    if let Some(audit) = audit {
+        transitions::Entity::insert(transitions::ActiveModel::from(audit))
+            .exec_without_returning(tx)
+            .await?;
+    }
+    if let Some(told) = told {
+        outbox::record(tx, &told).await?;
+    }
+    Ok(true)
+}
+
+async fn sql_write<C: ConnectionTrait>(
+    db: &C,
+    current: &refund::Model,
+    next: &refund::Model,
+    audit: Option<transitions::Model>,
+    told: Option<event::Model>,
+) -> Result<bool, DbErr> {
+    use sea_orm::IdenStatic;
+    let mut values = moved_values(next);
+    let set: Vec<String> = MOVED
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!(r#""{}" = ${}"#, c.as_str(), i + 1))
+        .collect();
+    values.push(current.id.into());
+    values.push(current.version.into());
+    let mut sql = format!(
+        r#"WITH "moved" AS (
+  UPDATE "refunds" SET {} WHERE "id" = ${} AND "version" = ${} RETURNING "id")"#,
+        set.join(", "),
+        MOVED.len() + 1,
+        MOVED.len() + 2
+    );
+    if let Some(audit) = audit {
+        let n = values.len();
+        values.extend([
+            audit.id.into(),
+            audit.from_state.into(),
+            audit.to_state.into(),
+            audit.actor.into(),
+            audit.reason.into(),
+            audit.created_at.into(),
+        ]);
+        sql += &format!(
+            r#",
+"audit" AS (
+  INSERT INTO "refund_transitions" ("id", "refund_id", "from_state", "to_state", "actor", "reason", "created_at")
+  SELECT ${}, "id", ${}, ${}, ${}, ${}, ${} FROM "moved")"#,
+            n + 1,
+            n + 2,
+            n + 3,
+            n + 4,
+            n + 5,
+            n + 6
+        );
+    }
+    if let Some(told) = told {
+        // The outbox: the event only if the refund moved.
+        use sea_orm::{Iterable, ModelTrait};
+        let first = values.len() + 1;
+        let mut columns = Vec::new();
+        for column in <event::Entity as EntityTrait>::Column::iter() {
+            columns.push(format!("\"{}\"", column.as_str()));
+            values.push(told.get(column));
+        }
+        let placeholders: Vec<String> = (first..first + columns.len())
+            .map(|n| format!("${n}"))
+            .collect();
+        sql += &format!(
+            ",\n\"told\" AS (\n  INSERT INTO \"events\" ({})\n  SELECT {} FROM \"moved\")",
+            columns.join(", "),
+            placeholders.join(", ")
+        );
+    }
+    sql += "\nSELECT count(*) AS \"moved\" FROM \"moved\"";
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            sql,
+            values,
+        ))
+        .await?
+        .ok_or_else(|| DbErr::Custom("the fenced write returned no row".into()))?;
+    Ok(row.try_get_by_index::<i64>(0)? == 1)
+}
+
+/// `state IN ('EN_PROCESO', 'ENVIADO')`: the refunds a worker may send or look up.
+fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
+    Expr::cust(r#""refunds"."state" IN ('EN_PROCESO', 'ENVIADO')"#)
+}
+
+/// Claims up to `limit` refunds due at `due_by`, oldest first, as `saga::store::claim_due`
+/// claims payments: `FOR UPDATE SKIP LOCKED` on PostgreSQL, `BEGIN IMMEDIATE` on SQLite.
+pub async fn claim_due(
+    db: &DatabaseConnection,
+    due_by: DateTime<Utc>,
+    limit: u64,
+    claim_for: Duration,
+) -> Result<Vec<refund::Model>, DbErr> {
+    let query = refund::Entity::find()
+        .filter(reconcilable())
+        .filter(refund::Column::NextAttemptAt.lte(due_by))
+        .order_by_asc(refund::Column::NextAttemptAt)
+        .limit(limit);
+    claim(db, query, claim_for).await
+}
+
+/// Claims one refund nobody holds, due or not (on-call's "now", or a client retry that
+/// found it due: `if_due`).
+pub async fn claim_one(
+    db: &DatabaseConnection,
+    id: Uuid,
+    if_due: bool,
+    claim_for: Duration,
+) -> Result<Option<refund::Model>, DbErr> {
+    let at = now();
+    let mut query = refund::Entity::find()
+        .filter(refund::Column::Id.eq(id))
+        .filter(reconcilable())
+        .filter(
+            sea_orm::Condition::any()
+                .add(refund::Column::ClaimedUntil.is_null())
+                .add(refund::Column::ClaimedUntil.lte(at)),
+        );
+    if if_due {
+        query = query.filter(refund::Column::NextAttemptAt.lte(at));
+    }
+    Ok(claim(db, query, claim_for).await?.into_iter().next())
+}
+
+async fn claim(
+    db: &DatabaseConnection,
+    query: sea_orm::Select<refund::Entity>,
+    claim_for: Duration,
+) -> Result<Vec<refund::Model>, DbErr> {
+    use sea_orm::QueryTrait;
+    use sea_orm::sea_query::{LockBehavior, LockType};
+    let until = now() + after(claim_for);
+    if one_statement(db) {
+        let picked = query
+            .select_only()
+            .column(refund::Column::Id)
+            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+            .build(DbBackend::Postgres);
+        let mut values = picked.values.map(|v| v.0).unwrap_or_default();
+        values.push(until.into());
+        let sql = format!(
+            r#"UPDATE "refunds" SET "next_attempt_at" = ${n}, "claimed_until" = ${n}, "version" = "version" + 1 WHERE "id" = ANY(ARRAY({})) RETURNING *"#,
+            picked.sql,
+            n = values.len()
+        );
+        return refund::Entity::find()
+            .from_raw_sql(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                sql,
+                values,
+            ))
+            .all(db)
+            .await;
+    }
+    let tx = begin_write(db).await?;
+    let mut rows = query.all(&tx).await?;
+    if rows.is_empty() {
+        tx.rollback().await?;
+        return Ok(rows);
+    }
+    refund::Entity::update_many()
+        .col_expr(refund::Column::NextAttemptAt, Expr::value(until))
+        .col_expr(refund::Column::ClaimedUntil, Expr::value(Some(until)))
+        .col_expr(
+            refund::Column::Version,
+            Expr::col(refund::Column::Version).add(1),
+        )
+        .filter(refund::Column::Id.is_in(rows.iter().map(|r| r.id)))
+        .exec(&tx)
+        .await?;
+    tx.commit().await?;
+    for row in &mut rows {
+        row.version += 1;
+        row.next_attempt_at = until;
+        row.claimed_until = Some(until);
+    }
+    Ok(rows)
+}
+
+/// A refund's audit trail, oldest first.
+pub async fn trail(
+    db: &impl ConnectionTrait,
+    refund: Uuid,
+) -> Result<Vec<transitions::Model>, DbErr> {
+    transitions::Entity::find()
+        .filter(transitions::Column::RefundId.eq(refund))
+        .order_by_asc(transitions::Column::CreatedAt)
+        .order_by_asc(transitions::Column::Id)
+        .all(db)
+        .await
+}

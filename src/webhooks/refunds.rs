@@ -1,0 +1,299 @@
+//! Gateway events about refunds (reference `refund.updated`, Stripe `refund.*` /
+//! `charge.refund.updated`), applied exactly once with the seed's four strategies: the
+//! event id deduped in `processed_messages`, the refund found by its natural key (the
+//! reference is the refund's id), a per-refund sequence (`refunds.last_event_sequence`:
+//! an event at or below it is stale), and the absolute state it reports, moved through
+//! the refund transition function.
+//!
+//! `decide` is the pure table; `consume` applies it in one transaction with the dedupe
+//! row. It never calls a gateway.
+
+use crate::db::begin_write;
+use crate::entities::refund;
+use crate::gateway::{Refund, RefundStatus};
+use crate::saga::refund::state::{Event, RefundState};
+use crate::saga::refund::store::{self, Changes, Written};
+use crate::saga::refund::{Actor, settlement};
+use crate::webhooks::consumer::{ConsumeError, record_message};
+use sea_orm::{DatabaseConnection, DatabaseTransaction, EntityTrait, QuerySelect};
+use uuid::Uuid;
+
+/// What an event about a refund came to. Every one is answered 200.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefundConsumed {
+    Applied(RefundState),
+    Unchanged,
+    Duplicate,
+    Stale,
+    /// No refund of ours has this reference.
+    Unknown,
+}
+
+impl RefundConsumed {
+    /// The word in the 200 answer.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefundConsumed::Applied(RefundState::RevisionManual) => "revision_manual",
+            RefundConsumed::Applied(_) => "aplicado",
+            RefundConsumed::Unchanged => "sin_cambios",
+            RefundConsumed::Duplicate => "duplicado",
+            RefundConsumed::Stale => "obsoleto",
+            RefundConsumed::Unknown => "desconocido",
+        }
+    }
+}
+
+/// A refund event, ready to apply.
+#[derive(Clone, Copy, Debug)]
+pub struct RefundEvent<'a> {
+    pub source: &'a str,
+    pub event_id: &'a str,
+    pub sequence: i64,
+    pub refund: &'a Refund,
+}
+
+/// What an event does to its refund.
+#[derive(Clone, Debug)]
+pub enum RefundEffect {
+    Move {
+        event: Event,
+        changes: Changes,
+        reason: String,
+    },
+    Keep(&'static str),
+}
+
+/// The table, by refund state (rows) and reported status (columns):
+///
+/// | refund          | succeeded       | failed          | pending |
+/// | --------------- | --------------- | --------------- | ------- |
+/// | EN_PROCESO      | REVISION_MANUAL (never sent, yet refunded) | keep | keep |
+/// | ENVIADO         | COMPLETADO      | FALLIDO         | keep    |
+/// | COMPLETADO      | keep            | REVISION_MANUAL (Stripe: failed after succeeded) | keep |
+/// | FALLIDO         | REVISION_MANUAL | keep            | keep    |
+/// | REVISION_MANUAL | keep: on-call   | keep            | keep    |
+///
+/// A refund for another amount or currency never settles it (`settlement`).
+pub fn decide(r: &refund::Model, reported: &Refund, event_id: &str) -> RefundEffect {
+    use RefundState::*;
+    use RefundStatus::*;
+    let said = format!(
+        "gateway event {event_id} reports refund {} {}",
+        reported.id,
+        match reported.status {
+            Succeeded => "succeeded",
+            Failed => "failed",
+            Pending => "pending",
+        }
+    );
+    let escalate = |event: Event, reason: String| RefundEffect::Move {
+        event,
+        changes: Changes {
+            gateway_ref: Some(reported.id.clone()),
+            ..Changes::default()
+        },
+        reason,
+    };
+    match (r.state, reported.status) {
+        (_, Pending) => RefundEffect::Keep("the refund is still pending"),
+        (Enviado, _) => match settlement(r, reported) {
+            Some((event, changes, why)) => RefundEffect::Move {
+                event,
+                changes,
+                reason: format!("{said}: {why}"),
+            },
+            None => RefundEffect::Keep("the refund is still pending"),
+        },
+        (Completado, Succeeded) | (Fallido, Failed) => {
+            RefundEffect::Keep("the refund already says so")
+        }
+        (Completado, Failed) | (Fallido, Succeeded) => escalate(
+            Event::Contradicted,
+            format!("{said}, contradicting {}", r.state),
+        ),
+        (EnProceso, Succeeded) => escalate(
+            Event::Escalate,
+            format!("{said} for a refund pagos has not sent"),
+        ),
+        (EnProceso, Failed) => RefundEffect::Keep("failed before pagos sent it: nothing moved"),
+        (RevisionManual, _) => RefundEffect::Keep("under review: on-call decides"),
+    }
+}
+
+const MAX_ATTEMPTS: usize = 5;
+
+/// Applies the event exactly once; re-decided if the refund moved under it.
+pub async fn consume(
+    db: &DatabaseConnection,
+    event: RefundEvent<'_>,
+) -> Result<RefundConsumed, ConsumeError> {
+    for _ in 0..MAX_ATTEMPTS {
+        let tx = begin_write(db).await?;
+        match consume_in(&tx, event).await {
+            Ok(Some(outcome)) => {
+                tx.commit().await?;
+                tracing::info!(
+                    event_id = event.event_id,
+                    refund = event.refund.id,
+                    reference = event.refund.reference,
+                    outcome = outcome.as_str(),
+                    "gateway refund event consumed"
+                );
+                return Ok(outcome);
+            }
+            Ok(None) => tx.rollback().await?,
+            Err(err) => {
+                let _ = tx.rollback().await;
+                return Err(err);
+            }
+        }
+    }
+    Err(ConsumeError::Contended)
+}
+
+async fn consume_in(
+    tx: &DatabaseTransaction,
+    event: RefundEvent<'_>,
+) -> Result<Option<RefundConsumed>, ConsumeError> {
+    if !record_message(tx, event.source, event.event_id).await? {
+        return Ok(Some(RefundConsumed::Duplicate));
+    }
+    let found = match Uuid::parse_str(&event.refund.reference) {
+        Ok(id) => {
+            refund::Entity::find_by_id(id)
+                .lock_exclusive()
+                .one(tx)
+                .await?
+        }
+        Err(_) => None,
+    };
+    let Some(current) = found else {
+        tracing::warn!(
+            event_id = event.event_id,
+            refund = event.refund.id,
+            reference = event.refund.reference,
+            "refund event for no refund of ours (see runbooks/refunds.md)"
+        );
+        return Ok(Some(RefundConsumed::Unknown));
+    };
+    if !store::advance_event_sequence(tx, current.id, event.sequence).await? {
+        return Ok(Some(RefundConsumed::Stale));
+    }
+    match decide(&current, event.refund, event.event_id) {
+        RefundEffect::Keep(why) => {
+            tracing::debug!(event_id = event.event_id, refund_id = %current.id, why, "refund event changes nothing");
+            Ok(Some(RefundConsumed::Unchanged))
+        }
+        RefundEffect::Move {
+            event: move_by,
+            changes,
+            reason,
+        } => match store::apply_in(
+            tx,
+            &current,
+            move_by,
+            changes,
+            Actor::Webhook,
+            &reason,
+            crate::saga::refund::RENDER,
+        )
+        .await
+        {
+            Ok(Written::Applied(moved)) => Ok(Some(RefundConsumed::Applied(moved.state))),
+            Ok(Written::Fenced) => Ok(None),
+            Err(store::StoreError::Db(e)) => Err(e.into()),
+            Err(store::StoreError::Illegal(e)) => {
+                Err(ConsumeError::Db(sea_orm::DbErr::Custom(e.to_string())))
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refund_in(state: RefundState) -> refund::Model {
+        let at = chrono::Utc::now();
+        refund::Model {
+            id: Uuid::nil(),
+            payment_id: Uuid::nil(),
+            merchant_id: Uuid::nil(),
+            key_scope: refund::KeyScope::Merchant,
+            idempotency_key: "k".into(),
+            fingerprint: "f".into(),
+            key_status: refund::KeyStatus::InProgress,
+            response_code: None,
+            response_body: None,
+            lease_until: None,
+            charge_ref: "ch_1".into(),
+            amount: 100,
+            currency: "COP".into(),
+            reason: None,
+            requested_by: None,
+            state,
+            version: 1,
+            attempts: 1,
+            gateway_key: "g".into(),
+            gateway_ref: None,
+            failure_code: None,
+            next_attempt_at: at,
+            claimed_until: None,
+            created_at: at,
+            updated_at: at,
+            last_event_sequence: None,
+        }
+    }
+
+    fn reported(status: RefundStatus, amount: i64) -> Refund {
+        Refund {
+            id: "re_1".into(),
+            status,
+            charge: "ch_1".into(),
+            amount,
+            currency: "COP".into(),
+            reference: Uuid::nil().to_string(),
+            failure_code: None,
+        }
+    }
+
+    fn moved_by(effect: RefundEffect) -> Option<Event> {
+        match effect {
+            RefundEffect::Move { event, .. } => Some(event),
+            RefundEffect::Keep(_) => None,
+        }
+    }
+
+    #[test]
+    fn the_refund_event_table_holds_row_by_row() {
+        use RefundState::*;
+        use RefundStatus::*;
+        let table = [
+            (Enviado, Succeeded, Some(Event::Refunded)),
+            (Enviado, Failed, Some(Event::Failed)),
+            (Enviado, Pending, None),
+            (EnProceso, Succeeded, Some(Event::Escalate)),
+            (EnProceso, Failed, None),
+            (Completado, Succeeded, None),
+            (Completado, Failed, Some(Event::Contradicted)),
+            (Fallido, Succeeded, Some(Event::Contradicted)),
+            (Fallido, Failed, None),
+            (RevisionManual, Succeeded, None),
+            (RevisionManual, Failed, None),
+        ];
+        for (state, status, expected) in table {
+            let effect = decide(&refund_in(state), &reported(status, 100), "evt");
+            assert_eq!(moved_by(effect), expected, "{state} + {status:?}");
+        }
+    }
+
+    #[test]
+    fn a_refund_for_another_amount_never_settles_it() {
+        let effect = decide(
+            &refund_in(RefundState::Enviado),
+            &reported(RefundStatus::Succeeded, 99),
+            "evt",
+        );
+        assert_eq!(moved_by(effect), Some(Event::Escalate));
+    }
+}

@@ -1,0 +1,207 @@
+//! Compensation of orphan charges (contract section 6): a charge that turns out to exist
+//! for a payment answered `FALLIDA` is refunded in full through the refund saga
+//! (`PAGOS_ORPHAN_CHARGES=refund`, the default), so the answer stays true; with `review`
+//! the payment goes to on-call, who can resolve it `FALLIDA` with `reembolsar`.
+
+use crate::helpers::{Backend, Charge, Spawn, TestApp, charges, json, payment_body};
+use crate::on_both_databases;
+use crate::refunds::FakeRefunds;
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+use wiremock::{Mock, ResponseTemplate};
+
+on_both_databases!(
+    a_charge_found_after_a_fallida_answer_is_refunded_in_full_and_the_answer_stays,
+    in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_refunded,
+);
+
+pub const SECRET: &str = "whsec_test";
+const ADMIN: &str = "adm_test_token";
+/// The declined fixture's charge id: the payment's `gateway_ref`.
+const CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ2";
+
+async fn spawn(backend: Backend, mode: &'static str) -> (TestApp, FakeRefunds) {
+    let app = Spawn::new(backend)
+        .flags(&[
+            "--webhook-secret",
+            SECRET,
+            "--admin-token",
+            ADMIN,
+            "--orphan-charges",
+            mode,
+        ])
+        .start()
+        .await;
+    charges()
+        .respond_with(Charge::declined())
+        .mount(app.gateway())
+        .await;
+    let fake = FakeRefunds::default();
+    fake.mount_refunds(app.gateway()).await;
+    (app, fake)
+}
+
+/// A payment answered 402 FALLIDA; its id.
+async fn declined(app: &TestApp) -> String {
+    let answer = app.pay("pay-1", &payment_body()).await;
+    assert_eq!(answer.status(), 402);
+    json(answer).await["pago"]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned()
+}
+
+fn succeeded(reference: &str) -> Value {
+    json!({"id": CHARGE_ID, "status": "succeeded", "amount": 250000, "currency": "COP",
+           "reference": reference, "declineCode": null})
+}
+
+async fn deliver(app: &TestApp, id: &str, sequence: i64, data: Value) -> String {
+    deliver_event(app, id, "charge.updated", sequence, data).await
+}
+
+/// A signed reference-protocol event of `kind`, delivered; the word of the 200 answer.
+pub async fn deliver_event(
+    app: &TestApp,
+    id: &str,
+    kind: &str,
+    sequence: i64,
+    data: Value,
+) -> String {
+    let body =
+        serde_json::to_vec(&json!({"id": id, "type": kind, "sequence": sequence, "data": data}))
+            .expect("JSON");
+    let t = chrono::Utc::now().timestamp();
+    let mut mac = Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).expect("key");
+    mac.update(format!("{t}.").as_bytes());
+    mac.update(&body);
+    let signature = format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()));
+    let answer = app
+        .http
+        .post(app.url("/v1/webhooks/http"))
+        .header("Content-Type", "application/json")
+        .header("Gateway-Signature", signature)
+        .body(body)
+        .send()
+        .await
+        .expect("delivered");
+    assert_eq!(answer.status(), 200);
+    json(answer).await["resultado"]
+        .as_str()
+        .expect("resultado")
+        .to_owned()
+}
+
+async fn admin(app: &TestApp, path: &str, body: Option<Value>) -> Value {
+    let request = match body {
+        Some(body) => app.http.post(app.url(path)).json(&body),
+        None => app.http.get(app.url(path)),
+    };
+    let answer = request.bearer_auth(ADMIN).send().await.expect("sent");
+    assert_eq!(answer.status(), 200);
+    json(answer).await
+}
+
+async fn a_charge_found_after_a_fallida_answer_is_refunded_in_full_and_the_answer_stays(
+    backend: Backend,
+) {
+    let (app, fake) = spawn(backend, "refund").await;
+    let payment = declined(&app).await;
+
+    assert_eq!(
+        deliver(&app, "evt_1", 2, succeeded(&payment)).await,
+        "reembolsando"
+    );
+    assert_eq!(app.payment(&payment).await.state, "FALLIDA");
+    // The same charge reported again is not refunded twice.
+    assert_eq!(
+        deliver(&app, "evt_2", 3, succeeded(&payment)).await,
+        "sin_cambios"
+    );
+
+    let report = admin(&app, "/admin/reconciliaciones", Some(json!({}))).await;
+    assert_eq!(report["reembolsos"]["completados"], 1, "{report}");
+    let made = fake.made();
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0]["charge"], CHARGE_ID);
+    assert_eq!(made[0]["amount"], 250000);
+
+    // What the merchant was told stays what its retries are told, and is true.
+    let replay = app.pay("pay-1", &payment_body()).await;
+    assert_eq!(replay.status(), 402);
+    let detail = admin(&app, &format!("/admin/pagos/{payment}"), None).await;
+    assert_eq!(detail["pago"]["estado"], "FALLIDA");
+    assert_eq!(detail["reembolsos"][0]["estado"], "COMPLETADO");
+    assert!(
+        detail["reembolsos"][0]["motivo"]
+            .as_str()
+            .is_some_and(|m| m.contains(CHARGE_ID)),
+        "{detail}"
+    );
+    let why = detail["transiciones"]
+        .as_array()
+        .expect("trail")
+        .iter()
+        .filter_map(|t| t["motivo"].as_str())
+        .find(|m| m.contains("refunded in full"))
+        .map(str::to_owned);
+    assert!(why.is_some_and(|w| w.contains("evt_1")), "{detail}");
+}
+
+async fn in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_refunded(
+    backend: Backend,
+) {
+    let (app, fake) = spawn(backend, "review").await;
+    let payment = declined(&app).await;
+    assert_eq!(
+        deliver(&app, "evt_1", 2, succeeded(&payment)).await,
+        "revision_manual"
+    );
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+    assert!(fake.made().is_empty(), "nothing refunded without on-call");
+
+    // reembolsar only goes with FALLIDA.
+    let wrong = app
+        .http
+        .post(app.url(&format!("/admin/pagos/{payment}/resolucion")))
+        .bearer_auth(ADMIN)
+        .json(&json!({"estado": "COMPLETADA", "reembolsar": true, "motivo": "x"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(wrong.status(), 422);
+
+    // On-call asks what the provider charged: the one charge.
+    Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({"data": [succeeded(&payment)]})),
+        )
+        .mount(app.gateway())
+        .await;
+    let detail = admin(
+        &app,
+        &format!("/admin/pagos/{payment}/resolucion"),
+        Some(json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 77: the customer was charged"})),
+    )
+    .await;
+    assert_eq!(detail["pago"]["estado"], "FALLIDA");
+    assert_eq!(detail["reembolsos"][0]["estado"], "COMPLETADO", "{detail}");
+    assert_eq!(detail["reembolsos"][0]["monto"], 250000);
+    let made = fake.made();
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0]["charge"], CHARGE_ID);
+    let trail: Vec<&str> = detail["transiciones"]
+        .as_array()
+        .expect("trail")
+        .iter()
+        .filter_map(|t| t["motivo"].as_str())
+        .collect();
+    assert!(
+        trail
+            .iter()
+            .any(|m| m.contains("ticket 77") && m.contains("refunded in full")),
+        "{trail:?}"
+    );
+}

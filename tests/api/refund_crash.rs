@@ -1,0 +1,249 @@
+//! Crashes at every step of the refund saga, with real processes, as `crash.rs` does for
+//! payments: pagos aborts at a refund failpoint (as a SIGKILL would), `pagos reconcile
+//! --once` settles what it left, and the gateway holds exactly one refund; the client's
+//! retry gets the final answer.
+
+use crate::helpers::{API_KEY, Backend, TestDatabase, json, payment_body};
+use crate::on_both_databases;
+use crate::process::{Serve, reconcile_once};
+use crate::refunds::FakeRefunds;
+use pagos::entities::refund;
+use sea_orm::{DatabaseConnection, EntityTrait};
+use serde_json::json;
+use std::time::Duration;
+use wiremock::MockServer;
+
+on_both_databases!(
+    a_crash_after_registering_a_refund_is_sent_once_by_the_reconciler,
+    a_crash_after_marking_a_refund_sent_is_resent_with_the_same_key_once,
+    a_crash_after_the_gateway_refunded_is_settled_from_the_provider_without_a_second_refund,
+    a_server_killed_while_the_gateway_holds_the_refund_settles_with_one_refund,
+);
+
+struct World {
+    database: TestDatabase,
+    db: DatabaseConnection,
+    gateway: MockServer,
+    fake: FakeRefunds,
+}
+
+impl World {
+    async fn new(backend: Backend) -> World {
+        let database = TestDatabase::create(&backend).await;
+        let settings = crate::helpers::settings(&database.url, &[]);
+        let db = pagos::app::open_and_migrate(&settings.database)
+            .await
+            .expect("database");
+        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
+            .await
+            .expect("merchant");
+        let gateway = MockServer::start().await;
+        let fake = FakeRefunds::default();
+        fake.mount(&gateway).await;
+        World {
+            database,
+            db,
+            gateway,
+            fake,
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        [
+            "--database-url",
+            &self.database.url,
+            "--gateway",
+            "http",
+            "--gateway-url",
+            &self.gateway.uri(),
+            "--gateway-timeout",
+            "300ms",
+            "--gateway-retries",
+            "0",
+            "--lease",
+            "1s",
+            "--stale-after",
+            "200ms",
+            "--reconcile-every",
+            "1h",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    async fn serve(&self, env: &[(&str, &str)]) -> Serve {
+        let args = self.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Serve::start(&args, env).await
+    }
+
+    async fn reconcile(&self) -> serde_json::Value {
+        let args = self.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        reconcile_once(&args).await
+    }
+
+    async fn only_refund(&self) -> refund::Model {
+        let all = refund::Entity::find().all(&self.db).await.expect("query");
+        assert_eq!(all.len(), 1, "one refund registered");
+        all.into_iter().next().expect("one")
+    }
+
+    /// A COMPLETADA payment made through a server that does not crash; its id.
+    async fn paid(&self) -> String {
+        let server = self.serve(&[]).await;
+        let answer = reqwest::Client::new()
+            .post(format!("{}/v1/pagos", server.url))
+            .bearer_auth(API_KEY)
+            .header("Idempotency-Key", "pay-1")
+            .json(&payment_body())
+            .send()
+            .await
+            .expect("answered");
+        assert_eq!(answer.status(), 201);
+        json(answer).await["id"].as_str().expect("id").to_owned()
+    }
+}
+
+async fn ask_refund(
+    url: &str,
+    payment: &str,
+    key: &str,
+) -> Result<reqwest::Response, reqwest::Error> {
+    reqwest::Client::new()
+        .post(format!("{url}/v1/pagos/{payment}/reembolsos"))
+        .bearer_auth(API_KEY)
+        .header("Idempotency-Key", key)
+        .json(&json!({"monto": 100000, "motivo": "devolución"}))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+}
+
+/// Asks for a refund of `payment` against a server that aborts at `failpoint`; the
+/// refund as the crash left it.
+async fn crash_at(world: &World, payment: &str, failpoint: &str) -> refund::Model {
+    let mut doomed = world.serve(&[("PAGOS_CRASH_AT", failpoint)]).await;
+    let answer = ask_refund(&doomed.url, payment, "ref-crash").await;
+    assert!(
+        answer.is_err(),
+        "the server died before answering: {answer:?}"
+    );
+    assert!(
+        doomed.ended_by_itself(Duration::from_secs(5)).await,
+        "pagos aborted at {failpoint}:\n{}",
+        doomed.logs()
+    );
+    world.only_refund().await
+}
+
+async fn settles_with_one_refund_and_the_retry_gets_the_final_answer(
+    world: &World,
+    payment: &str,
+    left: &refund::Model,
+) {
+    // The request's lease on the refund runs out first.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let report = world.reconcile().await;
+    assert_eq!(report["reembolsos"]["examinados"], 1, "{report}");
+    assert_eq!(report["reembolsos"]["completados"], 1, "{report}");
+    let settled = world.only_refund().await;
+    assert_eq!(settled.state.as_str(), "COMPLETADO");
+    let made = world.fake.made();
+    assert_eq!(made.len(), 1, "exactly one refund at the gateway");
+    assert_eq!(made[0]["reference"], left.id.to_string());
+
+    let server = world.serve(&[]).await;
+    let retry = ask_refund(&server.url, payment, "ref-crash")
+        .await
+        .expect("answered");
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(retry).await["id"], left.id.to_string());
+    assert_eq!(world.fake.made().len(), 1);
+}
+
+fn refund_keys_sent(requests: &[wiremock::Request]) -> Vec<String> {
+    requests
+        .iter()
+        .filter(|r| r.method.as_str() == "POST" && r.url.path() == "/v1/refunds")
+        .map(|r| {
+            r.headers["idempotency-key"]
+                .to_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect()
+}
+
+async fn a_crash_after_registering_a_refund_is_sent_once_by_the_reconciler(backend: Backend) {
+    let world = World::new(backend).await;
+    let payment = world.paid().await;
+    let left = crash_at(&world, &payment, "refund_after_register").await;
+    assert_eq!(left.state.as_str(), "EN_PROCESO");
+    assert!(world.fake.made().is_empty(), "never sent");
+    settles_with_one_refund_and_the_retry_gets_the_final_answer(&world, &payment, &left).await;
+}
+
+async fn a_crash_after_marking_a_refund_sent_is_resent_with_the_same_key_once(backend: Backend) {
+    let world = World::new(backend).await;
+    let payment = world.paid().await;
+    let left = crash_at(&world, &payment, "refund_after_mark_sent").await;
+    assert_eq!(left.state.as_str(), "ENVIADO");
+    assert!(world.fake.made().is_empty(), "died before the call");
+    settles_with_one_refund_and_the_retry_gets_the_final_answer(&world, &payment, &left).await;
+    let requests = world.gateway.received_requests().await.unwrap_or_default();
+    assert_eq!(
+        refund_keys_sent(&requests),
+        vec![left.gateway_key.clone()],
+        "one send, with the refund's gateway key"
+    );
+}
+
+async fn a_crash_after_the_gateway_refunded_is_settled_from_the_provider_without_a_second_refund(
+    backend: Backend,
+) {
+    let world = World::new(backend).await;
+    let payment = world.paid().await;
+    let left = crash_at(&world, &payment, "refund_after_gateway_response").await;
+    assert_eq!(left.state.as_str(), "ENVIADO");
+    assert_eq!(world.fake.made().len(), 1, "refunded, then the crash");
+    settles_with_one_refund_and_the_retry_gets_the_final_answer(&world, &payment, &left).await;
+    let requests = world.gateway.received_requests().await.unwrap_or_default();
+    assert_eq!(
+        refund_keys_sent(&requests).len(),
+        1,
+        "found by look-up, never resent"
+    );
+}
+
+async fn a_server_killed_while_the_gateway_holds_the_refund_settles_with_one_refund(
+    backend: Backend,
+) {
+    let world = World::new(backend).await;
+    let payment = world.paid().await;
+    // The gateway makes the refund at once and answers late: SIGKILL meanwhile.
+    world.fake.delay(Duration::from_secs(5));
+    let mut server = world.serve(&[]).await;
+    let url = server.url.clone();
+    let asking = tokio::spawn({
+        let payment = payment.clone();
+        async move { ask_refund(&url, &payment, "ref-crash").await }
+    });
+    for _ in 0..100 {
+        if !world.fake.made().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.kill().await;
+    assert!(
+        asking.await.expect("joined").is_err(),
+        "no answer from a killed server"
+    );
+    world.fake.delay(Duration::ZERO);
+    let left = world.only_refund().await;
+    assert_eq!(left.state.as_str(), "ENVIADO");
+    settles_with_one_refund_and_the_retry_gets_the_final_answer(&world, &payment, &left).await;
+}

@@ -1,0 +1,955 @@
+//! Refunds (contract section 6) over real HTTP, against a stateful reference gateway on
+//! wiremock that keeps refunds by key (replaying a key's refund) and by reference
+//! (look-ups tell the truth), so a test can count exactly what the gateway made.
+
+use crate::helpers::{
+    ADMIN_TOKEN, API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, charges, json,
+    payment_body,
+};
+use crate::on_both_databases;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+on_both_databases!(
+    a_full_refund_returns_the_whole_payment_and_shows_it_refunded,
+    partial_refunds_add_up_and_the_last_one_takes_what_is_left,
+    the_same_refund_twice_refunds_once_and_replays_the_answer_byte_for_byte,
+    a_refund_key_reused_with_another_body_is_422_and_a_payments_key_is_not_a_refunds,
+    a_refund_over_what_is_left_is_422_with_restante_and_stores_nothing,
+    a_payment_that_is_not_completada_cannot_be_refunded,
+    another_merchants_payment_and_refund_are_404,
+    a_refused_refund_is_422_fallido_and_leaves_the_amount_to_refund_again,
+    refunds_that_settle_tell_the_merchant_with_an_event_of_the_refund,
+    a_refund_that_times_out_is_202_and_the_reconciler_settles_it,
+    on_call_refunds_with_a_reason_recorded_in_the_audit_trail,
+);
+
+/// The gateway's refunds, by key and by reference.
+#[derive(Clone, Default)]
+pub struct FakeRefunds {
+    state: Arc<Mutex<RefundsState>>,
+}
+
+#[derive(Default)]
+struct RefundsState {
+    by_key: HashMap<String, Value>,
+    /// Every refund made, in order.
+    made: Vec<Value>,
+    status: Option<&'static str>,
+    delay: Duration,
+    next: u64,
+}
+
+impl FakeRefunds {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RefundsState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// New refunds get `status` (succeeded by default, failed, pending).
+    pub fn refunding(&self, status: &'static str) {
+        self.lock().status = Some(status);
+    }
+
+    /// Every answer comes after `delay` (the refund is made at once).
+    pub fn delay(&self, delay: Duration) {
+        self.lock().delay = delay;
+    }
+
+    /// The refunds the gateway made.
+    pub fn made(&self) -> Vec<Value> {
+        self.lock().made.clone()
+    }
+
+    pub async fn mount(&self, server: &MockServer) {
+        charges()
+            .respond_with(Charge::succeeded())
+            .mount(server)
+            .await;
+        self.mount_refunds(server).await;
+    }
+
+    /// Only the refund endpoints (the test mounts its own charges).
+    pub async fn mount_refunds(&self, server: &MockServer) {
+        Mock::given(wiremock::matchers::method("POST"))
+            .and(wiremock::matchers::path("/v1/refunds"))
+            .respond_with(MakeRefund(self.clone()))
+            .mount(server)
+            .await;
+        Mock::given(wiremock::matchers::method("GET"))
+            .and(wiremock::matchers::path("/v1/refunds"))
+            .respond_with(LookRefunds(self.clone()))
+            .mount(server)
+            .await;
+    }
+}
+
+struct MakeRefund(FakeRefunds);
+
+impl Respond for MakeRefund {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let key = request
+            .headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let mut state = self.0.lock();
+        let delay = state.delay;
+        if let Some(existing) = state.by_key.get(&key) {
+            return ResponseTemplate::new(201)
+                .set_body_json(existing.clone())
+                .set_delay(delay);
+        }
+        state.next += 1;
+        let status = state.status.unwrap_or("succeeded");
+        let refund = json!({
+            "id": format!("re_fake_{}", state.next),
+            "status": status,
+            "charge": body["charge"],
+            "amount": body["amount"],
+            "currency": body["currency"],
+            "reference": body["reference"],
+            "failureCode": if status == "failed" { Value::from("expired_or_canceled_card") } else { Value::Null },
+        });
+        state.by_key.insert(key, refund.clone());
+        state.made.push(refund.clone());
+        ResponseTemplate::new(201)
+            .set_body_json(refund)
+            .set_delay(delay)
+    }
+}
+
+struct LookRefunds(FakeRefunds);
+
+impl Respond for LookRefunds {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let reference = request
+            .url
+            .query_pairs()
+            .find(|(k, _)| k == "reference")
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        let state = self.0.lock();
+        let data: Vec<Value> = state
+            .made
+            .iter()
+            .filter(|r| r["reference"] == reference.as_str())
+            .cloned()
+            .collect();
+        ResponseTemplate::new(200).set_body_json(json!({ "data": data }))
+    }
+}
+
+/// An app on `backend` with the fake gateway mounted.
+async fn app_with(backend: Backend, flags: &[&'static str]) -> (TestApp, FakeRefunds) {
+    let app = Spawn::new(backend).flags(flags).start().await;
+    let fake = FakeRefunds::default();
+    fake.mount(app.gateway()).await;
+    (app, fake)
+}
+
+/// A COMPLETADA payment of 250000 COP; its id.
+async fn paid(app: &TestApp, key: &str) -> String {
+    let answer = app.pay(key, &payment_body()).await;
+    assert_eq!(answer.status(), 201);
+    json(answer).await["id"].as_str().expect("id").to_owned()
+}
+
+pub async fn refund_as(
+    app: &TestApp,
+    api_key: &str,
+    payment: &str,
+    key: &str,
+    body: &Value,
+) -> reqwest::Response {
+    app.http
+        .post(app.url(&format!("/v1/pagos/{payment}/reembolsos")))
+        .bearer_auth(api_key)
+        .header("Idempotency-Key", key)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent")
+}
+
+pub async fn refund(app: &TestApp, payment: &str, key: &str, body: &Value) -> reqwest::Response {
+    refund_as(app, API_KEY, payment, key, body).await
+}
+
+async fn get(app: &TestApp, api_key: &str, path: &str) -> reqwest::Response {
+    app.http
+        .get(app.url(path))
+        .bearer_auth(api_key)
+        .send()
+        .await
+        .expect("sent")
+}
+
+async fn a_full_refund_returns_the_whole_payment_and_shows_it_refunded(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+
+    let answer = refund(
+        &app,
+        &payment,
+        "ref-1",
+        &json!({"motivo": "solicitud del cliente"}),
+    )
+    .await;
+    assert_eq!(answer.status(), 201);
+    let location = answer.headers()["location"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "COMPLETADO");
+    assert_eq!(body["monto"], 250000);
+    assert_eq!(body["moneda"], "COP");
+    assert_eq!(body["pagoId"], payment.as_str());
+    assert_eq!(body["motivo"], "solicitud del cliente");
+    assert_eq!(body["gatewayRef"], "re_fake_1");
+    assert_eq!(
+        location,
+        format!("/v1/reembolsos/{}", body["id"].as_str().expect("id"))
+    );
+
+    let made = fake.made();
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0]["amount"], 250000);
+    assert_eq!(
+        made[0]["charge"], "ch_3Pq8sTQ2xY7wZ1",
+        "the payment's charge is refunded"
+    );
+    assert_eq!(made[0]["reference"], body["id"]);
+
+    let read = json(get(&app, API_KEY, &location).await).await;
+    assert_eq!(read, body);
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(
+        pago["estado"], "COMPLETADA",
+        "a refunded payment stays COMPLETADA"
+    );
+    assert_eq!(pago["montoReembolsado"], 250000);
+    let list = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}/reembolsos")).await).await;
+    assert_eq!(list["reembolsos"], json!([body]));
+
+    // Nothing is left: one more is refused, and the gateway is not asked.
+    let more = refund(&app, &payment, "ref-2", &json!({})).await;
+    assert_eq!(more.status(), 422);
+    let problem = json(more).await;
+    assert_eq!(problem["type"], "/problems/refund-exceeds-remaining");
+    assert_eq!(problem["restante"], 0);
+    assert_eq!(fake.made().len(), 1);
+}
+
+async fn partial_refunds_add_up_and_the_last_one_takes_what_is_left(backend: Backend) {
+    let (app, fake) = app_with(backend, &["--metrics-refresh", "100ms"]).await;
+    let payment = paid(&app, "pay-1").await;
+
+    let first = refund(&app, &payment, "ref-1", &json!({"monto": 50000})).await;
+    assert_eq!(first.status(), 201);
+    assert_eq!(json(first).await["monto"], 50000);
+    let second = refund(&app, &payment, "ref-2", &json!({"monto": 100000})).await;
+    assert_eq!(second.status(), 201);
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 150000);
+
+    let rest = refund(&app, &payment, "ref-3", &json!({})).await;
+    assert_eq!(rest.status(), 201);
+    assert_eq!(json(rest).await["monto"], 100000, "no monto: what is left");
+    let amounts: Vec<i64> = fake
+        .made()
+        .iter()
+        .map(|r| r["amount"].as_i64().expect("amount"))
+        .collect();
+    assert_eq!(amounts, vec![50000, 100000, 100000]);
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 250000);
+    let list = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}/reembolsos")).await).await;
+    assert_eq!(list["reembolsos"].as_array().map(Vec::len), Some(3));
+    app.scrape_until("pagos_refunds", |text| {
+        crate::helpers::has_line(text, r#"pagos_refunds{estado="COMPLETADO"} 3"#)
+            && crate::helpers::has_line(text, r#"pagos_refunds{estado="ENVIADO"} 0"#)
+    })
+    .await;
+}
+
+async fn the_same_refund_twice_refunds_once_and_replays_the_answer_byte_for_byte(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    let body = json!({"monto": 50000, "motivo": "devolución"});
+
+    let first = refund(&app, &payment, "ref-1", &body).await;
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let location = first.headers()["location"].clone();
+    let first_body = first.bytes().await.expect("body");
+
+    // Key order and white space do not make another request.
+    let again = app
+        .http
+        .post(app.url(&format!("/v1/pagos/{payment}/reembolsos")))
+        .bearer_auth(API_KEY)
+        .header("Idempotency-Key", "ref-1")
+        .header("Content-Type", "application/json")
+        .body(r#"{ "motivo": "devolución",   "monto": 50000 }"#)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["location"], location);
+    assert_eq!(again.bytes().await.expect("body"), first_body);
+    assert_eq!(fake.made().len(), 1, "one refund at the gateway");
+}
+
+async fn a_refund_key_reused_with_another_body_is_422_and_a_payments_key_is_not_a_refunds(
+    backend: Backend,
+) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "shared-key").await;
+
+    // The payment's key names nothing in the refunds' key space.
+    let first = refund(&app, &payment, "shared-key", &json!({"monto": 1000})).await;
+    assert_eq!(first.status(), 201);
+
+    let other = refund(&app, &payment, "shared-key", &json!({"monto": 2000})).await;
+    assert_eq!(other.status(), 422);
+    assert_eq!(
+        json(other).await["type"],
+        "/problems/idempotency-key-reused"
+    );
+    assert_eq!(fake.made().len(), 1);
+
+    // And the payment's key still replays the payment.
+    let replay = app.pay("shared-key", &payment_body()).await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+}
+
+async fn a_refund_over_what_is_left_is_422_with_restante_and_stores_nothing(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    assert_eq!(
+        refund(&app, &payment, "ref-1", &json!({"monto": 200000}))
+            .await
+            .status(),
+        201
+    );
+
+    let over = refund(&app, &payment, "ref-2", &json!({"monto": 50001})).await;
+    assert_eq!(over.status(), 422);
+    assert_eq!(over.headers()["content-type"], "application/problem+json");
+    let problem = json(over).await;
+    assert_eq!(problem["type"], "/problems/refund-exceeds-remaining");
+    assert_eq!(problem["restante"], 50000);
+    assert_eq!(fake.made().len(), 1);
+
+    // Nothing was stored under the key: corrected, it goes through.
+    let fixed = refund(&app, &payment, "ref-2", &json!({"monto": 50000})).await;
+    assert_eq!(fixed.status(), 201);
+
+    // Bad input is refused before anything, and stores nothing either.
+    let bad = refund(&app, &payment, "ref-3", &json!({"monto": -1, "otro": 1})).await;
+    assert_eq!(bad.status(), 422);
+    let problem = json(bad).await;
+    assert_eq!(problem["type"], "/problems/validation-failed");
+    let missing_key = app
+        .http
+        .post(app.url(&format!("/v1/pagos/{payment}/reembolsos")))
+        .bearer_auth(API_KEY)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(missing_key.status(), 400);
+    assert_eq!(fake.made().len(), 2);
+}
+
+async fn a_payment_that_is_not_completada_cannot_be_refunded(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::declined())
+        .mount(app.gateway())
+        .await;
+    let answer = app.pay("pay-1", &payment_body()).await;
+    assert_eq!(answer.status(), 402);
+    let payment = json(answer).await["pago"]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+
+    let refused = refund(&app, &payment, "ref-1", &json!({})).await;
+    assert_eq!(refused.status(), 409);
+    let problem = json(refused).await;
+    assert_eq!(problem["type"], "/problems/payment-not-refundable");
+    assert_eq!(problem["estado"], "FALLIDA");
+    let refunds_asked = app
+        .gateway()
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.url.path() == "/v1/refunds")
+        .count();
+    assert_eq!(refunds_asked, 0);
+}
+
+async fn another_merchants_payment_and_refund_are_404(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    let mine = json(refund(&app, &payment, "ref-1", &json!({"monto": 10})).await).await;
+
+    let theirs = refund_as(
+        &app,
+        OTHER_API_KEY,
+        &payment,
+        "ref-1",
+        &json!({"monto": 10}),
+    )
+    .await;
+    assert_eq!(theirs.status(), 404);
+    assert_eq!(json(theirs).await["type"], "/problems/not-found");
+    let path = format!("/v1/reembolsos/{}", mine["id"].as_str().expect("id"));
+    assert_eq!(get(&app, OTHER_API_KEY, &path).await.status(), 404);
+    assert_eq!(
+        get(
+            &app,
+            OTHER_API_KEY,
+            &format!("/v1/pagos/{payment}/reembolsos")
+        )
+        .await
+        .status(),
+        404
+    );
+    assert_eq!(
+        get(&app, API_KEY, "/v1/reembolsos/not-a-uuid")
+            .await
+            .status(),
+        404
+    );
+    let nobody = uuid::Uuid::now_v7();
+    assert_eq!(
+        refund(&app, &nobody.to_string(), "ref-9", &json!({}))
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(fake.made().len(), 1);
+}
+
+async fn a_refused_refund_is_422_fallido_and_leaves_the_amount_to_refund_again(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.refunding("failed");
+
+    let refused = refund(&app, &payment, "ref-1", &json!({"monto": 250000})).await;
+    assert_eq!(refused.status(), 422);
+    let refused_bytes = refused.bytes().await.expect("body");
+    let problem: Value = serde_json::from_slice(&refused_bytes).expect("json");
+    assert_eq!(problem["type"], "/problems/refund-refused");
+    assert_eq!(problem["reembolso"]["estado"], "FALLIDO");
+    assert_eq!(problem["failureCode"], "expired_or_canceled_card");
+
+    let replay = refund(&app, &payment, "ref-1", &json!({"monto": 250000})).await;
+    assert_eq!(replay.status(), 422);
+    assert_eq!(replay.bytes().await.expect("body"), refused_bytes);
+
+    // A failed refund took nothing: the whole amount can be refunded again.
+    fake.refunding("succeeded");
+    let again = refund(&app, &payment, "ref-2", &json!({"monto": 250000})).await;
+    assert_eq!(again.status(), 201);
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 250000);
+}
+
+async fn a_refund_that_times_out_is_202_and_the_reconciler_settles_it(backend: Backend) {
+    let (app, fake) = app_with(backend, &["--stale-after", "1s"]).await;
+    let payment = paid(&app, "pay-1").await;
+    // Made at once, answered after the client gave up: every try times out.
+    fake.delay(Duration::from_secs(2));
+
+    let answer = refund(&app, &payment, "ref-1", &json!({"monto": 70000})).await;
+    assert_eq!(answer.status(), 202);
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "ENVIADO");
+    let id = body["id"].as_str().expect("id").to_owned();
+    assert_eq!(fake.made().len(), 1, "every retry carried the same key");
+    // In flight, it counts against what is left.
+    let over = refund(&app, &payment, "ref-2", &json!({"monto": 180001})).await;
+    assert_eq!(over.status(), 422);
+
+    fake.delay(Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let report = json(app.admin_post("/admin/reconciliaciones", &json!({})).await).await;
+    assert_eq!(report["reembolsos"]["completados"], 1, "{report}");
+
+    let read = json(get(&app, API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "COMPLETADO");
+    assert_eq!(read["gatewayRef"], "re_fake_1");
+    assert_eq!(fake.made().len(), 1, "settled by look-up, not sent again");
+    // The client's retry now gets the final answer.
+    let retry = refund(&app, &payment, "ref-1", &json!({"monto": 70000})).await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 70000);
+}
+
+async fn on_call_refunds_with_a_reason_recorded_in_the_audit_trail(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    let path = format!("/admin/pagos/{payment}/reembolsos");
+    let post = |body: Value, token: &'static str| {
+        let request = app
+            .http
+            .post(app.url(&path))
+            .bearer_auth(token)
+            .header("Idempotency-Key", "oncall-1")
+            .json(&body);
+        async move { request.send().await.expect("sent") }
+    };
+
+    assert_eq!(
+        post(json!({"monto": 1000}), ADMIN_TOKEN).await.status(),
+        422,
+        "motivo required"
+    );
+    assert_eq!(
+        post(json!({"monto": 1000, "motivo": "x"}), API_KEY)
+            .await
+            .status(),
+        401
+    );
+    let done = post(
+        json!({"monto": 1000, "motivo": "cliente llamó"}),
+        ADMIN_TOKEN,
+    )
+    .await;
+    assert_eq!(done.status(), 201);
+    let body = json(done).await;
+    assert_eq!(body["estado"], "COMPLETADO");
+    assert_eq!(fake.made().len(), 1);
+
+    // The merchant sees it, and its key space is not on-call's.
+    let id = body["id"].as_str().expect("id");
+    assert_eq!(
+        get(&app, API_KEY, &format!("/v1/reembolsos/{id}"))
+            .await
+            .status(),
+        200
+    );
+    let mine = refund(&app, &payment, "oncall-1", &json!({"monto": 1000})).await;
+    assert_eq!(mine.status(), 201);
+    assert_ne!(json(mine).await["id"], body["id"]);
+    assert_eq!(fake.made().len(), 2);
+
+    let trail =
+        pagos::saga::refund::store::trail(&app.db, uuid::Uuid::parse_str(id).expect("uuid"))
+            .await
+            .expect("trail");
+    assert!(
+        trail[0].reason.contains("admin") && trail[0].reason.contains("cliente llamó"),
+        "{:?}",
+        trail[0]
+    );
+    assert_eq!(
+        trail.last().map(|t| t.to_state.as_str()),
+        Some("COMPLETADO")
+    );
+}
+
+on_both_databases!(
+    twenty_concurrent_partial_refunds_never_exceed_the_payment,
+    a_second_request_with_the_key_while_the_first_is_in_flight_is_409,
+);
+
+async fn twenty_concurrent_partial_refunds_never_exceed_the_payment(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    // A slow gateway, so the refunds really overlap.
+    fake.delay(Duration::from_millis(100));
+
+    // 20 × 30000 = 600000 asked of 250000: at most 8 fit.
+    let body = json!({"monto": 30000});
+    let keys: Vec<String> = (0..20).map(|i| format!("race-{i}")).collect();
+    let answers =
+        futures::future::join_all(keys.iter().map(|k| refund(&app, &payment, k, &body))).await;
+    let (mut refunded, mut refused) = (Vec::new(), 0);
+    for answer in answers {
+        match answer.status().as_u16() {
+            201 => refunded.push(json(answer).await["id"].as_str().expect("id").to_owned()),
+            422 => {
+                let problem = json(answer).await;
+                assert_eq!(problem["type"], "/problems/refund-exceeds-remaining");
+                refused += 1;
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(refunded.len() + refused, 20);
+    assert_eq!(refunded.len(), 8, "every refund that fits, and no more");
+    let made = fake.made();
+    let sum: i64 = made
+        .iter()
+        .map(|r| r["amount"].as_i64().expect("amount"))
+        .sum();
+    assert!(sum <= 250000, "the gateway refunded {sum}");
+    let mut seen: Vec<String> = made
+        .iter()
+        .map(|r| r["reference"].as_str().expect("reference").to_owned())
+        .collect();
+    seen.sort();
+    refunded.sort();
+    assert_eq!(
+        seen, refunded,
+        "the gateway saw exactly the refunds not refused"
+    );
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 240000);
+}
+
+async fn a_second_request_with_the_key_while_the_first_is_in_flight_is_409(backend: Backend) {
+    let (app, fake) = app_with(backend, &["--gateway-timeout", "3s"]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.delay(Duration::from_millis(800));
+
+    let body = json!({"monto": 1000});
+    let first = refund(&app, &payment, "ref-1", &body);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        refund(&app, &payment, "ref-1", &body).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first.status(), 201);
+    assert_eq!(second.status(), 409);
+    assert!(second.headers().contains_key("retry-after"));
+    assert_eq!(json(second).await["type"], "/problems/request-in-flight");
+    assert_eq!(fake.made().len(), 1);
+}
+
+on_both_databases!(a_pending_refund_is_settled_by_refund_events_applied_once_and_in_order);
+
+async fn a_pending_refund_is_settled_by_refund_events_applied_once_and_in_order(backend: Backend) {
+    use crate::compensation::{SECRET, deliver_event};
+    let (app, fake) = app_with(backend, &["--webhook-secret", SECRET]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.refunding("pending");
+    let answer = refund(&app, &payment, "ref-1", &json!({"monto": 5000})).await;
+    assert_eq!(answer.status(), 202);
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "ENVIADO");
+    assert_eq!(body["gatewayRef"], "re_fake_1");
+    let id = body["id"].as_str().expect("id").to_owned();
+    let mut made = fake.made()[0].clone();
+
+    made["status"] = json!("succeeded");
+    assert_eq!(
+        deliver_event(&app, "evt_r1", "refund.updated", 2, made.clone()).await,
+        "aplicado"
+    );
+    assert_eq!(
+        deliver_event(&app, "evt_r1", "refund.updated", 2, made.clone()).await,
+        "duplicado"
+    );
+    let mut older = made.clone();
+    older["status"] = json!("pending");
+    assert_eq!(
+        deliver_event(&app, "evt_r0", "refund.updated", 1, older).await,
+        "obsoleto"
+    );
+    let read = json(get(&app, API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "COMPLETADO");
+    // The key's answer was frozen when the event settled it.
+    let retry = refund(&app, &payment, "ref-1", &json!({"monto": 5000})).await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+
+    // A refund that fails after it succeeded (Stripe's): on-call is told, never silently.
+    made["status"] = json!("failed");
+    made["failureCode"] = json!("charge_for_pending_refund_disputed");
+    assert_eq!(
+        deliver_event(&app, "evt_r2", "refund.updated", 3, made).await,
+        "revision_manual"
+    );
+    let read = json(get(&app, API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "REVISION_MANUAL");
+    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 0, "only COMPLETADO refunds count");
+    assert_eq!(fake.made().len(), 1);
+
+    // On-call checks the provider and settles it; the trail says who and why.
+    let resolve = |body: Value| {
+        let request = app
+            .http
+            .post(app.url(&format!("/admin/reembolsos/{id}/resolucion")))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&body);
+        async move { request.send().await.expect("sent") }
+    };
+    assert_eq!(
+        resolve(json!({"estado": "FALLIDO", "motivo": " "}))
+            .await
+            .status(),
+        422
+    );
+    let resolved =
+        resolve(json!({"estado": "FALLIDO", "motivo": "dashboard: refund failed, card closed"}))
+            .await;
+    assert_eq!(resolved.status(), 200);
+    let detail = json(resolved).await;
+    assert_eq!(detail["reembolso"]["estado"], "FALLIDO");
+    let last = detail["transiciones"]
+        .as_array()
+        .and_then(|t| t.last())
+        .cloned()
+        .expect("trail");
+    assert_eq!(last["quien"], "admin");
+    assert!(
+        last["motivo"]
+            .as_str()
+            .is_some_and(|m| m.contains("card closed"))
+    );
+    assert_eq!(
+        resolve(json!({"estado": "COMPLETADO", "motivo": "again"}))
+            .await
+            .status(),
+        409,
+        "only a refund under review is resolved by hand"
+    );
+    // FALLIDO: its amount can be refunded again.
+    let again = refund(&app, &payment, "ref-2", &json!({})).await;
+    assert_eq!(again.status(), 202, "the fake still answers pending");
+    assert_eq!(json(again).await["monto"], 250000);
+}
+
+on_both_databases!(the_openapi_document_describes_the_refund_endpoints);
+
+async fn the_openapi_document_describes_the_refund_endpoints(backend: Backend) {
+    let app = Spawn::new(backend).sandbox().start().await;
+    let doc = json(
+        app.http
+            .get(app.url("/openapi.json"))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    for path in ["/v1/pagos/{id}/reembolsos", "/admin/pagos/{id}/reembolsos"] {
+        let post = &doc["paths"][path]["post"];
+        let key = post["parameters"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["name"] == "Idempotency-Key"))
+            .unwrap_or_else(|| panic!("{path}: Idempotency-Key documented"));
+        assert_eq!(key["in"], "header");
+        assert_eq!(key["required"], true, "{path}");
+        for status in ["201", "202", "404", "409", "422"] {
+            assert!(post["responses"][status].is_object(), "{path} {status}");
+        }
+    }
+    assert!(doc["paths"]["/v1/pagos/{id}/reembolsos"]["get"].is_object());
+    assert!(doc["paths"]["/v1/reembolsos/{id}"]["get"].is_object());
+    assert!(doc["paths"]["/admin/reembolsos/{id}/resolucion"]["post"].is_object());
+    let schema = &doc["components"]["schemas"]["Reembolso"]["properties"];
+    for field in [
+        "id",
+        "pagoId",
+        "monto",
+        "moneda",
+        "estado",
+        "motivo",
+        "gatewayRef",
+        "creadoEn",
+        "actualizadoEn",
+    ] {
+        assert!(schema[field].is_object(), "Reembolso.{field}");
+    }
+    assert!(doc["components"]["schemas"]["Pago"]["properties"]["montoReembolsado"].is_object());
+}
+
+on_both_databases!(
+    the_client_refunds_with_one_key_per_intent_kept_until_the_refund_settles,
+    pagos_refund_refunds_and_prints_the_refund,
+);
+
+async fn the_client_refunds_with_one_key_per_intent_kept_until_the_refund_settles(
+    backend: Backend,
+) {
+    use pagos_client::{Client, Journal, PayPolicy, RefundIntent, RefundOutcome, RefundRequest};
+    let (app, fake) = app_with(backend, &["--stale-after", "4s", "--gateway-retries", "0"]).await;
+    let payment = paid(&app, "pay-1").await;
+    let dir = tempfile::tempdir().expect("dir");
+    let journal = Journal::open(dir.path().join("journal.db"))
+        .await
+        .expect("journal");
+    let client = Client::new(&app.url("/"), API_KEY)
+        .expect("client")
+        .with_journal(journal)
+        .with_policy(PayPolicy {
+            deadline: Duration::from_secs(2),
+            min_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(500),
+            ..PayPolicy::default()
+        });
+    let payment_id = uuid::Uuid::parse_str(&payment).expect("uuid");
+    let request = RefundRequest::new(payment_id, Some(40000), Some("devolución")).expect("valid");
+    assert!(RefundRequest::new(payment_id, Some(0), None).is_err());
+
+    // The gateway makes the refund and answers too late: 202, kept in the journal.
+    fake.delay(Duration::from_secs(2));
+    let intent = RefundIntent::new(request.clone());
+    match client.refund(&intent).await.expect("an outcome") {
+        RefundOutcome::Pending(refund) => assert_eq!(refund.state.as_str(), "ENVIADO"),
+        other => panic!("expected pending, got {other:?}"),
+    }
+    let kept = client
+        .kept_refund(&request)
+        .await
+        .expect("journal")
+        .expect("kept");
+    assert_eq!(
+        kept.key(),
+        intent.key(),
+        "the same refund asked again: the same key"
+    );
+
+    // Once the refund is due, asking again settles it from the gateway's look-up.
+    fake.delay(Duration::ZERO);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    match client.refund(&kept).await.expect("an outcome") {
+        RefundOutcome::Refunded(refund) => {
+            assert_eq!(refund.amount, 40000);
+            assert_eq!(refund.state.as_str(), "COMPLETADO");
+        }
+        other => panic!("expected refunded, got {other:?}"),
+    }
+    assert!(
+        client
+            .kept_refund(&request)
+            .await
+            .expect("journal")
+            .is_none(),
+        "let go"
+    );
+    assert_eq!(fake.made().len(), 1, "one refund at the gateway");
+}
+
+async fn pagos_refund_refunds_and_prints_the_refund(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    let dir = tempfile::tempdir().expect("dir");
+    let journal = dir.path().join("journal.db");
+    let (url, journal) = (app.url("/"), journal.to_str().expect("utf-8").to_owned());
+    let done = tokio::process::Command::new(crate::process::BIN)
+        .args([
+            "refund",
+            "--url",
+            &url,
+            "--pago",
+            &payment,
+            "--monto",
+            "60000",
+            "--motivo",
+            "solicitud del cliente",
+            "--journal",
+            &journal,
+        ])
+        .env("PAGOS_API_KEY", API_KEY)
+        .output()
+        .await
+        .expect("pagos refund runs");
+    assert_eq!(
+        done.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let refund: Value = serde_json::from_slice(&done.stdout).expect("the refund as JSON");
+    assert_eq!(refund["estado"], "COMPLETADO");
+    assert_eq!(refund["monto"], 60000);
+    assert_eq!(refund["motivo"], "solicitud del cliente");
+    assert!(
+        !String::from_utf8_lossy(&done.stderr).contains(API_KEY),
+        "the API key is never printed"
+    );
+    assert_eq!(fake.made().len(), 1);
+}
+
+on_both_databases!(on_call_reconciles_one_refund_now_without_waiting_for_it_to_be_due);
+
+async fn on_call_reconciles_one_refund_now_without_waiting_for_it_to_be_due(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.delay(Duration::from_secs(2));
+    let answer = refund(&app, &payment, "ref-1", &json!({"monto": 1000})).await;
+    assert_eq!(answer.status(), 202);
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+    fake.delay(Duration::ZERO);
+
+    // Not due for PAGOS_STALE_AFTER (30 s): a pass leaves it, "this one now" does not.
+    let pass = json(app.admin_post("/admin/reconciliaciones", &json!({})).await).await;
+    assert!(pass.get("reembolsos").is_none(), "{pass}");
+    let report = json(
+        app.admin_post("/admin/reconciliaciones", &json!({ "reembolsoId": id }))
+            .await,
+    )
+    .await;
+    assert_eq!(report["reembolsos"]["completados"], 1, "{report}");
+    let missing = app
+        .admin_post(
+            "/admin/reconciliaciones",
+            &json!({ "reembolsoId": uuid::Uuid::now_v7() }),
+        )
+        .await;
+    assert_eq!(missing.status(), 404);
+    assert_eq!(fake.made().len(), 1);
+}
+
+/// A refund that settles is an event of the outbox, written with its move: the merchant
+/// sees `reembolso.fallido` and `reembolso.completado` with the refund as it was answered.
+async fn refunds_that_settle_tell_the_merchant_with_an_event_of_the_refund(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.refunding("failed");
+    let refused = refund(&app, &payment, "ref-1", &json!({"monto": 1000})).await;
+    assert_eq!(refused.status(), 422);
+    let refused_id = json(refused).await["reembolso"]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    fake.refunding("succeeded");
+    let made = refund(&app, &payment, "ref-2", &json!({"monto": 2000})).await;
+    assert_eq!(made.status(), 201);
+    let made: Value = json(made).await;
+
+    let page = json(get(&app, API_KEY, "/v1/eventos?limite=50").await).await;
+    let events: Vec<&Value> = page["eventos"]
+        .as_array()
+        .expect("eventos")
+        .iter()
+        .filter(|e| {
+            e["tipo"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("reembolso."))
+        })
+        .collect();
+    assert_eq!(events.len(), 2, "{page}");
+    assert_eq!(events[0]["tipo"], "reembolso.fallido");
+    assert_eq!(events[0]["datos"]["id"], refused_id.as_str());
+    assert_eq!(events[0]["datos"]["estado"], "FALLIDO");
+    assert_eq!(events[1]["tipo"], "reembolso.completado");
+    assert_eq!(events[1]["datos"], made, "the refund as it was answered");
+    assert!(events[1]["secuencia"].as_u64().expect("secuencia") > 0);
+    // The payment itself did not change state: no new payment event.
+    let payment_events = page["eventos"]
+        .as_array()
+        .expect("eventos")
+        .iter()
+        .filter(|e| e["tipo"].as_str().is_some_and(|t| t.starts_with("pago.")))
+        .count();
+    assert_eq!(payment_events, 1, "only the payment's own pago.completado");
+}
