@@ -15,6 +15,7 @@ pub mod http;
 pub mod idempotency;
 pub mod merchants;
 pub mod metrics;
+pub mod operators;
 pub mod reaper;
 pub mod reconciler;
 pub mod representation;

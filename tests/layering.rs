@@ -191,7 +191,11 @@ fn file_graph() -> Graph {
 }
 
 /// The commands that live in a folder they do not belong to: programs of their own.
-const COMMANDS: [&str; 2] = ["merchants::cli", "gateway::sandbox_server"];
+const COMMANDS: [&str; 3] = [
+    "merchants::cli",
+    "gateway::sandbox_server",
+    "operators::cli",
+];
 
 fn room(module: &str) -> String {
     if COMMANDS.contains(&module) {
@@ -303,7 +307,11 @@ const LAYERS: [(&str, &[&str]); 7] = [
     ("composition root", &["main", "app"]),
     (
         "other commands",
-        &["merchants::cli", "gateway::sandbox_server"],
+        &[
+            "merchants::cli",
+            "gateway::sandbox_server",
+            "operators::cli",
+        ],
     ),
     ("doors and workers", &["http", "reconciler", "reaper"]),
     ("settings", &["config", "telemetry", "signals"]),
@@ -313,7 +321,14 @@ const LAYERS: [(&str, &[&str]); 7] = [
     ),
     (
         "storage and adapters",
-        &["merchants", "gateway", "delivery", "db", "failpoint"],
+        &[
+            "merchants",
+            "gateway",
+            "delivery",
+            "db",
+            "failpoint",
+            "operators",
+        ],
     ),
     (
         "pure domain and entities",

@@ -134,6 +134,23 @@ pub struct Transicion {
     pub quien: String,
     pub motivo: String,
     pub en: String,
+    /// Who of on-call, for a row by `admin`: the operator's name, or `admin` for the
+    /// break-glass token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operador: Option<String>,
+}
+
+/// The reason an on-call resolution writes: it names who resolved.
+pub fn resolution_reason(who: &str, motivo: &str) -> String {
+    format!("resolved by {who} (on-call): {motivo}")
+}
+
+/// The operator a resolution's reason names (`resolution_reason`); none for rows written
+/// before operators existed.
+pub fn operator_in(reason: &str) -> Option<&str> {
+    let rest = reason.strip_prefix("resolved by ")?;
+    let (who, _) = rest.split_once(" (on-call): ")?;
+    Some(who)
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -189,6 +206,9 @@ async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago, Api
                 desde: t.from_state.map(|s| s.as_str().to_owned()),
                 hacia: t.to_state.as_str().to_owned(),
                 quien: t.actor.as_str().to_owned(),
+                operador: (t.actor == store::Actor::Admin)
+                    .then(|| operator_in(&t.reason).map(str::to_owned))
+                    .flatten(),
                 motivo: t.reason,
                 en: t.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
             })
@@ -213,14 +233,16 @@ pub struct PedidoReconciliacion {
     responses(
         (status = 200, description = "The pass's report", body = Report),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The operator's role (lector) may only read", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Body is not `{}` or `{\"pagoId\":\"<uuid>\"}`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn run_reconciliation(
     State(state): State<AppState>,
-    _admin: Admin,
+    admin: Admin,
     body: Bytes,
 ) -> Result<Json<Report>, ApiError> {
+    admin.may_act()?;
     let request: PedidoReconciliacion = if body.iter().all(u8::is_ascii_whitespace) {
         PedidoReconciliacion::default()
     } else {
@@ -232,6 +254,7 @@ async fn run_reconciliation(
             .await?
             .ok_or_else(not_found)?;
     }
+    tracing::info!(operator = %admin.name, pago_id = ?request.pago_id, "reconciliation asked by on-call");
     // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
     // halfway and leave its claimed payments waiting out their lease.
     let reconciler = state.reconciler.clone();
@@ -269,6 +292,7 @@ pub struct Resolucion {
     responses(
         (status = 200, description = "Settled; the payment and its audit trail", body = DetallePago),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The operator's role (lector) may only read", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such payment", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The payment is not in REVISION_MANUAL", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad estado or empty motivo", body = Problem, content_type = "application/problem+json"),
@@ -276,10 +300,11 @@ pub struct Resolucion {
 )]
 async fn resolve(
     State(state): State<AppState>,
-    _admin: Admin,
+    admin: Admin,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<DetallePago>, ApiError> {
+    admin.may_act()?;
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
     let request: Resolucion = serde_json::from_slice(&body).map_err(|e| {
         bad_request(format!(
@@ -318,10 +343,10 @@ async fn resolve(
         gateway_ref: request.gateway_ref.map(|r| r.trim().to_owned()),
         ..Changes::default()
     };
-    let reason = format!("resolved by on-call: {motivo}");
+    let reason = resolution_reason(&admin.name, motivo);
     match crate::saga::apply_now(&state.db, &current, event, changes, Actor::Admin, &reason).await {
         Ok(Written::Applied(p)) => {
-            tracing::info!(payment_id = %p.id, estado = %p.state, "payment resolved by on-call");
+            tracing::info!(payment_id = %p.id, estado = %p.state, operator = %admin.name, "payment resolved by on-call");
             Ok(Json(detail(&state, &p).await?))
         }
         Ok(Written::Fenced) => Err(Problem::new(ProblemType::NotUnderReview)

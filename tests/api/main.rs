@@ -16,6 +16,7 @@ mod gateway_refunds;
 mod mercadopago;
 mod merchants;
 mod money_path;
+mod operators;
 mod ops;
 mod payments;
 mod process;
