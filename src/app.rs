@@ -161,6 +161,7 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         metrics,
         mercadopago,
         in_flight,
+        console: Default::default(),
     }))
 }
 

@@ -50,7 +50,7 @@ pub struct PagoAdmin {
 }
 
 impl PagoAdmin {
-    fn of(p: &payment::Model) -> Self {
+    pub fn of(p: &payment::Model) -> Self {
         PagoAdmin {
             pago: crate::representation::pago(p),
             merchant_id: p.merchant_id,
@@ -191,7 +191,7 @@ async fn payment_detail(
     Ok(Json(detail(&state, &p).await?))
 }
 
-async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago, ApiError> {
+pub async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago, ApiError> {
     let trail = transitions::Entity::find()
         .filter(transitions::Column::PaymentId.eq(p.id))
         .order_by_asc(transitions::Column::CreatedAt)
@@ -254,18 +254,7 @@ async fn run_reconciliation(
             .await?
             .ok_or_else(not_found)?;
     }
-    tracing::info!(operator = %admin.name, pago_id = ?request.pago_id, "reconciliation asked by on-call");
-    // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
-    // halfway and leave its claimed payments waiting out their lease.
-    let reconciler = state.reconciler.clone();
-    let report = tokio::spawn(async move {
-        match request.pago_id {
-            Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
-            None => reconcile::run_pass(&reconciler).await,
-        }
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.into()))??;
+    let report = reconcile_now(&state, &admin, request.pago_id).await?;
     Ok(Json(report))
 }
 
@@ -311,12 +300,35 @@ async fn resolve(
             "expected {{\"estado\":\"COMPLETADA\"|\"FALLIDA\",\"motivo\":\"…\"}}: {e}"
         ))
     })?;
-    let event = match request.estado.as_str() {
+    let p = resolve_by_hand(
+        &state,
+        &admin,
+        id,
+        &request.estado,
+        &request.motivo,
+        request.gateway_ref,
+    )
+    .await?;
+    Ok(Json(detail(&state, &p).await?))
+}
+
+/// On-call settles a payment under review (the admin API's and the console's one way):
+/// `estado` COMPLETADA or FALLIDA, a reason for the audit trail, which names `who`.
+pub async fn resolve_by_hand(
+    state: &AppState,
+    who: &Admin,
+    id: Uuid,
+    estado: &str,
+    motivo: &str,
+    gateway_ref: Option<String>,
+) -> Result<payment::Model, ApiError> {
+    who.may_act()?;
+    let event = match estado {
         "COMPLETADA" => Event::ResolveCompleted,
         "FALLIDA" => Event::ResolveFailed,
         _ => return Err(bad_request("estado must be COMPLETADA or FALLIDA")),
     };
-    let motivo = request.motivo.trim();
+    let motivo = motivo.trim();
     if motivo.is_empty() || motivo.chars().count() > 1000 {
         return Err(bad_request(
             "motivo is required (1–1000 characters): say why, for the audit trail",
@@ -333,21 +345,21 @@ async fn resolve(
             ))
             .into());
     }
-    if let Some(r) = &request.gateway_ref
+    if let Some(r) = &gateway_ref
         && (r.trim().is_empty() || r.len() > 255)
     {
         return Err(bad_request("gatewayRef must be 1–255 characters"));
     }
     let changes = Changes {
         decline_code: (event == Event::ResolveFailed).then(|| RESOLVED_FAILED.to_owned()),
-        gateway_ref: request.gateway_ref.map(|r| r.trim().to_owned()),
+        gateway_ref: gateway_ref.map(|r| r.trim().to_owned()),
         ..Changes::default()
     };
-    let reason = resolution_reason(&admin.name, motivo);
+    let reason = resolution_reason(&who.name, motivo);
     match crate::saga::apply_now(&state.db, &current, event, changes, Actor::Admin, &reason).await {
         Ok(Written::Applied(p)) => {
-            tracing::info!(payment_id = %p.id, estado = %p.state, operator = %admin.name, "payment resolved by on-call");
-            Ok(Json(detail(&state, &p).await?))
+            tracing::info!(payment_id = %p.id, estado = %p.state, operator = %who.name, "payment resolved by on-call");
+            Ok(*p)
         }
         Ok(Written::Fenced) => Err(Problem::new(ProblemType::NotUnderReview)
             .detail("The payment changed while resolving it; read it again and retry.")
@@ -357,4 +369,26 @@ async fn resolve(
             .into()),
         Err(store::StoreError::Db(e)) => Err(e.into()),
     }
+}
+
+/// Runs a reconciliation now, for one payment or every due one, in a task of its own.
+pub async fn reconcile_now(
+    state: &AppState,
+    who: &Admin,
+    pago_id: Option<Uuid>,
+) -> Result<Report, ApiError> {
+    who.may_act()?;
+    tracing::info!(operator = %who.name, pago_id = ?pago_id, "reconciliation asked by on-call");
+    // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
+    // halfway and leave its claimed payments waiting out their lease.
+    let reconciler = state.reconciler.clone();
+    let report = tokio::spawn(async move {
+        match pago_id {
+            Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
+            None => reconcile::run_pass(&reconciler).await,
+        }
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.into()))??;
+    Ok(report)
 }

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod console;
 pub mod ops;
 pub mod payments;
 pub mod problem;
@@ -50,6 +51,8 @@ pub struct Shared {
     pub in_flight: Arc<tokio::sync::Semaphore>,
     /// On-call's "reconcile now" and a client retry that finds its payment due.
     pub reconciler: Reconciler,
+    /// The console's sessions (in this process's memory).
+    pub console: console::Sessions,
 }
 
 impl Shared {
@@ -119,8 +122,7 @@ async fn count_responses(
 }
 
 /// Paths served only on the admin door when `PAGOS_ADMIN_BIND` is set, whatever room
-/// serves them. `/consola` is reserved for an operators' console: nothing answers under
-/// it yet but a 404.
+/// serves them (`/consola` is the operators' console).
 pub const ADMIN_PREFIXES: [&str; 3] = ["/admin", "/consola", "/metrics"];
 
 /// Served on both doors, so a probe of either address tells whether the process lives.
@@ -191,6 +193,7 @@ pub fn doors(state: AppState) -> (Router, Router) {
 
 fn door(door: Door, state: AppState) -> Router {
     let (limited, _) = limited_rooms().split_for_parts();
+    let limited = limited.merge(console::router());
     let (light, _) = light_rooms().split_for_parts();
     let (_, openapi) = api();
     let document = openapi.to_json().unwrap_or_default();

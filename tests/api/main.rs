@@ -8,6 +8,7 @@ mod amount_limits;
 mod bad_input;
 mod claims;
 mod cli;
+mod console;
 mod crash;
 mod delivery;
 mod doors;
