@@ -9,6 +9,7 @@ mod bad_input;
 mod claims;
 mod cli;
 mod console;
+mod console_browser;
 mod crash;
 mod delivery;
 mod doors;
