@@ -262,6 +262,40 @@ async fn path_of(browser: &Client) -> String {
     }
 }
 
+/// Waits (a click's navigation may still be on its way) until the browser shows `expected`.
+async fn wait_path(browser: &Client, expected: &str, why: &str) {
+    for _ in 0..150 {
+        if path_of(browser).await == expected {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(path_of(browser).await, expected, "{why}");
+}
+
+/// Waits until the page's text holds every one of `needles`; the text.
+async fn wait_text(browser: &Client, needles: &[&str]) -> String {
+    let mut text = String::new();
+    for _ in 0..150 {
+        text = page_text(browser).await;
+        if needles.iter().all(|n| text.contains(n)) {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the page never showed {needles:?}: {text}");
+}
+
+/// The element, once the page has it.
+async fn wait_for(browser: &Client, css: &str) -> fantoccini::elements::Element {
+    browser
+        .wait()
+        .at_most(Duration::from_secs(15))
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+}
+
 async fn page_text(browser: &Client) -> String {
     browser
         .find(Locator::Css("body"))
@@ -292,11 +326,7 @@ async fn log_in(browser: &Client, scene: &Scene, token: &str, save: bool) {
         .click()
         .await
         .expect("clicked");
-    assert_eq!(
-        path_of(browser).await,
-        "/consola/",
-        "logged in, on the queue"
-    );
+    wait_path(browser, "/consola/", "logged in, on the queue").await;
 }
 
 async fn log_out(browser: &Client) {
@@ -307,7 +337,7 @@ async fn log_out(browser: &Client) {
         .click()
         .await
         .expect("clicked");
-    assert_eq!(path_of(browser).await, "/consola/login?salida=1");
+    wait_path(browser, "/consola/login?salida=1", "logged out").await;
 }
 
 async fn an_operator_resolves_a_payment_under_review_in_the_browser(backend: Backend) {
@@ -376,10 +406,13 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
         .click()
         .await
         .expect("clicked");
-    assert_eq!(path_of(browser).await, format!("/consola/pagos/{first}"));
-    let text = page_text(browser).await;
-    assert!(text.contains("The provider says now"), "{text}");
-    assert!(text.contains("pending"), "the provider's answer: {text}");
+    wait_path(
+        browser,
+        &format!("/consola/pagos/{first}"),
+        "the payment's page",
+    )
+    .await;
+    wait_text(browser, &["The provider says now", "pending"]).await;
     screenshot(browser, save, "payment").await;
 
     // A form without its CSRF token is refused, and nothing changes.
@@ -411,8 +444,7 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
         .click()
         .await
         .expect("clicked");
-    let text = page_text(browser).await;
-    assert!(text.contains("CSRF"), "refused: {text}");
+    wait_text(browser, &["Refused", "CSRF"]).await;
     assert_eq!(scene.state_of(first).await, "REVISION_MANUAL");
 
     // The reason is required: the browser will not send the form without one.
@@ -456,10 +488,12 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
         .click()
         .await
         .expect("clicked");
-    assert_eq!(
-        path_of(browser).await,
-        format!("/consola/pagos/{first}?hecho=resuelto")
-    );
+    wait_path(
+        browser,
+        &format!("/consola/pagos/{first}?hecho=resuelto"),
+        "resolved",
+    )
+    .await;
     assert_eq!(scene.state_of(first).await, "FALLIDA");
     let timeline = browser
         .find(Locator::Css("ol.timeline li:last-child"))
@@ -516,10 +550,8 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
         .click()
         .await
         .expect("clicked");
-    let report = browser
-        .find(Locator::Css("#report"))
+    let report = wait_for(browser, "#report")
         .await
-        .expect("the report")
         .text()
         .await
         .expect("text");

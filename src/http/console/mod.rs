@@ -132,13 +132,13 @@ impl Console {
         self.session.role.may_act()
     }
 
-    /// The refusal of a form without this session's CSRF token.
-    fn check_csrf(&self, given: Option<&str>) -> Result<(), Response> {
+    /// The refusal of a form without this session's CSRF token; `None` when it has it.
+    fn csrf_refusal(&self, given: Option<&str>) -> Option<Response> {
         if self.session.csrf_matches(given) {
-            Ok(())
+            None
         } else {
             tracing::warn!(operator = %self.session.name, "console form refused: no valid CSRF token");
-            Err(refused(Some(self), view::CSRF_REFUSED))
+            Some(refused(Some(self), view::CSRF_REFUSED))
         }
     }
 }
@@ -363,7 +363,7 @@ async fn logout(
     headers: HeaderMap,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Response {
-    if let Err(refusal) = console.check_csrf(csrf_of(&form)) {
+    if let Some(refusal) = console.csrf_refusal(csrf_of(&form)) {
         return refusal;
     }
     if let Some(value) = session::cookie(&headers, SESSION_COOKIE) {
@@ -857,7 +857,7 @@ async fn reconcile_payment(
     Path(id): Path<String>,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Response {
-    if let Err(refusal) = console.check_csrf(csrf_of(&form)) {
+    if let Some(refusal) = console.csrf_refusal(csrf_of(&form)) {
         return refusal;
     }
     if !console.may_act() {
@@ -898,7 +898,7 @@ async fn resolve_payment(
     form: Result<Form<ResolveForm>, FormRejection>,
 ) -> Response {
     let form = form.ok().map(|Form(f)| f);
-    if let Err(refusal) = console.check_csrf(form.as_ref().and_then(|f| f.csrf.as_deref())) {
+    if let Some(refusal) = console.csrf_refusal(form.as_ref().and_then(|f| f.csrf.as_deref())) {
         return refusal;
     }
     if !console.may_act() {
@@ -1001,7 +1001,7 @@ async fn run_reconciliation(
     console: Console,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Response {
-    if let Err(refusal) = console.check_csrf(csrf_of(&form)) {
+    if let Some(refusal) = console.csrf_refusal(csrf_of(&form)) {
         return refusal;
     }
     if !console.may_act() {
