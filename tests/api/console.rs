@@ -285,3 +285,85 @@ async fn a_console_form_without_its_csrf_token_is_refused_and_changes_nothing(ba
     assert_eq!(answer.status(), 303);
     assert_eq!(app.payment(&id).await.state, "FALLIDA");
 }
+
+on_both_databases!(the_attention_queue_is_oldest_first_50_a_page_and_leaves_settled_payments_out);
+
+async fn the_attention_queue_is_oldest_first_50_a_page_and_leaves_settled_payments_out(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .flags(&["--stale-after", "1s"])
+        .start()
+        .await;
+    let fake = crate::helpers::FakeGateway::charging("pending");
+    fake.mount(app.gateway()).await;
+    let mut ids = Vec::new();
+    for n in 0..51 {
+        let answer = app
+            .pay(&format!("k-queue-{n:02}"), &crate::helpers::payment_body())
+            .await;
+        assert_eq!(answer.status(), 202);
+        ids.push(
+            crate::helpers::json(answer).await["id"]
+                .as_str()
+                .expect("id")
+                .to_owned(),
+        );
+    }
+    fake.set_new_status("succeeded");
+    let paid = app
+        .pay("k-queue-paid", &crate::helpers::payment_body())
+        .await;
+    assert_eq!(paid.status(), 201);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+
+    let session = log_in(&app, ADMIN_TOKEN).await;
+    let http = client();
+    let rows_of = |html: &str| -> Vec<String> {
+        html.split("data-id=\"")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .map(str::to_owned)
+            .collect()
+    };
+    let first = http
+        .get(app.url("/consola/"))
+        .header("cookie", format!("pagos_consola={session}"))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("html");
+    assert_eq!(rows_of(&first), ids[..50], "oldest first, 50 a page");
+    assert!(first.contains("pagina=2"), "a link to the next page");
+    assert!(
+        first.contains("Sent, outcome not known yet"),
+        "the state in words"
+    );
+    let second = http
+        .get(app.url("/consola/?pagina=2"))
+        .header("cookie", format!("pagos_consola={session}"))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("html");
+    assert_eq!(
+        rows_of(&second),
+        ids[50..],
+        "the 51st on page 2; the paid one nowhere"
+    );
+    let odd = http
+        .get(app.url("/consola/?pagina=abc"))
+        .header("cookie", format!("pagos_consola={session}"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(
+        odd.status(),
+        200,
+        "a hand-edited page number gets the first page"
+    );
+}

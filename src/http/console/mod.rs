@@ -381,7 +381,16 @@ async fn logout(
 
 #[derive(Deserialize)]
 struct PageQuery {
-    pagina: Option<u64>,
+    pagina: Option<String>,
+}
+
+/// The page asked for: 1 unless a positive number says otherwise (a hand-edited URL
+/// gets the first page, not an error).
+fn page_number(pagina: Option<&str>) -> u64 {
+    pagina
+        .and_then(|p| p.trim().parse::<u64>().ok())
+        .filter(|p| (1..=1_000_000).contains(p))
+        .unwrap_or(1)
 }
 
 /// Merchant names by id, for the rows shown.
@@ -470,7 +479,7 @@ async fn queue(
     console: Console,
     Query(query): Query<PageQuery>,
 ) -> Response {
-    match queue_page(&state, &console, query.pagina.unwrap_or(1).max(1)).await {
+    match queue_page(&state, &console, page_number(query.pagina.as_deref())).await {
         Ok(markup) => markup.into_response(),
         Err(err) => error_page(&console, err),
     }
@@ -522,7 +531,7 @@ async fn queue_page(state: &AppState, console: &Console, page_no: u64) -> Result
 struct SearchQuery {
     estado: Option<String>,
     q: Option<String>,
-    pagina: Option<u64>,
+    pagina: Option<String>,
 }
 
 const STATES: [PaymentState; 5] = [
@@ -552,7 +561,7 @@ async fn search_page(
     query: SearchQuery,
 ) -> Result<Markup, ApiError> {
     let now = crate::db::now();
-    let page_no = query.pagina.unwrap_or(1).max(1);
+    let page_no = page_number(query.pagina.as_deref());
     let estado = query
         .estado
         .as_deref()
