@@ -367,3 +367,103 @@ async fn the_attention_queue_is_oldest_first_50_a_page_and_leaves_settled_paymen
         "a hand-edited page number gets the first page"
     );
 }
+
+on_both_databases!(an_operador_reconciles_from_the_console_and_a_lector_is_refused);
+
+async fn page_with_csrf(app: &TestApp, session: &str, path: &str) -> (String, String) {
+    let html = client()
+        .get(app.url(path))
+        .header("cookie", format!("pagos_consola={session}"))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("html");
+    let csrf = csrf_in(&html);
+    (html, csrf)
+}
+
+async fn post_form(
+    app: &TestApp,
+    session: &str,
+    path: &str,
+    fields: &[(&str, &str)],
+) -> reqwest::Response {
+    client()
+        .post(app.url(path))
+        .header("cookie", format!("pagos_consola={session}"))
+        .form(fields)
+        .send()
+        .await
+        .expect("sent")
+}
+
+async fn an_operador_reconciles_from_the_console_and_a_lector_is_refused(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let fake = crate::helpers::FakeGateway::charging("pending");
+    fake.mount(app.gateway()).await;
+    let answer = app
+        .pay("k-console-rec", &crate::helpers::payment_body())
+        .await;
+    assert_eq!(answer.status(), 202);
+    let id = crate::helpers::json(answer).await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    fake.settle_all("succeeded");
+
+    let luis = operator(&app, "luis", Role::Lector).await;
+    let reader = log_in(&app, &luis).await;
+    let (html, csrf) = page_with_csrf(&app, &reader, &format!("/consola/pagos/{id}")).await;
+    assert!(!html.contains("id=\"reconcile\""), "no action for a lector");
+    for path in [
+        format!("/consola/pagos/{id}/reconciliar"),
+        "/consola/reconciliaciones".to_owned(),
+    ] {
+        let answer = post_form(&app, &reader, &path, &[("csrf", csrf.as_str())]).await;
+        assert_eq!(answer.status(), 403, "{path}");
+        assert!(answer.text().await.expect("html").contains("lector"));
+    }
+    assert_eq!(
+        app.payment(&id).await.state,
+        "ENVIADA",
+        "the lector changed nothing"
+    );
+
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let session = log_in(&app, &eva).await;
+    let (html, csrf) = page_with_csrf(&app, &session, &format!("/consola/pagos/{id}")).await;
+    assert!(html.contains("id=\"reconcile\""));
+    let answer = post_form(
+        &app,
+        &session,
+        &format!("/consola/pagos/{id}/reconciliar"),
+        &[("csrf", csrf.as_str())],
+    )
+    .await;
+    assert_eq!(answer.status(), 303);
+    assert_eq!(
+        answer.headers()["location"],
+        format!("/consola/pagos/{id}?hecho=reconciliado").as_str()
+    );
+    assert_eq!(
+        app.payment(&id).await.state,
+        "COMPLETADA",
+        "settled by the provider's answer"
+    );
+
+    let answer = post_form(
+        &app,
+        &session,
+        "/consola/reconciliaciones",
+        &[("csrf", csrf.as_str())],
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let report = answer.text().await.expect("html");
+    assert!(
+        report.contains("id=\"report\"") && report.contains("examinados"),
+        "{report}"
+    );
+}
