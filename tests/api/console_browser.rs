@@ -508,6 +508,13 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
     );
     assert!(timeline.contains("ticket OPS-42"), "{timeline}");
     assert!(timeline.contains("Failed, no money taken"), "{timeline}");
+    browser
+        .execute(
+            "document.querySelector('ol.timeline').scrollIntoView();",
+            vec![],
+        )
+        .await
+        .expect("scrolled");
     screenshot(browser, save, "resolved").await;
 
     // It left the queue.

@@ -787,19 +787,22 @@ async fn detail_page(
             }
         }
         h2 { "Actions" }
+        @if !in_flight && !under_review {
+            p.muted { "None: the payment is final." }
+        }
         div.actions {
-            section.card {
-                h3 { "Reconcile now" }
-                p.muted { "Asks the provider about this payment now and settles it if the answer is final. Only for a payment in flight that nobody holds." }
-                @if !console.may_act() {
-                    p.muted.lector { (LECTOR_REFUSED) }
-                } @else if in_flight {
-                    form method="post" action={ "/consola/pagos/" (p.id) "/reconciliar" } {
-                        input type="hidden" name="csrf" value=(csrf);
-                        button type="submit" id="reconcile" { "Reconcile now" }
+            @if in_flight {
+                section.card {
+                    h3 { "Reconcile now" }
+                    p.muted { "Asks the provider about this payment now and settles it if the answer is final. Only when nobody holds it." }
+                    @if console.may_act() {
+                        form method="post" action={ "/consola/pagos/" (p.id) "/reconciliar" } {
+                            input type="hidden" name="csrf" value=(csrf);
+                            button type="submit" id="reconcile" { "Reconcile now" }
+                        }
+                    } @else {
+                        p.muted.lector { (LECTOR_REFUSED) }
                     }
-                } @else {
-                    p.muted { "Not in flight: nothing to reconcile." }
                 }
             }
             @if under_review {
