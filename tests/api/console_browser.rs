@@ -296,14 +296,25 @@ async fn wait_for(browser: &Client, css: &str) -> fantoccini::elements::Element 
         .unwrap_or_else(|e| panic!("{css}: {e}"))
 }
 
+/// The text the page shows. Read by a script rather than through an element, which a
+/// navigation still on its way can make stale; retried while a page is being replaced.
 async fn page_text(browser: &Client) -> String {
-    browser
-        .find(Locator::Css("body"))
-        .await
-        .expect("body")
-        .text()
-        .await
-        .expect("text")
+    let mut last = String::new();
+    for _ in 0..100 {
+        match browser
+            .execute(
+                "return document.body ? document.body.innerText : null;",
+                vec![],
+            )
+            .await
+        {
+            Ok(Value::String(text)) => return text,
+            Ok(other) => last = other.to_string(),
+            Err(err) => last = err.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the page's text could not be read: {last}");
 }
 
 async fn log_in(browser: &Client, scene: &Scene, token: &str, save: bool) {
