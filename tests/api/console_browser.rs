@@ -61,7 +61,8 @@ async fn start_driver() -> Result<Driver, String> {
     Err(format!("{binary} did not answer on {url}"))
 }
 
-async fn browser(driver: &Driver) -> Result<Client, String> {
+/// A headless Chromium session; its profile lives in `profile`, removed when dropped.
+async fn browser(driver: &Driver, profile: &tempfile::TempDir) -> Result<Client, String> {
     let chromium = std::env::var("PAGOS_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     let mut capabilities = serde_json::Map::new();
     capabilities.insert(
@@ -69,7 +70,8 @@ async fn browser(driver: &Driver) -> Result<Client, String> {
         json!({
             "binary": chromium,
             "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     "--disable-gpu", "--window-size=1280,1000", "--lang=en-US"]
+                     "--disable-gpu", "--window-size=1280,1000", "--lang=en-US",
+                     format!("--user-data-dir={}", profile.path().display())]
         }),
     );
     // As `pagos` itself does: two rustls crypto providers are enabled in the tree, so
@@ -356,19 +358,31 @@ async fn an_operator_resolves_a_payment_under_review_in_the_browser(backend: Bac
         Ok(driver) => driver,
         Err(why) => return no_browser(&why),
     };
-    let browser = match browser(&driver).await {
+    let profile = tempfile::tempdir().expect("a profile directory");
+    let browser = match browser(&driver, &profile).await {
         Ok(browser) => browser,
         Err(why) => return no_browser(&why),
     };
     let save = matches!(backend, Backend::Sqlite);
-    let scene = scene(&backend).await;
-    let result = tokio::time::timeout(
-        Duration::from_secs(120),
-        walk_through(&browser, &scene, save),
-    )
-    .await;
+    // In a task of its own, so that a failed assertion still closes the browser (a
+    // session left open keeps Chromium running after chromedriver is gone).
+    let walk = {
+        let browser = browser.clone();
+        tokio::spawn(async move {
+            let scene = scene(&backend).await;
+            tokio::time::timeout(
+                Duration::from_secs(120),
+                walk_through(&browser, &scene, save),
+            )
+            .await
+        })
+    };
+    let result = walk.await;
     let _ = browser.close().await;
-    result.expect("the walk through finished in time");
+    match result {
+        Ok(finished) => finished.expect("the walk through finished in time"),
+        Err(failed) => std::panic::resume_unwind(failed.into_panic()),
+    }
 }
 
 async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
