@@ -16,6 +16,9 @@ use crate::http::{self, AppState, Shared};
 use crate::metrics::{MeteredGateway, MeteredMercadoPago, Metrics};
 use crate::reaper::{self, Reaper};
 use crate::reconciler;
+// Webhooks to merchants: the delivery worker.
+use crate::delivery::Deliverer;
+use crate::dispatcher::{self, Dispatcher};
 use crate::saga::SagaDeps;
 use crate::saga::reconcile::{self, Limits, Reconciler};
 use anyhow::Context;
@@ -172,6 +175,20 @@ fn reaper_of(state: &AppState) -> Reaper {
         metrics: state.metrics.clone(),
         key_retention: state.settings.key_retention,
         message_retention: state.settings.message_retention,
+    }
+}
+
+/// The webhook delivery worker of this state's database and settings.
+pub fn dispatcher_of(state: &AppState) -> Dispatcher {
+    let webhooks = &state.settings.webhooks;
+    Dispatcher {
+        db: state.db.clone(),
+        deliverer: Deliverer::new(webhooks),
+        retries: webhooks.retries(),
+        metrics: state.metrics.clone(),
+        batch: 32,
+        claim_for: webhooks.timeout + dispatcher::CLAIM_MARGIN,
+        idle: std::time::Duration::from_millis(250),
     }
 }
 
@@ -334,13 +351,15 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let reaping = tokio::spawn(reaper::run_periodically(
         reaper_of(&state),
         reaper::period(every),
-        stopped,
+        stopped.clone(),
     ));
+    let delivering = tokio::spawn(dispatcher::run_periodically(dispatcher_of(&state), stopped));
     let served = serve_doors(listener, admin, state, crate::signals::shutdown_signal()).await;
     let _ = stop.send(true);
     // A pass in progress finishes its payments; each of its writes is atomic anyway.
     let _ = reconciling.await;
     let _ = reaping.await;
+    let _ = delivering.await;
     served
 }
 

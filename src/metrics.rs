@@ -85,6 +85,12 @@ pub struct Metrics {
     pub http_limited: Family<LimitLabel, Counter>,
     /// Requests being served under `PAGOS_MAX_IN_FLIGHT`, set when scraped.
     pub http_in_flight: Gauge,
+    /// Webhook attempts to merchants' endpoints by outcome (delivered, failed, gone, refused).
+    pub webhook_deliveries: Family<OutcomeLabel, Counter>,
+    /// Seconds since the oldest event not yet delivered to every endpoint was written.
+    pub oldest_undelivered_event_age: Gauge<f64, AtomicU64>,
+    /// Webhook endpoints `DESACTIVADO`.
+    pub webhook_endpoints_disabled: Gauge,
 }
 
 impl Default for Metrics {
@@ -186,7 +192,30 @@ impl Metrics {
             "Requests being served that count against PAGOS_MAX_IN_FLIGHT (at scrape time)",
             http_in_flight.clone(),
         );
+        let webhook_deliveries = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "webhook_deliveries",
+            "Webhook attempts to merchants' endpoints by outcome (delivered, failed, gone, refused)",
+            webhook_deliveries.clone(),
+        );
+        let oldest_undelivered_event_age = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "oldest_undelivered_event_age_seconds",
+            format!(
+                "Age of the oldest event not yet delivered to every endpoint that wants it (0 when none; read from the database every {every})"
+            ),
+            oldest_undelivered_event_age.clone(),
+        );
+        let webhook_endpoints_disabled = Gauge::default();
+        registry.register(
+            "webhook_endpoints_disabled",
+            format!("Webhook endpoints DESACTIVADO (read from the database every {every})"),
+            webhook_endpoints_disabled.clone(),
+        );
         Metrics {
+            webhook_deliveries,
+            oldest_undelivered_event_age,
+            webhook_endpoints_disabled,
             registry,
             http_limited,
             http_in_flight,
@@ -268,6 +297,12 @@ pub async fn refresh_gauges(db: &DatabaseConnection, metrics: &Metrics, within: 
             metrics
                 .oldest_unsettled_age
                 .set(gauges.oldest_unsettled_age);
+            metrics
+                .oldest_undelivered_event_age
+                .set(gauges.oldest_undelivered_event_age);
+            metrics
+                .webhook_endpoints_disabled
+                .set(gauges.webhook_endpoints_disabled);
             metrics.database_up.set(1);
         }
         Err(err) => {
@@ -276,6 +311,7 @@ pub async fn refresh_gauges(db: &DatabaseConnection, metrics: &Metrics, within: 
             metrics.database_up.set(0);
             metrics.payments.clear();
             metrics.oldest_unsettled_age.set(f64::NAN);
+            metrics.oldest_undelivered_event_age.set(f64::NAN);
         }
     }
 }
@@ -283,6 +319,8 @@ pub async fn refresh_gauges(db: &DatabaseConnection, metrics: &Metrics, within: 
 struct StoredGauges {
     payments: Vec<(&'static str, i64)>,
     oldest_unsettled_age: f64,
+    oldest_undelivered_event_age: f64,
+    webhook_endpoints_disabled: i64,
 }
 
 async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::DbErr> {
@@ -318,9 +356,15 @@ async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::D
         .flatten();
     let oldest_unsettled_age =
         oldest.map_or(0.0, |t| (crate::db::now() - t).as_seconds_f64().max(0.0));
+    let oldest_undelivered_event_age = crate::outbox::events::oldest_undelivered(db)
+        .await?
+        .map_or(0.0, |t| (crate::db::now() - t).as_seconds_f64().max(0.0));
+    let webhook_endpoints_disabled = crate::outbox::endpoints::count_disabled(db).await?;
     Ok(StoredGauges {
         payments,
         oldest_unsettled_age,
+        oldest_undelivered_event_age,
+        webhook_endpoints_disabled,
     })
 }
 

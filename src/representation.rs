@@ -34,6 +34,12 @@ pub fn pago(p: &payment::Model) -> Pago {
     }
 }
 
+/// A payment as an event's `datos` shows it: its representation, the same bytes as an
+/// answer's.
+pub fn datos(p: &payment::Model) -> String {
+    serde_json::to_string(&pago(p)).unwrap_or_default()
+}
+
 /// `decline_code` of a payment on-call resolved as failed.
 pub const RESOLVED_FAILED: &str = "resolved_by_on_call";
 

@@ -313,7 +313,10 @@ const LAYERS: [(&str, &[&str]); 7] = [
             "operators::cli",
         ],
     ),
-    ("doors and workers", &["http", "reconciler", "reaper"]),
+    (
+        "doors and workers",
+        &["http", "reconciler", "reaper", "dispatcher"],
+    ),
     ("settings", &["config", "telemetry", "signals"]),
     (
         "saga layer",
@@ -328,6 +331,7 @@ const LAYERS: [(&str, &[&str]); 7] = [
             "db",
             "failpoint",
             "operators",
+            "outbox",
         ],
     ),
     (
@@ -368,7 +372,7 @@ fn nothing_but_main_imports_the_composition_root() {
 #[test]
 fn http_and_the_workers_never_import_each_other() {
     let rooms = room_graph(&file_graph());
-    let side_by_side = ["http", "reconciler", "reaper"];
+    let side_by_side = ["http", "reconciler", "reaper", "dispatcher"];
     for from in side_by_side {
         for to in side_by_side {
             if from != to {

@@ -86,6 +86,7 @@ pub mod cli;
 pub mod intent;
 pub mod journal;
 pub mod retry;
+pub mod webhooks;
 
 pub use answer::{MedioPago, Pago, Problem};
 pub use intent::{Intent, IntentKey, InvalidRequest, PaymentRequest};

@@ -13,6 +13,8 @@ mod m20261202_000005_claim_index;
 mod m20261203_000006_payment_generations;
 mod m20261203_000007_api_keys;
 mod m20261203_000008_merchant_names;
+mod m20261204_000011_events;
+mod m20261204_000012_delivery_rounds;
 mod m20261204_000013_operators;
 
 pub struct Migrator;
@@ -29,6 +31,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000006_payment_generations::Migration),
             Box::new(m20261203_000007_api_keys::Migration),
             Box::new(m20261203_000008_merchant_names::Migration),
+            Box::new(m20261204_000011_events::Migration),
+            Box::new(m20261204_000012_delivery_rounds::Migration),
             Box::new(m20261204_000013_operators::Migration),
         ]
     }

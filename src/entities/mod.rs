@@ -3,6 +3,7 @@
 //! Entities carry no behaviour; the rules live in `saga` and `idempotency`.
 
 pub mod api_key;
+pub mod event;
 pub mod idempotency_key;
 pub mod instance_fact;
 pub mod merchant;
@@ -10,7 +11,10 @@ pub mod operator;
 pub mod payment;
 pub mod payment_transition;
 pub mod processed_message;
+pub mod webhook_attempt;
 pub mod webhook_charge;
+pub mod webhook_delivery;
+pub mod webhook_endpoint;
 
 #[cfg(test)]
 mod tests {

@@ -13,6 +13,10 @@ pub mod ops;
 pub mod payments;
 pub mod problem;
 pub mod webhooks;
+// Webhooks to merchants: their endpoints and their events.
+pub mod endpoints;
+pub mod events;
+pub mod search;
 
 use crate::config::Settings;
 use crate::gateway::Gateway;
@@ -162,6 +166,9 @@ fn limited_rooms() -> OpenApiRouter<AppState> {
         .merge(webhooks::router())
         .merge(admin::router())
         .merge(ops::readiness())
+        .merge(endpoints::router())
+        .merge(events::router())
+        .merge(search::router())
 }
 
 /// The rooms that answer from memory and so are never refused: a liveness probe that

@@ -36,6 +36,12 @@ pub struct SagaDeps {
     pub send_hold: Duration,
 }
 
+/// What the store writes rendered: the key's frozen answer and the event's `datos`.
+const RENDER: store::Render = store::Render {
+    answer: representation::frozen,
+    datos: representation::datos,
+};
+
 /// Applies `event` to `current` in `tx` (`store::apply`), freezing the key's answer as
 /// the contract renders it when the payment becomes final. Every decision goes through
 /// here or `apply_now`: the store writes, the answer is rendered above it.
@@ -47,16 +53,7 @@ pub async fn apply<C: sea_orm::ConnectionTrait>(
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
-    store::apply(
-        tx,
-        current,
-        event,
-        changes,
-        actor,
-        reason,
-        representation::frozen,
-    )
-    .await
+    store::apply(tx, current, event, changes, actor, reason, RENDER).await
 }
 
 /// One event committed on its own (`store::apply_now`), with the rendered answer.
@@ -68,16 +65,7 @@ pub async fn apply_now(
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
-    store::apply_now(
-        db,
-        current,
-        event,
-        changes,
-        actor,
-        reason,
-        representation::frozen,
-    )
-    .await
+    store::apply_now(db, current, event, changes, actor, reason, RENDER).await
 }
 
 pub fn charge_request(p: &payment::Model) -> ChargeRequest {

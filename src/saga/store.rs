@@ -12,11 +12,13 @@
 
 use crate::db::{begin_write, now};
 use crate::domain::{NewPayment, PaymentMethod};
-use crate::entities::{idempotency_key as keys, payment, payment_transition as transitions};
+use crate::entities::{event, idempotency_key as keys, payment, payment_transition as transitions};
 use crate::idempotency::IdempotencyKey;
 use crate::idempotency::derive::derive;
+use crate::outbox;
 use crate::saga::state::{Event, IllegalTransition, PaymentState, transition};
 use chrono::{DateTime, Utc};
+use pagos_types::EventType;
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
@@ -37,10 +39,15 @@ pub enum StoreError {
 
 pub use crate::entities::idempotency_key::{FrozenAnswer, KeyStatus};
 
-/// Renders the answer a payment that just became final freezes on its key. Given by the
-/// layer above (`saga::apply` hands it `representation::frozen`): storage stores, it
-/// never renders.
-pub type Render = fn(&payment::Model) -> FrozenAnswer;
+/// What the layer above renders for a write (`saga::apply` hands over
+/// `representation`'s): storage stores, it never renders.
+#[derive(Clone, Copy)]
+pub struct Render {
+    /// The answer a payment that just became final freezes on its key.
+    pub answer: fn(&payment::Model) -> FrozenAnswer,
+    /// The payment as an event's `datos` shows it (JSON text).
+    pub datos: fn(&payment::Model) -> String,
+}
 
 pub fn chrono_after(d: Duration) -> chrono::TimeDelta {
     chrono::TimeDelta::from_std(d).unwrap_or(chrono::TimeDelta::MAX)
@@ -294,6 +301,9 @@ struct Plan {
     answer: Option<FrozenAnswer>,
     /// The request gives up its lease on the key without an answer (a hand-over).
     release_lease: bool,
+    /// The event the merchant is told, when the move is one it must know (the outbox:
+    /// written with the move or not at all).
+    event: Option<event::Model>,
 }
 
 /// What applying `event` to `current` writes; an impossible move is refused here, before
@@ -343,12 +353,27 @@ fn plan(
         reason: reason.to_owned(),
         created_at: at,
     });
-    let answer = to.is_terminal().then(|| render(&next));
+    let answer = to.is_terminal().then(|| (render.answer)(&next));
+    // Its `secuencia` is the payment's version after the move: it only grows, and each
+    // version is written once (fencing).
+    let event = EventType::of_payment(to)
+        .filter(|_| from != to)
+        .map(|tipo| {
+            outbox::event(
+                next.merchant_id,
+                tipo,
+                next.id,
+                next.version,
+                &(render.datos)(&next),
+                at,
+            )
+        });
     Ok(Plan {
         next,
         audit,
         answer,
         release_lease: false,
+        event,
     })
 }
 
@@ -416,6 +441,9 @@ async fn write_plan<C: ConnectionTrait>(
     }
     if plan.release_lease {
         release_lease(tx, current).await?;
+    }
+    if let Some(event) = &plan.event {
+        outbox::record(tx, event).await?;
     }
     Ok(true)
 }
@@ -545,6 +573,7 @@ pub async fn hand_over(
         audit: None,
         answer: None,
         release_lease: true,
+        event: None,
     };
     Ok(written(write_plan_now(db, current, &plan).await?, plan))
 }
@@ -718,7 +747,7 @@ fn one_statement(db: &DatabaseConnection) -> bool {
 /// `RETURNING` rows, so a fenced statement writes nothing.
 mod sql {
     use super::{Inserted, KeyStatus, Plan, key_row};
-    use crate::entities::{idempotency_key as keys, payment};
+    use crate::entities::{event, idempotency_key as keys, payment};
     use chrono::{DateTime, Utc};
     use sea_orm::sea_query::{LockBehavior, LockType};
     use sea_orm::{
@@ -836,8 +865,8 @@ SELECT {} FROM "registered""#,
         plan: &Plan,
     ) -> Result<bool, DbErr> {
         // One text per shape: with or without the audit row, the frozen answer, the
-        // release of the lease.
-        static SQL: [OnceLock<String>; 8] = [const { OnceLock::new() }; 8];
+        // release of the lease, the event.
+        static SQL: [OnceLock<String>; 16] = [const { OnceLock::new() }; 16];
         let next = &plan.next;
         let mut v = Params::default();
         let moved = [
@@ -882,10 +911,12 @@ SELECT {} FROM "registered""#,
             (set, its_key(&mut v))
         });
         let released = plan.release_lease.then(|| its_key(&mut v));
+        let told = plan.event.as_ref().map(|e| bind_row(&mut v, e));
         let shape = usize::from(audit.is_some())
             | usize::from(answer.is_some()) << 1
-            | usize::from(released.is_some()) << 2;
-        let sql = SQL[shape].get_or_init(|| write_plan_sql(moved, audit, answer, released));
+            | usize::from(released.is_some()) << 2
+            | usize::from(told.is_some()) << 3;
+        let sql = SQL[shape].get_or_init(|| write_plan_sql(moved, audit, answer, released, told));
         let row = db
             .query_one_raw(v.statement(sql))
             .await?
@@ -898,6 +929,7 @@ SELECT {} FROM "registered""#,
         audit: Option<[Placeholder; 6]>,
         answer: Option<([Placeholder; 4], [Placeholder; 4])>,
         released: Option<[Placeholder; 4]>,
+        told: Option<(Placeholder, Placeholder)>,
     ) -> String {
         let [
             state,
@@ -941,6 +973,14 @@ SELECT {} FROM "registered""#,
             sql += &format!(
                 ",\n\"released\" AS (\n  UPDATE \"idempotency_keys\" SET \"lease_until\" = NULL\n  {})",
                 its_key(key)
+            );
+        }
+        if let Some(row) = told {
+            // The outbox: the event only if the payment moved.
+            sql += &format!(
+                ",\n\"told\" AS (\n  INSERT INTO \"events\" ({})\n  SELECT {} FROM \"moved\")",
+                columns::<event::Entity>(),
+                listed(row)
             );
         }
         sql += "\nSELECT count(*) AS \"moved\" FROM \"moved\"";

@@ -171,6 +171,8 @@ pub struct TestApp {
     pub gateway: Option<MockServer>,
     _database: TestDatabase,
     _server: tokio::task::JoinHandle<()>,
+    /// Stops the delivery worker (if any) when the app is dropped.
+    _stop_delivering: tokio::sync::watch::Sender<bool>,
 }
 
 pub struct Spawn<'a> {
@@ -186,6 +188,8 @@ pub struct Spawn<'a> {
     /// `PAGOS_GATEWAY` when the gateway is wiremock or the test's own: `http` (the
     /// reference protocol), `stripe` or `mercadopago`.
     pub provider: &'a str,
+    /// Run the webhook delivery worker beside the server, as `pagos serve` does.
+    pub delivering: bool,
 }
 
 impl<'a> Spawn<'a> {
@@ -197,7 +201,14 @@ impl<'a> Spawn<'a> {
             gateway_url: None,
             validate: true,
             provider: "http",
+            delivering: false,
         }
+    }
+
+    /// With the webhook delivery worker.
+    pub fn delivering(mut self) -> Self {
+        self.delivering = true;
+        self
     }
 
     /// Speak `provider`'s API (`stripe`, `mercadopago`) to the wiremock gateway.
@@ -274,6 +285,13 @@ impl<'a> Spawn<'a> {
             .expect("merchant");
         let gw: Arc<dyn Gateway> = pagos::app::gateway_from(&settings).expect("gateway");
         let state = pagos::app::build(db.clone(), settings, gw);
+        let (stop_delivering, stopped) = tokio::sync::watch::channel(false);
+        if self.delivering {
+            tokio::spawn(pagos::dispatcher::run_periodically(
+                pagos::app::dispatcher_of(&state),
+                stopped,
+            ));
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -291,6 +309,7 @@ impl<'a> Spawn<'a> {
             gateway,
             _database: database,
             _server: server,
+            _stop_delivering: stop_delivering,
         }
     }
 }

@@ -12,12 +12,14 @@
 //! `openapi` (`utoipa::ToSchema`) and `sea-orm` (`DeriveActiveEnum`, so an entity stores
 //! an enum as its contract text).
 
+pub mod event;
 pub mod key;
 pub mod payment;
 pub mod problem;
 pub mod request;
 pub mod state;
 
+pub use event::{EndpointState, EventType, Evento, WebhookEndpoint};
 pub use key::{IdempotencyKey, KeyError};
 pub use payment::{MedioPago, Pago};
 pub use problem::{Problem, ProblemType};

@@ -1,0 +1,109 @@
+//! The merchant's side of pagos' webhooks: a delivery verified with one secret or either
+//! of a rotation, each event applied once (by id, in the effect's transaction), an older
+//! event ignored, and a failed effect leaving nothing recorded.
+
+use http::{HeaderMap, HeaderValue};
+use pagos_client::webhooks::{Applied, Inbox, InboxError, Verifier};
+use pagos_types::Evento;
+use serde_json::json;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const OTHER: &str = "whsec_dGhpcyBpcyBhbm90aGVyIHNlY3JldCBvZiAzMiBieXRlcw==";
+
+fn body(id: &str, secuencia: u64, estado: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "id": id, "tipo": "pago.completado", "creadoEn": "2026-12-03T00:00:00.000Z",
+        "secuencia": secuencia, "datos": {"id": "p-1", "estado": estado}
+    }))
+    .expect("json")
+}
+
+fn signed(secret: &str, id: &str, body: &[u8]) -> HeaderMap {
+    let now = chrono::Utc::now().timestamp();
+    let signature = standardwebhooks::Webhook::new(secret)
+        .expect("secret")
+        .sign(id, now, body)
+        .expect("signed");
+    let mut headers = HeaderMap::new();
+    headers.insert("webhook-id", HeaderValue::from_str(id).expect("id"));
+    headers.insert("webhook-timestamp", HeaderValue::from(now));
+    headers.insert(
+        "webhook-signature",
+        HeaderValue::from_str(&signature).expect("sig"),
+    );
+    headers
+}
+
+fn event(id: &str, secuencia: u64, estado: &str) -> Evento {
+    serde_json::from_slice(&body(id, secuencia, estado)).expect("event")
+}
+
+#[test]
+fn a_delivery_signed_with_either_secret_of_a_rotation_verifies_and_a_forged_one_does_not() {
+    let b = body("evt_1", 1, "COMPLETADA");
+    let rotating = Verifier::new(OTHER).expect("v").also(SECRET).expect("v");
+    assert_eq!(
+        rotating
+            .verify(&signed(SECRET, "evt_1", &b), &b)
+            .expect("ok")
+            .id,
+        "evt_1"
+    );
+    assert!(rotating.verify(&signed(OTHER, "evt_1", &b), &b).is_ok());
+    let only_other = Verifier::new(OTHER).expect("v");
+    let refused = only_other
+        .verify(&signed(SECRET, "evt_1", &b), &b)
+        .expect_err("forged");
+    assert_eq!(refused.status(), 401);
+    let mut tampered = b.clone();
+    tampered.push(b' ');
+    assert!(
+        rotating
+            .verify(&signed(SECRET, "evt_1", &b), &tampered)
+            .is_err()
+    );
+}
+
+#[test]
+fn each_event_is_applied_once_and_an_older_one_is_ignored() {
+    let dir = tempfile::tempdir().expect("dir");
+    let inbox = Inbox::open(dir.path().join("inbox.db")).expect("inbox");
+    let mut effects = Vec::new();
+    let mut apply = |e: &Evento| {
+        inbox
+            .apply(e, |_, e| {
+                effects.push(e.id.clone());
+                Ok::<_, String>(())
+            })
+            .expect("applied")
+    };
+    assert_eq!(
+        apply(&event("evt_2", 5, "REVISION_MANUAL")),
+        Applied::Applied
+    );
+    assert_eq!(
+        apply(&event("evt_2", 5, "REVISION_MANUAL")),
+        Applied::Duplicate
+    );
+    assert_eq!(
+        apply(&event("evt_1", 3, "FALLIDA")),
+        Applied::Stale,
+        "older, late"
+    );
+    assert_eq!(apply(&event("evt_1", 3, "FALLIDA")), Applied::Duplicate);
+    assert_eq!(apply(&event("evt_3", 7, "COMPLETADA")), Applied::Applied);
+    assert_eq!(effects, ["evt_2", "evt_3"]);
+}
+
+#[test]
+fn a_failed_effect_records_nothing_so_the_redelivery_applies_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let inbox = Inbox::open(dir.path().join("inbox.db")).expect("inbox");
+    let e = event("evt_9", 2, "COMPLETADA");
+    let failed = inbox.apply(&e, |_, _| Err("disk full"));
+    assert!(matches!(failed, Err(InboxError::Effect("disk full"))));
+    let again = inbox
+        .apply(&e, |_, _| Ok::<_, String>(()))
+        .expect("applied");
+    assert_eq!(again, Applied::Applied);
+}

@@ -1,0 +1,345 @@
+//! The delivery worker of `pagos serve`: sends the outbox's events to the merchants'
+//! endpoints, off the payment path (a dead endpoint never slows a payment: the saga only
+//! writes the event row).
+//!
+//! Each round: fan out new events into deliveries, claim the due ones (`SKIP LOCKED` on
+//! PostgreSQL, so several processes share the work and never send one attempt twice),
+//! send them concurrently outside any transaction (`delivery::Deliverer`: the address
+//! guard, the signature, the timeout), and store every attempt with what it means
+//! (`decide`, pure): delivered; retried on `PAGOS_WEBHOOKS_SCHEDULE`, not before a
+//! `Retry-After`; given up when the schedule runs out; the endpoint deactivated at once on
+//! a `410`, or once all its deliveries have failed for `PAGOS_WEBHOOKS_DISABLE_AFTER`.
+//!
+//! It gets exactly what it uses (`Dispatcher`), never the handlers' state. A crash at any
+//! line loses nothing: an event is in the database from its transition on, and a claim
+//! that is never stored runs out and is claimed again (the receiver may then get the
+//! event twice: consumers dedupe by `webhook-id`).
+
+use crate::db::now;
+use crate::delivery::schedule::{Failure, Next, Retries};
+use crate::delivery::{Attempt, Deliverer, Keys, Message, Outcome, Secret};
+use crate::failpoint;
+use crate::metrics::{Metrics, OutcomeLabel};
+use crate::outbox::deliveries::{self, After, Due, EndpointAfter};
+use crate::outbox::endpoints::previous_secret_at;
+use chrono::{DateTime, TimeDelta, Utc};
+use sea_orm::{DatabaseConnection, DbErr};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the worker needs, and nothing else.
+#[derive(Clone)]
+pub struct Dispatcher {
+    pub db: DatabaseConnection,
+    pub deliverer: Deliverer,
+    pub retries: Retries,
+    pub metrics: Arc<Metrics>,
+    /// Deliveries claimed (and sent concurrently) per round.
+    pub batch: u64,
+    /// How long a claim holds a delivery: longer than one attempt (`PAGOS_WEBHOOKS_TIMEOUT`)
+    /// plus storing it.
+    pub claim_for: Duration,
+    /// The wait between rounds when there was nothing to do.
+    pub idle: Duration,
+}
+
+/// How long after an attempt's timeout its claim still holds.
+pub const CLAIM_MARGIN: Duration = Duration::from_secs(5);
+
+/// Rounds until `stop` says so; a round that worked is followed at once by the next.
+pub async fn run_periodically(d: Dispatcher, mut stop: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let worked = match round(&d).await {
+            Ok(n) => n,
+            Err(err) => {
+                tracing::warn!(error = %err, "webhook delivery round failed; retrying");
+                0
+            }
+        };
+        if worked == 0 {
+            tokio::select! {
+                () = tokio::time::sleep(d.idle) => {}
+                changed = stop.changed() => {
+                    // The sender is gone: nobody can tell this worker to stop any more.
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One round: fan out, claim, send, store. The number of events fanned out and attempts
+/// made.
+pub async fn round(d: &Dispatcher) -> Result<usize, DbErr> {
+    let retries = d.retries.clone();
+    let fanned = deliveries::fan_out(&d.db, d.batch, |e| {
+        retries.first_attempt(e.created_at, rand::random())
+    })
+    .await?;
+    let at = now();
+    let until = at + TimeDelta::from_std(d.claim_for).unwrap_or(TimeDelta::MAX);
+    let due = deliveries::claim_due(&d.db, at, d.batch, until).await?;
+    if !due.is_empty() {
+        failpoint::hit("delivery_claimed");
+    }
+    let sent = futures::future::join_all(due.iter().map(|one| deliver_one(d, one))).await;
+    for result in &sent {
+        if let Err(err) = result {
+            tracing::warn!(error = %err, "a webhook attempt could not be stored; its claim runs out and it is sent again");
+        }
+    }
+    Ok(fanned + due.len())
+}
+
+/// The keys that sign an attempt at `at`: the endpoint's secret, and the one before its
+/// last rotation while the overlap lasts.
+fn keys_of(due: &Due, at: DateTime<Utc>) -> Result<Keys, String> {
+    let current = Secret::parse(&due.endpoint.secret).map_err(|e| e.to_string())?;
+    Ok(match previous_secret_at(&due.endpoint, at) {
+        Some(previous) => {
+            Keys::rotating(current, Secret::parse(previous).map_err(|e| e.to_string())?)
+        }
+        None => Keys::new(current),
+    })
+}
+
+async fn deliver_one(d: &Dispatcher, due: &Due) -> Result<(), DbErr> {
+    let keys = match keys_of(due, now()) {
+        Ok(keys) => keys,
+        Err(err) => {
+            tracing::error!(endpoint_id = %due.endpoint.id, error = %err, "an endpoint's stored secret does not parse; not sent");
+            return Ok(());
+        }
+    };
+    let url = match url::Url::parse(&due.endpoint.url) {
+        Ok(url) => url,
+        Err(err) => {
+            tracing::error!(endpoint_id = %due.endpoint.id, error = %err, "an endpoint's stored URL does not parse; not sent");
+            return Ok(());
+        }
+    };
+    let message = Message {
+        id: &due.event.id,
+        body: due.event.body.as_bytes(),
+    };
+    let attempt = d.deliverer.deliver(&url, message, &keys).await;
+    failpoint::hit("delivery_sent");
+    let (after, endpoint) = decide(&d.retries, due, &attempt, rand::random());
+    let stored = deliveries::record(&d.db, due, &attempt, after, endpoint.clone()).await?;
+    if !stored {
+        tracing::warn!(event_id = %due.event.id, endpoint_id = %due.endpoint.id, "another worker stored this attempt first");
+        return Ok(());
+    }
+    d.metrics
+        .webhook_deliveries
+        .get_or_create(&OutcomeLabel {
+            outcome: attempt.outcome.as_str(),
+        })
+        .inc();
+    tracing::info!(
+        event_id = %due.event.id,
+        endpoint_id = %due.endpoint.id,
+        attempt = due.delivery.attempts + 1,
+        outcome = attempt.outcome.as_str(),
+        status = ?attempt.status,
+        "webhook attempt"
+    );
+    if let EndpointAfter::Deactivate { reason, .. } = &endpoint {
+        tracing::warn!(endpoint_id = %due.endpoint.id, %reason, "webhook endpoint deactivated");
+    }
+    Ok(())
+}
+
+/// What an attempt means for its delivery and its endpoint. Pure: `jitter` in [0, 1).
+pub fn decide(
+    retries: &Retries,
+    due: &Due,
+    attempt: &Attempt,
+    jitter: f64,
+) -> (After, EndpointAfter) {
+    let failing_since = due.endpoint.failing_since.unwrap_or(attempt.at);
+    let in_round = due.delivery.attempts + 1 - due.delivery.round_start;
+    let next = |not_before| {
+        let failure = Failure {
+            attempt: u32::try_from(in_round).unwrap_or(u32::MAX),
+            at: attempt.at,
+            not_before,
+        };
+        match retries.after_failure(&failure, jitter) {
+            Next::At(t) => After::RetryAt(t),
+            Next::GiveUp => After::GiveUp,
+        }
+    };
+    match &attempt.outcome {
+        Outcome::Delivered => (After::Delivered, EndpointAfter::Succeeded),
+        Outcome::Gone => (
+            next(None),
+            EndpointAfter::Deactivate {
+                since: Some(failing_since),
+                reason: "the endpoint answered 410 Gone".into(),
+            },
+        ),
+        Outcome::Failed { not_before } => {
+            failed(retries, next(*not_before), failing_since, attempt.at)
+        }
+        Outcome::Refused => failed(retries, next(None), failing_since, attempt.at),
+    }
+}
+
+fn failed(
+    retries: &Retries,
+    after: After,
+    since: DateTime<Utc>,
+    at: DateTime<Utc>,
+) -> (After, EndpointAfter) {
+    if retries.should_disable(Some(since), at) {
+        let reason = format!(
+            "every delivery failed for {} (PAGOS_WEBHOOKS_DISABLE_AFTER)",
+            humantime::format_duration(retries.disable_after)
+        );
+        (
+            after,
+            EndpointAfter::Deactivate {
+                since: Some(since),
+                reason,
+            },
+        )
+    } else {
+        (after, EndpointAfter::Failing { since })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::schedule::Schedule;
+    use crate::entities::webhook_delivery::DeliveryState;
+    use crate::entities::webhook_endpoint::EndpointState;
+    use crate::entities::{event, webhook_delivery, webhook_endpoint};
+    use pagos_types::EventType;
+    use uuid::Uuid;
+
+    fn retries() -> Retries {
+        Retries {
+            schedule: Schedule::parse("0s,10s,1m").expect("schedule"),
+            disable_after: Duration::from_secs(3600),
+        }
+    }
+
+    fn due(attempts: i32, failing_since: Option<DateTime<Utc>>) -> Due {
+        let at = now();
+        Due {
+            delivery: webhook_delivery::Model {
+                event_id: "evt_1".into(),
+                endpoint_id: Uuid::nil(),
+                merchant_id: Uuid::nil(),
+                state: DeliveryState::Pending,
+                attempts,
+                round_start: 0,
+                next_attempt_at: at,
+                delivered_at: None,
+                created_at: at,
+                updated_at: at,
+            },
+            event: event::Model {
+                id: "evt_1".into(),
+                merchant_id: Uuid::nil(),
+                event_type: EventType::PagoCompletado,
+                subject_id: Uuid::nil(),
+                sequence: 1,
+                body: "{}".into(),
+                created_at: at,
+                fanned_out: true,
+            },
+            endpoint: webhook_endpoint::Model {
+                id: Uuid::nil(),
+                merchant_id: Uuid::nil(),
+                url: "https://example.com".into(),
+                event_types: None,
+                secret: "whsec_x".into(),
+                previous_secret: None,
+                previous_secret_until: None,
+                state: EndpointState::Activo,
+                failing_since,
+                disabled_reason: None,
+                created_at: at,
+                updated_at: at,
+            },
+        }
+    }
+
+    fn attempt(outcome: Outcome) -> Attempt {
+        Attempt {
+            at: now(),
+            status: None,
+            latency: Duration::ZERO,
+            answer: String::new(),
+            error: None,
+            remote: None,
+            outcome,
+        }
+    }
+
+    #[test]
+    fn a_2xx_delivers_and_ends_the_endpoints_failures() {
+        let (after, endpoint) = decide(
+            &retries(),
+            &due(0, Some(now())),
+            &attempt(Outcome::Delivered),
+            0.5,
+        );
+        assert_eq!(after, After::Delivered);
+        assert_eq!(endpoint, EndpointAfter::Succeeded);
+    }
+
+    #[test]
+    fn a_failure_is_retried_on_the_schedule_until_it_runs_out() {
+        let failed = attempt(Outcome::Failed { not_before: None });
+        let (after, endpoint) = decide(&retries(), &due(1, None), &failed, 0.5);
+        assert_eq!(after, After::RetryAt(failed.at + TimeDelta::seconds(60)));
+        assert_eq!(endpoint, EndpointAfter::Failing { since: failed.at });
+        let (after, _) = decide(&retries(), &due(2, None), &failed, 0.5);
+        assert_eq!(after, After::GiveUp);
+    }
+
+    #[test]
+    fn a_redelivery_starts_the_schedule_over() {
+        let failed = attempt(Outcome::Failed { not_before: None });
+        let mut again = due(2, None);
+        again.delivery.round_start = 2;
+        let (after, _) = decide(&retries(), &again, &failed, 0.5);
+        assert_eq!(after, After::RetryAt(failed.at + TimeDelta::seconds(10)));
+    }
+
+    #[test]
+    fn a_retry_after_is_waited_for() {
+        let later = now() + TimeDelta::seconds(120);
+        let failed = attempt(Outcome::Failed {
+            not_before: Some(later),
+        });
+        let (after, _) = decide(&retries(), &due(0, None), &failed, 0.5);
+        assert_eq!(after, After::RetryAt(later));
+    }
+
+    #[test]
+    fn a_410_deactivates_the_endpoint_at_once() {
+        let (_, endpoint) = decide(&retries(), &due(0, None), &attempt(Outcome::Gone), 0.5);
+        assert!(matches!(endpoint, EndpointAfter::Deactivate { .. }));
+    }
+
+    #[test]
+    fn failing_past_the_horizon_deactivates_and_before_it_does_not() {
+        let failed = attempt(Outcome::Refused);
+        let recent = due(0, Some(now() - TimeDelta::seconds(60)));
+        let (_, endpoint) = decide(&retries(), &recent, &failed, 0.5);
+        assert!(matches!(endpoint, EndpointAfter::Failing { .. }));
+        let old = due(0, Some(now() - TimeDelta::seconds(3600)));
+        let (_, endpoint) = decide(&retries(), &old, &failed, 0.5);
+        assert!(matches!(endpoint, EndpointAfter::Deactivate { .. }));
+    }
+}

@@ -1,0 +1,189 @@
+//! The merchant's payment search: `GET /v1/pagos?creditoId=&estado=&desde=&hasta=&limite=&cursor=`,
+//! newest first, a page at a time (`siguiente` is the next page's `cursor`).
+
+use super::AppState;
+use super::auth::Merchant;
+use super::problem::{ApiError, Problem, ProblemType};
+use crate::domain::FieldError;
+use crate::entities::payment;
+use crate::representation::{Pago, pago};
+use axum::Json;
+use axum::extract::{RawQuery, State};
+use chrono::{DateTime, Utc};
+use pagos_types::PaymentState;
+use sea_orm::sea_query::Condition;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use serde::Serialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+pub const DEFAULT_LIMIT: u64 = 50;
+pub const MAX_LIMIT: u64 = 500;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(search_payments))
+}
+
+/// A page of payments.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ListaPagos {
+    pagos: Vec<Pago>,
+    /// The `cursor` of the next page; null on the last one.
+    siguiente: Option<String>,
+}
+
+/// What the query asks for, parsed.
+#[derive(Debug, Default)]
+struct Search {
+    credit_id: Option<String>,
+    state: Option<PaymentState>,
+    from: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+    limit: u64,
+    cursor: Option<Uuid>,
+}
+
+fn invalid(errors: Vec<FieldError>) -> ApiError {
+    Problem::new(ProblemType::Validation)
+        .detail("Correct the parameters listed in `errores`.")
+        .with("errores", errors)
+        .into()
+}
+
+fn parse(query: &str) -> Result<Search, ApiError> {
+    let mut search = Search {
+        limit: DEFAULT_LIMIT,
+        ..Search::default()
+    };
+    let mut errors = Vec::new();
+    let mut error = |campo: &str, detalle: String| {
+        errors.push(FieldError {
+            campo: campo.to_owned(),
+            detalle,
+        })
+    };
+    let time = |text: &str| DateTime::parse_from_rfc3339(text).map(|t| t.with_timezone(&Utc));
+    for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        match name.as_ref() {
+            "creditoId" if !value.is_empty() && value.chars().count() <= 64 => {
+                search.credit_id = Some(value.into_owned())
+            }
+            "creditoId" => error("creditoId", "1–64 characters".into()),
+            "estado" => match PaymentState::ALL.iter().find(|s| s.as_str() == value) {
+                Some(state) => search.state = Some(*state),
+                None => error(
+                    "estado",
+                    format!(
+                        "one of {}",
+                        PaymentState::ALL.map(PaymentState::as_str).join(", ")
+                    ),
+                ),
+            },
+            "desde" => match time(&value) {
+                Ok(t) => search.from = Some(t),
+                Err(e) => error("desde", format!("not an RFC 3339 time: {e}")),
+            },
+            "hasta" => match time(&value) {
+                Ok(t) => search.until = Some(t),
+                Err(e) => error("hasta", format!("not an RFC 3339 time: {e}")),
+            },
+            "limite" => match value.parse::<u64>() {
+                Ok(n) if (1..=MAX_LIMIT).contains(&n) => search.limit = n,
+                _ => error("limite", format!("a whole number from 1 to {MAX_LIMIT}")),
+            },
+            "cursor" => match Uuid::parse_str(&value) {
+                Ok(id) => search.cursor = Some(id),
+                Err(_) => error(
+                    "cursor",
+                    "not a cursor: use the `siguiente` of a page".into(),
+                ),
+            },
+            other => error(
+                other,
+                "unknown parameter; known: creditoId, estado, desde, hasta, limite, cursor".into(),
+            ),
+        }
+    }
+    if errors.is_empty() {
+        Ok(search)
+    } else {
+        Err(invalid(errors))
+    }
+}
+
+/// The merchant's payments, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/pagos",
+    tag = "pagos",
+    security(("api_key" = [])),
+    params(
+        ("creditoId" = Option<String>, Query, description = "Only this credit's payments"),
+        ("estado" = Option<PaymentState>, Query, description = "Only payments in this state"),
+        ("desde" = Option<String>, Query, description = "Created at or after (RFC 3339)"),
+        ("hasta" = Option<String>, Query, description = "Created before (RFC 3339)"),
+        ("limite" = Option<u64>, Query, description = "At most this many (1–500, default 50)"),
+        ("cursor" = Option<String>, Query, description = "The `siguiente` of the page before"),
+    ),
+    responses(
+        (status = 200, description = "A page of payments, newest first", body = ListaPagos),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A bad parameter", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn search_payments(
+    State(state): State<AppState>,
+    Merchant(merchant): Merchant,
+    RawQuery(query): RawQuery,
+) -> Result<Json<ListaPagos>, ApiError> {
+    let search = parse(&query.unwrap_or_default())?;
+    let mut find = payment::Entity::find().filter(payment::Column::MerchantId.eq(merchant));
+    if let Some(cursor) = search.cursor {
+        // The page goes on after the cursor's payment, in the same order.
+        let Some(last) = payment::Entity::find_by_id(cursor)
+            .filter(payment::Column::MerchantId.eq(merchant))
+            .one(&state.db)
+            .await?
+        else {
+            return Err(invalid(vec![FieldError {
+                campo: "cursor".into(),
+                detalle: "not a cursor: use the `siguiente` of a page".into(),
+            }]));
+        };
+        find = find.filter(
+            Condition::any()
+                .add(payment::Column::CreatedAt.lt(last.created_at))
+                .add(
+                    Condition::all()
+                        .add(payment::Column::CreatedAt.eq(last.created_at))
+                        .add(payment::Column::Id.lt(last.id)),
+                ),
+        );
+    }
+    if let Some(credit) = &search.credit_id {
+        find = find.filter(payment::Column::CreditId.eq(credit.clone()));
+    }
+    if let Some(s) = search.state {
+        find = find.filter(payment::Column::State.eq(s));
+    }
+    if let Some(from) = search.from {
+        find = find.filter(payment::Column::CreatedAt.gte(from));
+    }
+    if let Some(until) = search.until {
+        find = find.filter(payment::Column::CreatedAt.lt(until));
+    }
+    let page = find
+        .order_by_desc(payment::Column::CreatedAt)
+        .order_by_desc(payment::Column::Id)
+        .limit(search.limit)
+        .all(&state.db)
+        .await?;
+    let siguiente = (page.len() as u64 == search.limit)
+        .then(|| page.last().map(|p| p.id.to_string()))
+        .flatten();
+    Ok(Json(ListaPagos {
+        pagos: page.iter().map(pago).collect(),
+        siguiente,
+    }))
+}

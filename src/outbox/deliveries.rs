@@ -1,0 +1,288 @@
+//! The delivery worker's storage: fan-out (each new event gets one delivery per active
+//! endpoint of its merchant that wants its type), claims of due deliveries, and each
+//! attempt stored with what it means for its delivery and its endpoint.
+//!
+//! Claims are like the reconciler's: on PostgreSQL `FOR UPDATE SKIP LOCKED` in a short
+//! transaction, on SQLite under `BEGIN IMMEDIATE`; a claim moves `next_attempt_at` past
+//! the attempt, so no other process takes the delivery while this one sends it. An
+//! attempt is stored fenced on the delivery's attempt count (and its number is unique per
+//! delivery): a worker whose claim ran out cannot store a second attempt of the same
+//! number.
+
+use crate::db::{begin_write, now};
+use crate::delivery::Attempt;
+use crate::entities::event;
+use crate::entities::webhook_attempt as attempts;
+use crate::entities::webhook_delivery::{self as deliveries, DeliveryState};
+use crate::entities::webhook_endpoint::{self as endpoints, EndpointState};
+use crate::outbox::endpoints::wants;
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::{Expr, LockBehavior, LockType};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, Select,
+};
+use std::collections::HashMap;
+use uuid::Uuid;
+
+/// A claimed delivery with what sending it needs.
+#[derive(Clone, Debug)]
+pub struct Due {
+    pub delivery: deliveries::Model,
+    pub event: event::Model,
+    pub endpoint: endpoints::Model,
+}
+
+/// On PostgreSQL, rows another process is claiming are skipped.
+fn skip_locked<E: EntityTrait>(query: Select<E>, backend: DbBackend) -> Select<E> {
+    if backend == DbBackend::Postgres {
+        query.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+    } else {
+        query
+    }
+}
+
+/// Makes the deliveries of up to `limit` events not fanned out yet, due at `due_at`;
+/// the number of events fanned out. An event of a merchant with no endpoint that wants it
+/// gets none (it is then never "pending").
+pub async fn fan_out(
+    db: &DatabaseConnection,
+    limit: u64,
+    due_at: impl Fn(&event::Model) -> DateTime<Utc>,
+) -> Result<usize, DbErr> {
+    let tx = begin_write(db).await?;
+    let query = event::Entity::find()
+        .filter(event::Column::FannedOut.eq(false))
+        .order_by_asc(event::Column::Id)
+        .limit(limit);
+    let events = skip_locked(query, db.get_database_backend())
+        .all(&tx)
+        .await?;
+    if events.is_empty() {
+        tx.rollback().await?;
+        return Ok(0);
+    }
+    let merchants: Vec<Uuid> = events.iter().map(|e| e.merchant_id).collect();
+    let active = endpoints::Entity::find()
+        .filter(endpoints::Column::MerchantId.is_in(merchants))
+        .filter(endpoints::Column::State.eq(EndpointState::Activo))
+        .all(&tx)
+        .await?;
+    let at = now();
+    let mut rows = Vec::new();
+    for e in &events {
+        for endpoint in active
+            .iter()
+            .filter(|ep| ep.merchant_id == e.merchant_id && wants(ep, e.event_type))
+        {
+            rows.push(deliveries::ActiveModel::from(deliveries::Model {
+                event_id: e.id.clone(),
+                endpoint_id: endpoint.id,
+                merchant_id: e.merchant_id,
+                state: DeliveryState::Pending,
+                attempts: 0,
+                round_start: 0,
+                next_attempt_at: due_at(e),
+                delivered_at: None,
+                created_at: at,
+                updated_at: at,
+            }));
+        }
+    }
+    if !rows.is_empty() {
+        deliveries::Entity::insert_many(rows)
+            .on_conflict_do_nothing()
+            .exec_without_returning(&tx)
+            .await?;
+    }
+    event::Entity::update_many()
+        .col_expr(event::Column::FannedOut, Expr::value(true))
+        .filter(event::Column::Id.is_in(events.iter().map(|e| e.id.clone())))
+        .exec(&tx)
+        .await?;
+    tx.commit().await?;
+    Ok(events.len())
+}
+
+/// Claims up to `limit` deliveries due by `due_by` to active endpoints, oldest due
+/// first, until `until`.
+pub async fn claim_due(
+    db: &DatabaseConnection,
+    due_by: DateTime<Utc>,
+    limit: u64,
+    until: DateTime<Utc>,
+) -> Result<Vec<Due>, DbErr> {
+    let tx = begin_write(db).await?;
+    let query = deliveries::Entity::find()
+        .filter(deliveries::Column::State.eq(DeliveryState::Pending))
+        .filter(deliveries::Column::NextAttemptAt.lte(due_by))
+        .filter(Expr::cust(
+            r#""webhook_deliveries"."endpoint_id" IN (SELECT "id" FROM "webhook_endpoints" WHERE "state" = 'ACTIVO')"#,
+        ))
+        .order_by_asc(deliveries::Column::NextAttemptAt)
+        .limit(limit);
+    let mut claimed = skip_locked(query, db.get_database_backend())
+        .all(&tx)
+        .await?;
+    if claimed.is_empty() {
+        tx.rollback().await?;
+        return Ok(Vec::new());
+    }
+    for d in &mut claimed {
+        deliveries::Entity::update_many()
+            .col_expr(deliveries::Column::NextAttemptAt, Expr::value(until))
+            .filter(deliveries::Column::EventId.eq(d.event_id.clone()))
+            .filter(deliveries::Column::EndpointId.eq(d.endpoint_id))
+            .exec(&tx)
+            .await?;
+        d.next_attempt_at = until;
+    }
+    tx.commit().await?;
+    let events: HashMap<String, event::Model> = event::Entity::find()
+        .filter(event::Column::Id.is_in(claimed.iter().map(|d| d.event_id.clone())))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|e| (e.id.clone(), e))
+        .collect();
+    let endpoints: HashMap<Uuid, endpoints::Model> = endpoints::Entity::find()
+        .filter(endpoints::Column::Id.is_in(claimed.iter().map(|d| d.endpoint_id)))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|e| (e.id, e))
+        .collect();
+    Ok(claimed
+        .into_iter()
+        .filter_map(|delivery| {
+            let event = events.get(&delivery.event_id)?.clone();
+            let endpoint = endpoints.get(&delivery.endpoint_id)?.clone();
+            Some(Due {
+                delivery,
+                event,
+                endpoint,
+            })
+        })
+        .collect())
+}
+
+/// What becomes of the delivery after an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum After {
+    Delivered,
+    RetryAt(DateTime<Utc>),
+    /// The schedule ran out: `ABANDONADA`.
+    GiveUp,
+}
+
+/// What becomes of the endpoint after an attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EndpointAfter {
+    /// A success: it is failing no more.
+    Succeeded,
+    /// A failure; failing since then (its first failure after its last success).
+    Failing { since: DateTime<Utc> },
+    /// `DESACTIVADO`, for this reason.
+    Deactivate {
+        since: Option<DateTime<Utc>>,
+        reason: String,
+    },
+}
+
+/// Stores `attempt` of the claimed delivery `due`, and what it means for the delivery and
+/// its endpoint, in one transaction. False (nothing stored) if the delivery's attempt
+/// count moved since it was claimed: another worker stored this attempt.
+pub async fn record(
+    db: &DatabaseConnection,
+    due: &Due,
+    attempt: &Attempt,
+    after: After,
+    endpoint: EndpointAfter,
+) -> Result<bool, DbErr> {
+    let at = now();
+    let d = &due.delivery;
+    let number = d.attempts + 1;
+    let tx = begin_write(db).await?;
+    let (state, next, delivered_at) = match after {
+        After::Delivered => (DeliveryState::Delivered, d.next_attempt_at, Some(at)),
+        After::RetryAt(t) => (DeliveryState::Pending, t, None),
+        After::GiveUp => (DeliveryState::GivenUp, d.next_attempt_at, None),
+    };
+    let moved = deliveries::Entity::update_many()
+        .col_expr(deliveries::Column::Attempts, Expr::value(number))
+        .col_expr(deliveries::Column::State, Expr::value(state))
+        .col_expr(deliveries::Column::NextAttemptAt, Expr::value(next))
+        .col_expr(deliveries::Column::DeliveredAt, Expr::value(delivered_at))
+        .col_expr(deliveries::Column::UpdatedAt, Expr::value(at))
+        .filter(deliveries::Column::EventId.eq(d.event_id.clone()))
+        .filter(deliveries::Column::EndpointId.eq(d.endpoint_id))
+        .filter(deliveries::Column::Attempts.eq(d.attempts))
+        .exec(&tx)
+        .await?;
+    if moved.rows_affected != 1 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    attempts::Entity::insert(attempts::ActiveModel::from(attempts::Model {
+        id: Uuid::now_v7(),
+        event_id: d.event_id.clone(),
+        endpoint_id: d.endpoint_id,
+        number,
+        attempted_at: attempt.at,
+        status: attempt.status.map(i32::from),
+        latency_ms: i64::try_from(attempt.latency.as_millis()).unwrap_or(i64::MAX),
+        answer: attempt.answer.clone(),
+        error: attempt.error.clone(),
+        outcome: attempt.outcome.as_str().to_owned(),
+    }))
+    .exec_without_returning(&tx)
+    .await?;
+    write_endpoint(&tx, d.endpoint_id, &endpoint, at).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+async fn write_endpoint<C: ConnectionTrait>(
+    tx: &C,
+    id: Uuid,
+    after: &EndpointAfter,
+    at: DateTime<Utc>,
+) -> Result<(), DbErr> {
+    let update = endpoints::Entity::update_many().filter(endpoints::Column::Id.eq(id));
+    match after {
+        EndpointAfter::Succeeded => {
+            update
+                .col_expr(
+                    endpoints::Column::FailingSince,
+                    Expr::value(Option::<DateTime<Utc>>::None),
+                )
+                .filter(endpoints::Column::FailingSince.is_not_null())
+                .exec(tx)
+                .await?;
+        }
+        EndpointAfter::Failing { since } => {
+            update
+                .col_expr(endpoints::Column::FailingSince, Expr::value(Some(*since)))
+                .filter(endpoints::Column::FailingSince.is_null())
+                .exec(tx)
+                .await?;
+        }
+        EndpointAfter::Deactivate { since, reason } => {
+            update
+                .col_expr(
+                    endpoints::Column::State,
+                    Expr::value(EndpointState::Desactivado),
+                )
+                .col_expr(endpoints::Column::FailingSince, Expr::value(*since))
+                .col_expr(
+                    endpoints::Column::DisabledReason,
+                    Expr::value(Some(reason.clone())),
+                )
+                .col_expr(endpoints::Column::UpdatedAt, Expr::value(at))
+                .filter(endpoints::Column::State.eq(EndpointState::Activo))
+                .exec(tx)
+                .await?;
+        }
+    }
+    Ok(())
+}

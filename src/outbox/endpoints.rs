@@ -1,0 +1,251 @@
+//! A merchant's webhook endpoints: made, listed, removed, their secret rotated, made
+//! active again. Every function takes the merchant: another merchant's endpoint is
+//! `None`, never a leak.
+
+use crate::db::{begin_write, now};
+use crate::entities::event;
+use crate::entities::webhook_attempt as attempts;
+use crate::entities::webhook_delivery::{self as deliveries, DeliveryState};
+use crate::entities::webhook_endpoint::{self as endpoints, EndpointState};
+use chrono::{DateTime, Utc};
+use pagos_types::EventType;
+use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::{
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, DbErr, EntityTrait,
+    IntoActiveModel, QueryFilter, QueryOrder,
+};
+use uuid::Uuid;
+
+/// The event types an endpoint wants, as stored (None: all).
+pub fn stored_types(types: Option<&[EventType]>) -> Option<String> {
+    types.map(|types| {
+        types
+            .iter()
+            .map(|t| t.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    })
+}
+
+/// The event types an endpoint wants (every type when it named none).
+pub fn wanted(endpoint: &endpoints::Model) -> Vec<EventType> {
+    match &endpoint.event_types {
+        None => EventType::ALL.to_vec(),
+        Some(text) => text.split(',').filter_map(|t| t.parse().ok()).collect(),
+    }
+}
+
+/// Whether `endpoint` wants events of type `tipo`.
+pub fn wants(endpoint: &endpoints::Model, tipo: EventType) -> bool {
+    wanted(endpoint).contains(&tipo)
+}
+
+pub struct NewEndpoint<'a> {
+    pub merchant: Uuid,
+    pub url: &'a str,
+    pub types: Option<&'a [EventType]>,
+    pub secret: &'a str,
+}
+
+pub async fn create(
+    db: &DatabaseConnection,
+    new: NewEndpoint<'_>,
+) -> Result<endpoints::Model, DbErr> {
+    let at = now();
+    let model = endpoints::Model {
+        id: Uuid::now_v7(),
+        merchant_id: new.merchant,
+        url: new.url.to_owned(),
+        event_types: stored_types(new.types),
+        secret: new.secret.to_owned(),
+        previous_secret: None,
+        previous_secret_until: None,
+        state: EndpointState::Activo,
+        failing_since: None,
+        disabled_reason: None,
+        created_at: at,
+        updated_at: at,
+    };
+    endpoints::Entity::insert(endpoints::ActiveModel::from(model.clone()))
+        .exec_without_returning(db)
+        .await?;
+    Ok(model)
+}
+
+/// The merchant's endpoints, oldest first.
+pub async fn list(db: &DatabaseConnection, merchant: Uuid) -> Result<Vec<endpoints::Model>, DbErr> {
+    endpoints::Entity::find()
+        .filter(endpoints::Column::MerchantId.eq(merchant))
+        .order_by_asc(endpoints::Column::CreatedAt)
+        .order_by_asc(endpoints::Column::Id)
+        .all(db)
+        .await
+}
+
+pub async fn find(
+    db: &DatabaseConnection,
+    merchant: Uuid,
+    id: Uuid,
+) -> Result<Option<endpoints::Model>, DbErr> {
+    endpoints::Entity::find_by_id(id)
+        .filter(endpoints::Column::MerchantId.eq(merchant))
+        .one(db)
+        .await
+}
+
+/// Removes the endpoint, its deliveries and their attempts; false if there was none.
+pub async fn delete(db: &DatabaseConnection, merchant: Uuid, id: Uuid) -> Result<bool, DbErr> {
+    let tx = begin_write(db).await?;
+    let found = endpoints::Entity::find_by_id(id)
+        .filter(endpoints::Column::MerchantId.eq(merchant))
+        .one(&tx)
+        .await?;
+    if found.is_none() {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    attempts::Entity::delete_many()
+        .filter(attempts::Column::EndpointId.eq(id))
+        .exec(&tx)
+        .await?;
+    deliveries::Entity::delete_many()
+        .filter(deliveries::Column::EndpointId.eq(id))
+        .exec(&tx)
+        .await?;
+    endpoints::Entity::delete_by_id(id).exec(&tx).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// A new secret; the current one goes on signing beside it until `overlap_until`.
+pub async fn rotate(
+    db: &DatabaseConnection,
+    merchant: Uuid,
+    id: Uuid,
+    new_secret: &str,
+    overlap_until: DateTime<Utc>,
+) -> Result<Option<endpoints::Model>, DbErr> {
+    let tx = begin_write(db).await?;
+    let Some(found) = endpoints::Entity::find_by_id(id)
+        .filter(endpoints::Column::MerchantId.eq(merchant))
+        .one(&tx)
+        .await?
+    else {
+        tx.rollback().await?;
+        return Ok(None);
+    };
+    let mut model = found.clone().into_active_model();
+    model.previous_secret = Set(Some(found.secret.clone()));
+    model.previous_secret_until = Set(Some(overlap_until));
+    model.secret = Set(new_secret.to_owned());
+    model.updated_at = Set(now());
+    let updated = model.update(&tx).await?;
+    tx.commit().await?;
+    Ok(Some(updated))
+}
+
+/// `ACTIVO` again: if it was `DESACTIVADO`, its pending deliveries are due now; and with
+/// `resend_since` every event of the merchant since then that the endpoint wants and
+/// that is not pending already is delivered again (its schedule starting over),
+/// delivered before or not.
+pub async fn reactivate(
+    db: &DatabaseConnection,
+    merchant: Uuid,
+    id: Uuid,
+    resend_since: Option<DateTime<Utc>>,
+) -> Result<Option<endpoints::Model>, DbErr> {
+    let at = now();
+    let tx = begin_write(db).await?;
+    let Some(found) = endpoints::Entity::find_by_id(id)
+        .filter(endpoints::Column::MerchantId.eq(merchant))
+        .one(&tx)
+        .await?
+    else {
+        tx.rollback().await?;
+        return Ok(None);
+    };
+    let mut model = found.clone().into_active_model();
+    model.state = Set(EndpointState::Activo);
+    model.failing_since = Set(None);
+    model.disabled_reason = Set(None);
+    model.updated_at = Set(at);
+    let updated = model.update(&tx).await?;
+    // What was pending when it went down starts a new round now. (An endpoint that was
+    // active may have a delivery claimed by a worker right now: making that one due
+    // again would let a second worker send the same attempt, so its deliveries keep
+    // their schedule.)
+    let was_down = found.state == EndpointState::Desactivado;
+    deliveries::Entity::update_many()
+        .col_expr(deliveries::Column::NextAttemptAt, Expr::value(at))
+        .col_expr(
+            deliveries::Column::RoundStart,
+            Expr::col(deliveries::Column::Attempts),
+        )
+        .col_expr(deliveries::Column::UpdatedAt, Expr::value(at))
+        .filter(deliveries::Column::EndpointId.eq(id))
+        .filter(deliveries::Column::State.eq(DeliveryState::Pending))
+        .filter(Expr::value(was_down))
+        .exec(&tx)
+        .await?;
+    if let Some(since) = resend_since {
+        let events = event::Entity::find()
+            .filter(event::Column::MerchantId.eq(merchant))
+            .filter(event::Column::CreatedAt.gte(since))
+            .order_by_asc(event::Column::Id)
+            .all(&tx)
+            .await?;
+        for e in events.iter().filter(|e| wants(&updated, e.event_type)) {
+            let row = deliveries::ActiveModel {
+                event_id: Set(e.id.clone()),
+                endpoint_id: Set(id),
+                merchant_id: Set(merchant),
+                state: Set(DeliveryState::Pending),
+                attempts: Set(0),
+                round_start: Set(0),
+                next_attempt_at: Set(at),
+                delivered_at: Set(None),
+                created_at: Set(at),
+                updated_at: Set(at),
+            };
+            deliveries::Entity::insert(row)
+                .on_conflict(
+                    OnConflict::columns([
+                        deliveries::Column::EventId,
+                        deliveries::Column::EndpointId,
+                    ])
+                    .value(deliveries::Column::State, DeliveryState::Pending)
+                    .value(deliveries::Column::NextAttemptAt, at)
+                    .value(deliveries::Column::UpdatedAt, at)
+                    .value(
+                        deliveries::Column::RoundStart,
+                        Expr::col((deliveries::Entity, deliveries::Column::Attempts)),
+                    )
+                    // One still pending is already on its way (see above).
+                    .action_and_where(deliveries::Column::State.ne(DeliveryState::Pending))
+                    .to_owned(),
+                )
+                .exec_without_returning(&tx)
+                .await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(Some(updated))
+}
+
+/// Whether the secret before the last rotation still signs at `at`.
+pub fn previous_secret_at(endpoint: &endpoints::Model, at: DateTime<Utc>) -> Option<&str> {
+    match (&endpoint.previous_secret, endpoint.previous_secret_until) {
+        (Some(previous), Some(until)) if at < until => Some(previous),
+        _ => None,
+    }
+}
+
+/// How many endpoints are `DESACTIVADO`.
+pub async fn count_disabled(db: &DatabaseConnection) -> Result<i64, DbErr> {
+    use sea_orm::PaginatorTrait;
+    let n = endpoints::Entity::find()
+        .filter(endpoints::Column::State.eq(EndpointState::Desactivado))
+        .count(db)
+        .await?;
+    Ok(i64::try_from(n).unwrap_or(i64::MAX))
+}

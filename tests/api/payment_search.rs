@@ -1,0 +1,129 @@
+//! `GET /v1/pagos`: the merchant's payments, newest first, filtered and a page at a time.
+
+use crate::helpers::{API_KEY, Backend, FakeGateway, OTHER_API_KEY, Spawn, json};
+use crate::on_both_databases;
+use serde_json::json;
+
+on_both_databases!(
+    payments_are_searched_newest_first_a_page_at_a_time_and_only_the_merchants,
+    bad_search_parameters_are_refused_with_a_problem,
+);
+
+async fn payments_are_searched_newest_first_a_page_at_a_time_and_only_the_merchants(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let fake = FakeGateway::charging("succeeded");
+    fake.mount(app.gateway()).await;
+    let mut made = Vec::new();
+    let before = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
+    for n in 0..5 {
+        if n == 3 {
+            fake.set_new_status("declined");
+        }
+        let credit = if n % 2 == 0 { "42" } else { "77" };
+        let answer = app
+            .pay(
+                &format!("k-{n}"),
+                &json!({"creditoId": credit, "monto": 1000 + n, "moneda": "COP"}),
+            )
+            .await;
+        let body = json(answer).await;
+        let id = body["id"]
+            .as_str()
+            .or(body["pago"]["id"].as_str())
+            .expect("id")
+            .to_owned();
+        made.push(id);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let newest_first: Vec<String> = made.iter().rev().cloned().collect();
+
+    let mut seen = Vec::new();
+    let mut path = "/v1/pagos?limite=2".to_owned();
+    loop {
+        let page = json(app.get_as(API_KEY, &path).await).await;
+        for p in page["pagos"].as_array().expect("pagos") {
+            seen.push(p["id"].as_str().expect("id").to_owned());
+        }
+        match page["siguiente"].as_str() {
+            Some(cursor) => path = format!("/v1/pagos?limite=2&cursor={cursor}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, newest_first);
+
+    let credit = json(app.get_as(API_KEY, "/v1/pagos?creditoId=77").await).await;
+    let ids: Vec<&str> = credit["pagos"]
+        .as_array()
+        .expect("pagos")
+        .iter()
+        .map(|p| p["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, [made[3].as_str(), made[1].as_str()]);
+    let failed = json(app.get_as(API_KEY, "/v1/pagos?estado=FALLIDA").await).await;
+    assert_eq!(failed["pagos"].as_array().expect("pagos").len(), 2);
+    assert!(
+        failed["pagos"]
+            .as_array()
+            .expect("pagos")
+            .iter()
+            .all(|p| p["estado"] == "FALLIDA")
+    );
+    let window = format!(
+        "/v1/pagos?desde={}&hasta={}",
+        urlencode(&before.to_rfc3339()),
+        urlencode(&(chrono::Utc::now() + chrono::TimeDelta::seconds(1)).to_rfc3339())
+    );
+    let within = json(app.get_as(API_KEY, &window).await).await;
+    assert_eq!(within["pagos"].as_array().expect("pagos").len(), 5);
+    let future = format!(
+        "/v1/pagos?desde={}",
+        urlencode(&(chrono::Utc::now() + chrono::TimeDelta::hours(1)).to_rfc3339())
+    );
+    let none = json(app.get_as(API_KEY, &future).await).await;
+    assert_eq!(none["pagos"], json!([]));
+    assert_eq!(none["siguiente"], serde_json::Value::Null);
+
+    let theirs = json(app.get_as(OTHER_API_KEY, "/v1/pagos").await).await;
+    assert_eq!(theirs["pagos"], json!([]));
+    let cursor_of_another = app
+        .get_as(OTHER_API_KEY, &format!("/v1/pagos?cursor={}", made[0]))
+        .await;
+    assert_eq!(
+        cursor_of_another.status(),
+        422,
+        "another merchant's id is no cursor"
+    );
+}
+
+fn urlencode(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+async fn bad_search_parameters_are_refused_with_a_problem(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    for bad in [
+        "/v1/pagos?estado=PAGADA",
+        "/v1/pagos?limite=0",
+        "/v1/pagos?limite=501",
+        "/v1/pagos?desde=ayer",
+        "/v1/pagos?hasta=2026-13-01",
+        "/v1/pagos?cursor=abc",
+        "/v1/pagos?creditoId=",
+        "/v1/pagos?orden=asc",
+    ] {
+        let answer = app.get_as(API_KEY, bad).await;
+        assert_eq!(answer.status(), 422, "{bad}");
+        assert_eq!(answer.headers()["content-type"], "application/problem+json");
+        let problem = json(answer).await;
+        assert!(problem["errores"][0]["campo"].is_string(), "{problem}");
+    }
+    let unauthenticated = app
+        .http
+        .get(app.url("/v1/pagos"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(unauthenticated.status(), 401);
+}

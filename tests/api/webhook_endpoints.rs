@@ -1,0 +1,303 @@
+//! The merchant's webhook endpoints and events over HTTP: the secret shown once, lists
+//! without secrets, rotation, merchant scoping, bad input as problem+json that stores
+//! nothing, and the events list with its cursor.
+
+use crate::helpers::{
+    API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, charges, json, payment_body,
+};
+use crate::on_both_databases;
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+
+on_both_databases!(
+    a_registered_endpoint_shows_its_secret_once_and_is_listed_without_it,
+    an_endpoint_is_invisible_to_another_merchant,
+    rotating_gives_a_new_secret_and_keeps_the_old_one_for_24_hours,
+    bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored,
+    events_are_listed_oldest_first_with_a_cursor_and_only_to_their_merchant,
+);
+
+#[tokio::test]
+async fn the_openapi_document_lists_endpoints_events_and_the_payment_search() {
+    let app = Spawn::new(Backend::Sqlite).start().await;
+    let doc = json(
+        app.http
+            .get(app.url("/openapi.json"))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    let paths = &doc["paths"];
+    for (path, method) in [
+        ("/v1/webhook-endpoints", "post"),
+        ("/v1/webhook-endpoints", "get"),
+        ("/v1/webhook-endpoints/{id}", "delete"),
+        ("/v1/webhook-endpoints/{id}/rotar-secreto", "post"),
+        ("/v1/webhook-endpoints/{id}/reactivar", "post"),
+        ("/v1/eventos", "get"),
+        ("/v1/eventos/{id}", "get"),
+        ("/v1/pagos", "get"),
+        ("/v1/pagos", "post"),
+    ] {
+        assert!(paths[path][method].is_object(), "{method} {path}");
+    }
+}
+
+impl TestApp {
+    pub async fn post_as(&self, key: &str, path: &str, body: &Value) -> reqwest::Response {
+        self.http
+            .post(self.url(path))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .expect("sent")
+    }
+
+    pub async fn get_as(&self, key: &str, path: &str) -> reqwest::Response {
+        self.http
+            .get(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("sent")
+    }
+
+    pub async fn delete_as(&self, key: &str, path: &str) -> reqwest::Response {
+        self.http
+            .delete(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("sent")
+    }
+
+    /// Registers `url` for every event type as the first merchant; the answer's body.
+    pub async fn register_endpoint(&self, url: &str) -> Value {
+        let made = self
+            .post_as(API_KEY, "/v1/webhook-endpoints", &json!({ "url": url }))
+            .await;
+        assert_eq!(made.status(), 201);
+        json(made).await
+    }
+}
+
+async fn a_registered_endpoint_shows_its_secret_once_and_is_listed_without_it(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let made = app
+        .post_as(
+            API_KEY,
+            "/v1/webhook-endpoints",
+            &json!({"url": "https://93.184.215.14/hooks", "eventos": ["pago.completado", "pago.fallido"]}),
+        )
+        .await;
+    assert_eq!(made.status(), 201);
+    let location = made.headers()["location"]
+        .to_str()
+        .expect("text")
+        .to_owned();
+    let body = json(made).await;
+    let id = body["id"].as_str().expect("id");
+    assert_eq!(location, format!("/v1/webhook-endpoints/{id}"));
+    assert_eq!(body["url"], "https://93.184.215.14/hooks");
+    assert_eq!(body["estado"], "ACTIVO");
+    assert_eq!(body["eventos"], json!(["pago.completado", "pago.fallido"]));
+    let secret = body["secreto"].as_str().expect("secret");
+    assert!(secret.starts_with("whsec_"));
+    pagos::delivery::Secret::parse(secret).expect("a Standard Webhooks secret");
+
+    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+    let all = listed["endpoints"].as_array().expect("list");
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0]["id"], id);
+    assert!(all[0].get("secreto").is_none(), "no secret in the list");
+    assert!(!listed.to_string().contains(secret));
+
+    let all_types = app
+        .register_endpoint("https://93.184.215.14/everything")
+        .await;
+    assert_eq!(all_types["eventos"].as_array().expect("types").len(), 6);
+
+    let deleted = app
+        .delete_as(API_KEY, &format!("/v1/webhook-endpoints/{id}"))
+        .await;
+    assert_eq!(deleted.status(), 204);
+    let again = app
+        .delete_as(API_KEY, &format!("/v1/webhook-endpoints/{id}"))
+        .await;
+    assert_eq!(again.status(), 404);
+    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+    assert_eq!(listed["endpoints"].as_array().expect("list").len(), 1);
+}
+
+async fn an_endpoint_is_invisible_to_another_merchant(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let made = app.register_endpoint("https://93.184.215.14/acme").await;
+    let id = made["id"].as_str().expect("id");
+    let listed = json(app.get_as(OTHER_API_KEY, "/v1/webhook-endpoints").await).await;
+    assert_eq!(listed["endpoints"], json!([]));
+    for path in [
+        format!("/v1/webhook-endpoints/{id}/rotar-secreto"),
+        format!("/v1/webhook-endpoints/{id}/reactivar"),
+    ] {
+        let answer = app.post_as(OTHER_API_KEY, &path, &json!({})).await;
+        assert_eq!(answer.status(), 404, "{path}");
+        assert_eq!(answer.headers()["content-type"], "application/problem+json");
+    }
+    let deleted = app
+        .delete_as(OTHER_API_KEY, &format!("/v1/webhook-endpoints/{id}"))
+        .await;
+    assert_eq!(deleted.status(), 404);
+    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+    assert_eq!(listed["endpoints"].as_array().expect("list").len(), 1);
+}
+
+async fn rotating_gives_a_new_secret_and_keeps_the_old_one_for_24_hours(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let made = app.register_endpoint("https://93.184.215.14/rot").await;
+    let id = made["id"].as_str().expect("id");
+    let rotated = app
+        .post_as(
+            API_KEY,
+            &format!("/v1/webhook-endpoints/{id}/rotar-secreto"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(rotated.status(), 200);
+    let rotated = json(rotated).await;
+    let new_secret = rotated["secreto"].as_str().expect("new secret");
+    assert_ne!(new_secret, made["secreto"].as_str().expect("old"));
+    let until: DateTime<Utc> = rotated["secretoAnteriorHasta"]
+        .as_str()
+        .expect("overlap")
+        .parse()
+        .expect("RFC 3339");
+    let hours = (until - Utc::now()).num_minutes() as f64 / 60.0;
+    assert!((23.9..=24.0).contains(&hours), "{hours} h");
+    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+    assert!(!listed.to_string().contains(new_secret));
+}
+
+async fn bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let cases = [
+        (json!({"url": "http://93.184.215.14/hooks"}), 422, "url"),
+        (json!({"url": "https://127.0.0.1/hooks"}), 422, "url"),
+        (json!({"url": "https://10.1.2.3/hooks"}), 422, "url"),
+        (json!({"url": "https://user:pw@93.184.215.14/"}), 422, "url"),
+        (json!({"url": "no es una url"}), 422, "url"),
+        (
+            json!({"url": "https://93.184.215.14/", "eventos": ["pago.enviado"]}),
+            422,
+            "eventos",
+        ),
+        (
+            json!({"url": "https://93.184.215.14/", "eventos": []}),
+            422,
+            "eventos",
+        ),
+        (json!({"eventos": ["pago.completado"]}), 400, ""),
+        (json!({"url": "https://93.184.215.14/", "otro": 1}), 400, ""),
+    ];
+    for (body, status, field) in cases {
+        let answer = app.post_as(API_KEY, "/v1/webhook-endpoints", &body).await;
+        assert_eq!(answer.status(), status, "{body}");
+        assert_eq!(answer.headers()["content-type"], "application/problem+json");
+        let problem = json(answer).await;
+        if status == 422 {
+            assert!(
+                problem["type"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("validation-failed"))
+            );
+            assert_eq!(problem["errores"][0]["campo"], field, "{problem}");
+        }
+    }
+    let not_json = app
+        .http
+        .post(app.url("/v1/webhook-endpoints"))
+        .bearer_auth(API_KEY)
+        .header("content-type", "text/plain")
+        .body("url=https://93.184.215.14")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(not_json.status(), 415);
+    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+    assert_eq!(listed["endpoints"], json!([]), "nothing stored");
+
+    let made = app.register_endpoint("https://93.184.215.14/x").await;
+    let id = made["id"].as_str().expect("id");
+    let bad_time = app
+        .post_as(
+            API_KEY,
+            &format!("/v1/webhook-endpoints/{id}/reactivar"),
+            &json!({"reenviarDesde": "ayer"}),
+        )
+        .await;
+    assert_eq!(bad_time.status(), 422);
+    let unauthenticated = app
+        .http
+        .get(app.url("/v1/webhook-endpoints"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(unauthenticated.status(), 401);
+}
+
+async fn events_are_listed_oldest_first_with_a_cursor_and_only_to_their_merchant(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::succeeded())
+        .mount(app.gateway())
+        .await;
+    let mut paid = Vec::new();
+    for n in 0..5 {
+        let answer = app.pay(&format!("k-{n}"), &payment_body()).await;
+        assert_eq!(answer.status(), 201);
+        paid.push(json(answer).await["id"].as_str().expect("id").to_owned());
+    }
+    let mut seen = Vec::new();
+    let mut path = "/v1/eventos?limite=2".to_owned();
+    loop {
+        let page = json(app.get_as(API_KEY, &path).await).await;
+        for e in page["eventos"].as_array().expect("events") {
+            assert_eq!(e["tipo"], "pago.completado");
+            seen.push(e["datos"]["id"].as_str().expect("payment").to_owned());
+        }
+        match page["siguiente"].as_str() {
+            Some(cursor) => path = format!("/v1/eventos?limite=2&desde={cursor}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, paid, "every event once, oldest first");
+
+    let first = json(app.get_as(API_KEY, "/v1/eventos?limite=1").await).await;
+    let id = first["eventos"][0]["id"].as_str().expect("id");
+    let one = app.get_as(API_KEY, &format!("/v1/eventos/{id}")).await;
+    assert_eq!(one.status(), 200);
+    let one = json(one).await;
+    assert_eq!(one["id"], id);
+    assert_eq!(one["secuencia"], first["eventos"][0]["secuencia"]);
+    assert_eq!(one["entregas"], json!([]));
+    assert_eq!(one["intentos"], json!([]));
+
+    let other = json(app.get_as(OTHER_API_KEY, "/v1/eventos").await).await;
+    assert_eq!(other["eventos"], json!([]));
+    let other_one = app
+        .get_as(OTHER_API_KEY, &format!("/v1/eventos/{id}"))
+        .await;
+    assert_eq!(other_one.status(), 404);
+    for bad in [
+        "/v1/eventos?limite=0",
+        "/v1/eventos?limite=abc",
+        "/v1/eventos?desde=x",
+        "/v1/eventos?pendientes=si",
+        "/v1/eventos?otro=1",
+    ] {
+        let answer = app.get_as(API_KEY, bad).await;
+        assert_eq!(answer.status(), 422, "{bad}");
+        assert_eq!(answer.headers()["content-type"], "application/problem+json");
+    }
+}

@@ -1,0 +1,410 @@
+//! Webhooks to merchants end to end: pagos with its delivery worker, a real local
+//! receiver (`receiver.rs`), both databases. Delivered and signed; a receiver that fails
+//! 30 % and hangs 10 % gets every event at least once and the example consumer applies
+//! each once; rotation; 410; reactivation with redelivery; deactivation after failing
+//! too long.
+
+use crate::helpers::{
+    API_KEY, Backend, FakeGateway, OTHER_API_KEY, Spawn, TestApp, json, payment_body,
+};
+use crate::on_both_databases;
+use crate::receiver::{Answer, Receiver};
+use pagos::delivery::consumer::Verifier;
+use pagos::entities::{event, webhook_attempt};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use serde_json::{Value, json};
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+on_both_databases!(
+    a_payment_is_delivered_signed_to_its_merchants_endpoint,
+    a_flaky_receiver_gets_every_event_and_the_consumer_applies_each_once,
+    during_a_rotation_both_secrets_sign_and_after_it_only_the_new,
+    a_410_deactivates_the_endpoint_and_reactivation_redelivers,
+    an_endpoint_failing_past_the_horizon_is_deactivated_and_counted,
+    redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes,
+    a_dead_endpoint_does_not_slow_payments,
+);
+
+/// Flags of a delivering app that may reach the local receiver, with a quick schedule.
+pub const FLAGS: [&str; 6] = [
+    "--webhooks-allow-private",
+    "true",
+    "--webhooks-timeout",
+    "1s",
+    "--webhooks-schedule",
+    "0s,100ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms",
+];
+
+async fn app(backend: Backend, extra: &[&'static str]) -> (TestApp, FakeGateway) {
+    let mut flags = FLAGS.to_vec();
+    flags.extend_from_slice(extra);
+    let app = Spawn::new(backend).flags(&flags).delivering().start().await;
+    let fake = FakeGateway::charging("succeeded");
+    fake.mount(app.gateway()).await;
+    (app, fake)
+}
+
+/// Waits until `done` holds, up to `within`.
+pub async fn eventually(within: Duration, what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+async fn pay(app: &TestApp, key: &str) -> String {
+    let answer = app.pay(key, &payment_body()).await;
+    assert_eq!(answer.status(), 201);
+    json(answer).await["id"].as_str().expect("id").to_owned()
+}
+
+async fn event_of(app: &TestApp, payment: &str) -> event::Model {
+    let id = uuid::Uuid::parse_str(payment).expect("uuid");
+    event::Entity::find()
+        .filter(event::Column::SubjectId.eq(id))
+        .one(&app.db)
+        .await
+        .expect("query")
+        .expect("an event")
+}
+
+async fn pending_events(app: &TestApp) -> Vec<Value> {
+    let page = json(
+        app.get_as(API_KEY, "/v1/eventos?pendientes=true&limite=500")
+            .await,
+    )
+    .await;
+    page["eventos"].as_array().expect("events").clone()
+}
+
+async fn a_payment_is_delivered_signed_to_its_merchants_endpoint(backend: Backend) {
+    let (app, _fake) = app(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    let other = Receiver::start().await;
+    let made = app.register_endpoint(&receiver.url("/hooks/pagos")).await;
+    let secret = made["secreto"].as_str().expect("secret").to_owned();
+    let theirs = app
+        .post_as(
+            OTHER_API_KEY,
+            "/v1/webhook-endpoints",
+            &json!({"url": other.url("/")}),
+        )
+        .await;
+    assert_eq!(theirs.status(), 201);
+
+    let paid = pay(&app, "k-1").await;
+    eventually(Duration::from_secs(10), "the delivery", async || {
+        receiver.deliveries().len() == 1
+    })
+    .await;
+    let e = event_of(&app, &paid).await;
+    let got = &receiver.deliveries()[0];
+    assert_eq!(got.path, "/hooks/pagos");
+    assert_eq!(got.header("webhook-id"), e.id);
+    assert_eq!(got.body.as_ref(), e.body.as_bytes(), "the stored bytes");
+    standardwebhooks::Webhook::new(&secret)
+        .expect("secret")
+        .verify(&got.body, &got.headers)
+        .expect("the reference verifier accepts the delivery");
+    let body: Value = serde_json::from_slice(&got.body).expect("json");
+    assert_eq!(body["tipo"], "pago.completado");
+    assert_eq!(body["datos"]["id"], paid.as_str());
+    assert_eq!(body["datos"]["estado"], "COMPLETADA");
+
+    let detail = json(app.get_as(API_KEY, &format!("/v1/eventos/{}", e.id)).await).await;
+    eventually(Duration::from_secs(5), "the attempt stored", async || {
+        let detail = json(app.get_as(API_KEY, &format!("/v1/eventos/{}", e.id)).await).await;
+        detail["entregas"][0]["estado"] == "ENTREGADA"
+    })
+    .await;
+    assert_eq!(detail["id"], e.id.as_str());
+    let detail = json(app.get_as(API_KEY, &format!("/v1/eventos/{}", e.id)).await).await;
+    assert_eq!(detail["entregas"][0]["intentos"], 1);
+    assert_eq!(detail["intentos"][0]["numero"], 1);
+    assert_eq!(detail["intentos"][0]["estadoHttp"], 200);
+    assert_eq!(detail["intentos"][0]["respuesta"], "ok");
+    assert_eq!(detail["intentos"][0]["resultado"], "delivered");
+    assert!(pending_events(&app).await.is_empty());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        other.deliveries().is_empty(),
+        "another merchant's endpoint gets nothing"
+    );
+}
+
+async fn a_flaky_receiver_gets_every_event_and_the_consumer_applies_each_once(backend: Backend) {
+    let (app, _fake) = app(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    receiver.flaky(0.3, 0.1, Duration::from_secs(3), 7);
+    let made = app.register_endpoint(&receiver.url("/")).await;
+    receiver.consume(Verifier::new(made["secreto"].as_str().expect("secret")).expect("verifier"));
+
+    const PAYMENTS: usize = 30;
+    let mut paid = Vec::new();
+    for n in 0..PAYMENTS {
+        paid.push(pay(&app, &format!("k-{n}")).await);
+    }
+    let mut expected = BTreeSet::new();
+    for p in &paid {
+        expected.insert(event_of(&app, p).await.id);
+    }
+    eventually(Duration::from_secs(60), "every event applied", async || {
+        receiver.applied().len() >= PAYMENTS
+    })
+    .await;
+    eventually(Duration::from_secs(30), "nothing pending", async || {
+        pending_events(&app).await.is_empty()
+    })
+    .await;
+    let applied: Vec<String> = receiver.applied().iter().map(|e| e.id.clone()).collect();
+    let unique: BTreeSet<String> = applied.iter().cloned().collect();
+    assert_eq!(applied.len(), unique.len(), "each webhook-id applied once");
+    assert_eq!(unique, expected, "every event, none lost");
+    let deliveries = receiver.deliveries();
+    assert!(
+        deliveries.len() > PAYMENTS,
+        "failures were retried: {}",
+        deliveries.len()
+    );
+    let mut per_id: HashMap<String, usize> = HashMap::new();
+    for d in &deliveries {
+        *per_id.entry(d.header("webhook-id").to_owned()).or_default() += 1;
+    }
+    assert!(per_id.values().any(|&n| n > 1));
+    let stored = webhook_attempt::Entity::find()
+        .all(&app.db)
+        .await
+        .expect("attempts");
+    assert_eq!(stored.len(), deliveries.len(), "every attempt stored");
+}
+
+async fn during_a_rotation_both_secrets_sign_and_after_it_only_the_new(backend: Backend) {
+    let (app, _fake) = app(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    let made = app.register_endpoint(&receiver.url("/")).await;
+    let id = made["id"].as_str().expect("id");
+    let old = made["secreto"].as_str().expect("secret").to_owned();
+    let rotated = json(
+        app.post_as(
+            API_KEY,
+            &format!("/v1/webhook-endpoints/{id}/rotar-secreto"),
+            &json!({}),
+        )
+        .await,
+    )
+    .await;
+    let new = rotated["secreto"].as_str().expect("secret").to_owned();
+
+    pay(&app, "k-r1").await;
+    eventually(Duration::from_secs(10), "the delivery", async || {
+        receiver.deliveries().len() == 1
+    })
+    .await;
+    let during = &receiver.deliveries()[0];
+    assert_eq!(during.header("webhook-signature").split(' ').count(), 2);
+    for secret in [&old, &new] {
+        standardwebhooks::Webhook::new(secret)
+            .expect("secret")
+            .verify(&during.body, &during.headers)
+            .expect("both secrets verify during the overlap");
+    }
+
+    // The overlap ends.
+    pagos::entities::webhook_endpoint::Entity::update_many()
+        .col_expr(
+            pagos::entities::webhook_endpoint::Column::PreviousSecretUntil,
+            sea_orm::sea_query::Expr::value(Some(pagos::db::now() - chrono::TimeDelta::seconds(1))),
+        )
+        .exec(&app.db)
+        .await
+        .expect("updated");
+    pay(&app, "k-r2").await;
+    eventually(Duration::from_secs(10), "the second delivery", async || {
+        receiver.deliveries().len() == 2
+    })
+    .await;
+    let after = &receiver.deliveries()[1];
+    assert_eq!(after.header("webhook-signature").split(' ').count(), 1);
+    standardwebhooks::Webhook::new(&new)
+        .expect("secret")
+        .verify(&after.body, &after.headers)
+        .expect("the new secret verifies");
+    assert!(
+        standardwebhooks::Webhook::new(&old)
+            .expect("secret")
+            .verify(&after.body, &after.headers)
+            .is_err(),
+        "the old secret no longer signs"
+    );
+}
+
+async fn a_410_deactivates_the_endpoint_and_reactivation_redelivers(backend: Backend) {
+    let (app, _fake) = app(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    receiver.answer_next([Answer::Status(410, "gone".into())]);
+    let made = app.register_endpoint(&receiver.url("/")).await;
+    let id = made["id"].as_str().expect("id").to_owned();
+    let since = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
+
+    let first = pay(&app, "k-g1").await;
+    eventually(Duration::from_secs(10), "deactivated", async || {
+        let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+        listed["endpoints"][0]["estado"] == "DESACTIVADO"
+    })
+    .await;
+    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+    assert!(
+        listed["endpoints"][0]["motivoDesactivacion"]
+            .as_str()
+            .is_some_and(|m| m.contains("410"))
+    );
+    let second = pay(&app, "k-g2").await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        receiver.deliveries().len(),
+        1,
+        "nothing sent to a deactivated endpoint"
+    );
+    assert_eq!(
+        pending_events(&app).await.len(),
+        1,
+        "the first is still pending"
+    );
+
+    let reactivated = app
+        .post_as(
+            API_KEY,
+            &format!("/v1/webhook-endpoints/{id}/reactivar"),
+            &json!({"reenviarDesde": since.to_rfc3339()}),
+        )
+        .await;
+    assert_eq!(reactivated.status(), 200);
+    assert_eq!(json(reactivated).await["estado"], "ACTIVO");
+    eventually(Duration::from_secs(10), "both redelivered", async || {
+        receiver.deliveries().len() >= 3
+    })
+    .await;
+    let ids: BTreeSet<String> = receiver.deliveries()[1..]
+        .iter()
+        .map(|d| d.header("webhook-id").to_owned())
+        .collect();
+    let expected: BTreeSet<String> = [
+        event_of(&app, &first).await.id,
+        event_of(&app, &second).await.id,
+    ]
+    .into();
+    assert_eq!(ids, expected);
+    eventually(Duration::from_secs(5), "nothing pending", async || {
+        pending_events(&app).await.is_empty()
+    })
+    .await;
+}
+
+async fn an_endpoint_failing_past_the_horizon_is_deactivated_and_counted(backend: Backend) {
+    let (app, _fake) = app(
+        backend,
+        &[
+            "--webhooks-disable-after",
+            "1s",
+            "--metrics-refresh",
+            "100ms",
+        ],
+    )
+    .await;
+    let receiver = Receiver::start().await;
+    receiver.flaky(1.0, 0.0, Duration::ZERO, 1);
+    app.register_endpoint(&receiver.url("/")).await;
+    pay(&app, "k-d").await;
+    eventually(Duration::from_secs(15), "deactivated", async || {
+        let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+        listed["endpoints"][0]["estado"] == "DESACTIVADO"
+    })
+    .await;
+    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+    assert!(
+        listed["endpoints"][0]["motivoDesactivacion"]
+            .as_str()
+            .is_some_and(|m| m.contains("PAGOS_WEBHOOKS_DISABLE_AFTER"))
+    );
+    assert!(receiver.deliveries().len() >= 2);
+    app.scrape_until("one endpoint disabled", |text| {
+        crate::helpers::has_line(text, "pagos_webhook_endpoints_disabled 1")
+            && text.contains("pagos_webhook_deliveries_total{outcome=\"failed\"}")
+            && text.lines().any(|l| {
+                l.starts_with("pagos_oldest_undelivered_event_age_seconds ") && !l.ends_with(" 0.0")
+            })
+    })
+    .await;
+}
+
+async fn redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes(
+    backend: Backend,
+) {
+    let (app, _fake) = app(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    let made = app.register_endpoint(&receiver.url("/")).await;
+    let id = made["id"].as_str().expect("id").to_owned();
+    receiver.consume(Verifier::new(made["secreto"].as_str().expect("secret")).expect("verifier"));
+    let since = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
+    pay(&app, "k-a").await;
+    eventually(Duration::from_secs(10), "delivered", async || {
+        pending_events(&app).await.is_empty() && receiver.deliveries().len() == 1
+    })
+    .await;
+    let again = app
+        .post_as(
+            API_KEY,
+            &format!("/v1/webhook-endpoints/{id}/reactivar"),
+            &json!({"reenviarDesde": since.to_rfc3339()}),
+        )
+        .await;
+    assert_eq!(again.status(), 200);
+    eventually(Duration::from_secs(10), "delivered again", async || {
+        receiver.deliveries().len() == 2
+    })
+    .await;
+    let d = receiver.deliveries();
+    assert_eq!(d[0].header("webhook-id"), d[1].header("webhook-id"));
+    assert_eq!(d[0].body, d[1].body);
+    assert_eq!(receiver.applied().len(), 1, "the consumer applies it once");
+    eventually(Duration::from_secs(5), "both attempts stored", async || {
+        webhook_attempt::Entity::find()
+            .all(&app.db)
+            .await
+            .expect("attempts")
+            .iter()
+            .map(|a| a.number)
+            .collect::<Vec<_>>()
+            .len()
+            == 2
+    })
+    .await;
+}
+
+/// Deliveries run off the payment path: an endpoint that never answers (every attempt
+/// waits out the timeout) leaves every payment as fast as it was.
+async fn a_dead_endpoint_does_not_slow_payments(backend: Backend) {
+    let (app, _fake) = app(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    receiver.flaky(0.0, 1.0, Duration::from_secs(30), 3);
+    app.register_endpoint(&receiver.url("/")).await;
+    let mut slowest = Duration::ZERO;
+    for n in 0..10 {
+        let started = std::time::Instant::now();
+        pay(&app, &format!("k-slow-{n}")).await;
+        slowest = slowest.max(started.elapsed());
+    }
+    eventually(Duration::from_secs(5), "attempts under way", async || {
+        !receiver.deliveries().is_empty()
+    })
+    .await;
+    assert!(
+        slowest < Duration::from_millis(900),
+        "a payment took {slowest:?} while its webhooks hang for 1 s each"
+    );
+}

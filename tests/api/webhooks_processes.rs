@@ -1,0 +1,203 @@
+//! Webhooks to merchants with real `pagos serve` processes: two processes on one
+//! PostgreSQL database share the deliveries without sending one attempt twice; a process
+//! killed between a payment's transition and its delivery, or between sending and storing
+//! the attempt, loses nothing (the example consumer still applies the event once).
+
+use crate::helpers::{API_KEY, Backend, FakeGateway, TestDatabase, payment_body};
+use crate::on_both_databases;
+use crate::process::Serve;
+use crate::receiver::Receiver;
+use crate::webhooks_out::eventually;
+use pagos::delivery::consumer::Verifier;
+use pagos::entities::webhook_attempt;
+use sea_orm::{DatabaseConnection, EntityTrait};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::time::Duration;
+use wiremock::MockServer;
+
+on_both_databases!(
+    a_process_killed_after_claiming_a_delivery_loses_nothing,
+    a_process_killed_after_sending_before_storing_redelivers_and_the_consumer_applies_once,
+);
+
+struct World {
+    database: TestDatabase,
+    db: DatabaseConnection,
+    gateway: MockServer,
+    http: reqwest::Client,
+}
+
+impl World {
+    async fn new(backend: Backend) -> World {
+        let database = TestDatabase::create(&backend).await;
+        let settings = crate::helpers::settings(&database.url, &[]);
+        let db = pagos::app::open_and_migrate(&settings.database)
+            .await
+            .expect("database");
+        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
+            .await
+            .expect("merchant");
+        let gateway = MockServer::start().await;
+        FakeGateway::charging("succeeded").mount(&gateway).await;
+        World {
+            database,
+            db,
+            gateway,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn serve(&self, env: &[(&str, &str)]) -> Serve {
+        let uri = self.gateway.uri();
+        let args = [
+            "--database-url",
+            &self.database.url,
+            "--gateway",
+            "http",
+            "--gateway-url",
+            &uri,
+            "--webhooks-allow-private",
+            "true",
+            "--webhooks-timeout",
+            "1s",
+            "--webhooks-schedule",
+            "0s,200ms,200ms,200ms,200ms,200ms",
+        ];
+        Serve::start(&args, env).await
+    }
+
+    async fn register(&self, serve: &Serve, url: &str) -> String {
+        let made: Value = self
+            .http
+            .post(format!("{}/v1/webhook-endpoints", serve.url))
+            .bearer_auth(API_KEY)
+            .json(&json!({ "url": url }))
+            .send()
+            .await
+            .expect("sent")
+            .json()
+            .await
+            .expect("json");
+        made["secreto"].as_str().expect("secret").to_owned()
+    }
+
+    async fn pay(&self, serve: &Serve, key: &str) {
+        let answer = self
+            .http
+            .post(format!("{}/v1/pagos", serve.url))
+            .bearer_auth(API_KEY)
+            .header("Idempotency-Key", key)
+            .json(&payment_body())
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(answer.status(), 201);
+    }
+
+    async fn attempts(&self) -> Vec<webhook_attempt::Model> {
+        webhook_attempt::Entity::find()
+            .all(&self.db)
+            .await
+            .expect("attempts")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_share_the_deliveries_without_sending_one_attempt_twice() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let world = World::new(backend).await;
+    let receiver = Receiver::start().await;
+    let a = world.serve(&[]).await;
+    let b = world.serve(&[]).await;
+    let secret = world.register(&a, &receiver.url("/")).await;
+    receiver.consume(Verifier::new(&secret).expect("verifier"));
+    const PAYMENTS: usize = 40;
+    for n in 0..PAYMENTS {
+        let serve = if n % 2 == 0 { &a } else { &b };
+        world.pay(serve, &format!("k-{n}")).await;
+    }
+    eventually(Duration::from_secs(30), "every event applied", async || {
+        receiver.applied().len() >= PAYMENTS
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let deliveries = receiver.deliveries();
+    let ids: BTreeSet<String> = deliveries
+        .iter()
+        .map(|d| d.header("webhook-id").to_owned())
+        .collect();
+    assert_eq!(ids.len(), PAYMENTS);
+    assert_eq!(deliveries.len(), PAYMENTS, "no event sent twice");
+    let stored = world.attempts().await;
+    assert_eq!(stored.len(), PAYMENTS);
+    assert!(
+        stored
+            .iter()
+            .all(|a| a.number == 1 && a.outcome == "delivered")
+    );
+    let sent_by = |serve: &Serve| serve.logs().matches("webhook attempt").count();
+    eprintln!("attempts by process: {} and {}", sent_by(&a), sent_by(&b));
+    assert_eq!(sent_by(&a) + sent_by(&b), PAYMENTS);
+}
+
+async fn a_process_killed_after_claiming_a_delivery_loses_nothing(backend: Backend) {
+    let world = World::new(backend).await;
+    let receiver = Receiver::start().await;
+    let mut doomed = world.serve(&[("PAGOS_CRASH_AT", "delivery_claimed")]).await;
+    let secret = world.register(&doomed, &receiver.url("/")).await;
+    receiver.consume(Verifier::new(&secret).expect("verifier"));
+    world.pay(&doomed, "k-1").await;
+    assert!(
+        doomed.ended_by_itself(Duration::from_secs(10)).await,
+        "the failpoint aborts the process:\n{}",
+        doomed.logs()
+    );
+    assert!(receiver.deliveries().is_empty());
+
+    let _restarted = world.serve(&[]).await;
+    // The dead process's claim runs out (timeout + margin), then the event goes.
+    eventually(
+        Duration::from_secs(20),
+        "delivered after the restart",
+        async || receiver.applied().len() == 1,
+    )
+    .await;
+    assert_eq!(receiver.deliveries().len(), 1);
+}
+
+async fn a_process_killed_after_sending_before_storing_redelivers_and_the_consumer_applies_once(
+    backend: Backend,
+) {
+    let world = World::new(backend).await;
+    let receiver = Receiver::start().await;
+    let mut doomed = world.serve(&[("PAGOS_CRASH_AT", "delivery_sent")]).await;
+    let secret = world.register(&doomed, &receiver.url("/")).await;
+    receiver.consume(Verifier::new(&secret).expect("verifier"));
+    world.pay(&doomed, "k-1").await;
+    assert!(doomed.ended_by_itself(Duration::from_secs(10)).await);
+    assert_eq!(receiver.deliveries().len(), 1, "sent, never stored");
+    assert!(world.attempts().await.is_empty());
+
+    let _restarted = world.serve(&[]).await;
+    eventually(Duration::from_secs(20), "sent again", async || {
+        receiver.deliveries().len() == 2
+    })
+    .await;
+    let deliveries = receiver.deliveries();
+    assert_eq!(
+        deliveries[0].header("webhook-id"),
+        deliveries[1].header("webhook-id")
+    );
+    assert_eq!(
+        receiver.applied().len(),
+        1,
+        "the duplicate is not applied again"
+    );
+    eventually(Duration::from_secs(5), "the attempt stored", async || {
+        world.attempts().await.len() == 1
+    })
+    .await;
+}
