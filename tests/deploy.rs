@@ -40,6 +40,12 @@ fn exported() -> BTreeSet<String> {
     use pagos::metrics::{LimitLabel, RouteLabel, StateLabel};
     let metrics = pagos::metrics::Metrics::new();
     metrics.idempotency_outcome("new");
+    metrics
+        .webhook_deliveries
+        .get_or_create(&pagos::metrics::OutcomeLabel {
+            outcome: "delivered",
+        })
+        .inc();
     metrics.webhook_event("aplicado");
     metrics.decision("completed");
     metrics.gateway_call("charge", "succeeded", std::time::Instant::now());
