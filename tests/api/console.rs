@@ -467,3 +467,75 @@ async fn an_operador_reconciles_from_the_console_and_a_lector_is_refused(backend
         "{report}"
     );
 }
+
+on_both_databases!(a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it);
+
+async fn a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it(backend: Backend) {
+    use pagos::entities::webhook_endpoint::{self as endpoints, EndpointState};
+    use sea_orm::{ActiveModelTrait, ActiveValue::Set, EntityTrait, IntoActiveModel};
+    let app = Spawn::new(backend).start().await;
+    let acme = pagos::merchants::store::find_merchant(
+        &app.db,
+        &pagos::merchants::name::MerchantName::parse("acme").expect("name"),
+    )
+    .await
+    .expect("db")
+    .expect("acme");
+    let endpoint = pagos::outbox::endpoints::create(
+        &app.db,
+        pagos::outbox::endpoints::NewEndpoint {
+            merchant: acme.id,
+            url: "https://hooks.acme.example/pagos",
+            types: None,
+            secret: "whsec_dGVzdHNlY3JldHRlc3RzZWNyZXR0ZXN0c2VjcmV0",
+        },
+    )
+    .await
+    .expect("endpoint");
+    // As the delivery worker leaves it after an answer 410.
+    let mut down = endpoint.clone().into_active_model();
+    down.state = Set(EndpointState::Desactivado);
+    down.disabled_reason = Set(Some("answered 410 Gone".into()));
+    down.update(&app.db).await.expect("disabled");
+
+    let luis = operator(&app, "luis", Role::Lector).await;
+    let reader = log_in(&app, &luis).await;
+    let (html, csrf) = page_with_csrf(&app, &reader, "/consola/webhooks").await;
+    assert!(
+        html.contains("hooks.acme.example") && html.contains("DESACTIVADO"),
+        "{html}"
+    );
+    assert!(html.contains("answered 410 Gone"));
+    let path = format!("/consola/webhooks/{}/reactivar", endpoint.id);
+    let answer = post_form(&app, &reader, &path, &[("csrf", csrf.as_str())]).await;
+    assert_eq!(answer.status(), 403, "a lector cannot reactivate");
+
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let session = log_in(&app, &eva).await;
+    let (_, csrf) = page_with_csrf(&app, &session, "/consola/webhooks").await;
+    let answer = post_form(&app, &session, &path, &[("reenviar", "24h")]).await;
+    assert_eq!(answer.status(), 403, "no CSRF token, no change");
+    let still = endpoints::Entity::find_by_id(endpoint.id)
+        .one(&app.db)
+        .await
+        .expect("db")
+        .expect("endpoint");
+    assert_eq!(still.state, EndpointState::Desactivado);
+
+    let answer = post_form(
+        &app,
+        &session,
+        &path,
+        &[("csrf", csrf.as_str()), ("reenviar", "24h")],
+    )
+    .await;
+    assert_eq!(answer.status(), 303);
+    let now = endpoints::Entity::find_by_id(endpoint.id)
+        .one(&app.db)
+        .await
+        .expect("db")
+        .expect("endpoint");
+    assert_eq!(now.state, EndpointState::Activo, "reactivated");
+    let (html, _) = page_with_csrf(&app, &session, "/consola/webhooks").await;
+    assert!(!html.contains("hooks.acme.example"), "no longer listed");
+}

@@ -10,6 +10,7 @@
 
 pub mod session;
 pub mod view;
+mod webhooks;
 
 use super::AppState;
 use super::admin::{self, Transicion};
@@ -57,6 +58,11 @@ pub fn router() -> Router<AppState> {
         .route(
             "/consola/reconciliaciones",
             get(reconciliation_page).post(run_reconciliation),
+        )
+        .route("/consola/webhooks", get(webhooks::list))
+        .route(
+            "/consola/webhooks/{id}/reactivar",
+            post(webhooks::reactivate),
         )
         .route("/consola/static/consola.css", get(css))
         .route("/consola/static/hora.js", get(script))

@@ -33,6 +33,7 @@ pub fn page(title: &str, who: Option<&Who<'_>>, body: Markup) -> Markup {
                             a href="/consola/" { "Attention" }
                             a href="/consola/pagos" { "Payments" }
                             a href="/consola/reconciliaciones" { "Reconciliation" }
+                            a href="/consola/webhooks" { "Webhooks" }
                         }
                         form.logout method="post" action="/consola/logout" {
                             span.who { (who.name) " " span.role { (who.role) } }
