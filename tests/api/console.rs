@@ -230,6 +230,10 @@ async fn a_console_form_without_its_csrf_token_is_refused_and_changes_nothing(ba
     assert_eq!(page.status(), 200);
     let html = page.text().await.expect("html");
     assert!(html.contains("Needs manual review"), "the state in words");
+    assert!(
+        html.contains("pago.revision_manual"),
+        "the event the merchant is told: {html}"
+    );
     let csrf = csrf_in(&html);
 
     for fields in [

@@ -742,6 +742,18 @@ async fn detail_page(
         .order_by_asc(webhook_charge::Column::FirstSeenAt)
         .all(&state.db)
         .await?;
+    let events = crate::entities::event::Entity::find()
+        .filter(crate::entities::event::Column::SubjectId.eq(p.id))
+        .order_by_asc(crate::entities::event::Column::Sequence)
+        .all(&state.db)
+        .await?;
+    let deliveries = crate::entities::webhook_delivery::Entity::find()
+        .filter(
+            crate::entities::webhook_delivery::Column::EventId
+                .is_in(events.iter().map(|e| e.id.clone())),
+        )
+        .all(&state.db)
+        .await?;
     let under_review = p.state == PaymentState::RevisionManual;
     let in_flight = matches!(p.state, PaymentState::EnProceso | PaymentState::Enviada);
     let provider = if under_review {
@@ -834,6 +846,36 @@ async fn detail_page(
                         }
                     } @else {
                         p.muted.lector { (LECTOR_REFUSED) }
+                    }
+                }
+            }
+        }
+        h2 { "Events to the merchant" }
+        @if events.is_empty() {
+            p.muted { "No event yet: one is written when the payment becomes final or goes to review." }
+        } @else {
+            div.table-wrap {
+                table.cards #events {
+                    thead { tr { th { "Event" } th { "Type" } th { "Written" } th { "Deliveries (endpoint: state, attempts)" } } }
+                    tbody {
+                        @for e in &events {
+                            tr {
+                                td.mono data-label="Event" { (e.id) }
+                                td data-label="Type" { (e.event_type.as_str()) " #" (e.sequence) }
+                                td data-label="Written" { (time(e.created_at)) }
+                                td data-label="Deliveries" {
+                                    @let mine: Vec<_> = deliveries.iter().filter(|d| d.event_id == e.id).collect();
+                                    @if mine.is_empty() { span.muted { "no endpoint wants it" } }
+                                    @for d in mine {
+                                        div {
+                                            span.mono { (d.endpoint_id.to_string()[..8]) "…" } ": " (d.state.as_str())
+                                            ", " (d.attempts) " attempt(s)"
+                                            @if let Some(at) = d.delivered_at { ", delivered " (time(at)) }
+                                        }
+                                    }
+                                }
+                            }
+                        }
                     }
                 }
             }
