@@ -170,6 +170,7 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         mercadopago,
         in_flight,
         tasks: tokio_util::task::TaskTracker::new(),
+        console: Default::default(),
     }))
 }
 

@@ -98,6 +98,11 @@ pub enum Command {
     Pay(Box<pagos_client::cli::PayArgs>),
     /// Refund part or all of a payment with the retrying client (one key per refund, kept in a journal)
     Refund(Box<pagos_client::refund_cli::RefundArgs>),
+    /// Manage operators: the people of on-call, their tokens and roles
+    Operators {
+        #[command(subcommand)]
+        action: OperatorsCommand,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -679,6 +684,45 @@ fn env_of_flag(cmd: &clap::Command, flag: &str) -> Option<String> {
         .find(|arg| arg.get_long() == Some(flag))
         .and_then(|arg| arg.get_env())
         .map(|env| env.to_string_lossy().into_owned())
+}
+
+/// `pagos operators …`: the people of on-call and their tokens.
+#[derive(Debug, Subcommand)]
+pub enum OperatorsCommand {
+    /// Create an operator and print their token `op_…` once (only a hash of it is stored)
+    Add(OperatorAddArgs),
+    /// Revoke an operator: their token and console sessions are refused from then on
+    Revoke(OperatorRevokeArgs),
+    /// List operators: name, role, created, state
+    List(OperatorListArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct OperatorAddArgs {
+    /// The operator's name (letters, digits, `.`, `_`, `-`, `@`; at most 64): what the
+    /// audit trail records for their actions
+    pub name: String,
+    /// `lector` only reads (the admin API answers 403 to their writes); `operador` also
+    /// resolves, reconciles and refunds
+    #[arg(long, env = "PAGOS_OPERATOR_ROL", default_value = "operador", value_name = "lector|operador",
+          value_parser = |s: &str| s.parse::<crate::entities::operator::Role>())]
+    pub rol: crate::entities::operator::Role,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct OperatorRevokeArgs {
+    /// The operator's name, as `pagos operators list` shows it
+    pub name: String,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct OperatorListArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub mod http;
 pub mod idempotency;
 pub mod merchants;
 pub mod metrics;
+pub mod operators;
 pub mod outbox;
 pub mod reaper;
 pub mod reconciler;

@@ -64,6 +64,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::SandboxGateway(args) => pagos::gateway::sandbox_server::run(args).await?,
         Command::Pay(args) => return pagos_client::cli::run(*args).await,
         Command::Refund(args) => return pagos_client::refund_cli::run(*args).await,
+        Command::Operators { action } => return pagos::operators::cli::run(action).await,
         Command::Reconcile(args) => {
             if let Err(err) = args.settings.validate() {
                 eprintln!("pagos: {err}");

@@ -191,7 +191,11 @@ fn file_graph() -> Graph {
 }
 
 /// The commands that live in a folder they do not belong to: programs of their own.
-const COMMANDS: [&str; 2] = ["merchants::cli", "gateway::sandbox_server"];
+const COMMANDS: [&str; 3] = [
+    "merchants::cli",
+    "gateway::sandbox_server",
+    "operators::cli",
+];
 
 fn room(module: &str) -> String {
     if COMMANDS.contains(&module) {
@@ -303,7 +307,11 @@ const LAYERS: [(&str, &[&str]); 7] = [
     ("composition root", &["main", "app"]),
     (
         "other commands",
-        &["merchants::cli", "gateway::sandbox_server"],
+        &[
+            "merchants::cli",
+            "gateway::sandbox_server",
+            "operators::cli",
+        ],
     ),
     (
         "doors and workers",
@@ -322,6 +330,7 @@ const LAYERS: [(&str, &[&str]); 7] = [
             "delivery",
             "db",
             "failpoint",
+            "operators",
             "outbox",
         ],
     ),

@@ -17,6 +17,7 @@ mod m20261204_000009_refunds;
 mod m20261204_000010_refund_event_sequence;
 mod m20261204_000011_events;
 mod m20261204_000012_delivery_rounds;
+mod m20261204_000013_operators;
 
 pub struct Migrator;
 
@@ -36,6 +37,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000010_refund_event_sequence::Migration),
             Box::new(m20261204_000011_events::Migration),
             Box::new(m20261204_000012_delivery_rounds::Migration),
+            Box::new(m20261204_000013_operators::Migration),
         ]
     }
 }

@@ -7,6 +7,7 @@ pub mod event;
 pub mod idempotency_key;
 pub mod instance_fact;
 pub mod merchant;
+pub mod operator;
 pub mod payment;
 pub mod payment_transition;
 pub mod processed_message;

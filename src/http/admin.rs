@@ -50,7 +50,7 @@ pub struct PagoAdmin {
 }
 
 impl PagoAdmin {
-    fn of(p: &payment::Model) -> Self {
+    pub fn of(p: &payment::Model) -> Self {
         PagoAdmin {
             pago: crate::representation::pago(p),
             merchant_id: p.merchant_id,
@@ -134,6 +134,23 @@ pub struct Transicion {
     pub quien: String,
     pub motivo: String,
     pub en: String,
+    /// Who of on-call, for a row by `admin`: the operator's name, or `admin` for the
+    /// break-glass token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operador: Option<String>,
+}
+
+/// The reason an on-call resolution writes: it names who resolved.
+pub fn resolution_reason(who: &str, motivo: &str) -> String {
+    format!("resolved by {who} (on-call): {motivo}")
+}
+
+/// The operator a resolution's reason names (`resolution_reason`); none for rows written
+/// before operators existed.
+pub fn operator_in(reason: &str) -> Option<&str> {
+    let rest = reason.strip_prefix("resolved by ")?;
+    let (who, _) = rest.split_once(" (on-call): ")?;
+    Some(who)
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -177,7 +194,7 @@ async fn payment_detail(
     Ok(Json(detail(&state, &p).await?))
 }
 
-async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago, ApiError> {
+pub async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago, ApiError> {
     let trail = transitions::Entity::find()
         .filter(transitions::Column::PaymentId.eq(p.id))
         .order_by_asc(transitions::Column::CreatedAt)
@@ -198,6 +215,9 @@ async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago, Api
                 desde: t.from_state.map(|s| s.as_str().to_owned()),
                 hacia: t.to_state.as_str().to_owned(),
                 quien: t.actor.as_str().to_owned(),
+                operador: (t.actor == store::Actor::Admin)
+                    .then(|| operator_in(&t.reason).map(str::to_owned))
+                    .flatten(),
                 motivo: t.reason,
                 en: t.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
             })
@@ -224,14 +244,16 @@ pub struct PedidoReconciliacion {
     responses(
         (status = 200, description = "The pass's report", body = Report),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The operator's role (lector) may only read", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Body is not `{}` or `{\"pagoId\":\"<uuid>\"}`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn run_reconciliation(
     State(state): State<AppState>,
-    _admin: Admin,
+    admin: Admin,
     body: Bytes,
 ) -> Result<Json<Report>, ApiError> {
+    admin.may_act()?;
     let request: PedidoReconciliacion = if body.iter().all(u8::is_ascii_whitespace) {
         PedidoReconciliacion::default()
     } else {
@@ -243,8 +265,6 @@ async fn run_reconciliation(
             .await?
             .ok_or_else(not_found)?;
     }
-    // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
-    // halfway and leave its claimed payments waiting out their lease.
     if let Some(id) = request.reembolso_id {
         crate::saga::refund::store::find(&state.db, id)
             .await?
@@ -253,28 +273,22 @@ async fn run_reconciliation(
                     Problem::new(ProblemType::NotFound).detail("No refund with this id."),
                 )
             })?;
+        tracing::info!(operator = %admin.name, reembolso_id = %id, "refund reconciliation asked by on-call");
+        // Its own task: a caller that hangs up must not stop the refund's work halfway.
         let (deps, limits) = (state.saga_deps(), state.reconciler.refund_limits());
-        let reembolsos = tokio::spawn(async move {
-            crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await
-        })
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))??;
+        let reembolsos = state
+            .tasks
+            .spawn(async move {
+                crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await
+            })
+            .await
+            .map_err(|e| ApiError::Internal(e.into()))??;
         return Ok(Json(Report {
             reembolsos,
             ..Report::default()
         }));
     }
-    let reconciler = state.reconciler.clone();
-    let report = state
-        .tasks
-        .spawn(async move {
-            match request.pago_id {
-                Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
-                None => reconcile::run_pass(&reconciler).await,
-            }
-        })
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))??;
+    let report = reconcile_now(&state, &admin, request.pago_id).await?;
     Ok(Json(report))
 }
 
@@ -306,6 +320,7 @@ pub struct Resolucion {
     responses(
         (status = 200, description = "Settled; the payment and its audit trail", body = DetallePago),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The operator's role (lector) may only read", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such payment", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The payment is not in REVISION_MANUAL", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad estado or empty motivo", body = Problem, content_type = "application/problem+json"),
@@ -313,22 +328,48 @@ pub struct Resolucion {
 )]
 async fn resolve(
     State(state): State<AppState>,
-    _admin: Admin,
+    admin: Admin,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<DetallePago>, ApiError> {
+    admin.may_act()?;
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
     let request: Resolucion = serde_json::from_slice(&body).map_err(|e| {
         bad_request(format!(
             "expected {{\"estado\":\"COMPLETADA\"|\"FALLIDA\",\"motivo\":\"…\"}}: {e}"
         ))
     })?;
-    let event = match request.estado.as_str() {
+    let p = resolve_by_hand(
+        &state,
+        &admin,
+        id,
+        &request.estado,
+        &request.motivo,
+        request.gateway_ref,
+        request.reembolsar,
+    )
+    .await?;
+    Ok(Json(detail(&state, &p).await?))
+}
+
+/// On-call settles a payment under review (the admin API's and the console's one way):
+/// `estado` COMPLETADA or FALLIDA, a reason for the audit trail, which names `who`.
+pub async fn resolve_by_hand(
+    state: &AppState,
+    who: &Admin,
+    id: Uuid,
+    estado: &str,
+    motivo: &str,
+    gateway_ref: Option<String>,
+    reembolsar: bool,
+) -> Result<payment::Model, ApiError> {
+    who.may_act()?;
+    let event = match estado {
         "COMPLETADA" => Event::ResolveCompleted,
         "FALLIDA" => Event::ResolveFailed,
         _ => return Err(bad_request("estado must be COMPLETADA or FALLIDA")),
     };
-    let motivo = request.motivo.trim();
+    let motivo = motivo.trim();
     if motivo.is_empty() || motivo.chars().count() > 1000 {
         return Err(bad_request(
             "motivo is required (1–1000 characters): say why, for the audit trail",
@@ -345,25 +386,25 @@ async fn resolve(
             ))
             .into());
     }
-    if let Some(r) = &request.gateway_ref
+    if let Some(r) = &gateway_ref
         && (r.trim().is_empty() || r.len() > 255)
     {
         return Err(bad_request("gatewayRef must be 1–255 characters"));
     }
-    if request.reembolsar && event != Event::ResolveFailed {
+    if reembolsar && event != Event::ResolveFailed {
         return Err(bad_request(
             "reembolsar goes with estado FALLIDA: a COMPLETADA payment keeps its charge",
         ));
     }
     let changes = Changes {
         decline_code: (event == Event::ResolveFailed).then(|| RESOLVED_FAILED.to_owned()),
-        gateway_ref: request.gateway_ref.map(|r| r.trim().to_owned()),
+        gateway_ref: gateway_ref.map(|r| r.trim().to_owned()),
         ..Changes::default()
     };
-    let reason = format!("resolved by on-call: {motivo}");
+    let reason = resolution_reason(&who.name, motivo);
     // What the provider charged, asked before anything is written: a look-up that fails
     // changes nothing (503), and on-call tries again.
-    let charged: Vec<crate::gateway::Charge> = if request.reembolsar {
+    let charged: Vec<crate::gateway::Charge> = if reembolsar {
         state
             .gateway
             .lookup(current.id)
@@ -415,7 +456,7 @@ async fn resolve(
         }
     }
     tx.commit().await?;
-    tracing::info!(payment_id = %resolved.id, estado = %resolved.state, refunds = refunds.len(), "payment resolved by on-call");
+    tracing::info!(payment_id = %resolved.id, estado = %resolved.state, refunds = refunds.len(), operator = %who.name, "payment resolved by on-call");
     // Sent now rather than at the next pass; what is left in between the reconciler
     // settles as any refund.
     let deps = state.saga_deps();
@@ -431,5 +472,29 @@ async fn resolve(
             tracing::error!(refund_id = %id, error = %err, "sending a compensation refund failed; the reconciler will");
         }
     }
-    Ok(Json(detail(&state, &resolved).await?))
+    Ok(resolved)
+}
+
+/// Runs a reconciliation now, for one payment or every due one, in a task of its own.
+pub async fn reconcile_now(
+    state: &AppState,
+    who: &Admin,
+    pago_id: Option<Uuid>,
+) -> Result<Report, ApiError> {
+    who.may_act()?;
+    tracing::info!(operator = %who.name, pago_id = ?pago_id, "reconciliation asked by on-call");
+    // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
+    // halfway and leave its claimed payments waiting out their lease.
+    let reconciler = state.reconciler.clone();
+    let report = state
+        .tasks
+        .spawn(async move {
+            match pago_id {
+                Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
+                None => reconcile::run_pass(&reconciler).await,
+            }
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))??;
+    Ok(report)
 }

@@ -13,6 +13,7 @@ use super::AppState;
 use super::problem::{ApiError, Problem, ProblemType};
 pub use crate::merchants::key::hash_api_key;
 use crate::merchants::store::{self, Credential};
+use crate::operators::{self, Role};
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
@@ -202,9 +203,68 @@ impl FromRequestParts<AppState> for Merchant {
     }
 }
 
-/// An on-call request carrying the admin token.
-#[derive(Clone, Copy, Debug)]
-pub struct Admin;
+/// An on-call request: the break-glass admin token (`PAGOS_ADMIN_TOKEN`, recorded as
+/// `admin`) or an operator's token (`op_…`, recorded by the operator's name).
+#[derive(Clone, Debug)]
+pub struct Admin {
+    /// What the audit trail records: the operator's name, or `admin`.
+    pub name: String,
+    pub role: Role,
+}
+
+impl Admin {
+    fn break_glass() -> Admin {
+        Admin {
+            name: crate::operators::BREAK_GLASS.to_owned(),
+            role: Role::Operador,
+        }
+    }
+
+    /// 403 for a role that may only read.
+    pub fn may_act(&self) -> Result<(), ApiError> {
+        if self.role.may_act() {
+            Ok(())
+        } else {
+            Err(Problem::new(ProblemType::Forbidden)
+                .detail(format!(
+                    "Operator {:?} has the role lector, which may only read. Ask for an operador.",
+                    self.name
+                ))
+                .into())
+        }
+    }
+}
+
+/// Who a token is: the admin token (compared in constant time) or an active operator's.
+pub async fn who_is(state: &AppState, given: &str) -> Result<Option<Admin>, ApiError> {
+    use secrecy::ExposeSecret;
+    if given.is_empty() {
+        return Ok(None);
+    }
+    if let Some(expected) = state
+        .settings
+        .admin_token
+        .as_ref()
+        .map(ExposeSecret::expose_secret)
+        .filter(|t| !t.is_empty())
+    {
+        // Compare hashes so the comparison's length is fixed too.
+        let matches: bool = Sha256::digest(given.as_bytes())
+            .ct_eq(&Sha256::digest(expected.as_bytes()))
+            .into();
+        if matches {
+            return Ok(Some(Admin::break_glass()));
+        }
+    }
+    if !given.starts_with(crate::operators::TOKEN_SCHEME) {
+        return Ok(None);
+    }
+    let found = operators::store::active_by_token(&state.db, &operators::hash_token(given)).await?;
+    Ok(found.map(|op| Admin {
+        name: op.name,
+        role: op.role,
+    }))
+}
 
 impl FromRequestParts<AppState> for Admin {
     type Rejection = ApiError;
@@ -213,40 +273,37 @@ impl FromRequestParts<AppState> for Admin {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        use secrecy::ExposeSecret;
         let auth = &state.auth;
         let client = client_address(parts);
         auth.refuse_if_blocked(client).await?;
-        let Some(expected) = state
-            .settings
-            .admin_token
-            .as_ref()
-            .map(ExposeSecret::expose_secret)
-            .filter(|t| !t.is_empty())
-        else {
-            return Err(auth
-                .failed(
-                    client,
-                    "Admin endpoints are disabled: PAGOS_ADMIN_TOKEN is not set.",
-                )
-                .await);
-        };
         let given = bearer(&parts.headers).unwrap_or_default();
-        // Compare hashes so the comparison's length is fixed too.
-        let matches: bool = Sha256::digest(given.as_bytes())
-            .ct_eq(&Sha256::digest(expected.as_bytes()))
-            .into();
-        if matches {
-            Ok(Admin)
-        } else {
-            Err(auth
+        match who_is(state, &given).await? {
+            Some(admin) => Ok(admin),
+            None => Err(auth
                 .failed(
                     client,
-                    "Send the admin token as `Authorization: Bearer <token>`.",
+                    "Send the admin token or an operator's token as `Authorization: Bearer <token>`.",
                 )
-                .await)
+                .await),
         }
     }
+}
+
+impl Authenticator {
+    /// For the console's login: 429 when `client` failed too often, else `Ok`.
+    pub async fn check_not_blocked(&self, client: Option<IpAddr>) -> Result<(), ApiError> {
+        self.refuse_if_blocked(client).await
+    }
+
+    /// For the console's login: counts a failed attempt (the 401 or 429 to show).
+    pub async fn count_failure(&self, client: Option<IpAddr>) -> ApiError {
+        self.failed(client, "Unknown or revoked token.").await
+    }
+}
+
+/// The address failed authentications are counted by, for rooms with their own login.
+pub fn client_of(parts: &Parts) -> Option<IpAddr> {
+    client_address(parts)
 }
 
 #[cfg(test)]

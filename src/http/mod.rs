@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod console;
 pub mod ops;
 pub mod payments;
 pub mod problem;
@@ -61,6 +62,8 @@ pub struct Shared {
     /// Every saga (or reconciliation) a request started in a task of its own: `serve`
     /// waits for them on shutdown, up to `PAGOS_SHUTDOWN_GRACE`.
     pub tasks: tokio_util::task::TaskTracker,
+    /// The console's sessions (in this process's memory).
+    pub console: console::Sessions,
 }
 
 impl Shared {
@@ -130,8 +133,7 @@ async fn count_responses(
 }
 
 /// Paths served only on the admin door when `PAGOS_ADMIN_BIND` is set, whatever room
-/// serves them. `/consola` is reserved for an operators' console: nothing answers under
-/// it yet but a 404.
+/// serves them (`/consola` is the operators' console).
 pub const ADMIN_PREFIXES: [&str; 3] = ["/admin", "/consola", "/metrics"];
 
 /// Served on both doors, so a probe of either address tells whether the process lives.
@@ -206,6 +208,7 @@ pub fn doors(state: AppState) -> (Router, Router) {
 
 fn door(door: Door, state: AppState) -> Router {
     let (limited, _) = limited_rooms().split_for_parts();
+    let limited = limited.merge(console::router());
     let (light, _) = light_rooms().split_for_parts();
     let (_, openapi) = api();
     let document = openapi.to_json().unwrap_or_default();

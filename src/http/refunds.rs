@@ -363,12 +363,14 @@ async fn list_refunds(
 )]
 async fn admin_refund(
     State(state): State<AppState>,
-    _admin: Admin,
+    admin: Admin,
     Path(id): Path<String>,
     headers: HeaderMap,
     json: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
+    admin.may_act()?;
     let asked = parse(&headers, json, true)?;
+    tracing::info!(operator = %admin.name, payment_id = %id, "refund asked by on-call");
     let payment = Uuid::parse_str(&id).map_err(|_| not_found("payment"))?;
     let Some(found) = crate::saga::store::find_payment(&state.db, payment).await? else {
         return Err(not_found("payment"));
@@ -425,10 +427,11 @@ pub struct DetalleReembolso {
 )]
 async fn resolve_refund(
     State(state): State<AppState>,
-    _admin: Admin,
+    admin: Admin,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<DetalleReembolso>, ApiError> {
+    admin.may_act()?;
     use crate::saga::refund::state::Event;
     use crate::saga::refund::store::{Changes, StoreError, Written};
     let bad = |detail: String| -> ApiError { problem(ProblemType::Validation, detail) };
@@ -473,7 +476,7 @@ async fn resolve_refund(
         gateway_ref: request.gateway_ref.map(|r| r.trim().to_owned()),
         ..Changes::default()
     };
-    let reason = format!("resolved by on-call: {motivo}");
+    let reason = super::admin::resolution_reason(&admin.name, motivo);
     let resolved = match refunds::apply_now(
         &state.saga_deps(),
         &current,
@@ -493,7 +496,7 @@ async fn resolve_refund(
         Err(StoreError::Illegal(e)) => return Err(not_under_review(e.to_string())),
         Err(StoreError::Db(e)) => return Err(e.into()),
     };
-    tracing::info!(refund_id = %resolved.id, estado = %resolved.state, "refund resolved by on-call");
+    tracing::info!(refund_id = %resolved.id, estado = %resolved.state, operator = %admin.name, "refund resolved by on-call");
     let trail = store::trail(&state.db, resolved.id).await?;
     Ok(Json(DetalleReembolso {
         reembolso: reembolso(&resolved),
@@ -503,6 +506,9 @@ async fn resolve_refund(
                 desde: t.from_state.map(|s| s.as_str().to_owned()),
                 hacia: t.to_state.as_str().to_owned(),
                 quien: t.actor.as_str().to_owned(),
+                operador: (t.actor == Actor::Admin)
+                    .then(|| super::admin::operator_in(&t.reason).map(str::to_owned))
+                    .flatten(),
                 motivo: t.reason,
                 en: t
                     .created_at

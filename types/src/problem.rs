@@ -16,6 +16,8 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ProblemType {
     Unauthorized,
+    /// An operator whose role may only read (`lector`) asked to change something.
+    Forbidden,
     TooManyAuthFailures,
     NotFound,
     MissingKey,
@@ -44,8 +46,9 @@ pub enum ProblemType {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 21] = [
+    pub const ALL: [ProblemType; 22] = [
         ProblemType::Unauthorized,
+        ProblemType::Forbidden,
         ProblemType::TooManyAuthFailures,
         ProblemType::NotFound,
         ProblemType::MissingKey,
@@ -72,6 +75,7 @@ impl ProblemType {
     pub fn slug(self) -> &'static str {
         match self {
             ProblemType::Unauthorized => "unauthorized",
+            ProblemType::Forbidden => "forbidden",
             ProblemType::TooManyAuthFailures => "too-many-failed-authentications",
             ProblemType::NotFound => "not-found",
             ProblemType::MissingKey => "idempotency-key-missing",
@@ -106,6 +110,7 @@ impl ProblemType {
     pub fn status(self) -> u16 {
         match self {
             ProblemType::Unauthorized => 401,
+            ProblemType::Forbidden => 403,
             ProblemType::TooManyAuthFailures => 429,
             ProblemType::NotFound => 404,
             ProblemType::MissingKey | ProblemType::MalformedKey | ProblemType::MalformedJson => 400,
@@ -124,6 +129,7 @@ impl ProblemType {
     pub fn title(self) -> &'static str {
         match self {
             ProblemType::Unauthorized => "Missing or invalid credentials",
+            ProblemType::Forbidden => "Your role may not do this",
             ProblemType::TooManyAuthFailures => "Too many failed authentications from this address",
             ProblemType::NotFound => "Not found",
             ProblemType::MissingKey => "Idempotency-Key header missing",

@@ -1,0 +1,1075 @@
+//! The operators' console under `/consola/`: HTML pages rendered on the server (maud),
+//! every asset embedded, one tiny script (times in the browser's zone) and no other.
+//!
+//! A login with an operator's token (or the break-glass admin token) opens a session
+//! (`session.rs`); every page needs one and redirects to the login page without it. Every
+//! form that changes something carries the session's CSRF token and is refused without
+//! it. Actions go through the admin API's own functions (`admin::resolve_by_hand`,
+//! `admin::reconcile_now`), so the console can do nothing the API cannot, and a `lector`
+//! nothing but read.
+
+pub mod session;
+pub mod view;
+mod webhooks;
+
+use super::AppState;
+use super::admin::{self, Transicion};
+use super::auth::{self, Admin};
+use super::problem::ApiError;
+use crate::entities::payment::PaymentState;
+use crate::entities::{merchant, payment, payment_transition as transitions, webhook_charge};
+use crate::operators;
+use axum::Router;
+use axum::extract::rejection::FormRejection;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Form, middleware};
+use chrono::{DateTime, Utc};
+use maud::{Markup, html};
+use sea_orm::sea_query::Condition;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use serde::Deserialize;
+pub use session::Sessions;
+use session::{LOGIN_COOKIE, SESSION_COOKIE, SESSION_LIFETIME, Session};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+use uuid::Uuid;
+use view::{Who, age, money, notice, page, state_badge, time};
+
+/// Rows on one page of a list.
+const PAGE_SIZE: u64 = 50;
+/// How long the detail page waits for the provider's answer.
+const PROVIDER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/consola", get(|| async { Redirect::to("/consola/") }))
+        .route("/consola/", get(queue))
+        .route("/consola/login", get(login_form).post(login))
+        .route("/consola/logout", post(logout))
+        .route("/consola/pagos", get(search))
+        .route("/consola/pagos/{id}", get(payment_page))
+        .route("/consola/pagos/{id}/reconciliar", post(reconcile_payment))
+        .route("/consola/pagos/{id}/resolver", post(resolve_payment))
+        .route(
+            "/consola/reconciliaciones",
+            get(reconciliation_page).post(run_reconciliation),
+        )
+        .route("/consola/webhooks", get(webhooks::list))
+        .route(
+            "/consola/webhooks/{id}/reactivar",
+            post(webhooks::reactivate),
+        )
+        .route("/consola/static/consola.css", get(css))
+        .route("/consola/static/hora.js", get(script))
+        .layer(middleware::map_response(secure_headers))
+}
+
+/// No framing, no outside resources, no caching of pages that show payments.
+async fn secure_headers(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (
+            "content-security-policy",
+            "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+        ("x-frame-options", "DENY"),
+        ("referrer-policy", "no-referrer"),
+        ("x-content-type-options", "nosniff"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+async fn css() -> Response {
+    asset("text/css; charset=utf-8", view::CSS)
+}
+
+async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", view::SCRIPT)
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "public, max-age=3600"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn to_login() -> Response {
+    Redirect::to("/consola/login").into_response()
+}
+
+/// A request with a live console session.
+pub struct Console {
+    session: Session,
+}
+
+impl Console {
+    fn who(&self) -> Who<'_> {
+        Who {
+            name: &self.session.name,
+            role: self.session.role.as_str(),
+            csrf: &self.session.csrf,
+        }
+    }
+
+    /// The caller as the admin API knows callers.
+    fn admin(&self) -> Admin {
+        Admin {
+            name: self.session.name.clone(),
+            role: self.session.role,
+        }
+    }
+
+    fn may_act(&self) -> bool {
+        self.session.role.may_act()
+    }
+
+    /// The refusal of a form without this session's CSRF token; `None` when it has it.
+    fn csrf_refusal(&self, given: Option<&str>) -> Option<Response> {
+        if self.session.csrf_matches(given) {
+            None
+        } else {
+            tracing::warn!(operator = %self.session.name, "console form refused: no valid CSRF token");
+            Some(refused(Some(self), view::CSRF_REFUSED))
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Console {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        let Some(value) = session::cookie(&parts.headers, SESSION_COOKIE) else {
+            return Err(to_login());
+        };
+        let Some(mut session) = state.console.find(value).await else {
+            return Err(to_login());
+        };
+        match session.operator {
+            Some(id) => match operators::store::active_by_id(&state.db, id).await {
+                Ok(Some(operator)) => {
+                    if operator.role != session.role {
+                        session.role = operator.role;
+                        state.console.update(value, session.clone()).await;
+                    }
+                }
+                Ok(None) => {
+                    state.console.close(value).await;
+                    return Err(to_login());
+                }
+                Err(err) => return Err(ApiError::from(err).into_response()),
+            },
+            None if state.settings.admin_token.is_none() => {
+                state.console.close(value).await;
+                return Err(to_login());
+            }
+            None => {}
+        }
+        Ok(Console { session })
+    }
+}
+
+/// The client address failed logins are counted by.
+struct Client(Option<IpAddr>);
+
+impl FromRequestParts<AppState> for Client {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, Self::Rejection> {
+        Ok(Client(auth::client_of(parts)))
+    }
+}
+
+/// A 403 page.
+fn refused(console: Option<&Console>, text: &str) -> Response {
+    let who = console.map(Console::who);
+    let body = html! {
+        h1 { "Refused" }
+        (notice("error", text))
+        p { a href="/consola/" { "Back to the attention queue" } }
+    };
+    (StatusCode::FORBIDDEN, page("Refused", who.as_ref(), body)).into_response()
+}
+
+const LECTOR_REFUSED: &str = "Your role is lector: it may only read. Ask an operador to do this.";
+
+/// What went wrong, in words for the page, and the status to answer with.
+fn explain(err: ApiError) -> (StatusCode, String) {
+    match err {
+        ApiError::Problem(problem) => (
+            problem
+                .status
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .unwrap_or(StatusCode::UNPROCESSABLE_ENTITY),
+            problem
+                .detail
+                .clone()
+                .unwrap_or_else(|| problem.title.clone()),
+        ),
+        ApiError::Internal(err) => {
+            tracing::error!(error = format!("{err:#}"), "console request failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The database or the gateway did not answer; nothing was changed by this page. Try again.".to_owned(),
+            )
+        }
+    }
+}
+
+fn error_page(console: &Console, err: ApiError) -> Response {
+    let (status, text) = explain(err);
+    let body = html! { h1 { "Something went wrong" } (notice("error", &text)) };
+    (status, page("Error", Some(&console.who()), body)).into_response()
+}
+
+// ---------------------------------------------------------------- login and logout
+
+#[derive(Deserialize)]
+struct LoginQuery {
+    salida: Option<String>,
+}
+
+fn login_page(status: StatusCode, message: Option<(&str, &str)>, headers: &HeaderMap) -> Response {
+    let nonce = session::random_value();
+    let body = html! {
+        section.card {
+            h1 { "On-call console" }
+            @if let Some((kind, text)) = message { (notice(kind, text)) }
+            form.stack method="post" action="/consola/login" {
+                input type="hidden" name="login" value=(nonce);
+                label for="token" { "Your operator token" }
+                input type="password" id="token" name="token" autocomplete="current-password" required placeholder="op_…";
+                button type="submit" { "Log in" }
+            }
+            p.muted { "Ask for a token with " code { "pagos operators add NAME" } ". Sessions last 12 hours." }
+        }
+    };
+    let cookie = session::set_cookie(LOGIN_COOKIE, &nonce, Duration::from_secs(3600), headers);
+    (
+        status,
+        [(header::SET_COOKIE, cookie)],
+        page("Log in", None, body),
+    )
+        .into_response()
+}
+
+async fn login_form(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(query): Query<LoginQuery>,
+) -> Response {
+    if let Some(value) = session::cookie(&headers, SESSION_COOKIE)
+        && state.console.find(value).await.is_some()
+    {
+        return Redirect::to("/consola/").into_response();
+    }
+    let message = query.salida.map(|_| ("info", "You are logged out."));
+    login_page(StatusCode::OK, message, &headers)
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: Option<String>,
+    login: Option<String>,
+}
+
+async fn login(
+    State(state): State<AppState>,
+    Client(client): Client,
+    headers: HeaderMap,
+    form: Result<Form<LoginForm>, FormRejection>,
+) -> Response {
+    let Ok(Form(form)) = form else {
+        return refused(None, view::CSRF_REFUSED);
+    };
+    // The form must come from a login page this browser loaded (double submit).
+    let expected = session::cookie(&headers, LOGIN_COOKIE);
+    let same = match (expected, form.login.as_deref()) {
+        (Some(a), Some(b)) => bool::from(subtle::ConstantTimeEq::ct_eq(a.as_bytes(), b.as_bytes())),
+        _ => false,
+    };
+    if !same {
+        return refused(None, view::CSRF_REFUSED);
+    }
+    if let Err(err) = state.auth.check_not_blocked(client).await {
+        let (status, text) = explain(err);
+        return login_page(status, Some(("error", &text)), &headers);
+    }
+    let token = form.token.unwrap_or_default();
+    let token = token.trim();
+    let who = match auth::who_is(&state, token).await {
+        Ok(who) => who,
+        Err(err) => {
+            let (status, text) = explain(err);
+            return login_page(status, Some(("error", &text)), &headers);
+        }
+    };
+    let Some(who) = who else {
+        let err = state.auth.count_failure(client).await;
+        let (status, _) = explain(err);
+        let text = if status == StatusCode::TOO_MANY_REQUESTS {
+            "Too many failed logins from this address. Wait a minute and try again."
+        } else {
+            "Unknown or revoked token."
+        };
+        return login_page(status, Some(("error", text)), &headers);
+    };
+    let operator = if who.name == operators::BREAK_GLASS {
+        None
+    } else {
+        match operators::store::active_by_token(&state.db, &operators::hash_token(token)).await {
+            Ok(found) => found.map(|op| op.id),
+            Err(err) => {
+                let (status, text) = explain(err.into());
+                return login_page(status, Some(("error", &text)), &headers);
+            }
+        }
+    };
+    tracing::info!(operator = %who.name, role = %who.role, "console login");
+    let value = state.console.open(operator, who.name, who.role).await;
+    let mut response = Redirect::to("/consola/").into_response();
+    let jar = response.headers_mut();
+    for cookie in [
+        session::set_cookie(SESSION_COOKIE, &value, SESSION_LIFETIME, &headers),
+        session::clear_cookie(LOGIN_COOKIE),
+    ] {
+        if let Ok(cookie) = HeaderValue::from_str(&cookie) {
+            jar.append(header::SET_COOKIE, cookie);
+        }
+    }
+    response
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    csrf: Option<String>,
+}
+
+fn csrf_of(form: &Result<Form<CsrfForm>, FormRejection>) -> Option<&str> {
+    form.as_ref().ok().and_then(|Form(f)| f.csrf.as_deref())
+}
+
+async fn logout(
+    State(state): State<AppState>,
+    console: Console,
+    headers: HeaderMap,
+    form: Result<Form<CsrfForm>, FormRejection>,
+) -> Response {
+    if let Some(refusal) = console.csrf_refusal(csrf_of(&form)) {
+        return refusal;
+    }
+    if let Some(value) = session::cookie(&headers, SESSION_COOKIE) {
+        state.console.close(value).await;
+    }
+    tracing::info!(operator = %console.session.name, "console logout");
+    (
+        [(header::SET_COOKIE, session::clear_cookie(SESSION_COOKIE))],
+        Redirect::to("/consola/login?salida=1"),
+    )
+        .into_response()
+}
+
+// ---------------------------------------------------------------- lists
+
+#[derive(Deserialize)]
+struct PageQuery {
+    pagina: Option<String>,
+}
+
+/// The page asked for: 1 unless a positive number says otherwise (a hand-edited URL
+/// gets the first page, not an error).
+fn page_number(pagina: Option<&str>) -> u64 {
+    pagina
+        .and_then(|p| p.trim().parse::<u64>().ok())
+        .filter(|p| (1..=1_000_000).contains(p))
+        .unwrap_or(1)
+}
+
+/// Merchant names by id, for the rows shown.
+async fn merchant_names(
+    state: &AppState,
+    rows: &[payment::Model],
+) -> Result<HashMap<Uuid, String>, ApiError> {
+    let ids: Vec<Uuid> = rows.iter().map(|p| p.merchant_id).collect();
+    Ok(merchant::Entity::find()
+        .filter(merchant::Column::Id.is_in(ids))
+        .all(&state.db)
+        .await?
+        .into_iter()
+        .map(|m| (m.id, m.name))
+        .collect())
+}
+
+/// The latest audit row's reason of each payment shown: what last happened to it.
+async fn last_words(
+    state: &AppState,
+    rows: &[payment::Model],
+) -> Result<HashMap<Uuid, String>, ApiError> {
+    let ids: Vec<Uuid> = rows.iter().map(|p| p.id).collect();
+    let mut last = HashMap::new();
+    for t in transitions::Entity::find()
+        .filter(transitions::Column::PaymentId.is_in(ids))
+        .order_by_asc(transitions::Column::CreatedAt)
+        .order_by_asc(transitions::Column::Id)
+        .all(&state.db)
+        .await?
+    {
+        last.insert(t.payment_id, t.reason);
+    }
+    Ok(last)
+}
+
+/// The payments of a list, as a table that becomes cards on a phone.
+fn payment_table(
+    rows: &[payment::Model],
+    names: &HashMap<Uuid, String>,
+    last: &HashMap<Uuid, String>,
+    now: DateTime<Utc>,
+) -> Markup {
+    html! {
+        div.table-wrap {
+            table.cards {
+                thead { tr {
+                    th { "State" } th { "Age" } th { "Amount" } th { "Merchant / crédito" }
+                    th { "Attempts" } th { "Next attempt" } th { "Last error" } th { "Payment" }
+                } }
+                tbody {
+                    @for p in rows {
+                        tr data-id=(p.id) {
+                            td data-label="State" { (state_badge(p.state)) }
+                            td data-label="Age" { (age(now - p.created_at)) }
+                            td.num data-label="Amount" { (money(p.amount, &p.currency)) }
+                            td data-label="Merchant" {
+                                (names.get(&p.merchant_id).map_or("?", String::as_str))
+                                " · " span.mono { (p.credit_id) }
+                            }
+                            td.num data-label="Attempts" { (p.attempts) }
+                            td data-label="Next attempt" {
+                                @if matches!(p.state, PaymentState::EnProceso | PaymentState::Enviada) {
+                                    (view::relative(p.next_attempt_at, now))
+                                } @else { span.muted { "—" } }
+                            }
+                            td data-label="Last error" {
+                                @if let Some(code) = &p.decline_code { code { (code) } " " }
+                                (last.get(&p.id).map_or("", String::as_str))
+                            }
+                            td data-label="Payment" {
+                                a.mono href={ "/consola/pagos/" (p.id) } { (p.id.to_string()[..8]) "…" }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `/consola/`: what needs on-call — payments under review, and payments in flight
+/// longer than `PAGOS_STALE_AFTER` — oldest first.
+async fn queue(
+    State(state): State<AppState>,
+    console: Console,
+    Query(query): Query<PageQuery>,
+) -> Response {
+    match queue_page(&state, &console, page_number(query.pagina.as_deref())).await {
+        Ok(markup) => markup.into_response(),
+        Err(err) => error_page(&console, err),
+    }
+}
+
+async fn queue_page(state: &AppState, console: &Console, page_no: u64) -> Result<Markup, ApiError> {
+    let now = crate::db::now();
+    let stale_before = now - crate::saga::store::chrono_after(state.settings.stale_after);
+    let needs_attention = Condition::any()
+        .add(payment::Column::State.eq(PaymentState::RevisionManual.as_str()))
+        .add(
+            Condition::all()
+                .add(payment::Column::State.is_in([
+                    PaymentState::EnProceso.as_str(),
+                    PaymentState::Enviada.as_str(),
+                ]))
+                .add(payment::Column::CreatedAt.lt(stale_before)),
+        );
+    let mut rows = payment::Entity::find()
+        .filter(needs_attention)
+        .order_by_asc(payment::Column::CreatedAt)
+        .order_by_asc(payment::Column::Id)
+        .offset((page_no - 1) * PAGE_SIZE)
+        .limit(PAGE_SIZE + 1)
+        .all(&state.db)
+        .await?;
+    let has_next = rows.len() as u64 > PAGE_SIZE;
+    rows.truncate(PAGE_SIZE as usize);
+    let names = merchant_names(state, &rows).await?;
+    let last = last_words(state, &rows).await?;
+    let stale = humantime::format_duration(state.settings.stale_after);
+    let body = html! {
+        h1 { "Needs attention" }
+        p.muted {
+            "Payments in manual review, and payments still in flight after " (stale)
+            " (PAGOS_STALE_AFTER). Oldest first."
+        }
+        @if rows.is_empty() && page_no == 1 {
+            (notice("ok", "Nothing needs you right now."))
+        } @else {
+            (payment_table(&rows, &names, &last, now))
+            (view::pager("/consola/", page_no, has_next))
+        }
+    };
+    Ok(page("Needs attention", Some(&console.who()), body))
+}
+
+#[derive(Deserialize)]
+struct SearchQuery {
+    estado: Option<String>,
+    q: Option<String>,
+    pagina: Option<String>,
+}
+
+const STATES: [PaymentState; 5] = [
+    PaymentState::RevisionManual,
+    PaymentState::Enviada,
+    PaymentState::EnProceso,
+    PaymentState::Completada,
+    PaymentState::Fallida,
+];
+
+/// `/consola/pagos?estado=&q=`: q is a payment id, a `creditoId` or (part of) a merchant's
+/// name. Newest first.
+async fn search(
+    State(state): State<AppState>,
+    console: Console,
+    Query(query): Query<SearchQuery>,
+) -> Response {
+    match search_page(&state, &console, query).await {
+        Ok(markup) => markup.into_response(),
+        Err(err) => error_page(&console, err),
+    }
+}
+
+async fn search_page(
+    state: &AppState,
+    console: &Console,
+    query: SearchQuery,
+) -> Result<Markup, ApiError> {
+    let now = crate::db::now();
+    let page_no = page_number(query.pagina.as_deref());
+    let estado = query
+        .estado
+        .as_deref()
+        .filter(|e| !e.is_empty())
+        .and_then(|e| e.parse::<PaymentState>().ok());
+    let q = query.q.as_deref().map(str::trim).unwrap_or("").to_owned();
+    let mut filter = Condition::all();
+    if let Some(estado) = estado {
+        filter = filter.add(payment::Column::State.eq(estado.as_str()));
+    }
+    if !q.is_empty() {
+        let mut any = Condition::any().add(payment::Column::CreditId.eq(q.as_str()));
+        if let Ok(id) = Uuid::parse_str(&q) {
+            any = any.add(payment::Column::Id.eq(id));
+        }
+        let merchants: Vec<Uuid> = merchant::Entity::find()
+            .filter(merchant::Column::Name.contains(q.as_str()))
+            .all(&state.db)
+            .await?
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        if !merchants.is_empty() {
+            any = any.add(payment::Column::MerchantId.is_in(merchants));
+        }
+        filter = filter.add(any);
+    }
+    let mut rows = payment::Entity::find()
+        .filter(filter)
+        .order_by_desc(payment::Column::CreatedAt)
+        .order_by_desc(payment::Column::Id)
+        .offset((page_no - 1) * PAGE_SIZE)
+        .limit(PAGE_SIZE + 1)
+        .all(&state.db)
+        .await?;
+    let has_next = rows.len() as u64 > PAGE_SIZE;
+    rows.truncate(PAGE_SIZE as usize);
+    let names = merchant_names(state, &rows).await?;
+    let last = last_words(state, &rows).await?;
+    let base = format!(
+        "/consola/pagos?estado={}&q={}",
+        estado.map_or("", |e| e.as_str()),
+        url::form_urlencoded::byte_serialize(q.as_bytes()).collect::<String>()
+    );
+    let body = html! {
+        h1 { "Payments" }
+        form.search method="get" action="/consola/pagos" {
+            input type="search" name="q" value=(q) placeholder="Payment id, creditoId or merchant" aria-label="Search";
+            select name="estado" aria-label="State" {
+                option value="" { "Any state" }
+                @for s in STATES {
+                    option value=(s.as_str()) selected[estado == Some(s)] { (view::state_words(s).0) }
+                }
+            }
+            button type="submit" { "Search" }
+        }
+        @if rows.is_empty() {
+            (notice("info", "No payment matches."))
+        } @else {
+            (payment_table(&rows, &names, &last, now))
+            (view::pager(&base, page_no, has_next))
+        }
+    };
+    Ok(page("Payments", Some(&console.who()), body))
+}
+
+// ---------------------------------------------------------------- one payment
+
+#[derive(Deserialize)]
+struct DetailQuery {
+    hecho: Option<String>,
+}
+
+fn parse_id(id: &str) -> Option<Uuid> {
+    Uuid::parse_str(id).ok()
+}
+
+async fn payment_page(
+    State(state): State<AppState>,
+    console: Console,
+    Path(id): Path<String>,
+    Query(query): Query<DetailQuery>,
+) -> Response {
+    let done = match query.hecho.as_deref() {
+        Some("resuelto") => Some((
+            "ok",
+            "Resolved. The audit trail records your name and reason.",
+        )),
+        Some("reconciliado") => Some((
+            "ok",
+            "Reconciled now: see the state and the audit trail below.",
+        )),
+        Some("omitido") => Some((
+            "info",
+            "Not reconciled: someone else holds it right now, or it is not the reconciler's to touch (final or under review).",
+        )),
+        _ => None,
+    };
+    detail_response(&state, &console, &id, StatusCode::OK, done).await
+}
+
+async fn detail_response(
+    state: &AppState,
+    console: &Console,
+    id: &str,
+    status: StatusCode,
+    message: Option<(&str, &str)>,
+) -> Response {
+    let Some(id) = parse_id(id) else {
+        return not_found(console);
+    };
+    match detail_page(state, console, id, message).await {
+        Ok(Some(markup)) => (status, markup).into_response(),
+        Ok(None) => not_found(console),
+        Err(err) => error_page(console, err),
+    }
+}
+
+fn not_found(console: &Console) -> Response {
+    let body =
+        html! { h1 { "No such payment" } p { a href="/consola/pagos" { "Search payments" } } };
+    (
+        StatusCode::NOT_FOUND,
+        page("Not found", Some(&console.who()), body),
+    )
+        .into_response()
+}
+
+/// What the provider says about the payment now, for on-call to resolve by.
+async fn provider_says(state: &AppState, p: &payment::Model) -> Markup {
+    let lookup = tokio::time::timeout(PROVIDER_LOOKUP_TIMEOUT, state.gateway.lookup(p.id)).await;
+    html! {
+        @match lookup {
+            Err(_) => (notice("error", &format!("The provider did not answer within {} s.", PROVIDER_LOOKUP_TIMEOUT.as_secs()))),
+            Ok(Err(err)) => (notice("error", &format!("The provider's look-up failed: {err}"))),
+            Ok(Ok(charges)) if charges.is_empty() => p.provider-none { "The provider has no charge with this payment's reference." },
+            Ok(Ok(charges)) => {
+                ul.provider-charges {
+                    @for c in &charges {
+                        li {
+                            code { (c.id) } " — " strong { (format!("{:?}", c.status).to_lowercase()) }
+                            ", " (money(c.amount, &c.currency))
+                            @if c.amount != p.amount || !c.currency.eq_ignore_ascii_case(&p.currency) {
+                                " " span.badge.st-failed { "not this payment's amount" }
+                            }
+                            @if let Some(code) = &c.decline_code { ", decline code " code { (code) } }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn detail_page(
+    state: &AppState,
+    console: &Console,
+    id: Uuid,
+    message: Option<(&str, &str)>,
+) -> Result<Option<Markup>, ApiError> {
+    let Some(p) = crate::saga::store::find_payment(&state.db, id).await? else {
+        return Ok(None);
+    };
+    let now = crate::db::now();
+    let detail = admin::detail(state, &p).await?;
+    let merchant_name = merchant::Entity::find_by_id(p.merchant_id)
+        .one(&state.db)
+        .await?
+        .map_or_else(|| p.merchant_id.to_string(), |m| m.name);
+    let reports = webhook_charge::Entity::find()
+        .filter(webhook_charge::Column::PaymentId.eq(p.id))
+        .order_by_asc(webhook_charge::Column::FirstSeenAt)
+        .all(&state.db)
+        .await?;
+    let events = crate::entities::event::Entity::find()
+        .filter(crate::entities::event::Column::SubjectId.eq(p.id))
+        .order_by_asc(crate::entities::event::Column::Sequence)
+        .all(&state.db)
+        .await?;
+    let deliveries = crate::entities::webhook_delivery::Entity::find()
+        .filter(
+            crate::entities::webhook_delivery::Column::EventId
+                .is_in(events.iter().map(|e| e.id.clone())),
+        )
+        .all(&state.db)
+        .await?;
+    let under_review = p.state == PaymentState::RevisionManual;
+    let in_flight = matches!(p.state, PaymentState::EnProceso | PaymentState::Enviada);
+    let provider = if under_review {
+        Some(provider_says(state, &p).await)
+    } else {
+        None
+    };
+    let csrf = &console.session.csrf;
+    let body = html! {
+        @if let Some((kind, text)) = message { (notice(kind, text)) }
+        h1 { "Payment " span.mono { (p.id) } }
+        section.card {
+            p { (state_badge(p.state)) " " strong.amount { (money(p.amount, &p.currency)) } }
+            dl.facts {
+                dt { "Merchant" } dd { (merchant_name) }
+                dt { "creditoId" } dd.mono { (p.credit_id) }
+                @if let Some(d) = &p.description { dt { "Description" } dd { (d) } }
+                dt { "Created" } dd { (time(p.created_at)) " (" (age(now - p.created_at)) " ago)" }
+                dt { "Updated" } dd { (time(p.updated_at)) }
+                dt { "State (API)" } dd.mono { (p.state.as_str()) }
+            }
+        }
+        h2 { "Gateway" }
+        section.card {
+            dl.facts {
+                dt { "Attempts" } dd { (p.attempts) }
+                dt { "Next attempt" } dd {
+                    @if in_flight { (time(p.next_attempt_at)) " (" (view::relative(p.next_attempt_at, now)) ")" }
+                    @else { span.muted { "none: not in flight" } }
+                }
+                @if let Some(until) = p.claimed_until.filter(|u| *u > now) {
+                    dt { "Held by a worker until" } dd { (time(until)) }
+                }
+                dt { "Gateway key" } dd.mono { (p.gateway_key) }
+                dt { "Charge (gatewayRef)" } dd.mono { (p.gateway_ref.as_deref().unwrap_or("—")) }
+                dt { "Decline code" } dd.mono { (p.decline_code.as_deref().unwrap_or("—")) }
+            }
+            @if !reports.is_empty() {
+                h3 { "What the provider's webhooks reported" }
+                ul {
+                    @for r in &reports {
+                        li {
+                            code { (r.charge_id) } " (" (r.source) "): " strong { (r.status.as_str()) }
+                            ", " (money(r.amount, &r.currency)) ", event " code { (r.last_event_id) }
+                            " at " (time(r.updated_at))
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Actions" }
+        @if !in_flight && !under_review {
+            p.muted { "None: the payment is final." }
+        }
+        div.actions {
+            @if in_flight {
+                section.card {
+                    h3 { "Reconcile now" }
+                    p.muted { "Asks the provider about this payment now and settles it if the answer is final. Only when nobody holds it." }
+                    @if console.may_act() {
+                        form method="post" action={ "/consola/pagos/" (p.id) "/reconciliar" } {
+                            input type="hidden" name="csrf" value=(csrf);
+                            button type="submit" id="reconcile" { "Reconcile now" }
+                        }
+                    } @else {
+                        p.muted.lector { (LECTOR_REFUSED) }
+                    }
+                }
+            }
+            @if under_review {
+                section.card {
+                    h3 { "Resolve by hand" }
+                    h4 { "The provider says now" }
+                    @if let Some(provider) = &provider { (provider) }
+                    @if console.may_act() {
+                        form.stack method="post" action={ "/consola/pagos/" (p.id) "/resolver" } {
+                            input type="hidden" name="csrf" value=(csrf);
+                            label for="estado" { "Outcome" }
+                            select id="estado" name="estado" required {
+                                option value="" { "Choose…" }
+                                option value="COMPLETADA" { "Paid: the provider charged it" }
+                                option value="FALLIDA" { "Failed: no money was taken" }
+                            }
+                            label for="motivo" { "Reason (kept in the audit trail with your name)" }
+                            textarea id="motivo" name="motivo" required maxlength="1000"
+                                placeholder="What you saw and where: the provider's dashboard, the ticket…" {}
+                            label for="gatewayRef" { "Provider's charge id (optional)" }
+                            input type="text" id="gatewayRef" name="gatewayRef" maxlength="255";
+                            button type="submit" id="resolve" { "Resolve" }
+                        }
+                    } @else {
+                        p.muted.lector { (LECTOR_REFUSED) }
+                    }
+                }
+            }
+        }
+        h2 { "Events to the merchant" }
+        @if events.is_empty() {
+            p.muted { "No event yet: one is written when the payment becomes final or goes to review." }
+        } @else {
+            div.table-wrap {
+                table.cards #events {
+                    thead { tr { th { "Event" } th { "Type" } th { "Written" } th { "Deliveries (endpoint: state, attempts)" } } }
+                    tbody {
+                        @for e in &events {
+                            tr {
+                                td.mono data-label="Event" { (e.id) }
+                                td data-label="Type" { (e.event_type.as_str()) " #" (e.sequence) }
+                                td data-label="Written" { (time(e.created_at)) }
+                                td data-label="Deliveries" {
+                                    @let mine: Vec<_> = deliveries.iter().filter(|d| d.event_id == e.id).collect();
+                                    @if mine.is_empty() { span.muted { "no endpoint wants it" } }
+                                    @for d in mine {
+                                        div {
+                                            span.mono { (d.endpoint_id.to_string()[..8]) "…" } ": " (d.state.as_str())
+                                            ", " (d.attempts) " attempt(s)"
+                                            @if let Some(at) = d.delivered_at { ", delivered " (time(at)) }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Audit trail" }
+        ol.timeline {
+            @for t in &detail.transiciones {
+                (timeline_entry(t))
+            }
+        }
+    };
+    Ok(Some(page("Payment", Some(&console.who()), body)))
+}
+
+fn timeline_entry(t: &Transicion) -> Markup {
+    let state = |s: &str| {
+        s.parse::<PaymentState>()
+            .map_or_else(|_| html! { code { (s) } }, state_badge)
+    };
+    let at = DateTime::parse_from_rfc3339(&t.en).map(|d| d.with_timezone(&Utc));
+    html! {
+        li {
+            div.when {
+                @match at { Ok(at) => (time(at)), Err(_) => (t.en) }
+                " · by " strong.actor { (t.operador.as_deref().map_or(t.quien.clone(), |o| format!("{o} ({})", t.quien))) }
+            }
+            div {
+                @if let Some(from) = &t.desde { (state(from)) " → " }
+                (state(&t.hacia))
+            }
+            div.reason { (t.motivo) }
+        }
+    }
+}
+
+async fn reconcile_payment(
+    State(state): State<AppState>,
+    console: Console,
+    Path(id): Path<String>,
+    form: Result<Form<CsrfForm>, FormRejection>,
+) -> Response {
+    if let Some(refusal) = console.csrf_refusal(csrf_of(&form)) {
+        return refusal;
+    }
+    if !console.may_act() {
+        return refused(Some(&console), LECTOR_REFUSED);
+    }
+    let Some(uuid) = parse_id(&id) else {
+        return not_found(&console);
+    };
+    match admin::reconcile_now(&state, &console.admin(), Some(uuid)).await {
+        Ok(report) => {
+            let done = if report.omitidos > 0 {
+                "omitido"
+            } else {
+                "reconciliado"
+            };
+            Redirect::to(&format!("/consola/pagos/{uuid}?hecho={done}")).into_response()
+        }
+        Err(err) => {
+            let (status, text) = explain(err);
+            detail_response(&state, &console, &id, status, Some(("error", &text))).await
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ResolveForm {
+    csrf: Option<String>,
+    estado: Option<String>,
+    motivo: Option<String>,
+    #[serde(rename = "gatewayRef")]
+    gateway_ref: Option<String>,
+}
+
+async fn resolve_payment(
+    State(state): State<AppState>,
+    console: Console,
+    Path(id): Path<String>,
+    form: Result<Form<ResolveForm>, FormRejection>,
+) -> Response {
+    let form = form.ok().map(|Form(f)| f);
+    if let Some(refusal) = console.csrf_refusal(form.as_ref().and_then(|f| f.csrf.as_deref())) {
+        return refusal;
+    }
+    if !console.may_act() {
+        return refused(Some(&console), LECTOR_REFUSED);
+    }
+    let Some(uuid) = parse_id(&id) else {
+        return not_found(&console);
+    };
+    let Some(form) = form else {
+        return refused(Some(&console), view::CSRF_REFUSED);
+    };
+    let gateway_ref = form.gateway_ref.filter(|r| !r.trim().is_empty());
+    match admin::resolve_by_hand(
+        &state,
+        &console.admin(),
+        uuid,
+        form.estado.as_deref().unwrap_or(""),
+        form.motivo.as_deref().unwrap_or(""),
+        gateway_ref,
+        false,
+    )
+    .await
+    {
+        Ok(p) => Redirect::to(&format!("/consola/pagos/{}?hecho=resuelto", p.id)).into_response(),
+        Err(err) => {
+            let (status, text) = explain(err);
+            detail_response(&state, &console, &id, status, Some(("error", &text))).await
+        }
+    }
+}
+
+// ---------------------------------------------------------------- reconciliation
+
+/// What each figure of a pass's report means.
+const REPORT_WORDS: [(&str, &str); 8] = [
+    ("examinados", "looked at"),
+    ("completados", "settled as paid"),
+    ("fallidos", "settled as failed"),
+    (
+        "reenviados",
+        "sent again with the same key; answer not final yet",
+    ),
+    (
+        "pendientes",
+        "provider pending or not reachable: looked at again later",
+    ),
+    ("revisionManual", "moved to manual review: on-call decides"),
+    (
+        "errores",
+        "could not be processed (database errors): retried on a later pass",
+    ),
+    (
+        "omitidos",
+        "held by someone else or not the reconciler's: left alone",
+    ),
+];
+
+fn reconciliation_markup(
+    console: &Console,
+    report: Option<&crate::saga::reconcile::Report>,
+) -> Markup {
+    let body = html! {
+        h1 { "Reconciliation" }
+        p.muted { "A pass asks the provider about every payment due for a look (in flight, its next attempt passed), and settles what the provider's answer settles. The background reconciler does the same every PAGOS_RECONCILE_EVERY." }
+        @if console.may_act() {
+            form method="post" action="/consola/reconciliaciones" {
+                input type="hidden" name="csrf" value=(console.session.csrf);
+                button type="submit" id="run-pass" { "Run a pass now" }
+            }
+        } @else {
+            p.muted.lector { (LECTOR_REFUSED) }
+        }
+        @if let Some(report) = report {
+            h2 { "Report of the pass just run" }
+            @let figures = serde_json::to_value(report).unwrap_or_default();
+            div.table-wrap {
+                table #report {
+                    thead { tr { th { "Payments" } th { "Field" } th { "Meaning" } } }
+                    tbody {
+                        @for (field, meaning) in REPORT_WORDS {
+                            tr {
+                                td.num { (figures.get(field).and_then(serde_json::Value::as_u64).unwrap_or(0)) }
+                                td.mono { (field) }
+                                td { (meaning) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    page("Reconciliation", Some(&console.who()), body)
+}
+
+async fn reconciliation_page(console: Console) -> Markup {
+    reconciliation_markup(&console, None)
+}
+
+async fn run_reconciliation(
+    State(state): State<AppState>,
+    console: Console,
+    form: Result<Form<CsrfForm>, FormRejection>,
+) -> Response {
+    if let Some(refusal) = console.csrf_refusal(csrf_of(&form)) {
+        return refusal;
+    }
+    if !console.may_act() {
+        return refused(Some(&console), LECTOR_REFUSED);
+    }
+    match admin::reconcile_now(&state, &console.admin(), None).await {
+        Ok(report) => reconciliation_markup(&console, Some(&report)).into_response(),
+        Err(err) => error_page(&console, err),
+    }
+}

@@ -1,0 +1,194 @@
+//! `/consola/webhooks`: merchants' webhook endpoints that fail or are `DESACTIVADO`, with
+//! their last attempts, and reactivation with redelivery (the merchant API's own
+//! `outbox::endpoints::reactivate`).
+
+use super::{Console, LECTOR_REFUSED, error_page, refused};
+use crate::entities::webhook_endpoint::EndpointState;
+use crate::entities::{merchant, webhook_attempt as attempts, webhook_endpoint as endpoints};
+use crate::http::AppState;
+use crate::http::problem::ApiError;
+use axum::Form;
+use axum::extract::rejection::FormRejection;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use chrono::TimeDelta;
+use maud::{Markup, html};
+use sea_orm::sea_query::Condition;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::view::{notice, page, time};
+
+/// Attempts shown per endpoint.
+const LAST_ATTEMPTS: u64 = 5;
+
+#[derive(Deserialize)]
+pub(super) struct WebhooksQuery {
+    hecho: Option<String>,
+}
+
+pub(super) async fn list(
+    State(state): State<AppState>,
+    console: Console,
+    Query(query): Query<WebhooksQuery>,
+) -> Response {
+    let done = query
+        .hecho
+        .as_deref()
+        .filter(|h| *h == "reactivado")
+        .map(|_| ("ok", "Reactivated: its pending events are due now, and those asked for are delivered again."));
+    match list_page(&state, &console, done).await {
+        Ok(markup) => markup.into_response(),
+        Err(err) => error_page(&console, err),
+    }
+}
+
+async fn list_page(
+    state: &AppState,
+    console: &Console,
+    done: Option<(&str, &str)>,
+) -> Result<Markup, ApiError> {
+    let troubled = endpoints::Entity::find()
+        .filter(
+            Condition::any()
+                .add(endpoints::Column::State.eq(EndpointState::Desactivado))
+                .add(endpoints::Column::FailingSince.is_not_null()),
+        )
+        .order_by_asc(endpoints::Column::UpdatedAt)
+        .limit(200)
+        .all(&state.db)
+        .await?;
+    let names: std::collections::HashMap<Uuid, String> = merchant::Entity::find()
+        .filter(merchant::Column::Id.is_in(troubled.iter().map(|e| e.merchant_id)))
+        .all(&state.db)
+        .await?
+        .into_iter()
+        .map(|m| (m.id, m.name))
+        .collect();
+    let mut cards = Vec::new();
+    for endpoint in &troubled {
+        let last = attempts::Entity::find()
+            .filter(attempts::Column::EndpointId.eq(endpoint.id))
+            .order_by_desc(attempts::Column::AttemptedAt)
+            .limit(LAST_ATTEMPTS)
+            .all(&state.db)
+            .await?;
+        cards.push(card(
+            console,
+            endpoint,
+            names.get(&endpoint.merchant_id),
+            &last,
+        ));
+    }
+    let body = html! {
+        @if let Some((kind, text)) = done { (notice(kind, text)) }
+        h1 { "Webhooks to merchants" }
+        p.muted { "Endpoints whose deliveries fail, or that are DESACTIVADO (answered 410, or failed for PAGOS_WEBHOOKS_DISABLE_AFTER). A DESACTIVADO endpoint gets nothing until it is reactivated." }
+        @if cards.is_empty() {
+            (notice("ok", "Every endpoint is delivering."))
+        }
+        @for c in cards { (c) }
+    };
+    Ok(page("Webhooks", Some(&console.who()), body))
+}
+
+fn card(
+    console: &Console,
+    endpoint: &endpoints::Model,
+    merchant: Option<&String>,
+    last: &[attempts::Model],
+) -> Markup {
+    let down = endpoint.state == EndpointState::Desactivado;
+    html! {
+        section.card data-endpoint=(endpoint.id) {
+            p {
+                @if down { span.badge.st-failed { "DESACTIVADO" } } @else { span.badge.st-sent { "Failing" } }
+                " " strong { (merchant.map_or("?", String::as_str)) } " · " span.mono { (endpoint.url) }
+            }
+            dl.facts {
+                @if let Some(since) = endpoint.failing_since { dt { "Failing since" } dd { (time(since)) } }
+                @if let Some(reason) = &endpoint.disabled_reason { dt { "Why disabled" } dd { (reason) } }
+                dt { "Endpoint" } dd.mono { (endpoint.id) }
+            }
+            @if !last.is_empty() {
+                div.table-wrap {
+                    table.cards {
+                        thead { tr { th { "When" } th { "Event" } th { "Answer" } th { "Latency" } th { "Outcome" } } }
+                        tbody {
+                            @for a in last {
+                                tr {
+                                    td data-label="When" { (time(a.attempted_at)) }
+                                    td.mono data-label="Event" { (a.event_id) }
+                                    td data-label="Answer" {
+                                        @match a.status { Some(s) => { "HTTP " (s) }, None => span.muted { "no answer" } }
+                                        @if let Some(e) = &a.error { " — " (e) }
+                                    }
+                                    td.num data-label="Latency" { (a.latency_ms) " ms" }
+                                    td data-label="Outcome" { (a.outcome) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            @if console.may_act() {
+                form.stack method="post" action={ "/consola/webhooks/" (endpoint.id) "/reactivar" } {
+                    input type="hidden" name="csrf" value=(console.session.csrf);
+                    label for={ "redeliver-" (endpoint.id) } { "Deliver again" }
+                    select id={ "redeliver-" (endpoint.id) } name="reenviar" {
+                        option value="" { "Nothing more: only what is still pending" }
+                        @if endpoint.failing_since.is_some() {
+                            option value="fallo" { "Every event since it started failing" }
+                        }
+                        option value="24h" { "Every event of the last 24 hours" }
+                    }
+                    button type="submit" { "Reactivate" }
+                }
+            } @else {
+                p.muted.lector { (LECTOR_REFUSED) }
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct ReactivateForm {
+    csrf: Option<String>,
+    reenviar: Option<String>,
+}
+
+pub(super) async fn reactivate(
+    State(state): State<AppState>,
+    console: Console,
+    Path(id): Path<String>,
+    form: Result<Form<ReactivateForm>, FormRejection>,
+) -> Response {
+    let form = form.ok().map(|Form(f)| f);
+    if let Some(refusal) = console.csrf_refusal(form.as_ref().and_then(|f| f.csrf.as_deref())) {
+        return refusal;
+    }
+    if !console.may_act() {
+        return refused(Some(&console), LECTOR_REFUSED);
+    }
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return refused(Some(&console), "No such endpoint.");
+    };
+    let found = match endpoints::Entity::find_by_id(id).one(&state.db).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return refused(Some(&console), "No such endpoint."),
+        Err(err) => return error_page(&console, err.into()),
+    };
+    let since = match form.and_then(|f| f.reenviar).as_deref() {
+        Some("fallo") => found.failing_since,
+        Some("24h") => Some(crate::db::now() - TimeDelta::hours(24)),
+        _ => None,
+    };
+    match crate::outbox::endpoints::reactivate(&state.db, found.merchant_id, id, since).await {
+        Ok(_) => {
+            tracing::info!(operator = %console.session.name, endpoint = %id, redeliver_since = ?since, "webhook endpoint reactivated from the console");
+            Redirect::to("/consola/webhooks?hecho=reactivado").into_response()
+        }
+        Err(err) => error_page(&console, err.into()),
+    }
+}

@@ -1,0 +1,118 @@
+//! Operators: the people of on-call, their tokens (`op_…`, only the SHA-256 stored) and
+//! roles, the store behind `pagos operators …` and behind the admin API's and the
+//! console's authentication.
+//!
+//! Never stores, logs or shows a whole token: the command that creates one prints it once.
+
+pub mod cli;
+pub mod store;
+
+pub use crate::entities::operator::Role;
+use rand::distr::{Alphanumeric, SampleString};
+use secrecy::{ExposeSecret, SecretString};
+use sha2::{Digest, Sha256};
+
+/// What a generated token starts with, so secret scanners and people recognise it.
+pub const TOKEN_SCHEME: &str = "op_";
+/// 32 base62 characters: 190 bits.
+const RANDOM_CHARS: usize = 32;
+/// The name the audit trail gives to whoever used `PAGOS_ADMIN_TOKEN`; no operator may
+/// take it.
+pub const BREAK_GLASS: &str = "admin";
+pub const MAX_NAME_CHARS: usize = 64;
+
+/// A new operator token. `Debug` shows nothing of it.
+pub struct Token(SecretString);
+
+impl Token {
+    pub fn generate() -> Token {
+        let random = Alphanumeric.sample_string(&mut rand::rng(), RANDOM_CHARS);
+        Token(SecretString::from(format!("{TOKEN_SCHEME}{random}")))
+    }
+
+    pub fn expose(&self) -> &str {
+        self.0.expose_secret()
+    }
+
+    pub fn hash(&self) -> String {
+        hash_token(self.expose())
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(op_…)")
+    }
+}
+
+/// SHA-256 of a token, hex: what is stored and looked up.
+pub fn hash_token(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// An operator's name, parsed once: 1–64 letters, digits, `.`, `_`, `-` or `@`, and not
+/// the break-glass `admin`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorName(String);
+
+impl OperatorName {
+    pub fn parse(raw: &str) -> Result<OperatorName, String> {
+        let name = raw.trim();
+        if name.is_empty() {
+            return Err("an operator name cannot be blank".to_owned());
+        }
+        if name.chars().count() > MAX_NAME_CHARS {
+            return Err(format!(
+                "an operator name has at most {MAX_NAME_CHARS} characters"
+            ));
+        }
+        if !name
+            .chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'))
+        {
+            return Err(
+                "an operator name holds only letters, digits, '.', '_', '-' and '@'".to_owned(),
+            );
+        }
+        if name.eq_ignore_ascii_case(BREAK_GLASS) {
+            return Err(format!(
+                "{BREAK_GLASS:?} is the name of the break-glass token (PAGOS_ADMIN_TOKEN); choose another"
+            ));
+        }
+        Ok(OperatorName(name.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generated_token_is_op_and_190_bits_and_its_hash_is_sha256_hex() {
+        let token = Token::generate();
+        assert!(token.expose().starts_with("op_"));
+        assert_eq!(token.expose().len(), 3 + 32);
+        assert_ne!(token.expose(), Token::generate().expose());
+        assert_eq!(token.hash().len(), 64);
+        assert_eq!(token.hash(), hash_token(token.expose()));
+        assert!(!format!("{token:?}").contains(&token.expose()[3..]));
+    }
+
+    #[test]
+    fn operator_names_are_trimmed_plain_and_never_admin() {
+        assert_eq!(
+            OperatorName::parse("  ana.p ").map(|n| n.0),
+            Ok("ana.p".into())
+        );
+        assert!(OperatorName::parse("").is_err());
+        assert!(OperatorName::parse("Admin").is_err());
+        assert!(OperatorName::parse("ana p").is_err());
+        assert!(OperatorName::parse("<b>").is_err());
+        assert!(OperatorName::parse(&"a".repeat(65)).is_err());
+        assert!(OperatorName::parse("josé").is_ok());
+    }
+}

@@ -1,0 +1,545 @@
+//! The console over plain HTTP (no browser): every page needs a session, a login opens
+//! one with the right cookie, forms without the session's CSRF token are refused. The
+//! browser tests (`console_browser.rs`) drive the same pages as a person would.
+
+use crate::helpers::{ADMIN_TOKEN, Backend, Spawn, TestApp};
+use crate::on_both_databases;
+use crate::operators::{operator, payment_under_review};
+use pagos::operators::Role;
+use reqwest::redirect::Policy;
+
+on_both_databases!(
+    logged_out_every_console_page_redirects_to_login,
+    a_login_opens_a_strict_http_only_session_and_a_bad_token_does_not,
+    a_console_form_without_its_csrf_token_is_refused_and_changes_nothing,
+);
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(Policy::none())
+        .build()
+        .expect("client")
+}
+
+/// The value of `name` among the answer's `Set-Cookie` headers.
+fn set_cookie(answer: &reqwest::Response, name: &str) -> Option<String> {
+    answer
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with(&format!("{name}=")))
+        .map(str::to_owned)
+}
+
+fn value_of(set_cookie: &str) -> String {
+    set_cookie
+        .split(';')
+        .next()
+        .and_then(|kv| kv.split_once('='))
+        .map(|(_, v)| v.to_owned())
+        .unwrap_or_default()
+}
+
+/// Logs in with `token`; the session cookie's value.
+pub async fn log_in(app: &TestApp, token: &str) -> String {
+    let http = client();
+    let form = http
+        .get(app.url("/consola/login"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(form.status(), 200);
+    let nonce = value_of(&set_cookie(&form, "pagos_consola_login").expect("login cookie"));
+    let answer = http
+        .post(app.url("/consola/login"))
+        .header("cookie", format!("pagos_consola_login={nonce}"))
+        .form(&[("token", token), ("login", nonce.as_str())])
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(answer.status(), 303, "logged in");
+    assert_eq!(answer.headers()["location"], "/consola/");
+    value_of(&set_cookie(&answer, "pagos_consola").expect("session cookie"))
+}
+
+fn csrf_in(html: &str) -> String {
+    let at = html.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
+    html[at..].split('"').next().expect("value").to_owned()
+}
+
+async fn logged_out_every_console_page_redirects_to_login(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let http = client();
+    let id = uuid::Uuid::new_v4();
+    for path in [
+        "/consola/".to_owned(),
+        "/consola/pagos".to_owned(),
+        "/consola/pagos?estado=REVISION_MANUAL&q=acme".to_owned(),
+        format!("/consola/pagos/{id}"),
+        "/consola/reconciliaciones".to_owned(),
+    ] {
+        let answer = http.get(app.url(&path)).send().await.expect("sent");
+        assert_eq!(answer.status(), 303, "{path}");
+        assert_eq!(answer.headers()["location"], "/consola/login", "{path}");
+        // A made-up session is no session.
+        let answer = http
+            .get(app.url(&path))
+            .header("cookie", "pagos_consola=made-up")
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(answer.headers()["location"], "/consola/login", "{path}");
+    }
+    for path in [
+        format!("/consola/pagos/{id}/resolver"),
+        format!("/consola/pagos/{id}/reconciliar"),
+        "/consola/reconciliaciones".to_owned(),
+        "/consola/logout".to_owned(),
+    ] {
+        let answer = http
+            .post(app.url(&path))
+            .form(&[("csrf", "x")])
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(answer.status(), 303, "{path}");
+        assert_eq!(answer.headers()["location"], "/consola/login", "{path}");
+    }
+    // The login page itself and its stylesheet need no session, and are embedded.
+    let css = http
+        .get(app.url("/consola/static/consola.css"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(css.status(), 200);
+    let login = http
+        .get(app.url("/consola/login"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(login.status(), 200);
+    let csp = login.headers()["content-security-policy"]
+        .to_str()
+        .expect("text")
+        .to_owned();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    let html = login.text().await.expect("html");
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "no outside asset: {html}"
+    );
+}
+
+async fn a_login_opens_a_strict_http_only_session_and_a_bad_token_does_not(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let http = client();
+    let form = http
+        .get(app.url("/consola/login"))
+        .send()
+        .await
+        .expect("sent");
+    let nonce = value_of(&set_cookie(&form, "pagos_consola_login").expect("cookie"));
+    let bad = http
+        .post(app.url("/consola/login"))
+        .header("cookie", format!("pagos_consola_login={nonce}"))
+        .form(&[("token", "op_wrong"), ("login", nonce.as_str())])
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(bad.status(), 401);
+    assert!(set_cookie(&bad, "pagos_consola").is_none());
+    // A login form posted from elsewhere (no nonce cookie) is refused, even with a good token.
+    let forged = http
+        .post(app.url("/consola/login"))
+        .form(&[("token", ADMIN_TOKEN), ("login", "guess")])
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(forged.status(), 403);
+
+    let ana = operator(&app, "ana", Role::Operador).await;
+    let form = http
+        .get(app.url("/consola/login"))
+        .send()
+        .await
+        .expect("sent");
+    let nonce = value_of(&set_cookie(&form, "pagos_consola_login").expect("cookie"));
+    let good = http
+        .post(app.url("/consola/login"))
+        .header("cookie", format!("pagos_consola_login={nonce}"))
+        .form(&[("token", ana.as_str()), ("login", nonce.as_str())])
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(good.status(), 303);
+    let cookie = set_cookie(&good, "pagos_consola").expect("session cookie");
+    for attribute in [
+        "HttpOnly",
+        "SameSite=Strict",
+        "Max-Age=43200",
+        "Path=/consola",
+    ] {
+        assert!(cookie.contains(attribute), "{attribute}: {cookie}");
+    }
+    let session = value_of(&cookie);
+    let queue = http
+        .get(app.url("/consola/"))
+        .header("cookie", format!("pagos_consola={session}"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(queue.status(), 200);
+    assert!(queue.text().await.expect("html").contains("ana"));
+
+    // Revoking the operator ends the session at once.
+    pagos::operators::store::revoke(
+        &app.db,
+        &pagos::operators::OperatorName::parse("ana").expect("name"),
+    )
+    .await
+    .expect("revoked");
+    let after = http
+        .get(app.url("/consola/"))
+        .header("cookie", format!("pagos_consola={session}"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(after.status(), 303);
+}
+
+async fn a_console_form_without_its_csrf_token_is_refused_and_changes_nothing(backend: Backend) {
+    let app = Spawn::new(backend)
+        .flags(&["--give-up-after", "1s"])
+        .start()
+        .await;
+    let id = payment_under_review(&app, "k-console-csrf").await;
+    let bea = operator(&app, "bea", Role::Operador).await;
+    let session = log_in(&app, &bea).await;
+    let http = client();
+    let cookie = format!("pagos_consola={session}");
+    let page = http
+        .get(app.url(&format!("/consola/pagos/{id}")))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.expect("html");
+    assert!(html.contains("Needs manual review"), "the state in words");
+    assert!(
+        html.contains("pago.revision_manual"),
+        "the event the merchant is told: {html}"
+    );
+    let csrf = csrf_in(&html);
+
+    for fields in [
+        vec![("estado", "FALLIDA"), ("motivo", "no charge")],
+        vec![
+            ("estado", "FALLIDA"),
+            ("motivo", "no charge"),
+            ("csrf", "forged"),
+        ],
+    ] {
+        let answer = http
+            .post(app.url(&format!("/consola/pagos/{id}/resolver")))
+            .header("cookie", &cookie)
+            .form(&fields)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(answer.status(), 403, "{fields:?}");
+        assert!(answer.text().await.expect("html").contains("CSRF"));
+    }
+    assert_eq!(
+        app.payment(&id).await.state,
+        "REVISION_MANUAL",
+        "nothing changed"
+    );
+
+    // A reason is required.
+    let answer = http
+        .post(app.url(&format!("/consola/pagos/{id}/resolver")))
+        .header("cookie", &cookie)
+        .form(&[
+            ("estado", "FALLIDA"),
+            ("motivo", "  "),
+            ("csrf", csrf.as_str()),
+        ])
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(answer.status(), 422);
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
+
+    let answer = http
+        .post(app.url(&format!("/consola/pagos/{id}/resolver")))
+        .header("cookie", &cookie)
+        .form(&[
+            ("estado", "FALLIDA"),
+            ("motivo", "no charge at the provider"),
+            ("csrf", csrf.as_str()),
+        ])
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(answer.status(), 303);
+    assert_eq!(app.payment(&id).await.state, "FALLIDA");
+}
+
+on_both_databases!(the_attention_queue_is_oldest_first_50_a_page_and_leaves_settled_payments_out);
+
+async fn the_attention_queue_is_oldest_first_50_a_page_and_leaves_settled_payments_out(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .flags(&["--stale-after", "1s"])
+        .start()
+        .await;
+    let fake = crate::helpers::FakeGateway::charging("pending");
+    fake.mount(app.gateway()).await;
+    let mut ids = Vec::new();
+    for n in 0..51 {
+        let answer = app
+            .pay(&format!("k-queue-{n:02}"), &crate::helpers::payment_body())
+            .await;
+        assert_eq!(answer.status(), 202);
+        ids.push(
+            crate::helpers::json(answer).await["id"]
+                .as_str()
+                .expect("id")
+                .to_owned(),
+        );
+    }
+    fake.set_new_status("succeeded");
+    let paid = app
+        .pay("k-queue-paid", &crate::helpers::payment_body())
+        .await;
+    assert_eq!(paid.status(), 201);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+
+    let session = log_in(&app, ADMIN_TOKEN).await;
+    let http = client();
+    let rows_of = |html: &str| -> Vec<String> {
+        html.split("data-id=\"")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .map(str::to_owned)
+            .collect()
+    };
+    let first = http
+        .get(app.url("/consola/"))
+        .header("cookie", format!("pagos_consola={session}"))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("html");
+    assert_eq!(rows_of(&first), ids[..50], "oldest first, 50 a page");
+    assert!(first.contains("pagina=2"), "a link to the next page");
+    assert!(
+        first.contains("Sent, outcome not known yet"),
+        "the state in words"
+    );
+    let second = http
+        .get(app.url("/consola/?pagina=2"))
+        .header("cookie", format!("pagos_consola={session}"))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("html");
+    assert_eq!(
+        rows_of(&second),
+        ids[50..],
+        "the 51st on page 2; the paid one nowhere"
+    );
+    let odd = http
+        .get(app.url("/consola/?pagina=abc"))
+        .header("cookie", format!("pagos_consola={session}"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(
+        odd.status(),
+        200,
+        "a hand-edited page number gets the first page"
+    );
+}
+
+on_both_databases!(an_operador_reconciles_from_the_console_and_a_lector_is_refused);
+
+async fn page_with_csrf(app: &TestApp, session: &str, path: &str) -> (String, String) {
+    let html = client()
+        .get(app.url(path))
+        .header("cookie", format!("pagos_consola={session}"))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("html");
+    let csrf = csrf_in(&html);
+    (html, csrf)
+}
+
+async fn post_form(
+    app: &TestApp,
+    session: &str,
+    path: &str,
+    fields: &[(&str, &str)],
+) -> reqwest::Response {
+    client()
+        .post(app.url(path))
+        .header("cookie", format!("pagos_consola={session}"))
+        .form(fields)
+        .send()
+        .await
+        .expect("sent")
+}
+
+async fn an_operador_reconciles_from_the_console_and_a_lector_is_refused(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let fake = crate::helpers::FakeGateway::charging("pending");
+    fake.mount(app.gateway()).await;
+    let answer = app
+        .pay("k-console-rec", &crate::helpers::payment_body())
+        .await;
+    assert_eq!(answer.status(), 202);
+    let id = crate::helpers::json(answer).await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    fake.settle_all("succeeded");
+
+    let luis = operator(&app, "luis", Role::Lector).await;
+    let reader = log_in(&app, &luis).await;
+    let (html, csrf) = page_with_csrf(&app, &reader, &format!("/consola/pagos/{id}")).await;
+    assert!(!html.contains("id=\"reconcile\""), "no action for a lector");
+    for path in [
+        format!("/consola/pagos/{id}/reconciliar"),
+        "/consola/reconciliaciones".to_owned(),
+    ] {
+        let answer = post_form(&app, &reader, &path, &[("csrf", csrf.as_str())]).await;
+        assert_eq!(answer.status(), 403, "{path}");
+        assert!(answer.text().await.expect("html").contains("lector"));
+    }
+    assert_eq!(
+        app.payment(&id).await.state,
+        "ENVIADA",
+        "the lector changed nothing"
+    );
+
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let session = log_in(&app, &eva).await;
+    let (html, csrf) = page_with_csrf(&app, &session, &format!("/consola/pagos/{id}")).await;
+    assert!(html.contains("id=\"reconcile\""));
+    let answer = post_form(
+        &app,
+        &session,
+        &format!("/consola/pagos/{id}/reconciliar"),
+        &[("csrf", csrf.as_str())],
+    )
+    .await;
+    assert_eq!(answer.status(), 303);
+    assert_eq!(
+        answer.headers()["location"],
+        format!("/consola/pagos/{id}?hecho=reconciliado").as_str()
+    );
+    assert_eq!(
+        app.payment(&id).await.state,
+        "COMPLETADA",
+        "settled by the provider's answer"
+    );
+
+    let answer = post_form(
+        &app,
+        &session,
+        "/consola/reconciliaciones",
+        &[("csrf", csrf.as_str())],
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let report = answer.text().await.expect("html");
+    assert!(
+        report.contains("id=\"report\"") && report.contains("examinados"),
+        "{report}"
+    );
+}
+
+on_both_databases!(a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it);
+
+async fn a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it(backend: Backend) {
+    use pagos::entities::webhook_endpoint::{self as endpoints, EndpointState};
+    use sea_orm::{ActiveModelTrait, ActiveValue::Set, EntityTrait, IntoActiveModel};
+    let app = Spawn::new(backend).start().await;
+    let acme = pagos::merchants::store::find_merchant(
+        &app.db,
+        &pagos::merchants::name::MerchantName::parse("acme").expect("name"),
+    )
+    .await
+    .expect("db")
+    .expect("acme");
+    let endpoint = pagos::outbox::endpoints::create(
+        &app.db,
+        pagos::outbox::endpoints::NewEndpoint {
+            merchant: acme.id,
+            url: "https://hooks.acme.example/pagos",
+            types: None,
+            secret: "whsec_dGVzdHNlY3JldHRlc3RzZWNyZXR0ZXN0c2VjcmV0",
+        },
+    )
+    .await
+    .expect("endpoint");
+    // As the delivery worker leaves it after an answer 410.
+    let mut down = endpoint.clone().into_active_model();
+    down.state = Set(EndpointState::Desactivado);
+    down.disabled_reason = Set(Some("answered 410 Gone".into()));
+    down.update(&app.db).await.expect("disabled");
+
+    let luis = operator(&app, "luis", Role::Lector).await;
+    let reader = log_in(&app, &luis).await;
+    let (html, csrf) = page_with_csrf(&app, &reader, "/consola/webhooks").await;
+    assert!(
+        html.contains("hooks.acme.example") && html.contains("DESACTIVADO"),
+        "{html}"
+    );
+    assert!(html.contains("answered 410 Gone"));
+    let path = format!("/consola/webhooks/{}/reactivar", endpoint.id);
+    let answer = post_form(&app, &reader, &path, &[("csrf", csrf.as_str())]).await;
+    assert_eq!(answer.status(), 403, "a lector cannot reactivate");
+
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let session = log_in(&app, &eva).await;
+    let (_, csrf) = page_with_csrf(&app, &session, "/consola/webhooks").await;
+    let answer = post_form(&app, &session, &path, &[("reenviar", "24h")]).await;
+    assert_eq!(answer.status(), 403, "no CSRF token, no change");
+    let still = endpoints::Entity::find_by_id(endpoint.id)
+        .one(&app.db)
+        .await
+        .expect("db")
+        .expect("endpoint");
+    assert_eq!(still.state, EndpointState::Desactivado);
+
+    let answer = post_form(
+        &app,
+        &session,
+        &path,
+        &[("csrf", csrf.as_str()), ("reenviar", "24h")],
+    )
+    .await;
+    assert_eq!(answer.status(), 303);
+    let now = endpoints::Entity::find_by_id(endpoint.id)
+        .one(&app.db)
+        .await
+        .expect("db")
+        .expect("endpoint");
+    assert_eq!(now.state, EndpointState::Activo, "reactivated");
+    let (html, _) = page_with_csrf(&app, &session, "/consola/webhooks").await;
+    assert!(!html.contains("hooks.acme.example"), "no longer listed");
+}

@@ -1,0 +1,655 @@
+//! The console in a real browser: Debian's headless Chromium driven through chromedriver
+//! (WebDriver, `fantoccini`) against a real `pagos serve` process, on SQLite and
+//! PostgreSQL. Where no browser can be started the tests say so and pass, except with
+//! `CI=true`, where that is a failure. The SQLite run saves the screenshots of
+//! `docs/console/`.
+//!
+//! Locally: `apt-get install chromium chromium-driver`, then
+//! `cargo test --test api console_browser`. `PAGOS_CHROMEDRIVER` and `PAGOS_CHROMIUM`
+//! name other binaries.
+
+use crate::helpers::{ADMIN_TOKEN, API_KEY, Backend, FakeGateway, TestDatabase, payment_body};
+use crate::on_both_databases;
+use crate::process::{BIN, Serve, free_port};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+use std::process::Stdio;
+use std::time::Duration;
+use wiremock::MockServer;
+
+on_both_databases!(an_operator_resolves_a_payment_under_review_in_the_browser);
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Says why no browser test ran; a failure in CI.
+fn no_browser(why: &str) {
+    assert!(!in_ci(), "CI=true and no browser could be started: {why}");
+    eprintln!(
+        "skipped: no browser could be started ({why}); install chromium and chromium-driver to run the console's browser tests"
+    );
+}
+
+/// chromedriver on a port of its own, killed when dropped.
+struct Driver {
+    _child: tokio::process::Child,
+    url: String,
+}
+
+async fn start_driver() -> Result<Driver, String> {
+    let binary =
+        std::env::var("PAGOS_CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into());
+    let port = free_port();
+    let child = tokio::process::Command::new(&binary)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{binary}: {e}"))?;
+    let url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    for _ in 0..100 {
+        if let Ok(answer) = http.get(format!("{url}/status")).send().await
+            && answer.status() == 200
+        {
+            return Ok(Driver { _child: child, url });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("{binary} did not answer on {url}"))
+}
+
+/// A headless Chromium session; its profile lives in `profile`, removed when dropped.
+async fn browser(driver: &Driver, profile: &tempfile::TempDir) -> Result<Client, String> {
+    let chromium = std::env::var("PAGOS_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": chromium,
+            "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--window-size=1280,1000", "--lang=en-US",
+                     format!("--user-data-dir={}", profile.path().display())]
+        }),
+    );
+    // As `pagos` itself does: two rustls crypto providers are enabled in the tree, so
+    // one is chosen for the process (`Err`: one already was).
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    ClientBuilder::rustls()
+        .map_err(|e| e.to_string())?
+        .capabilities(capabilities)
+        .connect(&driver.url)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// What the test's `pagos serve` holds: two payments under review, one in flight.
+struct Scene {
+    serve: Serve,
+    _database: TestDatabase,
+    _gateway: MockServer,
+    under_review: [String; 2],
+    in_flight: String,
+    ana: String,
+    luis: String,
+}
+
+fn pagos_cli(args: &[&str]) -> String {
+    let output = std::process::Command::new(BIN)
+        .args(args)
+        .env_remove("PAGOS_DATABASE_URL")
+        .output()
+        .expect("pagos runs");
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+async fn scene(backend: &Backend) -> Scene {
+    let database = TestDatabase::create(backend).await;
+    let gateway = MockServer::start().await;
+    let fake = FakeGateway::charging("pending");
+    fake.mount(&gateway).await;
+    let db = database.url.clone();
+    // The operators, as on-call adds them.
+    let ana = pagos_cli(&["operators", "add", "ana", "--database-url", &db]);
+    let luis = pagos_cli(&[
+        "operators",
+        "add",
+        "luis",
+        "--rol",
+        "lector",
+        "--database-url",
+        &db,
+    ]);
+    pagos_cli(&[
+        "merchants",
+        "add",
+        "acme",
+        "--api-key",
+        API_KEY,
+        "--database-url",
+        &db,
+    ]);
+    let uri = gateway.uri();
+    let serve = Serve::start(
+        &[
+            "--database-url",
+            &db,
+            "--gateway",
+            "http",
+            "--gateway-url",
+            &uri,
+            "--gateway-secret",
+            "gw_secret",
+            "--gateway-timeout",
+            "500ms",
+            "--admin-token",
+            ADMIN_TOKEN,
+            "--give-up-after",
+            "1s",
+            "--stale-after",
+            "1s",
+            "--reconcile-every",
+            "1h",
+        ],
+        &[],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let pay = |key: &'static str, body: Value| {
+        let http = http.clone();
+        let url = format!("{}/v1/pagos", serve.url);
+        async move {
+            let answer = http
+                .post(url)
+                .bearer_auth(API_KEY)
+                .header("Idempotency-Key", key)
+                .json(&body)
+                .send()
+                .await
+                .expect("sent");
+            let status = answer.status();
+            let body: Value = answer.json().await.expect("json");
+            (status, body["id"].as_str().expect("id").to_owned())
+        }
+    };
+    let (status, first) = pay("k-browser-1", payment_body()).await;
+    assert_eq!(status, 202);
+    let (_, second) = pay(
+        "k-browser-2",
+        json!({"creditoId": "credito-77", "monto": 1999, "moneda": "USD"}),
+    )
+    .await;
+    fake.fail_lookups(true);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for id in [&first, &second] {
+        let report: Value = http
+            .post(format!("{}/admin/reconciliaciones", serve.url))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "pagoId": id }))
+            .send()
+            .await
+            .expect("sent")
+            .json()
+            .await
+            .expect("report");
+        assert_eq!(report["revisionManual"], 1, "{report}");
+    }
+    // The provider answers look-ups again: the detail page shows what it says.
+    fake.fail_lookups(false);
+    let (_, in_flight) = pay(
+        "k-browser-3",
+        json!({"creditoId": "credito-8", "monto": 1250000, "moneda": "COP"}),
+    )
+    .await;
+    fake.set_new_status("succeeded");
+    pay(
+        "k-browser-4",
+        json!({"creditoId": "credito-9", "monto": 990000, "moneda": "COP"}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    Scene {
+        serve,
+        _database: database,
+        _gateway: gateway,
+        under_review: [first, second],
+        in_flight,
+        ana,
+        luis,
+    }
+}
+
+impl Scene {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.serve.url)
+    }
+
+    async fn state_of(&self, id: &str) -> String {
+        let detail: Value = reqwest::Client::new()
+            .get(self.url(&format!("/admin/pagos/{id}")))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("sent")
+            .json()
+            .await
+            .expect("json");
+        detail["pago"]["estado"].as_str().unwrap_or("").to_owned()
+    }
+}
+
+/// Saves a screenshot of what the browser shows to docs/console/NAME.png (SQLite run only).
+async fn screenshot(browser: &Client, save: bool, name: &str) {
+    if !save {
+        return;
+    }
+    let png = browser.screenshot().await.expect("screenshot");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/console");
+    std::fs::create_dir_all(&dir).expect("docs/console");
+    std::fs::write(dir.join(format!("{name}.png")), png).expect("screenshot written");
+}
+
+async fn path_of(browser: &Client) -> String {
+    let url = browser.current_url().await.expect("url");
+    match url.query() {
+        Some(q) => format!("{}?{q}", url.path()),
+        None => url.path().to_owned(),
+    }
+}
+
+/// Waits (a click's navigation may still be on its way) until the browser shows `expected`.
+async fn wait_path(browser: &Client, expected: &str, why: &str) {
+    for _ in 0..150 {
+        if path_of(browser).await == expected {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(path_of(browser).await, expected, "{why}");
+}
+
+/// Waits until the page's text holds every one of `needles`; the text.
+async fn wait_text(browser: &Client, needles: &[&str]) -> String {
+    let mut text = String::new();
+    for _ in 0..150 {
+        text = page_text(browser).await;
+        if needles.iter().all(|n| text.contains(n)) {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the page never showed {needles:?}: {text}");
+}
+
+/// The element, once the page has it.
+async fn wait_for(browser: &Client, css: &str) -> fantoccini::elements::Element {
+    browser
+        .wait()
+        .at_most(Duration::from_secs(15))
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+}
+
+/// The text the page shows. Read by a script rather than through an element, which a
+/// navigation still on its way can make stale; retried while a page is being replaced.
+async fn page_text(browser: &Client) -> String {
+    let mut last = String::new();
+    for _ in 0..100 {
+        match browser
+            .execute(
+                "return document.body ? document.body.innerText : null;",
+                vec![],
+            )
+            .await
+        {
+            Ok(Value::String(text)) => return text,
+            Ok(other) => last = other.to_string(),
+            Err(err) => last = err.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the page's text could not be read: {last}");
+}
+
+async fn log_in(browser: &Client, scene: &Scene, token: &str, save: bool) {
+    browser
+        .goto(&scene.url("/consola/login"))
+        .await
+        .expect("login page");
+    browser
+        .find(Locator::Css("#token"))
+        .await
+        .expect("token field")
+        .send_keys(token)
+        .await
+        .expect("typed");
+    screenshot(browser, save, "login").await;
+    browser
+        .find(Locator::Css("form.stack button[type=submit]"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("clicked");
+    wait_path(browser, "/consola/", "logged in, on the queue").await;
+}
+
+async fn log_out(browser: &Client) {
+    browser
+        .find(Locator::Css("form.logout button"))
+        .await
+        .expect("logout button")
+        .click()
+        .await
+        .expect("clicked");
+    wait_path(browser, "/consola/login?salida=1", "logged out").await;
+}
+
+async fn an_operator_resolves_a_payment_under_review_in_the_browser(backend: Backend) {
+    let driver = match start_driver().await {
+        Ok(driver) => driver,
+        Err(why) => return no_browser(&why),
+    };
+    let profile = tempfile::tempdir().expect("a profile directory");
+    let browser = match browser(&driver, &profile).await {
+        Ok(browser) => browser,
+        Err(why) => return no_browser(&why),
+    };
+    let save = matches!(backend, Backend::Sqlite);
+    // In a task of its own, so that a failed assertion still closes the browser (a
+    // session left open keeps Chromium running after chromedriver is gone).
+    let walk = {
+        let browser = browser.clone();
+        tokio::spawn(async move {
+            let scene = scene(&backend).await;
+            tokio::time::timeout(
+                Duration::from_secs(120),
+                walk_through(&browser, &scene, save),
+            )
+            .await
+        })
+    };
+    let result = walk.await;
+    let _ = browser.close().await;
+    match result {
+        Ok(finished) => finished.expect("the walk through finished in time"),
+        Err(failed) => std::panic::resume_unwind(failed.into_panic()),
+    }
+}
+
+async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
+    let [first, second] = &scene.under_review;
+
+    // Logged out, every page leads to the login page.
+    for path in [
+        "/consola/".to_owned(),
+        "/consola/pagos?q=acme".to_owned(),
+        format!("/consola/pagos/{first}"),
+        "/consola/reconciliaciones".to_owned(),
+    ] {
+        browser.goto(&scene.url(&path)).await.expect("goto");
+        assert_eq!(path_of(browser).await, "/consola/login", "{path}");
+    }
+
+    // An operador logs in and sees what needs attention, oldest first.
+    log_in(browser, scene, &scene.ana, save).await;
+    let rows = browser
+        .find_all(Locator::Css("tbody tr[data-id]"))
+        .await
+        .expect("rows");
+    let mut ids = Vec::new();
+    for row in &rows {
+        ids.push(row.attr("data-id").await.expect("attr").unwrap_or_default());
+    }
+    assert_eq!(
+        ids,
+        [first.clone(), second.clone(), scene.in_flight.clone()],
+        "under review and in flight, oldest first"
+    );
+    let text = page_text(browser).await;
+    assert!(text.contains("Needs manual review"), "{text}");
+    assert!(
+        text.contains("2,500.00 COP") && text.contains("19.99 USD"),
+        "{text}"
+    );
+    assert!(text.contains("ana"), "{text}");
+    screenshot(browser, save, "queue").await;
+
+    // Opens the first one.
+    browser
+        .find(Locator::Css(&format!("tr[data-id=\"{first}\"] a")))
+        .await
+        .expect("link")
+        .click()
+        .await
+        .expect("clicked");
+    wait_path(
+        browser,
+        &format!("/consola/pagos/{first}"),
+        "the payment's page",
+    )
+    .await;
+    wait_text(browser, &["The provider says now", "pending"]).await;
+    screenshot(browser, save, "payment").await;
+
+    // A form without its CSRF token is refused, and nothing changes.
+    browser
+        .execute(
+            "document.querySelector('form[action$=\"/resolver\"] input[name=csrf]').remove();",
+            vec![],
+        )
+        .await
+        .expect("script");
+    browser
+        .find(Locator::Css("#estado"))
+        .await
+        .expect("estado")
+        .select_by_value("COMPLETADA")
+        .await
+        .expect("chosen");
+    browser
+        .find(Locator::Css("#motivo"))
+        .await
+        .expect("motivo")
+        .send_keys("forged")
+        .await
+        .expect("typed");
+    browser
+        .find(Locator::Css("#resolve"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("clicked");
+    wait_text(browser, &["Refused", "CSRF"]).await;
+    assert_eq!(scene.state_of(first).await, "REVISION_MANUAL");
+
+    // The reason is required: the browser will not send the form without one.
+    browser
+        .goto(&scene.url(&format!("/consola/pagos/{first}")))
+        .await
+        .expect("goto");
+    browser
+        .find(Locator::Css("#estado"))
+        .await
+        .expect("estado")
+        .select_by_value("FALLIDA")
+        .await
+        .expect("chosen");
+    browser
+        .find(Locator::Css("#resolve"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("clicked");
+    assert_eq!(
+        path_of(browser).await,
+        format!("/consola/pagos/{first}"),
+        "not sent without a reason"
+    );
+    assert_eq!(scene.state_of(first).await, "REVISION_MANUAL");
+
+    // Resolved with a reason.
+    browser
+        .find(Locator::Css("#motivo"))
+        .await
+        .expect("motivo")
+        .send_keys("No charge in the provider's dashboard; ticket OPS-42")
+        .await
+        .expect("typed");
+    browser
+        .find(Locator::Css("#resolve"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("clicked");
+    wait_path(
+        browser,
+        &format!("/consola/pagos/{first}?hecho=resuelto"),
+        "resolved",
+    )
+    .await;
+    assert_eq!(scene.state_of(first).await, "FALLIDA");
+    let timeline = browser
+        .find(Locator::Css("ol.timeline li:last-child"))
+        .await
+        .expect("last audit row")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        timeline.contains("ana (admin)"),
+        "the audit trail names her: {timeline}"
+    );
+    assert!(timeline.contains("ticket OPS-42"), "{timeline}");
+    assert!(timeline.contains("Failed, no money taken"), "{timeline}");
+    browser
+        .execute(
+            "document.querySelector('ol.timeline').scrollIntoView();",
+            vec![],
+        )
+        .await
+        .expect("scrolled");
+    screenshot(browser, save, "resolved").await;
+
+    // It left the queue.
+    browser.goto(&scene.url("/consola/")).await.expect("goto");
+    assert!(
+        browser
+            .find_all(Locator::Css(&format!("tr[data-id=\"{first}\"]")))
+            .await
+            .expect("rows")
+            .is_empty(),
+        "resolved: not in the queue any more"
+    );
+    assert!(
+        !browser
+            .find_all(Locator::Css(&format!("tr[data-id=\"{second}\"]")))
+            .await
+            .expect("rows")
+            .is_empty()
+    );
+
+    // Search, and a reconciliation pass with its report.
+    browser
+        .goto(&scene.url("/consola/pagos?q=acme"))
+        .await
+        .expect("goto");
+    let found = browser
+        .find_all(Locator::Css("tbody tr[data-id]"))
+        .await
+        .expect("rows");
+    assert_eq!(found.len(), 4, "every payment of acme");
+    screenshot(browser, save, "search").await;
+    browser
+        .goto(&scene.url("/consola/reconciliaciones"))
+        .await
+        .expect("goto");
+    browser
+        .find(Locator::Css("#run-pass"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("clicked");
+    let report = wait_for(browser, "#report")
+        .await
+        .text()
+        .await
+        .expect("text");
+    assert!(report.contains("examinados"), "{report}");
+    screenshot(browser, save, "reconciliation").await;
+
+    // On a phone.
+    browser.set_window_size(390, 844).await.expect("resized");
+    browser.goto(&scene.url("/consola/")).await.expect("goto");
+    let overflow: Value = browser
+        .execute(
+            "return document.documentElement.scrollWidth > window.innerWidth + 1;",
+            vec![],
+        )
+        .await
+        .expect("script");
+    assert_eq!(
+        overflow,
+        Value::Bool(false),
+        "no sideways scrolling on a phone"
+    );
+    screenshot(browser, save, "queue-phone").await;
+    browser.set_window_size(1280, 1000).await.expect("resized");
+
+    log_out(browser).await;
+    browser.goto(&scene.url("/consola/")).await.expect("goto");
+    assert_eq!(path_of(browser).await, "/consola/login", "logged out");
+
+    // A lector sees the payment but cannot resolve it, not even with a hand-made form.
+    log_in(browser, scene, &scene.luis, false).await;
+    browser
+        .goto(&scene.url(&format!("/consola/pagos/{second}")))
+        .await
+        .expect("goto");
+    assert!(
+        browser
+            .find_all(Locator::Css("#resolve"))
+            .await
+            .expect("buttons")
+            .is_empty(),
+        "no resolve button for a lector"
+    );
+    assert!(page_text(browser).await.contains("lector"));
+    browser
+        .execute(
+            "const csrf = document.querySelector('form.logout input[name=csrf]').value;
+             const form = document.createElement('form');
+             form.method = 'post';
+             form.action = arguments[0];
+             for (const [k, v] of [['csrf', csrf], ['estado', 'COMPLETADA'], ['motivo', 'I think it went through']]) {
+               const input = document.createElement('input');
+               input.type = 'hidden'; input.name = k; input.value = v;
+               form.appendChild(input);
+             }
+             document.body.appendChild(form);
+             form.submit();",
+            vec![json!(format!("/consola/pagos/{second}/resolver"))],
+        )
+        .await
+        .expect("script");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let text = page_text(browser).await;
+    assert!(
+        text.contains("Refused") && text.contains("lector"),
+        "{text}"
+    );
+    assert_eq!(scene.state_of(second).await, "REVISION_MANUAL");
+    log_out(browser).await;
+}

@@ -1,0 +1,301 @@
+//! Operators: their own tokens on the admin API beside the break-glass admin token, a
+//! `lector` who may only read, the audit trail that names who resolved; and
+//! `pagos operators …` as an operator meets it.
+
+use crate::helpers::{ADMIN_TOKEN, Backend, FakeGateway, Spawn, TestApp, json, payment_body};
+use crate::on_both_databases;
+use pagos::operators::{OperatorName, Role, Token, store};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+on_both_databases!(
+    an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_operator,
+    a_lector_reads_but_gets_403_on_every_write_and_nothing_changes,
+    a_revoked_or_unknown_operator_token_gets_401,
+);
+
+/// A payment the reconciler gave up on: `REVISION_MANUAL`. Needs `--give-up-after 1s`.
+pub async fn payment_under_review(app: &TestApp, key: &str) -> String {
+    let fake = FakeGateway::charging("pending");
+    fake.mount(app.gateway()).await;
+    let answer = app.pay(key, &payment_body()).await;
+    assert_eq!(answer.status(), 202);
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+    fake.fail_lookups(true);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["revisionManual"], 1, "{report}");
+    id
+}
+
+/// Adds an operator as `pagos operators add` does; their token.
+pub async fn operator(app: &TestApp, name: &str, role: Role) -> String {
+    let token = Token::generate();
+    store::add(
+        &app.db,
+        &OperatorName::parse(name).expect("name"),
+        role,
+        &token,
+    )
+    .await
+    .expect("operator added");
+    token.expose().to_owned()
+}
+
+async fn post_as(app: &TestApp, token: &str, path: &str, body: &Value) -> reqwest::Response {
+    app.http
+        .post(app.url(path))
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .await
+        .expect("sent")
+}
+
+async fn get_as(app: &TestApp, token: &str, path: &str) -> reqwest::Response {
+    app.http
+        .get(app.url(path))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("sent")
+}
+
+async fn an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_operator(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .flags(&["--give-up-after", "1s"])
+        .start()
+        .await;
+    let ana = operator(&app, "ana", Role::Operador).await;
+    let id = payment_under_review(&app, "k-op-1").await;
+
+    let listed = get_as(&app, &ana, "/admin/pagos?estado=REVISION_MANUAL").await;
+    assert_eq!(listed.status(), 200);
+    assert_eq!(json(listed).await["pagos"][0]["id"], id.as_str());
+
+    let resolved = post_as(
+        &app,
+        &ana,
+        &format!("/admin/pagos/{id}/resolucion"),
+        &json!({"estado": "FALLIDA", "motivo": "no charge in the provider dashboard"}),
+    )
+    .await;
+    assert_eq!(resolved.status(), 200);
+    let detail = json(resolved).await;
+    assert_eq!(detail["pago"]["estado"], "FALLIDA");
+    let last = detail["transiciones"]
+        .as_array()
+        .and_then(|t| t.last())
+        .cloned()
+        .expect("audit rows");
+    assert_eq!(last["quien"], "admin", "{last}");
+    assert_eq!(last["operador"], "ana", "{last}");
+    assert!(
+        last["motivo"]
+            .as_str()
+            .is_some_and(|m| m.contains("ana") && m.contains("no charge in the provider")),
+        "{last}"
+    );
+    // Read back later, the trail still names her.
+    let again = json(get_as(&app, &ana, &format!("/admin/pagos/{id}")).await).await;
+    let last = again["transiciones"]
+        .as_array()
+        .and_then(|t| t.last())
+        .cloned()
+        .expect("audit rows");
+    assert_eq!(last["operador"], "ana");
+
+    // The break-glass token still works, and is recorded as `admin`.
+    let other = payment_under_review(&app, "k-op-2").await;
+    let resolved = app
+        .admin_post(
+            &format!("/admin/pagos/{other}/resolucion"),
+            &json!({"estado": "COMPLETADA", "motivo": "seen succeeded"}),
+        )
+        .await;
+    assert_eq!(resolved.status(), 200);
+    let detail = json(resolved).await;
+    let last = detail["transiciones"]
+        .as_array()
+        .and_then(|t| t.last())
+        .cloned()
+        .expect("audit rows");
+    assert_eq!(last["operador"], "admin", "{last}");
+}
+
+async fn a_lector_reads_but_gets_403_on_every_write_and_nothing_changes(backend: Backend) {
+    let app = Spawn::new(backend)
+        .flags(&["--give-up-after", "1s"])
+        .start()
+        .await;
+    let luis = operator(&app, "luis", Role::Lector).await;
+    let id = payment_under_review(&app, "k-op-3").await;
+
+    let read = get_as(&app, &luis, &format!("/admin/pagos/{id}")).await;
+    assert_eq!(read.status(), 200, "a lector reads");
+
+    for (path, body) in [
+        (
+            format!("/admin/pagos/{id}/resolucion"),
+            json!({"estado": "COMPLETADA", "motivo": "I think it went through"}),
+        ),
+        ("/admin/reconciliaciones".to_owned(), json!({})),
+        ("/admin/reconciliaciones".to_owned(), json!({"pagoId": id})),
+        (
+            format!("/admin/pagos/{id}/resolucion"),
+            json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "refund what it charged"}),
+        ),
+        (
+            format!("/admin/pagos/{id}/reembolsos"),
+            json!({"monto": 1, "motivo": "goodwill"}),
+        ),
+        (
+            format!("/admin/reembolsos/{}/resolucion", uuid::Uuid::nil()),
+            json!({"estado": "COMPLETADO", "motivo": "seen in the dashboard"}),
+        ),
+        (
+            "/admin/reconciliaciones".to_owned(),
+            json!({"reembolsoId": uuid::Uuid::nil()}),
+        ),
+    ] {
+        let answer = post_as(&app, &luis, &path, &body).await;
+        assert_eq!(answer.status(), 403, "{path}");
+        assert_eq!(
+            answer.headers()["content-type"],
+            "application/problem+json",
+            "{path}"
+        );
+        let problem = json(answer).await;
+        assert!(
+            problem["type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("/forbidden")),
+            "{problem}"
+        );
+        assert!(
+            problem["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("lector")),
+            "{problem}"
+        );
+    }
+    let payment = app.payment(&id).await;
+    assert_eq!(payment.state, "REVISION_MANUAL", "the 403s changed nothing");
+}
+
+async fn a_revoked_or_unknown_operator_token_gets_401(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let eva = operator(&app, "eva", Role::Operador).await;
+    assert_eq!(
+        get_as(&app, &eva, "/admin/pagos?estado=ENVIADA")
+            .await
+            .status(),
+        200
+    );
+
+    match store::revoke(&app.db, &OperatorName::parse("eva").expect("name"))
+        .await
+        .expect("revoked")
+    {
+        store::Revocation::Revoked(_) => {}
+        _ => panic!("eva was active"),
+    }
+    let answer = get_as(&app, &eva, "/admin/pagos?estado=ENVIADA").await;
+    assert_eq!(answer.status(), 401, "a revoked token is refused at once");
+    assert_eq!(answer.headers()["content-type"], "application/problem+json");
+
+    let made_up = get_as(
+        &app,
+        "op_notarealtoken0000000000000000000",
+        "/admin/pagos?estado=ENVIADA",
+    )
+    .await;
+    assert_eq!(made_up.status(), 401);
+    let admin = get_as(&app, ADMIN_TOKEN, "/admin/pagos?estado=ENVIADA").await;
+    assert_eq!(admin.status(), 200, "the break-glass token stays");
+}
+
+fn pagos(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(crate::process::BIN)
+        .args(args)
+        .env_remove("PAGOS_DATABASE_URL")
+        .output()
+        .expect("pagos runs")
+}
+
+#[test]
+fn operators_add_prints_a_token_once_list_is_a_table_and_revoke_keeps_the_row() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = format!("sqlite://{}?mode=rwc", dir.path().join("ops.db").display());
+    let added = pagos(&[
+        "operators",
+        "add",
+        "ana",
+        "--rol",
+        "lector",
+        "--database-url",
+        &db,
+    ]);
+    assert!(added.status.success(), "{added:?}");
+    let token = String::from_utf8_lossy(&added.stdout).trim().to_owned();
+    assert!(token.starts_with("op_") && token.len() >= 35, "{token}");
+    let stderr = String::from_utf8_lossy(&added.stderr);
+    assert!(
+        !stderr.contains(&token),
+        "the token only on stdout: {stderr}"
+    );
+    assert!(stderr.contains("lector"), "{stderr}");
+
+    let default = pagos(&["operators", "add", "bea", "--database-url", &db]);
+    assert!(default.status.success());
+
+    let again = pagos(&["operators", "add", "ana", "--database-url", &db]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+    let bad_role = pagos(&[
+        "operators",
+        "add",
+        "cai",
+        "--rol",
+        "jefe",
+        "--database-url",
+        &db,
+    ]);
+    assert_eq!(bad_role.status.code(), Some(2));
+    let reserved = pagos(&["operators", "add", "admin", "--database-url", &db]);
+    assert_eq!(reserved.status.code(), Some(2));
+
+    let revoked = pagos(&["operators", "revoke", "ana", "--database-url", &db]);
+    assert!(revoked.status.success(), "{revoked:?}");
+    let nobody = pagos(&["operators", "revoke", "zoe", "--database-url", &db]);
+    assert_eq!(nobody.status.code(), Some(2));
+
+    let listed = pagos(&["operators", "list", "--database-url", &db]);
+    assert!(listed.status.success());
+    let table = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].contains("ROLE"),
+        "{table}"
+    );
+    assert!(
+        lines[1].starts_with("ana") && lines[1].contains("lector") && lines[1].contains("revoked"),
+        "{table}"
+    );
+    assert!(
+        lines[2].starts_with("bea") && lines[2].contains("operador") && lines[2].contains("active"),
+        "{table}"
+    );
+    assert!(!table.contains(&token), "never the token: {table}");
+
+    // Only the hash is stored.
+    // The database file and its write-ahead log, wherever SQLite left the rows.
+    let mut file = std::fs::read(dir.path().join("ops.db")).expect("db file");
+    file.extend(std::fs::read(dir.path().join("ops.db-wal")).unwrap_or_default());
+    let text = String::from_utf8_lossy(&file);
+    assert!(!text.contains(&token));
+    assert!(text.contains(&pagos::operators::hash_token(&token)));
+}
