@@ -370,20 +370,55 @@ async fn admin_refund(
 ) -> Result<Response, ApiError> {
     admin.may_act()?;
     let asked = parse(&headers, json, true)?;
-    tracing::info!(operator = %admin.name, payment_id = %id, "refund asked by on-call");
     let payment = Uuid::parse_str(&id).map_err(|_| not_found("payment"))?;
+    refund_asked_by_on_call(&state, &admin, payment, asked).await
+}
+
+/// On-call refunds from the console: the admin API's own way, with the key the form was
+/// rendered with (a form sent twice is one refund). `monto` absent: all that is left.
+pub async fn refund_by_hand(
+    state: &AppState,
+    who: &Admin,
+    payment: Uuid,
+    key: &str,
+    monto: Option<i64>,
+    motivo: &str,
+) -> Result<Response, ApiError> {
+    who.may_act()?;
+    let key = IdempotencyKey::parse(key.as_bytes()).map_err(|e| {
+        problem(
+            ProblemType::MalformedKey,
+            format!("{e}. Load the page again and resend the form."),
+        )
+    })?;
+    let mut value = serde_json::json!({ "motivo": motivo });
+    if let Some(monto) = monto {
+        value["monto"] = monto.into();
+    }
+    let refund = NewRefund::from_json(&value, true).map_err(validation_failed)?;
+    let asked = Asked { key, value, refund };
+    refund_asked_by_on_call(state, who, payment, asked).await
+}
+
+async fn refund_asked_by_on_call(
+    state: &AppState,
+    who: &Admin,
+    payment: Uuid,
+    asked: Asked,
+) -> Result<Response, ApiError> {
+    tracing::info!(operator = %who.name, payment_id = %payment, "refund asked by on-call");
     let Some(found) = crate::saga::store::find_payment(&state.db, payment).await? else {
         return Err(not_found("payment"));
     };
     let path = format!("/admin/pagos/{payment}/reembolsos");
     begin_and_answer(
-        &state,
+        state,
         found.merchant_id,
         KeyScope::Admin,
         &path,
         payment,
         asked,
-        "admin".to_owned(),
+        who.name.clone(),
     )
     .await
 }

@@ -12,6 +12,7 @@ on_both_databases!(
     logged_out_every_console_page_redirects_to_login,
     a_login_opens_a_strict_http_only_session_and_a_bad_token_does_not,
     a_console_form_without_its_csrf_token_is_refused_and_changes_nothing,
+    an_operador_refunds_from_the_console_once_however_often_the_form_is_sent,
 );
 
 fn client() -> reqwest::Client {
@@ -542,4 +543,109 @@ async fn a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it(ba
     assert_eq!(now.state, EndpointState::Activo, "reactivated");
     let (html, _) = page_with_csrf(&app, &session, "/consola/webhooks").await;
     assert!(!html.contains("hooks.acme.example"), "no longer listed");
+}
+
+fn hidden_in(html: &str, name: &str) -> String {
+    let needle = format!("name=\"{name}\" value=\"");
+    let at = html
+        .find(&needle)
+        .unwrap_or_else(|| panic!("a {name} field"))
+        + needle.len();
+    html[at..].split('"').next().expect("value").to_owned()
+}
+
+/// A refund from the payment's page: refused to a lector and without the CSRF token; an
+/// operador's form sent twice (a double click) is one refund at the gateway, listed on the
+/// page with who asked; a refund that needs on-call shows in the attention queue.
+async fn an_operador_refunds_from_the_console_once_however_often_the_form_is_sent(
+    backend: Backend,
+) {
+    use sea_orm::ConnectionTrait;
+    let (app, fake) = crate::refunds::app_with(backend, &[]).await;
+    let id = crate::refunds::paid(&app, "k-console-refund").await;
+    let path = format!("/consola/pagos/{id}/reembolsar");
+
+    let luis = operator(&app, "luis", Role::Lector).await;
+    let reader = log_in(&app, &luis).await;
+    let (html, csrf) = page_with_csrf(&app, &reader, &format!("/consola/pagos/{id}")).await;
+    assert!(
+        !html.contains("id=\"refund\""),
+        "no refund form for a lector"
+    );
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("clave", "consola-lector"),
+        ("motivo", "I should not"),
+    ];
+    let answer = post_form(&app, &reader, &path, &fields).await;
+    assert_eq!(answer.status(), 403);
+
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let session = log_in(&app, &eva).await;
+    let (html, csrf) = page_with_csrf(&app, &session, &format!("/consola/pagos/{id}")).await;
+    assert!(html.contains("id=\"refund\""));
+    assert!(
+        html.contains("2,500.00 COP"),
+        "what is left, in major units"
+    );
+    let clave = hidden_in(&html, "clave");
+    let no_csrf = [
+        ("clave", clave.as_str()),
+        ("monto", "1000"),
+        ("motivo", "customer asked"),
+    ];
+    let answer = post_form(&app, &session, &path, &no_csrf).await;
+    assert_eq!(answer.status(), 403, "no CSRF token, no refund");
+    assert!(fake.made().is_empty());
+
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("clave", clave.as_str()),
+        ("monto", "1000"),
+        ("motivo", "customer asked"),
+    ];
+    for _ in 0..2 {
+        let answer = post_form(&app, &session, &path, &form).await;
+        assert_eq!(answer.status(), 303);
+        assert_eq!(
+            answer.headers()["location"],
+            format!("/consola/pagos/{id}?hecho=reembolsado").as_str()
+        );
+    }
+    assert_eq!(fake.made().len(), 1, "the same form twice is one refund");
+    let (html, _) = page_with_csrf(
+        &app,
+        &session,
+        &format!("/consola/pagos/{id}?hecho=reembolsado"),
+    )
+    .await;
+    assert!(html.contains("id=\"refunds\""), "{html}");
+    assert!(
+        html.contains("Refunded: <strong>10.00 COP</strong>"),
+        "{html}"
+    );
+    assert!(html.contains(">eva<"), "the refund names who asked: {html}");
+
+    // Over what is left: refused with the reason, nothing sent.
+    let (html, csrf) = page_with_csrf(&app, &session, &format!("/consola/pagos/{id}")).await;
+    let over = [
+        ("csrf", csrf.as_str()),
+        ("clave", hidden_in(&html, "clave").as_str()),
+        ("monto", "250000"),
+        ("motivo", "too much"),
+    ]
+    .map(|(k, v)| (k, v.to_owned()));
+    let over: Vec<(&str, &str)> = over.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let answer = post_form(&app, &session, &path, &over).await;
+    assert_eq!(answer.status(), 422);
+    assert_eq!(fake.made().len(), 1);
+
+    // A refund under review is in the attention queue, linked to its payment.
+    app.db
+        .execute_unprepared("UPDATE refunds SET state = 'REVISION_MANUAL'")
+        .await
+        .expect("update");
+    let (html, _) = page_with_csrf(&app, &session, "/consola/").await;
+    assert!(html.contains("id=\"refund-queue\""), "{html}");
+    assert!(html.contains(&format!("/consola/pagos/{id}")), "{html}");
 }

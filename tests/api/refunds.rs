@@ -145,7 +145,7 @@ impl Respond for LookRefunds {
 }
 
 /// An app on `backend` with the fake gateway mounted.
-async fn app_with(backend: Backend, flags: &[&'static str]) -> (TestApp, FakeRefunds) {
+pub(crate) async fn app_with(backend: Backend, flags: &[&'static str]) -> (TestApp, FakeRefunds) {
     let app = Spawn::new(backend).flags(flags).start().await;
     let fake = FakeRefunds::default();
     fake.mount(app.gateway()).await;
@@ -153,7 +153,7 @@ async fn app_with(backend: Backend, flags: &[&'static str]) -> (TestApp, FakeRef
 }
 
 /// A COMPLETADA payment of 250000 COP; its id.
-async fn paid(app: &TestApp, key: &str) -> String {
+pub(crate) async fn paid(app: &TestApp, key: &str) -> String {
     let answer = app.pay(key, &payment_body()).await;
     assert_eq!(answer.status(), 201);
     json(answer).await["id"].as_str().expect("id").to_owned()

@@ -55,6 +55,7 @@ pub fn router() -> Router<AppState> {
         .route("/consola/pagos/{id}", get(payment_page))
         .route("/consola/pagos/{id}/reconciliar", post(reconcile_payment))
         .route("/consola/pagos/{id}/resolver", post(resolve_payment))
+        .route("/consola/pagos/{id}/reembolsar", post(refund_payment))
         .route(
             "/consola/reconciliaciones",
             get(reconciliation_page).post(run_reconciliation),
@@ -517,17 +518,63 @@ async fn queue_page(state: &AppState, console: &Console, page_no: u64) -> Result
     let names = merchant_names(state, &rows).await?;
     let last = last_words(state, &rows).await?;
     let stale = humantime::format_duration(state.settings.stale_after);
+    // Refunds that need on-call the same way: in review, or in flight too long.
+    use crate::entities::refund;
+    use pagos_types::RefundState;
+    let refunds = refund::Entity::find()
+        .filter(
+            Condition::any()
+                .add(refund::Column::State.eq(RefundState::RevisionManual.as_str()))
+                .add(
+                    Condition::all()
+                        .add(refund::Column::State.is_in([
+                            RefundState::EnProceso.as_str(),
+                            RefundState::Enviado.as_str(),
+                        ]))
+                        .add(refund::Column::CreatedAt.lt(stale_before)),
+                ),
+        )
+        .order_by_asc(refund::Column::CreatedAt)
+        .order_by_asc(refund::Column::Id)
+        .limit(PAGE_SIZE)
+        .all(&state.db)
+        .await?;
     let body = html! {
         h1 { "Needs attention" }
         p.muted {
             "Payments in manual review, and payments still in flight after " (stale)
             " (PAGOS_STALE_AFTER). Oldest first."
         }
-        @if rows.is_empty() && page_no == 1 {
+        @if rows.is_empty() && page_no == 1 && refunds.is_empty() {
             (notice("ok", "Nothing needs you right now."))
+        } @else if rows.is_empty() && page_no == 1 {
+            p.muted { "No payment needs you right now." }
         } @else {
             (payment_table(&rows, &names, &last, now))
             (view::pager("/consola/", page_no, has_next))
+        }
+        @if page_no == 1 && !refunds.is_empty() {
+            h2 { "Refunds" }
+            p.muted { "Refunds in manual review, and refunds still in flight after " (stale) ". Oldest first; the oldest " (PAGE_SIZE) " at most." }
+            div.table-wrap {
+                table.cards #refund-queue {
+                    thead { tr { th { "Age" } th { "State" } th { "Amount" } th { "Attempts" } th { "Last error" } th { "Payment" } } }
+                    tbody {
+                        @for r in &refunds {
+                            tr {
+                                td data-label="Age" { (age(now - r.created_at)) }
+                                td data-label="State" { (view::refund_badge(r.state)) }
+                                td data-label="Amount" { (money(r.amount, &r.currency)) }
+                                td data-label="Attempts" { (r.attempts) }
+                                td data-label="Last error" { (r.failure_code.as_deref().unwrap_or("—")) }
+                                td data-label="Payment" {
+                                    a.mono href={ "/consola/pagos/" (r.payment_id) } { (r.payment_id.to_string()[..8]) "…" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         }
     };
     Ok(page("Needs attention", Some(&console.who()), body))
@@ -660,6 +707,14 @@ async fn payment_page(
             "ok",
             "Reconciled now: see the state and the audit trail below.",
         )),
+        Some("reembolsado") => Some((
+            "ok",
+            "Refunded: the provider returned the money. The refund below names you.",
+        )),
+        Some("reembolso-enviado") => Some((
+            "info",
+            "Refund sent; the provider has not confirmed it yet. The reconciler settles it: see Refunds below.",
+        )),
         Some("omitido") => Some((
             "info",
             "Not reconciled: someone else holds it right now, or it is not the reconciler's to touch (final or under review).",
@@ -754,6 +809,21 @@ async fn detail_page(
         )
         .all(&state.db)
         .await?;
+    let refunds = crate::saga::refund::store::of_payment(&state.db, p.id).await?;
+    let refunded: i64 = refunds
+        .iter()
+        .filter(|r| r.state == pagos_types::RefundState::Completado)
+        .map(|r| r.amount)
+        .sum();
+    let held: i64 = refunds
+        .iter()
+        .filter(|r| r.state != pagos_types::RefundState::Fallido)
+        .map(|r| r.amount)
+        .sum();
+    let left = (p.amount - held).max(0);
+    let refundable = p.state == PaymentState::Completada && left > 0;
+    // One key per rendered form: the same form sent twice is one refund.
+    let refund_key = format!("consola-{}", Uuid::new_v4());
     let under_review = p.state == PaymentState::RevisionManual;
     let in_flight = matches!(p.state, PaymentState::EnProceso | PaymentState::Enviada);
     let provider = if under_review {
@@ -805,7 +875,7 @@ async fn detail_page(
             }
         }
         h2 { "Actions" }
-        @if !in_flight && !under_review {
+        @if !in_flight && !under_review && !refundable {
             p.muted { "None: the payment is final." }
         }
         div.actions {
@@ -846,6 +916,52 @@ async fn detail_page(
                         }
                     } @else {
                         p.muted.lector { (LECTOR_REFUSED) }
+                    }
+                }
+            }
+        }
+        @if refundable {
+            section.card {
+                h3 { "Refund" }
+                p.muted {
+                    "Returns money of this payment through the provider. Left to refund: "
+                    strong { (money(left, &p.currency)) } "."
+                }
+                @if console.may_act() {
+                    form.stack method="post" action={ "/consola/pagos/" (p.id) "/reembolsar" } {
+                        input type="hidden" name="csrf" value=(csrf);
+                        input type="hidden" name="clave" value=(refund_key);
+                        label for="monto" { "Amount in minor units of " (p.currency) " (empty: all that is left, " (left) ")" }
+                        input type="number" id="monto" name="monto" min="1" max=(left) step="1";
+                        label for="motivoReembolso" { "Reason (kept with the refund and your name)" }
+                        textarea id="motivoReembolso" name="motivo" required maxlength="255"
+                            placeholder="The customer's request, the ticket…" {}
+                        button type="submit" id="refund" { "Refund" }
+                    }
+                } @else {
+                    p.muted.lector { (LECTOR_REFUSED) }
+                }
+            }
+        }
+        h2 { "Refunds" }
+        @if refunds.is_empty() {
+            p.muted { "None." }
+        } @else {
+            p { "Refunded: " strong { (money(refunded, &p.currency)) } " of " (money(p.amount, &p.currency)) "." }
+            div.table-wrap {
+                table.cards #refunds {
+                    thead { tr { th { "Refund" } th { "State" } th { "Amount" } th { "Reason" } th { "Asked by" } th { "Created" } } }
+                    tbody {
+                        @for r in &refunds {
+                            tr {
+                                td.mono data-label="Refund" { (r.id) }
+                                td data-label="State" { (view::refund_badge(r.state)) }
+                                td data-label="Amount" { (money(r.amount, &r.currency)) }
+                                td data-label="Reason" { (r.reason.as_deref().unwrap_or("—")) }
+                                td data-label="Asked by" { (r.requested_by.as_deref().unwrap_or("the merchant")) }
+                                td data-label="Created" { (time(r.created_at)) " (" (age(now - r.created_at)) " ago)" }
+                            }
+                        }
                     }
                 }
             }
@@ -988,6 +1104,95 @@ async fn resolve_payment(
             detail_response(&state, &console, &id, status, Some(("error", &text))).await
         }
     }
+}
+
+#[derive(Deserialize)]
+struct RefundForm {
+    csrf: Option<String>,
+    clave: Option<String>,
+    monto: Option<String>,
+    motivo: Option<String>,
+}
+
+/// On-call refunds a payment: the admin API's refund, with the key the form was rendered
+/// with, so a form sent twice (a double click, a reload) is one refund.
+async fn refund_payment(
+    State(state): State<AppState>,
+    console: Console,
+    Path(id): Path<String>,
+    form: Result<Form<RefundForm>, FormRejection>,
+) -> Response {
+    let form = form.ok().map(|Form(f)| f);
+    if let Some(refusal) = console.csrf_refusal(form.as_ref().and_then(|f| f.csrf.as_deref())) {
+        return refusal;
+    }
+    if !console.may_act() {
+        return refused(Some(&console), LECTOR_REFUSED);
+    }
+    let Some(uuid) = parse_id(&id) else {
+        return not_found(&console);
+    };
+    let Some(form) = form else {
+        return refused(Some(&console), view::CSRF_REFUSED);
+    };
+    let monto = match form
+        .monto
+        .as_deref()
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+    {
+        None => None,
+        Some(text) => match text.parse::<i64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                let text = format!(
+                    "The amount must be a whole number of minor units, not {text:?}; nothing was refunded."
+                );
+                return detail_response(
+                    &state,
+                    &console,
+                    &id,
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    Some(("error", &text)),
+                )
+                .await;
+            }
+        },
+    };
+    let answer = super::refunds::refund_by_hand(
+        &state,
+        &console.admin(),
+        uuid,
+        form.clave.as_deref().unwrap_or(""),
+        monto,
+        form.motivo.as_deref().unwrap_or(""),
+    )
+    .await;
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(err) => {
+            let (status, text) = explain(err);
+            return detail_response(&state, &console, &id, status, Some(("error", &text))).await;
+        }
+    };
+    let status = answer.status();
+    if status.is_success() {
+        let done = if status == StatusCode::CREATED {
+            "reembolsado"
+        } else {
+            "reembolso-enviado"
+        };
+        return Redirect::to(&format!("/consola/pagos/{uuid}?hecho={done}")).into_response();
+    }
+    // A refusal (the provider's, or over what is left) is a problem: show its words.
+    let body = axum::body::to_bytes(answer.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let text = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["detail"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "The refund was refused.".to_owned());
+    detail_response(&state, &console, &id, status, Some(("error", &text))).await
 }
 
 // ---------------------------------------------------------------- reconciliation

@@ -59,6 +59,26 @@ pub fn state_words(state: PaymentState) -> (&'static str, &'static str) {
     }
 }
 
+/// A refund's state in words, and the colour class of its badge.
+pub fn refund_state_words(state: pagos_types::RefundState) -> (&'static str, &'static str) {
+    use pagos_types::RefundState;
+    match state {
+        RefundState::EnProceso => ("Registered, not sent yet", "st-registered"),
+        RefundState::Enviado => ("Sent, outcome not known yet", "st-sent"),
+        RefundState::Completado => ("Refunded", "st-paid"),
+        RefundState::Fallido => ("Refused, nothing returned", "st-failed"),
+        RefundState::RevisionManual => ("Needs manual review", "st-review"),
+    }
+}
+
+/// A refund's state as a coloured badge.
+pub fn refund_badge(state: pagos_types::RefundState) -> Markup {
+    let (words, class) = refund_state_words(state);
+    html! {
+        span class={ "badge " (class) } title=(state.as_str()) { (words) }
+    }
+}
+
 /// A state as a coloured badge: its words, and its name as the API writes it.
 pub fn state_badge(state: PaymentState) -> Markup {
     let (words, class) = state_words(state);
