@@ -46,20 +46,24 @@ pub struct Dispatcher {
 /// How long after an attempt's timeout its claim still holds.
 pub const CLAIM_MARGIN: Duration = Duration::from_secs(5);
 
-/// Rounds until `stop` says so; a round that worked is followed at once by the next.
+/// Rounds until `stop` says so. A round that filled its batch is followed at once by the
+/// next (a backlog drains at full speed); one that did less waits `idle`, so that events
+/// written one by one are taken up in batches: a busy payment path then costs the worker a
+/// few transactions a second, not one per payment.
 pub async fn run_periodically(d: Dispatcher, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let full = usize::try_from(d.batch).unwrap_or(usize::MAX);
     loop {
         if *stop.borrow() {
             return;
         }
-        let worked = match round(&d).await {
+        let (fanned, attempted) = match round_counts(&d).await {
             Ok(n) => n,
             Err(err) => {
                 tracing::warn!(error = %err, "webhook delivery round failed; retrying");
-                0
+                (0, 0)
             }
         };
-        if worked == 0 {
+        if fanned < full && attempted < full {
             tokio::select! {
                 () = tokio::time::sleep(d.idle) => {}
                 changed = stop.changed() => {
@@ -76,6 +80,12 @@ pub async fn run_periodically(d: Dispatcher, mut stop: tokio::sync::watch::Recei
 /// One round: fan out, claim, send, store. The number of events fanned out and attempts
 /// made.
 pub async fn round(d: &Dispatcher) -> Result<usize, DbErr> {
+    let (fanned, attempted) = round_counts(d).await?;
+    Ok(fanned + attempted)
+}
+
+/// One round: the events fanned out and the attempts made, apart.
+async fn round_counts(d: &Dispatcher) -> Result<(usize, usize), DbErr> {
     let retries = d.retries.clone();
     let fanned = deliveries::fan_out(&d.db, d.batch, |e| {
         retries.first_attempt(e.created_at, rand::random())
@@ -93,7 +103,7 @@ pub async fn round(d: &Dispatcher) -> Result<usize, DbErr> {
             tracing::warn!(error = %err, "a webhook attempt could not be stored; its claim runs out and it is sent again");
         }
     }
-    Ok(fanned + due.len())
+    Ok((fanned, due.len()))
 }
 
 /// The keys that sign an attempt at `at`: the endpoint's secret, and the one before its
