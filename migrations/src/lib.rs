@@ -18,6 +18,7 @@ mod m20261204_000010_refund_event_sequence;
 mod m20261204_000011_events;
 mod m20261204_000012_delivery_rounds;
 mod m20261204_000013_operators;
+mod m20261205_000014_payment_search_index;
 
 pub struct Migrator;
 
@@ -38,6 +39,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000011_events::Migration),
             Box::new(m20261204_000012_delivery_rounds::Migration),
             Box::new(m20261204_000013_operators::Migration),
+            Box::new(m20261205_000014_payment_search_index::Migration),
         ]
     }
 }

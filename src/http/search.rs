@@ -11,7 +11,7 @@ use axum::Json;
 use axum::extract::{RawQuery, State};
 use chrono::{DateTime, Utc};
 use pagos_types::PaymentState;
-use sea_orm::sea_query::Condition;
+use sea_orm::sea_query::{Condition, Expr};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
@@ -138,7 +138,11 @@ async fn search_payments(
     RawQuery(query): RawQuery,
 ) -> Result<Json<ListaPagos>, ApiError> {
     let search = parse(&query.unwrap_or_default())?;
-    let mut find = payment::Entity::find().filter(payment::Column::MerchantId.eq(merchant));
+    // `version >= 0` holds for every payment; written out, it lets the planner use the
+    // search's own partial index (migration m20261205_000014), which nothing else can.
+    let mut find = payment::Entity::find()
+        .filter(payment::Column::MerchantId.eq(merchant))
+        .filter(Expr::cust(r#""payments"."version" >= 0"#));
     if let Some(cursor) = search.cursor {
         // The page goes on after the cursor's payment, in the same order.
         let Some(last) = payment::Entity::find_by_id(cursor)

@@ -1,7 +1,8 @@
 //! `GET /v1/pagos`: the merchant's payments, newest first, filtered and a page at a time.
 
-use crate::helpers::{API_KEY, Backend, FakeGateway, OTHER_API_KEY, Spawn, json};
+use crate::helpers::{API_KEY, Backend, FakeGateway, OTHER_API_KEY, Spawn, TestDatabase, json};
 use crate::on_both_databases;
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use serde_json::json;
 
 on_both_databases!(
@@ -126,4 +127,47 @@ async fn bad_search_parameters_are_refused_with_a_problem(backend: Backend) {
         .await
         .expect("sent");
     assert_eq!(unauthenticated.status(), 401);
+}
+
+/// Registering a payment asks whether its key has a payment of this generation or a later
+/// one (`payments_merchant_key_idx`, one probe). An index that serves `merchant_id = …`
+/// alone is a candidate for that look-up too, and before the table's first `ANALYZE` the
+/// planner may take it: every create then reads all the merchant's payments. So the only
+/// index of `payments` led by `merchant_id` that any statement may use is the key's; the
+/// search's own is partial, usable only by the search that states its condition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_index_led_by_the_merchant_competes_with_the_key_look_up_of_a_create() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let database = TestDatabase::create(&backend).await;
+    let db = database.migrated().await;
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'payments' ORDER BY indexname",
+        ))
+        .await
+        .expect("pg_indexes");
+    let mut led_by_merchant = Vec::new();
+    let mut search = None;
+    for row in rows {
+        let name: String = row.try_get("", "indexname").expect("indexname");
+        let def: String = row.try_get("", "indexdef").expect("indexdef");
+        if name == "payments_search_idx" {
+            search = Some(def.clone());
+        }
+        if def.contains("(merchant_id") && !def.contains(" WHERE ") {
+            led_by_merchant.push(name);
+        }
+    }
+    assert_eq!(
+        led_by_merchant,
+        vec!["payments_merchant_key_idx".to_owned()]
+    );
+    let search = search.expect("the search index exists");
+    assert!(
+        search.contains("(merchant_id, created_at, id) WHERE (version >= 0)"),
+        "{search}"
+    );
 }
