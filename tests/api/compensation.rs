@@ -3,12 +3,12 @@
 //! (`PAGOS_ORPHAN_CHARGES=refund`, the default), so the answer stays true; with `review`
 //! the payment goes to on-call, who can resolve it `FALLIDA` with `reembolsar`.
 
-use crate::helpers::{Backend, Charge, Spawn, TestApp, charges, json, payment_body};
+use crate::helpers::{
+    Backend, Charge, TestApp, json, payment_body, post_webhook, resultado, timestamped_signature,
+};
 use crate::on_both_databases;
 use crate::refunds::FakeRefunds;
-use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
-use sha2::Sha256;
 use wiremock::{Mock, ResponseTemplate};
 
 on_both_databases!(
@@ -22,21 +22,8 @@ const ADMIN: &str = "adm_test_token";
 const CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ2";
 
 async fn spawn(backend: Backend, mode: &'static str) -> (TestApp, FakeRefunds) {
-    let app = Spawn::new(backend)
-        .flags(&[
-            "--webhook-secret",
-            SECRET,
-            "--admin-token",
-            ADMIN,
-            "--orphan-charges",
-            mode,
-        ])
-        .start()
-        .await;
-    charges()
-        .respond_with(Charge::declined())
-        .mount(app.gateway())
-        .await;
+    let app = crate::webhooks::spawn_with(backend, &["--orphan-charges", mode]).await;
+    app.answer_charges(Charge::declined()).await;
     let fake = FakeRefunds::default();
     fake.mount_refunds(app.gateway()).await;
     (app, fake)
@@ -72,25 +59,17 @@ pub async fn deliver_event(
     let body =
         serde_json::to_vec(&json!({"id": id, "type": kind, "sequence": sequence, "data": data}))
             .expect("JSON");
-    let t = chrono::Utc::now().timestamp();
-    let mut mac = Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).expect("key");
-    mac.update(format!("{t}.").as_bytes());
-    mac.update(&body);
-    let signature = format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()));
-    let answer = app
-        .http
-        .post(app.url("/v1/webhooks/http"))
-        .header("Content-Type", "application/json")
-        .header("Gateway-Signature", signature)
-        .body(body)
-        .send()
-        .await
-        .expect("delivered");
-    assert_eq!(answer.status(), 200);
-    json(answer).await["resultado"]
-        .as_str()
-        .expect("resultado")
-        .to_owned()
+    let signature = timestamped_signature(SECRET, chrono::Utc::now().timestamp(), &body);
+    resultado(
+        post_webhook(
+            app,
+            "/v1/webhooks/http",
+            &[("Gateway-Signature", &signature)],
+            &body,
+        )
+        .await,
+    )
+    .await
 }
 
 async fn admin(app: &TestApp, path: &str, body: Option<Value>) -> Value {
@@ -163,13 +142,12 @@ async fn in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_r
 
     // reembolsar only goes with FALLIDA.
     let wrong = app
-        .http
-        .post(app.url(&format!("/admin/pagos/{payment}/resolucion")))
-        .bearer_auth(ADMIN)
-        .json(&json!({"estado": "COMPLETADA", "reembolsar": true, "motivo": "x"}))
-        .send()
-        .await
-        .expect("sent");
+        .resolve_as(
+            ADMIN,
+            &payment,
+            &json!({"estado": "COMPLETADA", "reembolsar": true, "motivo": "x"}),
+        )
+        .await;
     assert_eq!(wrong.status(), 422);
 
     // On-call asks what the provider charged: the one charge.

@@ -5,11 +5,9 @@
 
 use crate::helpers::{Backend, Spawn, TestApp, json};
 use crate::on_both_databases;
-use hmac::{Hmac, Mac};
 use pagos::entities::{processed_message, webhook_charge};
 use sea_orm::{EntityTrait, PaginatorTrait};
 use serde_json::{Value, json};
-use sha2::Sha256;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use wiremock::matchers::{method, path, path_regex};
@@ -185,12 +183,8 @@ impl Respond for FakeSearch {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let reference = crate::helpers::query_param(request, "external_reference");
         let state = self.0.lock();
-        let found: Vec<Value> = state
-            .by_id
-            .values()
-            .filter(|p| p["external_reference"] == reference.as_str())
-            .cloned()
-            .collect();
+        let found =
+            crate::helpers::matching(state.by_id.values(), "external_reference", &reference);
         let mut answer = if found.is_empty() {
             fixture("search_empty")
         } else {
@@ -387,9 +381,11 @@ async fn what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_store
 
 /// `x-signature` as Mercado Pago computes it, here independently of pagos' code.
 fn x_signature(secret: &str, data_id: &str, request_id: &str, ts: i64) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
-    mac.update(format!("id:{data_id};request-id:{request_id};ts:{ts};").as_bytes());
-    format!("ts={ts},v1={}", hex::encode(mac.finalize().into_bytes()))
+    let manifest = format!("id:{data_id};request-id:{request_id};ts:{ts};");
+    format!(
+        "ts={ts},v1={}",
+        crate::helpers::hmac_hex(secret, &[manifest.as_bytes()])
+    )
 }
 
 fn notification(notification_id: u64, data_id: &str) -> Vec<u8> {
@@ -423,17 +419,13 @@ async fn notify_signed_as(
     signature: &str,
     request_id: &str,
 ) -> reqwest::Response {
-    app.http
-        .post(app.url(&format!(
-            "/v1/webhooks/mercadopago?data.id={data_id}&type=payment"
-        )))
-        .header("Content-Type", "application/json")
-        .header("x-signature", signature)
-        .header("x-request-id", request_id)
-        .body(body.to_vec())
-        .send()
-        .await
-        .expect("delivered")
+    crate::helpers::post_webhook(
+        app,
+        &format!("/v1/webhooks/mercadopago?data.id={data_id}&type=payment"),
+        &[("x-signature", signature), ("x-request-id", request_id)],
+        body,
+    )
+    .await
 }
 
 async fn notify(app: &TestApp, notification_id: u64, data_id: &str) -> reqwest::Response {
@@ -635,9 +627,7 @@ async fn a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_
         assert_eq!(answer.status(), 401, "ts={ts}");
         let problem = json(answer).await;
         assert!(
-            problem["detail"]
-                .as_str()
-                .is_some_and(|d| d.contains("5 minutes")),
+            crate::helpers::text_has(&problem, "detail", "5 minutes"),
             "{problem}"
         );
     }

@@ -4,11 +4,9 @@
 
 use crate::helpers::{Backend, Spawn, TestApp, json};
 use crate::on_both_databases;
-use hmac::{Hmac, Mac};
 use pagos::entities::{processed_message, webhook_charge};
 use sea_orm::{EntityTrait, PaginatorTrait};
 use serde_json::{Value, json};
-use sha2::Sha256;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -380,12 +378,9 @@ async fn requires_action_goes_to_manual_review_past_the_give_up_horizon(backend:
 
 /// The header Stripe sends, computed here independently of pagos' code.
 fn stripe_signature(secret: &str, t: i64, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
-    mac.update(format!("{t}.").as_bytes());
-    mac.update(body);
     format!(
-        "t={t},v1={},v0={}",
-        hex::encode(mac.finalize().into_bytes()),
+        "{},v0={}",
+        crate::helpers::timestamped_signature(secret, t, body),
         "0".repeat(64)
     )
 }
@@ -406,23 +401,18 @@ fn event(name: &str, event_id: &str, id: &str, created: i64) -> Vec<u8> {
 }
 
 async fn deliver_signed(app: &TestApp, body: &[u8], signature: &str) -> reqwest::Response {
-    app.http
-        .post(app.url("/v1/webhooks/stripe"))
-        .header("Content-Type", "application/json")
-        .header("Stripe-Signature", signature)
-        .body(body.to_vec())
-        .send()
-        .await
-        .expect("delivered")
+    crate::helpers::post_webhook(
+        app,
+        "/v1/webhooks/stripe",
+        &[("Stripe-Signature", signature)],
+        body,
+    )
+    .await
 }
 
 async fn deliver(app: &TestApp, body: &[u8]) -> String {
     let answer = deliver_signed(app, body, &stripe_signature(WEBHOOK_SECRET, now(), body)).await;
-    assert_eq!(answer.status(), 200);
-    json(answer).await["resultado"]
-        .as_str()
-        .expect("resultado")
-        .to_owned()
+    crate::helpers::resultado(answer).await
 }
 
 async fn recorded(app: &TestApp) -> (u64, u64) {

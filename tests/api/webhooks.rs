@@ -2,13 +2,11 @@
 //! once. Payments are made pending through `POST /v1/pagos` (wiremock answers `pending`),
 //! then settled by signed events sent over real HTTP.
 
-use crate::helpers::{Backend, Charge, Spawn, TestApp, charges, json, payment_body};
+use crate::helpers::{Backend, Charge, Spawn, TestApp, json, payment_body};
 use crate::on_both_databases;
-use hmac::{Hmac, Mac};
 use pagos::entities::{payment_transition, processed_message, webhook_charge};
 use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder};
 use serde_json::{Value, json};
-use sha2::Sha256;
 
 on_both_databases!(
     one_event_delivered_ten_times_in_a_row_moves_the_payment_once,
@@ -35,19 +33,19 @@ const ADMIN: &str = "adm_test_token";
 const CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ3";
 
 async fn spawn(backend: Backend) -> TestApp {
-    crate::helpers::started(
-        backend,
-        &["--webhook-secret", SECRET, "--admin-token", ADMIN],
-    )
-    .await
+    spawn_with(backend, &[]).await
+}
+
+/// pagos with the webhook secret `SECRET`, the admin token `ADMIN`, and `extra` flags.
+pub async fn spawn_with(backend: Backend, extra: &[&str]) -> TestApp {
+    let mut flags = vec!["--webhook-secret", SECRET, "--admin-token", ADMIN];
+    flags.extend_from_slice(extra);
+    crate::helpers::started(backend, &flags).await
 }
 
 /// A payment left ENVIADA by a gateway answering `pending`; returns its id.
 async fn pending_payment(app: &TestApp, key: &str) -> String {
-    charges()
-        .respond_with(Charge::pending())
-        .mount(app.gateway())
-        .await;
+    app.answer_charges(Charge::pending()).await;
     let answer = app.pay(key, &payment_body()).await;
     assert_eq!(answer.status(), 202);
     let body = json(answer).await;
@@ -75,10 +73,7 @@ fn event(id: &str, sequence: i64, data: Value) -> Vec<u8> {
 
 /// The header a gateway sends, computed here independently of pagos' own code.
 fn signature(secret: &str, t: i64, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
-    mac.update(format!("{t}.").as_bytes());
-    mac.update(body);
-    format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+    crate::helpers::timestamped_signature(secret, t, body)
 }
 
 fn now() -> i64 {
@@ -86,14 +81,13 @@ fn now() -> i64 {
 }
 
 async fn deliver_signed(app: &TestApp, body: &[u8], signature: &str) -> reqwest::Response {
-    app.http
-        .post(app.url("/v1/webhooks/http"))
-        .header("Content-Type", "application/json")
-        .header("Gateway-Signature", signature)
-        .body(body.to_vec())
-        .send()
-        .await
-        .expect("delivered")
+    crate::helpers::post_webhook(
+        app,
+        "/v1/webhooks/http",
+        &[("Gateway-Signature", signature)],
+        body,
+    )
+    .await
 }
 
 async fn deliver(app: &TestApp, body: &[u8]) -> reqwest::Response {
@@ -101,11 +95,7 @@ async fn deliver(app: &TestApp, body: &[u8]) -> reqwest::Response {
 }
 
 async fn outcome(answer: reqwest::Response) -> String {
-    assert_eq!(answer.status(), 200);
-    json(answer).await["resultado"]
-        .as_str()
-        .expect("resultado")
-        .to_owned()
+    crate::helpers::resultado(answer).await
 }
 
 /// (from, to, actor, reason) of the payment's audit trail, oldest first.
@@ -426,9 +416,7 @@ async fn webhooks_answer_401_while_no_secret_is_set(backend: Backend) {
     assert_eq!(answer.status(), 401);
     let problem = json(answer).await;
     assert!(
-        problem["detail"]
-            .as_str()
-            .is_some_and(|d| d.contains("PAGOS_WEBHOOK_SECRET")),
+        crate::helpers::text_has(&problem, "detail", "PAGOS_WEBHOOK_SECRET"),
         "{problem}"
     );
     assert_eq!(recorded(&app).await, (0, 0));
@@ -464,17 +452,7 @@ async fn a_contradicting_event_sends_a_final_payment_to_manual_review(backend: B
 async fn a_payment_under_manual_review_is_left_to_on_call(backend: Backend) {
     // A charge succeeding after FALLIDA sends the payment to review only when orphan
     // charges are reviewed rather than refunded (tests/api/compensation.rs has the other).
-    let app = Spawn::new(backend)
-        .flags(&[
-            "--webhook-secret",
-            SECRET,
-            "--admin-token",
-            ADMIN,
-            "--orphan-charges",
-            "review",
-        ])
-        .start()
-        .await;
+    let app = spawn_with(backend, &["--orphan-charges", "review"]).await;
     let id = pending_payment(&app, "k-wh-review").await;
     for (evt, seq, status, expected) in [
         ("evt_r_2", 2, "declined", "aplicado"),
@@ -601,26 +579,10 @@ async fn processed_messages_older_than_the_retention_are_purged(backend: Backend
 
 async fn the_openapi_document_describes_the_webhook_and_the_orphan_list(backend: Backend) {
     let app = Spawn::new(backend).sandbox().start().await;
-    let doc = json(
-        app.http
-            .get(app.url("/openapi.json"))
-            .send()
-            .await
-            .expect("sent"),
-    )
-    .await;
+    let doc = app.openapi().await;
     let webhook = &doc["paths"]["/v1/webhooks/http"]["post"];
-    let header = webhook["parameters"]
-        .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["name"] == "Gateway-Signature"))
-        .expect("Gateway-Signature is documented");
-    assert_eq!(header["in"], "header");
-    for status in ["200", "400", "401", "503"] {
-        assert!(
-            webhook["responses"][status].is_object(),
-            "{status} documented"
-        );
-    }
+    crate::helpers::header_parameter(webhook, "Gateway-Signature", "the webhook");
+    crate::helpers::assert_responses(webhook, &["200", "400", "401", "503"], "the webhook");
     let orphans = &doc["paths"]["/admin/cargos-huerfanos"]["get"];
     assert!(orphans["responses"]["200"].is_object());
     assert!(orphans["security"].is_array(), "admin token required");

@@ -3,7 +3,7 @@
 //! killed between a payment's transition and its delivery, or between sending and storing
 //! the attempt, loses nothing (the example consumer still applies the event once).
 
-use crate::helpers::{API_KEY, Backend, FakeGateway, TestDatabase, payment_body};
+use crate::helpers::{API_KEY, Backend, FakeGateway, TestDatabase, payment_body, send_json};
 use crate::on_both_databases;
 use crate::process::Serve;
 use crate::receiver::Receiver;
@@ -11,7 +11,7 @@ use crate::webhooks_out::eventually;
 use pagos::delivery::consumer::Verifier;
 use pagos::entities::webhook_attempt;
 use sea_orm::{DatabaseConnection, EntityTrait};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::collections::BTreeSet;
 use std::time::Duration;
 use wiremock::MockServer;
@@ -30,14 +30,7 @@ struct World {
 
 impl World {
     async fn new(backend: Backend) -> World {
-        let database = TestDatabase::create(&backend).await;
-        let settings = crate::helpers::settings(&database.url, &[]);
-        let db = pagos::app::open_and_migrate(&settings.database)
-            .await
-            .expect("database");
-        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
-            .await
-            .expect("merchant");
+        let (database, db) = TestDatabase::with_acme(&backend).await;
         let gateway = MockServer::start().await;
         FakeGateway::charging("succeeded").mount(&gateway).await;
         World {
@@ -68,17 +61,13 @@ impl World {
     }
 
     async fn register(&self, serve: &Serve, url: &str) -> String {
-        let made: Value = self
-            .http
-            .post(format!("{}/v1/webhook-endpoints", serve.url))
-            .bearer_auth(API_KEY)
-            .json(&json!({ "url": url }))
-            .send()
-            .await
-            .expect("sent")
-            .json()
-            .await
-            .expect("json");
+        let made = send_json(
+            self.http
+                .post(format!("{}/v1/webhook-endpoints", serve.url))
+                .bearer_auth(API_KEY)
+                .json(&json!({ "url": url })),
+        )
+        .await;
         made["secreto"].as_str().expect("secret").to_owned()
     }
 
