@@ -82,16 +82,27 @@ async fn admin(app: &TestApp, path: &str, body: Option<Value>) -> Value {
     json(answer).await
 }
 
+/// With `--orphan-charges mode`, a payment answered FALLIDA whose charge a webhook then
+/// reports succeeded (`outcome`, its answer): the app, the refunds fake and the payment.
+async fn charge_found_after_a_decline(
+    backend: Backend,
+    mode: &'static str,
+    outcome: &str,
+) -> (TestApp, FakeRefunds, String) {
+    let (app, fake) = spawn(backend, mode).await;
+    let payment = declined(&app).await;
+    assert_eq!(
+        deliver(&app, "evt_1", 2, succeeded(&payment)).await,
+        outcome
+    );
+    (app, fake, payment)
+}
+
 async fn a_charge_found_after_a_fallida_answer_is_refunded_in_full_and_the_answer_stays(
     backend: Backend,
 ) {
-    let (app, fake) = spawn(backend, "refund").await;
-    let payment = declined(&app).await;
-
-    assert_eq!(
-        deliver(&app, "evt_1", 2, succeeded(&payment)).await,
-        "reembolsando"
-    );
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "refund", "reembolsando").await;
     assert_eq!(app.payment(&payment).await.state, "FALLIDA");
     // The same charge reported again is not refunded twice.
     assert_eq!(
@@ -131,12 +142,8 @@ async fn a_charge_found_after_a_fallida_answer_is_refunded_in_full_and_the_answe
 async fn in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_refunded(
     backend: Backend,
 ) {
-    let (app, fake) = spawn(backend, "review").await;
-    let payment = declined(&app).await;
-    assert_eq!(
-        deliver(&app, "evt_1", 2, succeeded(&payment)).await,
-        "revision_manual"
-    );
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "review", "revision_manual").await;
     assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
     assert!(fake.made().is_empty(), "nothing refunded without on-call");
 

@@ -178,16 +178,7 @@ async fn a_crash_after_marking_sent_is_resent_with_the_same_key_once(backend: Ba
         "died before the call",
     )
     .await;
-    let keys: Vec<String> = crate::helpers::received(&world.gateway, "POST", |_| true)
-        .await
-        .iter()
-        .map(|r| {
-            r.headers["idempotency-key"]
-                .to_str()
-                .unwrap_or("")
-                .to_owned()
-        })
-        .collect();
+    let keys = crate::helpers::keys_sent(&world.gateway, "POST", |_| true).await;
     assert_eq!(
         keys,
         vec![left.gateway_key.clone()],

@@ -916,6 +916,25 @@ pub async fn received(
         .collect()
 }
 
+/// The `Idempotency-Key` of each request `server` received with `method` on a path
+/// `path` accepts, in order (each must have one).
+pub async fn keys_sent(
+    server: &MockServer,
+    method: &str,
+    path: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    received(server, method, path)
+        .await
+        .iter()
+        .map(|r| {
+            r.headers["idempotency-key"]
+                .to_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect()
+}
+
 /// The id of the merchant `acme`.
 pub async fn acme(db: &DatabaseConnection) -> uuid::Uuid {
     pagos::entities::merchant::Entity::find()

@@ -108,15 +108,21 @@ async fn the_reconciler_and_on_call_write_events_with_growing_sequences(backend:
     assert_eq!(second.datos["estado"], "COMPLETADA");
 }
 
+/// A payment with `key` left ENVIADA by a gateway answering `pending`: its id and row.
+async fn left_enviada(app: &TestApp, key: &str) -> (String, pagos::entities::payment::Model) {
+    app.with_fake(FakeGateway::charging("pending")).await;
+    let answer = app.pay(key, &payment_body()).await;
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+    let current = app.payment(&id).await;
+    (id, current)
+}
+
 /// A move whose event cannot be written (here: an event of that very step is already
 /// there) fails whole: the payment stays where it was, no second event appears. On
 /// PostgreSQL this is the one-statement write; on SQLite its transaction.
 async fn a_transition_that_fails_writes_neither_the_move_nor_its_event(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    app.with_fake(FakeGateway::charging("pending")).await;
-    let answer = app.pay("k-4", &payment_body()).await;
-    let id = json(answer).await["id"].as_str().expect("id").to_owned();
-    let current = app.payment(&id).await;
+    let (id, current) = left_enviada(&app, "k-4").await;
     let blocker = pagos::outbox::event(
         current.merchant_id,
         EventType::PagoCompletado,
@@ -153,10 +159,7 @@ async fn a_transition_that_fails_writes_neither_the_move_nor_its_event(backend: 
 
 async fn a_rolled_back_transaction_leaves_no_event(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    app.with_fake(FakeGateway::charging("pending")).await;
-    let answer = app.pay("k-5", &payment_body()).await;
-    let id = json(answer).await["id"].as_str().expect("id").to_owned();
-    let current = app.payment(&id).await;
+    let (id, current) = left_enviada(&app, "k-5").await;
 
     let tx = app.db.begin().await.expect("begin");
     let written = pagos::saga::apply(

@@ -99,17 +99,9 @@ async fn settles_with_one_refund_and_the_retry_gets_the_final_answer(
     assert_eq!(world.fake.made().len(), 1);
 }
 
-fn refund_keys_sent(requests: &[wiremock::Request]) -> Vec<String> {
-    requests
-        .iter()
-        .filter(|r| r.method.as_str() == "POST" && r.url.path() == "/v1/refunds")
-        .map(|r| {
-            r.headers["idempotency-key"]
-                .to_str()
-                .unwrap_or("")
-                .to_owned()
-        })
-        .collect()
+/// The `Idempotency-Key` of each refund the gateway was asked for, in order.
+async fn refund_keys_sent(world: &World) -> Vec<String> {
+    crate::helpers::keys_sent(&world.gateway, "POST", |p| p == "/v1/refunds").await
 }
 
 /// A refund asked of a server that aborts at `failpoint`, left in `state` with `made`
@@ -151,9 +143,8 @@ async fn a_crash_after_marking_a_refund_sent_is_resent_with_the_same_key_once(ba
         "died before the call",
     )
     .await;
-    let requests = world.gateway.received_requests().await.unwrap_or_default();
     assert_eq!(
-        refund_keys_sent(&requests),
+        refund_keys_sent(&world).await,
         vec![left.gateway_key.clone()],
         "one send, with the refund's gateway key"
     );
@@ -170,9 +161,8 @@ async fn a_crash_after_the_gateway_refunded_is_settled_from_the_provider_without
         "refunded, then the crash",
     )
     .await;
-    let requests = world.gateway.received_requests().await.unwrap_or_default();
     assert_eq!(
-        refund_keys_sent(&requests).len(),
+        refund_keys_sent(&world).await.len(),
         1,
         "found by look-up, never resent"
     );

@@ -84,6 +84,16 @@ impl World {
         assert_eq!(answer.status(), 201);
     }
 
+    /// A process that aborts at `failpoint`, with `receiver` registered (and consuming) and
+    /// a payment made through it.
+    async fn paid_through_doomed(&self, failpoint: &str, receiver: &Receiver) -> Serve {
+        let doomed = self.serve(&[("PAGOS_CRASH_AT", failpoint)]).await;
+        let secret = self.register(&doomed, &receiver.url("/")).await;
+        receiver.consume(Verifier::new(&secret).expect("verifier"));
+        self.pay(&doomed, "k-1").await;
+        doomed
+    }
+
     async fn attempts(&self) -> Vec<webhook_attempt::Model> {
         webhook_attempt::Entity::find()
             .all(&self.db)
@@ -135,10 +145,9 @@ async fn two_processes_share_the_deliveries_without_sending_one_attempt_twice() 
 async fn a_process_killed_after_claiming_a_delivery_loses_nothing(backend: Backend) {
     let world = World::new(backend).await;
     let receiver = Receiver::start().await;
-    let mut doomed = world.serve(&[("PAGOS_CRASH_AT", "delivery_claimed")]).await;
-    let secret = world.register(&doomed, &receiver.url("/")).await;
-    receiver.consume(Verifier::new(&secret).expect("verifier"));
-    world.pay(&doomed, "k-1").await;
+    let mut doomed = world
+        .paid_through_doomed("delivery_claimed", &receiver)
+        .await;
     assert!(
         doomed.ended_by_itself(Duration::from_secs(10)).await,
         "the failpoint aborts the process:\n{}",
@@ -162,10 +171,7 @@ async fn a_process_killed_after_sending_before_storing_redelivers_and_the_consum
 ) {
     let world = World::new(backend).await;
     let receiver = Receiver::start().await;
-    let mut doomed = world.serve(&[("PAGOS_CRASH_AT", "delivery_sent")]).await;
-    let secret = world.register(&doomed, &receiver.url("/")).await;
-    receiver.consume(Verifier::new(&secret).expect("verifier"));
-    world.pay(&doomed, "k-1").await;
+    let mut doomed = world.paid_through_doomed("delivery_sent", &receiver).await;
     assert!(doomed.ended_by_itself(Duration::from_secs(10)).await);
     assert_eq!(receiver.deliveries().len(), 1, "sent, never stored");
     assert!(world.attempts().await.is_empty());
