@@ -428,16 +428,21 @@ impl TestApp {
         received(self.gateway(), "POST", |p| p == "/v1/charges").await
     }
 
+    /// The rows of the table of entity `E`.
+    pub async fn rows_of<E: EntityTrait>(&self) -> u64
+    where
+        E::Model: Sync,
+    {
+        E::find().count(&self.db).await.expect("count")
+    }
+
+    /// (idempotency keys stored, payments stored).
     pub async fn count_rows(&self) -> (u64, u64) {
-        let keys = pagos::entities::idempotency_key::Entity::find()
-            .count(&self.db)
-            .await
-            .expect("count");
-        let payments = pagos::entities::payment::Entity::find()
-            .count(&self.db)
-            .await
-            .expect("count");
-        (keys, payments)
+        (
+            self.rows_of::<pagos::entities::idempotency_key::Entity>()
+                .await,
+            self.rows_of::<pagos::entities::payment::Entity>().await,
+        )
     }
 
     pub async fn payment(&self, id: &str) -> pagos::entities::payment::Model {
@@ -976,6 +981,54 @@ pub fn left_payment(
         updated_at: at,
         generation: 0,
         claimed_until: None,
+    }
+}
+
+/// pagos speaking `provider`'s API (`stripe`, `mercadopago`) to the wiremock gateway, with
+/// `--<provider>-webhook-secret secret` and `flags`.
+pub async fn provider_app(
+    backend: Backend,
+    provider: &str,
+    secret: &str,
+    flags: &[&str],
+) -> TestApp {
+    let secret_flag = format!("--{provider}-webhook-secret");
+    Spawn::new(backend)
+        .provider(provider)
+        .flags(&[&secret_flag, secret])
+        .flags(flags)
+        .start()
+        .await
+}
+
+/// A row of a provider's status mapping: the scenario (`<http status> <fixture>`, the
+/// payment's description), the status pagos answers, the state, and the decline code.
+pub type Mapping<'a> = (&'a str, u16, &'a str, Option<&'a str>);
+
+/// Pays once for each row of `table`, with the body `body` makes of its scenario, and
+/// asserts the answer the row names.
+pub async fn assert_mapping(app: &TestApp, table: &[Mapping<'_>], body: impl Fn(&str) -> Value) {
+    for &(scenario, status, estado, decline) in table {
+        let key = format!("k-map-{}", scenario.replace(' ', "-"));
+        let (got, answer) = app.pay_read(&key, &body(scenario)).await;
+        assert_eq!(got, status, "{scenario}: {answer}");
+        let pago = if got == 402 { &answer["pago"] } else { &answer };
+        assert_eq!(pago["estado"], estado, "{scenario}");
+        if let Some(code) = decline {
+            assert_eq!(answer["declineCode"], code, "{scenario}");
+        }
+    }
+}
+
+impl TestApp {
+    /// (webhook messages processed, webhook charges recorded).
+    pub async fn recorded(&self) -> (u64, u64) {
+        (
+            self.rows_of::<pagos::entities::processed_message::Entity>()
+                .await,
+            self.rows_of::<pagos::entities::webhook_charge::Entity>()
+                .await,
+        )
     }
 }
 

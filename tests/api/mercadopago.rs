@@ -3,10 +3,8 @@
 //! key inside the key window and review outside it, and signed notifications whose
 //! payment is asked from Mercado Pago, applied once.
 
-use crate::helpers::{Backend, Spawn, TestApp, json};
+use crate::helpers::{Backend, TestApp, json};
 use crate::on_both_databases;
-use pagos::entities::{processed_message, webhook_charge};
-use sea_orm::{EntityTrait, PaginatorTrait};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,13 +31,8 @@ fn fixture(name: &str) -> Value {
     crate::helpers::fixture("mercadopago", name)
 }
 
-async fn spawn(backend: Backend, flags: &[&'static str]) -> TestApp {
-    Spawn::new(backend)
-        .provider("mercadopago")
-        .flags(&["--mercadopago-webhook-secret", WEBHOOK_SECRET])
-        .flags(flags)
-        .start()
-        .await
+async fn spawn(backend: Backend, flags: &[&str]) -> TestApp {
+    crate::helpers::provider_app(backend, "mercadopago", WEBHOOK_SECRET, flags).await
 }
 
 fn card(description: &str) -> Value {
@@ -296,47 +289,43 @@ async fn every_status_in_the_mapping_table_maps_as_documented(backend: Backend) 
         .respond_with(ByDescription)
         .mount(app.gateway())
         .await;
-    for (scenario, status, estado, decline) in [
-        ("201 payment_approved", 201, "COMPLETADA", None),
-        ("201 payment_pending", 202, "ENVIADA", None),
-        ("201 payment_in_process", 202, "ENVIADA", None),
-        ("201 payment_authorized", 202, "ENVIADA", None),
-        ("201 payment_in_mediation", 202, "ENVIADA", None),
-        (
-            "201 payment_rejected",
-            402,
-            "FALLIDA",
-            Some("cc_rejected_insufficient_amount"),
-        ),
-        (
-            "201 payment_cancelled",
-            402,
-            "FALLIDA",
-            Some("cancelled_expired"),
-        ),
-        ("201 payment_refunded", 402, "FALLIDA", Some("refunded")),
-        (
-            "201 payment_charged_back",
-            402,
-            "FALLIDA",
-            Some("charged_back"),
-        ),
-        (
-            "400 error_bad_request",
-            402,
-            "FALLIDA",
-            Some("gateway_rejected_400"),
-        ),
-    ] {
-        let key = format!("k-map-{}", scenario.replace(' ', "-"));
-        let (got, answer) = app.pay_read(&key, &card(scenario)).await;
-        assert_eq!(got, status, "{scenario}: {answer}");
-        let pago = if got == 402 { &answer["pago"] } else { &answer };
-        assert_eq!(pago["estado"], estado, "{scenario}");
-        if let Some(code) = decline {
-            assert_eq!(answer["declineCode"], code, "{scenario}");
-        }
-    }
+    crate::helpers::assert_mapping(
+        &app,
+        &[
+            ("201 payment_approved", 201, "COMPLETADA", None),
+            ("201 payment_pending", 202, "ENVIADA", None),
+            ("201 payment_in_process", 202, "ENVIADA", None),
+            ("201 payment_authorized", 202, "ENVIADA", None),
+            ("201 payment_in_mediation", 202, "ENVIADA", None),
+            (
+                "201 payment_rejected",
+                402,
+                "FALLIDA",
+                Some("cc_rejected_insufficient_amount"),
+            ),
+            (
+                "201 payment_cancelled",
+                402,
+                "FALLIDA",
+                Some("cancelled_expired"),
+            ),
+            ("201 payment_refunded", 402, "FALLIDA", Some("refunded")),
+            (
+                "201 payment_charged_back",
+                402,
+                "FALLIDA",
+                Some("charged_back"),
+            ),
+            (
+                "400 error_bad_request",
+                402,
+                "FALLIDA",
+                Some("gateway_rejected_400"),
+            ),
+        ],
+        card,
+    )
+    .await;
     assert_eq!(posts(&app).await.len(), 10, "one call each");
 }
 
@@ -454,19 +443,6 @@ async fn outcome(answer: reqwest::Response) -> String {
         .to_owned()
 }
 
-async fn recorded(app: &TestApp) -> (u64, u64) {
-    (
-        processed_message::Entity::find()
-            .count(&app.db)
-            .await
-            .expect("count"),
-        webhook_charge::Entity::find()
-            .count(&app.db)
-            .await
-            .expect("count"),
-    )
-}
-
 /// A payment Mercado Pago left pending (cash at Efecty); returns its id.
 async fn pending_payment(app: &TestApp, key: &str) -> String {
     let cash = json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
@@ -498,7 +474,7 @@ async fn a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_i
         assert_eq!(answer.status(), 401, "{signature}");
     }
     assert_eq!(
-        recorded(&app).await,
+        app.recorded().await,
         (0, 0),
         "a refused notification records nothing"
     );
@@ -542,7 +518,7 @@ async fn a_duplicated_notification_applies_once_and_asks_mercadopago_once(backen
         "a known notification is not asked about again"
     );
     assert_eq!(
-        recorded(&app).await,
+        app.recorded().await,
         (2, 1),
         "the notification's id and its request's, one charge"
     );
@@ -569,7 +545,7 @@ async fn a_notification_mercadopago_cannot_be_asked_about_is_refused_with_503_an
     let answer = notify(&app, 7004, &data_id).await;
     assert_eq!(answer.status(), 503);
     assert!(answer.headers().contains_key("retry-after"));
-    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.recorded().await, (0, 0));
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
 
     fake.reads_fail(false);
@@ -632,7 +608,7 @@ async fn a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_
         );
     }
     assert_eq!(reads(&app).await, 0, "Mercado Pago is not asked");
-    assert_eq!(recorded(&app).await, (0, 0), "nothing is recorded");
+    assert_eq!(app.recorded().await, (0, 0), "nothing is recorded");
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
     assert!(
         app.metrics()

@@ -4,8 +4,8 @@
 
 use crate::helpers::{Backend, Charge, Spawn, TestApp, json, payment_body};
 use crate::on_both_databases;
-use pagos::entities::{payment_transition, processed_message, webhook_charge};
-use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder};
+use pagos::entities::{payment_transition, webhook_charge};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
 use serde_json::{Value, json};
 
 on_both_databases!(
@@ -129,18 +129,6 @@ async fn webhook_moves(app: &TestApp, id: &str) -> Vec<(Option<String>, String, 
 }
 
 /// (processed messages, charge rows): what a refused request must leave untouched.
-async fn recorded(app: &TestApp) -> (u64, u64) {
-    let messages = processed_message::Entity::find()
-        .count(&app.db)
-        .await
-        .expect("count");
-    let charges = webhook_charge::Entity::find()
-        .count(&app.db)
-        .await
-        .expect("count");
-    (messages, charges)
-}
-
 async fn one_event_delivered_ten_times_in_a_row_moves_the_payment_once(backend: Backend) {
     let app = spawn(backend).await;
     let id = pending_payment(&app, "k-wh-10").await;
@@ -162,7 +150,7 @@ async fn one_event_delivered_ten_times_in_a_row_moves_the_payment_once(backend: 
     assert_eq!(moves[0].0.as_deref(), Some("ENVIADA"));
     assert_eq!(moves[0].1, "COMPLETADA");
     assert_eq!(trail(&app, &id).await.len(), 2, "sent, then settled once");
-    assert_eq!(recorded(&app).await, (1, 1));
+    assert_eq!(app.recorded().await, (1, 1));
 }
 
 async fn one_event_delivered_twenty_times_at_once_moves_the_payment_once(backend: Backend) {
@@ -190,7 +178,7 @@ async fn one_event_delivered_twenty_times_at_once_moves_the_payment_once(backend
     assert_eq!(app.payment(&id).await.state, "COMPLETADA");
     assert_eq!(webhook_moves(&app, &id).await.len(), 1);
     assert_eq!(trail(&app, &id).await.len(), 2);
-    assert_eq!(recorded(&app).await, (1, 1));
+    assert_eq!(app.recorded().await, (1, 1));
 }
 
 async fn sequence_3_delivered_before_sequence_2_stands(backend: Backend) {
@@ -220,7 +208,7 @@ async fn sequence_3_delivered_before_sequence_2_stands(backend: Backend) {
     assert_eq!(row.last_sequence, 3);
     assert_eq!(row.last_event_id, "evt_seq_3");
     assert_eq!(row.status, "declined");
-    assert_eq!(recorded(&app).await, (4, 1), "each id recorded once");
+    assert_eq!(app.recorded().await, (4, 1), "each id recorded once");
 }
 
 async fn twenty_events_of_one_charge_at_once_leave_the_highest_sequence_standing(backend: Backend) {
@@ -250,7 +238,7 @@ async fn twenty_events_of_one_charge_at_once_leave_the_highest_sequence_standing
         .expect("query")
         .expect("row");
     assert_eq!((row.status.as_str(), row.last_sequence), ("succeeded", 20));
-    assert_eq!(recorded(&app).await, (20, 1));
+    assert_eq!(app.recorded().await, (20, 1));
 }
 
 async fn a_pending_payment_settled_by_a_webhook_replays_its_frozen_201(backend: Backend) {
@@ -376,7 +364,7 @@ async fn bad_signatures_are_refused_with_401_and_nothing_recorded(backend: Backe
         .expect("sent");
     assert_eq!(answer.status(), 401);
 
-    assert_eq!(recorded(&app).await, (0, 0), "nothing recorded");
+    assert_eq!(app.recorded().await, (0, 0), "nothing recorded");
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
     assert!(webhook_moves(&app, &id).await.is_empty());
     // The genuine event still applies afterwards.
@@ -405,7 +393,7 @@ async fn a_signed_body_that_is_not_an_event_is_refused_with_400_and_nothing_reco
         assert_eq!(answer.status(), 400, "{}", String::from_utf8_lossy(&body));
         assert_eq!(answer.headers()["content-type"], "application/problem+json");
     }
-    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.recorded().await, (0, 0));
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
 }
 
@@ -419,7 +407,7 @@ async fn webhooks_answer_401_while_no_secret_is_set(backend: Backend) {
         crate::helpers::text_has(&problem, "detail", "PAGOS_WEBHOOK_SECRET"),
         "{problem}"
     );
-    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.recorded().await, (0, 0));
 }
 
 async fn a_contradicting_event_sends_a_final_payment_to_manual_review(backend: Backend) {
@@ -549,7 +537,7 @@ async fn other_event_types_are_acknowledged_and_ignored(backend: Backend) {
     )
     .expect("JSON");
     assert_eq!(outcome(deliver(&app, &body).await).await, "ignorado");
-    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.recorded().await, (0, 0));
 }
 
 async fn processed_messages_older_than_the_retention_are_purged(backend: Backend) {
@@ -563,14 +551,14 @@ async fn processed_messages_older_than_the_retention_are_purged(backend: Backend
         .await
         .expect("purge");
     assert_eq!(kept, 0, "a fresh id is kept");
-    assert_eq!(recorded(&app).await.0, 1);
+    assert_eq!(app.recorded().await.0, 1);
 
     let later = chrono::Utc::now() + chrono::TimeDelta::seconds(1);
     let purged = pagos::webhooks::purge_processed_messages(&app.db, later)
         .await
         .expect("purge");
     assert_eq!(purged, 1);
-    assert_eq!(recorded(&app).await, (0, 1), "charge rows are kept");
+    assert_eq!(app.recorded().await, (0, 1), "charge rows are kept");
 
     // Redelivered after its id is gone: the charge's sequence still stops it.
     assert_eq!(outcome(deliver(&app, &body).await).await, "obsoleto");
@@ -598,6 +586,6 @@ async fn a_signed_event_over_64_kib_is_refused_with_413_and_nothing_recorded(bac
     assert_eq!(answer.status(), 413);
     assert_eq!(answer.headers()["content-type"], "application/problem+json");
     assert_eq!(json(answer).await["type"], "/problems/body-too-large");
-    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.recorded().await, (0, 0));
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
 }
