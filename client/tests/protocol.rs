@@ -4,41 +4,28 @@
 mod helpers;
 
 use helpers::{
-    API_KEY, TestJournal, answer, client, fast_policy, intent, key_of, look_ups, pago, posts,
-    posts_seen, problem,
+    API_KEY, TestJournal, answer, client, fast_policy, first, intent, journal_and_client, key_of,
+    keys_sent, look_ups, pago, paid, paid_replay, posts, posts_answer, posts_seen, problem, reset,
+    then, unavailable, until,
 };
 use pagos_client::{
     Client, Intent, Outcome, PayError, PayPolicy, PaymentRequest, PaymentState, Waiting,
 };
 use std::time::{Duration, Instant};
 use uuid::Uuid;
-use wiremock::{MockServer, Request};
+use wiremock::MockServer;
 
 #[tokio::test]
 async fn a_connection_dropped_after_the_commit_is_retried_with_the_same_key_and_pays_once() {
     let server = MockServer::start().await;
     let id = Uuid::new_v4();
-    posts()
-        .respond_with_err(|_: &Request| {
-            std::io::Error::new(
-                std::io::ErrorKind::ConnectionReset,
-                "committed, then dropped",
-            )
-        })
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&server)
-        .await;
-    posts()
-        .respond_with(
-            answer(201, pago(id, "COMPLETADA")).insert_header("Idempotent-Replayed", "true"),
-        )
-        .with_priority(2)
-        .expect(1)
-        .mount(&server)
-        .await;
-    let journal = TestJournal::new().await;
-    let (client, notices) = client(&server, &journal.journal, fast_policy());
+    first(
+        posts().respond_with_err(reset("committed, then dropped")),
+        &server,
+    )
+    .await;
+    then(posts().respond_with(paid_replay(id)).expect(1), &server).await;
+    let (journal, client, notices) = journal_and_client(&server, fast_policy()).await;
     let intent = intent();
 
     let outcome = client.pay(&intent).await.expect("an outcome");
@@ -64,7 +51,7 @@ async fn a_connection_dropped_after_the_commit_is_retried_with_the_same_key_and_
         "{notices:?}"
     );
     assert!(
-        journal.journal.pending().await.expect("journal").is_empty(),
+        journal.pending().await.is_empty(),
         "a paid intent leaves the journal"
     );
 }
@@ -73,8 +60,8 @@ async fn a_connection_dropped_after_the_commit_is_retried_with_the_same_key_and_
 async fn a_409_with_retry_after_is_waited_out_and_the_replay_pays_with_the_same_key() {
     let server = MockServer::start().await;
     let id = Uuid::new_v4();
-    posts()
-        .respond_with(
+    first(
+        posts().respond_with(
             answer(
                 409,
                 problem(
@@ -84,20 +71,12 @@ async fn a_409_with_retry_after_is_waited_out_and_the_replay_pays_with_the_same_
                 ),
             )
             .insert_header("Retry-After", "1"),
-        )
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&server)
-        .await;
-    posts()
-        .respond_with(
-            answer(201, pago(id, "COMPLETADA")).insert_header("Idempotent-Replayed", "true"),
-        )
-        .with_priority(2)
-        .mount(&server)
-        .await;
-    let journal = TestJournal::new().await;
-    let (client, notices) = client(&server, &journal.journal, fast_policy());
+        ),
+        &server,
+    )
+    .await;
+    then(posts().respond_with(paid_replay(id)), &server).await;
+    let (_journal, client, notices) = journal_and_client(&server, fast_policy()).await;
     let intent = intent();
 
     let started = Instant::now();
@@ -109,7 +88,7 @@ async fn a_409_with_retry_after_is_waited_out_and_the_replay_pays_with_the_same_
         started.elapsed()
     );
     assert!(matches!(outcome, Outcome::Paid(p) if p.id == id));
-    let keys: Vec<_> = posts_seen(&server).await.iter().map(key_of).collect();
+    let keys: Vec<_> = keys_sent(&server).await;
     assert_eq!(keys, [intent.key().as_str(), intent.key().as_str()]);
     let notices = notices.all();
     assert_eq!(notices.len(), 1);
@@ -124,22 +103,9 @@ async fn a_409_with_retry_after_is_waited_out_and_the_replay_pays_with_the_same_
 async fn busy_or_failing_answers_are_retried_with_the_same_key() {
     for status in [429, 500, 502, 504] {
         let server = MockServer::start().await;
-        posts()
-            .respond_with(answer(
-                status,
-                problem(status, "service-unavailable", "Busy"),
-            ))
-            .up_to_n_times(1)
-            .with_priority(1)
-            .mount(&server)
-            .await;
-        posts()
-            .respond_with(answer(201, pago(Uuid::new_v4(), "COMPLETADA")))
-            .with_priority(2)
-            .mount(&server)
-            .await;
-        let journal = TestJournal::new().await;
-        let (client, _) = client(&server, &journal.journal, fast_policy());
+        first(posts().respond_with(unavailable(status, "Busy")), &server).await;
+        then(posts().respond_with(paid(Uuid::new_v4())), &server).await;
+        let (_journal, client, _) = journal_and_client(&server, fast_policy()).await;
         let intent = intent();
 
         let outcome = client.pay(&intent).await;
@@ -148,7 +114,7 @@ async fn busy_or_failing_answers_are_retried_with_the_same_key() {
             matches!(outcome, Ok(Outcome::Paid(_))),
             "{status}: {outcome:?}"
         );
-        let keys: Vec<_> = posts_seen(&server).await.iter().map(key_of).collect();
+        let keys: Vec<_> = keys_sent(&server).await;
         assert_eq!(
             keys,
             [intent.key().as_str(), intent.key().as_str()],
@@ -169,13 +135,8 @@ async fn a_422_400_or_401_is_not_retried_and_is_a_typed_error_with_the_problems_
         (401, "unauthorized", "Missing or invalid credentials"),
     ] {
         let server = MockServer::start().await;
-        posts()
-            .respond_with(answer(status, problem(status, slug, title)))
-            .expect(1)
-            .mount(&server)
-            .await;
-        let journal = TestJournal::new().await;
-        let (client, notices) = client(&server, &journal.journal, fast_policy());
+        posts_answer(&server, answer(status, problem(status, slug, title)), 1).await;
+        let (journal, client, notices) = journal_and_client(&server, fast_policy()).await;
 
         let err = client.pay(&intent()).await.expect_err("refused");
 
@@ -192,7 +153,7 @@ async fn a_422_400_or_401_is_not_retried_and_is_a_typed_error_with_the_problems_
         assert!(notices.all().is_empty(), "{status} was retried");
         server.verify().await;
         assert!(
-            journal.journal.pending().await.expect("journal").is_empty(),
+            journal.pending().await.is_empty(),
             "{status} on the first request: the server never had the intent"
         );
     }
@@ -201,25 +162,18 @@ async fn a_422_400_or_401_is_not_retried_and_is_a_typed_error_with_the_problems_
 #[tokio::test]
 async fn a_refusal_after_a_request_with_unknown_outcome_keeps_the_intent() {
     let server = MockServer::start().await;
-    posts()
-        .respond_with_err(|_: &Request| {
-            std::io::Error::new(std::io::ErrorKind::ConnectionReset, "dropped")
-        })
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&server)
-        .await;
-    posts()
-        .respond_with(answer(
-            401,
-            problem(401, "unauthorized", "Missing or invalid credentials"),
-        ))
-        .with_priority(2)
-        .expect(1)
-        .mount(&server)
-        .await;
-    let journal = TestJournal::new().await;
-    let (client, _) = client(&server, &journal.journal, fast_policy());
+    first(posts().respond_with_err(reset("dropped")), &server).await;
+    then(
+        posts()
+            .respond_with(answer(
+                401,
+                problem(401, "unauthorized", "Missing or invalid credentials"),
+            ))
+            .expect(1),
+        &server,
+    )
+    .await;
+    let (journal, client, _) = journal_and_client(&server, fast_policy()).await;
     let intent = intent();
 
     let err = client.pay(&intent).await.expect_err("refused");
@@ -228,7 +182,7 @@ async fn a_refusal_after_a_request_with_unknown_outcome_keeps_the_intent() {
         matches!(err, PayError::Rejected { status: 401, .. }),
         "{err:?}"
     );
-    let kept = journal.journal.pending().await.expect("journal");
+    let kept = journal.pending().await;
     assert_eq!(
         kept.len(),
         1,
@@ -247,20 +201,20 @@ async fn a_refusal_after_a_request_with_unknown_outcome_keeps_the_intent() {
 #[tokio::test]
 async fn a_reused_key_is_reported_loudly_and_never_sent_again_without_a_human() {
     let server = MockServer::start().await;
-    posts()
-        .respond_with(answer(
+    posts_answer(
+        &server,
+        answer(
             422,
             problem(
                 422,
                 "idempotency-key-reused",
                 "Idempotency-Key already used with another request",
             ),
-        ))
-        .expect(1)
-        .mount(&server)
-        .await;
-    let journal = TestJournal::new().await;
-    let (client, notices) = client(&server, &journal.journal, fast_policy());
+        ),
+        1,
+    )
+    .await;
+    let (journal, client, notices) = journal_and_client(&server, fast_policy()).await;
     let intent = intent();
 
     let err = client.pay(&intent).await.expect_err("refused");
@@ -277,7 +231,7 @@ async fn a_reused_key_is_reported_loudly_and_never_sent_again_without_a_human() 
     }
     assert!(err.to_string().contains(intent.key().as_str()));
     assert!(notices.all().is_empty());
-    let kept = journal.journal.pending().await.expect("journal");
+    let kept = journal.pending().await;
     assert_eq!(kept.len(), 1);
     assert!(kept[0].blocked.is_some(), "kept, and blocked");
 
@@ -294,19 +248,10 @@ async fn a_503_forever_is_given_up_within_the_total_time_and_the_intent_stays_in
     let server = MockServer::start().await;
     posts()
         .respond_with(
-            answer(
-                503,
-                problem(
-                    503,
-                    "service-unavailable",
-                    "Service temporarily unavailable",
-                ),
-            )
-            .insert_header("Retry-After", "0"),
+            unavailable(503, "Service temporarily unavailable").insert_header("Retry-After", "0"),
         )
         .mount(&server)
         .await;
-    let journal = TestJournal::new().await;
     let total = Duration::from_millis(1500);
     let policy = PayPolicy {
         deadline: total,
@@ -315,7 +260,7 @@ async fn a_503_forever_is_given_up_within_the_total_time_and_the_intent_stays_in
         max_delay: Duration::from_millis(100),
         ..fast_policy()
     };
-    let (client, _) = client(&server, &journal.journal, policy);
+    let (journal, client, _) = journal_and_client(&server, policy).await;
     let intent = intent();
 
     let started = Instant::now();
@@ -336,7 +281,7 @@ async fn a_503_forever_is_given_up_within_the_total_time_and_the_intent_stays_in
         other => panic!("not GaveUp: {other:?}"),
     }
     assert!(sent > 3, "it kept trying until the deadline: {sent}");
-    let kept = journal.journal.pending().await.expect("journal");
+    let kept = journal.pending().await;
     assert_eq!(kept.len(), 1, "the outcome is unknown: the intent stays");
     assert_eq!(kept[0].intent, intent);
     assert_eq!(kept[0].attempts as usize, sent);
@@ -345,20 +290,12 @@ async fn a_503_forever_is_given_up_within_the_total_time_and_the_intent_stays_in
 #[tokio::test]
 async fn attempts_are_capped_by_the_policy() {
     let server = MockServer::start().await;
-    posts()
-        .respond_with(answer(
-            503,
-            problem(503, "service-unavailable", "Unavailable"),
-        ))
-        .expect(3)
-        .mount(&server)
-        .await;
-    let journal = TestJournal::new().await;
+    posts_answer(&server, unavailable(503, "Unavailable"), 3).await;
     let policy = PayPolicy {
         max_attempts: 3,
         ..fast_policy()
     };
-    let (client, notices) = client(&server, &journal.journal, policy);
+    let (_journal, client, notices) = journal_and_client(&server, policy).await;
 
     let err = client.pay(&intent()).await.expect_err("gave up");
 
@@ -375,24 +312,19 @@ async fn attempts_are_capped_by_the_policy() {
 async fn a_202_is_followed_by_looking_the_payment_up_until_it_settles() {
     let server = MockServer::start().await;
     let id = Uuid::new_v4();
-    posts()
-        .respond_with(answer(202, pago(id, "ENVIADA")))
-        .expect(1)
-        .mount(&server)
-        .await;
+    posts_answer(&server, answer(202, pago(id, "ENVIADA")), 1).await;
     look_ups(id)
         .respond_with(answer(200, pago(id, "ENVIADA")))
         .up_to_n_times(2)
         .with_priority(1)
         .mount(&server)
         .await;
-    look_ups(id)
-        .respond_with(answer(200, pago(id, "COMPLETADA")))
-        .with_priority(2)
-        .mount(&server)
-        .await;
-    let journal = TestJournal::new().await;
-    let (client, notices) = client(&server, &journal.journal, fast_policy());
+    then(
+        look_ups(id).respond_with(answer(200, pago(id, "COMPLETADA"))),
+        &server,
+    )
+    .await;
+    let (journal, client, notices) = journal_and_client(&server, fast_policy()).await;
 
     let outcome = client.pay(&intent()).await.expect("an outcome");
 
@@ -416,29 +348,20 @@ async fn a_202_is_followed_by_looking_the_payment_up_until_it_settles() {
         "after the 202 and after each ENVIADA look-up"
     );
     server.verify().await;
-    assert!(journal.journal.pending().await.expect("journal").is_empty());
+    assert!(journal.pending().await.is_empty());
 }
 
 #[tokio::test]
 async fn a_payment_pending_at_the_deadline_is_kept_and_later_resumed_by_reading_it_not_posting() {
     let server = MockServer::start().await;
     let id = Uuid::new_v4();
-    posts()
-        .respond_with(answer(202, pago(id, "ENVIADA")))
-        .expect(1)
-        .mount(&server)
-        .await;
+    posts_answer(&server, answer(202, pago(id, "ENVIADA")), 1).await;
     let still = look_ups(id)
         .respond_with(answer(200, pago(id, "ENVIADA")))
         .mount_as_scoped(&server)
         .await;
-    let journal = TestJournal::new().await;
-    let policy = PayPolicy {
-        deadline: Duration::from_millis(600),
-        min_delay: Duration::from_millis(50),
-        ..fast_policy()
-    };
-    let (client, _) = client(&server, &journal.journal, policy);
+    let policy = until(Duration::from_millis(600), Duration::from_millis(50));
+    let (journal, client, _) = journal_and_client(&server, policy).await;
     let intent = intent();
 
     let outcome = client.pay(&intent).await.expect("an outcome");
@@ -446,7 +369,7 @@ async fn a_payment_pending_at_the_deadline_is_kept_and_later_resumed_by_reading_
     assert!(
         matches!(&outcome, Outcome::Pending(p) if p.id == id && p.state == PaymentState::Enviada)
     );
-    let kept = journal.journal.pending().await.expect("journal");
+    let kept = journal.pending().await;
     assert_eq!(kept.len(), 1);
     assert_eq!(
         kept[0].payment_id,
@@ -468,7 +391,7 @@ async fn a_payment_pending_at_the_deadline_is_kept_and_later_resumed_by_reading_
         1,
         "resumed by GET, never a second POST"
     );
-    assert!(journal.journal.pending().await.expect("journal").is_empty());
+    assert!(journal.pending().await.is_empty());
     server.verify().await;
 }
 
@@ -480,22 +403,13 @@ async fn a_payment_pending_at_the_deadline_is_kept_and_later_resumed_by_reading_
 async fn a_look_up_unanswered_at_the_deadline_leaves_the_payment_pending_not_failed() {
     let server = MockServer::start().await;
     let id = Uuid::new_v4();
-    posts()
-        .respond_with(answer(202, pago(id, "ENVIADA")))
-        .expect(1)
-        .mount(&server)
-        .await;
+    posts_answer(&server, answer(202, pago(id, "ENVIADA")), 1).await;
     look_ups(id)
         .respond_with(answer(200, pago(id, "ENVIADA")).set_delay(Duration::from_secs(5)))
         .mount(&server)
         .await;
-    let journal = TestJournal::new().await;
-    let policy = PayPolicy {
-        deadline: Duration::from_millis(600),
-        min_delay: Duration::from_millis(50),
-        ..fast_policy()
-    };
-    let (client, _) = client(&server, &journal.journal, policy);
+    let policy = until(Duration::from_millis(600), Duration::from_millis(50));
+    let (journal, client, _) = journal_and_client(&server, policy).await;
 
     let outcome = client.pay(&intent()).await;
 
@@ -503,7 +417,7 @@ async fn a_look_up_unanswered_at_the_deadline_leaves_the_payment_pending_not_fai
         matches!(&outcome, Ok(Outcome::Pending(p)) if p.id == id && p.state == PaymentState::Enviada),
         "{outcome:?}"
     );
-    assert_eq!(journal.journal.pending().await.expect("journal").len(), 1);
+    assert_eq!(journal.pending().await.len(), 1);
 }
 
 #[tokio::test]
@@ -513,13 +427,8 @@ async fn a_decline_is_an_outcome_with_its_code_and_leaves_the_journal() {
     let mut declined = problem(402, "payment-declined", "Payment declined");
     declined["declineCode"] = "insufficient_funds".into();
     declined["pago"] = pago(id, "FALLIDA");
-    posts()
-        .respond_with(answer(402, declined))
-        .expect(1)
-        .mount(&server)
-        .await;
-    let journal = TestJournal::new().await;
-    let (client, _) = client(&server, &journal.journal, fast_policy());
+    posts_answer(&server, answer(402, declined), 1).await;
+    let (journal, client, _) = journal_and_client(&server, fast_policy()).await;
 
     let outcome = client.pay(&intent()).await.expect("an outcome");
 
@@ -531,31 +440,18 @@ async fn a_decline_is_an_outcome_with_its_code_and_leaves_the_journal() {
         }
         other => panic!("not declined: {other:?}"),
     }
-    assert!(journal.journal.pending().await.expect("journal").is_empty());
+    assert!(journal.pending().await.is_empty());
 }
 
 #[tokio::test]
 async fn an_intent_recorded_by_a_process_that_died_is_resumed_with_its_key_by_the_next_one() {
     let server = MockServer::start().await;
-    posts()
-        .respond_with(answer(201, pago(Uuid::new_v4(), "COMPLETADA")))
-        .expect(1)
-        .mount(&server)
-        .await;
+    posts_answer(&server, paid(Uuid::new_v4()), 1).await;
     let journal = TestJournal::new().await;
     let url = pagos_client::base_url(&server.uri()).expect("url");
     // The first process wrote the intent down, counted its request, and died.
     let intent = intent();
-    journal
-        .journal
-        .record(&intent, &url, API_KEY)
-        .await
-        .expect("recorded");
-    journal
-        .journal
-        .count_attempt(intent.key())
-        .await
-        .expect("counted");
+    journal.record_sent_once(&intent, &url).await;
     // Another merchant's intent at the same server is not this key's to resume.
     let theirs = Intent::new(PaymentRequest::new("7", 100, "USD").expect("valid"));
     journal
@@ -575,9 +471,9 @@ async fn an_intent_recorded_by_a_process_that_died_is_resumed_with_its_key_by_th
 
     assert_eq!(resumed.len(), 1);
     assert!(matches!(resumed[0].result, Ok(Outcome::Paid(_))));
-    let keys: Vec<_> = posts_seen(&server).await.iter().map(key_of).collect();
+    let keys: Vec<_> = keys_sent(&server).await;
     assert_eq!(keys, [intent.key().as_str()]);
-    let left = journal.journal.pending().await.expect("journal");
+    let left = journal.pending().await;
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].intent, theirs);
 }
@@ -587,41 +483,23 @@ async fn an_answer_about_another_payment_is_not_taken_as_this_ones() {
     let server = MockServer::start().await;
     let mut other = pago(Uuid::new_v4(), "COMPLETADA");
     other["monto"] = 1.into();
-    posts()
-        .respond_with(answer(201, other))
-        .expect(1)
-        .mount(&server)
-        .await;
-    let journal = TestJournal::new().await;
-    let (client, _) = client(&server, &journal.journal, fast_policy());
+    posts_answer(&server, answer(201, other), 1).await;
+    let (journal, client, _) = journal_and_client(&server, fast_policy()).await;
 
     let err = client.pay(&intent()).await.expect_err("not ours");
 
     assert!(matches!(err, PayError::Unexpected(_)), "{err:?}");
-    assert_eq!(journal.journal.pending().await.expect("journal").len(), 1);
+    assert_eq!(journal.pending().await.len(), 1);
 }
 
 #[tokio::test]
 async fn an_unanswered_intent_older_than_the_servers_key_retention_is_not_sent_again() {
     let server = MockServer::start().await;
-    posts()
-        .respond_with(answer(201, pago(Uuid::new_v4(), "COMPLETADA")))
-        .expect(0)
-        .mount(&server)
-        .await;
+    posts_answer(&server, paid(Uuid::new_v4()), 0).await;
     let journal = TestJournal::new().await;
     let url = pagos_client::base_url(&server.uri()).expect("url");
     let intent = intent();
-    journal
-        .journal
-        .record(&intent, &url, API_KEY)
-        .await
-        .expect("recorded");
-    journal
-        .journal
-        .count_attempt(intent.key())
-        .await
-        .expect("counted");
+    journal.record_sent_once(&intent, &url).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let (client, _) = client(&server, &journal.journal, fast_policy());
     let client = client.with_key_retention(Duration::from_millis(10));
@@ -633,10 +511,6 @@ async fn an_unanswered_intent_older_than_the_servers_key_retention_is_not_sent_a
         "{err:?}"
     );
     assert!(err.to_string().contains("could pay twice"), "{err}");
-    assert_eq!(
-        journal.journal.pending().await.expect("journal").len(),
-        1,
-        "kept for a human"
-    );
+    assert_eq!(journal.pending().await.len(), 1, "kept for a human");
     server.verify().await;
 }

@@ -6,8 +6,7 @@
 use crate::helpers::{Backend, Spawn, TestApp};
 use crate::on_both_databases;
 use serde_json::{Value, json};
-use wiremock::matchers::{method, path};
-use wiremock::{Mock, Request, Respond, ResponseTemplate};
+use wiremock::{Request, Respond, ResponseTemplate};
 
 on_both_databases!(
     an_amount_above_two_to_the_53_minus_one_is_refused_whatever_the_settings,
@@ -75,26 +74,22 @@ async fn an_amount_above_pagos_max_monto_is_refused_and_the_default_is_twelve_di
     assert_eq!(pago["monto"], 5_000_000);
 }
 
-/// Stripe answering every new PaymentIntent `succeeded`, about the request that asked.
-struct StripeSucceeds;
-
-impl Respond for StripeSucceeds {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
-        let form: std::collections::HashMap<String, String> =
-            url::form_urlencoded::parse(&request.body)
-                .into_owned()
-                .collect();
-        let mut pi: Value = serde_json::from_str(include_str!(
-            "../../fixtures/stripe/payment_intent_succeeded.json"
-        ))
-        .expect("fixture");
-        let reference = form["metadata[pagos_reference]"].clone();
-        pi["id"] = Value::from(format!("pi_{}", &reference.replace('-', "")[..24]));
-        pi["amount"] = Value::from(form["amount"].parse::<i64>().expect("amount"));
-        pi["currency"] = Value::from(form["currency"].clone());
-        pi["metadata"]["pagos_reference"] = Value::from(reference);
-        ResponseTemplate::new(200).set_body_json(pi)
-    }
+/// pagos speaking `provider` with `--max-monto max_monto`, whose gateway answers every
+/// `POST gateway_path` with `answer`.
+async fn on_provider(
+    backend: Backend,
+    provider: &'static str,
+    max_monto: &'static str,
+    gateway_path: &str,
+    answer: impl Respond + 'static,
+) -> TestApp {
+    let app = Spawn::new(backend)
+        .provider(provider)
+        .flags(&["--max-monto", max_monto])
+        .start()
+        .await;
+    crate::helpers::mount_route(app.gateway(), "POST", gateway_path, answer).await;
+    app
 }
 
 async fn sent_to(app: &TestApp, gateway_path: &str) -> Vec<Request> {
@@ -107,16 +102,14 @@ fn stripe_body(monto: i64, moneda: &str) -> Value {
 }
 
 async fn stripe_refuses_more_than_eight_digits_and_more_than_ten_in_cop(backend: Backend) {
-    let app = Spawn::new(backend)
-        .provider("stripe")
-        .flags(&["--max-monto", "9007199254740991"])
-        .start()
-        .await;
-    Mock::given(method("POST"))
-        .and(path("/v1/payment_intents"))
-        .respond_with(StripeSucceeds)
-        .mount(app.gateway())
-        .await;
+    let app = on_provider(
+        backend,
+        "stripe",
+        "9007199254740991",
+        "/v1/payment_intents",
+        crate::stripe_fake::StripeSucceeds,
+    )
+    .await;
 
     refused(&app, "k-usd", &stripe_body(100_000_000, "USD"), "99999999").await;
     refused(
@@ -174,16 +167,14 @@ fn mercadopago_body(monto: i64) -> Value {
 }
 
 async fn mercadopago_has_only_the_general_limits_and_its_exact_decimals(backend: Backend) {
-    let app = Spawn::new(backend.clone())
-        .provider("mercadopago")
-        .flags(&["--max-monto", "9007199254740991"])
-        .start()
-        .await;
-    Mock::given(method("POST"))
-        .and(path("/v1/payments"))
-        .respond_with(MercadoPagoApproves)
-        .mount(app.gateway())
-        .await;
+    let app = on_provider(
+        backend.clone(),
+        "mercadopago",
+        "9007199254740991",
+        "/v1/payments",
+        MercadoPagoApproves,
+    )
+    .await;
     // Past what a decimal `transaction_amount` carries exactly: never sent.
     refused(
         &app,
@@ -202,16 +193,14 @@ async fn mercadopago_has_only_the_general_limits_and_its_exact_decimals(backend:
         serde_json::from_slice(&sent_to(&app, "/v1/payments").await[0].body).expect("JSON");
     assert_eq!(sent["transaction_amount"].as_f64(), Some(200_000_000.0));
 
-    let app = Spawn::new(backend)
-        .provider("mercadopago")
-        .flags(&["--max-monto", "50000000000"])
-        .start()
-        .await;
-    Mock::given(method("POST"))
-        .and(path("/v1/payments"))
-        .respond_with(MercadoPagoApproves)
-        .mount(app.gateway())
-        .await;
+    let app = on_provider(
+        backend,
+        "mercadopago",
+        "50000000000",
+        "/v1/payments",
+        MercadoPagoApproves,
+    )
+    .await;
     refused(
         &app,
         "k-mp-max",

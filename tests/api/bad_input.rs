@@ -1,7 +1,7 @@
 //! Bad requests: each gets the contract's status as problem+json and leaves nothing
 //! behind, so the same key works afterwards with a corrected request.
 
-use crate::helpers::{API_KEY, Backend, Charge, Spawn, charges, json, payment_body};
+use crate::helpers::{API_KEY, Backend, Charge, json, payment_body};
 use crate::on_both_databases;
 
 on_both_databases!(
@@ -148,11 +148,7 @@ fn cases() -> Vec<Case> {
 }
 
 async fn every_bad_request_is_a_problem_that_stores_nothing(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::succeeded())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
 
     for case in cases() {
         let mut request = app
@@ -211,11 +207,7 @@ async fn every_bad_request_is_a_problem_that_stores_nothing(backend: Backend) {
 }
 
 async fn a_key_rejected_for_a_bad_body_can_be_used_again(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::succeeded())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
 
     let bad = serde_json::json!({"creditoId": "42", "monto": -1, "moneda": "COP"});
     let rejected = app.pay("k-fix", &bad).await;

@@ -6,13 +6,22 @@ use serde_json::{Value, json};
 use std::process::Command;
 use std::time::Duration;
 
-fn pagos(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+/// `pagos args` with `env` (and no `PAGOS_DATABASE_URL` of the caller's); its output.
+pub fn pagos(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut command = Command::new(BIN);
     command.args(args).env_remove("PAGOS_DATABASE_URL");
     for (k, v) in env {
         command.env(k, v);
     }
     command.output().expect("pagos runs")
+}
+
+/// No database was created in `dir` before the settings were refused.
+fn assert_nothing_created(dir: &tempfile::TempDir) {
+    assert!(
+        !dir.path().join("x.db").exists(),
+        "nothing was created before refusing"
+    );
 }
 
 fn assert_refused(output: &std::process::Output, names: &str) {
@@ -70,10 +79,7 @@ fn a_bad_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
         &pagos(&["serve", "--database-url", "mysql://x"], &[]),
         "PAGOS_DATABASE_URL",
     );
-    assert!(
-        !dir.path().join("x.db").exists(),
-        "nothing was created before refusing"
-    );
+    assert_nothing_created(&dir);
 }
 
 #[test]
@@ -104,51 +110,52 @@ fn a_malformed_door_setting_stops_serve_with_one_line_naming_it() {
         ),
         "--header-timeout",
     );
-    assert!(
-        !dir.path().join("x.db").exists(),
-        "nothing was created before refusing"
-    );
+    assert_nothing_created(&dir);
 }
 
 #[test]
 fn help_names_every_setting_with_its_env_var() {
-    let output = pagos(&["serve", "--help"], &[]);
-    let help = String::from_utf8_lossy(&output.stdout);
-    for env in [
-        "PAGOS_DATABASE_URL",
-        "PAGOS_BIND",
-        "PAGOS_GATEWAY",
-        "PAGOS_GATEWAY_URL",
-        "PAGOS_GATEWAY_SECRET",
-        "PAGOS_GATEWAY_TIMEOUT",
-        "PAGOS_GATEWAY_RETRIES",
-        "PAGOS_ADMIN_TOKEN",
-        "PAGOS_WEBHOOK_SECRET",
-        "PAGOS_RECONCILE_EVERY",
-        "PAGOS_STALE_AFTER",
-        "PAGOS_KEY_RETENTION",
-        "PAGOS_LEASE",
-        "PAGOS_GIVE_UP_AFTER",
-        "PAGOS_RECONCILE_CONCURRENCY",
-        "PAGOS_GATEWAY_KEY_WINDOW",
-        "PAGOS_MAX_MONTO",
-        "PAGOS_MESSAGE_RETENTION",
-        "PAGOS_HEADER_TIMEOUT",
-        "PAGOS_REQUEST_TIMEOUT",
-        "PAGOS_MAX_IN_FLIGHT",
-        "PAGOS_ADMIN_BIND",
-        "PAGOS_METRICS_REFRESH",
-        "PAGOS_AUTH_FAILURES_PER_MINUTE",
-    ] {
-        assert!(help.contains(env), "--help names {env}");
-    }
+    crate::helpers::assert_contains_all(
+        &serve_help(),
+        &[
+            "PAGOS_DATABASE_URL",
+            "PAGOS_BIND",
+            "PAGOS_GATEWAY",
+            "PAGOS_GATEWAY_URL",
+            "PAGOS_GATEWAY_SECRET",
+            "PAGOS_GATEWAY_TIMEOUT",
+            "PAGOS_GATEWAY_RETRIES",
+            "PAGOS_ADMIN_TOKEN",
+            "PAGOS_WEBHOOK_SECRET",
+            "PAGOS_RECONCILE_EVERY",
+            "PAGOS_STALE_AFTER",
+            "PAGOS_KEY_RETENTION",
+            "PAGOS_LEASE",
+            "PAGOS_GIVE_UP_AFTER",
+            "PAGOS_RECONCILE_CONCURRENCY",
+            "PAGOS_GATEWAY_KEY_WINDOW",
+            "PAGOS_MAX_MONTO",
+            "PAGOS_MESSAGE_RETENTION",
+            "PAGOS_HEADER_TIMEOUT",
+            "PAGOS_REQUEST_TIMEOUT",
+            "PAGOS_MAX_IN_FLIGHT",
+            "PAGOS_ADMIN_BIND",
+            "PAGOS_METRICS_REFRESH",
+            "PAGOS_AUTH_FAILURES_PER_MINUTE",
+        ],
+    );
+}
+
+/// What `pagos serve --help` prints.
+pub fn serve_help() -> String {
+    String::from_utf8_lossy(&pagos(&["serve", "--help"], &[]).stdout).into_owned()
 }
 
 #[tokio::test]
 async fn merchants_add_prints_a_key_and_stores_only_its_hash() {
     let dir = tempfile::tempdir().expect("dir");
     let db = format!("sqlite://{}?mode=rwc", dir.path().join("m.db").display());
-    let output = pagos(&["merchants", "add", "acme", "--database-url", &db], &[]);
+    let output = pagos_on(&db, &["merchants", "add", "acme"]);
     assert!(
         output.status.success(),
         "{}",
@@ -156,17 +163,9 @@ async fn merchants_add_prints_a_key_and_stores_only_its_hash() {
     );
     let key = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     assert!(key.starts_with("sk_") && key.len() > 20, "{key}");
-    let given = pagos(
-        &[
-            "merchants",
-            "add",
-            "globex",
-            "--api-key",
-            "sk_given_1",
-            "--database-url",
-            &db,
-        ],
-        &[],
+    let given = pagos_on(
+        &db,
+        &["merchants", "add", "globex", "--api-key", "sk_given_1"],
     );
     assert_eq!(String::from_utf8_lossy(&given.stdout).trim(), "sk_given_1");
 
@@ -181,18 +180,7 @@ async fn merchants_add_prints_a_key_and_stores_only_its_hash() {
         assert_eq!(m.api_key_hash.len(), 64);
         assert!(!m.api_key_hash.contains(&key) && !m.api_key_hash.contains("sk_given_1"));
     }
-    let again = pagos(
-        &[
-            "merchants",
-            "add",
-            "dup",
-            "--api-key",
-            "sk_given_1",
-            "--database-url",
-            &db,
-        ],
-        &[],
-    );
+    let again = pagos_on(&db, &["merchants", "add", "dup", "--api-key", "sk_given_1"]);
     assert_eq!(
         again.status.code(),
         Some(1),
@@ -227,6 +215,29 @@ async fn sandbox_gateway_with(flags: &[&str]) -> (Child, String) {
             .expect("sandbox starts"),
     );
     let base = format!("http://127.0.0.1:{port}");
+    wait_for_sandbox(&base).await;
+    (sandbox, base)
+}
+
+/// A refund of `amount` COP of `charge`, asked of the sandbox gateway at `base`.
+fn refund_request(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    charge: impl serde::Serialize,
+    amount: i64,
+    reference: &str,
+) -> reqwest::RequestBuilder {
+    http.post(format!("{base}/v1/refunds"))
+        .header("Idempotency-Key", key)
+        .json(
+            &json!({"charge": charge, "amount": amount, "currency": "COP",
+                      "reference": reference}),
+        )
+}
+
+/// Waits (up to 5 s) until the sandbox gateway at `base` answers.
+async fn wait_for_sandbox(base: &str) {
     let http = reqwest::Client::new();
     for _ in 0..100 {
         if http
@@ -239,7 +250,6 @@ async fn sandbox_gateway_with(flags: &[&str]) -> (Child, String) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    (sandbox, base)
 }
 
 #[tokio::test]
@@ -449,13 +459,7 @@ async fn the_standalone_sandbox_settles_a_pending_refund_and_delivers_its_signed
     let charged = settled(format!("{base}/v1/charges?reference=pay-pending")).await;
     assert_eq!(charged["status"], "succeeded");
 
-    let made = http
-        .post(format!("{base}/v1/refunds"))
-        .header("Idempotency-Key", "rk-pending")
-        .json(
-            &json!({"charge": charge, "amount": 50_000, "currency": "COP",
-                      "reference": "ref-pending"}),
-        )
+    let made = refund_request(&http, &base, "rk-pending", &charge, 50_000, "ref-pending")
         .send()
         .await
         .expect("sent");
@@ -537,13 +541,7 @@ async fn the_standalone_sandbox_refunds_then_drops_the_connection_under_reset_ra
         crate::binary::get_json(&http, &format!("{base}/v1/charges?reference=pay-reset")).await;
     let charge = charges["data"][0]["id"].clone();
     for _ in 0..2 {
-        let answer = http
-            .post(format!("{base}/v1/refunds"))
-            .header("Idempotency-Key", "rk-reset")
-            .json(
-                &json!({"charge": charge, "amount": 10_000, "currency": "COP",
-                          "reference": "ref-reset"}),
-            )
+        let answer = refund_request(&http, &base, "rk-reset", &charge, 10_000, "ref-reset")
             .send()
             .await;
         let broken = match answer {
@@ -602,14 +600,8 @@ fn a_database_used_with_one_gateway_refuses_another() {
     assert_eq!(report["examinados"], 0);
     // The sandbox on a database whose payments went through a real gateway would settle
     // them without asking it.
-    assert_refused(
-        &pagos(&["reconcile", "--once", "--database-url", &db], &[]),
-        "PAGOS_GATEWAY",
-    );
-    assert_refused(
-        &pagos(&["serve", "--database-url", &db], &[]),
-        "PAGOS_GATEWAY",
-    );
+    assert_refused(&pagos_on(&db, &["reconcile", "--once"]), "PAGOS_GATEWAY");
+    assert_refused(&pagos_on(&db, &["serve"]), "PAGOS_GATEWAY");
 }
 
 #[tokio::test]
@@ -647,6 +639,18 @@ fn sqlite_in(dir: &tempfile::TempDir, file: &str) -> String {
     format!("sqlite://{}?mode=rwc", dir.path().join(file).display())
 }
 
+/// `pagos args --database-url db`.
+fn pagos_on(db: &str, args: &[&str]) -> std::process::Output {
+    let mut args = args.to_vec();
+    args.extend(["--database-url", db]);
+    pagos(&args, &[])
+}
+
+/// `pagos args --database-url db`, which must succeed; what it printed.
+fn on_db(db: &str, args: &[&str]) -> String {
+    succeeded(&pagos_on(db, args))
+}
+
 fn succeeded(output: &std::process::Output) -> String {
     assert!(
         output.status.success(),
@@ -660,33 +664,15 @@ fn succeeded(output: &std::process::Output) -> String {
 fn merchants_keys_add_list_and_revoke_through_the_cli() {
     let dir = tempfile::tempdir().expect("dir");
     let db = sqlite_in(&dir, "k.db");
-    succeeded(&pagos(
-        &["merchants", "add", "acme", "--database-url", &db],
-        &[],
-    ));
-    let expiring = succeeded(&pagos(
-        &[
-            "merchants",
-            "keys",
-            "add",
-            "acme",
-            "--expira",
-            "30d",
-            "--database-url",
-            &db,
-        ],
-        &[],
-    ));
-    let lasting = succeeded(&pagos(
-        &["merchants", "keys", "add", "acme", "--database-url", &db],
-        &[],
-    ));
+    on_db(&db, &["merchants", "add", "acme"]);
+    let expiring = on_db(
+        &db,
+        &["merchants", "keys", "add", "acme", "--expira", "30d"],
+    );
+    let lasting = on_db(&db, &["merchants", "keys", "add", "acme"]);
     assert_ne!(expiring, lasting);
 
-    let table = succeeded(&pagos(
-        &["merchants", "keys", "list", "acme", "--database-url", &db],
-        &[],
-    ));
+    let table = on_db(&db, &["merchants", "keys", "list", "acme"]);
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 4, "a header and three keys:\n{table}");
     for column in ["PREFIX", "CREATED", "LAST USED", "EXPIRES", "STATE"] {
@@ -706,47 +692,23 @@ fn merchants_keys_add_list_and_revoke_through_the_cli() {
         "never a whole key"
     );
 
-    let revoked = pagos(
-        &[
-            "merchants",
-            "keys",
-            "revoke",
-            "acme",
-            expiring_prefix,
-            "--database-url",
-            &db,
-        ],
-        &[],
+    let revoked = pagos_on(
+        &db,
+        &["merchants", "keys", "revoke", "acme", expiring_prefix],
     );
     succeeded(&revoked);
     assert!(String::from_utf8_lossy(&revoked.stderr).contains("revoked"));
-    let again = pagos(
-        &[
-            "merchants",
-            "keys",
-            "revoke",
-            "acme",
-            expiring_prefix,
-            "--database-url",
-            &db,
-        ],
-        &[],
+    let again = pagos_on(
+        &db,
+        &["merchants", "keys", "revoke", "acme", expiring_prefix],
     );
     succeeded(&again);
     assert!(String::from_utf8_lossy(&again.stderr).contains("already revoked"));
 
-    let listed: Value = serde_json::from_str(&succeeded(&pagos(
-        &[
-            "merchants",
-            "keys",
-            "list",
-            "acme",
-            "--json",
-            "--database-url",
-            &db,
-        ],
-        &[],
-    )))
+    let listed: Value = serde_json::from_str(&on_db(
+        &db,
+        &["merchants", "keys", "list", "acme", "--json"],
+    ))
     .expect("JSON");
     let keys = listed.as_array().expect("an array");
     assert_eq!(keys.len(), 3);
@@ -766,47 +728,24 @@ fn merchants_keys_add_list_and_revoke_through_the_cli() {
     assert_eq!(lasting_row["lastUsedAt"], Value::Null);
 
     assert_refused(
-        &pagos(
-            &[
-                "merchants",
-                "keys",
-                "revoke",
-                "acme",
-                "sk_live_nothing",
-                "--database-url",
-                &db,
-            ],
-            &[],
+        &pagos_on(
+            &db,
+            &["merchants", "keys", "revoke", "acme", "sk_live_nothing"],
         ),
         "no key with prefix",
     );
     assert_refused(
-        &pagos(
-            &["merchants", "keys", "add", "nobody", "--database-url", &db],
-            &[],
-        ),
+        &pagos_on(&db, &["merchants", "keys", "add", "nobody"]),
         "no merchant is named \"nobody\"",
     );
     assert_refused(
-        &pagos(
-            &["merchants", "keys", "list", "nobody", "--database-url", &db],
-            &[],
-        ),
+        &pagos_on(&db, &["merchants", "keys", "list", "nobody"]),
         "no merchant is named \"nobody\"",
     );
     assert_refused(
-        &pagos(
-            &[
-                "merchants",
-                "keys",
-                "add",
-                "acme",
-                "--expira",
-                "soon",
-                "--database-url",
-                &db,
-            ],
-            &[],
+        &pagos_on(
+            &db,
+            &["merchants", "keys", "add", "acme", "--expira", "soon"],
         ),
         "PAGOS_EXPIRA",
     );
@@ -878,17 +817,9 @@ fn generated_keys_are_sk_test_on_a_sandbox_database_and_sk_live_otherwise() {
 fn a_short_hand_chosen_key_is_warned_about_and_never_repeated_on_stderr() {
     let dir = tempfile::tempdir().expect("dir");
     let db = sqlite_in(&dir, "w.db");
-    let short = pagos(
-        &[
-            "merchants",
-            "add",
-            "acme",
-            "--api-key",
-            "sk_test_acme",
-            "--database-url",
-            &db,
-        ],
-        &[],
+    let short = pagos_on(
+        &db,
+        &["merchants", "add", "acme", "--api-key", "sk_test_acme"],
     );
     assert_eq!(
         succeeded(&short),
@@ -912,17 +843,9 @@ fn a_short_hand_chosen_key_is_warned_about_and_never_repeated_on_stderr() {
     assert!(!stderr.contains("warning"), "{stderr}");
     assert!(!stderr.contains(strong), "{stderr}");
 
-    let bad = pagos(
-        &[
-            "merchants",
-            "add",
-            "initech",
-            "--api-key",
-            "sk with spaces",
-            "--database-url",
-            &db,
-        ],
-        &[],
+    let bad = pagos_on(
+        &db,
+        &["merchants", "add", "initech", "--api-key", "sk with spaces"],
     );
     assert_refused(&bad, "PAGOS_MERCHANT_API_KEY");
     assert!(!String::from_utf8_lossy(&bad.stderr).contains("with spaces"));
@@ -932,31 +855,17 @@ fn a_short_hand_chosen_key_is_warned_about_and_never_repeated_on_stderr() {
 fn merchant_names_are_trimmed_unique_non_blank_and_at_most_64_printable_characters() {
     let dir = tempfile::tempdir().expect("dir");
     let db = sqlite_in(&dir, "n.db");
-    succeeded(&pagos(
-        &["merchants", "add", "  acme ", "--database-url", &db],
-        &[],
-    ));
+    on_db(&db, &["merchants", "add", "  acme "]);
     assert_refused(
-        &pagos(&["merchants", "add", "acme", "--database-url", &db], &[]),
+        &pagos_on(&db, &["merchants", "add", "acme"]),
         "a merchant named \"acme\" already exists",
     );
     assert_refused(
-        &pagos(&["merchants", "add", " acme\t", "--database-url", &db], &[]),
+        &pagos_on(&db, &["merchants", "add", " acme\t"]),
         "already exists",
     );
     assert_refused(
-        &pagos(
-            &[
-                "merchants",
-                "add",
-                "acme",
-                "--api-key",
-                "sk_short",
-                "--database-url",
-                &db,
-            ],
-            &[],
-        ),
+        &pagos_on(&db, &["merchants", "add", "acme", "--api-key", "sk_short"]),
         "already exists",
     );
     for (name, says) in [
@@ -966,20 +875,11 @@ fn merchant_names_are_trimmed_unique_non_blank_and_at_most_64_printable_characte
         ("ac\u{7}me", "printable"),
         ("acme\u{202E}moc", "printable"),
     ] {
-        assert_refused(
-            &pagos(&["merchants", "add", name, "--database-url", &db], &[]),
-            says,
-        );
+        assert_refused(&pagos_on(&db, &["merchants", "add", name]), says);
     }
-    succeeded(&pagos(
-        &["merchants", "add", &"ñ".repeat(64), "--database-url", &db],
-        &[],
-    ));
-    let listed: Value = serde_json::from_str(&succeeded(&pagos(
-        &["merchants", "list", "--json", "--database-url", &db],
-        &[],
-    )))
-    .expect("JSON");
+    on_db(&db, &["merchants", "add", &"ñ".repeat(64)]);
+    let listed: Value =
+        serde_json::from_str(&on_db(&db, &["merchants", "list", "--json"])).expect("JSON");
     let names: Vec<&str> = listed
         .as_array()
         .expect("array")
@@ -997,35 +897,15 @@ fn merchant_names_are_trimmed_unique_non_blank_and_at_most_64_printable_characte
 fn merchants_list_is_a_table_for_people_and_json_for_scripts() {
     let dir = tempfile::tempdir().expect("dir");
     let db = sqlite_in(&dir, "l.db");
-    succeeded(&pagos(
-        &["merchants", "add", "acme", "--database-url", &db],
-        &[],
+    on_db(&db, &["merchants", "add", "acme"]);
+    let extra = on_db(&db, &["merchants", "keys", "add", "acme"]);
+    on_db(&db, &["merchants", "add", "Panadería Ñandú"]);
+    succeeded(&pagos_on(
+        &db,
+        &["merchants", "keys", "revoke", "acme", &extra[..16]],
     ));
-    let extra = succeeded(&pagos(
-        &["merchants", "keys", "add", "acme", "--database-url", &db],
-        &[],
-    ));
-    succeeded(&pagos(
-        &["merchants", "add", "Panadería Ñandú", "--database-url", &db],
-        &[],
-    ));
-    succeeded(&pagos(
-        &[
-            "merchants",
-            "keys",
-            "revoke",
-            "acme",
-            &extra[..16],
-            "--database-url",
-            &db,
-        ],
-        &[],
-    ));
-    let listed: Value = serde_json::from_str(&succeeded(&pagos(
-        &["merchants", "list", "--json", "--database-url", &db],
-        &[],
-    )))
-    .expect("JSON");
+    let listed: Value =
+        serde_json::from_str(&on_db(&db, &["merchants", "list", "--json"])).expect("JSON");
     let merchants = listed.as_array().expect("array");
     assert_eq!(merchants.len(), 2);
     assert_eq!(merchants[0]["name"], "acme", "oldest first");
@@ -1040,7 +920,7 @@ fn merchants_list_is_a_table_for_people_and_json_for_scripts() {
         assert!(m["createdAt"].as_str().is_some_and(|at| at.ends_with('Z')));
     }
 
-    let table = succeeded(&pagos(&["merchants", "list", "--database-url", &db], &[]));
+    let table = on_db(&db, &["merchants", "list"]);
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 3, "{table}");
     let column = |line: &str, word: &str| line.find(word).map(|b| line[..b].chars().count());
@@ -1077,17 +957,14 @@ async fn the_sandbox_demo_merchant_and_an_operators_demo_never_collide() {
     assert!(!serve.logs().contains(pagos::app::DEMO_API_KEY));
     drop(serve);
     assert_refused(
-        &pagos(&["merchants", "add", "demo", "--database-url", &db], &[]),
+        &pagos_on(&db, &["merchants", "add", "demo"]),
         "a merchant named \"demo\" already exists",
     );
     // Started again, the sandbox finds its merchant and creates no other.
     let serve = crate::process::Serve::start(&["--database-url", &db], &[]).await;
     drop(serve);
-    let listed: Value = serde_json::from_str(&succeeded(&pagos(
-        &["merchants", "list", "--json", "--database-url", &db],
-        &[],
-    )))
-    .expect("JSON");
+    let listed: Value =
+        serde_json::from_str(&on_db(&db, &["merchants", "list", "--json"])).expect("JSON");
     assert_eq!(listed.as_array().map(Vec::len), Some(1));
 }
 
@@ -1146,18 +1023,7 @@ async fn secrets_never_appear_in_the_logs_of_serve_or_the_sandbox_gateway() {
             .spawn()
             .expect("sandbox starts"),
     );
-    let http = reqwest::Client::new();
-    for _ in 0..100 {
-        if http
-            .get(format!("http://127.0.0.1:{port}/sandbox/stats"))
-            .send()
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_sandbox(&format!("http://127.0.0.1:{port}")).await;
     drop(sandbox);
     let logs = std::fs::read_to_string(&log_path).unwrap_or_default();
     assert!(logs.contains("sandbox gateway listening"), "{logs}");

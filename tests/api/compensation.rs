@@ -3,12 +3,12 @@
 //! (`PAGOS_ORPHAN_CHARGES=refund`, the default), so the answer stays true; with `review`
 //! the payment goes to on-call, who can resolve it `FALLIDA` with `reembolsar`.
 
-use crate::helpers::{Backend, Charge, Spawn, TestApp, charges, json, payment_body};
+use crate::helpers::{
+    Backend, Charge, TestApp, json, payment_body, post_webhook, resultado, timestamped_signature,
+};
 use crate::on_both_databases;
 use crate::refunds::FakeRefunds;
-use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
-use sha2::Sha256;
 use wiremock::{Mock, ResponseTemplate};
 
 on_both_databases!(
@@ -22,21 +22,8 @@ const ADMIN: &str = "adm_test_token";
 const CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ2";
 
 async fn spawn(backend: Backend, mode: &'static str) -> (TestApp, FakeRefunds) {
-    let app = Spawn::new(backend)
-        .flags(&[
-            "--webhook-secret",
-            SECRET,
-            "--admin-token",
-            ADMIN,
-            "--orphan-charges",
-            mode,
-        ])
-        .start()
-        .await;
-    charges()
-        .respond_with(Charge::declined())
-        .mount(app.gateway())
-        .await;
+    let app = crate::webhooks::spawn_with(backend, &["--orphan-charges", mode]).await;
+    app.answer_charges(Charge::declined()).await;
     let fake = FakeRefunds::default();
     fake.mount_refunds(app.gateway()).await;
     (app, fake)
@@ -72,25 +59,17 @@ pub async fn deliver_event(
     let body =
         serde_json::to_vec(&json!({"id": id, "type": kind, "sequence": sequence, "data": data}))
             .expect("JSON");
-    let t = chrono::Utc::now().timestamp();
-    let mut mac = Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).expect("key");
-    mac.update(format!("{t}.").as_bytes());
-    mac.update(&body);
-    let signature = format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()));
-    let answer = app
-        .http
-        .post(app.url("/v1/webhooks/http"))
-        .header("Content-Type", "application/json")
-        .header("Gateway-Signature", signature)
-        .body(body)
-        .send()
-        .await
-        .expect("delivered");
-    assert_eq!(answer.status(), 200);
-    json(answer).await["resultado"]
-        .as_str()
-        .expect("resultado")
-        .to_owned()
+    let signature = timestamped_signature(SECRET, chrono::Utc::now().timestamp(), &body);
+    resultado(
+        post_webhook(
+            app,
+            "/v1/webhooks/http",
+            &[("Gateway-Signature", &signature)],
+            &body,
+        )
+        .await,
+    )
+    .await
 }
 
 async fn admin(app: &TestApp, path: &str, body: Option<Value>) -> Value {
@@ -103,16 +82,27 @@ async fn admin(app: &TestApp, path: &str, body: Option<Value>) -> Value {
     json(answer).await
 }
 
+/// With `--orphan-charges mode`, a payment answered FALLIDA whose charge a webhook then
+/// reports succeeded (`outcome`, its answer): the app, the refunds fake and the payment.
+async fn charge_found_after_a_decline(
+    backend: Backend,
+    mode: &'static str,
+    outcome: &str,
+) -> (TestApp, FakeRefunds, String) {
+    let (app, fake) = spawn(backend, mode).await;
+    let payment = declined(&app).await;
+    assert_eq!(
+        deliver(&app, "evt_1", 2, succeeded(&payment)).await,
+        outcome
+    );
+    (app, fake, payment)
+}
+
 async fn a_charge_found_after_a_fallida_answer_is_refunded_in_full_and_the_answer_stays(
     backend: Backend,
 ) {
-    let (app, fake) = spawn(backend, "refund").await;
-    let payment = declined(&app).await;
-
-    assert_eq!(
-        deliver(&app, "evt_1", 2, succeeded(&payment)).await,
-        "reembolsando"
-    );
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "refund", "reembolsando").await;
     assert_eq!(app.payment(&payment).await.state, "FALLIDA");
     // The same charge reported again is not refunded twice.
     assert_eq!(
@@ -152,24 +142,19 @@ async fn a_charge_found_after_a_fallida_answer_is_refunded_in_full_and_the_answe
 async fn in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_refunded(
     backend: Backend,
 ) {
-    let (app, fake) = spawn(backend, "review").await;
-    let payment = declined(&app).await;
-    assert_eq!(
-        deliver(&app, "evt_1", 2, succeeded(&payment)).await,
-        "revision_manual"
-    );
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "review", "revision_manual").await;
     assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
     assert!(fake.made().is_empty(), "nothing refunded without on-call");
 
     // reembolsar only goes with FALLIDA.
     let wrong = app
-        .http
-        .post(app.url(&format!("/admin/pagos/{payment}/resolucion")))
-        .bearer_auth(ADMIN)
-        .json(&json!({"estado": "COMPLETADA", "reembolsar": true, "motivo": "x"}))
-        .send()
-        .await
-        .expect("sent");
+        .resolve_as(
+            ADMIN,
+            &payment,
+            &json!({"estado": "COMPLETADA", "reembolsar": true, "motivo": "x"}),
+        )
+        .await;
     assert_eq!(wrong.status(), 422);
 
     // On-call asks what the provider charged: the one charge.

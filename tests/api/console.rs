@@ -2,7 +2,7 @@
 //! one with the right cookie, forms without the session's CSRF token are refused. The
 //! browser tests (`console_browser.rs`) drive the same pages as a person would.
 
-use crate::helpers::{ADMIN_TOKEN, Backend, Spawn, TestApp};
+use crate::helpers::{ADMIN_TOKEN, Backend, Spawn, TestApp, send};
 use crate::on_both_databases;
 use crate::operators::{operator, payment_under_review};
 use pagos::operators::Role;
@@ -42,23 +42,59 @@ fn value_of(set_cookie: &str) -> String {
         .unwrap_or_default()
 }
 
+/// `GET path` without following redirects, with `cookie` (a `Cookie` header) if given.
+async fn get_page(app: &TestApp, cookie: Option<&str>, path: &str) -> reqwest::Response {
+    let request = client().get(app.url(path));
+    send(match cookie {
+        Some(cookie) => request.header("cookie", cookie),
+        None => request,
+    })
+    .await
+}
+
+/// `POST path` with `fields` as a form, as `get_page` sends.
+async fn post_page(
+    app: &TestApp,
+    cookie: Option<&str>,
+    path: &str,
+    fields: &[(&str, &str)],
+) -> reqwest::Response {
+    let request = client().post(app.url(path)).form(fields);
+    send(match cookie {
+        Some(cookie) => request.header("cookie", cookie),
+        None => request,
+    })
+    .await
+}
+
+/// The `Cookie` header of the console session `session`.
+fn session_cookie(session: &str) -> String {
+    format!("pagos_consola={session}")
+}
+
+/// The login page's nonce, from its cookie.
+async fn login_nonce(app: &TestApp) -> String {
+    let form = get_page(app, None, "/consola/login").await;
+    assert_eq!(form.status(), 200);
+    value_of(&set_cookie(&form, "pagos_consola_login").expect("login cookie"))
+}
+
+/// The login form sent with `token`, by the browser that got `nonce`.
+async fn submit_login(app: &TestApp, nonce: &str, token: &str) -> reqwest::Response {
+    let cookie = format!("pagos_consola_login={nonce}");
+    post_page(
+        app,
+        Some(&cookie),
+        "/consola/login",
+        &[("token", token), ("login", nonce)],
+    )
+    .await
+}
+
 /// Logs in with `token`; the session cookie's value.
 pub async fn log_in(app: &TestApp, token: &str) -> String {
-    let http = client();
-    let form = http
-        .get(app.url("/consola/login"))
-        .send()
-        .await
-        .expect("sent");
-    assert_eq!(form.status(), 200);
-    let nonce = value_of(&set_cookie(&form, "pagos_consola_login").expect("login cookie"));
-    let answer = http
-        .post(app.url("/consola/login"))
-        .header("cookie", format!("pagos_consola_login={nonce}"))
-        .form(&[("token", token), ("login", nonce.as_str())])
-        .send()
-        .await
-        .expect("sent");
+    let nonce = login_nonce(app).await;
+    let answer = submit_login(app, &nonce, token).await;
     assert_eq!(answer.status(), 303, "logged in");
     assert_eq!(answer.headers()["location"], "/consola/");
     value_of(&set_cookie(&answer, "pagos_consola").expect("session cookie"))
@@ -71,7 +107,6 @@ fn csrf_in(html: &str) -> String {
 
 async fn logged_out_every_console_page_redirects_to_login(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    let http = client();
     let id = uuid::Uuid::new_v4();
     for path in [
         "/consola/".to_owned(),
@@ -80,16 +115,11 @@ async fn logged_out_every_console_page_redirects_to_login(backend: Backend) {
         format!("/consola/pagos/{id}"),
         "/consola/reconciliaciones".to_owned(),
     ] {
-        let answer = http.get(app.url(&path)).send().await.expect("sent");
+        let answer = get_page(&app, None, &path).await;
         assert_eq!(answer.status(), 303, "{path}");
         assert_eq!(answer.headers()["location"], "/consola/login", "{path}");
         // A made-up session is no session.
-        let answer = http
-            .get(app.url(&path))
-            .header("cookie", "pagos_consola=made-up")
-            .send()
-            .await
-            .expect("sent");
+        let answer = get_page(&app, Some("pagos_consola=made-up"), &path).await;
         assert_eq!(answer.headers()["location"], "/consola/login", "{path}");
     }
     for path in [
@@ -98,27 +128,14 @@ async fn logged_out_every_console_page_redirects_to_login(backend: Backend) {
         "/consola/reconciliaciones".to_owned(),
         "/consola/logout".to_owned(),
     ] {
-        let answer = http
-            .post(app.url(&path))
-            .form(&[("csrf", "x")])
-            .send()
-            .await
-            .expect("sent");
+        let answer = post_page(&app, None, &path, &[("csrf", "x")]).await;
         assert_eq!(answer.status(), 303, "{path}");
         assert_eq!(answer.headers()["location"], "/consola/login", "{path}");
     }
     // The login page itself and its stylesheet need no session, and are embedded.
-    let css = http
-        .get(app.url("/consola/static/consola.css"))
-        .send()
-        .await
-        .expect("sent");
+    let css = get_page(&app, None, "/consola/static/consola.css").await;
     assert_eq!(css.status(), 200);
-    let login = http
-        .get(app.url("/consola/login"))
-        .send()
-        .await
-        .expect("sent");
+    let login = get_page(&app, None, "/consola/login").await;
     assert_eq!(login.status(), 200);
     let csp = login.headers()["content-security-policy"]
         .to_str()
@@ -137,62 +154,36 @@ async fn logged_out_every_console_page_redirects_to_login(backend: Backend) {
 
 async fn a_login_opens_a_strict_http_only_session_and_a_bad_token_does_not(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    let http = client();
-    let form = http
-        .get(app.url("/consola/login"))
-        .send()
-        .await
-        .expect("sent");
-    let nonce = value_of(&set_cookie(&form, "pagos_consola_login").expect("cookie"));
-    let bad = http
-        .post(app.url("/consola/login"))
-        .header("cookie", format!("pagos_consola_login={nonce}"))
-        .form(&[("token", "op_wrong"), ("login", nonce.as_str())])
-        .send()
-        .await
-        .expect("sent");
+    let nonce = login_nonce(&app).await;
+    let bad = submit_login(&app, &nonce, "op_wrong").await;
     assert_eq!(bad.status(), 401);
     assert!(set_cookie(&bad, "pagos_consola").is_none());
     // A login form posted from elsewhere (no nonce cookie) is refused, even with a good token.
-    let forged = http
-        .post(app.url("/consola/login"))
-        .form(&[("token", ADMIN_TOKEN), ("login", "guess")])
-        .send()
-        .await
-        .expect("sent");
+    let forged = post_page(
+        &app,
+        None,
+        "/consola/login",
+        &[("token", ADMIN_TOKEN), ("login", "guess")],
+    )
+    .await;
     assert_eq!(forged.status(), 403);
 
     let ana = operator(&app, "ana", Role::Operador).await;
-    let form = http
-        .get(app.url("/consola/login"))
-        .send()
-        .await
-        .expect("sent");
-    let nonce = value_of(&set_cookie(&form, "pagos_consola_login").expect("cookie"));
-    let good = http
-        .post(app.url("/consola/login"))
-        .header("cookie", format!("pagos_consola_login={nonce}"))
-        .form(&[("token", ana.as_str()), ("login", nonce.as_str())])
-        .send()
-        .await
-        .expect("sent");
+    let nonce = login_nonce(&app).await;
+    let good = submit_login(&app, &nonce, &ana).await;
     assert_eq!(good.status(), 303);
     let cookie = set_cookie(&good, "pagos_consola").expect("session cookie");
-    for attribute in [
-        "HttpOnly",
-        "SameSite=Strict",
-        "Max-Age=43200",
-        "Path=/consola",
-    ] {
-        assert!(cookie.contains(attribute), "{attribute}: {cookie}");
-    }
+    crate::helpers::assert_contains_all(
+        &cookie,
+        &[
+            "HttpOnly",
+            "SameSite=Strict",
+            "Max-Age=43200",
+            "Path=/consola",
+        ],
+    );
     let session = value_of(&cookie);
-    let queue = http
-        .get(app.url("/consola/"))
-        .header("cookie", format!("pagos_consola={session}"))
-        .send()
-        .await
-        .expect("sent");
+    let queue = get_page(&app, Some(&session_cookie(&session)), "/consola/").await;
     assert_eq!(queue.status(), 200);
     assert!(queue.text().await.expect("html").contains("ana"));
 
@@ -203,31 +194,21 @@ async fn a_login_opens_a_strict_http_only_session_and_a_bad_token_does_not(backe
     )
     .await
     .expect("revoked");
-    let after = http
-        .get(app.url("/consola/"))
-        .header("cookie", format!("pagos_consola={session}"))
-        .send()
-        .await
-        .expect("sent");
+    let after = get_page(&app, Some(&session_cookie(&session)), "/consola/").await;
     assert_eq!(after.status(), 303);
 }
 
 async fn a_console_form_without_its_csrf_token_is_refused_and_changes_nothing(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&["--give-up-after", "1s"])
-        .start()
-        .await;
+    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
     let id = payment_under_review(&app, "k-console-csrf").await;
     let bea = operator(&app, "bea", Role::Operador).await;
     let session = log_in(&app, &bea).await;
-    let http = client();
-    let cookie = format!("pagos_consola={session}");
-    let page = http
-        .get(app.url(&format!("/consola/pagos/{id}")))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .expect("sent");
+    let page = get_page(
+        &app,
+        Some(&session_cookie(&session)),
+        &format!("/consola/pagos/{id}"),
+    )
+    .await;
     assert_eq!(page.status(), 200);
     let html = page.text().await.expect("html");
     assert!(html.contains("Needs manual review"), "the state in words");
@@ -236,6 +217,7 @@ async fn a_console_form_without_its_csrf_token_is_refused_and_changes_nothing(ba
         "the event the merchant is told: {html}"
     );
     let csrf = csrf_in(&html);
+    let resolver = format!("/consola/pagos/{id}/resolver");
 
     for fields in [
         vec![("estado", "FALLIDA"), ("motivo", "no charge")],
@@ -245,13 +227,7 @@ async fn a_console_form_without_its_csrf_token_is_refused_and_changes_nothing(ba
             ("csrf", "forged"),
         ],
     ] {
-        let answer = http
-            .post(app.url(&format!("/consola/pagos/{id}/resolver")))
-            .header("cookie", &cookie)
-            .form(&fields)
-            .send()
-            .await
-            .expect("sent");
+        let answer = post_form(&app, &session, &resolver, &fields).await;
         assert_eq!(answer.status(), 403, "{fields:?}");
         assert!(answer.text().await.expect("html").contains("CSRF"));
     }
@@ -262,31 +238,31 @@ async fn a_console_form_without_its_csrf_token_is_refused_and_changes_nothing(ba
     );
 
     // A reason is required.
-    let answer = http
-        .post(app.url(&format!("/consola/pagos/{id}/resolver")))
-        .header("cookie", &cookie)
-        .form(&[
+    let answer = post_form(
+        &app,
+        &session,
+        &resolver,
+        &[
             ("estado", "FALLIDA"),
             ("motivo", "  "),
             ("csrf", csrf.as_str()),
-        ])
-        .send()
-        .await
-        .expect("sent");
+        ],
+    )
+    .await;
     assert_eq!(answer.status(), 422);
     assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
 
-    let answer = http
-        .post(app.url(&format!("/consola/pagos/{id}/resolver")))
-        .header("cookie", &cookie)
-        .form(&[
+    let answer = post_form(
+        &app,
+        &session,
+        &resolver,
+        &[
             ("estado", "FALLIDA"),
             ("motivo", "no charge at the provider"),
             ("csrf", csrf.as_str()),
-        ])
-        .send()
-        .await
-        .expect("sent");
+        ],
+    )
+    .await;
     assert_eq!(answer.status(), 303);
     assert_eq!(app.payment(&id).await.state, "FALLIDA");
 }
@@ -296,12 +272,10 @@ on_both_databases!(the_attention_queue_is_oldest_first_50_a_page_and_leaves_sett
 async fn the_attention_queue_is_oldest_first_50_a_page_and_leaves_settled_payments_out(
     backend: Backend,
 ) {
-    let app = Spawn::new(backend)
-        .flags(&["--stale-after", "1s"])
-        .start()
+    let app = crate::helpers::started(backend, &["--stale-after", "1s"]).await;
+    let fake = app
+        .with_fake(crate::helpers::FakeGateway::charging("pending"))
         .await;
-    let fake = crate::helpers::FakeGateway::charging("pending");
-    fake.mount(app.gateway()).await;
     let mut ids = Vec::new();
     for n in 0..51 {
         let answer = app
@@ -323,7 +297,6 @@ async fn the_attention_queue_is_oldest_first_50_a_page_and_leaves_settled_paymen
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
 
     let session = log_in(&app, ADMIN_TOKEN).await;
-    let http = client();
     let rows_of = |html: &str| -> Vec<String> {
         html.split("data-id=\"")
             .skip(1)
@@ -331,41 +304,25 @@ async fn the_attention_queue_is_oldest_first_50_a_page_and_leaves_settled_paymen
             .map(str::to_owned)
             .collect()
     };
-    let first = http
-        .get(app.url("/consola/"))
-        .header("cookie", format!("pagos_consola={session}"))
-        .send()
-        .await
-        .expect("sent")
-        .text()
-        .await
-        .expect("html");
+    let first = html_of(&app, &session, "/consola/").await;
     assert_eq!(rows_of(&first), ids[..50], "oldest first, 50 a page");
     assert!(first.contains("pagina=2"), "a link to the next page");
     assert!(
         first.contains("Sent, outcome not known yet"),
         "the state in words"
     );
-    let second = http
-        .get(app.url("/consola/?pagina=2"))
-        .header("cookie", format!("pagos_consola={session}"))
-        .send()
-        .await
-        .expect("sent")
-        .text()
-        .await
-        .expect("html");
+    let second = html_of(&app, &session, "/consola/?pagina=2").await;
     assert_eq!(
         rows_of(&second),
         ids[50..],
         "the 51st on page 2; the paid one nowhere"
     );
-    let odd = http
-        .get(app.url("/consola/?pagina=abc"))
-        .header("cookie", format!("pagos_consola={session}"))
-        .send()
-        .await
-        .expect("sent");
+    let odd = get_page(
+        &app,
+        Some(&session_cookie(&session)),
+        "/consola/?pagina=abc",
+    )
+    .await;
     assert_eq!(
         odd.status(),
         200,
@@ -375,16 +332,17 @@ async fn the_attention_queue_is_oldest_first_50_a_page_and_leaves_settled_paymen
 
 on_both_databases!(an_operador_reconciles_from_the_console_and_a_lector_is_refused);
 
-async fn page_with_csrf(app: &TestApp, session: &str, path: &str) -> (String, String) {
-    let html = client()
-        .get(app.url(path))
-        .header("cookie", format!("pagos_consola={session}"))
-        .send()
+/// The HTML of `path` as `session` sees it.
+async fn html_of(app: &TestApp, session: &str, path: &str) -> String {
+    get_page(app, Some(&session_cookie(session)), path)
         .await
-        .expect("sent")
         .text()
         .await
-        .expect("html");
+        .expect("html")
+}
+
+async fn page_with_csrf(app: &TestApp, session: &str, path: &str) -> (String, String) {
+    let html = html_of(app, session, path).await;
     let csrf = csrf_in(&html);
     (html, csrf)
 }
@@ -395,19 +353,14 @@ async fn post_form(
     path: &str,
     fields: &[(&str, &str)],
 ) -> reqwest::Response {
-    client()
-        .post(app.url(path))
-        .header("cookie", format!("pagos_consola={session}"))
-        .form(fields)
-        .send()
-        .await
-        .expect("sent")
+    post_page(app, Some(&session_cookie(session)), path, fields).await
 }
 
 async fn an_operador_reconciles_from_the_console_and_a_lector_is_refused(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    let fake = crate::helpers::FakeGateway::charging("pending");
-    fake.mount(app.gateway()).await;
+    let fake = app
+        .with_fake(crate::helpers::FakeGateway::charging("pending"))
+        .await;
     let answer = app
         .pay("k-console-rec", &crate::helpers::payment_body())
         .await;

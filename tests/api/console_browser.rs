@@ -8,9 +8,11 @@
 //! `cargo test --test api console_browser`. `PAGOS_CHROMEDRIVER` and `PAGOS_CHROMIUM`
 //! name other binaries.
 
-use crate::helpers::{ADMIN_TOKEN, API_KEY, Backend, FakeGateway, TestDatabase, payment_body};
+use crate::helpers::{
+    ADMIN_TOKEN, API_KEY, Backend, FakeGateway, TestDatabase, payment_body, send_json,
+};
 use crate::on_both_databases;
-use crate::process::{BIN, Serve, free_port};
+use crate::process::{Serve, free_port};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 use std::process::Stdio;
@@ -97,17 +99,7 @@ struct Scene {
 }
 
 fn pagos_cli(args: &[&str]) -> String {
-    let output = std::process::Command::new(BIN)
-        .args(args)
-        .env_remove("PAGOS_DATABASE_URL")
-        .output()
-        .expect("pagos runs");
-    assert!(
-        output.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    crate::binary::printed(crate::binary::pagos(args, None), &format!("{args:?}"))
 }
 
 async fn scene(backend: &Backend) -> Scene {
@@ -189,16 +181,12 @@ async fn scene(backend: &Backend) -> Scene {
     fake.fail_lookups(true);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     for id in [&first, &second] {
-        let report: Value = http
-            .post(format!("{}/admin/reconciliaciones", serve.url))
-            .bearer_auth(ADMIN_TOKEN)
-            .json(&json!({ "pagoId": id }))
-            .send()
-            .await
-            .expect("sent")
-            .json()
-            .await
-            .expect("report");
+        let report = send_json(
+            http.post(format!("{}/admin/reconciliaciones", serve.url))
+                .bearer_auth(ADMIN_TOKEN)
+                .json(&json!({ "pagoId": id })),
+        )
+        .await;
         assert_eq!(report["revisionManual"], 1, "{report}");
     }
     // The provider answers look-ups again: the detail page shows what it says.
@@ -232,15 +220,12 @@ impl Scene {
     }
 
     async fn state_of(&self, id: &str) -> String {
-        let detail: Value = reqwest::Client::new()
-            .get(self.url(&format!("/admin/pagos/{id}")))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
-            .await
-            .expect("sent")
-            .json()
-            .await
-            .expect("json");
+        let detail = send_json(
+            reqwest::Client::new()
+                .get(self.url(&format!("/admin/pagos/{id}")))
+                .bearer_auth(ADMIN_TOKEN),
+        )
+        .await;
         detail["pago"]["estado"].as_str().unwrap_or("").to_owned()
     }
 }
@@ -319,37 +304,55 @@ async fn page_text(browser: &Client) -> String {
     panic!("the page's text could not be read: {last}");
 }
 
+/// Goes to `path` of the console's server.
+async fn goto(browser: &Client, scene: &Scene, path: &str) {
+    browser.goto(&scene.url(path)).await.expect("goto");
+}
+
+/// What a person does to an element of the page.
+enum Act<'a> {
+    Click,
+    Type(&'a str),
+    Choose(&'a str),
+}
+
+/// Does `action` to the element `css` (`what`, in the failure message).
+async fn act(browser: &Client, css: &str, what: &str, action: Act<'_>) {
+    let element = browser.find(Locator::Css(css)).await.expect(what);
+    let done = match action {
+        Act::Click => element.click().await.map(|_| ()),
+        Act::Type(text) => element.send_keys(text).await,
+        Act::Choose(value) => element.select_by_value(value).await,
+    };
+    done.unwrap_or_else(|e| panic!("{what}: {e}"));
+}
+
+/// Runs `script` in the page.
+async fn run_script(browser: &Client, script: &str, args: Vec<Value>, what: &str) -> Value {
+    browser.execute(script, args).await.expect(what)
+}
+
+/// The elements `css` the page has now.
+async fn all(browser: &Client, css: &str, what: &str) -> Vec<fantoccini::elements::Element> {
+    browser.find_all(Locator::Css(css)).await.expect(what)
+}
+
 async fn log_in(browser: &Client, scene: &Scene, token: &str, save: bool) {
-    browser
-        .goto(&scene.url("/consola/login"))
-        .await
-        .expect("login page");
-    browser
-        .find(Locator::Css("#token"))
-        .await
-        .expect("token field")
-        .send_keys(token)
-        .await
-        .expect("typed");
+    goto(browser, scene, "/consola/login").await;
+    act(browser, "#token", "token field", Act::Type(token)).await;
     screenshot(browser, save, "login").await;
-    browser
-        .find(Locator::Css("form.stack button[type=submit]"))
-        .await
-        .expect("button")
-        .click()
-        .await
-        .expect("clicked");
+    act(
+        browser,
+        "form.stack button[type=submit]",
+        "button",
+        Act::Click,
+    )
+    .await;
     wait_path(browser, "/consola/", "logged in, on the queue").await;
 }
 
 async fn log_out(browser: &Client) {
-    browser
-        .find(Locator::Css("form.logout button"))
-        .await
-        .expect("logout button")
-        .click()
-        .await
-        .expect("clicked");
+    act(browser, "form.logout button", "logout button", Act::Click).await;
     wait_path(browser, "/consola/login?salida=1", "logged out").await;
 }
 
@@ -395,16 +398,13 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
         format!("/consola/pagos/{first}"),
         "/consola/reconciliaciones".to_owned(),
     ] {
-        browser.goto(&scene.url(&path)).await.expect("goto");
+        goto(browser, scene, &path).await;
         assert_eq!(path_of(browser).await, "/consola/login", "{path}");
     }
 
     // An operador logs in and sees what needs attention, oldest first.
     log_in(browser, scene, &scene.ana, save).await;
-    let rows = browser
-        .find_all(Locator::Css("tbody tr[data-id]"))
-        .await
-        .expect("rows");
+    let rows = all(browser, "tbody tr[data-id]", "rows").await;
     let mut ids = Vec::new();
     for row in &rows {
         ids.push(row.attr("data-id").await.expect("attr").unwrap_or_default());
@@ -424,13 +424,13 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
     screenshot(browser, save, "queue").await;
 
     // Opens the first one.
-    browser
-        .find(Locator::Css(&format!("tr[data-id=\"{first}\"] a")))
-        .await
-        .expect("link")
-        .click()
-        .await
-        .expect("clicked");
+    act(
+        browser,
+        &format!("tr[data-id=\"{first}\"] a"),
+        "link",
+        Act::Click,
+    )
+    .await;
     wait_path(
         browser,
         &format!("/consola/pagos/{first}"),
@@ -441,56 +441,23 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
     screenshot(browser, save, "payment").await;
 
     // A form without its CSRF token is refused, and nothing changes.
-    browser
-        .execute(
-            "document.querySelector('form[action$=\"/resolver\"] input[name=csrf]').remove();",
-            vec![],
-        )
-        .await
-        .expect("script");
-    browser
-        .find(Locator::Css("#estado"))
-        .await
-        .expect("estado")
-        .select_by_value("COMPLETADA")
-        .await
-        .expect("chosen");
-    browser
-        .find(Locator::Css("#motivo"))
-        .await
-        .expect("motivo")
-        .send_keys("forged")
-        .await
-        .expect("typed");
-    browser
-        .find(Locator::Css("#resolve"))
-        .await
-        .expect("button")
-        .click()
-        .await
-        .expect("clicked");
+    run_script(
+        browser,
+        "document.querySelector('form[action$=\"/resolver\"] input[name=csrf]').remove();",
+        vec![],
+        "script",
+    )
+    .await;
+    act(browser, "#estado", "estado", Act::Choose("COMPLETADA")).await;
+    act(browser, "#motivo", "motivo", Act::Type("forged")).await;
+    act(browser, "#resolve", "button", Act::Click).await;
     wait_text(browser, &["Refused", "CSRF"]).await;
     assert_eq!(scene.state_of(first).await, "REVISION_MANUAL");
 
     // The reason is required: the browser will not send the form without one.
-    browser
-        .goto(&scene.url(&format!("/consola/pagos/{first}")))
-        .await
-        .expect("goto");
-    browser
-        .find(Locator::Css("#estado"))
-        .await
-        .expect("estado")
-        .select_by_value("FALLIDA")
-        .await
-        .expect("chosen");
-    browser
-        .find(Locator::Css("#resolve"))
-        .await
-        .expect("button")
-        .click()
-        .await
-        .expect("clicked");
+    goto(browser, scene, &format!("/consola/pagos/{first}")).await;
+    act(browser, "#estado", "estado", Act::Choose("FALLIDA")).await;
+    act(browser, "#resolve", "button", Act::Click).await;
     assert_eq!(
         path_of(browser).await,
         format!("/consola/pagos/{first}"),
@@ -499,20 +466,14 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
     assert_eq!(scene.state_of(first).await, "REVISION_MANUAL");
 
     // Resolved with a reason.
-    browser
-        .find(Locator::Css("#motivo"))
-        .await
-        .expect("motivo")
-        .send_keys("No charge in the provider's dashboard; ticket OPS-42")
-        .await
-        .expect("typed");
-    browser
-        .find(Locator::Css("#resolve"))
-        .await
-        .expect("button")
-        .click()
-        .await
-        .expect("clicked");
+    act(
+        browser,
+        "#motivo",
+        "motivo",
+        Act::Type("No charge in the provider's dashboard; ticket OPS-42"),
+    )
+    .await;
+    act(browser, "#resolve", "button", Act::Click).await;
     wait_path(
         browser,
         &format!("/consola/pagos/{first}?hecho=resuelto"),
@@ -533,55 +494,36 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
     );
     assert!(timeline.contains("ticket OPS-42"), "{timeline}");
     assert!(timeline.contains("Failed, no money taken"), "{timeline}");
-    browser
-        .execute(
-            "document.querySelector('ol.timeline').scrollIntoView();",
-            vec![],
-        )
-        .await
-        .expect("scrolled");
+    run_script(
+        browser,
+        "document.querySelector('ol.timeline').scrollIntoView();",
+        vec![],
+        "scrolled",
+    )
+    .await;
     screenshot(browser, save, "resolved").await;
 
     // It left the queue.
-    browser.goto(&scene.url("/consola/")).await.expect("goto");
+    goto(browser, scene, "/consola/").await;
     assert!(
-        browser
-            .find_all(Locator::Css(&format!("tr[data-id=\"{first}\"]")))
+        all(browser, &format!("tr[data-id=\"{first}\"]"), "rows")
             .await
-            .expect("rows")
             .is_empty(),
         "resolved: not in the queue any more"
     );
     assert!(
-        !browser
-            .find_all(Locator::Css(&format!("tr[data-id=\"{second}\"]")))
+        !all(browser, &format!("tr[data-id=\"{second}\"]"), "rows")
             .await
-            .expect("rows")
             .is_empty()
     );
 
     // Search, and a reconciliation pass with its report.
-    browser
-        .goto(&scene.url("/consola/pagos?q=acme"))
-        .await
-        .expect("goto");
-    let found = browser
-        .find_all(Locator::Css("tbody tr[data-id]"))
-        .await
-        .expect("rows");
+    goto(browser, scene, "/consola/pagos?q=acme").await;
+    let found = all(browser, "tbody tr[data-id]", "rows").await;
     assert_eq!(found.len(), 4, "every payment of acme");
     screenshot(browser, save, "search").await;
-    browser
-        .goto(&scene.url("/consola/reconciliaciones"))
-        .await
-        .expect("goto");
-    browser
-        .find(Locator::Css("#run-pass"))
-        .await
-        .expect("button")
-        .click()
-        .await
-        .expect("clicked");
+    goto(browser, scene, "/consola/reconciliaciones").await;
+    act(browser, "#run-pass", "button", Act::Click).await;
     let report = wait_for(browser, "#report")
         .await
         .text()
@@ -592,14 +534,14 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
 
     // On a phone.
     browser.set_window_size(390, 844).await.expect("resized");
-    browser.goto(&scene.url("/consola/")).await.expect("goto");
-    let overflow: Value = browser
-        .execute(
-            "return document.documentElement.scrollWidth > window.innerWidth + 1;",
-            vec![],
-        )
-        .await
-        .expect("script");
+    goto(browser, scene, "/consola/").await;
+    let overflow = run_script(
+        browser,
+        "return document.documentElement.scrollWidth > window.innerWidth + 1;",
+        vec![],
+        "script",
+    )
+    .await;
     assert_eq!(
         overflow,
         Value::Bool(false),
@@ -609,27 +551,20 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
     browser.set_window_size(1280, 1000).await.expect("resized");
 
     log_out(browser).await;
-    browser.goto(&scene.url("/consola/")).await.expect("goto");
+    goto(browser, scene, "/consola/").await;
     assert_eq!(path_of(browser).await, "/consola/login", "logged out");
 
     // A lector sees the payment but cannot resolve it, not even with a hand-made form.
     log_in(browser, scene, &scene.luis, false).await;
-    browser
-        .goto(&scene.url(&format!("/consola/pagos/{second}")))
-        .await
-        .expect("goto");
+    goto(browser, scene, &format!("/consola/pagos/{second}")).await;
     assert!(
-        browser
-            .find_all(Locator::Css("#resolve"))
-            .await
-            .expect("buttons")
-            .is_empty(),
+        all(browser, "#resolve", "buttons").await.is_empty(),
         "no resolve button for a lector"
     );
     assert!(page_text(browser).await.contains("lector"));
-    browser
-        .execute(
-            "const csrf = document.querySelector('form.logout input[name=csrf]').value;
+    run_script(
+        browser,
+        "const csrf = document.querySelector('form.logout input[name=csrf]').value;
              const form = document.createElement('form');
              form.method = 'post';
              form.action = arguments[0];
@@ -640,10 +575,10 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
              }
              document.body.appendChild(form);
              form.submit();",
-            vec![json!(format!("/consola/pagos/{second}/resolver"))],
-        )
-        .await
-        .expect("script");
+        vec![json!(format!("/consola/pagos/{second}/resolver"))],
+        "script",
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let text = page_text(browser).await;
     assert!(

@@ -7,7 +7,7 @@
 
 use crate::helpers::{API_KEY, Backend, FakeGateway, json, payment_body};
 use crate::on_both_databases;
-use crate::process::{Serve, World, reconcile_once};
+use crate::process::{Serve, World};
 use pagos::entities::payment;
 use sea_orm::EntityTrait;
 use std::time::Duration;
@@ -21,46 +21,10 @@ on_both_databases!(
     a_reconciler_killed_mid_pass_leaves_every_payment_to_the_next_with_one_charge_each,
 );
 
-/// Shared flags: a lease short enough to wait out in a test.
+/// The lease of `World::crash_args`.
 const LEASE: Duration = Duration::from_millis(1000);
 
 impl World {
-    fn args(&self) -> Vec<String> {
-        [
-            "--database-url",
-            &self.database.url,
-            "--gateway",
-            "http",
-            "--gateway-url",
-            &self.gateway.uri(),
-            "--gateway-timeout",
-            "300ms",
-            "--gateway-retries",
-            "0",
-            "--lease",
-            "1s",
-            "--stale-after",
-            "200ms",
-            "--reconcile-every",
-            "1h",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    }
-
-    async fn serve(&self, env: &[(&str, &str)]) -> Serve {
-        let args = self.args();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Serve::start(&args, env).await
-    }
-
-    async fn reconcile(&self) -> serde_json::Value {
-        let args = self.args();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        reconcile_once(&args).await
-    }
-
     /// `n` payments left ENVIADA and due by crashes, `charged(i)` of them charged at the
     /// gateway before the crash.
     async fn due_enviada(&self, n: usize, charged: impl Fn(usize) -> bool) {
@@ -87,6 +51,41 @@ impl World {
                 .await
                 .expect("seed");
         }
+    }
+
+    /// `crash_args` for processes that reconcile every 100 ms themselves, with
+    /// `--gateway-timeout gateway_timeout`, `--lease lease` and
+    /// `--reconcile-concurrency concurrency`.
+    fn reconciling_args(
+        &self,
+        gateway_timeout: &str,
+        lease: &str,
+        concurrency: &str,
+    ) -> Vec<String> {
+        let mut args = self.crash_args();
+        for arg in &mut args {
+            match arg.as_str() {
+                "1h" => *arg = "100ms".into(), // --reconcile-every
+                "300ms" => *arg = gateway_timeout.into(),
+                "1s" => *arg = lease.into(),
+                _ => {}
+            }
+        }
+        args.extend(["--reconcile-concurrency".into(), concurrency.into()]);
+        args
+    }
+
+    /// Payments still in flight once none are, or after `tries` looks 100 ms apart.
+    async fn open_after(&self, tries: usize) -> u64 {
+        let mut open = u64::MAX;
+        for _ in 0..tries {
+            open = self.open().await;
+            if open == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        open
     }
 
     /// Payments still in flight (EN_PROCESO or ENVIADA).
@@ -116,15 +115,7 @@ async fn pay(url: &str, key: &str) -> Result<reqwest::Response, reqwest::Error> 
 async fn crash_at(world: &World, failpoint: &str) -> payment::Model {
     let mut doomed = world.serve(&[("PAGOS_CRASH_AT", failpoint)]).await;
     let answer = pay(&doomed.url, "k-crash").await;
-    assert!(
-        answer.is_err(),
-        "the server died before answering: {answer:?}"
-    );
-    assert!(
-        doomed.ended_by_itself(Duration::from_secs(5)).await,
-        "pagos aborted at {failpoint}:\n{}",
-        doomed.logs()
-    );
+    doomed.aborted_at(failpoint, &answer).await;
     world.only_payment().await
 }
 
@@ -152,38 +143,42 @@ async fn settles_with_one_charge_and_the_retry_gets_the_final_answer(
     assert_eq!(world.fake.charges_for(&id.to_string()), 1);
 }
 
-async fn a_crash_after_registering_is_sent_once_by_the_reconciler(backend: Backend) {
+/// A payment to a server that aborts at `failpoint`, left in `state` with `charged`
+/// charges at the gateway (`why`), then settled with one charge; the world, and the
+/// payment as the crash left it.
+async fn crashed_then_settled(
+    backend: Backend,
+    failpoint: &str,
+    state: &str,
+    charged: usize,
+    why: &str,
+) -> (World, payment::Model) {
     let world = World::new(backend, FakeGateway::charging("succeeded")).await;
-    let left = crash_at(&world, "after_register").await;
-    assert_eq!(left.state, "EN_PROCESO");
+    let left = crash_at(&world, failpoint).await;
+    assert_eq!(left.state, state);
     assert_eq!(
         world.fake.charges_for(&left.id.to_string()),
-        0,
-        "never sent"
+        charged,
+        "{why}"
     );
     settles_with_one_charge_and_the_retry_gets_the_final_answer(&world, left.id).await;
+    (world, left)
+}
+
+async fn a_crash_after_registering_is_sent_once_by_the_reconciler(backend: Backend) {
+    crashed_then_settled(backend, "after_register", "EN_PROCESO", 0, "never sent").await;
 }
 
 async fn a_crash_after_marking_sent_is_resent_with_the_same_key_once(backend: Backend) {
-    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
-    let left = crash_at(&world, "after_mark_sent").await;
-    assert_eq!(left.state, "ENVIADA");
-    assert_eq!(
-        world.fake.charges_for(&left.id.to_string()),
+    let (world, left) = crashed_then_settled(
+        backend,
+        "after_mark_sent",
+        "ENVIADA",
         0,
-        "died before the call"
-    );
-    settles_with_one_charge_and_the_retry_gets_the_final_answer(&world, left.id).await;
-    let keys: Vec<String> = crate::helpers::received(&world.gateway, "POST", |_| true)
-        .await
-        .iter()
-        .map(|r| {
-            r.headers["idempotency-key"]
-                .to_str()
-                .unwrap_or("")
-                .to_owned()
-        })
-        .collect();
+        "died before the call",
+    )
+    .await;
+    let keys = crate::helpers::keys_sent(&world.gateway, "POST", |_| true).await;
     assert_eq!(
         keys,
         vec![left.gateway_key.clone()],
@@ -194,15 +189,14 @@ async fn a_crash_after_marking_sent_is_resent_with_the_same_key_once(backend: Ba
 async fn a_crash_after_the_gateway_charged_is_settled_from_the_provider_without_a_second_charge(
     backend: Backend,
 ) {
-    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
-    let left = crash_at(&world, "after_gateway_response").await;
-    assert_eq!(left.state, "ENVIADA");
-    assert_eq!(
-        world.fake.charges_for(&left.id.to_string()),
+    let (world, _) = crashed_then_settled(
+        backend,
+        "after_gateway_response",
+        "ENVIADA",
         1,
-        "charged, then the crash"
-    );
-    settles_with_one_charge_and_the_retry_gets_the_final_answer(&world, left.id).await;
+        "charged, then the crash",
+    )
+    .await;
     let posts = crate::helpers::received(&world.gateway, "POST", |_| true)
         .await
         .len();
@@ -265,32 +259,15 @@ async fn three_processes_decide_every_due_payment_exactly_once() {
 
     // Patient timeouts: a send that timed out on a busy machine would rightly be looked
     // up again, and this test counts look-ups.
-    let mut args = world.args();
-    for arg in &mut args {
-        match arg.as_str() {
-            "1h" => *arg = "100ms".into(), // --reconcile-every
-            "300ms" => *arg = "5s".into(), // --gateway-timeout
-            "1s" => *arg = "30s".into(),   // --lease
-            _ => {}
-        }
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut extra = args.clone();
-    extra.extend(["--reconcile-concurrency", "8"]);
+    let args = world.reconciling_args("5s", "30s", "8");
+    let extra: Vec<&str> = args.iter().map(String::as_str).collect();
     let servers = [
         Serve::start(&extra, &[]).await,
         Serve::start(&extra, &[]).await,
         Serve::start(&extra, &[]).await,
     ];
 
-    let mut open = u64::MAX;
-    for _ in 0..600 {
-        open = world.open().await;
-        if open == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let open = world.open_after(600).await;
     assert_eq!(open, 0, "every payment final; logs:\n{}", servers[0].logs());
     drop(servers);
 
@@ -341,17 +318,9 @@ async fn a_reconciler_killed_mid_pass_leaves_every_payment_to_the_next_with_one_
     let fake = FakeGateway::charging("succeeded").with_delay(Duration::from_secs(1));
     let world = World::new(backend, fake).await;
     world.due_enviada(12, |_| false).await;
-    let mut args = world.args();
-    for arg in &mut args {
-        match arg.as_str() {
-            "1h" => *arg = "100ms".into(), // --reconcile-every
-            "300ms" => *arg = "2s".into(), // --gateway-timeout
-            "1s" => *arg = "3s".into(),    // --lease, longer than a gateway call
-            _ => {}
-        }
-    }
-    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
-    args.extend(["--reconcile-concurrency", "2"]);
+    // The lease is longer than a gateway call.
+    let args = world.reconciling_args("2s", "3s", "2");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
 
     let mut first = Serve::start(&args, &[]).await;
     for _ in 0..200 {
@@ -370,14 +339,7 @@ async fn a_reconciler_killed_mid_pass_leaves_every_payment_to_the_next_with_one_
 
     world.fake.clear_delay();
     let second = Serve::start(&args, &[]).await;
-    let mut open = u64::MAX;
-    for _ in 0..300 {
-        open = world.open().await;
-        if open == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let open = world.open_after(300).await;
     assert_eq!(open, 0, "every payment final; logs:\n{}", second.logs());
     let all = payment::Entity::find().all(&world.db).await.expect("query");
     assert_eq!(all.len(), 12);

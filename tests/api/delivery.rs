@@ -4,7 +4,7 @@
 //! applying each event once behind a flaky endpoint, and the settings through the binary.
 //! No database: the outbox and the worker build on this.
 
-use crate::process::BIN;
+use crate::cli::pagos;
 use crate::receiver::{Answer, Receiver};
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::future::BoxFuture;
@@ -554,15 +554,6 @@ async fn behind_a_flaky_endpoint_every_event_arrives_and_the_consumer_applies_ea
     }
 }
 
-fn pagos(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
-    let mut command = std::process::Command::new(BIN);
-    command.args(args).env_remove("PAGOS_DATABASE_URL");
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    command.output().expect("pagos runs")
-}
-
 #[test]
 fn a_bad_webhooks_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
     let dir = tempfile::tempdir().expect("dir");
@@ -611,15 +602,14 @@ fn a_bad_webhooks_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
 
 #[test]
 fn serve_help_documents_every_webhooks_setting() {
-    let output = pagos(&["serve", "--help"], &[]);
-    let help = String::from_utf8_lossy(&output.stdout);
-    for env in [
-        "PAGOS_WEBHOOKS_TIMEOUT",
-        "PAGOS_WEBHOOKS_SCHEDULE",
-        "PAGOS_WEBHOOKS_DISABLE_AFTER",
-        "PAGOS_WEBHOOKS_ALLOW_PRIVATE",
-    ] {
-        assert!(help.contains(env), "{env} in --help");
-    }
-    assert!(help.contains("0s,5s,5m,30m,2h,5h,10h,10h"));
+    crate::helpers::assert_contains_all(
+        &crate::cli::serve_help(),
+        &[
+            "PAGOS_WEBHOOKS_TIMEOUT",
+            "PAGOS_WEBHOOKS_SCHEDULE",
+            "PAGOS_WEBHOOKS_DISABLE_AFTER",
+            "PAGOS_WEBHOOKS_ALLOW_PRIVATE",
+            "0s,5s,5m,30m,2h,5h,10h,10h",
+        ],
+    );
 }

@@ -123,8 +123,9 @@ async fn a_request_longer_than_the_request_timeout_is_answered_503_and_its_payme
     )
     .await;
     let gateway_delay = Duration::from_secs(4);
-    let fake = FakeGateway::charging("succeeded").with_delay(gateway_delay);
-    fake.mount(app.gateway()).await;
+    let fake = app
+        .with_fake(FakeGateway::charging("succeeded").with_delay(gateway_delay))
+        .await;
 
     let started = Instant::now();
     let answer = app.pay("k-slow", &payment_body()).await;
@@ -138,9 +139,7 @@ async fn a_request_longer_than_the_request_timeout_is_answered_503_and_its_payme
     let problem = json(answer).await;
     assert_eq!(problem["type"], "/problems/request-timeout");
     assert!(
-        problem["detail"]
-            .as_str()
-            .is_some_and(|d| d.contains("same Idempotency-Key")),
+        crate::helpers::text_has(&problem, "detail", "same Idempotency-Key"),
         "{problem}"
     );
 
@@ -195,8 +194,9 @@ async fn past_max_in_flight_a_request_is_refused_at_once_and_stores_nothing(back
     )
     .await;
     let gateway_delay = Duration::from_secs(3);
-    let fake = FakeGateway::charging("succeeded").with_delay(gateway_delay);
-    fake.mount(app.gateway()).await;
+    let fake = app
+        .with_fake(FakeGateway::charging("succeeded").with_delay(gateway_delay))
+        .await;
 
     let body = payment_body();
     let in_flight = async { tokio::join!(app.pay("k-1", &body), app.pay("k-2", &body)) };
@@ -215,18 +215,8 @@ async fn past_max_in_flight_a_request_is_refused_at_once_and_stores_nothing(back
         let started = Instant::now();
         let refused = app.pay("k-3", &payment_body()).await;
         let waited = started.elapsed();
-        let healthz = app
-            .http
-            .get(app.url("/healthz"))
-            .send()
-            .await
-            .expect("sent");
-        let metrics = app
-            .http
-            .get(app.url("/metrics"))
-            .send()
-            .await
-            .expect("sent");
+        let healthz = app.get("/healthz").await;
+        let metrics = app.get("/metrics").await;
         let stored = app.count_rows().await;
         (refused, waited, healthz, metrics, stored)
     };

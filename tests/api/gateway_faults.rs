@@ -26,9 +26,7 @@ async fn a_charge_for_another_amount_goes_to_review_instead_of_settling(backend:
     ))
     .expect("fixture");
     charge["amount"] = 1.into();
-    charges()
-        .respond_with(ResponseTemplate::new(201).set_body_json(charge))
-        .mount(app.gateway())
+    app.answer_charges(ResponseTemplate::new(201).set_body_json(charge))
         .await;
     let answer = app.pay("k-amount", &payment_body()).await;
     assert_eq!(answer.status(), 202);
@@ -43,9 +41,7 @@ async fn refused_credentials_leave_the_payment_to_the_reconciler_instead_of_fail
     backend: Backend,
 ) {
     let app = crate::helpers::started(backend, &["--gateway-retries", "1"]).await;
-    charges()
-        .respond_with(ResponseTemplate::new(401).set_body_string(r#"{"error":"bad secret"}"#))
-        .mount(app.gateway())
+    app.answer_charges(ResponseTemplate::new(401).set_body_string(r#"{"error":"bad secret"}"#))
         .await;
     let answer = app.pay("k-401", &payment_body()).await;
     assert_eq!(
@@ -94,11 +90,7 @@ async fn gateway_503_twice_then_201_completes_with_three_calls_and_one_key(backe
 }
 
 async fn a_declined_payment_is_402_stored_and_replayed(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::declined())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::declined()).await;
 
     let first = app.pay("k-decline", &payment_body()).await;
     assert_eq!(first.status(), 402);
@@ -124,17 +116,12 @@ async fn a_gateway_that_hangs_past_the_timeout_leaves_the_payment_enviada_with_2
         &["--gateway-timeout", "200ms", "--gateway-retries", "2"],
     )
     .await;
-    charges()
-        .respond_with(Charge::succeeded().respond_later(Duration::from_secs(5)))
-        .mount(app.gateway())
+    app.answer_charges(Charge::succeeded().respond_later(Duration::from_secs(5)))
         .await;
 
     let answer = app.pay("k-hang", &payment_body()).await;
     assert_eq!(answer.status(), 202);
-    let location = answer.headers()["location"]
-        .to_str()
-        .expect("ascii")
-        .to_owned();
+    let location = crate::helpers::location_of(&answer);
     let body = json(answer).await;
     assert_eq!(body["estado"], "ENVIADA");
     assert!(location.ends_with(body["id"].as_str().expect("id")));
@@ -162,11 +149,7 @@ async fn a_gateway_refusal_is_not_retried_and_fails_the_payment(backend: Backend
 }
 
 async fn a_pending_charge_answers_202_and_its_retry_gets_the_current_state(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::pending())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::pending()).await;
 
     let first = app.pay("k-pending", &payment_body()).await;
     assert_eq!(first.status(), 202);

@@ -120,14 +120,7 @@ impl TestDatabase {
             }
             Backend::Postgres(admin_url) => {
                 let name = format!("pagos_test_{}", uuid::Uuid::new_v4().simple());
-                let admin = sea_orm::Database::connect(admin_url.as_str())
-                    .await
-                    .expect("connect to PAGOS_TEST_POSTGRES_URL");
-                admin
-                    .execute_unprepared(&format!("CREATE DATABASE {name}"))
-                    .await
-                    .expect("create test database");
-                let _ = admin.close().await;
+                on_postgres_admin(admin_url, &format!("CREATE DATABASE {name}")).await;
                 let mut url = url::Url::parse(admin_url).expect("PAGOS_TEST_POSTGRES_URL is a URL");
                 url.set_path(&name);
                 TestDatabase {
@@ -143,27 +136,42 @@ impl TestDatabase {
 impl Drop for TestDatabase {
     fn drop(&mut self) {
         if let Some((admin_url, name)) = self.drop_pg.take() {
-            // Drop runs outside async: a short-lived runtime on its own thread.
-            let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build();
-                if let Ok(rt) = rt {
-                    rt.block_on(async {
-                        if let Ok(admin) = sea_orm::Database::connect(admin_url.as_str()).await {
-                            let _ = admin
-                                .execute_unprepared(&format!(
-                                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                                ))
-                                .await;
-                            let _ = admin.close().await;
-                        }
-                    });
-                }
-            })
-            .join();
+            drop_postgres_databases(admin_url, vec![name]);
         }
     }
+}
+
+/// Runs `sql` on the PostgreSQL server of `admin_url`, which must accept it.
+pub async fn on_postgres_admin(admin_url: &str, sql: &str) {
+    let admin = sea_orm::Database::connect(admin_url)
+        .await
+        .expect("connect to PAGOS_TEST_POSTGRES_URL");
+    admin.execute_unprepared(sql).await.expect(sql);
+    let _ = admin.close().await;
+}
+
+/// Drops the databases `names` of the PostgreSQL server of `admin_url`, as far as it can.
+/// For `Drop`, which runs outside async: a short-lived runtime on its own thread.
+pub fn drop_postgres_databases(admin_url: String, names: Vec<String>) {
+    let _ = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            if let Ok(admin) = sea_orm::Database::connect(admin_url.as_str()).await {
+                for name in names {
+                    let _ = admin
+                        .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await;
+                }
+                let _ = admin.close().await;
+            }
+        });
+    })
+    .join();
 }
 
 /// `pagos serve` settings as the CLI would parse them, plus `extra` flags.
@@ -311,13 +319,7 @@ impl<'a> Spawn<'a> {
                 stopped,
             ));
         }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let server = tokio::spawn(async move {
-            let _ = pagos::app::serve_on(listener, state, std::future::pending()).await;
-        });
+        let (addr, server) = serve_in_background(state).await;
         TestApp {
             addr,
             http: reqwest::Client::builder()
@@ -331,6 +333,20 @@ impl<'a> Spawn<'a> {
             _stop_delivering: stop_delivering,
         }
     }
+}
+
+/// `state` served on a port of its own of 127.0.0.1 until the task is dropped or aborted.
+pub async fn serve_in_background(
+    state: pagos::http::AppState,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        let _ = pagos::app::serve_on(listener, state, std::future::pending()).await;
+    });
+    (addr, server)
 }
 
 pub fn payment_body() -> Value {
@@ -355,8 +371,19 @@ impl TestApp {
 
     /// `POST /v1/pagos` as merchant `api_key`.
     pub async fn pay_as(&self, api_key: &str, key: &str, body: &Value) -> reqwest::Response {
+        self.post_keyed(api_key, "/v1/pagos", key, body).await
+    }
+
+    /// `POST path` as merchant `api_key`, with `body` and the `Idempotency-Key` `key`.
+    pub async fn post_keyed(
+        &self,
+        api_key: &str,
+        path: &str,
+        key: &str,
+        body: &Value,
+    ) -> reqwest::Response {
         self.http
-            .post(self.url("/v1/pagos"))
+            .post(self.url(path))
             .bearer_auth(api_key)
             .header("Idempotency-Key", key)
             .json(body)
@@ -382,14 +409,7 @@ impl TestApp {
 
     /// `GET /metrics`, as text.
     pub async fn metrics(&self) -> String {
-        self.http
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .expect("sent")
-            .text()
-            .await
-            .expect("text")
+        self.get("/metrics").await.text().await.expect("text")
     }
 
     /// `POST /v1/pagos` as acme; the status and the JSON body.
@@ -408,16 +428,21 @@ impl TestApp {
         received(self.gateway(), "POST", |p| p == "/v1/charges").await
     }
 
+    /// The rows of the table of entity `E`.
+    pub async fn rows_of<E: EntityTrait>(&self) -> u64
+    where
+        E::Model: Sync,
+    {
+        E::find().count(&self.db).await.expect("count")
+    }
+
+    /// (idempotency keys stored, payments stored).
     pub async fn count_rows(&self) -> (u64, u64) {
-        let keys = pagos::entities::idempotency_key::Entity::find()
-            .count(&self.db)
-            .await
-            .expect("count");
-        let payments = pagos::entities::payment::Entity::find()
-            .count(&self.db)
-            .await
-            .expect("count");
-        (keys, payments)
+        (
+            self.rows_of::<pagos::entities::idempotency_key::Entity>()
+                .await,
+            self.rows_of::<pagos::entities::payment::Entity>().await,
+        )
     }
 
     pub async fn payment(&self, id: &str) -> pagos::entities::payment::Model {
@@ -471,6 +496,69 @@ impl Respond for Charge {
 
 pub fn charges() -> wiremock::MockBuilder {
     Mock::given(wiremock::matchers::method("POST")).and(wiremock::matchers::path("/v1/charges"))
+}
+
+/// Sends `request`, which must reach the server.
+pub async fn send(request: reqwest::RequestBuilder) -> reqwest::Response {
+    request.send().await.expect("sent")
+}
+
+/// Sends `request`; the JSON body of the answer.
+pub async fn send_json(request: reqwest::RequestBuilder) -> Value {
+    json(send(request).await).await
+}
+
+/// HMAC-SHA256 under `secret` of `parts` one after the other, in hex: how gateways sign
+/// their webhooks.
+pub fn hmac_hex(secret: &str, parts: &[&[u8]]) -> String {
+    use hmac::Mac;
+    let mut mac =
+        hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
+    for part in parts {
+        mac.update(part);
+    }
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// `t=…,v1=…`: `body` signed at `t` as the reference protocol does (Stripe's `v1` too).
+pub fn timestamped_signature(secret: &str, t: i64, body: &[u8]) -> String {
+    format!(
+        "t={t},v1={}",
+        hmac_hex(secret, &[format!("{t}.").as_bytes(), body])
+    )
+}
+
+/// A webhook: `body` POSTed as JSON to `path` with the signature `headers`.
+pub async fn post_webhook(
+    app: &TestApp,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> reqwest::Response {
+    let mut request = app
+        .http
+        .post(app.url(path))
+        .header("Content-Type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(body.to_vec()).send().await.expect("delivered")
+}
+
+/// The `resultado` of a webhook's answer, which must be a 200.
+pub async fn resultado(answer: reqwest::Response) -> String {
+    assert_eq!(answer.status(), 200);
+    json(answer).await["resultado"]
+        .as_str()
+        .expect("resultado")
+        .to_owned()
+}
+
+/// pagos over a wiremock gateway that answers every charge with `answer`.
+pub async fn charging(backend: Backend, answer: impl Respond + 'static) -> TestApp {
+    let app = Spawn::new(backend).start().await;
+    app.answer_charges(answer).await;
+    app
 }
 
 pub async fn json(response: reqwest::Response) -> Value {
@@ -570,16 +658,8 @@ impl FakeGateway {
     }
 
     pub async fn mount(&self, server: &MockServer) {
-        Mock::given(wiremock::matchers::method("POST"))
-            .and(wiremock::matchers::path("/v1/charges"))
-            .respond_with(FakeCharge(self.clone()))
-            .mount(server)
-            .await;
-        Mock::given(wiremock::matchers::method("GET"))
-            .and(wiremock::matchers::path("/v1/charges"))
-            .respond_with(FakeLookup(self.clone()))
-            .mount(server)
-            .await;
+        mount_route(server, "POST", "/v1/charges", FakeCharge(self.clone())).await;
+        mount_route(server, "GET", "/v1/charges", FakeLookup(self.clone())).await;
     }
 }
 
@@ -587,40 +667,26 @@ struct FakeCharge(FakeGateway);
 
 impl Respond for FakeCharge {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let key = request
-            .headers
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
-        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
-        let mut state = self.0.lock();
-        let delay = state.charge_delay;
-        if let Some(existing) = state.by_key.get(&key) {
-            return ResponseTemplate::new(201)
-                .set_body_json(existing.clone())
-                .set_delay(delay);
-        }
-        state.next += 1;
-        let status = state.new_status.unwrap_or("succeeded");
-        let reference = body["reference"].as_str().unwrap_or("").to_owned();
-        let charge = json!({
-            "id": format!("ch_fake_{}", state.next),
-            "status": status,
-            "amount": body["amount"],
-            "currency": body["currency"],
-            "reference": reference,
-            "declineCode": if status == "declined" { Value::from("card_declined") } else { Value::Null },
-        });
-        state.by_key.insert(key, charge.clone());
-        state
-            .by_reference
-            .entry(reference)
-            .or_default()
-            .push(charge.clone());
-        ResponseTemplate::new(201)
-            .set_body_json(charge)
-            .set_delay(delay)
+        let state = &mut *self.0.lock();
+        create_once(request, &mut state.by_key, state.charge_delay, |body| {
+            state.next += 1;
+            let status = state.new_status.unwrap_or("succeeded");
+            let reference = body["reference"].as_str().unwrap_or("").to_owned();
+            let charge = json!({
+                "id": format!("ch_fake_{}", state.next),
+                "status": status,
+                "amount": body["amount"],
+                "currency": body["currency"],
+                "reference": reference,
+                "declineCode": if status == "declined" { Value::from("card_declined") } else { Value::Null },
+            });
+            state
+                .by_reference
+                .entry(reference)
+                .or_default()
+                .push(charge.clone());
+            charge
+        })
     }
 }
 
@@ -642,28 +708,151 @@ impl Respond for FakeLookup {
     }
 }
 
+/// Answers `method` requests to `path` of `server` with `answer`.
+pub async fn mount_route(
+    server: &MockServer,
+    method: &str,
+    path: &str,
+    answer: impl Respond + 'static,
+) {
+    Mock::given(wiremock::matchers::method(method))
+        .and(wiremock::matchers::path(path))
+        .respond_with(answer)
+        .mount(server)
+        .await;
+}
+
+/// The `Idempotency-Key` header of `request` (empty when absent).
+pub fn idempotency_key(request: &Request) -> String {
+    request
+        .headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// Answers a creation sent with an `Idempotency-Key` as a provider does: what the key
+/// made before, or else what `make` makes of the JSON body, kept under the key; a `201`
+/// after `delay`.
+pub fn create_once(
+    request: &Request,
+    by_key: &mut std::collections::HashMap<String, Value>,
+    delay: Duration,
+    make: impl FnOnce(&Value) -> Value,
+) -> ResponseTemplate {
+    let key = idempotency_key(request);
+    let made = match by_key.get(&key) {
+        Some(existing) => existing.clone(),
+        None => {
+            let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+            let made = make(&body);
+            by_key.insert(key, made.clone());
+            made
+        }
+    };
+    created_after(made, delay)
+}
+
+/// A `201 Created` with `body`, sent after `delay`.
+pub fn created_after(body: Value, delay: Duration) -> ResponseTemplate {
+    ResponseTemplate::new(201)
+        .set_body_json(body)
+        .set_delay(delay)
+}
+
 /// `Authorization` value of the admin token the test apps use.
 pub const ADMIN_TOKEN: &str = "admin_test_token";
 
 impl TestApp {
+    /// `GET path` without credentials.
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        send(self.http.get(self.url(path))).await
+    }
+
+    /// The OpenAPI document the app serves.
+    pub async fn openapi(&self) -> Value {
+        json(self.get("/openapi.json").await).await
+    }
+
+    /// `GET path` with the bearer `token`.
+    pub async fn get_as(&self, token: &str, path: &str) -> reqwest::Response {
+        send(self.http.get(self.url(path)).bearer_auth(token)).await
+    }
+
+    /// `POST path` with the bearer `token` and `body` as JSON.
+    pub async fn post_as(
+        &self,
+        token: &str,
+        path: &str,
+        body: &(impl serde::Serialize + ?Sized),
+    ) -> reqwest::Response {
+        send(self.http.post(self.url(path)).bearer_auth(token).json(body)).await
+    }
+
+    /// `POST path` with the bearer `token`, `headers` and `body` as it is.
+    pub async fn post_raw(
+        &self,
+        token: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &'static str,
+    ) -> reqwest::Response {
+        let mut request = self.http.post(self.url(path)).bearer_auth(token);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        send(request.body(body)).await
+    }
+
+    /// `DELETE path` with the bearer `token`.
+    pub async fn delete_as(&self, token: &str, path: &str) -> reqwest::Response {
+        send(self.http.delete(self.url(path)).bearer_auth(token)).await
+    }
+
     /// POST an admin endpoint with the admin token.
     pub async fn admin_post(&self, path: &str, body: &Value) -> reqwest::Response {
-        self.http
-            .post(self.url(path))
-            .bearer_auth(ADMIN_TOKEN)
-            .json(body)
-            .send()
-            .await
-            .expect("sent")
+        self.post_as(ADMIN_TOKEN, path, body).await
     }
 
     pub async fn admin_get(&self, path: &str) -> reqwest::Response {
-        self.http
-            .get(self.url(path))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
+        self.get_as(ADMIN_TOKEN, path).await
+    }
+
+    /// On-call's resolution `body` of payment `id`, as the bearer `token`, accepted; the
+    /// payment's detail.
+    pub async fn resolved_as(&self, token: &str, id: &str, body: &Value) -> Value {
+        let answer = self.resolve_as(token, id, body).await;
+        assert_eq!(answer.status(), 200);
+        json(answer).await
+    }
+
+    /// On-call's resolution `body` of payment `id`, as the bearer `token`.
+    pub async fn resolve_as(&self, token: &str, id: &str, body: &Value) -> reqwest::Response {
+        self.post_as(token, &format!("/admin/pagos/{id}/resolucion"), body)
             .await
-            .expect("sent")
+    }
+
+    /// `fake` as this app's gateway; `fake`, for the test to drive.
+    pub async fn with_fake(&self, fake: FakeGateway) -> FakeGateway {
+        fake.mount(self.gateway()).await;
+        fake
+    }
+
+    /// The requests the wiremock gateway received on `path`, whatever their method.
+    pub async fn gateway_requests_to(&self, path: &str) -> Vec<Request> {
+        self.gateway()
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.url.path() == path)
+            .collect()
+    }
+
+    /// The wiremock gateway answers every charge with `answer`.
+    pub async fn answer_charges(&self, answer: impl Respond + 'static) {
+        charges().respond_with(answer).mount(self.gateway()).await;
     }
 
     /// Runs the reconciler for one payment through the admin API; returns the report.
@@ -732,6 +921,25 @@ pub async fn received(
         .collect()
 }
 
+/// The `Idempotency-Key` of each request `server` received with `method` on a path
+/// `path` accepts, in order (each must have one).
+pub async fn keys_sent(
+    server: &MockServer,
+    method: &str,
+    path: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    received(server, method, path)
+        .await
+        .iter()
+        .map(|r| {
+            r.headers["idempotency-key"]
+                .to_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect()
+}
+
 /// The id of the merchant `acme`.
 pub async fn acme(db: &DatabaseConnection) -> uuid::Uuid {
     pagos::entities::merchant::Entity::find()
@@ -776,6 +984,54 @@ pub fn left_payment(
     }
 }
 
+/// pagos speaking `provider`'s API (`stripe`, `mercadopago`) to the wiremock gateway, with
+/// `--<provider>-webhook-secret secret` and `flags`.
+pub async fn provider_app(
+    backend: Backend,
+    provider: &str,
+    secret: &str,
+    flags: &[&str],
+) -> TestApp {
+    let secret_flag = format!("--{provider}-webhook-secret");
+    Spawn::new(backend)
+        .provider(provider)
+        .flags(&[&secret_flag, secret])
+        .flags(flags)
+        .start()
+        .await
+}
+
+/// A row of a provider's status mapping: the scenario (`<http status> <fixture>`, the
+/// payment's description), the status pagos answers, the state, and the decline code.
+pub type Mapping<'a> = (&'a str, u16, &'a str, Option<&'a str>);
+
+/// Pays once for each row of `table`, with the body `body` makes of its scenario, and
+/// asserts the answer the row names.
+pub async fn assert_mapping(app: &TestApp, table: &[Mapping<'_>], body: impl Fn(&str) -> Value) {
+    for &(scenario, status, estado, decline) in table {
+        let key = format!("k-map-{}", scenario.replace(' ', "-"));
+        let (got, answer) = app.pay_read(&key, &body(scenario)).await;
+        assert_eq!(got, status, "{scenario}: {answer}");
+        let pago = if got == 402 { &answer["pago"] } else { &answer };
+        assert_eq!(pago["estado"], estado, "{scenario}");
+        if let Some(code) = decline {
+            assert_eq!(answer["declineCode"], code, "{scenario}");
+        }
+    }
+}
+
+impl TestApp {
+    /// (webhook messages processed, webhook charges recorded).
+    pub async fn recorded(&self) -> (u64, u64) {
+        (
+            self.rows_of::<pagos::entities::processed_message::Entity>()
+                .await,
+            self.rows_of::<pagos::entities::webhook_charge::Entity>()
+                .await,
+        )
+    }
+}
+
 /// pagos with `flags` over a wiremock gateway.
 pub async fn started(backend: Backend, flags: &[&str]) -> TestApp {
     Spawn::new(backend).flags(flags).start().await
@@ -784,6 +1040,81 @@ pub async fn started(backend: Backend, flags: &[&str]) -> TestApp {
 /// pagos with `flags` over the in-process sandbox.
 pub async fn started_sandbox(backend: Backend, flags: &[&str]) -> TestApp {
     Spawn::new(backend).sandbox().flags(flags).start().await
+}
+
+/// `answer`, a problem (`application/problem+json`) with `status` (`what`, in the
+/// failure message); its body.
+pub async fn problem(answer: reqwest::Response, status: u16, what: &str) -> Value {
+    assert_eq!(answer.status(), status, "{what}");
+    assert_eq!(answer.headers()["content-type"], "application/problem+json");
+    json(answer).await
+}
+
+/// The header parameter `name` of an OpenAPI `operation`, which must document it
+/// (`what`, in the failure message).
+pub fn header_parameter(operation: &Value, name: &str, what: &str) -> Value {
+    let parameter = operation["parameters"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("{what}: {name} is documented"));
+    assert_eq!(parameter["in"], "header", "{what}");
+    parameter
+}
+
+/// Asserts that an OpenAPI `operation` documents each of `statuses` (`what`, in the
+/// failure message).
+pub fn assert_responses(operation: &Value, statuses: &[&str], what: &str) {
+    for status in statuses {
+        assert!(
+            operation["responses"][status].is_object(),
+            "{what} {status} documented"
+        );
+    }
+}
+
+/// The `Location` header of `answer`.
+pub fn location_of(answer: &reqwest::Response) -> String {
+    answer.headers()["location"]
+        .to_str()
+        .expect("ascii")
+        .to_owned()
+}
+
+/// Asserts that `text` contains every one of `needles`.
+pub fn assert_contains_all(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{needle} in:\n{text}");
+    }
+}
+
+/// The items of `items` whose `field` is `wanted`.
+pub fn matching<'a>(
+    items: impl IntoIterator<Item = &'a Value>,
+    field: &str,
+    wanted: &str,
+) -> Vec<Value> {
+    items
+        .into_iter()
+        .filter(|item| item[field] == wanted)
+        .cloned()
+        .collect()
+}
+
+/// The last row of a detail's audit trail (`transiciones`).
+pub fn last_transition(detail: &Value) -> Value {
+    detail["transiciones"]
+        .as_array()
+        .and_then(|t| t.last())
+        .cloned()
+        .expect("audit rows")
+}
+
+/// `value[field]` is a string that contains `needle`.
+pub fn text_has(value: &Value, field: &str, needle: &str) -> bool {
+    value[field]
+        .as_str()
+        .is_some_and(|text| text.contains(needle))
 }
 
 /// The `field` of every item of `value[array]`, in order.

@@ -39,6 +39,8 @@ mod restore;
 mod shutdown;
 mod startup;
 mod stripe;
+#[path = "../support/stripe.rs"]
+mod stripe_fake;
 mod webhook_endpoints;
 mod webhooks;
 mod webhooks_out;

@@ -3,13 +3,9 @@
 //! key inside the key window and review outside it, and signed notifications whose
 //! payment is asked from Mercado Pago, applied once.
 
-use crate::helpers::{Backend, Spawn, TestApp, json};
+use crate::helpers::{Backend, TestApp, json};
 use crate::on_both_databases;
-use hmac::{Hmac, Mac};
-use pagos::entities::{processed_message, webhook_charge};
-use sea_orm::{EntityTrait, PaginatorTrait};
 use serde_json::{Value, json};
-use sha2::Sha256;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use wiremock::matchers::{method, path, path_regex};
@@ -35,13 +31,8 @@ fn fixture(name: &str) -> Value {
     crate::helpers::fixture("mercadopago", name)
 }
 
-async fn spawn(backend: Backend, flags: &[&'static str]) -> TestApp {
-    Spawn::new(backend)
-        .provider("mercadopago")
-        .flags(&["--mercadopago-webhook-secret", WEBHOOK_SECRET])
-        .flags(flags)
-        .start()
-        .await
+async fn spawn(backend: Backend, flags: &[&str]) -> TestApp {
+    crate::helpers::provider_app(backend, "mercadopago", WEBHOOK_SECRET, flags).await
 }
 
 fn card(description: &str) -> Value {
@@ -185,12 +176,8 @@ impl Respond for FakeSearch {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let reference = crate::helpers::query_param(request, "external_reference");
         let state = self.0.lock();
-        let found: Vec<Value> = state
-            .by_id
-            .values()
-            .filter(|p| p["external_reference"] == reference.as_str())
-            .cloned()
-            .collect();
+        let found =
+            crate::helpers::matching(state.by_id.values(), "external_reference", &reference);
         let mut answer = if found.is_empty() {
             fixture("search_empty")
         } else {
@@ -302,47 +289,43 @@ async fn every_status_in_the_mapping_table_maps_as_documented(backend: Backend) 
         .respond_with(ByDescription)
         .mount(app.gateway())
         .await;
-    for (scenario, status, estado, decline) in [
-        ("201 payment_approved", 201, "COMPLETADA", None),
-        ("201 payment_pending", 202, "ENVIADA", None),
-        ("201 payment_in_process", 202, "ENVIADA", None),
-        ("201 payment_authorized", 202, "ENVIADA", None),
-        ("201 payment_in_mediation", 202, "ENVIADA", None),
-        (
-            "201 payment_rejected",
-            402,
-            "FALLIDA",
-            Some("cc_rejected_insufficient_amount"),
-        ),
-        (
-            "201 payment_cancelled",
-            402,
-            "FALLIDA",
-            Some("cancelled_expired"),
-        ),
-        ("201 payment_refunded", 402, "FALLIDA", Some("refunded")),
-        (
-            "201 payment_charged_back",
-            402,
-            "FALLIDA",
-            Some("charged_back"),
-        ),
-        (
-            "400 error_bad_request",
-            402,
-            "FALLIDA",
-            Some("gateway_rejected_400"),
-        ),
-    ] {
-        let key = format!("k-map-{}", scenario.replace(' ', "-"));
-        let (got, answer) = app.pay_read(&key, &card(scenario)).await;
-        assert_eq!(got, status, "{scenario}: {answer}");
-        let pago = if got == 402 { &answer["pago"] } else { &answer };
-        assert_eq!(pago["estado"], estado, "{scenario}");
-        if let Some(code) = decline {
-            assert_eq!(answer["declineCode"], code, "{scenario}");
-        }
-    }
+    crate::helpers::assert_mapping(
+        &app,
+        &[
+            ("201 payment_approved", 201, "COMPLETADA", None),
+            ("201 payment_pending", 202, "ENVIADA", None),
+            ("201 payment_in_process", 202, "ENVIADA", None),
+            ("201 payment_authorized", 202, "ENVIADA", None),
+            ("201 payment_in_mediation", 202, "ENVIADA", None),
+            (
+                "201 payment_rejected",
+                402,
+                "FALLIDA",
+                Some("cc_rejected_insufficient_amount"),
+            ),
+            (
+                "201 payment_cancelled",
+                402,
+                "FALLIDA",
+                Some("cancelled_expired"),
+            ),
+            ("201 payment_refunded", 402, "FALLIDA", Some("refunded")),
+            (
+                "201 payment_charged_back",
+                402,
+                "FALLIDA",
+                Some("charged_back"),
+            ),
+            (
+                "400 error_bad_request",
+                402,
+                "FALLIDA",
+                Some("gateway_rejected_400"),
+            ),
+        ],
+        card,
+    )
+    .await;
     assert_eq!(posts(&app).await.len(), 10, "one call each");
 }
 
@@ -387,9 +370,11 @@ async fn what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_store
 
 /// `x-signature` as Mercado Pago computes it, here independently of pagos' code.
 fn x_signature(secret: &str, data_id: &str, request_id: &str, ts: i64) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
-    mac.update(format!("id:{data_id};request-id:{request_id};ts:{ts};").as_bytes());
-    format!("ts={ts},v1={}", hex::encode(mac.finalize().into_bytes()))
+    let manifest = format!("id:{data_id};request-id:{request_id};ts:{ts};");
+    format!(
+        "ts={ts},v1={}",
+        crate::helpers::hmac_hex(secret, &[manifest.as_bytes()])
+    )
 }
 
 fn notification(notification_id: u64, data_id: &str) -> Vec<u8> {
@@ -423,17 +408,13 @@ async fn notify_signed_as(
     signature: &str,
     request_id: &str,
 ) -> reqwest::Response {
-    app.http
-        .post(app.url(&format!(
-            "/v1/webhooks/mercadopago?data.id={data_id}&type=payment"
-        )))
-        .header("Content-Type", "application/json")
-        .header("x-signature", signature)
-        .header("x-request-id", request_id)
-        .body(body.to_vec())
-        .send()
-        .await
-        .expect("delivered")
+    crate::helpers::post_webhook(
+        app,
+        &format!("/v1/webhooks/mercadopago?data.id={data_id}&type=payment"),
+        &[("x-signature", signature), ("x-request-id", request_id)],
+        body,
+    )
+    .await
 }
 
 async fn notify(app: &TestApp, notification_id: u64, data_id: &str) -> reqwest::Response {
@@ -460,19 +441,6 @@ async fn outcome(answer: reqwest::Response) -> String {
         .as_str()
         .expect("resultado")
         .to_owned()
-}
-
-async fn recorded(app: &TestApp) -> (u64, u64) {
-    (
-        processed_message::Entity::find()
-            .count(&app.db)
-            .await
-            .expect("count"),
-        webhook_charge::Entity::find()
-            .count(&app.db)
-            .await
-            .expect("count"),
-    )
 }
 
 /// A payment Mercado Pago left pending (cash at Efecty); returns its id.
@@ -506,7 +474,7 @@ async fn a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_i
         assert_eq!(answer.status(), 401, "{signature}");
     }
     assert_eq!(
-        recorded(&app).await,
+        app.recorded().await,
         (0, 0),
         "a refused notification records nothing"
     );
@@ -550,7 +518,7 @@ async fn a_duplicated_notification_applies_once_and_asks_mercadopago_once(backen
         "a known notification is not asked about again"
     );
     assert_eq!(
-        recorded(&app).await,
+        app.recorded().await,
         (2, 1),
         "the notification's id and its request's, one charge"
     );
@@ -577,7 +545,7 @@ async fn a_notification_mercadopago_cannot_be_asked_about_is_refused_with_503_an
     let answer = notify(&app, 7004, &data_id).await;
     assert_eq!(answer.status(), 503);
     assert!(answer.headers().contains_key("retry-after"));
-    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.recorded().await, (0, 0));
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
 
     fake.reads_fail(false);
@@ -635,14 +603,12 @@ async fn a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_
         assert_eq!(answer.status(), 401, "ts={ts}");
         let problem = json(answer).await;
         assert!(
-            problem["detail"]
-                .as_str()
-                .is_some_and(|d| d.contains("5 minutes")),
+            crate::helpers::text_has(&problem, "detail", "5 minutes"),
             "{problem}"
         );
     }
     assert_eq!(reads(&app).await, 0, "Mercado Pago is not asked");
-    assert_eq!(recorded(&app).await, (0, 0), "nothing is recorded");
+    assert_eq!(app.recorded().await, (0, 0), "nothing is recorded");
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
     assert!(
         app.metrics()

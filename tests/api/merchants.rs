@@ -5,8 +5,8 @@
 //! operator would, while the app serves.
 
 use crate::helpers::{
-    ADMIN_TOKEN, API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, TestDatabase, charges,
-    json, payment_body,
+    ADMIN_TOKEN, API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, TestDatabase, json,
+    payment_body,
 };
 use crate::on_both_databases;
 use crate::process::BIN;
@@ -23,11 +23,7 @@ on_both_databases!(
 );
 
 async fn two_merchants_with_one_key_make_two_payments_with_two_gateway_keys(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::succeeded())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
 
     let a = app.pay_as(API_KEY, "shared-key", &payment_body()).await;
     let b = app
@@ -49,41 +45,19 @@ async fn two_merchants_with_one_key_make_two_payments_with_two_gateway_keys(back
 }
 
 async fn a_merchant_cannot_read_another_merchants_payment(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::succeeded())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
     let created = json(app.pay_as(API_KEY, "k-a", &payment_body()).await).await;
     let path = format!("/v1/pagos/{}", created["id"].as_str().expect("id"));
 
-    let as_owner = app
-        .http
-        .get(app.url(&path))
-        .bearer_auth(API_KEY)
-        .send()
-        .await
-        .expect("sent");
+    let as_owner = app.get_as(API_KEY, &path).await;
     assert_eq!(as_owner.status(), 200);
-    let as_other = app
-        .http
-        .get(app.url(&path))
-        .bearer_auth(OTHER_API_KEY)
-        .send()
-        .await
-        .expect("sent");
+    let as_other = app.get_as(OTHER_API_KEY, &path).await;
     assert_eq!(as_other.status(), 404);
     assert_eq!(
         as_other.headers()["content-type"],
         "application/problem+json"
     );
-    let not_a_uuid = app
-        .http
-        .get(app.url("/v1/pagos/nope"))
-        .bearer_auth(API_KEY)
-        .send()
-        .await
-        .expect("sent");
+    let not_a_uuid = app.get_as(API_KEY, "/v1/pagos/nope").await;
     assert_eq!(not_a_uuid.status(), 404);
 }
 
@@ -162,24 +136,14 @@ async fn detail(answer: reqwest::Response) -> String {
 }
 
 async fn two_keys_of_one_merchant_both_work_and_see_the_same_payments(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::succeeded())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
     let second = new_key(&app, "acme", &[]).await;
 
     let made = app.pay_as(API_KEY, "two-keys", &payment_body()).await;
     assert_eq!(made.status(), 201);
     let made = json(made).await;
     let path = format!("/v1/pagos/{}", made["id"].as_str().expect("id"));
-    let seen = app
-        .http
-        .get(app.url(&path))
-        .bearer_auth(&second)
-        .send()
-        .await
-        .expect("sent");
+    let seen = app.get_as(&second, &path).await;
     assert_eq!(
         seen.status(),
         200,

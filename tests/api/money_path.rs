@@ -256,7 +256,7 @@ async fn retry_many(app: &TestApp, key: &'static str, n: usize) -> Vec<reqwest::
 
 async fn client_retries_ask_the_provider_at_most_once_per_backoff_step(backend: Backend) {
     let app = crate::helpers::started(backend, &["--stale-after", "1s"]).await;
-    FakeGateway::charging("pending").mount(app.gateway()).await;
+    app.with_fake(FakeGateway::charging("pending")).await;
     let (status, pago) = app.pay_read("k-pending", &payment_body()).await;
     assert_eq!(status, 202, "{pago}");
     let id = pago["id"].as_str().expect("id").to_owned();
@@ -304,8 +304,9 @@ async fn client_retries_ask_the_provider_at_most_once_per_backoff_step(backend: 
 
 async fn reconcile_now_leaves_a_payment_a_request_is_sending_alone(backend: Backend) {
     let app = crate::helpers::started(backend, &["--gateway-timeout", "5s"]).await;
-    let fake = FakeGateway::charging("succeeded").with_delay(Duration::from_millis(1500));
-    fake.mount(app.gateway()).await;
+    let fake = app
+        .with_fake(FakeGateway::charging("succeeded").with_delay(Duration::from_millis(1500)))
+        .await;
     let slow = app.pay_in_background("k-busy");
     tokio::time::sleep(Duration::from_millis(400)).await;
     let id = payment::Entity::find()

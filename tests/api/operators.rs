@@ -5,7 +5,7 @@
 use crate::helpers::{ADMIN_TOKEN, Backend, FakeGateway, Spawn, TestApp, json, payment_body};
 use crate::on_both_databases;
 use pagos::operators::{OperatorName, Role, Token, store};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::time::Duration;
 
 on_both_databases!(
@@ -16,8 +16,7 @@ on_both_databases!(
 
 /// A payment the reconciler gave up on: `REVISION_MANUAL`. Needs `--give-up-after 1s`.
 pub async fn payment_under_review(app: &TestApp, key: &str) -> String {
-    let fake = FakeGateway::charging("pending");
-    fake.mount(app.gateway()).await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
     let answer = app.pay(key, &payment_body()).await;
     assert_eq!(answer.status(), 202);
     let id = json(answer).await["id"].as_str().expect("id").to_owned();
@@ -42,54 +41,28 @@ pub async fn operator(app: &TestApp, name: &str, role: Role) -> String {
     token.expose().to_owned()
 }
 
-async fn post_as(app: &TestApp, token: &str, path: &str, body: &Value) -> reqwest::Response {
-    app.http
-        .post(app.url(path))
-        .bearer_auth(token)
-        .json(body)
-        .send()
-        .await
-        .expect("sent")
-}
-
-async fn get_as(app: &TestApp, token: &str, path: &str) -> reqwest::Response {
-    app.http
-        .get(app.url(path))
-        .bearer_auth(token)
-        .send()
-        .await
-        .expect("sent")
-}
-
 async fn an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_operator(
     backend: Backend,
 ) {
-    let app = Spawn::new(backend)
-        .flags(&["--give-up-after", "1s"])
-        .start()
-        .await;
+    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
     let ana = operator(&app, "ana", Role::Operador).await;
     let id = payment_under_review(&app, "k-op-1").await;
 
-    let listed = get_as(&app, &ana, "/admin/pagos?estado=REVISION_MANUAL").await;
+    let listed = app
+        .get_as(&ana, "/admin/pagos?estado=REVISION_MANUAL")
+        .await;
     assert_eq!(listed.status(), 200);
     assert_eq!(json(listed).await["pagos"][0]["id"], id.as_str());
 
-    let resolved = post_as(
-        &app,
-        &ana,
-        &format!("/admin/pagos/{id}/resolucion"),
-        &json!({"estado": "FALLIDA", "motivo": "no charge in the provider dashboard"}),
-    )
-    .await;
-    assert_eq!(resolved.status(), 200);
-    let detail = json(resolved).await;
+    let detail = app
+        .resolved_as(
+            &ana,
+            &id,
+            &json!({"estado": "FALLIDA", "motivo": "no charge in the provider dashboard"}),
+        )
+        .await;
     assert_eq!(detail["pago"]["estado"], "FALLIDA");
-    let last = detail["transiciones"]
-        .as_array()
-        .and_then(|t| t.last())
-        .cloned()
-        .expect("audit rows");
+    let last = crate::helpers::last_transition(&detail);
     assert_eq!(last["quien"], "admin", "{last}");
     assert_eq!(last["operador"], "ana", "{last}");
     assert!(
@@ -99,41 +72,29 @@ async fn an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_oper
         "{last}"
     );
     // Read back later, the trail still names her.
-    let again = json(get_as(&app, &ana, &format!("/admin/pagos/{id}")).await).await;
-    let last = again["transiciones"]
-        .as_array()
-        .and_then(|t| t.last())
-        .cloned()
-        .expect("audit rows");
+    let again = json(app.get_as(&ana, &format!("/admin/pagos/{id}")).await).await;
+    let last = crate::helpers::last_transition(&again);
     assert_eq!(last["operador"], "ana");
 
     // The break-glass token still works, and is recorded as `admin`.
     let other = payment_under_review(&app, "k-op-2").await;
-    let resolved = app
-        .admin_post(
-            &format!("/admin/pagos/{other}/resolucion"),
+    let detail = app
+        .resolved_as(
+            ADMIN_TOKEN,
+            &other,
             &json!({"estado": "COMPLETADA", "motivo": "seen succeeded"}),
         )
         .await;
-    assert_eq!(resolved.status(), 200);
-    let detail = json(resolved).await;
-    let last = detail["transiciones"]
-        .as_array()
-        .and_then(|t| t.last())
-        .cloned()
-        .expect("audit rows");
+    let last = crate::helpers::last_transition(&detail);
     assert_eq!(last["operador"], "admin", "{last}");
 }
 
 async fn a_lector_reads_but_gets_403_on_every_write_and_nothing_changes(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&["--give-up-after", "1s"])
-        .start()
-        .await;
+    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
     let luis = operator(&app, "luis", Role::Lector).await;
     let id = payment_under_review(&app, "k-op-3").await;
 
-    let read = get_as(&app, &luis, &format!("/admin/pagos/{id}")).await;
+    let read = app.get_as(&luis, &format!("/admin/pagos/{id}")).await;
     assert_eq!(read.status(), 200, "a lector reads");
 
     for (path, body) in [
@@ -160,7 +121,7 @@ async fn a_lector_reads_but_gets_403_on_every_write_and_nothing_changes(backend:
             json!({"reembolsoId": uuid::Uuid::nil()}),
         ),
     ] {
-        let answer = post_as(&app, &luis, &path, &body).await;
+        let answer = app.post_as(&luis, &path, &body).await;
         assert_eq!(answer.status(), 403, "{path}");
         assert_eq!(
             answer.headers()["content-type"],
@@ -175,9 +136,7 @@ async fn a_lector_reads_but_gets_403_on_every_write_and_nothing_changes(backend:
             "{problem}"
         );
         assert!(
-            problem["detail"]
-                .as_str()
-                .is_some_and(|d| d.contains("lector")),
+            crate::helpers::text_has(&problem, "detail", "lector"),
             "{problem}"
         );
     }
@@ -189,7 +148,7 @@ async fn a_revoked_or_unknown_operator_token_gets_401(backend: Backend) {
     let app = Spawn::new(backend).start().await;
     let eva = operator(&app, "eva", Role::Operador).await;
     assert_eq!(
-        get_as(&app, &eva, "/admin/pagos?estado=ENVIADA")
+        app.get_as(&eva, "/admin/pagos?estado=ENVIADA")
             .await
             .status(),
         200
@@ -202,18 +161,18 @@ async fn a_revoked_or_unknown_operator_token_gets_401(backend: Backend) {
         store::Revocation::Revoked(_) => {}
         _ => panic!("eva was active"),
     }
-    let answer = get_as(&app, &eva, "/admin/pagos?estado=ENVIADA").await;
+    let answer = app.get_as(&eva, "/admin/pagos?estado=ENVIADA").await;
     assert_eq!(answer.status(), 401, "a revoked token is refused at once");
     assert_eq!(answer.headers()["content-type"], "application/problem+json");
 
-    let made_up = get_as(
-        &app,
-        "op_notarealtoken0000000000000000000",
-        "/admin/pagos?estado=ENVIADA",
-    )
-    .await;
+    let made_up = app
+        .get_as(
+            "op_notarealtoken0000000000000000000",
+            "/admin/pagos?estado=ENVIADA",
+        )
+        .await;
     assert_eq!(made_up.status(), 401);
-    let admin = get_as(&app, ADMIN_TOKEN, "/admin/pagos?estado=ENVIADA").await;
+    let admin = app.get_as(ADMIN_TOKEN, "/admin/pagos?estado=ENVIADA").await;
     assert_eq!(admin.status(), 200, "the break-glass token stays");
 }
 

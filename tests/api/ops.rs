@@ -1,6 +1,6 @@
 //! Operations endpoints and the OpenAPI document.
 
-use crate::helpers::{Backend, Spawn, has_line, json};
+use crate::helpers::{Backend, Spawn, has_line};
 use crate::on_both_databases;
 
 on_both_databases!(
@@ -11,11 +11,11 @@ on_both_databases!(
 async fn health_and_readiness_answer(backend: Backend) {
     let app = crate::helpers::started_sandbox(backend, &["--metrics-refresh", "100ms"]).await;
     for path in ["/healthz", "/readyz"] {
-        let answer = app.http.get(app.url(path)).send().await.expect("sent");
+        let answer = app.get(path).await;
         assert_eq!(answer.status(), 200, "{path}");
     }
     app.db.clone().close().await.expect("close pool");
-    let answer = app.http.get(app.url("/readyz")).send().await.expect("sent");
+    let answer = app.get("/readyz").await;
     assert_eq!(
         answer.status(),
         503,
@@ -31,28 +31,15 @@ async fn health_and_readiness_answer(backend: Backend) {
 
 async fn the_openapi_document_requires_the_idempotency_key(backend: Backend) {
     let app = Spawn::new(backend).sandbox().start().await;
-    let doc = json(
-        app.http
-            .get(app.url("/openapi.json"))
-            .send()
-            .await
-            .expect("sent"),
-    )
-    .await;
+    let doc = app.openapi().await;
     assert!(
         doc["openapi"]
             .as_str()
             .is_some_and(|v| v.starts_with("3.1"))
     );
     let post = &doc["paths"]["/v1/pagos"]["post"];
-    let key = post["parameters"]
-        .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["name"] == "Idempotency-Key"))
-        .expect("Idempotency-Key is documented");
-    assert_eq!(key["in"], "header");
+    let key = crate::helpers::header_parameter(post, "Idempotency-Key", "POST /v1/pagos");
     assert_eq!(key["required"], true);
-    for status in ["201", "202", "402", "409", "422"] {
-        assert!(post["responses"][status].is_object(), "{status} documented");
-    }
+    crate::helpers::assert_responses(post, &["201", "202", "402", "409", "422"], "POST /v1/pagos");
     assert!(doc["paths"]["/v1/pagos/{id}"]["get"].is_object());
 }

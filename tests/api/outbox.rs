@@ -2,7 +2,9 @@
 //! transition, or neither is written. Payments settled by the request, the reconciler and
 //! on-call; a transition that fails leaves no event and no move.
 
-use crate::helpers::{Backend, Charge, FakeGateway, Spawn, TestApp, charges, json, payment_body};
+use crate::helpers::{
+    ADMIN_TOKEN, Backend, Charge, FakeGateway, Spawn, TestApp, json, payment_body,
+};
 use crate::on_both_databases;
 use pagos::entities::event;
 use pagos::saga::state::Event;
@@ -36,11 +38,7 @@ fn wire(e: &event::Model) -> Evento {
 }
 
 async fn a_completed_payment_writes_one_event_with_the_payment_as_it_answered(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::succeeded())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
     let answer = app.pay("k-1", &payment_body()).await;
     assert_eq!(answer.status(), 201);
     let text = answer.text().await.expect("body");
@@ -68,11 +66,7 @@ async fn a_completed_payment_writes_one_event_with_the_payment_as_it_answered(ba
 }
 
 async fn a_declined_payment_writes_a_failed_event(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::declined())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::declined()).await;
     let answer = app.pay("k-2", &payment_body()).await;
     assert_eq!(answer.status(), 402);
     let problem = json(answer).await;
@@ -84,12 +78,8 @@ async fn a_declined_payment_writes_a_failed_event(backend: Backend) {
 }
 
 async fn the_reconciler_and_on_call_write_events_with_growing_sequences(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&["--give-up-after", "1s"])
-        .start()
-        .await;
-    let fake = FakeGateway::charging("pending");
-    fake.mount(app.gateway()).await;
+    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
     let answer = app.pay("k-3", &payment_body()).await;
     assert_eq!(answer.status(), 202);
     let id = json(answer).await["id"].as_str().expect("id").to_owned();
@@ -99,13 +89,12 @@ async fn the_reconciler_and_on_call_write_events_with_growing_sequences(backend:
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let report = app.reconcile(&id).await;
     assert_eq!(report["revisionManual"], 1, "{report}");
-    let resolved = app
-        .admin_post(
-            &format!("/admin/pagos/{id}/resolucion"),
-            &json!({"estado": "COMPLETADA", "motivo": "seen succeeded in the dashboard"}),
-        )
-        .await;
-    assert_eq!(resolved.status(), 200);
+    app.resolved_as(
+        ADMIN_TOKEN,
+        &id,
+        &json!({"estado": "COMPLETADA", "motivo": "seen succeeded in the dashboard"}),
+    )
+    .await;
 
     let events = events_of(&app, &id).await;
     let types: Vec<_> = events.iter().map(|e| e.event_type).collect();
@@ -119,16 +108,21 @@ async fn the_reconciler_and_on_call_write_events_with_growing_sequences(backend:
     assert_eq!(second.datos["estado"], "COMPLETADA");
 }
 
+/// A payment with `key` left ENVIADA by a gateway answering `pending`: its id and row.
+async fn left_enviada(app: &TestApp, key: &str) -> (String, pagos::entities::payment::Model) {
+    app.with_fake(FakeGateway::charging("pending")).await;
+    let answer = app.pay(key, &payment_body()).await;
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+    let current = app.payment(&id).await;
+    (id, current)
+}
+
 /// A move whose event cannot be written (here: an event of that very step is already
 /// there) fails whole: the payment stays where it was, no second event appears. On
 /// PostgreSQL this is the one-statement write; on SQLite its transaction.
 async fn a_transition_that_fails_writes_neither_the_move_nor_its_event(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    let fake = FakeGateway::charging("pending");
-    fake.mount(app.gateway()).await;
-    let answer = app.pay("k-4", &payment_body()).await;
-    let id = json(answer).await["id"].as_str().expect("id").to_owned();
-    let current = app.payment(&id).await;
+    let (id, current) = left_enviada(&app, "k-4").await;
     let blocker = pagos::outbox::event(
         current.merchant_id,
         EventType::PagoCompletado,
@@ -165,11 +159,7 @@ async fn a_transition_that_fails_writes_neither_the_move_nor_its_event(backend: 
 
 async fn a_rolled_back_transaction_leaves_no_event(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    let fake = FakeGateway::charging("pending");
-    fake.mount(app.gateway()).await;
-    let answer = app.pay("k-5", &payment_body()).await;
-    let id = json(answer).await["id"].as_str().expect("id").to_owned();
-    let current = app.payment(&id).await;
+    let (id, current) = left_enviada(&app, "k-5").await;
 
     let tx = app.db.begin().await.expect("begin");
     let written = pagos::saga::apply(
@@ -197,8 +187,7 @@ async fn a_rolled_back_transaction_leaves_no_event(backend: Backend) {
 
 async fn a_payment_left_pending_writes_no_event(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    let fake = FakeGateway::charging("pending");
-    fake.mount(app.gateway()).await;
+    app.with_fake(FakeGateway::charging("pending")).await;
     let answer = app.pay("k-6", &payment_body()).await;
     assert_eq!(answer.status(), 202);
     let id = json(answer).await["id"].as_str().expect("id").to_owned();

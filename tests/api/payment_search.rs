@@ -14,8 +14,7 @@ async fn payments_are_searched_newest_first_a_page_at_a_time_and_only_the_mercha
     backend: Backend,
 ) {
     let app = Spawn::new(backend).start().await;
-    let fake = FakeGateway::charging("succeeded");
-    fake.mount(app.gateway()).await;
+    let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
     let mut made = Vec::new();
     let before = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
     for n in 0..5 {
@@ -114,18 +113,10 @@ async fn bad_search_parameters_are_refused_with_a_problem(backend: Backend) {
         "/v1/pagos?creditoId=",
         "/v1/pagos?orden=asc",
     ] {
-        let answer = app.get_as(API_KEY, bad).await;
-        assert_eq!(answer.status(), 422, "{bad}");
-        assert_eq!(answer.headers()["content-type"], "application/problem+json");
-        let problem = json(answer).await;
+        let problem = crate::helpers::problem(app.get_as(API_KEY, bad).await, 422, bad).await;
         assert!(problem["errores"][0]["campo"].is_string(), "{problem}");
     }
-    let unauthenticated = app
-        .http
-        .get(app.url("/v1/pagos"))
-        .send()
-        .await
-        .expect("sent");
+    let unauthenticated = app.get("/v1/pagos").await;
     assert_eq!(unauthenticated.status(), 401);
 }
 

@@ -1,6 +1,6 @@
 //! The seed's test table: one payment per key, whatever the client repeats.
 
-use crate::helpers::{Backend, Charge, Spawn, charges, json, payment_body};
+use crate::helpers::{Backend, Charge, Spawn, json, payment_body};
 use crate::on_both_databases;
 use serde_json::json;
 use std::time::Duration;
@@ -17,19 +17,12 @@ on_both_databases!(
 );
 
 async fn same_request_twice_charges_once_and_replays_the_answer_byte_for_byte(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::succeeded())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
 
     let first = app.pay("k-1", &payment_body()).await;
     assert_eq!(first.status(), 201);
     assert!(first.headers().get("idempotent-replayed").is_none());
-    let location = first.headers()["location"]
-        .to_str()
-        .expect("ascii")
-        .to_owned();
+    let location = crate::helpers::location_of(&first);
     let first_body = first.bytes().await.expect("body");
 
     let second = app.pay("k-1", &payment_body()).await;
@@ -53,9 +46,7 @@ async fn same_request_twice_charges_once_and_replays_the_answer_byte_for_byte(ba
 async fn twenty_simultaneous_requests_with_one_key_make_one_charge(backend: Backend) {
     let app = Spawn::new(backend).start().await;
     // A slow gateway, so the duplicates really overlap the first request.
-    charges()
-        .respond_with(SlowCharge(Duration::from_millis(300)))
-        .mount(app.gateway())
+    app.answer_charges(SlowCharge(Duration::from_millis(300)))
         .await;
 
     let body = payment_body();
@@ -100,11 +91,7 @@ impl wiremock::Respond for SlowCharge {
 }
 
 async fn same_key_with_another_amount_is_rejected_with_422_and_no_second_charge(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::succeeded())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
 
     assert_eq!(app.pay("k-2", &payment_body()).await.status(), 201);
     let other = json!({"creditoId": "42", "monto": 999, "moneda": "COP"});
@@ -118,34 +105,27 @@ async fn same_key_with_another_amount_is_rejected_with_422_and_no_second_charge(
 }
 
 async fn key_order_and_white_space_do_not_make_another_request(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::succeeded())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
     assert_eq!(app.pay("k-3", &payment_body()).await.status(), 201);
 
     let reordered = app
-        .http
-        .post(app.url("/v1/pagos"))
-        .bearer_auth(crate::helpers::API_KEY)
-        .header("Idempotency-Key", "k-3")
-        .header("Content-Type", "application/json")
-        .body("{ \"moneda\": \"COP\",\n \"monto\": 250000, \"creditoId\": \"42\" }")
-        .send()
-        .await
-        .expect("sent");
+        .post_raw(
+            crate::helpers::API_KEY,
+            "/v1/pagos",
+            &[
+                ("Idempotency-Key", "k-3"),
+                ("Content-Type", "application/json"),
+            ],
+            "{ \"moneda\": \"COP\",\n \"monto\": 250000, \"creditoId\": \"42\" }",
+        )
+        .await;
     assert_eq!(reordered.status(), 201);
     assert_eq!(reordered.headers()["idempotent-replayed"], "true");
     assert_eq!(app.charges_seen().await.len(), 1);
 }
 
 async fn the_quoted_key_form_is_the_same_key(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::succeeded())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
     assert_eq!(app.pay("abc", &payment_body()).await.status(), 201);
     let quoted = app.pay("\"abc\"", &payment_body()).await;
     assert_eq!(quoted.headers()["idempotent-replayed"], "true");
@@ -153,26 +133,13 @@ async fn the_quoted_key_form_is_the_same_key(backend: Backend) {
 }
 
 async fn a_payment_can_be_read_back_by_its_location(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::succeeded())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
     let body = json!({"creditoId": "7", "monto": 1500, "moneda": "USD", "descripcion": "cuota 1"});
     let created = app.pay("k-4", &body).await;
-    let location = created.headers()["location"]
-        .to_str()
-        .expect("ascii")
-        .to_owned();
+    let location = crate::helpers::location_of(&created);
     let created = json(created).await;
 
-    let read = app
-        .http
-        .get(app.url(&location))
-        .bearer_auth(crate::helpers::API_KEY)
-        .send()
-        .await
-        .expect("sent");
+    let read = app.get_as(crate::helpers::API_KEY, &location).await;
     assert_eq!(read.status(), 200);
     let read = json(read).await;
     assert_eq!(read, created);
@@ -187,9 +154,7 @@ async fn a_payment_can_be_read_back_by_its_location(backend: Backend) {
 
 async fn a_client_that_hangs_up_does_not_stop_the_payment(backend: Backend) {
     let app = crate::helpers::started(backend, &["--gateway-timeout", "5s"]).await;
-    charges()
-        .respond_with(SlowCharge(Duration::from_millis(400)))
-        .mount(app.gateway())
+    app.answer_charges(SlowCharge(Duration::from_millis(400)))
         .await;
 
     // The client hangs up once the gateway holds its charge request (so the saga is

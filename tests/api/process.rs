@@ -14,25 +14,72 @@ use sea_orm::{DatabaseConnection, EntityTrait};
 use wiremock::MockServer;
 
 /// What a test of processes works on: a database with the merchant `acme`, and a fake
-/// gateway the processes charge through.
-pub struct World {
+/// gateway the processes charge through (`FakeGateway`, or the test's own `F`).
+pub struct World<F = FakeGateway> {
     pub database: TestDatabase,
     pub db: DatabaseConnection,
     pub gateway: MockServer,
-    pub fake: FakeGateway,
+    pub fake: F,
+}
+
+impl<F> World<F> {
+    /// The database and an empty gateway: the caller mounts `fake` on it.
+    pub async fn unmounted(backend: Backend, fake: F) -> World<F> {
+        let (database, db) = TestDatabase::with_acme(&backend).await;
+        World {
+            database,
+            db,
+            gateway: MockServer::start().await,
+            fake,
+        }
+    }
+
+    /// The flags of the crash tests' processes: a lease short enough to wait out in a
+    /// test, no gateway retries, the reconciler only when a test runs it.
+    pub fn crash_args(&self) -> Vec<String> {
+        [
+            "--database-url",
+            &self.database.url,
+            "--gateway",
+            "http",
+            "--gateway-url",
+            &self.gateway.uri(),
+            "--gateway-timeout",
+            "300ms",
+            "--gateway-retries",
+            "0",
+            "--lease",
+            "1s",
+            "--stale-after",
+            "200ms",
+            "--reconcile-every",
+            "1h",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    /// `pagos serve` with `crash_args` and `env`.
+    pub async fn serve(&self, env: &[(&str, &str)]) -> Serve {
+        let args = self.crash_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Serve::start(&args, env).await
+    }
+
+    /// `pagos reconcile --once` with `crash_args`; its report.
+    pub async fn reconcile(&self) -> Value {
+        let args = self.crash_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        reconcile_once(&args).await
+    }
 }
 
 impl World {
     pub async fn new(backend: Backend, fake: FakeGateway) -> World {
-        let (database, db) = TestDatabase::with_acme(&backend).await;
-        let gateway = MockServer::start().await;
-        fake.mount(&gateway).await;
-        World {
-            database,
-            db,
-            gateway,
-            fake,
-        }
+        let world = World::unmounted(backend, fake).await;
+        world.fake.mount(&world.gateway).await;
+        world
     }
 
     /// The one payment of the test.
@@ -115,6 +162,24 @@ impl Serve {
             .await
             .ok()
             .map(|status| status.expect("wait"))
+    }
+
+    /// Asserts that this process, started to abort at `failpoint`, gave no `answer` and
+    /// ended by itself.
+    pub async fn aborted_at<T: std::fmt::Debug, E: std::fmt::Debug>(
+        &mut self,
+        failpoint: &str,
+        answer: &Result<T, E>,
+    ) {
+        assert!(
+            answer.is_err(),
+            "the server died before answering: {answer:?}"
+        );
+        assert!(
+            self.ended_by_itself(Duration::from_secs(5)).await,
+            "pagos aborted at {failpoint}:\n{}",
+            self.logs()
+        );
     }
 
     /// Waits for the process to end by itself (a failpoint abort); true if it did.

@@ -42,8 +42,7 @@ async fn a_pending_charge_is_rescheduled_then_settled_and_the_key_answers_the_fi
     backend: Backend,
 ) {
     let app = Spawn::new(backend).start().await;
-    let fake = FakeGateway::charging("pending");
-    fake.mount(app.gateway()).await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
     let id = pending_payment(&app, "k-p").await;
 
     report(1, "pendientes")(&app.reconcile(&id).await);
@@ -67,8 +66,7 @@ async fn a_pending_charge_is_rescheduled_then_settled_and_the_key_answers_the_fi
 
 async fn a_failing_lookup_reschedules_and_counts_attempts(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    let fake = FakeGateway::charging("pending");
-    fake.mount(app.gateway()).await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
     let id = pending_payment(&app, "k-f").await;
     let before = app.payment(&id).await.attempts;
 
@@ -85,8 +83,7 @@ async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles
     backend: Backend,
 ) {
     let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
-    let fake = FakeGateway::charging("pending");
-    fake.mount(app.gateway()).await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
     let id = pending_payment(&app, "k-g").await;
     fake.fail_lookups(true);
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -96,27 +93,16 @@ async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles
     let listed = json(app.admin_get("/admin/pagos?estado=REVISION_MANUAL").await).await;
     assert_eq!(listed["pagos"][0]["id"], id.as_str());
 
-    let resolved = app
-        .admin_post(
-            &format!("/admin/pagos/{id}/resolucion"),
-            &json!({"estado": "COMPLETADA", "motivo": "charge ch_fake_1 seen succeeded in the provider dashboard"}),
-        )
-        .await;
-    assert_eq!(resolved.status(), 200);
-    let detail = json(resolved).await;
+    let detail = app.resolved_as(ADMIN_TOKEN, &id, &json!({"estado": "COMPLETADA", "motivo": "charge ch_fake_1 seen succeeded in the provider dashboard"})).await;
     assert_eq!(detail["pago"]["estado"], "COMPLETADA");
-    let last = detail["transiciones"]
-        .as_array()
-        .and_then(|t| t.last())
-        .cloned()
-        .expect("audit rows");
+    let last = crate::helpers::last_transition(&detail);
     assert_eq!(last["quien"], "admin");
     assert_eq!(last["desde"], "REVISION_MANUAL");
-    assert!(
-        last["motivo"]
-            .as_str()
-            .is_some_and(|m| m.contains("provider dashboard"))
-    );
+    assert!(crate::helpers::text_has(
+        &last,
+        "motivo",
+        "provider dashboard"
+    ));
     let escalation = &detail["transiciones"].as_array().expect("rows")[1];
     assert_eq!(escalation["quien"], "reconciler");
     assert_eq!(escalation["hacia"], "REVISION_MANUAL");
@@ -140,8 +126,7 @@ async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Ba
         .with_priority(1)
         .mount(app.gateway())
         .await;
-    let fake = FakeGateway::charging("succeeded");
-    fake.mount(app.gateway()).await;
+    let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
     let answer = app.pay("k-w", &payment_body()).await;
     assert_eq!(answer.status(), 202);
     let id = json(answer).await["id"].as_str().expect("id").to_owned();
@@ -159,10 +144,7 @@ async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Ba
         .as_array()
         .expect("rows")
         .iter()
-        .any(|t| {
-            t["quien"] == "reconciler"
-                && t["motivo"].as_str().is_some_and(|m| m.contains("same key"))
-        });
+        .any(|t| t["quien"] == "reconciler" && crate::helpers::text_has(t, "motivo", "same key"));
     assert!(resent, "the resend is in the audit trail: {detail}");
 }
 
@@ -227,8 +209,9 @@ async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend:
         .start()
         .await;
     // The slow answer says succeeded; the provider's books (the lookup) say declined.
-    let fake = FakeGateway::charging("declined").with_delay(Duration::from_millis(1500));
-    fake.mount(app.gateway()).await;
+    let fake = app
+        .with_fake(FakeGateway::charging("declined").with_delay(Duration::from_millis(1500)))
+        .await;
 
     let slow = app.pay_in_background("k-slow");
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -289,19 +272,13 @@ async fn admin_endpoints_refuse_a_missing_or_wrong_token(backend: Backend) {
             assert_eq!(answer.headers()["content-type"], "application/problem+json");
         }
     }
-    let ok = app
-        .http
-        .get(app.url("/admin/pagos?estado=ENVIADA"))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("sent");
+    let ok = app.get_as(ADMIN_TOKEN, "/admin/pagos?estado=ENVIADA").await;
     assert_eq!(ok.status(), 200);
 }
 
 async fn the_admin_list_shows_payments_in_a_state_oldest_first(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    FakeGateway::charging("pending").mount(app.gateway()).await;
+    app.with_fake(FakeGateway::charging("pending")).await;
     let first = pending_payment(&app, "k-l1").await;
     let second = pending_payment(&app, "k-l2").await;
     let listed = json(app.admin_get("/admin/pagos?estado=ENVIADA&limite=10").await).await;
@@ -319,9 +296,7 @@ async fn the_admin_list_shows_payments_in_a_state_oldest_first(backend: Backend)
 
 async fn only_payments_under_review_can_be_resolved_by_hand(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    FakeGateway::charging("succeeded")
-        .mount(app.gateway())
-        .await;
+    app.with_fake(FakeGateway::charging("succeeded")).await;
     let created = json(app.pay("k-r", &payment_body()).await).await;
     let id = created["id"].as_str().expect("id");
     let path = format!("/admin/pagos/{id}/resolucion");
@@ -342,8 +317,7 @@ async fn only_payments_under_review_can_be_resolved_by_hand(backend: Backend) {
 
 async fn the_reaper_deletes_expired_final_keys_and_never_an_in_flight_one(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    let fake = FakeGateway::charging("succeeded");
-    fake.mount(app.gateway()).await;
+    let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
     assert_eq!(app.pay("k-done", &payment_body()).await.status(), 201);
     fake.set_new_status("pending");
     let pending = pending_payment(&app, "k-open").await;
@@ -372,9 +346,7 @@ async fn the_reaper_deletes_expired_final_keys_and_never_an_in_flight_one(backen
 
 async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) {
     let app = crate::helpers::started(backend, &["--metrics-refresh", "100ms"]).await;
-    FakeGateway::charging("succeeded")
-        .mount(app.gateway())
-        .await;
+    app.with_fake(FakeGateway::charging("succeeded")).await;
     app.pay("k-m", &payment_body()).await;
     app.pay("k-m", &payment_body()).await;
     app.pay(
@@ -421,8 +393,7 @@ async fn one_pass_settles_every_due_payment_however_many_claims_it_takes(backend
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
     let app = crate::helpers::started(backend, &["--reconcile-concurrency", "3"]).await;
-    let fake = FakeGateway::charging("pending");
-    fake.mount(app.gateway()).await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
     let mut ids = Vec::new();
     for i in 0..10 {
         ids.push(pending_payment(&app, &format!("k-many-{i}")).await);

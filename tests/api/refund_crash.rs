@@ -3,15 +3,13 @@
 //! --once` settles what it left, and the gateway holds exactly one refund; the client's
 //! retry gets the final answer.
 
-use crate::helpers::{API_KEY, Backend, TestDatabase, json, payment_body};
+use crate::helpers::{API_KEY, Backend, json, payment_body};
 use crate::on_both_databases;
-use crate::process::{Serve, reconcile_once};
 use crate::refunds::FakeRefunds;
 use pagos::entities::refund;
-use sea_orm::{DatabaseConnection, EntityTrait};
+use sea_orm::EntityTrait;
 use serde_json::json;
 use std::time::Duration;
-use wiremock::MockServer;
 
 on_both_databases!(
     a_crash_after_registering_a_refund_is_sent_once_by_the_reconciler,
@@ -20,68 +18,13 @@ on_both_databases!(
     a_server_killed_while_the_gateway_holds_the_refund_settles_with_one_refund,
 );
 
-struct World {
-    database: TestDatabase,
-    db: DatabaseConnection,
-    gateway: MockServer,
-    fake: FakeRefunds,
-}
+type World = crate::process::World<FakeRefunds>;
 
 impl World {
     async fn new(backend: Backend) -> World {
-        let database = TestDatabase::create(&backend).await;
-        let settings = crate::helpers::settings(&database.url, &[]);
-        let db = pagos::app::open_and_migrate(&settings.database)
-            .await
-            .expect("database");
-        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
-            .await
-            .expect("merchant");
-        let gateway = MockServer::start().await;
-        let fake = FakeRefunds::default();
-        fake.mount(&gateway).await;
-        World {
-            database,
-            db,
-            gateway,
-            fake,
-        }
-    }
-
-    fn args(&self) -> Vec<String> {
-        [
-            "--database-url",
-            &self.database.url,
-            "--gateway",
-            "http",
-            "--gateway-url",
-            &self.gateway.uri(),
-            "--gateway-timeout",
-            "300ms",
-            "--gateway-retries",
-            "0",
-            "--lease",
-            "1s",
-            "--stale-after",
-            "200ms",
-            "--reconcile-every",
-            "1h",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    }
-
-    async fn serve(&self, env: &[(&str, &str)]) -> Serve {
-        let args = self.args();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Serve::start(&args, env).await
-    }
-
-    async fn reconcile(&self) -> serde_json::Value {
-        let args = self.args();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        reconcile_once(&args).await
+        let world = World::unmounted(backend, FakeRefunds::default()).await;
+        world.fake.mount(&world.gateway).await;
+        world
     }
 
     async fn only_refund(&self) -> refund::Model {
@@ -126,15 +69,7 @@ async fn ask_refund(
 async fn crash_at(world: &World, payment: &str, failpoint: &str) -> refund::Model {
     let mut doomed = world.serve(&[("PAGOS_CRASH_AT", failpoint)]).await;
     let answer = ask_refund(&doomed.url, payment, "ref-crash").await;
-    assert!(
-        answer.is_err(),
-        "the server died before answering: {answer:?}"
-    );
-    assert!(
-        doomed.ended_by_itself(Duration::from_secs(5)).await,
-        "pagos aborted at {failpoint}:\n{}",
-        doomed.logs()
-    );
+    doomed.aborted_at(failpoint, &answer).await;
     world.only_refund().await
 }
 
@@ -164,38 +99,52 @@ async fn settles_with_one_refund_and_the_retry_gets_the_final_answer(
     assert_eq!(world.fake.made().len(), 1);
 }
 
-fn refund_keys_sent(requests: &[wiremock::Request]) -> Vec<String> {
-    requests
-        .iter()
-        .filter(|r| r.method.as_str() == "POST" && r.url.path() == "/v1/refunds")
-        .map(|r| {
-            r.headers["idempotency-key"]
-                .to_str()
-                .unwrap_or("")
-                .to_owned()
-        })
-        .collect()
+/// The `Idempotency-Key` of each refund the gateway was asked for, in order.
+async fn refund_keys_sent(world: &World) -> Vec<String> {
+    crate::helpers::keys_sent(&world.gateway, "POST", |p| p == "/v1/refunds").await
+}
+
+/// A refund asked of a server that aborts at `failpoint`, left in `state` with `made`
+/// refunds at the gateway (`why`), then settled with one refund; the world, and the
+/// refund as the crash left it.
+async fn crashed_then_settled(
+    backend: Backend,
+    failpoint: &str,
+    state: &str,
+    made: usize,
+    why: &str,
+) -> (World, refund::Model) {
+    let world = World::new(backend).await;
+    let payment = world.paid().await;
+    let left = crash_at(&world, &payment, failpoint).await;
+    assert_eq!(left.state.as_str(), state);
+    assert_eq!(world.fake.made().len(), made, "{why}");
+    settles_with_one_refund_and_the_retry_gets_the_final_answer(&world, &payment, &left).await;
+    (world, left)
 }
 
 async fn a_crash_after_registering_a_refund_is_sent_once_by_the_reconciler(backend: Backend) {
-    let world = World::new(backend).await;
-    let payment = world.paid().await;
-    let left = crash_at(&world, &payment, "refund_after_register").await;
-    assert_eq!(left.state.as_str(), "EN_PROCESO");
-    assert!(world.fake.made().is_empty(), "never sent");
-    settles_with_one_refund_and_the_retry_gets_the_final_answer(&world, &payment, &left).await;
+    crashed_then_settled(
+        backend,
+        "refund_after_register",
+        "EN_PROCESO",
+        0,
+        "never sent",
+    )
+    .await;
 }
 
 async fn a_crash_after_marking_a_refund_sent_is_resent_with_the_same_key_once(backend: Backend) {
-    let world = World::new(backend).await;
-    let payment = world.paid().await;
-    let left = crash_at(&world, &payment, "refund_after_mark_sent").await;
-    assert_eq!(left.state.as_str(), "ENVIADO");
-    assert!(world.fake.made().is_empty(), "died before the call");
-    settles_with_one_refund_and_the_retry_gets_the_final_answer(&world, &payment, &left).await;
-    let requests = world.gateway.received_requests().await.unwrap_or_default();
+    let (world, left) = crashed_then_settled(
+        backend,
+        "refund_after_mark_sent",
+        "ENVIADO",
+        0,
+        "died before the call",
+    )
+    .await;
     assert_eq!(
-        refund_keys_sent(&requests),
+        refund_keys_sent(&world).await,
         vec![left.gateway_key.clone()],
         "one send, with the refund's gateway key"
     );
@@ -204,15 +153,16 @@ async fn a_crash_after_marking_a_refund_sent_is_resent_with_the_same_key_once(ba
 async fn a_crash_after_the_gateway_refunded_is_settled_from_the_provider_without_a_second_refund(
     backend: Backend,
 ) {
-    let world = World::new(backend).await;
-    let payment = world.paid().await;
-    let left = crash_at(&world, &payment, "refund_after_gateway_response").await;
-    assert_eq!(left.state.as_str(), "ENVIADO");
-    assert_eq!(world.fake.made().len(), 1, "refunded, then the crash");
-    settles_with_one_refund_and_the_retry_gets_the_final_answer(&world, &payment, &left).await;
-    let requests = world.gateway.received_requests().await.unwrap_or_default();
+    let (world, _) = crashed_then_settled(
+        backend,
+        "refund_after_gateway_response",
+        "ENVIADO",
+        1,
+        "refunded, then the crash",
+    )
+    .await;
     assert_eq!(
-        refund_keys_sent(&requests).len(),
+        refund_keys_sent(&world).await.len(),
         1,
         "found by look-up, never resent"
     );

@@ -3,15 +3,15 @@
 //! (look-ups tell the truth), so a test can count exactly what the gateway made.
 
 use crate::helpers::{
-    ADMIN_TOKEN, API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, charges, json,
-    payment_body,
+    ADMIN_TOKEN, API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, charges, create_once,
+    json, mount_route, payment_body, query_param,
 };
 use crate::on_both_databases;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::{MockServer, Request, Respond, ResponseTemplate};
 
 on_both_databases!(
     a_full_refund_returns_the_whole_payment_and_shows_it_refunded,
@@ -73,16 +73,8 @@ impl FakeRefunds {
 
     /// Only the refund endpoints (the test mounts its own charges).
     pub async fn mount_refunds(&self, server: &MockServer) {
-        Mock::given(wiremock::matchers::method("POST"))
-            .and(wiremock::matchers::path("/v1/refunds"))
-            .respond_with(MakeRefund(self.clone()))
-            .mount(server)
-            .await;
-        Mock::given(wiremock::matchers::method("GET"))
-            .and(wiremock::matchers::path("/v1/refunds"))
-            .respond_with(LookRefunds(self.clone()))
-            .mount(server)
-            .await;
+        mount_route(server, "POST", "/v1/refunds", MakeRefund(self.clone())).await;
+        mount_route(server, "GET", "/v1/refunds", LookRefunds(self.clone())).await;
     }
 }
 
@@ -90,36 +82,22 @@ struct MakeRefund(FakeRefunds);
 
 impl Respond for MakeRefund {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let key = request
-            .headers
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
-        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
-        let mut state = self.0.lock();
-        let delay = state.delay;
-        if let Some(existing) = state.by_key.get(&key) {
-            return ResponseTemplate::new(201)
-                .set_body_json(existing.clone())
-                .set_delay(delay);
-        }
-        state.next += 1;
-        let status = state.status.unwrap_or("succeeded");
-        let refund = json!({
-            "id": format!("re_fake_{}", state.next),
-            "status": status,
-            "charge": body["charge"],
-            "amount": body["amount"],
-            "currency": body["currency"],
-            "reference": body["reference"],
-            "failureCode": if status == "failed" { Value::from("expired_or_canceled_card") } else { Value::Null },
-        });
-        state.by_key.insert(key, refund.clone());
-        state.made.push(refund.clone());
-        ResponseTemplate::new(201)
-            .set_body_json(refund)
-            .set_delay(delay)
+        let state = &mut *self.0.lock();
+        create_once(request, &mut state.by_key, state.delay, |body| {
+            state.next += 1;
+            let status = state.status.unwrap_or("succeeded");
+            let refund = json!({
+                "id": format!("re_fake_{}", state.next),
+                "status": status,
+                "charge": body["charge"],
+                "amount": body["amount"],
+                "currency": body["currency"],
+                "reference": body["reference"],
+                "failureCode": if status == "failed" { Value::from("expired_or_canceled_card") } else { Value::Null },
+            });
+            state.made.push(refund.clone());
+            refund
+        })
     }
 }
 
@@ -127,19 +105,9 @@ struct LookRefunds(FakeRefunds);
 
 impl Respond for LookRefunds {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let reference = request
-            .url
-            .query_pairs()
-            .find(|(k, _)| k == "reference")
-            .map(|(_, v)| v.into_owned())
-            .unwrap_or_default();
+        let reference = query_param(request, "reference");
         let state = self.0.lock();
-        let data: Vec<Value> = state
-            .made
-            .iter()
-            .filter(|r| r["reference"] == reference.as_str())
-            .cloned()
-            .collect();
+        let data = crate::helpers::matching(&state.made, "reference", &reference);
         ResponseTemplate::new(200).set_body_json(json!({ "data": data }))
     }
 }
@@ -166,27 +134,17 @@ pub async fn refund_as(
     key: &str,
     body: &Value,
 ) -> reqwest::Response {
-    app.http
-        .post(app.url(&format!("/v1/pagos/{payment}/reembolsos")))
-        .bearer_auth(api_key)
-        .header("Idempotency-Key", key)
-        .json(body)
-        .send()
-        .await
-        .expect("request sent")
+    app.post_keyed(
+        api_key,
+        &format!("/v1/pagos/{payment}/reembolsos"),
+        key,
+        body,
+    )
+    .await
 }
 
 pub async fn refund(app: &TestApp, payment: &str, key: &str, body: &Value) -> reqwest::Response {
     refund_as(app, API_KEY, payment, key, body).await
-}
-
-async fn get(app: &TestApp, api_key: &str, path: &str) -> reqwest::Response {
-    app.http
-        .get(app.url(path))
-        .bearer_auth(api_key)
-        .send()
-        .await
-        .expect("sent")
 }
 
 async fn a_full_refund_returns_the_whole_payment_and_shows_it_refunded(backend: Backend) {
@@ -201,10 +159,7 @@ async fn a_full_refund_returns_the_whole_payment_and_shows_it_refunded(backend: 
     )
     .await;
     assert_eq!(answer.status(), 201);
-    let location = answer.headers()["location"]
-        .to_str()
-        .expect("ascii")
-        .to_owned();
+    let location = crate::helpers::location_of(&answer);
     let body = json(answer).await;
     assert_eq!(body["estado"], "COMPLETADO");
     assert_eq!(body["monto"], 250000);
@@ -226,15 +181,19 @@ async fn a_full_refund_returns_the_whole_payment_and_shows_it_refunded(backend: 
     );
     assert_eq!(made[0]["reference"], body["id"]);
 
-    let read = json(get(&app, API_KEY, &location).await).await;
+    let read = json(app.get_as(API_KEY, &location).await).await;
     assert_eq!(read, body);
-    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(
         pago["estado"], "COMPLETADA",
         "a refunded payment stays COMPLETADA"
     );
     assert_eq!(pago["montoReembolsado"], 250000);
-    let list = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}/reembolsos")).await).await;
+    let list = json(
+        app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
+            .await,
+    )
+    .await;
     assert_eq!(list["reembolsos"], json!([body]));
 
     // Nothing is left: one more is refused, and the gateway is not asked.
@@ -255,7 +214,7 @@ async fn partial_refunds_add_up_and_the_last_one_takes_what_is_left(backend: Bac
     assert_eq!(json(first).await["monto"], 50000);
     let second = refund(&app, &payment, "ref-2", &json!({"monto": 100000})).await;
     assert_eq!(second.status(), 201);
-    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(pago["montoReembolsado"], 150000);
 
     let rest = refund(&app, &payment, "ref-3", &json!({})).await;
@@ -267,9 +226,13 @@ async fn partial_refunds_add_up_and_the_last_one_takes_what_is_left(backend: Bac
         .map(|r| r["amount"].as_i64().expect("amount"))
         .collect();
     assert_eq!(amounts, vec![50000, 100000, 100000]);
-    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(pago["montoReembolsado"], 250000);
-    let list = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}/reembolsos")).await).await;
+    let list = json(
+        app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
+            .await,
+    )
+    .await;
     assert_eq!(list["reembolsos"].as_array().map(Vec::len), Some(3));
     app.scrape_until("pagos_refunds", |text| {
         crate::helpers::has_line(text, r#"pagos_refunds{estado="COMPLETADO"} 3"#)
@@ -359,23 +322,18 @@ async fn a_refund_over_what_is_left_is_422_with_restante_and_stores_nothing(back
     let problem = json(bad).await;
     assert_eq!(problem["type"], "/problems/validation-failed");
     let missing_key = app
-        .http
-        .post(app.url(&format!("/v1/pagos/{payment}/reembolsos")))
-        .bearer_auth(API_KEY)
-        .json(&json!({}))
-        .send()
-        .await
-        .expect("sent");
+        .post_as(
+            API_KEY,
+            &format!("/v1/pagos/{payment}/reembolsos"),
+            &json!({}),
+        )
+        .await;
     assert_eq!(missing_key.status(), 400);
     assert_eq!(fake.made().len(), 2);
 }
 
 async fn a_payment_that_is_not_completada_cannot_be_refunded(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::declined())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::declined()).await;
     let answer = app.pay("pay-1", &payment_body()).await;
     assert_eq!(answer.status(), 402);
     let payment = json(answer).await["pago"]["id"]
@@ -388,14 +346,7 @@ async fn a_payment_that_is_not_completada_cannot_be_refunded(backend: Backend) {
     let problem = json(refused).await;
     assert_eq!(problem["type"], "/problems/payment-not-refundable");
     assert_eq!(problem["estado"], "FALLIDA");
-    let refunds_asked = app
-        .gateway()
-        .received_requests()
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r.url.path() == "/v1/refunds")
-        .count();
+    let refunds_asked = app.gateway_requests_to("/v1/refunds").await.len();
     assert_eq!(refunds_asked, 0);
 }
 
@@ -415,19 +366,15 @@ async fn another_merchants_payment_and_refund_are_404(backend: Backend) {
     assert_eq!(theirs.status(), 404);
     assert_eq!(json(theirs).await["type"], "/problems/not-found");
     let path = format!("/v1/reembolsos/{}", mine["id"].as_str().expect("id"));
-    assert_eq!(get(&app, OTHER_API_KEY, &path).await.status(), 404);
+    assert_eq!(app.get_as(OTHER_API_KEY, &path).await.status(), 404);
     assert_eq!(
-        get(
-            &app,
-            OTHER_API_KEY,
-            &format!("/v1/pagos/{payment}/reembolsos")
-        )
-        .await
-        .status(),
+        app.get_as(OTHER_API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
+            .await
+            .status(),
         404
     );
     assert_eq!(
-        get(&app, API_KEY, "/v1/reembolsos/not-a-uuid")
+        app.get_as(API_KEY, "/v1/reembolsos/not-a-uuid")
             .await
             .status(),
         404
@@ -463,7 +410,7 @@ async fn a_refused_refund_is_422_fallido_and_leaves_the_amount_to_refund_again(b
     fake.refunding("succeeded");
     let again = refund(&app, &payment, "ref-2", &json!({"monto": 250000})).await;
     assert_eq!(again.status(), 201);
-    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(pago["montoReembolsado"], 250000);
 }
 
@@ -488,7 +435,7 @@ async fn a_refund_that_times_out_is_202_and_the_reconciler_settles_it(backend: B
     let report = json(app.admin_post("/admin/reconciliaciones", &json!({})).await).await;
     assert_eq!(report["reembolsos"]["completados"], 1, "{report}");
 
-    let read = json(get(&app, API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
     assert_eq!(read["estado"], "COMPLETADO");
     assert_eq!(read["gatewayRef"], "re_fake_1");
     assert_eq!(fake.made().len(), 1, "settled by look-up, not sent again");
@@ -496,7 +443,7 @@ async fn a_refund_that_times_out_is_202_and_the_reconciler_settles_it(backend: B
     let retry = refund(&app, &payment, "ref-1", &json!({"monto": 70000})).await;
     assert_eq!(retry.status(), 201);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(pago["montoReembolsado"], 70000);
 }
 
@@ -538,7 +485,7 @@ async fn on_call_refunds_with_a_reason_recorded_in_the_audit_trail(backend: Back
     // The merchant sees it, and its key space is not on-call's.
     let id = body["id"].as_str().expect("id");
     assert_eq!(
-        get(&app, API_KEY, &format!("/v1/reembolsos/{id}"))
+        app.get_as(API_KEY, &format!("/v1/reembolsos/{id}"))
             .await
             .status(),
         200
@@ -609,7 +556,7 @@ async fn twenty_concurrent_partial_refunds_never_exceed_the_payment(backend: Bac
         seen, refunded,
         "the gateway saw exactly the refunds not refused"
     );
-    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(pago["montoReembolsado"], 240000);
 }
 
@@ -662,7 +609,7 @@ async fn a_pending_refund_is_settled_by_refund_events_applied_once_and_in_order(
         deliver_event(&app, "evt_r0", "refund.updated", 1, older).await,
         "obsoleto"
     );
-    let read = json(get(&app, API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
     assert_eq!(read["estado"], "COMPLETADO");
     // The key's answer was frozen when the event settled it.
     let retry = refund(&app, &payment, "ref-1", &json!({"monto": 5000})).await;
@@ -676,9 +623,9 @@ async fn a_pending_refund_is_settled_by_refund_events_applied_once_and_in_order(
         deliver_event(&app, "evt_r2", "refund.updated", 3, made).await,
         "revision_manual"
     );
-    let read = json(get(&app, API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
     assert_eq!(read["estado"], "REVISION_MANUAL");
-    let pago = json(get(&app, API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(pago["montoReembolsado"], 0, "only COMPLETADO refunds count");
     assert_eq!(fake.made().len(), 1);
 
@@ -703,17 +650,9 @@ async fn a_pending_refund_is_settled_by_refund_events_applied_once_and_in_order(
     assert_eq!(resolved.status(), 200);
     let detail = json(resolved).await;
     assert_eq!(detail["reembolso"]["estado"], "FALLIDO");
-    let last = detail["transiciones"]
-        .as_array()
-        .and_then(|t| t.last())
-        .cloned()
-        .expect("trail");
+    let last = crate::helpers::last_transition(&detail);
     assert_eq!(last["quien"], "admin");
-    assert!(
-        last["motivo"]
-            .as_str()
-            .is_some_and(|m| m.contains("card closed"))
-    );
+    assert!(crate::helpers::text_has(&last, "motivo", "card closed"));
     assert_eq!(
         resolve(json!({"estado": "COMPLETADO", "motivo": "again"}))
             .await
@@ -731,25 +670,12 @@ on_both_databases!(the_openapi_document_describes_the_refund_endpoints);
 
 async fn the_openapi_document_describes_the_refund_endpoints(backend: Backend) {
     let app = Spawn::new(backend).sandbox().start().await;
-    let doc = json(
-        app.http
-            .get(app.url("/openapi.json"))
-            .send()
-            .await
-            .expect("sent"),
-    )
-    .await;
+    let doc = app.openapi().await;
     for path in ["/v1/pagos/{id}/reembolsos", "/admin/pagos/{id}/reembolsos"] {
         let post = &doc["paths"][path]["post"];
-        let key = post["parameters"]
-            .as_array()
-            .and_then(|ps| ps.iter().find(|p| p["name"] == "Idempotency-Key"))
-            .unwrap_or_else(|| panic!("{path}: Idempotency-Key documented"));
-        assert_eq!(key["in"], "header");
+        let key = crate::helpers::header_parameter(post, "Idempotency-Key", path);
         assert_eq!(key["required"], true, "{path}");
-        for status in ["201", "202", "404", "409", "422"] {
-            assert!(post["responses"][status].is_object(), "{path} {status}");
-        }
+        crate::helpers::assert_responses(post, &["201", "202", "404", "409", "422"], path);
     }
     assert!(doc["paths"]["/v1/pagos/{id}/reembolsos"]["get"].is_object());
     assert!(doc["paths"]["/v1/reembolsos/{id}"]["get"].is_object());
@@ -926,7 +852,7 @@ async fn refunds_that_settle_tell_the_merchant_with_an_event_of_the_refund(backe
     assert_eq!(made.status(), 201);
     let made: Value = json(made).await;
 
-    let page = json(get(&app, API_KEY, "/v1/eventos?limite=50").await).await;
+    let page = json(app.get_as(API_KEY, "/v1/eventos?limite=50").await).await;
     let events: Vec<&Value> = page["eventos"]
         .as_array()
         .expect("eventos")

@@ -46,9 +46,7 @@ async fn scrape(app: &TestApp) -> String {
 
 async fn replays_after_the_first_are_served_from_memory_byte_for_byte(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    FakeGateway::charging("succeeded")
-        .mount(app.gateway())
-        .await;
+    app.with_fake(FakeGateway::charging("succeeded")).await;
     let (status, replayed, first) = answer(&app, "k-cache", &payment_body()).await;
     assert_eq!((status, replayed), (201, None));
     for _ in 0..3 {
@@ -92,9 +90,7 @@ async fn break_the_tables(app: &TestApp) {
 
 async fn a_replay_from_memory_reaches_no_database(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    FakeGateway::charging("succeeded")
-        .mount(app.gateway())
-        .await;
+    app.with_fake(FakeGateway::charging("succeeded")).await;
     let (_, _, first) = answer(&app, "k-away", &payment_body()).await;
     let (status, _, _) = answer(&app, "k-away", &payment_body()).await;
     assert_eq!(
@@ -115,13 +111,8 @@ async fn a_replay_from_memory_reaches_no_database(backend: Backend) {
 }
 
 async fn with_no_replay_cache_every_replay_reads_the_database(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&["--replay-cache-mib", "0"])
-        .start()
-        .await;
-    FakeGateway::charging("succeeded")
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::started(backend, &["--replay-cache-mib", "0"]).await;
+    app.with_fake(FakeGateway::charging("succeeded")).await;
     answer(&app, "k-nocache", &payment_body()).await;
     answer(&app, "k-nocache", &payment_body()).await;
     break_the_tables(&app).await;

@@ -12,7 +12,7 @@ use crate::helpers::{API_KEY, Backend, TestDatabase, json};
 use crate::on_both_databases;
 use crate::process::{BIN, free_port};
 use crate::providers::{FakeProvider, Provider};
-use sea_orm::{ConnectionTrait, DatabaseConnection};
+use sea_orm::DatabaseConnection;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -49,13 +49,7 @@ impl Running {
             .expect("database");
         let gw = pagos::app::gateway_from(&settings).expect("gateway");
         let state = pagos::app::build(db.clone(), settings, gw);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let server = tokio::spawn(async move {
-            let _ = pagos::app::serve_on(listener, state, std::future::pending()).await;
-        });
+        let (addr, server) = crate::helpers::serve_in_background(state).await;
         Running {
             url: format!("http://{addr}"),
             http: reqwest::Client::new(),
@@ -224,14 +218,11 @@ impl Snapshots {
                     .expect("name")
                     .to_owned();
                 let name = format!("{source}_snap{}", self.copies.len());
-                let admin_db = sea_orm::Database::connect(admin.as_str())
-                    .await
-                    .expect("admin connection");
-                admin_db
-                    .execute_unprepared(&format!("CREATE DATABASE {name} TEMPLATE {source}"))
-                    .await
-                    .expect("snapshot");
-                let _ = admin_db.close().await;
+                crate::helpers::on_postgres_admin(
+                    admin,
+                    &format!("CREATE DATABASE {name} TEMPLATE {source}"),
+                )
+                .await;
                 self.copies.push(name.clone());
                 name
             }
@@ -263,28 +254,10 @@ impl Snapshots {
 impl Drop for Snapshots {
     fn drop(&mut self) {
         if let Backend::Postgres(admin) = &self.backend {
-            let (admin, names) = (admin.clone(), std::mem::take(&mut self.copies));
-            let _ = std::thread::spawn(move || {
-                let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                else {
-                    return;
-                };
-                rt.block_on(async {
-                    if let Ok(db) = sea_orm::Database::connect(admin.as_str()).await {
-                        for name in names {
-                            let _ = db
-                                .execute_unprepared(&format!(
-                                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                                ))
-                                .await;
-                        }
-                        let _ = db.close().await;
-                    }
-                });
-            })
-            .join();
+            crate::helpers::drop_postgres_databases(
+                admin.clone(),
+                std::mem::take(&mut self.copies),
+            );
         }
     }
 }

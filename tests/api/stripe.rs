@@ -2,13 +2,9 @@
 //! sends, the status mapping, timeouts settled by a search, resends with the same key
 //! inside Stripe's key window and review outside it, and signed webhooks applied once.
 
-use crate::helpers::{Backend, Spawn, TestApp, json};
+use crate::helpers::{Backend, TestApp, json};
 use crate::on_both_databases;
-use hmac::{Hmac, Mac};
-use pagos::entities::{processed_message, webhook_charge};
-use sea_orm::{EntityTrait, PaginatorTrait};
 use serde_json::{Value, json};
-use sha2::Sha256;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,13 +30,8 @@ fn fixture(name: &str) -> Value {
     crate::helpers::fixture("stripe", name)
 }
 
-async fn spawn(backend: Backend, flags: &[&'static str]) -> TestApp {
-    Spawn::new(backend)
-        .provider("stripe")
-        .flags(&["--stripe-webhook-secret", WEBHOOK_SECRET])
-        .flags(flags)
-        .start()
-        .await
+async fn spawn(backend: Backend, flags: &[&str]) -> TestApp {
+    crate::helpers::provider_app(backend, "stripe", WEBHOOK_SECRET, flags).await
 }
 
 fn body(description: &str) -> Value {
@@ -276,52 +267,48 @@ async fn every_status_in_the_mapping_table_maps_as_documented(backend: Backend) 
         .respond_with(ByDescription)
         .mount(app.gateway())
         .await;
-    for (scenario, status, estado, decline) in [
-        ("200 payment_intent_succeeded", 201, "COMPLETADA", None),
-        ("200 payment_intent_processing", 202, "ENVIADA", None),
-        ("200 payment_intent_requires_action", 202, "ENVIADA", None),
-        (
-            "200 payment_intent_requires_payment_method",
-            402,
-            "FALLIDA",
-            Some("insufficient_funds"),
-        ),
-        (
-            "200 payment_intent_canceled",
-            402,
-            "FALLIDA",
-            Some("canceled_abandoned"),
-        ),
-        (
-            "402 error_card_declined",
-            402,
-            "FALLIDA",
-            Some("insufficient_funds"),
-        ),
-        (
-            "402 error_authentication_required",
-            402,
-            "FALLIDA",
-            Some("authentication_required"),
-        ),
-        (
-            "400 error_payment_method_missing",
-            402,
-            "FALLIDA",
-            Some("gateway_rejected_400"),
-        ),
-        // The key met other parameters: a PaymentIntent may exist, so never FALLIDA.
-        ("400 error_idempotency_key_reused", 202, "ENVIADA", None),
-    ] {
-        let key = format!("k-map-{}", scenario.replace(' ', "-"));
-        let (got, answer) = app.pay_read(&key, &body(scenario)).await;
-        assert_eq!(got, status, "{scenario}: {answer}");
-        let pago = if got == 402 { &answer["pago"] } else { &answer };
-        assert_eq!(pago["estado"], estado, "{scenario}");
-        if let Some(code) = decline {
-            assert_eq!(answer["declineCode"], code, "{scenario}");
-        }
-    }
+    crate::helpers::assert_mapping(
+        &app,
+        &[
+            ("200 payment_intent_succeeded", 201, "COMPLETADA", None),
+            ("200 payment_intent_processing", 202, "ENVIADA", None),
+            ("200 payment_intent_requires_action", 202, "ENVIADA", None),
+            (
+                "200 payment_intent_requires_payment_method",
+                402,
+                "FALLIDA",
+                Some("insufficient_funds"),
+            ),
+            (
+                "200 payment_intent_canceled",
+                402,
+                "FALLIDA",
+                Some("canceled_abandoned"),
+            ),
+            (
+                "402 error_card_declined",
+                402,
+                "FALLIDA",
+                Some("insufficient_funds"),
+            ),
+            (
+                "402 error_authentication_required",
+                402,
+                "FALLIDA",
+                Some("authentication_required"),
+            ),
+            (
+                "400 error_payment_method_missing",
+                402,
+                "FALLIDA",
+                Some("gateway_rejected_400"),
+            ),
+            // The key met other parameters: a PaymentIntent may exist, so never FALLIDA.
+            ("400 error_idempotency_key_reused", 202, "ENVIADA", None),
+        ],
+        body,
+    )
+    .await;
     // One call per payment (declines and refusals are not retried), four tries for the
     // unknown outcome.
     assert_eq!(posts(&app).await.len(), 8 + 4);
@@ -380,12 +367,9 @@ async fn requires_action_goes_to_manual_review_past_the_give_up_horizon(backend:
 
 /// The header Stripe sends, computed here independently of pagos' code.
 fn stripe_signature(secret: &str, t: i64, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
-    mac.update(format!("{t}.").as_bytes());
-    mac.update(body);
     format!(
-        "t={t},v1={},v0={}",
-        hex::encode(mac.finalize().into_bytes()),
+        "{},v0={}",
+        crate::helpers::timestamped_signature(secret, t, body),
         "0".repeat(64)
     )
 }
@@ -406,36 +390,18 @@ fn event(name: &str, event_id: &str, id: &str, created: i64) -> Vec<u8> {
 }
 
 async fn deliver_signed(app: &TestApp, body: &[u8], signature: &str) -> reqwest::Response {
-    app.http
-        .post(app.url("/v1/webhooks/stripe"))
-        .header("Content-Type", "application/json")
-        .header("Stripe-Signature", signature)
-        .body(body.to_vec())
-        .send()
-        .await
-        .expect("delivered")
+    crate::helpers::post_webhook(
+        app,
+        "/v1/webhooks/stripe",
+        &[("Stripe-Signature", signature)],
+        body,
+    )
+    .await
 }
 
 async fn deliver(app: &TestApp, body: &[u8]) -> String {
     let answer = deliver_signed(app, body, &stripe_signature(WEBHOOK_SECRET, now(), body)).await;
-    assert_eq!(answer.status(), 200);
-    json(answer).await["resultado"]
-        .as_str()
-        .expect("resultado")
-        .to_owned()
-}
-
-async fn recorded(app: &TestApp) -> (u64, u64) {
-    (
-        processed_message::Entity::find()
-            .count(&app.db)
-            .await
-            .expect("count"),
-        webhook_charge::Entity::find()
-            .count(&app.db)
-            .await
-            .expect("count"),
-    )
+    crate::helpers::resultado(answer).await
 }
 
 /// A payment Stripe left `processing`; returns its id.
@@ -465,7 +431,7 @@ async fn a_signed_event_settles_a_pending_payment_and_a_wrong_signature_is_refus
         assert_eq!(answer.status(), 401, "{signature:?}");
     }
     assert_eq!(
-        recorded(&app).await,
+        app.recorded().await,
         (0, 0),
         "a refused event records nothing"
     );
@@ -506,7 +472,7 @@ async fn a_duplicated_event_applies_once(backend: Backend) {
         "{answers:?}"
     );
     assert_eq!(deliver(&app, &body).await, "duplicado");
-    assert_eq!(recorded(&app).await, (1, 1));
+    assert_eq!(app.recorded().await, (1, 1));
     assert_eq!(app.payment(&id).await.state, "COMPLETADA");
 }
 

@@ -2,9 +2,7 @@
 //! without secrets, rotation, merchant scoping, bad input as problem+json that stores
 //! nothing, and the events list with its cursor.
 
-use crate::helpers::{
-    API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, charges, json, payment_body,
-};
+use crate::helpers::{API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, json, payment_body};
 use crate::on_both_databases;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -20,14 +18,7 @@ on_both_databases!(
 #[tokio::test]
 async fn the_openapi_document_lists_endpoints_events_and_the_payment_search() {
     let app = Spawn::new(Backend::Sqlite).start().await;
-    let doc = json(
-        app.http
-            .get(app.url("/openapi.json"))
-            .send()
-            .await
-            .expect("sent"),
-    )
-    .await;
+    let doc = app.openapi().await;
     let paths = &doc["paths"];
     for (path, method) in [
         ("/v1/webhook-endpoints", "post"),
@@ -45,34 +36,6 @@ async fn the_openapi_document_lists_endpoints_events_and_the_payment_search() {
 }
 
 impl TestApp {
-    pub async fn post_as(&self, key: &str, path: &str, body: &Value) -> reqwest::Response {
-        self.http
-            .post(self.url(path))
-            .bearer_auth(key)
-            .json(body)
-            .send()
-            .await
-            .expect("sent")
-    }
-
-    pub async fn get_as(&self, key: &str, path: &str) -> reqwest::Response {
-        self.http
-            .get(self.url(path))
-            .bearer_auth(key)
-            .send()
-            .await
-            .expect("sent")
-    }
-
-    pub async fn delete_as(&self, key: &str, path: &str) -> reqwest::Response {
-        self.http
-            .delete(self.url(path))
-            .bearer_auth(key)
-            .send()
-            .await
-            .expect("sent")
-    }
-
     /// Registers `url` for every event type as the first merchant; the answer's body.
     pub async fn register_endpoint(&self, url: &str) -> Value {
         let made = self
@@ -93,10 +56,7 @@ async fn a_registered_endpoint_shows_its_secret_once_and_is_listed_without_it(ba
         )
         .await;
     assert_eq!(made.status(), 201);
-    let location = made.headers()["location"]
-        .to_str()
-        .expect("text")
-        .to_owned();
+    let location = crate::helpers::location_of(&made);
     let body = json(made).await;
     let id = body["id"].as_str().expect("id");
     assert_eq!(location, format!("/v1/webhook-endpoints/{id}"));
@@ -142,8 +102,7 @@ async fn an_endpoint_is_invisible_to_another_merchant(backend: Backend) {
         format!("/v1/webhook-endpoints/{id}/reactivar"),
     ] {
         let answer = app.post_as(OTHER_API_KEY, &path, &json!({})).await;
-        assert_eq!(answer.status(), 404, "{path}");
-        assert_eq!(answer.headers()["content-type"], "application/problem+json");
+        crate::helpers::problem(answer, 404, &path).await;
     }
     let deleted = app
         .delete_as(OTHER_API_KEY, &format!("/v1/webhook-endpoints/{id}"))
@@ -202,9 +161,7 @@ async fn bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored(backend:
     ];
     for (body, status, field) in cases {
         let answer = app.post_as(API_KEY, "/v1/webhook-endpoints", &body).await;
-        assert_eq!(answer.status(), status, "{body}");
-        assert_eq!(answer.headers()["content-type"], "application/problem+json");
-        let problem = json(answer).await;
+        let problem = crate::helpers::problem(answer, status, &body.to_string()).await;
         if status == 422 {
             assert!(
                 problem["type"]
@@ -215,14 +172,13 @@ async fn bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored(backend:
         }
     }
     let not_json = app
-        .http
-        .post(app.url("/v1/webhook-endpoints"))
-        .bearer_auth(API_KEY)
-        .header("content-type", "text/plain")
-        .body("url=https://93.184.215.14")
-        .send()
-        .await
-        .expect("sent");
+        .post_raw(
+            API_KEY,
+            "/v1/webhook-endpoints",
+            &[("content-type", "text/plain")],
+            "url=https://93.184.215.14",
+        )
+        .await;
     assert_eq!(not_json.status(), 415);
     let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
     assert_eq!(listed["endpoints"], json!([]), "nothing stored");
@@ -237,21 +193,12 @@ async fn bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored(backend:
         )
         .await;
     assert_eq!(bad_time.status(), 422);
-    let unauthenticated = app
-        .http
-        .get(app.url("/v1/webhook-endpoints"))
-        .send()
-        .await
-        .expect("sent");
+    let unauthenticated = app.get("/v1/webhook-endpoints").await;
     assert_eq!(unauthenticated.status(), 401);
 }
 
 async fn events_are_listed_oldest_first_with_a_cursor_and_only_to_their_merchant(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
-    charges()
-        .respond_with(Charge::succeeded())
-        .mount(app.gateway())
-        .await;
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
     let mut paid = Vec::new();
     for n in 0..5 {
         let answer = app.pay(&format!("k-{n}"), &payment_body()).await;
@@ -296,8 +243,6 @@ async fn events_are_listed_oldest_first_with_a_cursor_and_only_to_their_merchant
         "/v1/eventos?pendientes=si",
         "/v1/eventos?otro=1",
     ] {
-        let answer = app.get_as(API_KEY, bad).await;
-        assert_eq!(answer.status(), 422, "{bad}");
-        assert_eq!(answer.headers()["content-type"], "application/problem+json");
+        crate::helpers::problem(app.get_as(API_KEY, bad).await, 422, bad).await;
     }
 }

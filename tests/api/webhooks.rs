@@ -2,13 +2,11 @@
 //! once. Payments are made pending through `POST /v1/pagos` (wiremock answers `pending`),
 //! then settled by signed events sent over real HTTP.
 
-use crate::helpers::{Backend, Charge, Spawn, TestApp, charges, json, payment_body};
+use crate::helpers::{Backend, Charge, Spawn, TestApp, json, payment_body};
 use crate::on_both_databases;
-use hmac::{Hmac, Mac};
-use pagos::entities::{payment_transition, processed_message, webhook_charge};
-use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder};
+use pagos::entities::{payment_transition, webhook_charge};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
 use serde_json::{Value, json};
-use sha2::Sha256;
 
 on_both_databases!(
     one_event_delivered_ten_times_in_a_row_moves_the_payment_once,
@@ -35,19 +33,19 @@ const ADMIN: &str = "adm_test_token";
 const CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ3";
 
 async fn spawn(backend: Backend) -> TestApp {
-    crate::helpers::started(
-        backend,
-        &["--webhook-secret", SECRET, "--admin-token", ADMIN],
-    )
-    .await
+    spawn_with(backend, &[]).await
+}
+
+/// pagos with the webhook secret `SECRET`, the admin token `ADMIN`, and `extra` flags.
+pub async fn spawn_with(backend: Backend, extra: &[&str]) -> TestApp {
+    let mut flags = vec!["--webhook-secret", SECRET, "--admin-token", ADMIN];
+    flags.extend_from_slice(extra);
+    crate::helpers::started(backend, &flags).await
 }
 
 /// A payment left ENVIADA by a gateway answering `pending`; returns its id.
 async fn pending_payment(app: &TestApp, key: &str) -> String {
-    charges()
-        .respond_with(Charge::pending())
-        .mount(app.gateway())
-        .await;
+    app.answer_charges(Charge::pending()).await;
     let answer = app.pay(key, &payment_body()).await;
     assert_eq!(answer.status(), 202);
     let body = json(answer).await;
@@ -75,10 +73,7 @@ fn event(id: &str, sequence: i64, data: Value) -> Vec<u8> {
 
 /// The header a gateway sends, computed here independently of pagos' own code.
 fn signature(secret: &str, t: i64, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
-    mac.update(format!("{t}.").as_bytes());
-    mac.update(body);
-    format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+    crate::helpers::timestamped_signature(secret, t, body)
 }
 
 fn now() -> i64 {
@@ -86,14 +81,13 @@ fn now() -> i64 {
 }
 
 async fn deliver_signed(app: &TestApp, body: &[u8], signature: &str) -> reqwest::Response {
-    app.http
-        .post(app.url("/v1/webhooks/http"))
-        .header("Content-Type", "application/json")
-        .header("Gateway-Signature", signature)
-        .body(body.to_vec())
-        .send()
-        .await
-        .expect("delivered")
+    crate::helpers::post_webhook(
+        app,
+        "/v1/webhooks/http",
+        &[("Gateway-Signature", signature)],
+        body,
+    )
+    .await
 }
 
 async fn deliver(app: &TestApp, body: &[u8]) -> reqwest::Response {
@@ -101,11 +95,7 @@ async fn deliver(app: &TestApp, body: &[u8]) -> reqwest::Response {
 }
 
 async fn outcome(answer: reqwest::Response) -> String {
-    assert_eq!(answer.status(), 200);
-    json(answer).await["resultado"]
-        .as_str()
-        .expect("resultado")
-        .to_owned()
+    crate::helpers::resultado(answer).await
 }
 
 /// (from, to, actor, reason) of the payment's audit trail, oldest first.
@@ -139,18 +129,6 @@ async fn webhook_moves(app: &TestApp, id: &str) -> Vec<(Option<String>, String, 
 }
 
 /// (processed messages, charge rows): what a refused request must leave untouched.
-async fn recorded(app: &TestApp) -> (u64, u64) {
-    let messages = processed_message::Entity::find()
-        .count(&app.db)
-        .await
-        .expect("count");
-    let charges = webhook_charge::Entity::find()
-        .count(&app.db)
-        .await
-        .expect("count");
-    (messages, charges)
-}
-
 async fn one_event_delivered_ten_times_in_a_row_moves_the_payment_once(backend: Backend) {
     let app = spawn(backend).await;
     let id = pending_payment(&app, "k-wh-10").await;
@@ -172,7 +150,7 @@ async fn one_event_delivered_ten_times_in_a_row_moves_the_payment_once(backend: 
     assert_eq!(moves[0].0.as_deref(), Some("ENVIADA"));
     assert_eq!(moves[0].1, "COMPLETADA");
     assert_eq!(trail(&app, &id).await.len(), 2, "sent, then settled once");
-    assert_eq!(recorded(&app).await, (1, 1));
+    assert_eq!(app.recorded().await, (1, 1));
 }
 
 async fn one_event_delivered_twenty_times_at_once_moves_the_payment_once(backend: Backend) {
@@ -200,7 +178,7 @@ async fn one_event_delivered_twenty_times_at_once_moves_the_payment_once(backend
     assert_eq!(app.payment(&id).await.state, "COMPLETADA");
     assert_eq!(webhook_moves(&app, &id).await.len(), 1);
     assert_eq!(trail(&app, &id).await.len(), 2);
-    assert_eq!(recorded(&app).await, (1, 1));
+    assert_eq!(app.recorded().await, (1, 1));
 }
 
 async fn sequence_3_delivered_before_sequence_2_stands(backend: Backend) {
@@ -230,7 +208,7 @@ async fn sequence_3_delivered_before_sequence_2_stands(backend: Backend) {
     assert_eq!(row.last_sequence, 3);
     assert_eq!(row.last_event_id, "evt_seq_3");
     assert_eq!(row.status, "declined");
-    assert_eq!(recorded(&app).await, (4, 1), "each id recorded once");
+    assert_eq!(app.recorded().await, (4, 1), "each id recorded once");
 }
 
 async fn twenty_events_of_one_charge_at_once_leave_the_highest_sequence_standing(backend: Backend) {
@@ -260,7 +238,7 @@ async fn twenty_events_of_one_charge_at_once_leave_the_highest_sequence_standing
         .expect("query")
         .expect("row");
     assert_eq!((row.status.as_str(), row.last_sequence), ("succeeded", 20));
-    assert_eq!(recorded(&app).await, (20, 1));
+    assert_eq!(app.recorded().await, (20, 1));
 }
 
 async fn a_pending_payment_settled_by_a_webhook_replays_its_frozen_201(backend: Backend) {
@@ -386,7 +364,7 @@ async fn bad_signatures_are_refused_with_401_and_nothing_recorded(backend: Backe
         .expect("sent");
     assert_eq!(answer.status(), 401);
 
-    assert_eq!(recorded(&app).await, (0, 0), "nothing recorded");
+    assert_eq!(app.recorded().await, (0, 0), "nothing recorded");
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
     assert!(webhook_moves(&app, &id).await.is_empty());
     // The genuine event still applies afterwards.
@@ -415,7 +393,7 @@ async fn a_signed_body_that_is_not_an_event_is_refused_with_400_and_nothing_reco
         assert_eq!(answer.status(), 400, "{}", String::from_utf8_lossy(&body));
         assert_eq!(answer.headers()["content-type"], "application/problem+json");
     }
-    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.recorded().await, (0, 0));
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
 }
 
@@ -426,12 +404,10 @@ async fn webhooks_answer_401_while_no_secret_is_set(backend: Backend) {
     assert_eq!(answer.status(), 401);
     let problem = json(answer).await;
     assert!(
-        problem["detail"]
-            .as_str()
-            .is_some_and(|d| d.contains("PAGOS_WEBHOOK_SECRET")),
+        crate::helpers::text_has(&problem, "detail", "PAGOS_WEBHOOK_SECRET"),
         "{problem}"
     );
-    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.recorded().await, (0, 0));
 }
 
 async fn a_contradicting_event_sends_a_final_payment_to_manual_review(backend: Backend) {
@@ -464,17 +440,7 @@ async fn a_contradicting_event_sends_a_final_payment_to_manual_review(backend: B
 async fn a_payment_under_manual_review_is_left_to_on_call(backend: Backend) {
     // A charge succeeding after FALLIDA sends the payment to review only when orphan
     // charges are reviewed rather than refunded (tests/api/compensation.rs has the other).
-    let app = Spawn::new(backend)
-        .flags(&[
-            "--webhook-secret",
-            SECRET,
-            "--admin-token",
-            ADMIN,
-            "--orphan-charges",
-            "review",
-        ])
-        .start()
-        .await;
+    let app = spawn_with(backend, &["--orphan-charges", "review"]).await;
     let id = pending_payment(&app, "k-wh-review").await;
     for (evt, seq, status, expected) in [
         ("evt_r_2", 2, "declined", "aplicado"),
@@ -571,7 +537,7 @@ async fn other_event_types_are_acknowledged_and_ignored(backend: Backend) {
     )
     .expect("JSON");
     assert_eq!(outcome(deliver(&app, &body).await).await, "ignorado");
-    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.recorded().await, (0, 0));
 }
 
 async fn processed_messages_older_than_the_retention_are_purged(backend: Backend) {
@@ -585,14 +551,14 @@ async fn processed_messages_older_than_the_retention_are_purged(backend: Backend
         .await
         .expect("purge");
     assert_eq!(kept, 0, "a fresh id is kept");
-    assert_eq!(recorded(&app).await.0, 1);
+    assert_eq!(app.recorded().await.0, 1);
 
     let later = chrono::Utc::now() + chrono::TimeDelta::seconds(1);
     let purged = pagos::webhooks::purge_processed_messages(&app.db, later)
         .await
         .expect("purge");
     assert_eq!(purged, 1);
-    assert_eq!(recorded(&app).await, (0, 1), "charge rows are kept");
+    assert_eq!(app.recorded().await, (0, 1), "charge rows are kept");
 
     // Redelivered after its id is gone: the charge's sequence still stops it.
     assert_eq!(outcome(deliver(&app, &body).await).await, "obsoleto");
@@ -601,26 +567,10 @@ async fn processed_messages_older_than_the_retention_are_purged(backend: Backend
 
 async fn the_openapi_document_describes_the_webhook_and_the_orphan_list(backend: Backend) {
     let app = Spawn::new(backend).sandbox().start().await;
-    let doc = json(
-        app.http
-            .get(app.url("/openapi.json"))
-            .send()
-            .await
-            .expect("sent"),
-    )
-    .await;
+    let doc = app.openapi().await;
     let webhook = &doc["paths"]["/v1/webhooks/http"]["post"];
-    let header = webhook["parameters"]
-        .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["name"] == "Gateway-Signature"))
-        .expect("Gateway-Signature is documented");
-    assert_eq!(header["in"], "header");
-    for status in ["200", "400", "401", "503"] {
-        assert!(
-            webhook["responses"][status].is_object(),
-            "{status} documented"
-        );
-    }
+    crate::helpers::header_parameter(webhook, "Gateway-Signature", "the webhook");
+    crate::helpers::assert_responses(webhook, &["200", "400", "401", "503"], "the webhook");
     let orphans = &doc["paths"]["/admin/cargos-huerfanos"]["get"];
     assert!(orphans["responses"]["200"].is_object());
     assert!(orphans["security"].is_array(), "admin token required");
@@ -636,6 +586,6 @@ async fn a_signed_event_over_64_kib_is_refused_with_413_and_nothing_recorded(bac
     assert_eq!(answer.status(), 413);
     assert_eq!(answer.headers()["content-type"], "application/problem+json");
     assert_eq!(json(answer).await["type"], "/problems/body-too-large");
-    assert_eq!(recorded(&app).await, (0, 0));
+    assert_eq!(app.recorded().await, (0, 0));
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
 }

@@ -40,8 +40,7 @@ async fn app(backend: Backend, extra: &[&'static str]) -> (TestApp, FakeGateway)
     let mut flags = FLAGS.to_vec();
     flags.extend_from_slice(extra);
     let app = Spawn::new(backend).flags(&flags).delivering().start().await;
-    let fake = FakeGateway::charging("succeeded");
-    fake.mount(app.gateway()).await;
+    let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
     (app, fake)
 }
 
@@ -200,12 +199,7 @@ async fn during_a_rotation_both_secrets_sign_and_after_it_only_the_new(backend: 
     .await;
     let new = rotated["secreto"].as_str().expect("secret").to_owned();
 
-    pay(&app, "k-r1").await;
-    eventually(Duration::from_secs(10), "the delivery", async || {
-        receiver.deliveries().len() == 1
-    })
-    .await;
-    let during = &receiver.deliveries()[0];
+    let during = &paid_and_delivered(&app, &receiver, "k-r1", 1, "the delivery").await;
     assert_eq!(during.header("webhook-signature").split(' ').count(), 2);
     for secret in [&old, &new] {
         standardwebhooks::Webhook::new(secret)
@@ -223,12 +217,7 @@ async fn during_a_rotation_both_secrets_sign_and_after_it_only_the_new(backend: 
         .exec(&app.db)
         .await
         .expect("updated");
-    pay(&app, "k-r2").await;
-    eventually(Duration::from_secs(10), "the second delivery", async || {
-        receiver.deliveries().len() == 2
-    })
-    .await;
-    let after = &receiver.deliveries()[1];
+    let after = &paid_and_delivered(&app, &receiver, "k-r2", 2, "the second delivery").await;
     assert_eq!(after.header("webhook-signature").split(' ').count(), 1);
     standardwebhooks::Webhook::new(&new)
         .expect("secret")
@@ -243,6 +232,51 @@ async fn during_a_rotation_both_secrets_sign_and_after_it_only_the_new(backend: 
     );
 }
 
+/// Pays with `key` and waits (up to 10 s) for the `n`th delivery; the delivery.
+async fn paid_and_delivered(
+    app: &TestApp,
+    receiver: &Receiver,
+    key: &str,
+    n: usize,
+    what: &str,
+) -> crate::receiver::Recorded {
+    pay(app, key).await;
+    eventually(Duration::from_secs(10), what, async || {
+        receiver.deliveries().len() == n
+    })
+    .await;
+    receiver.deliveries()[n - 1].clone()
+}
+
+/// Waits up to `within` for the first endpoint to be deactivated; its reason names `why`.
+async fn deactivated_within(app: &TestApp, within: Duration, why: &str) {
+    eventually(within, "deactivated", async || {
+        let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+        listed["endpoints"][0]["estado"] == "DESACTIVADO"
+    })
+    .await;
+    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+    assert!(
+        listed["endpoints"][0]["motivoDesactivacion"]
+            .as_str()
+            .is_some_and(|m| m.contains(why))
+    );
+}
+
+/// Reactivates endpoint `id`, redelivering what was written `since`.
+async fn reactivate(
+    app: &TestApp,
+    id: &str,
+    since: chrono::DateTime<chrono::Utc>,
+) -> reqwest::Response {
+    app.post_as(
+        API_KEY,
+        &format!("/v1/webhook-endpoints/{id}/reactivar"),
+        &json!({"reenviarDesde": since.to_rfc3339()}),
+    )
+    .await
+}
+
 async fn a_410_deactivates_the_endpoint_and_reactivation_redelivers(backend: Backend) {
     let (app, _fake) = app(backend, &[]).await;
     let receiver = Receiver::start().await;
@@ -252,17 +286,7 @@ async fn a_410_deactivates_the_endpoint_and_reactivation_redelivers(backend: Bac
     let since = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
 
     let first = pay(&app, "k-g1").await;
-    eventually(Duration::from_secs(10), "deactivated", async || {
-        let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
-        listed["endpoints"][0]["estado"] == "DESACTIVADO"
-    })
-    .await;
-    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
-    assert!(
-        listed["endpoints"][0]["motivoDesactivacion"]
-            .as_str()
-            .is_some_and(|m| m.contains("410"))
-    );
+    deactivated_within(&app, Duration::from_secs(10), "410").await;
     let second = pay(&app, "k-g2").await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(
@@ -276,13 +300,7 @@ async fn a_410_deactivates_the_endpoint_and_reactivation_redelivers(backend: Bac
         "the first is still pending"
     );
 
-    let reactivated = app
-        .post_as(
-            API_KEY,
-            &format!("/v1/webhook-endpoints/{id}/reactivar"),
-            &json!({"reenviarDesde": since.to_rfc3339()}),
-        )
-        .await;
+    let reactivated = reactivate(&app, &id, since).await;
     assert_eq!(reactivated.status(), 200);
     assert_eq!(json(reactivated).await["estado"], "ACTIVO");
     eventually(Duration::from_secs(10), "both redelivered", async || {
@@ -320,17 +338,12 @@ async fn an_endpoint_failing_past_the_horizon_is_deactivated_and_counted(backend
     receiver.flaky(1.0, 0.0, Duration::ZERO, 1);
     app.register_endpoint(&receiver.url("/")).await;
     pay(&app, "k-d").await;
-    eventually(Duration::from_secs(15), "deactivated", async || {
-        let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
-        listed["endpoints"][0]["estado"] == "DESACTIVADO"
-    })
+    deactivated_within(
+        &app,
+        Duration::from_secs(15),
+        "PAGOS_WEBHOOKS_DISABLE_AFTER",
+    )
     .await;
-    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
-    assert!(
-        listed["endpoints"][0]["motivoDesactivacion"]
-            .as_str()
-            .is_some_and(|m| m.contains("PAGOS_WEBHOOKS_DISABLE_AFTER"))
-    );
     assert!(receiver.deliveries().len() >= 2);
     app.scrape_until("one endpoint disabled", |text| {
         crate::helpers::has_line(text, "pagos_webhook_endpoints_disabled 1")
@@ -356,13 +369,7 @@ async fn redelivery_sends_events_already_delivered_again_with_the_same_id_and_by
         pending_events(&app).await.is_empty() && receiver.deliveries().len() == 1
     })
     .await;
-    let again = app
-        .post_as(
-            API_KEY,
-            &format!("/v1/webhook-endpoints/{id}/reactivar"),
-            &json!({"reenviarDesde": since.to_rfc3339()}),
-        )
-        .await;
+    let again = reactivate(&app, &id, since).await;
     assert_eq!(again.status(), 200);
     eventually(Duration::from_secs(10), "delivered again", async || {
         receiver.deliveries().len() == 2

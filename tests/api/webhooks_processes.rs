@@ -3,7 +3,7 @@
 //! killed between a payment's transition and its delivery, or between sending and storing
 //! the attempt, loses nothing (the example consumer still applies the event once).
 
-use crate::helpers::{API_KEY, Backend, FakeGateway, TestDatabase, payment_body};
+use crate::helpers::{API_KEY, Backend, FakeGateway, TestDatabase, payment_body, send_json};
 use crate::on_both_databases;
 use crate::process::Serve;
 use crate::receiver::Receiver;
@@ -11,7 +11,7 @@ use crate::webhooks_out::eventually;
 use pagos::delivery::consumer::Verifier;
 use pagos::entities::webhook_attempt;
 use sea_orm::{DatabaseConnection, EntityTrait};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::collections::BTreeSet;
 use std::time::Duration;
 use wiremock::MockServer;
@@ -30,14 +30,7 @@ struct World {
 
 impl World {
     async fn new(backend: Backend) -> World {
-        let database = TestDatabase::create(&backend).await;
-        let settings = crate::helpers::settings(&database.url, &[]);
-        let db = pagos::app::open_and_migrate(&settings.database)
-            .await
-            .expect("database");
-        pagos::app::add_merchant(&db, "acme", Some(API_KEY.into()))
-            .await
-            .expect("merchant");
+        let (database, db) = TestDatabase::with_acme(&backend).await;
         let gateway = MockServer::start().await;
         FakeGateway::charging("succeeded").mount(&gateway).await;
         World {
@@ -68,17 +61,13 @@ impl World {
     }
 
     async fn register(&self, serve: &Serve, url: &str) -> String {
-        let made: Value = self
-            .http
-            .post(format!("{}/v1/webhook-endpoints", serve.url))
-            .bearer_auth(API_KEY)
-            .json(&json!({ "url": url }))
-            .send()
-            .await
-            .expect("sent")
-            .json()
-            .await
-            .expect("json");
+        let made = send_json(
+            self.http
+                .post(format!("{}/v1/webhook-endpoints", serve.url))
+                .bearer_auth(API_KEY)
+                .json(&json!({ "url": url })),
+        )
+        .await;
         made["secreto"].as_str().expect("secret").to_owned()
     }
 
@@ -93,6 +82,16 @@ impl World {
             .await
             .expect("sent");
         assert_eq!(answer.status(), 201);
+    }
+
+    /// A process that aborts at `failpoint`, with `receiver` registered (and consuming) and
+    /// a payment made through it.
+    async fn paid_through_doomed(&self, failpoint: &str, receiver: &Receiver) -> Serve {
+        let doomed = self.serve(&[("PAGOS_CRASH_AT", failpoint)]).await;
+        let secret = self.register(&doomed, &receiver.url("/")).await;
+        receiver.consume(Verifier::new(&secret).expect("verifier"));
+        self.pay(&doomed, "k-1").await;
+        doomed
     }
 
     async fn attempts(&self) -> Vec<webhook_attempt::Model> {
@@ -146,10 +145,9 @@ async fn two_processes_share_the_deliveries_without_sending_one_attempt_twice() 
 async fn a_process_killed_after_claiming_a_delivery_loses_nothing(backend: Backend) {
     let world = World::new(backend).await;
     let receiver = Receiver::start().await;
-    let mut doomed = world.serve(&[("PAGOS_CRASH_AT", "delivery_claimed")]).await;
-    let secret = world.register(&doomed, &receiver.url("/")).await;
-    receiver.consume(Verifier::new(&secret).expect("verifier"));
-    world.pay(&doomed, "k-1").await;
+    let mut doomed = world
+        .paid_through_doomed("delivery_claimed", &receiver)
+        .await;
     assert!(
         doomed.ended_by_itself(Duration::from_secs(10)).await,
         "the failpoint aborts the process:\n{}",
@@ -173,10 +171,7 @@ async fn a_process_killed_after_sending_before_storing_redelivers_and_the_consum
 ) {
     let world = World::new(backend).await;
     let receiver = Receiver::start().await;
-    let mut doomed = world.serve(&[("PAGOS_CRASH_AT", "delivery_sent")]).await;
-    let secret = world.register(&doomed, &receiver.url("/")).await;
-    receiver.consume(Verifier::new(&secret).expect("verifier"));
-    world.pay(&doomed, "k-1").await;
+    let mut doomed = world.paid_through_doomed("delivery_sent", &receiver).await;
     assert!(doomed.ended_by_itself(Duration::from_secs(10)).await);
     assert_eq!(receiver.deliveries().len(), 1, "sent, never stored");
     assert!(world.attempts().await.is_empty());

@@ -1,7 +1,7 @@
 //! `pagos pay` (the real binary) against `pagos serve` (the real binary), with a wiremock
 //! gateway: exit codes, output, the journal, and a client killed mid-payment.
 
-use crate::helpers::{Charge, RealPagos, key_of, pagos_bin, text};
+use crate::helpers::{Charge, PAYMENT, RealPagos, key_of, pagos_bin, text};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ async fn a_killed_pagos_pay_resumes_with_the_same_key_and_the_server_charges_onc
     let pagos = RealPagos::start(Charge::Succeeded, Duration::from_secs(3)).await;
     let mut first = pagos
         .pay()
-        .args(["--credito", "42", "--monto", "250000", "--moneda", "COP"])
+        .args(PAYMENT)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -72,13 +72,7 @@ async fn a_killed_pagos_pay_resumes_with_the_same_key_and_the_server_charges_onc
 async fn a_paid_payment_is_printed_as_a_table_or_json_exits_0_and_leaves_the_journal() {
     let pagos = RealPagos::start(Charge::Succeeded, Duration::ZERO).await;
 
-    let table = pagos
-        .pay()
-        .args(["--credito", "42", "--monto", "250000", "--moneda", "COP"])
-        .args(["--descripcion", "cuota 3"])
-        .output()
-        .await
-        .expect("pagos pay");
+    let table = pagos.pay_usual(&["--descripcion", "cuota 3"]).await;
     let json = pagos
         .pay()
         .args([
@@ -115,54 +109,27 @@ async fn a_paid_payment_is_printed_as_a_table_or_json_exits_0_and_leaves_the_jou
         key_of(&charges[1]),
         "two intents, two keys"
     );
-    assert!(
-        pagos
-            .journal()
-            .await
-            .pending()
-            .await
-            .expect("journal")
-            .is_empty()
-    );
+    assert!(pagos.journal_pending().await.is_empty());
 }
 
 #[tokio::test]
 async fn a_declined_payment_exits_3_and_leaves_the_journal() {
     let pagos = RealPagos::start(Charge::Declined, Duration::ZERO).await;
 
-    let out = pagos
-        .pay()
-        .args(["--credito", "42", "--monto", "250000", "--moneda", "COP"])
-        .output()
-        .await
-        .expect("pagos pay");
+    let out = pagos.pay_usual(&[]).await;
 
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("FALLIDA"), "{stdout}");
     assert!(stdout.contains("insufficient_funds"), "{stdout}");
-    assert!(
-        pagos
-            .journal()
-            .await
-            .pending()
-            .await
-            .expect("journal")
-            .is_empty()
-    );
+    assert!(pagos.journal_pending().await.is_empty());
 }
 
 #[tokio::test]
 async fn a_payment_still_pending_at_the_deadline_exits_4_and_stays_in_the_journal() {
     let pagos = RealPagos::start(Charge::Pending, Duration::ZERO).await;
 
-    let out = pagos
-        .pay()
-        .args(["--credito", "42", "--monto", "250000", "--moneda", "COP"])
-        .args(["--deadline", "2s"])
-        .output()
-        .await
-        .expect("pagos pay");
+    let out = pagos.pay_usual(&["--deadline", "2s"]).await;
 
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{stderr}");
@@ -171,7 +138,7 @@ async fn a_payment_still_pending_at_the_deadline_exits_4_and_stays_in_the_journa
         stderr.contains("looking again in"),
         "progress is shown: {stderr}"
     );
-    let kept = pagos.journal().await.pending().await.expect("journal");
+    let kept = pagos.journal_pending().await;
     assert_eq!(kept.len(), 1);
     let payments = pagos.payments().await;
     assert_eq!(kept[0].payment_id, Some(payments[0].id));
@@ -255,7 +222,7 @@ async fn a_server_that_cannot_be_reached_fails_with_1_and_keeps_the_intent_for_r
 #[tokio::test]
 async fn pagos_pay_with_a_medio_pago_pays_through_stripe_and_without_one_is_refused() {
     let pagos = RealPagos::start_stripe().await;
-    let payment = ["--credito", "42", "--monto", "250000", "--moneda", "COP"];
+    let payment = PAYMENT;
 
     let refused = pagos.pay().args(payment).output().await.expect("pagos pay");
     assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stderr));

@@ -70,29 +70,6 @@ pub struct RealPagos {
     _server: crate::binary::Running,
 }
 
-/// Stripe creating every PaymentIntent it is asked for, succeeded (the fixture, made
-/// about the payment that asked: its amount, currency and reference).
-struct StripeSucceeds;
-
-impl Respond for StripeSucceeds {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
-        let form: std::collections::HashMap<String, String> =
-            url::form_urlencoded::parse(&request.body)
-                .into_owned()
-                .collect();
-        let mut intent: Value = serde_json::from_str(include_str!(
-            "../../fixtures/stripe/payment_intent_succeeded.json"
-        ))
-        .expect("fixture");
-        let amount = form.get("amount").and_then(|a| a.parse::<i64>().ok());
-        intent["amount"] = json!(amount);
-        intent["amount_received"] = json!(amount);
-        intent["currency"] = json!(form.get("currency"));
-        intent["metadata"]["pagos_reference"] = json!(form.get("metadata[pagos_reference]"));
-        ResponseTemplate::new(200).set_body_json(intent)
-    }
-}
-
 impl RealPagos {
     pub async fn start(charge: Charge, delay: Duration) -> RealPagos {
         let gateway = MockServer::start().await;
@@ -109,7 +86,7 @@ impl RealPagos {
         let gateway = MockServer::start().await;
         Mock::given(method("POST"))
             .and(path("/v1/payment_intents"))
-            .respond_with(StripeSucceeds)
+            .respond_with(crate::stripe::StripeSucceeds)
             .mount(&gateway)
             .await;
         RealPagos::serve(
@@ -211,7 +188,25 @@ impl RealPagos {
     pub async fn journal(&self) -> Journal {
         Journal::open(self.journal_path()).await.expect("journal")
     }
+
+    /// The payments the journal still holds, to be asked about again.
+    pub async fn journal_pending(&self) -> Vec<pagos_client::PendingIntent> {
+        self.journal().await.pending().await.expect("journal")
+    }
+
+    /// `pagos pay` of acme's usual payment: 250000 COP of credit 42.
+    pub async fn pay_usual(&self, extra: &[&str]) -> std::process::Output {
+        self.pay()
+            .args(PAYMENT)
+            .args(extra)
+            .output()
+            .await
+            .expect("pagos pay")
+    }
 }
+
+/// The flags of acme's usual payment: 250000 COP of credit 42.
+pub const PAYMENT: [&str; 6] = ["--credito", "42", "--monto", "250000", "--moneda", "COP"];
 
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

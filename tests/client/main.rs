@@ -7,3 +7,5 @@ mod helpers;
 #[path = "../support/binary.rs"]
 mod binary;
 mod end_to_end;
+#[path = "../support/stripe.rs"]
+mod stripe;

@@ -90,16 +90,25 @@ pub async fn wait_until_up(url: &str, within: Duration, logs: impl FnOnce() -> S
 /// `pagos merchants add NAME --api-key KEY` on `database_url`; panics with its stderr if
 /// it fails.
 pub fn add_merchant(database_url: &str, name: &str, api_key: &str) {
-    let added = pagos(&["merchants", "add", name, "--api-key", api_key], None)
-        .args(["--database-url", database_url])
+    let mut command = pagos(&["merchants", "add", name, "--api-key", api_key], None);
+    command.args(["--database-url", database_url]);
+    printed(command, "merchants add");
+}
+
+/// Runs `command` to its end; what it printed, trimmed. Panics with its stderr, naming
+/// it `what`, if it failed.
+pub fn printed(mut command: Command, what: &str) -> String {
+    let output = command
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .output()
-        .expect("pagos merchants add runs");
+        .unwrap_or_else(|e| panic!("{what} does not run: {e}"));
     assert!(
-        added.status.success(),
-        "merchants add: {}",
-        String::from_utf8_lossy(&added.stderr)
+        output.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&output.stderr)
     );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
 /// `GET url`, read as JSON.

@@ -117,3 +117,85 @@ pub fn client(server: &MockServer, journal: &Journal, policy: PayPolicy) -> (Cli
         .on_retry(move |n| sink.0.lock().expect("lock").push(n.clone()));
     (client, notices)
 }
+
+impl TestJournal {
+    /// The intents the journal still holds.
+    pub async fn pending(&self) -> Vec<pagos_client::PendingIntent> {
+        self.journal.pending().await.expect("journal")
+    }
+
+    /// `intent`, written down for `url` by a process that then sent it once and died.
+    pub async fn record_sent_once(&self, intent: &Intent, url: &url::Url) {
+        self.journal
+            .record(intent, url, API_KEY)
+            .await
+            .expect("recorded");
+        self.journal
+            .count_attempt(intent.key())
+            .await
+            .expect("counted");
+    }
+}
+
+/// A journal of its own, and a client of `server` with `policy` and that journal.
+pub async fn journal_and_client(
+    server: &MockServer,
+    policy: PayPolicy,
+) -> (TestJournal, Client, Notices) {
+    let journal = TestJournal::new().await;
+    let (client, notices) = client(server, &journal.journal, policy);
+    (journal, client, notices)
+}
+
+/// `fast_policy()` with a `deadline` of its own and waits of at least `min_delay`.
+pub fn until(deadline: Duration, min_delay: Duration) -> PayPolicy {
+    PayPolicy {
+        deadline,
+        min_delay,
+        ..fast_policy()
+    }
+}
+
+/// `mock` answers the first request only, before any other.
+pub async fn first(mock: Mock, server: &MockServer) {
+    mock.up_to_n_times(1).with_priority(1).mount(server).await;
+}
+
+/// `mock` answers what the one mounted with `first` leaves.
+pub async fn then(mock: Mock, server: &MockServer) {
+    mock.with_priority(2).mount(server).await;
+}
+
+/// `POST /v1/pagos` is answered `answer`, exactly `times` times.
+pub async fn posts_answer(server: &MockServer, answer: ResponseTemplate, times: u64) {
+    posts()
+        .respond_with(answer)
+        .expect(times)
+        .mount(server)
+        .await;
+}
+
+/// `201`, the payment `id` paid.
+pub fn paid(id: Uuid) -> ResponseTemplate {
+    answer(201, pago(id, "COMPLETADA"))
+}
+
+/// `201`, the payment `id` paid, as the replay of an earlier request.
+pub fn paid_replay(id: Uuid) -> ResponseTemplate {
+    paid(id).insert_header("Idempotent-Replayed", "true")
+}
+
+/// A problem answer `status` (`service-unavailable`) titled `title`.
+pub fn unavailable(status: u16, title: &str) -> ResponseTemplate {
+    answer(status, problem(status, "service-unavailable", title))
+}
+
+/// The connection reset before an answer (`why`, in the error).
+pub fn reset(why: &'static str) -> impl Fn(&Request) -> std::io::Error {
+    move |_| std::io::Error::new(std::io::ErrorKind::ConnectionReset, why)
+}
+
+/// The `Idempotency-Key` of every `POST /v1/pagos` a server received, in order.
+pub async fn keys_sent(server: &MockServer) -> Vec<String> {
+    posts_seen(server).await.iter().map(key_of).collect()
+}
