@@ -272,12 +272,23 @@ async fn register_in_transaction(
     Ok(Inserted::Both)
 }
 
-/// What a fenced write came to.
+/// What a fenced write came to (of a payment, or of a refund: `M` is the row written).
 #[derive(Debug)]
-pub enum Written {
-    Applied(Box<payment::Model>),
-    /// The payment moved since it was read: nothing written.
+pub enum Written<M = payment::Model> {
+    Applied(Box<M>),
+    /// The row moved since it was read: nothing written.
     Fenced,
+}
+
+impl<M> Written<M> {
+    /// `next` as written if the fenced write `applied`, else `Fenced`.
+    pub fn of(applied: bool, next: M) -> Self {
+        if applied {
+            Written::Applied(Box::new(next))
+        } else {
+            Written::Fenced
+        }
+    }
 }
 
 /// What changes besides the state.
@@ -410,15 +421,10 @@ pub async fn apply<C: ConnectionTrait>(
     render: Render,
 ) -> Result<Written, StoreError> {
     let plan = plan(current, event, changes, actor, reason, render)?;
-    Ok(written(write_plan(tx, current, &plan).await?, plan))
-}
-
-fn written(applied: bool, plan: Plan) -> Written {
-    if applied {
-        Written::Applied(Box::new(plan.next))
-    } else {
-        Written::Fenced
-    }
+    Ok(Written::of(
+        write_plan(tx, current, &plan).await?,
+        plan.next,
+    ))
 }
 
 /// The plan's writes as statements in the caller's transaction; false (nothing written)
@@ -548,7 +554,10 @@ pub async fn apply_now(
     render: Render,
 ) -> Result<Written, StoreError> {
     let plan = plan(current, event, changes, actor, reason, render)?;
-    Ok(written(write_plan_now(db, current, &plan).await?, plan))
+    Ok(Written::of(
+        write_plan_now(db, current, &plan).await?,
+        plan.next,
+    ))
 }
 
 /// The request gives up ownership of a payment it could not settle (gateway pending or
@@ -575,7 +584,10 @@ pub async fn hand_over(
         release_lease: true,
         event: None,
     };
-    Ok(written(write_plan_now(db, current, &plan).await?, plan))
+    Ok(Written::of(
+        write_plan_now(db, current, &plan).await?,
+        plan.next,
+    ))
 }
 
 /// Ends a request's lease on the payment's key (no answer is frozen).
@@ -674,11 +686,8 @@ pub async fn renew_claim(
     next.version += 1;
     next.next_attempt_at = until;
     next.claimed_until = Some(until);
-    Ok(if write_fenced(db, current, &next).await? {
-        Written::Applied(Box::new(next))
-    } else {
-        Written::Fenced
-    })
+    let applied = write_fenced(db, current, &next).await?;
+    Ok(Written::of(applied, next))
 }
 
 async fn claim(
@@ -729,15 +738,12 @@ pub async fn reschedule(
     next.updated_at = now();
     next.next_attempt_at = due_at;
     next.claimed_until = None;
-    Ok(if write_fenced(db, current, &next).await? {
-        Written::Applied(Box::new(next))
-    } else {
-        Written::Fenced
-    })
+    let applied = write_fenced(db, current, &next).await?;
+    Ok(Written::of(applied, next))
 }
 
 /// Does this database take a transaction's writes as one statement (`sql`)?
-fn one_statement(db: &DatabaseConnection) -> bool {
+pub fn one_statement(db: &impl ConnectionTrait) -> bool {
     db.get_database_backend() == DbBackend::Postgres
 }
 
