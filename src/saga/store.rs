@@ -291,6 +291,61 @@ impl<M> Written<M> {
     }
 }
 
+/// A saga's row (a payment, a refund) as its workers schedule and hold it.
+pub trait Scheduled {
+    /// The columns that say when the row is looked at and who holds it.
+    fn schedule(&mut self) -> Schedule<'_>;
+
+    /// Held by its writer until `until`, so the reconciler leaves it alone (a new version).
+    fn hold(&mut self, until: DateTime<Utc>) {
+        let s = self.schedule();
+        *s.version += 1;
+        *s.next_attempt_at = until;
+        *s.claimed_until = Some(until);
+    }
+
+    /// Looked at again at `due_at` and held by nobody (a new version); one more attempt
+    /// if `count_attempt`.
+    fn due_again(&mut self, due_at: DateTime<Utc>, count_attempt: bool) {
+        let s = self.schedule();
+        *s.version += 1;
+        if count_attempt {
+            *s.attempts += 1;
+        }
+        *s.updated_at = now();
+        *s.next_attempt_at = due_at;
+        *s.claimed_until = None;
+    }
+}
+
+/// A row's schedule, borrowed to be changed.
+pub struct Schedule<'a> {
+    pub version: &'a mut i64,
+    pub attempts: &'a mut i32,
+    pub updated_at: &'a mut DateTime<Utc>,
+    pub next_attempt_at: &'a mut DateTime<Utc>,
+    pub claimed_until: &'a mut Option<DateTime<Utc>>,
+}
+
+/// `Scheduled` for the models whose columns have the schedule's names.
+macro_rules! scheduled {
+    ($($model:ty),*) => {$(
+        impl Scheduled for $model {
+            fn schedule(&mut self) -> Schedule<'_> {
+                Schedule {
+                    version: &mut self.version,
+                    attempts: &mut self.attempts,
+                    updated_at: &mut self.updated_at,
+                    next_attempt_at: &mut self.next_attempt_at,
+                    claimed_until: &mut self.claimed_until,
+                }
+            }
+        }
+    )*};
+}
+
+scheduled!(payment::Model, crate::entities::refund::Model);
+
 /// What changes besides the state.
 #[derive(Clone, Debug, Default)]
 pub struct Changes {
@@ -570,10 +625,7 @@ pub async fn hand_over(
     due_at: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
     let mut next = current.clone();
-    next.version += 1;
-    next.updated_at = now();
-    next.next_attempt_at = due_at;
-    next.claimed_until = None;
+    next.due_again(due_at, false);
     if gateway_ref.is_some() {
         next.gateway_ref = gateway_ref;
     }
@@ -683,9 +735,7 @@ pub async fn renew_claim(
     until: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
     let mut next = current.clone();
-    next.version += 1;
-    next.next_attempt_at = until;
-    next.claimed_until = Some(until);
+    next.hold(until);
     let applied = write_fenced(db, current, &next).await?;
     Ok(Written::of(applied, next))
 }
@@ -719,9 +769,7 @@ async fn claim(
         .await?;
     tx.commit().await?;
     for row in &mut rows {
-        row.version += 1;
-        row.next_attempt_at = until;
-        row.claimed_until = Some(until);
+        row.hold(until);
     }
     Ok(rows)
 }
@@ -733,11 +781,7 @@ pub async fn reschedule(
     due_at: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
     let mut next = current.clone();
-    next.version += 1;
-    next.attempts += 1;
-    next.updated_at = now();
-    next.next_attempt_at = due_at;
-    next.claimed_until = None;
+    next.due_again(due_at, true);
     let applied = write_fenced(db, current, &next).await?;
     Ok(Written::of(applied, next))
 }

@@ -19,7 +19,7 @@ use crate::idempotency::derive::derive_refund;
 use crate::outbox;
 use crate::saga::refund::state::{Event, IllegalTransition, RefundState, transition};
 use crate::saga::state::PaymentState;
-use crate::saga::store::{chrono_after, one_statement};
+use crate::saga::store::{Scheduled, chrono_after, one_statement};
 use chrono::{DateTime, Utc};
 use pagos_types::EventType;
 use sea_orm::sea_query::{Expr, ExprTrait};
@@ -470,10 +470,7 @@ pub async fn hand_over(
     due_at: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
     let mut next = current.clone();
-    next.version += 1;
-    next.updated_at = now();
-    next.next_attempt_at = due_at;
-    next.claimed_until = None;
+    next.due_again(due_at, false);
     next.lease_until = None;
     if gateway_ref.is_some() {
         next.gateway_ref = gateway_ref;
@@ -489,11 +486,7 @@ pub async fn reschedule(
     due_at: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
     let mut next = current.clone();
-    next.version += 1;
-    next.attempts += 1;
-    next.updated_at = now();
-    next.next_attempt_at = due_at;
-    next.claimed_until = None;
+    next.due_again(due_at, true);
     let applied = write(db, current, &next, None, None).await?;
     Ok(Written::of(applied, next))
 }
@@ -505,9 +498,7 @@ pub async fn renew_claim(
     until: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
     let mut next = current.clone();
-    next.version += 1;
-    next.next_attempt_at = until;
-    next.claimed_until = Some(until);
+    next.hold(until);
     let applied = write(db, current, &next, None, None).await?;
     Ok(Written::of(applied, next))
 }
@@ -757,9 +748,7 @@ async fn claim(
         .await?;
     tx.commit().await?;
     for row in &mut rows {
-        row.version += 1;
-        row.next_attempt_at = until;
-        row.claimed_until = Some(until);
+        row.hold(until);
     }
     Ok(rows)
 }
