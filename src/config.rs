@@ -629,6 +629,41 @@ pub struct SandboxArgs {
     pub chaos: bool,
 }
 
+/// A command's refusal: its one line on stderr, exit code 2.
+pub fn refuse(line: impl std::fmt::Display) -> std::process::ExitCode {
+    eprintln!("pagos: {line}");
+    std::process::ExitCode::from(2)
+}
+
+/// What a command prints for scripts (a key shown once, a table, JSON): stdout, one line.
+#[allow(clippy::print_stdout)]
+pub fn print_stdout(text: &str) {
+    println!("{text}");
+}
+
+/// A time as people read it in a command's table: to the minute, in UTC.
+pub fn when(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M UTC").to_string()
+}
+
+/// Columns aligned with two spaces between them, headers in capitals, no borders.
+pub fn table<const N: usize>(
+    headers: [&str; N],
+    rows: impl IntoIterator<Item = Vec<String>>,
+) -> String {
+    let mut table = comfy_table::Table::new();
+    table
+        .load_style(comfy_table::presets::NOTHING)
+        .set_header(headers.to_vec());
+    for row in rows {
+        table.add_row(row);
+    }
+    for (i, column) in table.column_iter_mut().enumerate() {
+        column.set_padding((0, if i + 1 < N { 2 } else { 0 }));
+    }
+    table.trim_fmt()
+}
+
 /// Turns a clap error into the one line the contract asks for, naming flag and env var.
 pub fn one_line_error(err: &clap::Error) -> String {
     one_line_error_in(err, std::env::args().skip(1))

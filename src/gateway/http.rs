@@ -21,9 +21,39 @@ use std::time::Duration;
 use uuid::Uuid;
 
 pub struct HttpGateway {
-    client: reqwest::Client,
-    base: String,
-    secret: String,
+    api: Api,
+}
+
+/// How an HTTP adapter reaches its provider: the client, the API's base URL (no trailing
+/// slash) and the secret key its requests are authenticated with.
+pub(super) struct Api {
+    pub(super) client: reqwest::Client,
+    pub(super) base: String,
+    pub(super) secret: String,
+}
+
+impl Api {
+    pub(super) fn new(base: &str, secret: &str, timeout: Duration) -> Result<Api, reqwest::Error> {
+        Ok(Api {
+            client: client(timeout)?,
+            base: base.trim_end_matches('/').to_owned(),
+            secret: secret.to_owned(),
+        })
+    }
+
+    /// `POST {base}{path}`, authenticated.
+    pub(super) fn post(&self, path: &str) -> reqwest::RequestBuilder {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.secret)
+    }
+
+    /// `GET {base}{path}`, authenticated.
+    pub(super) fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.secret)
+    }
 }
 
 /// The HTTP client every adapter uses: `timeout` bounds one whole try.
@@ -43,11 +73,8 @@ pub(super) async fn detail(resp: reqwest::Response) -> String {
 
 impl HttpGateway {
     pub fn new(base: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
-        let client = client(timeout)?;
         Ok(HttpGateway {
-            client,
-            base: base.trim_end_matches('/').to_owned(),
-            secret: secret.to_owned(),
+            api: Api::new(base, secret, timeout)?,
         })
     }
 }
@@ -77,12 +104,11 @@ pub(super) fn transport(err: &reqwest::Error) -> GatewayError {
 /// answer but a readable success says nothing about the charge: `Unknown`, never
 /// `Rejected`, so the reconciler looks again later.
 pub(super) async fn search<T: DeserializeOwned>(
-    client: &reqwest::Client,
+    api: &Api,
     url: url::Url,
-    secret: &str,
     what: &str,
 ) -> Result<T, GatewayError> {
-    ask(client.get(url).bearer_auth(secret), what).await
+    ask(api.client.get(url).bearer_auth(&api.secret), what).await
 }
 
 /// Sends a read-only `request` (`what` names it in errors): its answer, or `Unknown` for
@@ -152,7 +178,7 @@ pub(super) fn amount_said(body: &str) -> AmountSaid {
 impl HttpGateway {
     /// `{base}/v1/{what}?reference=…`
     fn by_reference(&self, what: &str, reference: Uuid) -> Result<url::Url, GatewayError> {
-        let mut url = url::Url::parse(&format!("{}/v1/{what}", self.base))
+        let mut url = url::Url::parse(&format!("{}/v1/{what}", self.api.base))
             .map_err(|e| GatewayError::Unknown(format!("bad gateway URL: {e}")))?;
         url.query_pairs_mut()
             .append_pair("reference", &reference.to_string());
@@ -164,9 +190,8 @@ impl HttpGateway {
 impl Gateway for HttpGateway {
     async fn charge(&self, req: &ChargeRequest) -> Result<Charge, GatewayError> {
         let resp = self
-            .client
-            .post(format!("{}/v1/charges", self.base))
-            .bearer_auth(&self.secret)
+            .api
+            .post("/v1/charges")
             .header("Idempotency-Key", &req.gateway_key)
             .json(&ChargeBody::from(req))
             .send()
@@ -177,15 +202,14 @@ impl Gateway for HttpGateway {
 
     async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
         let url = self.by_reference("charges", reference)?;
-        let found: List<Charge> = search(&self.client, url, &self.secret, "gateway lookup").await?;
+        let found: List<Charge> = search(&self.api, url, "gateway lookup").await?;
         Ok(found.data)
     }
 
     async fn refund(&self, req: &RefundRequest) -> Result<Refund, GatewayError> {
         let resp = self
-            .client
-            .post(format!("{}/v1/refunds", self.base))
-            .bearer_auth(&self.secret)
+            .api
+            .post("/v1/refunds")
             .header("Idempotency-Key", &req.gateway_key)
             .json(&RefundBody::from(req))
             .send()
@@ -196,8 +220,7 @@ impl Gateway for HttpGateway {
 
     async fn lookup_refunds(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
         let url = self.by_reference("refunds", refund.reference)?;
-        let found: List<Refund> =
-            search(&self.client, url, &self.secret, "gateway refund lookup").await?;
+        let found: List<Refund> = search(&self.api, url, "gateway refund lookup").await?;
         // The reference is the refund's; a gateway answering another's is not believed.
         let reference = refund.reference.to_string();
         Ok(found

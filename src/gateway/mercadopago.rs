@@ -16,7 +16,7 @@
 //! same key is the way to learn what became of the refund.
 
 use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
-use super::http::{ask, client, detail, read, search, transport};
+use super::http::{Api, ask, detail, read, search, transport};
 use super::{
     Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundLookup,
     RefundRequest, RefundStatus, amount,
@@ -37,9 +37,7 @@ pub const PRODUCTION_URL: &str = "https://api.mercadopago.com";
 pub const KEY_WINDOW: Duration = Duration::from_secs(60 * 60);
 
 pub struct MercadoPagoGateway {
-    client: reqwest::Client,
-    base: String,
-    secret: String,
+    api: Api,
 }
 
 /// A Mercado Pago payment, trimmed to what pagos reads.
@@ -349,13 +347,11 @@ const RENDER_IN_PROCESS: &str = "X-Render-In-Process-Refunds";
 impl MercadoPagoGateway {
     pub fn new(base: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
         Ok(MercadoPagoGateway {
-            client: client(timeout)?,
-            base: base.trim_end_matches('/').to_owned(),
-            secret: secret.to_owned(),
+            api: Api::new(base, secret, timeout)?,
         })
     }
 
-    /// Sends a create `request` with `body`, authenticated and under `key`.
+    /// Sends a create `request` (authenticated: `Api::post`) with `body`, under `key`.
     async fn send(
         &self,
         request: reqwest::RequestBuilder,
@@ -363,7 +359,6 @@ impl MercadoPagoGateway {
         body: &impl Serialize,
     ) -> Result<reqwest::Response, GatewayError> {
         request
-            .bearer_auth(&self.secret)
             .header("X-Idempotency-Key", key)
             .json(body)
             .send()
@@ -378,9 +373,8 @@ impl MercadoPagoGateway {
             return Ok(None);
         }
         let resp = self
-            .client
-            .get(format!("{}/v1/payments/{id}", self.base))
-            .bearer_auth(&self.secret)
+            .api
+            .get(&format!("/v1/payments/{id}"))
             .send()
             .await
             .map_err(|e| transport(&e))?;
@@ -404,7 +398,7 @@ impl Gateway for MercadoPagoGateway {
         let body = payment_body(req).map_err(|why| {
             GatewayError::rejected(422, format!("not sent to Mercado Pago: {why}"))
         })?;
-        let request = self.client.post(format!("{}/v1/payments", self.base));
+        let request = self.api.post("/v1/payments");
         let resp = self.send(request, &req.gateway_key, &body).await?;
         let status = resp.status();
         if status.is_success() {
@@ -417,14 +411,13 @@ impl Gateway for MercadoPagoGateway {
     }
 
     async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
-        let mut url = url::Url::parse(&format!("{}/v1/payments/search", self.base))
+        let mut url = url::Url::parse(&format!("{}/v1/payments/search", self.api.base))
             .map_err(|e| GatewayError::Unknown(format!("bad Mercado Pago URL: {e}")))?;
         url.query_pairs_mut()
             .append_pair("external_reference", &reference.to_string())
             .append_pair("sort", "date_created")
             .append_pair("criteria", "desc");
-        let found: SearchResult =
-            search(&self.client, url, &self.secret, "Mercado Pago search").await?;
+        let found: SearchResult = search(&self.api, url, "Mercado Pago search").await?;
         let reference = reference.to_string();
         found
             .results
@@ -445,8 +438,8 @@ impl Gateway for MercadoPagoGateway {
         }
         let body = refund_body(req).map_err(not_sent)?;
         let request = self
-            .client
-            .post(format!("{}/v1/payments/{}/refunds", self.base, req.charge))
+            .api
+            .post(&format!("/v1/payments/{}/refunds", req.charge))
             .header(RENDER_IN_PROCESS, "true");
         let resp = self.send(request, &req.gateway_key, &body).await?;
         let status = resp.status();
@@ -481,12 +474,8 @@ impl Gateway for MercadoPagoGateway {
             return Ok(Vec::new());
         }
         let request = self
-            .client
-            .get(format!(
-                "{}/v1/payments/{}/refunds",
-                self.base, refund.charge
-            ))
-            .bearer_auth(&self.secret)
+            .api
+            .get(&format!("/v1/payments/{}/refunds", refund.charge))
             .header(RENDER_IN_PROCESS, "true");
         let listed: Vec<MercadoPagoRefund> = ask(request, "Mercado Pago refund list").await?;
         let reference = refund.reference.to_string();

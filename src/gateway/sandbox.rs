@@ -422,6 +422,26 @@ impl SandboxCore {
         forget_in_flight(&mut self.lock(), &key);
     }
 
+    /// The dice of a new charge or refund, drawn in this order: its id's random suffix,
+    /// whether it is pending, whether it fails (at `failure_rate`). Returns the suffix, the
+    /// status it is made in, and for a pending one when it settles and to what.
+    fn dice<S: Made>(&self, rng: &mut StdRng, failure_rate: f64) -> (u64, S, Option<(Instant, S)>) {
+        let suffix: u64 = rng.random::<u64>() & 0xff_ffff_ffff;
+        let roll: f64 = rng.random();
+        let fail: f64 = rng.random();
+        let final_status = if fail < failure_rate {
+            S::FAILED
+        } else {
+            S::SUCCEEDED
+        };
+        if roll < self.outcomes.pending_rate {
+            let at = Instant::now() + self.outcomes.pending_for;
+            (suffix, S::PENDING, Some((at, final_status)))
+        } else {
+            (suffix, final_status, None)
+        }
+    }
+
     /// Makes the charge for a key that `begin` answered `New` for.
     pub fn complete(&self, key: &str, body: &ChargeBody) -> Charge {
         let (key, hash) = (digest16(key.as_bytes()), body_hash(body));
@@ -429,20 +449,7 @@ impl SandboxCore {
         let state = &mut *state;
         let index = state.charges.len();
         let number = u32::try_from(index).unwrap_or(u32::MAX);
-        let suffix: u64 = state.rng.random::<u64>() & 0xff_ffff_ffff;
-        let roll: f64 = state.rng.random();
-        let decline: f64 = state.rng.random();
-        let final_status = if decline < self.outcomes.decline_rate {
-            ChargeStatus::Declined
-        } else {
-            ChargeStatus::Succeeded
-        };
-        let (status, settles) = if roll < self.outcomes.pending_rate {
-            let at = Instant::now() + self.outcomes.pending_for;
-            (ChargeStatus::Pending, Some((at, final_status)))
-        } else {
-            (final_status, None)
-        };
+        let (suffix, status, settles) = self.dice(&mut state.rng, self.outcomes.decline_rate);
         let stored = StoredCharge {
             suffix,
             amount: body.amount,
@@ -487,20 +494,8 @@ impl SandboxCore {
         let made = self.refundable(state, body).map(|charge| {
             let index = state.refunds.len();
             let number = u32::try_from(index).unwrap_or(u32::MAX);
-            let suffix: u64 = state.rng.random::<u64>() & 0xff_ffff_ffff;
-            let roll: f64 = state.rng.random();
-            let fail: f64 = state.rng.random();
-            let final_status = if fail < self.outcomes.refund_failure_rate {
-                RefundStatus::Failed
-            } else {
-                RefundStatus::Succeeded
-            };
-            let (status, settles) = if roll < self.outcomes.pending_rate {
-                let at = Instant::now() + self.outcomes.pending_for;
-                (RefundStatus::Pending, Some((at, final_status)))
-            } else {
-                (final_status, None)
-            };
+            let (suffix, status, settles) =
+                self.dice(&mut state.rng, self.outcomes.refund_failure_rate);
             let stored = StoredRefund {
                 suffix,
                 charge,
@@ -780,6 +775,25 @@ fn settle_refund(
     Some(stored.refund(index, charges))
 }
 
+/// The statuses the sandbox makes a charge or a refund in.
+trait Made: Copy {
+    const SUCCEEDED: Self;
+    const FAILED: Self;
+    const PENDING: Self;
+}
+
+impl Made for ChargeStatus {
+    const SUCCEEDED: Self = ChargeStatus::Succeeded;
+    const FAILED: Self = ChargeStatus::Declined;
+    const PENDING: Self = ChargeStatus::Pending;
+}
+
+impl Made for RefundStatus {
+    const SUCCEEDED: Self = RefundStatus::Succeeded;
+    const FAILED: Self = RefundStatus::Failed;
+    const PENDING: Self = RefundStatus::Pending;
+}
+
 /// The in-process sandbox: answers at once, no network.
 pub struct SandboxGateway {
     core: SandboxCore,
@@ -865,6 +879,14 @@ impl Gateway for SandboxGateway {
 mod tests {
     use super::*;
 
+    /// A sandbox with `outcomes` and the receiver of the changes it reports.
+    fn reporting(
+        outcomes: Outcomes,
+    ) -> (SandboxCore, tokio::sync::mpsc::UnboundedReceiver<Change>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (SandboxCore::reporting(outcomes, tx), rx)
+    }
+
     fn request(key: &str, amount: i64) -> ChargeRequest {
         ChargeRequest {
             gateway_key: key.into(),
@@ -900,15 +922,11 @@ mod tests {
 
     #[tokio::test]
     async fn every_change_of_a_charge_is_reported_once_with_a_higher_sequence() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let core = SandboxCore::reporting(
-            Outcomes {
-                pending_rate: 1.0,
-                pending_for: Duration::from_millis(20),
-                ..Outcomes::default()
-            },
-            tx,
-        );
+        let (core, mut rx) = reporting(Outcomes {
+            pending_rate: 1.0,
+            pending_for: Duration::from_millis(20),
+            ..Outcomes::default()
+        });
         let body = ChargeBody::from(&request("k", 10));
         assert!(matches!(core.begin("k", &body), Begin::New));
         let charge = core.complete("k", &body);
@@ -1142,14 +1160,10 @@ mod tests {
 
     #[test]
     fn a_failed_refund_holds_nothing_of_its_charge() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let core = SandboxCore::reporting(
-            Outcomes {
-                refund_failure_rate: 1.0,
-                ..Outcomes::default()
-            },
-            tx,
-        );
+        let (core, mut rx) = reporting(Outcomes {
+            refund_failure_rate: 1.0,
+            ..Outcomes::default()
+        });
         let charge_body = ChargeBody::from(&request("k", 100));
         assert!(matches!(core.begin("k", &charge_body), Begin::New));
         let charge = core.complete("k", &charge_body);
@@ -1174,15 +1188,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_pending_refund_settles_after_its_time_with_a_higher_sequence() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let core = SandboxCore::reporting(
-            Outcomes {
-                pending_rate: 1.0,
-                pending_for: Duration::from_millis(30),
-                ..Outcomes::default()
-            },
-            tx,
-        );
+        let (core, mut rx) = reporting(Outcomes {
+            pending_rate: 1.0,
+            pending_for: Duration::from_millis(30),
+            ..Outcomes::default()
+        });
         let charge_body = ChargeBody::from(&request("k", 100));
         assert!(matches!(core.begin("k", &charge_body), Begin::New));
         let charge = core.complete("k", &charge_body);

@@ -17,7 +17,7 @@
 //! then "lost" (the event is delivered again). `GET /sandbox/stats` counts them.
 
 use super::sandbox::{Begin, Change, Outcomes, SandboxCore};
-use super::{Charge, ChargeBody, ChargeStatus, Refund, RefundBody};
+use super::{ChargeBody, ChargeStatus, RefundBody};
 use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -257,17 +257,7 @@ async fn list_charges(
     headers: HeaderMap,
     Query(query): Query<ReferenceQuery>,
 ) -> Response {
-    if !authorized(&server, &headers) {
-        return error(StatusCode::UNAUTHORIZED, "bad or missing bearer secret");
-    }
-    if server.core.roll() < server.faults.error_rate {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "injected fault: unavailable",
-        );
-    }
-    let data: Vec<Charge> = server.core.charges_for(&query.reference);
-    Json(json!({ "data": data })).into_response()
+    listed(&server, &headers, |core| core.charges_for(&query.reference))
 }
 
 async fn list_refunds(
@@ -275,7 +265,17 @@ async fn list_refunds(
     headers: HeaderMap,
     Query(query): Query<ReferenceQuery>,
 ) -> Response {
-    if !authorized(&server, &headers) {
+    listed(&server, &headers, |core| core.refunds_for(&query.reference))
+}
+
+/// A list's answer, `{"data": […]}` of what `find` finds: 401 without the bearer secret,
+/// or an injected 503.
+fn listed<T: Serialize>(
+    server: &SandboxServer,
+    headers: &HeaderMap,
+    find: impl FnOnce(&SandboxCore) -> Vec<T>,
+) -> Response {
+    if !authorized(server, headers) {
         return error(StatusCode::UNAUTHORIZED, "bad or missing bearer secret");
     }
     if server.core.roll() < server.faults.error_rate {
@@ -284,7 +284,7 @@ async fn list_refunds(
             "injected fault: unavailable",
         );
     }
-    let data: Vec<Refund> = server.core.refunds_for(&query.reference);
+    let data = find(&server.core);
     Json(json!({ "data": data })).into_response()
 }
 
@@ -654,23 +654,28 @@ mod tests {
         answer.json().await.expect("JSON")
     }
 
-    #[tokio::test]
-    async fn each_change_of_a_charge_is_delivered_signed_in_sequence_until_acknowledged() {
-        let receiver = MockServer::start().await;
-        // The first delivery fails: it must be retried.
-        Mock::given(method("POST"))
-            .and(path("/v1/webhooks/http"))
-            .respond_with(ResponseTemplate::new(503))
-            .up_to_n_times(1)
-            .with_priority(1)
-            .mount(&receiver)
-            .await;
-        Mock::given(method("POST"))
-            .and(path("/v1/webhooks/http"))
-            .respond_with(ResponseTemplate::new(200))
-            .with_priority(2)
-            .mount(&receiver)
-            .await;
+    /// The stats once `events` events are acknowledged, looked at up to 100 times `every`
+    /// apart (the last look's, if they never are).
+    async fn acknowledged(
+        client: &reqwest::Client,
+        base: &str,
+        events: u64,
+        every: Duration,
+    ) -> serde_json::Value {
+        let mut stats = stats_of(client, base).await;
+        for _ in 0..100 {
+            if stats["webhooks"]["eventsAcknowledged"] == events {
+                break;
+            }
+            tokio::time::sleep(every).await;
+            stats = stats_of(client, base).await;
+        }
+        stats
+    }
+
+    /// A sandbox served on a free port (its base URL) whose charges and refunds are all
+    /// pending for 50 ms, signing its webhooks with `whsec_test` to `receiver`.
+    async fn serve_pending(receiver: &MockServer) -> String {
         let server = SandboxServer::with_webhooks(
             Outcomes {
                 pending_rate: 1.0,
@@ -688,7 +693,27 @@ mod tests {
             },
         )
         .expect("server");
-        let base = serve(server).await;
+        serve(server).await
+    }
+
+    #[tokio::test]
+    async fn each_change_of_a_charge_is_delivered_signed_in_sequence_until_acknowledged() {
+        let receiver = MockServer::start().await;
+        // The first delivery fails: it must be retried.
+        Mock::given(method("POST"))
+            .and(path("/v1/webhooks/http"))
+            .respond_with(ResponseTemplate::new(503))
+            .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&receiver)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/v1/webhooks/http"))
+            .respond_with(ResponseTemplate::new(200))
+            .with_priority(2)
+            .mount(&receiver)
+            .await;
+        let base = serve_pending(&receiver).await;
         let client = reqwest::Client::new();
         let made = client
             .post(format!("{base}/v1/charges"))
@@ -699,14 +724,7 @@ mod tests {
             .expect("charge");
         assert_eq!(made.status(), 201);
 
-        let mut stats = stats_of(&client, &base).await;
-        for _ in 0..100 {
-            if stats["webhooks"]["eventsAcknowledged"] == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            stats = stats_of(&client, &base).await;
-        }
+        let stats = acknowledged(&client, &base, 2, Duration::from_millis(50)).await;
         let webhooks = &stats["webhooks"];
         assert_eq!(webhooks["events"], 2, "{stats}");
         assert_eq!(webhooks["eventsAcknowledged"], 2, "{stats}");
@@ -754,24 +772,7 @@ mod tests {
             .respond_with(ResponseTemplate::new(200))
             .mount(&receiver)
             .await;
-        let server = SandboxServer::with_webhooks(
-            Outcomes {
-                pending_rate: 1.0,
-                pending_for: Duration::from_millis(50),
-                ..Outcomes::default()
-            },
-            Faults::default(),
-            None,
-            WebhookConfig {
-                url: format!("{}/v1/webhooks/http", receiver.uri())
-                    .parse()
-                    .expect("url"),
-                secret: "whsec_test".into(),
-                chaos: false,
-            },
-        )
-        .expect("server");
-        let base = serve(server).await;
+        let base = serve_pending(&receiver).await;
         let client = reqwest::Client::new();
         let charge: serde_json::Value = client
             .post(format!("{base}/v1/charges"))
@@ -799,25 +800,12 @@ mod tests {
         let early: serde_json::Value = early.json().await.expect("JSON");
         assert_eq!(early["error"], "charge_not_refundable");
 
-        let mut stats = stats_of(&client, &base).await;
-        for _ in 0..100 {
-            if stats["webhooks"]["eventsAcknowledged"] == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            stats = stats_of(&client, &base).await;
-        }
+        acknowledged(&client, &base, 2, Duration::from_millis(20)).await;
         let made = refund(60).await.expect("sent");
         assert_eq!(made.status(), 201);
         let made: serde_json::Value = made.json().await.expect("JSON");
         assert_eq!(made["status"], "pending");
-        for _ in 0..100 {
-            if stats["webhooks"]["eventsAcknowledged"] == 4 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            stats = stats_of(&client, &base).await;
-        }
+        let stats = acknowledged(&client, &base, 4, Duration::from_millis(20)).await;
         assert_eq!(stats["webhooks"]["events"], 4, "{stats}");
         assert_eq!(stats["refunds"]["succeeded"], 1, "{stats}");
         assert_eq!(stats["refunds"]["refundedAmount"], 60, "{stats}");

@@ -15,7 +15,7 @@
 //! `refund.*` / `charge.refund.updated` event (pure, for the webhook consumer).
 
 use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
-use super::http::{client, search, transport};
+use super::http::{Api, search, transport};
 use super::{
     Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundLookup,
     RefundRequest, RefundStatus, amount,
@@ -47,9 +47,7 @@ pub const REASON_KEY: &str = "pagos_reason";
 const MAX_REFUND_PAGES: usize = 10;
 
 pub struct StripeGateway {
-    client: reqwest::Client,
-    base: String,
-    secret: String,
+    api: Api,
 }
 
 /// A PaymentIntent, trimmed to what pagos reads (fields stable across API versions).
@@ -429,9 +427,7 @@ impl EventEnvelope {
 impl StripeGateway {
     pub fn new(base: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
         Ok(StripeGateway {
-            client: client(timeout)?,
-            base: base.trim_end_matches('/').to_owned(),
-            secret: secret.to_owned(),
+            api: Api::new(base, secret, timeout)?,
         })
     }
 
@@ -442,9 +438,8 @@ impl StripeGateway {
         key: &str,
         body: String,
     ) -> Result<reqwest::Response, GatewayError> {
-        self.client
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(&self.secret)
+        self.api
+            .post(path)
             .header("Idempotency-Key", key)
             .header(
                 reqwest::header::CONTENT_TYPE,
@@ -546,12 +541,12 @@ impl Gateway for StripeGateway {
     }
 
     async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
-        let mut url = url::Url::parse(&format!("{}/v1/payment_intents/search", self.base))
+        let mut url = url::Url::parse(&format!("{}/v1/payment_intents/search", self.api.base))
             .map_err(|e| GatewayError::Unknown(format!("bad Stripe URL: {e}")))?;
         url.query_pairs_mut()
             .append_pair("query", &search_query(reference))
             .append_pair("limit", "10");
-        let found: SearchResult = search(&self.client, url, &self.secret, "Stripe search").await?;
+        let found: SearchResult = search(&self.api, url, "Stripe search").await?;
         let reference = reference.to_string();
         found
             .data
@@ -579,7 +574,7 @@ impl Gateway for StripeGateway {
         let mut found = Vec::new();
         let mut after: Option<String> = None;
         for _ in 0..MAX_REFUND_PAGES {
-            let mut url = url::Url::parse(&format!("{}/v1/refunds", self.base))
+            let mut url = url::Url::parse(&format!("{}/v1/refunds", self.api.base))
                 .map_err(|e| GatewayError::Unknown(format!("bad Stripe URL: {e}")))?;
             url.query_pairs_mut()
                 .append_pair("payment_intent", &refund.charge)
@@ -587,8 +582,7 @@ impl Gateway for StripeGateway {
             if let Some(after) = &after {
                 url.query_pairs_mut().append_pair("starting_after", after);
             }
-            let page: RefundList =
-                search(&self.client, url, &self.secret, "Stripe refund list").await?;
+            let page: RefundList = search(&self.api, url, "Stripe refund list").await?;
             for listed in page.data.iter().filter(|r| ours(r)) {
                 let mut mapped = listed.to_refund()?;
                 mapped.reference.clone_from(&reference);

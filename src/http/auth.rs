@@ -176,9 +176,8 @@ impl FromRequestParts<AppState> for Merchant {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         let auth = &state.auth;
-        let client = client_address(parts);
-        auth.refuse_if_blocked(client).await?;
-        let Some(token) = bearer(&parts.headers).filter(|t| !t.is_empty()) else {
+        let (client, token) = auth.bearer_of(parts).await?;
+        let Some(token) = token.filter(|t| !t.is_empty()) else {
             return Err(auth
                 .failed(
                     client,
@@ -274,9 +273,8 @@ impl FromRequestParts<AppState> for Admin {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         let auth = &state.auth;
-        let client = client_address(parts);
-        auth.refuse_if_blocked(client).await?;
-        let given = bearer(&parts.headers).unwrap_or_default();
+        let (client, given) = auth.bearer_of(parts).await?;
+        let given = given.unwrap_or_default();
         match who_is(state, &given).await? {
             Some(admin) => Ok(admin),
             None => Err(auth
@@ -290,6 +288,13 @@ impl FromRequestParts<AppState> for Admin {
 }
 
 impl Authenticator {
+    /// A request's address and bearer token; 429 when the address failed too often.
+    async fn bearer_of(&self, parts: &Parts) -> Result<(Option<IpAddr>, Option<String>), ApiError> {
+        let client = client_address(parts);
+        self.refuse_if_blocked(client).await?;
+        Ok((client, bearer(&parts.headers)))
+    }
+
     /// For the console's login: 429 when `client` failed too often, else `Ok`.
     pub async fn check_not_blocked(&self, client: Option<IpAddr>) -> Result<(), ApiError> {
         self.refuse_if_blocked(client).await

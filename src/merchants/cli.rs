@@ -7,12 +7,11 @@ use super::name::MerchantName;
 use super::store::{self, AddError, KeyState, Revocation};
 use crate::config::{
     DatabaseArgs, KeyAddArgs, KeyListArgs, KeyRevokeArgs, KeysCommand, MerchantAddArgs,
-    MerchantListArgs, MerchantsCommand,
+    MerchantListArgs, MerchantsCommand, print_stdout, refuse, table, when,
 };
 use crate::db::open_and_migrate;
 use crate::entities::{api_key, merchant};
 use chrono::{DateTime, Utc};
-use comfy_table::{Table, presets::NOTHING};
 use sea_orm::DatabaseConnection;
 use serde::Serialize;
 use std::process::ExitCode;
@@ -27,17 +26,6 @@ pub async fn run(command: MerchantsCommand) -> anyhow::Result<ExitCode> {
             KeysCommand::Revoke(args) => revoke_key(args).await,
         },
     }
-}
-
-/// The one line of a refusal, exit code 2.
-fn refuse(line: impl std::fmt::Display) -> ExitCode {
-    eprintln!("pagos: {line}");
-    ExitCode::from(2)
-}
-
-#[allow(clippy::print_stdout)]
-fn print_stdout(text: &str) {
-    println!("{text}");
 }
 
 async fn add_merchant(args: MerchantAddArgs) -> anyhow::Result<ExitCode> {
@@ -283,27 +271,6 @@ async fn revoke_key(args: KeyRevokeArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-/// A time as people read it in a table: to the minute, in UTC.
-fn when(at: DateTime<Utc>) -> String {
-    at.format("%Y-%m-%d %H:%M UTC").to_string()
-}
-
-/// Columns aligned with two spaces between them, headers in capitals, no borders.
-fn table<const N: usize>(
-    headers: [&str; N],
-    rows: impl IntoIterator<Item = Vec<String>>,
-) -> String {
-    let mut table = Table::new();
-    table.load_style(NOTHING).set_header(headers.to_vec());
-    for row in rows {
-        table.add_row(row);
-    }
-    for (i, column) in table.column_iter_mut().enumerate() {
-        column.set_padding((0, if i + 1 < N { 2 } else { 0 }));
-    }
-    table.trim_fmt()
 }
 
 #[cfg(test)]

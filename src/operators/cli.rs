@@ -3,10 +3,11 @@
 
 use super::store::{self, AddError, Revocation};
 use super::{OperatorName, Token};
-use crate::config::{OperatorAddArgs, OperatorListArgs, OperatorRevokeArgs, OperatorsCommand};
+use crate::config::{
+    OperatorAddArgs, OperatorListArgs, OperatorRevokeArgs, OperatorsCommand, print_stdout, refuse,
+    table, when,
+};
 use crate::db::open_and_migrate;
-use chrono::{DateTime, Utc};
-use comfy_table::{Table, presets::NOTHING};
 use std::process::ExitCode;
 
 pub async fn run(command: OperatorsCommand) -> anyhow::Result<ExitCode> {
@@ -15,16 +16,6 @@ pub async fn run(command: OperatorsCommand) -> anyhow::Result<ExitCode> {
         OperatorsCommand::Revoke(args) => revoke(args).await,
         OperatorsCommand::List(args) => list(args).await,
     }
-}
-
-fn refuse(line: impl std::fmt::Display) -> ExitCode {
-    eprintln!("pagos: {line}");
-    ExitCode::from(2)
-}
-
-#[allow(clippy::print_stdout)]
-fn print_stdout(text: &str) {
-    println!("{text}");
 }
 
 fn parse_name(raw: &str) -> Result<OperatorName, ExitCode> {
@@ -83,12 +74,8 @@ async fn revoke(args: OperatorRevokeArgs) -> anyhow::Result<ExitCode> {
 
 async fn list(args: OperatorListArgs) -> anyhow::Result<ExitCode> {
     let db = open_and_migrate(&args.database).await?;
-    let mut table = Table::new();
-    table
-        .load_style(NOTHING)
-        .set_header(vec!["NAME", "ROLE", "CREATED", "STATE"]);
-    for row in store::list(&db).await? {
-        table.add_row(vec![
+    let rows = store::list(&db).await?.into_iter().map(|row| {
+        vec![
             row.name,
             row.role.to_string(),
             when(row.created_at),
@@ -96,16 +83,8 @@ async fn list(args: OperatorListArgs) -> anyhow::Result<ExitCode> {
                 Some(at) => format!("revoked {}", when(at)),
                 None => "active".to_owned(),
             },
-        ]);
-    }
-    for (i, column) in table.column_iter_mut().enumerate() {
-        column.set_padding((0, if i < 3 { 2 } else { 0 }));
-    }
-    print_stdout(&table.trim_fmt());
+        ]
+    });
+    print_stdout(&table(["NAME", "ROLE", "CREATED", "STATE"], rows));
     Ok(ExitCode::SUCCESS)
-}
-
-/// To the minute, in UTC.
-fn when(at: DateTime<Utc>) -> String {
-    at.format("%Y-%m-%d %H:%M UTC").to_string()
 }

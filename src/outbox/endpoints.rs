@@ -11,8 +11,8 @@ use chrono::{DateTime, Utc};
 use pagos_types::EventType;
 use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{
-    ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, DbErr, EntityTrait,
-    IntoActiveModel, QueryFilter, QueryOrder,
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection,
+    DatabaseTransaction, DbErr, EntityTrait, IntoActiveModel, QueryFilter, QueryOrder,
 };
 use uuid::Uuid;
 
@@ -83,7 +83,7 @@ pub async fn list(db: &DatabaseConnection, merchant: Uuid) -> Result<Vec<endpoin
 }
 
 pub async fn find(
-    db: &DatabaseConnection,
+    db: &impl ConnectionTrait,
     merchant: Uuid,
     id: Uuid,
 ) -> Result<Option<endpoints::Model>, DbErr> {
@@ -93,17 +93,28 @@ pub async fn find(
         .await
 }
 
+/// A write transaction and the merchant's endpoint `id` read in it; `None` (the
+/// transaction rolled back) if the merchant has no such endpoint.
+async fn begin_on(
+    db: &DatabaseConnection,
+    merchant: Uuid,
+    id: Uuid,
+) -> Result<Option<(DatabaseTransaction, endpoints::Model)>, DbErr> {
+    let tx = begin_write(db).await?;
+    match find(&tx, merchant, id).await? {
+        Some(found) => Ok(Some((tx, found))),
+        None => {
+            tx.rollback().await?;
+            Ok(None)
+        }
+    }
+}
+
 /// Removes the endpoint, its deliveries and their attempts; false if there was none.
 pub async fn delete(db: &DatabaseConnection, merchant: Uuid, id: Uuid) -> Result<bool, DbErr> {
-    let tx = begin_write(db).await?;
-    let found = endpoints::Entity::find_by_id(id)
-        .filter(endpoints::Column::MerchantId.eq(merchant))
-        .one(&tx)
-        .await?;
-    if found.is_none() {
-        tx.rollback().await?;
+    let Some((tx, _)) = begin_on(db, merchant, id).await? else {
         return Ok(false);
-    }
+    };
     attempts::Entity::delete_many()
         .filter(attempts::Column::EndpointId.eq(id))
         .exec(&tx)
@@ -125,13 +136,7 @@ pub async fn rotate(
     new_secret: &str,
     overlap_until: DateTime<Utc>,
 ) -> Result<Option<endpoints::Model>, DbErr> {
-    let tx = begin_write(db).await?;
-    let Some(found) = endpoints::Entity::find_by_id(id)
-        .filter(endpoints::Column::MerchantId.eq(merchant))
-        .one(&tx)
-        .await?
-    else {
-        tx.rollback().await?;
+    let Some((tx, found)) = begin_on(db, merchant, id).await? else {
         return Ok(None);
     };
     let mut model = found.clone().into_active_model();
@@ -155,13 +160,7 @@ pub async fn reactivate(
     resend_since: Option<DateTime<Utc>>,
 ) -> Result<Option<endpoints::Model>, DbErr> {
     let at = now();
-    let tx = begin_write(db).await?;
-    let Some(found) = endpoints::Entity::find_by_id(id)
-        .filter(endpoints::Column::MerchantId.eq(merchant))
-        .one(&tx)
-        .await?
-    else {
-        tx.rollback().await?;
+    let Some((tx, found)) = begin_on(db, merchant, id).await? else {
         return Ok(None);
     };
     let mut model = found.clone().into_active_model();

@@ -51,8 +51,58 @@ pub fn transition(from: PaymentState, event: Event) -> Result<PaymentState, Ille
     Ok(to)
 }
 
+/// The checks of a transition table, the payments' and the refunds'.
+#[cfg(test)]
+pub(crate) mod table {
+    use std::fmt::{Debug, Display};
+
+    /// Every move of `allowed` lands where it says.
+    pub(crate) fn assert_lands<S, E, X>(transition: fn(S, E) -> Result<S, X>, allowed: &[(S, E, S)])
+    where
+        S: Copy + Eq + Debug + Display,
+        E: Copy + Debug,
+        X: Eq + Debug,
+    {
+        for &(from, event, to) in allowed {
+            assert_eq!(transition(from, event), Ok(to), "{from} + {event:?}");
+        }
+    }
+
+    /// Every move from `states` by `events` not in `allowed` is refused as `illegal`
+    /// says; returns how many were.
+    pub(crate) fn assert_refused<S, E, X>(
+        transition: fn(S, E) -> Result<S, X>,
+        states: &[S],
+        events: &[E],
+        allowed: &[(S, E, S)],
+        illegal: fn(S, E) -> X,
+    ) -> usize
+    where
+        S: Copy + Eq + Debug + Display,
+        E: Copy + Eq + Debug,
+        X: Eq + Debug,
+    {
+        let mut refused = 0;
+        for &from in states {
+            for &event in events {
+                if allowed.iter().any(|(f, e, _)| *f == from && *e == event) {
+                    continue;
+                }
+                assert_eq!(
+                    transition(from, event),
+                    Err(illegal(from, event)),
+                    "{from} + {event:?} must be refused"
+                );
+                refused += 1;
+            }
+        }
+        refused
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::table::{assert_lands, assert_refused};
     use super::*;
     use Event::*;
     use PaymentState::*;
@@ -83,27 +133,18 @@ mod tests {
 
     #[test]
     fn every_allowed_move_lands_where_the_table_says() {
-        for (from, event, to) in ALLOWED {
-            assert_eq!(transition(from, event), Ok(to), "{from} + {event:?}");
-        }
+        assert_lands(transition, &ALLOWED);
     }
 
     #[test]
     fn every_other_move_is_refused() {
-        let mut refused = 0;
-        for from in PaymentState::ALL {
-            for event in EVENTS {
-                if ALLOWED.iter().any(|(f, e, _)| *f == from && *e == event) {
-                    continue;
-                }
-                assert_eq!(
-                    transition(from, event),
-                    Err(IllegalTransition { from, event }),
-                    "{from} + {event:?} must be refused"
-                );
-                refused += 1;
-            }
-        }
+        let refused = assert_refused(
+            transition,
+            &PaymentState::ALL,
+            &EVENTS,
+            &ALLOWED,
+            |from, event| IllegalTransition { from, event },
+        );
         assert_eq!(refused, 5 * 7 - ALLOWED.len());
     }
 

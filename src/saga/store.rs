@@ -272,13 +272,79 @@ async fn register_in_transaction(
     Ok(Inserted::Both)
 }
 
-/// What a fenced write came to.
+/// What a fenced write came to (of a payment, or of a refund: `M` is the row written).
 #[derive(Debug)]
-pub enum Written {
-    Applied(Box<payment::Model>),
-    /// The payment moved since it was read: nothing written.
+pub enum Written<M = payment::Model> {
+    Applied(Box<M>),
+    /// The row moved since it was read: nothing written.
     Fenced,
 }
+
+impl<M> Written<M> {
+    /// `next` as written if the fenced write `applied`, else `Fenced`.
+    pub fn of(applied: bool, next: M) -> Self {
+        if applied {
+            Written::Applied(Box::new(next))
+        } else {
+            Written::Fenced
+        }
+    }
+}
+
+/// A saga's row (a payment, a refund) as its workers schedule and hold it.
+pub trait Scheduled {
+    /// The columns that say when the row is looked at and who holds it.
+    fn schedule(&mut self) -> Schedule<'_>;
+
+    /// Held by its writer until `until`, so the reconciler leaves it alone (a new version).
+    fn hold(&mut self, until: DateTime<Utc>) {
+        let s = self.schedule();
+        *s.version += 1;
+        *s.next_attempt_at = until;
+        *s.claimed_until = Some(until);
+    }
+
+    /// Looked at again at `due_at` and held by nobody (a new version); one more attempt
+    /// if `count_attempt`.
+    fn due_again(&mut self, due_at: DateTime<Utc>, count_attempt: bool) {
+        let s = self.schedule();
+        *s.version += 1;
+        if count_attempt {
+            *s.attempts += 1;
+        }
+        *s.updated_at = now();
+        *s.next_attempt_at = due_at;
+        *s.claimed_until = None;
+    }
+}
+
+/// A row's schedule, borrowed to be changed.
+pub struct Schedule<'a> {
+    pub version: &'a mut i64,
+    pub attempts: &'a mut i32,
+    pub updated_at: &'a mut DateTime<Utc>,
+    pub next_attempt_at: &'a mut DateTime<Utc>,
+    pub claimed_until: &'a mut Option<DateTime<Utc>>,
+}
+
+/// `Scheduled` for the models whose columns have the schedule's names.
+macro_rules! scheduled {
+    ($($model:ty),*) => {$(
+        impl Scheduled for $model {
+            fn schedule(&mut self) -> Schedule<'_> {
+                Schedule {
+                    version: &mut self.version,
+                    attempts: &mut self.attempts,
+                    updated_at: &mut self.updated_at,
+                    next_attempt_at: &mut self.next_attempt_at,
+                    claimed_until: &mut self.claimed_until,
+                }
+            }
+        }
+    )*};
+}
+
+scheduled!(payment::Model, crate::entities::refund::Model);
 
 /// What changes besides the state.
 #[derive(Clone, Debug, Default)]
@@ -410,15 +476,10 @@ pub async fn apply<C: ConnectionTrait>(
     render: Render,
 ) -> Result<Written, StoreError> {
     let plan = plan(current, event, changes, actor, reason, render)?;
-    Ok(written(write_plan(tx, current, &plan).await?, plan))
-}
-
-fn written(applied: bool, plan: Plan) -> Written {
-    if applied {
-        Written::Applied(Box::new(plan.next))
-    } else {
-        Written::Fenced
-    }
+    Ok(Written::of(
+        write_plan(tx, current, &plan).await?,
+        plan.next,
+    ))
 }
 
 /// The plan's writes as statements in the caller's transaction; false (nothing written)
@@ -548,7 +609,10 @@ pub async fn apply_now(
     render: Render,
 ) -> Result<Written, StoreError> {
     let plan = plan(current, event, changes, actor, reason, render)?;
-    Ok(written(write_plan_now(db, current, &plan).await?, plan))
+    Ok(Written::of(
+        write_plan_now(db, current, &plan).await?,
+        plan.next,
+    ))
 }
 
 /// The request gives up ownership of a payment it could not settle (gateway pending or
@@ -561,10 +625,7 @@ pub async fn hand_over(
     due_at: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
     let mut next = current.clone();
-    next.version += 1;
-    next.updated_at = now();
-    next.next_attempt_at = due_at;
-    next.claimed_until = None;
+    next.due_again(due_at, false);
     if gateway_ref.is_some() {
         next.gateway_ref = gateway_ref;
     }
@@ -575,7 +636,10 @@ pub async fn hand_over(
         release_lease: true,
         event: None,
     };
-    Ok(written(write_plan_now(db, current, &plan).await?, plan))
+    Ok(Written::of(
+        write_plan_now(db, current, &plan).await?,
+        plan.next,
+    ))
 }
 
 /// Ends a request's lease on the payment's key (no answer is frozen).
@@ -671,14 +735,9 @@ pub async fn renew_claim(
     until: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
     let mut next = current.clone();
-    next.version += 1;
-    next.next_attempt_at = until;
-    next.claimed_until = Some(until);
-    Ok(if write_fenced(db, current, &next).await? {
-        Written::Applied(Box::new(next))
-    } else {
-        Written::Fenced
-    })
+    next.hold(until);
+    let applied = write_fenced(db, current, &next).await?;
+    Ok(Written::of(applied, next))
 }
 
 async fn claim(
@@ -710,9 +769,7 @@ async fn claim(
         .await?;
     tx.commit().await?;
     for row in &mut rows {
-        row.version += 1;
-        row.next_attempt_at = until;
-        row.claimed_until = Some(until);
+        row.hold(until);
     }
     Ok(rows)
 }
@@ -724,20 +781,13 @@ pub async fn reschedule(
     due_at: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
     let mut next = current.clone();
-    next.version += 1;
-    next.attempts += 1;
-    next.updated_at = now();
-    next.next_attempt_at = due_at;
-    next.claimed_until = None;
-    Ok(if write_fenced(db, current, &next).await? {
-        Written::Applied(Box::new(next))
-    } else {
-        Written::Fenced
-    })
+    next.due_again(due_at, true);
+    let applied = write_fenced(db, current, &next).await?;
+    Ok(Written::of(applied, next))
 }
 
 /// Does this database take a transaction's writes as one statement (`sql`)?
-fn one_statement(db: &DatabaseConnection) -> bool {
+pub fn one_statement(db: &impl ConnectionTrait) -> bool {
     db.get_database_backend() == DbBackend::Postgres
 }
 

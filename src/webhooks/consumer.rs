@@ -28,7 +28,7 @@ use crate::webhooks::event::status_name;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
-    EntityTrait, QueryFilter, QuerySelect, TryInsertResult,
+    EntityTrait, PrimaryKeyTrait, QueryFilter, QuerySelect, TryInsertResult,
 };
 use uuid::Uuid;
 
@@ -142,6 +142,22 @@ pub async fn consume(
     Err(ConsumeError::Contended)
 }
 
+/// The row whose id a gateway object's reference is, locked (`FOR UPDATE` on PostgreSQL)
+/// for the rest of `tx`; `None` when the reference is no id or names no row.
+pub async fn locked_by_reference<E>(
+    tx: &DatabaseTransaction,
+    reference: &str,
+) -> Result<Option<E::Model>, DbErr>
+where
+    E: EntityTrait,
+    Uuid: Into<<E::PrimaryKey as PrimaryKeyTrait>::ValueType>,
+{
+    match Uuid::parse_str(reference) {
+        Ok(id) => E::find_by_id(id).lock_exclusive().one(tx).await,
+        Err(_) => Ok(None),
+    }
+}
+
 /// One attempt. `None`: fenced, roll back and try again.
 async fn consume_in(
     tx: &DatabaseTransaction,
@@ -157,15 +173,7 @@ async fn consume_in(
     // The payment the reference names, locked (FOR UPDATE on PostgreSQL) so that the
     // decision below is taken on the state it will be written over. Lock order is
     // always payment, then charge row: two events of one payment cannot deadlock.
-    let payment = match Uuid::parse_str(&event.charge.reference) {
-        Ok(id) => {
-            payment::Entity::find_by_id(id)
-                .lock_exclusive()
-                .one(tx)
-                .await?
-        }
-        Err(_) => None,
-    };
+    let payment = locked_by_reference::<payment::Entity>(tx, &event.charge.reference).await?;
 
     // 2 and 3. Natural upsert of the charge row, advanced only by a higher sequence.
     if !advance_charge(tx, event, payment.as_ref().map(|p| p.id)).await? {

@@ -14,9 +14,8 @@ use crate::gateway::{Refund, RefundStatus};
 use crate::saga::refund::state::{Event, RefundState};
 use crate::saga::refund::store::{self, Changes, Written};
 use crate::saga::refund::{Actor, settlement};
-use crate::webhooks::consumer::{ConsumeError, record_message};
-use sea_orm::{DatabaseConnection, DatabaseTransaction, EntityTrait, QuerySelect};
-use uuid::Uuid;
+use crate::webhooks::consumer::{ConsumeError, locked_by_reference, record_message};
+use sea_orm::{DatabaseConnection, DatabaseTransaction};
 
 /// What an event about a refund came to. Every one is answered 200.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,15 +157,7 @@ async fn consume_in(
     if !record_message(tx, event.source, event.event_id).await? {
         return Ok(Some(RefundConsumed::Duplicate));
     }
-    let found = match Uuid::parse_str(&event.refund.reference) {
-        Ok(id) => {
-            refund::Entity::find_by_id(id)
-                .lock_exclusive()
-                .one(tx)
-                .await?
-        }
-        Err(_) => None,
-    };
+    let found = locked_by_reference::<refund::Entity>(tx, &event.refund.reference).await?;
     let Some(current) = found else {
         tracing::warn!(
             event_id = event.event_id,
@@ -212,6 +203,7 @@ async fn consume_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use uuid::Uuid;
 
     fn refund_in(state: RefundState) -> refund::Model {
         let at = chrono::Utc::now();

@@ -139,6 +139,24 @@ impl Console {
         self.session.role.may_act()
     }
 
+    /// The form of an action that writes (`csrf` reads its token): refused (the page to
+    /// answer) without this session's CSRF token, or for a lector, who may only read.
+    fn acting_form<F>(
+        &self,
+        form: Result<Form<F>, FormRejection>,
+        csrf: fn(&F) -> Option<&str>,
+    ) -> Result<F, Box<Response>> {
+        let form = form.ok().map(|Form(f)| f);
+        if let Some(refusal) = self.csrf_refusal(form.as_ref().and_then(csrf)) {
+            return Err(Box::new(refusal));
+        }
+        if !self.may_act() {
+            return Err(Box::new(refused(Some(self), LECTOR_REFUSED)));
+        }
+        // A form that did not parse has no token: refused above already.
+        form.ok_or_else(|| Box::new(refused(Some(self), view::CSRF_REFUSED)))
+    }
+
     /// The refusal of a form without this session's CSRF token; `None` when it has it.
     fn csrf_refusal(&self, given: Option<&str>) -> Option<Response> {
         if self.session.csrf_matches(given) {
@@ -1033,11 +1051,8 @@ async fn reconcile_payment(
     Path(id): Path<String>,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Response {
-    if let Some(refusal) = console.csrf_refusal(csrf_of(&form)) {
-        return refusal;
-    }
-    if !console.may_act() {
-        return refused(Some(&console), LECTOR_REFUSED);
+    if let Err(refusal) = console.acting_form(form, |f| f.csrf.as_deref()) {
+        return *refusal;
     }
     let Some(uuid) = parse_id(&id) else {
         return not_found(&console);
@@ -1073,18 +1088,12 @@ async fn resolve_payment(
     Path(id): Path<String>,
     form: Result<Form<ResolveForm>, FormRejection>,
 ) -> Response {
-    let form = form.ok().map(|Form(f)| f);
-    if let Some(refusal) = console.csrf_refusal(form.as_ref().and_then(|f| f.csrf.as_deref())) {
-        return refusal;
-    }
-    if !console.may_act() {
-        return refused(Some(&console), LECTOR_REFUSED);
-    }
+    let form = match console.acting_form(form, |f| f.csrf.as_deref()) {
+        Ok(form) => form,
+        Err(refusal) => return *refusal,
+    };
     let Some(uuid) = parse_id(&id) else {
         return not_found(&console);
-    };
-    let Some(form) = form else {
-        return refused(Some(&console), view::CSRF_REFUSED);
     };
     let gateway_ref = form.gateway_ref.filter(|r| !r.trim().is_empty());
     match admin::resolve_by_hand(
@@ -1122,18 +1131,12 @@ async fn refund_payment(
     Path(id): Path<String>,
     form: Result<Form<RefundForm>, FormRejection>,
 ) -> Response {
-    let form = form.ok().map(|Form(f)| f);
-    if let Some(refusal) = console.csrf_refusal(form.as_ref().and_then(|f| f.csrf.as_deref())) {
-        return refusal;
-    }
-    if !console.may_act() {
-        return refused(Some(&console), LECTOR_REFUSED);
-    }
+    let form = match console.acting_form(form, |f| f.csrf.as_deref()) {
+        Ok(form) => form,
+        Err(refusal) => return *refusal,
+    };
     let Some(uuid) = parse_id(&id) else {
         return not_found(&console);
-    };
-    let Some(form) = form else {
-        return refused(Some(&console), view::CSRF_REFUSED);
     };
     let monto = match form
         .monto
@@ -1267,11 +1270,8 @@ async fn run_reconciliation(
     console: Console,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Response {
-    if let Some(refusal) = console.csrf_refusal(csrf_of(&form)) {
-        return refusal;
-    }
-    if !console.may_act() {
-        return refused(Some(&console), LECTOR_REFUSED);
+    if let Err(refusal) = console.acting_form(form, |f| f.csrf.as_deref()) {
+        return *refusal;
     }
     match admin::reconcile_now(&state, &console.admin(), None).await {
         Ok(report) => reconciliation_markup(&console, Some(&report)).into_response(),

@@ -164,13 +164,10 @@ pub(super) async fn reactivate(
     Path(id): Path<String>,
     form: Result<Form<ReactivateForm>, FormRejection>,
 ) -> Response {
-    let form = form.ok().map(|Form(f)| f);
-    if let Some(refusal) = console.csrf_refusal(form.as_ref().and_then(|f| f.csrf.as_deref())) {
-        return refusal;
-    }
-    if !console.may_act() {
-        return refused(Some(&console), LECTOR_REFUSED);
-    }
+    let form = match console.acting_form(form, |f| f.csrf.as_deref()) {
+        Ok(form) => form,
+        Err(refusal) => return *refusal,
+    };
     let Ok(id) = Uuid::parse_str(&id) else {
         return refused(Some(&console), "No such endpoint.");
     };
@@ -179,7 +176,7 @@ pub(super) async fn reactivate(
         Ok(None) => return refused(Some(&console), "No such endpoint."),
         Err(err) => return error_page(&console, err.into()),
     };
-    let since = match form.and_then(|f| f.reenviar).as_deref() {
+    let since = match form.reenviar.as_deref() {
         Some("fallo") => found.failing_since,
         Some("24h") => Some(crate::db::now() - TimeDelta::hours(24)),
         _ => None,

@@ -8,14 +8,15 @@ use crate::gateway::{Charge, ChargeStatus, GatewayError};
 use crate::saga::state::PaymentState;
 use chrono::{DateTime, TimeDelta, Utc};
 
-/// What the reconciler knows about one payment.
+/// What the reconciler knows about one payment (`S`: its state, the default) or one
+/// refund (`S`: a refund's state).
 #[derive(Clone, Debug)]
-pub struct Facts<'a> {
-    pub state: PaymentState,
+pub struct Facts<'a, S: Reconciled = PaymentState> {
+    pub state: S,
     pub created_at: DateTime<Utc>,
     pub now: DateTime<Utc>,
     /// The provider's answer to "what happened to this reference?" (None: not asked).
-    pub lookup: Option<&'a Result<Vec<Charge>, GatewayError>>,
+    pub lookup: Option<&'a Result<Vec<S::Held>, GatewayError>>,
 }
 
 /// The horizons the decisions depend on.
@@ -29,79 +30,169 @@ pub struct Horizons {
     pub give_up_after: TimeDelta,
 }
 
+/// What to do with one payment (`T`: the charge the provider holds, the default) or one
+/// refund (`T`: the provider's refund).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
-    /// Never sent (EN_PROCESO), or sent with no charge at the provider inside its key
+pub enum Decision<T = Charge> {
+    /// Never sent (EN_PROCESO), or sent with nothing at the provider inside its key
     /// window: send with the same gateway key.
     Send,
-    Settle(Charge),
+    Settle(T),
     /// Ask again later.
     Reschedule(String),
-    /// Nothing can be decided without risking a second charge: on-call decides.
+    /// Nothing can be decided without risking a second charge (or refund): on-call
+    /// decides.
     Escalate(String),
     /// Not the reconciler's to touch (final, or under review).
     Skip,
 }
 
-/// Does the payment need the provider's answer before deciding?
-pub fn needs_lookup(state: PaymentState) -> bool {
-    state == PaymentState::Enviada
+/// Where a payment or a refund stands, as the table reads its state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Registered, never sent (EN_PROCESO).
+    NeverSent,
+    /// Sent: only the provider can tell what came of it.
+    Sent,
+    /// Final, or under review.
+    Left,
 }
 
-pub fn decide(facts: &Facts<'_>, horizons: &Horizons) -> Decision {
-    let age = facts.now - facts.created_at;
-    match facts.state {
-        // Never sent: sending is safe, but charging a customer days after they paid is
-        // a decision for a person.
-        PaymentState::EnProceso if age > horizons.give_up_after => Decision::Escalate(format!(
-            "never sent, and registered {} ago: sending now would charge the customer late",
-            human(age)
-        )),
-        PaymentState::EnProceso => Decision::Send,
-        PaymentState::Enviada => match facts.lookup {
-            None => Decision::Reschedule("the provider was not asked".into()),
-            Some(Err(err)) if age > horizons.give_up_after => Decision::Escalate(format!(
-                "unresolved {} after it was registered and the provider cannot be asked (last error: {err})",
-                human(age)
-            )),
-            Some(Err(err)) => Decision::Reschedule(format!("provider lookup failed: {err}")),
-            Some(Ok(charges)) => decide_on_charges(charges, age, horizons),
-        },
-        PaymentState::Completada | PaymentState::Fallida | PaymentState::RevisionManual => {
-            Decision::Skip
+/// What the provider holds for a payment (a charge) or a refund (a refund).
+pub trait Held: Clone {
+    /// Its id at the provider.
+    fn id(&self) -> &str;
+    /// Not final yet at the provider.
+    fn is_pending(&self) -> bool;
+}
+
+impl Held for Charge {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn is_pending(&self) -> bool {
+        self.status == ChargeStatus::Pending
+    }
+}
+
+/// The state of what the table decides on: a payment's, or a refund's.
+pub trait Reconciled: Copy {
+    /// What the provider holds for one.
+    type Held: Held;
+    /// How the table's reasons name it.
+    const WORDS: Words;
+    fn stage(self) -> Stage;
+}
+
+/// The words of the table's reasons that name what is reconciled.
+#[derive(Clone, Copy, Debug)]
+pub struct Words {
+    /// What the provider holds for one: `charge`, `refund`.
+    pub held: &'static str,
+    /// Several of them: `charges`, `refunds`.
+    pub held_plural: &'static str,
+    /// What is reconciled: `payment`, `refund`.
+    pub reconciled: &'static str,
+    /// Before `never sent` and `unresolved`: empty, or `refund `.
+    pub subject: &'static str,
+    /// After `never sent, and registered … ago`.
+    pub never_sent_late: &'static str,
+    /// After the provider's several ids.
+    pub several_advice: &'static str,
+}
+
+impl Reconciled for PaymentState {
+    type Held = Charge;
+    const WORDS: Words = Words {
+        held: "charge",
+        held_plural: "charges",
+        reconciled: "payment",
+        subject: "",
+        never_sent_late: ": sending now would charge the customer late",
+        several_advice: ": refund all but one",
+    };
+
+    fn stage(self) -> Stage {
+        match self {
+            PaymentState::EnProceso => Stage::NeverSent,
+            PaymentState::Enviada => Stage::Sent,
+            PaymentState::Completada | PaymentState::Fallida | PaymentState::RevisionManual => {
+                Stage::Left
+            }
         }
     }
 }
 
-fn decide_on_charges(charges: &[Charge], age: TimeDelta, horizons: &Horizons) -> Decision {
-    if charges.len() > 1 {
-        let ids: Vec<&str> = charges.iter().map(|c| c.id.as_str()).collect();
+/// Does the payment (or refund) need the provider's answer before deciding?
+pub fn needs_lookup<S: Reconciled>(state: S) -> bool {
+    state.stage() == Stage::Sent
+}
+
+pub fn decide<S: Reconciled>(facts: &Facts<'_, S>, horizons: &Horizons) -> Decision<S::Held> {
+    let age = facts.now - facts.created_at;
+    let words = S::WORDS;
+    let subject = words.subject;
+    match facts.state.stage() {
+        // Never sent: sending is safe, but charging a customer days after they paid is
+        // a decision for a person.
+        Stage::NeverSent if age > horizons.give_up_after => Decision::Escalate(format!(
+            "{subject}never sent, and registered {} ago{}",
+            human(age),
+            words.never_sent_late
+        )),
+        Stage::NeverSent => Decision::Send,
+        Stage::Sent => match facts.lookup {
+            None => Decision::Reschedule("the provider was not asked".into()),
+            Some(Err(err)) if age > horizons.give_up_after => Decision::Escalate(format!(
+                "{subject}unresolved {} after it was registered and the provider cannot be asked (last error: {err})",
+                human(age)
+            )),
+            Some(Err(err)) => Decision::Reschedule(format!("provider lookup failed: {err}")),
+            Some(Ok(found)) => decide_on_found(found, age, horizons, words),
+        },
+        Stage::Left => Decision::Skip,
+    }
+}
+
+fn decide_on_found<T: Held>(
+    found: &[T],
+    age: TimeDelta,
+    horizons: &Horizons,
+    words: Words,
+) -> Decision<T> {
+    let held = words.held;
+    if found.len() > 1 {
+        let ids: Vec<&str> = found.iter().map(Held::id).collect();
         return Decision::Escalate(format!(
-            "the provider holds {} charges for this one payment ({}): refund all but one",
-            charges.len(),
-            ids.join(", ")
+            "the provider holds {} {} for this one {} ({}){}",
+            found.len(),
+            words.held_plural,
+            words.reconciled,
+            ids.join(", "),
+            words.several_advice
         ));
     }
-    let Some(charge) = charges.first() else {
+    let Some(one) = found.first() else {
         return if age + horizons.resend_margin < horizons.key_window {
             Decision::Send
         } else {
             Decision::Escalate(format!(
-                "no charge at the provider and the gateway's key window ({}) has passed: a resend could charge twice",
+                "no {held} at the provider and the gateway's key window ({}) has passed: a resend could {held} twice",
                 human(horizons.key_window)
             ))
         };
     };
-    match charge.status {
-        ChargeStatus::Succeeded | ChargeStatus::Declined => Decision::Settle(charge.clone()),
-        ChargeStatus::Pending if age > horizons.give_up_after => Decision::Escalate(format!(
-            "charge {} still pending after {}",
-            charge.id,
+    if !one.is_pending() {
+        Decision::Settle(one.clone())
+    } else if age > horizons.give_up_after {
+        Decision::Escalate(format!(
+            "{held} {} still pending after {}",
+            one.id(),
             human(age)
-        )),
-        ChargeStatus::Pending => {
-            Decision::Reschedule(format!("charge {} is pending at the provider", charge.id))
-        }
+        ))
+    } else {
+        Decision::Reschedule(format!("{held} {} is pending at the provider", one.id()))
     }
 }
 
@@ -110,17 +201,33 @@ fn human(d: TimeDelta) -> String {
     humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
 }
 
+/// What the table decides (in tests, with a day's key window and give-up horizon) for
+/// something in `state`, registered `age` ago, given what the provider said (`lookup`).
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn horizons() -> Horizons {
-        Horizons {
+pub(crate) fn decide_at<S: Reconciled>(
+    state: S,
+    age: TimeDelta,
+    lookup: Option<Result<Vec<S::Held>, GatewayError>>,
+) -> Decision<S::Held> {
+    let now = Utc::now();
+    decide(
+        &Facts {
+            state,
+            created_at: now - age,
+            now,
+            lookup: lookup.as_ref(),
+        },
+        &Horizons {
             key_window: TimeDelta::hours(24),
             resend_margin: TimeDelta::minutes(1),
             give_up_after: TimeDelta::hours(24),
-        }
-    }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     fn charge(status: ChargeStatus) -> Charge {
         Charge {
@@ -131,23 +238,6 @@ mod tests {
             reference: "r".into(),
             decline_code: None,
         }
-    }
-
-    fn decide_at(
-        state: PaymentState,
-        age: TimeDelta,
-        lookup: Option<Result<Vec<Charge>, GatewayError>>,
-    ) -> Decision {
-        let now = Utc::now();
-        decide(
-            &Facts {
-                state,
-                created_at: now - age,
-                now,
-                lookup: lookup.as_ref(),
-            },
-            &horizons(),
-        )
     }
 
     #[test]

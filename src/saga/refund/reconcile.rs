@@ -8,14 +8,15 @@
 //! through the fenced store.
 
 use crate::entities::refund;
-use crate::gateway::{GatewayError, Refund, RefundLookup, RefundStatus};
+use crate::gateway::{Refund, RefundLookup, RefundStatus};
 use crate::saga::SagaDeps;
 use crate::saga::backoff::backoff;
-use crate::saga::reconcile::decide::Horizons;
+use crate::saga::reconcile::decide::{
+    self, Held, Horizons, Reconciled, Stage, Words, decide, needs_lookup,
+};
 use crate::saga::refund::state::{Event, RefundState};
 use crate::saga::refund::store::{self, Changes, StoreError, Written};
 use crate::saga::refund::{self as steps, Actor};
-use chrono::{DateTime, TimeDelta, Utc};
 use futures::StreamExt;
 use rand::Rng;
 use serde::Serialize;
@@ -23,89 +24,42 @@ use std::time::Duration;
 use uuid::Uuid;
 
 /// What the reconciler knows about one refund.
-#[derive(Clone, Debug)]
-pub struct Facts<'a> {
-    pub state: RefundState,
-    pub created_at: DateTime<Utc>,
-    pub now: DateTime<Utc>,
-    /// The provider's refunds for this refund (None: not asked).
-    pub lookup: Option<&'a Result<Vec<Refund>, GatewayError>>,
-}
+pub type Facts<'a> = decide::Facts<'a, RefundState>;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
-    /// Never sent, or sent with no refund at the provider inside its key window: send
-    /// with the same gateway key (the provider replays it or makes the only one).
-    Send,
-    Settle(Refund),
-    Reschedule(String),
-    Escalate(String),
-    Skip,
-}
+/// What to do with one refund.
+pub type Decision = decide::Decision<Refund>;
 
-pub fn needs_lookup(state: RefundState) -> bool {
-    state == RefundState::Enviado
-}
+impl Held for Refund {
+    fn id(&self) -> &str {
+        &self.id
+    }
 
-/// The decision table: the payments' (`saga::reconcile::decide`), read for refunds.
-pub fn decide(facts: &Facts<'_>, horizons: &Horizons) -> Decision {
-    let age = facts.now - facts.created_at;
-    match facts.state {
-        RefundState::EnProceso if age > horizons.give_up_after => Decision::Escalate(format!(
-            "refund never sent, and registered {} ago",
-            human(age)
-        )),
-        RefundState::EnProceso => Decision::Send,
-        RefundState::Enviado => match facts.lookup {
-            None => Decision::Reschedule("the provider was not asked".into()),
-            Some(Err(err)) if age > horizons.give_up_after => Decision::Escalate(format!(
-                "refund unresolved {} after it was registered and the provider cannot be asked (last error: {err})",
-                human(age)
-            )),
-            Some(Err(err)) => Decision::Reschedule(format!("provider lookup failed: {err}")),
-            Some(Ok(found)) => decide_on_refunds(found, age, horizons),
-        },
-        RefundState::Completado | RefundState::Fallido | RefundState::RevisionManual => {
-            Decision::Skip
-        }
+    fn is_pending(&self) -> bool {
+        self.status == RefundStatus::Pending
     }
 }
 
-fn decide_on_refunds(found: &[Refund], age: TimeDelta, horizons: &Horizons) -> Decision {
-    if found.len() > 1 {
-        let ids: Vec<&str> = found.iter().map(|r| r.id.as_str()).collect();
-        return Decision::Escalate(format!(
-            "the provider holds {} refunds for this one refund ({})",
-            found.len(),
-            ids.join(", ")
-        ));
-    }
-    let Some(one) = found.first() else {
-        return if age + horizons.resend_margin < horizons.key_window {
-            Decision::Send
-        } else {
-            Decision::Escalate(format!(
-                "no refund at the provider and the gateway's key window ({}) has passed: a resend could refund twice",
-                human(horizons.key_window)
-            ))
-        };
+/// The decision table is the payments' (`saga::reconcile::decide`), read for refunds.
+impl Reconciled for RefundState {
+    type Held = Refund;
+    const WORDS: Words = Words {
+        held: "refund",
+        held_plural: "refunds",
+        reconciled: "refund",
+        subject: "refund ",
+        never_sent_late: "",
+        several_advice: "",
     };
-    match one.status {
-        RefundStatus::Succeeded | RefundStatus::Failed => Decision::Settle(one.clone()),
-        RefundStatus::Pending if age > horizons.give_up_after => Decision::Escalate(format!(
-            "refund {} still pending after {}",
-            one.id,
-            human(age)
-        )),
-        RefundStatus::Pending => {
-            Decision::Reschedule(format!("refund {} is pending at the provider", one.id))
+
+    fn stage(self) -> Stage {
+        match self {
+            RefundState::EnProceso => Stage::NeverSent,
+            RefundState::Enviado => Stage::Sent,
+            RefundState::Completado | RefundState::Fallido | RefundState::RevisionManual => {
+                Stage::Left
+            }
         }
     }
-}
-
-fn human(d: TimeDelta) -> String {
-    let secs = u64::try_from(d.num_seconds()).unwrap_or(0);
-    humantime::format_duration(Duration::from_secs(secs)).to_string()
 }
 
 /// What reconciling refunds needs: the saga's dependencies and the payments' limits.
@@ -338,14 +292,9 @@ async fn decide_and_apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn horizons() -> Horizons {
-        Horizons {
-            key_window: TimeDelta::hours(24),
-            resend_margin: TimeDelta::minutes(1),
-            give_up_after: TimeDelta::hours(24),
-        }
-    }
+    use crate::gateway::GatewayError;
+    use crate::saga::reconcile::decide::decide_at;
+    use chrono::TimeDelta;
 
     fn found(status: RefundStatus) -> Refund {
         Refund {
@@ -357,23 +306,6 @@ mod tests {
             reference: "r".into(),
             failure_code: None,
         }
-    }
-
-    fn decide_at(
-        state: RefundState,
-        age: TimeDelta,
-        lookup: Option<Result<Vec<Refund>, GatewayError>>,
-    ) -> Decision {
-        let now = Utc::now();
-        decide(
-            &Facts {
-                state,
-                created_at: now - age,
-                now,
-                lookup: lookup.as_ref(),
-            },
-            &horizons(),
-        )
     }
 
     #[test]

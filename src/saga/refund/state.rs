@@ -54,6 +54,7 @@ pub fn transition(from: RefundState, event: Event) -> Result<RefundState, Illega
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::saga::state::table;
     use Event::*;
     use RefundState::*;
 
@@ -83,27 +84,18 @@ mod tests {
 
     #[test]
     fn every_allowed_refund_move_lands_where_the_table_says() {
-        for (from, event, to) in ALLOWED {
-            assert_eq!(transition(from, event), Ok(to), "{from} + {event:?}");
-        }
+        table::assert_lands(transition, &ALLOWED);
     }
 
     #[test]
     fn every_other_refund_move_is_refused() {
-        let mut refused = 0;
-        for from in RefundState::ALL {
-            for event in EVENTS {
-                if ALLOWED.iter().any(|(f, e, _)| *f == from && *e == event) {
-                    continue;
-                }
-                assert_eq!(
-                    transition(from, event),
-                    Err(IllegalTransition { from, event }),
-                    "{from} + {event:?} must be refused"
-                );
-                refused += 1;
-            }
-        }
+        let refused = table::assert_refused(
+            transition,
+            &RefundState::ALL,
+            &EVENTS,
+            &ALLOWED,
+            |from, event| IllegalTransition { from, event },
+        );
         assert_eq!(refused, 5 * 7 - ALLOWED.len());
     }
 

@@ -19,6 +19,7 @@ use crate::idempotency::derive::derive_refund;
 use crate::outbox;
 use crate::saga::refund::state::{Event, IllegalTransition, RefundState, transition};
 use crate::saga::state::PaymentState;
+use crate::saga::store::{Scheduled, chrono_after, one_statement};
 use chrono::{DateTime, Utc};
 use pagos_types::EventType;
 use sea_orm::sea_query::{Expr, ExprTrait};
@@ -46,14 +47,6 @@ pub enum StoreError {
 pub struct Render {
     pub answer: fn(&refund::Model) -> FrozenAnswer,
     pub datos: fn(&refund::Model) -> String,
-}
-
-fn after(d: Duration) -> chrono::TimeDelta {
-    chrono::TimeDelta::from_std(d).unwrap_or(chrono::TimeDelta::MAX)
-}
-
-fn one_statement(db: &impl ConnectionTrait) -> bool {
-    db.get_database_backend() == DbBackend::Postgres
 }
 
 pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<refund::Model>, DbErr> {
@@ -298,7 +291,7 @@ fn new_refund(
 ) -> refund::Model {
     let at = now();
     let derived = derive_refund(reg.merchant, reg.scope.as_str(), reg.key, p.id);
-    let held = at + after(reg.lease);
+    let held = at + chrono_after(reg.lease);
     refund::Model {
         id: derived.refund_id,
         payment_id: p.id,
@@ -329,13 +322,8 @@ fn new_refund(
     }
 }
 
-/// What a fenced write came to.
-#[derive(Debug)]
-pub enum Written {
-    Applied(Box<refund::Model>),
-    /// The refund moved since it was read: nothing written.
-    Fenced,
-}
+/// What a fenced write of a refund came to.
+pub type Written = crate::saga::store::Written<refund::Model>;
 
 /// What changes besides the state.
 #[derive(Clone, Debug, Default)]
@@ -359,11 +347,8 @@ pub async fn apply_now(
     render: Render,
 ) -> Result<Written, StoreError> {
     let (next, audit, told) = plan(current, event, changes, actor, reason, render)?;
-    Ok(if write(db, current, &next, audit, told).await? {
-        Written::Applied(Box::new(next))
-    } else {
-        Written::Fenced
-    })
+    let applied = write(db, current, &next, audit, told).await?;
+    Ok(Written::of(applied, next))
 }
 
 /// `apply_now`'s writes in the caller's transaction (a webhook's, with its dedupe row).
@@ -377,11 +362,8 @@ pub async fn apply_in<C: ConnectionTrait>(
     render: Render,
 ) -> Result<Written, StoreError> {
     let (next, audit, told) = plan(current, event, changes, actor, reason, render)?;
-    Ok(if write_on(tx, current, &next, audit, told).await? {
-        Written::Applied(Box::new(next))
-    } else {
-        Written::Fenced
-    })
+    let applied = write_on(tx, current, &next, audit, told).await?;
+    Ok(Written::of(applied, next))
 }
 
 /// What applying `event` writes; an impossible move is refused before anything is.
@@ -488,19 +470,13 @@ pub async fn hand_over(
     due_at: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
     let mut next = current.clone();
-    next.version += 1;
-    next.updated_at = now();
-    next.next_attempt_at = due_at;
-    next.claimed_until = None;
+    next.due_again(due_at, false);
     next.lease_until = None;
     if gateway_ref.is_some() {
         next.gateway_ref = gateway_ref;
     }
-    Ok(if write(db, current, &next, None, None).await? {
-        Written::Applied(Box::new(next))
-    } else {
-        Written::Fenced
-    })
+    let applied = write(db, current, &next, None, None).await?;
+    Ok(Written::of(applied, next))
 }
 
 /// The provider had no final answer: look again at `due_at`. Counts an attempt.
@@ -510,16 +486,9 @@ pub async fn reschedule(
     due_at: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
     let mut next = current.clone();
-    next.version += 1;
-    next.attempts += 1;
-    next.updated_at = now();
-    next.next_attempt_at = due_at;
-    next.claimed_until = None;
-    Ok(if write(db, current, &next, None, None).await? {
-        Written::Applied(Box::new(next))
-    } else {
-        Written::Fenced
-    })
+    next.due_again(due_at, true);
+    let applied = write(db, current, &next, None, None).await?;
+    Ok(Written::of(applied, next))
 }
 
 /// Extends a claim this worker holds (a fenced write).
@@ -529,14 +498,9 @@ pub async fn renew_claim(
     until: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
     let mut next = current.clone();
-    next.version += 1;
-    next.next_attempt_at = until;
-    next.claimed_until = Some(until);
-    Ok(if write(db, current, &next, None, None).await? {
-        Written::Applied(Box::new(next))
-    } else {
-        Written::Fenced
-    })
+    next.hold(until);
+    let applied = write(db, current, &next, None, None).await?;
+    Ok(Written::of(applied, next))
 }
 
 /// The columns a step may change, in the order `write` binds them.
@@ -743,7 +707,7 @@ async fn claim(
 ) -> Result<Vec<refund::Model>, DbErr> {
     use sea_orm::QueryTrait;
     use sea_orm::sea_query::{LockBehavior, LockType};
-    let until = now() + after(claim_for);
+    let until = now() + chrono_after(claim_for);
     if one_statement(db) {
         let picked = query
             .select_only()
@@ -784,9 +748,7 @@ async fn claim(
         .await?;
     tx.commit().await?;
     for row in &mut rows {
-        row.version += 1;
-        row.next_attempt_at = until;
-        row.claimed_until = Some(until);
+        row.hold(until);
     }
     Ok(rows)
 }
