@@ -348,7 +348,7 @@ mod tests {
         let recent = due(0, Some(now() - TimeDelta::seconds(60)));
         let (_, endpoint) = decide(&retries(), &recent, &failed, 0.5);
         assert!(matches!(endpoint, EndpointAfter::Failing { .. }));
-        let old = due(0, Some(now() - TimeDelta::seconds(3600)));
+        let old = due(0, Some(now() - TimeDelta::seconds(3601)));
         let (_, endpoint) = decide(&retries(), &old, &failed, 0.5);
         assert!(matches!(endpoint, EndpointAfter::Deactivate { .. }));
     }
