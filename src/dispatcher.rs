@@ -264,7 +264,6 @@ mod tests {
                 sequence: 1,
                 body: "{}".into(),
                 created_at: at,
-                fanned_out: true,
             },
             endpoint: webhook_endpoint::Model {
                 id: Uuid::nil(),

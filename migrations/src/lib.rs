@@ -19,6 +19,7 @@ mod m20261204_000011_events;
 mod m20261204_000012_delivery_rounds;
 mod m20261204_000013_operators;
 mod m20261205_000014_payment_search_index;
+mod m20261205_000015_events_to_fan_out;
 
 pub struct Migrator;
 
@@ -40,6 +41,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000012_delivery_rounds::Migration),
             Box::new(m20261204_000013_operators::Migration),
             Box::new(m20261205_000014_payment_search_index::Migration),
+            Box::new(m20261205_000015_events_to_fan_out::Migration),
         ]
     }
 }

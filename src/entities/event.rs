@@ -18,8 +18,6 @@ pub struct Model {
     /// The event as delivered, byte for byte on every attempt.
     pub body: String,
     pub created_at: ChronoDateTimeUtc,
-    /// The delivery worker has made its deliveries.
-    pub fanned_out: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

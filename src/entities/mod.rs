@@ -4,6 +4,7 @@
 
 pub mod api_key;
 pub mod event;
+pub mod event_to_fan_out;
 pub mod idempotency_key;
 pub mod instance_fact;
 pub mod merchant;

@@ -12,6 +12,7 @@
 use crate::db::{begin_write, now};
 use crate::delivery::Attempt;
 use crate::entities::event;
+use crate::entities::event_to_fan_out as queued;
 use crate::entities::webhook_attempt as attempts;
 use crate::entities::webhook_delivery::{self as deliveries, DeliveryState};
 use crate::entities::webhook_endpoint::{self as endpoints, EndpointState};
@@ -42,7 +43,8 @@ fn skip_locked<E: EntityTrait>(query: Select<E>, backend: DbBackend) -> Select<E
     }
 }
 
-/// Makes the deliveries of up to `limit` events not fanned out yet, due at `due_at`;
+/// Makes the deliveries of up to `limit` events not fanned out yet (those in
+/// `events_to_fan_out`, whose rows it deletes), due at `due_at`;
 /// the number of events fanned out. An event of a merchant with no endpoint that wants it
 /// gets none (it is then never "pending").
 pub async fn fan_out(
@@ -51,17 +53,24 @@ pub async fn fan_out(
     due_at: impl Fn(&event::Model) -> DateTime<Utc>,
 ) -> Result<usize, DbErr> {
     let tx = begin_write(db).await?;
-    let query = event::Entity::find()
-        .filter(event::Column::FannedOut.eq(false))
-        .order_by_asc(event::Column::Id)
+    let query = queued::Entity::find()
+        .order_by_asc(queued::Column::EventId)
         .limit(limit);
-    let events = skip_locked(query, db.get_database_backend())
+    let ids: Vec<String> = skip_locked(query, db.get_database_backend())
         .all(&tx)
-        .await?;
-    if events.is_empty() {
+        .await?
+        .into_iter()
+        .map(|q| q.event_id)
+        .collect();
+    if ids.is_empty() {
         tx.rollback().await?;
         return Ok(0);
     }
+    let events = event::Entity::find()
+        .filter(event::Column::Id.is_in(ids.clone()))
+        .order_by_asc(event::Column::Id)
+        .all(&tx)
+        .await?;
     let merchants: Vec<Uuid> = events.iter().map(|e| e.merchant_id).collect();
     let active = endpoints::Entity::find()
         .filter(endpoints::Column::MerchantId.is_in(merchants))
@@ -95,13 +104,12 @@ pub async fn fan_out(
             .exec_without_returning(&tx)
             .await?;
     }
-    event::Entity::update_many()
-        .col_expr(event::Column::FannedOut, Expr::value(true))
-        .filter(event::Column::Id.is_in(events.iter().map(|e| e.id.clone())))
+    queued::Entity::delete_many()
+        .filter(queued::Column::EventId.is_in(ids.clone()))
         .exec(&tx)
         .await?;
     tx.commit().await?;
-    Ok(events.len())
+    Ok(ids.len())
 }
 
 /// Claims up to `limit` deliveries due by `due_by` to active endpoints, oldest due

@@ -14,7 +14,7 @@ use uuid::Uuid;
 /// delivery that is not `ENTREGADA`.
 fn pending() -> sea_orm::sea_query::SimpleExpr {
     Expr::cust(
-        r#"("events"."fanned_out" = FALSE OR EXISTS (SELECT 1 FROM "webhook_deliveries" AS "d" WHERE "d"."event_id" = "events"."id" AND "d"."state" IN ('PENDIENTE', 'ABANDONADA')))"#,
+        r#"(EXISTS (SELECT 1 FROM "events_to_fan_out" AS "q" WHERE "q"."event_id" = "events"."id") OR EXISTS (SELECT 1 FROM "webhook_deliveries" AS "d" WHERE "d"."event_id" = "events"."id" AND "d"."state" IN ('PENDIENTE', 'ABANDONADA')))"#,
     )
 }
 
@@ -105,7 +105,11 @@ pub async fn oldest_undelivered(
             .into_tuple::<Option<chrono::DateTime<chrono::Utc>>>()
             .one(db)
     };
-    let not_fanned = oldest(event::Column::FannedOut.eq(false)).await?.flatten();
+    let not_fanned = oldest(Expr::cust(
+        r#""events"."id" IN (SELECT "event_id" FROM "events_to_fan_out")"#,
+    ))
+    .await?
+    .flatten();
     let not_delivered = oldest(Expr::cust(
         r#""events"."id" IN (SELECT "event_id" FROM "webhook_deliveries" WHERE "state" IN ('PENDIENTE', 'ABANDONADA'))"#,
     ))

@@ -15,7 +15,7 @@ pub mod deliveries;
 pub mod endpoints;
 pub mod events;
 
-use crate::entities::event;
+use crate::entities::{event, event_to_fan_out};
 use chrono::{DateTime, SecondsFormat, Utc};
 use pagos_types::EventType;
 use sea_orm::{ConnectionTrait, DbErr, EntityTrait};
@@ -66,16 +66,23 @@ pub fn event(
         sequence,
         body,
         created_at: at,
-        fanned_out: false,
     }
 }
 
-/// Writes `event` in `tx`, the transaction of the change it tells. The caller commits
-/// both or neither. (Refund transitions call this the way payment transitions do.)
+/// Writes `event` in `tx`, the transaction of the change it tells, and queues it for the
+/// delivery worker's fan-out. The caller commits all or nothing. (Refund transitions call
+/// this the way payment transitions do.)
 pub async fn record<C: ConnectionTrait>(tx: &C, event: &event::Model) -> Result<(), DbErr> {
     event::Entity::insert(event::ActiveModel::from(event.clone()))
         .exec_without_returning(tx)
         .await?;
+    event_to_fan_out::Entity::insert(event_to_fan_out::ActiveModel::from(
+        event_to_fan_out::Model {
+            event_id: event.id.clone(),
+        },
+    ))
+    .exec_without_returning(tx)
+    .await?;
     Ok(())
 }
 

@@ -1027,8 +1027,9 @@ SELECT {} FROM "registered""#,
         }
         if let Some(row) = told {
             // The outbox: the event only if the payment moved.
+            // Queued for the delivery worker's fan-out in the same statement.
             sql += &format!(
-                ",\n\"told\" AS (\n  INSERT INTO \"events\" ({})\n  SELECT {} FROM \"moved\")",
+                ",\n\"told\" AS (\n  INSERT INTO \"events\" ({})\n  SELECT {} FROM \"moved\"\n  RETURNING \"id\"),\n\"queued\" AS (\n  INSERT INTO \"events_to_fan_out\" (\"event_id\")\n  SELECT \"id\" FROM \"told\")",
                 columns::<event::Entity>(),
                 listed(row)
             );

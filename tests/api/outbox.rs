@@ -62,7 +62,12 @@ async fn a_completed_payment_writes_one_event_with_the_payment_as_it_answered(ba
         body.secuencia,
         u64::try_from(stored.version).expect("version")
     );
-    assert!(!e.fanned_out);
+    // Queued for the delivery worker's fan-out, with the payment's move.
+    let queued = pagos::entities::event_to_fan_out::Entity::find_by_id(e.id.clone())
+        .one(&app.db)
+        .await
+        .expect("query");
+    assert!(queued.is_some(), "the event waits for its fan-out");
 }
 
 async fn a_declined_payment_writes_a_failed_event(backend: Backend) {
