@@ -20,6 +20,7 @@ mod m20261204_000012_delivery_rounds;
 mod m20261204_000013_operators;
 mod m20261205_000014_payment_search_index;
 mod m20261205_000015_events_to_fan_out;
+mod m20261206_000016_events_fanned_out_for_older_processes;
 
 pub struct Migrator;
 
@@ -42,6 +43,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000013_operators::Migration),
             Box::new(m20261205_000014_payment_search_index::Migration),
             Box::new(m20261205_000015_events_to_fan_out::Migration),
+            Box::new(m20261206_000016_events_fanned_out_for_older_processes::Migration),
         ]
     }
 }

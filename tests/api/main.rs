@@ -21,6 +21,7 @@ mod gateway_refunds;
 mod mercadopago;
 mod merchants;
 mod money_path;
+mod older_processes;
 mod operators;
 mod ops;
 mod outbox;
