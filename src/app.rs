@@ -193,6 +193,7 @@ pub fn dispatcher_of(state: &AppState) -> Dispatcher {
         retries: webhooks.retries(),
         metrics: state.metrics.clone(),
         batch: 32,
+        fan_out_batch: 500,
         claim_for: webhooks.timeout + dispatcher::CLAIM_MARGIN,
         idle: std::time::Duration::from_millis(250),
     }
@@ -360,6 +361,11 @@ impl Drop for AbortOnDrop {
 pub const DEMO_API_KEY: &str = "sk_sandbox_demo";
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    if !crate::outbox::ON {
+        tracing::warn!(
+            "built with bench-without-outbox: no event is written, no merchant is told; a benchmark yardstick, never a deployment"
+        );
+    }
     let db = open_and_migrate(&settings.database).await?;
     pin_gateway(&db, &settings).await?;
     if settings.gateway == GatewayKind::Sandbox {

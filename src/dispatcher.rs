@@ -36,6 +36,9 @@ pub struct Dispatcher {
     pub metrics: Arc<Metrics>,
     /// Deliveries claimed (and sent concurrently) per round.
     pub batch: u64,
+    /// Events fanned out per round: only rows are written, so many at once (a busy payment
+    /// path then costs the worker a few transactions a second).
+    pub fan_out_batch: u64,
     /// How long a claim holds a delivery: longer than one attempt (`PAGOS_WEBHOOKS_TIMEOUT`)
     /// plus storing it.
     pub claim_for: Duration,
@@ -52,6 +55,7 @@ pub const CLAIM_MARGIN: Duration = Duration::from_secs(5);
 /// few transactions a second, not one per payment.
 pub async fn run_periodically(d: Dispatcher, mut stop: tokio::sync::watch::Receiver<bool>) {
     let full = usize::try_from(d.batch).unwrap_or(usize::MAX);
+    let fan_out_full = usize::try_from(d.fan_out_batch).unwrap_or(usize::MAX);
     loop {
         if *stop.borrow() {
             return;
@@ -63,7 +67,7 @@ pub async fn run_periodically(d: Dispatcher, mut stop: tokio::sync::watch::Recei
                 (0, 0)
             }
         };
-        if fanned < full && attempted < full {
+        if fanned < fan_out_full && attempted < full {
             tokio::select! {
                 () = tokio::time::sleep(d.idle) => {}
                 changed = stop.changed() => {
@@ -87,8 +91,8 @@ pub async fn round(d: &Dispatcher) -> Result<usize, DbErr> {
 /// One round: the events fanned out and the attempts made, apart.
 async fn round_counts(d: &Dispatcher) -> Result<(usize, usize), DbErr> {
     let retries = d.retries.clone();
-    let fanned = deliveries::fan_out(&d.db, d.batch, |e| {
-        retries.first_attempt(e.created_at, rand::random())
+    let fanned = deliveries::fan_out(&d.db, d.fan_out_batch, |created_at| {
+        retries.first_attempt(created_at, rand::random())
     })
     .await?;
     let at = now();

@@ -11,7 +11,7 @@
 
 use crate::db::{begin_write, now};
 use crate::delivery::Attempt;
-use crate::entities::event;
+use crate::entities::event::{self, EventType};
 use crate::entities::event_to_fan_out as queued;
 use crate::entities::webhook_attempt as attempts;
 use crate::entities::webhook_delivery::{self as deliveries, DeliveryState};
@@ -50,7 +50,7 @@ fn skip_locked<E: EntityTrait>(query: Select<E>, backend: DbBackend) -> Select<E
 pub async fn fan_out(
     db: &DatabaseConnection,
     limit: u64,
-    due_at: impl Fn(&event::Model) -> DateTime<Utc>,
+    due_at: impl Fn(DateTime<Utc>) -> DateTime<Utc>,
 ) -> Result<usize, DbErr> {
     let tx = begin_write(db).await?;
     let query = queued::Entity::find()
@@ -66,12 +66,24 @@ pub async fn fan_out(
         tx.rollback().await?;
         return Ok(0);
     }
-    let events = event::Entity::find()
+    // What the fan-out reads of an event: not its body (~1 KiB), which only an attempt
+    // sends.
+    let events: Vec<(String, Uuid, EventType, DateTime<Utc>)> = event::Entity::find()
+        .select_only()
+        .columns([
+            event::Column::Id,
+            event::Column::MerchantId,
+            event::Column::EventType,
+            event::Column::CreatedAt,
+        ])
         .filter(event::Column::Id.is_in(ids.clone()))
         .order_by_asc(event::Column::Id)
+        .into_tuple()
         .all(&tx)
         .await?;
-    let merchants: Vec<Uuid> = events.iter().map(|e| e.merchant_id).collect();
+    let mut merchants: Vec<Uuid> = events.iter().map(|e| e.1).collect();
+    merchants.sort_unstable();
+    merchants.dedup();
     let active = endpoints::Entity::find()
         .filter(endpoints::Column::MerchantId.is_in(merchants))
         .filter(endpoints::Column::State.eq(EndpointState::Activo))
@@ -79,19 +91,19 @@ pub async fn fan_out(
         .await?;
     let at = now();
     let mut rows = Vec::new();
-    for e in &events {
+    for (id, merchant, event_type, created_at) in &events {
         for endpoint in active
             .iter()
-            .filter(|ep| ep.merchant_id == e.merchant_id && wants(ep, e.event_type))
+            .filter(|ep| ep.merchant_id == *merchant && wants(ep, *event_type))
         {
             rows.push(deliveries::ActiveModel::from(deliveries::Model {
-                event_id: e.id.clone(),
+                event_id: id.clone(),
                 endpoint_id: endpoint.id,
-                merchant_id: e.merchant_id,
+                merchant_id: *merchant,
                 state: DeliveryState::Pending,
                 attempts: 0,
                 round_start: 0,
-                next_attempt_at: due_at(e),
+                next_attempt_at: due_at(*created_at),
                 delivered_at: None,
                 created_at: at,
                 updated_at: at,
