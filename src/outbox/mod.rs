@@ -21,6 +21,10 @@ use pagos_types::EventType;
 use sea_orm::{ConnectionTrait, DbErr, EntityTrait};
 use uuid::Uuid;
 
+/// Whether transitions write their events: always, but in the outbox benchmark's
+/// yardstick (the `bench-without-outbox` feature), which measures what the outbox costs.
+pub const ON: bool = !cfg!(feature = "bench-without-outbox");
+
 /// A new event id: `evt_` and a UUIDv7 in hex, so ids sort by the time they were made.
 pub fn new_id() -> String {
     format!("evt_{}", Uuid::now_v7().simple())

@@ -423,7 +423,7 @@ fn plan(
     // Its `secuencia` is the payment's version after the move: it only grows, and each
     // version is written once (fencing).
     let event = EventType::of_payment(to)
-        .filter(|_| from != to)
+        .filter(|_| from != to && outbox::ON)
         .map(|tipo| {
             outbox::event(
                 next.merchant_id,

@@ -418,16 +418,18 @@ fn plan(
     });
     // The outbox: a move the merchant must know writes its event with it. Its
     // `secuencia` is the refund's version after the move (it only grows).
-    let told = EventType::of_refund(to).filter(|_| from != to).map(|tipo| {
-        outbox::event(
-            next.merchant_id,
-            tipo,
-            next.id,
-            next.version,
-            &(render.datos)(&next),
-            at,
-        )
-    });
+    let told = EventType::of_refund(to)
+        .filter(|_| from != to && outbox::ON)
+        .map(|tipo| {
+            outbox::event(
+                next.merchant_id,
+                tipo,
+                next.id,
+                next.version,
+                &(render.datos)(&next),
+                at,
+            )
+        });
     Ok((next, audit, told))
 }
 
