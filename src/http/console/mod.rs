@@ -157,6 +157,19 @@ impl Console {
         form.ok_or_else(|| Box::new(refused(Some(self), view::CSRF_REFUSED)))
     }
 
+    /// `acting_form` for an action on the payment `id` (the path's), and the payment's id:
+    /// refused as `acting_form` refuses, then 404 for an id that names no payment.
+    fn acting_on_payment<F>(
+        &self,
+        form: Result<Form<F>, FormRejection>,
+        csrf: fn(&F) -> Option<&str>,
+        id: &str,
+    ) -> Result<(F, Uuid), Box<Response>> {
+        let form = self.acting_form(form, csrf)?;
+        let uuid = parse_id(id).ok_or_else(|| Box::new(not_found(self)))?;
+        Ok((form, uuid))
+    }
+
     /// The refusal of a form without this session's CSRF token; `None` when it has it.
     fn csrf_refusal(&self, given: Option<&str>) -> Option<Response> {
         if self.session.csrf_matches(given) {
@@ -759,6 +772,12 @@ async fn detail_response(
     }
 }
 
+/// The payment's page with what went wrong (`explain`) above it.
+async fn detail_error(state: &AppState, console: &Console, id: &str, err: ApiError) -> Response {
+    let (status, text) = explain(err);
+    detail_response(state, console, id, status, Some(("error", &text))).await
+}
+
 fn not_found(console: &Console) -> Response {
     let body =
         html! { h1 { "No such payment" } p { a href="/consola/pagos" { "Search payments" } } };
@@ -1051,11 +1070,9 @@ async fn reconcile_payment(
     Path(id): Path<String>,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Response {
-    if let Err(refusal) = console.acting_form(form, |f| f.csrf.as_deref()) {
-        return *refusal;
-    }
-    let Some(uuid) = parse_id(&id) else {
-        return not_found(&console);
+    let uuid = match console.acting_on_payment(form, |f| f.csrf.as_deref(), &id) {
+        Ok((_, uuid)) => uuid,
+        Err(refusal) => return *refusal,
     };
     match admin::reconcile_now(&state, &console.admin(), Some(uuid)).await {
         Ok(report) => {
@@ -1066,10 +1083,7 @@ async fn reconcile_payment(
             };
             Redirect::to(&format!("/consola/pagos/{uuid}?hecho={done}")).into_response()
         }
-        Err(err) => {
-            let (status, text) = explain(err);
-            detail_response(&state, &console, &id, status, Some(("error", &text))).await
-        }
+        Err(err) => detail_error(&state, &console, &id, err).await,
     }
 }
 
@@ -1088,12 +1102,9 @@ async fn resolve_payment(
     Path(id): Path<String>,
     form: Result<Form<ResolveForm>, FormRejection>,
 ) -> Response {
-    let form = match console.acting_form(form, |f| f.csrf.as_deref()) {
-        Ok(form) => form,
+    let (form, uuid) = match console.acting_on_payment(form, |f| f.csrf.as_deref(), &id) {
+        Ok(acting) => acting,
         Err(refusal) => return *refusal,
-    };
-    let Some(uuid) = parse_id(&id) else {
-        return not_found(&console);
     };
     let gateway_ref = form.gateway_ref.filter(|r| !r.trim().is_empty());
     match admin::resolve_by_hand(
@@ -1108,10 +1119,7 @@ async fn resolve_payment(
     .await
     {
         Ok(p) => Redirect::to(&format!("/consola/pagos/{}?hecho=resuelto", p.id)).into_response(),
-        Err(err) => {
-            let (status, text) = explain(err);
-            detail_response(&state, &console, &id, status, Some(("error", &text))).await
-        }
+        Err(err) => detail_error(&state, &console, &id, err).await,
     }
 }
 
@@ -1131,12 +1139,9 @@ async fn refund_payment(
     Path(id): Path<String>,
     form: Result<Form<RefundForm>, FormRejection>,
 ) -> Response {
-    let form = match console.acting_form(form, |f| f.csrf.as_deref()) {
-        Ok(form) => form,
+    let (form, uuid) = match console.acting_on_payment(form, |f| f.csrf.as_deref(), &id) {
+        Ok(acting) => acting,
         Err(refusal) => return *refusal,
-    };
-    let Some(uuid) = parse_id(&id) else {
-        return not_found(&console);
     };
     let monto = match form
         .monto
@@ -1173,10 +1178,7 @@ async fn refund_payment(
     .await;
     let answer = match answer {
         Ok(answer) => answer,
-        Err(err) => {
-            let (status, text) = explain(err);
-            return detail_response(&state, &console, &id, status, Some(("error", &text))).await;
-        }
+        Err(err) => return detail_error(&state, &console, &id, err).await,
     };
     let status = answer.status();
     if status.is_success() {
