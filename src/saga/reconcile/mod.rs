@@ -211,7 +211,7 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
             in_flight.push(process(r, p));
         }
         if in_hand.is_empty() && more && claiming.is_none() {
-            claiming = Some(Box::pin(store::claim_due(
+            claiming = Some(Box::pin(store::claim_due::<payment::Entity>(
                 &r.saga.db,
                 started,
                 batch,
@@ -260,7 +260,7 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
 /// client retry), unless someone holds it: a request still sending it, a pass, another
 /// "reconcile now". Then it is skipped (`omitidos`), never worked on twice at once.
 pub async fn reconcile_one(r: &Reconciler, id: Uuid, when: When) -> Result<Report, sea_orm::DbErr> {
-    match store::claim_one(&r.saga.db, id, when, r.claim_for).await? {
+    match store::claim_one::<payment::Entity>(&r.saga.db, id, when, r.claim_for).await? {
         Some(claimed) => Ok(process_all(r, vec![claimed]).await),
         None => Ok(Handled::Skipped.report()),
     }

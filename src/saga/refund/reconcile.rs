@@ -17,6 +17,7 @@ use crate::saga::reconcile::decide::{
 use crate::saga::refund::state::{Event, RefundState};
 use crate::saga::refund::store::{self, Changes, StoreError, Written};
 use crate::saga::refund::{self as steps, Actor};
+use crate::saga::store::When;
 use futures::StreamExt;
 use rand::Rng;
 use serde::Serialize;
@@ -146,7 +147,7 @@ pub async fn run_pass(
     let started = crate::db::now();
     let mut report = RefundReport::default();
     loop {
-        let claimed = store::claim_due(
+        let claimed = crate::saga::store::claim_due::<refund::Entity>(
             &deps.db,
             started,
             u64::from(limits.concurrency),
@@ -180,7 +181,10 @@ pub async fn reconcile_one(
     if_due: bool,
 ) -> Result<RefundReport, sea_orm::DbErr> {
     let mut report = RefundReport::default();
-    match store::claim_one(&deps.db, id, if_due, limits.claim_for).await? {
+    let when = if if_due { When::IfDue } else { When::Now };
+    match crate::saga::store::claim_one::<refund::Entity>(&deps.db, id, when, limits.claim_for)
+        .await?
+    {
         Some(claimed) => report.add(process(deps, limits, claimed).await),
         None => report.add(Handled::Skipped),
     }
