@@ -723,13 +723,33 @@ fn report(changes: &Option<UnboundedSender<Change>>, change: Change) {
     }
 }
 
+/// A stored charge or refund as it settles: when (and to what) it settles if it is
+/// pending, its status, its sequence.
+trait Settling {
+    type Status: Copy;
+    fn settling(&mut self) -> SettlingParts<'_, Self::Status>;
+}
+
+type SettlingParts<'a, S> = (&'a mut Option<(Instant, S)>, &'a mut S, &'a mut u32);
+
+impl Settling for StoredCharge {
+    type Status = ChargeStatus;
+    fn settling(&mut self) -> SettlingParts<'_, ChargeStatus> {
+        (&mut self.settles, &mut self.status, &mut self.sequence)
+    }
+}
+
+impl Settling for StoredRefund {
+    type Status = RefundStatus;
+    fn settling(&mut self) -> SettlingParts<'_, RefundStatus> {
+        (&mut self.settles, &mut self.status, &mut self.sequence)
+    }
+}
+
 /// A pending charge's or refund's settling, once its time has come: its status becomes
 /// the one it settles to, and its sequence goes one up. True when it settled (a change).
-fn settle_if_due<S: Copy>(
-    settles: &mut Option<(Instant, S)>,
-    status: &mut S,
-    sequence: &mut u32,
-) -> bool {
+fn settle_if_due(stored: &mut impl Settling) -> bool {
+    let (settles, status, sequence) = stored.settling();
     let Some((at, to)) = *settles else {
         return false;
     };
@@ -749,11 +769,7 @@ fn settle(
     index: usize,
     changes: &Option<UnboundedSender<Change>>,
 ) -> Charge {
-    if settle_if_due(
-        &mut stored.settles,
-        &mut stored.status,
-        &mut stored.sequence,
-    ) {
+    if settle_if_due(stored) {
         report(
             changes,
             Change::Charge(ChargeChange {
@@ -776,11 +792,7 @@ fn settle_refund(
         refunds, charges, ..
     } = state;
     let stored = refunds.get_mut(index)?;
-    if settle_if_due(
-        &mut stored.settles,
-        &mut stored.status,
-        &mut stored.sequence,
-    ) {
+    if settle_if_due(stored) {
         report(
             changes,
             Change::Refund(RefundChange {
