@@ -431,6 +431,41 @@ fn page_number(pagina: Option<&str>) -> u64 {
         .unwrap_or(1)
 }
 
+/// One page of a list of payments, with what its table shows of them.
+struct PaymentPage {
+    rows: Vec<payment::Model>,
+    /// There are payments after this page.
+    has_next: bool,
+    names: HashMap<Uuid, String>,
+    last: HashMap<Uuid, String>,
+}
+
+impl PaymentPage {
+    /// Page `page_no` (from 1, `PAGE_SIZE` a page) of the payments `query` selects, in
+    /// its order.
+    async fn read(
+        state: &AppState,
+        query: sea_orm::Select<payment::Entity>,
+        page_no: u64,
+    ) -> Result<PaymentPage, ApiError> {
+        let mut rows = query
+            .offset((page_no - 1) * PAGE_SIZE)
+            .limit(PAGE_SIZE + 1)
+            .all(&state.db)
+            .await?;
+        let has_next = rows.len() as u64 > PAGE_SIZE;
+        rows.truncate(PAGE_SIZE as usize);
+        let names = merchant_names(state, &rows).await?;
+        let last = last_words(state, &rows).await?;
+        Ok(PaymentPage {
+            rows,
+            has_next,
+            names,
+            last,
+        })
+    }
+}
+
 /// Merchant names by id, for the rows shown.
 async fn merchant_names(
     state: &AppState,
@@ -536,18 +571,16 @@ async fn queue_page(state: &AppState, console: &Console, page_no: u64) -> Result
                 ]))
                 .add(payment::Column::CreatedAt.lt(stale_before)),
         );
-    let mut rows = payment::Entity::find()
+    let oldest_first = payment::Entity::find()
         .filter(needs_attention)
         .order_by_asc(payment::Column::CreatedAt)
-        .order_by_asc(payment::Column::Id)
-        .offset((page_no - 1) * PAGE_SIZE)
-        .limit(PAGE_SIZE + 1)
-        .all(&state.db)
-        .await?;
-    let has_next = rows.len() as u64 > PAGE_SIZE;
-    rows.truncate(PAGE_SIZE as usize);
-    let names = merchant_names(state, &rows).await?;
-    let last = last_words(state, &rows).await?;
+        .order_by_asc(payment::Column::Id);
+    let PaymentPage {
+        rows,
+        has_next,
+        names,
+        last,
+    } = PaymentPage::read(state, oldest_first, page_no).await?;
     let stale = humantime::format_duration(state.settings.stale_after);
     // Refunds that need on-call the same way: in review, or in flight too long.
     use crate::entities::refund;
@@ -673,18 +706,16 @@ async fn search_page(
         }
         filter = filter.add(any);
     }
-    let mut rows = payment::Entity::find()
+    let newest_first = payment::Entity::find()
         .filter(filter)
         .order_by_desc(payment::Column::CreatedAt)
-        .order_by_desc(payment::Column::Id)
-        .offset((page_no - 1) * PAGE_SIZE)
-        .limit(PAGE_SIZE + 1)
-        .all(&state.db)
-        .await?;
-    let has_next = rows.len() as u64 > PAGE_SIZE;
-    rows.truncate(PAGE_SIZE as usize);
-    let names = merchant_names(state, &rows).await?;
-    let last = last_words(state, &rows).await?;
+        .order_by_desc(payment::Column::Id);
+    let PaymentPage {
+        rows,
+        has_next,
+        names,
+        last,
+    } = PaymentPage::read(state, newest_first, page_no).await?;
     let base = format!(
         "/consola/pagos?estado={}&q={}",
         estado.map_or("", |e| e.as_str()),
