@@ -53,12 +53,12 @@ impl SagaDeps {
         })
     }
 
-    /// When the reconciler looks at a handed-over payment or refund: `PAGOS_STALE_AFTER`,
-    /// doubled for each earlier send (`attempts` so far, this one included), so a gateway
-    /// that keeps failing is not resent to every period.
-    pub fn next_look(&self, attempts: i32) -> chrono::DateTime<chrono::Utc> {
+    /// When the reconciler looks at a payment or refund again: `PAGOS_STALE_AFTER`,
+    /// doubled `doublings` times (with jitter), so a gateway that keeps failing is not
+    /// asked or resent to every period.
+    pub fn next_look(&self, doublings: i32) -> chrono::DateTime<chrono::Utc> {
         let jitter: f64 = rand::Rng::random(&mut rand::rng());
-        crate::db::now() + backoff::backoff(self.stale_after, attempts - 1, jitter)
+        crate::db::now() + backoff::backoff(self.stale_after, doublings, jitter)
     }
 }
 
@@ -244,7 +244,8 @@ pub async fn record_outcome(
             format!("gateway refused the request with {status}: {detail}"),
         ),
         ChargeOutcome::Pending(charge) => {
-            let due = deps.next_look(sent.attempts);
+            // Doubled for each earlier send.
+            let due = deps.next_look(sent.attempts - 1);
             return match store::hand_over(&deps.db, &sent, Some(charge.id), due).await? {
                 Written::Applied(p) => Ok(*p),
                 Written::Fenced => reload(deps, &sent).await,
@@ -252,7 +253,8 @@ pub async fn record_outcome(
         }
         ChargeOutcome::Unknown(why) => {
             tracing::warn!(payment_id = %sent.id, why, "gateway outcome unknown; the reconciler will ask the provider");
-            let due = deps.next_look(sent.attempts);
+            // Doubled for each earlier send.
+            let due = deps.next_look(sent.attempts - 1);
             return match store::hand_over(&deps.db, &sent, None, due).await? {
                 Written::Applied(p) => Ok(*p),
                 Written::Fenced => reload(deps, &sent).await,

@@ -208,7 +208,8 @@ async fn hand_over(
     sent: refund::Model,
     gateway_ref: Option<String>,
 ) -> Result<refund::Model, StoreError> {
-    let due = deps.next_look(sent.attempts);
+    // Doubled for each earlier send.
+    let due = deps.next_look(sent.attempts - 1);
     match store::hand_over(&deps.db, &sent, gateway_ref, due).await? {
         Written::Applied(r) => Ok(*r),
         Written::Fenced => reload(deps, &sent).await,
