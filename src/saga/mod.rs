@@ -68,9 +68,9 @@ const RENDER: store::Render = store::Render {
     datos: representation::datos,
 };
 
-/// Applies `event` to `current` in `tx` (`store::apply`), freezing the key's answer as
-/// the contract renders it when the payment becomes final. Every decision goes through
-/// here or `apply_now`: the store writes, the answer is rendered above it.
+/// Applies `event` to `current` in `tx` (`store::plan`, written in `tx`), freezing the
+/// key's answer as the contract renders it when the payment becomes final. Every decision
+/// goes through here or `apply_now`: the store writes, the answer is rendered above it.
 pub async fn apply<C: sea_orm::ConnectionTrait>(
     tx: &C,
     current: &payment::Model,
@@ -79,10 +79,12 @@ pub async fn apply<C: sea_orm::ConnectionTrait>(
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
-    store::apply(tx, current, event, changes, actor, reason, RENDER).await
+    let plan = store::plan(current, event, changes, actor, reason, RENDER)?;
+    Ok(plan.write(tx, current).await?)
 }
 
-/// One event committed on its own (`store::apply_now`), with the rendered answer.
+/// One event committed on its own (`store::plan`, written by itself), with the rendered
+/// answer.
 pub async fn apply_now(
     db: &DatabaseConnection,
     current: &payment::Model,
@@ -91,7 +93,8 @@ pub async fn apply_now(
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
-    store::apply_now(db, current, event, changes, actor, reason, RENDER).await
+    let plan = store::plan(current, event, changes, actor, reason, RENDER)?;
+    Ok(plan.write_now(db, current).await?)
 }
 
 pub fn charge_request(p: &payment::Model) -> ChargeRequest {

@@ -358,8 +358,9 @@ pub struct Changes {
     pub count_attempt: bool,
 }
 
-/// Everything one decision writes, worked out before anything is written.
-struct Plan {
+/// Everything one decision writes, worked out before anything is written (`plan`), then
+/// written in the caller's transaction (`write`) or committed on its own (`write_now`).
+pub struct Plan {
     /// The payment as it will be (its version one above the current one).
     next: payment::Model,
     /// The audit row, when the decision is worth one.
@@ -373,9 +374,10 @@ struct Plan {
     event: Option<event::Model>,
 }
 
-/// What applying `event` to `current` writes; an impossible move is refused here, before
-/// anything is written.
-fn plan(
+/// What applying `event` to `current` writes — the fenced update, the audit row, and,
+/// when the payment becomes final, the key's frozen answer as `render` renders it; an
+/// impossible move is refused here, before anything is written.
+pub fn plan(
     current: &payment::Model,
     event: Event,
     changes: Changes,
@@ -464,23 +466,26 @@ fn without_personal_data(stored: &str) -> String {
         .unwrap_or_else(|| "{}".to_owned())
 }
 
-/// Applies `event` to `current` in `tx`: the fenced update, the audit row, and — when the
-/// payment becomes final — the key's frozen answer, as `render` renders it. The caller
-/// commits.
-pub async fn apply<C: ConnectionTrait>(
-    tx: &C,
-    current: &payment::Model,
-    event: Event,
-    changes: Changes,
-    actor: Actor,
-    reason: &str,
-    render: Render,
-) -> Result<Written, StoreError> {
-    let plan = plan(current, event, changes, actor, reason, render)?;
-    Ok(Written::of(
-        write_plan(tx, current, &plan).await?,
-        plan.next,
-    ))
+impl Plan {
+    /// The plan's writes in `tx`, over `current`; the caller commits.
+    pub async fn write<C: ConnectionTrait>(
+        self,
+        tx: &C,
+        current: &payment::Model,
+    ) -> Result<Written, DbErr> {
+        let applied = write_plan(tx, current, &self).await?;
+        Ok(Written::of(applied, self.next))
+    }
+
+    /// The plan's writes over `current`, committed on their own.
+    pub async fn write_now(
+        self,
+        db: &DatabaseConnection,
+        current: &payment::Model,
+    ) -> Result<Written, DbErr> {
+        let applied = write_plan_now(db, current, &self).await?;
+        Ok(Written::of(applied, self.next))
+    }
 }
 
 /// The plan's writes as statements in the caller's transaction; false (nothing written)
@@ -615,23 +620,6 @@ async fn update_key_in_progress<C: ConnectionTrait>(
     Ok(())
 }
 
-/// One event, committed on its own (`apply`'s writes, and `render`'s frozen answer).
-pub async fn apply_now(
-    db: &DatabaseConnection,
-    current: &payment::Model,
-    event: Event,
-    changes: Changes,
-    actor: Actor,
-    reason: &str,
-    render: Render,
-) -> Result<Written, StoreError> {
-    let plan = plan(current, event, changes, actor, reason, render)?;
-    Ok(Written::of(
-        write_plan_now(db, current, &plan).await?,
-        plan.next,
-    ))
-}
-
 /// The request gives up ownership of a payment it could not settle (gateway pending or
 /// unknown): the reconciler takes it from `next_attempt_at`, and retries of the key are
 /// answered with the payment's current state instead of 409.
@@ -653,10 +641,7 @@ pub async fn hand_over(
         release_lease: true,
         event: None,
     };
-    Ok(Written::of(
-        write_plan_now(db, current, &plan).await?,
-        plan.next,
-    ))
+    plan.write_now(db, current).await
 }
 
 /// Ends a request's lease on the payment's key (no answer is frozen).
