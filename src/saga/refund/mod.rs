@@ -37,7 +37,8 @@ pub async fn apply_now(
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
-    store::apply_now(&deps.db, current, event, changes, actor, reason, RENDER).await
+    let plan = store::plan(current, event, changes, actor, reason, RENDER)?;
+    Ok(plan.write_now(&deps.db, current).await?)
 }
 
 /// What the refund store writes rendered: the key's frozen answer and the event's `datos`.

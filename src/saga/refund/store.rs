@@ -339,46 +339,47 @@ pub struct Changes {
     pub count_attempt: bool,
 }
 
-/// Applies `event` to `current`, committed on its own: the fenced update (with the key's
-/// frozen answer when the refund becomes final) and its audit row.
-pub async fn apply_now(
-    db: &DatabaseConnection,
-    current: &refund::Model,
-    event: Event,
-    changes: Changes,
-    actor: Actor,
-    reason: &str,
-    render: Render,
-) -> Result<Written, StoreError> {
-    let (next, audit, told) = plan(current, event, changes, actor, reason, render)?;
-    let applied = write(db, current, &next, audit, told).await?;
-    Ok(Written::of(applied, next))
+/// Everything one decision about a refund writes, worked out before anything is written
+/// (`plan`): the refund after it (with the key's frozen answer when it becomes final), its
+/// audit row, its event. Written in the caller's transaction (`write_in`: a webhook's,
+/// with its dedupe row) or committed on its own (`write_now`).
+pub struct Plan {
+    next: refund::Model,
+    audit: Option<transitions::Model>,
+    told: Option<event::Model>,
 }
 
-/// `apply_now`'s writes in the caller's transaction (a webhook's, with its dedupe row).
-pub async fn apply_in<C: ConnectionTrait>(
-    tx: &C,
-    current: &refund::Model,
-    event: Event,
-    changes: Changes,
-    actor: Actor,
-    reason: &str,
-    render: Render,
-) -> Result<Written, StoreError> {
-    let (next, audit, told) = plan(current, event, changes, actor, reason, render)?;
-    let applied = write_on(tx, current, &next, audit, told).await?;
-    Ok(Written::of(applied, next))
+impl Plan {
+    /// The plan's writes in `tx`, over `current`; the caller commits.
+    pub async fn write_in<C: ConnectionTrait>(
+        self,
+        tx: &C,
+        current: &refund::Model,
+    ) -> Result<Written, DbErr> {
+        let applied = write_on(tx, current, &self).await?;
+        Ok(Written::of(applied, self.next))
+    }
+
+    /// The plan's writes over `current`, committed on their own.
+    pub async fn write_now(
+        self,
+        db: &DatabaseConnection,
+        current: &refund::Model,
+    ) -> Result<Written, DbErr> {
+        let applied = write(db, current, &self).await?;
+        Ok(Written::of(applied, self.next))
+    }
 }
 
 /// What applying `event` writes; an impossible move is refused before anything is.
-fn plan(
+pub fn plan(
     current: &refund::Model,
     event: Event,
     changes: Changes,
     actor: Actor,
     reason: &str,
     render: Render,
-) -> Result<Planned, IllegalTransition> {
+) -> Result<Plan, IllegalTransition> {
     let from = current.state;
     let to = transition(from, event)?;
     let at = now();
@@ -432,15 +433,8 @@ fn plan(
             at,
         )
     });
-    Ok((next, audit, told))
+    Ok(Plan { next, audit, told })
 }
-
-/// A planned write: the refund after it, its audit row, its event.
-type Planned = (
-    refund::Model,
-    Option<transitions::Model>,
-    Option<event::Model>,
-);
 
 /// Records `sequence` as the refund's newest event, if it is newer than the last one
 /// applied; false (stale: nothing to do) otherwise. In the event's transaction.
@@ -491,7 +485,12 @@ impl Rewritten for refund::Model {
         current: &'a Self,
         next: &'a Self,
     ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a {
-        write(db, current, next, None, None)
+        let alone = Plan {
+            next: next.clone(),
+            audit: None,
+            told: None,
+        };
+        async move { write(db, current, &alone).await }
     }
 }
 
@@ -521,15 +520,13 @@ fn moved_values(next: &refund::Model) -> Vec<Value> {
 async fn write(
     db: &DatabaseConnection,
     current: &refund::Model,
-    next: &refund::Model,
-    audit: Option<transitions::Model>,
-    told: Option<event::Model>,
+    plan: &Plan,
 ) -> Result<bool, DbErr> {
     if one_statement(db) {
-        return sql_write(db, current, next, audit, told).await;
+        return sql_write(db, current, plan).await;
     }
     let tx = begin_write(db).await?;
-    let applied = write_on(&tx, current, next, audit, told).await?;
+    let applied = write_on(&tx, current, plan).await?;
     kept_if(tx, applied).await
 }
 
@@ -537,15 +534,13 @@ async fn write(
 async fn write_on<C: ConnectionTrait>(
     tx: &C,
     current: &refund::Model,
-    next: &refund::Model,
-    audit: Option<transitions::Model>,
-    told: Option<event::Model>,
+    plan: &Plan,
 ) -> Result<bool, DbErr> {
     if one_statement(tx) {
-        return sql_write(tx, current, next, audit, told).await;
+        return sql_write(tx, current, plan).await;
     }
     let mut update = refund::Entity::update_many();
-    for (column, value) in MOVED.iter().zip(moved_values(next)) {
+    for (column, value) in MOVED.iter().zip(moved_values(&plan.next)) {
         update = update.col_expr(*column, Expr::val(value));
     }
     let done = update
@@ -556,13 +551,13 @@ async fn write_on<C: ConnectionTrait>(
     if done.rows_affected != 1 {
         return Ok(false);
     }
-    if let Some(audit) = audit {
-        transitions::Entity::insert(transitions::ActiveModel::from(audit))
+    if let Some(audit) = &plan.audit {
+        transitions::Entity::insert(transitions::ActiveModel::from(audit.clone()))
             .exec_without_returning(tx)
             .await?;
     }
-    if let Some(told) = told {
-        outbox::record(tx, &told).await?;
+    if let Some(told) = &plan.told {
+        outbox::record(tx, told).await?;
     }
     Ok(true)
 }
@@ -570,12 +565,10 @@ async fn write_on<C: ConnectionTrait>(
 async fn sql_write<C: ConnectionTrait>(
     db: &C,
     current: &refund::Model,
-    next: &refund::Model,
-    audit: Option<transitions::Model>,
-    told: Option<event::Model>,
+    plan: &Plan,
 ) -> Result<bool, DbErr> {
     use sea_orm::IdenStatic;
-    let mut values = moved_values(next);
+    let mut values = moved_values(&plan.next);
     let set: Vec<String> = MOVED
         .iter()
         .enumerate()
@@ -590,14 +583,14 @@ async fn sql_write<C: ConnectionTrait>(
         MOVED.len() + 1,
         MOVED.len() + 2
     );
-    if let Some(audit) = audit {
+    if let Some(audit) = &plan.audit {
         let n = values.len();
         values.extend([
             audit.id.into(),
             audit.from_state.into(),
             audit.to_state.into(),
             audit.actor.into(),
-            audit.reason.into(),
+            audit.reason.clone().into(),
             audit.created_at.into(),
         ]);
         sql += &format!(
@@ -613,7 +606,7 @@ async fn sql_write<C: ConnectionTrait>(
             n + 6
         );
     }
-    if let Some(told) = told {
+    if let Some(told) = &plan.told {
         // The outbox: the event only if the refund moved.
         use sea_orm::{Iterable, ModelTrait};
         let first = values.len() + 1;
