@@ -723,6 +723,45 @@ fn report(changes: &Option<UnboundedSender<Change>>, change: Change) {
     }
 }
 
+/// A stored charge or refund as it settles: when (and to what) it settles if it is
+/// pending, its status, its sequence.
+trait Settling {
+    type Status: Copy;
+    fn settling(&mut self) -> SettlingParts<'_, Self::Status>;
+}
+
+type SettlingParts<'a, S> = (&'a mut Option<(Instant, S)>, &'a mut S, &'a mut u32);
+
+impl Settling for StoredCharge {
+    type Status = ChargeStatus;
+    fn settling(&mut self) -> SettlingParts<'_, ChargeStatus> {
+        (&mut self.settles, &mut self.status, &mut self.sequence)
+    }
+}
+
+impl Settling for StoredRefund {
+    type Status = RefundStatus;
+    fn settling(&mut self) -> SettlingParts<'_, RefundStatus> {
+        (&mut self.settles, &mut self.status, &mut self.sequence)
+    }
+}
+
+/// A pending charge's or refund's settling, once its time has come: its status becomes
+/// the one it settles to, and its sequence goes one up. True when it settled (a change).
+fn settle_if_due(stored: &mut impl Settling) -> bool {
+    let (settles, status, sequence) = stored.settling();
+    let Some((at, to)) = *settles else {
+        return false;
+    };
+    if Instant::now() < at {
+        return false;
+    }
+    *status = to;
+    *settles = None;
+    *sequence += 1;
+    true
+}
+
 /// The charge at `index` as it stands, settled first if it was pending and its time has
 /// come (a change, reported).
 fn settle(
@@ -730,12 +769,7 @@ fn settle(
     index: usize,
     changes: &Option<UnboundedSender<Change>>,
 ) -> Charge {
-    if let Some((at, status)) = stored.settles
-        && Instant::now() >= at
-    {
-        stored.status = status;
-        stored.settles = None;
-        stored.sequence += 1;
+    if settle_if_due(stored) {
         report(
             changes,
             Change::Charge(ChargeChange {
@@ -758,12 +792,7 @@ fn settle_refund(
         refunds, charges, ..
     } = state;
     let stored = refunds.get_mut(index)?;
-    if let Some((at, status)) = stored.settles
-        && Instant::now() >= at
-    {
-        stored.status = status;
-        stored.settles = None;
-        stored.sequence += 1;
+    if settle_if_due(stored) {
         report(
             changes,
             Change::Refund(RefundChange {
@@ -887,6 +916,23 @@ mod tests {
         (SandboxCore::reporting(outcomes, tx), rx)
     }
 
+    /// Outcomes that leave every charge and refund pending for `time`.
+    fn pending_for(time: Duration) -> Outcomes {
+        Outcomes {
+            pending_rate: 1.0,
+            pending_for: time,
+            ..Outcomes::default()
+        }
+    }
+
+    /// A new charge of `amount` under the key "k", made on `core`, with its body.
+    fn charge_made(core: &SandboxCore, amount: i64) -> (ChargeBody, Charge) {
+        let body = ChargeBody::from(&request("k", amount));
+        assert!(matches!(core.begin("k", &body), Begin::New));
+        let charge = core.complete("k", &body);
+        (body, charge)
+    }
+
     fn request(key: &str, amount: i64) -> ChargeRequest {
         ChargeRequest {
             gateway_key: key.into(),
@@ -922,14 +968,8 @@ mod tests {
 
     #[tokio::test]
     async fn every_change_of_a_charge_is_reported_once_with_a_higher_sequence() {
-        let (core, mut rx) = reporting(Outcomes {
-            pending_rate: 1.0,
-            pending_for: Duration::from_millis(20),
-            ..Outcomes::default()
-        });
-        let body = ChargeBody::from(&request("k", 10));
-        assert!(matches!(core.begin("k", &body), Begin::New));
-        let charge = core.complete("k", &body);
+        let (core, mut rx) = reporting(pending_for(Duration::from_millis(20)));
+        let (body, charge) = charge_made(&core, 10);
         assert!(matches!(core.begin("k", &body), Begin::Replay(_)));
         let Ok(Change::Charge(made)) = rx.try_recv() else {
             panic!("a charge change reported");
@@ -996,11 +1036,7 @@ mod tests {
 
     #[tokio::test]
     async fn pending_charges_settle_after_their_time() {
-        let sandbox = SandboxGateway::new(Outcomes {
-            pending_rate: 1.0,
-            pending_for: Duration::from_millis(30),
-            ..Outcomes::default()
-        });
+        let sandbox = SandboxGateway::new(pending_for(Duration::from_millis(30)));
         let charge = sandbox.charge(&request("k", 10)).await.expect("accepted");
         assert_eq!(charge.status, ChargeStatus::Pending);
         tokio::time::sleep(Duration::from_millis(40)).await;
@@ -1023,6 +1059,18 @@ mod tests {
 
     fn refund_ref(n: u128) -> Uuid {
         Uuid::from_u128(n)
+    }
+
+    /// A sandbox with a charge of 100 under the key "k", of which `amount` was refunded
+    /// under `key` (the refund reference `refund_ref(1)`).
+    async fn refunded_once(key: &str, amount: i64) -> (SandboxGateway, Charge) {
+        let sandbox = SandboxGateway::new(Outcomes::default());
+        let charge = sandbox.charge(&request("k", 100)).await.expect("charged");
+        sandbox
+            .refund(&refund_request(key, &charge, amount, refund_ref(1)))
+            .await
+            .expect("refunded");
+        (sandbox, charge)
     }
 
     #[tokio::test]
@@ -1055,12 +1103,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_refund_over_what_is_left_is_refused_as_such_and_frees_its_key() {
-        let sandbox = SandboxGateway::new(Outcomes::default());
-        let charge = sandbox.charge(&request("k", 100)).await.expect("charged");
-        sandbox
-            .refund(&refund_request("r1", &charge, 70, refund_ref(1)))
-            .await
-            .expect("refunded");
+        let (sandbox, charge) = refunded_once("r1", 70).await;
         let over = refund_request("r2", &charge, 31, refund_ref(2));
         let err = sandbox.refund(&over).await.expect_err("refused");
         assert!(
@@ -1098,11 +1141,7 @@ mod tests {
         assert_eq!(declined.status, ChargeStatus::Declined);
         let mut forged = declined.clone();
         forged.id = "ch_000099aaaaaaaaaa".into();
-        let pending = SandboxGateway::new(Outcomes {
-            pending_rate: 1.0,
-            pending_for: Duration::from_secs(3600),
-            ..Outcomes::default()
-        });
+        let pending = SandboxGateway::new(pending_for(Duration::from_secs(3600)));
         let waiting = pending.charge(&request("k", 100)).await.expect("answered");
         for (sandbox, charge, code) in [
             (&sandbox, &declined, "charge_not_refundable"),
@@ -1139,12 +1178,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_refund_key_with_another_body_or_a_charge_key_leaves_the_outcome_unknown() {
-        let sandbox = SandboxGateway::new(Outcomes::default());
-        let charge = sandbox.charge(&request("k", 100)).await.expect("charged");
-        sandbox
-            .refund(&refund_request("rk", &charge, 10, refund_ref(1)))
-            .await
-            .expect("refunded");
+        let (sandbox, charge) = refunded_once("rk", 10).await;
         for req in [
             refund_request("rk", &charge, 11, refund_ref(1)),
             refund_request("k", &charge, 10, refund_ref(2)),
@@ -1164,9 +1198,7 @@ mod tests {
             refund_failure_rate: 1.0,
             ..Outcomes::default()
         });
-        let charge_body = ChargeBody::from(&request("k", 100));
-        assert!(matches!(core.begin("k", &charge_body), Begin::New));
-        let charge = core.complete("k", &charge_body);
+        let (_, charge) = charge_made(&core, 100);
         assert!(matches!(rx.try_recv(), Ok(Change::Charge(_))));
         let mut made = Vec::new();
         for (key, n) in [("r0", 7), ("r1", 8)] {
@@ -1188,14 +1220,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_pending_refund_settles_after_its_time_with_a_higher_sequence() {
-        let (core, mut rx) = reporting(Outcomes {
-            pending_rate: 1.0,
-            pending_for: Duration::from_millis(30),
-            ..Outcomes::default()
-        });
-        let charge_body = ChargeBody::from(&request("k", 100));
-        assert!(matches!(core.begin("k", &charge_body), Begin::New));
-        let charge = core.complete("k", &charge_body);
+        let (core, mut rx) = reporting(pending_for(Duration::from_millis(30)));
+        let (_, charge) = charge_made(&core, 100);
         tokio::time::sleep(Duration::from_millis(40)).await;
         assert_eq!(
             core.settle_due(&charge.id).map(|c| c.status),

@@ -393,6 +393,20 @@ struct OutgoingEvent {
     acknowledged: AtomicBool,
 }
 
+/// Settles the pending charge or refund `id` (`settle`) once `wait` has passed.
+fn settle_after(
+    server: &Arc<SandboxServer>,
+    wait: Duration,
+    id: &str,
+    settle: fn(&SandboxCore, &str),
+) {
+    let (server, id) = (server.clone(), id.to_owned());
+    tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        settle(&server.core, &id);
+    });
+}
+
 /// Turns each change of a charge or refund into an event and schedules its copies;
 /// settles pending charges and refunds when their time comes (which reports the second
 /// change).
@@ -402,10 +416,8 @@ async fn dispatch(server: Arc<SandboxServer>, mut changes: UnboundedReceiver<Cha
         let (kind, sequence, data) = match change {
             Change::Charge(change) => {
                 if change.charge.status == ChargeStatus::Pending {
-                    let (server, id) = (server.clone(), change.charge.id.clone());
-                    tokio::spawn(async move {
-                        tokio::time::sleep(wait).await;
-                        server.core.settle_due(&id);
+                    settle_after(&server, wait, &change.charge.id, |core, id| {
+                        core.settle_due(id);
                     });
                 }
                 let data = serde_json::to_value(&change.charge).unwrap_or_default();
@@ -413,10 +425,8 @@ async fn dispatch(server: Arc<SandboxServer>, mut changes: UnboundedReceiver<Cha
             }
             Change::Refund(change) => {
                 if change.refund.status == super::RefundStatus::Pending {
-                    let (server, id) = (server.clone(), change.refund.id.clone());
-                    tokio::spawn(async move {
-                        tokio::time::sleep(wait).await;
-                        server.core.settle_refund_due(&id);
+                    settle_after(&server, wait, &change.refund.id, |core, id| {
+                        core.settle_refund_due(id);
                     });
                 }
                 let data = serde_json::to_value(&change.refund).unwrap_or_default();
@@ -675,6 +685,13 @@ mod tests {
 
     /// A sandbox served on a free port (its base URL) whose charges and refunds are all
     /// pending for 50 ms, signing its webhooks with `whsec_test` to `receiver`.
+    /// pagos' webhook path on the receiver, answered with `status`.
+    fn webhooks_answered(status: u16) -> Mock {
+        Mock::given(method("POST"))
+            .and(path("/v1/webhooks/http"))
+            .respond_with(ResponseTemplate::new(status))
+    }
+
     async fn serve_pending(receiver: &MockServer) -> String {
         let server = SandboxServer::with_webhooks(
             Outcomes {
@@ -700,16 +717,12 @@ mod tests {
     async fn each_change_of_a_charge_is_delivered_signed_in_sequence_until_acknowledged() {
         let receiver = MockServer::start().await;
         // The first delivery fails: it must be retried.
-        Mock::given(method("POST"))
-            .and(path("/v1/webhooks/http"))
-            .respond_with(ResponseTemplate::new(503))
+        webhooks_answered(503)
             .up_to_n_times(1)
             .with_priority(1)
             .mount(&receiver)
             .await;
-        Mock::given(method("POST"))
-            .and(path("/v1/webhooks/http"))
-            .respond_with(ResponseTemplate::new(200))
+        webhooks_answered(200)
             .with_priority(2)
             .mount(&receiver)
             .await;
@@ -767,11 +780,7 @@ mod tests {
     #[tokio::test]
     async fn a_pending_refund_settles_and_each_of_its_changes_is_a_refund_event_in_sequence() {
         let receiver = MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(path("/v1/webhooks/http"))
-            .respond_with(ResponseTemplate::new(200))
-            .mount(&receiver)
-            .await;
+        webhooks_answered(200).mount(&receiver).await;
         let base = serve_pending(&receiver).await;
         let client = reqwest::Client::new();
         let charge: serde_json::Value = client

@@ -177,19 +177,10 @@ async fn receive_http_event(
 /// Applies an accepted event and answers it: 200 with what it came to, or 503 when it
 /// could not be written (nothing was; the provider delivers it again).
 async fn apply(state: &AppState, event: ChargeEvent<'_>) -> Result<Response, ApiError> {
-    match webhooks::consume(&state.db, event, state.settings.orphan_charges).await {
-        Ok(outcome) => {
-            state.metrics.webhook_event(outcome.as_str());
-            Ok(acknowledge(outcome.as_str()))
-        }
-        Err(err) => {
-            state.metrics.webhook_event("error");
-            tracing::error!(source = event.source, event_id = event.event_id, error = %err, "webhook could not be applied; the gateway will deliver it again");
-            Err(unavailable(
-                "The event could not be applied now; nothing was recorded. Deliver it again.",
-            ))
-        }
-    }
+    let consumed = webhooks::consume(&state.db, event, state.settings.orphan_charges).await;
+    answer(state, consumed.map(|outcome| outcome.as_str()), |err| {
+        tracing::error!(source = event.source, event_id = event.event_id, error = %err, "webhook could not be applied; the gateway will deliver it again");
+    })
 }
 
 /// Applies an accepted refund event and answers it, as `apply` does a charge's.
@@ -197,14 +188,27 @@ async fn apply_refund(
     state: &AppState,
     event: webhooks::refunds::RefundEvent<'_>,
 ) -> Result<Response, ApiError> {
-    match webhooks::refunds::consume(&state.db, event).await {
+    let consumed = webhooks::refunds::consume(&state.db, event).await;
+    answer(state, consumed.map(|outcome| outcome.as_str()), |err| {
+        tracing::error!(source = event.source, event_id = event.event_id, error = %err, "refund webhook could not be applied; the gateway will deliver it again");
+    })
+}
+
+/// The answer to an accepted event, counted: 200 with what applying it came to, or 503
+/// when it could not be written (`failed` logs why).
+fn answer<E>(
+    state: &AppState,
+    consumed: Result<&'static str, E>,
+    failed: impl FnOnce(E),
+) -> Result<Response, ApiError> {
+    match consumed {
         Ok(outcome) => {
-            state.metrics.webhook_event(outcome.as_str());
-            Ok(acknowledge(outcome.as_str()))
+            state.metrics.webhook_event(outcome);
+            Ok(acknowledge(outcome))
         }
         Err(err) => {
             state.metrics.webhook_event("error");
-            tracing::error!(source = event.source, event_id = event.event_id, error = %err, "refund webhook could not be applied; the gateway will deliver it again");
+            failed(err);
             Err(unavailable(
                 "The event could not be applied now; nothing was recorded. Deliver it again.",
             ))

@@ -37,15 +37,40 @@ pub struct SagaDeps {
     pub send_hold: Duration,
 }
 
+impl SagaDeps {
+    /// How long the write that marks a payment or refund sent holds it: for the whole
+    /// send, so nobody else can claim and send it meanwhile. A request already holds it
+    /// for its lease, which is longer than any send (checked at start): None. A worker's
+    /// claim (`claimed_until`) may be running out.
+    pub fn send_hold_until(
+        &self,
+        actor: Actor,
+        claimed_until: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        (actor != Actor::Request).then(|| {
+            let hold = store::now_plus(self.send_hold);
+            claimed_until.map_or(hold, |held| held.max(hold))
+        })
+    }
+
+    /// When the reconciler looks at a payment or refund again: `PAGOS_STALE_AFTER`,
+    /// doubled `doublings` times (with jitter), so a gateway that keeps failing is not
+    /// asked or resent to every period.
+    pub fn next_look(&self, doublings: i32) -> chrono::DateTime<chrono::Utc> {
+        let jitter: f64 = rand::Rng::random(&mut rand::rng());
+        crate::db::now() + backoff::backoff(self.stale_after, doublings, jitter)
+    }
+}
+
 /// What the store writes rendered: the key's frozen answer and the event's `datos`.
 const RENDER: store::Render = store::Render {
     answer: representation::frozen,
     datos: representation::datos,
 };
 
-/// Applies `event` to `current` in `tx` (`store::apply`), freezing the key's answer as
-/// the contract renders it when the payment becomes final. Every decision goes through
-/// here or `apply_now`: the store writes, the answer is rendered above it.
+/// Applies `event` to `current` in `tx` (`store::plan`, written in `tx`), freezing the
+/// key's answer as the contract renders it when the payment becomes final. Every decision
+/// goes through here or `apply_now`: the store writes, the answer is rendered above it.
 pub async fn apply<C: sea_orm::ConnectionTrait>(
     tx: &C,
     current: &payment::Model,
@@ -54,10 +79,12 @@ pub async fn apply<C: sea_orm::ConnectionTrait>(
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
-    store::apply(tx, current, event, changes, actor, reason, RENDER).await
+    let plan = store::plan(current, event, changes, actor, reason, RENDER)?;
+    Ok(plan.write(tx, current).await?)
 }
 
-/// One event committed on its own (`store::apply_now`), with the rendered answer.
+/// One event committed on its own (`store::plan`, written by itself), with the rendered
+/// answer.
 pub async fn apply_now(
     db: &DatabaseConnection,
     current: &payment::Model,
@@ -66,7 +93,8 @@ pub async fn apply_now(
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
-    store::apply_now(db, current, event, changes, actor, reason, RENDER).await
+    let plan = store::plan(current, event, changes, actor, reason, RENDER)?;
+    Ok(plan.write_now(db, current).await?)
 }
 
 pub fn charge_request(p: &payment::Model) -> ChargeRequest {
@@ -102,13 +130,7 @@ pub async fn send(
     // before), only a readable charge status settles it: a refusal of this send proves
     // nothing about the charge an earlier one may have made.
     let maybe_sent_before = current.state == PaymentState::Enviada;
-    // The write that marks it sent also holds it for the whole send, so nobody else can
-    // claim and send it meanwhile. A request already holds it for its lease, which is
-    // longer than any send (checked at start); a worker's claim may be running out.
-    let hold_until = (actor != Actor::Request).then(|| {
-        let hold = store::now_plus(deps.send_hold);
-        current.claimed_until.map_or(hold, |held| held.max(hold))
-    });
+    let hold_until = deps.send_hold_until(actor, current.claimed_until);
     let reason = match (actor, current.state.as_str()) {
         (Actor::Request, _) => "sending to the gateway",
         (_, "EN_PROCESO") => "sending to the gateway (registered, never sent)",
@@ -225,7 +247,8 @@ pub async fn record_outcome(
             format!("gateway refused the request with {status}: {detail}"),
         ),
         ChargeOutcome::Pending(charge) => {
-            let due = next_look(deps, &sent);
+            // Doubled for each earlier send.
+            let due = deps.next_look(sent.attempts - 1);
             return match store::hand_over(&deps.db, &sent, Some(charge.id), due).await? {
                 Written::Applied(p) => Ok(*p),
                 Written::Fenced => reload(deps, &sent).await,
@@ -233,7 +256,8 @@ pub async fn record_outcome(
         }
         ChargeOutcome::Unknown(why) => {
             tracing::warn!(payment_id = %sent.id, why, "gateway outcome unknown; the reconciler will ask the provider");
-            let due = next_look(deps, &sent);
+            // Doubled for each earlier send.
+            let due = deps.next_look(sent.attempts - 1);
             return match store::hand_over(&deps.db, &sent, None, due).await? {
                 Written::Applied(p) => Ok(*p),
                 Written::Fenced => reload(deps, &sent).await,
@@ -244,13 +268,6 @@ pub async fn record_outcome(
         Written::Applied(p) => Ok(*p),
         Written::Fenced => reload(deps, &sent).await,
     }
-}
-
-/// When the reconciler looks at a handed-over payment: `PAGOS_STALE_AFTER`, doubled for
-/// each earlier send, so a gateway that keeps failing is not resent to every period.
-fn next_look(deps: &SagaDeps, sent: &payment::Model) -> chrono::DateTime<chrono::Utc> {
-    let jitter: f64 = rand::Rng::random(&mut rand::rng());
-    crate::db::now() + backoff::backoff(deps.stale_after, sent.attempts - 1, jitter)
 }
 
 async fn reload(deps: &SagaDeps, p: &payment::Model) -> Result<payment::Model, StoreError> {

@@ -21,8 +21,9 @@ use chrono::{DateTime, Utc};
 use pagos_types::EventType;
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
-    FromQueryResult, QueryFilter, QueryOrder, QuerySelect, QueryTrait, TryInsertResult,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    EntityTrait, FromQueryResult, QueryFilter, QueryOrder, QuerySelect, QueryTrait,
+    TryInsertResult,
 };
 use std::time::Duration;
 use uuid::Uuid;
@@ -357,8 +358,9 @@ pub struct Changes {
     pub count_attempt: bool,
 }
 
-/// Everything one decision writes, worked out before anything is written.
-struct Plan {
+/// Everything one decision writes, worked out before anything is written (`plan`), then
+/// written in the caller's transaction (`write`) or committed on its own (`write_now`).
+pub struct Plan {
     /// The payment as it will be (its version one above the current one).
     next: payment::Model,
     /// The audit row, when the decision is worth one.
@@ -372,9 +374,10 @@ struct Plan {
     event: Option<event::Model>,
 }
 
-/// What applying `event` to `current` writes; an impossible move is refused here, before
-/// anything is written.
-fn plan(
+/// What applying `event` to `current` writes — the fenced update, the audit row, and,
+/// when the payment becomes final, the key's frozen answer as `render` renders it; an
+/// impossible move is refused here, before anything is written.
+pub fn plan(
     current: &payment::Model,
     event: Event,
     changes: Changes,
@@ -463,23 +466,26 @@ fn without_personal_data(stored: &str) -> String {
         .unwrap_or_else(|| "{}".to_owned())
 }
 
-/// Applies `event` to `current` in `tx`: the fenced update, the audit row, and — when the
-/// payment becomes final — the key's frozen answer, as `render` renders it. The caller
-/// commits.
-pub async fn apply<C: ConnectionTrait>(
-    tx: &C,
-    current: &payment::Model,
-    event: Event,
-    changes: Changes,
-    actor: Actor,
-    reason: &str,
-    render: Render,
-) -> Result<Written, StoreError> {
-    let plan = plan(current, event, changes, actor, reason, render)?;
-    Ok(Written::of(
-        write_plan(tx, current, &plan).await?,
-        plan.next,
-    ))
+impl Plan {
+    /// The plan's writes in `tx`, over `current`; the caller commits.
+    pub async fn write<C: ConnectionTrait>(
+        self,
+        tx: &C,
+        current: &payment::Model,
+    ) -> Result<Written, DbErr> {
+        let applied = write_plan(tx, current, &self).await?;
+        Ok(Written::of(applied, self.next))
+    }
+
+    /// The plan's writes over `current`, committed on their own.
+    pub async fn write_now(
+        self,
+        db: &DatabaseConnection,
+        current: &payment::Model,
+    ) -> Result<Written, DbErr> {
+        let applied = write_plan_now(db, current, &self).await?;
+        Ok(Written::of(applied, self.next))
+    }
 }
 
 /// The plan's writes as statements in the caller's transaction; false (nothing written)
@@ -521,6 +527,12 @@ async fn write_plan_now(
     }
     let tx = begin_write(db).await?;
     let applied = write_plan(&tx, current, plan).await?;
+    kept_if(tx, applied).await
+}
+
+/// Ends the transaction of a fenced write: committed if the write `applied`, rolled back
+/// (nothing to keep) if it was fenced. Returns `applied`.
+pub(crate) async fn kept_if(tx: DatabaseTransaction, applied: bool) -> Result<bool, DbErr> {
     if applied {
         tx.commit().await?;
     } else {
@@ -574,7 +586,7 @@ async fn freeze_answer<C: ConnectionTrait>(
     p: &payment::Model,
     answer: &FrozenAnswer,
 ) -> Result<(), DbErr> {
-    keys::Entity::update_many()
+    let update = keys::Entity::update_many()
         .col_expr(
             keys::Column::Status,
             Expr::value(KeyStatus::Completed.as_str()),
@@ -588,7 +600,17 @@ async fn freeze_answer<C: ConnectionTrait>(
             keys::Column::LeaseUntil,
             Expr::value(Option::<DateTime<Utc>>::None),
         )
-        .col_expr(keys::Column::UpdatedAt, Expr::value(p.updated_at))
+        .col_expr(keys::Column::UpdatedAt, Expr::value(p.updated_at));
+    update_key_in_progress(tx, p, update).await
+}
+
+/// Runs `update` on the key of `p` while nobody has frozen an answer on it.
+async fn update_key_in_progress<C: ConnectionTrait>(
+    tx: &C,
+    p: &payment::Model,
+    update: sea_orm::UpdateMany<keys::Entity>,
+) -> Result<(), DbErr> {
+    update
         .filter(keys::Column::MerchantId.eq(p.merchant_id))
         .filter(keys::Column::Key.eq(p.idempotency_key.clone()))
         .filter(keys::Column::PaymentId.eq(p.id))
@@ -596,23 +618,6 @@ async fn freeze_answer<C: ConnectionTrait>(
         .exec(tx)
         .await?;
     Ok(())
-}
-
-/// One event, committed on its own (`apply`'s writes, and `render`'s frozen answer).
-pub async fn apply_now(
-    db: &DatabaseConnection,
-    current: &payment::Model,
-    event: Event,
-    changes: Changes,
-    actor: Actor,
-    reason: &str,
-    render: Render,
-) -> Result<Written, StoreError> {
-    let plan = plan(current, event, changes, actor, reason, render)?;
-    Ok(Written::of(
-        write_plan_now(db, current, &plan).await?,
-        plan.next,
-    ))
 }
 
 /// The request gives up ownership of a payment it could not settle (gateway pending or
@@ -636,115 +641,117 @@ pub async fn hand_over(
         release_lease: true,
         event: None,
     };
-    Ok(Written::of(
-        write_plan_now(db, current, &plan).await?,
-        plan.next,
-    ))
+    plan.write_now(db, current).await
 }
 
 /// Ends a request's lease on the payment's key (no answer is frozen).
 pub async fn release_lease<C: ConnectionTrait>(tx: &C, p: &payment::Model) -> Result<(), DbErr> {
-    keys::Entity::update_many()
-        .col_expr(
-            keys::Column::LeaseUntil,
-            Expr::value(Option::<DateTime<Utc>>::None),
-        )
-        .filter(keys::Column::MerchantId.eq(p.merchant_id))
-        .filter(keys::Column::Key.eq(p.idempotency_key.clone()))
-        .filter(keys::Column::PaymentId.eq(p.id))
-        .filter(keys::Column::Status.eq(KeyStatus::InProgress))
-        .exec(tx)
-        .await?;
-    Ok(())
+    let update = keys::Entity::update_many().col_expr(
+        keys::Column::LeaseUntil,
+        Expr::value(Option::<DateTime<Utc>>::None),
+    );
+    update_key_in_progress(tx, p, update).await
 }
 
 /// Payments the reconciler may pick: sent or never sent, not final, not under review.
 pub const RECONCILABLE: [PaymentState; 2] = PaymentState::IN_FLIGHT;
 
-/// `state IN ('EN_PROCESO', 'ENVIADA')` with the states written into the SQL, not bound:
-/// it is the predicate of the partial index `payments_unsettled_due_idx`, and PostgreSQL
-/// uses a partial index for a prepared statement's generic plan only when the query's own
-/// condition proves the index's, which bound values cannot.
-fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
-    let states: Vec<String> = RECONCILABLE
-        .iter()
-        .map(|s| format!("'{}'", s.as_str()))
-        .collect();
-    Expr::cust(format!(r#""payments"."state" IN ({})"#, states.join(", ")))
+/// A saga's table (payments, refunds) as its workers claim rows of it: the rows a worker
+/// may send or look up, and the columns a claim reads and moves.
+pub trait Claimable: EntityTrait<Model: Scheduled> {
+    const ID: Self::Column;
+    const NEXT_ATTEMPT_AT: Self::Column;
+    const CLAIMED_UNTIL: Self::Column;
+    const VERSION: Self::Column;
+
+    /// `state IN (…)` of the rows a worker may send or look up, with the states written
+    /// into the SQL, not bound: the predicate of the table's partial index of unsettled
+    /// rows, which PostgreSQL uses for a prepared statement's generic plan only when the
+    /// query's own condition proves the index's (bound values cannot).
+    fn reconcilable() -> sea_orm::sea_query::SimpleExpr;
+
+    fn id(row: &Self::Model) -> Uuid;
 }
 
-/// Claims up to `limit` payments due at `due_by`, oldest first: each claimed row gets
+impl Claimable for payment::Entity {
+    const ID: payment::Column = payment::Column::Id;
+    const NEXT_ATTEMPT_AT: payment::Column = payment::Column::NextAttemptAt;
+    const CLAIMED_UNTIL: payment::Column = payment::Column::ClaimedUntil;
+    const VERSION: payment::Column = payment::Column::Version;
+
+    /// `state IN ('EN_PROCESO', 'ENVIADA')`: the predicate of `payments_unsettled_due_idx`.
+    fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
+        let states: Vec<String> = RECONCILABLE
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect();
+        Expr::cust(format!(r#""payments"."state" IN ({})"#, states.join(", ")))
+    }
+
+    fn id(row: &payment::Model) -> Uuid {
+        row.id
+    }
+}
+
+/// Claims up to `limit` rows of `E` due at `due_by`, oldest first: each claimed row gets
 /// `next_attempt_at = claimed_until = now + claim_for` and a new version, so no other
 /// process picks it until this one is done or has died. PostgreSQL skips rows another process is claiming
 /// (`FOR UPDATE SKIP LOCKED`); SQLite's `BEGIN IMMEDIATE` serializes claims.
-pub async fn claim_due(
+pub async fn claim_due<E: Claimable>(
     db: &DatabaseConnection,
     due_by: DateTime<Utc>,
     limit: u64,
     claim_for: Duration,
-) -> Result<Vec<payment::Model>, DbErr> {
-    let query = payment::Entity::find()
-        .filter(reconcilable())
-        .filter(payment::Column::NextAttemptAt.lte(due_by))
-        .order_by_asc(payment::Column::NextAttemptAt)
+) -> Result<Vec<E::Model>, DbErr> {
+    let query = E::find()
+        .filter(E::reconcilable())
+        .filter(E::NEXT_ATTEMPT_AT.lte(due_by))
+        .order_by_asc(E::NEXT_ATTEMPT_AT)
         .limit(limit);
     claim(db, query, claim_for).await
 }
 
-/// Which payments `claim_one` may take.
+/// Which rows `claim_one` may take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum When {
     /// Due or not (on-call's "this one, now").
     Now,
-    /// Only if it is due (a client retry that found its payment unsettled): however often
-    /// clients retry, the provider is asked about a payment at most once per backoff step.
+    /// Only if it is due (a client retry that found its payment or refund unsettled):
+    /// however often clients retry, the provider is asked about it at most once per
+    /// backoff step.
     IfDue,
 }
 
-/// Claims one payment that nobody holds (see `claimed_until`): never one a request, a
+/// Claims one row of `E` that nobody holds (see `claimed_until`): never one a request, a
 /// reconciliation pass or another "reconcile now" is working on, so two workers never
-/// send one payment at once. None if it is held, final, under review, or (`IfDue`) not
-/// due yet.
-pub async fn claim_one(
+/// send one payment (or refund) at once. None if it is held, final, under review, or
+/// (`IfDue`) not due yet.
+pub async fn claim_one<E: Claimable>(
     db: &DatabaseConnection,
     id: Uuid,
     when: When,
     claim_for: Duration,
-) -> Result<Option<payment::Model>, DbErr> {
+) -> Result<Option<E::Model>, DbErr> {
     let at = now();
-    let mut query = payment::Entity::find()
-        .filter(payment::Column::Id.eq(id))
-        .filter(reconcilable())
+    let mut query = E::find()
+        .filter(E::ID.eq(id))
+        .filter(E::reconcilable())
         .filter(
             sea_orm::Condition::any()
-                .add(payment::Column::ClaimedUntil.is_null())
-                .add(payment::Column::ClaimedUntil.lte(at)),
+                .add(E::CLAIMED_UNTIL.is_null())
+                .add(E::CLAIMED_UNTIL.lte(at)),
         );
     if when == When::IfDue {
-        query = query.filter(payment::Column::NextAttemptAt.lte(at));
+        query = query.filter(E::NEXT_ATTEMPT_AT.lte(at));
     }
     Ok(claim(db, query, claim_for).await?.into_iter().next())
 }
 
-/// Extends a claim this worker holds to `until` (a fenced write): a payment claimed
-/// ahead, taken up after waiting for a slot, starts its work with a whole claim left.
-/// `Fenced` if someone else took it meanwhile.
-pub async fn renew_claim(
+async fn claim<E: Claimable>(
     db: &DatabaseConnection,
-    current: &payment::Model,
-    until: DateTime<Utc>,
-) -> Result<Written, DbErr> {
-    let mut next = current.clone();
-    next.hold(until);
-    let applied = write_fenced(db, current, &next).await?;
-    Ok(Written::of(applied, next))
-}
-
-async fn claim(
-    db: &DatabaseConnection,
-    query: sea_orm::Select<payment::Entity>,
+    query: sea_orm::Select<E>,
     claim_for: Duration,
-) -> Result<Vec<payment::Model>, DbErr> {
+) -> Result<Vec<E::Model>, DbErr> {
     let until = now() + chrono_after(claim_for);
     if one_statement(db) {
         return sql::claim(db, query, until).await;
@@ -757,14 +764,11 @@ async fn claim(
     }
     // `BEGIN IMMEDIATE` holds the database: the versions cannot move before this update,
     // so each becomes exactly version + 1.
-    payment::Entity::update_many()
-        .col_expr(payment::Column::NextAttemptAt, Expr::value(until))
-        .col_expr(payment::Column::ClaimedUntil, Expr::value(Some(until)))
-        .col_expr(
-            payment::Column::Version,
-            Expr::col(payment::Column::Version).add(1),
-        )
-        .filter(payment::Column::Id.is_in(rows.iter().map(|p| p.id)))
+    E::update_many()
+        .col_expr(E::NEXT_ATTEMPT_AT, Expr::value(until))
+        .col_expr(E::CLAIMED_UNTIL, Expr::value(Some(until)))
+        .col_expr(E::VERSION, Expr::col(E::VERSION).add(1))
+        .filter(E::ID.is_in(rows.iter().map(E::id)))
         .exec(&tx)
         .await?;
     tx.commit().await?;
@@ -774,15 +778,56 @@ async fn claim(
     Ok(rows)
 }
 
-/// The provider had no final answer: look again at `due_at`. Counts an attempt.
-pub async fn reschedule(
+/// A saga's row (a payment, a refund) written over itself alone, fenced on its version:
+/// a new schedule or claim, with no audit row and no event.
+pub trait Rewritten: Scheduled + Clone + Send + Sync {
+    /// Writes `next` over `current` only if nobody wrote in between; false when fenced.
+    fn write_fenced<'a>(
+        db: &'a DatabaseConnection,
+        current: &'a Self,
+        next: &'a Self,
+    ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a;
+}
+
+impl Rewritten for payment::Model {
+    fn write_fenced<'a>(
+        db: &'a DatabaseConnection,
+        current: &'a Self,
+        next: &'a Self,
+    ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a {
+        write_fenced(db, current, next)
+    }
+}
+
+/// Extends a claim this worker holds to `until` (a fenced write): a payment or refund
+/// claimed ahead, taken up after waiting for a slot, starts its work with a whole claim
+/// left. `Fenced` if someone else took it meanwhile.
+pub async fn renew_claim<M: Rewritten>(
     db: &DatabaseConnection,
-    current: &payment::Model,
+    current: &M,
+    until: DateTime<Utc>,
+) -> Result<Written<M>, DbErr> {
+    rewrite(db, current, |next| next.hold(until)).await
+}
+
+/// The provider had no final answer: look again at `due_at`. Counts an attempt.
+pub async fn reschedule<M: Rewritten>(
+    db: &DatabaseConnection,
+    current: &M,
     due_at: DateTime<Utc>,
-) -> Result<Written, DbErr> {
+) -> Result<Written<M>, DbErr> {
+    rewrite(db, current, |next| next.due_again(due_at, true)).await
+}
+
+/// `current` as `change` leaves it, written only if nobody wrote in between.
+pub(crate) async fn rewrite<M: Rewritten>(
+    db: &DatabaseConnection,
+    current: &M,
+    change: impl FnOnce(&mut M),
+) -> Result<Written<M>, DbErr> {
     let mut next = current.clone();
-    next.due_again(due_at, true);
-    let applied = write_fenced(db, current, &next).await?;
+    change(&mut next);
+    let applied = M::write_fenced(db, current, &next).await?;
     Ok(Written::of(applied, next))
 }
 
@@ -1044,26 +1089,24 @@ SELECT {} FROM "registered""#,
     /// `IN (…)`: the pick runs once, first, and the update finds its rows by primary key,
     /// whatever plan the prepared statement settles on (`IN` let a generic plan hash-join
     /// the pick against a scan of the whole table: 34 ms instead of 1 ms at 60,000 rows).
-    pub(super) async fn claim(
+    pub(super) async fn claim<E: super::Claimable>(
         db: &DatabaseConnection,
-        query: sea_orm::Select<payment::Entity>,
+        query: sea_orm::Select<E>,
         until: DateTime<Utc>,
-    ) -> Result<Vec<payment::Model>, DbErr> {
+    ) -> Result<Vec<E::Model>, DbErr> {
         let picked = query
             .select_only()
-            .column(payment::Column::Id)
+            .column(E::ID)
             .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
             .build(DbBackend::Postgres);
         let mut v = Params(picked.values.map(|values| values.0).unwrap_or_default());
         let until = v.add(until);
         let sql = format!(
-            r#"UPDATE "payments" SET "next_attempt_at" = {until}, "claimed_until" = {until}, "version" = "version" + 1 WHERE "id" = ANY(ARRAY({})) RETURNING *"#,
+            r#"UPDATE "{}" SET "next_attempt_at" = {until}, "claimed_until" = {until}, "version" = "version" + 1 WHERE "id" = ANY(ARRAY({})) RETURNING *"#,
+            E::default().table_name(),
             picked.sql
         );
-        payment::Entity::find()
-            .from_raw_sql(v.statement(&sql))
-            .all(db)
-            .await
+        E::find().from_raw_sql(v.statement(&sql)).all(db).await
     }
 }
 

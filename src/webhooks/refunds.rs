@@ -179,24 +179,21 @@ async fn consume_in(
             event: move_by,
             changes,
             reason,
-        } => match store::apply_in(
-            tx,
-            &current,
-            move_by,
-            changes,
-            Actor::Webhook,
-            &reason,
-            crate::saga::refund::RENDER,
-        )
-        .await
-        {
-            Ok(Written::Applied(moved)) => Ok(Some(RefundConsumed::Applied(moved.state))),
-            Ok(Written::Fenced) => Ok(None),
-            Err(store::StoreError::Db(e)) => Err(e.into()),
-            Err(store::StoreError::Illegal(e)) => {
-                Err(ConsumeError::Db(sea_orm::DbErr::Custom(e.to_string())))
-            }
-        },
+        } => {
+            let plan = store::plan(
+                &current,
+                move_by,
+                changes,
+                Actor::Webhook,
+                &reason,
+                crate::saga::refund::RENDER,
+            )
+            .map_err(|e| ConsumeError::Db(sea_orm::DbErr::Custom(e.to_string())))?;
+            Ok(match plan.write_in(tx, &current).await? {
+                Written::Applied(moved) => Some(RefundConsumed::Applied(moved.state)),
+                Written::Fenced => None,
+            })
+        }
     }
 }
 

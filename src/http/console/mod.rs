@@ -157,6 +157,19 @@ impl Console {
         form.ok_or_else(|| Box::new(refused(Some(self), view::CSRF_REFUSED)))
     }
 
+    /// `acting_form` for an action on the payment `id` (the path's), and the payment's id:
+    /// refused as `acting_form` refuses, then 404 for an id that names no payment.
+    fn acting_on_payment<F>(
+        &self,
+        form: Result<Form<F>, FormRejection>,
+        csrf: fn(&F) -> Option<&str>,
+        id: &str,
+    ) -> Result<(F, Uuid), Box<Response>> {
+        let form = self.acting_form(form, csrf)?;
+        let uuid = parse_id(id).ok_or_else(|| Box::new(not_found(self)))?;
+        Ok((form, uuid))
+    }
+
     /// The refusal of a form without this session's CSRF token; `None` when it has it.
     fn csrf_refusal(&self, given: Option<&str>) -> Option<Response> {
         if self.session.csrf_matches(given) {
@@ -418,6 +431,41 @@ fn page_number(pagina: Option<&str>) -> u64 {
         .unwrap_or(1)
 }
 
+/// One page of a list of payments, with what its table shows of them.
+struct PaymentPage {
+    rows: Vec<payment::Model>,
+    /// There are payments after this page.
+    has_next: bool,
+    names: HashMap<Uuid, String>,
+    last: HashMap<Uuid, String>,
+}
+
+impl PaymentPage {
+    /// Page `page_no` (from 1, `PAGE_SIZE` a page) of the payments `query` selects, in
+    /// its order.
+    async fn read(
+        state: &AppState,
+        query: sea_orm::Select<payment::Entity>,
+        page_no: u64,
+    ) -> Result<PaymentPage, ApiError> {
+        let mut rows = query
+            .offset((page_no - 1) * PAGE_SIZE)
+            .limit(PAGE_SIZE + 1)
+            .all(&state.db)
+            .await?;
+        let has_next = rows.len() as u64 > PAGE_SIZE;
+        rows.truncate(PAGE_SIZE as usize);
+        let names = merchant_names(state, &rows).await?;
+        let last = last_words(state, &rows).await?;
+        Ok(PaymentPage {
+            rows,
+            has_next,
+            names,
+            last,
+        })
+    }
+}
+
 /// Merchant names by id, for the rows shown.
 async fn merchant_names(
     state: &AppState,
@@ -523,18 +571,16 @@ async fn queue_page(state: &AppState, console: &Console, page_no: u64) -> Result
                 ]))
                 .add(payment::Column::CreatedAt.lt(stale_before)),
         );
-    let mut rows = payment::Entity::find()
+    let oldest_first = payment::Entity::find()
         .filter(needs_attention)
         .order_by_asc(payment::Column::CreatedAt)
-        .order_by_asc(payment::Column::Id)
-        .offset((page_no - 1) * PAGE_SIZE)
-        .limit(PAGE_SIZE + 1)
-        .all(&state.db)
-        .await?;
-    let has_next = rows.len() as u64 > PAGE_SIZE;
-    rows.truncate(PAGE_SIZE as usize);
-    let names = merchant_names(state, &rows).await?;
-    let last = last_words(state, &rows).await?;
+        .order_by_asc(payment::Column::Id);
+    let PaymentPage {
+        rows,
+        has_next,
+        names,
+        last,
+    } = PaymentPage::read(state, oldest_first, page_no).await?;
     let stale = humantime::format_duration(state.settings.stale_after);
     // Refunds that need on-call the same way: in review, or in flight too long.
     use crate::entities::refund;
@@ -660,18 +706,16 @@ async fn search_page(
         }
         filter = filter.add(any);
     }
-    let mut rows = payment::Entity::find()
+    let newest_first = payment::Entity::find()
         .filter(filter)
         .order_by_desc(payment::Column::CreatedAt)
-        .order_by_desc(payment::Column::Id)
-        .offset((page_no - 1) * PAGE_SIZE)
-        .limit(PAGE_SIZE + 1)
-        .all(&state.db)
-        .await?;
-    let has_next = rows.len() as u64 > PAGE_SIZE;
-    rows.truncate(PAGE_SIZE as usize);
-    let names = merchant_names(state, &rows).await?;
-    let last = last_words(state, &rows).await?;
+        .order_by_desc(payment::Column::Id);
+    let PaymentPage {
+        rows,
+        has_next,
+        names,
+        last,
+    } = PaymentPage::read(state, newest_first, page_no).await?;
     let base = format!(
         "/consola/pagos?estado={}&q={}",
         estado.map_or("", |e| e.as_str()),
@@ -757,6 +801,12 @@ async fn detail_response(
         Ok(None) => not_found(console),
         Err(err) => error_page(console, err),
     }
+}
+
+/// The payment's page with what went wrong (`explain`) above it.
+async fn detail_error(state: &AppState, console: &Console, id: &str, err: ApiError) -> Response {
+    let (status, text) = explain(err);
+    detail_response(state, console, id, status, Some(("error", &text))).await
 }
 
 fn not_found(console: &Console) -> Response {
@@ -1051,11 +1101,9 @@ async fn reconcile_payment(
     Path(id): Path<String>,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Response {
-    if let Err(refusal) = console.acting_form(form, |f| f.csrf.as_deref()) {
-        return *refusal;
-    }
-    let Some(uuid) = parse_id(&id) else {
-        return not_found(&console);
+    let uuid = match console.acting_on_payment(form, |f| f.csrf.as_deref(), &id) {
+        Ok((_, uuid)) => uuid,
+        Err(refusal) => return *refusal,
     };
     match admin::reconcile_now(&state, &console.admin(), Some(uuid)).await {
         Ok(report) => {
@@ -1066,10 +1114,7 @@ async fn reconcile_payment(
             };
             Redirect::to(&format!("/consola/pagos/{uuid}?hecho={done}")).into_response()
         }
-        Err(err) => {
-            let (status, text) = explain(err);
-            detail_response(&state, &console, &id, status, Some(("error", &text))).await
-        }
+        Err(err) => detail_error(&state, &console, &id, err).await,
     }
 }
 
@@ -1088,12 +1133,9 @@ async fn resolve_payment(
     Path(id): Path<String>,
     form: Result<Form<ResolveForm>, FormRejection>,
 ) -> Response {
-    let form = match console.acting_form(form, |f| f.csrf.as_deref()) {
-        Ok(form) => form,
+    let (form, uuid) = match console.acting_on_payment(form, |f| f.csrf.as_deref(), &id) {
+        Ok(acting) => acting,
         Err(refusal) => return *refusal,
-    };
-    let Some(uuid) = parse_id(&id) else {
-        return not_found(&console);
     };
     let gateway_ref = form.gateway_ref.filter(|r| !r.trim().is_empty());
     match admin::resolve_by_hand(
@@ -1108,10 +1150,7 @@ async fn resolve_payment(
     .await
     {
         Ok(p) => Redirect::to(&format!("/consola/pagos/{}?hecho=resuelto", p.id)).into_response(),
-        Err(err) => {
-            let (status, text) = explain(err);
-            detail_response(&state, &console, &id, status, Some(("error", &text))).await
-        }
+        Err(err) => detail_error(&state, &console, &id, err).await,
     }
 }
 
@@ -1131,12 +1170,9 @@ async fn refund_payment(
     Path(id): Path<String>,
     form: Result<Form<RefundForm>, FormRejection>,
 ) -> Response {
-    let form = match console.acting_form(form, |f| f.csrf.as_deref()) {
-        Ok(form) => form,
+    let (form, uuid) = match console.acting_on_payment(form, |f| f.csrf.as_deref(), &id) {
+        Ok(acting) => acting,
         Err(refusal) => return *refusal,
-    };
-    let Some(uuid) = parse_id(&id) else {
-        return not_found(&console);
     };
     let monto = match form
         .monto
@@ -1173,10 +1209,7 @@ async fn refund_payment(
     .await;
     let answer = match answer {
         Ok(answer) => answer,
-        Err(err) => {
-            let (status, text) = explain(err);
-            return detail_response(&state, &console, &id, status, Some(("error", &text))).await;
-        }
+        Err(err) => return detail_error(&state, &console, &id, err).await,
     };
     let status = answer.status();
     if status.is_success() {

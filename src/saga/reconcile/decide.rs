@@ -19,6 +19,19 @@ pub struct Facts<'a, S: Reconciled = PaymentState> {
     pub lookup: Option<&'a Result<Vec<S::Held>, GatewayError>>,
 }
 
+/// What a pass did with one payment or refund: one bucket of its report (and, for a
+/// payment, one metric label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handled {
+    Completed,
+    Failed,
+    Resent,
+    Rescheduled,
+    ManualReview,
+    Error,
+    Skipped,
+}
+
 /// The horizons the decisions depend on.
 #[derive(Clone, Copy, Debug)]
 pub struct Horizons {

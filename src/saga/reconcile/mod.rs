@@ -13,15 +13,13 @@ pub mod decide;
 
 use crate::entities::payment;
 use crate::metrics::Metrics;
-use crate::saga::backoff::backoff;
 use crate::saga::state::{Event, PaymentState};
 use crate::saga::store::{self, Actor, Changes, When, Written};
 use crate::saga::{self, SagaDeps};
 use chrono::{DateTime, TimeDelta, Utc};
-use decide::{Decision, Facts, Horizons, decide, needs_lookup};
+use decide::{Decision, Facts, Handled, Horizons, decide, needs_lookup};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use rand::Rng;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::ops::AddAssign;
@@ -134,20 +132,9 @@ impl AddAssign for Report {
     }
 }
 
-/// What a pass did with one payment: one bucket of the `Report`, one metric label.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Handled {
-    Completed,
-    Failed,
-    Resent,
-    Rescheduled,
-    ManualReview,
-    Error,
-    Skipped,
-}
-
-impl Handled {
-    fn of_state(state: PaymentState) -> Handled {
+impl From<PaymentState> for Handled {
+    /// What a payment's state after the work says was done.
+    fn from(state: PaymentState) -> Handled {
         match state {
             PaymentState::Completada => Handled::Completed,
             PaymentState::Fallida => Handled::Failed,
@@ -155,7 +142,10 @@ impl Handled {
             PaymentState::EnProceso | PaymentState::Enviada => Handled::Resent,
         }
     }
+}
 
+/// A payment's `Handled`: one bucket of the `Report`, one metric label.
+impl Handled {
     fn metric(self) -> &'static str {
         match self {
             Handled::Completed => "completed",
@@ -211,7 +201,7 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
             in_flight.push(process(r, p));
         }
         if in_hand.is_empty() && more && claiming.is_none() {
-            claiming = Some(Box::pin(store::claim_due(
+            claiming = Some(Box::pin(store::claim_due::<payment::Entity>(
                 &r.saga.db,
                 started,
                 batch,
@@ -260,7 +250,7 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
 /// client retry), unless someone holds it: a request still sending it, a pass, another
 /// "reconcile now". Then it is skipped (`omitidos`), never worked on twice at once.
 pub async fn reconcile_one(r: &Reconciler, id: Uuid, when: When) -> Result<Report, sea_orm::DbErr> {
-    match store::claim_one(&r.saga.db, id, when, r.claim_for).await? {
+    match store::claim_one::<payment::Entity>(&r.saga.db, id, when, r.claim_for).await? {
         Some(claimed) => Ok(process_all(r, vec![claimed]).await),
         None => Ok(Handled::Skipped.report()),
     }
@@ -346,7 +336,7 @@ async fn decide_and_apply(
     match decision {
         Decision::Send => {
             let after = saga::send(deps, claimed, Actor::Reconciler).await?;
-            Ok(Handled::of_state(after.state))
+            Ok(Handled::from(after.state))
         }
         Decision::Settle(charge) => {
             let Some((event, changes, reason)) = saga::settlement(&claimed, &charge) else {
@@ -364,14 +354,13 @@ async fn decide_and_apply(
                 )
                 .await?
                 {
-                    Written::Applied(p) => Handled::of_state(p.state),
+                    Written::Applied(p) => Handled::from(p.state),
                     Written::Fenced => Handled::Skipped,
                 },
             )
         }
         Decision::Reschedule(why) => {
-            let jitter: f64 = rand::rng().random();
-            let due = crate::db::now() + backoff(deps.stale_after, claimed.attempts, jitter);
+            let due = deps.next_look(claimed.attempts);
             tracing::info!(payment_id = %claimed.id, why, next = %due, "rescheduled");
             Ok(match store::reschedule(&deps.db, &claimed, due).await? {
                 Written::Applied(_) => Handled::Rescheduled,

@@ -37,7 +37,8 @@ pub async fn apply_now(
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
-    store::apply_now(&deps.db, current, event, changes, actor, reason, RENDER).await
+    let plan = store::plan(current, event, changes, actor, reason, RENDER)?;
+    Ok(plan.write_now(&deps.db, current).await?)
 }
 
 /// What the refund store writes rendered: the key's frozen answer and the event's `datos`.
@@ -68,10 +69,7 @@ pub async fn send(
     actor: Actor,
 ) -> Result<refund::Model, StoreError> {
     let maybe_sent_before = current.state == RefundState::Enviado;
-    let hold_until = (actor != Actor::Request).then(|| {
-        let hold = crate::saga::store::now_plus(deps.send_hold);
-        current.claimed_until.map_or(hold, |held| held.max(hold))
-    });
+    let hold_until = deps.send_hold_until(actor, current.claimed_until);
     let reason = match (actor, current.state) {
         (Actor::Request, _) => "sending the refund to the gateway",
         (_, RefundState::EnProceso) => "sending the refund to the gateway (registered, never sent)",
@@ -211,9 +209,8 @@ async fn hand_over(
     sent: refund::Model,
     gateway_ref: Option<String>,
 ) -> Result<refund::Model, StoreError> {
-    let jitter: f64 = rand::Rng::random(&mut rand::rng());
-    let due = crate::db::now()
-        + crate::saga::backoff::backoff(deps.stale_after, sent.attempts - 1, jitter);
+    // Doubled for each earlier send.
+    let due = deps.next_look(sent.attempts - 1);
     match store::hand_over(&deps.db, &sent, gateway_ref, due).await? {
         Written::Applied(r) => Ok(*r),
         Written::Fenced => reload(deps, &sent).await,

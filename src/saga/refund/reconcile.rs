@@ -10,15 +10,14 @@
 use crate::entities::refund;
 use crate::gateway::{Refund, RefundLookup, RefundStatus};
 use crate::saga::SagaDeps;
-use crate::saga::backoff::backoff;
 use crate::saga::reconcile::decide::{
-    self, Held, Horizons, Reconciled, Stage, Words, decide, needs_lookup,
+    self, Handled, Held, Horizons, Reconciled, Stage, Words, decide, needs_lookup,
 };
 use crate::saga::refund::state::{Event, RefundState};
 use crate::saga::refund::store::{self, Changes, StoreError, Written};
 use crate::saga::refund::{self as steps, Actor};
+use crate::saga::store::When;
 use futures::StreamExt;
-use rand::Rng;
 use serde::Serialize;
 use std::time::Duration;
 use uuid::Uuid;
@@ -116,19 +115,9 @@ impl RefundReport {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Handled {
-    Completed,
-    Failed,
-    Resent,
-    Rescheduled,
-    ManualReview,
-    Error,
-    Skipped,
-}
-
-impl Handled {
-    fn of_state(state: RefundState) -> Handled {
+impl From<RefundState> for Handled {
+    /// What a refund's state after the work says was done.
+    fn from(state: RefundState) -> Handled {
         match state {
             RefundState::Completado => Handled::Completed,
             RefundState::Fallido => Handled::Failed,
@@ -146,7 +135,7 @@ pub async fn run_pass(
     let started = crate::db::now();
     let mut report = RefundReport::default();
     loop {
-        let claimed = store::claim_due(
+        let claimed = crate::saga::store::claim_due::<refund::Entity>(
             &deps.db,
             started,
             u64::from(limits.concurrency),
@@ -180,7 +169,10 @@ pub async fn reconcile_one(
     if_due: bool,
 ) -> Result<RefundReport, sea_orm::DbErr> {
     let mut report = RefundReport::default();
-    match store::claim_one(&deps.db, id, if_due, limits.claim_for).await? {
+    let when = if if_due { When::IfDue } else { When::Now };
+    match crate::saga::store::claim_one::<refund::Entity>(&deps.db, id, when, limits.claim_for)
+        .await?
+    {
         Some(claimed) => report.add(process(deps, limits, claimed).await),
         None => report.add(Handled::Skipped),
     }
@@ -242,7 +234,7 @@ async fn decide_and_apply(
     match decision {
         Decision::Send => {
             let after = steps::send(deps, claimed, Actor::Reconciler).await?;
-            Ok(Handled::of_state(after.state))
+            Ok(Handled::from(after.state))
         }
         Decision::Settle(found) => {
             let Some((event, changes, reason)) = steps::settlement(&claimed, &found) else {
@@ -253,14 +245,13 @@ async fn decide_and_apply(
                 match steps::apply_now(deps, &claimed, event, changes, Actor::Reconciler, &reason)
                     .await?
                 {
-                    Written::Applied(r) => Handled::of_state(r.state),
+                    Written::Applied(r) => Handled::from(r.state),
                     Written::Fenced => Handled::Skipped,
                 },
             )
         }
         Decision::Reschedule(why) => {
-            let jitter: f64 = rand::rng().random();
-            let due = crate::db::now() + backoff(deps.stale_after, claimed.attempts, jitter);
+            let due = deps.next_look(claimed.attempts);
             tracing::info!(refund_id = %claimed.id, why, next = %due, "refund rescheduled");
             Ok(match store::reschedule(&deps.db, &claimed, due).await? {
                 Written::Applied(_) => Handled::Rescheduled,

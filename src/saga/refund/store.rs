@@ -19,10 +19,13 @@ use crate::idempotency::derive::derive_refund;
 use crate::outbox;
 use crate::saga::refund::state::{Event, IllegalTransition, RefundState, transition};
 use crate::saga::state::PaymentState;
-use crate::saga::store::{Scheduled, chrono_after, one_statement};
+use crate::saga::store::{
+    Claimable, Rewritten, Scheduled, chrono_after, kept_if, one_statement, rewrite,
+};
+pub use crate::saga::store::{renew_claim, reschedule};
 use chrono::{DateTime, Utc};
 use pagos_types::EventType;
-use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
     QueryOrder, QuerySelect, Statement, TryInsertResult, Value,
@@ -99,15 +102,24 @@ async fn sum_in(
     payment: Uuid,
     states: &[RefundState],
 ) -> Result<i64, DbErr> {
-    Ok(refund::Entity::find()
+    let refunds = refund::Entity::find()
+        .filter(refund::Column::PaymentId.eq(payment))
+        .filter(refund::Column::State.is_in(states.iter().copied()));
+    total(db, refunds).await
+}
+
+/// The sum of the amounts of `refunds`, in minor units (0 for none).
+async fn total(
+    db: &impl ConnectionTrait,
+    refunds: sea_orm::Select<refund::Entity>,
+) -> Result<i64, DbErr> {
+    Ok(refunds
         .select_only()
         // PostgreSQL's SUM of a bigint is a numeric: cast back.
         .expr_as(
             Expr::cust(r#"CAST(COALESCE(SUM("amount"), 0) AS BIGINT)"#),
             "total",
         )
-        .filter(refund::Column::PaymentId.eq(payment))
-        .filter(refund::Column::State.is_in(states.iter().copied()))
         .into_tuple::<i64>()
         .one(db)
         .await?
@@ -260,19 +272,11 @@ async fn sum_of_charge(
     payment: Uuid,
     charge: &str,
 ) -> Result<i64, DbErr> {
-    Ok(refund::Entity::find()
-        .select_only()
-        .expr_as(
-            Expr::cust(r#"CAST(COALESCE(SUM("amount"), 0) AS BIGINT)"#),
-            "total",
-        )
+    let refunds = refund::Entity::find()
         .filter(refund::Column::PaymentId.eq(payment))
         .filter(refund::Column::ChargeRef.eq(charge))
-        .filter(refund::Column::State.is_in(RefundState::COUNTED))
-        .into_tuple::<i64>()
-        .one(db)
-        .await?
-        .unwrap_or(0))
+        .filter(refund::Column::State.is_in(RefundState::COUNTED));
+    total(db, refunds).await
 }
 
 fn actor_of(scope: KeyScope) -> Actor {
@@ -335,46 +339,47 @@ pub struct Changes {
     pub count_attempt: bool,
 }
 
-/// Applies `event` to `current`, committed on its own: the fenced update (with the key's
-/// frozen answer when the refund becomes final) and its audit row.
-pub async fn apply_now(
-    db: &DatabaseConnection,
-    current: &refund::Model,
-    event: Event,
-    changes: Changes,
-    actor: Actor,
-    reason: &str,
-    render: Render,
-) -> Result<Written, StoreError> {
-    let (next, audit, told) = plan(current, event, changes, actor, reason, render)?;
-    let applied = write(db, current, &next, audit, told).await?;
-    Ok(Written::of(applied, next))
+/// Everything one decision about a refund writes, worked out before anything is written
+/// (`plan`): the refund after it (with the key's frozen answer when it becomes final), its
+/// audit row, its event. Written in the caller's transaction (`write_in`: a webhook's,
+/// with its dedupe row) or committed on its own (`write_now`).
+pub struct Plan {
+    next: refund::Model,
+    audit: Option<transitions::Model>,
+    told: Option<event::Model>,
 }
 
-/// `apply_now`'s writes in the caller's transaction (a webhook's, with its dedupe row).
-pub async fn apply_in<C: ConnectionTrait>(
-    tx: &C,
-    current: &refund::Model,
-    event: Event,
-    changes: Changes,
-    actor: Actor,
-    reason: &str,
-    render: Render,
-) -> Result<Written, StoreError> {
-    let (next, audit, told) = plan(current, event, changes, actor, reason, render)?;
-    let applied = write_on(tx, current, &next, audit, told).await?;
-    Ok(Written::of(applied, next))
+impl Plan {
+    /// The plan's writes in `tx`, over `current`; the caller commits.
+    pub async fn write_in<C: ConnectionTrait>(
+        self,
+        tx: &C,
+        current: &refund::Model,
+    ) -> Result<Written, DbErr> {
+        let applied = write_on(tx, current, &self).await?;
+        Ok(Written::of(applied, self.next))
+    }
+
+    /// The plan's writes over `current`, committed on their own.
+    pub async fn write_now(
+        self,
+        db: &DatabaseConnection,
+        current: &refund::Model,
+    ) -> Result<Written, DbErr> {
+        let applied = write(db, current, &self).await?;
+        Ok(Written::of(applied, self.next))
+    }
 }
 
 /// What applying `event` writes; an impossible move is refused before anything is.
-fn plan(
+pub fn plan(
     current: &refund::Model,
     event: Event,
     changes: Changes,
     actor: Actor,
     reason: &str,
     render: Render,
-) -> Result<Planned, IllegalTransition> {
+) -> Result<Plan, IllegalTransition> {
     let from = current.state;
     let to = transition(from, event)?;
     let at = now();
@@ -430,15 +435,8 @@ fn plan(
                 at,
             )
         });
-    Ok((next, audit, told))
+    Ok(Plan { next, audit, told })
 }
-
-/// A planned write: the refund after it, its audit row, its event.
-type Planned = (
-    refund::Model,
-    Option<transitions::Model>,
-    Option<event::Model>,
-);
 
 /// Records `sequence` as the refund's newest event, if it is newer than the last one
 /// applied; false (stale: nothing to do) otherwise. In the event's transaction.
@@ -471,38 +469,31 @@ pub async fn hand_over(
     gateway_ref: Option<String>,
     due_at: DateTime<Utc>,
 ) -> Result<Written, DbErr> {
-    let mut next = current.clone();
-    next.due_again(due_at, false);
-    next.lease_until = None;
-    if gateway_ref.is_some() {
-        next.gateway_ref = gateway_ref;
+    rewrite(db, current, |next| {
+        next.due_again(due_at, false);
+        next.lease_until = None;
+        if gateway_ref.is_some() {
+            next.gateway_ref = gateway_ref;
+        }
+    })
+    .await
+}
+
+/// A refund's new schedule or claim (`saga::store::reschedule`, `renew_claim`): its
+/// fenced update alone, with no audit row and no event.
+impl Rewritten for refund::Model {
+    fn write_fenced<'a>(
+        db: &'a DatabaseConnection,
+        current: &'a Self,
+        next: &'a Self,
+    ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a {
+        let alone = Plan {
+            next: next.clone(),
+            audit: None,
+            told: None,
+        };
+        async move { write(db, current, &alone).await }
     }
-    let applied = write(db, current, &next, None, None).await?;
-    Ok(Written::of(applied, next))
-}
-
-/// The provider had no final answer: look again at `due_at`. Counts an attempt.
-pub async fn reschedule(
-    db: &DatabaseConnection,
-    current: &refund::Model,
-    due_at: DateTime<Utc>,
-) -> Result<Written, DbErr> {
-    let mut next = current.clone();
-    next.due_again(due_at, true);
-    let applied = write(db, current, &next, None, None).await?;
-    Ok(Written::of(applied, next))
-}
-
-/// Extends a claim this worker holds (a fenced write).
-pub async fn renew_claim(
-    db: &DatabaseConnection,
-    current: &refund::Model,
-    until: DateTime<Utc>,
-) -> Result<Written, DbErr> {
-    let mut next = current.clone();
-    next.hold(until);
-    let applied = write(db, current, &next, None, None).await?;
-    Ok(Written::of(applied, next))
 }
 
 /// The columns a step may change, in the order `write` binds them.
@@ -531,36 +522,27 @@ fn moved_values(next: &refund::Model) -> Vec<Value> {
 async fn write(
     db: &DatabaseConnection,
     current: &refund::Model,
-    next: &refund::Model,
-    audit: Option<transitions::Model>,
-    told: Option<event::Model>,
+    plan: &Plan,
 ) -> Result<bool, DbErr> {
     if one_statement(db) {
-        return sql_write(db, current, next, audit, told).await;
+        return sql_write(db, current, plan).await;
     }
     let tx = begin_write(db).await?;
-    let applied = write_on(&tx, current, next, audit, told).await?;
-    if applied {
-        tx.commit().await?;
-    } else {
-        tx.rollback().await?;
-    }
-    Ok(applied)
+    let applied = write_on(&tx, current, plan).await?;
+    kept_if(tx, applied).await
 }
 
 /// `write`'s statements in the caller's transaction, which commits them.
 async fn write_on<C: ConnectionTrait>(
     tx: &C,
     current: &refund::Model,
-    next: &refund::Model,
-    audit: Option<transitions::Model>,
-    told: Option<event::Model>,
+    plan: &Plan,
 ) -> Result<bool, DbErr> {
     if one_statement(tx) {
-        return sql_write(tx, current, next, audit, told).await;
+        return sql_write(tx, current, plan).await;
     }
     let mut update = refund::Entity::update_many();
-    for (column, value) in MOVED.iter().zip(moved_values(next)) {
+    for (column, value) in MOVED.iter().zip(moved_values(&plan.next)) {
         update = update.col_expr(*column, Expr::val(value));
     }
     let done = update
@@ -571,13 +553,13 @@ async fn write_on<C: ConnectionTrait>(
     if done.rows_affected != 1 {
         return Ok(false);
     }
-    if let Some(audit) = audit {
-        transitions::Entity::insert(transitions::ActiveModel::from(audit))
+    if let Some(audit) = &plan.audit {
+        transitions::Entity::insert(transitions::ActiveModel::from(audit.clone()))
             .exec_without_returning(tx)
             .await?;
     }
-    if let Some(told) = told {
-        outbox::record(tx, &told).await?;
+    if let Some(told) = &plan.told {
+        outbox::record(tx, told).await?;
     }
     Ok(true)
 }
@@ -585,12 +567,10 @@ async fn write_on<C: ConnectionTrait>(
 async fn sql_write<C: ConnectionTrait>(
     db: &C,
     current: &refund::Model,
-    next: &refund::Model,
-    audit: Option<transitions::Model>,
-    told: Option<event::Model>,
+    plan: &Plan,
 ) -> Result<bool, DbErr> {
     use sea_orm::IdenStatic;
-    let mut values = moved_values(next);
+    let mut values = moved_values(&plan.next);
     let set: Vec<String> = MOVED
         .iter()
         .enumerate()
@@ -605,14 +585,14 @@ async fn sql_write<C: ConnectionTrait>(
         MOVED.len() + 1,
         MOVED.len() + 2
     );
-    if let Some(audit) = audit {
+    if let Some(audit) = &plan.audit {
         let n = values.len();
         values.extend([
             audit.id.into(),
             audit.from_state.into(),
             audit.to_state.into(),
             audit.actor.into(),
-            audit.reason.into(),
+            audit.reason.clone().into(),
             audit.created_at.into(),
         ]);
         sql += &format!(
@@ -628,7 +608,7 @@ async fn sql_write<C: ConnectionTrait>(
             n + 6
         );
     }
-    if let Some(told) = told {
+    if let Some(told) = &plan.told {
         // The outbox: the event only if the refund moved.
         use sea_orm::{Iterable, ModelTrait};
         let first = values.len() + 1;
@@ -658,101 +638,22 @@ async fn sql_write<C: ConnectionTrait>(
     Ok(row.try_get_by_index::<i64>(0)? == 1)
 }
 
-/// `state IN ('EN_PROCESO', 'ENVIADO')`: the refunds a worker may send or look up.
-fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
-    Expr::cust(r#""refunds"."state" IN ('EN_PROCESO', 'ENVIADO')"#)
-}
+/// Refunds are claimed as payments are (`saga::store::claim_due`, `claim_one`):
+/// `FOR UPDATE SKIP LOCKED` on PostgreSQL, `BEGIN IMMEDIATE` on SQLite.
+impl Claimable for refund::Entity {
+    const ID: refund::Column = refund::Column::Id;
+    const NEXT_ATTEMPT_AT: refund::Column = refund::Column::NextAttemptAt;
+    const CLAIMED_UNTIL: refund::Column = refund::Column::ClaimedUntil;
+    const VERSION: refund::Column = refund::Column::Version;
 
-/// Claims up to `limit` refunds due at `due_by`, oldest first, as `saga::store::claim_due`
-/// claims payments: `FOR UPDATE SKIP LOCKED` on PostgreSQL, `BEGIN IMMEDIATE` on SQLite.
-pub async fn claim_due(
-    db: &DatabaseConnection,
-    due_by: DateTime<Utc>,
-    limit: u64,
-    claim_for: Duration,
-) -> Result<Vec<refund::Model>, DbErr> {
-    let query = refund::Entity::find()
-        .filter(reconcilable())
-        .filter(refund::Column::NextAttemptAt.lte(due_by))
-        .order_by_asc(refund::Column::NextAttemptAt)
-        .limit(limit);
-    claim(db, query, claim_for).await
-}
+    /// `state IN ('EN_PROCESO', 'ENVIADO')`: the refunds a worker may send or look up.
+    fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
+        Expr::cust(r#""refunds"."state" IN ('EN_PROCESO', 'ENVIADO')"#)
+    }
 
-/// Claims one refund nobody holds, due or not (on-call's "now", or a client retry that
-/// found it due: `if_due`).
-pub async fn claim_one(
-    db: &DatabaseConnection,
-    id: Uuid,
-    if_due: bool,
-    claim_for: Duration,
-) -> Result<Option<refund::Model>, DbErr> {
-    let at = now();
-    let mut query = refund::Entity::find()
-        .filter(refund::Column::Id.eq(id))
-        .filter(reconcilable())
-        .filter(
-            sea_orm::Condition::any()
-                .add(refund::Column::ClaimedUntil.is_null())
-                .add(refund::Column::ClaimedUntil.lte(at)),
-        );
-    if if_due {
-        query = query.filter(refund::Column::NextAttemptAt.lte(at));
+    fn id(row: &refund::Model) -> Uuid {
+        row.id
     }
-    Ok(claim(db, query, claim_for).await?.into_iter().next())
-}
-
-async fn claim(
-    db: &DatabaseConnection,
-    query: sea_orm::Select<refund::Entity>,
-    claim_for: Duration,
-) -> Result<Vec<refund::Model>, DbErr> {
-    use sea_orm::QueryTrait;
-    use sea_orm::sea_query::{LockBehavior, LockType};
-    let until = now() + chrono_after(claim_for);
-    if one_statement(db) {
-        let picked = query
-            .select_only()
-            .column(refund::Column::Id)
-            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
-            .build(DbBackend::Postgres);
-        let mut values = picked.values.map(|v| v.0).unwrap_or_default();
-        values.push(until.into());
-        let sql = format!(
-            r#"UPDATE "refunds" SET "next_attempt_at" = ${n}, "claimed_until" = ${n}, "version" = "version" + 1 WHERE "id" = ANY(ARRAY({})) RETURNING *"#,
-            picked.sql,
-            n = values.len()
-        );
-        return refund::Entity::find()
-            .from_raw_sql(Statement::from_sql_and_values(
-                DbBackend::Postgres,
-                sql,
-                values,
-            ))
-            .all(db)
-            .await;
-    }
-    let tx = begin_write(db).await?;
-    let mut rows = query.all(&tx).await?;
-    if rows.is_empty() {
-        tx.rollback().await?;
-        return Ok(rows);
-    }
-    refund::Entity::update_many()
-        .col_expr(refund::Column::NextAttemptAt, Expr::value(until))
-        .col_expr(refund::Column::ClaimedUntil, Expr::value(Some(until)))
-        .col_expr(
-            refund::Column::Version,
-            Expr::col(refund::Column::Version).add(1),
-        )
-        .filter(refund::Column::Id.is_in(rows.iter().map(|r| r.id)))
-        .exec(&tx)
-        .await?;
-    tx.commit().await?;
-    for row in &mut rows {
-        row.hold(until);
-    }
-    Ok(rows)
 }
 
 /// A refund's audit trail, oldest first.
