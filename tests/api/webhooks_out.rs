@@ -24,6 +24,7 @@ on_both_databases!(
     an_endpoint_failing_past_the_horizon_is_deactivated_and_counted,
     redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes,
     a_dead_endpoint_does_not_slow_payments,
+    a_refund_is_delivered_as_a_payment_is,
 );
 
 /// Flags of a delivering app that may reach the local receiver, with a quick schedule.
@@ -414,4 +415,36 @@ async fn a_dead_endpoint_does_not_slow_payments(backend: Backend) {
         slowest < Duration::from_millis(900),
         "a payment took {slowest:?} while its webhooks hang for 1 s each"
     );
+}
+
+async fn a_refund_is_delivered_as_a_payment_is(backend: Backend) {
+    let app = Spawn::new(backend).flags(&FLAGS).delivering().start().await;
+    let fake = crate::refunds::FakeRefunds::default();
+    fake.mount(app.gateway()).await;
+    let receiver = Receiver::start().await;
+    let made = app.register_endpoint(&receiver.url("/")).await;
+    let secret = made["secreto"].as_str().expect("secret").to_owned();
+
+    let payment = crate::refunds::paid(&app, "pay-1").await;
+    let refunded = crate::refunds::refund(&app, &payment, "ref-1", &json!({"monto": 2000})).await;
+    assert_eq!(refunded.status(), 201);
+    let refunded = json(refunded).await;
+
+    eventually(Duration::from_secs(10), "the payment's and the refund's events", async || {
+        receiver.deliveries().len() == 2
+    })
+    .await;
+    let got = receiver.deliveries();
+    let told = got
+        .iter()
+        .find(|d| {
+            serde_json::from_slice::<Value>(&d.body).expect("json")["tipo"] == "reembolso.completado"
+        })
+        .expect("the refund's event was delivered");
+    standardwebhooks::Webhook::new(&secret)
+        .expect("secret")
+        .verify(&told.body, &told.headers)
+        .expect("signed as every delivery is");
+    let body: Value = serde_json::from_slice(&told.body).expect("json");
+    assert_eq!(body["datos"], refunded, "the refund as it was answered");
 }

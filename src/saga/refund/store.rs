@@ -620,8 +620,9 @@ async fn sql_write<C: ConnectionTrait>(
         let placeholders: Vec<String> = (first..first + columns.len())
             .map(|n| format!("${n}"))
             .collect();
+        // Queued for the delivery worker's fan-out in the same statement, as a payment's.
         sql += &format!(
-            ",\n\"told\" AS (\n  INSERT INTO \"events\" ({})\n  SELECT {} FROM \"moved\")",
+            ",\n\"told\" AS (\n  INSERT INTO \"events\" ({})\n  SELECT {} FROM \"moved\"\n  RETURNING \"id\"),\n\"queued\" AS (\n  INSERT INTO \"events_to_fan_out\" (\"event_id\")\n  SELECT \"id\" FROM \"told\")",
             columns.join(", "),
             placeholders.join(", ")
         );
