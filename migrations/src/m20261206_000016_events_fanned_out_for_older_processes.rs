@@ -17,6 +17,9 @@
 //! - the older fan-out's scan (`fanned_out = FALSE`, by id) has a partial index holding only
 //!   those events, so it costs nothing once the older processes are gone.
 //!
+//! On PostgreSQL it also queues the refund events written since `m20261205_000015` and not
+//! delivered: until now the refund's one-statement write did not queue them.
+//!
 //! The contract step — dropping the trigger, the index and the column — comes in a later
 //! release, once no process built before `m20261205_000015` can still be running.
 
@@ -68,6 +71,19 @@ impl MigrationTrait for Migration {
         let db = manager.get_connection();
         match manager.get_database_backend() {
             DbBackend::Postgres => {
+                // Refund events written on PostgreSQL since `m20261205_000015` were not
+                // queued (the refund's one-statement write lacked the queue's insert): those
+                // not delivered yet are queued now.
+                db.execute_unprepared(
+                    r#"INSERT INTO "events_to_fan_out" ("event_id")
+  SELECT "e"."id" FROM "events" "e"
+  WHERE "e"."event_type" LIKE 'reembolso.%'
+    AND "e"."created_at" >= (SELECT to_timestamp(min("applied_at")) FROM "seaql_migrations"
+                             WHERE "version" = 'm20261205_000015_events_to_fan_out')
+    AND NOT EXISTS (SELECT 1 FROM "webhook_deliveries" "d" WHERE "d"."event_id" = "e"."id")
+  ON CONFLICT DO NOTHING"#,
+                )
+                .await?;
                 db.execute_unprepared(&format!(
                     r#"CREATE OR REPLACE FUNCTION "{FUNCTION}"() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
