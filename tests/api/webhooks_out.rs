@@ -430,15 +430,18 @@ async fn a_refund_is_delivered_as_a_payment_is(backend: Backend) {
     assert_eq!(refunded.status(), 201);
     let refunded = json(refunded).await;
 
-    eventually(Duration::from_secs(10), "the payment's and the refund's events", async || {
-        receiver.deliveries().len() == 2
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the payment's and the refund's events",
+        async || receiver.deliveries().len() == 2,
+    )
     .await;
     let got = receiver.deliveries();
     let told = got
         .iter()
         .find(|d| {
-            serde_json::from_slice::<Value>(&d.body).expect("json")["tipo"] == "reembolso.completado"
+            serde_json::from_slice::<Value>(&d.body).expect("json")["tipo"]
+                == "reembolso.completado"
         })
         .expect("the refund's event was delivered");
     standardwebhooks::Webhook::new(&secret)
