@@ -17,7 +17,7 @@
 //! then "lost" (the event is delivered again). `GET /sandbox/stats` counts them.
 
 use super::sandbox::{Begin, Change, Outcomes, SandboxCore};
-use super::{ChargeBody, ChargeStatus, RefundBody};
+use super::{Charge, ChargeBody, ChargeStatus, Refund, RefundBody};
 use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -102,8 +102,8 @@ impl SandboxServer {
 
     pub fn router(self: Arc<Self>) -> Router {
         Router::new()
-            .route("/v1/charges", post(create_charge).get(list_charges))
-            .route("/v1/refunds", post(create_refund).get(list_refunds))
+            .route("/v1/charges", post(create::<ChargeBody>).get(list_charges))
+            .route("/v1/refunds", post(create::<RefundBody>).get(list_refunds))
             .route("/sandbox/stats", get(stats))
             .with_state(self)
     }
@@ -123,57 +123,48 @@ fn authorized(server: &SandboxServer, headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes() == expected.as_bytes())
 }
 
-async fn create_charge(
-    State(server): State<Arc<SandboxServer>>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    create(
-        server,
-        &headers,
-        &body,
-        "a charge request",
-        SandboxCore::begin,
-        |core: &SandboxCore, key: &str, body: &ChargeBody| Ok(core.complete(key, body)),
-    )
-    .await
+/// A request body that makes something (a charge, a refund): what the core makes of it,
+/// and what a body that does not parse was meant to be (in its 400).
+trait Making: DeserializeOwned + Send + 'static {
+    type Made: Serialize + Send + 'static;
+    const WHAT: &'static str;
+    fn begin(&self, core: &SandboxCore, key: &str) -> Begin<Self::Made>;
+    /// Makes the thing, or says why not (answered 400 with that body).
+    fn complete(&self, core: &SandboxCore, key: &str) -> Result<Self::Made, serde_json::Value>;
 }
 
-async fn create_refund(
-    State(server): State<Arc<SandboxServer>>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    create(
-        server,
-        &headers,
-        &body,
-        "a refund request",
-        SandboxCore::begin_refund,
-        |core: &SandboxCore, key: &str, body: &RefundBody| {
-            core.complete_refund(key, body)
-                .map_err(|refused| refused.body())
-        },
-    )
-    .await
+impl Making for ChargeBody {
+    type Made = Charge;
+    const WHAT: &'static str = "a charge request";
+    fn begin(&self, core: &SandboxCore, key: &str) -> Begin<Charge> {
+        core.begin(key, self)
+    }
+    fn complete(&self, core: &SandboxCore, key: &str) -> Result<Charge, serde_json::Value> {
+        Ok(core.complete(key, self))
+    }
+}
+
+impl Making for RefundBody {
+    type Made = Refund;
+    const WHAT: &'static str = "a refund request";
+    fn begin(&self, core: &SandboxCore, key: &str) -> Begin<Refund> {
+        core.begin_refund(key, self)
+    }
+    fn complete(&self, core: &SandboxCore, key: &str) -> Result<Refund, serde_json::Value> {
+        core.complete_refund(key, self)
+            .map_err(|refused| refused.body())
+    }
 }
 
 /// A request that makes something (a charge, a refund), served by the same rules and
 /// faults whatever it makes: the key replays, is in flight (409) or was used with another
 /// body (422); `complete` makes the thing or says why not (answered 400 with that body).
-async fn create<B, T>(
-    server: Arc<SandboxServer>,
-    headers: &HeaderMap,
-    body: &[u8],
-    what: &str,
-    begin: fn(&SandboxCore, &str, &B) -> Begin<T>,
-    complete: fn(&SandboxCore, &str, &B) -> Result<T, serde_json::Value>,
-) -> Response
-where
-    B: DeserializeOwned + Send + 'static,
-    T: Serialize + Send + 'static,
-{
-    if !authorized(&server, headers) {
+async fn create<B: Making>(
+    State(server): State<Arc<SandboxServer>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if !authorized(&server, &headers) {
         return error(StatusCode::UNAUTHORIZED, "bad or missing bearer secret");
     }
     let Some(key) = headers
@@ -183,8 +174,8 @@ where
     else {
         return error(StatusCode::BAD_REQUEST, "Idempotency-Key is required");
     };
-    let Ok(body) = serde_json::from_slice::<B>(body) else {
-        return error(StatusCode::BAD_REQUEST, &format!("body is not {what}"));
+    let Ok(body) = serde_json::from_slice::<B>(&body) else {
+        return error(StatusCode::BAD_REQUEST, &format!("body is not {}", B::WHAT));
     };
     if server.core.roll() < server.faults.error_rate {
         return error(
@@ -192,7 +183,7 @@ where
             "injected fault: unavailable",
         );
     }
-    let made = match begin(&server.core, &key, &body) {
+    let made = match body.begin(&server.core, &key) {
         Begin::New => {
             // Its own task: like a real gateway, the request goes through even if the
             // caller hangs up while waiting (otherwise the key would stay in flight).
@@ -201,7 +192,7 @@ where
                 if !worker.faults.latency.is_zero() {
                     tokio::time::sleep(worker.faults.latency).await;
                 }
-                complete(&worker.core, &key, &body)
+                body.complete(&worker.core, &key)
             });
             match making.await {
                 Ok(Ok(made)) => made,
