@@ -164,42 +164,62 @@ fn unauthorized(detail: &str) -> ApiError {
         .into()
 }
 
+/// What a bearer token proves: who sent the request, or the detail of its failed
+/// authentication.
+type Identified<T> = Result<T, &'static str>;
+
+/// `FromRequestParts` for who a bearer token proves a request is from, as `$identify`
+/// reads the token (None: no `Authorization: Bearer`): 429 first when the client's address
+/// failed too often; a failed authentication is counted against the address.
+macro_rules! from_bearer {
+    ($who:ty, $identify:ident) => {
+        impl FromRequestParts<AppState> for $who {
+            type Rejection = ApiError;
+
+            async fn from_request_parts(
+                parts: &mut Parts,
+                state: &AppState,
+            ) -> Result<Self, Self::Rejection> {
+                let auth = &state.auth;
+                let (client, token) = auth.bearer_of(parts).await?;
+                match $identify(state, token).await? {
+                    Ok(who) => Ok(who),
+                    Err(detail) => Err(auth.failed(client, detail).await),
+                }
+            }
+        }
+    };
+}
+
 /// The authenticated merchant of a request.
 #[derive(Clone, Copy, Debug)]
 pub struct Merchant(pub Uuid);
 
-impl FromRequestParts<AppState> for Merchant {
-    type Rejection = ApiError;
+from_bearer!(Merchant, merchant_of);
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let auth = &state.auth;
-        let (client, token) = auth.bearer_of(parts).await?;
-        let Some(token) = token.filter(|t| !t.is_empty()) else {
-            return Err(auth
-                .failed(
-                    client,
-                    "Send your API key as `Authorization: Bearer <key>`.",
-                )
-                .await);
-        };
-        let detail = match auth.credential(&state.db, hash_api_key(&token)).await? {
-            Credential::Known {
-                merchant,
-                expires_at,
-            } => {
-                if expires_at.is_none_or(|at| at > chrono::Utc::now()) {
-                    return Ok(Merchant(merchant));
-                }
-                "This API key has expired. Use another key of this merchant."
+/// The merchant whose API key `token` is.
+async fn merchant_of(
+    state: &AppState,
+    token: Option<String>,
+) -> Result<Identified<Merchant>, ApiError> {
+    let Some(token) = token.filter(|t| !t.is_empty()) else {
+        return Ok(Err("Send your API key as `Authorization: Bearer <key>`."));
+    };
+    let auth = &state.auth;
+    let detail = match auth.credential(&state.db, hash_api_key(&token)).await? {
+        Credential::Known {
+            merchant,
+            expires_at,
+        } => {
+            if expires_at.is_none_or(|at| at > chrono::Utc::now()) {
+                return Ok(Ok(Merchant(merchant)));
             }
-            Credential::Revoked => "This API key was revoked. Use another key of this merchant.",
-            Credential::Unknown => "Unknown API key.",
-        };
-        Err(auth.failed(client, detail).await)
-    }
+            "This API key has expired. Use another key of this merchant."
+        }
+        Credential::Revoked => "This API key was revoked. Use another key of this merchant.",
+        Credential::Unknown => "Unknown API key.",
+    };
+    Ok(Err(detail))
 }
 
 /// An on-call request: the break-glass admin token (`PAGOS_ADMIN_TOKEN`, recorded as
@@ -265,26 +285,14 @@ pub async fn who_is(state: &AppState, given: &str) -> Result<Option<Admin>, ApiE
     }))
 }
 
-impl FromRequestParts<AppState> for Admin {
-    type Rejection = ApiError;
+from_bearer!(Admin, admin_of);
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let auth = &state.auth;
-        let (client, given) = auth.bearer_of(parts).await?;
-        let given = given.unwrap_or_default();
-        match who_is(state, &given).await? {
-            Some(admin) => Ok(admin),
-            None => Err(auth
-                .failed(
-                    client,
-                    "Send the admin token or an operator's token as `Authorization: Bearer <token>`.",
-                )
-                .await),
-        }
-    }
+/// On-call as `token` (the admin token or an operator's) proves it.
+async fn admin_of(state: &AppState, token: Option<String>) -> Result<Identified<Admin>, ApiError> {
+    let given = token.unwrap_or_default();
+    Ok(who_is(state, &given)
+        .await?
+        .ok_or("Send the admin token or an operator's token as `Authorization: Bearer <token>`."))
 }
 
 impl Authenticator {
