@@ -5,24 +5,42 @@
 
 pub use pagos_types::state::{PaymentState, UnknownState};
 
-/// What happened to a payment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Event {
-    /// About to call the gateway (written before the call: the recovery point).
-    Send,
-    /// The gateway reports the charge succeeded.
-    Charged,
-    /// The gateway declined or refused the charge.
-    Declined,
-    /// Nothing can be decided safely (no charge found outside the gateway's key window,
-    /// provider unreachable past the give-up horizon).
-    Escalate,
-    /// The provider reports the opposite of a final state we hold (declined after
-    /// COMPLETADA, succeeded after FALLIDA).
-    Contradicted,
-    /// On-call settles a payment under review.
-    ResolveCompleted,
-    ResolveFailed,
+/// A state machine's events, as an enum with `ALL`: every event, in the order written.
+macro_rules! events {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$doc:meta])* $event:ident,)* }) => {
+        $(#[$meta])*
+        pub enum $name {
+            $($(#[$doc])* $event,)*
+        }
+
+        impl $name {
+            /// Every event, in the order written.
+            pub const ALL: &'static [$name] = &[$($name::$event),*];
+        }
+    };
+}
+pub(crate) use events;
+
+events! {
+    /// What happened to a payment.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Event {
+        /// About to call the gateway (written before the call: the recovery point).
+        Send,
+        /// The gateway reports the charge succeeded.
+        Charged,
+        /// The gateway declined or refused the charge.
+        Declined,
+        /// Nothing can be decided safely (no charge found outside the gateway's key window,
+        /// provider unreachable past the give-up horizon).
+        Escalate,
+        /// The provider reports the opposite of a final state we hold (declined after
+        /// COMPLETADA, succeeded after FALLIDA).
+        Contradicted,
+        /// On-call settles a payment under review.
+        ResolveCompleted,
+        ResolveFailed,
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -107,16 +125,6 @@ mod tests {
     use Event::*;
     use PaymentState::*;
 
-    const EVENTS: [Event; 7] = [
-        Send,
-        Charged,
-        Declined,
-        Escalate,
-        Contradicted,
-        ResolveCompleted,
-        ResolveFailed,
-    ];
-
     /// The whole table, written out: every (state, event) pair not here must be refused.
     const ALLOWED: [(PaymentState, Event, PaymentState); 10] = [
         (EnProceso, Send, Enviada),
@@ -141,7 +149,7 @@ mod tests {
         let refused = assert_refused(
             transition,
             &PaymentState::ALL,
-            &EVENTS,
+            Event::ALL,
             &ALLOWED,
             |from, event| IllegalTransition { from, event },
         );

@@ -5,24 +5,26 @@
 
 pub use pagos_types::RefundState;
 
-/// What happened to a refund.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Event {
-    /// About to call the gateway (written before the call: the recovery point).
-    Send,
-    /// The gateway reports the money went back.
-    Refunded,
-    /// The gateway refused the refund, or reports it failed: no money went back.
-    Failed,
-    /// Nothing can be decided safely (no refund found outside the gateway's key window,
-    /// provider unreachable past the give-up horizon, a refund for another amount).
-    Escalate,
-    /// The provider reports the opposite of a final state held (Stripe: `failed` after
-    /// `succeeded`).
-    Contradicted,
-    /// On-call settles a refund under review.
-    ResolveCompleted,
-    ResolveFailed,
+crate::saga::state::events! {
+    /// What happened to a refund.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Event {
+        /// About to call the gateway (written before the call: the recovery point).
+        Send,
+        /// The gateway reports the money went back.
+        Refunded,
+        /// The gateway refused the refund, or reports it failed: no money went back.
+        Failed,
+        /// Nothing can be decided safely (no refund found outside the gateway's key window,
+        /// provider unreachable past the give-up horizon, a refund for another amount).
+        Escalate,
+        /// The provider reports the opposite of a final state held (Stripe: `failed` after
+        /// `succeeded`).
+        Contradicted,
+        /// On-call settles a refund under review.
+        ResolveCompleted,
+        ResolveFailed,
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -58,16 +60,6 @@ mod tests {
     use Event::*;
     use RefundState::*;
 
-    const EVENTS: [Event; 7] = [
-        Send,
-        Refunded,
-        Failed,
-        Escalate,
-        Contradicted,
-        ResolveCompleted,
-        ResolveFailed,
-    ];
-
     /// The whole table, written out: every (state, event) pair not here must be refused.
     const ALLOWED: [(RefundState, Event, RefundState); 10] = [
         (EnProceso, Send, Enviado),
@@ -92,7 +84,7 @@ mod tests {
         let refused = table::assert_refused(
             transition,
             &RefundState::ALL,
-            &EVENTS,
+            Event::ALL,
             &ALLOWED,
             |from, event| IllegalTransition { from, event },
         );
