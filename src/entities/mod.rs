@@ -2,6 +2,32 @@
 //!
 //! Entities carry no behaviour; the rules live in `saga` and `idempotency`.
 
+/// The entity of an audit trail's table (`table`): one row says who (`Actor`) moved the
+/// row `of` names (a payment, a refund) from which `state` to which, and why. Its module
+/// brings `Actor`, the state type and sea-orm's prelude in scope.
+macro_rules! audit_trail {
+    ($(#[$doc:meta])* table = $table:tt, of = $of:ident, state = $state:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+        #[sea_orm(table_name = $table)]
+        pub struct Model {
+            #[sea_orm(primary_key, auto_increment = false)]
+            pub id: Uuid,
+            pub $of: Uuid,
+            pub from_state: Option<$state>,
+            pub to_state: $state,
+            pub actor: Actor,
+            pub reason: String,
+            pub created_at: ChronoDateTimeUtc,
+        }
+
+        #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+        pub enum Relation {}
+
+        impl ActiveModelBehavior for ActiveModel {}
+    };
+}
+
 pub mod api_key;
 pub mod event;
 pub mod event_to_fan_out;

@@ -40,21 +40,9 @@ impl Actor {
     }
 }
 
-/// One row of the audit trail: who moved a payment from where to where, and why.
-#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-#[sea_orm(table_name = "payment_transitions")]
-pub struct Model {
-    #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub payment_id: Uuid,
-    pub from_state: Option<PaymentState>,
-    pub to_state: PaymentState,
-    pub actor: Actor,
-    pub reason: String,
-    pub created_at: ChronoDateTimeUtc,
+audit_trail! {
+    /// One row of the audit trail: who moved a payment from where to where, and why.
+    table = "payment_transitions",
+    of = payment_id,
+    state = PaymentState
 }
-
-#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
-
-impl ActiveModelBehavior for ActiveModel {}
