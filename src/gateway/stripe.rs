@@ -68,21 +68,17 @@ pub struct PaymentIntent {
 }
 
 /// Stripe's error object (`{"error":{…}}`, and a PaymentIntent's `last_payment_error`).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
 pub struct ApiError {
-    #[serde(rename = "type", default)]
+    #[serde(rename = "type")]
     pub kind: Option<String>,
-    #[serde(default)]
     pub code: Option<String>,
-    #[serde(default)]
     pub decline_code: Option<String>,
-    #[serde(default)]
     pub message: Option<String>,
     /// The parameter the error is about (`amount`, …).
-    #[serde(default)]
     pub param: Option<String>,
     /// On a card error, the PaymentIntent as the failed confirmation left it.
-    #[serde(default)]
     pub payment_intent: Option<Box<PaymentIntent>>,
 }
 
