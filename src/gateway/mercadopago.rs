@@ -19,7 +19,7 @@ use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
 use super::http::{Api, ask, detail, read, search, transport};
 use super::{
     Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundLookup,
-    RefundRequest, RefundStatus, amount,
+    RefundRequest, RefundStatus, amount, known_refund_status,
 };
 use async_trait::async_trait;
 use reqwest::StatusCode;
@@ -291,15 +291,9 @@ impl MercadoPagoRefund {
     pub fn to_refund(&self, currency: &str, reference: &str) -> Result<Refund, GatewayError> {
         let id = self.id_text();
         let shown = self.status.as_deref().unwrap_or("(none)");
-        let status = self
-            .status
-            .as_deref()
-            .and_then(refund_status_of)
-            .ok_or_else(|| {
-                GatewayError::Unknown(format!(
-                    "Mercado Pago refund {id} has a status pagos does not know: {shown}"
-                ))
-            })?;
+        let status = known_refund_status(self.status.as_deref(), refund_status_of, || {
+            format!("Mercado Pago refund {id} has a status pagos does not know: {shown}")
+        })?;
         let currency = currency.to_ascii_uppercase();
         let exponent = amount::iso_exponent(&currency, 2);
         let minor = amount::from_decimal(self.amount, exponent)

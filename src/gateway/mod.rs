@@ -205,6 +205,18 @@ pub enum GatewayError {
     },
 }
 
+/// A provider's refund status (`status`, absent on some answers) as its table (`known`)
+/// reads it; absent, or one the table does not know, it is `Unknown`, as `unknown` says.
+pub fn known_refund_status(
+    status: Option<&str>,
+    known: fn(&str) -> Option<RefundStatus>,
+    unknown: impl FnOnce() -> String,
+) -> Result<RefundStatus, GatewayError> {
+    status
+        .and_then(known)
+        .ok_or_else(|| GatewayError::Unknown(unknown()))
+}
+
 /// The longest decline code pagos stores (`payments.decline_code`, `webhook_charges`).
 pub const MAX_DECLINE_CODE_LEN: usize = 100;
 

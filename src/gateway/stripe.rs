@@ -18,7 +18,7 @@ use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
 use super::http::{Api, search, transport};
 use super::{
     Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundLookup,
-    RefundRequest, RefundStatus, amount,
+    RefundRequest, RefundStatus, amount, known_refund_status,
 };
 use async_trait::async_trait;
 use reqwest::StatusCode;
@@ -248,16 +248,12 @@ impl StripeRefund {
     /// charge its PaymentIntent).
     pub fn to_refund(&self) -> Result<Refund, GatewayError> {
         let shown = self.status.as_deref().unwrap_or("(none)");
-        let status = self
-            .status
-            .as_deref()
-            .and_then(refund_status_of)
-            .ok_or_else(|| {
-                GatewayError::Unknown(format!(
-                    "Refund {} has a status pagos does not know: {shown}",
-                    self.id
-                ))
-            })?;
+        let status = known_refund_status(self.status.as_deref(), refund_status_of, || {
+            format!(
+                "Refund {} has a status pagos does not know: {shown}",
+                self.id
+            )
+        })?;
         let currency = self.currency.to_ascii_uppercase();
         let amount = amount::from_stripe(self.amount, &currency)
             .map_err(|e| GatewayError::Unknown(format!("Refund {}: amount {e}", self.id)))?;
