@@ -491,6 +491,7 @@ impl Gateway for MercadoPagoGateway {
 mod tests {
     use super::*;
     use crate::domain::{PayerDocument, PaymentMethod};
+    use crate::gateway::test_charge_request;
     use serde_json::json;
 
     fn payment(status: &str, detail: &str) -> Payment {
@@ -559,13 +560,9 @@ mod tests {
 
     #[test]
     fn the_body_carries_every_documented_field() {
-        let req = ChargeRequest {
-            gateway_key: "gk".into(),
-            amount: 250_000,
-            currency: "COP".into(),
-            reference: Uuid::nil(),
-            description: Some("Cuota 3".into()),
-            payment_method: Some(PaymentMethod {
+        let req = test_charge_request(
+            "Cuota 3",
+            PaymentMethod {
                 token: Some("ff8080814c11e237014c1ff593b57b4d".into()),
                 payer_email: Some("payer@example.com".into()),
                 document: Some(PayerDocument {
@@ -573,8 +570,8 @@ mod tests {
                     number: "1020304050".into(),
                 }),
                 ..PaymentMethod::with_id("visa")
-            }),
-        };
+            },
+        );
         let body = serde_json::to_value(payment_body(&req).expect("body")).expect("json");
         assert_eq!(
             body,

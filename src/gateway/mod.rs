@@ -263,6 +263,20 @@ pub trait Gateway: Send + Sync + 'static {
     async fn lookup_refunds(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError>;
 }
 
+/// What the adapters' body tests send: COP 250,000 with the gateway key `gk`, the nil
+/// reference, `description` and `method`.
+#[cfg(test)]
+pub(crate) fn test_charge_request(description: &str, method: PaymentMethod) -> ChargeRequest {
+    ChargeRequest {
+        gateway_key: "gk".into(),
+        amount: 250_000,
+        currency: "COP".into(),
+        reference: Uuid::nil(),
+        description: Some(description.into()),
+        payment_method: Some(method),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -597,6 +597,7 @@ impl Gateway for StripeGateway {
 mod tests {
     use super::*;
     use crate::domain::PaymentMethod;
+    use crate::gateway::test_charge_request;
 
     fn intent(status: &str) -> PaymentIntent {
         serde_json::from_value(serde_json::json!({
@@ -642,17 +643,13 @@ mod tests {
 
     #[test]
     fn the_form_body_carries_every_documented_field_and_is_stable() {
-        let req = ChargeRequest {
-            gateway_key: "gk".into(),
-            amount: 250_000,
-            currency: "COP".into(),
-            reference: Uuid::nil(),
-            description: Some("Cuota 3 & más".into()),
-            payment_method: Some(PaymentMethod {
+        let req = test_charge_request(
+            "Cuota 3 & más",
+            PaymentMethod {
                 customer: Some("cus_NffrFeUfNV2Hib".into()),
                 ..PaymentMethod::with_id("pm_1Q0PsIJvEtkwdCNYMSaVuRz6")
-            }),
-        };
+            },
+        );
         let body = form_body(&req).expect("a body");
         assert_eq!(form_body(&req).expect("a body"), body);
         let pairs: Vec<(String, String)> = url::form_urlencoded::parse(body.as_bytes())
