@@ -181,6 +181,7 @@ fn reaper_of(state: &AppState) -> Reaper {
         metrics: state.metrics.clone(),
         key_retention: state.settings.key_retention,
         message_retention: state.settings.message_retention,
+        batch: state.settings.purge_batch,
     }
 }
 

@@ -363,6 +363,11 @@ pub struct Settings {
     /// caught); at least 10m, twice the 5-minute signature tolerance
     #[arg(long, env = "PAGOS_MESSAGE_RETENTION", default_value = "7d", value_parser = positive_duration, value_name = "DURATION")]
     pub message_retention: Duration,
+    /// The key reaper deletes at most this many rows per statement, and pauses between
+    /// two statements as long as the last one took
+    #[arg(long, env = "PAGOS_PURGE_BATCH", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=100_000), value_name = "N")]
+    pub purge_batch: u64,
     /// Concurrent provider look-ups of one reconciliation pass
     #[arg(long, env = "PAGOS_RECONCILE_CONCURRENCY", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(1..=1024), value_name = "N")]

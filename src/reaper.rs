@@ -11,10 +11,11 @@ use crate::entities::{idempotency_key as keys, payment};
 use crate::metrics::Metrics;
 use crate::saga::state::PaymentState;
 use crate::saga::store::chrono_after;
-use sea_orm::sea_query::Query;
-use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter};
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::{Expr, Order, Query};
+use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, ExprTrait, QueryFilter};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Exactly what the reaper uses.
 #[derive(Clone)]
@@ -25,16 +26,41 @@ pub struct Reaper {
     pub key_retention: Duration,
     /// `PAGOS_MESSAGE_RETENTION`.
     pub message_retention: Duration,
+    /// `PAGOS_PURGE_BATCH`: the most rows one delete statement removes.
+    pub batch: u64,
 }
 
-/// Deletes expired keys of final payments; returns how many.
+/// Deletes expired keys of final payments, oldest first, `batch` keys per statement;
+/// returns how many.
+///
+/// A day of keys is a million rows: deleted in one statement, they would hold a million
+/// row locks and write their whole WAL at once while payments are being created. Each
+/// statement here is its own short transaction, and the reaper pauses after each as long
+/// as it took, so it never has the database more than half the time.
 pub async fn purge_keys(
-    db: &sea_orm::DatabaseConnection,
-    older_than: chrono::DateTime<chrono::Utc>,
+    db: &DatabaseConnection,
+    older_than: DateTime<Utc>,
+    batch: u64,
 ) -> Result<u64, DbErr> {
-    let final_payments = Query::select()
-        .column(payment::Column::Id)
+    in_batches("idempotency keys", batch, || {
+        purge_key_batch(db, older_than, batch)
+    })
+    .await
+}
+
+/// One statement of `purge_keys`.
+async fn purge_key_batch(
+    db: &DatabaseConnection,
+    older_than: DateTime<Utc>,
+    batch: u64,
+) -> Result<u64, DbErr> {
+    let final_payment = Query::select()
+        .expr(Expr::val(1))
         .from(payment::Entity)
+        .and_where(
+            Expr::col((payment::Entity, payment::Column::Id))
+                .equals((keys::Entity, keys::Column::PaymentId)),
+        )
         .and_where(payment::Column::State.is_in([
             PaymentState::Completada.as_str(),
             PaymentState::Fallida.as_str(),
@@ -44,28 +70,73 @@ pub async fn purge_keys(
         // was registered (a payment sent late by the reconciler).
         .and_where(payment::Column::UpdatedAt.lt(older_than))
         .to_owned();
+    // The oldest first, through the index on `created_at`: the keys a statement deleted
+    // are skipped by the next one's index scan, where a scan of the table would read
+    // them again until they are vacuumed.
+    let expired = Query::select()
+        .columns([keys::Column::MerchantId, keys::Column::Key])
+        .from(keys::Entity)
+        .and_where(keys::Column::CreatedAt.lt(older_than))
+        .and_where(keys::Column::Status.eq(KeyStatus::Completed))
+        .and_where(Expr::exists(final_payment))
+        .order_by(keys::Column::CreatedAt, Order::Asc)
+        .limit(batch)
+        .to_owned();
     let deleted = keys::Entity::delete_many()
-        .filter(keys::Column::CreatedAt.lt(older_than))
-        .filter(keys::Column::Status.eq(KeyStatus::Completed))
-        .filter(keys::Column::PaymentId.in_subquery(final_payments))
+        .filter(
+            Expr::tuple([
+                Expr::col(keys::Column::MerchantId).into(),
+                Expr::col(keys::Column::Key).into(),
+            ])
+            .in_subquery(expired),
+        )
         .exec(db)
         .await?;
     Ok(deleted.rows_affected)
+}
+
+/// Runs `one` (a delete of at most `batch` rows) until it deletes fewer, pausing after
+/// each as long as it took; returns the rows deleted. Logs its progress every 100,000
+/// rows: a backlog of days takes minutes.
+async fn in_batches<F, Fut>(what: &str, batch: u64, mut one: F) -> Result<u64, DbErr>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, DbErr>>,
+{
+    const PROGRESS_EVERY: u64 = 100_000;
+    let mut deleted = 0;
+    loop {
+        let started = Instant::now();
+        let now = one().await?;
+        deleted += now;
+        if now < batch {
+            return Ok(deleted);
+        }
+        if deleted % PROGRESS_EVERY < now {
+            tracing::info!(deleted, "{what} past retention: still deleting");
+        }
+        tokio::time::sleep(started.elapsed()).await;
+    }
 }
 
 /// Deletes expired idempotency keys of final payments and webhook ids past their
 /// retention (a redelivery after that is still stopped by the per-charge sequence).
 pub async fn run(reaper: &Reaper) -> Result<(), DbErr> {
     let now = crate::db::now();
-    let purged = purge_keys(&reaper.db, now - chrono_after(reaper.key_retention)).await?;
+    let purged = purge_keys(
+        &reaper.db,
+        now - chrono_after(reaper.key_retention),
+        reaper.batch,
+    )
+    .await?;
     if purged > 0 {
         reaper.metrics.keys_purged.inc_by(purged);
         tracing::info!(purged, "idempotency keys past retention deleted");
     }
-    let messages = crate::webhooks::purge_processed_messages(
-        &reaper.db,
-        now - chrono_after(reaper.message_retention),
-    )
+    let older_than = now - chrono_after(reaper.message_retention);
+    let messages = in_batches("processed webhook ids", reaper.batch, || {
+        crate::webhooks::purge_processed_messages(&reaper.db, older_than, reaper.batch)
+    })
     .await?;
     if messages > 0 {
         tracing::info!(

@@ -28,7 +28,7 @@ use crate::webhooks::event::status_name;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
-    EntityTrait, PrimaryKeyTrait, QueryFilter, QuerySelect, TryInsertResult,
+    EntityTrait, ExprTrait, PrimaryKeyTrait, QueryFilter, QuerySelect, TryInsertResult,
 };
 use uuid::Uuid;
 
@@ -376,14 +376,29 @@ pub async fn orphan_charges(
         .await
 }
 
-/// Deletes the ids of events received before `older_than`; returns how many. An event
-/// redelivered after its id is gone is still caught by its charge's sequence.
+/// Deletes up to `batch` ids of events received before `older_than`, the oldest first;
+/// returns how many (the reaper calls it until it deletes fewer). An event redelivered
+/// after its id is gone is still caught by its charge's sequence.
 pub async fn purge_processed_messages(
     db: &DatabaseConnection,
     older_than: chrono::DateTime<chrono::Utc>,
+    batch: u64,
 ) -> Result<u64, DbErr> {
+    let expired = sea_orm::sea_query::Query::select()
+        .columns([messages::Column::Source, messages::Column::MessageId])
+        .from(messages::Entity)
+        .and_where(messages::Column::ReceivedAt.lt(older_than))
+        .order_by(messages::Column::ReceivedAt, sea_orm::Order::Asc)
+        .limit(batch)
+        .to_owned();
     let deleted = messages::Entity::delete_many()
-        .filter(messages::Column::ReceivedAt.lt(older_than))
+        .filter(
+            Expr::tuple([
+                Expr::col(messages::Column::Source).into(),
+                Expr::col(messages::Column::MessageId).into(),
+            ])
+            .in_subquery(expired),
+        )
         .exec(db)
         .await?;
     Ok(deleted.rows_affected)

@@ -97,6 +97,9 @@ fn a_malformed_door_setting_stops_serve_with_one_line_naming_it() {
         ("PAGOS_ADMIN_BIND", "localhost"),
         ("PAGOS_ADMIN_BIND", "127.0.0.1:8080"),
         ("PAGOS_METRICS_REFRESH", "often"),
+        ("PAGOS_PURGE_BATCH", "0"),
+        ("PAGOS_PURGE_BATCH", "1000000"),
+        ("PAGOS_PURGE_BATCH", "all"),
     ] {
         assert_refused(
             &pagos(&["serve", "--database-url", &db], &[(env, value)]),
@@ -142,6 +145,7 @@ fn help_names_every_setting_with_its_env_var() {
             "PAGOS_ADMIN_BIND",
             "PAGOS_METRICS_REFRESH",
             "PAGOS_AUTH_FAILURES_PER_MINUTE",
+            "PAGOS_PURGE_BATCH",
         ],
     );
 }

@@ -144,7 +144,7 @@ async fn merchant_id(app: &TestApp) -> uuid::Uuid {
 
 async fn purge_every_final_key(app: &TestApp) {
     let far = pagos::db::now() + chrono::TimeDelta::days(2);
-    let purged = pagos::reaper::purge_keys(&app.db, far)
+    let purged = pagos::reaper::purge_keys(&app.db, far, 1000)
         .await
         .expect("purge");
     assert!(purged > 0, "the key was purged");

@@ -318,18 +318,33 @@ async fn only_payments_under_review_can_be_resolved_by_hand(backend: Backend) {
 async fn the_reaper_deletes_expired_final_keys_and_never_an_in_flight_one(backend: Backend) {
     let app = Spawn::new(backend).start().await;
     let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
-    assert_eq!(app.pay("k-done", &payment_body()).await.status(), 201);
+    for n in 0..5 {
+        assert_eq!(
+            app.pay(&format!("k-done-{n}"), &payment_body())
+                .await
+                .status(),
+            201
+        );
+    }
     fake.set_new_status("pending");
     let pending = pending_payment(&app, "k-open").await;
 
-    let future = chrono::Utc::now() + chrono::TimeDelta::days(2);
-    let purged = pagos::reaper::purge_keys(&app.db, future)
+    let now = chrono::Utc::now();
+    let none = pagos::reaper::purge_keys(&app.db, now - chrono::TimeDelta::days(1), 2)
         .await
         .expect("purge");
-    assert_eq!(purged, 1, "only the final payment's key");
+    assert_eq!(none, 0, "no key is past a retention that has not run out");
+    assert_eq!(app.count_rows().await, (6, 6));
+
+    // Two keys per statement: the five final keys take three statements.
+    let future = chrono::Utc::now() + chrono::TimeDelta::days(2);
+    let purged = pagos::reaper::purge_keys(&app.db, future, 2)
+        .await
+        .expect("purge");
+    assert_eq!(purged, 5, "every final payment's key, batch after batch");
     assert_eq!(
         app.count_rows().await,
-        (1, 2),
+        (1, 6),
         "the in-flight key stays; payments are never deleted"
     );
 
@@ -338,10 +353,10 @@ async fn the_reaper_deletes_expired_final_keys_and_never_an_in_flight_one(backen
     assert_eq!(json(retry).await["id"], pending.as_str());
     // A purged key is a new key: it makes a new payment.
     fake.set_new_status("succeeded");
-    let reused = app.pay("k-done", &payment_body()).await;
+    let reused = app.pay("k-done-0", &payment_body()).await;
     assert_eq!(reused.status(), 201);
     assert!(reused.headers().get("idempotent-replayed").is_none());
-    assert_eq!(app.count_rows().await, (2, 3));
+    assert_eq!(app.count_rows().await, (2, 7));
 }
 
 async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) {

@@ -547,14 +547,14 @@ async fn processed_messages_older_than_the_retention_are_purged(backend: Backend
     assert_eq!(outcome(deliver(&app, &body).await).await, "aplicado");
 
     let week_ago = chrono::Utc::now() - chrono::TimeDelta::days(7);
-    let kept = pagos::webhooks::purge_processed_messages(&app.db, week_ago)
+    let kept = pagos::webhooks::purge_processed_messages(&app.db, week_ago, 1000)
         .await
         .expect("purge");
     assert_eq!(kept, 0, "a fresh id is kept");
     assert_eq!(app.recorded().await.0, 1);
 
     let later = chrono::Utc::now() + chrono::TimeDelta::seconds(1);
-    let purged = pagos::webhooks::purge_processed_messages(&app.db, later)
+    let purged = pagos::webhooks::purge_processed_messages(&app.db, later, 1000)
         .await
         .expect("purge");
     assert_eq!(purged, 1);
