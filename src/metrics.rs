@@ -341,16 +341,53 @@ pub async fn keep_gauges_fresh(db: DatabaseConnection, metrics: Arc<Metrics>, pe
     let within = period.max(Duration::from_secs(10));
     let mut ticks = tokio::time::interval(period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut terminal = TerminalCounts::default();
     loop {
         ticks.tick().await;
-        refresh_gauges(&db, &metrics, within).await;
+        refresh_gauges_with(&db, &metrics, within, &mut terminal).await;
     }
 }
 
-/// One refresh of the gauges of stored state. A refresh that fails, or takes longer than
-/// `within` (a database that hangs), reports the database down.
+/// The counts of terminal states (COMPLETADA, FALLIDA; COMPLETADO, FALLIDO), which only
+/// grow: counting them reads every payment (or refund) ever made, so a full count is
+/// taken at most once per fifty times what the last one took (a database of ten million
+/// payments: a few seconds of work every few minutes; an ordinary one: every refresh).
+/// The other states, the ones alerts watch, are counted on every refresh through their
+/// indexes.
+#[derive(Debug, Default)]
+pub struct TerminalCounts {
+    payments: Vec<(String, i64)>,
+    refunds: Vec<(String, i64)>,
+    next_full_count: Option<std::time::Instant>,
+}
+
+impl TerminalCounts {
+    /// A full count's share of the time, at most: one part in this many.
+    const DUTY: u32 = 50;
+
+    fn due(&self) -> bool {
+        self.next_full_count
+            .is_none_or(|at| std::time::Instant::now() >= at)
+    }
+
+    fn counted(&mut self, took: Duration) {
+        self.next_full_count = Some(std::time::Instant::now() + took * Self::DUTY);
+    }
+}
+
+/// One refresh of the gauges of stored state, every state counted. A refresh that fails,
+/// or takes longer than `within` (a database that hangs), reports the database down.
 pub async fn refresh_gauges(db: &DatabaseConnection, metrics: &Metrics, within: Duration) {
-    let read = match tokio::time::timeout(within, read_gauges(db)).await {
+    refresh_gauges_with(db, metrics, within, &mut TerminalCounts::default()).await;
+}
+
+async fn refresh_gauges_with(
+    db: &DatabaseConnection,
+    metrics: &Metrics,
+    within: Duration,
+    terminal: &mut TerminalCounts,
+) {
+    let read = match tokio::time::timeout(within, read_gauges(db, terminal)).await {
         Ok(read) => read,
         Err(_) => Err(sea_orm::DbErr::Custom(format!(
             "reading the gauges took longer than {}",
@@ -399,27 +436,87 @@ struct StoredGauges {
     webhook_endpoints_disabled: i64,
 }
 
-async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::DbErr> {
-    use crate::entities::payment;
-    use pagos_types::PaymentState;
+async fn read_gauges(
+    db: &DatabaseConnection,
+    terminal: &mut TerminalCounts,
+) -> Result<StoredGauges, sea_orm::DbErr> {
+    use crate::entities::{payment, refund};
+    use pagos_types::{PaymentState, RefundState};
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
 
-    let counts: Vec<(String, i64)> = payment::Entity::find()
+    // Every state when a full count is due; else the states that still move.
+    let full = terminal.due();
+    let started = std::time::Instant::now();
+    let mut payments_query = payment::Entity::find()
         .select_only()
         .column(payment::Column::State)
         .column_as(payment::Column::Id.count(), "n")
-        .group_by(payment::Column::State)
-        .into_tuple()
-        .all(db)
-        .await?;
+        .group_by(payment::Column::State);
+    let mut refunds_query = refund::Entity::find()
+        .select_only()
+        .column(refund::Column::State)
+        .column_as(refund::Column::Id.count(), "n")
+        .group_by(refund::Column::State);
+    if !full {
+        let moving = PaymentState::ALL.into_iter().filter(|s| !s.is_terminal());
+        payments_query =
+            payments_query.filter(payment::Column::State.is_in(moving.map(|s| s.as_str())));
+        let moving = RefundState::ALL.into_iter().filter(|s| !s.is_terminal());
+        refunds_query =
+            refunds_query.filter(refund::Column::State.is_in(moving.map(|s| s.as_str())));
+    }
+    let counts: Vec<(String, i64)> = payments_query.into_tuple().all(db).await?;
+    let refund_counts: Vec<(String, i64)> = refunds_query.into_tuple().all(db).await?;
+    if full {
+        let is_terminal = |s: &str, all: &[&str]| all.contains(&s);
+        let payment_terminal: Vec<&str> = PaymentState::ALL
+            .into_iter()
+            .filter(|s| s.is_terminal())
+            .map(|s| s.as_str())
+            .collect();
+        let refund_terminal: Vec<&str> = RefundState::ALL
+            .into_iter()
+            .filter(|s| s.is_terminal())
+            .map(|s| s.as_str())
+            .collect();
+        terminal.payments = counts
+            .iter()
+            .filter(|(s, _)| is_terminal(s, &payment_terminal))
+            .cloned()
+            .collect();
+        terminal.refunds = refund_counts
+            .iter()
+            .filter(|(s, _)| is_terminal(s, &refund_terminal))
+            .cloned()
+            .collect();
+        terminal.counted(started.elapsed());
+    }
+    let count_of = |counts: &[(String, i64)], kept: &[(String, i64)], estado: &str| {
+        counts
+            .iter()
+            .chain(kept)
+            .find(|(s, _)| s == estado)
+            .map_or(0, |(_, n)| *n)
+    };
     let payments = PaymentState::ALL
         .iter()
         .map(|estado| {
-            let n = counts
-                .iter()
-                .find(|(s, _)| s == estado.as_str())
-                .map_or(0, |(_, n)| *n);
-            (estado.as_str(), n)
+            let kept = if full {
+                &[][..]
+            } else {
+                &terminal.payments[..]
+            };
+            (estado.as_str(), count_of(&counts, kept, estado.as_str()))
+        })
+        .collect();
+    let refunds = RefundState::ALL
+        .iter()
+        .map(|estado| {
+            let kept = if full { &[][..] } else { &terminal.refunds[..] };
+            (
+                estado.as_str(),
+                count_of(&refund_counts, kept, estado.as_str()),
+            )
         })
         .collect();
     let oldest: Option<chrono::DateTime<chrono::Utc>> = payment::Entity::find()
@@ -432,24 +529,6 @@ async fn read_gauges(db: &DatabaseConnection) -> Result<StoredGauges, sea_orm::D
         .flatten();
     let oldest_unsettled_age =
         oldest.map_or(0.0, |t| (crate::db::now() - t).as_seconds_f64().max(0.0));
-    let refund_counts: Vec<(String, i64)> = crate::entities::refund::Entity::find()
-        .select_only()
-        .column(crate::entities::refund::Column::State)
-        .column_as(crate::entities::refund::Column::Id.count(), "n")
-        .group_by(crate::entities::refund::Column::State)
-        .into_tuple()
-        .all(db)
-        .await?;
-    let refunds = pagos_types::RefundState::ALL
-        .iter()
-        .map(|estado| {
-            let n = refund_counts
-                .iter()
-                .find(|(s, _)| s == estado.as_str())
-                .map_or(0, |(_, n)| *n);
-            (estado.as_str(), n)
-        })
-        .collect();
     let oldest_undelivered_event_age = crate::outbox::events::oldest_undelivered(db)
         .await?
         .map_or(0.0, |t| (crate::db::now() - t).as_seconds_f64().max(0.0));
@@ -590,6 +669,20 @@ mod tests {
 
     fn has_line(text: &str, line: &str) -> bool {
         text.lines().any(|l| l == line)
+    }
+
+    #[test]
+    fn terminal_states_are_counted_again_after_fifty_times_what_their_count_took() {
+        let mut terminal = TerminalCounts::default();
+        assert!(terminal.due(), "the first refresh counts every state");
+        terminal.counted(Duration::ZERO);
+        assert!(terminal.due(), "a quick count is taken again on the next refresh");
+        terminal.counted(Duration::from_secs(2));
+        assert!(!terminal.due(), "a two-second count waits a hundred seconds");
+        assert!(
+            terminal.next_full_count.expect("set")
+                >= std::time::Instant::now() + Duration::from_secs(99)
+        );
     }
 
     #[tokio::test]
