@@ -61,6 +61,23 @@ impl Counts {
         }
     }
 
+    /// These counts less `idle`'s (what the process does on its own in as long a time:
+    /// the delivery worker's polls), never below zero.
+    pub fn less(self, idle: Counts) -> Counts {
+        Counts {
+            execute: self.execute.saturating_sub(idle.execute),
+            parse: self.parse.saturating_sub(idle.parse),
+            sync: self.sync.saturating_sub(idle.sync),
+            begin: self.begin.saturating_sub(idle.begin),
+            commit: self.commit.saturating_sub(idle.commit),
+            rollback: self.rollback.saturating_sub(idle.rollback),
+            other_query: self.other_query.saturating_sub(idle.other_query),
+            autocommit_writes: self
+                .autocommit_writes
+                .saturating_sub(idle.autocommit_writes),
+        }
+    }
+
     /// Durable commits: explicit ones and writing statements that committed on their own.
     pub fn commits(&self) -> u64 {
         self.commit + self.autocommit_writes
