@@ -13,7 +13,7 @@ use crate::saga::state::PaymentState;
 use crate::saga::store::chrono_after;
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, Order, Query};
-use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, ExprTrait, QueryFilter};
+use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, ExprTrait};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,7 +74,6 @@ async fn purge_key_batch(
     // are skipped by the next one's index scan, where a scan of the table would read
     // them again until they are vacuumed.
     let expired = Query::select()
-        .columns([keys::Column::MerchantId, keys::Column::Key])
         .from(keys::Entity)
         .and_where(keys::Column::CreatedAt.lt(older_than))
         .and_where(keys::Column::Status.eq(KeyStatus::Completed))
@@ -82,17 +81,7 @@ async fn purge_key_batch(
         .order_by(keys::Column::CreatedAt, Order::Asc)
         .limit(batch)
         .to_owned();
-    let deleted = keys::Entity::delete_many()
-        .filter(
-            Expr::tuple([
-                Expr::col(keys::Column::MerchantId).into(),
-                Expr::col(keys::Column::Key).into(),
-            ])
-            .in_subquery(expired),
-        )
-        .exec(db)
-        .await?;
-    Ok(deleted.rows_affected)
+    crate::db::delete_picked(db, "idempotency_keys", expired).await
 }
 
 /// Runs `one` (a delete of at most `batch` rows) until it deletes fewer, pausing after

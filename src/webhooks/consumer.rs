@@ -28,7 +28,7 @@ use crate::webhooks::event::status_name;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
-    EntityTrait, ExprTrait, PrimaryKeyTrait, QueryFilter, QuerySelect, TryInsertResult,
+    EntityTrait, PrimaryKeyTrait, QueryFilter, QuerySelect, TryInsertResult,
 };
 use uuid::Uuid;
 
@@ -385,21 +385,10 @@ pub async fn purge_processed_messages(
     batch: u64,
 ) -> Result<u64, DbErr> {
     let expired = sea_orm::sea_query::Query::select()
-        .columns([messages::Column::Source, messages::Column::MessageId])
         .from(messages::Entity)
         .and_where(messages::Column::ReceivedAt.lt(older_than))
         .order_by(messages::Column::ReceivedAt, sea_orm::Order::Asc)
         .limit(batch)
         .to_owned();
-    let deleted = messages::Entity::delete_many()
-        .filter(
-            Expr::tuple([
-                Expr::col(messages::Column::Source).into(),
-                Expr::col(messages::Column::MessageId).into(),
-            ])
-            .in_subquery(expired),
-        )
-        .exec(db)
-        .await?;
-    Ok(deleted.rows_affected)
+    crate::db::delete_picked(db, "processed_messages", expired).await
 }
