@@ -5,7 +5,7 @@
 //! payment in REVISION_MANUAL and is written to the audit trail with its reason.
 
 use super::AppState;
-use super::auth::Admin;
+use super::auth::{Admin, AdminTokenRefused};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::entities::{payment, payment_transition as transitions};
 use crate::representation::{Pago, RESOLVED_FAILED};
@@ -94,7 +94,7 @@ fn bad_request(detail: impl Into<String>) -> ApiError {
     params(ListQuery),
     responses(
         (status = 200, description = "Payments, oldest first", body = ListaPagos),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        AdminTokenRefused,
         (status = 422, description = "Unknown state or bad limit", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -178,7 +178,7 @@ fn not_found() -> ApiError {
     params(("id" = Uuid, Path, description = "The payment id")),
     responses(
         (status = 200, description = "The payment and its audit trail", body = DetallePago),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        AdminTokenRefused,
         (status = 404, description = "No such payment", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -243,7 +243,7 @@ pub struct PedidoReconciliacion {
     request_body(content = PedidoReconciliacion, description = "`{}` for every due payment and refund, `{\"pagoId\":\"…\"}` for one payment, `{\"reembolsoId\":\"…\"}` for one refund"),
     responses(
         (status = 200, description = "The pass's report", body = Report),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        AdminTokenRefused,
         (status = 403, description = "The operator's role (lector) may only read", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Body is not `{}` or `{\"pagoId\":\"<uuid>\"}`", body = Problem, content_type = "application/problem+json"),
     )
@@ -319,7 +319,7 @@ pub struct Resolucion {
     request_body = Resolucion,
     responses(
         (status = 200, description = "Settled; the payment and its audit trail", body = DetallePago),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        AdminTokenRefused,
         (status = 403, description = "The operator's role (lector) may only read", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such payment", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The payment is not in REVISION_MANUAL", body = Problem, content_type = "application/problem+json"),

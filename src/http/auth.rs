@@ -222,6 +222,17 @@ async fn merchant_of(
     Ok(Err(detail))
 }
 
+/// The 401 of an on-call endpoint, as its OpenAPI operation documents it (documentation
+/// only: the extractor answers it).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 401,
+    description = "Missing or wrong admin token",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct AdminTokenRefused(Problem);
+
 /// An on-call request: the break-glass admin token (`PAGOS_ADMIN_TOKEN`, recorded as
 /// `admin`) or an operator's token (`op_…`, recorded by the operator's name).
 #[derive(Clone, Debug)]

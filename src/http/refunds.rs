@@ -8,7 +8,7 @@
 //! that hangs up never cancels a refund halfway.
 
 use super::AppState;
-use super::auth::{Admin, Merchant};
+use super::auth::{Admin, AdminTokenRefused, Merchant};
 use super::payments::{Body, MAX_BODY, body, idempotency_key, problem, validation_failed};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::entities::idempotency_key as keys;
@@ -355,7 +355,7 @@ async fn list_refunds(
     responses(
         (status = 201, description = "Refunded (COMPLETADO)", body = Reembolso),
         (status = 202, description = "Outcome not known yet (ENVIADO)", body = Reembolso),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        AdminTokenRefused,
         (status = 404, description = "No such payment", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not COMPLETADA, or the first request with this key is in progress", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Refused by the gateway, over what is left, `motivo` missing, or the key used with another body", body = Problem, content_type = "application/problem+json"),
@@ -454,7 +454,7 @@ pub struct DetalleReembolso {
     request_body = ResolucionReembolso,
     responses(
         (status = 200, description = "Settled; the refund and its audit trail", body = DetalleReembolso),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        AdminTokenRefused,
         (status = 404, description = "No such refund", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The refund is not in REVISION_MANUAL", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad estado or empty motivo", body = Problem, content_type = "application/problem+json"),

@@ -121,24 +121,7 @@ async fn receive_http_event(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let secret = secret_of(
-        exposed(&state.settings.webhook_secret),
-        "PAGOS_WEBHOOK_SECRET",
-    )?;
-    let raw = raw(body)?;
-    let values = headers
-        .get_all(signature::HEADER)
-        .iter()
-        .map(|v| v.as_bytes());
-    if let Err(err) = signature::verify_header(values, secret.as_bytes(), &raw, unix_now()) {
-        // The reference protocol's own texts name its header.
-        return Err(refuse_signature(
-            &state,
-            err,
-            err.to_string(),
-            "Sign \"<t>.<raw body>\" with HMAC-SHA256 and the shared secret.",
-        ));
-    }
+    let raw = Signed::Reference.raw_body(&state, &headers, body)?;
     let event = GatewayEvent::parse(&raw).map_err(|err| {
         tracing::warn!(error = %err, "signed webhook is not a gateway event");
         malformed(&state, err)
@@ -235,6 +218,68 @@ fn ignored(state: &AppState) -> Response {
     acknowledge("ignorado")
 }
 
+/// The providers that sign `t=<unix seconds>,v1=<hex HMAC-SHA256>` over
+/// `"<t>.<raw body>"`: the reference protocol and Stripe.
+#[derive(Clone, Copy)]
+enum Signed {
+    Reference,
+    Stripe,
+}
+
+impl Signed {
+    /// The raw body of a request signed by this provider: 401 while its secret is unset
+    /// (before the body is read) or when its signature header does not verify, 413 or 400
+    /// when the body cannot be read.
+    fn raw_body(
+        self,
+        state: &AppState,
+        headers: &HeaderMap,
+        body: Result<Bytes, BytesRejection>,
+    ) -> Result<Bytes, ApiError> {
+        let (secret, env, header) = match self {
+            Signed::Reference => (
+                &state.settings.webhook_secret,
+                "PAGOS_WEBHOOK_SECRET",
+                signature::HEADER,
+            ),
+            Signed::Stripe => (
+                &state.settings.stripe_webhook_secret,
+                "PAGOS_STRIPE_WEBHOOK_SECRET",
+                "stripe-signature",
+            ),
+        };
+        let secret = secret_of(exposed(secret), env)?;
+        let raw = raw(body)?;
+        let values = headers.get_all(header).iter().map(|v| v.as_bytes());
+        let verified = match self {
+            Signed::Reference => {
+                signature::verify_header(values, secret.as_bytes(), &raw, unix_now())
+            }
+            Signed::Stripe => {
+                signature::verify_stripe_header(values, secret.as_bytes(), &raw, unix_now())
+            }
+        };
+        if let Err(err) = verified {
+            return Err(match self {
+                // The reference protocol's own texts name its header.
+                Signed::Reference => refuse_signature(
+                    state,
+                    err,
+                    err.to_string(),
+                    "Sign \"<t>.<raw body>\" with HMAC-SHA256 and the shared secret.",
+                ),
+                Signed::Stripe => refuse_signature(
+                    state,
+                    err,
+                    signature_detail(err),
+                    "Stripe signs \"<t>.<raw body>\" with the endpoint's signing secret (whsec_…).",
+                ),
+            });
+        }
+        Ok(raw)
+    }
+}
+
 /// The secret of a webhook endpoint, or the 401 it answers while the secret is unset.
 fn secret_of<'a>(secret: Option<&'a str>, env: &str) -> Result<&'a str, ApiError> {
     match secret.filter(|s| !s.is_empty()) {
@@ -298,23 +343,7 @@ async fn receive_stripe_event(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let secret = secret_of(
-        exposed(&state.settings.stripe_webhook_secret),
-        "PAGOS_STRIPE_WEBHOOK_SECRET",
-    )?;
-    let raw = raw(body)?;
-    let values = headers
-        .get_all("stripe-signature")
-        .iter()
-        .map(|v| v.as_bytes());
-    if let Err(err) = signature::verify_stripe_header(values, secret.as_bytes(), &raw, unix_now()) {
-        return Err(refuse_signature(
-            &state,
-            err,
-            signature_detail(err),
-            "Stripe signs \"<t>.<raw body>\" with the endpoint's signing secret (whsec_…).",
-        ));
-    }
+    let raw = Signed::Stripe.raw_body(&state, &headers, body)?;
     // Refund events (`refund.*`, `charge.refund.updated`) carry a Refund, not a charge.
     match crate::gateway::stripe::refund_event(&raw) {
         Ok(Some(refund_event)) => {
