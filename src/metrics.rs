@@ -676,9 +676,15 @@ mod tests {
         let mut terminal = TerminalCounts::default();
         assert!(terminal.due(), "the first refresh counts every state");
         terminal.counted(Duration::ZERO);
-        assert!(terminal.due(), "a quick count is taken again on the next refresh");
+        assert!(
+            terminal.due(),
+            "a quick count is taken again on the next refresh"
+        );
         terminal.counted(Duration::from_secs(2));
-        assert!(!terminal.due(), "a two-second count waits a hundred seconds");
+        assert!(
+            !terminal.due(),
+            "a two-second count waits a hundred seconds"
+        );
         assert!(
             terminal.next_full_count.expect("set")
                 >= std::time::Instant::now() + Duration::from_secs(99)
