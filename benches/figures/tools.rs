@@ -94,7 +94,8 @@ pub fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-/// `pagos serve` on a free port, logging to `log` (its default level), until stopped.
+/// `pagos serve` on a free port, logging to `log` (its default level), until stopped;
+/// returned once it has read its gauges a first time.
 pub async fn serve(
     bin: &Path,
     database_url: &str,
@@ -113,15 +114,21 @@ pub async fn serve(
     let running = Running { child: Some(child) };
     let url = format!("http://{bind}");
     let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let up = http
-            .get(format!("{url}/healthz"))
+        // Up, and done with its first refresh of the gauges: on a large database that
+        // refresh counts every payment once (src/metrics.rs), start-up work a
+        // long-running process does not repeat for minutes.
+        let metrics = match http
+            .get(format!("{url}/metrics"))
             .timeout(Duration::from_millis(500))
             .send()
             .await
-            .is_ok_and(|r| r.status().is_success());
-        if up {
+        {
+            Ok(answer) if answer.status().is_success() => answer.text().await.unwrap_or_default(),
+            _ => String::new(),
+        };
+        if metrics.contains("pagos_payments{") {
             return Ok((running, url));
         }
         if Instant::now() > deadline {
