@@ -42,7 +42,7 @@ pub async fn purge_keys(
     older_than: DateTime<Utc>,
     batch: u64,
 ) -> Result<u64, DbErr> {
-    in_batches("idempotency keys", batch, || {
+    in_batches("idempotency keys", batch, None, || {
         purge_key_batch(db, older_than, batch)
     })
     .await
@@ -86,8 +86,14 @@ async fn purge_key_batch(
 
 /// Runs `one` (a delete of at most `batch` rows) until it deletes fewer, pausing after
 /// each as long as it took; returns the rows deleted. Logs its progress every 100,000
-/// rows: a backlog of days takes minutes.
-async fn in_batches<F, Fut>(what: &str, batch: u64, mut one: F) -> Result<u64, DbErr>
+/// rows: a backlog of days takes minutes. Stops between two batches once `stop` fires (a
+/// process shutting down does not wait for a backlog: the next run goes on with it).
+async fn in_batches<F, Fut>(
+    what: &str,
+    batch: u64,
+    stop: Option<&tokio::sync::watch::Receiver<bool>>,
+    mut one: F,
+) -> Result<u64, DbErr>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<u64, DbErr>>,
@@ -105,25 +111,31 @@ where
             tracing::info!(deleted, "{what} past retention: still deleting");
         }
         tokio::time::sleep(started.elapsed()).await;
+        if stop.is_some_and(|stop| *stop.borrow()) {
+            tracing::info!(
+                deleted,
+                "{what} past retention: stopping; the next run goes on"
+            );
+            return Ok(deleted);
+        }
     }
 }
 
 /// Deletes expired idempotency keys of final payments and webhook ids past their
 /// retention (a redelivery after that is still stopped by the per-charge sequence).
-pub async fn run(reaper: &Reaper) -> Result<(), DbErr> {
+pub async fn run(reaper: &Reaper, stop: &tokio::sync::watch::Receiver<bool>) -> Result<(), DbErr> {
     let now = crate::db::now();
-    let purged = purge_keys(
-        &reaper.db,
-        now - chrono_after(reaper.key_retention),
-        reaper.batch,
-    )
+    let older_than = now - chrono_after(reaper.key_retention);
+    let purged = in_batches("idempotency keys", reaper.batch, Some(stop), || {
+        purge_key_batch(&reaper.db, older_than, reaper.batch)
+    })
     .await?;
     if purged > 0 {
         reaper.metrics.keys_purged.inc_by(purged);
         tracing::info!(purged, "idempotency keys past retention deleted");
     }
     let older_than = now - chrono_after(reaper.message_retention);
-    let messages = in_batches("processed webhook ids", reaper.batch, || {
+    let messages = in_batches("processed webhook ids", reaper.batch, Some(stop), || {
         crate::webhooks::purge_processed_messages(&reaper.db, older_than, reaper.batch)
     })
     .await?;
@@ -149,8 +161,9 @@ pub async fn run_periodically(
     every: Duration,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let stopping = stop.clone();
     crate::signals::every(every, stop, || async {
-        if let Err(err) = run(&reaper).await {
+        if let Err(err) = run(&reaper, &stopping).await {
             tracing::error!(error = %err, "key reaper failed; retrying later");
         }
     })
@@ -160,6 +173,33 @@ pub async fn run_periodically(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_purge_goes_batch_after_batch_and_stops_between_two_when_the_process_stops() {
+        let (stopping, stop) = tokio::sync::watch::channel(false);
+        let batches = std::sync::atomic::AtomicU64::new(0);
+        // Five full batches of 10 to delete; the process is told to stop during the second.
+        let deleted = in_batches("rows", 10, Some(&stop), || {
+            let n = batches.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if n == 1 {
+                stopping.send_replace(true);
+            }
+            async move { Ok(if n < 5 { 10 } else { 0 }) }
+        })
+        .await
+        .expect("purge");
+        assert_eq!(deleted, 20, "the batch under way finishes; no third begins");
+
+        // Without a stop, until a batch deletes fewer than its size.
+        let sizes = std::sync::Mutex::new(vec![3, 10, 10]);
+        let deleted = in_batches("rows", 10, None, || {
+            let n = sizes.lock().expect("sizes").pop().unwrap_or(0);
+            async move { Ok(n) }
+        })
+        .await
+        .expect("purge");
+        assert_eq!(deleted, 23);
+    }
 
     #[test]
     fn the_reaper_runs_about_once_a_minute_and_never_more_often_than_a_pass() {
