@@ -4,8 +4,8 @@
 # benchmark of docs/benchmarks.md side by side and prints the table (figures are printed,
 # never asserted).
 #
-#   benches/run.sh                      # the whole run, about 45 minutes after the build
-#                                       # (10 of them filling a 10-million-payment database)
+#   benches/run.sh                      # the whole run, about 20 minutes after the build
+#                                       # (7 of them filling a 10-million-payment database)
 #   benches/run.sh --duration 5s        # shorter runs; --help lists every flag
 #
 # PAGOS_BENCH_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432/postgres) must be
