@@ -233,6 +233,24 @@ struct Reconciled {
     reports: Vec<String>,
 }
 
+impl Reconciled {
+    fn all_settled(&self) -> bool {
+        self.settled == i64::from(self.payments)
+    }
+
+    /// What the run did, for the table.
+    fn detail(&self) -> String {
+        format!(
+            "{} of {} settled in {:.2} s; ideal {:.2} s; {} look-ups in flight at most",
+            self.settled,
+            self.payments,
+            self.elapsed.as_secs_f64(),
+            self.ideal.as_secs_f64(),
+            self.max_in_flight
+        )
+    }
+}
+
 async fn run(args: Args) -> anyhow::Result<()> {
     let bin = args
         .pagos
@@ -730,31 +748,17 @@ fn print_table(args: &Args, f: &Figures) {
         let ratio = rec.elapsed.as_secs_f64() / rec.ideal.as_secs_f64();
         rows.push([
             "reconciler backlog, one process".into(),
-            format!(
-                "{ratio:.2} × ideal  ({} of {} settled in {:.2} s; ideal {:.2} s; {} look-ups in flight at most)",
-                rec.settled,
-                rec.payments,
-                rec.elapsed.as_secs_f64(),
-                rec.ideal.as_secs_f64(),
-                rec.max_in_flight
-            ),
+            format!("{ratio:.2} × ideal  ({})", rec.detail()),
             "≤ 1.2".into(),
-            verdict(ratio <= 1.2 && rec.settled == i64::from(rec.payments)).into(),
+            verdict(ratio <= 1.2 && rec.all_settled()).into(),
         ]);
         if let Some(two) = &f.reconcile_two {
             let ratio = two.elapsed.as_secs_f64() / rec.elapsed.as_secs_f64();
             rows.push([
                 "reconciler backlog, two processes".into(),
-                format!(
-                    "{ratio:.2} × one's time  ({} of {} settled in {:.2} s; ideal {:.2} s; {} look-ups in flight at most)",
-                    two.settled,
-                    two.payments,
-                    two.elapsed.as_secs_f64(),
-                    two.ideal.as_secs_f64(),
-                    two.max_in_flight
-                ),
+                format!("{ratio:.2} × one's time  ({})", two.detail()),
                 "≤ 0.6".into(),
-                verdict(ratio <= 0.6 && two.settled == i64::from(two.payments)).into(),
+                verdict(ratio <= 0.6 && two.all_settled()).into(),
             ]);
         }
     }
