@@ -25,6 +25,28 @@ macro_rules! audit_trail {
         pub enum Relation {}
 
         impl ActiveModelBehavior for ActiveModel {}
+
+        impl Model {
+            /// The row of a move of `subject` from `from` to `to` by `actor`, at `at`.
+            pub fn of_move(
+                subject: Uuid,
+                from: $state,
+                to: $state,
+                actor: Actor,
+                reason: &str,
+                at: ChronoDateTimeUtc,
+            ) -> Model {
+                Model {
+                    id: Uuid::now_v7(),
+                    $of: subject,
+                    from_state: Some(from),
+                    to_state: to,
+                    actor,
+                    reason: reason.to_owned(),
+                    created_at: at,
+                }
+            }
+        }
     };
 }
 

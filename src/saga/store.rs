@@ -40,15 +40,22 @@ pub enum StoreError {
 
 pub use crate::entities::idempotency_key::{FrozenAnswer, KeyStatus};
 
-/// What the layer above renders for a write (`saga::apply` hands over
-/// `representation`'s): storage stores, it never renders.
-#[derive(Clone, Copy)]
-pub struct Render {
-    /// The answer a payment that just became final freezes on its key.
-    pub answer: fn(&payment::Model) -> FrozenAnswer,
-    /// The payment as an event's `datos` shows it (JSON text).
-    pub datos: fn(&payment::Model) -> String,
+/// What the layer above renders for a write of a payment or a refund (`saga::apply`
+/// hands over `representation`'s): storage stores, it never renders.
+pub struct Render<M = payment::Model> {
+    /// The answer a payment or refund that just became final freezes on its key.
+    pub answer: fn(&M) -> FrozenAnswer,
+    /// The payment or refund as an event's `datos` shows it (JSON text).
+    pub datos: fn(&M) -> String,
 }
+
+impl<M> Clone for Render<M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M> Copy for Render<M> {}
 
 pub fn chrono_after(d: Duration) -> chrono::TimeDelta {
     chrono::TimeDelta::from_std(d).unwrap_or(chrono::TimeDelta::MAX)
@@ -347,6 +354,259 @@ macro_rules! scheduled {
 
 scheduled!(payment::Model, crate::entities::refund::Model);
 
+/// A saga's row (a payment, a refund) as a decision moves it. What a decision does to
+/// either is worked out once (`moved`) and written once (`Plan::write`,
+/// `Plan::write_now`); what is a payment's or a refund's own is said here.
+pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
+    type State: Copy + PartialEq;
+    type Event: Copy + PartialEq;
+    type Illegal;
+    /// A row of its audit trail.
+    type Audit: Send + Sync;
+    /// What a decision writes on the row's idempotency key besides the row.
+    type KeyWrite: Send + Sync;
+    /// The event that marks the row sent, before the gateway call.
+    const SEND: Self::Event;
+
+    fn state(&self) -> Self::State;
+    /// The saga's transition table: the only place that knows which moves are legal.
+    fn transition(from: Self::State, event: Self::Event) -> Result<Self::State, Self::Illegal>;
+    /// Sent or never sent: a writer may still hold it.
+    fn in_flight(state: Self::State) -> bool;
+    /// Moves the row to `to`, with the gateway's reference and the decline or failure
+    /// code when the decision has them.
+    fn record(&mut self, to: Self::State, gateway_ref: Option<String>, code: Option<String>);
+    /// The audit row of a move of this row.
+    fn audit(
+        &self,
+        from: Self::State,
+        to: Self::State,
+        actor: Actor,
+        reason: &str,
+        at: DateTime<Utc>,
+    ) -> Self::Audit;
+    /// The event the merchant is told of a move to `to`, if it must know.
+    fn event_type(to: Self::State) -> Option<EventType>;
+    /// The merchant, the id and the version: an event's owner, subject and `secuencia`.
+    fn told_as(&self) -> (Uuid, Uuid, i64);
+
+    /// A plan's writes as statements in `tx`, fenced on `current`'s version; false
+    /// (nothing written) if the row moved since `current` was read.
+    fn write_in<'a, C: ConnectionTrait>(
+        tx: &'a C,
+        current: &'a Self,
+        plan: &'a Plan<Self>,
+    ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a;
+
+    /// A plan's writes as one statement (PostgreSQL), fenced the same way.
+    fn write_one_statement<'a>(
+        db: &'a DatabaseConnection,
+        current: &'a Self,
+        plan: &'a Plan<Self>,
+    ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a;
+}
+
+/// What a decision changes besides the state, whatever the row: a payment's `Changes`
+/// or a refund's.
+pub struct Step {
+    pub gateway_ref: Option<String>,
+    /// A payment's `decline_code`, a refund's `failure_code`.
+    pub code: Option<String>,
+    pub hold_until: Option<DateTime<Utc>>,
+    pub count_attempt: bool,
+}
+
+/// A decision worked out, before what is a payment's or a refund's own is added to it.
+pub struct Moved<M: SagaRow> {
+    pub from: M::State,
+    pub to: M::State,
+    pub at: DateTime<Utc>,
+    /// The row as it will be (its version one above the current one).
+    pub next: M,
+    pub audit: Option<M::Audit>,
+}
+
+/// Applies `event` to `current`: the row after it and its audit row, when the decision is
+/// worth one. An impossible move is refused here, before anything is written.
+pub fn moved<M: SagaRow>(
+    current: &M,
+    event: M::Event,
+    step: Step,
+    actor: Actor,
+    reason: &str,
+) -> Result<Moved<M>, M::Illegal> {
+    let from = current.state();
+    let to = M::transition(from, event)?;
+    let at = now();
+    let mut next = current.clone();
+    next.record(to, step.gateway_ref, step.code);
+    let s = next.schedule();
+    *s.version += 1;
+    *s.updated_at = at;
+    if step.count_attempt {
+        *s.attempts += 1;
+    }
+    if let Some(until) = step.hold_until {
+        *s.next_attempt_at = until;
+        *s.claimed_until = Some(until);
+    }
+    if !M::in_flight(to) {
+        // Nobody sends it again: nobody holds it.
+        *s.claimed_until = None;
+    }
+    // A resend keeps the state but is a decision worth an audit row.
+    let resend = event == M::SEND && actor != Actor::Request;
+    let audit = (from != to || resend).then(|| current.audit(from, to, actor, reason, at));
+    Ok(Moved {
+        from,
+        to,
+        at,
+        next,
+        audit,
+    })
+}
+
+impl<M: SagaRow> Moved<M> {
+    /// The plan of the move, with what it writes on the key and, when the move is one the
+    /// merchant must know, its event (`datos` renders the row). The event's `secuencia`
+    /// is the row's version after the move: it only grows, and each version is written
+    /// once (fencing).
+    pub fn plan(self, key: M::KeyWrite, datos: fn(&M) -> String) -> Plan<M> {
+        let event = M::event_type(self.to)
+            .filter(|_| self.from != self.to && outbox::ON)
+            .map(|tipo| {
+                let (merchant, subject, version) = self.next.told_as();
+                outbox::event(
+                    merchant,
+                    tipo,
+                    subject,
+                    version,
+                    &datos(&self.next),
+                    self.at,
+                )
+            });
+        Plan {
+            next: self.next,
+            audit: self.audit,
+            key,
+            event,
+        }
+    }
+}
+
+/// Everything one decision writes, worked out before anything is written (`plan`), then
+/// written in the caller's transaction (`write`) or committed on its own (`write_now`).
+pub struct Plan<M: SagaRow = payment::Model> {
+    /// The row as it will be (its version one above the current one).
+    pub(crate) next: M,
+    /// The audit row, when the decision is worth one.
+    pub(crate) audit: Option<M::Audit>,
+    /// What it writes on the row's key besides the row.
+    pub(crate) key: M::KeyWrite,
+    /// The event the merchant is told, when the move is one it must know (the outbox:
+    /// written with the move or not at all).
+    pub(crate) event: Option<event::Model>,
+}
+
+impl<M: SagaRow> Plan<M> {
+    /// The plan's writes in `tx`, over `current`; the caller commits.
+    pub async fn write<C: ConnectionTrait>(self, tx: &C, current: &M) -> Result<Written<M>, DbErr> {
+        let applied = M::write_in(tx, current, &self).await?;
+        Ok(Written::of(applied, self.next))
+    }
+
+    /// The plan's writes over `current`, committed on their own.
+    pub async fn write_now(
+        self,
+        db: &DatabaseConnection,
+        current: &M,
+    ) -> Result<Written<M>, DbErr> {
+        let applied = self.write_committed(db, current).await?;
+        Ok(Written::of(applied, self.next))
+    }
+
+    /// The plan's writes committed on their own: one statement on PostgreSQL, a
+    /// transaction on SQLite. False when fenced.
+    pub(crate) async fn write_committed(
+        &self,
+        db: &DatabaseConnection,
+        current: &M,
+    ) -> Result<bool, DbErr> {
+        if one_statement(db) {
+            return M::write_one_statement(db, current, self).await;
+        }
+        let tx = begin_write(db).await?;
+        let applied = M::write_in(&tx, current, self).await?;
+        kept_if(tx, applied).await
+    }
+}
+
+impl SagaRow for payment::Model {
+    type State = PaymentState;
+    type Event = Event;
+    type Illegal = IllegalTransition;
+    type Audit = transitions::Model;
+    type KeyWrite = KeyWrite;
+    const SEND: Event = Event::Send;
+
+    fn state(&self) -> PaymentState {
+        self.state
+    }
+
+    fn transition(from: PaymentState, event: Event) -> Result<PaymentState, IllegalTransition> {
+        transition(from, event)
+    }
+
+    fn in_flight(state: PaymentState) -> bool {
+        PaymentState::IN_FLIGHT.contains(&state)
+    }
+
+    fn record(&mut self, to: PaymentState, gateway_ref: Option<String>, code: Option<String>) {
+        self.state = to;
+        if gateway_ref.is_some() {
+            self.gateway_ref = gateway_ref;
+        }
+        if code.is_some() {
+            self.decline_code = code;
+        }
+    }
+
+    fn audit(
+        &self,
+        from: PaymentState,
+        to: PaymentState,
+        actor: Actor,
+        reason: &str,
+        at: DateTime<Utc>,
+    ) -> transitions::Model {
+        transitions::Model::of_move(self.id, from, to, actor, reason, at)
+    }
+
+    fn event_type(to: PaymentState) -> Option<EventType> {
+        EventType::of_payment(to)
+    }
+
+    fn told_as(&self) -> (Uuid, Uuid, i64) {
+        (self.merchant_id, self.id, self.version)
+    }
+
+    fn write_in<'a, C: ConnectionTrait>(
+        tx: &'a C,
+        current: &'a Self,
+        plan: &'a Plan,
+    ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a {
+        write_plan(tx, current, plan)
+    }
+
+    fn write_one_statement<'a>(
+        db: &'a DatabaseConnection,
+        current: &'a Self,
+        plan: &'a Plan,
+    ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a {
+        sql::write_plan(db, current, plan)
+    }
+}
+
 /// What changes besides the state.
 #[derive(Clone, Debug, Default)]
 pub struct Changes {
@@ -358,20 +618,24 @@ pub struct Changes {
     pub count_attempt: bool,
 }
 
-/// Everything one decision writes, worked out before anything is written (`plan`), then
-/// written in the caller's transaction (`write`) or committed on its own (`write_now`).
-pub struct Plan {
-    /// The payment as it will be (its version one above the current one).
-    next: payment::Model,
-    /// The audit row, when the decision is worth one.
-    audit: Option<transitions::Model>,
+impl From<Changes> for Step {
+    fn from(changes: Changes) -> Step {
+        Step {
+            gateway_ref: changes.gateway_ref,
+            code: changes.decline_code,
+            hold_until: changes.hold_until,
+            count_attempt: changes.count_attempt,
+        }
+    }
+}
+
+/// What a decision writes on a payment's key besides the payment: the key is a row of its
+/// own (`idempotency_keys`).
+pub struct KeyWrite {
     /// The key's frozen answer, when the payment becomes final.
     answer: Option<FrozenAnswer>,
     /// The request gives up its lease on the key without an answer (a hand-over).
     release_lease: bool,
-    /// The event the merchant is told, when the move is one it must know (the outbox:
-    /// written with the move or not at all).
-    event: Option<event::Model>,
 }
 
 /// What applying `event` to `current` writes — the fenced update, the audit row, and,
@@ -385,65 +649,18 @@ pub fn plan(
     reason: &str,
     render: Render,
 ) -> Result<Plan, IllegalTransition> {
-    let from = current.state;
-    let to = transition(from, event)?;
-    let at = now();
-    let mut next = current.clone();
-    next.state = to;
-    next.version += 1;
-    next.updated_at = at;
-    if changes.count_attempt {
-        next.attempts += 1;
+    let mut moved = moved(current, event, changes.into(), actor, reason)?;
+    if !PaymentState::IN_FLIGHT.contains(&moved.to) {
+        // Nobody sends it again: what was kept only to resend the same request (card
+        // token, payer e-mail and document) is erased.
+        moved.next.payment_method = current.payment_method.as_deref().map(without_personal_data);
     }
-    if let Some(gateway_ref) = changes.gateway_ref {
-        next.gateway_ref = Some(gateway_ref);
-    }
-    if let Some(code) = changes.decline_code {
-        next.decline_code = Some(code);
-    }
-    if let Some(until) = changes.hold_until {
-        next.next_attempt_at = until;
-        next.claimed_until = Some(until);
-    }
-    if !matches!(to, PaymentState::EnProceso | PaymentState::Enviada) {
-        // Nobody sends it again: nobody holds it, and what was kept only to resend the
-        // same request (card token, payer e-mail and document) is erased.
-        next.claimed_until = None;
-        next.payment_method = current.payment_method.as_deref().map(without_personal_data);
-    }
-    // A resend keeps the state but is a decision worth an audit row.
-    let resend = event == Event::Send && actor != Actor::Request;
-    let audit = (from != to || resend).then(|| transitions::Model {
-        id: Uuid::now_v7(),
-        payment_id: current.id,
-        from_state: Some(from),
-        to_state: to,
-        actor,
-        reason: reason.to_owned(),
-        created_at: at,
-    });
-    let answer = to.is_terminal().then(|| (render.answer)(&next));
-    // Its `secuencia` is the payment's version after the move: it only grows, and each
-    // version is written once (fencing).
-    let event = EventType::of_payment(to)
-        .filter(|_| from != to && outbox::ON)
-        .map(|tipo| {
-            outbox::event(
-                next.merchant_id,
-                tipo,
-                next.id,
-                next.version,
-                &(render.datos)(&next),
-                at,
-            )
-        });
-    Ok(Plan {
-        next,
-        audit,
+    let answer = moved.to.is_terminal().then(|| (render.answer)(&moved.next));
+    let key = KeyWrite {
         answer,
         release_lease: false,
-        event,
-    })
+    };
+    Ok(moved.plan(key, render.datos))
 }
 
 /// A stored `medioPago` with only what identifies the method (`id`, Stripe's `cliente`,
@@ -466,28 +683,6 @@ fn without_personal_data(stored: &str) -> String {
         .unwrap_or_else(|| "{}".to_owned())
 }
 
-impl Plan {
-    /// The plan's writes in `tx`, over `current`; the caller commits.
-    pub async fn write<C: ConnectionTrait>(
-        self,
-        tx: &C,
-        current: &payment::Model,
-    ) -> Result<Written, DbErr> {
-        let applied = write_plan(tx, current, &self).await?;
-        Ok(Written::of(applied, self.next))
-    }
-
-    /// The plan's writes over `current`, committed on their own.
-    pub async fn write_now(
-        self,
-        db: &DatabaseConnection,
-        current: &payment::Model,
-    ) -> Result<Written, DbErr> {
-        let applied = write_plan_now(db, current, &self).await?;
-        Ok(Written::of(applied, self.next))
-    }
-}
-
 /// The plan's writes as statements in the caller's transaction; false (nothing written)
 /// if the payment moved since `current` was read.
 async fn write_plan<C: ConnectionTrait>(
@@ -503,31 +698,16 @@ async fn write_plan<C: ConnectionTrait>(
             .exec_without_returning(tx)
             .await?;
     }
-    if let Some(answer) = &plan.answer {
+    if let Some(answer) = &plan.key.answer {
         freeze_answer(tx, &plan.next, answer).await?;
     }
-    if plan.release_lease {
+    if plan.key.release_lease {
         release_lease(tx, current).await?;
     }
     if let Some(event) = &plan.event {
         outbox::record(tx, event).await?;
     }
     Ok(true)
-}
-
-/// The plan's writes committed on their own: one statement on PostgreSQL, a transaction
-/// on SQLite.
-async fn write_plan_now(
-    db: &DatabaseConnection,
-    current: &payment::Model,
-    plan: &Plan,
-) -> Result<bool, DbErr> {
-    if one_statement(db) {
-        return sql::write_plan(db, current, plan).await;
-    }
-    let tx = begin_write(db).await?;
-    let applied = write_plan(&tx, current, plan).await?;
-    kept_if(tx, applied).await
 }
 
 /// Ends the transaction of a fenced write: committed if the write `applied`, rolled back
@@ -637,8 +817,10 @@ pub async fn hand_over(
     let plan = Plan {
         next,
         audit: None,
-        answer: None,
-        release_lease: true,
+        key: KeyWrite {
+            answer: None,
+            release_lease: true,
+        },
         event: None,
     };
     plan.write_now(db, current).await
@@ -996,7 +1178,7 @@ SELECT {} FROM "registered""#,
                 v.add(KeyStatus::InProgress),
             ]
         };
-        let answer = plan.answer.as_ref().map(|answer| {
+        let answer = plan.key.answer.as_ref().map(|answer| {
             let set = [
                 v.add(KeyStatus::Completed),
                 v.add(i32::from(answer.status)),
@@ -1005,7 +1187,7 @@ SELECT {} FROM "registered""#,
             ];
             (set, its_key(&mut v))
         });
-        let released = plan.release_lease.then(|| its_key(&mut v));
+        let released = plan.key.release_lease.then(|| its_key(&mut v));
         let told = plan.event.as_ref().map(|e| bind_row(&mut v, e));
         let shape = usize::from(audit.is_some())
             | usize::from(answer.is_some()) << 1

@@ -189,7 +189,7 @@ async fn consume_in(
                 crate::saga::refund::RENDER,
             )
             .map_err(|e| ConsumeError::Db(sea_orm::DbErr::Custom(e.to_string())))?;
-            Ok(match plan.write_in(tx, &current).await? {
+            Ok(match plan.write(tx, &current).await? {
                 Written::Applied(moved) => Some(RefundConsumed::Applied(moved.state)),
                 Written::Fenced => None,
             })

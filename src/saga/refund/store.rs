@@ -20,7 +20,7 @@ use crate::outbox;
 use crate::saga::refund::state::{Event, IllegalTransition, RefundState, transition};
 use crate::saga::state::PaymentState;
 use crate::saga::store::{
-    Claimable, Rewritten, Scheduled, chrono_after, kept_if, one_statement, rewrite,
+    Claimable, Rewritten, SagaRow, Scheduled, Step, chrono_after, moved, one_statement, rewrite,
 };
 pub use crate::saga::store::{renew_claim, reschedule};
 use chrono::{DateTime, Utc};
@@ -46,11 +46,7 @@ pub enum StoreError {
 /// What the store writes rendered, given by the layer above (storage stores, it never
 /// renders): the answer a refund that just became final freezes on its key, and the
 /// refund as an event's `datos` shows it (JSON text).
-#[derive(Clone, Copy)]
-pub struct Render {
-    pub answer: fn(&refund::Model) -> FrozenAnswer,
-    pub datos: fn(&refund::Model) -> String,
-}
+pub type Render = crate::saga::store::Render<refund::Model>;
 
 pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<refund::Model>, DbErr> {
     refund::Entity::find_by_id(id).one(db).await
@@ -339,37 +335,22 @@ pub struct Changes {
     pub count_attempt: bool,
 }
 
+impl From<Changes> for Step {
+    fn from(changes: Changes) -> Step {
+        Step {
+            gateway_ref: changes.gateway_ref,
+            code: changes.failure_code,
+            hold_until: changes.hold_until,
+            count_attempt: changes.count_attempt,
+        }
+    }
+}
+
 /// Everything one decision about a refund writes, worked out before anything is written
 /// (`plan`): the refund after it (with the key's frozen answer when it becomes final), its
-/// audit row, its event. Written in the caller's transaction (`write_in`: a webhook's,
-/// with its dedupe row) or committed on its own (`write_now`).
-pub struct Plan {
-    next: refund::Model,
-    audit: Option<transitions::Model>,
-    told: Option<event::Model>,
-}
-
-impl Plan {
-    /// The plan's writes in `tx`, over `current`; the caller commits.
-    pub async fn write_in<C: ConnectionTrait>(
-        self,
-        tx: &C,
-        current: &refund::Model,
-    ) -> Result<Written, DbErr> {
-        let applied = write_on(tx, current, &self).await?;
-        Ok(Written::of(applied, self.next))
-    }
-
-    /// The plan's writes over `current`, committed on their own.
-    pub async fn write_now(
-        self,
-        db: &DatabaseConnection,
-        current: &refund::Model,
-    ) -> Result<Written, DbErr> {
-        let applied = write(db, current, &self).await?;
-        Ok(Written::of(applied, self.next))
-    }
-}
+/// audit row, its event. Written in the caller's transaction (`write`: a webhook's, with
+/// its dedupe row) or committed on its own (`write_now`).
+pub type Plan = crate::saga::store::Plan<refund::Model>;
 
 /// What applying `event` writes; an impossible move is refused before anything is.
 pub fn plan(
@@ -380,62 +361,86 @@ pub fn plan(
     reason: &str,
     render: Render,
 ) -> Result<Plan, IllegalTransition> {
-    let from = current.state;
-    let to = transition(from, event)?;
-    let at = now();
-    let mut next = current.clone();
-    next.state = to;
-    next.version += 1;
-    next.updated_at = at;
-    if changes.count_attempt {
-        next.attempts += 1;
-    }
-    if let Some(r) = changes.gateway_ref {
-        next.gateway_ref = Some(r);
-    }
-    if let Some(code) = changes.failure_code {
-        next.failure_code = Some(code);
-    }
-    if let Some(until) = changes.hold_until {
-        next.next_attempt_at = until;
-        next.claimed_until = Some(until);
-    }
-    if !matches!(to, RefundState::EnProceso | RefundState::Enviado) {
-        next.claimed_until = None;
-    }
-    if to.is_terminal() && current.key_status == KeyStatus::InProgress {
+    let mut moved = moved(current, event, changes.into(), actor, reason)?;
+    if moved.to.is_terminal() && current.key_status == KeyStatus::InProgress {
         // What a client was told first is what its retries are told: frozen once.
-        let answer = (render.answer)(&next);
+        let next = &mut moved.next;
+        let answer = (render.answer)(next);
         next.key_status = KeyStatus::Completed;
         next.response_code = Some(i32::from(answer.status));
         next.response_body = Some(answer.body);
         next.lease_until = None;
     }
-    let resend = event == Event::Send && actor != Actor::Request;
-    let audit = (from != to || resend).then(|| transitions::Model {
-        id: Uuid::now_v7(),
-        refund_id: current.id,
-        from_state: Some(from),
-        to_state: to,
-        actor,
-        reason: reason.to_owned(),
-        created_at: at,
-    });
-    // The outbox: a move the merchant must know writes its event with it. Its
-    // `secuencia` is the refund's version after the move (it only grows).
-    let told = EventType::of_refund(to)
-        .filter(|_| from != to && outbox::ON)
-        .map(|tipo| {
-            outbox::event(
-                next.merchant_id,
-                tipo,
-                next.id,
-                next.version,
-                &(render.datos)(&next),
-                at,
-            )
-        });
-    Ok(Plan { next, audit, told })
+    // A refund's key is on the refund: nothing more to write on it.
+    Ok(moved.plan((), render.datos))
+}
+
+/// A refund as a decision moves it: its key lives on its own row, so a decision's writes
+/// are the refund's update, its audit row and its event.
+impl SagaRow for refund::Model {
+    type State = RefundState;
+    type Event = Event;
+    type Illegal = IllegalTransition;
+    type Audit = transitions::Model;
+    type KeyWrite = ();
+    const SEND: Event = Event::Send;
+
+    fn state(&self) -> RefundState {
+        self.state
+    }
+
+    fn transition(from: RefundState, event: Event) -> Result<RefundState, IllegalTransition> {
+        transition(from, event)
+    }
+
+    fn in_flight(state: RefundState) -> bool {
+        matches!(state, RefundState::EnProceso | RefundState::Enviado)
+    }
+
+    fn record(&mut self, to: RefundState, gateway_ref: Option<String>, code: Option<String>) {
+        self.state = to;
+        if gateway_ref.is_some() {
+            self.gateway_ref = gateway_ref;
+        }
+        if code.is_some() {
+            self.failure_code = code;
+        }
+    }
+
+    fn audit(
+        &self,
+        from: RefundState,
+        to: RefundState,
+        actor: Actor,
+        reason: &str,
+        at: DateTime<Utc>,
+    ) -> transitions::Model {
+        transitions::Model::of_move(self.id, from, to, actor, reason, at)
+    }
+
+    fn event_type(to: RefundState) -> Option<EventType> {
+        EventType::of_refund(to)
+    }
+
+    fn told_as(&self) -> (Uuid, Uuid, i64) {
+        (self.merchant_id, self.id, self.version)
+    }
+
+    fn write_in<'a, C: ConnectionTrait>(
+        tx: &'a C,
+        current: &'a Self,
+        plan: &'a Plan,
+    ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a {
+        write_on(tx, current, plan)
+    }
+
+    fn write_one_statement<'a>(
+        db: &'a DatabaseConnection,
+        current: &'a Self,
+        plan: &'a Plan,
+    ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a {
+        sql_write(db, current, plan)
+    }
 }
 
 /// Records `sequence` as the refund's newest event, if it is newer than the last one
@@ -490,13 +495,14 @@ impl Rewritten for refund::Model {
         let alone = Plan {
             next: next.clone(),
             audit: None,
-            told: None,
+            key: (),
+            event: None,
         };
-        async move { write(db, current, &alone).await }
+        async move { alone.write_committed(db, current).await }
     }
 }
 
-/// The columns a step may change, in the order `write` binds them.
+/// The columns a step may change, in the order `write_on` and `sql_write` bind them.
 const MOVED: [refund::Column; 12] = [
     refund::Column::State,
     refund::Column::Version,
@@ -517,22 +523,9 @@ fn moved_values(next: &refund::Model) -> Vec<Value> {
     MOVED.iter().map(|c| next.get(*c)).collect()
 }
 
-/// Writes `next` over `current` only if nobody wrote in between, with its audit row:
-/// one statement on PostgreSQL, a transaction on SQLite. False when fenced.
-async fn write(
-    db: &DatabaseConnection,
-    current: &refund::Model,
-    plan: &Plan,
-) -> Result<bool, DbErr> {
-    if one_statement(db) {
-        return sql_write(db, current, plan).await;
-    }
-    let tx = begin_write(db).await?;
-    let applied = write_on(&tx, current, plan).await?;
-    kept_if(tx, applied).await
-}
-
-/// `write`'s statements in the caller's transaction, which commits them.
+/// A plan's writes in the caller's transaction, which commits them: fenced on `current`'s
+/// version, with its audit row and its event; one statement on PostgreSQL. False when
+/// fenced.
 async fn write_on<C: ConnectionTrait>(
     tx: &C,
     current: &refund::Model,
@@ -558,7 +551,7 @@ async fn write_on<C: ConnectionTrait>(
             .exec_without_returning(tx)
             .await?;
     }
-    if let Some(told) = &plan.told {
+    if let Some(told) = &plan.event {
         outbox::record(tx, told).await?;
     }
     Ok(true)
@@ -608,7 +601,7 @@ async fn sql_write<C: ConnectionTrait>(
             n + 6
         );
     }
-    if let Some(told) = &plan.told {
+    if let Some(told) = &plan.event {
         // The outbox: the event only if the refund moved.
         use sea_orm::{Iterable, ModelTrait};
         let first = values.len() + 1;
