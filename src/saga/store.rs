@@ -304,6 +304,14 @@ pub trait Scheduled {
     /// The columns that say when the row is looked at and who holds it.
     fn schedule(&mut self) -> Schedule<'_>;
 
+    fn id(&self) -> Uuid;
+    fn merchant_id(&self) -> Uuid;
+    fn version(&self) -> i64;
+    fn attempts(&self) -> i32;
+    fn created_at(&self) -> DateTime<Utc>;
+    /// Held by a writer until then (`None`: by nobody).
+    fn claimed_until(&self) -> Option<DateTime<Utc>>;
+
     /// Held by its writer until `until`, so the reconciler leaves it alone (a new version).
     fn hold(&mut self, until: DateTime<Utc>) {
         let s = self.schedule();
@@ -348,6 +356,30 @@ macro_rules! scheduled {
                     claimed_until: &mut self.claimed_until,
                 }
             }
+
+            fn id(&self) -> Uuid {
+                self.id
+            }
+
+            fn merchant_id(&self) -> Uuid {
+                self.merchant_id
+            }
+
+            fn version(&self) -> i64 {
+                self.version
+            }
+
+            fn attempts(&self) -> i32 {
+                self.attempts
+            }
+
+            fn created_at(&self) -> DateTime<Utc> {
+                self.created_at
+            }
+
+            fn claimed_until(&self) -> Option<DateTime<Utc>> {
+                self.claimed_until
+            }
         }
     )*};
 }
@@ -387,8 +419,6 @@ pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
     ) -> Self::Audit;
     /// The event the merchant is told of a move to `to`, if it must know.
     fn event_type(to: Self::State) -> Option<EventType>;
-    /// The merchant, the id and the version: an event's owner, subject and `secuencia`.
-    fn told_as(&self) -> (Uuid, Uuid, i64);
 
     /// A plan's writes as statements in `tx`, fenced on `current`'s version; false
     /// (nothing written) if the row moved since `current` was read.
@@ -475,13 +505,13 @@ impl<M: SagaRow> Moved<M> {
         let event = M::event_type(self.to)
             .filter(|_| self.from != self.to && outbox::ON)
             .map(|tipo| {
-                let (merchant, subject, version) = self.next.told_as();
+                let next = &self.next;
                 outbox::event(
-                    merchant,
+                    next.merchant_id(),
                     tipo,
-                    subject,
-                    version,
-                    &datos(&self.next),
+                    next.id(),
+                    next.version(),
+                    &datos(next),
                     self.at,
                 )
             });
@@ -584,10 +614,6 @@ impl SagaRow for payment::Model {
 
     fn event_type(to: PaymentState) -> Option<EventType> {
         EventType::of_payment(to)
-    }
-
-    fn told_as(&self) -> (Uuid, Uuid, i64) {
-        (self.merchant_id, self.id, self.version)
     }
 
     fn write_in<'a, C: ConnectionTrait>(

@@ -10,14 +10,16 @@
 //! it side by side without two of them working on one payment at once.
 
 pub mod decide;
+pub mod work;
 
 use crate::entities::payment;
+use crate::gateway::{Charge, GatewayError};
 use crate::metrics::Metrics;
 use crate::saga::state::{Event, PaymentState};
 use crate::saga::store::{self, Actor, Changes, When, Written};
 use crate::saga::{self, SagaDeps};
 use chrono::{DateTime, TimeDelta, Utc};
-use decide::{Decision, Facts, Handled, Horizons, decide, needs_lookup};
+use decide::{Decision, Handled, Horizons};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde::Serialize;
@@ -26,6 +28,7 @@ use std::ops::AddAssign;
 use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
+use work::{Bounds, Reconcilable};
 
 /// Exactly what reconciling needs: the saga's dependencies (database, metered gateway,
 /// retry policy, hold times), the metrics it counts in, and its limits. Built once by the
@@ -272,120 +275,72 @@ async fn process_all(r: &Reconciler, claimed: Vec<payment::Model>) -> Report {
 }
 
 async fn process(r: &Reconciler, claimed: payment::Model) -> Handled {
-    let id = claimed.id;
-    let claimed = match take_up(r, claimed).await {
-        Ok(Some(claimed)) => claimed,
-        Ok(None) => return Handled::Skipped,
-        Err(err) => {
-            tracing::error!(payment_id = %id, error = %err, "renewing a claim failed; the payment will be retried");
-            return Handled::Error;
-        }
+    let bounds = Bounds {
+        horizons: r.horizons,
+        work_bound: r.work_bound,
+        claim_for: r.claim_for,
     };
-    match decide_and_apply(r, claimed).await {
-        Ok(outcome) => outcome,
-        Err(err) => {
-            tracing::error!(payment_id = %id, error = %err, "reconciling a payment failed; it will be retried");
-            Handled::Error
-        }
-    }
+    work::process(&r.saga, bounds, claimed).await
 }
 
-/// A payment is worked on only with a whole payment's work left on its claim: one claimed
-/// ahead may have waited for a slot for as long as another payment's work. Its claim is
-/// renewed (a fenced write) when less is left; if someone else took it meanwhile (its
-/// claim ran out), it is theirs: None.
-async fn take_up(
-    r: &Reconciler,
-    claimed: payment::Model,
-) -> Result<Option<payment::Model>, sea_orm::DbErr> {
-    let needed = crate::db::now() + store::chrono_after(r.work_bound);
-    if claimed.claimed_until.is_some_and(|until| until >= needed) {
-        return Ok(Some(claimed));
-    }
-    let until = store::now_plus(r.claim_for);
-    Ok(
-        match store::renew_claim(&r.saga.db, &claimed, until).await? {
-            Written::Applied(renewed) => Some(*renewed),
-            Written::Fenced => {
-                tracing::warn!(payment_id = %claimed.id, "claim ran out before the payment was taken up; another worker has it");
-                None
-            }
-        },
-    )
-}
+/// A payment as the reconciler works on it (`work`), in this module's log lines.
+impl Reconcilable for payment::Model {
+    type Changes = Changes;
+    type Error = store::StoreError;
+    const ESCALATE: Event = Event::Escalate;
 
-async fn decide_and_apply(
-    r: &Reconciler,
-    claimed: payment::Model,
-) -> Result<Handled, store::StoreError> {
-    let state = claimed.state;
-    let lookup = if needs_lookup(state) {
-        Some(r.saga.gateway.lookup(claimed.id).await)
-    } else {
-        None
-    };
-    let facts = Facts {
-        state,
-        created_at: claimed.created_at,
-        now: crate::db::now(),
-        lookup: lookup.as_ref(),
-    };
-    let decision = decide(&facts, &r.horizons);
-    tracing::info!(payment_id = %claimed.id, estado = %state, decision = ?decision, "reconciler decision");
-    let deps: &SagaDeps = &r.saga;
-    match decision {
-        Decision::Send => {
-            let after = saga::send(deps, claimed, Actor::Reconciler).await?;
-            Ok(Handled::from(after.state))
-        }
-        Decision::Settle(charge) => {
-            let Some((event, changes, reason)) = saga::settlement(&claimed, &charge) else {
-                return Ok(Handled::Rescheduled);
-            };
-            let reason = format!("provider lookup: {reason}");
-            Ok(
-                match saga::apply_now(
-                    &deps.db,
-                    &claimed,
-                    event,
-                    changes,
-                    Actor::Reconciler,
-                    &reason,
-                )
-                .await?
-                {
-                    Written::Applied(p) => Handled::from(p.state),
-                    Written::Fenced => Handled::Skipped,
-                },
-            )
-        }
-        Decision::Reschedule(why) => {
-            let due = deps.next_look(claimed.attempts);
-            tracing::info!(payment_id = %claimed.id, why, next = %due, "rescheduled");
-            Ok(match store::reschedule(&deps.db, &claimed, due).await? {
-                Written::Applied(_) => Handled::Rescheduled,
-                Written::Fenced => Handled::Skipped,
-            })
-        }
-        Decision::Escalate(why) => {
-            tracing::warn!(payment_id = %claimed.id, why, "moved to REVISION_MANUAL");
-            Ok(
-                match saga::apply_now(
-                    &deps.db,
-                    &claimed,
-                    Event::Escalate,
-                    Changes::default(),
-                    Actor::Reconciler,
-                    &why,
-                )
-                .await?
-                {
-                    Written::Applied(_) => Handled::ManualReview,
-                    Written::Fenced => Handled::Skipped,
-                },
-            )
-        }
-        Decision::Skip => Ok(Handled::Skipped),
+    fn lookup(
+        &self,
+        deps: &SagaDeps,
+    ) -> impl Future<Output = Result<Vec<Charge>, GatewayError>> + Send {
+        deps.gateway.lookup(self.id)
+    }
+
+    fn send(
+        self,
+        deps: &SagaDeps,
+        actor: Actor,
+    ) -> impl Future<Output = Result<payment::Model, store::StoreError>> + Send {
+        saga::send(deps, self, actor)
+    }
+
+    fn settlement(&self, charge: &Charge) -> Option<(Event, Changes, String)> {
+        saga::settlement(self, charge)
+    }
+
+    fn apply_now(
+        &self,
+        deps: &SagaDeps,
+        event: Event,
+        changes: Changes,
+        actor: Actor,
+        reason: &str,
+    ) -> impl Future<Output = Result<Written, store::StoreError>> + Send {
+        saga::apply_now(&deps.db, self, event, changes, actor, reason)
+    }
+
+    fn log_taken_by_another(&self) {
+        tracing::warn!(payment_id = %self.id, "claim ran out before the payment was taken up; another worker has it");
+    }
+
+    fn log_renewal_failed(id: Uuid, err: &sea_orm::DbErr) {
+        tracing::error!(payment_id = %id, error = %err, "renewing a claim failed; the payment will be retried");
+    }
+
+    fn log_decision(&self, decision: &Decision) {
+        tracing::info!(payment_id = %self.id, estado = %self.state, decision = ?decision, "reconciler decision");
+    }
+
+    fn log_rescheduled(&self, why: &str, due: DateTime<Utc>) {
+        tracing::info!(payment_id = %self.id, why, next = %due, "rescheduled");
+    }
+
+    fn log_escalated(&self, why: &str) {
+        tracing::warn!(payment_id = %self.id, why, "moved to REVISION_MANUAL");
+    }
+
+    fn log_failed(id: Uuid, err: &store::StoreError) {
+        tracing::error!(payment_id = %id, error = %err, "reconciling a payment failed; it will be retried");
     }
 }
 

@@ -8,15 +8,15 @@
 //! through the fenced store.
 
 use crate::entities::refund;
-use crate::gateway::{Refund, RefundLookup, RefundStatus};
+use crate::gateway::{GatewayError, Refund, RefundLookup, RefundStatus};
 use crate::saga::SagaDeps;
-use crate::saga::reconcile::decide::{
-    self, Handled, Held, Horizons, Reconciled, Stage, Words, decide, needs_lookup,
-};
+use crate::saga::reconcile::decide::{self, Handled, Held, Horizons, Reconciled, Stage, Words};
+use crate::saga::reconcile::work::{self, Bounds, Reconcilable};
 use crate::saga::refund::state::{Event, RefundState};
-use crate::saga::refund::store::{self, Changes, StoreError, Written};
+use crate::saga::refund::store::{Changes, StoreError, Written};
 use crate::saga::refund::{self as steps, Actor};
 use crate::saga::store::When;
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde::Serialize;
 use std::time::Duration;
@@ -180,28 +180,12 @@ pub async fn reconcile_one(
 }
 
 async fn process(deps: &SagaDeps, limits: &RefundLimits, claimed: refund::Model) -> Handled {
-    let id = claimed.id;
-    let needed = crate::db::now() + crate::saga::store::chrono_after(limits.work_bound);
-    let claimed = if claimed.claimed_until.is_some_and(|until| until >= needed) {
-        claimed
-    } else {
-        let until = crate::saga::store::now_plus(limits.claim_for);
-        match store::renew_claim(&deps.db, &claimed, until).await {
-            Ok(Written::Applied(renewed)) => *renewed,
-            Ok(Written::Fenced) => return Handled::Skipped,
-            Err(err) => {
-                tracing::error!(refund_id = %id, error = %err, "renewing a refund's claim failed");
-                return Handled::Error;
-            }
-        }
+    let bounds = Bounds {
+        horizons: limits.horizons,
+        work_bound: limits.work_bound,
+        claim_for: limits.claim_for,
     };
-    match decide_and_apply(deps, limits, claimed).await {
-        Ok(handled) => handled,
-        Err(err) => {
-            tracing::error!(refund_id = %id, error = %err, "reconciling a refund failed; it will be retried");
-            Handled::Error
-        }
-    }
+    work::process(deps, bounds, claimed).await
 }
 
 fn lookup_of(r: &refund::Model) -> RefundLookup {
@@ -213,70 +197,61 @@ fn lookup_of(r: &refund::Model) -> RefundLookup {
     }
 }
 
-async fn decide_and_apply(
-    deps: &SagaDeps,
-    limits: &RefundLimits,
-    claimed: refund::Model,
-) -> Result<Handled, StoreError> {
-    let lookup = if needs_lookup(claimed.state) {
-        Some(deps.gateway.lookup_refunds(&lookup_of(&claimed)).await)
-    } else {
-        None
-    };
-    let facts = Facts {
-        state: claimed.state,
-        created_at: claimed.created_at,
-        now: crate::db::now(),
-        lookup: lookup.as_ref(),
-    };
-    let decision = decide(&facts, &limits.horizons);
-    tracing::info!(refund_id = %claimed.id, estado = %claimed.state, decision = ?decision, "refund reconciler decision");
-    match decision {
-        Decision::Send => {
-            let after = steps::send(deps, claimed, Actor::Reconciler).await?;
-            Ok(Handled::from(after.state))
-        }
-        Decision::Settle(found) => {
-            let Some((event, changes, reason)) = steps::settlement(&claimed, &found) else {
-                return Ok(Handled::Rescheduled);
-            };
-            let reason = format!("provider lookup: {reason}");
-            Ok(
-                match steps::apply_now(deps, &claimed, event, changes, Actor::Reconciler, &reason)
-                    .await?
-                {
-                    Written::Applied(r) => Handled::from(r.state),
-                    Written::Fenced => Handled::Skipped,
-                },
-            )
-        }
-        Decision::Reschedule(why) => {
-            let due = deps.next_look(claimed.attempts);
-            tracing::info!(refund_id = %claimed.id, why, next = %due, "refund rescheduled");
-            Ok(match store::reschedule(&deps.db, &claimed, due).await? {
-                Written::Applied(_) => Handled::Rescheduled,
-                Written::Fenced => Handled::Skipped,
-            })
-        }
-        Decision::Escalate(why) => {
-            tracing::warn!(refund_id = %claimed.id, why, "refund moved to REVISION_MANUAL");
-            Ok(
-                match steps::apply_now(
-                    deps,
-                    &claimed,
-                    Event::Escalate,
-                    Changes::default(),
-                    Actor::Reconciler,
-                    &why,
-                )
-                .await?
-                {
-                    Written::Applied(_) => Handled::ManualReview,
-                    Written::Fenced => Handled::Skipped,
-                },
-            )
-        }
-        Decision::Skip => Ok(Handled::Skipped),
+/// A refund as the reconciler works on it (`saga::reconcile::work`), in this module's log
+/// lines.
+impl Reconcilable for refund::Model {
+    type Changes = Changes;
+    type Error = StoreError;
+    const ESCALATE: Event = Event::Escalate;
+
+    async fn lookup(&self, deps: &SagaDeps) -> Result<Vec<Refund>, GatewayError> {
+        deps.gateway.lookup_refunds(&lookup_of(self)).await
+    }
+
+    fn send(
+        self,
+        deps: &SagaDeps,
+        actor: Actor,
+    ) -> impl Future<Output = Result<refund::Model, StoreError>> + Send {
+        steps::send(deps, self, actor)
+    }
+
+    fn settlement(&self, found: &Refund) -> Option<(Event, Changes, String)> {
+        steps::settlement(self, found)
+    }
+
+    fn apply_now(
+        &self,
+        deps: &SagaDeps,
+        event: Event,
+        changes: Changes,
+        actor: Actor,
+        reason: &str,
+    ) -> impl Future<Output = Result<Written, StoreError>> + Send {
+        steps::apply_now(deps, self, event, changes, actor, reason)
+    }
+
+    /// A refund whose claim ran out is skipped without a line of its own.
+    fn log_taken_by_another(&self) {}
+
+    fn log_renewal_failed(id: Uuid, err: &sea_orm::DbErr) {
+        tracing::error!(refund_id = %id, error = %err, "renewing a refund's claim failed");
+    }
+
+    fn log_decision(&self, decision: &Decision) {
+        tracing::info!(refund_id = %self.id, estado = %self.state, decision = ?decision, "refund reconciler decision");
+    }
+
+    fn log_rescheduled(&self, why: &str, due: DateTime<Utc>) {
+        tracing::info!(refund_id = %self.id, why, next = %due, "refund rescheduled");
+    }
+
+    fn log_escalated(&self, why: &str) {
+        tracing::warn!(refund_id = %self.id, why, "refund moved to REVISION_MANUAL");
+    }
+
+    fn log_failed(id: Uuid, err: &StoreError) {
+        tracing::error!(refund_id = %id, error = %err, "reconciling a refund failed; it will be retried");
     }
 }
 

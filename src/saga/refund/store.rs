@@ -422,10 +422,6 @@ impl SagaRow for refund::Model {
         EventType::of_refund(to)
     }
 
-    fn told_as(&self) -> (Uuid, Uuid, i64) {
-        (self.merchant_id, self.id, self.version)
-    }
-
     fn write_in<'a, C: ConnectionTrait>(
         tx: &'a C,
         current: &'a Self,

@@ -1,0 +1,191 @@
+//! The reconciler's work on one claimed payment or refund, the same for both: taken up
+//! only with a whole work's claim left, asked about at the provider when its state needs
+//! it, decided by the table (`decide`), and the decision written through the fenced store.
+//!
+//! What is a payment's or a refund's own — how the provider is asked, how it is sent and
+//! settled, and its log lines, which stay in its own module — is said by `Reconcilable`.
+
+use crate::entities::payment_transition::Actor;
+use crate::gateway::GatewayError;
+use crate::saga::SagaDeps;
+use crate::saga::reconcile::decide::{Decision, Facts, Handled, Horizons, Reconciled};
+use crate::saga::reconcile::decide::{decide, needs_lookup};
+use crate::saga::store::{self, Rewritten, SagaRow, Written};
+use chrono::{DateTime, Utc};
+use sea_orm::DbErr;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// What the provider holds for a row of `R`: a charge, a refund.
+pub type HeldBy<R> = <<R as SagaRow>::State as Reconciled>::Held;
+
+/// A payment or a refund as the reconciler works on it.
+pub trait Reconcilable: SagaRow<State: Reconciled + Into<Handled>> + Rewritten {
+    /// What a decision changes besides the state.
+    type Changes: Default;
+    /// What its saga's steps fail with.
+    type Error: std::fmt::Display + From<DbErr>;
+    /// The event that hands it to on-call (`REVISION_MANUAL`).
+    const ESCALATE: Self::Event;
+
+    /// What the provider holds for it.
+    fn lookup(
+        &self,
+        deps: &SagaDeps,
+    ) -> impl Future<Output = Result<Vec<HeldBy<Self>>, GatewayError>> + Send;
+
+    /// Its saga's send (marked sent, the gateway called, the outcome recorded).
+    fn send(
+        self,
+        deps: &SagaDeps,
+        actor: Actor,
+    ) -> impl Future<Output = Result<Self, Self::Error>> + Send;
+
+    /// What a final answer of the provider's means for it; None: not final yet.
+    fn settlement(&self, held: &HeldBy<Self>) -> Option<(Self::Event, Self::Changes, String)>;
+
+    /// One event of its saga committed on its own.
+    fn apply_now(
+        &self,
+        deps: &SagaDeps,
+        event: Self::Event,
+        changes: Self::Changes,
+        actor: Actor,
+        reason: &str,
+    ) -> impl Future<Output = Result<Written<Self>, Self::Error>> + Send;
+
+    /// Its log line of the claim that ran out before it was taken up (someone else has it).
+    fn log_taken_by_another(&self);
+    /// Its log line of a renewal of its claim that failed.
+    fn log_renewal_failed(id: Uuid, err: &DbErr);
+    /// Its log line of the table's decision.
+    fn log_decision(&self, decision: &Decision<HeldBy<Self>>);
+    /// Its log line of a look again at `due`.
+    fn log_rescheduled(&self, why: &str, due: DateTime<Utc>);
+    /// Its log line of a move to on-call.
+    fn log_escalated(&self, why: &str);
+    /// Its log line of a work that failed.
+    fn log_failed(id: Uuid, err: &Self::Error);
+}
+
+/// What the work on one claimed row is bounded by.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    pub horizons: Horizons,
+    /// The most one row's work can take: a look-up, then a send.
+    pub work_bound: Duration,
+    /// How long a claim keeps other processes away.
+    pub claim_for: Duration,
+}
+
+/// The work on one claimed row: what it came to, one bucket of a report.
+pub async fn process<R: Reconcilable>(deps: &SagaDeps, bounds: Bounds, claimed: R) -> Handled {
+    let id = claimed.id();
+    let claimed = match take_up(deps, bounds, claimed).await {
+        Ok(Some(claimed)) => claimed,
+        Ok(None) => return Handled::Skipped,
+        Err(err) => {
+            R::log_renewal_failed(id, &err);
+            return Handled::Error;
+        }
+    };
+    match decide_and_apply(deps, &bounds.horizons, claimed).await {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            R::log_failed(id, &err);
+            Handled::Error
+        }
+    }
+}
+
+/// A row is worked on only with a whole row's work left on its claim: one claimed ahead
+/// may have waited for a slot for as long as another row's work. Its claim is renewed (a
+/// fenced write) when less is left; if someone else took it meanwhile (its claim ran
+/// out), it is theirs: None.
+async fn take_up<R: Reconcilable>(
+    deps: &SagaDeps,
+    bounds: Bounds,
+    claimed: R,
+) -> Result<Option<R>, DbErr> {
+    let needed = crate::db::now() + store::chrono_after(bounds.work_bound);
+    if claimed.claimed_until().is_some_and(|until| until >= needed) {
+        return Ok(Some(claimed));
+    }
+    let until = store::now_plus(bounds.claim_for);
+    Ok(match store::renew_claim(&deps.db, &claimed, until).await? {
+        Written::Applied(renewed) => Some(*renewed),
+        Written::Fenced => {
+            claimed.log_taken_by_another();
+            None
+        }
+    })
+}
+
+async fn decide_and_apply<R: Reconcilable>(
+    deps: &SagaDeps,
+    horizons: &Horizons,
+    claimed: R,
+) -> Result<Handled, R::Error> {
+    let state = claimed.state();
+    let lookup = if needs_lookup(state) {
+        Some(claimed.lookup(deps).await)
+    } else {
+        None
+    };
+    let facts = Facts {
+        state,
+        created_at: claimed.created_at(),
+        now: crate::db::now(),
+        lookup: lookup.as_ref(),
+    };
+    let decision = decide(&facts, horizons);
+    claimed.log_decision(&decision);
+    match decision {
+        Decision::Send => {
+            let after = claimed.send(deps, Actor::Reconciler).await?;
+            Ok(after.state().into())
+        }
+        Decision::Settle(held) => {
+            let Some((event, changes, reason)) = claimed.settlement(&held) else {
+                return Ok(Handled::Rescheduled);
+            };
+            let reason = format!("provider lookup: {reason}");
+            Ok(
+                match claimed
+                    .apply_now(deps, event, changes, Actor::Reconciler, &reason)
+                    .await?
+                {
+                    Written::Applied(moved) => moved.state().into(),
+                    Written::Fenced => Handled::Skipped,
+                },
+            )
+        }
+        Decision::Reschedule(why) => {
+            let due = deps.next_look(claimed.attempts());
+            claimed.log_rescheduled(&why, due);
+            Ok(match store::reschedule(&deps.db, &claimed, due).await? {
+                Written::Applied(_) => Handled::Rescheduled,
+                Written::Fenced => Handled::Skipped,
+            })
+        }
+        Decision::Escalate(why) => {
+            claimed.log_escalated(&why);
+            Ok(
+                match claimed
+                    .apply_now(
+                        deps,
+                        R::ESCALATE,
+                        R::Changes::default(),
+                        Actor::Reconciler,
+                        &why,
+                    )
+                    .await?
+                {
+                    Written::Applied(_) => Handled::ManualReview,
+                    Written::Fenced => Handled::Skipped,
+                },
+            )
+        }
+        Decision::Skip => Ok(Handled::Skipped),
+    }
+}
