@@ -22,7 +22,7 @@ use sea_orm::DatabaseConnection;
 use state::{Event, PaymentState};
 use std::sync::Arc;
 use std::time::Duration;
-use store::{Actor, Changes, StoreError, Written};
+use store::{Actor, Changes, SagaRow, Step, StoreError, Written};
 
 /// What the saga needs from the application.
 #[derive(Clone)]
@@ -75,7 +75,7 @@ pub async fn apply<C: sea_orm::ConnectionTrait>(
     tx: &C,
     current: &payment::Model,
     event: Event,
-    changes: Changes,
+    changes: impl Into<Step>,
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
@@ -89,7 +89,7 @@ pub async fn apply_now(
     db: &DatabaseConnection,
     current: &payment::Model,
     event: Event,
-    changes: Changes,
+    changes: impl Into<Step>,
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
@@ -118,53 +118,167 @@ pub fn charge_request(p: &payment::Model) -> ChargeRequest {
     }
 }
 
-/// Marks the payment ENVIADA, calls the gateway (with retries, same key), and records the
-/// outcome. Returns the payment as it stands afterwards — possibly as someone else left
-/// it, if they moved it first (fencing).
-pub async fn send(
-    deps: &SagaDeps,
-    current: payment::Model,
-    actor: Actor,
-) -> Result<payment::Model, StoreError> {
-    // Once any try of this payment may have reached the gateway (it was marked ENVIADA
-    // before), only a readable charge status settles it: a refusal of this send proves
-    // nothing about the charge an earlier one may have made.
-    let maybe_sent_before = current.state == PaymentState::Enviada;
-    let hold_until = deps.send_hold_until(actor, current.claimed_until);
-    let reason = match (actor, current.state.as_str()) {
-        (Actor::Request, _) => "sending to the gateway",
-        (_, "EN_PROCESO") => "sending to the gateway (registered, never sent)",
-        _ => "resending to the gateway with the same key (the provider has no charge for it)",
+/// A saga's row (a payment, a refund) as its steps send it (`send`). What is a payment's
+/// or a refund's own is said here; its log lines stay in its own module.
+pub trait Saga: SagaRow {
+    type Error: std::fmt::Display + From<sea_orm::DbErr>;
+    /// What a send reads before it marks the row sent.
+    type Prepared: Send;
+    /// What the gateway said to a send.
+    type Outcome: Send;
+    /// Registered, never sent (`EN_PROCESO`).
+    const NEVER_SENT: Self::State;
+    /// Marked sent before a gateway call (`ENVIADA`, `ENVIADO`).
+    const SENT: Self::State;
+    /// The reason of the mark: a request's send, the send of a row never sent, a resend.
+    const SEND_REASONS: [&'static str; 3];
+    /// The failpoints right after the mark and right after the gateway's answer.
+    const FAILPOINTS: [&'static str; 2];
+
+    /// One event committed on its own, with the answer rendered for the key.
+    fn apply_now(
+        &self,
+        deps: &SagaDeps,
+        event: Self::Event,
+        changes: impl Into<Step> + Send,
+        actor: Actor,
+        reason: &str,
+    ) -> impl Future<Output = Result<Written<Self>, Self::Error>> + Send;
+
+    /// What the send reads before it marks the row sent.
+    fn prepare(
+        &self,
+        deps: &SagaDeps,
+    ) -> impl Future<Output = Result<Self::Prepared, Self::Error>> + Send;
+
+    /// The gateway call of a send of the row as marked, with retries and the same key.
+    fn call(
+        &self,
+        deps: &SagaDeps,
+        prepared: Self::Prepared,
+        maybe_sent_before: bool,
+    ) -> impl Future<Output = Self::Outcome> + Send;
+
+    /// Its log line of the gateway's answer.
+    fn log_answered(&self, outcome: &Self::Outcome);
+
+    /// Writes what the gateway said.
+    fn record_outcome(
+        self,
+        deps: &SagaDeps,
+        outcome: Self::Outcome,
+        actor: Actor,
+    ) -> impl Future<Output = Result<Self, Self::Error>> + Send;
+
+    /// The row as someone else left it, who moved it first (its log line says so).
+    fn reload(&self, deps: &SagaDeps) -> impl Future<Output = Result<Self, Self::Error>> + Send;
+}
+
+/// Marks the payment or refund sent, calls the gateway (with retries, same key), and
+/// records the outcome. Returns the row as it stands afterwards — possibly as someone
+/// else left it, if they moved it first (fencing).
+pub async fn send<R: Saga>(deps: &SagaDeps, current: R, actor: Actor) -> Result<R, R::Error> {
+    // Once any try of this row may have reached the gateway (it was marked sent before),
+    // only a readable status settles it: a refusal of this send proves nothing about what
+    // an earlier one may have done.
+    let maybe_sent_before = current.state() == R::SENT;
+    let hold_until = deps.send_hold_until(actor, current.claimed_until());
+    let [request, never_sent, resend] = R::SEND_REASONS;
+    let reason = match actor {
+        Actor::Request => request,
+        _ if current.state() == R::NEVER_SENT => never_sent,
+        _ => resend,
     };
-    let sent = match apply_now(
-        &deps.db,
-        &current,
-        Event::Send,
-        Changes {
-            count_attempt: true,
-            hold_until,
-            ..Changes::default()
-        },
-        actor,
-        reason,
-    )
-    .await?
+    let prepared = current.prepare(deps).await?;
+    let marked = Step {
+        count_attempt: true,
+        hold_until,
+        ..Step::default()
+    };
+    let sent = match current
+        .apply_now(deps, R::SEND, marked, actor, reason)
+        .await?
     {
         Written::Applied(sent) => *sent,
-        Written::Fenced => return reload(deps, &current).await,
+        Written::Fenced => return current.reload(deps).await,
     };
-    failpoint::hit("after_mark_sent");
+    let [after_mark_sent, after_gateway_response] = R::FAILPOINTS;
+    failpoint::hit(after_mark_sent);
 
-    let outcome = retry::charge(
-        deps.gateway.as_ref(),
-        &charge_request(&sent),
-        deps.policy,
-        maybe_sent_before,
-    )
-    .await;
-    failpoint::hit("after_gateway_response");
-    tracing::info!(payment_id = %sent.id, outcome = outcome_name(&outcome), "gateway answered");
-    record_outcome(deps, sent, outcome, actor).await
+    let outcome = sent.call(deps, prepared, maybe_sent_before).await;
+    failpoint::hit(after_gateway_response);
+    sent.log_answered(&outcome);
+    sent.record_outcome(deps, outcome, actor).await
+}
+
+/// The row a fenced write of `current` left: as written, or, if someone else moved it
+/// first, as they left it.
+pub async fn kept<R: Saga>(
+    deps: &SagaDeps,
+    written: Written<R>,
+    current: &R,
+) -> Result<R, R::Error> {
+    match written {
+        Written::Applied(row) => Ok(*row),
+        Written::Fenced => current.reload(deps).await,
+    }
+}
+
+/// A payment as its steps send it.
+impl Saga for payment::Model {
+    type Error = StoreError;
+    type Prepared = ();
+    type Outcome = ChargeOutcome;
+    const NEVER_SENT: PaymentState = PaymentState::EnProceso;
+    const SENT: PaymentState = PaymentState::Enviada;
+    const SEND_REASONS: [&'static str; 3] = [
+        "sending to the gateway",
+        "sending to the gateway (registered, never sent)",
+        "resending to the gateway with the same key (the provider has no charge for it)",
+    ];
+    const FAILPOINTS: [&'static str; 2] = ["after_mark_sent", "after_gateway_response"];
+
+    fn apply_now(
+        &self,
+        deps: &SagaDeps,
+        event: Event,
+        changes: impl Into<Step> + Send,
+        actor: Actor,
+        reason: &str,
+    ) -> impl Future<Output = Result<Written, StoreError>> + Send {
+        apply_now(&deps.db, self, event, changes, actor, reason)
+    }
+
+    async fn prepare(&self, _deps: &SagaDeps) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn call(&self, deps: &SagaDeps, (): (), maybe_sent_before: bool) -> ChargeOutcome {
+        retry::charge(
+            deps.gateway.as_ref(),
+            &charge_request(self),
+            deps.policy,
+            maybe_sent_before,
+        )
+        .await
+    }
+
+    fn log_answered(&self, outcome: &ChargeOutcome) {
+        tracing::info!(payment_id = %self.id, outcome = outcome_name(outcome), "gateway answered");
+    }
+
+    fn record_outcome(
+        self,
+        deps: &SagaDeps,
+        outcome: ChargeOutcome,
+        actor: Actor,
+    ) -> impl Future<Output = Result<payment::Model, StoreError>> + Send {
+        record_outcome(deps, self, outcome, actor)
+    }
+
+    fn reload(&self, deps: &SagaDeps) -> impl Future<Output = Result<Self, StoreError>> + Send {
+        reload(deps, self)
+    }
 }
 
 pub fn outcome_name(outcome: &ChargeOutcome) -> &'static str {
@@ -246,28 +360,26 @@ pub async fn record_outcome(
             },
             format!("gateway refused the request with {status}: {detail}"),
         ),
-        ChargeOutcome::Pending(charge) => {
-            // Doubled for each earlier send.
-            let due = deps.next_look(sent.attempts - 1);
-            return match store::hand_over(&deps.db, &sent, Some(charge.id), due).await? {
-                Written::Applied(p) => Ok(*p),
-                Written::Fenced => reload(deps, &sent).await,
-            };
-        }
+        ChargeOutcome::Pending(charge) => return hand_over(deps, sent, Some(charge.id)).await,
         ChargeOutcome::Unknown(why) => {
             tracing::warn!(payment_id = %sent.id, why, "gateway outcome unknown; the reconciler will ask the provider");
-            // Doubled for each earlier send.
-            let due = deps.next_look(sent.attempts - 1);
-            return match store::hand_over(&deps.db, &sent, None, due).await? {
-                Written::Applied(p) => Ok(*p),
-                Written::Fenced => reload(deps, &sent).await,
-            };
+            return hand_over(deps, sent, None).await;
         }
     };
-    match apply_now(&deps.db, &sent, event, changes, actor, &reason).await? {
-        Written::Applied(p) => Ok(*p),
-        Written::Fenced => reload(deps, &sent).await,
-    }
+    let written = apply_now(&deps.db, &sent, event, changes, actor, &reason).await?;
+    kept(deps, written, &sent).await
+}
+
+/// Hands the payment to the reconciler, which looks at it again after the backoff.
+async fn hand_over(
+    deps: &SagaDeps,
+    sent: payment::Model,
+    gateway_ref: Option<String>,
+) -> Result<payment::Model, StoreError> {
+    // Doubled for each earlier send.
+    let due = deps.next_look(sent.attempts - 1);
+    let written = store::hand_over(&deps.db, &sent, gateway_ref, due).await?;
+    kept(deps, written, &sent).await
 }
 
 async fn reload(deps: &SagaDeps, p: &payment::Model) -> Result<payment::Model, StoreError> {

@@ -438,6 +438,7 @@ pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
 
 /// What a decision changes besides the state, whatever the row: a payment's `Changes`
 /// or a refund's.
+#[derive(Clone, Debug, Default)]
 pub struct Step {
     pub gateway_ref: Option<String>,
     /// A payment's `decline_code`, a refund's `failure_code`.
@@ -670,7 +671,7 @@ pub struct KeyWrite {
 pub fn plan(
     current: &payment::Model,
     event: Event,
-    changes: Changes,
+    changes: impl Into<Step>,
     actor: Actor,
     reason: &str,
     render: Render,

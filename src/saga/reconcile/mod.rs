@@ -16,7 +16,7 @@ use crate::entities::payment;
 use crate::gateway::{Charge, GatewayError};
 use crate::metrics::Metrics;
 use crate::saga::state::{Event, PaymentState};
-use crate::saga::store::{self, Actor, Changes, When, Written};
+use crate::saga::store::{self, Changes, When};
 use crate::saga::{self, SagaDeps};
 use chrono::{DateTime, TimeDelta, Utc};
 use decide::{Decision, Handled, Horizons};
@@ -286,7 +286,6 @@ async fn process(r: &Reconciler, claimed: payment::Model) -> Handled {
 /// A payment as the reconciler works on it (`work`), in this module's log lines.
 impl Reconcilable for payment::Model {
     type Changes = Changes;
-    type Error = store::StoreError;
     const ESCALATE: Event = Event::Escalate;
 
     fn lookup(
@@ -296,27 +295,8 @@ impl Reconcilable for payment::Model {
         deps.gateway.lookup(self.id)
     }
 
-    fn send(
-        self,
-        deps: &SagaDeps,
-        actor: Actor,
-    ) -> impl Future<Output = Result<payment::Model, store::StoreError>> + Send {
-        saga::send(deps, self, actor)
-    }
-
     fn settlement(&self, charge: &Charge) -> Option<(Event, Changes, String)> {
         saga::settlement(self, charge)
-    }
-
-    fn apply_now(
-        &self,
-        deps: &SagaDeps,
-        event: Event,
-        changes: Changes,
-        actor: Actor,
-        reason: &str,
-    ) -> impl Future<Output = Result<Written, store::StoreError>> + Send {
-        saga::apply_now(&deps.db, self, event, changes, actor, reason)
     }
 
     fn log_taken_by_another(&self) {

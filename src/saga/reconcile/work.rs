@@ -7,10 +7,10 @@
 
 use crate::entities::payment_transition::Actor;
 use crate::gateway::GatewayError;
-use crate::saga::SagaDeps;
 use crate::saga::reconcile::decide::{Decision, Facts, Handled, Horizons, Reconciled};
 use crate::saga::reconcile::decide::{decide, needs_lookup};
-use crate::saga::store::{self, Rewritten, SagaRow, Written};
+use crate::saga::store::{self, Rewritten, SagaRow, Step, Written};
+use crate::saga::{self, Saga, SagaDeps};
 use chrono::{DateTime, Utc};
 use sea_orm::DbErr;
 use std::time::Duration;
@@ -20,11 +20,9 @@ use uuid::Uuid;
 pub type HeldBy<R> = <<R as SagaRow>::State as Reconciled>::Held;
 
 /// A payment or a refund as the reconciler works on it.
-pub trait Reconcilable: SagaRow<State: Reconciled + Into<Handled>> + Rewritten {
+pub trait Reconcilable: Saga<State: Reconciled + Into<Handled>> + Rewritten {
     /// What a decision changes besides the state.
-    type Changes: Default;
-    /// What its saga's steps fail with.
-    type Error: std::fmt::Display + From<DbErr>;
+    type Changes: Into<Step> + Send;
     /// The event that hands it to on-call (`REVISION_MANUAL`).
     const ESCALATE: Self::Event;
 
@@ -34,25 +32,8 @@ pub trait Reconcilable: SagaRow<State: Reconciled + Into<Handled>> + Rewritten {
         deps: &SagaDeps,
     ) -> impl Future<Output = Result<Vec<HeldBy<Self>>, GatewayError>> + Send;
 
-    /// Its saga's send (marked sent, the gateway called, the outcome recorded).
-    fn send(
-        self,
-        deps: &SagaDeps,
-        actor: Actor,
-    ) -> impl Future<Output = Result<Self, Self::Error>> + Send;
-
     /// What a final answer of the provider's means for it; None: not final yet.
     fn settlement(&self, held: &HeldBy<Self>) -> Option<(Self::Event, Self::Changes, String)>;
-
-    /// One event of its saga committed on its own.
-    fn apply_now(
-        &self,
-        deps: &SagaDeps,
-        event: Self::Event,
-        changes: Self::Changes,
-        actor: Actor,
-        reason: &str,
-    ) -> impl Future<Output = Result<Written<Self>, Self::Error>> + Send;
 
     /// Its log line of the claim that ran out before it was taken up (someone else has it).
     fn log_taken_by_another(&self);
@@ -142,7 +123,7 @@ async fn decide_and_apply<R: Reconcilable>(
     claimed.log_decision(&decision);
     match decision {
         Decision::Send => {
-            let after = claimed.send(deps, Actor::Reconciler).await?;
+            let after = saga::send(deps, claimed, Actor::Reconciler).await?;
             Ok(after.state().into())
         }
         Decision::Settle(held) => {
@@ -172,13 +153,7 @@ async fn decide_and_apply<R: Reconcilable>(
             claimed.log_escalated(&why);
             Ok(
                 match claimed
-                    .apply_now(
-                        deps,
-                        R::ESCALATE,
-                        R::Changes::default(),
-                        Actor::Reconciler,
-                        &why,
-                    )
+                    .apply_now(deps, R::ESCALATE, Step::default(), Actor::Reconciler, &why)
                     .await?
                 {
                     Written::Applied(_) => Handled::ManualReview,

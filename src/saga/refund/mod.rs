@@ -12,13 +12,15 @@ pub mod state;
 pub mod store;
 
 use crate::entities::refund;
-use crate::failpoint;
 use crate::gateway::retry::{self, RefundOutcome};
 use crate::gateway::{Refund, RefundRequest, RefundStatus, RejectReason};
 use crate::representation;
-use crate::saga::SagaDeps;
+use crate::saga::store::Step;
+use crate::saga::{Saga, SagaDeps, kept};
 use state::{Event, RefundState};
 use store::{Changes, StoreError, Written};
+
+pub use crate::saga::send;
 
 pub use crate::entities::refund_transition::Actor;
 
@@ -33,7 +35,7 @@ pub async fn apply_now(
     deps: &SagaDeps,
     current: &refund::Model,
     event: Event,
-    changes: Changes,
+    changes: impl Into<Step>,
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
@@ -61,51 +63,71 @@ pub fn refund_request(r: &refund::Model, payment_amount: i64) -> RefundRequest {
     }
 }
 
-/// Marks the refund ENVIADO, calls the gateway (with retries, same key), and records the
-/// outcome. Returns the refund as it stands afterwards, possibly as someone else left it.
-pub async fn send(
-    deps: &SagaDeps,
-    current: refund::Model,
-    actor: Actor,
-) -> Result<refund::Model, StoreError> {
-    let maybe_sent_before = current.state == RefundState::Enviado;
-    let hold_until = deps.send_hold_until(actor, current.claimed_until);
-    let reason = match (actor, current.state) {
-        (Actor::Request, _) => "sending the refund to the gateway",
-        (_, RefundState::EnProceso) => "sending the refund to the gateway (registered, never sent)",
-        _ => "resending the refund with the same key (the provider has none for it)",
-    };
-    let payment_amount = crate::saga::store::find_payment(&deps.db, current.payment_id)
-        .await?
-        .map_or(0, |p| p.amount);
-    let sent = match apply_now(
-        deps,
-        &current,
-        Event::Send,
-        Changes {
-            count_attempt: true,
-            hold_until,
-            ..Changes::default()
-        },
-        actor,
-        reason,
-    )
-    .await?
-    {
-        Written::Applied(sent) => *sent,
-        Written::Fenced => return reload(deps, &current).await,
-    };
-    failpoint::hit("refund_after_mark_sent");
-    let outcome = retry::refund(
-        deps.gateway.as_ref(),
-        &refund_request(&sent, payment_amount),
-        deps.policy,
-        maybe_sent_before,
-    )
-    .await;
-    failpoint::hit("refund_after_gateway_response");
-    tracing::info!(refund_id = %sent.id, outcome = outcome_name(&outcome), "gateway answered the refund");
-    record_outcome(deps, sent, outcome, actor).await
+/// A refund as its steps send it (`saga::send`, also `send` here). Its send reads the
+/// payment's amount first: the request says whether the refund is the whole payment.
+impl Saga for refund::Model {
+    type Error = StoreError;
+    /// The payment's amount (0 if the payment is not found).
+    type Prepared = i64;
+    type Outcome = RefundOutcome;
+    const NEVER_SENT: RefundState = RefundState::EnProceso;
+    const SENT: RefundState = RefundState::Enviado;
+    const SEND_REASONS: [&'static str; 3] = [
+        "sending the refund to the gateway",
+        "sending the refund to the gateway (registered, never sent)",
+        "resending the refund with the same key (the provider has none for it)",
+    ];
+    const FAILPOINTS: [&'static str; 2] =
+        ["refund_after_mark_sent", "refund_after_gateway_response"];
+
+    fn apply_now(
+        &self,
+        deps: &SagaDeps,
+        event: Event,
+        changes: impl Into<Step> + Send,
+        actor: Actor,
+        reason: &str,
+    ) -> impl Future<Output = Result<Written, StoreError>> + Send {
+        apply_now(deps, self, event, changes, actor, reason)
+    }
+
+    async fn prepare(&self, deps: &SagaDeps) -> Result<i64, StoreError> {
+        Ok(crate::saga::store::find_payment(&deps.db, self.payment_id)
+            .await?
+            .map_or(0, |p| p.amount))
+    }
+
+    async fn call(
+        &self,
+        deps: &SagaDeps,
+        payment_amount: i64,
+        maybe_sent_before: bool,
+    ) -> RefundOutcome {
+        retry::refund(
+            deps.gateway.as_ref(),
+            &refund_request(self, payment_amount),
+            deps.policy,
+            maybe_sent_before,
+        )
+        .await
+    }
+
+    fn log_answered(&self, outcome: &RefundOutcome) {
+        tracing::info!(refund_id = %self.id, outcome = outcome_name(outcome), "gateway answered the refund");
+    }
+
+    fn record_outcome(
+        self,
+        deps: &SagaDeps,
+        outcome: RefundOutcome,
+        actor: Actor,
+    ) -> impl Future<Output = Result<refund::Model, StoreError>> + Send {
+        record_outcome(deps, self, outcome, actor)
+    }
+
+    fn reload(&self, deps: &SagaDeps) -> impl Future<Output = Result<Self, StoreError>> + Send {
+        reload(deps, self)
+    }
 }
 
 pub fn outcome_name(outcome: &RefundOutcome) -> &'static str {
@@ -198,10 +220,8 @@ pub async fn record_outcome(
             return hand_over(deps, sent, None).await;
         }
     };
-    match apply_now(deps, &sent, event, changes, actor, &reason).await? {
-        Written::Applied(r) => Ok(*r),
-        Written::Fenced => reload(deps, &sent).await,
-    }
+    let written = apply_now(deps, &sent, event, changes, actor, &reason).await?;
+    kept(deps, written, &sent).await
 }
 
 async fn hand_over(
@@ -211,10 +231,8 @@ async fn hand_over(
 ) -> Result<refund::Model, StoreError> {
     // Doubled for each earlier send.
     let due = deps.next_look(sent.attempts - 1);
-    match store::hand_over(&deps.db, &sent, gateway_ref, due).await? {
-        Written::Applied(r) => Ok(*r),
-        Written::Fenced => reload(deps, &sent).await,
-    }
+    let written = store::hand_over(&deps.db, &sent, gateway_ref, due).await?;
+    kept(deps, written, &sent).await
 }
 
 async fn reload(deps: &SagaDeps, r: &refund::Model) -> Result<refund::Model, StoreError> {

@@ -12,9 +12,9 @@ use crate::gateway::{GatewayError, Refund, RefundLookup, RefundStatus};
 use crate::saga::SagaDeps;
 use crate::saga::reconcile::decide::{self, Handled, Held, Horizons, Reconciled, Stage, Words};
 use crate::saga::reconcile::work::{self, Bounds, Reconcilable};
+use crate::saga::refund as steps;
 use crate::saga::refund::state::{Event, RefundState};
-use crate::saga::refund::store::{Changes, StoreError, Written};
-use crate::saga::refund::{self as steps, Actor};
+use crate::saga::refund::store::{Changes, StoreError};
 use crate::saga::store::When;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
@@ -201,34 +201,14 @@ fn lookup_of(r: &refund::Model) -> RefundLookup {
 /// lines.
 impl Reconcilable for refund::Model {
     type Changes = Changes;
-    type Error = StoreError;
     const ESCALATE: Event = Event::Escalate;
 
     async fn lookup(&self, deps: &SagaDeps) -> Result<Vec<Refund>, GatewayError> {
         deps.gateway.lookup_refunds(&lookup_of(self)).await
     }
 
-    fn send(
-        self,
-        deps: &SagaDeps,
-        actor: Actor,
-    ) -> impl Future<Output = Result<refund::Model, StoreError>> + Send {
-        steps::send(deps, self, actor)
-    }
-
     fn settlement(&self, found: &Refund) -> Option<(Event, Changes, String)> {
         steps::settlement(self, found)
-    }
-
-    fn apply_now(
-        &self,
-        deps: &SagaDeps,
-        event: Event,
-        changes: Changes,
-        actor: Actor,
-        reason: &str,
-    ) -> impl Future<Output = Result<Written, StoreError>> + Send {
-        steps::apply_now(deps, self, event, changes, actor, reason)
     }
 
     /// A refund whose claim ran out is skipped without a line of its own.

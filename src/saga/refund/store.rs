@@ -356,7 +356,7 @@ pub type Plan = crate::saga::store::Plan<refund::Model>;
 pub fn plan(
     current: &refund::Model,
     event: Event,
-    changes: Changes,
+    changes: impl Into<Step>,
     actor: Actor,
     reason: &str,
     render: Render,
