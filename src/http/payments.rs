@@ -191,14 +191,14 @@ async fn create_payment(
         tracing::info!(%merchant, ?campos, "payment request failed validation");
         validation_failed(errors)
     })?;
-    let fingerprint = idempotency::fingerprint("POST", PAYMENTS_PATH, &value);
+    let request = idempotency::fingerprint::Fingerprinted::new("POST", PAYMENTS_PATH, &value);
 
     let begun = saga::registry::begin(
         &state.db,
         &state.replay_cache,
         merchant,
         &key,
-        &fingerprint,
+        &request,
         &new_payment,
         state.settings.lease,
     )
@@ -234,7 +234,9 @@ async fn create_payment(
             state
                 .metrics
                 .replay(if from_memory { "memory" } else { "database" });
-            tracing::info!(%payment_id, %key_hash, from_memory, "replaying the stored answer");
+            // DEBUG: a replay changes nothing and is counted in `pagos_replays_total`;
+            // a line per replay cost more than the replay itself.
+            tracing::debug!(%payment_id, %key_hash, from_memory, "replaying the stored answer");
             Ok(respond(payment_id, answer.into(), true))
         }
         Begin::Unsettled { payment_id } => {

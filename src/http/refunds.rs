@@ -185,7 +185,8 @@ async fn begin_and_answer(
                 Begin::Replay {
                     payment_id, answer, ..
                 } => {
-                    tracing::info!(refund_id = %payment_id, %key_hash, "replaying the stored refund answer");
+                    // DEBUG, as a payment's replay: it changes nothing and is counted.
+                    tracing::debug!(refund_id = %payment_id, %key_hash, "replaying the stored refund answer");
                     Ok(respond(payment_id, answer.into(), true))
                 }
                 Begin::InFlight { retry_after } => {

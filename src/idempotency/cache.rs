@@ -11,7 +11,13 @@
 //! its end is not cached at all. A key reused after its purge is therefore always looked
 //! up in the database, by every process. Memory is bounded by `PAGOS_REPLAY_CACHE_MIB`,
 //! weighed by the bytes each entry holds.
+//!
+//! An entry also keeps the body of the request whose fingerprint matched when it was
+//! filled. A replay whose body is that same JSON value (whatever its key order and white
+//! space) is answered without canonicalizing and hashing it: equal values have equal
+//! canonical forms, so equal fingerprints. Any other body is fingerprinted as usual.
 
+use super::fingerprint::Fingerprinted;
 use crate::entities::idempotency_key::{self as keys, FrozenAnswer, KeyStatus};
 use chrono::{DateTime, Utc};
 use moka::sync::Cache;
@@ -29,8 +35,35 @@ pub struct Frozen {
     pub fingerprint: String,
     pub payment_id: Uuid,
     pub answer: FrozenAnswer,
+    /// A body known to have `fingerprint`: the request that filled the entry.
+    request: Option<serde_json::Value>,
+    /// Bytes this entry holds, for `PAGOS_REPLAY_CACHE_MIB`.
+    weight: u32,
     /// When this entry stops being served (a margin before the key may be purged).
     until: Instant,
+}
+
+impl Frozen {
+    /// Whether `request` is the request this answer was frozen for: the same JSON value
+    /// as the body kept, or else the same fingerprint.
+    pub fn answers(&self, request: &Fingerprinted<'_>) -> bool {
+        self.request.as_ref() == Some(request.body()) || self.fingerprint == request.fingerprint()
+    }
+}
+
+/// Roughly the heap bytes of a JSON value (strings, and a slot per element or member).
+fn heap_bytes(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    const SLOT: usize = std::mem::size_of::<Value>() + std::mem::size_of::<String>() + 16;
+    match value {
+        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+        Value::String(s) => s.len(),
+        Value::Array(items) => items.iter().map(|v| SLOT + heap_bytes(v)).sum(),
+        Value::Object(members) => members
+            .iter()
+            .map(|(k, v)| SLOT + k.len() + heap_bytes(v))
+            .sum(),
+    }
 }
 
 #[derive(Clone, Hash, PartialEq, Eq)]
@@ -68,12 +101,9 @@ impl ReplayCache {
             Cache::builder()
                 .max_capacity(capacity_bytes)
                 .weigher(|slot: &Slot, frozen: &Arc<Frozen>| {
-                    let bytes = slot.key.len()
-                        + frozen.fingerprint.len()
-                        + frozen.answer.body.len()
-                        + std::mem::size_of::<Frozen>()
-                        + 64;
-                    u32::try_from(bytes).unwrap_or(u32::MAX)
+                    frozen
+                        .weight
+                        .saturating_add(u32::try_from(slot.key.len()).unwrap_or(u32::MAX))
                 })
                 .expire_after(UntilExpiry)
                 .build()
@@ -94,8 +124,9 @@ impl ReplayCache {
     }
 
     /// Keeps the answer of a key row read from the database, if it is frozen and far
-    /// enough from its purge; anything else is ignored.
-    pub fn keep(&self, row: &keys::Model, now: DateTime<Utc>) {
+    /// enough from its purge; anything else is ignored. `request`: a body whose
+    /// fingerprint is the row's (the caller checked), kept to recognise its replays.
+    pub fn keep(&self, row: &keys::Model, now: DateTime<Utc>, request: Option<&serde_json::Value>) {
         let Some(entries) = &self.entries else {
             return;
         };
@@ -108,6 +139,12 @@ impl ReplayCache {
         let Some(left) = self.time_left(row.created_at, now) else {
             return;
         };
+        let request = request.cloned();
+        let weight = row.fingerprint.len()
+            + body.len()
+            + request.as_ref().map_or(0, heap_bytes)
+            + std::mem::size_of::<Frozen>()
+            + 64;
         let frozen = Frozen {
             fingerprint: row.fingerprint.clone(),
             payment_id: row.payment_id,
@@ -115,6 +152,8 @@ impl ReplayCache {
                 status: u16::try_from(code).unwrap_or(500),
                 body: body.clone(),
             },
+            request,
+            weight: u32::try_from(weight).unwrap_or(u32::MAX),
             until: Instant::now() + left,
         };
         entries.insert(
@@ -169,7 +208,7 @@ mod tests {
     fn a_frozen_answer_is_served_from_memory_with_its_fingerprint() {
         let cache = ReplayCache::new(1 << 20, Duration::from_secs(86_400));
         let now = Utc::now();
-        cache.keep(&row("k", KeyStatus::Completed, now), now);
+        cache.keep(&row("k", KeyStatus::Completed, now), now, None);
         let frozen = cache.get(Uuid::nil(), "k").expect("kept");
         assert_eq!(frozen.fingerprint, "fp");
         assert_eq!(frozen.payment_id, Uuid::from_u128(7));
@@ -184,7 +223,7 @@ mod tests {
     fn answers_not_frozen_are_never_kept() {
         let cache = ReplayCache::new(1 << 20, Duration::from_secs(86_400));
         let now = Utc::now();
-        cache.keep(&row("k", KeyStatus::InProgress, now), now);
+        cache.keep(&row("k", KeyStatus::InProgress, now), now, None);
         assert!(cache.get(Uuid::nil(), "k").is_none());
     }
 
@@ -195,7 +234,7 @@ mod tests {
         let now = Utc::now();
         // Created 59 min 30 s ago: the reaper may delete it in 30 s, inside the margin.
         let old = now - chrono::Duration::seconds(3_570);
-        cache.keep(&row("old", KeyStatus::Completed, old), now);
+        cache.keep(&row("old", KeyStatus::Completed, old), now, None);
         assert!(cache.get(Uuid::nil(), "old").is_none());
         // Created 30 min ago: kept, for at most the 30 min it has left, minus the margin.
         let half = now - chrono::Duration::seconds(1_800);
@@ -209,7 +248,7 @@ mod tests {
         let cache = ReplayCache::new(1 << 20, Duration::from_secs(61));
         let now = Utc::now();
         // One second left before the margin: served now, gone after it.
-        cache.keep(&row("k", KeyStatus::Completed, now), now);
+        cache.keep(&row("k", KeyStatus::Completed, now), now, None);
         assert!(cache.get(Uuid::nil(), "k").is_some());
         std::thread::sleep(Duration::from_millis(1_100));
         assert!(cache.get(Uuid::nil(), "k").is_none());
@@ -220,7 +259,11 @@ mod tests {
         let cache = ReplayCache::new(64 * 1024, Duration::from_secs(86_400));
         let now = Utc::now();
         for i in 0..10_000 {
-            cache.keep(&row(&format!("key-{i}"), KeyStatus::Completed, now), now);
+            cache.keep(
+                &row(&format!("key-{i}"), KeyStatus::Completed, now),
+                now,
+                None,
+            );
         }
         let (_, bytes) = cache.size();
         assert!(bytes <= 64 * 1024, "{bytes} bytes held");
@@ -230,8 +273,59 @@ mod tests {
     fn a_cache_of_size_zero_keeps_nothing() {
         let cache = ReplayCache::new(0, Duration::from_secs(86_400));
         let now = Utc::now();
-        cache.keep(&row("k", KeyStatus::Completed, now), now);
+        cache.keep(&row("k", KeyStatus::Completed, now), now, None);
         assert!(cache.get(Uuid::nil(), "k").is_none());
         assert_eq!(cache.size(), (0, 0));
+    }
+
+    /// An entry kept with the body of the request it answers, its fingerprint real.
+    fn kept_with(cache: &ReplayCache, body: &serde_json::Value) -> Arc<Frozen> {
+        let now = Utc::now();
+        let mut r = row("k", KeyStatus::Completed, now);
+        r.fingerprint = crate::idempotency::fingerprint("POST", "/v1/pagos", body);
+        cache.keep(&r, now, Some(body));
+        cache.get(Uuid::nil(), "k").expect("kept")
+    }
+
+    #[test]
+    fn a_replay_is_recognised_by_its_body_or_else_by_its_fingerprint() {
+        let cache = ReplayCache::new(1 << 20, Duration::from_secs(86_400));
+        let first = serde_json::json!({"creditoId": "42", "monto": 250000, "moneda": "COP"});
+        let frozen = kept_with(&cache, &first);
+        let same = |text: &str| {
+            let body: serde_json::Value = serde_json::from_str(text).expect("test JSON");
+            let request = Fingerprinted::new("POST", "/v1/pagos", &body);
+            let answered = frozen.answers(&request);
+            (answered, request.fingerprint().to_owned())
+        };
+        // Another key order and spacing: the same value, so the same request.
+        let (answered, _) = same(r#"{ "moneda":"COP", "monto":250000, "creditoId":"42" }"#);
+        assert!(answered);
+        // Another value: never the same request, whichever way it is compared.
+        for other in [
+            r#"{"creditoId":"42","monto":250001,"moneda":"COP"}"#,
+            r#"{"creditoId":"42","monto":250000,"moneda":"COP","descripcion":"x"}"#,
+        ] {
+            let (answered, fingerprint) = same(other);
+            assert!(!answered, "{other}");
+            assert_ne!(fingerprint, frozen.fingerprint);
+        }
+        // 250000.0 is another JSON value but the same canonical body (RFC 8785 writes
+        // both as 250000): recognised through the fingerprint.
+        let (answered, fingerprint) = same(r#"{"creditoId":"42","monto":250000.0,"moneda":"COP"}"#);
+        assert!(answered);
+        assert_eq!(fingerprint, frozen.fingerprint);
+    }
+
+    #[test]
+    fn a_kept_body_counts_against_the_capacity() {
+        let cache = ReplayCache::new(1 << 20, Duration::from_secs(86_400));
+        let now = Utc::now();
+        cache.keep(&row("k", KeyStatus::Completed, now), now, None);
+        let (_, without) = cache.size();
+        let big = serde_json::json!({"creditoId": "42", "descripcion": "x".repeat(10_000)});
+        kept_with(&cache, &big);
+        let (_, with) = cache.size();
+        assert!(with >= without + 10_000, "{without} then {with} bytes");
     }
 }

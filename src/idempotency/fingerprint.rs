@@ -18,6 +18,37 @@ pub fn fingerprint(method: &str, path: &str, body: &serde_json::Value) -> String
     hex::encode(hasher.finalize())
 }
 
+/// A request's body with its fingerprint, computed at most once and only when asked
+/// for: a replay answered from memory compares bodies instead (`cache::Frozen::answers`)
+/// and never canonicalizes or hashes.
+pub struct Fingerprinted<'a> {
+    method: &'static str,
+    path: &'a str,
+    body: &'a serde_json::Value,
+    hex: std::sync::OnceLock<String>,
+}
+
+impl<'a> Fingerprinted<'a> {
+    pub fn new(method: &'static str, path: &'a str, body: &'a serde_json::Value) -> Self {
+        Fingerprinted {
+            method,
+            path,
+            body,
+            hex: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub fn body(&self) -> &'a serde_json::Value {
+        self.body
+    }
+
+    /// `fingerprint(method, path, body)`.
+    pub fn fingerprint(&self) -> &str {
+        self.hex
+            .get_or_init(|| fingerprint(self.method, self.path, self.body))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

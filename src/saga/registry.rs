@@ -6,6 +6,7 @@
 
 use crate::domain::NewPayment;
 use crate::idempotency::cache::ReplayCache;
+use crate::idempotency::fingerprint::Fingerprinted;
 use crate::idempotency::{Begin, IdempotencyKey, decide};
 use crate::saga::store::{self, Registered, Registration};
 use sea_orm::{DatabaseConnection, DbErr};
@@ -13,18 +14,19 @@ use std::time::Duration;
 use uuid::Uuid;
 
 /// Looks the key up (in the replay cache, then with one query) and registers it with its
-/// payment if it is new. A frozen answer read from the database is kept in the cache.
+/// payment if it is new. A frozen answer read from the database is kept in the cache,
+/// with the request's body when it is the request the answer was frozen for.
 pub async fn begin(
     db: &DatabaseConnection,
     cache: &ReplayCache,
     merchant: Uuid,
     key: &IdempotencyKey,
-    fingerprint: &str,
+    request: &Fingerprinted<'_>,
     new_payment: &NewPayment,
     lease: Duration,
 ) -> Result<Begin, DbErr> {
     if let Some(frozen) = cache.get(merchant, key.as_str()) {
-        return Ok(if frozen.fingerprint == fingerprint {
+        return Ok(if frozen.answers(request) {
             Begin::Replay {
                 payment_id: frozen.payment_id,
                 answer: frozen.answer.clone(),
@@ -34,9 +36,11 @@ pub async fn begin(
             Begin::Mismatch
         });
     }
+    let fingerprint = request.fingerprint();
     if let Some(existing) = store::find_key(db, merchant, key.as_str()).await? {
         let now = crate::db::now();
-        cache.keep(&existing, now);
+        let same = existing.fingerprint == fingerprint;
+        cache.keep(&existing, now, same.then(|| request.body()));
         return Ok(decide(&existing, fingerprint, now));
     }
     let registration = Registration {

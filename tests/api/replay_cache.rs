@@ -11,6 +11,7 @@ on_both_databases!(
     replays_after_the_first_are_served_from_memory_byte_for_byte,
     a_replay_from_memory_reaches_no_database,
     with_no_replay_cache_every_replay_reads_the_database,
+    the_same_request_written_otherwise_is_replayed_from_memory,
 );
 
 async fn answer(
@@ -71,6 +72,42 @@ async fn replays_after_the_first_are_served_from_memory_byte_for_byte(backend: B
     assert!((ratio - 2.0 / 3.0).abs() < 1e-9, "hit ratio {ratio}");
     assert_eq!(metric(&text, "pagos_replay_cache_entries"), 1.0);
     assert!(metric(&text, "pagos_replay_cache_bytes") > 0.0);
+    assert_eq!(app.charges_seen().await.len(), 1, "one charge");
+}
+
+/// Memory keeps the body of the first replay beside its answer and recognises the same
+/// JSON value without fingerprinting it; the same request written otherwise (another key
+/// order and spacing, escaped characters) is still the same request, from memory.
+async fn the_same_request_written_otherwise_is_replayed_from_memory(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    app.with_fake(FakeGateway::charging("succeeded")).await;
+    let (_, _, first) = answer(&app, "k-forms", &payment_body()).await;
+    // Read from the database, then kept in memory with this body.
+    assert_eq!(answer(&app, "k-forms", &payment_body()).await.2, first);
+    for text in [
+        r#"{ "moneda": "COP",  "monto": 250000, "creditoId": "42" }"#,
+        r#"{"creditoId":"\u0034\u0032","monto":250000,"moneda":"\u0043OP"}"#,
+    ] {
+        let response = app
+            .post_raw(
+                crate::helpers::API_KEY,
+                "/v1/pagos",
+                &[
+                    ("Idempotency-Key", "k-forms"),
+                    ("Content-Type", "application/json"),
+                ],
+                text,
+            )
+            .await;
+        assert_eq!(response.status(), 201, "{text}");
+        assert_eq!(response.headers()["idempotent-replayed"], "true");
+        assert_eq!(response.text().await.expect("body"), first, "{text}");
+    }
+    let other = json!({"creditoId": "42", "monto": 250001, "moneda": "COP"});
+    let (status, _, problem) = answer(&app, "k-forms", &other).await;
+    assert_eq!(status, 422, "{problem}");
+    let text = scrape(&app).await;
+    assert_eq!(metric(&text, "pagos_replays_total{source=\"memory\"}"), 2.0);
     assert_eq!(app.charges_seen().await.len(), 1, "one charge");
 }
 
