@@ -135,7 +135,12 @@ fn respond(payment_id: Uuid, answer: Answer, replayed: bool) -> Response {
     let mut response = (status, answer.body).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    if let Ok(location) = HeaderValue::from_str(&format!("{PAYMENTS_PATH}/{payment_id}")) {
+    // Written without `format!`: every replay answers with it.
+    let mut location = String::with_capacity(PAYMENTS_PATH.len() + 37);
+    location.push_str(PAYMENTS_PATH);
+    location.push('/');
+    location.push_str(payment_id.hyphenated().encode_lower(&mut Uuid::encode_buffer()));
+    if let Ok(location) = HeaderValue::try_from(location) {
         headers.insert(header::LOCATION, location);
     }
     if replayed {
