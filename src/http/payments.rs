@@ -139,7 +139,11 @@ fn respond(payment_id: Uuid, answer: Answer, replayed: bool) -> Response {
     let mut location = String::with_capacity(PAYMENTS_PATH.len() + 37);
     location.push_str(PAYMENTS_PATH);
     location.push('/');
-    location.push_str(payment_id.hyphenated().encode_lower(&mut Uuid::encode_buffer()));
+    location.push_str(
+        payment_id
+            .hyphenated()
+            .encode_lower(&mut Uuid::encode_buffer()),
+    );
     if let Ok(location) = HeaderValue::try_from(location) {
         headers.insert(header::LOCATION, location);
     }
