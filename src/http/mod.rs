@@ -238,7 +238,7 @@ fn door(door: Door, state: AppState) -> Router {
         // Inside the limit, so a request cut frees its slot. The work a handler spawned
         // (a payment's saga, a reconciliation pass) is a task of its own and goes on.
         .timeout(cut_after);
-    limited
+    let router = limited
         .route_layer(limits)
         .merge(light)
         // A route layer runs after routing, so the route template is known; outside the
@@ -247,8 +247,12 @@ fn door(door: Door, state: AppState) -> Router {
             state.clone(),
             count_responses,
         ))
-        .fallback(|| async { no_such_endpoint().into_response() })
-        .layer(axum::middleware::from_fn(
+        .fallback(|| async { no_such_endpoint().into_response() });
+    // One door serves every path: no check to make on each request.
+    let router = if door == Door::Only {
+        router
+    } else {
+        router.layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| async move {
                 if door.serves(request.uri().path()) {
                     next.run(request).await
@@ -257,6 +261,8 @@ fn door(door: Door, state: AppState) -> Router {
                 }
             },
         ))
+    };
+    router
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
