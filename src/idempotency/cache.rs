@@ -37,8 +37,6 @@ pub struct Frozen {
     pub answer: FrozenAnswer,
     /// A body known to have `fingerprint`: the request that filled the entry.
     request: Option<serde_json::Value>,
-    /// Bytes this entry holds, for `PAGOS_REPLAY_CACHE_MIB`.
-    weight: u32,
     /// When this entry stops being served (a margin before the key may be purged).
     until: Instant,
 }
@@ -48,6 +46,15 @@ impl Frozen {
     /// as the body kept, or else the same fingerprint.
     pub fn answers(&self, request: &Fingerprinted<'_>) -> bool {
         self.request.as_ref() == Some(request.body()) || self.fingerprint == request.fingerprint()
+    }
+
+    /// Bytes this entry holds, for `PAGOS_REPLAY_CACHE_MIB` (weighed once, when it goes in).
+    fn weight(&self) -> usize {
+        self.fingerprint.len()
+            + self.answer.body.len()
+            + self.request.as_ref().map_or(0, heap_bytes)
+            + std::mem::size_of::<Frozen>()
+            + 64
     }
 }
 
@@ -101,9 +108,7 @@ impl ReplayCache {
             Cache::builder()
                 .max_capacity(capacity_bytes)
                 .weigher(|slot: &Slot, frozen: &Arc<Frozen>| {
-                    frozen
-                        .weight
-                        .saturating_add(u32::try_from(slot.key.len()).unwrap_or(u32::MAX))
+                    u32::try_from(slot.key.len() + frozen.weight()).unwrap_or(u32::MAX)
                 })
                 .expire_after(UntilExpiry)
                 .build()
@@ -139,12 +144,6 @@ impl ReplayCache {
         let Some(left) = self.time_left(row.created_at, now) else {
             return;
         };
-        let request = request.cloned();
-        let weight = row.fingerprint.len()
-            + body.len()
-            + request.as_ref().map_or(0, heap_bytes)
-            + std::mem::size_of::<Frozen>()
-            + 64;
         let frozen = Frozen {
             fingerprint: row.fingerprint.clone(),
             payment_id: row.payment_id,
@@ -152,8 +151,7 @@ impl ReplayCache {
                 status: u16::try_from(code).unwrap_or(500),
                 body: body.clone(),
             },
-            request,
-            weight: u32::try_from(weight).unwrap_or(u32::MAX),
+            request: request.cloned(),
             until: Instant::now() + left,
         };
         entries.insert(
