@@ -401,13 +401,18 @@ async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) 
 
 /// A pass claims `--reconcile-concurrency` payments at a time and claims again while the
 /// last ones are still being looked up: ten due payments at concurrency 3 are four
-/// claims, one pass, each payment looked up once.
+/// claims, one pass, each payment looked up once. A payment claimed ahead has more than
+/// its look-up's time left on its claim when its turn comes: it is written twice, claimed
+/// and settled, with no renewal of its claim in between.
 async fn one_pass_settles_every_due_payment_however_many_claims_it_takes(backend: Backend) {
     use pagos::entities::payment;
     use sea_orm::sea_query::Expr;
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
-    let app = crate::helpers::started(backend, &["--reconcile-concurrency", "3"]).await;
+    // A lease just over a send's worst case (14 s with the helpers' 500 ms timeout and
+    // three retries): a claim lasts exactly one payment's whole work, look-up and send.
+    let app =
+        crate::helpers::started(backend, &["--reconcile-concurrency", "3", "--lease", "15s"]).await;
     let fake = app.with_fake(FakeGateway::charging("pending")).await;
     let mut ids = Vec::new();
     for i in 0..10 {
@@ -423,13 +428,26 @@ async fn one_pass_settles_every_due_payment_however_many_claims_it_takes(backend
         .exec(&app.db)
         .await
         .expect("due now");
+    let version = async |id: &str| {
+        payment::Entity::find_by_id(id.parse::<uuid::Uuid>().expect("uuid"))
+            .one(&app.db)
+            .await
+            .expect("read")
+            .expect("stored")
+            .version
+    };
+    let mut before = Vec::new();
+    for id in &ids {
+        before.push(version(id).await);
+    }
 
     let pass = app.admin_post("/admin/reconciliaciones", &json!({})).await;
     assert_eq!(pass.status(), 200);
     report(10, "completados")(&json(pass).await);
-    for id in &ids {
+    for (id, before) in ids.iter().zip(before) {
         assert_eq!(app.payment(id).await.state, "COMPLETADA", "{id}");
         assert_eq!(fake.charges_for(id), 1, "{id}");
+        assert_eq!(version(id).await, before + 2, "{id}: claimed, then settled");
     }
     let lookups = crate::helpers::received(app.gateway(), "GET", |_| true)
         .await

@@ -5,7 +5,7 @@
 //! payment due reconciles that one: they all call this, which imports none of them.
 //!
 //! It never sends a payment it has not claimed, never works on a payment with less than
-//! one payment's work left on its claim, never resends outside the gateway's key window,
+//! its look-up's time left on its claim, never resends outside the gateway's key window,
 //! and writes every decision through the fenced store, so any number of processes can run
 //! it side by side without two of them working on one payment at once.
 
@@ -40,13 +40,17 @@ pub struct Reconciler {
     pub horizons: Horizons,
     /// Payments in hand at once (`PAGOS_RECONCILE_CONCURRENCY`).
     pub concurrency: u32,
-    /// The most one payment's work can take: a look-up, then a send with every retry
-    /// and backoff, plus a margin.
-    pub work_bound: Duration,
     /// How long a claim keeps other processes away: one payment's whole work, and never
     /// shorter than the lease.
     pub claim_for: Duration,
+    /// The most a payment's work takes before the fenced write that settles it or holds
+    /// it for a send (`work::Bounds::before_hold`).
+    pub before_hold: Duration,
 }
+
+/// Added to one look-up's timeout for the reads and writes around it when a claimed row
+/// is taken up (`work::Bounds::before_hold`).
+pub const TAKE_UP_MARGIN: Duration = Duration::from_secs(5);
 
 impl Reconciler {
     /// The same limits, for refunds (`saga::refund::reconcile`).
@@ -54,7 +58,7 @@ impl Reconciler {
         crate::saga::refund::reconcile::RefundLimits {
             horizons: self.horizons,
             concurrency: self.concurrency,
-            work_bound: self.work_bound,
+            before_hold: self.before_hold,
             claim_for: self.claim_for,
         }
     }
@@ -83,12 +87,14 @@ impl Reconciler {
             resend_margin: store::chrono_after(saga.policy.worst_case(limits.gateway_timeout)),
             give_up_after: store::chrono_after(limits.give_up_after),
         };
+        // A claim lasts one payment's whole work: a look-up, then a send with every try
+        // and backoff, plus a margin.
         let work_bound = limits.gateway_timeout + saga.send_hold;
         Reconciler {
             horizons,
             concurrency: limits.concurrency,
-            work_bound,
             claim_for: limits.lease.max(work_bound),
+            before_hold: limits.gateway_timeout + TAKE_UP_MARGIN,
             saga,
             metrics,
         }
@@ -277,7 +283,7 @@ async fn process_all(r: &Reconciler, claimed: Vec<payment::Model>) -> Report {
 async fn process(r: &Reconciler, claimed: payment::Model) -> Handled {
     let bounds = Bounds {
         horizons: r.horizons,
-        work_bound: r.work_bound,
+        before_hold: r.before_hold,
         claim_for: r.claim_for,
     };
     work::process(&r.saga, bounds, claimed).await

@@ -53,8 +53,10 @@ pub trait Reconcilable: Saga<State: Reconciled + Into<Handled>> + Rewritten {
 #[derive(Clone, Copy, Debug)]
 pub struct Bounds {
     pub horizons: Horizons,
-    /// The most one row's work can take: a look-up, then a send.
-    pub work_bound: Duration,
+    /// The most a row's work takes before its next fenced write, the one that settles,
+    /// reschedules or escalates it, or marks it sent and so holds it for the whole send:
+    /// one look-up, plus a margin for the reads and writes around it.
+    pub before_hold: Duration,
     /// How long a claim keeps other processes away.
     pub claim_for: Duration,
 }
@@ -79,16 +81,17 @@ pub async fn process<R: Reconcilable>(deps: &SagaDeps, bounds: Bounds, claimed: 
     }
 }
 
-/// A row is worked on only with a whole row's work left on its claim: one claimed ahead
-/// may have waited for a slot for as long as another row's work. Its claim is renewed (a
-/// fenced write) when less is left; if someone else took it meanwhile (its claim ran
-/// out), it is theirs: None.
+/// A row is worked on only with its work up to its next fenced write left on its claim
+/// (`Bounds::before_hold`): a send is held by the write that marks it sent, never by the
+/// claim. One claimed ahead may have waited for a slot for as long as another row's whole
+/// work; its claim is renewed (a fenced write) when less is left. If someone else took it
+/// meanwhile (its claim ran out), it is theirs: None.
 async fn take_up<R: Reconcilable>(
     deps: &SagaDeps,
     bounds: Bounds,
     claimed: R,
 ) -> Result<Option<R>, DbErr> {
-    let needed = crate::db::now() + store::chrono_after(bounds.work_bound);
+    let needed = crate::db::now() + store::chrono_after(bounds.before_hold);
     if claimed.claimed_until().is_some_and(|until| until >= needed) {
         return Ok(Some(claimed));
     }

@@ -66,8 +66,9 @@ impl Reconciled for RefundState {
 pub struct RefundLimits {
     pub horizons: Horizons,
     pub concurrency: u32,
-    /// The most one refund's work can take (a look-up, then a send).
-    pub work_bound: Duration,
+    /// The most a refund's work takes before the fenced write that settles it or holds
+    /// it for a send (`work::Bounds::before_hold`).
+    pub before_hold: Duration,
     pub claim_for: Duration,
 }
 
@@ -182,7 +183,7 @@ pub async fn reconcile_one(
 async fn process(deps: &SagaDeps, limits: &RefundLimits, claimed: refund::Model) -> Handled {
     let bounds = Bounds {
         horizons: limits.horizons,
-        work_bound: limits.work_bound,
+        before_hold: limits.before_hold,
         claim_for: limits.claim_for,
     };
     work::process(deps, bounds, claimed).await
