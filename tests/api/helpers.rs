@@ -581,6 +581,9 @@ struct FakeState {
     charge_delay: Duration,
     lookups_fail: bool,
     next: u64,
+    lookup_delay: Duration,
+    /// When each look-up arrived.
+    lookups: Vec<std::time::Instant>,
 }
 
 use std::sync::Mutex;
@@ -601,6 +604,31 @@ impl FakeGateway {
     pub fn with_delay(self, delay: Duration) -> Self {
         self.lock().charge_delay = delay;
         self
+    }
+
+    /// Every look-up is answered after `delay`.
+    pub fn with_lookup_delay(self, delay: Duration) -> Self {
+        self.lock().lookup_delay = delay;
+        self
+    }
+
+    /// The most look-ups that were in flight at once: each is in flight from its arrival
+    /// for the look-up delay.
+    pub fn most_lookups_at_once(&self) -> usize {
+        let state = self.lock();
+        let delay = state.lookup_delay;
+        state
+            .lookups
+            .iter()
+            .map(|&t| {
+                state
+                    .lookups
+                    .iter()
+                    .filter(|&&u| u <= t && t < u + delay)
+                    .count()
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     pub fn set_new_status(&self, status: &'static str) {
@@ -694,7 +722,8 @@ struct FakeLookup(FakeGateway);
 
 impl Respond for FakeLookup {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let state = self.0.lock();
+        let mut state = self.0.lock();
+        state.lookups.push(std::time::Instant::now());
         if state.lookups_fail {
             return ResponseTemplate::new(503).set_body_json(json!({"error": "unavailable"}));
         }
@@ -704,7 +733,9 @@ impl Respond for FakeLookup {
             .get(&reference)
             .cloned()
             .unwrap_or_default();
-        ResponseTemplate::new(200).set_body_json(json!({ "data": data }))
+        ResponseTemplate::new(200)
+            .set_body_json(json!({ "data": data }))
+            .set_delay(state.lookup_delay)
     }
 }
 

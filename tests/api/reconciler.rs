@@ -19,6 +19,7 @@ on_both_databases!(
     the_reaper_deletes_expired_final_keys_and_never_an_in_flight_one,
     metrics_count_idempotency_outcomes_and_gateway_calls,
     one_pass_settles_every_due_payment_however_many_claims_it_takes,
+    a_pass_never_has_more_look_ups_in_flight_than_its_concurrency,
 );
 
 /// Starts a payment that the gateway leaves pending (202, ENVIADA); returns its id.
@@ -453,4 +454,43 @@ async fn one_pass_settles_every_due_payment_however_many_claims_it_takes(backend
         .await
         .len();
     assert_eq!(lookups, 10, "each payment looked up once");
+}
+
+/// `PAGOS_RECONCILE_CONCURRENCY` bounds the look-ups a pass has in flight at the provider
+/// (contract section 1), however many payments the pass has claimed and is writing.
+async fn a_pass_never_has_more_look_ups_in_flight_than_its_concurrency(backend: Backend) {
+    use pagos::entities::payment;
+    use sea_orm::sea_query::Expr;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+
+    let app = crate::helpers::started(backend, &["--reconcile-concurrency", "2"]).await;
+    let fake = app
+        .with_fake(FakeGateway::charging("pending").with_lookup_delay(Duration::from_millis(200)))
+        .await;
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(pending_payment(&app, &format!("k-bound-{i}")).await);
+    }
+    fake.settle_all("succeeded");
+    payment::Entity::update_many()
+        .col_expr(
+            payment::Column::NextAttemptAt,
+            Expr::value(chrono::Utc::now() - chrono::TimeDelta::minutes(1)),
+        )
+        .filter(payment::Column::State.eq("ENVIADA"))
+        .exec(&app.db)
+        .await
+        .expect("due now");
+
+    let pass = app.admin_post("/admin/reconciliaciones", &json!({})).await;
+    assert_eq!(pass.status(), 200);
+    report(8, "completados")(&json(pass).await);
+    for id in &ids {
+        assert_eq!(app.payment(id).await.state, "COMPLETADA", "{id}");
+    }
+    assert_eq!(
+        fake.most_lookups_at_once(),
+        2,
+        "two look-ups at once, never more"
+    );
 }

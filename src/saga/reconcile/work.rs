@@ -14,6 +14,7 @@ use crate::saga::{self, Saga, SagaDeps};
 use chrono::{DateTime, Utc};
 use sea_orm::DbErr;
 use std::time::Duration;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use uuid::Uuid;
 
 /// What the provider holds for a row of `R`: a charge, a refund.
@@ -62,7 +63,22 @@ pub struct Bounds {
 }
 
 /// The work on one claimed row: what it came to, one bucket of a report.
-pub async fn process<R: Reconcilable>(deps: &SagaDeps, bounds: Bounds, claimed: R) -> Handled {
+///
+/// With `calls`, the row's provider calls — its look-up, and a send if the table decides
+/// one — wait for one of its permits, and the row is taken up only then: a pass holds
+/// `PAGOS_RECONCILE_CONCURRENCY` calls in flight at most, while the writes that settle
+/// rows already looked up go on beside them instead of keeping a permit.
+pub async fn process<R: Reconcilable>(
+    deps: &SagaDeps,
+    bounds: Bounds,
+    calls: Option<&Semaphore>,
+    claimed: R,
+) -> Handled {
+    let permit = match calls {
+        // Never closed: `None` would only mean no limit.
+        Some(calls) => calls.acquire().await.ok(),
+        None => None,
+    };
     let id = claimed.id();
     let claimed = match take_up(deps, bounds, claimed).await {
         Ok(Some(claimed)) => claimed,
@@ -72,7 +88,7 @@ pub async fn process<R: Reconcilable>(deps: &SagaDeps, bounds: Bounds, claimed: 
             return Handled::Error;
         }
     };
-    match decide_and_apply(deps, &bounds.horizons, claimed).await {
+    match decide_and_apply(deps, &bounds.horizons, claimed, permit).await {
         Ok(outcome) => outcome,
         Err(err) => {
             R::log_failed(id, &err);
@@ -109,6 +125,7 @@ async fn decide_and_apply<R: Reconcilable>(
     deps: &SagaDeps,
     horizons: &Horizons,
     claimed: R,
+    permit: Option<SemaphorePermit<'_>>,
 ) -> Result<Handled, R::Error> {
     let state = claimed.state();
     let lookup = if needs_lookup(state) {
@@ -124,6 +141,10 @@ async fn decide_and_apply<R: Reconcilable>(
     };
     let decision = decide(&facts, horizons);
     claimed.log_decision(&decision);
+    // Only a send calls the provider again; every other decision is a write.
+    if !matches!(decision, Decision::Send) {
+        drop(permit);
+    }
     match decision {
         Decision::Send => {
             let after = saga::send(deps, claimed, Actor::Reconciler).await?;

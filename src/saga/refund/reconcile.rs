@@ -186,7 +186,7 @@ async fn process(deps: &SagaDeps, limits: &RefundLimits, claimed: refund::Model)
         before_hold: limits.before_hold,
         claim_for: limits.claim_for,
     };
-    work::process(deps, bounds, claimed).await
+    work::process(deps, bounds, None, claimed).await
 }
 
 fn lookup_of(r: &refund::Model) -> RefundLookup {
