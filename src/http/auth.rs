@@ -74,9 +74,13 @@ impl Authenticator {
         db: &DatabaseConnection,
         hash: String,
     ) -> Result<Credential, ApiError> {
+        if let Some(known) = self.keys.get(&hash).await {
+            return Ok(known);
+        }
+        // Boxed: the database's future is large, and inline it would make every
+        // request's future larger, cached key or not.
         let lookup = store::lookup(db, &hash);
-        self.keys
-            .try_get_with(hash.clone(), lookup)
+        Box::pin(self.keys.try_get_with(hash.clone(), lookup))
             .await
             .map_err(|err| ApiError::Internal(anyhow::anyhow!("looking up an API key: {err}")))
     }

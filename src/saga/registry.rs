@@ -13,6 +13,26 @@ use sea_orm::{DatabaseConnection, DbErr};
 use std::time::Duration;
 use uuid::Uuid;
 
+/// What the replay cache alone says of the key: the frozen answer to replay, or a
+/// mismatch; None when the cache does not hold it (then `begin` asks the database).
+pub fn remembered(
+    cache: &ReplayCache,
+    merchant: Uuid,
+    key: &IdempotencyKey,
+    request: &Fingerprinted<'_>,
+) -> Option<Begin> {
+    let frozen = cache.get(merchant, key.as_str())?;
+    Some(if frozen.answers(request) {
+        Begin::Replay {
+            payment_id: frozen.payment_id,
+            answer: frozen.answer.clone(),
+            from_memory: true,
+        }
+    } else {
+        Begin::Mismatch
+    })
+}
+
 /// Looks the key up (in the replay cache, then with one query) and registers it with its
 /// payment if it is new. A frozen answer read from the database is kept in the cache,
 /// with the request's body when it is the request the answer was frozen for.
@@ -25,16 +45,8 @@ pub async fn begin(
     new_payment: &NewPayment,
     lease: Duration,
 ) -> Result<Begin, DbErr> {
-    if let Some(frozen) = cache.get(merchant, key.as_str()) {
-        return Ok(if frozen.answers(request) {
-            Begin::Replay {
-                payment_id: frozen.payment_id,
-                answer: frozen.answer.clone(),
-                from_memory: true,
-            }
-        } else {
-            Begin::Mismatch
-        });
+    if let Some(begun) = remembered(cache, merchant, key, request) {
+        return Ok(begun);
     }
     let fingerprint = request.fingerprint();
     if let Some(existing) = store::find_key(db, merchant, key.as_str()).await? {
