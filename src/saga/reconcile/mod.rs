@@ -39,7 +39,8 @@ pub struct Reconciler {
     pub saga: SagaDeps,
     pub metrics: Arc<Metrics>,
     pub horizons: Horizons,
-    /// Payments in hand at once (`PAGOS_RECONCILE_CONCURRENCY`).
+    /// Provider calls in flight at once in a pass, and the claim batch
+    /// (`PAGOS_RECONCILE_CONCURRENCY`).
     pub concurrency: u32,
     /// How long a claim keeps other processes away: one payment's whole work, and never
     /// shorter than the lease.
