@@ -400,24 +400,16 @@ async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) 
     );
 }
 
-/// A pass claims `--reconcile-concurrency` payments at a time and claims again while the
-/// last ones are still being looked up: ten due payments at concurrency 3 are four
-/// claims, one pass, each payment looked up once. A payment claimed ahead has more than
-/// its look-up's time left on its claim when its turn comes: it is written twice, claimed
-/// and settled, with no renewal of its claim in between.
-async fn one_pass_settles_every_due_payment_however_many_claims_it_takes(backend: Backend) {
+/// `n` payments the gateway left pending and has charged since, all due now: the backlog
+/// an outage leaves for a pass. Their ids.
+async fn charged_and_due(app: &TestApp, fake: &FakeGateway, prefix: &str, n: usize) -> Vec<String> {
     use pagos::entities::payment;
     use sea_orm::sea_query::Expr;
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
-    // A lease just over a send's worst case (14 s with the helpers' 500 ms timeout and
-    // three retries): a claim lasts exactly one payment's whole work, look-up and send.
-    let app =
-        crate::helpers::started(backend, &["--reconcile-concurrency", "3", "--lease", "15s"]).await;
-    let fake = app.with_fake(FakeGateway::charging("pending")).await;
     let mut ids = Vec::new();
-    for i in 0..10 {
-        ids.push(pending_payment(&app, &format!("k-many-{i}")).await);
+    for i in 0..n {
+        ids.push(pending_payment(app, &format!("{prefix}-{i}")).await);
     }
     fake.settle_all("succeeded");
     payment::Entity::update_many()
@@ -429,6 +421,24 @@ async fn one_pass_settles_every_due_payment_however_many_claims_it_takes(backend
         .exec(&app.db)
         .await
         .expect("due now");
+    ids
+}
+
+/// A pass claims `--reconcile-concurrency` payments at a time and claims again while the
+/// last ones are still being looked up: ten due payments at concurrency 3 are four
+/// claims, one pass, each payment looked up once. A payment claimed ahead has more than
+/// its look-up's time left on its claim when its turn comes: it is written twice, claimed
+/// and settled, with no renewal of its claim in between.
+async fn one_pass_settles_every_due_payment_however_many_claims_it_takes(backend: Backend) {
+    use pagos::entities::payment;
+    use sea_orm::EntityTrait;
+
+    // A lease just over a send's worst case (14 s with the helpers' 500 ms timeout and
+    // three retries): a claim lasts exactly one payment's whole work, look-up and send.
+    let app =
+        crate::helpers::started(backend, &["--reconcile-concurrency", "3", "--lease", "15s"]).await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
+    let ids = charged_and_due(&app, &fake, "k-many", 10).await;
     let version = async |id: &str| {
         payment::Entity::find_by_id(id.parse::<uuid::Uuid>().expect("uuid"))
             .one(&app.db)
@@ -459,28 +469,11 @@ async fn one_pass_settles_every_due_payment_however_many_claims_it_takes(backend
 /// `PAGOS_RECONCILE_CONCURRENCY` bounds the look-ups a pass has in flight at the provider
 /// (contract section 1), however many payments the pass has claimed and is writing.
 async fn a_pass_never_has_more_look_ups_in_flight_than_its_concurrency(backend: Backend) {
-    use pagos::entities::payment;
-    use sea_orm::sea_query::Expr;
-    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
-
     let app = crate::helpers::started(backend, &["--reconcile-concurrency", "2"]).await;
     let fake = app
         .with_fake(FakeGateway::charging("pending").with_lookup_delay(Duration::from_millis(200)))
         .await;
-    let mut ids = Vec::new();
-    for i in 0..8 {
-        ids.push(pending_payment(&app, &format!("k-bound-{i}")).await);
-    }
-    fake.settle_all("succeeded");
-    payment::Entity::update_many()
-        .col_expr(
-            payment::Column::NextAttemptAt,
-            Expr::value(chrono::Utc::now() - chrono::TimeDelta::minutes(1)),
-        )
-        .filter(payment::Column::State.eq("ENVIADA"))
-        .exec(&app.db)
-        .await
-        .expect("due now");
+    let ids = charged_and_due(&app, &fake, "k-bound", 8).await;
 
     let pass = app.admin_post("/admin/reconciliaciones", &json!({})).await;
     assert_eq!(pass.status(), 200);
