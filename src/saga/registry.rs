@@ -33,9 +33,10 @@ pub fn remembered(
     })
 }
 
-/// Looks the key up (in the replay cache, then with one query) and registers it with its
-/// payment if it is new. A frozen answer read from the database is kept in the cache,
-/// with the request's body when it is the request the answer was frozen for.
+/// Looks the key up in the database (one query), for a key `remembered` did not find in
+/// the replay cache, and registers it with its payment if it is new. A frozen answer read
+/// from the database is kept in the cache, with the request's body when it is the request
+/// the answer was frozen for.
 pub async fn begin(
     db: &DatabaseConnection,
     cache: &ReplayCache,
@@ -45,9 +46,6 @@ pub async fn begin(
     new_payment: &NewPayment,
     lease: Duration,
 ) -> Result<Begin, DbErr> {
-    if let Some(begun) = remembered(cache, merchant, key, request) {
-        return Ok(begun);
-    }
     let fingerprint = request.fingerprint();
     if let Some(existing) = store::find_key(db, merchant, key.as_str()).await? {
         let now = crate::db::now();

@@ -56,7 +56,10 @@ pub struct Bounds {
     pub horizons: Horizons,
     /// The most a row's work takes before its next fenced write, the one that settles,
     /// reschedules or escalates it, or marks it sent and so holds it for the whole send:
-    /// one look-up, plus a margin for the reads and writes around it.
+    /// one look-up, plus a margin for the reads and writes around it. (A Stripe refund's
+    /// look-up may read several pages, each within the timeout: a claim that runs out in
+    /// the middle costs at most a second look-up by another worker, whose claim moves the
+    /// version, so the fenced writes still let only one of them send or settle.)
     pub before_hold: Duration,
     /// How long a claim keeps other processes away.
     pub claim_for: Duration,
