@@ -44,7 +44,9 @@ async fn charges(State(provider): State<Arc<Provider>>, Query(q): Query<Referenc
     }]}))
 }
 
-/// Serves on a free port of 127.0.0.1 until the process ends.
+/// Serves on a free port of 127.0.0.1 until the process ends, on a runtime of its own: the
+/// bench's own runtime waits for the `pagos` processes, and a provider sharing its worker
+/// threads would answer later than one on another machine would.
 pub async fn start(latency: Duration) -> anyhow::Result<(SocketAddr, Arc<Lookups>)> {
     let lookups = Arc::new(Lookups::default());
     let provider = Arc::new(Provider {
@@ -54,10 +56,20 @@ pub async fn start(latency: Duration) -> anyhow::Result<(SocketAddr, Arc<Lookups
     let router = Router::new()
         .route("/v1/charges", get(charges))
         .with_state(provider);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("provider")
+        .enable_all()
+        .build()?;
+    std::thread::spawn(move || {
+        runtime.block_on(async move {
+            if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
+                let _ = axum::serve(listener, router).await;
+            }
+        })
     });
     Ok((addr, lookups))
 }

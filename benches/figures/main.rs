@@ -644,7 +644,8 @@ async fn reconciler(
     }
     let mut reports = Vec::new();
     for child in children {
-        let out = child.wait_with_output()?;
+        // Waited for off the runtime's worker threads.
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
         if !out.status.success() {
             bail!(
                 "pagos reconcile failed: {}",
