@@ -21,13 +21,13 @@ use crate::saga::{self, SagaDeps};
 use chrono::{DateTime, TimeDelta, Utc};
 use decide::{Decision, Handled, Horizons};
 use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::ops::AddAssign;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 use uuid::Uuid;
 use work::{Bounds, Reconcilable};
 
@@ -198,17 +198,22 @@ impl Handled {
 /// `benches/run.sh`). A payment gives its permit back once its look-up is answered, so
 /// the write that settles it does not keep the next one from being asked about (it kept
 /// a permit for about as long as the look-up itself under load: 2.35 × the ideal time).
+/// Each payment's work is a task of its own, so the runtime's worker threads share the
+/// pass: polled all by the pass's one task, a look-up's answer waited for that task to
+/// finish polling the others (1.26 × the ideal time, 1.18 × as tasks). A payment whose task
+/// panics is counted in `errores` and stays claimed until its claim runs out.
 pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
     let started: DateTime<Utc> = crate::db::now();
     let concurrency = r.concurrency as usize;
     let batch = u64::from(r.concurrency);
-    let calls = Semaphore::new(concurrency);
+    let calls = Arc::new(Semaphore::new(concurrency));
+    let shared = Arc::new(r.clone());
     // Payments in the work at once: those calling the provider or waiting to, and those
     // being written after their call.
     let working = 2 * concurrency;
     let mut report = Report::default();
     let mut in_hand: VecDeque<payment::Model> = VecDeque::new();
-    let mut in_flight = FuturesUnordered::new();
+    let mut in_flight = JoinSet::new();
     let mut claiming = None;
     let mut more = true;
     let mut claim_failed = None;
@@ -216,7 +221,8 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
         while in_flight.len() < working
             && let Some(p) = in_hand.pop_front()
         {
-            in_flight.push(process(r, Some(&calls), p));
+            let (r, calls) = (shared.clone(), calls.clone());
+            in_flight.spawn(async move { process(&r, Some(&calls), p).await });
         }
         if in_hand.is_empty() && more && claiming.is_none() {
             claiming = Some(Box::pin(store::claim_due::<payment::Entity>(
@@ -227,7 +233,11 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
             )));
         }
         tokio::select! {
-            Some(outcome) = in_flight.next(), if !in_flight.is_empty() => {
+            Some(outcome) = in_flight.join_next(), if !in_flight.is_empty() => {
+                let outcome = outcome.unwrap_or_else(|err| {
+                    tracing::error!(error = %err, "reconciling a payment panicked; it will be retried when its claim runs out");
+                    Handled::Error
+                });
                 r.metrics.decision(outcome.metric());
                 report += outcome.report();
             }
