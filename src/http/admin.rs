@@ -18,6 +18,7 @@ use axum::extract::{Path, Query, State};
 use chrono::SecondsFormat;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::{Deserialize, Serialize};
+use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -278,9 +279,12 @@ async fn run_reconciliation(
         let (deps, limits) = (state.saga_deps(), state.reconciler.refund_limits());
         let reembolsos = state
             .tasks
-            .spawn(async move {
-                crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await
-            })
+            .spawn(
+                async move {
+                    crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await
+                }
+                .in_current_span(),
+            )
             .await
             .map_err(|e| ApiError::Internal(e.into()))??;
         return Ok(Json(Report {
@@ -488,12 +492,15 @@ pub async fn reconcile_now(
     let reconciler = state.reconciler.clone();
     let report = state
         .tasks
-        .spawn(async move {
-            match pago_id {
-                Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
-                None => reconcile::run_pass(&reconciler).await,
+        .spawn(
+            async move {
+                match pago_id {
+                    Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
+                    None => reconcile::run_pass(&reconciler).await,
+                }
             }
-        })
+            .in_current_span(),
+        )
         .await
         .map_err(|e| ApiError::Internal(e.into()))??;
     Ok(report)

@@ -21,6 +21,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde_json::Value;
+use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -238,7 +239,7 @@ async fn create_payment(
             // must still run to its end.
             let settled = state
                 .tasks
-                .spawn(async move { saga::send(&deps, *p, Actor::Request).await })
+                .spawn(async move { saga::send(&deps, *p, Actor::Request).await }.in_current_span())
                 .await
                 .map_err(|e| ApiError::Internal(e.into()))?
                 .map_err(|e| ApiError::Internal(e.into()))?;
@@ -280,9 +281,13 @@ async fn create_payment(
                 tracing::info!(%payment_id, %key_hash, "client retry found the payment due; reconciling it now");
                 state
                     .tasks
-                    .spawn(async move {
-                        saga::reconcile::reconcile_one(&reconciler, payment_id, When::IfDue).await
-                    })
+                    .spawn(
+                        async move {
+                            saga::reconcile::reconcile_one(&reconciler, payment_id, When::IfDue)
+                                .await
+                        }
+                        .in_current_span(),
+                    )
                     .await
                     .map_err(|e| ApiError::Internal(e.into()))??;
                 current = find().await?;

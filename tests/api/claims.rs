@@ -240,3 +240,77 @@ async fn a_payment_claimed_ahead_is_never_sent_by_two_processes_at_once() {
     assert_eq!(recording.lock().charges.len(), 2, "one charge per payment");
     drop((first, second));
 }
+
+/// A payment's send and on-call's pass now (`POST /admin/reconciliaciones`) run in tasks
+/// of their own (a caller that hangs up must not cut them), and a pass runs each payment's
+/// work in a task of its own. Their log lines still carry the request that started them
+/// (with the requests' spans logged), so on-call can tell the decisions of their pass from
+/// those of the periodic one, and a payment's gateway answer from another's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_saga_and_an_on_demand_pass_log_under_the_request() {
+    let backend = Backend::Sqlite;
+    let (database, db) = TestDatabase::with_acme(&backend).await;
+    let gateway = MockServer::start().await;
+    let fake = crate::helpers::FakeGateway::charging("succeeded");
+    fake.mount(&gateway).await;
+    let uri = gateway.uri();
+    let args = [
+        "--database-url",
+        &database.url,
+        "--gateway",
+        "http",
+        "--gateway-url",
+        &uri,
+        "--admin-token",
+        crate::helpers::ADMIN_TOKEN,
+        // The periodic pass runs once at start, then not again during the test.
+        "--reconcile-every",
+        "1h",
+    ];
+    // The request's span (tower-http's, at DEBUG) is logged.
+    let serve = Serve::start(&args, &[("RUST_LOG", "info,tower_http=debug")]).await;
+    let paid = reqwest::Client::new()
+        .post(format!("{}/v1/pagos", serve.url))
+        .bearer_auth(crate::helpers::API_KEY)
+        .header("Idempotency-Key", "span-1")
+        .json(&json!({"creditoId": "42", "monto": 250000, "moneda": "COP"}))
+        .send()
+        .await
+        .expect("pagos answers");
+    assert_eq!(paid.status(), 201);
+    let paid: Value = paid.json().await.expect("a payment");
+    let paid_id = paid["id"].as_str().expect("an id").to_owned();
+    let ids = due_never_sent(&db, 3).await;
+    let report: Value = reqwest::Client::new()
+        .post(format!("{}/admin/reconciliaciones", serve.url))
+        .bearer_auth(crate::helpers::ADMIN_TOKEN)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("admin answers")
+        .json()
+        .await
+        .expect("a report");
+    assert_eq!(report["examinados"], 3, "{report}");
+    assert_eq!(report["completados"], 3, "{report}");
+    let logs = serve.logs();
+    for id in ids {
+        let decision = logs
+            .lines()
+            .find(|line| line.contains("reconciler decision") && line.contains(&id.to_string()))
+            .unwrap_or_else(|| panic!("no decision logged for {id}:\n{logs}"));
+        assert!(
+            decision.contains("uri=/admin/reconciliaciones"),
+            "the decision's line names the request that ran the pass: {decision}\n{logs}"
+        );
+    }
+    let answered = logs
+        .lines()
+        .find(|line| line.contains("gateway answered") && line.contains(&paid_id))
+        .unwrap_or_else(|| panic!("no gateway answer logged for {paid_id}:\n{logs}"));
+    assert!(
+        answered.contains("uri=/v1/pagos"),
+        "the send's line names the request that made the payment: {answered}\n{logs}"
+    );
+    drop(serve);
+}

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tracing::Instrument;
 use uuid::Uuid;
 use work::{Bounds, Reconcilable};
 
@@ -222,7 +223,8 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
             && let Some(p) = in_hand.pop_front()
         {
             let (r, calls) = (shared.clone(), calls.clone());
-            in_flight.spawn(async move { process(&r, Some(&calls), p).await });
+            // In the caller's span (an on-demand pass's request), as when polled here.
+            in_flight.spawn(async move { process(&r, Some(&calls), p).await }.in_current_span());
         }
         if in_hand.is_empty() && more && claiming.is_none() {
             claiming = Some(Box::pin(store::claim_due::<payment::Entity>(
