@@ -121,6 +121,21 @@ async fn due_never_sent(db: &DatabaseConnection, n: usize) -> Vec<uuid::Uuid> {
     ids
 }
 
+/// The flags of a `pagos serve` on `database` charging the reference protocol at
+/// `gateway`, then `more`.
+fn serving<'a>(database: &'a str, gateway: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--database-url",
+        database,
+        "--gateway",
+        "http",
+        "--gateway-url",
+        gateway,
+    ];
+    args.extend_from_slice(more);
+    args
+}
+
 async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
     for _ in 0..600 {
         if done().await {
@@ -163,26 +178,24 @@ async fn a_payment_claimed_ahead_is_never_sent_by_two_processes_at_once() {
         .mount(&gateway)
         .await;
     let uri = gateway.uri();
-    let args = [
-        "--database-url",
+    let args = serving(
         &database.url,
-        "--gateway",
-        "http",
-        "--gateway-url",
         &uri,
-        "--gateway-timeout",
-        "3s",
-        "--gateway-retries",
-        "0",
-        "--lease",
-        "4s",
-        "--stale-after",
-        "1s",
-        "--reconcile-every",
-        "200ms",
-        "--reconcile-concurrency",
-        "1",
-    ];
+        &[
+            "--gateway-timeout",
+            "3s",
+            "--gateway-retries",
+            "0",
+            "--lease",
+            "4s",
+            "--stale-after",
+            "1s",
+            "--reconcile-every",
+            "200ms",
+            "--reconcile-concurrency",
+            "1",
+        ],
+    );
 
     let first = Serve::start(&args, &[]).await;
     wait_for("the first payment's send", async || {
@@ -254,19 +267,17 @@ async fn a_requests_saga_and_an_on_demand_pass_log_under_the_request() {
     let fake = crate::helpers::FakeGateway::charging("succeeded");
     fake.mount(&gateway).await;
     let uri = gateway.uri();
-    let args = [
-        "--database-url",
+    let args = serving(
         &database.url,
-        "--gateway",
-        "http",
-        "--gateway-url",
         &uri,
-        "--admin-token",
-        crate::helpers::ADMIN_TOKEN,
-        // The periodic pass runs once at start, then not again during the test.
-        "--reconcile-every",
-        "1h",
-    ];
+        &[
+            "--admin-token",
+            crate::helpers::ADMIN_TOKEN,
+            // The periodic pass runs once at start, then not again during the test.
+            "--reconcile-every",
+            "1h",
+        ],
+    );
     // The request's span (tower-http's, at DEBUG) is logged.
     let serve = Serve::start(&args, &[("RUST_LOG", "info,tower_http=debug")]).await;
     let paid = reqwest::Client::new()
