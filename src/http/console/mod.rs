@@ -1107,7 +1107,7 @@ async fn reconcile_payment(
     };
     match admin::reconcile_now(&state, &console.admin(), Some(uuid)).await {
         Ok(report) => {
-            let done = if report.omitidos > 0 {
+            let done = if report.pagos.omitidos > 0 {
                 "omitido"
             } else {
                 "reconciliado"

@@ -32,6 +32,48 @@ pub enum Handled {
     Skipped,
 }
 
+/// What a pass did with the payments (or refunds) it examined: each examined one is
+/// counted in exactly one of the other fields (contract section 3).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Tally {
+    pub examinados: u64,
+    /// Settled COMPLETADA (COMPLETADO) in this pass, by the provider's answer or by a send.
+    pub completados: u64,
+    /// Settled FALLIDA (FALLIDO) in this pass.
+    pub fallidos: u64,
+    /// Sent (or sent again, same key) and the answer is not final yet.
+    pub reenviados: u64,
+    /// Provider pending, or could not be asked: looked at again later.
+    pub pendientes: u64,
+    /// Moved to REVISION_MANUAL: on-call decides.
+    pub revision_manual: u64,
+    /// Could not be processed (database errors); retried on a later pass.
+    pub errores: u64,
+    /// Moved by someone else meanwhile, or not the reconciler's to touch.
+    pub omitidos: u64,
+}
+
+impl Tally {
+    pub fn is_empty(&self) -> bool {
+        self.examinados == 0
+    }
+
+    /// Counts one examined payment or refund in its bucket.
+    pub fn add(&mut self, handled: Handled) {
+        self.examinados += 1;
+        *match handled {
+            Handled::Completed => &mut self.completados,
+            Handled::Failed => &mut self.fallidos,
+            Handled::Resent => &mut self.reenviados,
+            Handled::Rescheduled => &mut self.pendientes,
+            Handled::ManualReview => &mut self.revision_manual,
+            Handled::Error => &mut self.errores,
+            Handled::Skipped => &mut self.omitidos,
+        } += 1;
+    }
+}
+
 /// The horizons the decisions depend on.
 #[derive(Clone, Copy, Debug)]
 pub struct Horizons {

@@ -19,11 +19,10 @@ use crate::saga::state::{Event, PaymentState};
 use crate::saga::store::{self, Changes, When};
 use crate::saga::{self, SagaDeps};
 use chrono::{DateTime, TimeDelta, Utc};
-use decide::{Decision, Handled, Horizons};
+use decide::{Decision, Handled, Horizons, Tally};
 use futures::StreamExt;
 use serde::Serialize;
 use std::collections::VecDeque;
-use std::ops::AddAssign;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -104,44 +103,16 @@ impl Reconciler {
     }
 }
 
-/// The report of one pass (contract section 3). Each examined payment is counted in
-/// exactly one of the other fields.
+/// The report of one pass (contract section 3): what it did with payments, and beside
+/// them what it did with refunds.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
 pub struct Report {
-    pub examinados: u64,
-    /// Settled COMPLETADA in this pass (by the provider's answer or by a send).
-    pub completados: u64,
-    /// Settled FALLIDA in this pass.
-    pub fallidos: u64,
-    /// Sent (or sent again, same key) and the answer is not final yet.
-    pub reenviados: u64,
-    /// Provider pending, or could not be asked: looked at again later.
-    pub pendientes: u64,
-    /// Moved to REVISION_MANUAL: on-call decides.
-    pub revision_manual: u64,
-    /// Could not be processed (database errors); retried on a later pass.
-    pub errores: u64,
-    /// Moved by someone else meanwhile, or not the reconciler's to touch.
-    pub omitidos: u64,
+    #[serde(flatten)]
+    pub pagos: Tally,
     /// What the pass did with refunds (contract section 6), counted the same way; left
     /// out when it touched none.
-    #[serde(skip_serializing_if = "crate::saga::refund::reconcile::RefundReport::is_empty")]
-    pub reembolsos: crate::saga::refund::reconcile::RefundReport,
-}
-
-impl AddAssign for Report {
-    fn add_assign(&mut self, other: Report) {
-        self.examinados += other.examinados;
-        self.completados += other.completados;
-        self.fallidos += other.fallidos;
-        self.reenviados += other.reenviados;
-        self.pendientes += other.pendientes;
-        self.revision_manual += other.revision_manual;
-        self.errores += other.errores;
-        self.omitidos += other.omitidos;
-        self.reembolsos.merge(&other.reembolsos);
-    }
+    #[serde(skip_serializing_if = "Tally::is_empty")]
+    pub reembolsos: Tally,
 }
 
 impl From<PaymentState> for Handled {
@@ -156,7 +127,7 @@ impl From<PaymentState> for Handled {
     }
 }
 
-/// A payment's `Handled`: one bucket of the `Report`, one metric label.
+/// A payment's `Handled`: one metric label (and one bucket of the report's `Tally`).
 impl Handled {
     fn metric(self) -> &'static str {
         match self {
@@ -168,23 +139,6 @@ impl Handled {
             Handled::Error => "error",
             Handled::Skipped => "skipped",
         }
-    }
-
-    fn report(self) -> Report {
-        let mut r = Report {
-            examinados: 1,
-            ..Report::default()
-        };
-        match self {
-            Handled::Completed => r.completados = 1,
-            Handled::Failed => r.fallidos = 1,
-            Handled::Resent => r.reenviados = 1,
-            Handled::Rescheduled => r.pendientes = 1,
-            Handled::ManualReview => r.revision_manual = 1,
-            Handled::Error => r.errores = 1,
-            Handled::Skipped => r.omitidos = 1,
-        }
-        r
     }
 }
 
@@ -241,7 +195,7 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
                     Handled::Error
                 });
                 r.metrics.decision(outcome.metric());
-                report += outcome.report();
+                report.pagos.add(outcome);
             }
             claimed = async { claiming.as_mut().expect("guarded").await }, if claiming.is_some() => {
                 claiming = None;
@@ -261,7 +215,7 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
         }
     }
     if let Some(err) = claim_failed {
-        if report.examinados > 0 {
+        if !report.pagos.is_empty() {
             tracing::info!(?report, "reconciliation pass cut short");
         }
         return Err(err);
@@ -270,7 +224,7 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
     report.reembolsos =
         crate::saga::refund::reconcile::run_pass(&r.saga, &r.refund_limits()).await?;
     r.metrics.reconciler_passes.inc();
-    if report.examinados > 0 {
+    if !report.pagos.is_empty() {
         tracing::info!(?report, "reconciliation pass done");
     }
     Ok(report)
@@ -282,7 +236,11 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
 pub async fn reconcile_one(r: &Reconciler, id: Uuid, when: When) -> Result<Report, sea_orm::DbErr> {
     match store::claim_one::<payment::Entity>(&r.saga.db, id, when, r.claim_for).await? {
         Some(claimed) => Ok(process_all(r, vec![claimed]).await),
-        None => Ok(Handled::Skipped.report()),
+        None => {
+            let mut report = Report::default();
+            report.pagos.add(Handled::Skipped);
+            Ok(report)
+        }
     }
 }
 
@@ -296,7 +254,7 @@ async fn process_all(r: &Reconciler, claimed: Vec<payment::Model>) -> Report {
     let mut report = Report::default();
     for outcome in outcomes {
         r.metrics.decision(outcome.metric());
-        report += outcome.report();
+        report.pagos.add(outcome);
     }
     report
 }

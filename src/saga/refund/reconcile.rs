@@ -10,7 +10,9 @@
 use crate::entities::refund;
 use crate::gateway::{GatewayError, Refund, RefundLookup, RefundStatus};
 use crate::saga::SagaDeps;
-use crate::saga::reconcile::decide::{self, Handled, Held, Horizons, Reconciled, Stage, Words};
+use crate::saga::reconcile::decide::{
+    self, Handled, Held, Horizons, Reconciled, Stage, Tally, Words,
+};
 use crate::saga::reconcile::work::{self, Bounds, Reconcilable};
 use crate::saga::refund as steps;
 use crate::saga::refund::state::{Event, RefundState};
@@ -18,7 +20,6 @@ use crate::saga::refund::store::{Changes, StoreError};
 use crate::saga::store::When;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use serde::Serialize;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -72,50 +73,6 @@ pub struct RefundLimits {
     pub claim_for: Duration,
 }
 
-/// What a pass did with refunds (the `reembolsos` of a reconciliation report).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RefundReport {
-    pub examinados: u64,
-    pub completados: u64,
-    pub fallidos: u64,
-    pub reenviados: u64,
-    pub pendientes: u64,
-    pub revision_manual: u64,
-    pub errores: u64,
-    pub omitidos: u64,
-}
-
-impl RefundReport {
-    pub fn is_empty(&self) -> bool {
-        self == &RefundReport::default()
-    }
-
-    fn add(&mut self, handled: Handled) {
-        self.examinados += 1;
-        match handled {
-            Handled::Completed => self.completados += 1,
-            Handled::Failed => self.fallidos += 1,
-            Handled::Resent => self.reenviados += 1,
-            Handled::Rescheduled => self.pendientes += 1,
-            Handled::ManualReview => self.revision_manual += 1,
-            Handled::Error => self.errores += 1,
-            Handled::Skipped => self.omitidos += 1,
-        }
-    }
-
-    pub fn merge(&mut self, other: &RefundReport) {
-        self.examinados += other.examinados;
-        self.completados += other.completados;
-        self.fallidos += other.fallidos;
-        self.reenviados += other.reenviados;
-        self.pendientes += other.pendientes;
-        self.revision_manual += other.revision_manual;
-        self.errores += other.errores;
-        self.omitidos += other.omitidos;
-    }
-}
-
 impl From<RefundState> for Handled {
     /// What a refund's state after the work says was done.
     fn from(state: RefundState) -> Handled {
@@ -129,12 +86,9 @@ impl From<RefundState> for Handled {
 }
 
 /// One pass over every refund due when it started.
-pub async fn run_pass(
-    deps: &SagaDeps,
-    limits: &RefundLimits,
-) -> Result<RefundReport, sea_orm::DbErr> {
+pub async fn run_pass(deps: &SagaDeps, limits: &RefundLimits) -> Result<Tally, sea_orm::DbErr> {
     let started = crate::db::now();
-    let mut report = RefundReport::default();
+    let mut report = Tally::default();
     loop {
         let claimed = crate::saga::store::claim_due::<refund::Entity>(
             &deps.db,
@@ -155,7 +109,7 @@ pub async fn run_pass(
             report.add(handled);
         }
     }
-    if report.examinados > 0 {
+    if !report.is_empty() {
         tracing::info!(?report, "refund reconciliation pass done");
     }
     Ok(report)
@@ -168,8 +122,8 @@ pub async fn reconcile_one(
     limits: &RefundLimits,
     id: Uuid,
     if_due: bool,
-) -> Result<RefundReport, sea_orm::DbErr> {
-    let mut report = RefundReport::default();
+) -> Result<Tally, sea_orm::DbErr> {
+    let mut report = Tally::default();
     let when = if if_due { When::IfDue } else { When::Now };
     match crate::saga::store::claim_one::<refund::Entity>(&deps.db, id, when, limits.claim_for)
         .await?
