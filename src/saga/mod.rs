@@ -121,7 +121,7 @@ pub fn charge_request(p: &payment::Model) -> ChargeRequest {
 /// A saga's row (a payment, a refund) as its steps send it (`send`). What is a payment's
 /// or a refund's own is said here; its log lines stay in its own module.
 pub trait Saga: SagaRow {
-    type Error: std::fmt::Display + From<sea_orm::DbErr>;
+    type Error: std::fmt::Display + From<sea_orm::DbErr> + Send;
     /// What a send reads before it marks the row sent.
     type Prepared: Send;
     /// What the gateway said to a send.

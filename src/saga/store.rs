@@ -390,7 +390,7 @@ scheduled!(payment::Model, crate::entities::refund::Model);
 /// either is worked out once (`moved`) and written once (`Plan::write`,
 /// `Plan::write_now`); what is a payment's or a refund's own is said here.
 pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
-    type State: Copy + PartialEq;
+    type State: Copy + PartialEq + Send + Sync;
     type Event: Copy + PartialEq;
     type Illegal;
     /// A row of its audit trail.

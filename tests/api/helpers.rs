@@ -588,6 +588,21 @@ struct FakeState {
 
 use std::sync::Mutex;
 
+/// The most requests in flight at once, each in flight from its arrival (`arrivals`) for
+/// `answered_after`.
+pub fn most_at_once(arrivals: &[std::time::Instant], answered_after: Duration) -> usize {
+    arrivals
+        .iter()
+        .map(|&t| {
+            arrivals
+                .iter()
+                .filter(|&&u| u <= t && t < u + answered_after)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 impl FakeGateway {
     /// New charges get `status` (succeeded, declined or pending).
     pub fn charging(status: &'static str) -> Self {
@@ -616,19 +631,7 @@ impl FakeGateway {
     /// for the look-up delay.
     pub fn most_lookups_at_once(&self) -> usize {
         let state = self.lock();
-        let delay = state.lookup_delay;
-        state
-            .lookups
-            .iter()
-            .map(|&t| {
-                state
-                    .lookups
-                    .iter()
-                    .filter(|&&u| u <= t && t < u + delay)
-                    .count()
-            })
-            .max()
-            .unwrap_or(0)
+        most_at_once(&state.lookups, state.lookup_delay)
     }
 
     pub fn set_new_status(&self, status: &'static str) {

@@ -24,6 +24,7 @@ on_both_databases!(
     a_refused_refund_is_422_fallido_and_leaves_the_amount_to_refund_again,
     refunds_that_settle_tell_the_merchant_with_an_event_of_the_refund,
     a_refund_that_times_out_is_202_and_the_reconciler_settles_it,
+    a_pass_settles_a_refund_backlog_with_no_more_look_ups_in_flight_than_its_concurrency,
     on_call_refunds_with_a_reason_recorded_in_the_audit_trail,
 );
 
@@ -41,6 +42,9 @@ struct RefundsState {
     status: Option<&'static str>,
     delay: Duration,
     next: u64,
+    lookup_delay: Duration,
+    /// When each look-up arrived.
+    lookups: Vec<std::time::Instant>,
 }
 
 impl FakeRefunds {
@@ -56,6 +60,20 @@ impl FakeRefunds {
     /// Every answer comes after `delay` (the refund is made at once).
     pub fn delay(&self, delay: Duration) {
         self.lock().delay = delay;
+    }
+
+    /// Every look-up from now on is answered after `delay` (and counted by
+    /// `most_lookups_at_once`: those before are forgotten).
+    pub fn lookup_delay(&self, delay: Duration) {
+        let mut state = self.lock();
+        state.lookup_delay = delay;
+        state.lookups.clear();
+    }
+
+    /// The most look-ups that were in flight at once.
+    pub fn most_lookups_at_once(&self) -> usize {
+        let state = self.lock();
+        crate::helpers::most_at_once(&state.lookups, state.lookup_delay)
     }
 
     /// The refunds the gateway made.
@@ -106,9 +124,12 @@ struct LookRefunds(FakeRefunds);
 impl Respond for LookRefunds {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let reference = query_param(request, "reference");
-        let state = self.0.lock();
+        let mut state = self.0.lock();
+        state.lookups.push(std::time::Instant::now());
         let data = crate::helpers::matching(&state.made, "reference", &reference);
-        ResponseTemplate::new(200).set_body_json(json!({ "data": data }))
+        ResponseTemplate::new(200)
+            .set_body_json(json!({ "data": data }))
+            .set_delay(state.lookup_delay)
     }
 }
 
@@ -445,6 +466,67 @@ async fn a_refund_that_times_out_is_202_and_the_reconciler_settles_it(backend: B
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(pago["montoReembolsado"], 70000);
+}
+
+/// Refunds left in between are reconciled as payments are: `PAGOS_RECONCILE_CONCURRENCY`
+/// bounds the refund look-ups a pass has in flight (contract section 1), however many
+/// refunds it has claimed, and one pass settles them all, each looked up once.
+async fn a_pass_settles_a_refund_backlog_with_no_more_look_ups_in_flight_than_its_concurrency(
+    backend: Backend,
+) {
+    let (app, fake) = app_with(
+        backend,
+        &["--stale-after", "1s", "--reconcile-concurrency", "2"],
+    )
+    .await;
+    let mut payments = Vec::new();
+    for i in 0..7 {
+        payments.push(paid(&app, &format!("pay-{i}")).await);
+    }
+    // Made at once, answered after the client gave up: each refund is left ENVIADO.
+    fake.delay(Duration::from_secs(2));
+    let answers = futures::future::join_all(payments.iter().enumerate().map(|(i, payment)| {
+        let app = &app;
+        async move { refund(app, payment, &format!("ref-{i}"), &json!({"monto": 1000})).await }
+    }))
+    .await;
+    let mut refunds = Vec::new();
+    for answer in answers {
+        assert_eq!(answer.status(), 202);
+        refunds.push(json(answer).await["id"].as_str().expect("id").to_owned());
+    }
+    fake.delay(Duration::ZERO);
+    fake.lookup_delay(Duration::from_millis(200));
+    let looked_up_before = looked_up(&app).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let report = json(app.admin_post("/admin/reconciliaciones", &json!({})).await).await;
+    assert_eq!(report["reembolsos"]["examinados"], 7, "{report}");
+    assert_eq!(report["reembolsos"]["completados"], 7, "{report}");
+    for id in &refunds {
+        let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+        assert_eq!(read["estado"], "COMPLETADO", "{id}");
+    }
+    assert_eq!(fake.made().len(), 7, "settled by look-up, none sent again");
+    assert_eq!(
+        fake.most_lookups_at_once(),
+        2,
+        "two refund look-ups at once, never more"
+    );
+    assert_eq!(
+        looked_up(&app).await - looked_up_before,
+        7,
+        "each refund looked up once"
+    );
+}
+
+/// The refund look-ups the gateway has received.
+async fn looked_up(app: &TestApp) -> usize {
+    let requests = app.gateway_requests_to("/v1/refunds").await;
+    requests
+        .iter()
+        .filter(|r| r.method.as_str() == "GET")
+        .count()
 }
 
 async fn on_call_refunds_with_a_reason_recorded_in_the_audit_trail(backend: Backend) {

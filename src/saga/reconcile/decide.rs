@@ -134,7 +134,7 @@ impl Held for Charge {
 /// The state of what the table decides on: a payment's, or a refund's.
 pub trait Reconciled: Copy {
     /// What the provider holds for one.
-    type Held: Held;
+    type Held: Held + Send + Sync;
     /// How the table's reasons name it.
     const WORDS: Words;
     fn stage(self) -> Stage;

@@ -20,14 +20,9 @@ use crate::saga::store::{self, Changes, When};
 use crate::saga::{self, SagaDeps};
 use chrono::{DateTime, TimeDelta, Utc};
 use decide::{Decision, Handled, Horizons, Tally};
-use futures::StreamExt;
 use serde::Serialize;
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
-use tracing::Instrument;
 use uuid::Uuid;
 use work::{Bounds, Reconcilable};
 
@@ -56,6 +51,15 @@ pub const TAKE_UP_MARGIN: Duration = Duration::from_secs(5);
 
 impl Reconciler {
     /// The same limits, for refunds (`saga::refund::reconcile`).
+    /// What the work on one claimed payment is bounded by.
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            horizons: self.horizons,
+            before_hold: self.before_hold,
+            claim_for: self.claim_for,
+        }
+    }
+
     pub fn refund_limits(&self) -> crate::saga::refund::reconcile::RefundLimits {
         crate::saga::refund::reconcile::RefundLimits {
             horizons: self.horizons,
@@ -142,79 +146,17 @@ impl Handled {
     }
 }
 
-/// One pass over every payment due now. Payments rescheduled during the pass are left
-/// for the next one, so a pass always ends.
-///
-/// The look-ups are a pipeline, not a series of batches: `reconcile_concurrency` provider
-/// calls are in flight at any moment (a permit each), and the next batch is claimed as
-/// soon as the last of the one before has been taken into the work, while its look-ups
-/// are still in flight. Waiting for a whole batch to finish before claiming the next left
-/// the permits idle behind the slowest look-up of each batch (1.77 × the ideal time in
-/// `benches/run.sh`). A payment gives its permit back once its look-up is answered, so
-/// the write that settles it does not keep the next one from being asked about (it kept
-/// a permit for about as long as the look-up itself under load: 2.35 × the ideal time).
-/// Each payment's work is a task of its own, so the runtime's worker threads share the
-/// pass: polled all by the pass's one task, a look-up's answer waited for that task to
-/// finish polling the others (1.26 × the ideal time, 1.18 × as tasks). A payment whose task
-/// panics is counted in `errores` and stays claimed until its claim runs out.
+/// One pass over every payment due when it started, then over the refunds due
+/// (`work::pass`: a pipeline of `reconcile_concurrency` look-ups, each payment a task of
+/// its own).
 pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
-    let started: DateTime<Utc> = crate::db::now();
-    let concurrency = r.concurrency as usize;
-    let batch = u64::from(r.concurrency);
-    let calls = Arc::new(Semaphore::new(concurrency));
-    let shared = Arc::new(r.clone());
-    // Payments in the work at once: those calling the provider or waiting to, and those
-    // being written after their call.
-    let working = 2 * concurrency;
     let mut report = Report::default();
-    let mut in_hand: VecDeque<payment::Model> = VecDeque::new();
-    let mut in_flight = JoinSet::new();
-    let mut claiming = None;
-    let mut more = true;
-    let mut claim_failed = None;
-    loop {
-        while in_flight.len() < working
-            && let Some(p) = in_hand.pop_front()
-        {
-            let (r, calls) = (shared.clone(), calls.clone());
-            // In the caller's span (an on-demand pass's request), as when polled here.
-            in_flight.spawn(async move { process(&r, Some(&calls), p).await }.in_current_span());
-        }
-        if in_hand.is_empty() && more && claiming.is_none() {
-            claiming = Some(Box::pin(store::claim_due::<payment::Entity>(
-                &r.saga.db,
-                started,
-                batch,
-                r.claim_for,
-            )));
-        }
-        tokio::select! {
-            Some(outcome) = in_flight.join_next(), if !in_flight.is_empty() => {
-                let outcome = outcome.unwrap_or_else(|err| {
-                    tracing::error!(error = %err, "reconciling a payment panicked; it will be retried when its claim runs out");
-                    Handled::Error
-                });
-                r.metrics.decision(outcome.metric());
-                report.pagos.add(outcome);
-            }
-            claimed = async { claiming.as_mut().expect("guarded").await }, if claiming.is_some() => {
-                claiming = None;
-                match claimed {
-                    Ok(claimed) if claimed.is_empty() => more = false,
-                    Ok(claimed) => in_hand.extend(claimed),
-                    // A claim that fails ends the claiming; the payments in hand are
-                    // still finished before the error is reported (they are claimed:
-                    // dropping them would only delay them until their claim runs out).
-                    Err(err) => {
-                        more = false;
-                        claim_failed = Some(err);
-                    }
-                }
-            }
-            else => break,
-        }
-    }
-    if let Some(err) = claim_failed {
+    let payments = work::pass::<payment::Entity>(&r.saga, r.bounds(), r.concurrency, |outcome| {
+        r.metrics.decision(outcome.metric());
+        report.pagos.add(outcome);
+    })
+    .await;
+    if let Err(err) = payments {
         if !report.pagos.is_empty() {
             tracing::info!(?report, "reconciliation pass cut short");
         }
@@ -234,38 +176,18 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
 /// client retry), unless someone holds it: a request still sending it, a pass, another
 /// "reconcile now". Then it is skipped (`omitidos`), never worked on twice at once.
 pub async fn reconcile_one(r: &Reconciler, id: Uuid, when: When) -> Result<Report, sea_orm::DbErr> {
-    match store::claim_one::<payment::Entity>(&r.saga.db, id, when, r.claim_for).await? {
-        Some(claimed) => Ok(process_all(r, vec![claimed]).await),
-        None => {
-            let mut report = Report::default();
-            report.pagos.add(Handled::Skipped);
-            Ok(report)
-        }
-    }
-}
-
-async fn process_all(r: &Reconciler, claimed: Vec<payment::Model>) -> Report {
-    let concurrency = r.concurrency as usize;
-    let outcomes: Vec<Handled> = futures::stream::iter(claimed)
-        .map(|p| process(r, None, p))
-        .buffer_unordered(concurrency)
-        .collect()
-        .await;
+    let outcome =
+        match store::claim_one::<payment::Entity>(&r.saga.db, id, when, r.claim_for).await? {
+            Some(claimed) => {
+                let outcome = work::process(&r.saga, r.bounds(), None, claimed).await;
+                r.metrics.decision(outcome.metric());
+                outcome
+            }
+            None => Handled::Skipped,
+        };
     let mut report = Report::default();
-    for outcome in outcomes {
-        r.metrics.decision(outcome.metric());
-        report.pagos.add(outcome);
-    }
-    report
-}
-
-async fn process(r: &Reconciler, calls: Option<&Semaphore>, claimed: payment::Model) -> Handled {
-    let bounds = Bounds {
-        horizons: r.horizons,
-        before_hold: r.before_hold,
-        claim_for: r.claim_for,
-    };
-    work::process(&r.saga, bounds, calls, claimed).await
+    report.pagos.add(outcome);
+    Ok(report)
 }
 
 /// A payment as the reconciler works on it (`work`), in this module's log lines.
@@ -306,6 +228,10 @@ impl Reconcilable for payment::Model {
 
     fn log_failed(id: Uuid, err: &store::StoreError) {
         tracing::error!(payment_id = %id, error = %err, "reconciling a payment failed; it will be retried");
+    }
+
+    fn log_panicked(err: &tokio::task::JoinError) {
+        tracing::error!(error = %err, "reconciling a payment panicked; it will be retried when its claim runs out");
     }
 }
 

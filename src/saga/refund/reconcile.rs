@@ -19,7 +19,6 @@ use crate::saga::refund::state::{Event, RefundState};
 use crate::saga::refund::store::{Changes, StoreError};
 use crate::saga::store::When;
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -85,34 +84,18 @@ impl From<RefundState> for Handled {
     }
 }
 
-/// One pass over every refund due when it started.
+/// One pass over every refund due when it started, as payments are passed over
+/// (`work::pass`: a pipeline of `concurrency` look-ups, each refund a task of its own).
 pub async fn run_pass(deps: &SagaDeps, limits: &RefundLimits) -> Result<Tally, sea_orm::DbErr> {
-    let started = crate::db::now();
     let mut report = Tally::default();
-    loop {
-        let claimed = crate::saga::store::claim_due::<refund::Entity>(
-            &deps.db,
-            started,
-            u64::from(limits.concurrency),
-            limits.claim_for,
-        )
-        .await?;
-        if claimed.is_empty() {
-            break;
-        }
-        let outcomes: Vec<Handled> = futures::stream::iter(claimed)
-            .map(|r| process(deps, limits, r))
-            .buffer_unordered(limits.concurrency.max(1) as usize)
-            .collect()
-            .await;
-        for handled in outcomes {
-            report.add(handled);
-        }
-    }
+    let done = work::pass::<refund::Entity>(deps, limits.bounds(), limits.concurrency, |handled| {
+        report.add(handled)
+    })
+    .await;
     if !report.is_empty() {
         tracing::info!(?report, "refund reconciliation pass done");
     }
-    Ok(report)
+    done.map(|()| report)
 }
 
 /// One refund now (`if_due` false: on-call) or only if due (a client retry), unless
@@ -128,19 +111,21 @@ pub async fn reconcile_one(
     match crate::saga::store::claim_one::<refund::Entity>(&deps.db, id, when, limits.claim_for)
         .await?
     {
-        Some(claimed) => report.add(process(deps, limits, claimed).await),
+        Some(claimed) => report.add(work::process(deps, limits.bounds(), None, claimed).await),
         None => report.add(Handled::Skipped),
     }
     Ok(report)
 }
 
-async fn process(deps: &SagaDeps, limits: &RefundLimits, claimed: refund::Model) -> Handled {
-    let bounds = Bounds {
-        horizons: limits.horizons,
-        before_hold: limits.before_hold,
-        claim_for: limits.claim_for,
-    };
-    work::process(deps, bounds, None, claimed).await
+impl RefundLimits {
+    /// What the work on one claimed refund is bounded by.
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            horizons: self.horizons,
+            before_hold: self.before_hold,
+            claim_for: self.claim_for,
+        }
+    }
 }
 
 fn lookup_of(r: &refund::Model) -> RefundLookup {
@@ -187,6 +172,10 @@ impl Reconcilable for refund::Model {
 
     fn log_failed(id: Uuid, err: &StoreError) {
         tracing::error!(refund_id = %id, error = %err, "reconciling a refund failed; it will be retried");
+    }
+
+    fn log_panicked(err: &tokio::task::JoinError) {
+        tracing::error!(error = %err, "reconciling a refund panicked; it will be retried when its claim runs out");
     }
 }
 
