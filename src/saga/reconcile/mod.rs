@@ -50,7 +50,6 @@ pub struct Reconciler {
 pub const TAKE_UP_MARGIN: Duration = Duration::from_secs(5);
 
 impl Reconciler {
-    /// The same limits, for refunds (`saga::refund::reconcile`).
     /// What the work on one claimed payment is bounded by.
     fn bounds(&self) -> Bounds {
         Bounds {
@@ -60,6 +59,7 @@ impl Reconciler {
         }
     }
 
+    /// The same limits, for refunds (`saga::refund::reconcile`).
     pub fn refund_limits(&self) -> crate::saga::refund::reconcile::RefundLimits {
         crate::saga::refund::reconcile::RefundLimits {
             horizons: self.horizons,
