@@ -237,6 +237,17 @@ async fn merchant_of(
 #[allow(dead_code)]
 pub struct AdminTokenRefused(Problem);
 
+/// The 401 of a merchant's endpoint, as its OpenAPI operation documents it (documentation
+/// only: the `Merchant` extractor answers it).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 401,
+    description = "Missing, unknown, expired or revoked API key",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct ApiKeyRefused(Problem);
+
 /// An on-call request: the break-glass admin token (`PAGOS_ADMIN_TOKEN`, recorded as
 /// `admin`) or an operator's token (`op_…`, recorded by the operator's name).
 #[derive(Clone, Debug)]

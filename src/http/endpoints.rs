@@ -8,7 +8,7 @@
 //! `PAGOS_WEBHOOKS_ALLOW_PRIVATE`), is a 422 and nothing is written.
 
 use super::AppState;
-use super::auth::Merchant;
+use super::auth::{ApiKeyRefused, Merchant};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::delivery::guard::{self, SystemResolver};
 use crate::delivery::signing::Secret;
@@ -156,7 +156,7 @@ fn parse_id(id: &str) -> Result<Uuid, ApiError> {
         (status = 201, description = "Registered, `ACTIVO`; `secreto` is shown only here", body = WebhookEndpoint,
          headers(("Location" = String))),
         (status = 400, description = "Body is not JSON of this shape", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
         (status = 415, description = "Content type is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A bad URL (not https, resolving to a non-public address) or an unknown event type; nothing stored", body = Problem, content_type = "application/problem+json"),
     )
@@ -237,7 +237,7 @@ async fn create_endpoint(
     security(("api_key" = [])),
     responses(
         (status = 200, description = "Every endpoint of the merchant, oldest first", body = ListaEndpoints),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
     )
 )]
 async fn list_endpoints(
@@ -259,7 +259,7 @@ async fn list_endpoints(
     params(("id" = Uuid, Path, description = "The endpoint id")),
     responses(
         (status = 204, description = "Removed"),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
         (status = 404, description = "No such endpoint for this merchant", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -286,7 +286,7 @@ async fn delete_endpoint(
     params(("id" = Uuid, Path, description = "The endpoint id")),
     responses(
         (status = 200, description = "The endpoint with its new `secreto` and until when the old one signs too", body = WebhookEndpoint),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
         (status = 404, description = "No such endpoint for this merchant", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -316,7 +316,7 @@ async fn rotate_secret(
     responses(
         (status = 200, description = "The endpoint, `ACTIVO`", body = WebhookEndpoint),
         (status = 400, description = "Body is not JSON of this shape", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
         (status = 404, description = "No such endpoint for this merchant", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`reenviarDesde` is not an RFC 3339 time", body = Problem, content_type = "application/problem+json"),
     )

@@ -3,7 +3,7 @@
 //! its deliveries and every attempt. What a merchant reads to find what it missed.
 
 use super::AppState;
-use super::auth::Merchant;
+use super::auth::{ApiKeyRefused, Merchant};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::domain::FieldError;
 use crate::outbox::events as store;
@@ -118,7 +118,7 @@ pub fn is_event_id(text: &str) -> bool {
     ),
     responses(
         (status = 200, description = "A page of events", body = ListaEventos),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
         (status = 422, description = "A bad parameter", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -183,7 +183,7 @@ async fn list_events(
     params(("id" = String, Path, description = "The event id (`evt_…`, the `webhook-id`)")),
     responses(
         (status = 200, description = "The event with its deliveries and attempts", body = DetalleEvento),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
         (status = 404, description = "No such event for this merchant", body = Problem, content_type = "application/problem+json"),
     )
 )]

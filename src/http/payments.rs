@@ -4,8 +4,8 @@
 //! The saga runs in its own task: a client that hangs up never cancels a payment halfway.
 
 use super::AppState;
-use super::auth::Merchant;
-use super::problem::{ApiError, Problem, ProblemType};
+use super::auth::{ApiKeyRefused, Merchant};
+use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
 use crate::domain::{FieldError, NewPayment};
 use crate::entities::payment;
 use crate::idempotency::{self, Begin, IdempotencyKey, KeyError};
@@ -171,11 +171,11 @@ fn respond(payment_id: Uuid, answer: Answer, replayed: bool) -> Response {
         (status = 202, description = "Outcome not known yet (ENVIADA); the reconciler settles it", body = Pago,
          headers(("Location" = String))),
         (status = 400, description = "Idempotency-Key missing or malformed, or body not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
         (status = 402, description = "Declined (FALLIDA); the payment is under `pago`", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The first request with this key is still in progress", body = Problem, content_type = "application/problem+json",
          headers(("Retry-After" = u64))),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        BodyTooLarge,
         (status = 415, description = "Content type is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Validation failed (`validation-failed`) or the key was used with another body (`idempotency-key-reused`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Temporarily unavailable; retry with the same key", body = Problem, content_type = "application/problem+json"),
@@ -333,7 +333,7 @@ async fn create_payment(
     params(("id" = Uuid, Path, description = "The payment id")),
     responses(
         (status = 200, description = "The payment", body = Pago),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
         (status = 404, description = "No such payment for this merchant", body = Problem, content_type = "application/problem+json"),
     )
 )]

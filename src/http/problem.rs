@@ -32,6 +32,17 @@ impl ProblemResponse for Problem {
     }
 }
 
+/// The 413 of an endpoint that reads a body, as its OpenAPI operation documents it
+/// (documentation only: `DefaultBodyLimit` answers it; every such endpoint takes 64 KiB).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 413,
+    description = "Body over 64 KiB",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct BodyTooLarge(Problem);
+
 /// A handler's error: a problem to show, or a failure to log and hide.
 #[derive(Debug)]
 pub enum ApiError {

@@ -8,9 +8,9 @@
 //! that hangs up never cancels a refund halfway.
 
 use super::AppState;
-use super::auth::{Admin, AdminTokenRefused, Merchant};
+use super::auth::{Admin, AdminTokenRefused, ApiKeyRefused, Merchant};
 use super::payments::{Body, MAX_BODY, body, idempotency_key, problem, validation_failed};
-use super::problem::{ApiError, Problem, ProblemType};
+use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
 use crate::entities::idempotency_key as keys;
 use crate::entities::refund::{self, KeyScope};
 use crate::idempotency::{self, Begin, IdempotencyKey};
@@ -254,10 +254,10 @@ async fn answer_current(
         (status = 202, description = "Outcome not known yet or pending at the gateway (ENVIADO); the reconciler settles it", body = Reembolso,
          headers(("Location" = String))),
         (status = 400, description = "Idempotency-Key missing or malformed, or body not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
         (status = 404, description = "No such payment for this merchant", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The payment is not COMPLETADA (`payment-not-refundable`), or the first request with this key is still in progress (`request-in-flight`, with Retry-After)", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        BodyTooLarge,
         (status = 415, description = "Content type is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The gateway refused the refund (`refund-refused`, FALLIDO under `reembolso`), `monto` over what is left (`refund-exceeds-remaining`, with `restante`), validation failed, or the key was used with another body", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Temporarily unavailable; retry with the same key", body = Problem, content_type = "application/problem+json"),
@@ -294,7 +294,7 @@ async fn create_refund(
     params(("id" = Uuid, Path, description = "The refund id")),
     responses(
         (status = 200, description = "The refund", body = Reembolso),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
         (status = 404, description = "No such refund for this merchant", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -319,7 +319,7 @@ async fn get_refund(
     params(("id" = Uuid, Path, description = "The payment id")),
     responses(
         (status = 200, description = "The payment's refunds, oldest first", body = ListaReembolsos),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
         (status = 404, description = "No such payment for this merchant", body = Problem, content_type = "application/problem+json"),
     )
 )]

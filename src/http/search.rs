@@ -2,7 +2,7 @@
 //! newest first, a page at a time (`siguiente` is the next page's `cursor`).
 
 use super::AppState;
-use super::auth::Merchant;
+use super::auth::{ApiKeyRefused, Merchant};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::domain::FieldError;
 use crate::entities::payment;
@@ -128,7 +128,7 @@ fn parse(query: &str) -> Result<Search, ApiError> {
     ),
     responses(
         (status = 200, description = "A page of payments, newest first", body = ListaPagos),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        ApiKeyRefused,
         (status = 422, description = "A bad parameter", body = Problem, content_type = "application/problem+json"),
     )
 )]

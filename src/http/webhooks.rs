@@ -10,7 +10,7 @@
 
 use super::AppState;
 use super::auth::Admin;
-use super::problem::{ApiError, Problem, ProblemType};
+use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
 use crate::config::exposed;
 use crate::domain::FieldError;
 use crate::entities::webhook_charge;
@@ -111,7 +111,7 @@ fn raw(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
         (status = 200, description = "Accepted: applied, or already applied, stale, orphan or ignored. Stop delivering it.", body = Acuse),
         (status = 400, description = "Signed, but not a gateway event; nothing was recorded", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Signature missing, malformed, wrong or outside the 5-minute tolerance, or webhooks disabled (PAGOS_WEBHOOK_SECRET unset); nothing was recorded", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        BodyTooLarge,
         (status = 503, description = "Could not be applied now; nothing was recorded. Deliver it again.", body = Problem, content_type = "application/problem+json",
          headers(("Retry-After" = u64))),
     )
@@ -333,7 +333,7 @@ fn signature_detail(err: SignatureError) -> String {
         (status = 200, description = "Accepted: applied, or already applied, stale, orphan or ignored. Stop delivering it.", body = Acuse),
         (status = 400, description = "Signed, but not a Stripe event pagos can read; nothing was recorded", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Signature missing, malformed, wrong or outside the 5-minute tolerance, or PAGOS_STRIPE_WEBHOOK_SECRET unset; nothing was recorded", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        BodyTooLarge,
         (status = 503, description = "Could not be applied now; nothing was recorded. Deliver it again.", body = Problem, content_type = "application/problem+json",
          headers(("Retry-After" = u64))),
     )
@@ -411,7 +411,7 @@ async fn receive_stripe_event(
         (status = 200, description = "Accepted: applied, or already applied, stale, orphan or ignored. Stop delivering it.", body = Acuse),
         (status = 400, description = "Signed, but not a payment notification pagos can read; nothing was recorded", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Signature missing, malformed, wrong or outside the 5-minute tolerance, or PAGOS_MERCADOPAGO_WEBHOOK_SECRET unset; nothing was recorded and Mercado Pago was not asked", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        BodyTooLarge,
         (status = 503, description = "Mercado Pago could not be asked, or the database failed; nothing was recorded. Deliver it again.", body = Problem, content_type = "application/problem+json",
          headers(("Retry-After" = u64))),
     )
