@@ -20,6 +20,7 @@ on_both_databases!(
     metrics_count_idempotency_outcomes_and_gateway_calls,
     one_pass_settles_every_due_payment_however_many_claims_it_takes,
     a_pass_never_has_more_look_ups_in_flight_than_its_concurrency,
+    a_claim_that_fails_ends_the_pass_only_after_the_payments_in_hand_are_settled,
 );
 
 /// Starts a payment that the gateway leaves pending (202, ENVIADA); returns its id.
@@ -486,4 +487,115 @@ async fn a_pass_never_has_more_look_ups_in_flight_than_its_concurrency(backend: 
         2,
         "two look-ups at once, never more"
     );
+}
+
+/// A claim that fails (the database refuses it) ends the pass, but not before the
+/// payments already claimed are settled: dropped, they would stay claimed and unsettled
+/// until their claims ran out. On-call is told the pass failed (503); the payments never
+/// claimed are left for the next pass, which settles them, each looked up once in all.
+async fn a_claim_that_fails_ends_the_pass_only_after_the_payments_in_hand_are_settled(
+    backend: Backend,
+) {
+    use pagos::entities::payment;
+    use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+
+    // Concurrency 2: claims of 2, up to 4 payments in the work and 2 more in hand, all
+    // claimed before the first look-up (200 ms) is answered; then 2 more every 100 ms.
+    let app = crate::helpers::started(backend, &["--reconcile-concurrency", "2"]).await;
+    let fake = app
+        .with_fake(FakeGateway::charging("pending").with_lookup_delay(Duration::from_millis(200)))
+        .await;
+    let ids = charged_and_due(&app, &fake, "k-cut", 20).await;
+
+    let pass = tokio::spawn({
+        let (url, client) = (app.url("/admin/reconciliaciones"), reqwest::Client::new());
+        async move {
+            client
+                .post(url)
+                .bearer_auth(ADMIN_TOKEN)
+                .json(&json!({}))
+                .send()
+                .await
+                .expect("sent")
+        }
+    });
+    // Claimed, or (on a very slow machine) already settled.
+    let claimed = || {
+        payment::Entity::find()
+            .filter(
+                sea_orm::Condition::any()
+                    .add(payment::Column::ClaimedUntil.is_not_null())
+                    .add(payment::Column::State.ne("ENVIADA")),
+            )
+            .all(&app.db)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while claimed().await.expect("read").len() < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pass claims payments"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // From now on, a write that claims a payment (sets a new `claimed_until`) fails;
+    // settling writes do not set one.
+    let refuse = match app.db.get_database_backend() {
+        sea_orm::DbBackend::Sqlite => vec![
+            "CREATE TRIGGER refuse_claims BEFORE UPDATE ON payments FOR EACH ROW \
+             WHEN NEW.claimed_until IS NOT NULL AND NEW.claimed_until IS NOT OLD.claimed_until \
+             BEGIN SELECT RAISE(ABORT, 'claims refused'); END",
+        ],
+        _ => vec![
+            "CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'claims refused'; END $$",
+            "CREATE TRIGGER refuse_claims BEFORE UPDATE ON payments FOR EACH ROW \
+             WHEN (NEW.claimed_until IS NOT NULL AND NEW.claimed_until IS DISTINCT FROM OLD.claimed_until) \
+             EXECUTE FUNCTION refuse_claims()",
+        ],
+    };
+    for sql in refuse {
+        app.db.execute_unprepared(sql).await.expect("trigger");
+    }
+    let in_hand: Vec<String> = claimed()
+        .await
+        .expect("read")
+        .iter()
+        .map(|p| p.id.to_string())
+        .collect();
+    assert!(in_hand.len() >= 4 && in_hand.len() < 20, "{in_hand:?}");
+
+    let answer = pass.await.expect("joined");
+    assert_eq!(answer.status(), 503, "on-call is told the pass failed");
+    let lookups_of = async |id: &str| {
+        crate::helpers::received(app.gateway(), "GET", |_| true)
+            .await
+            .iter()
+            .filter(|r| crate::helpers::query_param(r, "reference") == id)
+            .count()
+    };
+    for id in &ids {
+        let p = app.payment(id).await;
+        if in_hand.contains(id) {
+            assert_eq!(p.state, "COMPLETADA", "{id}: claimed before the failure");
+            assert_eq!(lookups_of(id).await, 1, "{id}");
+        } else {
+            assert_eq!(p.state, "ENVIADA", "{id}: never claimed");
+            assert_eq!(lookups_of(id).await, 0, "{id}");
+        }
+    }
+
+    let allow = match app.db.get_database_backend() {
+        sea_orm::DbBackend::Sqlite => "DROP TRIGGER refuse_claims",
+        _ => "DROP TRIGGER refuse_claims ON payments",
+    };
+    app.db.execute_unprepared(allow).await.expect("dropped");
+    let again = app.admin_post("/admin/reconciliaciones", &json!({})).await;
+    assert_eq!(again.status(), 200);
+    let left = 20 - in_hand.len() as u64;
+    report(left, "completados")(&json(again).await);
+    for id in &ids {
+        assert_eq!(app.payment(id).await.state, "COMPLETADA", "{id}");
+        assert_eq!(lookups_of(id).await, 1, "{id}: looked up once in all");
+        assert_eq!(fake.charges_for(id), 1, "{id}");
+    }
 }
