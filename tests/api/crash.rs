@@ -19,6 +19,7 @@ on_both_databases!(
     a_server_killed_while_the_gateway_holds_the_answer_settles_with_one_charge,
     a_client_retry_after_a_crash_settles_the_payment_at_once,
     a_reconciler_killed_mid_pass_leaves_every_payment_to_the_next_with_one_charge_each,
+    a_payment_whose_work_panics_stays_claimed_untouched_and_a_later_pass_settles_it,
 );
 
 /// The lease of `World::crash_args`.
@@ -351,5 +352,49 @@ async fn a_reconciler_killed_mid_pass_leaves_every_payment_to_the_next_with_one_
             "one charge for {} (the first process had charged {charged_by_the_first})",
             p.id
         );
+    }
+}
+
+/// A bug that panics in a payment's work (here right after its look-up) ends that
+/// payment's task, not the pass nor the process: the pass counts it in `errores` and
+/// writes nothing for it, and the payment stays claimed, so a pass started meanwhile
+/// leaves it alone. Once the claim runs out, the next pass settles it from the provider,
+/// with the one charge the gateway holds.
+async fn a_payment_whose_work_panics_stays_claimed_untouched_and_a_later_pass_settles_it(
+    backend: Backend,
+) {
+    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
+    world.due_enviada(4, |_| true).await;
+    let args = world.crash_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    let panicked =
+        crate::process::reconcile_once_with(&args, &[("PAGOS_PANIC_AT", "reconcile_after_lookup")])
+            .await;
+    assert_eq!(panicked["examinados"], 4, "{panicked}");
+    assert_eq!(panicked["errores"], 4, "{panicked}");
+    let rows = payment::Entity::find().all(&world.db).await.expect("query");
+    for p in &rows {
+        assert_eq!(p.state, "ENVIADA", "nothing written for {}", p.id);
+    }
+    let held_until = rows
+        .iter()
+        .map(|p| p.claimed_until.expect("still claimed"))
+        .max()
+        .expect("rows");
+
+    let meanwhile = world.reconcile().await;
+    assert_eq!(
+        meanwhile["examinados"], 0,
+        "claimed payments are left alone: {meanwhile}"
+    );
+
+    let left = (held_until - pagos::db::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(left + Duration::from_millis(200)).await;
+    let settled = world.reconcile().await;
+    assert_eq!(settled["completados"], 4, "{settled}");
+    for p in payment::Entity::find().all(&world.db).await.expect("query") {
+        assert_eq!(p.state, "COMPLETADA");
+        assert_eq!(world.fake.charges_for(&p.id.to_string()), 1, "{}", p.id);
     }
 }

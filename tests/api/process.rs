@@ -193,10 +193,16 @@ impl Serve {
 
 /// `pagos reconcile --once` with `args`; its JSON report.
 pub async fn reconcile_once(args: &[&str]) -> Value {
+    reconcile_once_with(args, &[]).await
+}
+
+/// `pagos reconcile --once` with `args` and `env`; its report.
+pub async fn reconcile_once_with(args: &[&str], env: &[(&str, &str)]) -> Value {
     let output = Command::new(BIN)
         .args(["reconcile", "--once"])
         .args(args)
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .output()
         .await
         .expect("pagos reconcile runs");

@@ -227,6 +227,7 @@ async fn decide_and_apply<R: Reconcilable>(
     } else {
         None
     };
+    crate::failpoint::hit("reconcile_after_lookup");
     let facts = Facts {
         state,
         created_at: claimed.created_at(),
