@@ -275,8 +275,13 @@ async fn a_503_forever_is_given_up_within_the_total_time_and_the_intent_stays_in
     match &err {
         PayError::GaveUp { attempts, last, .. } => {
             assert_eq!(*attempts as usize, sent);
-            assert!(last.starts_with("503"), "{last}");
-            assert!(last.contains("deadline"), "{last}");
+            // The last try's 503, or, when the deadline came while it was in flight (a
+            // busy machine), that try cut short by it.
+            assert!(
+                last.starts_with("503") || last.starts_with("no answer in time"),
+                "{last}"
+            );
+            assert!(last.ends_with("(deadline reached)"), "{last}");
         }
         other => panic!("not GaveUp: {other:?}"),
     }
