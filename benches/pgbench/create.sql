@@ -1,25 +1,29 @@
 -- pgbench: the SQL that pagos issues for one created payment on PostgreSQL, statement for
 -- statement and commit for commit (captured from PostgreSQL's statement log of `pagos
--- serve`, log_statement = 'all'; src/saga/store.rs writes it): the key lookup, then tx1
--- (register the key and the payment), tx2 (mark sent, with its audit row) and tx3
--- (settle, audit, freeze the answer, write the `pago.completado` event and queue it for
--- the fan-out), each one statement with data-modifying WITH clauses, committed on its
--- own. Values pagos binds as parameters are parameters or constants here. The payment id
+-- serve`, log_statement = 'all'; src/saga/store.rs writes it): tx1 (register the key and
+-- the payment, answering with the key's row had it been taken), tx2 (mark sent, with its
+-- audit row) and tx3 (settle, audit, freeze the answer, write the `pago.completado` event
+-- and queue it for the fan-out), each one statement with data-modifying WITH clauses,
+-- committed on its own. Values pagos binds as parameters are parameters or constants here. The payment id
 -- is a hash, as pagos derives it from the merchant, the key and its generation (so it
 -- lands anywhere in the primary key); the audit and event ids grow like pagos' UUIDv7
 -- ids do. Run with -M prepared (sqlx prepares every statement) and -D merchant=<uuid>
 -- -D run=<n> -D i=0.
 \set i :i + 1
-SELECT "idempotency_keys"."merchant_id", "idempotency_keys"."key", "idempotency_keys"."fingerprint", "idempotency_keys"."payment_id", "idempotency_keys"."status", "idempotency_keys"."response_code", "idempotency_keys"."response_body", "idempotency_keys"."lease_until", "idempotency_keys"."created_at", "idempotency_keys"."updated_at" FROM "idempotency_keys" WHERE "idempotency_keys"."merchant_id" = :merchant AND "idempotency_keys"."key" = ('pgbench-' || :run || '-' || :client_id || '-' || :i) LIMIT 1;
 WITH "registered" AS (
   INSERT INTO "idempotency_keys" ("merchant_id", "key", "fingerprint", "payment_id", "status", "response_code", "response_body", "lease_until", "created_at", "updated_at")
   SELECT :merchant, ('pgbench-' || :run || '-' || :client_id || '-' || :i), '5cbbb0b87f0ee699a056ebd5f5772f367dca74915b9b928bf5e0ef8459e7585b', md5('pgbench-' || :run || '-' || :client_id || '-' || :i)::uuid, 'EN_PROCESO', NULL, NULL, now() + interval '60 seconds', now(), now() WHERE NOT EXISTS (
     SELECT 1 FROM "payments"
     WHERE "merchant_id" = :merchant AND "idempotency_key" = ('pgbench-' || :run || '-' || :client_id || '-' || :i) AND "generation" >= 0)
   ON CONFLICT ("merchant_id", "key") DO NOTHING
-  RETURNING "payment_id")
-INSERT INTO "payments" ("id", "merchant_id", "idempotency_key", "credit_id", "amount", "currency", "description", "payment_method", "state", "version", "attempts", "gateway_key", "gateway_ref", "decline_code", "next_attempt_at", "created_at", "updated_at", "generation", "claimed_until")
-SELECT "payment_id", :merchant, ('pgbench-' || :run || '-' || :client_id || '-' || :i), '42', 250000, 'COP', NULL, NULL, 'EN_PROCESO', 0, 0, 'pagos-01a23c5ede84747b89c2d57278c9e1f9-860bc5c69e5ac057f0a92063de1f273283338f6182c3113a3e159ff2e425c05a', NULL, NULL, now() + interval '60 seconds', now(), now(), 0, now() + interval '60 seconds' FROM "registered";
+  RETURNING "payment_id"),
+"paid" AS (
+  INSERT INTO "payments" ("id", "merchant_id", "idempotency_key", "credit_id", "amount", "currency", "description", "payment_method", "state", "version", "attempts", "gateway_key", "gateway_ref", "decline_code", "next_attempt_at", "created_at", "updated_at", "generation", "claimed_until")
+  SELECT "payment_id", :merchant, ('pgbench-' || :run || '-' || :client_id || '-' || :i), '42', 250000, 'COP', NULL, NULL, 'EN_PROCESO', 0, 0, 'pagos-01a23c5ede84747b89c2d57278c9e1f9-860bc5c69e5ac057f0a92063de1f273283338f6182c3113a3e159ff2e425c05a', NULL, NULL, now() + interval '60 seconds', now(), now(), 0, now() + interval '60 seconds' FROM "registered"
+  RETURNING "id")
+SELECT (SELECT count(*) FROM "paid") AS "registered_payments", "k"."merchant_id", "k"."key", "k"."fingerprint", "k"."payment_id", "k"."status", "k"."response_code", "k"."response_body", "k"."lease_until", "k"."created_at", "k"."updated_at"
+FROM (VALUES (1)) AS "one" ("one")
+LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = :merchant AND "k"."key" = ('pgbench-' || :run || '-' || :client_id || '-' || :i);
 WITH "moved" AS (
   UPDATE "payments" SET "state" = 'ENVIADA', "version" = 1, "attempts" = 1, "gateway_ref" = NULL, "decline_code" = NULL, "next_attempt_at" = now() + interval '60 seconds', "updated_at" = now(), "claimed_until" = now() + interval '60 seconds', "payment_method" = NULL
   WHERE "id" = md5('pgbench-' || :run || '-' || :client_id || '-' || :i)::uuid AND "version" = 0

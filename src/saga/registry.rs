@@ -1,10 +1,11 @@
-//! The registry of idempotency keys: looks a key up and registers it with its payment
-//! when it is new, then lets `idempotency::decide` say what the request gets.
+//! The registry of idempotency keys: registers a key with its payment when it is new,
+//! finds its row when it is taken, then lets `idempotency::decide` say what the request gets.
 //!
 //! It never holds a transaction open across the work it guards: a lease on the key row
 //! marks the owner; the row's primary key settles races.
 
 use crate::domain::NewPayment;
+use crate::entities::idempotency_key as keys;
 use crate::idempotency::cache::ReplayCache;
 use crate::idempotency::fingerprint::Fingerprinted;
 use crate::idempotency::{Begin, IdempotencyKey, decide};
@@ -33,10 +34,14 @@ pub fn remembered(
     })
 }
 
-/// Looks the key up in the database (one query), for a key `remembered` did not find in
-/// the replay cache, and registers it with its payment if it is new. A frozen answer read
-/// from the database is kept in the cache, with the request's body when it is the request
-/// the answer was frozen for.
+/// Registers the key with its payment if it is new, for a key `remembered` did not find
+/// in the replay cache; a key already taken gets what `decide` says of its row. A frozen
+/// answer read from the database is kept in the cache, with the request's body when it is
+/// the request the answer was frozen for.
+///
+/// One statement either way on PostgreSQL, where the registration answers with the row of
+/// a taken key. On SQLite the key is looked up first: registering there takes the
+/// database's write lock, which a replay has no need of.
 pub async fn begin(
     db: &DatabaseConnection,
     cache: &ReplayCache,
@@ -47,11 +52,16 @@ pub async fn begin(
     lease: Duration,
 ) -> Result<Begin, DbErr> {
     let fingerprint = request.fingerprint();
-    if let Some(existing) = store::find_key(db, merchant, key.as_str()).await? {
+    let taken = |existing: keys::Model| {
         let now = crate::db::now();
         let same = existing.fingerprint == fingerprint;
         cache.keep(&existing, now, same.then(|| request.body()));
-        return Ok(decide(&existing, fingerprint, now));
+        decide(&existing, fingerprint, now)
+    };
+    if !store::one_statement(db)
+        && let Some(existing) = store::find_key(db, merchant, key.as_str()).await?
+    {
+        return Ok(taken(existing));
     }
     let registration = Registration {
         merchant,
@@ -62,6 +72,6 @@ pub async fn begin(
     };
     Ok(match store::register(db, registration).await? {
         Registered::Started(p) => Begin::Started(Box::new(p)),
-        Registered::Taken(existing) => decide(&existing, fingerprint, crate::db::now()),
+        Registered::Taken(existing) => taken(existing),
     })
 }

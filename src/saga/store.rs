@@ -126,8 +126,11 @@ pub enum Registered {
 /// What one attempt to register came to.
 enum Inserted {
     Both,
-    /// Nothing written: the key is taken, or (on PostgreSQL, where one statement cannot
-    /// tell the two apart) a payment of this generation of the key exists.
+    /// Nothing written: the key is taken, and this is its row.
+    Taken(keys::Model),
+    /// Nothing written: the key is taken by a registration the statement could not see
+    /// (it committed after the statement began), or (on PostgreSQL, where one statement
+    /// cannot tell the two apart) a payment of this generation of the key exists.
     Neither,
     /// Nothing written: a payment of this key exists with this generation or a later one
     /// (the key was purged and is being reused).
@@ -155,6 +158,7 @@ pub async fn register(db: &DatabaseConnection, reg: Registration<'_>) -> Result<
         };
         match inserted {
             Inserted::Both => return Ok(Registered::Started(model)),
+            Inserted::Taken(existing) => return Ok(Registered::Taken(existing)),
             Inserted::Neither => {
                 if let Some(existing) = find_key(db, reg.merchant, reg.key.as_str()).await? {
                     return Ok(Registered::Taken(existing));
@@ -250,12 +254,9 @@ async fn register_in_transaction(
     fingerprint: &str,
 ) -> Result<Inserted, DbErr> {
     let tx = begin_write(db).await?;
-    if find_key(&tx, model.merchant_id, &model.idempotency_key)
-        .await?
-        .is_some()
-    {
+    if let Some(existing) = find_key(&tx, model.merchant_id, &model.idempotency_key).await? {
         tx.rollback().await?;
-        return Ok(Inserted::Neither);
+        return Ok(Inserted::Taken(existing));
     }
     if last_generation(&tx, model.merchant_id, &model.idempotency_key)
         .await?
@@ -1055,8 +1056,8 @@ mod sql {
     use chrono::{DateTime, Utc};
     use sea_orm::sea_query::{LockBehavior, LockType};
     use sea_orm::{
-        ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, IdenStatic, Iterable,
-        ModelTrait, QuerySelect, QueryTrait, Statement, Value,
+        ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult,
+        IdenStatic, Iterable, ModelTrait, QuerySelect, QueryTrait, Statement, Value,
     };
     use std::sync::OnceLock;
 
@@ -1094,9 +1095,15 @@ mod sql {
     /// only if no payment of this key has this generation or a later one (a key reused
     /// after a purge); the payment only if the key went in (its foreign key is checked at
     /// the end of the statement, when both rows exist). Nothing written when the key was
-    /// taken or the generation used (one statement cannot say which). Both rows are
-    /// written whole, column by column from their entities, as the SQLite path inserts
-    /// them: a column added to an entity is written here too.
+    /// taken or the generation used. Both rows are written whole, column by column from
+    /// their entities, as the SQLite path inserts them: a column added to an entity is
+    /// written here too.
+    ///
+    /// The statement also answers with the key's row as it stood when the statement
+    /// began, so a taken key costs no second statement: the seed's algorithm (insert,
+    /// and look only if nothing went in) in one round trip, where looking first cost every
+    /// new payment a statement of its own. A key registered by a transaction that
+    /// committed after the statement began is taken but not seen (`Neither`).
     pub(super) async fn register(
         db: &DatabaseConnection,
         p: &payment::Model,
@@ -1118,20 +1125,35 @@ mod sql {
     SELECT 1 FROM "payments"
     WHERE "merchant_id" = {merchant} AND "idempotency_key" = {client_key} AND "generation" >= {generation})
   ON CONFLICT ("merchant_id", "key") DO NOTHING
-  RETURNING "payment_id")
-INSERT INTO "payments" ({})
-SELECT {} FROM "registered""#,
+  RETURNING "payment_id"),
+"paid" AS (
+  INSERT INTO "payments" ({})
+  SELECT {} FROM "registered"
+  RETURNING "id")
+SELECT (SELECT count(*) FROM "paid") AS "registered_payments", {}
+FROM (VALUES (1)) AS "one" ("one")
+LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."key" = {client_key}"#,
                 columns::<keys::Entity>(),
                 listed(key_values),
                 columns::<payment::Entity>(),
                 listed(payment_values),
+                keys::Column::iter()
+                    .map(|column| format!("\"k\".\"{}\"", column.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             )
         });
-        let done = db.execute_raw(v.statement(sql)).await?;
-        Ok(if done.rows_affected() == 1 {
-            Inserted::Both
-        } else {
-            Inserted::Neither
+        let row = db
+            .query_one_raw(v.statement(sql))
+            .await?
+            .ok_or_else(|| DbErr::RecordNotFound("the registration's answer".into()))?;
+        if row.try_get::<i64>("", "registered_payments")? == 1 {
+            return Ok(Inserted::Both);
+        }
+        // The key's columns are NULL when the statement saw no key row.
+        Ok(match row.try_get::<Option<String>>("", "key")? {
+            Some(_) => Inserted::Taken(keys::Model::from_query_result(&row, "")?),
+            None => Inserted::Neither,
         })
     }
 

@@ -12,6 +12,7 @@ on_both_databases!(
     a_replay_from_memory_reaches_no_database,
     with_no_replay_cache_every_replay_reads_the_database,
     the_same_request_written_otherwise_is_replayed_from_memory,
+    without_the_cache_a_taken_key_gets_every_answer_from_its_stored_row,
 );
 
 async fn answer(
@@ -164,4 +165,49 @@ async fn with_no_replay_cache_every_replay_reads_the_database(backend: Backend) 
         1.0
     );
     assert_eq!(metric(&text, "pagos_replay_cache_entries"), 0.0);
+}
+
+/// Without the cache every retry reaches the database. On PostgreSQL a retry's
+/// registration finds the key taken, writes nothing, and answers with the key's row in the
+/// same statement: every answer the contract promises a retry comes from that row.
+async fn without_the_cache_a_taken_key_gets_every_answer_from_its_stored_row(backend: Backend) {
+    let app = crate::helpers::started(
+        backend,
+        &["--replay-cache-mib", "0", "--gateway-timeout", "5s"],
+    )
+    .await;
+    let fake = app
+        .with_fake(
+            FakeGateway::charging("succeeded").with_delay(std::time::Duration::from_millis(800)),
+        )
+        .await;
+    // The retry comes while the gateway holds the first request's charge.
+    let first = app.pay_in_background("k-taken");
+    for _ in 0..200 {
+        if !app.charges_seen().await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (status, _, in_flight) = answer(&app, "k-taken", &payment_body()).await;
+    assert_eq!(status, 409, "the first request holds the key: {in_flight}");
+    let first = first.await.expect("task").expect("first request");
+    assert_eq!(first.status(), 201);
+    let first = first.text().await.expect("body");
+
+    let (status, replayed, again) = answer(&app, "k-taken", &payment_body()).await;
+    assert_eq!((status, replayed.as_deref()), (201, Some("true")));
+    assert_eq!(again, first, "the frozen answer, byte for byte");
+    let other = json!({"creditoId": "1", "monto": 5, "moneda": "USD"});
+    let (status, _, reused) = answer(&app, "k-taken", &other).await;
+    assert_eq!(status, 422, "{reused}");
+    assert!(reused.contains("idempotency-key-reused"), "{reused}");
+
+    assert_eq!(app.count_rows().await, (1, 1), "one key, one payment");
+    assert_eq!(fake.total_charges(), 1, "charged once");
+    let text = scrape(&app).await;
+    assert_eq!(
+        metric(&text, "pagos_replays_total{source=\"database\"}"),
+        1.0
+    );
 }
