@@ -327,6 +327,38 @@ pub async fn delete_picked(
     Ok(deleted.rows_affected())
 }
 
+/// `statement` on PostgreSQL, run on the sqlx pool beneath `db` instead of through
+/// `DatabaseConnection`: the same pool, the same SQL and values, the same errors, the row
+/// as sea-orm gives it. Only for the statements every payment makes (a registration, a
+/// fenced write): `DatabaseConnection` holds every backend's future in one, some
+/// kilobytes it copies several times per statement, which was a fifth of a created
+/// payment's instructions in pagos (callgrind, docs/benchmarks.md). Panics on another
+/// backend: callers are the PostgreSQL statements of `saga::store`.
+pub async fn query_one_on_pool(
+    db: &DatabaseConnection,
+    statement: sea_orm::Statement,
+) -> Result<Option<sea_orm::QueryResult>, DbErr> {
+    use sea_orm::{ConnAcquireErr, RuntimeErr};
+    use std::sync::Arc;
+    let sea_orm::Statement { sql, values, .. } = statement;
+    let query = sqlx::query_with(
+        sqlx::AssertSqlSafe(sql.as_str()),
+        sea_query_sqlx::SqlxValues(values.unwrap_or_else(|| sea_orm::Values(Vec::new()))),
+    );
+    let acquire_err = |err| match err {
+        sqlx::Error::PoolTimedOut => DbErr::ConnectionAcquire(ConnAcquireErr::Timeout),
+        sqlx::Error::PoolClosed => DbErr::ConnectionAcquire(ConnAcquireErr::ConnectionClosed),
+        err => DbErr::Conn(RuntimeErr::SqlxError(Arc::new(err))),
+    };
+    let pool = db.get_postgres_connection_pool();
+    let mut connection = pool.acquire().await.map_err(acquire_err)?;
+    query
+        .fetch_optional(&mut *connection)
+        .await
+        .map(|row| row.map(sea_orm::QueryResult::from))
+        .map_err(|err| DbErr::Query(RuntimeErr::SqlxError(Arc::new(err))))
+}
+
 /// Now, truncated to milliseconds: what is written is exactly what is read back and shown
 /// (SQLite and PostgreSQL keep different sub-second precision).
 pub fn now() -> chrono::DateTime<chrono::Utc> {

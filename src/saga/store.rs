@@ -1056,8 +1056,8 @@ mod sql {
     use chrono::{DateTime, Utc};
     use sea_orm::sea_query::{LockBehavior, LockType};
     use sea_orm::{
-        ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult,
-        IdenStatic, Iterable, ModelTrait, QuerySelect, QueryTrait, Statement, Value,
+        DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, IdenStatic, Iterable,
+        ModelTrait, QuerySelect, QueryTrait, Statement, Value,
     };
     use std::sync::OnceLock;
 
@@ -1143,8 +1143,7 @@ LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."k
                     .join(", "),
             )
         });
-        let row = db
-            .query_one_raw(v.statement(sql))
+        let row = crate::db::query_one_on_pool(db, v.statement(sql))
             .await?
             .ok_or_else(|| DbErr::RecordNotFound("the registration's answer".into()))?;
         if row.try_get::<i64>("", "registered_payments")? == 1 {
@@ -1243,8 +1242,7 @@ LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."k
             | usize::from(released.is_some()) << 2
             | usize::from(told.is_some()) << 3;
         let sql = SQL[shape].get_or_init(|| write_plan_sql(moved, audit, answer, released, told));
-        let row = db
-            .query_one_raw(v.statement(sql))
+        let row = crate::db::query_one_on_pool(db, v.statement(sql))
             .await?
             .ok_or_else(|| DbErr::Custom("the fenced write returned no row".into()))?;
         Ok(row.try_get_by_index::<i64>(0)? == 1)
