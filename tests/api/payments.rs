@@ -191,3 +191,98 @@ async fn a_client_that_hangs_up_does_not_stop_the_payment(backend: Backend) {
     assert_eq!(json(answer).await["estado"], "COMPLETADA");
     assert_eq!(app.charges_seen().await.len(), 1);
 }
+
+/// PostgreSQL: a registration that meets a key another request is registering at that
+/// moment waits for it. When that transaction commits, the waiting statement inserts
+/// nothing, and its snapshot (taken before the commit) does not show the key's row: the
+/// request must then read the row with a statement of its own and answer from it (here
+/// 422: the other request had another body), never register a second payment for the key,
+/// never charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_committed_while_its_registration_waits_is_answered_from_its_row() {
+    use pagos::entities::{idempotency_key as keys, payment};
+    use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
+    let merchant = crate::helpers::acme(&app.db).await;
+    let at = pagos::db::now();
+    let lease = at + chrono::TimeDelta::seconds(60);
+    let other = payment::Model {
+        id: uuid::Uuid::new_v4(),
+        merchant_id: merchant,
+        idempotency_key: "k-race".into(),
+        credit_id: "7".into(),
+        amount: 999,
+        currency: "USD".into(),
+        description: None,
+        payment_method: None,
+        state: payment::PaymentState::EnProceso,
+        version: 0,
+        attempts: 0,
+        gateway_key: "pagos-other-request".into(),
+        gateway_ref: None,
+        decline_code: None,
+        next_attempt_at: lease,
+        created_at: at,
+        updated_at: at,
+        generation: 0,
+        claimed_until: Some(lease),
+    };
+    // The other request's registration, written and not yet committed.
+    let registering = app.db.begin().await.expect("transaction");
+    payment::ActiveModel::from(other.clone())
+        .insert(&registering)
+        .await
+        .expect("the other payment");
+    keys::ActiveModel::from(keys::Model {
+        merchant_id: merchant,
+        key: "k-race".into(),
+        fingerprint: "0".repeat(64),
+        payment_id: other.id,
+        status: keys::KeyStatus::InProgress,
+        response_code: None,
+        response_body: None,
+        lease_until: Some(lease),
+        created_at: at,
+        updated_at: at,
+    })
+    .insert(&registering)
+    .await
+    .expect("the other key");
+
+    let answer = tokio::spawn({
+        let request = app
+            .http
+            .post(app.url("/v1/pagos"))
+            .bearer_auth(crate::helpers::API_KEY)
+            .header("Idempotency-Key", "k-race")
+            .json(&payment_body());
+        request.send()
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !answer.is_finished(),
+        "the registration waits for the other request's transaction"
+    );
+    registering.commit().await.expect("commit");
+
+    let answer = answer.await.expect("task").expect("answer");
+    let problem =
+        crate::helpers::problem(answer, 422, "the other request's key, another body").await;
+    assert!(
+        problem["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("idempotency-key-reused")),
+        "{problem}"
+    );
+    let payments = payment::Entity::find()
+        .filter(payment::Column::IdempotencyKey.eq("k-race"))
+        .all(&app.db)
+        .await
+        .expect("payments");
+    assert_eq!(payments.len(), 1, "only the other request's payment");
+    assert_eq!(payments[0].id, other.id);
+    assert!(app.charges_seen().await.is_empty(), "nothing charged");
+}
