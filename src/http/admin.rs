@@ -5,7 +5,7 @@
 //! payment in REVISION_MANUAL and is written to the audit trail with its reason.
 
 use super::AppState;
-use super::auth::{Admin, AdminTokenRefused};
+use super::auth::{Admin, AdminTokenRefused, PaymentNotFound, ReadOnlyRole};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::entities::{payment, payment_transition as transitions};
 use crate::representation::{Pago, RESOLVED_FAILED};
@@ -180,7 +180,7 @@ fn not_found() -> ApiError {
     responses(
         (status = 200, description = "The payment and its audit trail", body = DetallePago),
         AdminTokenRefused,
-        (status = 404, description = "No such payment", body = Problem, content_type = "application/problem+json"),
+        PaymentNotFound,
     )
 )]
 async fn payment_detail(
@@ -245,7 +245,7 @@ pub struct PedidoReconciliacion {
     responses(
         (status = 200, description = "The pass's report", body = Report),
         AdminTokenRefused,
-        (status = 403, description = "The operator's role (lector) may only read", body = Problem, content_type = "application/problem+json"),
+        ReadOnlyRole,
         (status = 422, description = "Body is not `{}` or `{\"pagoId\":\"<uuid>\"}`", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -324,8 +324,8 @@ pub struct Resolucion {
     responses(
         (status = 200, description = "Settled; the payment and its audit trail", body = DetallePago),
         AdminTokenRefused,
-        (status = 403, description = "The operator's role (lector) may only read", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such payment", body = Problem, content_type = "application/problem+json"),
+        ReadOnlyRole,
+        PaymentNotFound,
         (status = 409, description = "The payment is not in REVISION_MANUAL", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad estado or empty motivo", body = Problem, content_type = "application/problem+json"),
     )

@@ -237,6 +237,27 @@ async fn merchant_of(
 #[allow(dead_code)]
 pub struct AdminTokenRefused(Problem);
 
+/// The 403 of an on-call endpoint that writes, for an operator who may only read
+/// (documentation only: `Admin::may_act` answers it).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 403,
+    description = "The operator's role (lector) may only read",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct ReadOnlyRole(Problem);
+
+/// The 404 of an on-call endpoint about a payment (documentation only).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 404,
+    description = "No such payment",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct PaymentNotFound(Problem);
+
 /// The 401 of a merchant's endpoint, as its OpenAPI operation documents it (documentation
 /// only: the `Merchant` extractor answers it).
 #[derive(utoipa::IntoResponses)]

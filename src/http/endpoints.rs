@@ -9,7 +9,7 @@
 
 use super::AppState;
 use super::auth::{ApiKeyRefused, Merchant};
-use super::problem::{ApiError, Problem, ProblemType};
+use super::problem::{ApiError, NotJson, Problem, ProblemType};
 use crate::delivery::guard::{self, SystemResolver};
 use crate::delivery::signing::Secret;
 use crate::domain::FieldError;
@@ -145,6 +145,16 @@ fn parse_id(id: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(id).map_err(|_| not_found())
 }
 
+/// The 404 of an endpoint's route for an id that is not the merchant's (documentation only).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 404,
+    description = "No such endpoint for this merchant",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+struct NoSuchEndpoint(Problem);
+
 /// Registers an endpoint; its secret is in this answer only.
 #[utoipa::path(
     post,
@@ -157,7 +167,7 @@ fn parse_id(id: &str) -> Result<Uuid, ApiError> {
          headers(("Location" = String))),
         (status = 400, description = "Body is not JSON of this shape", body = Problem, content_type = "application/problem+json"),
         ApiKeyRefused,
-        (status = 415, description = "Content type is not JSON", body = Problem, content_type = "application/problem+json"),
+        NotJson,
         (status = 422, description = "A bad URL (not https, resolving to a non-public address) or an unknown event type; nothing stored", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -260,7 +270,7 @@ async fn list_endpoints(
     responses(
         (status = 204, description = "Removed"),
         ApiKeyRefused,
-        (status = 404, description = "No such endpoint for this merchant", body = Problem, content_type = "application/problem+json"),
+        NoSuchEndpoint,
     )
 )]
 async fn delete_endpoint(
@@ -287,7 +297,7 @@ async fn delete_endpoint(
     responses(
         (status = 200, description = "The endpoint with its new `secreto` and until when the old one signs too", body = WebhookEndpoint),
         ApiKeyRefused,
-        (status = 404, description = "No such endpoint for this merchant", body = Problem, content_type = "application/problem+json"),
+        NoSuchEndpoint,
     )
 )]
 async fn rotate_secret(
@@ -317,7 +327,7 @@ async fn rotate_secret(
         (status = 200, description = "The endpoint, `ACTIVO`", body = WebhookEndpoint),
         (status = 400, description = "Body is not JSON of this shape", body = Problem, content_type = "application/problem+json"),
         ApiKeyRefused,
-        (status = 404, description = "No such endpoint for this merchant", body = Problem, content_type = "application/problem+json"),
+        NoSuchEndpoint,
         (status = 422, description = "`reenviarDesde` is not an RFC 3339 time", body = Problem, content_type = "application/problem+json"),
     )
 )]

@@ -91,7 +91,7 @@ impl Deref for AppState {
         description = "Payments through external gateways, safe to retry. Every error is application/problem+json (RFC 9457) with a stable `type`."
     ),
     modifiers(&Security),
-    components(schemas(crate::domain::FieldError))
+    components(schemas(crate::domain::FieldError, webhooks::Acuse))
 )]
 struct ApiDoc;
 

@@ -5,7 +5,9 @@
 
 use super::AppState;
 use super::auth::{ApiKeyRefused, Merchant};
-use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
+use super::problem::{
+    ApiError, BodyTooLarge, NoSuchPayment, NotJson, Problem, ProblemType, RetryWithSameKey,
+};
 use crate::domain::{FieldError, NewPayment};
 use crate::entities::payment;
 use crate::idempotency::{self, Begin, IdempotencyKey, KeyError};
@@ -176,9 +178,9 @@ fn respond(payment_id: Uuid, answer: Answer, replayed: bool) -> Response {
         (status = 409, description = "The first request with this key is still in progress", body = Problem, content_type = "application/problem+json",
          headers(("Retry-After" = u64))),
         BodyTooLarge,
-        (status = 415, description = "Content type is not JSON", body = Problem, content_type = "application/problem+json"),
+        NotJson,
         (status = 422, description = "Validation failed (`validation-failed`) or the key was used with another body (`idempotency-key-reused`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Temporarily unavailable; retry with the same key", body = Problem, content_type = "application/problem+json"),
+        RetryWithSameKey,
     )
 )]
 async fn create_payment(
@@ -334,7 +336,7 @@ async fn create_payment(
     responses(
         (status = 200, description = "The payment", body = Pago),
         ApiKeyRefused,
-        (status = 404, description = "No such payment for this merchant", body = Problem, content_type = "application/problem+json"),
+        NoSuchPayment,
     )
 )]
 async fn get_payment(

@@ -43,6 +43,36 @@ impl ProblemResponse for Problem {
 #[allow(dead_code)]
 pub struct BodyTooLarge(Problem);
 
+/// The 415 of an endpoint that reads a JSON body (documentation only).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 415,
+    description = "Content type is not JSON",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct NotJson(Problem);
+
+/// The 503 of a create under an `Idempotency-Key` (documentation only).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 503,
+    description = "Temporarily unavailable; retry with the same key",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct RetryWithSameKey(Problem);
+
+/// The 404 of a merchant's endpoint about one of its payments (documentation only).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 404,
+    description = "No such payment for this merchant",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct NoSuchPayment(Problem);
+
 /// A handler's error: a problem to show, or a failure to log and hide.
 #[derive(Debug)]
 pub enum ApiError {

@@ -8,9 +8,11 @@
 //! that hangs up never cancels a refund halfway.
 
 use super::AppState;
-use super::auth::{Admin, AdminTokenRefused, ApiKeyRefused, Merchant};
+use super::auth::{Admin, AdminTokenRefused, ApiKeyRefused, Merchant, PaymentNotFound};
 use super::payments::{Body, MAX_BODY, body, idempotency_key, problem, validation_failed};
-use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
+use super::problem::{
+    ApiError, BodyTooLarge, NoSuchPayment, NotJson, Problem, ProblemType, RetryWithSameKey,
+};
 use crate::entities::idempotency_key as keys;
 use crate::entities::refund::{self, KeyScope};
 use crate::idempotency::{self, Begin, IdempotencyKey};
@@ -255,12 +257,12 @@ async fn answer_current(
          headers(("Location" = String))),
         (status = 400, description = "Idempotency-Key missing or malformed, or body not JSON", body = Problem, content_type = "application/problem+json"),
         ApiKeyRefused,
-        (status = 404, description = "No such payment for this merchant", body = Problem, content_type = "application/problem+json"),
+        NoSuchPayment,
         (status = 409, description = "The payment is not COMPLETADA (`payment-not-refundable`), or the first request with this key is still in progress (`request-in-flight`, with Retry-After)", body = Problem, content_type = "application/problem+json"),
         BodyTooLarge,
-        (status = 415, description = "Content type is not JSON", body = Problem, content_type = "application/problem+json"),
+        NotJson,
         (status = 422, description = "The gateway refused the refund (`refund-refused`, FALLIDO under `reembolso`), `monto` over what is left (`refund-exceeds-remaining`, with `restante`), validation failed, or the key was used with another body", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Temporarily unavailable; retry with the same key", body = Problem, content_type = "application/problem+json"),
+        RetryWithSameKey,
     )
 )]
 async fn create_refund(
@@ -320,7 +322,7 @@ async fn get_refund(
     responses(
         (status = 200, description = "The payment's refunds, oldest first", body = ListaReembolsos),
         ApiKeyRefused,
-        (status = 404, description = "No such payment for this merchant", body = Problem, content_type = "application/problem+json"),
+        NoSuchPayment,
     )
 )]
 async fn list_refunds(
@@ -357,7 +359,7 @@ async fn list_refunds(
         (status = 201, description = "Refunded (COMPLETADO)", body = Reembolso),
         (status = 202, description = "Outcome not known yet (ENVIADO)", body = Reembolso),
         AdminTokenRefused,
-        (status = 404, description = "No such payment", body = Problem, content_type = "application/problem+json"),
+        PaymentNotFound,
         (status = 409, description = "Not COMPLETADA, or the first request with this key is in progress", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Refused by the gateway, over what is left, `motivo` missing, or the key used with another body", body = Problem, content_type = "application/problem+json"),
     )
@@ -514,7 +516,7 @@ async fn resolve_refund(
     };
     let reason = super::admin::resolution_reason(&admin.name, motivo);
     let resolved = match refunds::apply_now(
-        &state.saga_deps(),
+        &state.db,
         &current,
         event,
         changes,

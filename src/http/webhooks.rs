@@ -46,9 +46,29 @@ pub fn router() -> OpenApiRouter<AppState> {
         .layer(DefaultBodyLimit::max(MAX_EVENT_BODY))
 }
 
+/// The 200 of a gateway's webhook, as its OpenAPI operation documents it.
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 200,
+    description = "Accepted: applied, or already applied, stale, orphan or ignored. Stop delivering it."
+)]
+#[allow(dead_code)]
+struct Accepted(Acuse);
+
+/// The 503 of a gateway's webhook that could not be applied (documentation only).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 503,
+    description = "Could not be applied now; nothing was recorded. Deliver it again.",
+    content_type = "application/problem+json",
+    headers(("Retry-After" = u64))
+)]
+#[allow(dead_code)]
+struct DeliverAgain(Problem);
+
 /// The answer to an accepted event.
 #[derive(Serialize, utoipa::ToSchema)]
-struct Acuse {
+pub struct Acuse {
     /// `aplicado`, `revision_manual`, `sin_cambios`, `duplicado`, `obsoleto`, `huerfano`
     /// or `ignorado` (a type pagos does not act on).
     #[schema(example = "aplicado")]
@@ -108,12 +128,11 @@ fn raw(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     ),
     request_body(content = EventoPasarela, content_type = "application/json"),
     responses(
-        (status = 200, description = "Accepted: applied, or already applied, stale, orphan or ignored. Stop delivering it.", body = Acuse),
+        Accepted,
         (status = 400, description = "Signed, but not a gateway event; nothing was recorded", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Signature missing, malformed, wrong or outside the 5-minute tolerance, or webhooks disabled (PAGOS_WEBHOOK_SECRET unset); nothing was recorded", body = Problem, content_type = "application/problem+json"),
         BodyTooLarge,
-        (status = 503, description = "Could not be applied now; nothing was recorded. Deliver it again.", body = Problem, content_type = "application/problem+json",
-         headers(("Retry-After" = u64))),
+        DeliverAgain,
     )
 )]
 async fn receive_http_event(
@@ -330,12 +349,11 @@ fn signature_detail(err: SignatureError) -> String {
     request_body(content = Object, content_type = "application/json",
                  description = "A Stripe event. `payment_intent.succeeded`, `.payment_failed`, `.processing`, `.requires_action` and `.canceled` of PaymentIntents with `metadata.pagos_reference` are applied; anything else is acknowledged and ignored."),
     responses(
-        (status = 200, description = "Accepted: applied, or already applied, stale, orphan or ignored. Stop delivering it.", body = Acuse),
+        Accepted,
         (status = 400, description = "Signed, but not a Stripe event pagos can read; nothing was recorded", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Signature missing, malformed, wrong or outside the 5-minute tolerance, or PAGOS_STRIPE_WEBHOOK_SECRET unset; nothing was recorded", body = Problem, content_type = "application/problem+json"),
         BodyTooLarge,
-        (status = 503, description = "Could not be applied now; nothing was recorded. Deliver it again.", body = Problem, content_type = "application/problem+json",
-         headers(("Retry-After" = u64))),
+        DeliverAgain,
     )
 )]
 async fn receive_stripe_event(
@@ -408,7 +426,7 @@ async fn receive_stripe_event(
     request_body(content = Object, content_type = "application/json",
                  description = "A Mercado Pago notification (`{\"id\":…,\"type\":\"payment\",\"action\":\"payment.updated\",\"data\":{\"id\":\"…\"}}`). Deduplicated by `x-request-id` and by `id`; types other than `payment` are acknowledged and ignored."),
     responses(
-        (status = 200, description = "Accepted: applied, or already applied, stale, orphan or ignored. Stop delivering it.", body = Acuse),
+        Accepted,
         (status = 400, description = "Signed, but not a payment notification pagos can read; nothing was recorded", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Signature missing, malformed, wrong or outside the 5-minute tolerance, or PAGOS_MERCADOPAGO_WEBHOOK_SECRET unset; nothing was recorded and Mercado Pago was not asked", body = Problem, content_type = "application/problem+json"),
         BodyTooLarge,

@@ -19,10 +19,11 @@ use crate::gateway::retry::{self, ChargeOutcome, RetryPolicy};
 use crate::gateway::{Charge, ChargeRequest, ChargeStatus, Gateway};
 use crate::representation::{self, GATEWAY_REJECTED_PREFIX};
 use sea_orm::DatabaseConnection;
+use state::IllegalTransition;
 use state::{Event, PaymentState};
 use std::sync::Arc;
 use std::time::Duration;
-use store::{Actor, Changes, SagaRow, Step, StoreError, Written};
+use store::{Actor, Changes, Plan, SagaRow, Step, StoreError, Written};
 
 /// What the saga needs from the application.
 #[derive(Clone)]
@@ -83,20 +84,6 @@ pub async fn apply<C: sea_orm::ConnectionTrait>(
     Ok(plan.write(tx, current).await?)
 }
 
-/// One event committed on its own (`store::plan`, written by itself), with the rendered
-/// answer.
-pub async fn apply_now(
-    db: &DatabaseConnection,
-    current: &payment::Model,
-    event: Event,
-    changes: impl Into<Step>,
-    actor: Actor,
-    reason: &str,
-) -> Result<Written, StoreError> {
-    let plan = store::plan(current, event, changes, actor, reason, RENDER)?;
-    Ok(plan.write_now(db, current).await?)
-}
-
 pub fn charge_request(p: &payment::Model) -> ChargeRequest {
     ChargeRequest {
         gateway_key: p.gateway_key.clone(),
@@ -121,7 +108,7 @@ pub fn charge_request(p: &payment::Model) -> ChargeRequest {
 /// A saga's row (a payment, a refund) as its steps send it (`send`). What is a payment's
 /// or a refund's own is said here; its log lines stay in its own module.
 pub trait Saga: SagaRow {
-    type Error: std::fmt::Display + From<sea_orm::DbErr> + Send;
+    type Error: std::fmt::Display + From<sea_orm::DbErr> + From<Self::Illegal> + Send;
     /// What a send reads before it marks the row sent.
     type Prepared: Send;
     /// What the gateway said to a send.
@@ -135,15 +122,15 @@ pub trait Saga: SagaRow {
     /// The failpoints right after the mark and right after the gateway's answer.
     const FAILPOINTS: [&'static str; 2];
 
-    /// One event committed on its own, with the answer rendered for the key.
-    fn apply_now(
+    /// What applying `event` writes, with the key's answer and the event's `datos`
+    /// rendered as the contract says (`representation`); an impossible move is refused.
+    fn plan(
         &self,
-        deps: &SagaDeps,
         event: Self::Event,
-        changes: impl Into<Step> + Send,
+        step: Step,
         actor: Actor,
         reason: &str,
-    ) -> impl Future<Output = Result<Written<Self>, Self::Error>> + Send;
+    ) -> Result<Plan<Self>, Self::Illegal>;
 
     /// What the send reads before it marks the row sent.
     fn prepare(
@@ -162,16 +149,48 @@ pub trait Saga: SagaRow {
     /// Its log line of the gateway's answer.
     fn log_answered(&self, outcome: &Self::Outcome);
 
-    /// Writes what the gateway said.
-    fn record_outcome(
-        self,
-        deps: &SagaDeps,
-        outcome: Self::Outcome,
-        actor: Actor,
-    ) -> impl Future<Output = Result<Self, Self::Error>> + Send;
+    /// What the gateway's answer to a send means for the row (its log line when the
+    /// answer says nothing).
+    fn settle(&self, outcome: Self::Outcome) -> Settle<Self::Event>;
 
-    /// The row as someone else left it, who moved it first (its log line says so).
-    fn reload(&self, deps: &SagaDeps) -> impl Future<Output = Result<Self, Self::Error>> + Send;
+    /// Gives the row to the reconciler, due at `due`, releasing the request's lease.
+    fn hand_over_at(
+        &self,
+        db: &DatabaseConnection,
+        gateway_ref: Option<String>,
+        due: chrono::DateTime<chrono::Utc>,
+    ) -> impl Future<Output = Result<Written<Self>, sea_orm::DbErr>> + Send;
+
+    /// The row as stored now.
+    fn find(
+        &self,
+        db: &DatabaseConnection,
+    ) -> impl Future<Output = Result<Option<Self>, sea_orm::DbErr>> + Send;
+
+    /// Its log line when someone else moved the row first.
+    fn log_moved(&self);
+}
+
+/// What the gateway's answer to a send means for its row.
+pub enum Settle<E> {
+    /// A decision: the event, what it records, and why.
+    Move(E, Step, String),
+    /// Not final, or not known: the reconciler asks the provider again later (by the
+    /// reference the provider gave, when it gave one).
+    HandOver(Option<String>),
+}
+
+/// One event committed on its own, with the answer rendered for the key.
+pub async fn apply_now<R: Saga>(
+    db: &DatabaseConnection,
+    current: &R,
+    event: R::Event,
+    changes: impl Into<Step>,
+    actor: Actor,
+    reason: &str,
+) -> Result<Written<R>, R::Error> {
+    let plan = current.plan(event, changes.into(), actor, reason)?;
+    Ok(plan.write_now(db, current).await?)
 }
 
 /// Marks the payment or refund sent, calls the gateway (with retries, same key), and
@@ -195,12 +214,9 @@ pub async fn send<R: Saga>(deps: &SagaDeps, current: R, actor: Actor) -> Result<
         hold_until,
         ..Step::default()
     };
-    let sent = match current
-        .apply_now(deps, R::SEND, marked, actor, reason)
-        .await?
-    {
+    let sent = match apply_now(&deps.db, &current, R::SEND, marked, actor, reason).await? {
         Written::Applied(sent) => *sent,
-        Written::Fenced => return current.reload(deps).await,
+        Written::Fenced => return reload(deps, &current).await,
     };
     let [after_mark_sent, after_gateway_response] = R::FAILPOINTS;
     failpoint::hit(after_mark_sent);
@@ -208,7 +224,28 @@ pub async fn send<R: Saga>(deps: &SagaDeps, current: R, actor: Actor) -> Result<
     let outcome = sent.call(deps, prepared, maybe_sent_before).await;
     failpoint::hit(after_gateway_response);
     sent.log_answered(&outcome);
-    sent.record_outcome(deps, outcome, actor).await
+    record_outcome(deps, sent, outcome, actor).await
+}
+
+/// Writes what the gateway said: final states freeze the key's answer; pending and
+/// unknown hand the row to the reconciler.
+pub async fn record_outcome<R: Saga>(
+    deps: &SagaDeps,
+    sent: R,
+    outcome: R::Outcome,
+    actor: Actor,
+) -> Result<R, R::Error> {
+    let written = match sent.settle(outcome) {
+        Settle::Move(event, step, reason) => {
+            apply_now(&deps.db, &sent, event, step, actor, &reason).await?
+        }
+        Settle::HandOver(gateway_ref) => {
+            // Doubled for each earlier send.
+            let due = deps.next_look(sent.attempts() - 1);
+            sent.hand_over_at(&deps.db, gateway_ref, due).await?
+        }
+    };
+    kept(deps, written, &sent).await
 }
 
 /// The row a fenced write of `current` left: as written, or, if someone else moved it
@@ -220,8 +257,17 @@ pub async fn kept<R: Saga>(
 ) -> Result<R, R::Error> {
     match written {
         Written::Applied(row) => Ok(*row),
-        Written::Fenced => current.reload(deps).await,
+        Written::Fenced => reload(deps, current).await,
     }
+}
+
+/// The row as someone else left it, who moved it first (its log line says so).
+async fn reload<R: Saga>(deps: &SagaDeps, current: &R) -> Result<R, R::Error> {
+    current.log_moved();
+    Ok(current
+        .find(&deps.db)
+        .await?
+        .unwrap_or_else(|| current.clone()))
 }
 
 /// A payment as its steps send it.
@@ -238,15 +284,14 @@ impl Saga for payment::Model {
     ];
     const FAILPOINTS: [&'static str; 2] = ["after_mark_sent", "after_gateway_response"];
 
-    fn apply_now(
+    fn plan(
         &self,
-        deps: &SagaDeps,
         event: Event,
-        changes: impl Into<Step> + Send,
+        step: Step,
         actor: Actor,
         reason: &str,
-    ) -> impl Future<Output = Result<Written, StoreError>> + Send {
-        apply_now(&deps.db, self, event, changes, actor, reason)
+    ) -> Result<store::Plan, IllegalTransition> {
+        store::plan(self, event, step, actor, reason, RENDER)
     }
 
     async fn prepare(&self, _deps: &SagaDeps) -> Result<(), StoreError> {
@@ -267,17 +312,48 @@ impl Saga for payment::Model {
         tracing::info!(payment_id = %self.id, outcome = outcome_name(outcome), "gateway answered");
     }
 
-    fn record_outcome(
-        self,
-        deps: &SagaDeps,
-        outcome: ChargeOutcome,
-        actor: Actor,
-    ) -> impl Future<Output = Result<payment::Model, StoreError>> + Send {
-        record_outcome(deps, self, outcome, actor)
+    fn settle(&self, outcome: ChargeOutcome) -> Settle<Event> {
+        match outcome {
+            ChargeOutcome::Succeeded(charge) | ChargeOutcome::Declined(charge) => {
+                match settlement(self, &charge) {
+                    Some((event, changes, reason)) => Settle::Move(event, changes.into(), reason),
+                    None => Settle::HandOver(Some(charge.id)),
+                }
+            }
+            ChargeOutcome::Rejected { status, detail } => Settle::Move(
+                Event::Declined,
+                Step {
+                    code: Some(format!("{GATEWAY_REJECTED_PREFIX}_{status}")),
+                    ..Step::default()
+                },
+                format!("gateway refused the request with {status}: {detail}"),
+            ),
+            ChargeOutcome::Pending(charge) => Settle::HandOver(Some(charge.id)),
+            ChargeOutcome::Unknown(why) => {
+                tracing::warn!(payment_id = %self.id, why, "gateway outcome unknown; the reconciler will ask the provider");
+                Settle::HandOver(None)
+            }
+        }
     }
 
-    fn reload(&self, deps: &SagaDeps) -> impl Future<Output = Result<Self, StoreError>> + Send {
-        reload(deps, self)
+    fn hand_over_at(
+        &self,
+        db: &DatabaseConnection,
+        gateway_ref: Option<String>,
+        due: chrono::DateTime<chrono::Utc>,
+    ) -> impl Future<Output = Result<Written, sea_orm::DbErr>> + Send {
+        store::hand_over(db, self, gateway_ref, due)
+    }
+
+    fn find(
+        &self,
+        db: &DatabaseConnection,
+    ) -> impl Future<Output = Result<Option<Self>, sea_orm::DbErr>> + Send {
+        store::find_payment(db, self.id)
+    }
+
+    fn log_moved(&self) {
+        tracing::info!(payment_id = %self.id, "payment moved by someone else first; keeping their decision");
     }
 }
 
@@ -335,56 +411,4 @@ pub fn settlement(p: &payment::Model, charge: &Charge) -> Option<(Event, Changes
         }
         ChargeStatus::Pending => None,
     }
-}
-
-/// Writes what the gateway said: final states freeze the key's answer; pending and
-/// unknown hand the payment to the reconciler.
-pub async fn record_outcome(
-    deps: &SagaDeps,
-    sent: payment::Model,
-    outcome: ChargeOutcome,
-    actor: Actor,
-) -> Result<payment::Model, StoreError> {
-    let (event, changes, reason) = match outcome {
-        ChargeOutcome::Succeeded(charge) | ChargeOutcome::Declined(charge) => {
-            match settlement(&sent, &charge) {
-                Some(settled) => settled,
-                None => return Ok(sent),
-            }
-        }
-        ChargeOutcome::Rejected { status, detail } => (
-            Event::Declined,
-            Changes {
-                decline_code: Some(format!("{GATEWAY_REJECTED_PREFIX}_{status}")),
-                ..Changes::default()
-            },
-            format!("gateway refused the request with {status}: {detail}"),
-        ),
-        ChargeOutcome::Pending(charge) => return hand_over(deps, sent, Some(charge.id)).await,
-        ChargeOutcome::Unknown(why) => {
-            tracing::warn!(payment_id = %sent.id, why, "gateway outcome unknown; the reconciler will ask the provider");
-            return hand_over(deps, sent, None).await;
-        }
-    };
-    let written = apply_now(&deps.db, &sent, event, changes, actor, &reason).await?;
-    kept(deps, written, &sent).await
-}
-
-/// Hands the payment to the reconciler, which looks at it again after the backoff.
-async fn hand_over(
-    deps: &SagaDeps,
-    sent: payment::Model,
-    gateway_ref: Option<String>,
-) -> Result<payment::Model, StoreError> {
-    // Doubled for each earlier send.
-    let due = deps.next_look(sent.attempts - 1);
-    let written = store::hand_over(&deps.db, &sent, gateway_ref, due).await?;
-    kept(deps, written, &sent).await
-}
-
-async fn reload(deps: &SagaDeps, p: &payment::Model) -> Result<payment::Model, StoreError> {
-    tracing::info!(payment_id = %p.id, "payment moved by someone else first; keeping their decision");
-    Ok(store::find_payment(&deps.db, p.id)
-        .await?
-        .unwrap_or_else(|| p.clone()))
 }

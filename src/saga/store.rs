@@ -392,7 +392,7 @@ scheduled!(payment::Model, crate::entities::refund::Model);
 /// `Plan::write_now`); what is a payment's or a refund's own is said here.
 pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
     type State: Copy + PartialEq + Send + Sync;
-    type Event: Copy + PartialEq;
+    type Event: Copy + PartialEq + Send + Sync;
     type Illegal;
     /// A row of its audit trail.
     type Audit: Send + Sync;

@@ -251,9 +251,15 @@ async fn decide_and_apply<R: Reconcilable>(
             };
             let reason = format!("provider lookup: {reason}");
             Ok(
-                match claimed
-                    .apply_now(deps, event, changes, Actor::Reconciler, &reason)
-                    .await?
+                match saga::apply_now(
+                    &deps.db,
+                    &claimed,
+                    event,
+                    changes,
+                    Actor::Reconciler,
+                    &reason,
+                )
+                .await?
                 {
                     Written::Applied(moved) => moved.state().into(),
                     Written::Fenced => Handled::Skipped,
@@ -271,9 +277,15 @@ async fn decide_and_apply<R: Reconcilable>(
         Decision::Escalate(why) => {
             claimed.log_escalated(&why);
             Ok(
-                match claimed
-                    .apply_now(deps, R::ESCALATE, Step::default(), Actor::Reconciler, &why)
-                    .await?
+                match saga::apply_now(
+                    &deps.db,
+                    &claimed,
+                    R::ESCALATE,
+                    Step::default(),
+                    Actor::Reconciler,
+                    &why,
+                )
+                .await?
                 {
                     Written::Applied(_) => Handled::ManualReview,
                     Written::Fenced => Handled::Skipped,

@@ -16,11 +16,13 @@ use crate::gateway::retry::{self, RefundOutcome};
 use crate::gateway::{Refund, RefundRequest, RefundStatus, RejectReason};
 use crate::representation;
 use crate::saga::store::Step;
-use crate::saga::{Saga, SagaDeps, kept};
-use state::{Event, RefundState};
+use crate::saga::{Saga, SagaDeps, Settle};
+use chrono::{DateTime, Utc};
+use sea_orm::{DatabaseConnection, DbErr};
+use state::{Event, IllegalTransition, RefundState};
 use store::{Changes, StoreError, Written};
 
-pub use crate::saga::send;
+pub use crate::saga::{apply_now, send};
 
 pub use crate::entities::refund_transition::Actor;
 
@@ -29,19 +31,6 @@ pub const GATEWAY_REJECTED: &str = "gateway_rejected";
 
 /// `failure_code` of a refund on-call resolved as failed.
 pub const RESOLVED_FAILED: &str = "resolved_by_on_call";
-
-/// One event committed on its own, with the answer rendered for the key.
-pub async fn apply_now(
-    deps: &SagaDeps,
-    current: &refund::Model,
-    event: Event,
-    changes: impl Into<Step>,
-    actor: Actor,
-    reason: &str,
-) -> Result<Written, StoreError> {
-    let plan = store::plan(current, event, changes, actor, reason, RENDER)?;
-    Ok(plan.write_now(&deps.db, current).await?)
-}
 
 /// What the refund store writes rendered: the key's frozen answer and the event's `datos`.
 pub const RENDER: store::Render = store::Render {
@@ -80,15 +69,14 @@ impl Saga for refund::Model {
     const FAILPOINTS: [&'static str; 2] =
         ["refund_after_mark_sent", "refund_after_gateway_response"];
 
-    fn apply_now(
+    fn plan(
         &self,
-        deps: &SagaDeps,
         event: Event,
-        changes: impl Into<Step> + Send,
+        step: Step,
         actor: Actor,
         reason: &str,
-    ) -> impl Future<Output = Result<Written, StoreError>> + Send {
-        apply_now(deps, self, event, changes, actor, reason)
+    ) -> Result<store::Plan, IllegalTransition> {
+        store::plan(self, event, step, actor, reason, RENDER)
     }
 
     async fn prepare(&self, deps: &SagaDeps) -> Result<i64, StoreError> {
@@ -116,17 +104,58 @@ impl Saga for refund::Model {
         tracing::info!(refund_id = %self.id, outcome = outcome_name(outcome), "gateway answered the refund");
     }
 
-    fn record_outcome(
-        self,
-        deps: &SagaDeps,
-        outcome: RefundOutcome,
-        actor: Actor,
-    ) -> impl Future<Output = Result<refund::Model, StoreError>> + Send {
-        record_outcome(deps, self, outcome, actor)
+    fn settle(&self, outcome: RefundOutcome) -> Settle<Event> {
+        match outcome {
+            RefundOutcome::Succeeded(found) | RefundOutcome::Failed(found) => {
+                match settlement(self, &found) {
+                    Some((event, changes, reason)) => Settle::Move(event, changes.into(), reason),
+                    None => Settle::HandOver(Some(found.id)),
+                }
+            }
+            RefundOutcome::Rejected {
+                status,
+                detail,
+                reason,
+            } => {
+                let code = match reason {
+                    RejectReason::ExceedsRemaining => "amount_exceeds_remaining".to_owned(),
+                    RejectReason::Other => format!("{GATEWAY_REJECTED}_{status}"),
+                };
+                Settle::Move(
+                    Event::Failed,
+                    Step {
+                        code: Some(code),
+                        ..Step::default()
+                    },
+                    format!("gateway refused the refund with {status}: {detail}"),
+                )
+            }
+            RefundOutcome::Pending(found) => Settle::HandOver(Some(found.id)),
+            RefundOutcome::Unknown(why) => {
+                tracing::warn!(refund_id = %self.id, why, "refund outcome unknown; the reconciler will ask the provider");
+                Settle::HandOver(None)
+            }
+        }
     }
 
-    fn reload(&self, deps: &SagaDeps) -> impl Future<Output = Result<Self, StoreError>> + Send {
-        reload(deps, self)
+    fn hand_over_at(
+        &self,
+        db: &DatabaseConnection,
+        gateway_ref: Option<String>,
+        due: DateTime<Utc>,
+    ) -> impl Future<Output = Result<Written, DbErr>> + Send {
+        store::hand_over(db, self, gateway_ref, due)
+    }
+
+    fn find(
+        &self,
+        db: &DatabaseConnection,
+    ) -> impl Future<Output = Result<Option<Self>, DbErr>> + Send {
+        store::find(db, self.id)
+    }
+
+    fn log_moved(&self) {
+        tracing::info!(refund_id = %self.id, "refund moved by someone else first; keeping their decision");
     }
 }
 
@@ -179,67 +208,6 @@ pub fn settlement(r: &refund::Model, found: &Refund) -> Option<(Event, Changes, 
         }
         RefundStatus::Pending => None,
     }
-}
-
-/// Writes what the gateway said: final states freeze the key's answer; pending and
-/// unknown hand the refund to the reconciler.
-pub async fn record_outcome(
-    deps: &SagaDeps,
-    sent: refund::Model,
-    outcome: RefundOutcome,
-    actor: Actor,
-) -> Result<refund::Model, StoreError> {
-    let (event, changes, reason) = match outcome {
-        RefundOutcome::Succeeded(found) | RefundOutcome::Failed(found) => {
-            match settlement(&sent, &found) {
-                Some(settled) => settled,
-                None => return hand_over(deps, sent, Some(found.id)).await,
-            }
-        }
-        RefundOutcome::Rejected {
-            status,
-            detail,
-            reason,
-        } => {
-            let code = match reason {
-                RejectReason::ExceedsRemaining => "amount_exceeds_remaining".to_owned(),
-                RejectReason::Other => format!("{GATEWAY_REJECTED}_{status}"),
-            };
-            (
-                Event::Failed,
-                Changes {
-                    failure_code: Some(code),
-                    ..Changes::default()
-                },
-                format!("gateway refused the refund with {status}: {detail}"),
-            )
-        }
-        RefundOutcome::Pending(found) => return hand_over(deps, sent, Some(found.id)).await,
-        RefundOutcome::Unknown(why) => {
-            tracing::warn!(refund_id = %sent.id, why, "refund outcome unknown; the reconciler will ask the provider");
-            return hand_over(deps, sent, None).await;
-        }
-    };
-    let written = apply_now(deps, &sent, event, changes, actor, &reason).await?;
-    kept(deps, written, &sent).await
-}
-
-async fn hand_over(
-    deps: &SagaDeps,
-    sent: refund::Model,
-    gateway_ref: Option<String>,
-) -> Result<refund::Model, StoreError> {
-    // Doubled for each earlier send.
-    let due = deps.next_look(sent.attempts - 1);
-    let written = store::hand_over(&deps.db, &sent, gateway_ref, due).await?;
-    kept(deps, written, &sent).await
-}
-
-async fn reload(deps: &SagaDeps, r: &refund::Model) -> Result<refund::Model, StoreError> {
-    tracing::info!(refund_id = %r.id, "refund moved by someone else first; keeping their decision");
-    Ok(store::find(&deps.db, r.id)
-        .await?
-        .unwrap_or_else(|| r.clone()))
 }
 
 /// What pagos does with a charge it finds for a payment whose answer was `FALLIDA`
