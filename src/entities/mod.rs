@@ -26,9 +26,10 @@ macro_rules! audit_trail {
 
         impl ActiveModelBehavior for ActiveModel {}
 
-        impl Model {
-            /// The row of a move of `subject` from `from` to `to` by `actor`, at `at`.
-            pub fn of_move(
+        impl super::AuditRow for Model {
+            type State = $state;
+
+            fn of_move(
                 subject: Uuid,
                 from: $state,
                 to: $state,
@@ -48,6 +49,21 @@ macro_rules! audit_trail {
             }
         }
     };
+}
+
+/// A row of an audit trail (`audit_trail!`): one move of a payment or a refund.
+pub trait AuditRow {
+    type State;
+
+    /// The row of a move of `subject` from `from` to `to` by `actor`, at `at`.
+    fn of_move(
+        subject: uuid::Uuid,
+        from: Self::State,
+        to: Self::State,
+        actor: payment_transition::Actor,
+        reason: &str,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Self;
 }
 
 pub mod api_key;

@@ -19,11 +19,10 @@ use crate::gateway::retry::{self, ChargeOutcome, RetryPolicy};
 use crate::gateway::{Charge, ChargeRequest, ChargeStatus, Gateway};
 use crate::representation::{self, GATEWAY_REJECTED_PREFIX};
 use sea_orm::DatabaseConnection;
-use state::IllegalTransition;
 use state::{Event, PaymentState};
 use std::sync::Arc;
 use std::time::Duration;
-use store::{Actor, Changes, Plan, SagaRow, Step, StoreError, Written};
+use store::{Actor, Changes, SagaRow, Step, StoreError, Written};
 
 /// What the saga needs from the application.
 #[derive(Clone)]
@@ -80,7 +79,7 @@ pub async fn apply<C: sea_orm::ConnectionTrait>(
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
-    let plan = store::plan(current, event, changes, actor, reason, RENDER)?;
+    let plan = current.plan(event, changes.into(), actor, reason, RENDER)?;
     Ok(plan.write(tx, current).await?)
 }
 
@@ -109,6 +108,8 @@ pub fn charge_request(p: &payment::Model) -> ChargeRequest {
 /// or a refund's own is said here; its log lines stay in its own module.
 pub trait Saga: SagaRow {
     type Error: std::fmt::Display + From<sea_orm::DbErr> + From<Self::Illegal> + Send;
+    /// Its table, where it is read again when someone else moved it first.
+    type Table: store::Claimable<Model = Self>;
     /// What a send reads before it marks the row sent.
     type Prepared: Send;
     /// What the gateway said to a send.
@@ -121,16 +122,9 @@ pub trait Saga: SagaRow {
     const SEND_REASONS: [&'static str; 3];
     /// The failpoints right after the mark and right after the gateway's answer.
     const FAILPOINTS: [&'static str; 2];
-
-    /// What applying `event` writes, with the key's answer and the event's `datos`
-    /// rendered as the contract says (`representation`); an impossible move is refused.
-    fn plan(
-        &self,
-        event: Self::Event,
-        step: Step,
-        actor: Actor,
-        reason: &str,
-    ) -> Result<Plan<Self>, Self::Illegal>;
+    /// The key's frozen answer and the event's `datos` as the contract renders them
+    /// (`representation`): the store writes them, it never renders.
+    const RENDER: store::Render<Self>;
 
     /// What the send reads before it marks the row sent.
     fn prepare(
@@ -152,20 +146,6 @@ pub trait Saga: SagaRow {
     /// What the gateway's answer to a send means for the row (its log line when the
     /// answer says nothing).
     fn settle(&self, outcome: Self::Outcome) -> Settle<Self::Event>;
-
-    /// Gives the row to the reconciler, due at `due`, releasing the request's lease.
-    fn hand_over_at(
-        &self,
-        db: &DatabaseConnection,
-        gateway_ref: Option<String>,
-        due: chrono::DateTime<chrono::Utc>,
-    ) -> impl Future<Output = Result<Written<Self>, sea_orm::DbErr>> + Send;
-
-    /// The row as stored now.
-    fn find(
-        &self,
-        db: &DatabaseConnection,
-    ) -> impl Future<Output = Result<Option<Self>, sea_orm::DbErr>> + Send;
 
     /// Its log line when someone else moved the row first.
     fn log_moved(&self);
@@ -189,7 +169,7 @@ pub async fn apply_now<R: Saga>(
     actor: Actor,
     reason: &str,
 ) -> Result<Written<R>, R::Error> {
-    let plan = current.plan(event, changes.into(), actor, reason)?;
+    let plan = current.plan(event, changes.into(), actor, reason, R::RENDER)?;
     Ok(plan.write_now(db, current).await?)
 }
 
@@ -242,7 +222,7 @@ pub async fn record_outcome<R: Saga>(
         Settle::HandOver(gateway_ref) => {
             // Doubled for each earlier send.
             let due = deps.next_look(sent.attempts() - 1);
-            sent.hand_over_at(&deps.db, gateway_ref, due).await?
+            store::hand_over(&deps.db, &sent, gateway_ref, due).await?
         }
     };
     kept(deps, written, &sent).await
@@ -264,10 +244,8 @@ pub async fn kept<R: Saga>(
 /// The row as someone else left it, who moved it first (its log line says so).
 async fn reload<R: Saga>(deps: &SagaDeps, current: &R) -> Result<R, R::Error> {
     current.log_moved();
-    Ok(current
-        .find(&deps.db)
-        .await?
-        .unwrap_or_else(|| current.clone()))
+    let found = store::find_row::<R::Table>(&deps.db, current.id()).await?;
+    Ok(found.unwrap_or_else(|| current.clone()))
 }
 
 /// A payment as its steps send it.
@@ -275,6 +253,7 @@ impl Saga for payment::Model {
     type Error = StoreError;
     type Prepared = ();
     type Outcome = ChargeOutcome;
+    type Table = payment::Entity;
     const NEVER_SENT: PaymentState = PaymentState::EnProceso;
     const SENT: PaymentState = PaymentState::Enviada;
     const SEND_REASONS: [&'static str; 3] = [
@@ -283,16 +262,7 @@ impl Saga for payment::Model {
         "resending to the gateway with the same key (the provider has no charge for it)",
     ];
     const FAILPOINTS: [&'static str; 2] = ["after_mark_sent", "after_gateway_response"];
-
-    fn plan(
-        &self,
-        event: Event,
-        step: Step,
-        actor: Actor,
-        reason: &str,
-    ) -> Result<store::Plan, IllegalTransition> {
-        store::plan(self, event, step, actor, reason, RENDER)
-    }
+    const RENDER: store::Render = RENDER;
 
     async fn prepare(&self, _deps: &SagaDeps) -> Result<(), StoreError> {
         Ok(())
@@ -334,22 +304,6 @@ impl Saga for payment::Model {
                 Settle::HandOver(None)
             }
         }
-    }
-
-    fn hand_over_at(
-        &self,
-        db: &DatabaseConnection,
-        gateway_ref: Option<String>,
-        due: chrono::DateTime<chrono::Utc>,
-    ) -> impl Future<Output = Result<Written, sea_orm::DbErr>> + Send {
-        store::hand_over(db, self, gateway_ref, due)
-    }
-
-    fn find(
-        &self,
-        db: &DatabaseConnection,
-    ) -> impl Future<Output = Result<Option<Self>, sea_orm::DbErr>> + Send {
-        store::find_payment(db, self.id)
     }
 
     fn log_moved(&self) {

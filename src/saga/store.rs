@@ -12,7 +12,9 @@
 
 use crate::db::{begin_write, now};
 use crate::domain::{NewPayment, PaymentMethod};
-use crate::entities::{event, idempotency_key as keys, payment, payment_transition as transitions};
+use crate::entities::{
+    AuditRow, event, idempotency_key as keys, payment, payment_transition as transitions,
+};
 use crate::idempotency::IdempotencyKey;
 use crate::idempotency::derive::derive;
 use crate::outbox;
@@ -395,7 +397,7 @@ pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
     type Event: Copy + PartialEq + Send + Sync;
     type Illegal;
     /// A row of its audit trail.
-    type Audit: Send + Sync;
+    type Audit: AuditRow<State = Self::State> + Send + Sync;
     /// What a decision writes on the row's idempotency key besides the row.
     type KeyWrite: Send + Sync;
     /// The event that marks the row sent, before the gateway call.
@@ -409,17 +411,24 @@ pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
     /// Moves the row to `to`, with the gateway's reference and the decline or failure
     /// code when the decision has them.
     fn record(&mut self, to: Self::State, gateway_ref: Option<String>, code: Option<String>);
-    /// The audit row of a move of this row.
-    fn audit(
-        &self,
-        from: Self::State,
-        to: Self::State,
-        actor: Actor,
-        reason: &str,
-        at: DateTime<Utc>,
-    ) -> Self::Audit;
     /// The event the merchant is told of a move to `to`, if it must know.
     fn event_type(to: Self::State) -> Option<EventType>;
+
+    /// What applying `event` writes (the row after it, its audit row, its event, and
+    /// what it writes on the key, with the answers as `render` renders them); an
+    /// impossible move is refused here, before anything is written.
+    fn plan(
+        &self,
+        event: Self::Event,
+        step: Step,
+        actor: Actor,
+        reason: &str,
+        render: Render<Self>,
+    ) -> Result<Plan<Self>, Self::Illegal>;
+
+    /// What a hand-over writes: `next` (due again, with the provider's reference), and
+    /// the request's lease on the row's key given up, with no answer frozen.
+    fn handed_over(next: Self) -> Plan<Self>;
 
     /// A plan's writes as statements in `tx`, fenced on `current`'s version; false
     /// (nothing written) if the row moved since `current` was read.
@@ -488,7 +497,8 @@ pub fn moved<M: SagaRow>(
     }
     // A resend keeps the state but is a decision worth an audit row.
     let resend = event == M::SEND && actor != Actor::Request;
-    let audit = (from != to || resend).then(|| current.audit(from, to, actor, reason, at));
+    let audit = (from != to || resend)
+        .then(|| M::Audit::of_move(current.id(), from, to, actor, reason, at));
     Ok(Moved {
         from,
         to,
@@ -603,19 +613,45 @@ impl SagaRow for payment::Model {
         }
     }
 
-    fn audit(
-        &self,
-        from: PaymentState,
-        to: PaymentState,
-        actor: Actor,
-        reason: &str,
-        at: DateTime<Utc>,
-    ) -> transitions::Model {
-        transitions::Model::of_move(self.id, from, to, actor, reason, at)
-    }
-
     fn event_type(to: PaymentState) -> Option<EventType> {
         EventType::of_payment(to)
+    }
+
+    /// The fenced update, the audit row, and, when the payment becomes final, the key's
+    /// frozen answer as `render` renders it.
+    fn plan(
+        &self,
+        event: Event,
+        step: Step,
+        actor: Actor,
+        reason: &str,
+        render: Render,
+    ) -> Result<Plan, IllegalTransition> {
+        let mut moved = moved(self, event, step, actor, reason)?;
+        if !PaymentState::IN_FLIGHT.contains(&moved.to) {
+            // Nobody sends it again: what was kept only to resend the same request (card
+            // token, payer e-mail and document) is erased.
+            moved.next.payment_method = self.payment_method.as_deref().map(without_personal_data);
+        }
+        let answer = moved.to.is_terminal().then(|| (render.answer)(&moved.next));
+        let key = KeyWrite {
+            answer,
+            release_lease: false,
+        };
+        Ok(moved.plan(key, render.datos))
+    }
+
+    fn handed_over(next: Self) -> Plan {
+        let key = KeyWrite {
+            answer: None,
+            release_lease: true,
+        };
+        Plan {
+            next,
+            audit: None,
+            key,
+            event: None,
+        }
     }
 
     fn write_in<'a, C: ConnectionTrait>(
@@ -664,31 +700,6 @@ pub struct KeyWrite {
     answer: Option<FrozenAnswer>,
     /// The request gives up its lease on the key without an answer (a hand-over).
     release_lease: bool,
-}
-
-/// What applying `event` to `current` writes — the fenced update, the audit row, and,
-/// when the payment becomes final, the key's frozen answer as `render` renders it; an
-/// impossible move is refused here, before anything is written.
-pub fn plan(
-    current: &payment::Model,
-    event: Event,
-    changes: impl Into<Step>,
-    actor: Actor,
-    reason: &str,
-    render: Render,
-) -> Result<Plan, IllegalTransition> {
-    let mut moved = moved(current, event, changes.into(), actor, reason)?;
-    if !PaymentState::IN_FLIGHT.contains(&moved.to) {
-        // Nobody sends it again: what was kept only to resend the same request (card
-        // token, payer e-mail and document) is erased.
-        moved.next.payment_method = current.payment_method.as_deref().map(without_personal_data);
-    }
-    let answer = moved.to.is_terminal().then(|| (render.answer)(&moved.next));
-    let key = KeyWrite {
-        answer,
-        release_lease: false,
-    };
-    Ok(moved.plan(key, render.datos))
 }
 
 /// A stored `medioPago` with only what identifies the method (`id`, Stripe's `cliente`,
@@ -828,30 +839,27 @@ async fn update_key_in_progress<C: ConnectionTrait>(
     Ok(())
 }
 
-/// The request gives up ownership of a payment it could not settle (gateway pending or
-/// unknown): the reconciler takes it from `next_attempt_at`, and retries of the key are
-/// answered with the payment's current state instead of 409.
-pub async fn hand_over(
+/// The request gives up ownership of a payment or refund it could not settle (gateway
+/// pending or unknown): the reconciler takes it from `due_at`, and retries of its key are
+/// answered with its current state instead of 409.
+pub async fn hand_over<M: SagaRow>(
     db: &DatabaseConnection,
-    current: &payment::Model,
+    current: &M,
     gateway_ref: Option<String>,
     due_at: DateTime<Utc>,
-) -> Result<Written, DbErr> {
+) -> Result<Written<M>, DbErr> {
     let mut next = current.clone();
     next.due_again(due_at, false);
-    if gateway_ref.is_some() {
-        next.gateway_ref = gateway_ref;
-    }
-    let plan = Plan {
-        next,
-        audit: None,
-        key: KeyWrite {
-            answer: None,
-            release_lease: true,
-        },
-        event: None,
-    };
-    plan.write_now(db, current).await
+    next.record(current.state(), gateway_ref, None);
+    M::handed_over(next).write_now(db, current).await
+}
+
+/// The row `id` of `E` as stored now.
+pub async fn find_row<E: Claimable>(
+    db: &DatabaseConnection,
+    id: Uuid,
+) -> Result<Option<E::Model>, DbErr> {
+    E::find().filter(E::ID.eq(id)).one(db).await
 }
 
 /// Ends a request's lease on the payment's key (no answer is frozen).

@@ -14,6 +14,7 @@ use crate::gateway::{Refund, RefundStatus};
 use crate::saga::refund::state::{Event, RefundState};
 use crate::saga::refund::store::{self, Changes, Written};
 use crate::saga::refund::{Actor, settlement};
+use crate::saga::store::SagaRow;
 use crate::webhooks::consumer::{ConsumeError, locked_by_reference, record_message};
 use sea_orm::{DatabaseConnection, DatabaseTransaction};
 
@@ -180,15 +181,15 @@ async fn consume_in(
             changes,
             reason,
         } => {
-            let plan = store::plan(
-                &current,
-                move_by,
-                changes,
-                Actor::Webhook,
-                &reason,
-                crate::saga::refund::RENDER,
-            )
-            .map_err(|e| ConsumeError::Db(sea_orm::DbErr::Custom(e.to_string())))?;
+            let plan = current
+                .plan(
+                    move_by,
+                    changes.into(),
+                    Actor::Webhook,
+                    &reason,
+                    crate::saga::refund::RENDER,
+                )
+                .map_err(|e| ConsumeError::Db(sea_orm::DbErr::Custom(e.to_string())))?;
             Ok(match plan.write(tx, &current).await? {
                 Written::Applied(moved) => Some(RefundConsumed::Applied(moved.state)),
                 Written::Fenced => None,

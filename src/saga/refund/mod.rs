@@ -17,10 +17,8 @@ use crate::gateway::{Refund, RefundRequest, RefundStatus, RejectReason};
 use crate::representation;
 use crate::saga::store::Step;
 use crate::saga::{Saga, SagaDeps, Settle};
-use chrono::{DateTime, Utc};
-use sea_orm::{DatabaseConnection, DbErr};
-use state::{Event, IllegalTransition, RefundState};
-use store::{Changes, StoreError, Written};
+use state::{Event, RefundState};
+use store::{Changes, StoreError};
 
 pub use crate::saga::{apply_now, send};
 
@@ -59,6 +57,7 @@ impl Saga for refund::Model {
     /// The payment's amount (0 if the payment is not found).
     type Prepared = i64;
     type Outcome = RefundOutcome;
+    type Table = refund::Entity;
     const NEVER_SENT: RefundState = RefundState::EnProceso;
     const SENT: RefundState = RefundState::Enviado;
     const SEND_REASONS: [&'static str; 3] = [
@@ -68,16 +67,7 @@ impl Saga for refund::Model {
     ];
     const FAILPOINTS: [&'static str; 2] =
         ["refund_after_mark_sent", "refund_after_gateway_response"];
-
-    fn plan(
-        &self,
-        event: Event,
-        step: Step,
-        actor: Actor,
-        reason: &str,
-    ) -> Result<store::Plan, IllegalTransition> {
-        store::plan(self, event, step, actor, reason, RENDER)
-    }
+    const RENDER: store::Render = RENDER;
 
     async fn prepare(&self, deps: &SagaDeps) -> Result<i64, StoreError> {
         Ok(crate::saga::store::find_payment(&deps.db, self.payment_id)
@@ -136,22 +126,6 @@ impl Saga for refund::Model {
                 Settle::HandOver(None)
             }
         }
-    }
-
-    fn hand_over_at(
-        &self,
-        db: &DatabaseConnection,
-        gateway_ref: Option<String>,
-        due: DateTime<Utc>,
-    ) -> impl Future<Output = Result<Written, DbErr>> + Send {
-        store::hand_over(db, self, gateway_ref, due)
-    }
-
-    fn find(
-        &self,
-        db: &DatabaseConnection,
-    ) -> impl Future<Output = Result<Option<Self>, DbErr>> + Send {
-        store::find(db, self.id)
     }
 
     fn log_moved(&self) {

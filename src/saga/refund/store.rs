@@ -19,9 +19,7 @@ use crate::idempotency::derive::derive_refund;
 use crate::outbox;
 use crate::saga::refund::state::{Event, IllegalTransition, RefundState, transition};
 use crate::saga::state::PaymentState;
-use crate::saga::store::{
-    Claimable, Rewritten, SagaRow, Scheduled, Step, chrono_after, moved, one_statement, rewrite,
-};
+use crate::saga::store::{Claimable, Rewritten, SagaRow, Step, chrono_after, moved, one_statement};
 pub use crate::saga::store::{renew_claim, reschedule};
 use chrono::{DateTime, Utc};
 use pagos_types::EventType;
@@ -352,29 +350,6 @@ impl From<Changes> for Step {
 /// its dedupe row) or committed on its own (`write_now`).
 pub type Plan = crate::saga::store::Plan<refund::Model>;
 
-/// What applying `event` writes; an impossible move is refused before anything is.
-pub fn plan(
-    current: &refund::Model,
-    event: Event,
-    changes: impl Into<Step>,
-    actor: Actor,
-    reason: &str,
-    render: Render,
-) -> Result<Plan, IllegalTransition> {
-    let mut moved = moved(current, event, changes.into(), actor, reason)?;
-    if moved.to.is_terminal() && current.key_status == KeyStatus::InProgress {
-        // What a client was told first is what its retries are told: frozen once.
-        let next = &mut moved.next;
-        let answer = (render.answer)(next);
-        next.key_status = KeyStatus::Completed;
-        next.response_code = Some(i32::from(answer.status));
-        next.response_body = Some(answer.body);
-        next.lease_until = None;
-    }
-    // A refund's key is on the refund: nothing more to write on it.
-    Ok(moved.plan((), render.datos))
-}
-
 /// A refund as a decision moves it: its key lives on its own row, so a decision's writes
 /// are the refund's update, its audit row and its event.
 impl SagaRow for refund::Model {
@@ -407,19 +382,42 @@ impl SagaRow for refund::Model {
         }
     }
 
-    fn audit(
-        &self,
-        from: RefundState,
-        to: RefundState,
-        actor: Actor,
-        reason: &str,
-        at: DateTime<Utc>,
-    ) -> transitions::Model {
-        transitions::Model::of_move(self.id, from, to, actor, reason, at)
-    }
-
     fn event_type(to: RefundState) -> Option<EventType> {
         EventType::of_refund(to)
+    }
+
+    /// The refund's update (with its key's frozen answer when it becomes final), its
+    /// audit row, its event: a refund's key is on the refund, nothing more to write on it.
+    fn plan(
+        &self,
+        event: Event,
+        step: Step,
+        actor: Actor,
+        reason: &str,
+        render: Render,
+    ) -> Result<Plan, IllegalTransition> {
+        let mut moved = moved(self, event, step, actor, reason)?;
+        if moved.to.is_terminal() && self.key_status == KeyStatus::InProgress {
+            // What a client was told first is what its retries are told: frozen once.
+            let next = &mut moved.next;
+            let answer = (render.answer)(next);
+            next.key_status = KeyStatus::Completed;
+            next.response_code = Some(i32::from(answer.status));
+            next.response_body = Some(answer.body);
+            next.lease_until = None;
+        }
+        Ok(moved.plan((), render.datos))
+    }
+
+    /// A refund's key lives on the refund: its lease ends with the row's write.
+    fn handed_over(mut next: Self) -> Plan {
+        next.lease_until = None;
+        Plan {
+            next,
+            audit: None,
+            key: (),
+            event: None,
+        }
     }
 
     fn write_in<'a, C: ConnectionTrait>(
@@ -460,24 +458,6 @@ pub async fn advance_event_sequence<C: ConnectionTrait>(
         .exec(tx)
         .await?;
     Ok(done.rows_affected == 1)
-}
-
-/// The request gives up its refund without a final answer (gateway pending or unknown):
-/// the reconciler takes it from `due_at`, and retries of the key get its current state.
-pub async fn hand_over(
-    db: &DatabaseConnection,
-    current: &refund::Model,
-    gateway_ref: Option<String>,
-    due_at: DateTime<Utc>,
-) -> Result<Written, DbErr> {
-    rewrite(db, current, |next| {
-        next.due_again(due_at, false);
-        next.lease_until = None;
-        if gateway_ref.is_some() {
-            next.gateway_ref = gateway_ref;
-        }
-    })
-    .await
 }
 
 /// A refund's new schedule or claim (`saga::store::reschedule`, `renew_claim`): its
