@@ -4,7 +4,7 @@
 # benchmark of docs/benchmarks.md side by side and prints the table (figures are printed,
 # never asserted).
 #
-#   benches/run.sh                      # the whole run, about 25 minutes after the build
+#   benches/run.sh                      # the whole run, about 30 minutes after the build
 #                                       # (7 of them filling a 10-million-payment database)
 #   benches/run.sh --duration 5s        # shorter runs; --help lists every flag
 #

@@ -7,6 +7,8 @@
 //!    posts a fresh key per request to `pagos serve` (in-process sandbox, zero latency);
 //!    `pg_stat_database` is read around each, and pagos' peak RSS after;
 //! 2. replay: pgbench's point select of one completed key row, then wrk replaying it;
+//!    both phases in rounds (`--throughput-rounds`), each with its own `pagos serve`, the
+//!    ratios the medians of the rounds';
 //! 3. database work: another `pagos serve` reaches PostgreSQL through a counting relay
 //!    (`relay.rs`): statements, commits and round trips per payment and per replay;
 //! 4. reconciler: a backlog of 100,000 ENVIADA payments (as an outage leaves them)
@@ -82,6 +84,11 @@ struct Args {
     /// Payments (and keys) of the filled database of the grown and purge phases
     #[arg(long, default_value_t = 10_000_000)]
     grown_payments: u64,
+    /// Rounds of the throughput phase: each runs the textbook saga's SQL, the mirror
+    /// script and wrk's creates, then the point select and wrk's replays; the ratios are
+    /// the medians of the rounds' ratios
+    #[arg(long, default_value_t = 3)]
+    throughput_rounds: usize,
     /// Rounds of the grown phase (each measures both databases)
     #[arg(long, default_value_t = 3)]
     grown_rounds: usize,
@@ -209,8 +216,24 @@ async fn prepared_database(
     Ok((name, url, db, merchant))
 }
 
+/// One round of the throughput phase: each rate measured right after its yardstick.
+struct Round {
+    /// pagos' creates/s, the mirror script's and the textbook saga's transactions/s.
+    create: f64,
+    mirror: f64,
+    seed: f64,
+    /// pagos' replays/s and pgbench's point selects/s.
+    replay: f64,
+    select: f64,
+    /// wrk's non-2xx answers and socket errors, pgbench's failed transactions.
+    errors: u64,
+    failed: u64,
+}
+
 #[derive(Default)]
 struct Figures {
+    /// Each round's rates; the table's ratios are the medians of theirs.
+    rounds: Vec<Round>,
     pg_create: tools::PgbenchResult,
     /// The textbook saga's SQL (`benches/pgbench/seed.sql`): the fixed yardstick.
     pg_seed: tools::PgbenchResult,
@@ -368,18 +391,8 @@ async fn create_and_replay(
     logs: &Path,
     figures: &mut Figures,
 ) -> anyhow::Result<()> {
-    // Create: pagos and pgbench both warmed up, then pgbench right before wrk.
-    let (server, base) = serve(bin, url, &[], &logs.join("serve-create.log")).await?;
-    say(&format!("warming up ({:?} each)", args.warmup));
-    wrk(
-        "create.lua",
-        &base,
-        warmup,
-        &[
-            ("PAGOS_BENCH_API_KEY", API_KEY),
-            ("PAGOS_BENCH_RUN", "warmup"),
-        ],
-    )?;
+    // pgbench warmed up once; each round starts its own `pagos serve` for creates, then
+    // another for replays (one at a time, as a deployment runs), each warmed up.
     pgbench(
         "create.sql",
         url,
@@ -390,104 +403,138 @@ async fn create_and_replay(
         .await
         .context("creating the textbook saga's tables")?;
     pgbench("seed.sql", url, warmup, &[("run", "1"), ("i", "0")])?;
-    tokio::time::sleep(STATS_SETTLE).await;
-
-    // The fixed yardstick first, then the mirror of pagos' SQL right before wrk.
-    say(&format!(
-        "pgbench: the textbook saga's SQL, {} clients, {:?}",
-        measured.connections, measured.duration
-    ));
-    figures.pg_seed = pgbench("seed.sql", url, measured, &[("run", "2"), ("i", "0")])?;
-    say(&format!(
-        "pgbench: the create path's SQL, {} clients, {:?}",
-        measured.connections, measured.duration
-    ));
-    let before = db_stats(admin, name).await?;
-    figures.pg_create = pgbench(
-        "create.sql",
-        url,
-        measured,
-        &[("merchant", merchant), ("run", "2"), ("i", "0")],
-    )?;
-    let between = db_stats(admin, name).await?;
-    figures.pg_create_commits =
-        between.since(before).commits as f64 / figures.pg_create.transactions as f64;
-
-    say(&format!(
-        "wrk: POST /v1/pagos, a fresh key each, {} connections, {:?}",
-        measured.connections, measured.duration
-    ));
-    let payments_before = count(db, "SELECT count(*) FROM payments").await?;
-    figures.create = wrk(
-        "create.lua",
-        &base,
-        measured,
-        &[
-            ("PAGOS_BENCH_API_KEY", API_KEY),
-            ("PAGOS_BENCH_RUN", "measured"),
-        ],
-    )?;
-    figures.peak_rss_kib = server.peak_rss_kib().unwrap_or(0);
-    // Stopping pagos closes its connections: their backends flush their statistics.
-    server.stop(Duration::from_secs(30));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = db_stats(admin, name).await?;
-    figures.created = count(db, "SELECT count(*) FROM payments").await? - payments_before;
-    figures.create_commits_stat = after.since(between).commits as f64 / figures.created as f64;
-
-    // Replay: one completed key.
-    let (server, base) = serve(bin, url, &[], &logs.join("serve-replay.log")).await?;
-    let http = reqwest::Client::new();
-    let first = post(&http, &base, REPLAY_KEY).await?;
-    if first != 201 {
-        bail!("the payment to replay was answered {first}, not 201");
-    }
-    wrk(
-        "replay.lua",
-        &base,
-        warmup,
-        &[
-            ("PAGOS_BENCH_API_KEY", API_KEY),
-            ("PAGOS_BENCH_REPLAY_KEY", REPLAY_KEY),
-        ],
-    )?;
     pgbench(
         "replay.sql",
         url,
         warmup,
         &[("merchant", merchant), ("key", REPLAY_KEY)],
     )?;
-    tokio::time::sleep(STATS_SETTLE).await;
+    let rounds = args.throughput_rounds.max(1);
+    for round in 1..=rounds {
+        say(&format!("throughput: round {round} of {rounds}"));
+        let run = (round + 1).to_string();
+        let (server, base) = serve(bin, url, &[], &logs.join("serve-create.log")).await?;
+        say(&format!("warming up ({:?})", args.warmup));
+        wrk(
+            "create.lua",
+            &base,
+            warmup,
+            &[
+                ("PAGOS_BENCH_API_KEY", API_KEY),
+                ("PAGOS_BENCH_RUN", &format!("warmup-{round}")),
+            ],
+        )?;
+        tokio::time::sleep(STATS_SETTLE).await;
 
-    say(&format!(
-        "pgbench: point select of the key row, {} clients, {:?}",
-        measured.connections, measured.duration
-    ));
-    figures.pg_replay = pgbench(
-        "replay.sql",
-        url,
-        measured,
-        &[("merchant", merchant), ("key", REPLAY_KEY)],
-    )?;
-    let between = db_stats(admin, name).await?;
-    say(&format!(
-        "wrk: POST /v1/pagos replaying one key, {} connections, {:?}",
-        measured.connections, measured.duration
-    ));
-    figures.replay = wrk(
-        "replay.lua",
-        &base,
-        measured,
-        &[
-            ("PAGOS_BENCH_API_KEY", API_KEY),
-            ("PAGOS_BENCH_REPLAY_KEY", REPLAY_KEY),
-        ],
-    )?;
-    server.stop(Duration::from_secs(30));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = db_stats(admin, name).await?;
-    figures.replay_commits_stat =
-        after.since(between).commits as f64 / figures.replay.requests as f64;
+        // The fixed yardstick first, then the mirror of pagos' SQL right before wrk.
+        say(&format!(
+            "pgbench: the textbook saga's SQL, {} clients, {:?}",
+            measured.connections, measured.duration
+        ));
+        figures.pg_seed = pgbench("seed.sql", url, measured, &[("run", &run), ("i", "0")])?;
+        say(&format!(
+            "pgbench: the create path's SQL, {} clients, {:?}",
+            measured.connections, measured.duration
+        ));
+        let before = db_stats(admin, name).await?;
+        figures.pg_create = pgbench(
+            "create.sql",
+            url,
+            measured,
+            &[("merchant", merchant), ("run", &run), ("i", "0")],
+        )?;
+        let between = db_stats(admin, name).await?;
+        figures.pg_create_commits =
+            between.since(before).commits as f64 / figures.pg_create.transactions as f64;
+
+        say(&format!(
+            "wrk: POST /v1/pagos, a fresh key each, {} connections, {:?}",
+            measured.connections, measured.duration
+        ));
+        let payments_before = count(db, "SELECT count(*) FROM payments").await?;
+        figures.create = wrk(
+            "create.lua",
+            &base,
+            measured,
+            &[
+                ("PAGOS_BENCH_API_KEY", API_KEY),
+                ("PAGOS_BENCH_RUN", &format!("measured-{round}")),
+            ],
+        )?;
+        figures.peak_rss_kib = server.peak_rss_kib().unwrap_or(0);
+        // Stopping pagos closes its connections: their backends flush their statistics.
+        server.stop(Duration::from_secs(30));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = db_stats(admin, name).await?;
+        figures.created = count(db, "SELECT count(*) FROM payments").await? - payments_before;
+        figures.create_commits_stat = after.since(between).commits as f64 / figures.created as f64;
+
+        // Replay: one completed key.
+        let (server, base) = serve(bin, url, &[], &logs.join("serve-replay.log")).await?;
+        let http = reqwest::Client::new();
+        let first = post(&http, &base, REPLAY_KEY).await?;
+        if first != 201 {
+            bail!("the payment to replay was answered {first}, not 201");
+        }
+        wrk(
+            "replay.lua",
+            &base,
+            warmup,
+            &[
+                ("PAGOS_BENCH_API_KEY", API_KEY),
+                ("PAGOS_BENCH_REPLAY_KEY", REPLAY_KEY),
+            ],
+        )?;
+        tokio::time::sleep(STATS_SETTLE).await;
+
+        say(&format!(
+            "pgbench: point select of the key row, {} clients, {:?}",
+            measured.connections, measured.duration
+        ));
+        figures.pg_replay = pgbench(
+            "replay.sql",
+            url,
+            measured,
+            &[("merchant", merchant), ("key", REPLAY_KEY)],
+        )?;
+        let between = db_stats(admin, name).await?;
+        say(&format!(
+            "wrk: POST /v1/pagos replaying one key, {} connections, {:?}",
+            measured.connections, measured.duration
+        ));
+        figures.replay = wrk(
+            "replay.lua",
+            &base,
+            measured,
+            &[
+                ("PAGOS_BENCH_API_KEY", API_KEY),
+                ("PAGOS_BENCH_REPLAY_KEY", REPLAY_KEY),
+            ],
+        )?;
+        server.stop(Duration::from_secs(30));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = db_stats(admin, name).await?;
+        figures.replay_commits_stat =
+            after.since(between).commits as f64 / figures.replay.requests as f64;
+        let measured_round = Round {
+            create: figures.create.rate(),
+            mirror: figures.pg_create.tps,
+            seed: figures.pg_seed.tps,
+            replay: figures.replay.rate(),
+            select: figures.pg_replay.tps,
+            errors: figures.create.non_2xx
+                + figures.create.socket_errors
+                + figures.replay.non_2xx
+                + figures.replay.socket_errors,
+            failed: figures.pg_create.failed + figures.pg_seed.failed + figures.pg_replay.failed,
+        };
+        say(&format!(
+            "round {round}: create ÷ mirror {:.2}, replay ÷ point select {:.2}",
+            measured_round.create / measured_round.mirror,
+            measured_round.replay / measured_round.select
+        ));
+        figures.rounds.push(measured_round);
+    }
     Ok(())
 }
 
@@ -710,38 +757,45 @@ fn verdict(met: bool) -> &'static str {
 fn print_table(args: &Args, f: &Figures) {
     let mut rows: Vec<[String; 4]> = Vec::new();
     // Phases left out with --only print no rows.
-    let throughput = f.create.requests > 0;
-    let create_ratio = f.create.rate() / f.pg_create.tps;
-    let replay_ratio = f.replay.rate() / f.pg_replay.tps;
+    let throughput = !f.rounds.is_empty();
+    // Each ratio is the median of the rounds' ratios, every round's beside it.
+    let ratios = |of: fn(&Round) -> f64| -> (f64, String) {
+        let each: Vec<f64> = f.rounds.iter().map(of).collect();
+        let listed: Vec<String> = each.iter().map(|r| format!("{r:.2}")).collect();
+        (grown::median(each), listed.join(", "))
+    };
+    let medians = |of: fn(&Round) -> f64| grown::median(f.rounds.iter().map(of).collect());
+    let rounds = f.rounds.len();
     if throughput {
+        let (create_ratio, each) = ratios(|r| r.create / r.mirror);
         rows.push([
             "create throughput ratio".into(),
             format!(
-                "{create_ratio:.2}  (pagos {:.0}/s ÷ pgbench {:.0}/s)",
-                f.create.rate(),
-                f.pg_create.tps
+                "{create_ratio:.2}  (median of {rounds} rounds: {each}; pagos {:.0}/s ÷ pgbench {:.0}/s, medians)",
+                medians(|r| r.create),
+                medians(|r| r.mirror)
             ),
             "≥ 0.8".into(),
             verdict(create_ratio >= 0.8).into(),
         ]);
+        let (seed_ratio, each) = ratios(|r| r.create / r.seed);
         rows.push([
             "create ÷ textbook saga SQL".into(),
             format!(
-                "{:.2}  (pagos {:.0}/s ÷ pgbench {:.0}/s running benches/pgbench/seed.sql; pagos' own SQL ÷ it {:.2})",
-                f.create.rate() / f.pg_seed.tps,
-                f.create.rate(),
-                f.pg_seed.tps,
-                f.pg_create.tps / f.pg_seed.tps
+                "{seed_ratio:.2}  (median of {rounds} rounds: {each}; pgbench {:.0}/s running benches/pgbench/seed.sql; pagos' own SQL ÷ it {:.2})",
+                medians(|r| r.seed),
+                ratios(|r| r.mirror / r.seed).0
             ),
             "printed".into(),
             String::new(),
         ]);
+        let (replay_ratio, each) = ratios(|r| r.replay / r.select);
         rows.push([
             "replay throughput ratio".into(),
             format!(
-                "{replay_ratio:.2}  (pagos {:.0}/s ÷ pgbench {:.0}/s)",
-                f.replay.rate(),
-                f.pg_replay.tps
+                "{replay_ratio:.2}  (median of {rounds} rounds: {each}; pagos {:.0}/s ÷ pgbench {:.0}/s, medians)",
+                medians(|r| r.replay),
+                medians(|r| r.select)
             ),
             "≥ 1.5".into(),
             verdict(replay_ratio >= 1.5).into(),
@@ -877,7 +931,7 @@ fn print_table(args: &Args, f: &Figures) {
         rows.push([
             "memory".into(),
             format!(
-                "{mib:.1} MiB peak RSS of pagos serve ({} payments created)",
+                "{mib:.1} MiB peak RSS of pagos serve, last round ({} payments created)",
                 f.created
             ),
             "≤ 64 MiB".into(),
@@ -886,7 +940,7 @@ fn print_table(args: &Args, f: &Figures) {
         rows.push([
             "create latency".into(),
             format!(
-                "p50 {:.1} ms, p99 {:.1} ms  (pgbench mean {:.1} ms)",
+                "p50 {:.1} ms, p99 {:.1} ms, last round  (pgbench mean {:.1} ms)",
                 f.create.p50_ms, f.create.p99_ms, f.pg_create.latency_ms
             ),
             "printed".into(),
@@ -895,7 +949,7 @@ fn print_table(args: &Args, f: &Figures) {
         rows.push([
             "replay latency".into(),
             format!(
-                "p50 {:.2} ms, p99 {:.2} ms  (pgbench mean {:.2} ms)",
+                "p50 {:.2} ms, p99 {:.2} ms, last round  (pgbench mean {:.2} ms)",
                 f.replay.p50_ms, f.replay.p99_ms, f.pg_replay.latency_ms
             ),
             "printed".into(),
@@ -924,14 +978,15 @@ fn print_table(args: &Args, f: &Figures) {
         println!("{a:<w0$}  {b:<w1$}  {c:<w2$}  {d}");
     }
     if throughput {
-        let errors =
-            f.create.non_2xx + f.create.socket_errors + f.replay.non_2xx + f.replay.socket_errors;
-        let failed = f.pg_create.failed + f.pg_seed.failed + f.pg_replay.failed;
+        let errors: u64 = f.rounds.iter().map(|r| r.errors).sum();
+        let failed: u64 = f.rounds.iter().map(|r| r.failed).sum();
         println!();
         println!(
-            "wrk: {} creates ({} non-2xx or socket errors in both runs); pgbench: {} + {} + {} transactions ({failed} failed)",
+            "throughput rounds: {errors} non-2xx answers or socket errors of wrk, {failed} failed pgbench transactions, in all {rounds} rounds"
+        );
+        println!(
+            "last round: wrk {} creates; pgbench {} + {} + {} transactions",
             f.create.requests,
-            errors,
             f.pg_seed.transactions,
             f.pg_create.transactions,
             f.pg_replay.transactions
