@@ -9,7 +9,7 @@
 
 use super::AppState;
 use super::auth::{ApiKeyRefused, Merchant};
-use super::problem::{ApiError, NotJson, Problem, ProblemType};
+use super::problem::{ApiError, NotJson, NotThisShape, Problem, ProblemType};
 use crate::delivery::guard::{self, SystemResolver};
 use crate::delivery::signing::Secret;
 use crate::domain::FieldError;
@@ -165,7 +165,7 @@ struct NoSuchEndpoint(Problem);
     responses(
         (status = 201, description = "Registered, `ACTIVO`; `secreto` is shown only here", body = WebhookEndpoint,
          headers(("Location" = String))),
-        (status = 400, description = "Body is not JSON of this shape", body = Problem, content_type = "application/problem+json"),
+        NotThisShape,
         ApiKeyRefused,
         NotJson,
         (status = 422, description = "A bad URL (not https, resolving to a non-public address) or an unknown event type; nothing stored", body = Problem, content_type = "application/problem+json"),
@@ -325,7 +325,7 @@ async fn rotate_secret(
     request_body(content = Reactivacion, description = "`{}` (or no body), or `{\"reenviarDesde\":\"<RFC 3339>\"}`"),
     responses(
         (status = 200, description = "The endpoint, `ACTIVO`", body = WebhookEndpoint),
-        (status = 400, description = "Body is not JSON of this shape", body = Problem, content_type = "application/problem+json"),
+        NotThisShape,
         ApiKeyRefused,
         NoSuchEndpoint,
         (status = 422, description = "`reenviarDesde` is not an RFC 3339 time", body = Problem, content_type = "application/problem+json"),

@@ -43,6 +43,17 @@ impl ProblemResponse for Problem {
 #[allow(dead_code)]
 pub struct BodyTooLarge(Problem);
 
+/// The 400 of an endpoint whose JSON body is not of the shape it reads (documentation
+/// only).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 400,
+    description = "Body is not JSON of this shape",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct NotThisShape(Problem);
+
 /// The 415 of an endpoint that reads a JSON body (documentation only).
 #[derive(utoipa::IntoResponses)]
 #[response(
