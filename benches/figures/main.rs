@@ -225,6 +225,9 @@ struct Round {
     /// pagos' replays/s and pgbench's point selects/s.
     replay: f64,
     select: f64,
+    /// pagos' own CPU time (user and system) per create and per replay, in µs.
+    cpu_per_create_us: f64,
+    cpu_per_replay_us: f64,
     /// wrk's non-2xx answers and socket errors, pgbench's failed transactions.
     errors: u64,
     failed: u64,
@@ -452,6 +455,7 @@ async fn create_and_replay(
             measured.connections, measured.duration
         ));
         let payments_before = count(db, "SELECT count(*) FROM payments").await?;
+        let cpu_before = server.cpu_time();
         figures.create = wrk(
             "create.lua",
             &base,
@@ -461,6 +465,8 @@ async fn create_and_replay(
                 ("PAGOS_BENCH_RUN", &format!("measured-{round}")),
             ],
         )?;
+        let cpu_per_create_us =
+            per_request_us(cpu_before, server.cpu_time(), figures.create.requests);
         figures.peak_rss_kib = server.peak_rss_kib().unwrap_or(0);
         // Stopping pagos closes its connections: their backends flush their statistics.
         server.stop(Duration::from_secs(30));
@@ -502,6 +508,7 @@ async fn create_and_replay(
             "wrk: POST /v1/pagos replaying one key, {} connections, {:?}",
             measured.connections, measured.duration
         ));
+        let cpu_before = server.cpu_time();
         figures.replay = wrk(
             "replay.lua",
             &base,
@@ -511,6 +518,8 @@ async fn create_and_replay(
                 ("PAGOS_BENCH_REPLAY_KEY", REPLAY_KEY),
             ],
         )?;
+        let cpu_per_replay_us =
+            per_request_us(cpu_before, server.cpu_time(), figures.replay.requests);
         server.stop(Duration::from_secs(30));
         tokio::time::sleep(Duration::from_millis(500)).await;
         let after = db_stats(admin, name).await?;
@@ -522,6 +531,8 @@ async fn create_and_replay(
             seed: figures.pg_seed.tps,
             replay: figures.replay.rate(),
             select: figures.pg_replay.tps,
+            cpu_per_create_us,
+            cpu_per_replay_us,
             errors: figures.create.non_2xx
                 + figures.create.socket_errors
                 + figures.replay.non_2xx
@@ -536,6 +547,16 @@ async fn create_and_replay(
         figures.rounds.push(measured_round);
     }
     Ok(())
+}
+
+/// CPU time spent between two readings, per request, in µs (0 when unreadable).
+fn per_request_us(before: Option<Duration>, after: Option<Duration>, requests: u64) -> f64 {
+    match (before, after) {
+        (Some(before), Some(after)) if requests > 0 => {
+            after.saturating_sub(before).as_secs_f64() * 1e6 / requests as f64
+        }
+        _ => 0.0,
+    }
 }
 
 async fn post(http: &reqwest::Client, base: &str, key: &str) -> anyhow::Result<u16> {
@@ -799,6 +820,22 @@ fn print_table(args: &Args, f: &Figures) {
             ),
             "≥ 1.5".into(),
             verdict(replay_ratio >= 1.5).into(),
+        ]);
+        let (create_cpu, each) = ratios(|r| r.cpu_per_create_us);
+        rows.push([
+            "pagos CPU per create".into(),
+            format!(
+                "{create_cpu:.0} µs  (median of {rounds} rounds: {each}; user and system time of pagos serve over the wrk run)"
+            ),
+            "printed".into(),
+            String::new(),
+        ]);
+        let (replay_cpu, each) = ratios(|r| r.cpu_per_replay_us);
+        rows.push([
+            "pagos CPU per replay".into(),
+            format!("{replay_cpu:.1} µs  (median of {rounds} rounds: {each})"),
+            "printed".into(),
+            String::new(),
         ]);
     }
     if let (Some(c), Some(r)) = (f.per_create, f.per_replay) {

@@ -69,6 +69,19 @@ impl Running {
         let _ = child.wait();
     }
 
+    /// CPU time the process has used so far, user and system (`/proc/<pid>/stat`).
+    pub fn cpu_time(&self) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
+        // The fields after the command name, which is in parentheses and may hold spaces:
+        // utime and stime are the 14th and 15th fields of the line.
+        let after = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // USER_HZ is 100 on Linux (`getconf CLK_TCK`).
+        Some(Duration::from_millis(ticks * 10))
+    }
+
     /// Peak resident set size so far (VmHWM), in KiB.
     pub fn peak_rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
