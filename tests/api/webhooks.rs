@@ -14,6 +14,7 @@ on_both_databases!(
     sequence_3_delivered_before_sequence_2_stands,
     twenty_events_of_one_charge_at_once_leave_the_highest_sequence_standing,
     a_pending_payment_settled_by_a_webhook_replays_its_frozen_201,
+    a_webhook_that_settles_a_payment_while_its_request_waits_on_the_gateway_is_what_the_request_answers,
     a_declined_event_fails_a_pending_payment_and_freezes_its_402,
     bad_signatures_are_refused_with_401_and_nothing_recorded,
     a_signed_body_that_is_not_an_event_is_refused_with_400_and_nothing_recorded,
@@ -273,6 +274,67 @@ async fn a_pending_payment_settled_by_a_webhook_replays_its_frozen_201(backend: 
         format!("webhook evt_p_2: charge {CHARGE_ID} succeeded")
     );
     assert_eq!(app.charges_seen().await.len(), 1, "never charged again");
+}
+
+/// The gateway's charge answer, sent after a delay: the request is still waiting on it.
+struct SlowCharge(std::time::Duration);
+
+impl wiremock::Respond for SlowCharge {
+    fn respond(&self, request: &wiremock::Request) -> wiremock::ResponseTemplate {
+        Charge::succeeded().respond(request).set_delay(self.0)
+    }
+}
+
+async fn a_webhook_that_settles_a_payment_while_its_request_waits_on_the_gateway_is_what_the_request_answers(
+    backend: Backend,
+) {
+    // The gateway answers within the timeout: one call, and the request writes its own
+    // settlement, which the webhook's has fenced.
+    let app = spawn_with(backend, &["--gateway-timeout", "5s"]).await;
+    app.answer_charges(SlowCharge(std::time::Duration::from_millis(1500)))
+        .await;
+    let request = app.pay_in_background("k-wh-race");
+    // The request has marked its payment sent and is at the gateway.
+    let mut sent = None;
+    for _ in 0..100 {
+        sent = pagos::entities::payment::Entity::find()
+            .filter(pagos::entities::payment::Column::IdempotencyKey.eq("k-wh-race"))
+            .one(&app.db)
+            .await
+            .expect("read")
+            .filter(|p| p.state.as_str() == "ENVIADA");
+        if sent.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let id = sent.expect("the payment marked ENVIADA").id.to_string();
+    let settled = event("evt_race_1", 1, charge(&id, "succeeded"));
+    assert_eq!(outcome(deliver(&app, &settled).await).await, "aplicado");
+
+    // The request's own settling write is fenced by the webhook's: it answers with the
+    // payment as the webhook left it, never with the ENVIADA it held.
+    let answer = request.await.expect("joined").expect("answered");
+    assert_eq!(answer.status(), 201);
+    let body = json(answer).await;
+    assert_eq!(body["id"], id.as_str());
+    assert_eq!(body["estado"], "COMPLETADA");
+    assert_eq!(
+        body["gatewayRef"], CHARGE_ID,
+        "the webhook's decision stands"
+    );
+
+    let completed: Vec<_> = trail(&app, &id)
+        .await
+        .into_iter()
+        .filter(|t| t.1 == "COMPLETADA")
+        .collect();
+    assert_eq!(completed.len(), 1, "one move to COMPLETADA: {completed:?}");
+    assert_eq!(completed[0].2, "webhook");
+    let replay = app.pay("k-wh-race", &payment_body()).await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(json(replay).await["estado"], "COMPLETADA");
+    assert_eq!(app.charges_seen().await.len(), 1, "one charge");
 }
 
 async fn a_declined_event_fails_a_pending_payment_and_freezes_its_402(backend: Backend) {
