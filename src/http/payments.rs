@@ -192,17 +192,6 @@ async fn create_payment(
     let Body(value) = body(json)?;
     let key = idempotency_key(&headers)?;
     let value = value?;
-    // What the configured gateway needs is checked here, before anything is stored.
-    let new_payment = NewPayment::from_json_for(
-        &value,
-        state.settings.gateway.needs(),
-        state.settings.max_amount,
-    )
-    .map_err(|errors| {
-        let campos: Vec<&str> = errors.iter().map(|e| e.campo.as_str()).collect();
-        tracing::info!(%merchant, ?campos, "payment request failed validation");
-        validation_failed(errors)
-    })?;
     let request = idempotency::fingerprint::Fingerprinted::new("POST", PAYMENTS_PATH, &value);
 
     // A replay from memory first, without a future: the database's path is boxed, so
@@ -211,18 +200,46 @@ async fn create_payment(
     // seventh of a replay's instructions.
     let begun = match saga::registry::remembered(&state.replay_cache, merchant, &key, &request) {
         Some(begun) => begun,
-        None => {
-            Box::pin(saga::registry::begin(
-                &state.db,
-                &state.replay_cache,
-                merchant,
-                &key,
-                &request,
-                &new_payment,
-                state.settings.lease,
-            ))
-            .await?
-        }
+        // What the configured gateway needs is checked here, before anything is stored.
+        None => match NewPayment::from_json_for(
+            &value,
+            state.settings.gateway.needs(),
+            state.settings.max_amount,
+        ) {
+            Ok(new_payment) => {
+                Box::pin(saga::registry::begin(
+                    &state.db,
+                    &state.replay_cache,
+                    merchant,
+                    &key,
+                    &request,
+                    &new_payment,
+                    state.settings.lease,
+                ))
+                .await?
+            }
+            // Today's settings refuse the body; a key already taken still answers as
+            // its row says (a retry of a payment made under other settings, or written
+            // otherwise): only a new key's request is refused, and nothing is stored.
+            Err(errors) => {
+                match Box::pin(saga::registry::taken(
+                    &state.db,
+                    &state.replay_cache,
+                    merchant,
+                    &key,
+                    &request,
+                ))
+                .await?
+                {
+                    Some(begun) => begun,
+                    None => {
+                        let campos: Vec<&str> = errors.iter().map(|e| e.campo.as_str()).collect();
+                        tracing::info!(%merchant, ?campos, "payment request failed validation");
+                        return Err(validation_failed(errors));
+                    }
+                }
+            }
+        },
     };
     let key_hash = idempotency::key_hash(&key);
     state.metrics.idempotency_outcome(match &begun {

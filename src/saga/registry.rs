@@ -51,27 +51,47 @@ pub async fn begin(
     new_payment: &NewPayment,
     lease: Duration,
 ) -> Result<Begin, DbErr> {
-    let fingerprint = request.fingerprint();
-    let taken = |existing: keys::Model| {
-        let now = crate::db::now();
-        let same = existing.fingerprint == fingerprint;
-        cache.keep(&existing, now, same.then(|| request.body()));
-        decide(&existing, fingerprint, now)
-    };
     if !store::one_statement(db)
-        && let Some(existing) = store::find_key(db, merchant, key.as_str()).await?
+        && let Some(taken) = taken(db, cache, merchant, key, request).await?
     {
-        return Ok(taken(existing));
+        return Ok(taken);
     }
     let registration = Registration {
         merchant,
         key,
-        fingerprint,
+        fingerprint: request.fingerprint(),
         payment: new_payment,
         lease,
     };
     Ok(match store::register(db, registration).await? {
         Registered::Started(p) => Begin::Started(Box::new(p)),
-        Registered::Taken(existing) => taken(existing),
+        Registered::Taken(existing) => decided(cache, &existing, request),
     })
+}
+
+/// What a key already taken gets, read from its row; None when the key is not taken.
+///
+/// For a request whose body today's settings refuse: a retry of a payment made under
+/// other settings (a lower `PAGOS_MAX_MONTO`, another gateway, another process of a
+/// rolling deploy) or written otherwise (`250000.0` for `250000`) is still the request
+/// its key was taken with, and gets that key's answer, never "nothing was stored".
+pub async fn taken(
+    db: &DatabaseConnection,
+    cache: &ReplayCache,
+    merchant: Uuid,
+    key: &IdempotencyKey,
+    request: &Fingerprinted<'_>,
+) -> Result<Option<Begin>, DbErr> {
+    let existing = store::find_key(db, merchant, key.as_str()).await?;
+    Ok(existing.map(|existing| decided(cache, &existing, request)))
+}
+
+/// What `decide` says of a taken key's row; a frozen answer is kept in the cache, with
+/// the request's body when it is the request the answer was frozen for.
+fn decided(cache: &ReplayCache, existing: &keys::Model, request: &Fingerprinted<'_>) -> Begin {
+    let fingerprint = request.fingerprint();
+    let now = crate::db::now();
+    let same = existing.fingerprint == fingerprint;
+    cache.keep(existing, now, same.then(|| request.body()));
+    decide(existing, fingerprint, now)
 }

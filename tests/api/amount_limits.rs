@@ -13,6 +13,8 @@ on_both_databases!(
     an_amount_above_pagos_max_monto_is_refused_and_the_default_is_twelve_digits,
     stripe_refuses_more_than_eight_digits_and_more_than_ten_in_cop,
     mercadopago_has_only_the_general_limits_and_its_exact_decimals,
+    a_retry_where_the_limit_is_now_lower_gets_its_payments_answer_not_a_refusal,
+    a_retry_written_otherwise_gets_its_payments_answer_from_the_stored_key,
 );
 
 /// Asserts a 422 `validation-failed` listing `monto` alone, whose detail names `limit`,
@@ -31,6 +33,74 @@ async fn refused(app: &TestApp, key: &str, body: &Value, limit: &str) {
 
 fn sandbox_body(monto: Value) -> Value {
     json!({"creditoId": "42", "monto": monto, "moneda": "CLP"})
+}
+
+/// A payment charged under one limit, retried at a process whose `PAGOS_MAX_MONTO` is now
+/// lower (a settings change, a rolling deploy): the retry is the request its key was
+/// taken with and gets the payment's answer; "nothing was stored" would be false, and a
+/// client told so would pay again under a new key. A new key with the same body is
+/// still refused there, and the key with another body is a reused key.
+async fn a_retry_where_the_limit_is_now_lower_gets_its_payments_answer_not_a_refusal(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).sandbox().start().await;
+    let body = sandbox_body(json!(5_000_001));
+    let first = app.pay("k-limit", &body).await;
+    assert_eq!(first.status(), 201);
+    let first = first.text().await.expect("body");
+
+    let lower = app.other_process(&["--max-monto", "5000000"]).await;
+    let (status, replayed, again) = app.pay_at(&lower, "k-limit", &body).await;
+    assert_eq!(
+        (status, replayed.as_deref()),
+        (201, Some("true")),
+        "the charged payment's answer: {again}"
+    );
+    assert_eq!(again, first, "the frozen answer, byte for byte");
+
+    let (status, _, problem) = app.pay_at(&lower, "k-limit-new", &body).await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(problem.contains("/problems/validation-failed"), "{problem}");
+    let (status, _, problem) = app
+        .pay_at(&lower, "k-limit", &sandbox_body(json!(5_000_002)))
+        .await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(
+        problem.contains("/problems/idempotency-key-reused"),
+        "{problem}"
+    );
+    assert_eq!(app.count_rows().await, (1, 1), "one key, one payment");
+}
+
+/// The same request written otherwise (`250000.0` for `250000`: the same RFC 8785 form,
+/// so the same fingerprint) retried at a process that does not hold the answer in memory:
+/// the stored answer, not a refusal of the number's form.
+async fn a_retry_written_otherwise_gets_its_payments_answer_from_the_stored_key(backend: Backend) {
+    let app = Spawn::new(backend).sandbox().start().await;
+    let first = app.pay("k-form", &sandbox_body(json!(250_000))).await;
+    assert_eq!(first.status(), 201);
+    let first = first.text().await.expect("body");
+
+    let other = app.other_process(&["--replay-cache-mib", "0"]).await;
+    let (status, replayed, again) = app
+        .pay_at(&other, "k-form", &sandbox_body(json!(250_000.0)))
+        .await;
+    assert_eq!(
+        (status, replayed.as_deref()),
+        (201, Some("true")),
+        "the payment's answer: {again}"
+    );
+    assert_eq!(again, first, "the frozen answer, byte for byte");
+    // A new key written so is still refused, for its form (not its size), nothing stored.
+    let (status, _, problem) = app
+        .pay_at(&other, "k-form-new", &sandbox_body(json!(250_000.0)))
+        .await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(
+        problem.contains("without a decimal point or exponent"),
+        "{problem}"
+    );
+    assert_eq!(app.count_rows().await, (1, 1), "one key, one payment");
 }
 
 async fn an_amount_above_two_to_the_53_minus_one_is_refused_whatever_the_settings(

@@ -353,6 +353,58 @@ pub fn payment_body() -> Value {
     json!({"creditoId": "42", "monto": 250000, "moneda": "COP"})
 }
 
+/// Another pagos on a test app's database, with settings of its own: a second process of
+/// the deployment (its own replay cache, its own limits). Stopped when dropped.
+pub struct OtherProcess {
+    pub addr: SocketAddr,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for OtherProcess {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl TestApp {
+    /// Another pagos on this app's database, with the sandbox gateway and `flags`.
+    pub async fn other_process(&self, flags: &[&str]) -> OtherProcess {
+        let mut all = vec!["--admin-token", ADMIN_TOKEN];
+        all.extend_from_slice(flags);
+        let settings = settings(self.database_url(), &all);
+        settings.validate().expect("valid test settings");
+        let gw: Arc<dyn Gateway> = pagos::app::gateway_from(&settings).expect("gateway");
+        let state = pagos::app::build(self.db.clone(), settings, gw);
+        let (addr, server) = serve_in_background(state).await;
+        OtherProcess { addr, server }
+    }
+
+    /// `POST /v1/pagos` as acme to `other`: the status, `Idempotent-Replayed`, the body.
+    pub async fn pay_at(
+        &self,
+        other: &OtherProcess,
+        key: &str,
+        body: &Value,
+    ) -> (u16, Option<String>, String) {
+        let answer = self
+            .http
+            .post(format!("http://{}/v1/pagos", other.addr))
+            .bearer_auth(API_KEY)
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .expect("request sent");
+        let status = answer.status().as_u16();
+        let replayed = answer
+            .headers()
+            .get("idempotent-replayed")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        (status, replayed, answer.text().await.expect("body"))
+    }
+}
+
 impl TestApp {
     /// The database this app runs on, for a `pagos` command run beside it.
     pub fn database_url(&self) -> &str {

@@ -654,8 +654,13 @@ fn parse_amount(object: &Map<String, Value>, ceiling: &Ceiling) -> Result<i64, F
             (Some(_), _) => Err(field_error("monto", "must be greater than zero")),
             // Beyond i64 (a u64, or an integer serde_json could only read as a double).
             (None, _) if n.is_u64() => Err(too_large()),
-            (None, Some(f)) if f >= 1.0 && f.fract() == 0.0 => Err(too_large()),
+            (None, Some(f)) if f.fract() == 0.0 && f > ceiling.max as f64 => Err(too_large()),
             (None, Some(f)) if f <= 0.0 => Err(field_error("monto", "must be greater than zero")),
+            // Within the limits, written with a fraction or an exponent (250000.0, 2.5e5).
+            (None, Some(f)) if f.fract() == 0.0 => Err(field_error(
+                "monto",
+                "must be written as a whole number, without a decimal point or exponent (250000, not 250000.0)",
+            )),
             (None, _) => Err(field_error(
                 "monto",
                 "must be a whole number of minor units (no decimals)",
@@ -739,6 +744,23 @@ mod tests {
                 fields(json!({"creditoId":"42","monto":bad,"moneda":"COP"})),
                 vec!["monto"],
                 "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_whole_amount_written_with_a_point_or_an_exponent_is_refused_for_its_form_not_its_size() {
+        for written in [json!(250000.0), json!(2.5e5), json!(1.0)] {
+            let why = amount_error(
+                GatewayNeeds::Nothing,
+                MAX_SAFE_AMOUNT,
+                written.clone(),
+                "COP",
+            )
+            .expect("refused");
+            assert!(
+                why.contains("without a decimal point or exponent"),
+                "{written}: {why}"
             );
         }
     }
