@@ -103,11 +103,12 @@ fn key_row(r: &refund::Model) -> keys::Model {
     }
 }
 
-/// Everything a refund request carries, parsed.
+/// Everything a refund request carries, parsed; the refund itself, or why its body is
+/// refused (a key already taken answers as its row says before that counts).
 struct Asked {
     key: IdempotencyKey,
     value: Value,
-    refund: NewRefund,
+    refund: Result<NewRefund, ApiError>,
 }
 
 fn parse(
@@ -118,7 +119,7 @@ fn parse(
     let Body(value) = body(json)?;
     let key = idempotency_key(headers)?;
     let value = value?;
-    let refund = NewRefund::from_json(&value, reason_required).map_err(validation_failed)?;
+    let refund = NewRefund::from_json(&value, reason_required).map_err(validation_failed);
     Ok(Asked { key, value, refund })
 }
 
@@ -133,6 +134,19 @@ async fn begin_and_answer(
     requested_by: String,
 ) -> Result<Response, ApiError> {
     let fingerprint = idempotency::fingerprint("POST", path, &asked.value);
+    let key_hash = idempotency::key_hash(&asked.key);
+    let new_refund = match asked.refund {
+        Ok(new_refund) => new_refund,
+        // The body is refused; a key already taken still gets what its row says (a retry
+        // written otherwise, `100.0` for `100`, or checked by a later version's rules):
+        // only a new key's request is refused, and nothing is stored.
+        Err(refused) => {
+            return match store::find_key(&state.db, merchant, scope, asked.key.as_str()).await? {
+                Some(existing) => answer_taken(state, existing, &fingerprint, &key_hash).await,
+                None => Err(refused),
+            };
+        }
+    };
     let registered = store::register(
         &state.db,
         Registration {
@@ -141,8 +155,8 @@ async fn begin_and_answer(
             key: asked.key.as_str(),
             fingerprint: &fingerprint,
             payment,
-            amount: asked.refund.amount,
-            reason: asked.refund.reason.clone(),
+            amount: new_refund.amount,
+            reason: new_refund.reason.clone(),
             requested_by,
             lease: state.settings.lease,
             payment_states: &[PaymentState::Completada],
@@ -151,7 +165,6 @@ async fn begin_and_answer(
         },
     )
     .await?;
-    let key_hash = idempotency::key_hash(&asked.key);
     match registered {
         Registered::NoPayment => Err(not_found("payment")),
         Registered::NotRefundable(estado) => Err(Problem::new(ProblemType::PaymentNotRefundable)
@@ -178,30 +191,39 @@ async fn begin_and_answer(
                 .map_err(|e| ApiError::Internal(e.into()))?;
             Ok(respond(settled.id, refund_answer(&settled), false))
         }
-        Registered::Taken(existing) => {
-            match idempotency::decide(&key_row(&existing), &fingerprint, crate::db::now()) {
-                Begin::Mismatch => Err(problem(
-                    ProblemType::KeyReused,
-                    "This Idempotency-Key was already used with a different request. Use a new key for a new refund.",
-                )),
-                Begin::Replay {
-                    payment_id, answer, ..
-                } => {
-                    // DEBUG, as a payment's replay: it changes nothing and is counted.
-                    tracing::debug!(refund_id = %payment_id, %key_hash, "replaying the stored refund answer");
-                    Ok(respond(payment_id, answer.into(), true))
-                }
-                Begin::InFlight { retry_after } => {
-                    let seconds = retry_after.as_secs_f64().ceil().clamp(1.0, 2.0) as u64;
-                    Err(Problem::new(ProblemType::RequestInFlight)
-                        .detail("The first request with this Idempotency-Key is still being processed. Retry after the time in Retry-After.")
-                        .retry_after(seconds)
-                        .into())
-                }
-                Begin::Unsettled { .. } | Begin::Started(_) => {
-                    answer_current(state, *existing, &key_hash.to_string()).await
-                }
-            }
+        Registered::Taken(existing) => answer_taken(state, *existing, &fingerprint, &key_hash).await,
+    }
+}
+
+/// What a request with a key already taken gets: its frozen answer, 409 while the first
+/// request works, 422 for another body, else the refund's current state.
+async fn answer_taken(
+    state: &AppState,
+    existing: refund::Model,
+    fingerprint: &str,
+    key_hash: &impl std::fmt::Display,
+) -> Result<Response, ApiError> {
+    match idempotency::decide(&key_row(&existing), fingerprint, crate::db::now()) {
+        Begin::Mismatch => Err(problem(
+            ProblemType::KeyReused,
+            "This Idempotency-Key was already used with a different request. Use a new key for a new refund.",
+        )),
+        Begin::Replay {
+            payment_id, answer, ..
+        } => {
+            // DEBUG, as a payment's replay: it changes nothing and is counted.
+            tracing::debug!(refund_id = %payment_id, %key_hash, "replaying the stored refund answer");
+            Ok(respond(payment_id, answer.into(), true))
+        }
+        Begin::InFlight { retry_after } => {
+            let seconds = retry_after.as_secs_f64().ceil().clamp(1.0, 2.0) as u64;
+            Err(Problem::new(ProblemType::RequestInFlight)
+                .detail("The first request with this Idempotency-Key is still being processed. Retry after the time in Retry-After.")
+                .retry_after(seconds)
+                .into())
+        }
+        Begin::Unsettled { .. } | Begin::Started(_) => {
+            answer_current(state, existing, &key_hash.to_string()).await
         }
     }
 }
@@ -398,7 +420,7 @@ pub async fn refund_by_hand(
     if let Some(monto) = monto {
         value["monto"] = monto.into();
     }
-    let refund = NewRefund::from_json(&value, true).map_err(validation_failed)?;
+    let refund = NewRefund::from_json(&value, true).map_err(validation_failed);
     let asked = Asked { key, value, refund };
     refund_asked_by_on_call(state, who, payment, asked).await
 }

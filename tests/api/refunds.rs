@@ -288,6 +288,27 @@ async fn the_same_refund_twice_refunds_once_and_replays_the_answer_byte_for_byte
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.headers()["location"], location);
     assert_eq!(again.bytes().await.expect("body"), first_body);
+
+    // Nor does `50000.0` for `50000` (the same RFC 8785 form): the body alone would be
+    // refused for its form, the key taken with it answers first.
+    let again = refund(
+        &app,
+        &payment,
+        "ref-1",
+        &json!({"monto": 50000.0, "motivo": "devolución"}),
+    )
+    .await;
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.bytes().await.expect("body"), first_body);
+    let refused = refund(
+        &app,
+        &payment,
+        "ref-2",
+        &json!({"monto": 50000.0, "motivo": "devolución"}),
+    )
+    .await;
+    assert_eq!(refused.status(), 422, "a new key written so is refused");
     assert_eq!(fake.made().len(), 1, "one refund at the gateway");
 }
 

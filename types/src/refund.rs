@@ -170,6 +170,15 @@ fn parse_amount(object: &Map<String, Value>) -> Result<Option<i64>, FieldError> 
             None if n.as_f64().is_some_and(|f| f <= 0.0) => {
                 Err(field_error("monto", "must be greater than zero"))
             }
+            None if n.as_f64().is_some_and(|f| f > MAX_SAFE_AMOUNT as f64) => Err(field_error(
+                "monto",
+                format!("at most {MAX_SAFE_AMOUNT} (2^53 − 1)"),
+            )),
+            // A whole amount written with a fraction or an exponent (50000.0, 5e4).
+            None if n.as_f64().is_some_and(|f| f.fract() == 0.0) => Err(field_error(
+                "monto",
+                "must be written as a whole number, without a decimal point or exponent (50000, not 50000.0)",
+            )),
             None => Err(field_error(
                 "monto",
                 "must be a whole number of minor units (no decimals)",
