@@ -9,12 +9,15 @@ use crate::helpers::{
 };
 use crate::on_both_databases;
 use crate::receiver::{Answer, Receiver};
+use chrono::{DateTime, Utc};
 use pagos::delivery::consumer::Verifier;
-use pagos::entities::{event, webhook_attempt};
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use pagos::entities::{event, webhook_attempt, webhook_delivery};
+use pagos_types::EventType;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
+use uuid::Uuid;
 
 on_both_databases!(
     a_payment_is_delivered_signed_to_its_merchants_endpoint,
@@ -25,6 +28,7 @@ on_both_databases!(
     redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes,
     a_dead_endpoint_does_not_slow_payments,
     a_refund_is_delivered_as_a_payment_is,
+    a_full_fan_out_round_to_many_endpoints_makes_every_delivery,
 );
 
 /// Flags of a delivering app that may reach the local receiver, with a quick schedule.
@@ -450,4 +454,70 @@ async fn a_refund_is_delivered_as_a_payment_is(backend: Backend) {
         .expect("signed as every delivery is");
     let body: Value = serde_json::from_slice(&told.body).expect("json");
     assert_eq!(body["datos"], refunded, "the refund as it was answered");
+}
+
+/// Writes `n` events of acme's of type `tipo` created at `at`, queued for the fan-out, in
+/// one transaction; their ids, oldest first.
+async fn write_events(app: &TestApp, n: usize, tipo: EventType, at: DateTime<Utc>) -> Vec<String> {
+    let merchant = crate::helpers::acme(&app.db).await;
+    let tx = app.db.begin().await.expect("begin");
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let e = pagos::outbox::event(merchant, tipo, Uuid::now_v7(), 1, "{}", at);
+        pagos::outbox::record(&tx, &e).await.expect("recorded");
+        ids.push(e.id);
+    }
+    tx.commit().await.expect("commit");
+    ids
+}
+
+async fn deliveries_of(app: &TestApp, event: &str) -> Vec<Value> {
+    let detail = json(app.get_as(API_KEY, &format!("/v1/eventos/{event}")).await).await;
+    detail["entregas"].as_array().expect("deliveries").clone()
+}
+
+/// A round fans out up to 500 events; to 14 endpoints that is 7,000 delivery rows of 10
+/// values each, more than one statement may bind on either database (65,535 on
+/// PostgreSQL, 32,766 on SQLite). The round must still make them all, or no event of
+/// anybody's ever reaches an endpoint again.
+async fn a_full_fan_out_round_to_many_endpoints_makes_every_delivery(backend: Backend) {
+    const ENDPOINTS: usize = 14;
+    const EVENTS: u64 = 500;
+    let app = Spawn::new(backend).start().await;
+    for n in 0..ENDPOINTS {
+        app.register_endpoint(&format!("https://93.184.215.14/hooks/{n}"))
+            .await;
+    }
+    let ids = write_events(
+        &app,
+        usize::try_from(EVENTS).expect("small"),
+        EventType::PagoCompletado,
+        pagos::db::now(),
+    )
+    .await;
+
+    let fanned = pagos::outbox::deliveries::fan_out(&app.db, EVENTS, |t| t)
+        .await
+        .expect("the round's fan-out is stored");
+    assert_eq!(fanned, ids.len());
+    for id in [&ids[0], &ids[ids.len() / 2], &ids[ids.len() - 1]] {
+        let entregas = deliveries_of(&app, id).await;
+        assert_eq!(entregas.len(), ENDPOINTS, "{id}: one per endpoint");
+        assert!(entregas.iter().all(|e| e["estado"] == "PENDIENTE"));
+    }
+    assert_eq!(
+        webhook_delivery::Entity::find()
+            .all(&app.db)
+            .await
+            .expect("deliveries")
+            .len(),
+        ids.len() * ENDPOINTS
+    );
+    assert_eq!(
+        pagos::outbox::deliveries::fan_out(&app.db, EVENTS, |t| t)
+            .await
+            .expect("the next round"),
+        0,
+        "nothing is left to fan out"
+    );
 }
