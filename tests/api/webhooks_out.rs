@@ -9,10 +9,14 @@ use crate::helpers::{
 };
 use crate::on_both_databases;
 use crate::receiver::{Answer, Receiver};
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use pagos::delivery::consumer::Verifier;
-use pagos::entities::{event, webhook_attempt, webhook_delivery};
+use pagos::delivery::schedule::{Retries, Schedule};
+use pagos::delivery::{Attempt, Outcome};
+use pagos::dispatcher::decide;
+use pagos::entities::{event, webhook_attempt, webhook_delivery, webhook_endpoint};
 use pagos_types::EventType;
+use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
@@ -29,6 +33,7 @@ on_both_databases!(
     a_dead_endpoint_does_not_slow_payments,
     a_refund_is_delivered_as_a_payment_is,
     a_full_fan_out_round_to_many_endpoints_makes_every_delivery,
+    a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_the_endpoint,
 );
 
 /// Flags of a delivering app that may reach the local receiver, with a quick schedule.
@@ -520,4 +525,83 @@ async fn a_full_fan_out_round_to_many_endpoints_makes_every_delivery(backend: Ba
         0,
         "nothing is left to fan out"
     );
+}
+
+fn attempt(status: u16, outcome: Outcome) -> Attempt {
+    Attempt {
+        at: pagos::db::now(),
+        status: Some(status),
+        latency: Duration::from_millis(5),
+        answer: String::new(),
+        error: None,
+        remote: None,
+        outcome,
+    }
+}
+
+/// An endpoint failing since two hours ago (a one-hour horizon) answers one delivery of a
+/// batch with a 2xx and fails another; the failure is stored after the success. The
+/// endpoint that just answered stays `ACTIVO`, failing since that failure only.
+async fn a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_the_endpoint(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let made = app.register_endpoint("https://93.184.215.14/hooks").await;
+    let id = Uuid::parse_str(made["id"].as_str().expect("id")).expect("uuid");
+    write_events(&app, 2, EventType::PagoCompletado, pagos::db::now()).await;
+    pagos::outbox::deliveries::fan_out(&app.db, 500, |t| t)
+        .await
+        .expect("fanned out");
+    let long_ago = pagos::db::now() - TimeDelta::hours(2);
+    webhook_endpoint::Entity::update_many()
+        .col_expr(
+            webhook_endpoint::Column::FailingSince,
+            Expr::value(Some(long_ago)),
+        )
+        .filter(webhook_endpoint::Column::Id.eq(id))
+        .exec(&app.db)
+        .await
+        .expect("failing since long ago");
+    let now = pagos::db::now();
+    let batch =
+        pagos::outbox::deliveries::claim_due(&app.db, now, 32, now + TimeDelta::seconds(20))
+            .await
+            .expect("claimed");
+    assert_eq!(batch.len(), 2);
+    let retries = Retries {
+        schedule: Schedule::parse("0s,5s,5m").expect("schedule"),
+        disable_after: Duration::from_secs(3600),
+    };
+
+    let ok = attempt(200, Outcome::Delivered);
+    let (after, endpoint) = decide(&retries, &batch[0], &ok, 0.5);
+    let _ = pagos::outbox::deliveries::record(&app.db, &batch[0], &ok, after, endpoint)
+        .await
+        .expect("the success stored");
+    let failed = attempt(500, Outcome::Failed { not_before: None });
+    let (after, endpoint) = decide(&retries, &batch[1], &failed, 0.5);
+    let _ = pagos::outbox::deliveries::record(&app.db, &batch[1], &failed, after, endpoint)
+        .await
+        .expect("the failure stored");
+
+    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+    assert_eq!(listed["endpoints"][0]["estado"], "ACTIVO", "{listed}");
+    assert!(listed["endpoints"][0]["motivoDesactivacion"].is_null());
+    let row = webhook_endpoint::Entity::find_by_id(id)
+        .one(&app.db)
+        .await
+        .expect("query")
+        .expect("the endpoint");
+    assert!(
+        row.failing_since.is_some_and(|t| t >= ok.at),
+        "failing since the failure after the success, not since before it: {:?}",
+        row.failing_since
+    );
+    for d in &batch {
+        assert_eq!(
+            deliveries_of(&app, &d.event.id).await[0]["intentos"],
+            1,
+            "both attempts stored"
+        );
+    }
 }
