@@ -20,7 +20,7 @@ use crate::delivery::schedule::{Failure, Next, Retries};
 use crate::delivery::{Attempt, Deliverer, Keys, Message, Outcome, Secret};
 use crate::failpoint;
 use crate::metrics::{Metrics, OutcomeLabel};
-use crate::outbox::deliveries::{self, After, Due, EndpointAfter};
+use crate::outbox::deliveries::{self, After, Due, EndpointAfter, Recorded};
 use crate::outbox::endpoints::previous_secret_at;
 use chrono::{DateTime, TimeDelta, Utc};
 use sea_orm::{DatabaseConnection, DbErr};
@@ -144,8 +144,8 @@ async fn deliver_one(d: &Dispatcher, due: &Due) -> Result<(), DbErr> {
     let attempt = d.deliverer.deliver(&url, message, &keys).await;
     failpoint::hit("delivery_sent");
     let (after, endpoint) = decide(&d.retries, due, &attempt, rand::random());
-    let stored = deliveries::record(&d.db, due, &attempt, after, endpoint.clone()).await?;
-    if !stored {
+    let recorded = deliveries::record(&d.db, due, &attempt, after, endpoint.clone()).await?;
+    if recorded == Recorded::Raced {
         tracing::warn!(event_id = %due.event.id, endpoint_id = %due.endpoint.id, "another worker stored this attempt first");
         return Ok(());
     }
@@ -163,20 +163,25 @@ async fn deliver_one(d: &Dispatcher, due: &Due) -> Result<(), DbErr> {
         status = ?attempt.status,
         "webhook attempt"
     );
-    if let EndpointAfter::Deactivate { reason, .. } = &endpoint {
+    if recorded == Recorded::StoredAndDeactivated
+        && let EndpointAfter::Deactivate { reason, .. } | EndpointAfter::Failed { reason, .. } =
+            &endpoint
+    {
         tracing::warn!(endpoint_id = %due.endpoint.id, %reason, "webhook endpoint deactivated");
     }
     Ok(())
 }
 
 /// What an attempt means for its delivery and its endpoint. Pure: `jitter` in [0, 1).
+///
+/// Whether a failure deactivates the endpoint is not decided here, on the endpoint as it
+/// was claimed: the store decides on its row as it is then (`EndpointAfter::Failed`).
 pub fn decide(
     retries: &Retries,
     due: &Due,
     attempt: &Attempt,
     jitter: f64,
 ) -> (After, EndpointAfter) {
-    let failing_since = due.endpoint.failing_since.unwrap_or(attempt.at);
     let in_round = due.delivery.attempts + 1 - due.delivery.round_start;
     let next = |not_before| {
         let failure = Failure {
@@ -194,37 +199,25 @@ pub fn decide(
         Outcome::Gone => (
             next(None),
             EndpointAfter::Deactivate {
-                since: Some(failing_since),
+                at: attempt.at,
                 reason: "the endpoint answered 410 Gone".into(),
             },
         ),
-        Outcome::Failed { not_before } => {
-            failed(retries, next(*not_before), failing_since, attempt.at)
-        }
-        Outcome::Refused => failed(retries, next(None), failing_since, attempt.at),
+        Outcome::Failed { not_before } => (next(*not_before), failed(retries, attempt.at)),
+        Outcome::Refused => (next(None), failed(retries, attempt.at)),
     }
 }
 
-fn failed(
-    retries: &Retries,
-    after: After,
-    since: DateTime<Utc>,
-    at: DateTime<Utc>,
-) -> (After, EndpointAfter) {
-    if retries.should_disable(Some(since), at) {
-        let reason = format!(
+/// A failure at `at`: the endpoint is deactivated if, when this is stored, it has been
+/// failing for `PAGOS_WEBHOOKS_DISABLE_AFTER`.
+fn failed(retries: &Retries, at: DateTime<Utc>) -> EndpointAfter {
+    EndpointAfter::Failed {
+        at,
+        disable_if_failing_since: retries.disable_if_failing_since(at),
+        reason: format!(
             "every delivery failed for {} (PAGOS_WEBHOOKS_DISABLE_AFTER)",
             humantime::format_duration(retries.disable_after)
-        );
-        (
-            after,
-            EndpointAfter::Deactivate {
-                since: Some(since),
-                reason,
-            },
-        )
-    } else {
-        (after, EndpointAfter::Failing { since })
+        ),
     }
 }
 
@@ -315,7 +308,7 @@ mod tests {
         let failed = attempt(Outcome::Failed { not_before: None });
         let (after, endpoint) = decide(&retries(), &due(1, None), &failed, 0.5);
         assert_eq!(after, After::RetryAt(failed.at + TimeDelta::seconds(60)));
-        assert_eq!(endpoint, EndpointAfter::Failing { since: failed.at });
+        assert!(matches!(endpoint, EndpointAfter::Failed { at, .. } if at == failed.at));
         let (after, _) = decide(&retries(), &due(2, None), &failed, 0.5);
         assert_eq!(after, After::GiveUp);
     }
@@ -346,13 +339,20 @@ mod tests {
     }
 
     #[test]
-    fn failing_past_the_horizon_deactivates_and_before_it_does_not() {
+    fn a_failure_leaves_deactivation_to_the_endpoints_row_whatever_the_claim_read() {
         let failed = attempt(Outcome::Refused);
-        let recent = due(0, Some(now() - TimeDelta::seconds(60)));
-        let (_, endpoint) = decide(&retries(), &recent, &failed, 0.5);
-        assert!(matches!(endpoint, EndpointAfter::Failing { .. }));
-        let old = due(0, Some(now() - TimeDelta::seconds(3601)));
-        let (_, endpoint) = decide(&retries(), &old, &failed, 0.5);
-        assert!(matches!(endpoint, EndpointAfter::Deactivate { .. }));
+        let horizon = failed.at - TimeDelta::seconds(3600);
+        for failing_since in [None, Some(now() - TimeDelta::seconds(7200))] {
+            let (_, endpoint) = decide(&retries(), &due(0, failing_since), &failed, 0.5);
+            assert_eq!(
+                endpoint,
+                EndpointAfter::Failed {
+                    at: failed.at,
+                    disable_if_failing_since: horizon,
+                    reason: "every delivery failed for 1h (PAGOS_WEBHOOKS_DISABLE_AFTER)".into(),
+                },
+                "{failing_since:?}"
+            );
+        }
     }
 }

@@ -122,7 +122,15 @@ impl Retries {
     /// first failure after its last success; None: its last attempt succeeded, or it has
     /// none) is to be deactivated at `now`.
     pub fn should_disable(&self, failing_since: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
-        failing_since.is_some_and(|since| now - since >= to_delta(self.disable_after))
+        failing_since.is_some_and(|since| since <= self.disable_if_failing_since(now))
+    }
+
+    /// An endpoint failing since this time or earlier (with no success since) is to be
+    /// deactivated at `now`: the bound the store compares with the endpoint's row as it
+    /// is when a failure is stored.
+    pub fn disable_if_failing_since(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        now.checked_sub_signed(to_delta(self.disable_after))
+            .unwrap_or(DateTime::<Utc>::MIN_UTC)
     }
 }
 

@@ -18,7 +18,7 @@ use crate::entities::webhook_delivery::{self as deliveries, DeliveryState};
 use crate::entities::webhook_endpoint::{self as endpoints, EndpointState};
 use crate::outbox::endpoints::wants;
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::{Expr, LockBehavior, LockType};
+use sea_orm::sea_query::{Expr, Func, LockBehavior, LockType};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
     QueryOrder, QuerySelect, Select,
@@ -42,6 +42,11 @@ fn skip_locked<E: EntityTrait>(query: Select<E>, backend: DbBackend) -> Select<E
         query
     }
 }
+
+/// Delivery rows per insert of the fan-out: 10 values each, well under what one
+/// statement may bind (32,766 values on SQLite, 65,535 on PostgreSQL); a round of 500
+/// events to 14 endpoints is 7,000 rows.
+const ROWS_PER_INSERT: usize = 1_000;
 
 /// Makes the deliveries of up to `limit` events not fanned out yet (those in
 /// `events_to_fan_out`, whose rows it deletes), due at `due_at`;
@@ -110,8 +115,13 @@ pub async fn fan_out(
             }));
         }
     }
-    if !rows.is_empty() {
-        deliveries::Entity::insert_many(rows)
+    // In statements of at most `ROWS_PER_INSERT` rows, all in this transaction: a round
+    // to many endpoints makes more rows than one statement may bind, and a round that
+    // fails is taken up again whole by the next, which would fail the same way.
+    let mut rows = rows.into_iter().peekable();
+    while rows.peek().is_some() {
+        let chunk: Vec<_> = rows.by_ref().take(ROWS_PER_INSERT).collect();
+        deliveries::Entity::insert_many(chunk)
             .on_conflict_do_nothing()
             .exec_without_returning(&tx)
             .await?;
@@ -196,29 +206,48 @@ pub enum After {
 }
 
 /// What becomes of the endpoint after an attempt.
+///
+/// The endpoint's `failing_since` is never carried from the claim to the store: another
+/// attempt of the same batch may have succeeded (and cleared it) in between, so a failure
+/// reads and writes it in the statements that store it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EndpointAfter {
     /// A success: it is failing no more.
     Succeeded,
-    /// A failure; failing since then (its first failure after its last success).
-    Failing { since: DateTime<Utc> },
-    /// `DESACTIVADO`, for this reason.
-    Deactivate {
-        since: Option<DateTime<Utc>>,
+    /// A failure at `at`: failing since its first failure after its last success (this
+    /// one, if the row says none); `DESACTIVADO`, for `reason`, if the row says it has
+    /// been failing since `disable_if_failing_since` or earlier.
+    Failed {
+        at: DateTime<Utc>,
+        disable_if_failing_since: DateTime<Utc>,
         reason: String,
     },
+    /// `DESACTIVADO` at once (a failure at `at`), for this reason.
+    Deactivate { at: DateTime<Utc>, reason: String },
+}
+
+/// What storing an attempt did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// Nothing: the delivery's attempt count moved since it was claimed (another worker
+    /// stored this attempt).
+    Raced,
+    /// The attempt, its delivery and its endpoint stored.
+    Stored,
+    /// Stored, and the endpoint became `DESACTIVADO`.
+    StoredAndDeactivated,
 }
 
 /// Stores `attempt` of the claimed delivery `due`, and what it means for the delivery and
-/// its endpoint, in one transaction. False (nothing stored) if the delivery's attempt
-/// count moved since it was claimed: another worker stored this attempt.
+/// its endpoint, in one transaction; nothing if the delivery's attempt count moved since
+/// it was claimed (another worker stored this attempt).
 pub async fn record(
     db: &DatabaseConnection,
     due: &Due,
     attempt: &Attempt,
     after: After,
     endpoint: EndpointAfter,
-) -> Result<bool, DbErr> {
+) -> Result<Recorded, DbErr> {
     let at = now();
     let d = &due.delivery;
     let number = d.attempts + 1;
@@ -241,7 +270,7 @@ pub async fn record(
         .await?;
     if moved.rows_affected != 1 {
         tx.rollback().await?;
-        return Ok(false);
+        return Ok(Recorded::Raced);
     }
     attempts::Entity::insert(attempts::ActiveModel::from(attempts::Model {
         id: Uuid::now_v7(),
@@ -257,18 +286,46 @@ pub async fn record(
     }))
     .exec_without_returning(&tx)
     .await?;
-    write_endpoint(&tx, d.endpoint_id, &endpoint, at).await?;
+    let deactivated = write_endpoint(&tx, d.endpoint_id, &endpoint, at).await?;
     tx.commit().await?;
-    Ok(true)
+    Ok(if deactivated {
+        Recorded::StoredAndDeactivated
+    } else {
+        Recorded::Stored
+    })
 }
 
+/// Writes what the attempt means for endpoint `id`; whether it became `DESACTIVADO`.
+/// Every decision on `failing_since` is taken on the row as it is now, in the statement
+/// that writes it: a success stored since the claim counts.
 async fn write_endpoint<C: ConnectionTrait>(
     tx: &C,
     id: Uuid,
     after: &EndpointAfter,
     at: DateTime<Utc>,
-) -> Result<(), DbErr> {
+) -> Result<bool, DbErr> {
     let update = endpoints::Entity::update_many().filter(endpoints::Column::Id.eq(id));
+    // Failing since the first failure after the last success: this one if none.
+    let failing_since = |failed_at: DateTime<Utc>| {
+        Expr::from(Func::coalesce([
+            Expr::col(endpoints::Column::FailingSince),
+            Expr::value(failed_at),
+        ]))
+    };
+    let deactivate = |reason: &str| {
+        endpoints::Entity::update_many()
+            .col_expr(
+                endpoints::Column::State,
+                Expr::value(EndpointState::Desactivado),
+            )
+            .col_expr(
+                endpoints::Column::DisabledReason,
+                Expr::value(Some(reason.to_owned())),
+            )
+            .col_expr(endpoints::Column::UpdatedAt, Expr::value(at))
+            .filter(endpoints::Column::Id.eq(id))
+            .filter(endpoints::Column::State.eq(EndpointState::Activo))
+    };
     match after {
         EndpointAfter::Succeeded => {
             update
@@ -279,30 +336,50 @@ async fn write_endpoint<C: ConnectionTrait>(
                 .filter(endpoints::Column::FailingSince.is_not_null())
                 .exec(tx)
                 .await?;
+            Ok(false)
         }
-        EndpointAfter::Failing { since } => {
+        EndpointAfter::Failed {
+            at: failed_at,
+            disable_if_failing_since,
+            reason,
+        } => {
             update
-                .col_expr(endpoints::Column::FailingSince, Expr::value(Some(*since)))
-                .filter(endpoints::Column::FailingSince.is_null())
+                .col_expr(endpoints::Column::FailingSince, failing_since(*failed_at))
                 .exec(tx)
                 .await?;
-        }
-        EndpointAfter::Deactivate { since, reason } => {
-            update
-                .col_expr(
-                    endpoints::Column::State,
-                    Expr::value(EndpointState::Desactivado),
-                )
-                .col_expr(endpoints::Column::FailingSince, Expr::value(*since))
-                .col_expr(
-                    endpoints::Column::DisabledReason,
-                    Expr::value(Some(reason.clone())),
-                )
-                .col_expr(endpoints::Column::UpdatedAt, Expr::value(at))
-                .filter(endpoints::Column::State.eq(EndpointState::Activo))
+            // Fenced on the value just written: failing since before the horizon, with no
+            // success in between.
+            let done = deactivate(reason)
+                .filter(endpoints::Column::FailingSince.lte(*disable_if_failing_since))
                 .exec(tx)
                 .await?;
+            Ok(done.rows_affected == 1)
+        }
+        EndpointAfter::Deactivate {
+            at: failed_at,
+            reason,
+        } => {
+            let done = deactivate(reason)
+                .col_expr(endpoints::Column::FailingSince, failing_since(*failed_at))
+                .exec(tx)
+                .await?;
+            Ok(done.rows_affected == 1)
         }
     }
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sea_orm::Iterable;
+
+    /// The most values one statement may bind on SQLite (its bundled build's
+    /// `SQLITE_MAX_VARIABLE_NUMBER`); PostgreSQL allows 65,535.
+    const MAX_BOUND_VALUES: usize = 32_766;
+
+    #[test]
+    fn one_insert_of_the_fan_out_binds_fewer_values_than_either_database_allows() {
+        let values = ROWS_PER_INSERT * deliveries::Column::iter().count();
+        assert!(values <= MAX_BOUND_VALUES, "{values}");
+    }
 }

@@ -9,7 +9,7 @@ use crate::entities::webhook_delivery::{self as deliveries, DeliveryState};
 use crate::entities::webhook_endpoint::{self as endpoints, EndpointState};
 use chrono::{DateTime, Utc};
 use pagos_types::EventType;
-use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::sea_query::{Expr, OnConflict, Query};
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection,
     DatabaseTransaction, DbErr, EntityTrait, IntoActiveModel, QueryFilter, QueryOrder,
@@ -187,31 +187,41 @@ pub async fn reactivate(
         .exec(&tx)
         .await?;
     if let Some(since) = resend_since {
-        let events = event::Entity::find()
-            .filter(event::Column::MerchantId.eq(merchant))
-            .filter(event::Column::CreatedAt.gte(since))
-            .order_by_asc(event::Column::Id)
-            .all(&tx)
-            .await?;
-        for e in events.iter().filter(|e| wants(&updated, e.event_type)) {
-            let row = deliveries::ActiveModel {
-                event_id: Set(e.id.clone()),
-                endpoint_id: Set(id),
-                merchant_id: Set(merchant),
-                state: Set(DeliveryState::Pending),
-                attempts: Set(0),
-                round_start: Set(0),
-                next_attempt_at: Set(at),
-                delivered_at: Set(None),
-                created_at: Set(at),
-                updated_at: Set(at),
-            };
-            deliveries::Entity::insert(row)
-                .on_conflict(
-                    OnConflict::columns([
-                        deliveries::Column::EventId,
-                        deliveries::Column::EndpointId,
-                    ])
+        // One statement, whatever the merchant's history: the rows are made from the
+        // events in the database (never their bodies in memory), and the write lock
+        // (`BEGIN IMMEDIATE` on SQLite) is held for that one statement.
+        let events = Query::select()
+            .column((event::Entity, event::Column::Id))
+            .expr(Expr::value(id))
+            .column((event::Entity, event::Column::MerchantId))
+            .expr(Expr::value(DeliveryState::Pending))
+            .expr(Expr::value(0))
+            .expr(Expr::value(0))
+            .expr(Expr::value(at))
+            .expr(Expr::value(at))
+            .expr(Expr::value(at))
+            .from(event::Entity)
+            .and_where(event::Column::MerchantId.eq(merchant))
+            .and_where(event::Column::CreatedAt.gte(since))
+            .and_where(event::Column::EventType.is_in(wanted(&updated)))
+            .to_owned();
+        let redeliver = Query::insert()
+            .into_table(deliveries::Entity)
+            .columns([
+                deliveries::Column::EventId,
+                deliveries::Column::EndpointId,
+                deliveries::Column::MerchantId,
+                deliveries::Column::State,
+                deliveries::Column::Attempts,
+                deliveries::Column::RoundStart,
+                deliveries::Column::NextAttemptAt,
+                deliveries::Column::CreatedAt,
+                deliveries::Column::UpdatedAt,
+            ])
+            .select_from(events)
+            .map_err(|e| DbErr::Custom(e.to_string()))?
+            .on_conflict(
+                OnConflict::columns([deliveries::Column::EventId, deliveries::Column::EndpointId])
                     .value(deliveries::Column::State, DeliveryState::Pending)
                     .value(deliveries::Column::NextAttemptAt, at)
                     .value(deliveries::Column::UpdatedAt, at)
@@ -222,10 +232,9 @@ pub async fn reactivate(
                     // One still pending is already on its way (see above).
                     .action_and_where(deliveries::Column::State.ne(DeliveryState::Pending))
                     .to_owned(),
-                )
-                .exec_without_returning(&tx)
-                .await?;
-        }
+            )
+            .to_owned();
+        tx.execute(&redeliver).await?;
     }
     tx.commit().await?;
     Ok(Some(updated))

@@ -1028,12 +1028,17 @@ pub async fn keys_sent(
 
 /// The id of the merchant `acme`.
 pub async fn acme(db: &DatabaseConnection) -> uuid::Uuid {
+    merchant_id(db, "acme").await
+}
+
+/// The id of the merchant called `name`.
+pub async fn merchant_id(db: &DatabaseConnection, name: &str) -> uuid::Uuid {
     pagos::entities::merchant::Entity::find()
-        .filter(pagos::entities::merchant::Column::Name.eq("acme"))
+        .filter(pagos::entities::merchant::Column::Name.eq(name))
         .one(db)
         .await
         .expect("query")
-        .expect("acme")
+        .expect("the merchant")
         .id
 }
 

@@ -9,12 +9,20 @@ use crate::helpers::{
 };
 use crate::on_both_databases;
 use crate::receiver::{Answer, Receiver};
+use chrono::{DateTime, TimeDelta, Utc};
 use pagos::delivery::consumer::Verifier;
-use pagos::entities::{event, webhook_attempt};
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use pagos::delivery::schedule::{Retries, Schedule};
+use pagos::delivery::{Attempt, Outcome};
+use pagos::dispatcher::decide;
+use pagos::entities::webhook_delivery::DeliveryState;
+use pagos::entities::{event, webhook_attempt, webhook_delivery, webhook_endpoint};
+use pagos_types::EventType;
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
+use uuid::Uuid;
 
 on_both_databases!(
     a_payment_is_delivered_signed_to_its_merchants_endpoint,
@@ -25,6 +33,9 @@ on_both_databases!(
     redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes,
     a_dead_endpoint_does_not_slow_payments,
     a_refund_is_delivered_as_a_payment_is,
+    a_full_fan_out_round_to_many_endpoints_makes_every_delivery,
+    a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_the_endpoint,
+    reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then_pending_again,
 );
 
 /// Flags of a delivering app that may reach the local receiver, with a quick schedule.
@@ -450,4 +461,320 @@ async fn a_refund_is_delivered_as_a_payment_is(backend: Backend) {
         .expect("signed as every delivery is");
     let body: Value = serde_json::from_slice(&told.body).expect("json");
     assert_eq!(body["datos"], refunded, "the refund as it was answered");
+}
+
+/// Writes `n` events of acme's of type `tipo` created at `at`, queued for the fan-out, in
+/// one transaction; their ids, oldest first.
+async fn write_events(app: &TestApp, n: usize, tipo: EventType, at: DateTime<Utc>) -> Vec<String> {
+    let merchant = crate::helpers::acme(&app.db).await;
+    let tx = app.db.begin().await.expect("begin");
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let e = pagos::outbox::event(merchant, tipo, Uuid::now_v7(), 1, "{}", at);
+        pagos::outbox::record(&tx, &e).await.expect("recorded");
+        ids.push(e.id);
+    }
+    tx.commit().await.expect("commit");
+    ids
+}
+
+async fn deliveries_of(app: &TestApp, event: &str) -> Vec<Value> {
+    let detail = json(app.get_as(API_KEY, &format!("/v1/eventos/{event}")).await).await;
+    detail["entregas"].as_array().expect("deliveries").clone()
+}
+
+/// A round fans out up to 500 events; to 14 endpoints that is 7,000 delivery rows of 10
+/// values each, more than one statement may bind on either database (65,535 on
+/// PostgreSQL, 32,766 on SQLite). The round must still make them all, or no event of
+/// anybody's ever reaches an endpoint again.
+async fn a_full_fan_out_round_to_many_endpoints_makes_every_delivery(backend: Backend) {
+    const ENDPOINTS: usize = 14;
+    const EVENTS: u64 = 500;
+    let app = Spawn::new(backend).start().await;
+    for n in 0..ENDPOINTS {
+        app.register_endpoint(&format!("https://93.184.215.14/hooks/{n}"))
+            .await;
+    }
+    let ids = write_events(
+        &app,
+        usize::try_from(EVENTS).expect("small"),
+        EventType::PagoCompletado,
+        pagos::db::now(),
+    )
+    .await;
+
+    let fanned = pagos::outbox::deliveries::fan_out(&app.db, EVENTS, |t| t)
+        .await
+        .expect("the round's fan-out is stored");
+    assert_eq!(fanned, ids.len());
+    for id in [&ids[0], &ids[ids.len() / 2], &ids[ids.len() - 1]] {
+        let entregas = deliveries_of(&app, id).await;
+        assert_eq!(entregas.len(), ENDPOINTS, "{id}: one per endpoint");
+        assert!(entregas.iter().all(|e| e["estado"] == "PENDIENTE"));
+    }
+    assert_eq!(
+        webhook_delivery::Entity::find()
+            .all(&app.db)
+            .await
+            .expect("deliveries")
+            .len(),
+        ids.len() * ENDPOINTS
+    );
+    assert_eq!(
+        pagos::outbox::deliveries::fan_out(&app.db, EVENTS, |t| t)
+            .await
+            .expect("the next round"),
+        0,
+        "nothing is left to fan out"
+    );
+}
+
+fn attempt(status: u16, outcome: Outcome) -> Attempt {
+    Attempt {
+        at: pagos::db::now(),
+        status: Some(status),
+        latency: Duration::from_millis(5),
+        answer: String::new(),
+        error: None,
+        remote: None,
+        outcome,
+    }
+}
+
+/// An endpoint failing since two hours ago (a one-hour horizon) answers one delivery of a
+/// batch with a 2xx and fails another; the failure is stored after the success. The
+/// endpoint that just answered stays `ACTIVO`, failing since that failure only.
+async fn a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_the_endpoint(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let made = app.register_endpoint("https://93.184.215.14/hooks").await;
+    let id = Uuid::parse_str(made["id"].as_str().expect("id")).expect("uuid");
+    write_events(&app, 2, EventType::PagoCompletado, pagos::db::now()).await;
+    pagos::outbox::deliveries::fan_out(&app.db, 500, |t| t)
+        .await
+        .expect("fanned out");
+    let long_ago = pagos::db::now() - TimeDelta::hours(2);
+    webhook_endpoint::Entity::update_many()
+        .col_expr(
+            webhook_endpoint::Column::FailingSince,
+            Expr::value(Some(long_ago)),
+        )
+        .filter(webhook_endpoint::Column::Id.eq(id))
+        .exec(&app.db)
+        .await
+        .expect("failing since long ago");
+    let now = pagos::db::now();
+    let batch =
+        pagos::outbox::deliveries::claim_due(&app.db, now, 32, now + TimeDelta::seconds(20))
+            .await
+            .expect("claimed");
+    assert_eq!(batch.len(), 2);
+    let retries = Retries {
+        schedule: Schedule::parse("0s,5s,5m").expect("schedule"),
+        disable_after: Duration::from_secs(3600),
+    };
+
+    let ok = attempt(200, Outcome::Delivered);
+    let (after, endpoint) = decide(&retries, &batch[0], &ok, 0.5);
+    let _ = pagos::outbox::deliveries::record(&app.db, &batch[0], &ok, after, endpoint)
+        .await
+        .expect("the success stored");
+    let failed = attempt(500, Outcome::Failed { not_before: None });
+    let (after, endpoint) = decide(&retries, &batch[1], &failed, 0.5);
+    let _ = pagos::outbox::deliveries::record(&app.db, &batch[1], &failed, after, endpoint)
+        .await
+        .expect("the failure stored");
+
+    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+    assert_eq!(listed["endpoints"][0]["estado"], "ACTIVO", "{listed}");
+    assert!(listed["endpoints"][0]["motivoDesactivacion"].is_null());
+    let row = webhook_endpoint::Entity::find_by_id(id)
+        .one(&app.db)
+        .await
+        .expect("query")
+        .expect("the endpoint");
+    assert!(
+        row.failing_since.is_some_and(|t| t >= ok.at),
+        "failing since the failure after the success, not since before it: {:?}",
+        row.failing_since
+    );
+    for d in &batch {
+        assert_eq!(
+            deliveries_of(&app, &d.event.id).await[0]["intentos"],
+            1,
+            "both attempts stored"
+        );
+    }
+}
+
+/// A delivery row of `event` to `endpoint` in `state`, after `attempts` attempts, its next
+/// attempt due at `next`.
+async fn delivery_row(
+    app: &TestApp,
+    event: &str,
+    endpoint: Uuid,
+    state: DeliveryState,
+    attempts: i32,
+    next: DateTime<Utc>,
+) {
+    let merchant = crate::helpers::acme(&app.db).await;
+    let at = pagos::db::now() - TimeDelta::hours(1);
+    webhook_delivery::Entity::insert(webhook_delivery::ActiveModel::from(
+        webhook_delivery::Model {
+            event_id: event.to_owned(),
+            endpoint_id: endpoint,
+            merchant_id: merchant,
+            state,
+            attempts,
+            round_start: 0,
+            next_attempt_at: next,
+            delivered_at: (state == DeliveryState::Delivered).then_some(at),
+            created_at: at,
+            updated_at: at,
+        },
+    ))
+    .exec_without_returning(&app.db)
+    .await
+    .expect("a delivery row");
+}
+
+async fn delivery_of(
+    app: &TestApp,
+    event: &str,
+    endpoint: Uuid,
+) -> Option<webhook_delivery::Model> {
+    webhook_delivery::Entity::find_by_id((event.to_owned(), endpoint))
+        .one(&app.db)
+        .await
+        .expect("query")
+}
+
+/// What `reenviarDesde` makes pending again, and what it leaves alone: every event of the
+/// merchant since then of a type the endpoint wants, delivered before or given up (its
+/// schedule starting over, its attempts kept) or never fanned out to it (a new delivery);
+/// not one already pending (it is on its way), nor older events, other types or another
+/// merchant's events.
+async fn reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then_pending_again(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let made = app
+        .post_as(
+            API_KEY,
+            "/v1/webhook-endpoints",
+            &json!({"url": "https://93.184.215.14/hooks", "eventos": ["pago.completado", "pago.fallido"]}),
+        )
+        .await;
+    assert_eq!(made.status(), 201);
+    let endpoint = Uuid::parse_str(json(made).await["id"].as_str().expect("id")).expect("uuid");
+    let now = pagos::db::now();
+    let since = now - TimeDelta::minutes(90);
+    let later = now + TimeDelta::hours(3);
+
+    let old = write_events(
+        &app,
+        1,
+        EventType::PagoCompletado,
+        now - TimeDelta::hours(2),
+    )
+    .await;
+    let recent = write_events(&app, 4, EventType::PagoFallido, now - TimeDelta::hours(1)).await;
+    let unwanted = write_events(
+        &app,
+        1,
+        EventType::ReembolsoCompletado,
+        now - TimeDelta::hours(1),
+    )
+    .await;
+    let globex = crate::helpers::merchant_id(&app.db, "globex").await;
+    let theirs = pagos::outbox::event(
+        globex,
+        EventType::PagoCompletado,
+        Uuid::now_v7(),
+        1,
+        "{}",
+        now - TimeDelta::hours(1),
+    );
+    pagos::outbox::record(&app.db, &theirs)
+        .await
+        .expect("recorded");
+    // Nothing fanned out by the worker: the rows are the test's own.
+    pagos::entities::event_to_fan_out::Entity::delete_many()
+        .exec(&app.db)
+        .await
+        .expect("queue emptied");
+    let (delivered, given_up, pending, never) = (&recent[0], &recent[1], &recent[2], &recent[3]);
+    delivery_row(&app, &old[0], endpoint, DeliveryState::Delivered, 1, since).await;
+    delivery_row(
+        &app,
+        delivered,
+        endpoint,
+        DeliveryState::Delivered,
+        2,
+        since,
+    )
+    .await;
+    delivery_row(&app, given_up, endpoint, DeliveryState::GivenUp, 3, since).await;
+    delivery_row(&app, pending, endpoint, DeliveryState::Pending, 1, later).await;
+
+    let answer = app
+        .post_as(
+            API_KEY,
+            &format!("/v1/webhook-endpoints/{endpoint}/reactivar"),
+            &json!({"reenviarDesde": since.to_rfc3339()}),
+        )
+        .await;
+    assert_eq!(answer.status(), 200);
+    let after = pagos::db::now();
+
+    let old_row = delivery_of(&app, &old[0], endpoint).await.expect("kept");
+    assert_eq!(
+        (old_row.state, old_row.attempts, old_row.round_start),
+        (DeliveryState::Delivered, 1, 0),
+        "before reenviarDesde: left delivered"
+    );
+    for (event, attempts) in [(delivered, 2), (given_up, 3)] {
+        let row = delivery_of(&app, event, endpoint).await.expect("kept");
+        assert_eq!(row.state, DeliveryState::Pending, "{event}");
+        assert_eq!(row.attempts, attempts, "its attempts are kept");
+        assert_eq!(row.round_start, attempts, "its schedule starts over");
+        assert!(row.next_attempt_at >= now && row.next_attempt_at <= after);
+    }
+    assert!(
+        delivery_of(&app, delivered, endpoint)
+            .await
+            .is_some_and(|d| d.delivered_at.is_some()),
+        "when it was delivered is kept"
+    );
+    let on_its_way = delivery_of(&app, pending, endpoint).await.expect("kept");
+    assert_eq!(
+        (
+            on_its_way.attempts,
+            on_its_way.round_start,
+            on_its_way.next_attempt_at
+        ),
+        (1, 0, later),
+        "a pending delivery of an active endpoint keeps its schedule"
+    );
+    let new = delivery_of(&app, never, endpoint).await.expect("made");
+    assert_eq!(new.state, DeliveryState::Pending);
+    assert_eq!((new.attempts, new.round_start), (0, 0));
+    assert_eq!(new.delivered_at, None);
+    assert!(new.next_attempt_at >= now && new.next_attempt_at <= after);
+    assert_eq!(new.merchant_id, crate::helpers::acme(&app.db).await);
+    assert!(delivery_of(&app, &unwanted[0], endpoint).await.is_none());
+    assert!(delivery_of(&app, &theirs.id, endpoint).await.is_none());
+    let entregas = deliveries_of(&app, never).await;
+    assert_eq!(entregas.len(), 1);
+    assert_eq!(entregas[0]["estado"], "PENDIENTE");
+    assert_eq!(entregas[0]["intentos"], 0);
+    assert_eq!(
+        webhook_delivery::Entity::find()
+            .all(&app.db)
+            .await
+            .expect("deliveries")
+            .len(),
+        5
+    );
 }
