@@ -2,9 +2,10 @@
 //! endpoints, off the payment path (a dead endpoint never slows a payment: the saga only
 //! writes the event row).
 //!
-//! Each round: fan out new events into deliveries, claim the due ones (`SKIP LOCKED` on
-//! PostgreSQL, so several processes share the work and never send one attempt twice),
-//! send them concurrently outside any transaction (`delivery::Deliverer`: the address
+//! It fans out new events into deliveries, claims the due ones (`SKIP LOCKED` on
+//! PostgreSQL, so several processes share the work and never send one attempt twice; at
+//! most `PER_ENDPOINT` in flight per endpoint, so one that hangs delays nobody else),
+//! sends each in a task of its own outside any transaction (`delivery::Deliverer`: the address
 //! guard, the signature, the timeout), and store every attempt with what it means
 //! (`decide`, pure): delivered; retried on `PAGOS_WEBHOOKS_SCHEDULE`, not before a
 //! `Retry-After`; given up when the schedule runs out; the endpoint deactivated at once on
@@ -24,8 +25,12 @@ use crate::outbox::deliveries::{self, After, Due, EndpointAfter, Recorded};
 use crate::outbox::endpoints::previous_secret_at;
 use chrono::{DateTime, TimeDelta, Utc};
 use sea_orm::{DatabaseConnection, DbErr};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+use uuid::Uuid;
 
 /// What the worker needs, and nothing else.
 #[derive(Clone)]
@@ -34,7 +39,7 @@ pub struct Dispatcher {
     pub deliverer: Deliverer,
     pub retries: Retries,
     pub metrics: Arc<Metrics>,
-    /// Deliveries claimed (and sent concurrently) per round.
+    /// Attempts in flight at once (each a task of its own).
     pub batch: u64,
     /// Events fanned out per round: only rows are written, so many at once (a busy payment
     /// path then costs the worker a few transactions a second).
@@ -49,65 +54,137 @@ pub struct Dispatcher {
 /// How long after an attempt's timeout its claim still holds.
 pub const CLAIM_MARGIN: Duration = Duration::from_secs(5);
 
-/// Rounds until `stop` says so. A round that filled its batch is followed at once by the
-/// next (a backlog drains at full speed); one that did less waits `idle`, so that events
+/// Attempts in flight at once to one endpoint, in one process: an endpoint that hangs
+/// (every attempt waits out `PAGOS_WEBHOOKS_TIMEOUT`) holds at most these of the
+/// worker's `batch` slots, and everybody else's deliveries go on in the others.
+pub const PER_ENDPOINT: usize = 8;
+
+/// The worker until `stop` says so: up to `batch` attempts in flight, each a task of its
+/// own, topped up as they finish. Not rounds that wait for their slowest attempt: with
+/// one hanging endpoint in every batch, every round lasted the whole timeout and each
+/// process made about two attempts a second for everybody.
+///
+/// Each top-up fans out new events and claims as many due deliveries as there are free
+/// slots, at most `PER_ENDPOINT` in flight per endpoint. It runs when a quarter of the
+/// slots are free, when the worker is idle, or every `idle` otherwise, so that events
 /// written one by one are taken up in batches: a busy payment path then costs the worker a
-/// few transactions a second, not one per payment.
+/// few transactions a second, not one per payment. A top-up that filled its fan-out is
+/// followed at once by the next (a backlog drains at full speed).
+///
+/// On `stop`, the attempts in flight are finished and stored before it returns (each is
+/// bounded by the timeout); a crash instead leaves their claims to run out.
 pub async fn run_periodically(d: Dispatcher, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let full = usize::try_from(d.batch).unwrap_or(usize::MAX);
+    let d = Arc::new(d);
+    let slots = usize::try_from(d.batch).unwrap_or(usize::MAX).max(1);
     let fan_out_full = usize::try_from(d.fan_out_batch).unwrap_or(usize::MAX);
+    let mut in_flight: JoinSet<(Uuid, Result<(), DbErr>)> = JoinSet::new();
+    let mut per_endpoint: HashMap<Uuid, usize> = HashMap::new();
+    let finished = |done: Result<(Uuid, Result<(), DbErr>), tokio::task::JoinError>,
+                    per_endpoint: &mut HashMap<Uuid, usize>| {
+        match done {
+            Ok((endpoint, stored)) => {
+                if let Some(n) = per_endpoint.get_mut(&endpoint) {
+                    *n -= 1;
+                    if *n == 0 {
+                        per_endpoint.remove(&endpoint);
+                    }
+                }
+                if let Err(err) = stored {
+                    tracing::warn!(error = %err, "a webhook attempt could not be stored; its claim runs out and it is sent again");
+                }
+            }
+            // A panicked attempt: its claim runs out and it is sent again. Its endpoint's
+            // count is not known here; the counts are rebuilt when nothing is in flight.
+            Err(err) => tracing::error!(error = %err, "a webhook attempt panicked"),
+        }
+    };
     loop {
         if *stop.borrow() {
-            return;
+            break;
         }
-        let (fanned, attempted) = match round_counts(&d).await {
-            Ok(n) => n,
+        if in_flight.is_empty() {
+            per_endpoint.clear();
+        }
+        let free = slots.saturating_sub(in_flight.len());
+        let (fanned, claimed) = match top_up(&d, free, &per_endpoint).await {
+            Ok((fanned, due)) => {
+                let claimed = due.len();
+                for due in due {
+                    let endpoint = due.endpoint.id;
+                    *per_endpoint.entry(endpoint).or_default() += 1;
+                    let d = d.clone();
+                    in_flight.spawn(
+                        async move { (endpoint, deliver_one(&d, &due).await) }.in_current_span(),
+                    );
+                }
+                (fanned, claimed)
+            }
             Err(err) => {
                 tracing::warn!(error = %err, "webhook delivery round failed; retrying");
                 (0, 0)
             }
         };
-        if fanned < fan_out_full && attempted < full {
+        if fanned >= fan_out_full {
+            continue;
+        }
+        // Until a quarter of the slots are free (or none is busy), `idle` at the most.
+        let backlog = claimed > 0 && claimed >= free;
+        let idle = tokio::time::sleep(d.idle);
+        tokio::pin!(idle);
+        loop {
             tokio::select! {
-                () = tokio::time::sleep(d.idle) => {}
+                Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
+                    finished(done, &mut per_endpoint);
+                    while let Some(done) = in_flight.try_join_next() {
+                        finished(done, &mut per_endpoint);
+                    }
+                    let free = slots.saturating_sub(in_flight.len());
+                    if in_flight.is_empty() || (backlog && free * 4 >= slots) {
+                        break;
+                    }
+                }
+                () = &mut idle => break,
                 changed = stop.changed() => {
-                    // The sender is gone: nobody can tell this worker to stop any more.
-                    if changed.is_err() {
+                    // Stopped, or the sender is gone: nobody can tell this worker to stop
+                    // any more.
+                    if changed.is_err() || *stop.borrow() {
+                        while let Some(done) = in_flight.join_next().await {
+                            finished(done, &mut per_endpoint);
+                        }
                         return;
                     }
                 }
             }
         }
     }
+    while let Some(done) = in_flight.join_next().await {
+        finished(done, &mut per_endpoint);
+    }
 }
 
-/// One round: fan out, claim, send, store. The number of events fanned out and attempts
-/// made.
-pub async fn round(d: &Dispatcher) -> Result<usize, DbErr> {
-    let (fanned, attempted) = round_counts(d).await?;
-    Ok(fanned + attempted)
-}
-
-/// One round: the events fanned out and the attempts made, apart.
-async fn round_counts(d: &Dispatcher) -> Result<(usize, usize), DbErr> {
+/// Fans out new events, then claims up to `free` due deliveries, none to an endpoint with
+/// `PER_ENDPOINT` attempts in flight (`busy`, by endpoint): the events fanned out and
+/// the deliveries claimed.
+async fn top_up(
+    d: &Dispatcher,
+    free: usize,
+    busy: &HashMap<Uuid, usize>,
+) -> Result<(usize, Vec<Due>), DbErr> {
     let retries = d.retries.clone();
     let fanned = deliveries::fan_out(&d.db, d.fan_out_batch, |created_at| {
         retries.first_attempt(created_at, rand::random())
     })
     .await?;
+    if free == 0 {
+        return Ok((fanned, Vec::new()));
+    }
     let at = now();
     let until = at + TimeDelta::from_std(d.claim_for).unwrap_or(TimeDelta::MAX);
-    let due = deliveries::claim_due(&d.db, at, d.batch, until).await?;
+    let due = deliveries::claim_due(&d.db, at, free as u64, until, PER_ENDPOINT, busy).await?;
     if !due.is_empty() {
         failpoint::hit("delivery_claimed");
     }
-    let sent = futures::future::join_all(due.iter().map(|one| deliver_one(d, one))).await;
-    for result in &sent {
-        if let Err(err) = result {
-            tracing::warn!(error = %err, "a webhook attempt could not be stored; its claim runs out and it is sent again");
-        }
-    }
-    Ok((fanned, due.len()))
+    Ok((fanned, due))
 }
 
 /// The keys that sign an attempt at `at`: the endpoint's secret, and the one before its

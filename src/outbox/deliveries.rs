@@ -135,15 +135,21 @@ pub async fn fan_out(
 }
 
 /// Claims up to `limit` deliveries due by `due_by` to active endpoints, oldest due
-/// first, until `until`.
+/// first, until `until`; to one endpoint, at most `per_endpoint` less the caller's
+/// attempts in flight to it (`busy`, by endpoint).
 pub async fn claim_due(
     db: &DatabaseConnection,
     due_by: DateTime<Utc>,
     limit: u64,
     until: DateTime<Utc>,
+    per_endpoint: usize,
+    busy: &HashMap<Uuid, usize>,
 ) -> Result<Vec<Due>, DbErr> {
+    let room =
+        |endpoint: Uuid| per_endpoint.saturating_sub(busy.get(&endpoint).copied().unwrap_or(0));
+    let full: Vec<Uuid> = busy.keys().copied().filter(|id| room(*id) == 0).collect();
     let tx = begin_write(db).await?;
-    let query = deliveries::Entity::find()
+    let mut query = deliveries::Entity::find()
         .filter(deliveries::Column::State.eq(DeliveryState::Pending))
         .filter(deliveries::Column::NextAttemptAt.lte(due_by))
         .filter(Expr::cust(
@@ -151,9 +157,22 @@ pub async fn claim_due(
         ))
         .order_by_asc(deliveries::Column::NextAttemptAt)
         .limit(limit);
-    let mut claimed = skip_locked(query, db.get_database_backend())
+    if !full.is_empty() {
+        query = query.filter(deliveries::Column::EndpointId.is_not_in(full));
+    }
+    let mut taken: HashMap<Uuid, usize> = HashMap::new();
+    // Rows past an endpoint's room stay as they are: locked until this commits, then due
+    // for the next claim.
+    let mut claimed: Vec<deliveries::Model> = skip_locked(query, db.get_database_backend())
         .all(&tx)
-        .await?;
+        .await?
+        .into_iter()
+        .filter(|d| {
+            let n = taken.entry(d.endpoint_id).or_default();
+            *n += 1;
+            *n <= room(d.endpoint_id)
+        })
+        .collect();
     if claimed.is_empty() {
         tx.rollback().await?;
         return Ok(Vec::new());

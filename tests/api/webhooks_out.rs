@@ -36,6 +36,7 @@ on_both_databases!(
     a_full_fan_out_round_to_many_endpoints_makes_every_delivery,
     a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_the_endpoint,
     reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then_pending_again,
+    an_endpoint_that_hangs_holds_up_no_other_endpoints_deliveries,
 );
 
 /// Flags of a delivering app that may reach the local receiver, with a quick schedule.
@@ -565,10 +566,16 @@ async fn a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_
         .await
         .expect("failing since long ago");
     let now = pagos::db::now();
-    let batch =
-        pagos::outbox::deliveries::claim_due(&app.db, now, 32, now + TimeDelta::seconds(20))
-            .await
-            .expect("claimed");
+    let batch = pagos::outbox::deliveries::claim_due(
+        &app.db,
+        now,
+        32,
+        now + TimeDelta::seconds(20),
+        pagos::dispatcher::PER_ENDPOINT,
+        &HashMap::new(),
+    )
+    .await
+    .expect("claimed");
     assert_eq!(batch.len(), 2);
     let retries = Retries {
         schedule: Schedule::parse("0s,5s,5m").expect("schedule"),
@@ -776,5 +783,64 @@ async fn reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then
             .expect("deliveries")
             .len(),
         5
+    );
+}
+
+/// One merchant endpoint that never answers (each attempt waits out a 20 s timeout) and
+/// one that answers at once, both wanting the same 40 events: the healthy one gets all
+/// of them while the hanging one's first attempts are still waiting, and the hanging one
+/// holds no more attempts than `PER_ENDPOINT`. (Rounds that waited for their slowest
+/// attempt gave the healthy endpoint 16 events per timeout.)
+async fn an_endpoint_that_hangs_holds_up_no_other_endpoints_deliveries(backend: Backend) {
+    let app = Spawn::new(backend)
+        .flags(&[
+            "--webhooks-allow-private",
+            "true",
+            "--webhooks-timeout",
+            "20s",
+        ])
+        .delivering()
+        .start()
+        .await;
+    let hanging = Receiver::start().await;
+    hanging.flaky(0.0, 1.0, Duration::from_secs(60), 7);
+    let healthy = Receiver::start().await;
+    app.register_endpoint(&hanging.url("/")).await;
+    app.register_endpoint(&healthy.url("/")).await;
+
+    let events = write_events(&app, 40, EventType::PagoCompletado, pagos::db::now()).await;
+    eventually(
+        Duration::from_secs(15),
+        "every event at the healthy endpoint",
+        async || {
+            healthy
+                .deliveries()
+                .iter()
+                .map(|d| d.header("webhook-id").to_owned())
+                .collect::<BTreeSet<_>>()
+                .len()
+                == events.len()
+        },
+    )
+    .await;
+    let stored = webhook_attempt::Entity::find()
+        .all(&app.db)
+        .await
+        .expect("attempts");
+    let healthy_endpoint = stored
+        .iter()
+        .filter(|a| a.status == Some(200))
+        .map(|a| a.endpoint_id)
+        .collect::<BTreeSet<_>>();
+    assert_eq!(healthy_endpoint.len(), 1, "the healthy endpoint's attempts");
+    assert!(
+        stored.iter().all(|a| a.status == Some(200)),
+        "no attempt of the hanging endpoint has ended yet: {} stored",
+        stored.len()
+    );
+    assert!(
+        hanging.deliveries().len() <= pagos::dispatcher::PER_ENDPOINT,
+        "the hanging endpoint holds {} attempts",
+        hanging.deliveries().len()
     );
 }
