@@ -19,9 +19,9 @@ use crate::db::{begin_write, now};
 use crate::entities::webhook_charge::{self as charges, ReportedStatus};
 use crate::entities::{payment, processed_message as messages};
 use crate::gateway::{Charge, ChargeStatus};
+use crate::saga::refund::state::RefundState;
 use crate::saga::refund::store as refund_store;
-use crate::saga::refund::store::Registered;
-use crate::saga::refund::{OrphanCharges, compensate_in};
+use crate::saga::refund::{Compensation, OrphanCharges, compensate_in};
 use crate::saga::state::{IllegalTransition, PaymentState};
 use crate::saga::store::{Actor, StoreError, Written};
 use crate::webhooks::decide::{Effect, decide, refunded_by_pagos};
@@ -201,15 +201,22 @@ async fn consume_in(
             "gateway event {} reports charge {} succeeded",
             event.event_id, event.charge.id
         );
-        match compensate_in(tx, &payment, event.charge, Actor::Webhook, &why, false).await? {
-            Registered::Started(_) => return Ok(Some(Consumed::Compensated)),
-            // This charge is being refunded already.
-            Registered::Taken(_) => return Ok(Some(Consumed::Unchanged)),
-            // It cannot be refunded as it stands (nothing left of it): on-call decides,
-            // through the table below.
-            Registered::NoPayment
-            | Registered::NotRefundable(_)
-            | Registered::ExceedsRemaining { .. } => {}
+        let compensation =
+            compensate_in(tx, &payment, event.charge, Actor::Webhook, &why, false).await?;
+        match compensation {
+            Compensation::Started(_) => return Ok(Some(Consumed::Compensated)),
+            // pagos' refunds of the charge give it all back already, or its compensation
+            // is under way (or under review, where on-call owns it).
+            Compensation::Covered => return Ok(Some(Consumed::Unchanged)),
+            Compensation::Taken(ref r) if r.state != RefundState::Fallido => {
+                return Ok(Some(Consumed::Unchanged));
+            }
+            // Its compensation failed, a refund of it is not settled yet, or it cannot be
+            // refunded as it stands: the money is taken and nothing of pagos' will give it
+            // back, so on-call decides, through the table below (REVISION_MANUAL).
+            Compensation::Taken(_) | Compensation::Unsettled(_) | Compensation::Refused(_) => {
+                tracing::warn!(payment_id = %payment.id, charge = event.charge.id, why = compensation.why_not(), "orphan charge pagos cannot refund now; on-call decides");
+            }
         }
     }
 
