@@ -57,6 +57,20 @@ pub struct Payment {
     pub date_created: Option<String>,
     #[serde(default)]
     pub date_last_updated: Option<String>,
+    /// How much of the payment went back, when Mercado Pago says.
+    #[serde(default)]
+    pub transaction_amount_refunded: Option<amount::MajorUnits>,
+    /// The payment's refunds, when Mercado Pago lists them with it.
+    #[serde(default)]
+    pub refunds: Vec<ListedRefund>,
+}
+
+/// A refund as a payment lists it: only what `Payment::returned` reads.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ListedRefund {
+    pub amount: amount::MajorUnits,
+    #[serde(default)]
+    pub status: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -72,7 +86,7 @@ struct SearchResult {
 /// | `pending`, `in_process`, `authorized` | pending |
 /// | `in_mediation` | pending (a dispute on an approved payment: a final payment keeps its state until it is decided) |
 /// | `rejected`, `cancelled` | declined |
-/// | `refunded`, `charged_back` | declined: the money went back; a COMPLETADA payment told so goes to REVISION_MANUAL |
+/// | `refunded`, `charged_back` | declined: the money went back; a COMPLETADA payment told so goes to REVISION_MANUAL, unless it is `refunded` by pagos' own refunds (`Payment::returned`) |
 ///
 /// None: a status this version does not know; the outcome is unknown.
 pub fn status_of(status: &str) -> Option<ChargeStatus> {
@@ -135,6 +149,37 @@ impl Payment {
             reference: self.external_reference.clone().unwrap_or_default(),
             decline_code: decline_code.as_deref().map(super::decline_code),
         })
+    }
+
+    /// For a `refunded` payment, how much of it went back, in pagos' minor units: None for
+    /// any other status (`charged_back` included: a chargeback is never pagos' doing).
+    ///
+    /// `refunded` is Mercado Pago's word for "all of it went back" (a partial refund
+    /// leaves the payment `approved`), so the figure is never less than the whole
+    /// payment: the largest of `transaction_amount`, `transaction_amount_refunded` and the
+    /// sum of the listed refunds that were not refused. pagos keeps a COMPLETADA payment
+    /// so only when its own refunds cover that much.
+    pub fn returned(&self) -> Result<Option<i64>, GatewayError> {
+        if self.status != "refunded" {
+            return Ok(None);
+        }
+        let id = self.id_text();
+        let exponent = amount::iso_exponent(&self.currency_id.clone().unwrap_or_default(), 2);
+        let minor = |value: amount::MajorUnits| {
+            amount::from_decimal(value, exponent).map_err(|e| {
+                GatewayError::Unknown(format!("Mercado Pago payment {id}: refunded amount {e}"))
+            })
+        };
+        let whole = minor(self.transaction_amount)?;
+        let said = self.transaction_amount_refunded.map(minor).transpose()?;
+        let mut listed: i64 = 0;
+        for refund in &self.refunds {
+            if matches!(refund.status.as_deref(), Some("rejected" | "cancelled")) {
+                continue;
+            }
+            listed = listed.saturating_add(minor(refund.amount)?);
+        }
+        Ok(Some(whole.max(said.unwrap_or(0)).max(listed)))
     }
 
     /// When Mercado Pago last changed the payment, in milliseconds (0 when it does not
@@ -542,6 +587,52 @@ mod tests {
             long.decline_code.map(|c| c.len()),
             Some(100),
             "fits the column"
+        );
+    }
+
+    #[test]
+    fn a_refunded_payment_returned_all_of_itself_at_least() {
+        let with = |status: &str, extra: serde_json::Value| {
+            let mut value = json!({"id": 1, "status": status, "transaction_amount": 2500,
+                                   "currency_id": "COP"});
+            for (k, v) in extra.as_object().expect("object") {
+                value[k] = v.clone();
+            }
+            serde_json::from_value::<Payment>(value).expect("a payment")
+        };
+        assert_eq!(with("approved", json!({})).returned(), Ok(None));
+        assert_eq!(
+            with("approved", json!({"transaction_amount_refunded": 400})).returned(),
+            Ok(None),
+            "a partial refund leaves the payment approved"
+        );
+        assert_eq!(with("charged_back", json!({})).returned(), Ok(None));
+        assert_eq!(with("refunded", json!({})).returned(), Ok(Some(250_000)));
+        assert_eq!(
+            with("refunded", json!({"transaction_amount_refunded": 2500})).returned(),
+            Ok(Some(250_000))
+        );
+        assert_eq!(
+            with("refunded", json!({"transaction_amount_refunded": 1000})).returned(),
+            Ok(Some(250_000)),
+            "never less than the whole payment"
+        );
+        assert_eq!(
+            with(
+                "refunded",
+                json!({"refunds": [{"amount": 2000, "status": "approved"},
+                                   {"amount": 900, "status": "approved"},
+                                   {"amount": 500, "status": "rejected"}]})
+            )
+            .returned(),
+            Ok(Some(290_000)),
+            "more than the payment went back: counted as said"
+        );
+        assert!(
+            with("refunded", json!({"transaction_amount_refunded": 0.001}))
+                .returned()
+                .is_err(),
+            "never rounded"
         );
     }
 

@@ -10,6 +10,7 @@ use super::problem::{ApiError, Problem, ProblemType};
 use crate::entities::{payment, payment_transition as transitions};
 use crate::representation::{Pago, RESOLVED_FAILED};
 use crate::saga::reconcile::{self, Report};
+use crate::saga::refund::Compensation;
 use crate::saga::state::{Event, PaymentState};
 use crate::saga::store::{self, Actor, Changes, Written};
 use axum::Json;
@@ -306,9 +307,12 @@ pub struct Resolucion {
     /// The provider's charge id, when on-call found one.
     #[serde(rename = "gatewayRef")]
     gateway_ref: Option<String>,
-    /// With `FALLIDA`: refund in full every charge the provider holds for the payment
-    /// (asked now), so the failed answer is true. Each refund is a saga of its own
-    /// (`pagos` asked it; on-call's `motivo` in its audit trail).
+    /// With `FALLIDA`: refund every charge the provider holds for the payment (asked now),
+    /// each for what pagos' refunds of it have not given back yet, so the failed answer is
+    /// true. Each refund is a saga of its own (`pagos` asked it; on-call's `motivo` in its
+    /// audit trail). A charge that cannot be refunded now (a refund of it in flight or
+    /// under review, or its compensation failed) refuses the whole resolution: 409, nothing
+    /// written.
     #[serde(default)]
     reembolsar: bool,
 }
@@ -326,7 +330,7 @@ pub struct Resolucion {
         AdminTokenRefused,
         ReadOnlyRole,
         PaymentNotFound,
-        (status = 409, description = "The payment is not in REVISION_MANUAL", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The payment is not in REVISION_MANUAL (`not-under-review`), or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`); nothing was changed", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad estado or empty motivo", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -445,17 +449,35 @@ pub async fn resolve_by_hand(
             Err(store::StoreError::Db(e)) => return Err(e.into()),
         };
     // The refunds commit with the resolution: a FALLIDA answer is never written without
-    // the refunds that make it true.
+    // the refunds that make it true. Each charge is refunded (what is left of it), given
+    // back already, or the whole resolution is refused and nothing is written.
     let mut refunds = Vec::new();
     for charge in &charged {
         let why = format!(
             "on-call resolved the payment FALLIDA and asked to refund charge {} ({motivo})",
             charge.id
         );
-        if let crate::saga::refund::store::Registered::Started(r) =
+        let compensation =
             crate::saga::refund::compensate_in(&tx, &resolved, charge, Actor::Admin, &why, false)
-                .await?
-        {
+                .await?;
+        if !compensation.gives_back() {
+            tx.rollback().await?;
+            let blocking = match &compensation {
+                Compensation::Taken(r) | Compensation::Unsettled(r) => Some(r.id),
+                _ => None,
+            };
+            let mut problem = Problem::new(ProblemType::PaymentNotRefundable).detail(format!(
+                "Charge {} cannot be refunded now: {}. Nothing was changed: the payment is still REVISION_MANUAL.",
+                charge.id,
+                compensation.why_not()
+            ));
+            problem = problem.with("cargo", &charge.id);
+            if let Some(id) = blocking {
+                problem = problem.with("reembolsoId", id);
+            }
+            return Err(problem.into());
+        }
+        if let Compensation::Started(r) = compensation {
             refunds.push(r.id);
         }
     }

@@ -171,6 +171,7 @@ async fn receive_http_event(
             event_id: &event.id,
             sequence: event.sequence,
             charge,
+            returned: None,
         },
     )
     .await
@@ -404,6 +405,7 @@ async fn receive_stripe_event(
                     event_id: &event.id,
                     sequence: *sequence,
                     charge,
+                    returned: None,
                 },
             )
             .await
@@ -569,8 +571,11 @@ async fn receive_mercadopago_notification(
         remember_request(&state, &replay_key).await;
         return Ok(ignored(&state));
     }
-    let charge = match payment.to_charge() {
-        Ok(charge) => charge,
+    let read = payment
+        .to_charge()
+        .and_then(|charge| Ok((charge, payment.returned()?)));
+    let (charge, returned) = match read {
+        Ok(read) => read,
         Err(err) => {
             state.metrics.webhook_event("error");
             tracing::error!(notification_id = notification.id, payment_id, error = %err, "Mercado Pago payment pagos cannot read");
@@ -586,6 +591,7 @@ async fn receive_mercadopago_notification(
             event_id: &notification.id,
             sequence: mp::sequence(&payment),
             charge: &charge,
+            returned,
         },
     )
     .await?;

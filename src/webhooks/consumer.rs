@@ -19,11 +19,12 @@ use crate::db::{begin_write, now};
 use crate::entities::webhook_charge::{self as charges, ReportedStatus};
 use crate::entities::{payment, processed_message as messages};
 use crate::gateway::{Charge, ChargeStatus};
-use crate::saga::refund::store::Registered;
-use crate::saga::refund::{OrphanCharges, compensate_in};
+use crate::saga::refund::state::RefundState;
+use crate::saga::refund::store as refund_store;
+use crate::saga::refund::{Compensation, OrphanCharges, compensate_in};
 use crate::saga::state::{IllegalTransition, PaymentState};
 use crate::saga::store::{Actor, StoreError, Written};
-use crate::webhooks::decide::{Effect, decide};
+use crate::webhooks::decide::{Effect, decide, refunded_by_pagos};
 use crate::webhooks::event::status_name;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
@@ -106,6 +107,11 @@ pub struct ChargeEvent<'a> {
     pub event_id: &'a str,
     pub sequence: i64,
     pub charge: &'a Charge,
+    /// The charge's money went back after it was paid, this much of it (minor units):
+    /// Mercado Pago's `refunded` (`Payment::returned`). A COMPLETADA payment whose own
+    /// refunds cover it stays COMPLETADA (`decide::refunded_by_pagos`). None for every
+    /// other event.
+    pub returned: Option<i64>,
 }
 
 /// Applies the event exactly once. If the payment moves between the read and the fenced
@@ -195,15 +201,43 @@ async fn consume_in(
             "gateway event {} reports charge {} succeeded",
             event.event_id, event.charge.id
         );
-        match compensate_in(tx, &payment, event.charge, Actor::Webhook, &why, false).await? {
-            Registered::Started(_) => return Ok(Some(Consumed::Compensated)),
-            // This charge is being refunded already.
-            Registered::Taken(_) => return Ok(Some(Consumed::Unchanged)),
-            // It cannot be refunded as it stands (nothing left of it): on-call decides,
-            // through the table below.
-            Registered::NoPayment
-            | Registered::NotRefundable(_)
-            | Registered::ExceedsRemaining { .. } => {}
+        let compensation =
+            compensate_in(tx, &payment, event.charge, Actor::Webhook, &why, false).await?;
+        match compensation {
+            Compensation::Started(_) => return Ok(Some(Consumed::Compensated)),
+            // pagos' refunds of the charge give it all back already, or its compensation
+            // is under way (or under review, where on-call owns it).
+            Compensation::Covered => return Ok(Some(Consumed::Unchanged)),
+            Compensation::Taken(ref r) if r.state != RefundState::Fallido => {
+                return Ok(Some(Consumed::Unchanged));
+            }
+            // Its compensation failed, a refund of it is not settled yet, or it cannot be
+            // refunded as it stands: the money is taken and nothing of pagos' will give it
+            // back, so on-call decides, through the table below (REVISION_MANUAL).
+            Compensation::Taken(_) | Compensation::Unsettled(_) | Compensation::Refused(_) => {
+                tracing::warn!(payment_id = %payment.id, charge = event.charge.id, why = compensation.why_not(), "orphan charge pagos cannot refund now; on-call decides");
+            }
+        }
+    }
+
+    // Money that went back after the payment was paid (Mercado Pago's `refunded`), all
+    // of it by pagos' own refunds of the charge: the payment stays COMPLETADA (contract
+    // section 6), and its audit trail says why. Beyond what pagos asked for, `decide`
+    // escalates it.
+    if let Some(returned) = event.returned
+        && payment.state == PaymentState::Completada
+    {
+        let covered = refund_store::covering(tx, payment.id, &event.charge.id).await?;
+        if refunded_by_pagos(&payment, event.charge, returned, covered) {
+            let reason = format!(
+                "webhook {}: charge {} refunded ({returned} {cur}), all of it by pagos' own refunds of it ({covered} {cur} completed or in flight): the payment stays COMPLETADA",
+                event.event_id,
+                event.charge.id,
+                cur = payment.currency
+            );
+            kept_with_reason(tx, &payment, &reason).await?;
+            tracing::info!(event_id = event.event_id, payment_id = %payment.id, returned, covered, "the charge went back by pagos' own refunds; the payment stays COMPLETADA");
+            return Ok(Some(Consumed::Unchanged));
         }
     }
 
@@ -230,6 +264,27 @@ async fn consume_in(
             Written::Fenced => Ok(None),
         },
     }
+}
+
+/// An audit row saying why an event left the payment in its state.
+async fn kept_with_reason(
+    tx: &DatabaseTransaction,
+    p: &payment::Model,
+    reason: &str,
+) -> Result<(), DbErr> {
+    use crate::entities::payment_transition as transitions;
+    transitions::Entity::insert(transitions::ActiveModel::from(transitions::Model {
+        id: Uuid::now_v7(),
+        payment_id: p.id,
+        from_state: Some(p.state),
+        to_state: p.state,
+        actor: Actor::Webhook,
+        reason: reason.to_owned(),
+        created_at: now(),
+    }))
+    .exec_without_returning(tx)
+    .await?;
+    Ok(())
 }
 
 /// Whether the event id was applied already: a cheap read to skip work (such as asking

@@ -14,6 +14,10 @@
 //! | FALLIDA         | REVISION_MANUAL             | keep                     | keep    |
 //! | REVISION_MANUAL | keep: on-call owns it       | keep                     | keep    |
 //!
+//! COMPLETADA + declined because the money went back (Mercado Pago's `refunded`) is pagos'
+//! own refund when its refunds of the charge cover what went back (`refunded_by_pagos`):
+//! the consumer keeps the payment COMPLETADA before asking this table.
+//!
 //! FALLIDA + succeeded is an orphan charge: with `PAGOS_ORPHAN_CHARGES=refund` (the
 //! default) the consumer refunds it in full before asking this table
 //! (`saga::refund::compensate_in`) and the payment stays FALLIDA; the table's answer,
@@ -115,6 +119,23 @@ pub fn decide(p: &payment::Model, charge: &Charge, event_id: &str) -> Effect {
         (EnProceso, Declined) => Effect::Keep("declined before pagos sent it: no money moved"),
         (RevisionManual, _) => Effect::Keep("under review: on-call decides"),
     }
+}
+
+/// Whether a charge reported returned (`returned`, minor units: Mercado Pago's
+/// `refunded`) is pagos' own doing, so that its COMPLETADA payment stays COMPLETADA
+/// (contract section 6: a refunded payment keeps its state): the payment's own charge, of
+/// its amount and currency, and every unit that went back covered by pagos' refunds of
+/// that charge that have not failed (`covered`: COMPLETADO, and those in flight, since
+/// the provider may tell before pagos records its refund's answer). Anything beyond what
+/// pagos asked for went back some other way: the table above escalates it.
+pub fn refunded_by_pagos(p: &payment::Model, charge: &Charge, returned: i64, covered: i64) -> bool {
+    p.state == PaymentState::Completada
+        && charge.status == ChargeStatus::Declined
+        && p.gateway_ref.as_deref() == Some(charge.id.as_str())
+        && charge.amount == p.amount
+        && charge.currency == p.currency
+        && returned > 0
+        && returned <= covered
 }
 
 fn escalate(event: Event, reason: String) -> Effect {
@@ -250,6 +271,49 @@ mod tests {
             }
             other => panic!("expected a move, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn money_returned_is_pagos_own_only_when_its_refunds_cover_all_of_it() {
+        use PaymentState::*;
+        let mut returned = charge(ChargeStatus::Declined);
+        returned.decline_code = Some("refunded".into());
+        let own = payment(Completada, Some("ch_1"));
+        assert!(refunded_by_pagos(&own, &returned, 250_000, 250_000));
+        assert!(refunded_by_pagos(&own, &returned, 250_000, 300_000));
+        assert!(
+            !refunded_by_pagos(&own, &returned, 250_000, 249_999),
+            "more went back than pagos asked for"
+        );
+        assert!(!refunded_by_pagos(&own, &returned, 250_000, 0));
+        assert!(!refunded_by_pagos(&own, &returned, 0, 0));
+        assert!(
+            !refunded_by_pagos(&payment(Completada, Some("ch_0")), &returned, 1, 250_000),
+            "another charge"
+        );
+        assert!(!refunded_by_pagos(
+            &payment(Completada, None),
+            &returned,
+            1,
+            250_000
+        ));
+        for state in [EnProceso, Enviada, Fallida, RevisionManual] {
+            assert!(!refunded_by_pagos(
+                &payment(state, Some("ch_1")),
+                &returned,
+                1,
+                250_000
+            ));
+        }
+        let mut other_amount = returned.clone();
+        other_amount.amount = 1;
+        assert!(!refunded_by_pagos(&own, &other_amount, 1, 250_000));
+        assert!(!refunded_by_pagos(
+            &own,
+            &charge(ChargeStatus::Succeeded),
+            1,
+            250_000
+        ));
     }
 
     #[test]

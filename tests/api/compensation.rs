@@ -14,6 +14,9 @@ use wiremock::{Mock, ResponseTemplate};
 on_both_databases!(
     a_charge_found_after_a_fallida_answer_is_refunded_in_full_and_the_answer_stays,
     in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_refunded,
+    a_partly_refunded_payment_resolved_fallida_with_reembolsar_refunds_what_is_left_of_the_charge,
+    a_resolution_with_reembolsar_is_refused_and_writes_nothing_while_a_refund_of_the_charge_is_unsettled,
+    a_charge_found_after_a_partly_refunded_payment_failed_is_compensated_for_what_is_left,
 );
 
 pub const SECRET: &str = "whsec_test";
@@ -189,4 +192,162 @@ async fn in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_r
             .any(|m| m.contains("ticket 77") && m.contains("refunded in full")),
         "{trail:?}"
     );
+}
+
+/// The succeeded fixture's charge id: a paid payment's `gateway_ref`.
+const PAID_CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ1";
+
+fn paid_charge(reference: &str, status: &str) -> Value {
+    let code = if status == "declined" {
+        Value::from("card_declined")
+    } else {
+        Value::Null
+    };
+    json!({"id": PAID_CHARGE_ID, "status": status, "amount": 250000, "currency": "COP",
+           "reference": reference, "declineCode": code})
+}
+
+/// A payment answered 201 COMPLETADA of 250000 COP, with a merchant refund of 100000
+/// (answered `refund_status`, 201 COMPLETADO or 202 ENVIADO), then sent to
+/// REVISION_MANUAL by a gateway event contradicting it: the app, the refunds fake, the
+/// payment and the merchant's refund.
+async fn partly_refunded_then_under_review(
+    backend: Backend,
+    refund_status: &'static str,
+) -> (TestApp, FakeRefunds, String, Value) {
+    let app = crate::webhooks::spawn_with(backend, &[]).await;
+    app.answer_charges(Charge::succeeded()).await;
+    let fake = FakeRefunds::default();
+    fake.mount_refunds(app.gateway()).await;
+    Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(PaidCharges)
+        .mount(app.gateway())
+        .await;
+    let answer = app.pay("pay-1", &payment_body()).await;
+    assert_eq!(answer.status(), 201);
+    let payment = json(answer).await["id"].as_str().expect("id").to_owned();
+
+    fake.refunding(refund_status);
+    let answer = crate::refunds::refund(&app, &payment, "ref-40", &json!({"monto": 100000})).await;
+    let expected = if refund_status == "succeeded" {
+        201
+    } else {
+        202
+    };
+    assert_eq!(answer.status(), expected);
+    let refund = json(answer).await;
+    fake.refunding("succeeded");
+
+    assert_eq!(
+        deliver(&app, "evt_r1", 2, paid_charge(&payment, "declined")).await,
+        "revision_manual"
+    );
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+    (app, fake, payment, refund)
+}
+
+/// What the provider says it charged for a payment: the one succeeded charge.
+struct PaidCharges;
+
+impl wiremock::Respond for PaidCharges {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        let reference = crate::helpers::query_param(request, "reference");
+        ResponseTemplate::new(200)
+            .set_body_json(json!({"data": [paid_charge(&reference, "succeeded")]}))
+    }
+}
+
+async fn a_partly_refunded_payment_resolved_fallida_with_reembolsar_refunds_what_is_left_of_the_charge(
+    backend: Backend,
+) {
+    let (app, fake, payment, _) = partly_refunded_then_under_review(backend, "succeeded").await;
+    let detail = admin(
+        &app,
+        &format!("/admin/pagos/{payment}/resolucion"),
+        Some(json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 78: the payment does not stand"})),
+    )
+    .await;
+    assert_eq!(detail["pago"]["estado"], "FALLIDA");
+    let refunds = detail["reembolsos"].as_array().expect("refunds");
+    assert_eq!(refunds.len(), 2, "{detail}");
+    assert_eq!(refunds[1]["monto"], 150000, "what is left of the charge");
+    assert_eq!(refunds[1]["estado"], "COMPLETADO", "{detail}");
+    let made = fake.made();
+    assert_eq!(made.len(), 2, "the merchant's refund and the rest, no more");
+    assert_eq!(made[1]["charge"], PAID_CHARGE_ID);
+    assert_eq!(made[1]["amount"], 150000);
+    assert!(
+        detail["transiciones"]
+            .as_array()
+            .expect("trail")
+            .iter()
+            .filter_map(|t| t["motivo"].as_str())
+            .any(|m| m.contains("ticket 78") && m.contains("150000 COP of 250000 COP")),
+        "{detail}"
+    );
+    let merchant_view = app
+        .http
+        .get(app.url(&format!("/v1/pagos/{payment}")))
+        .bearer_auth(crate::helpers::API_KEY)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(json(merchant_view).await["montoReembolsado"], 250000);
+}
+
+async fn a_resolution_with_reembolsar_is_refused_and_writes_nothing_while_a_refund_of_the_charge_is_unsettled(
+    backend: Backend,
+) {
+    let (app, fake, payment, refund) = partly_refunded_then_under_review(backend, "pending").await;
+    assert_eq!(refund["estado"], "ENVIADO");
+    let before = admin(&app, &format!("/admin/pagos/{payment}"), None).await;
+
+    let answer = app
+        .resolve_as(
+            ADMIN,
+            &payment,
+            &json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 79"}),
+        )
+        .await;
+    let problem = crate::helpers::problem(answer, 409, "an unsettled refund of the charge").await;
+    assert_eq!(problem["type"], "/problems/payment-not-refundable");
+    assert_eq!(problem["cargo"], PAID_CHARGE_ID);
+    assert_eq!(problem["reembolsoId"], refund["id"]);
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "ENVIADO"),
+        "{problem}"
+    );
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+    assert_eq!(fake.made().len(), 1, "no refund sent");
+    let after = admin(&app, &format!("/admin/pagos/{payment}"), None).await;
+    assert_eq!(
+        after["transiciones"], before["transiciones"],
+        "nothing written"
+    );
+    assert_eq!(after["reembolsos"], before["reembolsos"], "nothing written");
+}
+
+async fn a_charge_found_after_a_partly_refunded_payment_failed_is_compensated_for_what_is_left(
+    backend: Backend,
+) {
+    let (app, fake, payment, _) = partly_refunded_then_under_review(backend, "succeeded").await;
+    // On-call settles it failed without refunding; the charge is reported succeeded later.
+    let detail = admin(
+        &app,
+        &format!("/admin/pagos/{payment}/resolucion"),
+        Some(json!({"estado": "FALLIDA", "motivo": "ticket 80: declined at the provider"})),
+    )
+    .await;
+    assert_eq!(detail["pago"]["estado"], "FALLIDA");
+    assert_eq!(
+        deliver(&app, "evt_r2", 3, paid_charge(&payment, "succeeded")).await,
+        "reembolsando"
+    );
+    assert_eq!(app.payment(&payment).await.state, "FALLIDA");
+    let report = admin(&app, "/admin/reconciliaciones", Some(json!({}))).await;
+    assert_eq!(report["reembolsos"]["completados"], 1, "{report}");
+    let made = fake.made();
+    assert_eq!(made.len(), 2);
+    assert_eq!(made[1]["amount"], 150000, "what is left of the charge");
 }

@@ -22,6 +22,9 @@ on_both_databases!(
     a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_asked,
     one_signed_notification_delivered_again_is_a_duplicate_and_asks_mercadopago_once,
     a_notification_fetch_is_metered_like_every_gateway_call,
+    a_full_refund_made_through_pagos_keeps_the_payment_completada_without_review,
+    partial_refunds_through_pagos_that_add_up_keep_it_completada_even_before_the_last_answer_is_recorded,
+    money_returned_beyond_pagos_refunds_or_charged_back_still_sends_the_payment_to_review,
 );
 
 const WEBHOOK_SECRET: &str = "mp_webhook_secret_test";
@@ -90,6 +93,10 @@ struct FakeState {
     by_key: HashMap<String, Value>,
     by_id: HashMap<u64, Value>,
     reads_fail: bool,
+    /// Refunds made, by key (a key reused answers the same refund).
+    refunds_by_key: HashMap<String, Value>,
+    /// Refunds are made, but answered 500 (the answer lost).
+    refund_answers_lost: bool,
 }
 
 impl FakeMercadoPago {
@@ -99,6 +106,8 @@ impl FakeMercadoPago {
             by_key: HashMap::new(),
             by_id: HashMap::new(),
             reads_fail: false,
+            refunds_by_key: HashMap::new(),
+            refund_answers_lost: false,
         })))
     }
 
@@ -108,6 +117,15 @@ impl FakeMercadoPago {
 
     fn reads_fail(&self, fail: bool) {
         self.lock().reads_fail = fail;
+    }
+
+    fn refund_answers_lost(&self, lost: bool) {
+        self.lock().refund_answers_lost = lost;
+    }
+
+    /// The refunds Mercado Pago made.
+    fn refunds_made(&self) -> usize {
+        self.lock().refunds_by_key.len()
     }
 
     /// Mercado Pago changes the payment of pagos payment `reference`.
@@ -146,6 +164,73 @@ impl FakeMercadoPago {
             .with_priority(2)
             .mount(server)
             .await;
+        Mock::given(method("POST"))
+            .and(path_regex(r"^/v1/payments/[0-9]+/refunds$"))
+            .respond_with(FakeRefund(self.clone()))
+            .mount(server)
+            .await;
+    }
+}
+
+/// `POST /v1/payments/{id}/refunds`: one refund per key (the body's amount, or all that
+/// is left for `{}`), and the payment changes as Mercado Pago's does: its refunded
+/// amount and refund list grow, and it turns `refunded` once all of it went back.
+struct FakeRefund(FakeMercadoPago);
+
+impl Respond for FakeRefund {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let key = request.headers["x-idempotency-key"]
+            .to_str()
+            .expect("key")
+            .to_owned();
+        let id: u64 = request
+            .url
+            .path()
+            .split('/')
+            .nth(3)
+            .and_then(|id| id.parse().ok())
+            .expect("numeric id");
+        let body: Value = serde_json::from_slice(&request.body).expect("JSON body");
+        let mut state = self.0.lock();
+        if !state.refunds_by_key.contains_key(&key) {
+            let mut payment = state.by_id.get(&id).cloned().expect("a payment");
+            let whole = payment["transaction_amount"].as_f64().expect("amount");
+            let before = payment["transaction_amount_refunded"]
+                .as_f64()
+                .unwrap_or(0.0);
+            let amount = body["amount"].as_f64().unwrap_or(whole - before);
+            let n = state.refunds_by_key.len() as u64 + 1;
+            let mut refund = fixture("refund_approved");
+            refund["id"] = Value::from(1_009_042_015 + n);
+            refund["payment_id"] = Value::from(id);
+            refund["amount"] = Value::from(amount);
+            refund["amount_refunded_to_payer"] = Value::from(amount);
+            let refunded = before + amount;
+            payment["transaction_amount_refunded"] = Value::from(refunded);
+            let mut listed = payment["refunds"].as_array().cloned().unwrap_or_default();
+            listed.push(refund.clone());
+            payment["refunds"] = Value::from(listed);
+            let (status, detail) = if refunded >= whole {
+                ("refunded", "refunded")
+            } else {
+                ("approved", "partially_refunded")
+            };
+            payment["status"] = Value::from(status);
+            payment["status_detail"] = Value::from(detail);
+            payment["date_last_updated"] =
+                Value::from(format!("2026-12-03T09:{n:02}:00.000-05:00"));
+            state.by_id.insert(id, payment.clone());
+            for kept in state.by_key.values_mut() {
+                if kept["id"] == payment["id"] {
+                    *kept = payment.clone();
+                }
+            }
+            state.refunds_by_key.insert(key.clone(), refund);
+        }
+        if state.refund_answers_lost {
+            return ResponseTemplate::new(500).set_body_json(fixture("error_internal"));
+        }
+        ResponseTemplate::new(201).set_body_json(state.refunds_by_key[&key].clone())
     }
 }
 
@@ -692,5 +777,156 @@ async fn a_notification_fetch_is_metered_like_every_gateway_call(backend: Backen
         "pagos_gateway_call_duration_seconds_count{operation=\"fetch\"} 2",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+    }
+}
+
+/// A card payment Mercado Pago approved (201 COMPLETADA); its pagos id and Mercado Pago id.
+async fn approved_payment(app: &TestApp, key: &str) -> (String, String) {
+    let (status, pago) = app.pay_read(key, &card("refunded later")).await;
+    assert_eq!(status, 201, "{pago}");
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let data_id = mp_id(&id).to_string();
+    (id, data_id)
+}
+
+/// A merchant refund through pagos; (status, the refund).
+async fn refund_through_pagos(app: &TestApp, id: &str, key: &str, body: Value) -> (u16, Value) {
+    let answer = crate::refunds::refund(app, id, key, &body).await;
+    let status = answer.status().as_u16();
+    (status, json(answer).await)
+}
+
+/// The `pago.revision_manual` events told about payment `id`.
+async fn revision_events(app: &TestApp, id: &str) -> u64 {
+    use pagos::entities::event;
+    use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
+    event::Entity::find()
+        .filter(event::Column::SubjectId.eq(uuid::Uuid::parse_str(id).expect("uuid")))
+        .filter(event::Column::EventType.eq(event::EventType::PagoRevisionManual))
+        .count(&app.db)
+        .await
+        .expect("count")
+}
+
+/// The payment as its merchant reads it.
+async fn merchant_view(app: &TestApp, id: &str) -> Value {
+    let answer = app
+        .http
+        .get(app.url(&format!("/v1/pagos/{id}")))
+        .bearer_auth(crate::helpers::API_KEY)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(answer.status(), 200);
+    json(answer).await
+}
+
+async fn a_full_refund_made_through_pagos_keeps_the_payment_completada_without_review(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.mount(app.gateway()).await;
+    let (id, data_id) = approved_payment(&app, "k-full").await;
+
+    let (status, refund) = refund_through_pagos(&app, &id, "r-full", json!({})).await;
+    assert_eq!(status, 201, "{refund}");
+    assert_eq!(refund["estado"], "COMPLETADO");
+    assert_eq!(fake.refunds_made(), 1);
+
+    // Mercado Pago marks the payment `refunded` and notifies: pagos' own doing.
+    assert_eq!(
+        outcome(notify(&app, 7301, &data_id).await).await,
+        "sin_cambios"
+    );
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+    assert_eq!(
+        revision_events(&app, &id).await,
+        0,
+        "no pago.revision_manual"
+    );
+    let pago = merchant_view(&app, &id).await;
+    assert_eq!(pago["estado"], "COMPLETADA");
+    assert_eq!(pago["montoReembolsado"], 250000);
+    let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
+    assert!(
+        detail["transiciones"]
+            .as_array()
+            .expect("trail")
+            .iter()
+            .filter_map(|t| t["motivo"].as_str())
+            .any(|m| m.contains("7301") && m.contains("pagos' own refunds")),
+        "the audit trail says why: {detail}"
+    );
+    // Nothing is left to refund, and that is the answer (not "not refundable").
+    let (status, problem) = refund_through_pagos(&app, &id, "r-more", json!({"monto": 1})).await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(problem["type"], "/problems/refund-exceeds-remaining");
+}
+
+async fn partial_refunds_through_pagos_that_add_up_keep_it_completada_even_before_the_last_answer_is_recorded(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.mount(app.gateway()).await;
+    let (id, data_id) = approved_payment(&app, "k-parts").await;
+
+    let (status, _) = refund_through_pagos(&app, &id, "r-1", json!({"monto": 100000})).await;
+    assert_eq!(status, 201);
+    assert_eq!(
+        outcome(notify(&app, 7311, &data_id).await).await,
+        "sin_cambios",
+        "partly refunded: still approved"
+    );
+    // The rest: Mercado Pago makes it, but its answer is lost, so pagos holds the refund
+    // ENVIADO when the notification of the now `refunded` payment arrives.
+    fake.refund_answers_lost(true);
+    let (status, refund) = refund_through_pagos(&app, &id, "r-2", json!({})).await;
+    assert_eq!(status, 202, "{refund}");
+    assert_eq!(refund["estado"], "ENVIADO");
+    assert_eq!(
+        fake.refunds_made(),
+        2,
+        "one refund per key, however often sent"
+    );
+    assert_eq!(
+        outcome(notify(&app, 7312, &data_id).await).await,
+        "sin_cambios"
+    );
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+    assert_eq!(
+        revision_events(&app, &id).await,
+        0,
+        "no pago.revision_manual"
+    );
+}
+
+async fn money_returned_beyond_pagos_refunds_or_charged_back_still_sends_the_payment_to_review(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.mount(app.gateway()).await;
+    for (n, (key, then)) in [
+        ("k-beyond", "payment_refunded"),
+        ("k-chargeback", "payment_charged_back"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (id, data_id) = approved_payment(&app, key).await;
+        let (status, _) =
+            refund_through_pagos(&app, &id, &format!("r-{key}"), json!({"monto": 100000})).await;
+        assert_eq!(status, 201);
+        // The rest went back outside pagos (Mercado Pago's panel), or the payer disputed it.
+        fake.set(&id, then, "2026-12-04T09:00:00.000-05:00");
+        assert_eq!(
+            outcome(notify(&app, 7321 + n as u64, &data_id).await).await,
+            "revision_manual",
+            "{then}"
+        );
+        assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL", "{then}");
+        assert_eq!(revision_events(&app, &id).await, 1, "{then}");
     }
 }

@@ -196,12 +196,75 @@ pub enum OrphanCharges {
     Review,
 }
 
-/// The compensation of an orphan charge: a refund of `charge` (in full) registered in the
-/// caller's transaction, in pagos' own key space (the key is the charge's id, so the same
-/// charge found twice is refunded once), with an audit row on the payment saying why. The
-/// refund is due at once: the next reconciliation pass sends it (or on-call's "reconcile
-/// now"). The payment must be `FALLIDA`; its row must be locked by the caller or the
-/// database serialized (`lock` as `store::register_in`).
+/// What compensating one charge came to (`compensate_in`). Every charge pagos means to
+/// give back ends in exactly one of these; none is dropped without a word.
+#[derive(Debug)]
+pub enum Compensation {
+    /// A refund of what is left of the charge, registered in the caller's transaction.
+    Started(Box<refund::Model>),
+    /// The charge's compensation refund exists already (its key is the charge's id):
+    /// whatever that refund came to is the charge's compensation.
+    Taken(Box<refund::Model>),
+    /// pagos' `COMPLETADO` refunds of the charge already give all of it back.
+    Covered,
+    /// A refund of the charge is neither `COMPLETADO` nor `FALLIDO` yet (in flight or
+    /// under review): what is left of the charge is not known until it settles, and a
+    /// refund of the rest now could be too little (it fails) or too much (the provider
+    /// refuses it). Nothing was written.
+    Unsettled(Box<refund::Model>),
+    /// Not registered (the payment is gone or not `FALLIDA`); nothing was written.
+    Refused(store::Registered),
+}
+
+impl Compensation {
+    /// Whether the charge is refunded, or being refunded, by what this came to: false
+    /// when it cannot be, as things stand, without on-call.
+    pub fn gives_back(&self) -> bool {
+        match self {
+            Compensation::Started(_) | Compensation::Covered => true,
+            Compensation::Taken(r) => {
+                !matches!(r.state, RefundState::Fallido | RefundState::RevisionManual)
+            }
+            Compensation::Unsettled(_) | Compensation::Refused(_) => false,
+        }
+    }
+
+    /// Why the charge cannot be given back now, for on-call (empty when it can).
+    pub fn why_not(&self) -> String {
+        match self {
+            Compensation::Taken(r) if r.state == RefundState::Fallido => format!(
+                "its compensation refund {} failed ({}); that refund's key is the charge's id, so pagos cannot send it again",
+                r.id,
+                r.failure_code.as_deref().unwrap_or("no code")
+            ),
+            Compensation::Taken(r) if r.state == RefundState::RevisionManual => format!(
+                "its compensation refund {} is under review: settle it first (POST /admin/reembolsos/{}/resolucion)",
+                r.id, r.id
+            ),
+            Compensation::Unsettled(r) => format!(
+                "refund {} of it is {}: what is left of the charge is known only once it settles; wait for it (or settle it, if it is under review) and try again",
+                r.id, r.state
+            ),
+            Compensation::Refused(store::Registered::NoPayment) => "the payment is gone".into(),
+            Compensation::Refused(store::Registered::NotRefundable(state)) => {
+                format!("the payment is {state}, not FALLIDA")
+            }
+            Compensation::Refused(store::Registered::ExceedsRemaining { remaining }) => {
+                format!("only {remaining} of it is left to refund")
+            }
+            _ => String::new(),
+        }
+    }
+}
+
+/// The compensation of an orphan charge: a refund of what is left of `charge` — its
+/// amount less pagos' `COMPLETADO` refunds of it (a payment that was `COMPLETADA` may have
+/// refunds of its own charge already) — registered in the caller's transaction, in pagos'
+/// own key space (the key is the charge's id, so the same charge found twice is refunded
+/// once), with an audit row on the payment saying why. The refund is due at once: the next
+/// reconciliation pass sends it (or on-call's "reconcile now"). The payment must be
+/// `FALLIDA`; its row must be locked by the caller or the database serialized (`lock` as
+/// `store::register_in`).
 pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
     tx: &C,
     p: &crate::entities::payment::Model,
@@ -209,9 +272,31 @@ pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
     actor: Actor,
     why: &str,
     lock: bool,
-) -> Result<store::Registered, sea_orm::DbErr> {
+) -> Result<Compensation, sea_orm::DbErr> {
     use crate::entities::payment_transition as payment_transitions;
     use sea_orm::EntityTrait;
+    let scope = crate::entities::refund::KeyScope::Orphan;
+    if let Some(existing) = store::find_key(tx, p.merchant_id, scope, &charge.id).await? {
+        return Ok(Compensation::Taken(Box::new(existing)));
+    }
+    let earlier = store::of_charge(tx, p.id, &charge.id).await?;
+    if let Some(open) = earlier.iter().find(|r| {
+        matches!(
+            r.state,
+            RefundState::EnProceso | RefundState::Enviado | RefundState::RevisionManual
+        )
+    }) {
+        return Ok(Compensation::Unsettled(Box::new(open.clone())));
+    }
+    let given_back: i64 = earlier
+        .iter()
+        .filter(|r| r.state == RefundState::Completado)
+        .map(|r| r.amount)
+        .sum();
+    let left = charge.amount - given_back;
+    if left <= 0 {
+        return Ok(Compensation::Covered);
+    }
     let fingerprint = crate::idempotency::fingerprint(
         "COMPENSATE",
         &format!("/v1/pagos/{}", p.id),
@@ -222,11 +307,11 @@ pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
         tx,
         &store::Registration {
             merchant: p.merchant_id,
-            scope: crate::entities::refund::KeyScope::Orphan,
+            scope,
             key: &charge.id,
             fingerprint: &fingerprint,
             payment: p.id,
-            amount: Some(charge.amount),
+            amount: Some(left),
             reason: Some(truncate(&reason, pagos_types::refund::MAX_REASON_LEN)),
             requested_by: "pagos".to_owned(),
             lease: std::time::Duration::ZERO,
@@ -237,26 +322,38 @@ pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
         lock,
     )
     .await?;
-    if let store::Registered::Started(r) = &registered {
-        payment_transitions::Entity::insert(payment_transitions::ActiveModel::from(
-            payment_transitions::Model {
-                id: uuid::Uuid::now_v7(),
-                payment_id: p.id,
-                from_state: Some(p.state),
-                to_state: p.state,
-                actor,
-                reason: format!(
-                    "{why}: the answer was FALLIDA, so the charge is refunded in full (refund {}) to keep it true",
-                    r.id
-                ),
-                created_at: r.created_at,
-            },
-        ))
-        .exec_without_returning(tx)
-        .await?;
-        tracing::warn!(payment_id = %p.id, refund_id = %r.id, charge = charge.id, "orphan charge: refunding it");
-    }
-    Ok(registered)
+    let r = match registered {
+        store::Registered::Started(r) => r,
+        store::Registered::Taken(r) => return Ok(Compensation::Taken(r)),
+        other => return Ok(Compensation::Refused(other)),
+    };
+    let what = if given_back == 0 {
+        "the charge is refunded in full".to_owned()
+    } else {
+        format!(
+            "what is left of the charge is refunded ({left} {cur} of {} {cur}; pagos' refunds of it already gave back {given_back} {cur})",
+            charge.amount,
+            cur = r.currency
+        )
+    };
+    payment_transitions::Entity::insert(payment_transitions::ActiveModel::from(
+        payment_transitions::Model {
+            id: uuid::Uuid::now_v7(),
+            payment_id: p.id,
+            from_state: Some(p.state),
+            to_state: p.state,
+            actor,
+            reason: format!(
+                "{why}: the answer was FALLIDA, so {what} (refund {}) to keep it true",
+                r.id
+            ),
+            created_at: r.created_at,
+        },
+    ))
+    .exec_without_returning(tx)
+    .await?;
+    tracing::warn!(payment_id = %p.id, refund_id = %r.id, charge = charge.id, amount = left, "orphan charge: refunding it");
+    Ok(Compensation::Started(r))
 }
 
 fn truncate(s: &str, max: usize) -> String {

@@ -125,6 +125,41 @@ pub async fn refunded_amount(db: &impl ConnectionTrait, payment: Uuid) -> Result
     sum_in(db, payment, &[RefundState::Completado]).await
 }
 
+/// A payment's refunds of one charge, oldest first.
+pub async fn of_charge(
+    db: &impl ConnectionTrait,
+    payment: Uuid,
+    charge: &str,
+) -> Result<Vec<refund::Model>, DbErr> {
+    refund::Entity::find()
+        .filter(refund::Column::PaymentId.eq(payment))
+        .filter(refund::Column::ChargeRef.eq(charge))
+        .order_by_asc(refund::Column::CreatedAt)
+        .order_by_asc(refund::Column::Id)
+        .all(db)
+        .await
+}
+
+/// What pagos' refunds of one charge of a payment that have not failed add up to:
+/// `COMPLETADO`, and those in flight (`EN_PROCESO`, `ENVIADO`), whose answer a provider
+/// may tell of before pagos records it. Refunds under review are left out: nobody knows
+/// yet whether their money went back.
+pub async fn covering(
+    db: &impl ConnectionTrait,
+    payment: Uuid,
+    charge: &str,
+) -> Result<i64, DbErr> {
+    let refunds = refund::Entity::find()
+        .filter(refund::Column::PaymentId.eq(payment))
+        .filter(refund::Column::ChargeRef.eq(charge))
+        .filter(refund::Column::State.is_in([
+            RefundState::Completado,
+            RefundState::Enviado,
+            RefundState::EnProceso,
+        ]));
+    total(db, refunds).await
+}
+
 /// What a refund registration asks for.
 pub struct Registration<'a> {
     pub merchant: Uuid,
