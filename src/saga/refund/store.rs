@@ -67,12 +67,38 @@ pub async fn of_payment(
     db: &impl ConnectionTrait,
     payment: Uuid,
 ) -> Result<Vec<refund::Model>, DbErr> {
-    refund::Entity::find()
-        .filter(refund::Column::PaymentId.eq(payment))
+    oldest_first(
+        db,
+        refund::Entity::find().filter(refund::Column::PaymentId.eq(payment)),
+    )
+    .await
+}
+
+/// A payment's refunds of one charge, oldest first.
+pub async fn of_charge(
+    db: &impl ConnectionTrait,
+    payment: Uuid,
+    charge: &str,
+) -> Result<Vec<refund::Model>, DbErr> {
+    oldest_first(db, of_one_charge(payment, charge)).await
+}
+
+async fn oldest_first(
+    db: &impl ConnectionTrait,
+    refunds: sea_orm::Select<refund::Entity>,
+) -> Result<Vec<refund::Model>, DbErr> {
+    refunds
         .order_by_asc(refund::Column::CreatedAt)
         .order_by_asc(refund::Column::Id)
         .all(db)
         .await
+}
+
+/// A payment's refunds of one charge.
+fn of_one_charge(payment: Uuid, charge: &str) -> sea_orm::Select<refund::Entity> {
+    refund::Entity::find()
+        .filter(refund::Column::PaymentId.eq(payment))
+        .filter(refund::Column::ChargeRef.eq(charge))
 }
 
 /// The row of a key in the refunds' key space.
@@ -125,21 +151,6 @@ pub async fn refunded_amount(db: &impl ConnectionTrait, payment: Uuid) -> Result
     sum_in(db, payment, &[RefundState::Completado]).await
 }
 
-/// A payment's refunds of one charge, oldest first.
-pub async fn of_charge(
-    db: &impl ConnectionTrait,
-    payment: Uuid,
-    charge: &str,
-) -> Result<Vec<refund::Model>, DbErr> {
-    refund::Entity::find()
-        .filter(refund::Column::PaymentId.eq(payment))
-        .filter(refund::Column::ChargeRef.eq(charge))
-        .order_by_asc(refund::Column::CreatedAt)
-        .order_by_asc(refund::Column::Id)
-        .all(db)
-        .await
-}
-
 /// What pagos' refunds of one charge of a payment that have not failed add up to:
 /// `COMPLETADO`, and those in flight (`EN_PROCESO`, `ENVIADO`), whose answer a provider
 /// may tell of before pagos records it. Refunds under review are left out: nobody knows
@@ -149,14 +160,11 @@ pub async fn covering(
     payment: Uuid,
     charge: &str,
 ) -> Result<i64, DbErr> {
-    let refunds = refund::Entity::find()
-        .filter(refund::Column::PaymentId.eq(payment))
-        .filter(refund::Column::ChargeRef.eq(charge))
-        .filter(refund::Column::State.is_in([
-            RefundState::Completado,
-            RefundState::Enviado,
-            RefundState::EnProceso,
-        ]));
+    let refunds = of_one_charge(payment, charge).filter(refund::Column::State.is_in([
+        RefundState::Completado,
+        RefundState::Enviado,
+        RefundState::EnProceso,
+    ]));
     total(db, refunds).await
 }
 
@@ -301,10 +309,8 @@ async fn sum_of_charge(
     payment: Uuid,
     charge: &str,
 ) -> Result<i64, DbErr> {
-    let refunds = refund::Entity::find()
-        .filter(refund::Column::PaymentId.eq(payment))
-        .filter(refund::Column::ChargeRef.eq(charge))
-        .filter(refund::Column::State.is_in(RefundState::COUNTED));
+    let refunds =
+        of_one_charge(payment, charge).filter(refund::Column::State.is_in(RefundState::COUNTED));
     total(db, refunds).await
 }
 
