@@ -22,7 +22,7 @@ use crate::delivery::{Attempt, Deliverer, Keys, Message, Outcome, Secret};
 use crate::failpoint;
 use crate::metrics::{Metrics, OutcomeLabel};
 use crate::outbox::deliveries::{self, After, Due, EndpointAfter, Recorded};
-use crate::outbox::endpoints::previous_secret_at;
+use crate::outbox::endpoints::replaced_secrets_at;
 use chrono::{DateTime, TimeDelta, Utc};
 use sea_orm::{DatabaseConnection, DbErr};
 use std::collections::HashMap;
@@ -187,16 +187,15 @@ async fn top_up(
     Ok((fanned, due))
 }
 
-/// The keys that sign an attempt at `at`: the endpoint's secret, and the one before its
-/// last rotation while the overlap lasts.
+/// The keys that sign an attempt at `at`: the endpoint's secret, and each secret a
+/// rotation replaced while its own 24 h last.
 fn keys_of(due: &Due, at: DateTime<Utc>) -> Result<Keys, String> {
-    let current = Secret::parse(&due.endpoint.secret).map_err(|e| e.to_string())?;
-    Ok(match previous_secret_at(&due.endpoint, at) {
-        Some(previous) => {
-            Keys::rotating(current, Secret::parse(previous).map_err(|e| e.to_string())?)
-        }
-        None => Keys::new(current),
-    })
+    let parse = |text: &str| Secret::parse(text).map_err(|e| e.to_string());
+    let mut keys = Keys::new(parse(&due.endpoint.secret)?);
+    for replaced in replaced_secrets_at(&due.endpoint, at) {
+        keys = keys.also(parse(replaced)?);
+    }
+    Ok(keys)
 }
 
 async fn deliver_one(d: &Dispatcher, due: &Due) -> Result<(), DbErr> {
@@ -347,6 +346,8 @@ mod tests {
                 secret: "whsec_x".into(),
                 previous_secret: None,
                 previous_secret_until: None,
+                older_secret: None,
+                older_secret_until: None,
                 state: EndpointState::Activo,
                 failing_since,
                 disabled_reason: None,
@@ -354,6 +355,39 @@ mod tests {
                 updated_at: at,
             },
         }
+    }
+
+    #[test]
+    fn an_attempt_is_signed_with_every_replaced_secret_until_its_own_24_hours_end() {
+        let (a, b, c) = (Secret::generate(), Secret::generate(), Secret::generate());
+        let at = now();
+        let mut due = due(0, None);
+        due.endpoint.secret = c.expose().to_owned();
+        due.endpoint.previous_secret = Some(b.expose().to_owned());
+        due.endpoint.previous_secret_until = Some(at + TimeDelta::hours(23));
+        due.endpoint.older_secret = Some(a.expose().to_owned());
+        due.endpoint.older_secret_until = Some(at + TimeDelta::hours(1));
+        let verifying = |when: DateTime<Utc>| -> Vec<bool> {
+            let keys = keys_of(&due, when).expect("keys");
+            let signed = crate::delivery::signing::sign("evt_1", now().timestamp(), b"{}", &keys)
+                .expect("signed");
+            let mut headers = http::HeaderMap::new();
+            for (name, value) in signed.pairs() {
+                headers.insert(name, value.parse().expect("a header value"));
+            }
+            [&a, &b, &c]
+                .iter()
+                .map(|secret| {
+                    standardwebhooks::Webhook::new(secret.expose())
+                        .expect("secret")
+                        .verify(b"{}", &headers)
+                        .is_ok()
+                })
+                .collect()
+        };
+        assert_eq!(verifying(at), [true, true, true]);
+        assert_eq!(verifying(at + TimeDelta::hours(1)), [false, true, true]);
+        assert_eq!(verifying(at + TimeDelta::hours(23)), [false, false, true]);
     }
 
     fn attempt(outcome: Outcome) -> Attempt {

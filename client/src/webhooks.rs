@@ -1,6 +1,6 @@
 //! Receiving pagos' webhooks, on the merchant's side: check a delivery ([`Verifier`]:
-//! the Standard Webhooks signature with the endpoint's secret, or either secret during a
-//! rotation, and a `webhook-timestamp` within 5 minutes of the clock), then apply each
+//! the Standard Webhooks signature with the endpoint's secret, or any secret it holds during
+//! a rotation, and a `webhook-timestamp` within 5 minutes of the clock), then apply each
 //! event once ([`Inbox`]).
 //!
 //! Deliveries are at least once and in any order, so the inbox uses two rules, in the
@@ -39,8 +39,10 @@ impl VerifyError {
     }
 }
 
-/// Checks deliveries against the endpoint's secret (and the previous one during a
-/// rotation), with the Standard Webhooks reference implementation.
+/// Checks deliveries against the endpoint's secret (and the others it holds during a
+/// rotation: pagos signs with every secret replaced in the last 24 h, up to three
+/// signatures, and any one verifying is enough), with the Standard Webhooks reference
+/// implementation.
 pub struct Verifier {
     secrets: Vec<standardwebhooks::Webhook>,
 }
@@ -52,7 +54,7 @@ impl Verifier {
         })
     }
 
-    /// Also accepts deliveries signed with `secret` (the other one of a rotation).
+    /// Also accepts deliveries signed with `secret` (an older one of a rotation).
     pub fn also(mut self, secret: &str) -> Result<Verifier, VerifyError> {
         self.secrets
             .push(standardwebhooks::Webhook::new(secret).map_err(|_| VerifyError::Secret)?);

@@ -1,5 +1,5 @@
-//! The merchant's side of a delivery: verify it (signature with either secret during a
-//! rotation, timestamp within the tolerance) and apply each event once — dedupe by
+//! The merchant's side of a delivery: verify it (signature with any secret it holds during
+//! a rotation, timestamp within the tolerance) and apply each event once — dedupe by
 //! `webhook-id` in the same step as the effect, and ignore an event whose `secuencia` is
 //! at or below the last one applied for its payment or refund (at-least-once delivery
 //! brings duplicates, and retries bring old events late).
@@ -82,7 +82,8 @@ impl Event {
 }
 
 /// Checks deliveries against the endpoint's secret, and during a rotation against the
-/// previous one too.
+/// others it holds too: pagos signs with every secret replaced in the last 24 h (up to
+/// three signatures), and any one verifying is enough.
 pub struct Verifier {
     secrets: Vec<standardwebhooks::Webhook>,
 }
@@ -107,7 +108,7 @@ impl Verifier {
         })
     }
 
-    /// Also accepts deliveries signed with `secret` (the other one of a rotation).
+    /// Also accepts deliveries signed with `secret` (an older one of a rotation).
     pub fn also(mut self, secret: &str) -> Result<Verifier, VerifyError> {
         if self.secrets.len() >= MAX_SECRETS {
             return Err(VerifyError::Secret);

@@ -2,8 +2,9 @@
 //! `webhook-id` (the event id, the same on every attempt), `webhook-timestamp` (unix
 //! seconds of this attempt) and `webhook-signature: v1,<base64 HMAC-SHA256(key,
 //! "<id>.<timestamp>.<body>")>`, where `key` is the base64-decoded part of the secret
-//! after `whsec_`. During a rotation the header carries one signature per secret,
-//! separated by a space, so a receiver holding either secret accepts the delivery.
+//! after `whsec_`. After a rotation the header carries one signature per secret still
+//! signing (the current one, and each replaced less than 24 h ago: up to three), separated
+//! by a space, so a receiver holding any of them accepts the delivery.
 //!
 //! The HMAC itself is the `standardwebhooks` crate's, the specification authors' own
 //! implementation, so what pagos signs is by construction what their verifiers check.
@@ -88,33 +89,37 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// The secrets an endpoint signs with: its current one and, during a rotation, the one
-/// before it. Never empty.
+/// The secrets an endpoint signs with: its current one and, after rotations, each secret
+/// they replaced that still signs (for 24 h after it was replaced; at most two). Never
+/// empty.
 #[derive(Clone, Debug)]
 pub struct Keys {
     current: Secret,
-    previous: Option<Secret>,
+    replaced: Vec<Secret>,
 }
 
 impl Keys {
     pub fn new(current: Secret) -> Keys {
         Keys {
             current,
-            previous: None,
+            replaced: Vec::new(),
         }
     }
 
     /// During a rotation: both sign, so a receiver that still holds the old one, or
     /// already holds the new one, accepts every delivery.
     pub fn rotating(current: Secret, previous: Secret) -> Keys {
-        Keys {
-            current,
-            previous: Some(previous),
-        }
+        Keys::new(current).also(previous)
+    }
+
+    /// Also signs with `replaced`, a secret a rotation replaced that still signs.
+    pub fn also(mut self, replaced: Secret) -> Keys {
+        self.replaced.push(replaced);
+        self
     }
 
     fn all(&self) -> impl Iterator<Item = &Secret> {
-        std::iter::once(&self.current).chain(self.previous.as_ref())
+        std::iter::once(&self.current).chain(&self.replaced)
     }
 }
 
@@ -133,7 +138,7 @@ pub enum SignError {
 pub struct SignedHeaders {
     pub id: String,
     pub timestamp: i64,
-    /// `v1,<base64>` per secret, separated by a space.
+    /// `v1,<base64>` per secret, newest first, separated by a space.
     pub signature: String,
 }
 
@@ -273,6 +278,23 @@ mod tests {
                 .is_err(),
             "after the rotation the old secret no longer verifies"
         );
+    }
+
+    #[test]
+    fn after_two_rotations_three_signatures_are_sent_and_each_secret_alone_verifies() {
+        let (a, b, c) = (Secret::generate(), Secret::generate(), Secret::generate());
+        let body = br#"{"id":"evt_3"}"#;
+        let keys = Keys::new(c.clone()).also(b.clone()).also(a.clone());
+        let signed = sign("evt_3", now(), body, &keys).expect("signed");
+        let parts: Vec<&str> = signed.signature.split(' ').collect();
+        assert_eq!(parts.len(), 3, "{}", signed.signature);
+        assert!(parts.iter().all(|p| p.starts_with("v1,")));
+        for secret in [&a, &b, &c] {
+            standardwebhooks::Webhook::new(secret.expose())
+                .expect("secret")
+                .verify(body, &header_map(&signed))
+                .expect("each secret verifies alone");
+        }
     }
 
     #[test]

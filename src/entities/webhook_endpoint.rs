@@ -14,9 +14,14 @@ pub struct Model {
     /// Comma-separated event types; None: every type.
     pub event_types: Option<String>,
     pub secret: String,
-    /// The secret before the last rotation, which also signs until `previous_secret_until`.
+    /// The secret the last rotation replaced, which also signs until `previous_secret_until`
+    /// (24 h after that rotation).
     pub previous_secret: Option<String>,
     pub previous_secret_until: Option<ChronoDateTimeUtc>,
+    /// The secret the rotation before replaced, kept when that rotation was less than 24 h
+    /// before the last one: it also signs until `older_secret_until`.
+    pub older_secret: Option<String>,
+    pub older_secret_until: Option<ChronoDateTimeUtc>,
     pub state: EndpointState,
     /// The first failure after the last success.
     pub failing_since: Option<ChronoDateTimeUtc>,

@@ -1,6 +1,6 @@
 //! The merchant's webhook endpoints (`/v1/webhook-endpoints`): register one (its secret
-//! shown only in that answer), list them (no secrets), remove one, rotate its secret (old
-//! and new both sign for 24 h), reactivate it (optionally delivering again every event
+//! shown only in that answer), list them (no secrets), remove one, rotate its secret (a
+//! replaced secret signs beside the new one for 24 h, whatever rotations follow), reactivate it (optionally delivering again every event
 //! since a time).
 //!
 //! A URL is checked by the delivery's address guard before anything is stored: not
@@ -26,7 +26,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-/// How long the secret before a rotation goes on signing beside the new one.
+/// How long a secret a rotation replaced goes on signing beside the new one (a later
+/// rotation does not cut it short; at most two replaced secrets sign).
 pub const ROTATION_OVERLAP: chrono::TimeDelta = chrono::TimeDelta::hours(24);
 
 pub const ENDPOINTS_PATH: &str = "/v1/webhook-endpoints";
@@ -287,7 +288,9 @@ async fn delete_endpoint(
     }
 }
 
-/// A new secret, shown in this answer only; the old one also signs for 24 h.
+/// A new secret, shown in this answer only; the one it replaces also signs for 24 h, and
+/// one replaced by an earlier rotation goes on signing until 24 h after its replacement
+/// (at most two replaced secrets: a third rotation within 24 h stops the oldest).
 #[utoipa::path(
     post,
     path = "/v1/webhook-endpoints/{id}/rotar-secreto",
@@ -295,7 +298,7 @@ async fn delete_endpoint(
     security(("api_key" = [])),
     params(("id" = Uuid, Path, description = "The endpoint id")),
     responses(
-        (status = 200, description = "The endpoint with its new `secreto` and until when the old one signs too", body = WebhookEndpoint),
+        (status = 200, description = "The endpoint with its new `secreto` and until when the secret it replaced signs too (`secretoAnteriorHasta`); a secret replaced by an earlier rotation within 24 h keeps signing until 24 h after its own replacement, so deliveries may carry three signatures", body = WebhookEndpoint),
         ApiKeyRefused,
         NoSuchEndpoint,
     )

@@ -60,6 +60,8 @@ pub async fn create(
         secret: new.secret.to_owned(),
         previous_secret: None,
         previous_secret_until: None,
+        older_secret: None,
+        older_secret_until: None,
         state: EndpointState::Activo,
         failing_since: None,
         disabled_reason: None,
@@ -128,7 +130,8 @@ pub async fn delete(db: &DatabaseConnection, merchant: Uuid, id: Uuid) -> Result
     Ok(true)
 }
 
-/// A new secret; the current one goes on signing beside it until `overlap_until`.
+/// A new secret; the current one goes on signing beside it until `overlap_until`, and the
+/// one the last rotation replaced keeps the rest of its own overlap (see [`rotated`]).
 pub async fn rotate(
     db: &DatabaseConnection,
     merchant: Uuid,
@@ -139,14 +142,44 @@ pub async fn rotate(
     let Some((tx, found)) = begin_on(db, merchant, id).await? else {
         return Ok(None);
     };
-    let mut model = found.clone().into_active_model();
-    model.previous_secret = Set(Some(found.secret.clone()));
-    model.previous_secret_until = Set(Some(overlap_until));
-    model.secret = Set(new_secret.to_owned());
-    model.updated_at = Set(now());
+    let next = rotated(&found, new_secret, now(), overlap_until);
+    // Only the columns a rotation changes.
+    let mut model = found.into_active_model();
+    model.secret = Set(next.secret);
+    model.previous_secret = Set(next.previous_secret);
+    model.previous_secret_until = Set(next.previous_secret_until);
+    model.older_secret = Set(next.older_secret);
+    model.older_secret_until = Set(next.older_secret_until);
+    model.updated_at = Set(next.updated_at);
     let updated = model.update(&tx).await?;
     tx.commit().await?;
     Ok(Some(updated))
+}
+
+/// `endpoint` rotated at `at` to `new_secret`. A replaced secret signs until its own overlap
+/// ends, whatever rotations follow: the current secret becomes the previous one (until
+/// `overlap_until`), and the previous one, if it still signs at `at`, becomes the older
+/// one with its own end. An older one is dropped: at most two replaced secrets sign, so a
+/// third rotation within an overlap ends the oldest early.
+pub fn rotated(
+    endpoint: &endpoints::Model,
+    new_secret: &str,
+    at: DateTime<Utc>,
+    overlap_until: DateTime<Utc>,
+) -> endpoints::Model {
+    let (older_secret, older_secret_until) = match previous_secret_at(endpoint, at) {
+        Some(previous) => (Some(previous.to_owned()), endpoint.previous_secret_until),
+        None => (None, None),
+    };
+    endpoints::Model {
+        secret: new_secret.to_owned(),
+        previous_secret: Some(endpoint.secret.clone()),
+        previous_secret_until: Some(overlap_until),
+        older_secret,
+        older_secret_until,
+        updated_at: at,
+        ..endpoint.clone()
+    }
 }
 
 /// `ACTIVO` again: if it was `DESACTIVADO`, its pending deliveries are due now; and with
@@ -240,12 +273,37 @@ pub async fn reactivate(
     Ok(Some(updated))
 }
 
-/// Whether the secret before the last rotation still signs at `at`.
+/// The secret the last rotation replaced, if it still signs at `at`.
 pub fn previous_secret_at(endpoint: &endpoints::Model, at: DateTime<Utc>) -> Option<&str> {
-    match (&endpoint.previous_secret, endpoint.previous_secret_until) {
-        (Some(previous), Some(until)) if at < until => Some(previous),
-        _ => None,
-    }
+    still_signing(
+        endpoint.previous_secret.as_deref(),
+        endpoint.previous_secret_until,
+        at,
+    )
+}
+
+/// The replaced secrets that still sign at `at`, newest first: the previous one and the
+/// older one, each until its own end.
+pub fn replaced_secrets_at(endpoint: &endpoints::Model, at: DateTime<Utc>) -> Vec<&str> {
+    [
+        previous_secret_at(endpoint, at),
+        still_signing(
+            endpoint.older_secret.as_deref(),
+            endpoint.older_secret_until,
+            at,
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+fn still_signing(
+    secret: Option<&str>,
+    until: Option<DateTime<Utc>>,
+    at: DateTime<Utc>,
+) -> Option<&str> {
+    secret.filter(|_| until.is_some_and(|until| at < until))
 }
 
 /// How many endpoints are `DESACTIVADO`.
@@ -256,4 +314,93 @@ pub async fn count_disabled(db: &DatabaseConnection) -> Result<i64, DbErr> {
         .count(db)
         .await?;
     Ok(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeDelta;
+
+    const DAY: TimeDelta = TimeDelta::hours(24);
+
+    fn endpoint(secret: &str, at: DateTime<Utc>) -> endpoints::Model {
+        endpoints::Model {
+            id: Uuid::nil(),
+            merchant_id: Uuid::nil(),
+            url: "https://example.com".into(),
+            event_types: None,
+            secret: secret.into(),
+            previous_secret: None,
+            previous_secret_until: None,
+            older_secret: None,
+            older_secret_until: None,
+            state: EndpointState::Activo,
+            failing_since: None,
+            disabled_reason: None,
+            created_at: at,
+            updated_at: at,
+        }
+    }
+
+    fn rotate_at(e: &endpoints::Model, new: &str, at: DateTime<Utc>) -> endpoints::Model {
+        rotated(e, new, at, at + DAY)
+    }
+
+    fn signing(e: &endpoints::Model, at: DateTime<Utc>) -> Vec<&str> {
+        let mut all = vec![e.secret.as_str()];
+        all.extend(replaced_secrets_at(e, at));
+        all
+    }
+
+    #[test]
+    fn a_secret_signs_for_24_hours_after_it_is_replaced_whatever_rotations_follow() {
+        let t0 = chrono::DateTime::parse_from_rfc3339("2026-12-07T10:00:00Z")
+            .expect("time")
+            .to_utc();
+        let first = t0 + TimeDelta::hours(1);
+        let second = t0 + TimeDelta::hours(3);
+        let e = rotate_at(&endpoint("A", t0), "B", first);
+        let e = rotate_at(&e, "C", second);
+
+        assert_eq!(signing(&e, second), ["C", "B", "A"]);
+        assert_eq!(
+            signing(&e, first + DAY - TimeDelta::seconds(1)),
+            ["C", "B", "A"]
+        );
+        assert_eq!(signing(&e, first + DAY), ["C", "B"], "A's 24 h are over");
+        assert_eq!(
+            signing(&e, second + DAY - TimeDelta::seconds(1)),
+            ["C", "B"]
+        );
+        assert_eq!(signing(&e, second + DAY), ["C"], "B's 24 h are over");
+        assert_eq!(e.previous_secret_until, Some(second + DAY));
+        assert_eq!(e.older_secret_until, Some(first + DAY));
+    }
+
+    #[test]
+    fn a_third_rotation_within_24_hours_drops_the_oldest_replaced_secret() {
+        let t0 = chrono::DateTime::parse_from_rfc3339("2026-12-07T10:00:00Z")
+            .expect("time")
+            .to_utc();
+        let mut e = endpoint("A", t0);
+        for (n, new) in ["B", "C", "D"].into_iter().enumerate() {
+            e = rotate_at(&e, new, t0 + TimeDelta::hours(i64::try_from(n).expect("n")));
+        }
+        assert_eq!(signing(&e, t0 + TimeDelta::hours(2)), ["D", "C", "B"]);
+    }
+
+    #[test]
+    fn a_rotation_after_the_previous_secrets_24_hours_keeps_no_older_one() {
+        let t0 = chrono::DateTime::parse_from_rfc3339("2026-12-07T10:00:00Z")
+            .expect("time")
+            .to_utc();
+        let e = rotate_at(&endpoint("A", t0), "B", t0);
+        let e = rotate_at(&e, "C", t0 + DAY);
+        assert_eq!(e.older_secret, None);
+        assert_eq!(e.older_secret_until, None);
+        assert_eq!(signing(&e, t0 + DAY), ["C", "B"]);
+        // And a stale older one is cleared, not carried on.
+        let e = rotate_at(&e, "D", t0 + DAY + DAY);
+        assert_eq!((e.older_secret, e.older_secret_until), (None, None));
+    }
 }

@@ -137,6 +137,24 @@ async fn during_a_rotation_a_consumer_still_holding_the_old_secret_applies_the_d
 }
 
 #[tokio::test]
+async fn after_two_rotations_a_consumer_still_holding_the_first_secret_applies_the_delivery() {
+    let (a, b, c) = (Secret::generate(), Secret::generate(), Secret::generate());
+    let d = local();
+    for (n, held) in [&a, &b, &c].into_iter().enumerate() {
+        let receiver = Receiver::start().await;
+        receiver.consume(Verifier::new(held.expose()).expect("verifier"));
+        let id = format!("evt_1{n}");
+        let body = event(&id, "pay_9", 1);
+        let keys = Keys::new(c.clone()).also(b.clone()).also(a.clone());
+        let attempt = send(&d, &receiver.url("/"), &id, &body, &keys).await;
+        assert_eq!(attempt.outcome, Outcome::Delivered, "secret {n}");
+        assert_eq!(receiver.applied().len(), 1, "secret {n}");
+        let seen = receiver.deliveries();
+        assert_eq!(seen[0].header("webhook-signature").split(' ').count(), 3);
+    }
+}
+
+#[tokio::test]
 async fn a_redirect_is_never_followed_and_is_a_failed_attempt() {
     let receiver = Receiver::start().await;
     let elsewhere = Receiver::start().await;

@@ -5,12 +5,14 @@
 use crate::helpers::{API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, json, payment_body};
 use crate::on_both_databases;
 use chrono::{DateTime, Utc};
+use sea_orm::EntityTrait;
 use serde_json::{Value, json};
 
 on_both_databases!(
     a_registered_endpoint_shows_its_secret_once_and_is_listed_without_it,
     an_endpoint_is_invisible_to_another_merchant,
     rotating_gives_a_new_secret_and_keeps_the_old_one_for_24_hours,
+    rotating_again_within_24_hours_shows_the_last_rotations_end_and_keeps_the_first_secrets,
     bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored,
     events_are_listed_oldest_first_with_a_cursor_and_only_to_their_merchant,
 );
@@ -136,6 +138,69 @@ async fn rotating_gives_a_new_secret_and_keeps_the_old_one_for_24_hours(backend:
     assert!((23.9..=24.0).contains(&hours), "{hours} h");
     let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
     assert!(!listed.to_string().contains(new_secret));
+}
+
+async fn rotating_again_within_24_hours_shows_the_last_rotations_end_and_keeps_the_first_secrets(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let made = app.register_endpoint("https://93.184.215.14/rot2").await;
+    let id = made["id"].as_str().expect("id");
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let rotated = app
+            .post_as(
+                API_KEY,
+                &format!("/v1/webhook-endpoints/{id}/rotar-secreto"),
+                &json!({}),
+            )
+            .await;
+        assert_eq!(rotated.status(), 200);
+        answers.push(json(rotated).await);
+    }
+    let until = |answer: &Value| -> DateTime<Utc> {
+        answer["secretoAnteriorHasta"]
+            .as_str()
+            .expect("overlap")
+            .parse()
+            .expect("RFC 3339")
+    };
+    assert!(until(&answers[1]) >= until(&answers[0]));
+    assert_ne!(answers[0]["secreto"], answers[1]["secreto"]);
+
+    // The first secret was not overwritten: it keeps the end of the first rotation.
+    let stored = pagos::entities::webhook_endpoint::Entity::find()
+        .one(&app.db)
+        .await
+        .expect("read")
+        .expect("the endpoint");
+    assert_eq!(stored.older_secret.as_deref(), made["secreto"].as_str());
+    assert_eq!(
+        stored.older_secret_until.map(|t| t.timestamp_millis()),
+        Some(until(&answers[0]).timestamp_millis())
+    );
+    assert_eq!(
+        stored.previous_secret.as_deref(),
+        answers[0]["secreto"].as_str()
+    );
+    assert_eq!(
+        stored.previous_secret_until.map(|t| t.timestamp_millis()),
+        Some(until(&answers[1]).timestamp_millis())
+    );
+    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+    assert_eq!(
+        listed["endpoints"][0]["secretoAnteriorHasta"],
+        answers[1]["secretoAnteriorHasta"]
+    );
+    for answer in &answers {
+        let secret = answer["secreto"].as_str().expect("secret");
+        assert!(!listed.to_string().contains(secret));
+    }
+    assert!(
+        !listed
+            .to_string()
+            .contains(made["secreto"].as_str().expect("secret"))
+    );
 }
 
 async fn bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored(backend: Backend) {

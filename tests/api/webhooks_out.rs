@@ -28,6 +28,7 @@ on_both_databases!(
     a_payment_is_delivered_signed_to_its_merchants_endpoint,
     a_flaky_receiver_gets_every_event_and_the_consumer_applies_each_once,
     during_a_rotation_both_secrets_sign_and_after_it_only_the_new,
+    after_two_rotations_within_a_day_each_of_the_three_secrets_verifies_until_its_own_day_ends,
     a_410_deactivates_the_endpoint_and_reactivation_redelivers,
     an_endpoint_failing_past_the_horizon_is_deactivated_and_counted,
     redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes,
@@ -243,6 +244,73 @@ async fn during_a_rotation_both_secrets_sign_and_after_it_only_the_new(backend: 
             .is_err(),
         "the old secret no longer signs"
     );
+}
+
+/// A merchant that rotated, lost the answer and rotated again still holds the first secret:
+/// it keeps verifying for 24 h after it was replaced, whatever rotations followed.
+async fn after_two_rotations_within_a_day_each_of_the_three_secrets_verifies_until_its_own_day_ends(
+    backend: Backend,
+) {
+    let (app, _fake) = app(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    let made = app.register_endpoint(&receiver.url("/")).await;
+    let id = made["id"].as_str().expect("id");
+    let a = made["secreto"].as_str().expect("secret").to_owned();
+    let mut rotated = Vec::new();
+    for _ in 0..2 {
+        let answer = json(
+            app.post_as(
+                API_KEY,
+                &format!("/v1/webhook-endpoints/{id}/rotar-secreto"),
+                &json!({}),
+            )
+            .await,
+        )
+        .await;
+        rotated.push(answer["secreto"].as_str().expect("secret").to_owned());
+    }
+    let (b, c) = (rotated[0].clone(), rotated[1].clone());
+    let verifies = |secret: &str, delivery: &crate::receiver::Recorded| {
+        standardwebhooks::Webhook::new(secret)
+            .expect("secret")
+            .verify(&delivery.body, &delivery.headers)
+            .is_ok()
+    };
+
+    let during = &paid_and_delivered(&app, &receiver, "k-rr1", 1, "the delivery").await;
+    for (name, secret) in [("A", &a), ("B", &b), ("C", &c)] {
+        assert!(verifies(secret, during), "{name} alone verifies");
+    }
+    assert_eq!(during.header("webhook-signature").split(' ').count(), 3);
+
+    // Each replaced secret has its own end: A's comes first (it was replaced first).
+    let stored = webhook_endpoint::Entity::find()
+        .one(&app.db)
+        .await
+        .expect("read")
+        .expect("the endpoint");
+    let (a_until, b_until) = (
+        stored.older_secret_until.expect("A's end"),
+        stored.previous_secret_until.expect("B's end"),
+    );
+    assert!(a_until <= b_until, "{a_until} {b_until}");
+    assert!(a_until > pagos::db::now() + TimeDelta::hours(23));
+
+    // A's 24 h end; B's go on.
+    webhook_endpoint::Entity::update_many()
+        .col_expr(
+            webhook_endpoint::Column::OlderSecretUntil,
+            Expr::value(Some(pagos::db::now() - TimeDelta::seconds(1))),
+        )
+        .exec(&app.db)
+        .await
+        .expect("updated");
+    let after = &paid_and_delivered(&app, &receiver, "k-rr2", 2, "the second delivery").await;
+    assert!(!verifies(&a, after), "A no longer signs");
+    for (name, secret) in [("B", &b), ("C", &c)] {
+        assert!(verifies(secret, after), "{name} alone still verifies");
+    }
+    assert_eq!(after.header("webhook-signature").split(' ').count(), 2);
 }
 
 /// Pays with `key` and waits (up to 10 s) for the `n`th delivery; the delivery.

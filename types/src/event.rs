@@ -162,7 +162,9 @@ pub struct WebhookEndpoint {
     /// RFC 3339.
     #[serde(rename = "creadoEn")]
     pub creado_en: String,
-    /// Until when the secret before the last rotation also signs (RFC 3339).
+    /// Until when the secret the last rotation replaced also signs (RFC 3339): 24 h after
+    /// that rotation. A secret replaced by the rotation before, if that was less than 24 h
+    /// earlier, signs too, until 24 h after its own replacement (before this time).
     #[serde(
         rename = "secretoAnteriorHasta",
         default,
