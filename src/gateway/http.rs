@@ -203,7 +203,14 @@ impl Gateway for HttpGateway {
     async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
         let url = self.by_reference("charges", reference)?;
         let found: List<Charge> = search(&self.api, url, "gateway lookup").await?;
-        Ok(found.data)
+        // The reference is the payment's; a gateway answering another's (a filter it
+        // ignored, a proxy's cache) is not believed: settling on it would tell the merchant
+        // of a charge that is not theirs.
+        Ok(found
+            .data
+            .into_iter()
+            .filter(|c| Uuid::parse_str(&c.reference).ok() == Some(reference))
+            .collect())
     }
 
     async fn refund(&self, req: &RefundRequest) -> Result<Refund, GatewayError> {

@@ -23,7 +23,7 @@ use sea_orm::DatabaseConnection;
 use sha2::{Digest, Sha256};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 use uuid::Uuid;
@@ -45,7 +45,15 @@ pub struct Authenticator {
     failures: DefaultKeyedRateLimiter<IpAddr>,
     /// Addresses over the limit, with when they may try again: checked before any look-up.
     blocked: moka::future::Cache<IpAddr, Instant>,
+    /// One turn per address for credentials not known from the cache: see `turn`.
+    turns: moka::future::Cache<IpAddr, Arc<tokio::sync::Mutex<()>>>,
     last_forgot: Mutex<Instant>,
+}
+
+/// An address's turn to have a credential checked (`Authenticator::turn`): held until its
+/// failure, if it fails, is counted.
+pub struct Turn {
+    _held: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl Authenticator {
@@ -63,8 +71,41 @@ impl Authenticator {
                 .max_capacity(BLOCKED_CAPACITY)
                 .time_to_live(Duration::from_secs(60))
                 .build(),
+            turns: moka::future::Cache::builder()
+                .max_capacity(BLOCKED_CAPACITY)
+                .time_to_idle(Duration::from_secs(60))
+                .build(),
             last_forgot: Mutex::new(Instant::now()),
         }
+    }
+
+    /// Whether the API key `token` is known from the cache (valid, revoked or unknown):
+    /// checking it reaches no database and cannot be a new guess.
+    fn knows_key(&self, token: Option<&str>) -> bool {
+        token.is_some_and(|t| !t.is_empty() && self.keys.contains_key(&hash_api_key(t)))
+    }
+
+    /// `client`'s turn to have a credential checked, then 429 if it is blocked by now.
+    ///
+    /// The limit counts failures once they are known; without turns, every request of a
+    /// burst in flight when an address was blocked had its credential checked already,
+    /// so a client sending as many guesses at once as the server takes got that many
+    /// per allowance instead of one. With turns, the credentials of one address that the
+    /// cache does not know (every guess) are checked one at a time, each after the
+    /// failure before it was counted.
+    pub async fn turn(&self, client: Option<IpAddr>) -> Result<Turn, ApiError> {
+        let Some(address) = client else {
+            return Ok(Turn { _held: None });
+        };
+        let lock = self
+            .turns
+            .get_with(address, async { Arc::new(tokio::sync::Mutex::new(())) })
+            .await;
+        let turn = Turn {
+            _held: Some(lock.lock_owned().await),
+        };
+        self.refuse_if_blocked(client).await?;
+        Ok(turn)
     }
 
     /// What is known about the key whose hash is `hash`: from the cache, or from one
@@ -174,9 +215,10 @@ type Identified<T> = Result<T, &'static str>;
 
 /// `FromRequestParts` for who a bearer token proves a request is from, as `$identify`
 /// reads the token (None: no `Authorization: Bearer`): 429 first when the client's address
-/// failed too often; a failed authentication is counted against the address.
+/// failed too often; a failed authentication is counted against the address. A token
+/// `$known` does not say is cached is checked in the address's turn (`Authenticator::turn`).
 macro_rules! from_bearer {
-    ($who:ty, $identify:ident) => {
+    ($who:ty, $identify:ident, $known:expr) => {
         impl FromRequestParts<AppState> for $who {
             type Rejection = ApiError;
 
@@ -186,6 +228,12 @@ macro_rules! from_bearer {
             ) -> Result<Self, Self::Rejection> {
                 let auth = &state.auth;
                 let (client, token) = auth.bearer_of(parts).await?;
+                let known: fn(&Authenticator, Option<&str>) -> bool = $known;
+                let _turn = if known(auth, token.as_deref()) {
+                    Turn { _held: None }
+                } else {
+                    auth.turn(client).await?
+                };
                 match $identify(state, token).await? {
                     Ok(who) => Ok(who),
                     Err(detail) => Err(auth.failed(client, detail).await),
@@ -199,7 +247,7 @@ macro_rules! from_bearer {
 #[derive(Clone, Copy, Debug)]
 pub struct Merchant(pub Uuid);
 
-from_bearer!(Merchant, merchant_of);
+from_bearer!(Merchant, merchant_of, Authenticator::knows_key);
 
 /// The merchant whose API key `token` is.
 async fn merchant_of(
@@ -276,6 +324,8 @@ pub struct Admin {
     /// What the audit trail records: the operator's name, or `admin`.
     pub name: String,
     pub role: Role,
+    /// The operator's id; None for the break-glass admin token.
+    pub operator: Option<Uuid>,
 }
 
 impl Admin {
@@ -283,6 +333,7 @@ impl Admin {
         Admin {
             name: crate::operators::BREAK_GLASS.to_owned(),
             role: Role::Operador,
+            operator: None,
         }
     }
 
@@ -329,10 +380,13 @@ pub async fn who_is(state: &AppState, given: &str) -> Result<Option<Admin>, ApiE
     Ok(found.map(|op| Admin {
         name: op.name,
         role: op.role,
+        operator: Some(op.id),
     }))
 }
 
-from_bearer!(Admin, admin_of);
+// On-call's credentials are not cached: every check takes the address's turn (on-call
+// sends few requests).
+from_bearer!(Admin, admin_of, |_, _| false);
 
 /// On-call as `token` (the admin token or an operator's) proves it.
 async fn admin_of(state: &AppState, token: Option<String>) -> Result<Identified<Admin>, ApiError> {
@@ -348,11 +402,6 @@ impl Authenticator {
         let client = client_address(parts);
         self.refuse_if_blocked(client).await?;
         Ok((client, bearer(&parts.headers)))
-    }
-
-    /// For the console's login: 429 when `client` failed too often, else `Ok`.
-    pub async fn check_not_blocked(&self, client: Option<IpAddr>) -> Result<(), ApiError> {
-        self.refuse_if_blocked(client).await
     }
 
     /// For the console's login: counts a failed attempt (the 401 or 429 to show).

@@ -269,6 +269,56 @@ fn client_at_another_address() -> reqwest::Client {
         .expect("client")
 }
 
+/// Forty wrong keys from one address in flight at once (their look-ups held by a lock on
+/// the keys' table, so none is answered before the others arrive), then a valid key: with
+/// a limit of 5 failures a minute the address is blocked by the time the valid key's turn
+/// comes, and it gets 429 as any request of a blocked address does. Counted only once
+/// known, the failures of a burst were all checked first, the address was blocked only
+/// afterwards, and a key sent meanwhile was checked too: as many guesses per allowance as
+/// the server takes requests at once. (PostgreSQL: SQLite's readers do not wait for a
+/// lock.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_guesses_in_flight_at_once_gets_no_more_checks_than_the_limit() {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let app = crate::helpers::started(backend, &["--auth-failures-per-minute", "5"]).await;
+    let held = app.db.begin().await.expect("begin");
+    held.execute_unprepared("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock");
+    let ask = |key: String| {
+        let request = app
+            .http
+            .get(app.url(&format!("/v1/pagos/{}", uuid::Uuid::nil())))
+            .bearer_auth(key);
+        tokio::spawn(async move { request.send().await.expect("sent").status().as_u16() })
+    };
+    let guesses: Vec<_> = (0..40).map(|i| ask(format!("sk_live_guess_{i}"))).collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let valid = ask(API_KEY.to_owned());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.commit().await.expect("unlock");
+
+    let mut answers = Vec::new();
+    for guess in guesses {
+        answers.push(guess.await.expect("answered"));
+    }
+    let checked = answers.iter().filter(|s| **s == 401).count();
+    assert_eq!(
+        checked + answers.iter().filter(|s| **s == 429).count(),
+        40,
+        "{answers:?}"
+    );
+    assert!(checked <= 5, "{checked} guesses answered 401: {answers:?}");
+    assert_eq!(
+        valid.await.expect("answered"),
+        429,
+        "a key sent after 40 failures from its address is not checked"
+    );
+}
+
 async fn an_address_past_the_failure_limit_gets_429_before_any_look_up_and_others_do_not(
     backend: Backend,
 ) {

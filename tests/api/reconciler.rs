@@ -11,6 +11,7 @@ on_both_databases!(
     a_failing_lookup_reschedules_and_counts_attempts,
     past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles_it,
     no_charge_inside_the_key_window_is_resent_with_the_same_key,
+    a_look_up_answering_another_payments_charge_is_not_believed,
     no_charge_outside_the_key_window_goes_to_review_without_a_resend,
     a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it,
     admin_endpoints_refuse_a_missing_or_wrong_token,
@@ -148,6 +149,49 @@ async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Ba
         .iter()
         .any(|t| t["quien"] == "reconciler" && crate::helpers::text_has(t, "motivo", "same key"));
     assert!(resent, "the resend is in the audit trail: {detail}");
+}
+
+/// A gateway whose search answers another payment's charge (a filter it ignored): the
+/// payment is not settled on it. Left `ENVIADA` by a first try that never charged, it is
+/// resent with its own key and settled on its own charge: the merchant is never told
+/// COMPLETADA for money that was taken from somebody else.
+async fn a_look_up_answering_another_payments_charge_is_not_believed(backend: Backend) {
+    let app = crate::helpers::started(
+        backend,
+        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
+    )
+    .await;
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(wiremock::ResponseTemplate::new(503))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(app.gateway())
+        .await;
+    let someone_else = uuid::Uuid::new_v4().to_string();
+    wiremock::Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(wiremock::ResponseTemplate::new(200).set_body_json(json!({
+            "data": [{"id": "ch_someone_else", "status": "succeeded", "amount": 250000,
+                      "currency": "COP", "reference": someone_else}]
+        })))
+        .with_priority(1)
+        .mount(app.gateway())
+        .await;
+    let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
+    let answer = app.pay("k-foreign", &payment_body()).await;
+    assert_eq!(answer.status(), 202);
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+
+    report(1, "completados")(&app.reconcile(&id).await);
+    assert_eq!(fake.charges_for(&id), 1, "charged once, by the resend");
+    let pago = json(
+        app.get_as(crate::helpers::API_KEY, &format!("/v1/pagos/{id}"))
+            .await,
+    )
+    .await;
+    assert_eq!(pago["estado"], "COMPLETADA", "{pago}");
+    assert_ne!(pago["gatewayRef"], "ch_someone_else", "{pago}");
 }
 
 async fn no_charge_outside_the_key_window_goes_to_review_without_a_resend(backend: Backend) {

@@ -132,6 +132,7 @@ impl Console {
         Admin {
             name: self.session.name.clone(),
             role: self.session.role,
+            operator: self.session.operator,
         }
     }
 
@@ -337,10 +338,15 @@ async fn login(
     if !same {
         return refused(None, view::CSRF_REFUSED);
     }
-    if let Err(err) = state.auth.check_not_blocked(client).await {
-        let (status, text) = explain(err);
-        return login_page(status, Some(("error", &text)), &headers);
-    }
+    // In the address's turn: a burst of guesses is checked one at a time, each after the
+    // failure before it was counted.
+    let _turn = match state.auth.turn(client).await {
+        Ok(turn) => turn,
+        Err(err) => {
+            let (status, text) = explain(err);
+            return login_page(status, Some(("error", &text)), &headers);
+        }
+    };
     let token = form.token.unwrap_or_default();
     let token = token.trim();
     let who = match auth::who_is(&state, token).await {
@@ -360,19 +366,11 @@ async fn login(
         };
         return login_page(status, Some(("error", text)), &headers);
     };
-    let operator = if who.name == operators::BREAK_GLASS {
-        None
-    } else {
-        match operators::store::active_by_token(&state.db, &operators::hash_token(token)).await {
-            Ok(found) => found.map(|op| op.id),
-            Err(err) => {
-                let (status, text) = explain(err.into());
-                return login_page(status, Some(("error", &text)), &headers);
-            }
-        }
-    };
+    // The operator's id as the one look-up that proved the token read it: a second
+    // look-up could find the operator revoked in between, and the session would then
+    // open as break-glass, which revocation does not end.
     tracing::info!(operator = %who.name, role = %who.role, "console login");
-    let value = state.console.open(operator, who.name, who.role).await;
+    let value = state.console.open(who.operator, who.name, who.role).await;
     let mut response = Redirect::to("/consola/").into_response();
     let jar = response.headers_mut();
     for cookie in [
