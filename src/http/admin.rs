@@ -307,8 +307,9 @@ pub struct Resolucion {
     /// The provider's charge id, when on-call found one.
     #[serde(rename = "gatewayRef")]
     gateway_ref: Option<String>,
-    /// With `FALLIDA`: refund every charge the provider holds for the payment (asked now),
-    /// each for what pagos' refunds of it have not given back yet, so the failed answer is
+    /// With `FALLIDA`: refund every charge the provider holds for the payment (asked now,
+    /// and those its webhooks reported that its search does not show yet), each for what
+    /// pagos' refunds of it have not given back yet, so the failed answer is
     /// true. Each refund is a saga of its own (`pagos` asked it; on-call's `motivo` in its
     /// audit trail). A charge that cannot be refunded now (a refund of it in flight or
     /// under review, or its compensation failed) refuses the whole resolution: 409, nothing
@@ -430,6 +431,13 @@ pub async fn resolve_by_hand(
     } else {
         Vec::new()
     };
+    // And what the provider's webhooks reported charged that its search does not show yet
+    // (a search lags behind its events): refunded too, never left out of a FALLIDA.
+    let charged = if reembolsar {
+        with_reported_charges(&state.db, current.id, charged).await?
+    } else {
+        charged
+    };
     let tx = crate::db::begin_write(&state.db).await?;
     let resolved =
         match crate::saga::apply(&tx, &current, event, changes, Actor::Admin, &reason).await {
@@ -526,4 +534,33 @@ pub async fn reconcile_now(
         .await
         .map_err(|e| ApiError::Internal(e.into()))??;
     Ok(report)
+}
+
+/// `charged` (what the provider's search showed) and every charge of `payment` its
+/// webhooks reported succeeded that the search did not show.
+async fn with_reported_charges(
+    db: &sea_orm::DatabaseConnection,
+    payment: uuid::Uuid,
+    mut charged: Vec<crate::gateway::Charge>,
+) -> Result<Vec<crate::gateway::Charge>, ApiError> {
+    use crate::entities::webhook_charge::{self as reported, ReportedStatus};
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    let rows = reported::Entity::find()
+        .filter(reported::Column::PaymentId.eq(payment))
+        .filter(reported::Column::Status.eq(ReportedStatus::Succeeded))
+        .all(db)
+        .await?;
+    for row in rows {
+        if charged.iter().all(|c| c.id != row.charge_id) {
+            charged.push(crate::gateway::Charge {
+                id: row.charge_id,
+                status: crate::gateway::ChargeStatus::Succeeded,
+                amount: row.amount,
+                currency: row.currency,
+                reference: row.reference,
+                decline_code: None,
+            });
+        }
+    }
+    Ok(charged)
 }

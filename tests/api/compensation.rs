@@ -14,6 +14,7 @@ use wiremock::{Mock, ResponseTemplate};
 on_both_databases!(
     a_charge_found_after_a_fallida_answer_is_refunded_in_full_and_the_answer_stays,
     in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_refunded,
+    a_charge_reported_by_a_webhook_that_the_search_does_not_show_yet_is_refunded_by_the_resolution,
     a_partly_refunded_payment_resolved_fallida_with_reembolsar_refunds_what_is_left_of_the_charge,
     a_resolution_with_reembolsar_is_refused_and_writes_nothing_while_a_refund_of_the_charge_is_unsettled,
     a_charge_found_after_a_partly_refunded_payment_failed_is_compensated_for_what_is_left,
@@ -192,6 +193,35 @@ async fn in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_r
             .any(|m| m.contains("ticket 77") && m.contains("refunded in full")),
         "{trail:?}"
     );
+}
+
+/// In review mode a webhook reports the charge; on-call resolves the payment FALLIDA with
+/// `reembolsar` while the provider's search does not show the charge yet (searches lag
+/// behind events). The charge the webhook reported is refunded all the same: a FALLIDA
+/// answer with the customer's money still taken, and nothing left to find it, is what a
+/// search-only resolution wrote.
+async fn a_charge_reported_by_a_webhook_that_the_search_does_not_show_yet_is_refunded_by_the_resolution(
+    backend: Backend,
+) {
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "review", "revision_manual").await;
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+    Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": []})))
+        .mount(app.gateway())
+        .await;
+    let detail = admin(
+        &app,
+        &format!("/admin/pagos/{payment}/resolucion"),
+        Some(json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 78"})),
+    )
+    .await;
+    assert_eq!(detail["pago"]["estado"], "FALLIDA");
+    assert_eq!(detail["reembolsos"][0]["monto"], 250000, "{detail}");
+    let made = fake.made();
+    assert_eq!(made.len(), 1, "the reported charge refunded once");
+    assert_eq!(made[0]["charge"], CHARGE_ID);
 }
 
 /// The succeeded fixture's charge id: a paid payment's `gateway_ref`.
