@@ -302,7 +302,6 @@ mod tests {
     use super::*;
     use crate::delivery::schedule::Schedule;
     use crate::entities::webhook_delivery::DeliveryState;
-    use crate::entities::webhook_endpoint::EndpointState;
     use crate::entities::{event, webhook_delivery, webhook_endpoint};
     use pagos_types::EventType;
     use uuid::Uuid;
@@ -339,20 +338,8 @@ mod tests {
                 created_at: at,
             },
             endpoint: webhook_endpoint::Model {
-                id: Uuid::nil(),
-                merchant_id: Uuid::nil(),
-                url: "https://example.com".into(),
-                event_types: None,
-                secret: "whsec_x".into(),
-                previous_secret: None,
-                previous_secret_until: None,
-                older_secret: None,
-                older_secret_until: None,
-                state: EndpointState::Activo,
                 failing_since,
-                disabled_reason: None,
-                created_at: at,
-                updated_at: at,
+                ..crate::outbox::endpoints::fresh("whsec_x", at)
             },
         }
     }

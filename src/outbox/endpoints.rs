@@ -47,17 +47,15 @@ pub struct NewEndpoint<'a> {
     pub secret: &'a str,
 }
 
-pub async fn create(
-    db: &DatabaseConnection,
-    new: NewEndpoint<'_>,
-) -> Result<endpoints::Model, DbErr> {
-    let at = now();
-    let model = endpoints::Model {
-        id: Uuid::now_v7(),
-        merchant_id: new.merchant,
-        url: new.url.to_owned(),
-        event_types: stored_types(new.types),
-        secret: new.secret.to_owned(),
+/// An endpoint made at `at` with `secret`, `ACTIVO`, never rotated nor failing; every
+/// event type, and nil ids and an example URL until the caller sets its own.
+pub fn fresh(secret: &str, at: DateTime<Utc>) -> endpoints::Model {
+    endpoints::Model {
+        id: Uuid::nil(),
+        merchant_id: Uuid::nil(),
+        url: "https://example.com".into(),
+        event_types: None,
+        secret: secret.to_owned(),
         previous_secret: None,
         previous_secret_until: None,
         older_secret: None,
@@ -67,7 +65,18 @@ pub async fn create(
         disabled_reason: None,
         created_at: at,
         updated_at: at,
-    };
+    }
+}
+
+pub async fn create(
+    db: &DatabaseConnection,
+    new: NewEndpoint<'_>,
+) -> Result<endpoints::Model, DbErr> {
+    let mut model = fresh(new.secret, now());
+    model.id = Uuid::now_v7();
+    model.merchant_id = new.merchant;
+    new.url.clone_into(&mut model.url);
+    model.event_types = stored_types(new.types);
     endpoints::Entity::insert(endpoints::ActiveModel::from(model.clone()))
         .exec_without_returning(db)
         .await?;
@@ -324,22 +333,7 @@ mod tests {
     const DAY: TimeDelta = TimeDelta::hours(24);
 
     fn endpoint(secret: &str, at: DateTime<Utc>) -> endpoints::Model {
-        endpoints::Model {
-            id: Uuid::nil(),
-            merchant_id: Uuid::nil(),
-            url: "https://example.com".into(),
-            event_types: None,
-            secret: secret.into(),
-            previous_secret: None,
-            previous_secret_until: None,
-            older_secret: None,
-            older_secret_until: None,
-            state: EndpointState::Activo,
-            failing_since: None,
-            disabled_reason: None,
-            created_at: at,
-            updated_at: at,
-        }
+        fresh(secret, at)
     }
 
     fn rotate_at(e: &endpoints::Model, new: &str, at: DateTime<Utc>) -> endpoints::Model {

@@ -114,14 +114,15 @@ async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles
     assert_eq!(retry.status(), 201, "the key answers on-call's decision");
 }
 
-async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Backend) {
+/// An app without retries whose gateway answers the first charge 503 without charging
+/// (it never reaches the gateway's books): the payment is left `ENVIADA`; what later
+/// charges do is for the test to mount.
+async fn first_try_never_charged(backend: Backend) -> TestApp {
     let app = crate::helpers::started(
         backend,
         &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
     )
     .await;
-    // The first try never reaches the gateway's books (it answers 503 without charging);
-    // later ones charge.
     wiremock::Mock::given(wiremock::matchers::method("POST"))
         .and(wiremock::matchers::path("/v1/charges"))
         .respond_with(wiremock::ResponseTemplate::new(503))
@@ -129,6 +130,11 @@ async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Ba
         .with_priority(1)
         .mount(app.gateway())
         .await;
+    app
+}
+
+async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Backend) {
+    let app = first_try_never_charged(backend).await;
     let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
     let answer = app.pay("k-w", &payment_body()).await;
     assert_eq!(answer.status(), 202);
@@ -156,18 +162,7 @@ async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Ba
 /// resent with its own key and settled on its own charge: the merchant is never told
 /// COMPLETADA for money that was taken from somebody else.
 async fn a_look_up_answering_another_payments_charge_is_not_believed(backend: Backend) {
-    let app = crate::helpers::started(
-        backend,
-        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
-    )
-    .await;
-    wiremock::Mock::given(wiremock::matchers::method("POST"))
-        .and(wiremock::matchers::path("/v1/charges"))
-        .respond_with(wiremock::ResponseTemplate::new(503))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(app.gateway())
-        .await;
+    let app = first_try_never_charged(backend).await;
     let someone_else = uuid::Uuid::new_v4().to_string();
     wiremock::Mock::given(wiremock::matchers::method("GET"))
         .and(wiremock::matchers::path("/v1/charges"))
