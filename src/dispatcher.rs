@@ -102,6 +102,11 @@ pub async fn run_periodically(d: Dispatcher, mut stop: tokio::sync::watch::Recei
         if *stop.borrow() {
             break;
         }
+        // Attempts that ended since the last wait free their slots before the top-up: a
+        // fan-out backlog (top-ups back to back) must not keep the slots looking busy.
+        while let Some(done) = in_flight.try_join_next() {
+            finished(done, &mut per_endpoint);
+        }
         if in_flight.is_empty() {
             per_endpoint.clear();
         }
