@@ -4,7 +4,8 @@
 //! the payment goes to on-call, who can resolve it `FALLIDA` with `reembolsar`.
 
 use crate::helpers::{
-    Backend, Charge, TestApp, json, payment_body, post_webhook, resultado, timestamped_signature,
+    Backend, Charge, TestApp, json, listed, payment_body, post_webhook, resultado,
+    timestamped_signature,
 };
 use crate::on_both_databases;
 use crate::refunds::FakeRefunds;
@@ -133,13 +134,9 @@ async fn a_charge_found_after_a_fallida_answer_is_refunded_in_full_and_the_answe
             .is_some_and(|m| m.contains(CHARGE_ID)),
         "{detail}"
     );
-    let why = detail["transiciones"]
-        .as_array()
-        .expect("trail")
-        .iter()
-        .filter_map(|t| t["motivo"].as_str())
-        .find(|m| m.contains("refunded in full"))
-        .map(str::to_owned);
+    let why = listed(&detail, "transiciones", "motivo")
+        .into_iter()
+        .find(|m| m.contains("refunded in full"));
     assert!(why.is_some_and(|w| w.contains("evt_1")), "{detail}");
 }
 
@@ -181,12 +178,7 @@ async fn in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_r
     let made = fake.made();
     assert_eq!(made.len(), 1);
     assert_eq!(made[0]["charge"], CHARGE_ID);
-    let trail: Vec<&str> = detail["transiciones"]
-        .as_array()
-        .expect("trail")
-        .iter()
-        .filter_map(|t| t["motivo"].as_str())
-        .collect();
+    let trail = listed(&detail, "transiciones", "motivo");
     assert!(
         trail
             .iter()
@@ -308,11 +300,8 @@ async fn a_partly_refunded_payment_resolved_fallida_with_reembolsar_refunds_what
     assert_eq!(made[1]["charge"], PAID_CHARGE_ID);
     assert_eq!(made[1]["amount"], 150000);
     assert!(
-        detail["transiciones"]
-            .as_array()
-            .expect("trail")
+        listed(&detail, "transiciones", "motivo")
             .iter()
-            .filter_map(|t| t["motivo"].as_str())
             .any(|m| m.contains("ticket 78") && m.contains("150000 COP of 250000 COP")),
         "{detail}"
     );

@@ -528,6 +528,32 @@ async fn outcome(answer: reqwest::Response) -> String {
         .to_owned()
 }
 
+/// A payment Mercado Pago left pending, on an app of its own, and what Mercado Pago says of
+/// it when asked afterwards (`then`, as of 2026-12-02 11:00 in Bogotá).
+struct Pending {
+    app: TestApp,
+    fake: FakeMercadoPago,
+    /// The payment's pagos id.
+    id: String,
+    /// Its Mercado Pago id, as notifications name it.
+    data_id: String,
+}
+
+async fn pending_then(backend: Backend, key: &str, then: &str) -> Pending {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_pending");
+    fake.mount(app.gateway()).await;
+    let id = pending_payment(&app, key).await;
+    let data_id = mp_id(&id).to_string();
+    fake.set(&id, then, "2026-12-02T11:00:00.000-05:00");
+    Pending {
+        app,
+        fake,
+        id,
+        data_id,
+    }
+}
+
 /// A payment Mercado Pago left pending (cash at Efecty); returns its id.
 async fn pending_payment(app: &TestApp, key: &str) -> String {
     let cash = json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
@@ -540,12 +566,12 @@ async fn pending_payment(app: &TestApp, key: &str) -> String {
 async fn a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_is_refused(
     backend: Backend,
 ) {
-    let app = spawn(backend, &[]).await;
-    let fake = FakeMercadoPago::new("payment_pending");
-    fake.mount(app.gateway()).await;
-    let id = pending_payment(&app, "k-wh").await;
-    let data_id = mp_id(&id).to_string();
-    fake.set(&id, "payment_approved", "2026-12-02T11:00:00.000-05:00");
+    let Pending {
+        app,
+        fake: _,
+        id,
+        data_id,
+    } = pending_then(backend, "k-wh", "payment_approved").await;
 
     let body = notification(7001, &data_id);
     let now = chrono::Utc::now().timestamp();
@@ -580,12 +606,12 @@ async fn a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_i
 }
 
 async fn a_duplicated_notification_applies_once_and_asks_mercadopago_once(backend: Backend) {
-    let app = spawn(backend, &[]).await;
-    let fake = FakeMercadoPago::new("payment_pending");
-    fake.mount(app.gateway()).await;
-    let id = pending_payment(&app, "k-dup").await;
-    let data_id = mp_id(&id).to_string();
-    fake.set(&id, "payment_approved", "2026-12-02T11:00:00.000-05:00");
+    let Pending {
+        app,
+        fake: _,
+        id,
+        data_id,
+    } = pending_then(backend, "k-dup", "payment_approved").await;
 
     assert_eq!(
         outcome(notify(&app, 7002, &data_id).await).await,
@@ -619,12 +645,12 @@ async fn a_duplicated_notification_applies_once_and_asks_mercadopago_once(backen
 async fn a_notification_mercadopago_cannot_be_asked_about_is_refused_with_503_and_nothing_recorded(
     backend: Backend,
 ) {
-    let app = spawn(backend, &[]).await;
-    let fake = FakeMercadoPago::new("payment_pending");
-    fake.mount(app.gateway()).await;
-    let id = pending_payment(&app, "k-503").await;
-    let data_id = mp_id(&id).to_string();
-    fake.set(&id, "payment_rejected", "2026-12-02T11:00:00.000-05:00");
+    let Pending {
+        app,
+        fake,
+        id,
+        data_id,
+    } = pending_then(backend, "k-503", "payment_rejected").await;
     fake.reads_fail(true);
 
     let answer = notify(&app, 7004, &data_id).await;
@@ -672,12 +698,12 @@ async fn a_refund_of_a_completed_payment_sends_it_to_manual_review(backend: Back
 async fn a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_asked(
     backend: Backend,
 ) {
-    let app = spawn(backend, &[]).await;
-    let fake = FakeMercadoPago::new("payment_pending");
-    fake.mount(app.gateway()).await;
-    let id = pending_payment(&app, "k-ts").await;
-    let data_id = mp_id(&id).to_string();
-    fake.set(&id, "payment_approved", "2026-12-02T11:00:00.000-05:00");
+    let Pending {
+        app,
+        fake: _,
+        id,
+        data_id,
+    } = pending_then(backend, "k-ts", "payment_approved").await;
     let body = notification(7100, &data_id);
     let now = chrono::Utc::now().timestamp();
     // Correctly signed, 330 s either side of now (a margin for a slow machine: the server
@@ -713,12 +739,12 @@ async fn a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_
 async fn one_signed_notification_delivered_again_is_a_duplicate_and_asks_mercadopago_once(
     backend: Backend,
 ) {
-    let app = spawn(backend, &[]).await;
-    let fake = FakeMercadoPago::new("payment_pending");
-    fake.mount(app.gateway()).await;
-    let id = pending_payment(&app, "k-replay").await;
-    let data_id = mp_id(&id).to_string();
-    fake.set(&id, "payment_approved", "2026-12-02T11:00:00.000-05:00");
+    let Pending {
+        app,
+        fake: _,
+        id,
+        data_id,
+    } = pending_then(backend, "k-replay", "payment_approved").await;
 
     // One notification as Mercado Pago signed it, captured.
     let request_id = request_id(7101);
@@ -754,12 +780,12 @@ async fn one_signed_notification_delivered_again_is_a_duplicate_and_asks_mercado
 }
 
 async fn a_notification_fetch_is_metered_like_every_gateway_call(backend: Backend) {
-    let app = spawn(backend, &[]).await;
-    let fake = FakeMercadoPago::new("payment_pending");
-    fake.mount(app.gateway()).await;
-    let id = pending_payment(&app, "k-metered").await;
-    let data_id = mp_id(&id).to_string();
-    fake.set(&id, "payment_approved", "2026-12-02T11:00:00.000-05:00");
+    let Pending {
+        app,
+        fake: _,
+        id: _,
+        data_id,
+    } = pending_then(backend, "k-metered", "payment_approved").await;
 
     assert_eq!(
         outcome(notify(&app, 7201, &data_id).await).await,
@@ -794,6 +820,14 @@ async fn refund_through_pagos(app: &TestApp, id: &str, key: &str, body: Value) -
     let answer = crate::refunds::refund(app, id, key, &body).await;
     let status = answer.status().as_u16();
     (status, json(answer).await)
+}
+
+/// Notification `n` of payment `id` (Mercado Pago's `data_id`, now `refunded`) changes
+/// nothing: the payment stays COMPLETADA and nobody is told to review it.
+async fn notified_and_still_completada(app: &TestApp, n: u64, id: &str, data_id: &str) {
+    assert_eq!(outcome(notify(app, n, data_id).await).await, "sin_cambios");
+    assert_eq!(app.payment(id).await.state, "COMPLETADA");
+    assert_eq!(revision_events(app, id).await, 0, "no pago.revision_manual");
 }
 
 /// The `pago.revision_manual` events told about payment `id`.
@@ -835,26 +869,14 @@ async fn a_full_refund_made_through_pagos_keeps_the_payment_completada_without_r
     assert_eq!(fake.refunds_made(), 1);
 
     // Mercado Pago marks the payment `refunded` and notifies: pagos' own doing.
-    assert_eq!(
-        outcome(notify(&app, 7301, &data_id).await).await,
-        "sin_cambios"
-    );
-    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
-    assert_eq!(
-        revision_events(&app, &id).await,
-        0,
-        "no pago.revision_manual"
-    );
+    notified_and_still_completada(&app, 7301, &id, &data_id).await;
     let pago = merchant_view(&app, &id).await;
     assert_eq!(pago["estado"], "COMPLETADA");
     assert_eq!(pago["montoReembolsado"], 250000);
     let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
     assert!(
-        detail["transiciones"]
-            .as_array()
-            .expect("trail")
+        crate::helpers::listed(&detail, "transiciones", "motivo")
             .iter()
-            .filter_map(|t| t["motivo"].as_str())
             .any(|m| m.contains("7301") && m.contains("pagos' own refunds")),
         "the audit trail says why: {detail}"
     );
@@ -890,16 +912,7 @@ async fn partial_refunds_through_pagos_that_add_up_keep_it_completada_even_befor
         2,
         "one refund per key, however often sent"
     );
-    assert_eq!(
-        outcome(notify(&app, 7312, &data_id).await).await,
-        "sin_cambios"
-    );
-    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
-    assert_eq!(
-        revision_events(&app, &id).await,
-        0,
-        "no pago.revision_manual"
-    );
+    notified_and_still_completada(&app, 7312, &id, &data_id).await;
 }
 
 async fn money_returned_beyond_pagos_refunds_or_charged_back_still_sends_the_payment_to_review(

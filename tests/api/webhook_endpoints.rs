@@ -40,11 +40,42 @@ async fn the_openapi_document_lists_endpoints_events_and_the_payment_search() {
 impl TestApp {
     /// Registers `url` for every event type as the first merchant; the answer's body.
     pub async fn register_endpoint(&self, url: &str) -> Value {
-        let made = self
-            .post_as(API_KEY, "/v1/webhook-endpoints", &json!({ "url": url }))
-            .await;
+        self.register_endpoint_as(API_KEY, &json!({ "url": url }))
+            .await
+    }
+
+    /// Registers the endpoint `body` describes as the merchant of `key`; the answer's body.
+    pub async fn register_endpoint_as(&self, key: &str, body: &Value) -> Value {
+        let made = self.post_as(key, "/v1/webhook-endpoints", body).await;
         assert_eq!(made.status(), 201);
         json(made).await
+    }
+
+    /// The endpoints the merchant of `key` sees listed.
+    pub async fn endpoints_of(&self, key: &str) -> Vec<Value> {
+        let listed = json(self.get_as(key, "/v1/webhook-endpoints").await).await;
+        listed["endpoints"].as_array().expect("list").clone()
+    }
+
+    /// Rotates endpoint `id`'s secret as the first merchant; the answer's body.
+    pub async fn rotate_secret(&self, id: &str) -> Value {
+        let rotated = self
+            .post_as(
+                API_KEY,
+                &format!("/v1/webhook-endpoints/{id}/rotar-secreto"),
+                &json!({}),
+            )
+            .await;
+        assert_eq!(rotated.status(), 200);
+        json(rotated).await
+    }
+
+    /// The status of deleting endpoint `id` as the merchant of `key`.
+    pub async fn delete_endpoint(&self, key: &str, id: &str) -> u16 {
+        self.delete_as(key, &format!("/v1/webhook-endpoints/{id}"))
+            .await
+            .status()
+            .as_u16()
     }
 }
 
@@ -69,36 +100,27 @@ async fn a_registered_endpoint_shows_its_secret_once_and_is_listed_without_it(ba
     assert!(secret.starts_with("whsec_"));
     pagos::delivery::Secret::parse(secret).expect("a Standard Webhooks secret");
 
-    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
-    let all = listed["endpoints"].as_array().expect("list");
+    let all = app.endpoints_of(API_KEY).await;
     assert_eq!(all.len(), 1);
     assert_eq!(all[0]["id"], id);
     assert!(all[0].get("secreto").is_none(), "no secret in the list");
-    assert!(!listed.to_string().contains(secret));
+    assert!(!json!(all).to_string().contains(secret));
 
     let all_types = app
         .register_endpoint("https://93.184.215.14/everything")
         .await;
     assert_eq!(all_types["eventos"].as_array().expect("types").len(), 6);
 
-    let deleted = app
-        .delete_as(API_KEY, &format!("/v1/webhook-endpoints/{id}"))
-        .await;
-    assert_eq!(deleted.status(), 204);
-    let again = app
-        .delete_as(API_KEY, &format!("/v1/webhook-endpoints/{id}"))
-        .await;
-    assert_eq!(again.status(), 404);
-    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
-    assert_eq!(listed["endpoints"].as_array().expect("list").len(), 1);
+    assert_eq!(app.delete_endpoint(API_KEY, id).await, 204);
+    assert_eq!(app.delete_endpoint(API_KEY, id).await, 404, "deleted twice");
+    assert_eq!(app.endpoints_of(API_KEY).await.len(), 1);
 }
 
 async fn an_endpoint_is_invisible_to_another_merchant(backend: Backend) {
     let app = Spawn::new(backend).start().await;
     let made = app.register_endpoint("https://93.184.215.14/acme").await;
     let id = made["id"].as_str().expect("id");
-    let listed = json(app.get_as(OTHER_API_KEY, "/v1/webhook-endpoints").await).await;
-    assert_eq!(listed["endpoints"], json!([]));
+    assert_eq!(app.endpoints_of(OTHER_API_KEY).await, Vec::<Value>::new());
     for path in [
         format!("/v1/webhook-endpoints/{id}/rotar-secreto"),
         format!("/v1/webhook-endpoints/{id}/reactivar"),
@@ -106,27 +128,15 @@ async fn an_endpoint_is_invisible_to_another_merchant(backend: Backend) {
         let answer = app.post_as(OTHER_API_KEY, &path, &json!({})).await;
         crate::helpers::problem(answer, 404, &path).await;
     }
-    let deleted = app
-        .delete_as(OTHER_API_KEY, &format!("/v1/webhook-endpoints/{id}"))
-        .await;
-    assert_eq!(deleted.status(), 404);
-    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
-    assert_eq!(listed["endpoints"].as_array().expect("list").len(), 1);
+    assert_eq!(app.delete_endpoint(OTHER_API_KEY, id).await, 404);
+    assert_eq!(app.endpoints_of(API_KEY).await.len(), 1);
 }
 
 async fn rotating_gives_a_new_secret_and_keeps_the_old_one_for_24_hours(backend: Backend) {
     let app = Spawn::new(backend).start().await;
     let made = app.register_endpoint("https://93.184.215.14/rot").await;
     let id = made["id"].as_str().expect("id");
-    let rotated = app
-        .post_as(
-            API_KEY,
-            &format!("/v1/webhook-endpoints/{id}/rotar-secreto"),
-            &json!({}),
-        )
-        .await;
-    assert_eq!(rotated.status(), 200);
-    let rotated = json(rotated).await;
+    let rotated = app.rotate_secret(id).await;
     let new_secret = rotated["secreto"].as_str().expect("new secret");
     assert_ne!(new_secret, made["secreto"].as_str().expect("old"));
     let until: DateTime<Utc> = rotated["secretoAnteriorHasta"]
@@ -136,8 +146,11 @@ async fn rotating_gives_a_new_secret_and_keeps_the_old_one_for_24_hours(backend:
         .expect("RFC 3339");
     let hours = (until - Utc::now()).num_minutes() as f64 / 60.0;
     assert!((23.9..=24.0).contains(&hours), "{hours} h");
-    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
-    assert!(!listed.to_string().contains(new_secret));
+    assert!(
+        !json!(app.endpoints_of(API_KEY).await)
+            .to_string()
+            .contains(new_secret)
+    );
 }
 
 async fn rotating_again_within_24_hours_shows_the_last_rotations_end_and_keeps_the_first_secrets(
@@ -146,18 +159,7 @@ async fn rotating_again_within_24_hours_shows_the_last_rotations_end_and_keeps_t
     let app = Spawn::new(backend).start().await;
     let made = app.register_endpoint("https://93.184.215.14/rot2").await;
     let id = made["id"].as_str().expect("id");
-    let mut answers = Vec::new();
-    for _ in 0..2 {
-        let rotated = app
-            .post_as(
-                API_KEY,
-                &format!("/v1/webhook-endpoints/{id}/rotar-secreto"),
-                &json!({}),
-            )
-            .await;
-        assert_eq!(rotated.status(), 200);
-        answers.push(json(rotated).await);
-    }
+    let answers = [app.rotate_secret(id).await, app.rotate_secret(id).await];
     let until = |answer: &Value| -> DateTime<Utc> {
         answer["secretoAnteriorHasta"]
             .as_str()
@@ -187,20 +189,16 @@ async fn rotating_again_within_24_hours_shows_the_last_rotations_end_and_keeps_t
         stored.previous_secret_until.map(|t| t.timestamp_millis()),
         Some(until(&answers[1]).timestamp_millis())
     );
-    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
+    let listed = app.endpoints_of(API_KEY).await;
     assert_eq!(
-        listed["endpoints"][0]["secretoAnteriorHasta"],
+        listed[0]["secretoAnteriorHasta"],
         answers[1]["secretoAnteriorHasta"]
     );
-    for answer in &answers {
-        let secret = answer["secreto"].as_str().expect("secret");
-        assert!(!listed.to_string().contains(secret));
+    let shown = json!(listed).to_string();
+    for secret in [&made, &answers[0], &answers[1]].map(|a| a["secreto"].as_str().expect("secret"))
+    {
+        assert!(!shown.contains(secret), "no secret in the list");
     }
-    assert!(
-        !listed
-            .to_string()
-            .contains(made["secreto"].as_str().expect("secret"))
-    );
 }
 
 async fn bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored(backend: Backend) {
@@ -245,8 +243,11 @@ async fn bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored(backend:
         )
         .await;
     assert_eq!(not_json.status(), 415);
-    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
-    assert_eq!(listed["endpoints"], json!([]), "nothing stored");
+    assert_eq!(
+        app.endpoints_of(API_KEY).await,
+        Vec::<Value>::new(),
+        "nothing stored"
+    );
 
     let made = app.register_endpoint("https://93.184.215.14/x").await;
     let id = made["id"].as_str().expect("id");

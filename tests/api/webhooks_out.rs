@@ -101,14 +101,8 @@ async fn a_payment_is_delivered_signed_to_its_merchants_endpoint(backend: Backen
     let other = Receiver::start().await;
     let made = app.register_endpoint(&receiver.url("/hooks/pagos")).await;
     let secret = made["secreto"].as_str().expect("secret").to_owned();
-    let theirs = app
-        .post_as(
-            OTHER_API_KEY,
-            "/v1/webhook-endpoints",
-            &json!({"url": other.url("/")}),
-        )
+    app.register_endpoint_as(OTHER_API_KEY, &json!({"url": other.url("/")}))
         .await;
-    assert_eq!(theirs.status(), 201);
 
     let paid = pay(&app, "k-1").await;
     eventually(Duration::from_secs(10), "the delivery", async || {
@@ -202,15 +196,7 @@ async fn during_a_rotation_both_secrets_sign_and_after_it_only_the_new(backend: 
     let made = app.register_endpoint(&receiver.url("/")).await;
     let id = made["id"].as_str().expect("id");
     let old = made["secreto"].as_str().expect("secret").to_owned();
-    let rotated = json(
-        app.post_as(
-            API_KEY,
-            &format!("/v1/webhook-endpoints/{id}/rotar-secreto"),
-            &json!({}),
-        )
-        .await,
-    )
-    .await;
+    let rotated = app.rotate_secret(id).await;
     let new = rotated["secreto"].as_str().expect("secret").to_owned();
 
     let during = &paid_and_delivered(&app, &receiver, "k-r1", 1, "the delivery").await;
@@ -258,15 +244,7 @@ async fn after_two_rotations_within_a_day_each_of_the_three_secrets_verifies_unt
     let a = made["secreto"].as_str().expect("secret").to_owned();
     let mut rotated = Vec::new();
     for _ in 0..2 {
-        let answer = json(
-            app.post_as(
-                API_KEY,
-                &format!("/v1/webhook-endpoints/{id}/rotar-secreto"),
-                &json!({}),
-            )
-            .await,
-        )
-        .await;
+        let answer = app.rotate_secret(id).await;
         rotated.push(answer["secreto"].as_str().expect("secret").to_owned());
     }
     let (b, c) = (rotated[0].clone(), rotated[1].clone());
@@ -332,16 +310,23 @@ async fn paid_and_delivered(
 /// Waits up to `within` for the first endpoint to be deactivated; its reason names `why`.
 async fn deactivated_within(app: &TestApp, within: Duration, why: &str) {
     eventually(within, "deactivated", async || {
-        let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
-        listed["endpoints"][0]["estado"] == "DESACTIVADO"
+        app.endpoints_of(API_KEY).await[0]["estado"] == "DESACTIVADO"
     })
     .await;
-    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
     assert!(
-        listed["endpoints"][0]["motivoDesactivacion"]
+        app.endpoints_of(API_KEY).await[0]["motivoDesactivacion"]
             .as_str()
             .is_some_and(|m| m.contains(why))
     );
+}
+
+/// How many delivery rows there are, of every merchant and endpoint.
+async fn delivery_rows(app: &TestApp) -> usize {
+    webhook_delivery::Entity::find()
+        .all(&app.db)
+        .await
+        .expect("deliveries")
+        .len()
 }
 
 /// Reactivates endpoint `id`, redelivering what was written `since`.
@@ -581,14 +566,7 @@ async fn a_full_fan_out_round_to_many_endpoints_makes_every_delivery(backend: Ba
         assert_eq!(entregas.len(), ENDPOINTS, "{id}: one per endpoint");
         assert!(entregas.iter().all(|e| e["estado"] == "PENDIENTE"));
     }
-    assert_eq!(
-        webhook_delivery::Entity::find()
-            .all(&app.db)
-            .await
-            .expect("deliveries")
-            .len(),
-        ids.len() * ENDPOINTS
-    );
+    assert_eq!(delivery_rows(&app).await, ids.len() * ENDPOINTS);
     assert_eq!(
         pagos::outbox::deliveries::fan_out(&app.db, EVENTS, |t| t)
             .await
@@ -661,9 +639,9 @@ async fn a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_
         .await
         .expect("the failure stored");
 
-    let listed = json(app.get_as(API_KEY, "/v1/webhook-endpoints").await).await;
-    assert_eq!(listed["endpoints"][0]["estado"], "ACTIVO", "{listed}");
-    assert!(listed["endpoints"][0]["motivoDesactivacion"].is_null());
+    let listed = &app.endpoints_of(API_KEY).await[0];
+    assert_eq!(listed["estado"], "ACTIVO", "{listed}");
+    assert!(listed["motivoDesactivacion"].is_null());
     let row = webhook_endpoint::Entity::find_by_id(id)
         .one(&app.db)
         .await
@@ -735,14 +713,12 @@ async fn reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then
 ) {
     let app = Spawn::new(backend).start().await;
     let made = app
-        .post_as(
+        .register_endpoint_as(
             API_KEY,
-            "/v1/webhook-endpoints",
             &json!({"url": "https://93.184.215.14/hooks", "eventos": ["pago.completado", "pago.fallido"]}),
         )
         .await;
-    assert_eq!(made.status(), 201);
-    let endpoint = Uuid::parse_str(json(made).await["id"].as_str().expect("id")).expect("uuid");
+    let endpoint = Uuid::parse_str(made["id"].as_str().expect("id")).expect("uuid");
     let now = pagos::db::now();
     let since = now - TimeDelta::minutes(90);
     let later = now + TimeDelta::hours(3);
@@ -844,14 +820,7 @@ async fn reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then
     assert_eq!(entregas.len(), 1);
     assert_eq!(entregas[0]["estado"], "PENDIENTE");
     assert_eq!(entregas[0]["intentos"], 0);
-    assert_eq!(
-        webhook_delivery::Entity::find()
-            .all(&app.db)
-            .await
-            .expect("deliveries")
-            .len(),
-        5
-    );
+    assert_eq!(delivery_rows(&app).await, 5);
 }
 
 /// One merchant endpoint that never answers (each attempt waits out a 20 s timeout) and
