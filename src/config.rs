@@ -14,15 +14,42 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{e}; expected a duration such as 250ms, 30s or 24h"))
+    match humantime::parse_duration(s)
+        .map_err(|e| format!("{e}; expected a duration such as 250ms, 30s or 24h"))?
+    {
+        d if d > LONGEST => Err("must be at most 100 years".into()),
+        d => Ok(d),
+    }
 }
+
+/// The longest duration any setting takes: a century. Longer ones protect nothing, and
+/// added to a date or an instant they would overflow it at run time instead of failing
+/// at start.
+const LONGEST: Duration = Duration::from_secs(100 * 31_557_600);
 
 fn positive_duration(s: &str) -> Result<Duration, String> {
     match duration(s)? {
         d if d.is_zero() => Err("must be greater than zero".into()),
         d => Ok(d),
     }
+}
+
+/// A gateway's base URL: `http://` or `https://` and a host (`gateway:8090` alone would
+/// parse as a URL whose scheme is `gateway`, and every call would fail at run time).
+fn gateway_url(s: &str) -> Result<url::Url, String> {
+    let refused = |why: &str| {
+        format!(
+            "{s:?} is not an http:// or https:// URL with a host ({why}); expected https://host[:port]"
+        )
+    };
+    let url = url::Url::parse(s).map_err(|e| refused(&e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(refused(&format!("its scheme is {}", url.scheme())));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(refused("no host"));
+    }
+    Ok(url)
 }
 
 /// A header timeout: positive, and at most an hour (a longer one protects nothing, and
@@ -278,7 +305,7 @@ pub struct Settings {
     pub gateway: GatewayKind,
     /// Gateway base URL (required by --gateway http; stripe and mercadopago default to the
     /// provider's production API)
-    #[arg(long, env = "PAGOS_GATEWAY_URL", value_name = "URL",
+    #[arg(long, env = "PAGOS_GATEWAY_URL", value_name = "URL", value_parser = gateway_url,
           default_value_ifs = [
               ("gateway", "stripe", Some(crate::gateway::stripe::PRODUCTION_URL)),
               ("gateway", "mercadopago", Some(crate::gateway::mercadopago::PRODUCTION_URL)),
@@ -459,6 +486,24 @@ impl Settings {
 
     /// Checks the settings against each other.
     pub fn validate(&self) -> Result<(), SettingError> {
+        // A real gateway's URL or secret with the sandbox (the default): a forgotten or
+        // misspelt PAGOS_GATEWAY would answer every payment from the in-process sandbox,
+        // COMPLETADA with no money moved.
+        if self.gateway == GatewayKind::Sandbox {
+            let given = [
+                (self.gateway_url.is_some(), "PAGOS_GATEWAY_URL"),
+                (self.gateway_secret.is_some(), "PAGOS_GATEWAY_SECRET"),
+            ];
+            if let Some((_, which)) = given.iter().find(|(set, _)| *set) {
+                return Err(SettingError {
+                    env: "PAGOS_GATEWAY",
+                    flag: "gateway",
+                    message: format!(
+                        "is sandbox (the default) but {which} is set: the sandbox would answer every payment and no money would move; set PAGOS_GATEWAY to http, stripe or mercadopago, or unset {which}"
+                    ),
+                });
+            }
+        }
         if self.gateway == GatewayKind::Http && self.gateway_url.is_none() {
             return Err(SettingError {
                 env: "PAGOS_GATEWAY_URL",
@@ -1088,6 +1133,67 @@ mod tests {
                 "the pinned name is as_str"
             );
         }
+    }
+
+    #[test]
+    fn a_gateway_url_or_secret_with_the_sandbox_is_refused_naming_pagos_gateway() {
+        for flags in [
+            &["--gateway-url", "https://gw.example"][..],
+            &["--gateway-secret", "s"][..],
+            &[
+                "--gateway",
+                "sandbox",
+                "--gateway-url",
+                "https://gw.example",
+            ][..],
+        ] {
+            let err = serve_settings(flags).validate().expect_err("refused");
+            assert_eq!(err.env, "PAGOS_GATEWAY", "{flags:?}");
+            assert!(err.to_string().contains("no money would move"), "{err}");
+        }
+        let http = serve_settings(&["--gateway", "http", "--gateway-url", "https://gw.example"]);
+        assert!(http.validate().is_ok());
+    }
+
+    #[test]
+    fn a_gateway_url_without_http_or_https_and_a_host_is_refused() {
+        for bad in [
+            "gateway:8090",
+            "ftp://gw.example",
+            "gw.example",
+            "file:///tmp/x",
+        ] {
+            let err = parse(&["serve", "--gateway", "http", "--gateway-url", bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains("--gateway-url"), "{bad}: {err}");
+            assert!(err.contains("http:// or https://"), "{bad}: {err}");
+        }
+        for good in [
+            "http://gateway:8090",
+            "https://api.stripe.com/",
+            "http://127.0.0.1:9/",
+        ] {
+            let s = serve_settings(&["--gateway", "http", "--gateway-url", good]);
+            assert!(s.validate().is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn a_duration_past_a_century_is_refused_at_start() {
+        for flag in [
+            "--lease",
+            "--key-retention",
+            "--gateway-timeout",
+            "--give-up-after",
+        ] {
+            let err = parse(&["serve", flag, "300000y"])
+                .expect_err(flag)
+                .to_string();
+            assert!(err.contains("at most 100 years"), "{flag}: {err}");
+        }
+        let s = serve_settings(&["--key-retention", "100y", "--message-retention", "100y"]);
+        assert!(s.validate().is_ok());
     }
 
     #[test]

@@ -38,8 +38,25 @@ type BadSetting<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 fn a_bad_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
     let dir = tempfile::tempdir().expect("dir");
     let db = format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display());
-    let table: [BadSetting; 10] = [
+    let table: [BadSetting; 14] = [
         (&["--gateway-timeout", "soon"], &[], "PAGOS_GATEWAY_TIMEOUT"),
+        // A real gateway's URL or secret, PAGOS_GATEWAY forgotten: not the sandbox.
+        (
+            &[],
+            &[("PAGOS_GATEWAY_URL", "https://gw.example")],
+            "invalid setting PAGOS_GATEWAY (--gateway)",
+        ),
+        (
+            &[],
+            &[("PAGOS_GATEWAY_SECRET", "sk_live_x")],
+            "invalid setting PAGOS_GATEWAY (--gateway)",
+        ),
+        (
+            &["--gateway", "http"],
+            &[("PAGOS_GATEWAY_URL", "gateway:8090")],
+            "PAGOS_GATEWAY_URL",
+        ),
+        (&[], &[("PAGOS_LEASE", "300000y")], "PAGOS_LEASE"),
         (
             &[],
             &[("PAGOS_GATEWAY_RETRIES", "-1")],
