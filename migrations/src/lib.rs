@@ -22,6 +22,7 @@ mod m20261205_000014_payment_search_index;
 mod m20261205_000015_events_to_fan_out;
 mod m20261206_000016_events_fanned_out_for_older_processes;
 mod m20261207_000017_older_webhook_secret;
+mod m20261208_000018_events_in_commit_order;
 
 pub struct Migrator;
 
@@ -46,6 +47,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261205_000015_events_to_fan_out::Migration),
             Box::new(m20261206_000016_events_fanned_out_for_older_processes::Migration),
             Box::new(m20261207_000017_older_webhook_secret::Migration),
+            Box::new(m20261208_000018_events_in_commit_order::Migration),
         ]
     }
 }

@@ -10,7 +10,8 @@ pub enum DeliveryState {
     /// A 2xx answered one attempt.
     #[sea_orm(string_value = "ENTREGADA")]
     Delivered,
-    /// Every attempt of the schedule failed (a reactivation with redelivery sends it again).
+    /// Every attempt of the schedule failed, or the endpoint was `DESACTIVADO` when the
+    /// event was written (no attempt then); a reactivation with redelivery sends it again.
     #[sea_orm(string_value = "ABANDONADA")]
     GivenUp,
 }

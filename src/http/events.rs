@@ -1,6 +1,7 @@
-//! The merchant's events (`/v1/eventos`): the list, oldest first with a cursor
-//! (`pendientes=true` keeps those not yet delivered to every endpoint), and one event with
-//! its deliveries and every attempt. What a merchant reads to find what it missed.
+//! The merchant's events (`/v1/eventos`): the list, in the order they were committed,
+//! with a cursor (`pendientes=true` keeps those not yet delivered to every endpoint), and
+//! one event with its deliveries and every attempt. What a merchant reads to find what it
+//! missed.
 
 use super::AppState;
 use super::auth::{ApiKeyRefused, Merchant};
@@ -29,7 +30,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ListaEventos {
     eventos: Vec<Evento>,
-    /// The `desde` of the next page; null when this page is the last one for now.
+    /// The `desde` of the next page; null when this page is the last one for now (poll
+    /// again later with the id of the last event read).
     siguiente: Option<String>,
 }
 
@@ -105,14 +107,14 @@ pub fn is_event_id(text: &str) -> bool {
             .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_alphanumeric()))
 }
 
-/// The merchant's events, oldest first.
+/// The merchant's events, in the order they were committed (oldest first).
 #[utoipa::path(
     get,
     path = "/v1/eventos",
     tag = "webhooks",
     security(("api_key" = [])),
     params(
-        ("desde" = Option<String>, Query, description = "The `siguiente` of the page before: events after it"),
+        ("desde" = Option<String>, Query, description = "The `siguiente` of the page before, or the id of the last event you read: the events committed after it (an id that is not one of yours: 422)"),
         ("limite" = Option<u64>, Query, description = "At most this many (1–500, default 50)"),
         ("pendientes" = Option<bool>, Query, description = "`true`: only events not yet delivered to every endpoint"),
     ),
@@ -163,7 +165,20 @@ async fn list_events(
             }
         }
     }
-    let page = store::list(&state.db, merchant, after.as_deref(), limit, pending).await?;
+    let after = match after {
+        Some(id) => Some(
+            store::position(&state.db, merchant, &id)
+                .await?
+                .ok_or_else(|| {
+                    invalid(
+                        "desde",
+                        "no event of yours has this id: use the `siguiente` of a page",
+                    )
+                })?,
+        ),
+        None => None,
+    };
+    let page = store::list(&state.db, merchant, after.as_ref(), limit, pending).await?;
     let siguiente = (page.len() as u64 == limit)
         .then(|| page.last().map(|e| e.id.clone()))
         .flatten();

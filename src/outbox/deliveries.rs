@@ -1,6 +1,7 @@
-//! The delivery worker's storage: fan-out (each new event gets one delivery per active
-//! endpoint of its merchant that wants its type), claims of due deliveries, and each
-//! attempt stored with what it means for its delivery and its endpoint.
+//! The delivery worker's storage: fan-out (each new event gets one delivery per
+//! endpoint of its merchant that wants its type: pending to an active one, given up to a
+//! deactivated one), claims of due deliveries, and each attempt stored with what it means
+//! for its delivery and its endpoint.
 //!
 //! Claims are like the reconciler's: on PostgreSQL `FOR UPDATE SKIP LOCKED` in a short
 //! transaction, on SQLite under `BEGIN IMMEDIATE`; a claim moves `next_attempt_at` past
@@ -52,6 +53,11 @@ const ROWS_PER_INSERT: usize = 1_000;
 /// `events_to_fan_out`, whose rows it deletes), due at `due_at`;
 /// the number of events fanned out. An event of a merchant with no endpoint that wants it
 /// gets none (it is then never "pending").
+///
+/// To a `DESACTIVADO` endpoint the delivery is made `ABANDONADA`, with no attempt: the
+/// event was not delivered there, so `GET /v1/eventos?pendientes=true` keeps it, and a
+/// reactivation with `reenviarDesde` sends it; no claim ever scans it (claims take
+/// `PENDIENTE` rows), however long the endpoint stays down.
 pub async fn fan_out(
     db: &DatabaseConnection,
     limit: u64,
@@ -89,15 +95,14 @@ pub async fn fan_out(
     let mut merchants: Vec<Uuid> = events.iter().map(|e| e.1).collect();
     merchants.sort_unstable();
     merchants.dedup();
-    let active = endpoints::Entity::find()
+    let endpoints = endpoints::Entity::find()
         .filter(endpoints::Column::MerchantId.is_in(merchants))
-        .filter(endpoints::Column::State.eq(EndpointState::Activo))
         .all(&tx)
         .await?;
     let at = now();
     let mut rows = Vec::new();
     for (id, merchant, event_type, created_at) in &events {
-        for endpoint in active
+        for endpoint in endpoints
             .iter()
             .filter(|ep| ep.merchant_id == *merchant && wants(ep, *event_type))
         {
@@ -105,7 +110,10 @@ pub async fn fan_out(
                 event_id: id.clone(),
                 endpoint_id: endpoint.id,
                 merchant_id: *merchant,
-                state: DeliveryState::Pending,
+                state: match endpoint.state {
+                    EndpointState::Activo => DeliveryState::Pending,
+                    EndpointState::Desactivado => DeliveryState::GivenUp,
+                },
                 attempts: 0,
                 round_start: 0,
                 next_attempt_at: due_at(*created_at),

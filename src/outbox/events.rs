@@ -1,12 +1,21 @@
-//! Reading a merchant's events: the list (`GET /v1/eventos`, by id, which is the order
-//! they were written in) and one event with its deliveries and attempts.
+//! Reading a merchant's events: the list (`GET /v1/eventos`, in the order they were
+//! committed) and one event with its deliveries and attempts.
+//!
+//! The list's order is the order of commits, not of ids: an event's id is made before
+//! the write that stores it waits for its connection or lock, so ids can commit out of
+//! order, and a cursor by id passed over an event committed behind it. On PostgreSQL the
+//! order is the writing transaction's id (`events.tx`, filled in by the column's default)
+//! and the list shows only events of transactions older than every write of this
+//! database still running, so nothing can commit behind a cursor it hands out; on
+//! SQLite, whose writers take turns, it is the `rowid` (migration `m20261208_000018`).
 
 use crate::entities::webhook_attempt as attempts;
 use crate::entities::webhook_delivery as deliveries;
 use crate::entities::{event, webhook_endpoint as endpoints};
-use sea_orm::sea_query::Expr;
+use sea_orm::sea_query::{Alias, Expr, ExprTrait};
 use sea_orm::{
-    ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, Order, QueryFilter, QueryOrder,
+    QuerySelect,
 };
 use uuid::Uuid;
 
@@ -18,23 +27,93 @@ fn pending() -> sea_orm::sea_query::SimpleExpr {
     )
 }
 
-/// Up to `limit` of the merchant's events after the one with id `after`, oldest first;
-/// with `only_pending`, only those not yet delivered to every endpoint.
+/// PostgreSQL: the event's transaction is older than every write transaction of this
+/// database still running when the statement's snapshot was taken, so no event can
+/// commit before it afterwards.
+///
+/// The transactions running then are the snapshot's `xip`; transaction ids are the
+/// cluster's, so those known to run in another database (`pg_stat_activity`, by their
+/// 32-bit id) are left out: another database's long transaction does not hold this
+/// list back. One that has ended since the snapshot is no longer listed there, so it
+/// holds the list back: it may have been this database's. With none, everything
+/// visible is listed (`xmax`: every later transaction gets a larger id).
+const BEFORE_EVERY_WRITE_RUNNING: &str = r#""events"."tx" < COALESCE(
+    (SELECT min("r"."xid"::text::bigint)
+       FROM pg_snapshot_xip(pg_current_snapshot()) AS "r"("xid")
+      WHERE NOT EXISTS (
+            SELECT 1 FROM pg_stat_activity AS "a"
+             WHERE "a"."datname" <> current_database()
+               AND "a"."backend_xid"::text::bigint = ("r"."xid"::text::bigint & 4294967295))),
+    pg_snapshot_xmax(pg_current_snapshot())::text::bigint)"#;
+
+/// Where an event stands in the order of commits: what a cursor of the list resumes
+/// after.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Position {
+    committed: i64,
+    id: String,
+}
+
+/// The column of commit order: the writing transaction's id on PostgreSQL, the `rowid`
+/// on SQLite.
+fn commit_order(db: &DatabaseConnection) -> Expr {
+    let column = match db.get_database_backend() {
+        DbBackend::Postgres => "tx",
+        _ => "rowid",
+    };
+    Expr::col((event::Entity, Alias::new(column)))
+}
+
+/// The position of the merchant's event `id`; `None` when the merchant has no such event.
+pub async fn position(
+    db: &DatabaseConnection,
+    merchant: Uuid,
+    id: &str,
+) -> Result<Option<Position>, DbErr> {
+    let committed: Option<i64> = event::Entity::find()
+        .select_only()
+        .column_as(commit_order(db), "committed")
+        .filter(event::Column::Id.eq(id))
+        .filter(event::Column::MerchantId.eq(merchant))
+        .into_tuple()
+        .one(db)
+        .await?;
+    Ok(committed.map(|committed| Position {
+        committed,
+        id: id.to_owned(),
+    }))
+}
+
+/// Up to `limit` of the merchant's events after `after`, in the order they were
+/// committed; with `only_pending`, only those not yet delivered to every endpoint.
 pub async fn list(
     db: &DatabaseConnection,
     merchant: Uuid,
-    after: Option<&str>,
+    after: Option<&Position>,
     limit: u64,
     only_pending: bool,
 ) -> Result<Vec<event::Model>, DbErr> {
     let mut query = event::Entity::find().filter(event::Column::MerchantId.eq(merchant));
     if let Some(after) = after {
-        query = query.filter(event::Column::Id.gt(after));
+        query = query.filter(
+            Expr::tuple([
+                commit_order(db),
+                Expr::col((event::Entity, event::Column::Id)),
+            ])
+            .gt(Expr::tuple([
+                Expr::val(after.committed),
+                Expr::val(after.id.clone()),
+            ])),
+        );
+    }
+    if db.get_database_backend() == DbBackend::Postgres {
+        query = query.filter(Expr::cust(BEFORE_EVERY_WRITE_RUNNING));
     }
     if only_pending {
         query = query.filter(pending());
     }
     query
+        .order_by(commit_order(db), Order::Asc)
         .order_by_asc(event::Column::Id)
         .limit(limit)
         .all(db)

@@ -15,6 +15,7 @@ on_both_databases!(
     rotating_again_within_24_hours_shows_the_last_rotations_end_and_keeps_the_first_secrets,
     bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored,
     events_are_listed_oldest_first_with_a_cursor_and_only_to_their_merchant,
+    an_event_committed_after_a_later_numbered_one_is_not_passed_over_by_a_cursor,
 );
 
 #[tokio::test]
@@ -306,9 +307,131 @@ async fn events_are_listed_oldest_first_with_a_cursor_and_only_to_their_merchant
         "/v1/eventos?limite=0",
         "/v1/eventos?limite=abc",
         "/v1/eventos?desde=x",
+        // Well formed, but no event of this merchant's.
+        "/v1/eventos?desde=evt_0190d3a5f6c07e3a9b1c2d3e4f5a6b7c",
         "/v1/eventos?pendientes=si",
         "/v1/eventos?otro=1",
     ] {
         crate::helpers::problem(app.get_as(API_KEY, bad).await, 422, bad).await;
     }
+}
+
+/// The ids of the events of `page`.
+fn event_ids(page: &Value) -> Vec<String> {
+    crate::helpers::listed(page, "eventos", "id")
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// An event made for the first merchant now (its id made now) and written when the caller
+/// records it.
+async fn made_now(app: &TestApp) -> pagos::entities::event::Model {
+    pagos::outbox::event(
+        crate::helpers::acme(&app.db).await,
+        pagos::entities::event::EventType::PagoCompletado,
+        uuid::Uuid::now_v7(),
+        1,
+        "{}",
+        pagos::db::now(),
+    )
+}
+
+/// An event's id is made before its write waits for a connection or a lock, so a write
+/// can commit after one whose id is later. A merchant who read up to the later one must
+/// still get it: paged by id, the cursor passed over it for good.
+async fn an_event_committed_after_a_later_numbered_one_is_not_passed_over_by_a_cursor(
+    backend: Backend,
+) {
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
+    assert_eq!(app.pay("k-1", &payment_body()).await.status(), 201);
+    let early = made_now(&app).await;
+    assert_eq!(app.pay("k-2", &payment_body()).await.status(), 201);
+    let page = json(app.get_as(API_KEY, "/v1/eventos?limite=2").await).await;
+    let read = event_ids(&page);
+    assert_eq!(read.len(), 2, "{page}");
+    assert!(
+        early.id < read[1],
+        "the early event's id sorts before the cursor"
+    );
+    let cursor = page["siguiente"]
+        .as_str()
+        .expect("a full page has a cursor");
+    assert_eq!(cursor, read[1]);
+
+    pagos::outbox::record(&app.db, &early)
+        .await
+        .expect("written after the later one");
+    let next = json(
+        app.get_as(API_KEY, &format!("/v1/eventos?desde={cursor}"))
+            .await,
+    )
+    .await;
+    assert_eq!(event_ids(&next), vec![early.id.clone()], "{next}");
+    let all = json(app.get_as(API_KEY, "/v1/eventos").await).await;
+    assert_eq!(
+        event_ids(&all),
+        vec![read[0].clone(), read[1].clone(), early.id],
+        "in the order they were committed"
+    );
+}
+
+/// PostgreSQL: while a write that began before an event's is still running, the list
+/// stops before that event, so a cursor handed out then cannot pass over what the older
+/// write commits. (SQLite's writers take turns: a later write cannot commit first.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_is_listed_only_once_every_write_begun_before_it_has_ended() {
+    use sea_orm::TransactionTrait;
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
+    assert_eq!(app.pay("k-1", &payment_body()).await.status(), 201);
+    let first = event_ids(&json(app.get_as(API_KEY, "/v1/eventos").await).await);
+    assert_eq!(first.len(), 1);
+
+    let held = app.db.begin().await.expect("begin");
+    let early = made_now(&app).await;
+    pagos::outbox::record(&held, &early)
+        .await
+        .expect("written, not committed");
+    assert_eq!(app.pay("k-2", &payment_body()).await.status(), 201);
+    let meanwhile = json(app.get_as(API_KEY, "/v1/eventos").await).await;
+    assert_eq!(
+        event_ids(&meanwhile),
+        first,
+        "k-2's event waits for the write begun before it: {meanwhile}"
+    );
+    assert!(meanwhile["siguiente"].is_null());
+
+    held.commit().await.expect("commit");
+    let after = event_ids(
+        &json(
+            app.get_as(API_KEY, &format!("/v1/eventos?desde={}", first[0]))
+                .await,
+        )
+        .await,
+    );
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert_eq!(after[0], early.id, "the older write's event first");
+
+    // A write running in another database of the same server holds nothing back.
+    let admin_url = std::env::var("PAGOS_TEST_POSTGRES_URL").expect("PostgreSQL's URL");
+    let elsewhere = sea_orm::Database::connect(admin_url)
+        .await
+        .expect("the server's own database");
+    let running = elsewhere.begin().await.expect("begin");
+    sea_orm::ConnectionTrait::execute_unprepared(&running, "SELECT pg_current_xact_id()")
+        .await
+        .expect("a transaction id, as a write takes");
+    assert_eq!(app.pay("k-3", &payment_body()).await.status(), 201);
+    let shown = event_ids(
+        &json(
+            app.get_as(API_KEY, &format!("/v1/eventos?desde={}", after[1]))
+                .await,
+        )
+        .await,
+    );
+    assert_eq!(shown.len(), 1, "k-3's event, not held back: {shown:?}");
+    running.rollback().await.expect("rollback");
 }
