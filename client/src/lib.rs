@@ -4,9 +4,10 @@
 //! server busy; and `pagos pay`, its command line ([`cli`]).
 //!
 //! It must never send an intent under a new key, never retry a refusal (a 4xx other
-//! than 408, 409, 425 and 429: the request itself needs correcting), and never forget an
-//! intent before the server gave a terminal answer about it. It depends on the wire types
-//! it shares with the server (`pagos-types`) and on nothing of the server itself.
+//! than 408, a 409 `request-in-flight`, 425 and 429: the request itself needs
+//! correcting), and never forget an intent before the server gave a terminal answer
+//! about it. It depends on the wire types it shares with the server (`pagos-types`) and
+//! on nothing of the server itself.
 //!
 //! # A merchant's whole integration
 //!

@@ -9,7 +9,8 @@ use helpers::{
     then, unavailable, until,
 };
 use pagos_client::{
-    Client, Intent, Outcome, PayError, PayPolicy, PaymentRequest, PaymentState, Waiting,
+    Client, Intent, Outcome, PayError, PayPolicy, PaymentRequest, PaymentState, ProblemType,
+    RefundIntent, RefundRequest, Waiting,
 };
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -518,4 +519,66 @@ async fn an_unanswered_intent_older_than_the_servers_key_retention_is_not_sent_a
     assert!(err.to_string().contains("could pay twice"), "{err}");
     assert_eq!(journal.pending().await.len(), 1, "kept for a human");
     server.verify().await;
+}
+
+#[tokio::test]
+async fn a_refund_of_a_payment_that_is_not_refundable_is_refused_at_once_not_retried() {
+    let server = MockServer::start().await;
+    let payment = Uuid::new_v4();
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path(format!(
+            "/v1/pagos/{payment}/reembolsos"
+        )))
+        .respond_with(answer(
+            409,
+            problem(
+                409,
+                "payment-not-refundable",
+                "The payment cannot be refunded",
+            ),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let (_journal, client, _) = journal_and_client(&server, fast_policy()).await;
+    let request = RefundRequest::new(payment, None, None).expect("valid");
+    let intent = RefundIntent::new(request.clone());
+
+    let err = client.refund(&intent).await.expect_err("refused");
+
+    match &err {
+        PayError::Rejected { status, problem } => {
+            assert_eq!(*status, 409);
+            assert_eq!(problem.kind(), Some(ProblemType::PaymentNotRefundable));
+        }
+        other => panic!("not a refusal: {other:?}"),
+    }
+    server.verify().await;
+    assert_eq!(
+        client.kept_refund(&request).await.expect("journal"),
+        None,
+        "refused on its first request: nothing was registered, the intent leaves the journal"
+    );
+}
+
+#[tokio::test]
+async fn a_409_that_is_not_the_first_request_in_flight_is_a_refusal_of_the_payment() {
+    let server = MockServer::start().await;
+    posts_answer(
+        &server,
+        answer(409, problem(409, "conflict", "Conflict")),
+        1,
+    )
+    .await;
+    let (journal, client, notices) = journal_and_client(&server, fast_policy()).await;
+
+    let err = client.pay(&intent()).await.expect_err("refused");
+
+    assert!(
+        matches!(&err, PayError::Rejected { status: 409, problem } if problem.title == "Conflict"),
+        "{err:?}"
+    );
+    assert!(notices.all().is_empty(), "a refusal is not retried");
+    server.verify().await;
+    assert!(journal.pending().await.is_empty());
 }
