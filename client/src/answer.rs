@@ -39,6 +39,12 @@ pub enum Reading {
         why: String,
         retry_after: Option<Duration>,
     },
+    /// 409 `request-in-flight`: the first request with this key is still being worked on;
+    /// the same request may be sent again, after `Retry-After`. Not a failure.
+    InFlight {
+        why: String,
+        retry_after: Option<Duration>,
+    },
     /// The key already belongs to another request.
     KeyReused(Problem),
     /// The server refused the request itself: sending it again cannot help.
@@ -114,7 +120,7 @@ pub(crate) fn read_other(head: &Head, body: &[u8]) -> Reading {
         409 => {
             let problem = Problem::read(status, body);
             if problem.kind() == Some(ProblemType::RequestInFlight) {
-                Reading::Transient {
+                Reading::InFlight {
                     why: format!("{status} {}", problem.title),
                     retry_after: head.retry_after,
                 }
@@ -204,7 +210,8 @@ mod tests {
                 retry_after: Some(Duration::from_secs(2)),
             };
             match read_post(&h, &problem(status, "request-in-flight", "Busy")) {
-                Reading::Transient { why, retry_after } => {
+                Reading::Transient { why, retry_after }
+                | Reading::InFlight { why, retry_after } => {
                     assert!(why.starts_with(&status.to_string()), "{why}");
                     assert_eq!(retry_after, Some(Duration::from_secs(2)));
                 }
@@ -218,7 +225,7 @@ mod tests {
         let in_flight = problem(409, "request-in-flight", "In progress");
         assert!(matches!(
             read_post(&head(409), &in_flight),
-            Reading::Transient { .. }
+            Reading::InFlight { .. }
         ));
         let not_refundable = problem(409, "payment-not-refundable", "Not COMPLETADA");
         let from_a_proxy = b"<html>409 Conflict</html>".to_vec();

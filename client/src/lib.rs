@@ -322,6 +322,11 @@ enum Stop {
         why: String,
         retry_after: Option<Duration>,
     },
+    /// 409 `request-in-flight`: waited out within the deadline, never an attempt used up.
+    InFlight {
+        why: String,
+        retry_after: Option<Duration>,
+    },
     KeyReused(Problem),
     Refused {
         status: u16,
@@ -338,6 +343,9 @@ impl Stop {
         match self {
             Stop::Pending(_) => Some(Unsettled::Pending),
             Stop::Transient { retry_after, .. } => Some(Unsettled::Failed {
+                retry_after: *retry_after,
+            }),
+            Stop::InFlight { retry_after, .. } => Some(Unsettled::InFlight {
                 retry_after: *retry_after,
             }),
             _ => None,
@@ -486,7 +494,7 @@ impl Client {
         match result {
             Ok(outcome) => Ok(outcome),
             Err(Stop::Pending(p)) => Ok(Outcome::Pending(*p)),
-            Err(Stop::Transient { why, .. }) => {
+            Err(Stop::Transient { why, .. } | Stop::InFlight { why, .. }) => {
                 let limit = match *lock(&settling.exhausted) {
                     Some(Exhausted::Attempts) => " (attempts used up)",
                     Some(Exhausted::Time) => " (deadline reached)",
@@ -544,7 +552,9 @@ impl Client {
             }) => journal.remove(key).await.map(drop),
             Ok(Outcome::Pending(p)) => journal.note(key, &still(p)).await,
             Err(Stop::Pending(p)) => journal.note(key, &still(p)).await,
-            Err(Stop::Transient { why, .. }) => journal.note(key, why).await,
+            Err(Stop::Transient { why, .. } | Stop::InFlight { why, .. }) => {
+                journal.note(key, why).await
+            }
             Err(Stop::KeyReused(problem)) => journal.block(key, &headline(problem)).await,
             Err(Stop::Refused {
                 status, problem, ..
@@ -689,10 +699,12 @@ impl Settling<'_> {
                 payment_id: p.id,
                 state: p.state,
             },
-            Stop::Transient { why, retry_after } => Waiting::Failed {
-                why: why.clone(),
-                retry_after: *retry_after,
-            },
+            Stop::Transient { why, retry_after } | Stop::InFlight { why, retry_after } => {
+                Waiting::Failed {
+                    why: why.clone(),
+                    retry_after: *retry_after,
+                }
+            }
             _ => return,
         };
         (self.client.on_retry)(&RetryNotice {
@@ -744,6 +756,7 @@ impl Settling<'_> {
                 Err(Stop::Pending(Box::new(p)))
             }
             Reading::Transient { why, retry_after } => Err(Stop::Transient { why, retry_after }),
+            Reading::InFlight { why, retry_after } => Err(Stop::InFlight { why, retry_after }),
             Reading::KeyReused(problem) => Err(Stop::KeyReused(problem)),
             Reading::Refused { status, problem } => Err(Stop::Refused {
                 status,

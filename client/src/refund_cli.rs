@@ -44,7 +44,8 @@ pub struct RefundArgs {
     #[arg(long, env = "PAGOS_DEADLINE", default_value = "2m", value_parser = positive_duration,
           value_name = "DURATION")]
     pub deadline: Duration,
-    /// Tries of a request whose outcome stays unknown, the first one included
+    /// Tries of a request whose outcome stays unknown, the first one included (a 409
+    /// saying the first request is still in flight does not count)
     #[arg(long, env = "PAGOS_MAX_ATTEMPTS", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=1000), value_name = "N")]
     pub max_attempts: u32,

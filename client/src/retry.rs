@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PayPolicy {
     /// Tries of a request that failed with an unknown outcome, the first one included.
-    /// Looking a pending payment up again does not count.
+    /// Looking a pending payment up again does not count, nor does a 409 saying the
+    /// first request is still in flight (the deadline bounds those).
     pub max_attempts: u32,
     /// How long one `pay` may take in all, waits included. A payment still pending then
     /// is reported as pending; a request still failing, as given up.
@@ -94,6 +95,10 @@ pub enum Unsettled {
     /// The request failed with an unknown outcome, or the server was busy; counts as an
     /// attempt.
     Failed { retry_after: Option<Duration> },
+    /// 409 `request-in-flight`: the first request with this key is still being worked
+    /// on. A known state, not a failure: it waits (`Retry-After` wins) and uses up no
+    /// attempt; only the deadline bounds it.
+    InFlight { retry_after: Option<Duration> },
     /// The server has the payment and no outcome yet; looking again is not a failure.
     Pending,
 }
@@ -143,6 +148,7 @@ impl Budget {
                 }
                 jittered.max(retry_after.unwrap_or_default())
             }
+            Unsettled::InFlight { retry_after } => jittered.max(retry_after.unwrap_or_default()),
             Unsettled::Pending => jittered.max(self.min_delay),
         };
         if now + wait >= self.deadline {
@@ -266,6 +272,38 @@ mod tests {
             "try 3 was the last"
         );
         assert_eq!(budget.failures(), 3);
+    }
+
+    #[test]
+    fn a_first_request_in_flight_uses_up_no_attempt_and_only_the_deadline_bounds_it() {
+        let now = Instant::now();
+        let p = PayPolicy {
+            max_attempts: 2,
+            deadline: Duration::from_secs(60),
+            ..policy(1)
+        };
+        let mut budget = Budget::new(&p, now);
+        let in_flight = Unsettled::InFlight {
+            retry_after: Some(Duration::from_secs(1)),
+        };
+        let small = Duration::from_millis(1);
+        for _ in 0..50 {
+            assert_eq!(
+                budget.next_wait(in_flight, small, now),
+                Ok(Duration::from_secs(1))
+            );
+        }
+        assert_eq!(budget.failures(), 0);
+        assert_eq!(
+            budget.next_wait(in_flight, small, now + Duration::from_secs(59)),
+            Err(Exhausted::Time)
+        );
+        let failed = Unsettled::Failed { retry_after: None };
+        assert!(budget.next_wait(failed, small, now).is_ok());
+        assert_eq!(
+            budget.next_wait(failed, small, now),
+            Err(Exhausted::Attempts)
+        );
     }
 
     #[test]

@@ -582,3 +582,65 @@ async fn a_409_that_is_not_the_first_request_in_flight_is_a_refusal_of_the_payme
     server.verify().await;
     assert!(journal.pending().await.is_empty());
 }
+
+/// The first request outlives its timeout while the server works on it: every retry gets
+/// 409 `request-in-flight` until the server answers. Those 409s are a known state, not
+/// failures: they wait out `Retry-After` within the deadline and use up no attempts, so
+/// the client learns the server's answer (here 202, pending) instead of giving up.
+#[tokio::test]
+async fn a_409_while_the_first_request_runs_uses_up_no_attempts() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    posts()
+        .respond_with(answer(202, pago(id, "ENVIADA")).set_delay(Duration::from_secs(3)))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    let in_flight = problem(
+        409,
+        "request-in-flight",
+        "A request with this Idempotency-Key is in progress",
+    );
+    posts()
+        .respond_with(answer(409, in_flight).insert_header("Retry-After", "1"))
+        .up_to_n_times(12)
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    posts()
+        .respond_with(answer(202, pago(id, "ENVIADA")))
+        .with_priority(3)
+        .mount(&server)
+        .await;
+    look_ups(id)
+        .respond_with(answer(200, pago(id, "ENVIADA")))
+        .mount(&server)
+        .await;
+    let policy = PayPolicy {
+        max_attempts: 10,
+        deadline: Duration::from_secs(16),
+        request_timeout: Duration::from_millis(300),
+        ..fast_policy()
+    };
+    let (journal, client, notices) = journal_and_client(&server, policy).await;
+    let intent = intent();
+
+    let outcome = client.pay(&intent).await;
+
+    assert!(
+        matches!(&outcome, Ok(Outcome::Pending(p)) if p.id == id),
+        "{outcome:?}"
+    );
+    let keys = keys_sent(&server).await;
+    assert_eq!(keys.len(), 14, "the first request, twelve 409s, the 202");
+    assert!(keys.iter().all(|k| k == intent.key().as_str()));
+    let waits: Vec<_> = notices
+        .all()
+        .into_iter()
+        .filter(|n| matches!(&n.waiting, Waiting::Failed { why, .. } if why.starts_with("409")))
+        .collect();
+    assert_eq!(waits.len(), 12);
+    assert!(waits.iter().all(|n| n.wait >= Duration::from_secs(1)));
+    assert_eq!(journal.pending().await[0].payment_id, Some(id));
+}
