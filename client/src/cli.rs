@@ -42,7 +42,7 @@ impl From<Exit> for ExitCode {
 #[derive(Debug, clap::Args)]
 #[command(
     about = "Make one payment with the retrying client (one key per intent, kept in a journal)",
-    after_help = "Exit codes: 0 paid, 3 declined, 4 still pending at the deadline, 1 anything else, 2 a bad flag.\n\
+    after_help = "Exit codes: 0 paid, 3 declined, 4 still pending at the deadline, 1 anything else, 2 a bad flag or a journal that cannot be opened.\n\
                   The journal keeps each intent and its Idempotency-Key from before the first request \
                   until a terminal answer; `pagos pay --resume` retries what it holds, with the same keys."
 )]
@@ -130,9 +130,15 @@ fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
     Ok(SecretString::from(s))
 }
 
-fn positive_duration(s: &str) -> Result<Duration, String> {
+/// The longest duration any setting of `pagos pay` or `pagos refund` takes: far beyond a
+/// sane deadline, timeout, delay or key retention, and far below what a clock can add.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// A duration setting: positive, and at most [`MAX_DURATION`].
+pub(crate) fn positive_duration(s: &str) -> Result<Duration, String> {
     match humantime::parse_duration(s) {
         Ok(d) if d.is_zero() => Err("must be greater than zero".into()),
+        Ok(d) if d > MAX_DURATION => Err("must be at most 365 days".into()),
         Ok(d) => Ok(d),
         Err(e) => Err(format!("{e}; expected a duration such as 250ms, 30s or 2m")),
     }
@@ -191,9 +197,16 @@ fn payment_method(s: &str) -> Result<PaymentMethod, String> {
 }
 
 /// A setting that parsed but cannot be used: one line naming it, exit 2.
-fn bad_setting(env: &str, flag: &str, message: impl std::fmt::Display) -> ExitCode {
+pub(crate) fn bad_setting(env: &str, flag: &str, message: impl std::fmt::Display) -> ExitCode {
     eprintln!("pagos: invalid setting {env} (--{flag}): {message}");
     ExitCode::from(2)
+}
+
+/// The journal at `path`; one that cannot be opened is a bad setting (exit 2).
+pub(crate) async fn open_journal(path: &std::path::Path) -> Result<Journal, ExitCode> {
+    Journal::open(path)
+        .await
+        .map_err(|err| bad_setting("PAGOS_JOURNAL", "journal", err))
 }
 
 impl PayArgs {
@@ -232,7 +245,10 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
                 "not an Idempotency-Key",
             ));
         };
-        let journal = Journal::open(&path).await?;
+        let journal = match open_journal(&path).await {
+            Ok(journal) => journal,
+            Err(exit) => return Ok(exit),
+        };
         return forget(&journal, &key).await;
     }
     let api_key = args
@@ -244,7 +260,10 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
     if let Err(err) = Client::new("http://localhost", &api_key) {
         return Ok(bad_setting("PAGOS_API_KEY", "api-key", err));
     }
-    let journal = Journal::open(&path).await?;
+    let journal = match open_journal(&path).await {
+        Ok(journal) => journal,
+        Err(exit) => return Ok(exit),
+    };
     if args.resume {
         if args.credito.is_some()
             || args.monto.is_some()
@@ -546,6 +565,10 @@ mod tests {
             ("--moneda", "XXX"),
             ("--credito", ""),
             ("--deadline", "soon"),
+            ("--deadline", "300000000000y"),
+            ("--request-timeout", "400days"),
+            ("--retry-max-delay", "18446744073709551615s"),
+            ("--key-retention", "1000years"),
             ("--url", "ftp://x"),
             ("--medio-pago", "{\"id\":\"pm 1\"}"),
             ("--medio-pago", "{\"id\":\"visa\",\"cuotas\":0}"),

@@ -644,3 +644,25 @@ async fn a_409_while_the_first_request_runs_uses_up_no_attempts() {
     assert!(waits.iter().all(|n| n.wait >= Duration::from_secs(1)));
     assert_eq!(journal.pending().await[0].payment_id, Some(id));
 }
+
+#[tokio::test]
+async fn a_retry_after_longer_than_the_deadline_ends_the_pay_at_once_with_the_intent_kept() {
+    let server = MockServer::start().await;
+    posts_answer(
+        &server,
+        unavailable(503, "Unavailable").insert_header("Retry-After", "18446744073709551615"),
+        1,
+    )
+    .await;
+    let (journal, client, notices) = journal_and_client(&server, fast_policy()).await;
+
+    let err = client.pay(&intent()).await.expect_err("gave up");
+
+    assert!(
+        matches!(&err, PayError::GaveUp { attempts: 1, last, .. } if last.ends_with("(deadline reached)")),
+        "{err:?}"
+    );
+    assert!(notices.all().is_empty(), "no wait was started");
+    assert_eq!(journal.pending().await.len(), 1);
+    server.verify().await;
+}

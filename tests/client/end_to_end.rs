@@ -258,3 +258,77 @@ async fn pagos_pay_with_a_medio_pago_pays_through_stripe_and_without_one_is_refu
     assert_eq!(form["customer"], "cus_NffrFeUfNV2Hib");
     assert_eq!(form["amount"], "250000");
 }
+
+#[tokio::test]
+async fn a_duration_beyond_any_sane_setting_is_one_line_naming_it_and_exits_2() {
+    let dir = tempfile::tempdir().expect("dir");
+    for (flag, env) in [
+        ("--deadline", "PAGOS_DEADLINE"),
+        ("--request-timeout", "PAGOS_REQUEST_TIMEOUT"),
+        ("--retry-max-delay", "PAGOS_RETRY_MAX_DELAY"),
+    ] {
+        let out = pagos_bin()
+            .args([
+                "pay",
+                "--url",
+                "http://127.0.0.1:9",
+                "--api-key",
+                "sk_test_acme",
+            ])
+            .args(PAYMENT)
+            .args([flag, "300000000000y"])
+            .arg("--journal")
+            .arg(dir.path().join("journal.db"))
+            .output()
+            .expect("pagos pay");
+
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(flag) && stderr.contains(env), "{stderr}");
+    }
+}
+
+#[tokio::test]
+async fn a_journal_that_cannot_be_opened_is_a_bad_setting_one_line_exit_2() {
+    let dir = tempfile::tempdir().expect("dir");
+    // Its parent is a file: no directory can be made there.
+    let file = dir.path().join("not-a-directory");
+    std::fs::write(&file, b"").expect("file");
+    let journal = file.join("journal.db");
+    let commands: [&[&str]; 3] = [
+        &[
+            "pay",
+            "--url",
+            "http://127.0.0.1:9",
+            "--api-key",
+            "sk_test_acme",
+        ],
+        &["pay", "--resume", "--api-key", "sk_test_acme"],
+        &[
+            "refund",
+            "--url",
+            "http://127.0.0.1:9",
+            "--api-key",
+            "sk_test_acme",
+        ],
+    ];
+    for command in commands {
+        let mut pagos = pagos_bin();
+        pagos.args(command).arg("--journal").arg(&journal);
+        if command.contains(&"refund") {
+            pagos.args(["--pago", "0193c4a2-7f1e-7c3a-9b0e-2a4d5f6e7a8b"]);
+        } else if !command.contains(&"--resume") {
+            pagos.args(PAYMENT);
+        }
+        let out = pagos.output().expect("pagos");
+
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("--journal") && stderr.contains("PAGOS_JOURNAL"),
+            "{stderr}"
+        );
+    }
+}
