@@ -2,10 +2,13 @@
 //!
 //! Stdout carries the result only (an aligned table, or JSON with `--json`); progress and
 //! errors go to stderr. It must never print or store the API key, and never make a second
-//! intent for a payment it already holds: retrying a payment is `--resume`, which sends
-//! the key kept in the journal.
+//! intent for a payment it already holds: the same payment asked again while the journal
+//! keeps it pending resumes that intent with its key (as `--resume` does); only `--new`
+//! makes a second one.
 
-use super::{Client, Intent, IntentKey, Journal, Outcome, PayError, PayPolicy, PaymentRequest};
+use super::{
+    Client, Intent, IntentKey, Journal, Outcome, PayError, PayPolicy, PaymentRequest, PendingIntent,
+};
 use pagos_types::{Currency, FieldError, PaymentMethod, Problem};
 use secrecy::{ExposeSecret, SecretString};
 use std::io::Write;
@@ -86,6 +89,11 @@ pub struct PayArgs {
     /// (the API key must be the one it was made with)
     #[arg(long, env = "PAGOS_RESUME")]
     pub resume: bool,
+    /// Make a new payment with a new Idempotency-Key even when the journal holds a
+    /// pending intent for this same payment (which may have paid: without --new, that
+    /// intent is resumed with its key)
+    #[arg(long, env = "PAGOS_NEW", conflicts_with_all = ["resume", "forget"])]
+    pub new: bool,
     /// Remove one intent from the journal after checking its payment by hand; it is
     /// never retried again
     #[arg(long, env = "PAGOS_FORGET", value_name = "KEY")]
@@ -299,7 +307,10 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
         Err(err) => return Ok(bad_setting("PAGOS_MONTO", "monto", err)),
     };
     let client = client(&args, url.as_str(), &api_key, &journal)?;
-    let intent = Intent::new(request);
+    let intent = match same_payment(&client, &journal, &api_key, request, args.new).await? {
+        Ok(intent) => intent,
+        Err(exit) => return Ok(exit.into()),
+    };
     eprintln!(
         "pagos: paying {} for credit {} with Idempotency-Key {} (journal {})",
         money(monto, intent.request().currency()),
@@ -309,6 +320,63 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
     );
     let result = client.pay(&intent).await;
     Ok(report(&journal, &intent, result, args.json).await.into())
+}
+
+/// The intent that pays `request`: the one the journal keeps pending for this same
+/// payment, at this server with this API key, resumed with its key (running `pagos pay`
+/// again after a deadline, a kill or a crash must not pay twice); a new one when there is
+/// none, or with `--new`. A pending one made elsewhere or with another API key is not
+/// sent from here, and no new one is made beside it without `--new`.
+async fn same_payment(
+    client: &Client,
+    journal: &Journal,
+    api_key: &str,
+    request: PaymentRequest,
+    new: bool,
+) -> anyhow::Result<Result<Intent, Exit>> {
+    let kept = journal.find(&request).await?;
+    if new {
+        if !kept.is_empty() {
+            eprintln!(
+                "pagos: --new: a new payment with a new Idempotency-Key; the {} pending intent(s) for this same payment stay in the journal (`pagos pay --resume` retries them)",
+                kept.len()
+            );
+        }
+        return Ok(Ok(Intent::new(request)));
+    }
+    let here = kept
+        .iter()
+        .find(|k| k.base_url == *client.base_url() && k.made_with(api_key));
+    if let Some(pending) = here {
+        eprintln!(
+            "pagos: the journal holds a pending intent for this same payment, made {} with {} request(s) sent; it may have paid, so it is resumed with its Idempotency-Key {} instead of making a second payment (--new makes a new one)",
+            made(pending),
+            pending.attempts,
+            pending.intent.key(),
+        );
+        return Ok(Ok(pending.intent.clone()));
+    }
+    let Some(pending) = kept.first() else {
+        return Ok(Ok(Intent::new(request)));
+    };
+    let whose = if pending.made_with(api_key) {
+        "this API key"
+    } else {
+        "another API key"
+    };
+    eprintln!(
+        "pagos: the journal holds a pending intent for this same payment, {}, made {} at {} with {whose}; it may have paid, so nothing was sent and no second payment was made: `pagos pay --resume` (with the API key it was made with) retries it at its server, and --new makes a new payment",
+        pending.intent.key(),
+        made(pending),
+        pending.base_url,
+    );
+    Ok(Err(Exit::Failed))
+}
+
+fn made(pending: &PendingIntent) -> String {
+    pending
+        .created_at
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 fn client(args: &PayArgs, url: &str, api_key: &str, journal: &Journal) -> anyhow::Result<Client> {
@@ -339,8 +407,7 @@ async fn resume(args: &PayArgs, journal: &Journal, api_key: &str) -> anyhow::Res
             kept.base_url,
             money(request.amount(), request.currency()),
             request.credit_id(),
-            kept.created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            made(&kept),
             kept.attempts,
         );
         let client = client(args, kept.base_url.as_str(), api_key, journal)?;
@@ -555,6 +622,15 @@ mod tests {
         let args = parse(&["--resume", "--api-key", "sk_test_acme"]).expect("parses");
         assert!(args.resume);
         assert!(parse(&["--forget", "k-1"]).is_ok());
+    }
+
+    #[test]
+    fn new_is_for_a_payment_only() {
+        let mut args = PAY.to_vec();
+        args.push("--new");
+        assert!(parse(&args).expect("parses").new);
+        assert!(parse(&["--resume", "--new", "--api-key", "sk_test_acme"]).is_err());
+        assert!(parse(&["--forget", "k-1", "--new"]).is_err());
     }
 
     #[test]

@@ -274,6 +274,18 @@ impl Journal {
         .await
     }
 
+    /// Every kept intent asking exactly `request`, whatever its server or API key, oldest
+    /// first: a payment asked again while one of them is pending may already be paid.
+    pub async fn find(&self, request: &PaymentRequest) -> Result<Vec<PendingIntent>, JournalError> {
+        // Compared as requests, not as stored text: a body written by an older client
+        // (another key order) is the same request.
+        let kept = self.pending().await?;
+        Ok(kept
+            .into_iter()
+            .filter(|k| k.intent.request() == request)
+            .collect())
+    }
+
     /// Counts a request about to be sent; answers how many were sent before it. One
     /// statement, so two processes resuming the same intent never both see "none before".
     pub async fn count_attempt(&self, key: &IntentKey) -> Result<u32, JournalError> {
@@ -548,6 +560,28 @@ mod tests {
             journal.record(&other, &url(), "k").await,
             Err(JournalError::KeyTaken(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_request_is_found_again_whatever_its_server_or_api_key_oldest_first() {
+        let dir = tempfile::tempdir().expect("dir");
+        let journal = journal(&dir).await;
+        let first = intent();
+        let elsewhere = intent();
+        let other_body = Intent::new(PaymentRequest::new("42", 1, "COP").expect("valid"));
+        journal.record(&first, &url(), "k").await.expect("ok");
+        let other_url = Url::parse("https://pagos.example/").expect("url");
+        journal
+            .record(&elsewhere, &other_url, "k2")
+            .await
+            .expect("ok");
+        journal.record(&other_body, &url(), "k").await.expect("ok");
+
+        let found = journal.find(first.request()).await.expect("find");
+
+        let keys: Vec<_> = found.iter().map(|k| k.intent.key()).collect();
+        assert_eq!(keys, [first.key(), elsewhere.key()]);
+        assert!(found[0].made_with("k") && found[1].made_with("k2"));
     }
 
     #[tokio::test]

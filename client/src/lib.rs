@@ -537,6 +537,24 @@ impl Client {
         Ok(resumed)
     }
 
+    /// The pending intent the journal keeps for this very request, made at this client's
+    /// server with its API key (the oldest, if several): paying the same payment again
+    /// must send its key, since it may have paid already. `None` without a journal, which
+    /// is then the caller's to keep the intent (see [`Intent::with_key`]).
+    pub async fn kept_payment(
+        &self,
+        request: &PaymentRequest,
+    ) -> Result<Option<PendingIntent>, PayError> {
+        let Some(journal) = &self.journal else {
+            return Ok(None);
+        };
+        Ok(journal
+            .find(request)
+            .await?
+            .into_iter()
+            .find(|k| k.base_url == self.base_url && k.made_with(&self.api_key)))
+    }
+
     /// Writes down in the journal what the last try taught. A failure here never hides
     /// the outcome: at worst the intent is kept, and paying it again replays the answer.
     async fn file(&self, intent: &Intent, result: &Result<Outcome, Stop>) {

@@ -666,3 +666,40 @@ async fn a_retry_after_longer_than_the_deadline_ends_the_pay_at_once_with_the_in
     assert_eq!(journal.pending().await.len(), 1);
     server.verify().await;
 }
+
+#[tokio::test]
+async fn the_journal_gives_back_a_pending_payment_asked_again_only_to_its_server_and_api_key() {
+    let server = MockServer::start().await;
+    let journal = TestJournal::new().await;
+    let url = pagos_client::base_url(&server.uri()).expect("url");
+    let intent = intent();
+    journal.record_sent_once(&intent, &url).await;
+    let (client, _) = client(&server, &journal.journal, fast_policy());
+
+    let kept = client
+        .kept_payment(intent.request())
+        .await
+        .expect("journal");
+
+    assert_eq!(kept.map(|k| k.intent), Some(intent.clone()));
+    let other_body = PaymentRequest::new("42", 1, "COP").expect("valid");
+    assert_eq!(
+        client.kept_payment(&other_body).await.expect("journal"),
+        None
+    );
+    let other_key = Client::new(&server.uri(), "sk_test_globex")
+        .expect("client")
+        .with_journal(journal.journal.clone());
+    assert_eq!(
+        other_key
+            .kept_payment(intent.request())
+            .await
+            .expect("journal"),
+        None
+    );
+    let no_journal = Client::new(&server.uri(), API_KEY).expect("client");
+    assert_eq!(
+        no_journal.kept_payment(intent.request()).await.expect("ok"),
+        None
+    );
+}

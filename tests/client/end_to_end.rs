@@ -1,7 +1,7 @@
 //! `pagos pay` (the real binary) against `pagos serve` (the real binary), with a wiremock
 //! gateway: exit codes, output, the journal, and a client killed mid-payment.
 
-use crate::helpers::{Charge, PAYMENT, RealPagos, key_of, pagos_bin, text};
+use crate::helpers::{API_KEY, Charge, PAYMENT, RealPagos, key_of, pagos_bin, text};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -331,4 +331,61 @@ async fn a_journal_that_cannot_be_opened_is_a_bad_setting_one_line_exit_2() {
             "{stderr}"
         );
     }
+}
+
+/// `pagos pay` ran out its deadline; the operator runs the same command again. The
+/// journal's intent for that payment may have paid: it is resumed with its key, never
+/// made again under a new one. `--new` is the one way to a second payment.
+#[tokio::test]
+async fn pagos_pay_run_again_resumes_the_pending_intent_with_its_key_and_new_makes_another() {
+    let pagos = RealPagos::start(Charge::Pending, Duration::ZERO).await;
+    let first = pagos.pay_usual(&["--deadline", "1s"]).await;
+    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
+    let kept = pagos.journal_pending().await;
+    assert_eq!(kept.len(), 1);
+    let key = kept[0].intent.key().to_string();
+
+    let again = pagos.pay_usual(&["--deadline", "1s"]).await;
+
+    let stderr = text(&again.stderr);
+    assert_eq!(again.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains(&format!("resumed with its Idempotency-Key {key}")),
+        "{stderr}"
+    );
+    assert!(text(&again.stdout).contains(&key));
+    assert_eq!(pagos.payments().await.len(), 1, "one payment, not two");
+    assert_eq!(pagos.charges().await.len(), 1);
+    assert_eq!(pagos.journal_pending().await.len(), 1);
+
+    // The same payment, asked of the same server under another spelling of its URL:
+    // the journal's intent is not sent from here, and no second one is made.
+    let port = pagos.url.rsplit(':').next().expect("port");
+    let elsewhere = tokio::process::Command::from(pagos_bin())
+        .arg("pay")
+        .args(["--url", &format!("http://localhost:{port}")])
+        .args(["--api-key", API_KEY])
+        .arg("--journal")
+        .arg(pagos.journal_path())
+        .args(PAYMENT)
+        .output()
+        .await
+        .expect("pagos pay");
+    let stderr = text(&elsewhere.stderr);
+    assert_eq!(elsewhere.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&key) && stderr.contains("--new"),
+        "{stderr}"
+    );
+    assert_eq!(pagos.payments().await.len(), 1, "nothing was sent");
+
+    let new = pagos.pay_usual(&["--deadline", "1s", "--new"]).await;
+
+    let stderr = text(&new.stderr);
+    assert_eq!(new.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("--new: a new payment"), "{stderr}");
+    let payments = pagos.payments().await;
+    assert_eq!(payments.len(), 2, "--new makes a second payment");
+    assert_ne!(payments[0].idempotency_key, payments[1].idempotency_key);
+    assert_eq!(pagos.journal_pending().await.len(), 2);
 }
