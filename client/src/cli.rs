@@ -394,10 +394,10 @@ async fn resume(args: &PayArgs, journal: &Journal, api_key: &str) -> anyhow::Res
         return Ok(Exit::Paid);
     }
     let mut worst = Exit::Paid;
-    let mut other_key = 0;
+    let mut other_key = Vec::new();
     for kept in pending {
         if !kept.made_with(api_key) {
-            other_key += 1;
+            other_key.push(kept);
             continue;
         }
         let request = kept.intent.request();
@@ -414,10 +414,29 @@ async fn resume(args: &PayArgs, journal: &Journal, api_key: &str) -> anyhow::Res
         let result = client.pay(&kept.intent).await;
         worst = worst.max(report(journal, &kept.intent, result, args.json).await);
     }
-    if other_key > 0 {
+    // Not resumed is not paid: the journal tells keys apart by their SHA-256, and only the
+    // server knows whether two keys are one merchant's, so these wait for the key they
+    // were made with (or a human), and the exit says something is left.
+    if !other_key.is_empty() {
         eprintln!(
-            "pagos: {other_key} intent(s) made with another API key stay in the journal; resume them with that key"
+            "pagos: {} intent(s) made with another API key were not resumed and stay in the journal (this key cannot tell whether they are its merchant's): resume them with the key they were made with; after a key rotation, see \"Rotating the API key\" in docs/client.md",
+            other_key.len()
         );
+        for kept in &other_key {
+            let request = kept.intent.request();
+            let payment = kept
+                .payment_id
+                .map_or(String::new(), |id| format!(", payment {id}"));
+            eprintln!(
+                "pagos:   not resumed: {} at {}: {} for credit {}, made {}{payment}",
+                kept.intent.key(),
+                kept.base_url,
+                money(request.amount(), request.currency()),
+                request.credit_id(),
+                made(kept),
+            );
+        }
+        worst = worst.max(Exit::Failed);
     }
     Ok(worst)
 }

@@ -521,6 +521,13 @@ impl Client {
     /// Pays again, one after the other, every intent in the journal that was made at this
     /// client's server with its API key, each with its own key. Blocked intents are not
     /// sent; their result is [`PayError::Blocked`].
+    ///
+    /// Intents made at another server or with another API key are left in the journal
+    /// and are not in the answer: an empty answer does not mean an empty journal
+    /// ([`Journal::pending`] lists every intent). The journal knows an API key only by its
+    /// SHA-256, and only the server knows whether two keys are one merchant's, so after a
+    /// key rotation the old key's intents wait for the old key (`docs/client.md`,
+    /// "Rotating the API key").
     pub async fn resume(&self) -> Result<Vec<Resumed>, PayError> {
         let journal = self.journal.as_ref().ok_or(PayError::NoJournal)?;
         let mut resumed = Vec::new();

@@ -389,3 +389,35 @@ async fn pagos_pay_run_again_resumes_the_pending_intent_with_its_key_and_new_mak
     assert_ne!(payments[0].idempotency_key, payments[1].idempotency_key);
     assert_eq!(pagos.journal_pending().await.len(), 2);
 }
+
+/// Intents made with an API key since rotated away are not this key's to resume (the
+/// journal cannot tell whether the two keys are one merchant's): `--resume` leaves them,
+/// and says so with a failing exit, never "everything paid".
+#[tokio::test]
+async fn resume_with_another_api_key_leaves_the_intents_and_exits_1_naming_them() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("journal.db");
+    let journal = pagos_client::Journal::open(&path).await.expect("journal");
+    let url = pagos_client::base_url("http://127.0.0.1:9").expect("url");
+    let request = pagos_client::PaymentRequest::new("42", 250_000, "COP").expect("valid");
+    let intent = pagos_client::Intent::new(request);
+    journal
+        .record(&intent, &url, "sk_test_rotated_away")
+        .await
+        .expect("recorded");
+
+    let out = tokio::process::Command::from(pagos_bin())
+        .args(["pay", "--resume", "--api-key", API_KEY])
+        .arg("--journal")
+        .arg(&path)
+        .output()
+        .await
+        .expect("pagos pay --resume");
+
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("1 intent(s)"), "{stderr}");
+    assert!(stderr.contains(intent.key().as_str()), "{stderr}");
+    assert!(out.stdout.is_empty());
+    assert_eq!(journal.pending().await.expect("pending").len(), 1);
+}
