@@ -45,10 +45,17 @@
 //!         ..PaymentMethod::with_id("pm_1Q0PsIJvEtkwdCNYMSaVuRz6")
 //!     })?;
 //! let intent = Intent::new(request);
-//! // Keep `intent.key()` next to the order if the order outlives this process: a retry
-//! // tomorrow is `Intent::with_key(IntentKey::parse(&kept)?, request)`, never a new intent.
+//! // Keep `intent.key()` next to the order if the order outlives this process, with when
+//! // it was first sent: a retry is `Intent::with_key(IntentKey::parse(&kept)?, request)
+//! // .first_sent_at(sent)`, never a new intent. A key is a retry only within the server's
+//! // PAGOS_KEY_RETENTION (24 h by default) of its first request; past it the same key
+//! // would make a new payment, so `pay` refuses it (`PayError::Expired`): look the payment
+//! // up instead (GET /v1/pagos/{id}, or GET /v1/pagos?creditoId=…), and only if it is not
+//! // there make a new intent.
 //! let kept_key: String = intent.key().to_string();
-//! # let _: IntentKey = IntentKey::parse(&kept_key)?;
+//! let sent = chrono::Utc::now(); // just before its first request
+//! # let _ = Intent::with_key(IntentKey::parse(&kept_key)?, intent.request().clone())
+//! #     .first_sent_at(sent);
 //!
 //! match client.pay(&intent).await {
 //!     Ok(Outcome::Paid(payment)) => println!("paid: {} ({:?})", payment.id, payment.gateway_ref),
@@ -164,9 +171,11 @@ pub enum PayError {
     /// The server answered outside the protocol.
     #[error("unexpected answer from the server: {0}")]
     Unexpected(String),
-    /// The intent's first request left longer ago than the server keeps keys, and the
-    /// server never named its payment: sent again, it could be taken for a new payment
-    /// and pay twice. Nothing was sent; the intent stays in the journal for a human.
+    /// The intent's first request left longer ago than the server keeps keys (as the
+    /// journal or [`Intent::first_sent_at`] tells), and the server never named its
+    /// payment: sent again, it could be taken for a new payment and pay twice. Nothing
+    /// was sent; with a journal, the intent stays there for a human. Look the payment up
+    /// (`GET /v1/pagos/{id}`, or `GET /v1/pagos?creditoId=…`) before paying anew.
     #[error(
         "intent {key} was first sent at {first_sent}, longer ago than the server keeps Idempotency-Keys ({}); sending it again could pay twice, so it was not sent",
         humantime::format_duration(*key_retention)
@@ -408,8 +417,9 @@ impl Client {
     }
 
     /// How long the server keeps idempotency keys (its `PAGOS_KEY_RETENTION`, 24 h by
-    /// default). A journal intent sent before and older than this, whose payment the
-    /// server never named, is not sent again: [`PayError::Expired`].
+    /// default). An intent sent before and longer ago than this (by the journal, or by
+    /// [`Intent::first_sent_at`]), whose payment the server never named, is not sent
+    /// again: [`PayError::Expired`].
     pub fn with_key_retention(mut self, key_retention: Duration) -> Client {
         self.key_retention = key_retention;
         self
@@ -447,6 +457,7 @@ impl Client {
     /// only on a terminal answer (`docs/client.md` lists the cases).
     pub async fn pay(&self, intent: &Intent) -> Result<Outcome, PayError> {
         let mut known = None;
+        let mut first_sent = intent.first_sent();
         if let Some(journal) = &self.journal {
             let kept = journal
                 .record(intent, &self.base_url, &self.api_key)
@@ -457,17 +468,27 @@ impl Client {
                     why,
                 });
             }
-            let age = (chrono::Utc::now() - kept.created_at)
+            if kept.attempts > 0 {
+                let made = kept.created_at;
+                first_sent = Some(first_sent.map_or(made, |sent| sent.min(made)));
+            }
+            known = kept.payment_id;
+        }
+        // Sent before, never named by the server, and older than its key retention: the
+        // server may have let the key go, and the same key would make a new payment.
+        if let Some(first_sent) = first_sent
+            && known.is_none()
+        {
+            let age = (chrono::Utc::now() - first_sent)
                 .to_std()
                 .unwrap_or_default();
-            if kept.payment_id.is_none() && kept.attempts > 0 && age >= self.key_retention {
+            if age >= self.key_retention {
                 return Err(PayError::Expired {
                     key: intent.key().clone(),
-                    first_sent: kept.created_at,
+                    first_sent,
                     key_retention: self.key_retention,
                 });
             }
-            known = kept.payment_id;
         }
         let settling = Settling {
             client: self,
@@ -753,7 +774,12 @@ impl Settling<'_> {
             None => {
                 let before = match &client.journal {
                     Some(journal) => journal.count_attempt(key).await.map_err(Stop::Journal)?,
-                    None => self.tries.load(Ordering::SeqCst).saturating_sub(1),
+                    // Without a journal: this pay's own tries, and any the caller says
+                    // were sent before (`Intent::first_sent_at`).
+                    None => {
+                        self.tries.load(Ordering::SeqCst).saturating_sub(1)
+                            + u32::from(self.intent.first_sent().is_some())
+                    }
                 };
                 (
                     client.post(self.intent, &self.body, timeout).await,

@@ -703,3 +703,34 @@ async fn the_journal_gives_back_a_pending_payment_asked_again_only_to_its_server
         None
     );
 }
+
+/// A merchant kept the key (and when it first sent it) next to its order, and retries a
+/// day and more later: the server may have let the key go, and the same key would make a
+/// new payment. Nothing is sent; with a journal, the intent is kept there for a human.
+#[tokio::test]
+async fn a_kept_key_first_sent_longer_ago_than_the_key_retention_is_not_sent_again() {
+    let server = MockServer::start().await;
+    posts_answer(&server, paid(Uuid::new_v4()), 0).await;
+    let sent = chrono::Utc::now() - chrono::Duration::hours(25);
+    let kept = pagos_client::IntentKey::parse("pedido-7731-pago").expect("key");
+    let retry = Intent::with_key(kept, intent().request().clone()).first_sent_at(sent);
+    let without_journal = Client::new(&server.uri(), API_KEY)
+        .expect("client")
+        .with_policy(fast_policy());
+    let (journal, with_journal, _) = journal_and_client(&server, fast_policy()).await;
+
+    for client in [&without_journal, &with_journal] {
+        let err = client.pay(&retry).await.expect_err("expired");
+
+        assert!(
+            matches!(&err, PayError::Expired { key, first_sent, .. } if key == retry.key() && *first_sent == sent),
+            "{err:?}"
+        );
+    }
+    let kept = journal.pending().await;
+    assert_eq!(kept.len(), 1, "kept for a human");
+    assert_eq!(kept[0].attempts, 1, "it was sent before");
+    let resumed = with_journal.resume().await.expect("resume");
+    assert!(matches!(resumed[0].result, Err(PayError::Expired { .. })));
+    server.verify().await;
+}
