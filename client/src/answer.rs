@@ -39,6 +39,12 @@ pub enum Reading {
         why: String,
         retry_after: Option<Duration>,
     },
+    /// 409 `request-in-flight`: the first request with this key is still being worked on;
+    /// the same request may be sent again, after `Retry-After`. Not a failure.
+    InFlight {
+        why: String,
+        retry_after: Option<Duration>,
+    },
     /// The key already belongs to another request.
     KeyReused(Problem),
     /// The server refused the request itself: sending it again cannot help.
@@ -101,13 +107,25 @@ pub fn settled_or_pending(p: Pago) -> Reading {
 pub(crate) fn read_other(head: &Head, body: &[u8]) -> Reading {
     let status = head.status;
     match status {
-        // 408 and 425 say the request was not processed; 409 that the first one still
-        // is; 429 and 5xx that the server is busy or does not know (a proxy's 502/504).
-        408 | 409 | 425 | 429 | 500..=599 => {
+        // 408 and 425 say the request was not processed; a 409 `request-in-flight` that
+        // the first one still is; 429 and 5xx that the server is busy or does not know (a
+        // proxy's 502/504). Any other 409 (`payment-not-refundable`, …) is a refusal.
+        408 | 425 | 429 | 500..=599 => {
             let problem = Problem::read(status, body);
             Reading::Transient {
                 why: format!("{status} {}", problem.title),
                 retry_after: head.retry_after,
+            }
+        }
+        409 => {
+            let problem = Problem::read(status, body);
+            if problem.kind() == Some(ProblemType::RequestInFlight) {
+                Reading::InFlight {
+                    why: format!("{status} {}", problem.title),
+                    retry_after: head.retry_after,
+                }
+            } else {
+                Reading::Refused { status, problem }
             }
         }
         400..=499 => {
@@ -192,11 +210,31 @@ mod tests {
                 retry_after: Some(Duration::from_secs(2)),
             };
             match read_post(&h, &problem(status, "request-in-flight", "Busy")) {
-                Reading::Transient { why, retry_after } => {
+                Reading::Transient { why, retry_after }
+                | Reading::InFlight { why, retry_after } => {
                     assert!(why.starts_with(&status.to_string()), "{why}");
                     assert_eq!(retry_after, Some(Duration::from_secs(2)));
                 }
                 other => panic!("{status} is not transient: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_409_is_worth_another_try_only_when_the_first_request_is_in_flight() {
+        let in_flight = problem(409, "request-in-flight", "In progress");
+        assert!(matches!(
+            read_post(&head(409), &in_flight),
+            Reading::InFlight { .. }
+        ));
+        let not_refundable = problem(409, "payment-not-refundable", "Not COMPLETADA");
+        let from_a_proxy = b"<html>409 Conflict</html>".to_vec();
+        for body in [not_refundable, from_a_proxy] {
+            for reading in [read_post(&head(409), &body), read_get(&head(409), &body)] {
+                assert!(
+                    matches!(reading, Reading::Refused { status: 409, .. }),
+                    "{reading:?}"
+                );
             }
         }
     }

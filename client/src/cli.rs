@@ -2,10 +2,13 @@
 //!
 //! Stdout carries the result only (an aligned table, or JSON with `--json`); progress and
 //! errors go to stderr. It must never print or store the API key, and never make a second
-//! intent for a payment it already holds: retrying a payment is `--resume`, which sends
-//! the key kept in the journal.
+//! intent for a payment it already holds: the same payment asked again while the journal
+//! keeps it pending resumes that intent with its key (as `--resume` does); only `--new`
+//! makes a second one.
 
-use super::{Client, Intent, IntentKey, Journal, Outcome, PayError, PayPolicy, PaymentRequest};
+use super::{
+    Client, Intent, IntentKey, Journal, Outcome, PayError, PayPolicy, PaymentRequest, PendingIntent,
+};
 use pagos_types::{Currency, FieldError, PaymentMethod, Problem};
 use secrecy::{ExposeSecret, SecretString};
 use std::io::Write;
@@ -42,7 +45,7 @@ impl From<Exit> for ExitCode {
 #[derive(Debug, clap::Args)]
 #[command(
     about = "Make one payment with the retrying client (one key per intent, kept in a journal)",
-    after_help = "Exit codes: 0 paid, 3 declined, 4 still pending at the deadline, 1 anything else, 2 a bad flag.\n\
+    after_help = "Exit codes: 0 paid, 3 declined, 4 still pending at the deadline, 1 anything else, 2 a bad flag or a journal that cannot be opened.\n\
                   The journal keeps each intent and its Idempotency-Key from before the first request \
                   until a terminal answer; `pagos pay --resume` retries what it holds, with the same keys."
 )]
@@ -86,6 +89,11 @@ pub struct PayArgs {
     /// (the API key must be the one it was made with)
     #[arg(long, env = "PAGOS_RESUME")]
     pub resume: bool,
+    /// Make a new payment with a new Idempotency-Key even when the journal holds a
+    /// pending intent for this same payment (which may have paid: without --new, that
+    /// intent is resumed with its key)
+    #[arg(long, env = "PAGOS_NEW", conflicts_with_all = ["resume", "forget"])]
+    pub new: bool,
     /// Remove one intent from the journal after checking its payment by hand; it is
     /// never retried again
     #[arg(long, env = "PAGOS_FORGET", value_name = "KEY")]
@@ -101,7 +109,8 @@ pub struct PayArgs {
     #[arg(long, env = "PAGOS_DEADLINE", default_value = "2m", value_parser = positive_duration,
           value_name = "DURATION")]
     pub deadline: Duration,
-    /// Tries of a request whose outcome stays unknown, the first one included
+    /// Tries of a request whose outcome stays unknown, the first one included (a 409
+    /// saying the first request is still in flight does not count)
     #[arg(long, env = "PAGOS_MAX_ATTEMPTS", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=1000), value_name = "N")]
     pub max_attempts: u32,
@@ -129,9 +138,15 @@ fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
     Ok(SecretString::from(s))
 }
 
-fn positive_duration(s: &str) -> Result<Duration, String> {
+/// The longest duration any setting of `pagos pay` or `pagos refund` takes: far beyond a
+/// sane deadline, timeout, delay or key retention, and far below what a clock can add.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// A duration setting: positive, and at most [`MAX_DURATION`].
+pub(crate) fn positive_duration(s: &str) -> Result<Duration, String> {
     match humantime::parse_duration(s) {
         Ok(d) if d.is_zero() => Err("must be greater than zero".into()),
+        Ok(d) if d > MAX_DURATION => Err("must be at most 365 days".into()),
         Ok(d) => Ok(d),
         Err(e) => Err(format!("{e}; expected a duration such as 250ms, 30s or 2m")),
     }
@@ -190,9 +205,16 @@ fn payment_method(s: &str) -> Result<PaymentMethod, String> {
 }
 
 /// A setting that parsed but cannot be used: one line naming it, exit 2.
-fn bad_setting(env: &str, flag: &str, message: impl std::fmt::Display) -> ExitCode {
+pub(crate) fn bad_setting(env: &str, flag: &str, message: impl std::fmt::Display) -> ExitCode {
     eprintln!("pagos: invalid setting {env} (--{flag}): {message}");
     ExitCode::from(2)
+}
+
+/// The journal at `path`; one that cannot be opened is a bad setting (exit 2).
+pub(crate) async fn open_journal(path: &std::path::Path) -> Result<Journal, ExitCode> {
+    Journal::open(path)
+        .await
+        .map_err(|err| bad_setting("PAGOS_JOURNAL", "journal", err))
 }
 
 impl PayArgs {
@@ -231,7 +253,10 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
                 "not an Idempotency-Key",
             ));
         };
-        let journal = Journal::open(&path).await?;
+        let journal = match open_journal(&path).await {
+            Ok(journal) => journal,
+            Err(exit) => return Ok(exit),
+        };
         return forget(&journal, &key).await;
     }
     let api_key = args
@@ -243,7 +268,10 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
     if let Err(err) = Client::new("http://localhost", &api_key) {
         return Ok(bad_setting("PAGOS_API_KEY", "api-key", err));
     }
-    let journal = Journal::open(&path).await?;
+    let journal = match open_journal(&path).await {
+        Ok(journal) => journal,
+        Err(exit) => return Ok(exit),
+    };
     if args.resume {
         if args.credito.is_some()
             || args.monto.is_some()
@@ -279,7 +307,10 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
         Err(err) => return Ok(bad_setting("PAGOS_MONTO", "monto", err)),
     };
     let client = client(&args, url.as_str(), &api_key, &journal)?;
-    let intent = Intent::new(request);
+    let intent = match same_payment(&client, &journal, &api_key, request, args.new).await? {
+        Ok(intent) => intent,
+        Err(exit) => return Ok(exit.into()),
+    };
     eprintln!(
         "pagos: paying {} for credit {} with Idempotency-Key {} (journal {})",
         money(monto, intent.request().currency()),
@@ -289,6 +320,63 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
     );
     let result = client.pay(&intent).await;
     Ok(report(&journal, &intent, result, args.json).await.into())
+}
+
+/// The intent that pays `request`: the one the journal keeps pending for this same
+/// payment, at this server with this API key, resumed with its key (running `pagos pay`
+/// again after a deadline, a kill or a crash must not pay twice); a new one when there is
+/// none, or with `--new`. A pending one made elsewhere or with another API key is not
+/// sent from here, and no new one is made beside it without `--new`.
+async fn same_payment(
+    client: &Client,
+    journal: &Journal,
+    api_key: &str,
+    request: PaymentRequest,
+    new: bool,
+) -> anyhow::Result<Result<Intent, Exit>> {
+    let kept = journal.find(&request).await?;
+    if new {
+        if !kept.is_empty() {
+            eprintln!(
+                "pagos: --new: a new payment with a new Idempotency-Key; the {} pending intent(s) for this same payment stay in the journal (`pagos pay --resume` retries them)",
+                kept.len()
+            );
+        }
+        return Ok(Ok(Intent::new(request)));
+    }
+    let here = kept
+        .iter()
+        .find(|k| k.base_url == *client.base_url() && k.made_with(api_key));
+    if let Some(pending) = here {
+        eprintln!(
+            "pagos: the journal holds a pending intent for this same payment, made {} with {} request(s) sent; it may have paid, so it is resumed with its Idempotency-Key {} instead of making a second payment (--new makes a new one)",
+            made(pending),
+            pending.attempts,
+            pending.intent.key(),
+        );
+        return Ok(Ok(pending.intent.clone()));
+    }
+    let Some(pending) = kept.first() else {
+        return Ok(Ok(Intent::new(request)));
+    };
+    let whose = if pending.made_with(api_key) {
+        "this API key"
+    } else {
+        "another API key"
+    };
+    eprintln!(
+        "pagos: the journal holds a pending intent for this same payment, {}, made {} at {} with {whose}; it may have paid, so nothing was sent and no second payment was made: `pagos pay --resume` (with the API key it was made with) retries it at its server, and --new makes a new payment",
+        pending.intent.key(),
+        made(pending),
+        pending.base_url,
+    );
+    Ok(Err(Exit::Failed))
+}
+
+fn made(pending: &PendingIntent) -> String {
+    pending
+        .created_at
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 fn client(args: &PayArgs, url: &str, api_key: &str, journal: &Journal) -> anyhow::Result<Client> {
@@ -306,10 +394,10 @@ async fn resume(args: &PayArgs, journal: &Journal, api_key: &str) -> anyhow::Res
         return Ok(Exit::Paid);
     }
     let mut worst = Exit::Paid;
-    let mut other_key = 0;
+    let mut other_key = Vec::new();
     for kept in pending {
         if !kept.made_with(api_key) {
-            other_key += 1;
+            other_key.push(kept);
             continue;
         }
         let request = kept.intent.request();
@@ -319,18 +407,36 @@ async fn resume(args: &PayArgs, journal: &Journal, api_key: &str) -> anyhow::Res
             kept.base_url,
             money(request.amount(), request.currency()),
             request.credit_id(),
-            kept.created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            made(&kept),
             kept.attempts,
         );
         let client = client(args, kept.base_url.as_str(), api_key, journal)?;
         let result = client.pay(&kept.intent).await;
         worst = worst.max(report(journal, &kept.intent, result, args.json).await);
     }
-    if other_key > 0 {
+    // Not resumed is not paid: the journal tells keys apart by their SHA-256, and only the
+    // server knows whether two keys are one merchant's, so these wait for the key they
+    // were made with (or a human), and the exit says something is left.
+    if !other_key.is_empty() {
         eprintln!(
-            "pagos: {other_key} intent(s) made with another API key stay in the journal; resume them with that key"
+            "pagos: {} intent(s) made with another API key were not resumed and stay in the journal (this key cannot tell whether they are its merchant's): resume them with the key they were made with; after a key rotation, see \"Rotating the API key\" in docs/client.md",
+            other_key.len()
         );
+        for kept in &other_key {
+            let request = kept.intent.request();
+            let payment = kept
+                .payment_id
+                .map_or(String::new(), |id| format!(", payment {id}"));
+            eprintln!(
+                "pagos:   not resumed: {} at {}: {} for credit {}, made {}{payment}",
+                kept.intent.key(),
+                kept.base_url,
+                money(request.amount(), request.currency()),
+                request.credit_id(),
+                made(kept),
+            );
+        }
+        worst = worst.max(Exit::Failed);
     }
     Ok(worst)
 }
@@ -538,6 +644,15 @@ mod tests {
     }
 
     #[test]
+    fn new_is_for_a_payment_only() {
+        let mut args = PAY.to_vec();
+        args.push("--new");
+        assert!(parse(&args).expect("parses").new);
+        assert!(parse(&["--resume", "--new", "--api-key", "sk_test_acme"]).is_err());
+        assert!(parse(&["--forget", "k-1", "--new"]).is_err());
+    }
+
+    #[test]
     fn a_bad_value_is_refused_naming_the_flag() {
         for (flag, value) in [
             ("--monto", "0"),
@@ -545,6 +660,10 @@ mod tests {
             ("--moneda", "XXX"),
             ("--credito", ""),
             ("--deadline", "soon"),
+            ("--deadline", "300000000000y"),
+            ("--request-timeout", "400days"),
+            ("--retry-max-delay", "18446744073709551615s"),
+            ("--key-retention", "1000years"),
             ("--url", "ftp://x"),
             ("--medio-pago", "{\"id\":\"pm 1\"}"),
             ("--medio-pago", "{\"id\":\"visa\",\"cuotas\":0}"),

@@ -4,6 +4,7 @@
 //! made, and every retry — in this process or in the next one, after a crash — sends that
 //! same key with the same body.
 
+use chrono::{DateTime, Utc};
 use pagos_types::key::{IdempotencyKey, KeyError};
 use pagos_types::request::{Currency, FieldError, NewPayment, PaymentMethod};
 use serde_json::{Map, Value};
@@ -180,11 +181,22 @@ impl PaymentRequest {
 /// let retry = intent.clone();
 /// assert_eq!(retry.key(), intent.key(), "a retry is the same intent, with the same key");
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Intent {
     key: IntentKey,
     request: PaymentRequest,
+    first_sent: Option<DateTime<Utc>>,
 }
+
+/// One intent is its key and its request; when it was first sent is what is known about
+/// it, not what it is.
+impl PartialEq for Intent {
+    fn eq(&self, other: &Intent) -> bool {
+        self.key == other.key && self.request == other.request
+    }
+}
+
+impl Eq for Intent {}
 
 impl Intent {
     /// A new intent with a fresh UUID v4 key. Make it once per payment and keep it (a
@@ -193,13 +205,41 @@ impl Intent {
         Intent {
             key: IntentKey::generate(),
             request,
+            first_sent: None,
         }
     }
 
     /// An intent whose key the caller already keeps (for instance in its own database,
-    /// next to the pending payment).
+    /// next to the pending payment). Give it [`first_sent_at`](Intent::first_sent_at)
+    /// too: the server honours a key only for its `PAGOS_KEY_RETENTION` (24 h by default)
+    /// after the key's first request.
     pub fn with_key(key: IntentKey, request: PaymentRequest) -> Intent {
-        Intent { key, request }
+        Intent {
+            key,
+            request,
+            first_sent: None,
+        }
+    }
+
+    /// The same intent, whose first request left at `at` (or earlier: when the caller
+    /// first asked to pay it is a safe choice). The server keeps a key for
+    /// `PAGOS_KEY_RETENTION` after its first request, and once it let the key go, the same
+    /// key makes a **new** payment; so `pay` sends nothing for an intent first sent longer
+    /// ago than that ([`PayError::Expired`](crate::PayError::Expired)): look its payment up
+    /// first. A journal keeps the date from then on.
+    ///
+    /// ```
+    /// use pagos_client::{Intent, IntentKey, PaymentRequest};
+    ///
+    /// let request = PaymentRequest::new("42", 250_000, "COP").expect("valid");
+    /// let sent = chrono::Utc::now() - chrono::Duration::hours(3);
+    /// let kept = IntentKey::parse("pago-42-cuota-3").expect("key");
+    /// let retry = Intent::with_key(kept, request).first_sent_at(sent);
+    /// assert_eq!(retry.first_sent(), Some(sent));
+    /// ```
+    pub fn first_sent_at(mut self, at: DateTime<Utc>) -> Intent {
+        self.first_sent = Some(at);
+        self
     }
 
     pub fn key(&self) -> &IntentKey {
@@ -208,6 +248,11 @@ impl Intent {
 
     pub fn request(&self) -> &PaymentRequest {
         &self.request
+    }
+
+    /// When its first request left, as the caller said ([`Intent::first_sent_at`]).
+    pub fn first_sent(&self) -> Option<DateTime<Utc>> {
+        self.first_sent
     }
 }
 

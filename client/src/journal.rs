@@ -217,7 +217,9 @@ impl Journal {
     }
 
     /// Writes the intent down before anything is sent. Recording it again is a no-op that
-    /// answers what is kept; another request under the same key is refused.
+    /// answers what is kept; another request under the same key is refused. An intent the
+    /// caller says was sent before ([`Intent::first_sent_at`]) is written as made then,
+    /// with one request sent: a later resume knows its age and that it may have paid.
     pub async fn record(
         &self,
         intent: &Intent,
@@ -228,14 +230,19 @@ impl Journal {
         let body = intent.request().to_json().to_string();
         let base_url = base_url.to_string();
         let hash = api_key_sha256(api_key);
-        let at = stamp(now());
+        let now = now();
+        let (made, attempts) = match intent.first_sent() {
+            Some(sent) => (sent.min(now), 1),
+            None => (now, 0),
+        };
+        let (made, at) = (stamp(made), stamp(now));
         // One statement: another task or process that recorded it first keeps its row.
         self.with(move |db| {
             db.execute(
                 "INSERT INTO pending_intents (idempotency_key, base_url, api_key_sha256, body, \
-                 attempts, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5) \
+                 attempts, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
                  ON CONFLICT (idempotency_key) DO NOTHING",
-                params![key, base_url, hash, body, at],
+                params![key, base_url, hash, body, attempts, made, at],
             )?;
             Ok(())
         })
@@ -272,6 +279,18 @@ impl Journal {
             rows.map(|r| pending(r?)).collect()
         })
         .await
+    }
+
+    /// Every kept intent asking exactly `request`, whatever its server or API key, oldest
+    /// first: a payment asked again while one of them is pending may already be paid.
+    pub async fn find(&self, request: &PaymentRequest) -> Result<Vec<PendingIntent>, JournalError> {
+        // Compared as requests, not as stored text: a body written by an older client
+        // (another key order) is the same request.
+        let kept = self.pending().await?;
+        Ok(kept
+            .into_iter()
+            .filter(|k| k.intent.request() == request)
+            .collect())
     }
 
     /// Counts a request about to be sent; answers how many were sent before it. One
@@ -548,6 +567,45 @@ mod tests {
             journal.record(&other, &url(), "k").await,
             Err(JournalError::KeyTaken(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_request_is_found_again_whatever_its_server_or_api_key_oldest_first() {
+        let dir = tempfile::tempdir().expect("dir");
+        let journal = journal(&dir).await;
+        let first = intent();
+        let elsewhere = intent();
+        let other_body = Intent::new(PaymentRequest::new("42", 1, "COP").expect("valid"));
+        journal.record(&first, &url(), "k").await.expect("ok");
+        let other_url = Url::parse("https://pagos.example/").expect("url");
+        journal
+            .record(&elsewhere, &other_url, "k2")
+            .await
+            .expect("ok");
+        journal.record(&other_body, &url(), "k").await.expect("ok");
+
+        let found = journal.find(first.request()).await.expect("find");
+
+        let keys: Vec<_> = found.iter().map(|k| k.intent.key()).collect();
+        assert_eq!(keys, [first.key(), elsewhere.key()]);
+        assert!(found[0].made_with("k") && found[1].made_with("k2"));
+    }
+
+    #[tokio::test]
+    async fn an_intent_sent_before_is_written_as_made_then_with_one_request_sent() {
+        let dir = tempfile::tempdir().expect("dir");
+        let journal = journal(&dir).await;
+        let sent = now() - chrono::TimeDelta::hours(30);
+        let intent = intent().first_sent_at(sent);
+
+        let kept = journal
+            .record(&intent, &url(), "k")
+            .await
+            .expect("recorded");
+
+        assert_eq!(kept.created_at, sent);
+        assert_eq!(kept.attempts, 1);
+        assert_eq!(kept.intent, intent);
     }
 
     #[tokio::test]

@@ -4,9 +4,10 @@
 //! server busy; and `pagos pay`, its command line ([`cli`]).
 //!
 //! It must never send an intent under a new key, never retry a refusal (a 4xx other
-//! than 408, 409, 425 and 429: the request itself needs correcting), and never forget an
-//! intent before the server gave a terminal answer about it. It depends on the wire types
-//! it shares with the server (`pagos-types`) and on nothing of the server itself.
+//! than 408, a 409 `request-in-flight`, 425 and 429: the request itself needs
+//! correcting), and never forget an intent before the server gave a terminal answer
+//! about it. It depends on the wire types it shares with the server (`pagos-types`) and
+//! on nothing of the server itself.
 //!
 //! # A merchant's whole integration
 //!
@@ -44,10 +45,17 @@
 //!         ..PaymentMethod::with_id("pm_1Q0PsIJvEtkwdCNYMSaVuRz6")
 //!     })?;
 //! let intent = Intent::new(request);
-//! // Keep `intent.key()` next to the order if the order outlives this process: a retry
-//! // tomorrow is `Intent::with_key(IntentKey::parse(&kept)?, request)`, never a new intent.
+//! // Keep `intent.key()` next to the order if the order outlives this process, with when
+//! // it was first sent: a retry is `Intent::with_key(IntentKey::parse(&kept)?, request)
+//! // .first_sent_at(sent)`, never a new intent. A key is a retry only within the server's
+//! // PAGOS_KEY_RETENTION (24 h by default) of its first request; past it the same key
+//! // would make a new payment, so `pay` refuses it (`PayError::Expired`): look the payment
+//! // up instead (GET /v1/pagos/{id}, or GET /v1/pagos?creditoId=…), and only if it is not
+//! // there make a new intent.
 //! let kept_key: String = intent.key().to_string();
-//! # let _: IntentKey = IntentKey::parse(&kept_key)?;
+//! let sent = chrono::Utc::now(); // just before its first request
+//! # let _ = Intent::with_key(IntentKey::parse(&kept_key)?, intent.request().clone())
+//! #     .first_sent_at(sent);
 //!
 //! match client.pay(&intent).await {
 //!     Ok(Outcome::Paid(payment)) => println!("paid: {} ({:?})", payment.id, payment.gateway_ref),
@@ -163,9 +171,11 @@ pub enum PayError {
     /// The server answered outside the protocol.
     #[error("unexpected answer from the server: {0}")]
     Unexpected(String),
-    /// The intent's first request left longer ago than the server keeps keys, and the
-    /// server never named its payment: sent again, it could be taken for a new payment
-    /// and pay twice. Nothing was sent; the intent stays in the journal for a human.
+    /// The intent's first request left longer ago than the server keeps keys (as the
+    /// journal or [`Intent::first_sent_at`] tells), and the server never named its
+    /// payment: sent again, it could be taken for a new payment and pay twice. Nothing
+    /// was sent; with a journal, the intent stays there for a human. Look the payment up
+    /// (`GET /v1/pagos/{id}`, or `GET /v1/pagos?creditoId=…`) before paying anew.
     #[error(
         "intent {key} was first sent at {first_sent}, longer ago than the server keeps Idempotency-Keys ({}); sending it again could pay twice, so it was not sent",
         humantime::format_duration(*key_retention)
@@ -321,6 +331,11 @@ enum Stop {
         why: String,
         retry_after: Option<Duration>,
     },
+    /// 409 `request-in-flight`: waited out within the deadline, never an attempt used up.
+    InFlight {
+        why: String,
+        retry_after: Option<Duration>,
+    },
     KeyReused(Problem),
     Refused {
         status: u16,
@@ -337,6 +352,9 @@ impl Stop {
         match self {
             Stop::Pending(_) => Some(Unsettled::Pending),
             Stop::Transient { retry_after, .. } => Some(Unsettled::Failed {
+                retry_after: *retry_after,
+            }),
+            Stop::InFlight { retry_after, .. } => Some(Unsettled::InFlight {
                 retry_after: *retry_after,
             }),
             _ => None,
@@ -399,8 +417,9 @@ impl Client {
     }
 
     /// How long the server keeps idempotency keys (its `PAGOS_KEY_RETENTION`, 24 h by
-    /// default). A journal intent sent before and older than this, whose payment the
-    /// server never named, is not sent again: [`PayError::Expired`].
+    /// default). An intent sent before and longer ago than this (by the journal, or by
+    /// [`Intent::first_sent_at`]), whose payment the server never named, is not sent
+    /// again: [`PayError::Expired`].
     pub fn with_key_retention(mut self, key_retention: Duration) -> Client {
         self.key_retention = key_retention;
         self
@@ -438,6 +457,7 @@ impl Client {
     /// only on a terminal answer (`docs/client.md` lists the cases).
     pub async fn pay(&self, intent: &Intent) -> Result<Outcome, PayError> {
         let mut known = None;
+        let mut first_sent = intent.first_sent();
         if let Some(journal) = &self.journal {
             let kept = journal
                 .record(intent, &self.base_url, &self.api_key)
@@ -448,17 +468,27 @@ impl Client {
                     why,
                 });
             }
-            let age = (chrono::Utc::now() - kept.created_at)
+            if kept.attempts > 0 {
+                let made = kept.created_at;
+                first_sent = Some(first_sent.map_or(made, |sent| sent.min(made)));
+            }
+            known = kept.payment_id;
+        }
+        // Sent before, never named by the server, and older than its key retention: the
+        // server may have let the key go, and the same key would make a new payment.
+        if let Some(first_sent) = first_sent
+            && known.is_none()
+        {
+            let age = (chrono::Utc::now() - first_sent)
                 .to_std()
                 .unwrap_or_default();
-            if kept.payment_id.is_none() && kept.attempts > 0 && age >= self.key_retention {
+            if age >= self.key_retention {
                 return Err(PayError::Expired {
                     key: intent.key().clone(),
-                    first_sent: kept.created_at,
+                    first_sent,
                     key_retention: self.key_retention,
                 });
             }
-            known = kept.payment_id;
         }
         let settling = Settling {
             client: self,
@@ -485,7 +515,7 @@ impl Client {
         match result {
             Ok(outcome) => Ok(outcome),
             Err(Stop::Pending(p)) => Ok(Outcome::Pending(*p)),
-            Err(Stop::Transient { why, .. }) => {
+            Err(Stop::Transient { why, .. } | Stop::InFlight { why, .. }) => {
                 let limit = match *lock(&settling.exhausted) {
                     Some(Exhausted::Attempts) => " (attempts used up)",
                     Some(Exhausted::Time) => " (deadline reached)",
@@ -512,6 +542,13 @@ impl Client {
     /// Pays again, one after the other, every intent in the journal that was made at this
     /// client's server with its API key, each with its own key. Blocked intents are not
     /// sent; their result is [`PayError::Blocked`].
+    ///
+    /// Intents made at another server or with another API key are left in the journal
+    /// and are not in the answer: an empty answer does not mean an empty journal
+    /// ([`Journal::pending`] lists every intent). The journal knows an API key only by its
+    /// SHA-256, and only the server knows whether two keys are one merchant's, so after a
+    /// key rotation the old key's intents wait for the old key (`docs/client.md`,
+    /// "Rotating the API key").
     pub async fn resume(&self) -> Result<Vec<Resumed>, PayError> {
         let journal = self.journal.as_ref().ok_or(PayError::NoJournal)?;
         let mut resumed = Vec::new();
@@ -526,6 +563,24 @@ impl Client {
             });
         }
         Ok(resumed)
+    }
+
+    /// The pending intent the journal keeps for this very request, made at this client's
+    /// server with its API key (the oldest, if several): paying the same payment again
+    /// must send its key, since it may have paid already. `None` without a journal, which
+    /// is then the caller's to keep the intent (see [`Intent::with_key`]).
+    pub async fn kept_payment(
+        &self,
+        request: &PaymentRequest,
+    ) -> Result<Option<PendingIntent>, PayError> {
+        let Some(journal) = &self.journal else {
+            return Ok(None);
+        };
+        Ok(journal
+            .find(request)
+            .await?
+            .into_iter()
+            .find(|k| k.base_url == self.base_url && k.made_with(&self.api_key)))
     }
 
     /// Writes down in the journal what the last try taught. A failure here never hides
@@ -543,7 +598,9 @@ impl Client {
             }) => journal.remove(key).await.map(drop),
             Ok(Outcome::Pending(p)) => journal.note(key, &still(p)).await,
             Err(Stop::Pending(p)) => journal.note(key, &still(p)).await,
-            Err(Stop::Transient { why, .. }) => journal.note(key, why).await,
+            Err(Stop::Transient { why, .. } | Stop::InFlight { why, .. }) => {
+                journal.note(key, why).await
+            }
             Err(Stop::KeyReused(problem)) => journal.block(key, &headline(problem)).await,
             Err(Stop::Refused {
                 status, problem, ..
@@ -688,10 +745,12 @@ impl Settling<'_> {
                 payment_id: p.id,
                 state: p.state,
             },
-            Stop::Transient { why, retry_after } => Waiting::Failed {
-                why: why.clone(),
-                retry_after: *retry_after,
-            },
+            Stop::Transient { why, retry_after } | Stop::InFlight { why, retry_after } => {
+                Waiting::Failed {
+                    why: why.clone(),
+                    retry_after: *retry_after,
+                }
+            }
             _ => return,
         };
         (self.client.on_retry)(&RetryNotice {
@@ -715,7 +774,12 @@ impl Settling<'_> {
             None => {
                 let before = match &client.journal {
                     Some(journal) => journal.count_attempt(key).await.map_err(Stop::Journal)?,
-                    None => self.tries.load(Ordering::SeqCst).saturating_sub(1),
+                    // Without a journal: this pay's own tries, and any the caller says
+                    // were sent before (`Intent::first_sent_at`).
+                    None => {
+                        self.tries.load(Ordering::SeqCst).saturating_sub(1)
+                            + u32::from(self.intent.first_sent().is_some())
+                    }
                 };
                 (
                     client.post(self.intent, &self.body, timeout).await,
@@ -743,6 +807,7 @@ impl Settling<'_> {
                 Err(Stop::Pending(Box::new(p)))
             }
             Reading::Transient { why, retry_after } => Err(Stop::Transient { why, retry_after }),
+            Reading::InFlight { why, retry_after } => Err(Stop::InFlight { why, retry_after }),
             Reading::KeyReused(problem) => Err(Stop::KeyReused(problem)),
             Reading::Refused { status, problem } => Err(Stop::Refused {
                 status,

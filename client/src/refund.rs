@@ -111,6 +111,11 @@ enum Read {
         why: String,
         retry_after: Option<std::time::Duration>,
     },
+    /// 409 `request-in-flight`: waited out within the deadline, no attempt used up.
+    InFlight {
+        why: String,
+        retry_after: Option<std::time::Duration>,
+    },
     KeyReused(Problem),
     Refused {
         status: u16,
@@ -155,6 +160,7 @@ fn into_read(reading: crate::answer::Reading) -> Read {
     use crate::answer::Reading;
     match reading {
         Reading::Transient { why, retry_after } => Read::Transient { why, retry_after },
+        Reading::InFlight { why, retry_after } => Read::InFlight { why, retry_after },
         Reading::KeyReused(problem) => Read::KeyReused(problem),
         Reading::Refused { status, problem } => Read::Refused { status, problem },
         Reading::Unexpected(why) => Read::Unexpected(why),
@@ -229,6 +235,10 @@ impl Client {
                 Read::Transient { why, retry_after } => {
                     tracing::warn!(key = %intent.key, attempt = attempts, why, "refund attempt failed; retrying with the same key");
                     Unsettled::Failed { retry_after }
+                }
+                Read::InFlight { why, retry_after } => {
+                    tracing::info!(key = %intent.key, attempt = attempts, why, "the first request of this refund is still in flight; asking again with the same key");
+                    Unsettled::InFlight { retry_after }
                 }
                 Read::KeyReused(problem) => {
                     break Err(PayError::KeyReused {

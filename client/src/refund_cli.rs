@@ -5,6 +5,7 @@
 //! Stdout carries the result only (the refund as JSON); progress and errors go to stderr.
 //! It must never print or store the API key.
 
+use super::cli::bad_setting;
 use super::{Client, Journal, PayError, PayPolicy, RefundIntent, RefundOutcome, RefundRequest};
 use secrecy::{ExposeSecret, SecretString};
 use std::io::Write;
@@ -16,7 +17,7 @@ use uuid::Uuid;
 #[derive(Debug, clap::Args)]
 #[command(
     about = "Refund part or all of a payment with the retrying client (one key per refund, kept in a journal)",
-    after_help = "Exit codes: 0 refunded, 3 refused by the gateway, 4 still pending at the deadline, 1 anything else, 2 a bad flag.\n\
+    after_help = "Exit codes: 0 refunded, 3 refused by the gateway, 4 still pending at the deadline, 1 anything else, 2 a bad flag or a journal that cannot be opened.\n\
                   The same command run again while its refund is kept in the journal sends the same Idempotency-Key."
 )]
 pub struct RefundArgs {
@@ -41,10 +42,11 @@ pub struct RefundArgs {
     #[arg(long, env = "PAGOS_JOURNAL", value_name = "PATH")]
     pub journal: Option<PathBuf>,
     /// How long the refund may take in all, retries and waits included
-    #[arg(long, env = "PAGOS_DEADLINE", default_value = "2m", value_parser = positive_duration,
+    #[arg(long, env = "PAGOS_DEADLINE", default_value = "2m", value_parser = super::cli::positive_duration,
           value_name = "DURATION")]
     pub deadline: Duration,
-    /// Tries of a request whose outcome stays unknown, the first one included
+    /// Tries of a request whose outcome stays unknown, the first one included (a 409
+    /// saying the first request is still in flight does not count)
     #[arg(long, env = "PAGOS_MAX_ATTEMPTS", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=1000), value_name = "N")]
     pub max_attempts: u32,
@@ -56,19 +58,6 @@ fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
 
 fn url(s: &str) -> Result<url::Url, String> {
     super::base_url(s).map_err(|e| e.to_string())
-}
-
-fn positive_duration(s: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(s) {
-        Ok(d) if d.is_zero() => Err("must be greater than zero".into()),
-        Ok(d) => Ok(d),
-        Err(e) => Err(format!("{e}; expected a duration such as 250ms, 30s or 2m")),
-    }
-}
-
-fn bad_setting(env: &str, flag: &str, message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("pagos: invalid setting {env} (--{flag}): {message}");
-    ExitCode::from(2)
 }
 
 pub async fn run(args: RefundArgs) -> anyhow::Result<ExitCode> {
@@ -97,7 +86,10 @@ pub async fn run(args: RefundArgs) -> anyhow::Result<ExitCode> {
         Ok(client) => client,
         Err(err) => return Ok(bad_setting("PAGOS_API_KEY", "api-key", err)),
     };
-    let journal = Journal::open(&path).await?;
+    let journal = match super::cli::open_journal(&path).await {
+        Ok(journal) => journal,
+        Err(exit) => return Ok(exit),
+    };
     let client = client.with_journal(journal).with_policy(PayPolicy {
         deadline: args.deadline,
         max_attempts: args.max_attempts,

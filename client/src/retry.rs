@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PayPolicy {
     /// Tries of a request that failed with an unknown outcome, the first one included.
-    /// Looking a pending payment up again does not count.
+    /// Looking a pending payment up again does not count, nor does a 409 saying the
+    /// first request is still in flight (the deadline bounds those).
     pub max_attempts: u32,
     /// How long one `pay` may take in all, waits included. A payment still pending then
     /// is reported as pending; a request still failing, as given up.
@@ -94,15 +95,22 @@ pub enum Unsettled {
     /// The request failed with an unknown outcome, or the server was busy; counts as an
     /// attempt.
     Failed { retry_after: Option<Duration> },
+    /// 409 `request-in-flight`: the first request with this key is still being worked
+    /// on. A known state, not a failure: it waits (`Retry-After` wins) and uses up no
+    /// attempt; only the deadline bounds it.
+    InFlight { retry_after: Option<Duration> },
     /// The server has the payment and no outcome yet; looking again is not a failure.
     Pending,
 }
 
-/// What one `pay` may still spend: attempts and time.
+/// What one `pay` may still spend: attempts and time. Time is counted as durations since
+/// `started`, never as an `Instant` plus a duration: a deadline or a `Retry-After` of any
+/// size (`Duration::MAX`, a proxy's `Retry-After: 18446744073709551615`) cannot overflow
+/// the clock.
 #[derive(Clone, Debug)]
 pub struct Budget {
     started: Instant,
-    deadline: Instant,
+    deadline: Duration,
     max_attempts: u32,
     min_delay: Duration,
     failures: u32,
@@ -119,7 +127,7 @@ impl Budget {
     pub fn new(policy: &PayPolicy, now: Instant) -> Budget {
         Budget {
             started: now,
-            deadline: now + policy.deadline,
+            deadline: policy.deadline,
             max_attempts: policy.max_attempts.max(1),
             min_delay: policy.min_delay,
             failures: 0,
@@ -128,7 +136,9 @@ impl Budget {
 
     /// The wait before the next try, or why there is none. `jittered` is the backoff's
     /// proposal; a `Retry-After` longer than it wins, and a pending payment is not looked
-    /// up again sooner than `min_delay`.
+    /// up again sooner than `min_delay`. A wait that would end at or past the deadline is
+    /// none: no try could start in time (a `Retry-After` longer than what is left means
+    /// "not before the deadline").
     pub fn next_wait(
         &mut self,
         why: Unsettled,
@@ -143,9 +153,10 @@ impl Budget {
                 }
                 jittered.max(retry_after.unwrap_or_default())
             }
+            Unsettled::InFlight { retry_after } => jittered.max(retry_after.unwrap_or_default()),
             Unsettled::Pending => jittered.max(self.min_delay),
         };
-        if now + wait >= self.deadline {
+        if wait >= self.remaining(now) {
             return Err(Exhausted::Time);
         }
         Ok(wait)
@@ -153,7 +164,12 @@ impl Budget {
 
     /// How long the next request may wait for its answer.
     pub fn request_timeout(&self, policy_timeout: Duration, now: Instant) -> Duration {
-        policy_timeout.min(self.deadline.saturating_duration_since(now))
+        policy_timeout.min(self.remaining(now))
+    }
+
+    /// What is left of the deadline at `now`.
+    pub fn remaining(&self, now: Instant) -> Duration {
+        self.deadline.saturating_sub(self.elapsed(now))
     }
 
     /// Tries that failed so far.
@@ -269,6 +285,38 @@ mod tests {
     }
 
     #[test]
+    fn a_first_request_in_flight_uses_up_no_attempt_and_only_the_deadline_bounds_it() {
+        let now = Instant::now();
+        let p = PayPolicy {
+            max_attempts: 2,
+            deadline: Duration::from_secs(60),
+            ..policy(1)
+        };
+        let mut budget = Budget::new(&p, now);
+        let in_flight = Unsettled::InFlight {
+            retry_after: Some(Duration::from_secs(1)),
+        };
+        let small = Duration::from_millis(1);
+        for _ in 0..50 {
+            assert_eq!(
+                budget.next_wait(in_flight, small, now),
+                Ok(Duration::from_secs(1))
+            );
+        }
+        assert_eq!(budget.failures(), 0);
+        assert_eq!(
+            budget.next_wait(in_flight, small, now + Duration::from_secs(59)),
+            Err(Exhausted::Time)
+        );
+        let failed = Unsettled::Failed { retry_after: None };
+        assert!(budget.next_wait(failed, small, now).is_ok());
+        assert_eq!(
+            budget.next_wait(failed, small, now),
+            Err(Exhausted::Attempts)
+        );
+    }
+
+    #[test]
     fn no_try_starts_past_the_deadline() {
         let now = Instant::now();
         let p = PayPolicy {
@@ -291,6 +339,45 @@ mod tests {
         assert_eq!(
             budget.next_wait(Unsettled::Pending, second, now + Duration::from_secs(4)),
             Err(Exhausted::Time)
+        );
+    }
+
+    #[test]
+    fn durations_beyond_any_clock_end_the_wait_at_the_deadline_and_never_overflow() {
+        let now = Instant::now();
+        let endless = PayPolicy {
+            deadline: Duration::MAX,
+            ..policy(1)
+        };
+        let mut budget = Budget::new(&endless, now);
+        assert_eq!(
+            budget.request_timeout(Duration::MAX, now),
+            Duration::MAX,
+            "nothing but the policy's own timeout"
+        );
+        let small = Duration::from_millis(1);
+        assert_eq!(
+            budget.next_wait(Unsettled::Pending, small, now),
+            Ok(policy(1).min_delay)
+        );
+        // A misbehaving proxy's `Retry-After: 18446744073709551615`, under a deadline: no
+        // try could start before the deadline, so there is none.
+        let far = Some(Duration::from_secs(u64::MAX));
+        let p = PayPolicy {
+            deadline: Duration::from_secs(30),
+            ..policy(1)
+        };
+        let mut budget = Budget::new(&p, now);
+        for why in [
+            Unsettled::Failed { retry_after: far },
+            Unsettled::InFlight { retry_after: far },
+        ] {
+            assert_eq!(budget.next_wait(why, small, now), Err(Exhausted::Time));
+        }
+        let mut endless = Budget::new(&endless, now);
+        assert_eq!(
+            endless.next_wait(Unsettled::InFlight { retry_after: far }, small, now),
+            Ok(Duration::from_secs(u64::MAX))
         );
     }
 

@@ -9,7 +9,8 @@ use helpers::{
     then, unavailable, until,
 };
 use pagos_client::{
-    Client, Intent, Outcome, PayError, PayPolicy, PaymentRequest, PaymentState, Waiting,
+    Client, Intent, Outcome, PayError, PayPolicy, PaymentRequest, PaymentState, ProblemType,
+    RefundIntent, RefundRequest, Waiting,
 };
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -517,5 +518,219 @@ async fn an_unanswered_intent_older_than_the_servers_key_retention_is_not_sent_a
     );
     assert!(err.to_string().contains("could pay twice"), "{err}");
     assert_eq!(journal.pending().await.len(), 1, "kept for a human");
+    server.verify().await;
+}
+
+#[tokio::test]
+async fn a_refund_of_a_payment_that_is_not_refundable_is_refused_at_once_not_retried() {
+    let server = MockServer::start().await;
+    let payment = Uuid::new_v4();
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path(format!(
+            "/v1/pagos/{payment}/reembolsos"
+        )))
+        .respond_with(answer(
+            409,
+            problem(
+                409,
+                "payment-not-refundable",
+                "The payment cannot be refunded",
+            ),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let (_journal, client, _) = journal_and_client(&server, fast_policy()).await;
+    let request = RefundRequest::new(payment, None, None).expect("valid");
+    let intent = RefundIntent::new(request.clone());
+
+    let err = client.refund(&intent).await.expect_err("refused");
+
+    match &err {
+        PayError::Rejected { status, problem } => {
+            assert_eq!(*status, 409);
+            assert_eq!(problem.kind(), Some(ProblemType::PaymentNotRefundable));
+        }
+        other => panic!("not a refusal: {other:?}"),
+    }
+    server.verify().await;
+    assert_eq!(
+        client.kept_refund(&request).await.expect("journal"),
+        None,
+        "refused on its first request: nothing was registered, the intent leaves the journal"
+    );
+}
+
+#[tokio::test]
+async fn a_409_that_is_not_the_first_request_in_flight_is_a_refusal_of_the_payment() {
+    let server = MockServer::start().await;
+    posts_answer(
+        &server,
+        answer(409, problem(409, "conflict", "Conflict")),
+        1,
+    )
+    .await;
+    let (journal, client, notices) = journal_and_client(&server, fast_policy()).await;
+
+    let err = client.pay(&intent()).await.expect_err("refused");
+
+    assert!(
+        matches!(&err, PayError::Rejected { status: 409, problem } if problem.title == "Conflict"),
+        "{err:?}"
+    );
+    assert!(notices.all().is_empty(), "a refusal is not retried");
+    server.verify().await;
+    assert!(journal.pending().await.is_empty());
+}
+
+/// The first request outlives its timeout while the server works on it: every retry gets
+/// 409 `request-in-flight` until the server answers. Those 409s are a known state, not
+/// failures: they wait out `Retry-After` within the deadline and use up no attempts, so
+/// the client learns the server's answer (here 202, pending) instead of giving up.
+#[tokio::test]
+async fn a_409_while_the_first_request_runs_uses_up_no_attempts() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    posts()
+        .respond_with(answer(202, pago(id, "ENVIADA")).set_delay(Duration::from_secs(3)))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    let in_flight = problem(
+        409,
+        "request-in-flight",
+        "A request with this Idempotency-Key is in progress",
+    );
+    posts()
+        .respond_with(answer(409, in_flight).insert_header("Retry-After", "1"))
+        .up_to_n_times(12)
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    posts()
+        .respond_with(answer(202, pago(id, "ENVIADA")))
+        .with_priority(3)
+        .mount(&server)
+        .await;
+    look_ups(id)
+        .respond_with(answer(200, pago(id, "ENVIADA")))
+        .mount(&server)
+        .await;
+    let policy = PayPolicy {
+        max_attempts: 10,
+        deadline: Duration::from_secs(16),
+        request_timeout: Duration::from_millis(300),
+        ..fast_policy()
+    };
+    let (journal, client, notices) = journal_and_client(&server, policy).await;
+    let intent = intent();
+
+    let outcome = client.pay(&intent).await;
+
+    assert!(
+        matches!(&outcome, Ok(Outcome::Pending(p)) if p.id == id),
+        "{outcome:?}"
+    );
+    let keys = keys_sent(&server).await;
+    assert_eq!(keys.len(), 14, "the first request, twelve 409s, the 202");
+    assert!(keys.iter().all(|k| k == intent.key().as_str()));
+    let waits: Vec<_> = notices
+        .all()
+        .into_iter()
+        .filter(|n| matches!(&n.waiting, Waiting::Failed { why, .. } if why.starts_with("409")))
+        .collect();
+    assert_eq!(waits.len(), 12);
+    assert!(waits.iter().all(|n| n.wait >= Duration::from_secs(1)));
+    assert_eq!(journal.pending().await[0].payment_id, Some(id));
+}
+
+#[tokio::test]
+async fn a_retry_after_longer_than_the_deadline_ends_the_pay_at_once_with_the_intent_kept() {
+    let server = MockServer::start().await;
+    posts_answer(
+        &server,
+        unavailable(503, "Unavailable").insert_header("Retry-After", "18446744073709551615"),
+        1,
+    )
+    .await;
+    let (journal, client, notices) = journal_and_client(&server, fast_policy()).await;
+
+    let err = client.pay(&intent()).await.expect_err("gave up");
+
+    assert!(
+        matches!(&err, PayError::GaveUp { attempts: 1, last, .. } if last.ends_with("(deadline reached)")),
+        "{err:?}"
+    );
+    assert!(notices.all().is_empty(), "no wait was started");
+    assert_eq!(journal.pending().await.len(), 1);
+    server.verify().await;
+}
+
+#[tokio::test]
+async fn the_journal_gives_back_a_pending_payment_asked_again_only_to_its_server_and_api_key() {
+    let server = MockServer::start().await;
+    let journal = TestJournal::new().await;
+    let url = pagos_client::base_url(&server.uri()).expect("url");
+    let intent = intent();
+    journal.record_sent_once(&intent, &url).await;
+    let (client, _) = client(&server, &journal.journal, fast_policy());
+
+    let kept = client
+        .kept_payment(intent.request())
+        .await
+        .expect("journal");
+
+    assert_eq!(kept.map(|k| k.intent), Some(intent.clone()));
+    let other_body = PaymentRequest::new("42", 1, "COP").expect("valid");
+    assert_eq!(
+        client.kept_payment(&other_body).await.expect("journal"),
+        None
+    );
+    let other_key = Client::new(&server.uri(), "sk_test_globex")
+        .expect("client")
+        .with_journal(journal.journal.clone());
+    assert_eq!(
+        other_key
+            .kept_payment(intent.request())
+            .await
+            .expect("journal"),
+        None
+    );
+    let no_journal = Client::new(&server.uri(), API_KEY).expect("client");
+    assert_eq!(
+        no_journal.kept_payment(intent.request()).await.expect("ok"),
+        None
+    );
+}
+
+/// A merchant kept the key (and when it first sent it) next to its order, and retries a
+/// day and more later: the server may have let the key go, and the same key would make a
+/// new payment. Nothing is sent; with a journal, the intent is kept there for a human.
+#[tokio::test]
+async fn a_kept_key_first_sent_longer_ago_than_the_key_retention_is_not_sent_again() {
+    let server = MockServer::start().await;
+    posts_answer(&server, paid(Uuid::new_v4()), 0).await;
+    let sent = chrono::Utc::now() - chrono::Duration::hours(25);
+    let kept = pagos_client::IntentKey::parse("pedido-7731-pago").expect("key");
+    let retry = Intent::with_key(kept, intent().request().clone()).first_sent_at(sent);
+    let without_journal = Client::new(&server.uri(), API_KEY)
+        .expect("client")
+        .with_policy(fast_policy());
+    let (journal, with_journal, _) = journal_and_client(&server, fast_policy()).await;
+
+    for client in [&without_journal, &with_journal] {
+        let err = client.pay(&retry).await.expect_err("expired");
+
+        assert!(
+            matches!(&err, PayError::Expired { key, first_sent, .. } if key == retry.key() && *first_sent == sent),
+            "{err:?}"
+        );
+    }
+    let kept = journal.pending().await;
+    assert_eq!(kept.len(), 1, "kept for a human");
+    assert_eq!(kept[0].attempts, 1, "it was sent before");
+    let resumed = with_journal.resume().await.expect("resume");
+    assert!(matches!(resumed[0].result, Err(PayError::Expired { .. })));
     server.verify().await;
 }

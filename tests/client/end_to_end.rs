@@ -1,7 +1,7 @@
 //! `pagos pay` (the real binary) against `pagos serve` (the real binary), with a wiremock
 //! gateway: exit codes, output, the journal, and a client killed mid-payment.
 
-use crate::helpers::{Charge, PAYMENT, RealPagos, key_of, pagos_bin, text};
+use crate::helpers::{API_KEY, Charge, PAYMENT, RealPagos, key_of, pagos_bin, text};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -257,4 +257,167 @@ async fn pagos_pay_with_a_medio_pago_pays_through_stripe_and_without_one_is_refu
     assert_eq!(form["payment_method"], "pm_1Q0PsIJvEtkwdCNYMSaVuRz6");
     assert_eq!(form["customer"], "cus_NffrFeUfNV2Hib");
     assert_eq!(form["amount"], "250000");
+}
+
+#[tokio::test]
+async fn a_duration_beyond_any_sane_setting_is_one_line_naming_it_and_exits_2() {
+    let dir = tempfile::tempdir().expect("dir");
+    for (flag, env) in [
+        ("--deadline", "PAGOS_DEADLINE"),
+        ("--request-timeout", "PAGOS_REQUEST_TIMEOUT"),
+        ("--retry-max-delay", "PAGOS_RETRY_MAX_DELAY"),
+    ] {
+        let out = pagos_bin()
+            .args([
+                "pay",
+                "--url",
+                "http://127.0.0.1:9",
+                "--api-key",
+                "sk_test_acme",
+            ])
+            .args(PAYMENT)
+            .args([flag, "300000000000y"])
+            .arg("--journal")
+            .arg(dir.path().join("journal.db"))
+            .output()
+            .expect("pagos pay");
+
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(flag) && stderr.contains(env), "{stderr}");
+    }
+}
+
+#[tokio::test]
+async fn a_journal_that_cannot_be_opened_is_a_bad_setting_one_line_exit_2() {
+    let dir = tempfile::tempdir().expect("dir");
+    // Its parent is a file: no directory can be made there.
+    let file = dir.path().join("not-a-directory");
+    std::fs::write(&file, b"").expect("file");
+    let journal = file.join("journal.db");
+    let commands: [&[&str]; 3] = [
+        &[
+            "pay",
+            "--url",
+            "http://127.0.0.1:9",
+            "--api-key",
+            "sk_test_acme",
+        ],
+        &["pay", "--resume", "--api-key", "sk_test_acme"],
+        &[
+            "refund",
+            "--url",
+            "http://127.0.0.1:9",
+            "--api-key",
+            "sk_test_acme",
+        ],
+    ];
+    for command in commands {
+        let mut pagos = pagos_bin();
+        pagos.args(command).arg("--journal").arg(&journal);
+        if command.contains(&"refund") {
+            pagos.args(["--pago", "0193c4a2-7f1e-7c3a-9b0e-2a4d5f6e7a8b"]);
+        } else if !command.contains(&"--resume") {
+            pagos.args(PAYMENT);
+        }
+        let out = pagos.output().expect("pagos");
+
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("--journal") && stderr.contains("PAGOS_JOURNAL"),
+            "{stderr}"
+        );
+    }
+}
+
+/// `pagos pay` ran out its deadline; the operator runs the same command again. The
+/// journal's intent for that payment may have paid: it is resumed with its key, never
+/// made again under a new one. `--new` is the one way to a second payment.
+#[tokio::test]
+async fn pagos_pay_run_again_resumes_the_pending_intent_with_its_key_and_new_makes_another() {
+    let pagos = RealPagos::start(Charge::Pending, Duration::ZERO).await;
+    let first = pagos.pay_usual(&["--deadline", "1s"]).await;
+    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
+    let kept = pagos.journal_pending().await;
+    assert_eq!(kept.len(), 1);
+    let key = kept[0].intent.key().to_string();
+
+    let again = pagos.pay_usual(&["--deadline", "1s"]).await;
+
+    let stderr = text(&again.stderr);
+    assert_eq!(again.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains(&format!("resumed with its Idempotency-Key {key}")),
+        "{stderr}"
+    );
+    assert!(text(&again.stdout).contains(&key));
+    assert_eq!(pagos.payments().await.len(), 1, "one payment, not two");
+    assert_eq!(pagos.charges().await.len(), 1);
+    assert_eq!(pagos.journal_pending().await.len(), 1);
+
+    // The same payment, asked of the same server under another spelling of its URL:
+    // the journal's intent is not sent from here, and no second one is made.
+    let port = pagos.url.rsplit(':').next().expect("port");
+    let elsewhere = tokio::process::Command::from(pagos_bin())
+        .arg("pay")
+        .args(["--url", &format!("http://localhost:{port}")])
+        .args(["--api-key", API_KEY])
+        .arg("--journal")
+        .arg(pagos.journal_path())
+        .args(PAYMENT)
+        .output()
+        .await
+        .expect("pagos pay");
+    let stderr = text(&elsewhere.stderr);
+    assert_eq!(elsewhere.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&key) && stderr.contains("--new"),
+        "{stderr}"
+    );
+    assert_eq!(pagos.payments().await.len(), 1, "nothing was sent");
+
+    let new = pagos.pay_usual(&["--deadline", "1s", "--new"]).await;
+
+    let stderr = text(&new.stderr);
+    assert_eq!(new.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("--new: a new payment"), "{stderr}");
+    let payments = pagos.payments().await;
+    assert_eq!(payments.len(), 2, "--new makes a second payment");
+    assert_ne!(payments[0].idempotency_key, payments[1].idempotency_key);
+    assert_eq!(pagos.journal_pending().await.len(), 2);
+}
+
+/// Intents made with an API key since rotated away are not this key's to resume (the
+/// journal cannot tell whether the two keys are one merchant's): `--resume` leaves them,
+/// and says so with a failing exit, never "everything paid".
+#[tokio::test]
+async fn resume_with_another_api_key_leaves_the_intents_and_exits_1_naming_them() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("journal.db");
+    let journal = pagos_client::Journal::open(&path).await.expect("journal");
+    let url = pagos_client::base_url("http://127.0.0.1:9").expect("url");
+    let request = pagos_client::PaymentRequest::new("42", 250_000, "COP").expect("valid");
+    let intent = pagos_client::Intent::new(request);
+    journal
+        .record(&intent, &url, "sk_test_rotated_away")
+        .await
+        .expect("recorded");
+
+    let out = tokio::process::Command::from(pagos_bin())
+        .args(["pay", "--resume", "--api-key", API_KEY])
+        .arg("--journal")
+        .arg(&path)
+        .output()
+        .await
+        .expect("pagos pay --resume");
+
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("1 intent(s)"), "{stderr}");
+    assert!(stderr.contains(intent.key().as_str()), "{stderr}");
+    assert!(out.stdout.is_empty());
+    assert_eq!(journal.pending().await.expect("pending").len(), 1);
 }
