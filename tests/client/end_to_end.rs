@@ -148,24 +148,29 @@ async fn a_payment_still_pending_at_the_deadline_exits_4_and_stays_in_the_journa
 #[tokio::test]
 async fn a_bad_flag_value_is_one_line_naming_it_and_exits_2() {
     let out = pagos_bin()
-        .args([
-            "pay",
-            "--url",
-            "http://127.0.0.1:9",
-            "--api-key",
-            "sk_test_acme",
-        ])
+        .args(PAY_NOWHERE)
         .args(["--credito", "42", "--monto", "0", "--moneda", "COP"])
         .output()
         .expect("pagos pay");
 
-    assert_eq!(out.status.code(), Some(2));
+    refused_naming(&out, "--monto", "PAGOS_MONTO");
+}
+
+/// `pagos pay` to an address where nothing listens (a refusal comes before any request).
+const PAY_NOWHERE: &[&str] = &[
+    "pay",
+    "--url",
+    "http://127.0.0.1:9",
+    "--api-key",
+    "sk_test_acme",
+];
+
+/// `out` is a bad setting's refusal: exit 2, one line naming `flag` and `env`.
+fn refused_naming(out: &std::process::Output, flag: &str, env: &str) {
     let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-    assert!(
-        stderr.contains("--monto") && stderr.contains("PAGOS_MONTO"),
-        "{stderr}"
-    );
+    assert!(stderr.contains(flag) && stderr.contains(env), "{stderr}");
 }
 
 #[tokio::test]
@@ -268,13 +273,7 @@ async fn a_duration_beyond_any_sane_setting_is_one_line_naming_it_and_exits_2() 
         ("--retry-max-delay", "PAGOS_RETRY_MAX_DELAY"),
     ] {
         let out = pagos_bin()
-            .args([
-                "pay",
-                "--url",
-                "http://127.0.0.1:9",
-                "--api-key",
-                "sk_test_acme",
-            ])
+            .args(PAY_NOWHERE)
             .args(PAYMENT)
             .args([flag, "300000000000y"])
             .arg("--journal")
@@ -282,10 +281,7 @@ async fn a_duration_beyond_any_sane_setting_is_one_line_naming_it_and_exits_2() 
             .output()
             .expect("pagos pay");
 
-        let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
-        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-        assert!(stderr.contains(flag) && stderr.contains(env), "{stderr}");
+        refused_naming(&out, flag, env);
     }
 }
 
@@ -297,13 +293,7 @@ async fn a_journal_that_cannot_be_opened_is_a_bad_setting_one_line_exit_2() {
     std::fs::write(&file, b"").expect("file");
     let journal = file.join("journal.db");
     let commands: [&[&str]; 3] = [
-        &[
-            "pay",
-            "--url",
-            "http://127.0.0.1:9",
-            "--api-key",
-            "sk_test_acme",
-        ],
+        PAY_NOWHERE,
         &["pay", "--resume", "--api-key", "sk_test_acme"],
         &[
             "refund",
@@ -323,13 +313,7 @@ async fn a_journal_that_cannot_be_opened_is_a_bad_setting_one_line_exit_2() {
         }
         let out = pagos.output().expect("pagos");
 
-        let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{command:?}: {stderr}");
-        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-        assert!(
-            stderr.contains("--journal") && stderr.contains("PAGOS_JOURNAL"),
-            "{stderr}"
-        );
+        refused_naming(&out, "--journal", "PAGOS_JOURNAL");
     }
 }
 
