@@ -6,6 +6,7 @@
 
 use super::AppState;
 use super::auth::{Admin, AdminTokenRefused, PaymentNotFound, ReadOnlyRole};
+use super::extract::{self, PathId};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::entities::{payment, payment_transition as transitions};
 use crate::representation::{Pago, RESOLVED_FAILED};
@@ -15,7 +16,8 @@ use crate::saga::state::{Event, PaymentState};
 use crate::saga::store::{self, Actor, Changes, Written};
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Query, State};
 use chrono::SecondsFormat;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::{Deserialize, Serialize};
@@ -187,7 +189,7 @@ fn not_found() -> ApiError {
 async fn payment_detail(
     State(state): State<AppState>,
     _admin: Admin,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<DetallePago>, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
     let p = store::find_payment(&state.db, id)
@@ -253,9 +255,10 @@ pub struct PedidoReconciliacion {
 async fn run_reconciliation(
     State(state): State<AppState>,
     admin: Admin,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Report>, ApiError> {
     admin.may_act()?;
+    let body = extract::bytes(body)?;
     let request: PedidoReconciliacion = if body.iter().all(u8::is_ascii_whitespace) {
         PedidoReconciliacion::default()
     } else {
@@ -338,11 +341,12 @@ pub struct Resolucion {
 async fn resolve(
     State(state): State<AppState>,
     admin: Admin,
-    Path(id): Path<String>,
-    body: Bytes,
+    PathId(id): PathId,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DetallePago>, ApiError> {
     admin.may_act()?;
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
+    let body = extract::bytes(body)?;
     let request: Resolucion = serde_json::from_slice(&body).map_err(|e| {
         bad_request(format!(
             "expected {{\"estado\":\"COMPLETADA\"|\"FALLIDA\",\"motivo\":\"…\"}}: {e}"

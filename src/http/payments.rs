@@ -5,6 +5,7 @@
 
 use super::AppState;
 use super::auth::{ApiKeyRefused, Merchant};
+use super::extract::PathId;
 use super::problem::{
     ApiError, BodyTooLarge, NoSuchPayment, NotJson, Problem, ProblemType, RetryWithSameKey,
 };
@@ -18,8 +19,8 @@ use crate::saga::store::{Actor, When};
 use crate::saga::{self};
 use axum::Json;
 use axum::extract::DefaultBodyLimit;
+use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
@@ -357,7 +358,7 @@ async fn create_payment(
 async fn get_payment(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Response, ApiError> {
     let not_found = || problem(ProblemType::NotFound, "No payment with this id.");
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;

@@ -9,6 +9,7 @@
 
 use super::AppState;
 use super::auth::{Admin, AdminTokenRefused, ApiKeyRefused, Merchant, PaymentNotFound};
+use super::extract::PathId;
 use super::payments::{Body, MAX_BODY, body, idempotency_key, problem, validation_failed};
 use super::problem::{
     ApiError, BodyTooLarge, NoSuchPayment, NotJson, Problem, ProblemType, RetryWithSameKey,
@@ -23,8 +24,8 @@ use crate::saga::refund::{self as refunds, Actor};
 use crate::saga::state::PaymentState;
 use axum::Json;
 use axum::extract::DefaultBodyLimit;
+use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use pagos_types::{NewRefund, Reembolso};
@@ -310,7 +311,7 @@ async fn answer_current(
 async fn create_refund(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     headers: HeaderMap,
     json: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -345,7 +346,7 @@ async fn create_refund(
 async fn get_refund(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Reembolso>, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| not_found("refund"))?;
     let found = store::find_for_merchant(&state.db, merchant, id)
@@ -370,7 +371,7 @@ async fn get_refund(
 async fn list_refunds(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<ListaReembolsos>, ApiError> {
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
     let id = Uuid::parse_str(&id).map_err(|_| not_found("payment"))?;
@@ -409,7 +410,7 @@ async fn list_refunds(
 async fn admin_refund(
     State(state): State<AppState>,
     admin: Admin,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     headers: HeaderMap,
     json: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -508,7 +509,7 @@ pub struct DetalleReembolso {
 async fn resolve_refund(
     State(state): State<AppState>,
     admin: Admin,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     body: axum::body::Bytes,
 ) -> Result<Json<DetalleReembolso>, ApiError> {
     admin.may_act()?;
