@@ -72,8 +72,10 @@ impl PagoAdmin {
     }
 }
 
+/// On-call's list of payments in a state. Named apart from the merchant's search page
+/// (`ListaPagos`): the OpenAPI document keeps one schema per name.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ListaPagos {
+pub struct ListaPagosAdmin {
     pub pagos: Vec<PagoAdmin>,
 }
 
@@ -97,7 +99,7 @@ fn bad_request(detail: impl Into<String>) -> ApiError {
     security(("admin_token" = [])),
     params(ListQuery),
     responses(
-        (status = 200, description = "Payments, oldest first", body = ListaPagos),
+        (status = 200, description = "Payments, oldest first", body = ListaPagosAdmin),
         AdminTokenRefused,
         (status = 422, description = "Unknown state or bad limit", body = Problem, content_type = "application/problem+json"),
     )
@@ -106,7 +108,7 @@ async fn list_payments(
     State(state): State<AppState>,
     _admin: Admin,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<ListaPagos>, ApiError> {
+) -> Result<Json<ListaPagosAdmin>, ApiError> {
     let Query(query) =
         query.map_err(|e| bad_request(format!("{e}: use ?estado=ENVIADA&limite=50")))?;
     let estado: PaymentState = query.estado.parse().map_err(|_| {
@@ -124,7 +126,7 @@ async fn list_payments(
         .limit(limit)
         .all(&state.db)
         .await?;
-    Ok(Json(ListaPagos {
+    Ok(Json(ListaPagosAdmin {
         pagos: rows.iter().map(PagoAdmin::of).collect(),
     }))
 }
