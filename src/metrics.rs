@@ -28,6 +28,33 @@ pub struct OutcomeLabel {
     pub outcome: &'static str,
 }
 
+/// What a request under an `Idempotency-Key` asked for: keys are scoped per operation, so
+/// a key's hash alone does not say which table holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keyed {
+    /// `POST /v1/pagos`: the key is on `idempotency_keys` (and the payment).
+    Payment,
+    /// `POST /v1/pagos/{id}/reembolsos` and on-call's `POST /admin/pagos/{id}/reembolsos`:
+    /// the key is on the refund's own row.
+    Refund,
+}
+
+impl Keyed {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Keyed::Payment => "payment",
+            Keyed::Refund => "refund",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyedLabel {
+    /// `payment` or `refund` (`Keyed`).
+    pub operation: &'static str,
+    pub outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GatewayLabel {
     pub operation: &'static str,
@@ -67,8 +94,9 @@ pub const DEFAULT_REFRESH: Duration = Duration::from_secs(15);
 
 pub struct Metrics {
     registry: Registry,
-    /// `POST /v1/pagos` by what the idempotency registry decided.
-    pub idempotency: Family<OutcomeLabel, Counter>,
+    /// Requests under an `Idempotency-Key` (payments and refunds) by what their key's row
+    /// decided.
+    pub idempotency: Family<KeyedLabel, Counter>,
     pub gateway_calls: Family<GatewayLabel, Counter>,
     pub gateway_latency: Family<OperationLabel, Histogram>,
     pub reconciler_decisions: Family<DecisionLabel, Counter>,
@@ -93,9 +121,11 @@ pub struct Metrics {
     pub oldest_undelivered_event_age: Gauge<f64, AtomicU64>,
     /// Webhook endpoints `DESACTIVADO`.
     pub webhook_endpoints_disabled: Gauge,
-    /// Replays of frozen answers by where they were read: `memory` or `database`.
+    /// Replays of frozen answers by operation and where they were read: `memory` or
+    /// `database`.
     pub replays: Family<SourceLabel, Counter>,
-    /// Share of replays served from memory since the process started, set when scraped.
+    /// Share of payment replays served from memory since the process started, set when
+    /// scraped (refund answers are never cached: their replays are left out).
     pub replay_cache_hit_ratio: Gauge<f64, AtomicU64>,
     /// Entries and bytes held by the replay cache, set when scraped.
     pub replay_cache_entries: Gauge,
@@ -104,7 +134,9 @@ pub struct Metrics {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
-    /// `memory` (the replay cache) or `database`.
+    /// `payment` or `refund` (`Keyed`).
+    pub operation: &'static str,
+    /// `memory` (the replay cache, payments only) or `database`.
     pub source: &'static str,
 }
 
@@ -123,10 +155,10 @@ impl Metrics {
     pub fn refreshed_every(refresh: Duration) -> Self {
         let every = humantime::format_duration(refresh);
         let mut registry = Registry::with_prefix("pagos");
-        let idempotency = Family::<OutcomeLabel, Counter>::default();
+        let idempotency = Family::<KeyedLabel, Counter>::default();
         registry.register(
             "idempotency_requests",
-            "Payment requests by idempotency outcome (new, replayed, unsettled, in_flight, mismatch)",
+            "Requests under an Idempotency-Key by operation (payment, refund) and outcome (new, replayed, unsettled, in_flight, mismatch)",
             idempotency.clone(),
         );
         let gateway_calls = Family::<GatewayLabel, Counter>::default();
@@ -236,13 +268,13 @@ impl Metrics {
         let replays = Family::<SourceLabel, Counter>::default();
         registry.register(
             "replays",
-            "Replays of frozen answers by where they were read: memory (the replay cache) or database",
+            "Replays of frozen answers by operation (payment, refund) and where they were read: memory (the replay cache, payments only) or database",
             replays.clone(),
         );
         let replay_cache_hit_ratio = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "replay_cache_hit_ratio",
-            "Share of replays served from the replay cache since the process started (at scrape time; 0 before the first replay)",
+            "Share of payment replays served from the replay cache since the process started (at scrape time; 0 before the first replay)",
             replay_cache_hit_ratio.clone(),
         );
         let replay_cache_entries = Gauge::default();
@@ -283,20 +315,38 @@ impl Metrics {
         }
     }
 
-    pub fn idempotency_outcome(&self, outcome: &'static str) {
+    /// What a request under a key of `operation` got: `new`, `replayed`, `unsettled`,
+    /// `in_flight` (409) or `mismatch` (422).
+    pub fn idempotency_outcome(&self, operation: Keyed, outcome: &'static str) {
         self.idempotency
-            .get_or_create(&OutcomeLabel { outcome })
+            .get_or_create(&KeyedLabel {
+                operation: operation.as_str(),
+                outcome,
+            })
             .inc();
     }
 
     /// A replay served, from `memory` or the `database`.
-    pub fn replay(&self, source: &'static str) {
-        self.replays.get_or_create(&SourceLabel { source }).inc();
+    pub fn replay(&self, operation: Keyed, source: &'static str) {
+        self.replays
+            .get_or_create(&SourceLabel {
+                operation: operation.as_str(),
+                source,
+            })
+            .inc();
     }
 
-    /// Sets the replay cache's gauges from what it holds and the replays counted so far.
+    /// Sets the replay cache's gauges from what it holds and the payment replays counted
+    /// so far (the cache holds payments' answers only).
     pub fn observe_replay_cache(&self, entries: u64, bytes: u64) {
-        let read = |source| self.replays.get_or_create(&SourceLabel { source }).get();
+        let read = |source| {
+            self.replays
+                .get_or_create(&SourceLabel {
+                    operation: Keyed::Payment.as_str(),
+                    source,
+                })
+                .get()
+        };
         let (memory, database) = (read("memory"), read("database"));
         let total = memory + database;
         self.replay_cache_hit_ratio.set(if total == 0 {

@@ -39,7 +39,7 @@ fn metrics_named_in(text: &str) -> BTreeSet<String> {
 fn exported() -> BTreeSet<String> {
     use pagos::metrics::{LimitLabel, RouteLabel, StateLabel};
     let metrics = pagos::metrics::Metrics::new();
-    metrics.idempotency_outcome("new");
+    metrics.idempotency_outcome(pagos::metrics::Keyed::Payment, "new");
     metrics
         .webhook_deliveries
         .get_or_create(&pagos::metrics::OutcomeLabel {

@@ -6,6 +6,7 @@
 
 use super::AppState;
 use super::auth::{Admin, AdminTokenRefused, PaymentNotFound, ReadOnlyRole};
+use super::extract::{self, PathId};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::entities::{payment, payment_transition as transitions};
 use crate::representation::{Pago, RESOLVED_FAILED};
@@ -15,7 +16,8 @@ use crate::saga::state::{Event, PaymentState};
 use crate::saga::store::{self, Actor, Changes, Written};
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Query, State};
 use chrono::SecondsFormat;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::{Deserialize, Serialize};
@@ -70,8 +72,10 @@ impl PagoAdmin {
     }
 }
 
+/// On-call's list of payments in a state. Named apart from the merchant's search page
+/// (`ListaPagos`): the OpenAPI document keeps one schema per name.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ListaPagos {
+pub struct ListaPagosAdmin {
     pub pagos: Vec<PagoAdmin>,
 }
 
@@ -95,7 +99,7 @@ fn bad_request(detail: impl Into<String>) -> ApiError {
     security(("admin_token" = [])),
     params(ListQuery),
     responses(
-        (status = 200, description = "Payments, oldest first", body = ListaPagos),
+        (status = 200, description = "Payments, oldest first", body = ListaPagosAdmin),
         AdminTokenRefused,
         (status = 422, description = "Unknown state or bad limit", body = Problem, content_type = "application/problem+json"),
     )
@@ -104,7 +108,7 @@ async fn list_payments(
     State(state): State<AppState>,
     _admin: Admin,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<ListaPagos>, ApiError> {
+) -> Result<Json<ListaPagosAdmin>, ApiError> {
     let Query(query) =
         query.map_err(|e| bad_request(format!("{e}: use ?estado=ENVIADA&limite=50")))?;
     let estado: PaymentState = query.estado.parse().map_err(|_| {
@@ -122,7 +126,7 @@ async fn list_payments(
         .limit(limit)
         .all(&state.db)
         .await?;
-    Ok(Json(ListaPagos {
+    Ok(Json(ListaPagosAdmin {
         pagos: rows.iter().map(PagoAdmin::of).collect(),
     }))
 }
@@ -187,7 +191,7 @@ fn not_found() -> ApiError {
 async fn payment_detail(
     State(state): State<AppState>,
     _admin: Admin,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<DetallePago>, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
     let p = store::find_payment(&state.db, id)
@@ -253,9 +257,10 @@ pub struct PedidoReconciliacion {
 async fn run_reconciliation(
     State(state): State<AppState>,
     admin: Admin,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Report>, ApiError> {
     admin.may_act()?;
+    let body = extract::bytes(body)?;
     let request: PedidoReconciliacion = if body.iter().all(u8::is_ascii_whitespace) {
         PedidoReconciliacion::default()
     } else {
@@ -338,11 +343,12 @@ pub struct Resolucion {
 async fn resolve(
     State(state): State<AppState>,
     admin: Admin,
-    Path(id): Path<String>,
-    body: Bytes,
+    PathId(id): PathId,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DetallePago>, ApiError> {
     admin.may_act()?;
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
+    let body = extract::bytes(body)?;
     let request: Resolucion = serde_json::from_slice(&body).map_err(|e| {
         bad_request(format!(
             "expected {{\"estado\":\"COMPLETADA\"|\"FALLIDA\",\"motivo\":\"…\"}}: {e}"

@@ -9,6 +9,7 @@
 
 use super::AppState;
 use super::auth::{ApiKeyRefused, Merchant};
+use super::extract::{self, PathId};
 use super::problem::{ApiError, NotJson, NotThisShape, Problem, ProblemType};
 use crate::delivery::guard::{self, SystemResolver};
 use crate::delivery::signing::Secret;
@@ -16,7 +17,8 @@ use crate::domain::FieldError;
 use crate::entities::webhook_endpoint as endpoints;
 use crate::outbox::endpoints::{self as store, NewEndpoint};
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -176,9 +178,9 @@ async fn create_endpoint(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let request: NuevoEndpoint = json_body(&headers, &body, None)?;
+    let request: NuevoEndpoint = json_body(&headers, &extract::bytes(body)?, None)?;
     let policy = state.settings.webhooks.policy();
     let mut errors = Vec::new();
     let url = match guard::parse(request.url.trim(), policy) {
@@ -277,7 +279,7 @@ async fn list_endpoints(
 async fn delete_endpoint(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<StatusCode, ApiError> {
     let id = parse_id(&id)?;
     if store::delete(&state.db, merchant, id).await? {
@@ -306,7 +308,7 @@ async fn delete_endpoint(
 async fn rotate_secret(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<axum::Json<WebhookEndpoint>, ApiError> {
     let id = parse_id(&id)?;
     let secret = Secret::generate();
@@ -337,12 +339,16 @@ async fn rotate_secret(
 async fn reactivate(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<axum::Json<WebhookEndpoint>, ApiError> {
     let id = parse_id(&id)?;
-    let request: Reactivacion = json_body(&headers, &body, Some(Reactivacion::default()))?;
+    let request: Reactivacion = json_body(
+        &headers,
+        &extract::bytes(body)?,
+        Some(Reactivacion::default()),
+    )?;
     let since = match request.reenviar_desde.as_deref() {
         None => None,
         Some(text) => Some(

@@ -5,11 +5,12 @@
 
 use super::AppState;
 use super::auth::{ApiKeyRefused, Merchant};
+use super::extract::PathId;
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::domain::FieldError;
 use crate::outbox::events as store;
 use axum::Json;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use chrono::{DateTime, SecondsFormat, Utc};
 use pagos_types::Evento;
 use serde::Serialize;
@@ -205,7 +206,7 @@ async fn list_events(
 async fn get_event(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<DetalleEvento>, ApiError> {
     let not_found = || -> ApiError {
         Problem::new(ProblemType::NotFound)

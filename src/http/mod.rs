@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod auth;
 pub mod console;
+pub mod extract;
 pub mod ops;
 pub mod payments;
 pub mod problem;

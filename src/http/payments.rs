@@ -5,20 +5,22 @@
 
 use super::AppState;
 use super::auth::{ApiKeyRefused, Merchant};
+use super::extract::PathId;
 use super::problem::{
     ApiError, BodyTooLarge, NoSuchPayment, NotJson, Problem, ProblemType, RetryWithSameKey,
 };
 use crate::domain::{FieldError, NewPayment};
 use crate::entities::payment;
 use crate::idempotency::{self, Begin, IdempotencyKey, KeyError};
+use crate::metrics::Keyed;
 use crate::representation::{Answer, Pago, answer};
 use crate::saga::state::PaymentState;
 use crate::saga::store::{Actor, When};
 use crate::saga::{self};
 use axum::Json;
 use axum::extract::DefaultBodyLimit;
+use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
@@ -242,13 +244,9 @@ async fn create_payment(
         },
     };
     let key_hash = idempotency::key_hash(&key);
-    state.metrics.idempotency_outcome(match &begun {
-        Begin::Started(_) => "new",
-        Begin::Replay { .. } => "replayed",
-        Begin::Unsettled { .. } => "unsettled",
-        Begin::InFlight { .. } => "in_flight",
-        Begin::Mismatch => "mismatch",
-    });
+    state
+        .metrics
+        .idempotency_outcome(Keyed::Payment, begun.outcome());
     match begun {
         Begin::Started(p) => {
             tracing::info!(payment_id = %p.id, %key_hash, "payment registered");
@@ -269,9 +267,10 @@ async fn create_payment(
             answer,
             from_memory,
         } => {
-            state
-                .metrics
-                .replay(if from_memory { "memory" } else { "database" });
+            state.metrics.replay(
+                Keyed::Payment,
+                if from_memory { "memory" } else { "database" },
+            );
             // DEBUG: a replay changes nothing and is counted in `pagos_replays_total`;
             // a line per replay cost more than the replay itself.
             tracing::debug!(%payment_id, %key_hash, from_memory, "replaying the stored answer");
@@ -324,7 +323,7 @@ async fn create_payment(
             Ok(response)
         }
         Begin::InFlight { retry_after } => {
-            tracing::info!(%merchant, %key_hash, "duplicate while the first request is in flight");
+            tracing::info!(operation = "payment", %merchant, %key_hash, "duplicate while the first request is in flight");
             // The lease bounds how long the first request can take; most finish far
             // sooner, so suggest a short wait (a 409 costs one query).
             let seconds = retry_after.as_secs_f64().ceil().clamp(1.0, 2.0) as u64;
@@ -334,7 +333,7 @@ async fn create_payment(
                 .into())
         }
         Begin::Mismatch => {
-            tracing::info!(%merchant, %key_hash, "key reused with another body");
+            tracing::info!(operation = "payment", %merchant, %key_hash, "key reused with another body");
             Err(problem(
                 ProblemType::KeyReused,
                 "This Idempotency-Key was already used with a different request. Use a new key for a new payment.",
@@ -359,7 +358,7 @@ async fn create_payment(
 async fn get_payment(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Response, ApiError> {
     let not_found = || problem(ProblemType::NotFound, "No payment with this id.");
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;

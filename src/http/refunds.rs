@@ -9,6 +9,7 @@
 
 use super::AppState;
 use super::auth::{Admin, AdminTokenRefused, ApiKeyRefused, Merchant, PaymentNotFound};
+use super::extract::PathId;
 use super::payments::{Body, MAX_BODY, body, idempotency_key, problem, validation_failed};
 use super::problem::{
     ApiError, BodyTooLarge, NoSuchPayment, NotJson, Problem, ProblemType, RetryWithSameKey,
@@ -16,14 +17,15 @@ use super::problem::{
 use crate::entities::idempotency_key as keys;
 use crate::entities::refund::{self, KeyScope};
 use crate::idempotency::{self, Begin, IdempotencyKey};
+use crate::metrics::Keyed;
 use crate::representation::{Answer, reembolso, refund_answer};
 use crate::saga::refund::store::{self, Registered, Registration};
 use crate::saga::refund::{self as refunds, Actor};
 use crate::saga::state::PaymentState;
 use axum::Json;
 use axum::extract::DefaultBodyLimit;
+use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use pagos_types::{NewRefund, Reembolso};
@@ -182,6 +184,7 @@ async fn begin_and_answer(
                 .into())
         }
         Registered::Started(r) => {
+            state.metrics.idempotency_outcome(Keyed::Refund, "new");
             tracing::info!(refund_id = %r.id, payment_id = %r.payment_id, %key_hash, "refund registered");
             crate::failpoint::hit("refund_after_register");
             let deps = state.saga_deps();
@@ -196,26 +199,44 @@ async fn begin_and_answer(
 }
 
 /// What a request with a key already taken gets: its frozen answer, 409 while the first
-/// request works, 422 for another body, else the refund's current state.
+/// request works, 422 for another body, else the refund's current state. Counted and
+/// logged as a payment's (`pagos_idempotency_requests_total{operation="refund"}`,
+/// `pagos_replays_total`), with the same log lines: a merchant looping on a refund key
+/// shows as one looping on a payment's. The lines also name the refund, its payment and
+/// the key's scope, so on-call need not look the key up.
 async fn answer_taken(
     state: &AppState,
     existing: refund::Model,
     fingerprint: &str,
     key_hash: &impl std::fmt::Display,
 ) -> Result<Response, ApiError> {
-    match idempotency::decide(&key_row(&existing), fingerprint, crate::db::now()) {
-        Begin::Mismatch => Err(problem(
-            ProblemType::KeyReused,
-            "This Idempotency-Key was already used with a different request. Use a new key for a new refund.",
-        )),
-        Begin::Replay {
-            payment_id, answer, ..
-        } => {
+    let begun = idempotency::decide(&key_row(&existing), fingerprint, crate::db::now());
+    state
+        .metrics
+        .idempotency_outcome(Keyed::Refund, begun.outcome());
+    let (merchant, refund_id, payment_id, scope) = (
+        existing.merchant_id,
+        existing.id,
+        existing.payment_id,
+        existing.key_scope.as_str(),
+    );
+    match begun {
+        Begin::Mismatch => {
+            tracing::info!(operation = "refund", %merchant, %refund_id, %payment_id, scope, %key_hash, "key reused with another body");
+            Err(problem(
+                ProblemType::KeyReused,
+                "This Idempotency-Key was already used with a different request. Use a new key for a new refund.",
+            ))
+        }
+        Begin::Replay { answer, .. } => {
+            // Refund answers are not cached: every replay is read from the database.
+            state.metrics.replay(Keyed::Refund, "database");
             // DEBUG, as a payment's replay: it changes nothing and is counted.
-            tracing::debug!(refund_id = %payment_id, %key_hash, "replaying the stored refund answer");
-            Ok(respond(payment_id, answer.into(), true))
+            tracing::debug!(%refund_id, %key_hash, "replaying the stored refund answer");
+            Ok(respond(refund_id, answer.into(), true))
         }
         Begin::InFlight { retry_after } => {
+            tracing::info!(operation = "refund", %merchant, %refund_id, %payment_id, scope, %key_hash, "duplicate while the first request is in flight");
             let seconds = retry_after.as_secs_f64().ceil().clamp(1.0, 2.0) as u64;
             Err(Problem::new(ProblemType::RequestInFlight)
                 .detail("The first request with this Idempotency-Key is still being processed. Retry after the time in Retry-After.")
@@ -290,7 +311,7 @@ async fn answer_current(
 async fn create_refund(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     headers: HeaderMap,
     json: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -325,7 +346,7 @@ async fn create_refund(
 async fn get_refund(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Reembolso>, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| not_found("refund"))?;
     let found = store::find_for_merchant(&state.db, merchant, id)
@@ -350,7 +371,7 @@ async fn get_refund(
 async fn list_refunds(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<ListaReembolsos>, ApiError> {
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
     let id = Uuid::parse_str(&id).map_err(|_| not_found("payment"))?;
@@ -389,7 +410,7 @@ async fn list_refunds(
 async fn admin_refund(
     State(state): State<AppState>,
     admin: Admin,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     headers: HeaderMap,
     json: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -488,7 +509,7 @@ pub struct DetalleReembolso {
 async fn resolve_refund(
     State(state): State<AppState>,
     admin: Admin,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     body: axum::body::Bytes,
 ) -> Result<Json<DetalleReembolso>, ApiError> {
     admin.may_act()?;

@@ -6,7 +6,7 @@ use super::auth::{ApiKeyRefused, Merchant};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::domain::FieldError;
 use crate::entities::payment;
-use crate::representation::{Pago, pago};
+use crate::representation::{Pago, pago_with_refunds};
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use chrono::{DateTime, Utc};
@@ -28,6 +28,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// A page of payments.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ListaPagos {
+    /// Each as `GET /v1/pagos/{id}` shows it, with `montoReembolsado`.
     pagos: Vec<Pago>,
     /// The `cursor` of the next page; null on the last one.
     siguiente: Option<String>,
@@ -186,8 +187,15 @@ async fn search_payments(
     let siguiente = (page.len() as u64 == search.limit)
         .then(|| page.last().map(|p| p.id.to_string()))
         .flatten();
+    // Each item as `GET /v1/pagos/{id}` shows it, `montoReembolsado` included: the
+    // page's refunds in one query, not one per payment.
+    let ids: Vec<Uuid> = page.iter().map(|p| p.id).collect();
+    let refunded = crate::saga::refund::store::refunded_amounts(&state.db, &ids).await?;
     Ok(Json(ListaPagos {
-        pagos: page.iter().map(pago).collect(),
+        pagos: page
+            .iter()
+            .map(|p| pago_with_refunds(p, refunded.get(&p.id).copied().unwrap_or(0)))
+            .collect(),
         siguiente,
     }))
 }

@@ -22,7 +22,7 @@ use crate::webhooks::{self, ChargeEvent, SOURCE_HTTP, SOURCE_MERCADOPAGO, SOURCE
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, RawQuery, State};
 use axum::http::StatusCode;
 use axum::http::{HeaderMap, header};
@@ -688,29 +688,42 @@ impl From<webhook_charge::Model> for CargoHuerfano {
     responses(
         (status = 200, description = "Orphan charges, oldest first", body = [CargoHuerfano]),
         (status = 401, description = "Missing or wrong admin token, or PAGOS_ADMIN_TOKEN unset", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`limite` is not a whole number between 1 and 1000", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`limite` is not a whole number between 1 and 1000, or is given more than once (`errores` names it)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn list_orphan_charges(
     State(state): State<AppState>,
     _admin: Admin,
-    Query(query): Query<OrphanQuery>,
+    query: Result<Query<OrphanQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let bad_limit = |detalle: String| -> ApiError {
+        Problem::new(ProblemType::Validation)
+            .detail("Correct the parameters listed in `errores`.")
+            .with(
+                "errores",
+                [FieldError {
+                    campo: "limite".into(),
+                    detalle,
+                }],
+            )
+            .into()
+    };
+    // `limite` is the only parameter read, so a query that does not read is about it
+    // (given twice).
+    let Query(query) = query.map_err(|e| {
+        bad_limit(format!(
+            "{}: give it once, a whole number between 1 and {MAX_LIMIT}",
+            e.body_text()
+        ))
+    })?;
     let limit = match query.limite.as_deref() {
         None => DEFAULT_LIMIT,
         Some(raw) => match raw.parse::<u64>() {
             Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
             _ => {
-                return Err(Problem::new(ProblemType::Validation)
-                    .detail("Correct the parameters listed in `errores`.")
-                    .with(
-                        "errores",
-                        [FieldError {
-                            campo: "limite".into(),
-                            detalle: format!("a whole number between 1 and {MAX_LIMIT}"),
-                        }],
-                    )
-                    .into());
+                return Err(bad_limit(format!(
+                    "a whole number between 1 and {MAX_LIMIT}"
+                )));
             }
         },
     };

@@ -41,6 +41,20 @@ pub enum Begin {
     Mismatch,
 }
 
+impl Begin {
+    /// The decision's name in `pagos_idempotency_requests_total{outcome}`, the same for
+    /// payments and refunds.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Begin::Started(_) => "new",
+            Begin::Replay { .. } => "replayed",
+            Begin::Unsettled { .. } => "unsettled",
+            Begin::InFlight { .. } => "in_flight",
+            Begin::Mismatch => "mismatch",
+        }
+    }
+}
+
 /// The decision for a key row that already exists. Pure.
 pub fn decide(existing: &keys::Model, fingerprint: &str, now: DateTime<Utc>) -> Begin {
     if existing.fingerprint != fingerprint {

@@ -1,12 +1,13 @@
 //! Bad requests: each gets the contract's status as problem+json and leaves nothing
 //! behind, so the same key works afterwards with a corrected request.
 
-use crate::helpers::{API_KEY, Backend, Charge, json, payment_body};
+use crate::helpers::{ADMIN_TOKEN, API_KEY, Backend, Charge, json, payment_body, problem, send};
 use crate::on_both_databases;
 
 on_both_databases!(
     every_bad_request_is_a_problem_that_stores_nothing,
     a_key_rejected_for_a_bad_body_can_be_used_again,
+    a_request_whose_path_query_or_body_cannot_be_read_is_a_problem_never_plain_text,
 );
 
 struct Case {
@@ -218,4 +219,72 @@ async fn a_key_rejected_for_a_bad_body_can_be_used_again(backend: Backend) {
     let fixed = app.pay("k-fix", &payment_body()).await;
     assert_eq!(fixed.status(), 201);
     assert!(fixed.headers().get("idempotent-replayed").is_none());
+}
+
+async fn a_request_whose_path_query_or_body_cannot_be_read_is_a_problem_never_plain_text(
+    backend: Backend,
+) {
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
+
+    // An admin list's parameter given twice: answered as the other admin list answers it.
+    let orphans = problem(
+        app.admin_get("/admin/cargos-huerfanos?limite=1&limite=2")
+            .await,
+        422,
+        "orphan charges, limite twice",
+    )
+    .await;
+    let payments = problem(
+        app.admin_get("/admin/pagos?estado=ENVIADA&limite=1&limite=2")
+            .await,
+        422,
+        "payments, limite twice",
+    )
+    .await;
+    for body in [&orphans, &payments] {
+        assert_eq!(body["type"], "/problems/validation-failed", "{body}");
+        assert_eq!(body["status"], 422, "{body}");
+    }
+    assert_eq!(orphans["errores"][0]["campo"], "limite", "{orphans}");
+
+    // An id that is not UTF-8 once percent-decoded: the route's own 404, as for any id it
+    // does not know.
+    let not_text = "%FF";
+    let reads = [
+        (API_KEY, format!("/v1/pagos/{not_text}")),
+        (API_KEY, format!("/v1/pagos/{not_text}/reembolsos")),
+        (API_KEY, format!("/v1/reembolsos/{not_text}")),
+        (API_KEY, format!("/v1/eventos/{not_text}")),
+        (ADMIN_TOKEN, format!("/admin/pagos/{not_text}")),
+    ];
+    for (token, path) in &reads {
+        let body = problem(app.get_as(token, path).await, 404, path).await;
+        assert_eq!(body["type"], "/problems/not-found", "{path}");
+    }
+    let refund = format!("/v1/pagos/{not_text}/reembolsos");
+    let refused = app
+        .post_keyed(API_KEY, &refund, "k-refund", &serde_json::json!({}))
+        .await;
+    problem(refused, 404, &refund).await;
+    let endpoint = format!("/v1/webhook-endpoints/{not_text}");
+    problem(app.delete_as(API_KEY, &endpoint).await, 404, &endpoint).await;
+    let resolution = format!("/admin/pagos/{not_text}/resolucion");
+    let body = serde_json::json!({"estado": "FALLIDA", "motivo": "x"});
+    problem(app.admin_post(&resolution, &body).await, 404, &resolution).await;
+
+    // A body over the limit of an endpoint that reads it whole.
+    let big = vec![b' '; 3 * 1024 * 1024];
+    for (token, path) in [
+        (API_KEY, "/v1/webhook-endpoints"),
+        (ADMIN_TOKEN, "/admin/reconciliaciones"),
+    ] {
+        let request = app
+            .http
+            .post(app.url(path))
+            .bearer_auth(token)
+            .header("Content-Type", "application/json")
+            .body(big.clone());
+        let body = problem(send(request).await, 413, path).await;
+        assert_eq!(body["type"], "/problems/body-too-large", "{path}");
+    }
 }

@@ -13,6 +13,7 @@ on_both_databases!(
     a_login_opens_a_strict_http_only_session_and_a_bad_token_does_not,
     a_console_form_without_its_csrf_token_is_refused_and_changes_nothing,
     an_operador_refunds_from_the_console_once_however_often_the_form_is_sent,
+    a_hand_edited_console_url_gets_a_page_never_plain_text,
 );
 
 fn client() -> reqwest::Client {
@@ -601,4 +602,44 @@ async fn an_operador_refunds_from_the_console_once_however_often_the_form_is_sen
     let (html, _) = page_with_csrf(&app, &session, "/consola/").await;
     assert!(html.contains("id=\"refund-queue\""), "{html}");
     assert!(html.contains(&format!("/consola/pagos/{id}")), "{html}");
+}
+
+async fn a_hand_edited_console_url_gets_a_page_never_plain_text(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let session = session_cookie(&log_in(&app, ADMIN_TOKEN).await);
+    let id = uuid::Uuid::new_v4();
+    // A parameter given twice reads as no parameters; an id that is not UTF-8 once
+    // percent-decoded is an id the console does not know.
+    for (cookie, path, status) in [
+        (
+            Some(&session),
+            "/consola/?pagina=2&pagina=3".to_owned(),
+            200,
+        ),
+        (
+            Some(&session),
+            "/consola/pagos?estado=ENVIADA&estado=FALLIDA&q=x".to_owned(),
+            200,
+        ),
+        (
+            Some(&session),
+            "/consola/webhooks?hecho=a&hecho=b".to_owned(),
+            200,
+        ),
+        (
+            Some(&session),
+            format!("/consola/pagos/{id}?hecho=a&hecho=b"),
+            404,
+        ),
+        (Some(&session), "/consola/pagos/%FF".to_owned(), 404),
+        (None, "/consola/login?salida=1&salida=2".to_owned(), 200),
+    ] {
+        let answer = get_page(&app, cookie.map(String::as_str), &path).await;
+        assert_eq!(answer.status(), status, "{path}");
+        let content_type = answer.headers()["content-type"].to_str().expect("text");
+        assert!(
+            content_type.starts_with("text/html"),
+            "{path}: {content_type}"
+        );
+    }
 }

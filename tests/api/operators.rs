@@ -12,6 +12,7 @@ on_both_databases!(
     an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_operator,
     a_lector_reads_but_gets_403_on_every_write_and_nothing_changes,
     a_revoked_or_unknown_operator_token_gets_401,
+    a_resolution_writes_the_charge_it_names_and_an_audit_reason_naming_the_operator,
 );
 
 /// A payment the reconciler gave up on: `REVISION_MANUAL`. Needs `--give-up-after 1s`.
@@ -87,6 +88,37 @@ async fn an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_oper
         .await;
     let last = crate::helpers::last_transition(&detail);
     assert_eq!(last["operador"], "admin", "{last}");
+}
+
+/// What runbooks/revision-manual.md tells on-call to expect of a resolution.
+async fn a_resolution_writes_the_charge_it_names_and_an_audit_reason_naming_the_operator(
+    backend: Backend,
+) {
+    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let ana = operator(&app, "ana", Role::Operador).await;
+    let id = payment_under_review(&app, "k-op-ref").await;
+
+    let detail = app
+        .resolved_as(
+            &ana,
+            &id,
+            &json!({"estado": "COMPLETADA", "motivo": "  INC-7: ch_found succeeded  ", "gatewayRef": " ch_found "}),
+        )
+        .await;
+    assert_eq!(detail["pago"]["gatewayRef"], "ch_found", "{detail}");
+    let last = crate::helpers::last_transition(&detail);
+    assert_eq!(last["desde"], "REVISION_MANUAL", "{last}");
+    assert_eq!(last["quien"], "admin", "{last}");
+    assert_eq!(last["operador"], "ana", "{last}");
+    assert_eq!(
+        last["motivo"], "resolved by ana (on-call): INC-7: ch_found succeeded",
+        "{last}"
+    );
+    // The merchant's retry replays the settled payment, with the charge on-call named.
+    let replay = app.pay("k-op-ref", &payment_body()).await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(replay).await["gatewayRef"], "ch_found");
 }
 
 async fn a_lector_reads_but_gets_403_on_every_write_and_nothing_changes(backend: Backend) {

@@ -8,6 +8,7 @@ use serde_json::json;
 on_both_databases!(
     payments_are_searched_newest_first_a_page_at_a_time_and_only_the_merchants,
     bad_search_parameters_are_refused_with_a_problem,
+    each_payment_a_search_finds_is_shown_as_its_read_shows_it_with_its_refunded_amount,
 );
 
 async fn payments_are_searched_newest_first_a_page_at_a_time_and_only_the_merchants(
@@ -99,6 +100,52 @@ async fn payments_are_searched_newest_first_a_page_at_a_time_and_only_the_mercha
 
 fn urlencode(text: &str) -> String {
     url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+async fn each_payment_a_search_finds_is_shown_as_its_read_shows_it_with_its_refunded_amount(
+    backend: Backend,
+) {
+    use crate::refunds::{app_with, paid, refund};
+    let (app, fake) = app_with(backend, &[]).await;
+    let refunded = paid(&app, "pay-1").await;
+    let untouched = paid(&app, "pay-2").await;
+    for (key, monto) in [("ref-1", 30000), ("ref-2", 20000)] {
+        let answer = refund(&app, &refunded, key, &json!({"monto": monto})).await;
+        assert_eq!(answer.status(), 201, "{key}");
+    }
+    // A refund the gateway refused gives nothing back, and is not counted.
+    fake.refunding("failed");
+    let refused = refund(&app, &refunded, "ref-3", &json!({"monto": 10000})).await;
+    assert_eq!(refused.status(), 422);
+
+    let page = json(app.get_as(API_KEY, "/v1/pagos").await).await;
+    let found = page["pagos"].as_array().expect("pagos");
+    assert_eq!(found.len(), 2);
+    for p in found {
+        let id = p["id"].as_str().expect("id");
+        let read = json(app.get_as(API_KEY, &format!("/v1/pagos/{id}")).await).await;
+        assert_eq!(*p, read, "the search shows {id} as its read does");
+        let expected = if id == refunded { 50000 } else { 0 };
+        assert_eq!(p["montoReembolsado"], expected, "{id}");
+    }
+    assert!(found.iter().any(|p| p["id"] == untouched.as_str()));
+
+    // And the document says so: the search's payments are `Pago`, which has it.
+    let doc = app.openapi().await;
+    let ok = &doc["paths"]["/v1/pagos"]["get"]["responses"]["200"]["content"]["application/json"]["schema"];
+    let list = ok["$ref"].as_str().expect("a named list");
+    let list = &doc["components"]["schemas"][list.rsplit('/').next().expect("name")];
+    assert_eq!(
+        list["properties"]["pagos"]["items"]["$ref"], "#/components/schemas/Pago",
+        "{list}"
+    );
+    let monto = &doc["components"]["schemas"]["Pago"]["properties"]["montoReembolsado"];
+    assert!(
+        monto["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("GET /v1/pagos`")),
+        "{monto}"
+    );
 }
 
 async fn bad_search_parameters_are_refused_with_a_problem(backend: Backend) {

@@ -418,9 +418,9 @@ async fn metrics_count_idempotency_outcomes_and_gateway_calls(backend: Backend) 
         })
         .await;
     for line in [
-        "pagos_idempotency_requests_total{outcome=\"new\"} 1",
-        "pagos_idempotency_requests_total{outcome=\"replayed\"} 1",
-        "pagos_idempotency_requests_total{outcome=\"mismatch\"} 1",
+        "pagos_idempotency_requests_total{operation=\"payment\",outcome=\"new\"} 1",
+        "pagos_idempotency_requests_total{operation=\"payment\",outcome=\"replayed\"} 1",
+        "pagos_idempotency_requests_total{operation=\"payment\",outcome=\"mismatch\"} 1",
         "pagos_gateway_calls_total{operation=\"charge\",outcome=\"succeeded\"} 1",
         "pagos_payments{estado=\"COMPLETADA\"} 1",
         "pagos_payments{estado=\"ENVIADA\"} 0",

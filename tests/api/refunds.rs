@@ -18,6 +18,7 @@ on_both_databases!(
     partial_refunds_add_up_and_the_last_one_takes_what_is_left,
     the_same_refund_twice_refunds_once_and_replays_the_answer_byte_for_byte,
     a_refund_key_reused_with_another_body_is_422_and_a_payments_key_is_not_a_refunds,
+    refund_key_conflicts_and_replays_are_counted_like_a_payments,
     a_refund_over_what_is_left_is_422_with_restante_and_stores_nothing,
     a_payment_that_is_not_completada_cannot_be_refunded,
     another_merchants_payment_and_refund_are_404,
@@ -334,6 +335,67 @@ async fn a_refund_key_reused_with_another_body_is_422_and_a_payments_key_is_not_
     let replay = app.pay("shared-key", &payment_body()).await;
     assert_eq!(replay.status(), 201);
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
+}
+
+/// The counter `series` (its name and labels, as rendered) in `text`; 0 while absent (a
+/// counter is rendered from its first increment).
+fn counter(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn refund_key_conflicts_and_replays_are_counted_like_a_payments(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    let refunds = |outcome: &str| {
+        format!("pagos_idempotency_requests_total{{operation=\"refund\",outcome=\"{outcome}\"}}")
+    };
+    let replays = r#"pagos_replays_total{operation="refund",source="database"}"#;
+    let payments = r#"pagos_idempotency_requests_total{operation="payment",outcome="new"}"#;
+    let before = app.metrics().await;
+
+    let body = json!({"monto": 1000});
+    assert_eq!(refund(&app, &payment, "ref-1", &body).await.status(), 201);
+    let replayed = refund(&app, &payment, "ref-1", &body).await;
+    assert_eq!(replayed.headers()["idempotent-replayed"], "true");
+    let reused = refund(&app, &payment, "ref-1", &json!({"monto": 2000})).await;
+    assert_eq!(reused.status(), 422);
+    assert_eq!(
+        json(reused).await["type"],
+        "/problems/idempotency-key-reused"
+    );
+
+    // In flight: a refund pending at the gateway, whose lease another request holds (as
+    // a request of another process does while the gateway answers it).
+    fake.refunding("pending");
+    let pending = refund(&app, &payment, "ref-2", &body).await;
+    assert_eq!(pending.status(), 202);
+    let id = uuid::Uuid::parse_str(json(pending).await["id"].as_str().expect("id")).expect("uuid");
+    {
+        use pagos::entities::refund;
+        use sea_orm::sea_query::Expr;
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+        let held = pagos::db::now() + chrono::TimeDelta::minutes(1);
+        refund::Entity::update_many()
+            .col_expr(refund::Column::LeaseUntil, Expr::value(Some(held)))
+            .filter(refund::Column::Id.eq(id))
+            .exec(&app.db)
+            .await
+            .expect("lease the refund");
+    }
+    let busy = refund(&app, &payment, "ref-2", &body).await;
+    assert_eq!(busy.status(), 409);
+    assert_eq!(json(busy).await["type"], "/problems/request-in-flight");
+
+    let after = app.metrics().await;
+    let moved = |series: &str| counter(&after, series) - counter(&before, series);
+    assert_eq!(moved(&refunds("new")), 2.0, "{after}");
+    assert_eq!(moved(&refunds("replayed")), 1.0, "{after}");
+    assert_eq!(moved(&refunds("mismatch")), 1.0, "{after}");
+    assert_eq!(moved(&refunds("in_flight")), 1.0, "{after}");
+    assert_eq!(moved(replays), 1.0, "{after}");
+    assert_eq!(moved(payments), 0.0, "a refund is not counted as a payment");
 }
 
 async fn a_refund_over_what_is_left_is_422_with_restante_and_stores_nothing(backend: Backend) {

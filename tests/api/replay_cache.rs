@@ -65,10 +65,19 @@ async fn replays_after_the_first_are_served_from_memory_byte_for_byte(backend: B
 
     let text = scrape(&app).await;
     assert_eq!(
-        metric(&text, "pagos_replays_total{source=\"database\"}"),
+        metric(
+            &text,
+            "pagos_replays_total{operation=\"payment\",source=\"database\"}"
+        ),
         1.0
     );
-    assert_eq!(metric(&text, "pagos_replays_total{source=\"memory\"}"), 2.0);
+    assert_eq!(
+        metric(
+            &text,
+            "pagos_replays_total{operation=\"payment\",source=\"memory\"}"
+        ),
+        2.0
+    );
     let ratio = metric(&text, "pagos_replay_cache_hit_ratio");
     assert!((ratio - 2.0 / 3.0).abs() < 1e-9, "hit ratio {ratio}");
     assert_eq!(metric(&text, "pagos_replay_cache_entries"), 1.0);
@@ -108,7 +117,13 @@ async fn the_same_request_written_otherwise_is_replayed_from_memory(backend: Bac
     let (status, _, problem) = answer(&app, "k-forms", &other).await;
     assert_eq!(status, 422, "{problem}");
     let text = scrape(&app).await;
-    assert_eq!(metric(&text, "pagos_replays_total{source=\"memory\"}"), 2.0);
+    assert_eq!(
+        metric(
+            &text,
+            "pagos_replays_total{operation=\"payment\",source=\"memory\"}"
+        ),
+        2.0
+    );
     assert_eq!(app.charges_seen().await.len(), 1, "one charge");
 }
 
@@ -161,7 +176,10 @@ async fn with_no_replay_cache_every_replay_reads_the_database(backend: Backend) 
     );
     let text = scrape(&app).await;
     assert_eq!(
-        metric(&text, "pagos_replays_total{source=\"database\"}"),
+        metric(
+            &text,
+            "pagos_replays_total{operation=\"payment\",source=\"database\"}"
+        ),
         1.0
     );
     assert_eq!(metric(&text, "pagos_replay_cache_entries"), 0.0);
@@ -207,7 +225,10 @@ async fn without_the_cache_a_taken_key_gets_every_answer_from_its_stored_row(bac
     assert_eq!(fake.total_charges(), 1, "charged once");
     let text = scrape(&app).await;
     assert_eq!(
-        metric(&text, "pagos_replays_total{source=\"database\"}"),
+        metric(
+            &text,
+            "pagos_replays_total{operation=\"payment\",source=\"database\"}"
+        ),
         1.0
     );
 }

@@ -15,13 +15,14 @@ mod webhooks;
 use super::AppState;
 use super::admin::{self, Transicion};
 use super::auth::{self, Admin};
+use super::extract::PathId;
 use super::problem::ApiError;
 use crate::entities::payment::PaymentState;
 use crate::entities::{merchant, payment, payment_transition as transitions, webhook_charge};
 use crate::operators;
 use axum::Router;
 use axum::extract::rejection::FormRejection;
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{FromRequestParts, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -32,6 +33,7 @@ use maud::{Markup, html};
 use sea_orm::sea_query::Condition;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 pub use session::Sessions;
 use session::{LOGIN_COOKIE, SESSION_COOKIE, SESSION_LIFETIME, Session};
 use std::collections::HashMap;
@@ -219,6 +221,23 @@ impl FromRequestParts<AppState> for Console {
 /// The client address failed logins are counted by.
 struct Client(Option<IpAddr>);
 
+/// The query as `T`, or `T::default()` when it does not read as one (a parameter given
+/// twice): a hand-edited URL gets the page without its parameters, as it gets the first
+/// page for a page number that is not one, never axum's plain-text 400.
+struct Lenient<T>(T);
+
+impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequestParts<S> for Lenient<T> {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let query = Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(query)| query)
+            .unwrap_or_default();
+        Ok(Lenient(query))
+    }
+}
+
 impl FromRequestParts<AppState> for Client {
     type Rejection = std::convert::Infallible;
 
@@ -271,7 +290,7 @@ fn error_page(console: &Console, err: ApiError) -> Response {
 
 // ---------------------------------------------------------------- login and logout
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 struct LoginQuery {
     salida: Option<String>,
 }
@@ -303,7 +322,7 @@ fn login_page(status: StatusCode, message: Option<(&str, &str)>, headers: &Heade
 async fn login_form(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Query(query): Query<LoginQuery>,
+    Lenient(query): Lenient<LoginQuery>,
 ) -> Response {
     if let Some(value) = session::cookie(&headers, SESSION_COOKIE)
         && state.console.find(value).await.is_some()
@@ -415,7 +434,7 @@ async fn logout(
 
 // ---------------------------------------------------------------- lists
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 struct PageQuery {
     pagina: Option<String>,
 }
@@ -548,7 +567,7 @@ fn payment_table(
 async fn queue(
     State(state): State<AppState>,
     console: Console,
-    Query(query): Query<PageQuery>,
+    Lenient(query): Lenient<PageQuery>,
 ) -> Response {
     match queue_page(&state, &console, page_number(query.pagina.as_deref())).await {
         Ok(markup) => markup.into_response(),
@@ -642,7 +661,7 @@ async fn queue_page(state: &AppState, console: &Console, page_no: u64) -> Result
     Ok(page("Needs attention", Some(&console.who()), body))
 }
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 struct SearchQuery {
     estado: Option<String>,
     q: Option<String>,
@@ -662,7 +681,7 @@ const STATES: [PaymentState; 5] = [
 async fn search(
     State(state): State<AppState>,
     console: Console,
-    Query(query): Query<SearchQuery>,
+    Lenient(query): Lenient<SearchQuery>,
 ) -> Response {
     match search_page(&state, &console, query).await {
         Ok(markup) => markup.into_response(),
@@ -743,7 +762,7 @@ async fn search_page(
 
 // ---------------------------------------------------------------- one payment
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 struct DetailQuery {
     hecho: Option<String>,
 }
@@ -755,8 +774,8 @@ fn parse_id(id: &str) -> Option<Uuid> {
 async fn payment_page(
     State(state): State<AppState>,
     console: Console,
-    Path(id): Path<String>,
-    Query(query): Query<DetailQuery>,
+    PathId(id): PathId,
+    Lenient(query): Lenient<DetailQuery>,
 ) -> Response {
     let done = match query.hecho.as_deref() {
         Some("resuelto") => Some((
@@ -1096,7 +1115,7 @@ fn timeline_entry(t: &Transicion) -> Markup {
 async fn reconcile_payment(
     State(state): State<AppState>,
     console: Console,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Response {
     let uuid = match console.acting_on_payment(form, |f| f.csrf.as_deref(), &id) {
@@ -1128,7 +1147,7 @@ struct ResolveForm {
 async fn resolve_payment(
     State(state): State<AppState>,
     console: Console,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     form: Result<Form<ResolveForm>, FormRejection>,
 ) -> Response {
     let (form, uuid) = match console.acting_on_payment(form, |f| f.csrf.as_deref(), &id) {
@@ -1165,7 +1184,7 @@ struct RefundForm {
 async fn refund_payment(
     State(state): State<AppState>,
     console: Console,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     form: Result<Form<RefundForm>, FormRejection>,
 ) -> Response {
     let (form, uuid) = match console.acting_on_payment(form, |f| f.csrf.as_deref(), &id) {

@@ -2,14 +2,15 @@
 //! their last attempts, and reactivation with redelivery (the merchant API's own
 //! `outbox::endpoints::reactivate`).
 
-use super::{Console, LECTOR_REFUSED, error_page, refused};
+use super::{Console, LECTOR_REFUSED, Lenient, error_page, refused};
 use crate::entities::webhook_endpoint::EndpointState;
 use crate::entities::{merchant, webhook_attempt as attempts, webhook_endpoint as endpoints};
 use crate::http::AppState;
+use crate::http::extract::PathId;
 use crate::http::problem::ApiError;
 use axum::Form;
+use axum::extract::State;
 use axum::extract::rejection::FormRejection;
-use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::TimeDelta;
 use maud::{Markup, html};
@@ -23,7 +24,7 @@ use super::view::{notice, page, time};
 /// Attempts shown per endpoint.
 const LAST_ATTEMPTS: u64 = 5;
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 pub(super) struct WebhooksQuery {
     hecho: Option<String>,
 }
@@ -31,7 +32,7 @@ pub(super) struct WebhooksQuery {
 pub(super) async fn list(
     State(state): State<AppState>,
     console: Console,
-    Query(query): Query<WebhooksQuery>,
+    Lenient(query): Lenient<WebhooksQuery>,
 ) -> Response {
     let done = query
         .hecho
@@ -161,7 +162,7 @@ pub(super) struct ReactivateForm {
 pub(super) async fn reactivate(
     State(state): State<AppState>,
     console: Console,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     form: Result<Form<ReactivateForm>, FormRejection>,
 ) -> Response {
     let form = match console.acting_form(form, |f| f.csrf.as_deref()) {

@@ -28,6 +28,7 @@ use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
     QueryOrder, QuerySelect, Statement, TryInsertResult, Value,
 };
+use std::collections::HashMap;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -149,6 +150,29 @@ async fn total(
 /// The payment's `montoReembolsado`: its `COMPLETADO` refunds.
 pub async fn refunded_amount(db: &impl ConnectionTrait, payment: Uuid) -> Result<i64, DbErr> {
     sum_in(db, payment, &[RefundState::Completado]).await
+}
+
+/// `refunded_amount` of each of `payments`, in one query (a page of a search); a payment
+/// with no `COMPLETADO` refund is absent (0).
+pub async fn refunded_amounts(
+    db: &impl ConnectionTrait,
+    payments: &[Uuid],
+) -> Result<HashMap<Uuid, i64>, DbErr> {
+    if payments.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let sums: Vec<(Uuid, i64)> = refund::Entity::find()
+        .filter(refund::Column::PaymentId.is_in(payments.iter().copied()))
+        .filter(refund::Column::State.eq(RefundState::Completado))
+        .select_only()
+        .column(refund::Column::PaymentId)
+        // PostgreSQL's SUM of a bigint is a numeric: cast back.
+        .expr_as(Expr::cust(r#"CAST(SUM("amount") AS BIGINT)"#), "total")
+        .group_by(refund::Column::PaymentId)
+        .into_tuple()
+        .all(db)
+        .await?;
+    Ok(sums.into_iter().collect())
 }
 
 /// What pagos' refunds of one charge of a payment that have not failed add up to:
