@@ -13,6 +13,7 @@ on_both_databases!(
     no_charge_inside_the_key_window_is_resent_with_the_same_key,
     a_look_up_answering_another_payments_charge_is_not_believed,
     no_charge_outside_the_key_window_goes_to_review_without_a_resend,
+    never_sent_past_the_key_window_goes_to_review_without_a_send,
     a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it,
     admin_endpoints_refuse_a_missing_or_wrong_token,
     the_admin_list_shows_payments_in_a_state_oldest_first,
@@ -230,6 +231,44 @@ async fn no_charge_outside_the_key_window_goes_to_review_without_a_resend(backen
         .clone();
     assert!(
         reason.as_str().is_some_and(|r| r.contains("key window")),
+        "{reason}"
+    );
+}
+
+/// A payment whose records say it was never sent (`EN_PROCESO`), past the gateway's key
+/// window: a database restored from before its send would say the same, and the gateway
+/// no longer remembers the key. It goes to on-call; nothing is sent.
+async fn never_sent_past_the_key_window_goes_to_review_without_a_send(backend: Backend) {
+    use sea_orm::EntityTrait;
+    let app = crate::helpers::started(backend, &["--gateway-key-window", "1s"]).await;
+    let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
+    let merchant = crate::helpers::acme(&app.db).await;
+    let row = crate::helpers::left_payment(
+        merchant,
+        "k-restored",
+        pagos::entities::payment::PaymentState::EnProceso,
+        0,
+        "pagos-restored-gateway-key".into(),
+        pagos::db::now() - chrono::TimeDelta::seconds(5),
+    );
+    let id = row.id.to_string();
+    pagos::entities::payment::Entity::insert(pagos::entities::payment::ActiveModel::from(row))
+        .exec_without_returning(&app.db)
+        .await
+        .expect("seed");
+
+    report(1, "revisionManual")(&app.reconcile(&id).await);
+    assert_eq!(fake.charges_for(&id), 0, "nothing sent");
+    assert!(
+        app.charges_seen().await.is_empty(),
+        "no charge request at all"
+    );
+    let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
+    let reason = crate::helpers::last_transition(&detail)["motivo"].clone();
+    assert!(
+        reason
+            .as_str()
+            .is_some_and(|r| r.contains("key window") && r.contains("restored")),
         "{reason}"
     );
 }

@@ -189,8 +189,25 @@ pub fn decide<S: Reconciled>(facts: &Facts<'_, S>, horizons: &Horizons) -> Decis
     let words = S::WORDS;
     let subject = words.subject;
     match facts.state.stage() {
-        // Never sent: sending is safe, but charging a customer days after they paid is
-        // a decision for a person.
+        // Never sent, as pagos' records say. Inside the gateway's key window a send is
+        // safe whatever they say: a send they lost (a database restored from before it,
+        // a failover that lost its last commits) is answered from the gateway's memory
+        // of the key, not charged again. Past it nothing guards a send the records lost:
+        // a person decides. And charging a customer days after they paid is a decision
+        // for a person too.
+        Stage::NeverSent if age + horizons.resend_margin >= horizons.key_window => {
+            Decision::Escalate(format!(
+                "{subject}never sent as pagos' records say, registered {} ago, past the gateway's key window ({}): a send the records lost (a database restored from before it) is no longer remembered by the gateway, so sending now could {} twice{}",
+                human(age),
+                human(horizons.key_window),
+                words.held,
+                if age > horizons.give_up_after {
+                    words.never_sent_late
+                } else {
+                    ""
+                }
+            ))
+        }
         Stage::NeverSent if age > horizons.give_up_after => Decision::Escalate(format!(
             "{subject}never sent, and registered {} ago{}",
             human(age),
@@ -305,6 +322,37 @@ mod tests {
             decide_at(PaymentState::EnProceso, TimeDelta::hours(3), None),
             Decision::Send
         );
+    }
+
+    /// A restored database may have forgotten that a payment was sent: past the key
+    /// window a send is never made on its records' word.
+    #[test]
+    fn a_payment_never_sent_past_the_key_window_goes_to_on_call_not_to_the_gateway() {
+        let now = Utc::now();
+        let horizons = Horizons {
+            key_window: TimeDelta::hours(1),
+            resend_margin: TimeDelta::minutes(1),
+            give_up_after: TimeDelta::hours(24),
+        };
+        let at = |age: TimeDelta| {
+            decide(
+                &Facts {
+                    state: PaymentState::EnProceso,
+                    created_at: now - age,
+                    now,
+                    lookup: None,
+                },
+                &horizons,
+            )
+        };
+        assert_eq!(at(TimeDelta::minutes(58)), Decision::Send);
+        for age in [TimeDelta::minutes(59), TimeDelta::hours(2)] {
+            let decided = at(age);
+            assert!(
+                matches!(decided, Decision::Escalate(ref why) if why.contains("key window") && why.contains("charge twice")),
+                "{age}: {decided:?}"
+            );
+        }
     }
 
     #[test]
