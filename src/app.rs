@@ -362,6 +362,8 @@ impl Drop for AbortOnDrop {
 pub const DEMO_API_KEY: &str = "sk_sandbox_demo";
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    // Installed first: from here on a SIGTERM is a graceful stop.
+    let signalled_now = crate::signals::shutdown_signal();
     if !crate::outbox::ON {
         tracing::warn!(
             "built with bench-without-outbox: no event is written, no merchant is told; a benchmark yardstick, never a deployment"
@@ -406,12 +408,40 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         stopped.clone(),
     ));
     let delivering = tokio::spawn(dispatcher::run_periodically(dispatcher_of(&state), stopped));
-    let served = serve_doors(listener, admin, state, crate::signals::shutdown_signal()).await;
+    let grace = state.settings.shutdown_grace;
+    let stop = std::sync::Arc::new(stop);
+    let signalled = std::sync::Arc::new(std::sync::OnceLock::new());
+    let signal = {
+        let (stop, signalled) = (stop.clone(), signalled.clone());
+        async move {
+            signalled_now.await;
+            let _ = signalled.set(tokio::time::Instant::now());
+            // The workers take no new work from now on, beside the requests' drain: a
+            // reconciliation pass claims nothing more, the delivery worker starts no
+            // attempt, the reaper ends its purge.
+            let _ = stop.send(true);
+        }
+    };
+    let served = serve_doors(listener, admin, state, signal).await;
     let _ = stop.send(true);
-    // A pass in progress finishes its payments; each of its writes is atomic anyway.
-    let _ = reconciling.await;
-    let _ = reaping.await;
-    let _ = delivering.await;
+    // What the workers have in hand finishes (each write atomic anyway), within the
+    // grace counted from the signal; what is still running then is dropped with the
+    // process, its claims running out as after a crash.
+    let deadline = signalled
+        .get()
+        .copied()
+        .unwrap_or_else(tokio::time::Instant::now)
+        + grace;
+    let workers = async {
+        let _ = reconciling.await;
+        let _ = reaping.await;
+        let _ = delivering.await;
+    };
+    if tokio::time::timeout_at(deadline, workers).await.is_err() {
+        tracing::warn!(
+            "background work still running at the end of PAGOS_SHUTDOWN_GRACE is left: its claims run out and another pass takes it, as after a crash"
+        );
+    }
     served
 }
 
@@ -445,7 +475,7 @@ pub async fn reconcile_once(settings: Settings) -> anyhow::Result<std::process::
     pin_gateway(&db, &settings).await?;
     let gateway = gateway_from(&settings)?;
     let state = build(db, settings, gateway);
-    let report = reconcile::run_pass(&state.reconciler)
+    let report = reconcile::run_pass(&state.reconciler, None)
         .await
         .context("reconciliation pass")?;
     #[allow(clippy::print_stdout)]

@@ -532,7 +532,7 @@ pub async fn reconcile_now(
             async move {
                 match pago_id {
                     Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
-                    None => reconcile::run_pass(&reconciler).await,
+                    None => reconcile::run_pass(&reconciler, None).await,
                 }
             }
             .in_current_span(),

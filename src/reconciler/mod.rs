@@ -8,15 +8,18 @@
 use crate::saga::reconcile::{Reconciler, run_pass};
 use std::time::Duration;
 
-/// Passes every `every`, the first at once, until `stop` fires. A pass in progress
-/// finishes its payments first; each of its writes is atomic anyway.
+/// Passes every `every`, the first at once, until `stop` fires. A pass in progress then
+/// claims nothing more: the payments in its work finish (each write atomic anyway), and
+/// those it claimed but had not taken up are due again once their claims run out, as
+/// after a crash. A backlog never holds a shutdown past its grace.
 pub async fn run_periodically(
     reconciler: Reconciler,
     every: Duration,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let stopping = stop.clone();
     crate::signals::every(every, stop, || async {
-        if let Err(err) = run_pass(&reconciler).await {
+        if let Err(err) = run_pass(&reconciler, Some(&stopping)).await {
             tracing::error!(error = %err, "reconciliation pass failed; retrying next period");
         }
     })

@@ -679,6 +679,11 @@ impl FakeGateway {
         self
     }
 
+    /// How many look-ups have arrived.
+    pub fn lookups_made(&self) -> usize {
+        self.lock().lookups.len()
+    }
+
     /// The most look-ups that were in flight at once: each is in flight from its arrival
     /// for the look-up delay.
     pub fn most_lookups_at_once(&self) -> usize {

@@ -10,6 +10,7 @@ use std::time::Duration;
 on_both_databases!(
     on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer,
     past_the_grace_a_saga_in_flight_is_left_to_the_reconciler_and_charged_once,
+    on_sigterm_a_reconciliation_pass_claims_nothing_more_and_leaves_the_rest_due,
 );
 
 impl World {
@@ -187,4 +188,102 @@ fn a_bad_shutdown_grace_stops_serve_with_one_line_naming_it() {
         .output()
         .expect("pagos runs");
     assert!(String::from_utf8_lossy(&help.stdout).contains("PAGOS_SHUTDOWN_GRACE"));
+}
+
+/// A backlog after an outage: 40 payments due, look-ups answered after half a second, two
+/// at a time (a pass of ten seconds). On `SIGTERM` the pass claims nothing more: the
+/// look-ups in its work finish and are settled, the rest stay `ENVIADA` for the next
+/// process, and the process exits without waiting for the whole backlog.
+async fn on_sigterm_a_reconciliation_pass_claims_nothing_more_and_leaves_the_rest_due(
+    backend: Backend,
+) {
+    use pagos::entities::payment::{self, PaymentState};
+    use sea_orm::EntityTrait;
+    const BACKLOG: usize = 40;
+    let world = World::new(
+        backend,
+        FakeGateway::charging("succeeded").with_lookup_delay(Duration::from_millis(500)),
+    )
+    .await;
+    let merchant = crate::helpers::acme(&world.db).await;
+    let due = pagos::db::now() - chrono::TimeDelta::minutes(1);
+    for n in 0..BACKLOG {
+        let row = crate::helpers::left_payment(
+            merchant,
+            &format!("k-backlog-{n}"),
+            PaymentState::Enviada,
+            1,
+            format!("pagos-backlog-{n}"),
+            due,
+        );
+        world.fake.preload(&row.id.to_string(), "succeeded");
+        payment::Entity::insert(payment::ActiveModel::from(row))
+            .exec_without_returning(&world.db)
+            .await
+            .expect("seed");
+    }
+    let url = world.gateway.uri();
+    let mut server = Serve::start(
+        &[
+            "--database-url",
+            &world.database.url,
+            "--gateway",
+            "http",
+            "--gateway-url",
+            &url,
+            "--gateway-timeout",
+            "2s",
+            "--reconcile-every",
+            "1s",
+            "--reconcile-concurrency",
+            "2",
+            "--shutdown-grace",
+            "15s",
+        ],
+        &[],
+    )
+    .await;
+    for _ in 0..200 {
+        if world.fake.lookups_made() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let before = world.fake.lookups_made();
+    assert!(before >= 2, "the pass is under way");
+
+    server.terminate();
+    let status = server
+        .exited(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("pagos exited:\n{}", server.logs()));
+    assert!(
+        status.success(),
+        "a clean exit: {status}\n{}",
+        server.logs()
+    );
+    let after = world.fake.lookups_made();
+    assert!(
+        after <= before + 4,
+        "no more claims after SIGTERM: {before} look-ups then, {after} in all (the work in hand is at most twice the concurrency)"
+    );
+    let all = payment::Entity::find().all(&world.db).await.expect("query");
+    let settled = all
+        .iter()
+        .filter(|p| p.state == PaymentState::Completada)
+        .count();
+    let left = all
+        .iter()
+        .filter(|p| p.state == PaymentState::Enviada)
+        .count();
+    assert_eq!(settled + left, BACKLOG, "nothing half-written");
+    assert!(
+        left >= BACKLOG - after,
+        "the rest left due for the next process"
+    );
+    assert_eq!(
+        world.fake.total_charges(),
+        BACKLOG,
+        "nothing charged by the pass"
+    );
 }

@@ -149,13 +149,17 @@ impl Handled {
 /// One pass over every payment due when it started, then over the refunds due
 /// (`work::pass`: a pipeline of `reconcile_concurrency` look-ups, each payment a task of
 /// its own).
-pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
+///
+/// With `stop` (`serve`'s), a stop signal ends it early: no more claims, the work in hand
+/// finishes, and what is left is due again once its claims run out.
+pub async fn run_pass(r: &Reconciler, stop: Option<&work::Stop>) -> Result<Report, sea_orm::DbErr> {
     let mut report = Report::default();
-    let payments = work::pass::<payment::Entity>(&r.saga, r.bounds(), r.concurrency, |outcome| {
-        r.metrics.decision(outcome.metric());
-        report.pagos.add(outcome);
-    })
-    .await;
+    let payments =
+        work::pass::<payment::Entity>(&r.saga, r.bounds(), r.concurrency, stop, |outcome| {
+            r.metrics.decision(outcome.metric());
+            report.pagos.add(outcome);
+        })
+        .await;
     if let Err(err) = payments {
         if !report.pagos.is_empty() {
             tracing::info!(?report, "reconciliation pass cut short");
@@ -164,7 +168,7 @@ pub async fn run_pass(r: &Reconciler) -> Result<Report, sea_orm::DbErr> {
     }
     // Refunds left in between, after the payments (a pass's refunds are few).
     report.reembolsos =
-        crate::saga::refund::reconcile::run_pass(&r.saga, &r.refund_limits()).await?;
+        crate::saga::refund::reconcile::run_pass(&r.saga, &r.refund_limits(), stop).await?;
     r.metrics.reconciler_passes.inc();
     if !report.pagos.is_empty() {
         tracing::info!(?report, "reconciliation pass done");

@@ -72,6 +72,10 @@ pub struct Bounds {
     pub claim_for: Duration,
 }
 
+/// What tells a pass to stop: `serve`'s stop signal (`true` once `SIGTERM` arrived). An
+/// on-demand pass (on-call's, `pagos reconcile --once`) has none and runs to its end.
+pub type Stop = tokio::sync::watch::Receiver<bool>;
+
 /// One pass over every row of `E` due when it started: payments or refunds. Rows
 /// rescheduled during the pass are left for the next one, so a pass always ends. `each`
 /// is told what became of every row examined.
@@ -96,6 +100,7 @@ pub async fn pass<E>(
     deps: &SagaDeps,
     bounds: Bounds,
     concurrency: u32,
+    stop: Option<&Stop>,
     mut each: impl FnMut(Handled),
 ) -> Result<(), DbErr>
 where
@@ -115,6 +120,12 @@ where
     let mut more = true;
     let mut claim_failed = None;
     loop {
+        // Told to stop (SIGTERM): no more claims, and the rows claimed but not taken up
+        // are left, their claims running out as after a crash; those in the work finish.
+        if stop.is_some_and(|stop| *stop.borrow()) {
+            more = false;
+            in_hand.clear();
+        }
         while in_flight.len() < working
             && let Some(row) = in_hand.pop_front()
         {

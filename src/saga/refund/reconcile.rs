@@ -86,12 +86,17 @@ impl From<RefundState> for Handled {
 
 /// One pass over every refund due when it started, as payments are passed over
 /// (`work::pass`: a pipeline of `concurrency` look-ups, each refund a task of its own).
-pub async fn run_pass(deps: &SagaDeps, limits: &RefundLimits) -> Result<Tally, sea_orm::DbErr> {
+pub async fn run_pass(
+    deps: &SagaDeps,
+    limits: &RefundLimits,
+    stop: Option<&work::Stop>,
+) -> Result<Tally, sea_orm::DbErr> {
     let mut report = Tally::default();
-    let done = work::pass::<refund::Entity>(deps, limits.bounds(), limits.concurrency, |handled| {
-        report.add(handled)
-    })
-    .await;
+    let done =
+        work::pass::<refund::Entity>(deps, limits.bounds(), limits.concurrency, stop, |handled| {
+            report.add(handled)
+        })
+        .await;
     if !report.is_empty() {
         tracing::info!(?report, "refund reconciliation pass done");
     }
