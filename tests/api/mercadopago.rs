@@ -529,29 +529,20 @@ async fn outcome(answer: reqwest::Response) -> String {
 }
 
 /// A payment Mercado Pago left pending, on an app of its own, and what Mercado Pago says of
-/// it when asked afterwards (`then`, as of 2026-12-02 11:00 in Bogotá).
-struct Pending {
-    app: TestApp,
-    fake: FakeMercadoPago,
-    /// The payment's pagos id.
-    id: String,
-    /// Its Mercado Pago id, as notifications name it.
-    data_id: String,
-}
-
-async fn pending_then(backend: Backend, key: &str, then: &str) -> Pending {
+/// it when asked afterwards (`then`, as of 2026-12-02 11:00 in Bogotá): the app, the
+/// fake, the payment's pagos id and its Mercado Pago id (as notifications name it).
+async fn pending_then(
+    backend: Backend,
+    key: &str,
+    then: &str,
+) -> (TestApp, FakeMercadoPago, String, String) {
     let app = spawn(backend, &[]).await;
     let fake = FakeMercadoPago::new("payment_pending");
     fake.mount(app.gateway()).await;
     let id = pending_payment(&app, key).await;
     let data_id = mp_id(&id).to_string();
     fake.set(&id, then, "2026-12-02T11:00:00.000-05:00");
-    Pending {
-        app,
-        fake,
-        id,
-        data_id,
-    }
+    (app, fake, id, data_id)
 }
 
 /// A payment Mercado Pago left pending (cash at Efecty); returns its id.
@@ -566,12 +557,7 @@ async fn pending_payment(app: &TestApp, key: &str) -> String {
 async fn a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_is_refused(
     backend: Backend,
 ) {
-    let Pending {
-        app,
-        fake: _,
-        id,
-        data_id,
-    } = pending_then(backend, "k-wh", "payment_approved").await;
+    let (app, _fake, id, data_id) = pending_then(backend, "k-wh", "payment_approved").await;
 
     let body = notification(7001, &data_id);
     let now = chrono::Utc::now().timestamp();
@@ -606,12 +592,7 @@ async fn a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_i
 }
 
 async fn a_duplicated_notification_applies_once_and_asks_mercadopago_once(backend: Backend) {
-    let Pending {
-        app,
-        fake: _,
-        id,
-        data_id,
-    } = pending_then(backend, "k-dup", "payment_approved").await;
+    let (app, _fake, id, data_id) = pending_then(backend, "k-dup", "payment_approved").await;
 
     assert_eq!(
         outcome(notify(&app, 7002, &data_id).await).await,
@@ -645,12 +626,7 @@ async fn a_duplicated_notification_applies_once_and_asks_mercadopago_once(backen
 async fn a_notification_mercadopago_cannot_be_asked_about_is_refused_with_503_and_nothing_recorded(
     backend: Backend,
 ) {
-    let Pending {
-        app,
-        fake,
-        id,
-        data_id,
-    } = pending_then(backend, "k-503", "payment_rejected").await;
+    let (app, fake, id, data_id) = pending_then(backend, "k-503", "payment_rejected").await;
     fake.reads_fail(true);
 
     let answer = notify(&app, 7004, &data_id).await;
@@ -698,12 +674,7 @@ async fn a_refund_of_a_completed_payment_sends_it_to_manual_review(backend: Back
 async fn a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_asked(
     backend: Backend,
 ) {
-    let Pending {
-        app,
-        fake: _,
-        id,
-        data_id,
-    } = pending_then(backend, "k-ts", "payment_approved").await;
+    let (app, _fake, id, data_id) = pending_then(backend, "k-ts", "payment_approved").await;
     let body = notification(7100, &data_id);
     let now = chrono::Utc::now().timestamp();
     // Correctly signed, 330 s either side of now (a margin for a slow machine: the server
@@ -739,12 +710,7 @@ async fn a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_
 async fn one_signed_notification_delivered_again_is_a_duplicate_and_asks_mercadopago_once(
     backend: Backend,
 ) {
-    let Pending {
-        app,
-        fake: _,
-        id,
-        data_id,
-    } = pending_then(backend, "k-replay", "payment_approved").await;
+    let (app, _fake, id, data_id) = pending_then(backend, "k-replay", "payment_approved").await;
 
     // One notification as Mercado Pago signed it, captured.
     let request_id = request_id(7101);
@@ -780,12 +746,7 @@ async fn one_signed_notification_delivered_again_is_a_duplicate_and_asks_mercado
 }
 
 async fn a_notification_fetch_is_metered_like_every_gateway_call(backend: Backend) {
-    let Pending {
-        app,
-        fake: _,
-        id: _,
-        data_id,
-    } = pending_then(backend, "k-metered", "payment_approved").await;
+    let (app, _fake, _id, data_id) = pending_then(backend, "k-metered", "payment_approved").await;
 
     assert_eq!(
         outcome(notify(&app, 7201, &data_id).await).await,

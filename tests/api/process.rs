@@ -156,6 +156,16 @@ impl Serve {
         assert!(sent.success(), "SIGTERM sent");
     }
 
+    /// Waits up to `within` for the process to exit, and asserts it exited cleanly (exit
+    /// code 0) `after` what the test names.
+    pub async fn exits_cleanly(&mut self, within: Duration, after: &str) {
+        let status = self
+            .exited(within)
+            .await
+            .unwrap_or_else(|| panic!("pagos exited {after}:\n{}", self.logs()));
+        assert!(status.success(), "a clean exit: {status}\n{}", self.logs());
+    }
+
     /// Waits up to `within` for the process to exit; its exit status if it did.
     pub async fn exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         tokio::time::timeout(within, self.child.wait())

@@ -35,6 +35,14 @@ fn metric(text: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
 
+/// `pagos_replays_total` of payments answered from `source` (`database`, `memory`).
+fn payment_replays(text: &str, source: &str) -> f64 {
+    metric(
+        text,
+        &format!("pagos_replays_total{{operation=\"payment\",source=\"{source}\"}}"),
+    )
+}
+
 async fn scrape(app: &TestApp) -> String {
     app.http
         .get(app.url("/metrics"))
@@ -64,20 +72,8 @@ async fn replays_after_the_first_are_served_from_memory_byte_for_byte(backend: B
     assert!(problem.contains("idempotency-key-reused"), "{problem}");
 
     let text = scrape(&app).await;
-    assert_eq!(
-        metric(
-            &text,
-            "pagos_replays_total{operation=\"payment\",source=\"database\"}"
-        ),
-        1.0
-    );
-    assert_eq!(
-        metric(
-            &text,
-            "pagos_replays_total{operation=\"payment\",source=\"memory\"}"
-        ),
-        2.0
-    );
+    assert_eq!(payment_replays(&text, "database"), 1.0);
+    assert_eq!(payment_replays(&text, "memory"), 2.0);
     let ratio = metric(&text, "pagos_replay_cache_hit_ratio");
     assert!((ratio - 2.0 / 3.0).abs() < 1e-9, "hit ratio {ratio}");
     assert_eq!(metric(&text, "pagos_replay_cache_entries"), 1.0);
@@ -117,13 +113,7 @@ async fn the_same_request_written_otherwise_is_replayed_from_memory(backend: Bac
     let (status, _, problem) = answer(&app, "k-forms", &other).await;
     assert_eq!(status, 422, "{problem}");
     let text = scrape(&app).await;
-    assert_eq!(
-        metric(
-            &text,
-            "pagos_replays_total{operation=\"payment\",source=\"memory\"}"
-        ),
-        2.0
-    );
+    assert_eq!(payment_replays(&text, "memory"), 2.0);
     assert_eq!(app.charges_seen().await.len(), 1, "one charge");
 }
 
@@ -175,13 +165,7 @@ async fn with_no_replay_cache_every_replay_reads_the_database(backend: Backend) 
         "without the cache a replay reads the database: {status}"
     );
     let text = scrape(&app).await;
-    assert_eq!(
-        metric(
-            &text,
-            "pagos_replays_total{operation=\"payment\",source=\"database\"}"
-        ),
-        1.0
-    );
+    assert_eq!(payment_replays(&text, "database"), 1.0);
     assert_eq!(metric(&text, "pagos_replay_cache_entries"), 0.0);
 }
 
@@ -224,11 +208,5 @@ async fn without_the_cache_a_taken_key_gets_every_answer_from_its_stored_row(bac
     assert_eq!(app.count_rows().await, (1, 1), "one key, one payment");
     assert_eq!(fake.total_charges(), 1, "charged once");
     let text = scrape(&app).await;
-    assert_eq!(
-        metric(
-            &text,
-            "pagos_replays_total{operation=\"payment\",source=\"database\"}"
-        ),
-        1.0
-    );
+    assert_eq!(payment_replays(&text, "database"), 1.0);
 }

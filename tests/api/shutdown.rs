@@ -14,31 +14,34 @@ on_both_databases!(
 );
 
 impl World {
-    /// `pagos serve` over a gateway that may answer slowly (in under 2s), with `grace`.
+    /// `pagos serve` over a gateway that may answer slowly (in under 2s), with `grace`,
+    /// its reconciler only when a test runs it.
     async fn serve_with_grace(&self, grace: &str) -> Serve {
+        self.serve_reconciling(grace, &["--reconcile-every", "1h"])
+            .await
+    }
+
+    /// The same, with the reconciler's settings `reconciling`.
+    async fn serve_reconciling(&self, grace: &str, reconciling: &[&str]) -> Serve {
         let url = self.gateway.uri();
-        Serve::start(
-            &[
-                "--database-url",
-                &self.database.url,
-                "--gateway",
-                "http",
-                "--gateway-url",
-                &url,
-                "--gateway-timeout",
-                "2s",
-                "--gateway-retries",
-                "0",
-                "--lease",
-                "3s",
-                "--reconcile-every",
-                "1h",
-                "--shutdown-grace",
-                grace,
-            ],
-            &[],
-        )
-        .await
+        let mut args = vec![
+            "--database-url",
+            &self.database.url,
+            "--gateway",
+            "http",
+            "--gateway-url",
+            &url,
+            "--gateway-timeout",
+            "2s",
+            "--gateway-retries",
+            "0",
+            "--lease",
+            "3s",
+            "--shutdown-grace",
+            grace,
+        ];
+        args.extend_from_slice(reconciling);
+        Serve::start(&args, &[]).await
     }
 
     /// Waits until the gateway has received the charge: the saga is in flight.
@@ -89,15 +92,9 @@ async fn on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer(
     server.terminate();
     let answer = answer.await.expect("task").expect("answered before exit");
     assert_eq!(answer.status(), 201, "the saga finished during the grace");
-    let status = server
-        .exited(Duration::from_secs(10))
-        .await
-        .unwrap_or_else(|| panic!("pagos exited after the saga:\n{}", server.logs()));
-    assert!(
-        status.success(),
-        "a clean exit: {status}\n{}",
-        server.logs()
-    );
+    server
+        .exits_cleanly(Duration::from_secs(10), "after the saga")
+        .await;
 
     let settled = world.only_payment().await;
     assert_eq!(settled.state, "COMPLETADA");
@@ -114,19 +111,13 @@ async fn past_the_grace_a_saga_in_flight_is_left_to_the_reconciler_and_charged_o
 
     let asked_to_stop = std::time::Instant::now();
     server.terminate();
-    let status = server
-        .exited(Duration::from_secs(8))
-        .await
-        .unwrap_or_else(|| panic!("pagos exited at the grace:\n{}", server.logs()));
+    server
+        .exits_cleanly(Duration::from_secs(8), "at the grace")
+        .await;
     assert!(
         asked_to_stop.elapsed() < Duration::from_secs(5),
         "it did not wait for the slow gateway: {:?}",
         asked_to_stop.elapsed()
-    );
-    assert!(
-        status.success(),
-        "a clean exit: {status}\n{}",
-        server.logs()
     );
     assert!(
         answer.await.expect("task").is_err(),
@@ -222,27 +213,12 @@ async fn on_sigterm_a_reconciliation_pass_claims_nothing_more_and_leaves_the_res
             .await
             .expect("seed");
     }
-    let url = world.gateway.uri();
-    let mut server = Serve::start(
-        &[
-            "--database-url",
-            &world.database.url,
-            "--gateway",
-            "http",
-            "--gateway-url",
-            &url,
-            "--gateway-timeout",
-            "2s",
-            "--reconcile-every",
-            "1s",
-            "--reconcile-concurrency",
-            "2",
-            "--shutdown-grace",
+    let mut server = world
+        .serve_reconciling(
             "15s",
-        ],
-        &[],
-    )
-    .await;
+            &["--reconcile-every", "1s", "--reconcile-concurrency", "2"],
+        )
+        .await;
     for _ in 0..200 {
         if world.fake.lookups_made() >= 2 {
             break;
@@ -253,15 +229,9 @@ async fn on_sigterm_a_reconciliation_pass_claims_nothing_more_and_leaves_the_res
     assert!(before >= 2, "the pass is under way");
 
     server.terminate();
-    let status = server
-        .exited(Duration::from_secs(30))
-        .await
-        .unwrap_or_else(|| panic!("pagos exited:\n{}", server.logs()));
-    assert!(
-        status.success(),
-        "a clean exit: {status}\n{}",
-        server.logs()
-    );
+    server
+        .exits_cleanly(Duration::from_secs(30), "with the backlog left")
+        .await;
     let after = world.fake.lookups_made();
     assert!(
         after <= before + 4,
