@@ -221,8 +221,9 @@ async fn consume_in(
     }
 
     // Money that went back after the payment was paid (Mercado Pago's `refunded`), all
-    // of it by pagos' own refunds of the charge: the payment stays COMPLETADA (contract
-    // section 6), and its audit trail says why. Beyond what pagos asked for, `decide`
+    // of it by pagos' own refunds of the charge that reached the provider (COMPLETADO or
+    // ENVIADO; an EN_PROCESO one was never sent): the payment stays COMPLETADA (contract
+    // section 6), and its audit trail says why. Beyond what pagos sent, `decide`
     // escalates it.
     if let Some(returned) = event.returned
         && payment.state == PaymentState::Completada
@@ -230,7 +231,7 @@ async fn consume_in(
         let covered = refund_store::covering(tx, payment.id, &event.charge.id).await?;
         if refunded_by_pagos(&payment, event.charge, returned, covered) {
             let reason = format!(
-                "webhook {}: charge {} refunded ({returned} {cur}), all of it by pagos' own refunds of it ({covered} {cur} completed or in flight): the payment stays COMPLETADA",
+                "webhook {}: charge {} refunded ({returned} {cur}), all of it by pagos' own refunds of it ({covered} {cur} completed or sent): the payment stays COMPLETADA",
                 event.event_id,
                 event.charge.id,
                 cur = payment.currency

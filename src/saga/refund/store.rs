@@ -151,20 +151,20 @@ pub async fn refunded_amount(db: &impl ConnectionTrait, payment: Uuid) -> Result
     sum_in(db, payment, &[RefundState::Completado]).await
 }
 
-/// What pagos' refunds of one charge of a payment that have not failed add up to:
-/// `COMPLETADO`, and those in flight (`EN_PROCESO`, `ENVIADO`), whose answer a provider
-/// may tell of before pagos records it. Refunds under review are left out: nobody knows
-/// yet whether their money went back.
+/// What pagos' refunds of one charge of a payment that may have reached the provider add
+/// up to: `COMPLETADO`, and `ENVIADO` (sent: a provider may tell of its answer before
+/// pagos records it). `EN_PROCESO` is left out: pagos marks a refund `ENVIADO` before any
+/// gateway call, so one still `EN_PROCESO` has never reached the provider, and money that
+/// went back cannot be its doing (a request that died before sending it leaves it so,
+/// and the reconciler sends it later). Refunds under review are left out too: nobody
+/// knows yet whether their money went back.
 pub async fn covering(
     db: &impl ConnectionTrait,
     payment: Uuid,
     charge: &str,
 ) -> Result<i64, DbErr> {
-    let refunds = of_one_charge(payment, charge).filter(refund::Column::State.is_in([
-        RefundState::Completado,
-        RefundState::Enviado,
-        RefundState::EnProceso,
-    ]));
+    let refunds = of_one_charge(payment, charge)
+        .filter(refund::Column::State.is_in([RefundState::Completado, RefundState::Enviado]));
     total(db, refunds).await
 }
 
