@@ -30,10 +30,15 @@ pub const GATEWAY_REJECTED: &str = "gateway_rejected";
 /// `failure_code` of a refund on-call resolved as failed.
 pub const RESOLVED_FAILED: &str = "resolved_by_on_call";
 
-/// What the refund store writes rendered: the key's frozen answer and the event's `datos`.
+/// What the refund store writes rendered: the key's frozen answer and the event's
+/// `datos`, and the payment's, for a compensation refund whose failure takes its payment
+/// to review.
 pub const RENDER: store::Render = store::Render {
-    answer: representation::refund_frozen,
-    datos: representation::refund_datos,
+    refund: crate::saga::store::Render {
+        answer: representation::refund_frozen,
+        datos: representation::refund_datos,
+    },
+    payment: crate::saga::RENDER,
 };
 
 /// What every send of `r` asks the gateway: the same key and the same body. `whole` when
