@@ -21,7 +21,7 @@ use crate::entities::{payment, processed_message as messages};
 use crate::gateway::{Charge, ChargeStatus};
 use crate::saga::refund::state::RefundState;
 use crate::saga::refund::store as refund_store;
-use crate::saga::refund::{Compensation, OrphanCharges, compensate_in};
+use crate::saga::refund::{AfterFailure, Compensation, OrphanCharges, compensate_in};
 use crate::saga::state::{IllegalTransition, PaymentState};
 use crate::saga::store::{Actor, StoreError, Written};
 use crate::webhooks::decide::{Effect, decide, refunded_by_pagos};
@@ -201,8 +201,16 @@ async fn consume_in(
             "gateway event {} reports charge {} succeeded",
             event.event_id, event.charge.id
         );
-        let compensation =
-            compensate_in(tx, &payment, event.charge, Actor::Webhook, &why, false).await?;
+        let compensation = compensate_in(
+            tx,
+            &payment,
+            event.charge,
+            Actor::Webhook,
+            &why,
+            AfterFailure::Stop,
+            false,
+        )
+        .await?;
         match compensation {
             Compensation::Started(_) => return Ok(Some(Consumed::Compensated)),
             // pagos' refunds of the charge give it all back already, or its compensation

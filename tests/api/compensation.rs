@@ -21,6 +21,7 @@ on_both_databases!(
     a_charge_found_after_a_partly_refunded_payment_failed_is_compensated_for_what_is_left,
     a_compensation_refund_that_fails_sends_its_payment_to_review_with_its_event_and_why,
     a_compensation_refund_a_gateway_event_reports_failed_sends_its_payment_to_review,
+    after_a_failed_compensation_on_call_resolves_fallida_with_reembolsar_and_the_charge_is_refunded_again,
 );
 
 pub const SECRET: &str = "whsec_test";
@@ -476,4 +477,65 @@ async fn a_compensation_refund_a_gateway_event_reports_failed_sends_its_payment_
             .any(|m| m.contains(CHARGE_ID) && m.contains("still charged")),
         "{detail}"
     );
+}
+
+/// Once a compensation refund failed and took its payment to review, on-call reads why
+/// (the provider can refund now) and resolves it FALLIDA with `reembolsar`: a new refund
+/// of the charge, with a key of its own, gives the money back; the failed one is never
+/// sent again.
+async fn after_a_failed_compensation_on_call_resolves_fallida_with_reembolsar_and_the_charge_is_refunded_again(
+    backend: Backend,
+) {
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "refund", "reembolsando").await;
+    fake.refunding("failed");
+    admin(&app, "/admin/reconciliaciones", Some(json!({}))).await;
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+
+    fake.refunding("succeeded");
+    Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({"data": [succeeded(&payment)]})),
+        )
+        .mount(app.gateway())
+        .await;
+    let detail = admin(
+        &app,
+        &format!("/admin/pagos/{payment}/resolucion"),
+        Some(json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 81: the provider can refund now"})),
+    )
+    .await;
+    assert_eq!(detail["pago"]["estado"], "FALLIDA", "{detail}");
+    let refunds = detail["reembolsos"].as_array().expect("refunds");
+    assert_eq!(refunds.len(), 2, "{detail}");
+    assert_eq!(refunds[0]["estado"], "FALLIDO");
+    assert_eq!(refunds[1]["estado"], "COMPLETADO", "{detail}");
+    assert_eq!(refunds[1]["monto"], 250000);
+    let made = fake.made();
+    assert_eq!(made.len(), 2, "the failed refund and the new one, no more");
+    assert_eq!(made[1]["charge"], CHARGE_ID);
+    assert_eq!(made[1]["amount"], 250000);
+    assert_eq!(made[1]["reference"], refunds[1]["id"]);
+    assert_ne!(
+        made[1]["reference"], made[0]["reference"],
+        "a refund of its own"
+    );
+    assert!(
+        listed(&detail, "transiciones", "motivo")
+            .iter()
+            .any(|m| m.contains("ticket 81")
+                && m.contains("refunded again")
+                && m.contains(refunds[0]["id"].as_str().expect("id"))),
+        "{detail}"
+    );
+    assert_eq!(revision_events(&app, &payment).await.len(), 1);
+
+    // The charge reported once more changes nothing: its compensation gave it back.
+    assert_eq!(
+        deliver(&app, "evt_3", 4, succeeded(&payment)).await,
+        "sin_cambios"
+    );
+    assert_eq!(app.payment(&payment).await.state, "FALLIDA");
+    assert_eq!(fake.made().len(), 2);
 }
