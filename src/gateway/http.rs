@@ -209,7 +209,7 @@ impl Gateway for HttpGateway {
         Ok(found
             .data
             .into_iter()
-            .filter(|c| Uuid::parse_str(&c.reference).ok() == Some(reference))
+            .filter(|c| c.is_for(reference))
             .collect())
     }
 

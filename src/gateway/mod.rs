@@ -75,6 +75,15 @@ pub struct Charge {
     pub decline_code: Option<String>,
 }
 
+impl Charge {
+    /// Whether the charge names `reference` (a payment id) as its own: the reference
+    /// protocol's `reference`, Stripe's `metadata.pagos_reference`, Mercado Pago's
+    /// `external_reference`. Empty (the answer carried none) or another is not.
+    pub fn is_for(&self, reference: Uuid) -> bool {
+        Uuid::parse_str(&self.reference).ok() == Some(reference)
+    }
+}
+
 /// What pagos asks a gateway to refund: part or all of a charge it made. Every send of one
 /// refund carries the same `gateway_key` and the same body.
 #[derive(Clone, Debug, PartialEq, Eq)]

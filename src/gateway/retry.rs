@@ -146,6 +146,15 @@ where
 /// was ENVIADA). Then, as after any try of this call whose outcome was unknown, a refusal
 /// proves nothing — the charge an earlier try may have made still may exist — and the
 /// outcome stays `Unknown`: only a readable charge status settles such a payment.
+///
+/// An answer is believed only about the payment asked for: a charge whose reference is
+/// another payment's, or that carries none (every protocol pagos speaks echoes it: the
+/// reference protocol's `reference`, Stripe's `metadata.pagos_reference`, Mercado Pago's
+/// `external_reference`), says nothing of this payment's — a gateway bug, a proxy or cache
+/// answering another request. Such an answer is an unknown outcome, as the look-ups'
+/// filter makes it (`Gateway::lookup` keeps the payment's own charges only): retried with
+/// the same key like any unknown outcome, and if no try is answered about this payment,
+/// `Unknown`: the reconciler then asks the provider by reference.
 pub async fn charge(
     gateway: &dyn Gateway,
     req: &ChargeRequest,
@@ -153,7 +162,7 @@ pub async fn charge(
     maybe_sent_before: bool,
 ) -> ChargeOutcome {
     let sent = send(
-        || gateway.charge(req),
+        || async { about_this_payment(gateway.charge(req).await?, req) },
         policy,
         maybe_sent_before,
         |err, delay| {
@@ -170,6 +179,27 @@ pub async fn charge(
         Sent::Rejected { status, detail, .. } => ChargeOutcome::Rejected { status, detail },
         Sent::Unknown(why) => ChargeOutcome::Unknown(why),
     }
+}
+
+/// `charge` if it is about the payment `req` asked for; otherwise an unknown outcome.
+fn about_this_payment(charge: Charge, req: &ChargeRequest) -> Result<Charge, GatewayError> {
+    if charge.is_for(req.reference) {
+        return Ok(charge);
+    }
+    let named = if charge.reference.is_empty() {
+        "no payment".to_owned()
+    } else {
+        format!("payment {}", charge.reference)
+    };
+    let status = match charge.status {
+        ChargeStatus::Succeeded => "succeeded",
+        ChargeStatus::Declined => "declined",
+        ChargeStatus::Pending => "pending",
+    };
+    Err(GatewayError::Unknown(format!(
+        "the gateway answered charge {} ({status}) naming {named}, not this one: not believed",
+        charge.id
+    )))
 }
 
 /// One refund call, with exactly the charge's rules: retried with the same request on
@@ -378,6 +408,36 @@ mod tests {
         let gateway = scripted(vec![Ok(declined)]);
         let outcome = charge(&gateway, &request(), fast(3), true).await;
         assert!(matches!(outcome, ChargeOutcome::Declined(_)), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_about_another_payment_or_none_is_unknown_and_retried() {
+        let about = |id: &str, reference: String, status| Charge {
+            id: id.into(),
+            status,
+            amount: 1,
+            currency: "COP".into(),
+            reference,
+            decline_code: None,
+        };
+        for reference in [Uuid::from_u128(7).to_string(), String::new()] {
+            for status in [ChargeStatus::Succeeded, ChargeStatus::Declined] {
+                let foreign = || Ok(about("ch_other", reference.clone(), status));
+                let gateway = scripted(vec![foreign(), foreign()]);
+                let outcome = charge(&gateway, &request(), fast(1), false).await;
+                assert!(
+                    matches!(&outcome, ChargeOutcome::Unknown(why) if why.contains("ch_other")),
+                    "{reference:?} {status:?}: {outcome:?}"
+                );
+                assert_eq!(gateway.tries(), 2, "retried with the same key");
+
+                // A retry answered about this payment settles it.
+                let own = about("ch_own", Uuid::nil().to_string(), ChargeStatus::Succeeded);
+                let gateway = scripted(vec![foreign(), Ok(own.clone())]);
+                let outcome = charge(&gateway, &request(), fast(1), false).await;
+                assert_eq!(outcome, ChargeOutcome::Succeeded(own));
+            }
+        }
     }
 
     #[tokio::test]

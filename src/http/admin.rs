@@ -11,7 +11,7 @@ use super::problem::{ApiError, Problem, ProblemType};
 use crate::entities::{payment, payment_transition as transitions};
 use crate::representation::{Pago, RESOLVED_FAILED};
 use crate::saga::reconcile::{self, Report};
-use crate::saga::refund::Compensation;
+use crate::saga::refund::{AfterFailure, Compensation};
 use crate::saga::state::{Event, PaymentState};
 use crate::saga::store::{self, Actor, Changes, Written};
 use axum::Json;
@@ -316,9 +316,10 @@ pub struct Resolucion {
     /// and those its webhooks reported that its search does not show yet), each for what
     /// pagos' refunds of it have not given back yet, so the failed answer is
     /// true. Each refund is a saga of its own (`pagos` asked it; on-call's `motivo` in its
-    /// audit trail). A charge that cannot be refunded now (a refund of it in flight or
-    /// under review, or its compensation failed) refuses the whole resolution: 409, nothing
-    /// written.
+    /// audit trail). A charge whose compensation refund failed is refunded again, by a new
+    /// refund (a refund that fails sends the payment back to REVISION_MANUAL). A charge
+    /// that cannot be refunded now (a refund of it in flight or under review) refuses the
+    /// whole resolution: 409, nothing written.
     #[serde(default)]
     reembolsar: bool,
 }
@@ -332,7 +333,7 @@ pub struct Resolucion {
     params(("id" = Uuid, Path, description = "The payment id")),
     request_body = Resolucion,
     responses(
-        (status = 200, description = "Settled; the payment and its audit trail", body = DetallePago),
+        (status = 200, description = "Settled; the payment and its audit trail, as they stand once the refunds `reembolsar` made were sent (a refund the provider failed at once sends the payment back to REVISION_MANUAL)", body = DetallePago),
         AdminTokenRefused,
         ReadOnlyRole,
         PaymentNotFound,
@@ -471,9 +472,18 @@ pub async fn resolve_by_hand(
             "on-call resolved the payment FALLIDA and asked to refund charge {} ({motivo})",
             charge.id
         );
-        let compensation =
-            crate::saga::refund::compensate_in(&tx, &resolved, charge, Actor::Admin, &why, false)
-                .await?;
+        // On-call asked, having read why any earlier compensation of the charge failed:
+        // a failed one is refunded again (a new refund, a key of its own).
+        let compensation = crate::saga::refund::compensate_in(
+            &tx,
+            &resolved,
+            charge,
+            Actor::Admin,
+            &why,
+            AfterFailure::RefundAgain,
+            false,
+        )
+        .await?;
         if !compensation.gives_back() {
             tx.rollback().await?;
             let blocking = match &compensation {
@@ -512,7 +522,11 @@ pub async fn resolve_by_hand(
             tracing::error!(refund_id = %id, error = %err, "sending a compensation refund failed; the reconciler will");
         }
     }
-    Ok(resolved)
+    // As it stands after the sends: a compensation refund the provider failed at once
+    // took it back to REVISION_MANUAL.
+    Ok(store::find_payment(&state.db, resolved.id)
+        .await?
+        .unwrap_or(resolved))
 }
 
 /// Runs a reconciliation now, for one payment or every due one, in a task of its own.

@@ -172,7 +172,7 @@ fn respond(payment_id: Uuid, answer: Answer, replayed: bool) -> Response {
     responses(
         (status = 201, description = "Charged (COMPLETADA)", body = Pago,
          headers(("Location" = String), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        (status = 202, description = "Outcome not known yet (ENVIADA); the reconciler settles it", body = Pago,
+        (status = 202, description = "Outcome not known yet (ENVIADA): the gateway timed out, kept failing, or answered about another payment's charge; the reconciler settles it", body = Pago,
          headers(("Location" = String))),
         (status = 400, description = "Idempotency-Key missing or malformed, or body not JSON", body = Problem, content_type = "application/problem+json"),
         ApiKeyRefused,

@@ -63,7 +63,7 @@ impl SagaDeps {
 }
 
 /// What the store writes rendered: the key's frozen answer and the event's `datos`.
-const RENDER: store::Render = store::Render {
+pub(crate) const RENDER: store::Render = store::Render {
     answer: representation::frozen,
     datos: representation::datos,
 };
@@ -124,7 +124,7 @@ pub trait Saga: SagaRow {
     const FAILPOINTS: [&'static str; 2];
     /// The key's frozen answer and the event's `datos` as the contract renders them
     /// (`representation`): the store writes them, it never renders.
-    const RENDER: store::Render<Self>;
+    const RENDER: Self::Render;
 
     /// What the send reads before it marks the row sent.
     fn prepare(

@@ -398,8 +398,13 @@ pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
     type Illegal;
     /// A row of its audit trail.
     type Audit: AuditRow<State = Self::State> + Send + Sync;
-    /// What a decision writes on the row's idempotency key besides the row.
-    type KeyWrite: Send + Sync;
+    /// What a decision writes besides the row, its audit row and its event: on a
+    /// payment's idempotency key (a row of its own); a compensation refund's payment,
+    /// when the refund fails.
+    type Besides: Send + Sync;
+    /// What the layer above renders for a decision's writes (storage stores, it never
+    /// renders).
+    type Render: Copy + Send + Sync;
     /// The event that marks the row sent, before the gateway call.
     const SEND: Self::Event;
 
@@ -423,7 +428,7 @@ pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
         step: Step,
         actor: Actor,
         reason: &str,
-        render: Render<Self>,
+        render: Self::Render,
     ) -> Result<Plan<Self>, Self::Illegal>;
 
     /// What a hand-over writes: `next` (due again, with the provider's reference), and
@@ -509,11 +514,11 @@ pub fn moved<M: SagaRow>(
 }
 
 impl<M: SagaRow> Moved<M> {
-    /// The plan of the move, with what it writes on the key and, when the move is one the
-    /// merchant must know, its event (`datos` renders the row). The event's `secuencia`
-    /// is the row's version after the move: it only grows, and each version is written
-    /// once (fencing).
-    pub fn plan(self, key: M::KeyWrite, datos: fn(&M) -> String) -> Plan<M> {
+    /// The plan of the move, with what it writes besides the row and, when the move is
+    /// one the merchant must know, its event (`datos` renders the row). The event's
+    /// `secuencia` is the row's version after the move: it only grows, and each version is
+    /// written once (fencing).
+    pub fn plan(self, besides: M::Besides, datos: fn(&M) -> String) -> Plan<M> {
         let event = M::event_type(self.to)
             .filter(|_| self.from != self.to && outbox::ON)
             .map(|tipo| {
@@ -530,7 +535,7 @@ impl<M: SagaRow> Moved<M> {
         Plan {
             next: self.next,
             audit: self.audit,
-            key,
+            besides,
             event,
         }
     }
@@ -543,8 +548,8 @@ pub struct Plan<M: SagaRow = payment::Model> {
     pub(crate) next: M,
     /// The audit row, when the decision is worth one.
     pub(crate) audit: Option<M::Audit>,
-    /// What it writes on the row's key besides the row.
-    pub(crate) key: M::KeyWrite,
+    /// What it writes besides the row, its audit row and its event (`SagaRow::Besides`).
+    pub(crate) besides: M::Besides,
     /// The event the merchant is told, when the move is one it must know (the outbox:
     /// written with the move or not at all).
     pub(crate) event: Option<event::Model>,
@@ -588,7 +593,8 @@ impl SagaRow for payment::Model {
     type Event = Event;
     type Illegal = IllegalTransition;
     type Audit = transitions::Model;
-    type KeyWrite = KeyWrite;
+    type Besides = KeyWrite;
+    type Render = Render;
     const SEND: Event = Event::Send;
 
     fn state(&self) -> PaymentState {
@@ -649,7 +655,7 @@ impl SagaRow for payment::Model {
         Plan {
             next,
             audit: None,
-            key,
+            besides: key,
             event: None,
         }
     }
@@ -737,10 +743,10 @@ async fn write_plan<C: ConnectionTrait>(
             .exec_without_returning(tx)
             .await?;
     }
-    if let Some(answer) = &plan.key.answer {
+    if let Some(answer) = &plan.besides.answer {
         freeze_answer(tx, &plan.next, answer).await?;
     }
-    if plan.key.release_lease {
+    if plan.besides.release_lease {
         release_lease(tx, current).await?;
     }
     if let Some(event) = &plan.event {
@@ -1234,7 +1240,7 @@ LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."k
                 v.add(KeyStatus::InProgress),
             ]
         };
-        let answer = plan.key.answer.as_ref().map(|answer| {
+        let answer = plan.besides.answer.as_ref().map(|answer| {
             let set = [
                 v.add(KeyStatus::Completed),
                 v.add(i32::from(answer.status)),
@@ -1243,7 +1249,7 @@ LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."k
             ];
             (set, its_key(&mut v))
         });
-        let released = plan.key.release_lease.then(|| its_key(&mut v));
+        let released = plan.besides.release_lease.then(|| its_key(&mut v));
         let told = plan.event.as_ref().map(|e| bind_row(&mut v, e));
         let shape = usize::from(audit.is_some())
             | usize::from(answer.is_some()) << 1

@@ -21,7 +21,7 @@ use crate::entities::{payment, processed_message as messages};
 use crate::gateway::{Charge, ChargeStatus};
 use crate::saga::refund::state::RefundState;
 use crate::saga::refund::store as refund_store;
-use crate::saga::refund::{Compensation, OrphanCharges, compensate_in};
+use crate::saga::refund::{AfterFailure, Compensation, OrphanCharges, compensate_in};
 use crate::saga::state::{IllegalTransition, PaymentState};
 use crate::saga::store::{Actor, StoreError, Written};
 use crate::webhooks::decide::{Effect, decide, refunded_by_pagos};
@@ -201,8 +201,16 @@ async fn consume_in(
             "gateway event {} reports charge {} succeeded",
             event.event_id, event.charge.id
         );
-        let compensation =
-            compensate_in(tx, &payment, event.charge, Actor::Webhook, &why, false).await?;
+        let compensation = compensate_in(
+            tx,
+            &payment,
+            event.charge,
+            Actor::Webhook,
+            &why,
+            AfterFailure::Stop,
+            false,
+        )
+        .await?;
         match compensation {
             Compensation::Started(_) => return Ok(Some(Consumed::Compensated)),
             // pagos' refunds of the charge give it all back already, or its compensation
@@ -221,8 +229,9 @@ async fn consume_in(
     }
 
     // Money that went back after the payment was paid (Mercado Pago's `refunded`), all
-    // of it by pagos' own refunds of the charge: the payment stays COMPLETADA (contract
-    // section 6), and its audit trail says why. Beyond what pagos asked for, `decide`
+    // of it by pagos' own refunds of the charge that reached the provider (COMPLETADO or
+    // ENVIADO; an EN_PROCESO one was never sent): the payment stays COMPLETADA (contract
+    // section 6), and its audit trail says why. Beyond what pagos sent, `decide`
     // escalates it.
     if let Some(returned) = event.returned
         && payment.state == PaymentState::Completada
@@ -230,7 +239,7 @@ async fn consume_in(
         let covered = refund_store::covering(tx, payment.id, &event.charge.id).await?;
         if refunded_by_pagos(&payment, event.charge, returned, covered) {
             let reason = format!(
-                "webhook {}: charge {} refunded ({returned} {cur}), all of it by pagos' own refunds of it ({covered} {cur} completed or in flight): the payment stays COMPLETADA",
+                "webhook {}: charge {} refunded ({returned} {cur}), all of it by pagos' own refunds of it ({covered} {cur} completed or sent): the payment stays COMPLETADA",
                 event.event_id,
                 event.charge.id,
                 cur = payment.currency

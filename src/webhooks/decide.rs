@@ -125,9 +125,10 @@ pub fn decide(p: &payment::Model, charge: &Charge, event_id: &str) -> Effect {
 /// `refunded`) is pagos' own doing, so that its COMPLETADA payment stays COMPLETADA
 /// (contract section 6: a refunded payment keeps its state): the payment's own charge, of
 /// its amount and currency, and every unit that went back covered by pagos' refunds of
-/// that charge that have not failed (`covered`: COMPLETADO, and those in flight, since
-/// the provider may tell before pagos records its refund's answer). Anything beyond what
-/// pagos asked for went back some other way: the table above escalates it.
+/// that charge that may have reached the provider (`covered`: COMPLETADO, and ENVIADO,
+/// since the provider may tell before pagos records its refund's answer; never
+/// EN_PROCESO, which no gateway call has carried yet). Anything beyond what pagos sent
+/// went back some other way: the table above escalates it.
 pub fn refunded_by_pagos(p: &payment::Model, charge: &Charge, returned: i64, covered: i64) -> bool {
     p.state == PaymentState::Completada
         && charge.status == ChargeStatus::Declined

@@ -19,6 +19,9 @@ on_both_databases!(
     a_partly_refunded_payment_resolved_fallida_with_reembolsar_refunds_what_is_left_of_the_charge,
     a_resolution_with_reembolsar_is_refused_and_writes_nothing_while_a_refund_of_the_charge_is_unsettled,
     a_charge_found_after_a_partly_refunded_payment_failed_is_compensated_for_what_is_left,
+    a_compensation_refund_that_fails_sends_its_payment_to_review_with_its_event_and_why,
+    a_compensation_refund_a_gateway_event_reports_failed_sends_its_payment_to_review,
+    after_a_failed_compensation_on_call_resolves_fallida_with_reembolsar_and_the_charge_is_refunded_again,
 );
 
 pub const SECRET: &str = "whsec_test";
@@ -369,4 +372,170 @@ async fn a_charge_found_after_a_partly_refunded_payment_failed_is_compensated_fo
     let made = fake.made();
     assert_eq!(made.len(), 2);
     assert_eq!(made[1]["amount"], 150000, "what is left of the charge");
+}
+
+/// The `pago.revision_manual` events told about payment `id`: their bodies.
+async fn revision_events(app: &TestApp, id: &str) -> Vec<Value> {
+    use pagos::entities::event;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    event::Entity::find()
+        .filter(event::Column::SubjectId.eq(uuid::Uuid::parse_str(id).expect("uuid")))
+        .filter(event::Column::EventType.eq(event::EventType::PagoRevisionManual))
+        .all(&app.db)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| serde_json::from_str(&e.body).expect("JSON"))
+        .collect()
+}
+
+/// The compensation of an orphan charge fails at the provider: the customer is still
+/// charged under a FALLIDA answer, and pagos will not try again by itself. The payment
+/// goes to REVISION_MANUAL in the refund's own write, with its event and an audit row
+/// that says why, so on-call finds it in the list of payments under review.
+async fn a_compensation_refund_that_fails_sends_its_payment_to_review_with_its_event_and_why(
+    backend: Backend,
+) {
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "refund", "reembolsando").await;
+    assert!(revision_events(&app, &payment).await.is_empty());
+    fake.refunding("failed");
+
+    let report = admin(&app, "/admin/reconciliaciones", Some(json!({}))).await;
+    assert_eq!(report["reembolsos"]["fallidos"], 1, "{report}");
+    assert_eq!(fake.made().len(), 1);
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+
+    let detail = admin(&app, &format!("/admin/pagos/{payment}"), None).await;
+    assert_eq!(detail["pago"]["estado"], "REVISION_MANUAL");
+    let refund = &detail["reembolsos"][0];
+    assert_eq!(refund["estado"], "FALLIDO", "{detail}");
+    let refund_id = refund["id"].as_str().expect("refund id");
+    let last = detail["transiciones"]
+        .as_array()
+        .and_then(|t| t.last())
+        .expect("a transition");
+    assert_eq!(last["desde"], "FALLIDA", "{detail}");
+    assert_eq!(last["hacia"], "REVISION_MANUAL", "{detail}");
+    let why = last["motivo"].as_str().expect("motivo");
+    for said in [
+        CHARGE_ID,
+        refund_id,
+        "expired_or_canceled_card",
+        "still charged",
+    ] {
+        assert!(why.contains(said), "{said} in {why}");
+    }
+
+    let told = revision_events(&app, &payment).await;
+    assert_eq!(told.len(), 1, "one pago.revision_manual");
+    assert_eq!(told[0]["datos"]["estado"], "REVISION_MANUAL", "{}", told[0]);
+    assert_eq!(told[0]["datos"]["id"], payment.as_str());
+
+    let under_review = admin(&app, "/admin/pagos?estado=REVISION_MANUAL", None).await;
+    assert!(
+        under_review["pagos"]
+            .as_array()
+            .expect("pagos")
+            .iter()
+            .any(|p| p["id"] == payment.as_str()),
+        "on-call's list shows it: {under_review}"
+    );
+    // The merchant's retries still replay the first answer; a read shows the review.
+    assert_eq!(app.pay("pay-1", &payment_body()).await.status(), 402);
+}
+
+/// The same, told by the provider's event about the refund (applied in the event's own
+/// transaction) after the send left it pending.
+async fn a_compensation_refund_a_gateway_event_reports_failed_sends_its_payment_to_review(
+    backend: Backend,
+) {
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "refund", "reembolsando").await;
+    fake.refunding("pending");
+    let report = admin(&app, "/admin/reconciliaciones", Some(json!({}))).await;
+    assert_eq!(report["reembolsos"]["reenviados"], 1, "{report}");
+    let made = fake.made();
+    assert_eq!(made.len(), 1);
+    assert_eq!(app.payment(&payment).await.state, "FALLIDA");
+
+    let mut failed = made[0].clone();
+    failed["status"] = Value::from("failed");
+    failed["failureCode"] = Value::from("expired_or_canceled_card");
+    assert_eq!(
+        deliver_event(&app, "evt_re_1", "refund.updated", 1, failed).await,
+        "aplicado"
+    );
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+    let told = revision_events(&app, &payment).await;
+    assert_eq!(told.len(), 1, "one pago.revision_manual");
+    let detail = admin(&app, &format!("/admin/pagos/{payment}"), None).await;
+    assert_eq!(detail["reembolsos"][0]["estado"], "FALLIDO", "{detail}");
+    assert!(
+        listed(&detail, "transiciones", "motivo")
+            .iter()
+            .any(|m| m.contains(CHARGE_ID) && m.contains("still charged")),
+        "{detail}"
+    );
+}
+
+/// Once a compensation refund failed and took its payment to review, on-call reads why
+/// (the provider can refund now) and resolves it FALLIDA with `reembolsar`: a new refund
+/// of the charge, with a key of its own, gives the money back; the failed one is never
+/// sent again.
+async fn after_a_failed_compensation_on_call_resolves_fallida_with_reembolsar_and_the_charge_is_refunded_again(
+    backend: Backend,
+) {
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "refund", "reembolsando").await;
+    fake.refunding("failed");
+    admin(&app, "/admin/reconciliaciones", Some(json!({}))).await;
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+
+    fake.refunding("succeeded");
+    Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({"data": [succeeded(&payment)]})),
+        )
+        .mount(app.gateway())
+        .await;
+    let detail = admin(
+        &app,
+        &format!("/admin/pagos/{payment}/resolucion"),
+        Some(json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 81: the provider can refund now"})),
+    )
+    .await;
+    assert_eq!(detail["pago"]["estado"], "FALLIDA", "{detail}");
+    let refunds = detail["reembolsos"].as_array().expect("refunds");
+    assert_eq!(refunds.len(), 2, "{detail}");
+    assert_eq!(refunds[0]["estado"], "FALLIDO");
+    assert_eq!(refunds[1]["estado"], "COMPLETADO", "{detail}");
+    assert_eq!(refunds[1]["monto"], 250000);
+    let made = fake.made();
+    assert_eq!(made.len(), 2, "the failed refund and the new one, no more");
+    assert_eq!(made[1]["charge"], CHARGE_ID);
+    assert_eq!(made[1]["amount"], 250000);
+    assert_eq!(made[1]["reference"], refunds[1]["id"]);
+    assert_ne!(
+        made[1]["reference"], made[0]["reference"],
+        "a refund of its own"
+    );
+    assert!(
+        listed(&detail, "transiciones", "motivo")
+            .iter()
+            .any(|m| m.contains("ticket 81")
+                && m.contains("refunded again")
+                && m.contains(refunds[0]["id"].as_str().expect("id"))),
+        "{detail}"
+    );
+    assert_eq!(revision_events(&app, &payment).await.len(), 1);
+
+    // The charge reported once more changes nothing: its compensation gave it back.
+    assert_eq!(
+        deliver(&app, "evt_3", 4, succeeded(&payment)).await,
+        "sin_cambios"
+    );
+    assert_eq!(app.payment(&payment).await.state, "FALLIDA");
+    assert_eq!(fake.made().len(), 2);
 }

@@ -17,16 +17,27 @@ on_both_databases!(
     a_pending_charge_answers_202_and_its_retry_gets_the_current_state,
     refused_credentials_leave_the_payment_to_the_reconciler_instead_of_failing_it,
     a_charge_for_another_amount_goes_to_review_instead_of_settling,
+    a_charge_answer_naming_another_payment_or_none_is_not_believed_by_any_provider,
 );
+
+/// A succeeded charge about each request (its reference, amount and currency), changed by
+/// `change`.
+struct ChargeAbout(fn(&mut serde_json::Value));
+
+impl wiremock::Respond for ChargeAbout {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        let body: serde_json::Value =
+            serde_json::from_slice(&request.body).unwrap_or(serde_json::Value::Null);
+        let mut charge = Charge::succeeded().about(&body);
+        (self.0)(&mut charge);
+        ResponseTemplate::new(201).set_body_json(charge)
+    }
+}
 
 async fn a_charge_for_another_amount_goes_to_review_instead_of_settling(backend: Backend) {
     let app = Spawn::new(backend).start().await;
-    let mut charge: serde_json::Value = serde_json::from_str(include_str!(
-        "../../fixtures/reference-gateway/charge_succeeded.json"
-    ))
-    .expect("fixture");
-    charge["amount"] = 1.into();
-    app.answer_charges(ResponseTemplate::new(201).set_body_json(charge))
+    // This payment's charge (its reference), for another amount.
+    app.answer_charges(ChargeAbout(|charge| charge["amount"] = 1.into()))
         .await;
     let answer = app.pay("k-amount", &payment_body()).await;
     assert_eq!(answer.status(), 202);
@@ -35,6 +46,55 @@ async fn a_charge_for_another_amount_goes_to_review_instead_of_settling(backend:
         body["estado"], "REVISION_MANUAL",
         "money that does not match is never COMPLETADA"
     );
+}
+
+/// The answer to a charge names another payment's charge (a gateway bug, a proxy or cache
+/// replaying another request's answer: same amount, same currency), or none: it says
+/// nothing of this payment, so it is never believed — not 201 COMPLETADA on someone
+/// else's money, not 402 on someone else's decline. It is an unknown outcome: retried with
+/// the same key, whose answer (the provider's replay of this payment's own charge) settles
+/// it at once; with no retry left, answered 202 ENVIADA, and the reconciler, whose search
+/// keeps this payment's own charges, settles it on its own charge. Charged once either way.
+/// Every provider echoes the reference it was sent (the reference protocol's `reference`,
+/// Stripe's `metadata.pagos_reference`, Mercado Pago's `external_reference`): an answer
+/// without one is not believed either.
+async fn a_charge_answer_naming_another_payment_or_none_is_not_believed_by_any_provider(
+    backend: Backend,
+) {
+    use crate::providers::{ALL, Next};
+    for provider in ALL {
+        for naming in [Some(uuid::Uuid::new_v4().to_string()), None] {
+            for retries in ["0", "1"] {
+                let case = format!("{provider:?} answering about {naming:?}, {retries} retries");
+                let flags = ["--gateway-retries", retries];
+                let (app, fake) = provider.spawn(backend.clone(), &flags).await;
+                fake.next([Next::AnswerNaming(naming.clone())]);
+                let answer = app.pay("k-foreign", &provider.payment(250_000)).await;
+                let status = answer.status().as_u16();
+                let pago = json(answer).await;
+                let id = pago["id"].as_str().expect("id").to_owned();
+                if retries == "0" {
+                    assert_eq!(status, 202, "{case}: {pago}");
+                    assert_eq!(pago["estado"], "ENVIADA", "{case}");
+                    assert!(pago["gatewayRef"].is_null(), "{case}: {pago}");
+                    let report = app.reconcile(&id).await;
+                    assert_eq!(report["completados"], 1, "{case}: {report}");
+                    assert_eq!(fake.searches(), std::slice::from_ref(&id), "{case}");
+                } else {
+                    assert_eq!(status, 201, "{case}: {pago}");
+                    assert_eq!(fake.creates().len(), 2, "{case}: the retry, same key");
+                }
+                let payment = app.payment(&id).await;
+                assert_eq!(payment.state, "COMPLETADA", "{case}");
+                assert_eq!(
+                    payment.gateway_ref.as_deref(),
+                    Some(provider.charge_id(1).as_str()),
+                    "{case}: settled on its own charge, not the one answered"
+                );
+                assert_eq!(fake.charges(), 1, "{case}: charged once");
+            }
+        }
+    }
 }
 
 async fn refused_credentials_leave_the_payment_to_the_reconciler_instead_of_failing_it(

@@ -25,6 +25,7 @@ on_both_databases!(
     a_full_refund_made_through_pagos_keeps_the_payment_completada_without_review,
     partial_refunds_through_pagos_that_add_up_keep_it_completada_even_before_the_last_answer_is_recorded,
     money_returned_beyond_pagos_refunds_or_charged_back_still_sends_the_payment_to_review,
+    a_refund_pagos_never_sent_does_not_cover_money_returned_outside_pagos,
 );
 
 const WEBHOOK_SECRET: &str = "mp_webhook_secret_test";
@@ -903,4 +904,67 @@ async fn money_returned_beyond_pagos_refunds_or_charged_back_still_sends_the_pay
         assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL", "{then}");
         assert_eq!(revision_events(&app, &id).await, 1, "{then}");
     }
+}
+
+/// A full refund registered `EN_PROCESO` whose request died before it marked it sent (a
+/// crash, a database error: 500), then the merchant refunds the payment in Mercado Pago's
+/// panel. The refund pagos holds never reached Mercado Pago, so what went back is not its
+/// doing: the payment goes to review, and on-call is told before the reconciler sends a
+/// refund Mercado Pago can only refuse.
+async fn a_refund_pagos_never_sent_does_not_cover_money_returned_outside_pagos(backend: Backend) {
+    use pagos::saga::refund::store::{self, Registered, Registration};
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.mount(app.gateway()).await;
+    let (id, data_id) = approved_payment(&app, "k-never-sent").await;
+    let payment =
+        pagos::saga::store::find_payment(&app.db, uuid::Uuid::parse_str(&id).expect("uuid"))
+            .await
+            .expect("read")
+            .expect("the payment");
+
+    // The whole payment registered for a refund, held by its (dead) request for an hour:
+    // nobody sends it during the test.
+    let registered = store::register(
+        &app.db,
+        Registration {
+            merchant: payment.merchant_id,
+            scope: pagos::entities::refund::KeyScope::Merchant,
+            key: "r-never-sent",
+            fingerprint: "fingerprint",
+            payment: payment.id,
+            amount: None,
+            reason: None,
+            requested_by: "merchant".into(),
+            lease: std::time::Duration::from_secs(3600),
+            payment_states: &[pagos::saga::state::PaymentState::Completada],
+            charge: None,
+            charge_amount: None,
+        },
+    )
+    .await
+    .expect("registered");
+    let Registered::Started(refund) = registered else {
+        panic!("expected a new refund, got {registered:?}");
+    };
+    assert_eq!(refund.state.as_str(), "EN_PROCESO");
+    assert_eq!(refund.amount, 250000);
+
+    // Mercado Pago's panel refunds it all; Mercado Pago notifies.
+    fake.set(&id, "payment_refunded", "2026-12-04T09:00:00.000-05:00");
+    assert_eq!(
+        outcome(notify(&app, 7331, &data_id).await).await,
+        "revision_manual",
+        "a refund never sent covers nothing"
+    );
+    assert_eq!(fake.refunds_made(), 0, "pagos sent no refund");
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
+    assert_eq!(revision_events(&app, &id).await, 1, "pago.revision_manual");
+    let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
+    assert!(
+        crate::helpers::listed(&detail, "transiciones", "motivo")
+            .iter()
+            .any(|m| m.contains("contradicting COMPLETADA")),
+        "the audit trail says why: {detail}"
+    );
 }

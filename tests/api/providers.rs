@@ -129,17 +129,26 @@ impl Provider {
         }
     }
 
+    /// The provider's id of the fake's `n`-th charge (from 1).
+    pub fn charge_id(self, n: usize) -> String {
+        match self {
+            Provider::Reference => format!("ch_fake_{n}"),
+            Provider::Stripe => format!("pi_fake{n:020}"),
+            Provider::MercadoPago => (1_000_000_000u64 + n as u64).to_string(),
+        }
+    }
+
     /// A succeeded charge, numbered `n`, about `reference`.
     fn charge(self, n: usize, reference: &str, amount: &Value) -> Value {
         match self {
-            Provider::Reference => json!({"id": format!("ch_fake_{n}"), "status": "succeeded",
+            Provider::Reference => json!({"id": self.charge_id(n), "status": "succeeded",
                 "amount": amount, "currency": "COP", "reference": reference, "declineCode": null}),
             Provider::Stripe => {
                 let mut pi: Value = serde_json::from_str(include_str!(
                     "../../fixtures/stripe/payment_intent_succeeded.json"
                 ))
                 .expect("fixture");
-                pi["id"] = Value::from(format!("pi_fake{n:020}"));
+                pi["id"] = Value::from(self.charge_id(n));
                 pi["amount"] = amount.clone();
                 pi["currency"] = Value::from("cop");
                 pi["metadata"]["pagos_reference"] = Value::from(reference);
@@ -157,6 +166,23 @@ impl Provider {
                 payment
             }
         }
+    }
+
+    /// `charge` naming `reference` as its payment, or none (its reference left out).
+    fn naming(self, mut charge: Value, reference: Option<&str>) -> Value {
+        let (holder, field) = match self {
+            Provider::Reference => (&mut charge, "reference"),
+            Provider::Stripe => (&mut charge["metadata"], "pagos_reference"),
+            Provider::MercadoPago => (&mut charge, "external_reference"),
+        };
+        match (reference, holder.as_object_mut()) {
+            (Some(reference), _) => holder[field] = Value::from(reference),
+            (None, Some(fields)) => {
+                fields.remove(field);
+            }
+            (None, None) => {}
+        }
+        charge
     }
 
     fn search_answer(self, found: Vec<Value>) -> Value {
@@ -227,6 +253,10 @@ pub enum Next {
     AnswerLate(Duration),
     /// Refuse with this status, without charging.
     Refuse(u16),
+    /// Charge, but answer with another charge about another payment (`Some`: its
+    /// reference) or about none (the reference left out): a gateway bug, or a proxy
+    /// replaying another request's answer.
+    AnswerNaming(Option<String>),
 }
 
 #[derive(Clone)]
@@ -317,10 +347,11 @@ impl Respond for Create {
             reference: reference.clone(),
             body: request.body.clone(),
         });
-        let delay = match state.script.pop_front() {
+        let (delay, naming) = match state.script.pop_front() {
             Some(Next::Refuse(status)) => return provider.refusal(status),
-            Some(Next::AnswerLate(delay)) => delay,
-            None => Duration::ZERO,
+            Some(Next::AnswerLate(delay)) => (delay, None),
+            Some(Next::AnswerNaming(other)) => (Duration::ZERO, Some(other)),
+            None => (Duration::ZERO, None),
         };
         if let Some((body, charge)) = state.by_key.get(&key) {
             return if *body == request.body {
@@ -347,8 +378,20 @@ impl Respond for Create {
         } else {
             201
         };
+        let answer = match naming {
+            // Another charge (numbered far from the fake's own), of the same amount.
+            Some(other) => provider.naming(
+                provider.charge(
+                    1000 + state.charges,
+                    other.as_deref().unwrap_or(""),
+                    &amount,
+                ),
+                other.as_deref(),
+            ),
+            None => charge,
+        };
         ResponseTemplate::new(status)
-            .set_body_json(charge)
+            .set_body_json(answer)
             .set_delay(delay)
     }
 }

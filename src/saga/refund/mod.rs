@@ -30,10 +30,15 @@ pub const GATEWAY_REJECTED: &str = "gateway_rejected";
 /// `failure_code` of a refund on-call resolved as failed.
 pub const RESOLVED_FAILED: &str = "resolved_by_on_call";
 
-/// What the refund store writes rendered: the key's frozen answer and the event's `datos`.
+/// What the refund store writes rendered: the key's frozen answer and the event's
+/// `datos`, and the payment's, for a compensation refund whose failure takes its payment
+/// to review.
 pub const RENDER: store::Render = store::Render {
-    answer: representation::refund_frozen,
-    datos: representation::refund_datos,
+    refund: crate::saga::store::Render {
+        answer: representation::refund_frozen,
+        datos: representation::refund_datos,
+    },
+    payment: crate::saga::RENDER,
 };
 
 /// What every send of `r` asks the gateway: the same key and the same body. `whole` when
@@ -202,8 +207,9 @@ pub enum OrphanCharges {
 pub enum Compensation {
     /// A refund of what is left of the charge, registered in the caller's transaction.
     Started(Box<refund::Model>),
-    /// The charge's compensation refund exists already (its key is the charge's id):
-    /// whatever that refund came to is the charge's compensation.
+    /// The charge's compensation refund exists already (the last of pagos' own refunds
+    /// of it; the first one's key is the charge's id): whatever that refund came to is the
+    /// charge's compensation.
     Taken(Box<refund::Model>),
     /// pagos' `COMPLETADO` refunds of the charge already give all of it back.
     Covered,
@@ -233,7 +239,7 @@ impl Compensation {
     pub fn why_not(&self) -> String {
         match self {
             Compensation::Taken(r) if r.state == RefundState::Fallido => format!(
-                "its compensation refund {} failed ({}); that refund's key is the charge's id, so pagos cannot send it again",
+                "its compensation refund {} failed ({}); a failed refund is never sent again, and only on-call's resolution FALLIDA with reembolsar refunds the charge anew",
                 r.id,
                 r.failure_code.as_deref().unwrap_or("no code")
             ),
@@ -257,29 +263,60 @@ impl Compensation {
     }
 }
 
+/// What `compensate_in` does with a charge whose compensation refund failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Nothing (`Compensation::Taken`): the failure took the payment to on-call, who
+    /// decides. A gateway event reporting the charge again.
+    Stop,
+    /// A new compensation refund of what is left of the charge, with a key of its own:
+    /// on-call's resolution `FALLIDA` with `reembolsar`, asked knowing the last one
+    /// failed. The failed refund is final and never sent again, so the new one cannot
+    /// meet it at the provider.
+    RefundAgain,
+}
+
 /// The compensation of an orphan charge: a refund of what is left of `charge` — its
 /// amount less pagos' `COMPLETADO` refunds of it (a payment that was `COMPLETADA` may have
 /// refunds of its own charge already) — registered in the caller's transaction, in pagos'
 /// own key space (the key is the charge's id, so the same charge found twice is refunded
-/// once), with an audit row on the payment saying why. The refund is due at once: the next
-/// reconciliation pass sends it (or on-call's "reconcile now"). The payment must be
-/// `FALLIDA`; its row must be locked by the caller or the database serialized (`lock` as
-/// `store::register_in`).
+/// once), with an audit row on the payment saying why. The charge's compensation is the
+/// last of pagos' own refunds of it: when that one failed, `after_failure` says whether a
+/// new one is made (its key: the charge's id and its number, `ch_…#2`, so a resolution
+/// retried makes it once). The refund is due at once: the next reconciliation pass sends
+/// it (or on-call's "reconcile now"). The payment must be `FALLIDA`; its row must be
+/// locked by the caller or the database serialized (`lock` as `store::register_in`).
 pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
     tx: &C,
     p: &crate::entities::payment::Model,
     charge: &crate::gateway::Charge,
     actor: Actor,
     why: &str,
+    after_failure: AfterFailure,
     lock: bool,
 ) -> Result<Compensation, sea_orm::DbErr> {
     use crate::entities::payment_transition as payment_transitions;
     use sea_orm::EntityTrait;
     let scope = crate::entities::refund::KeyScope::Orphan;
-    if let Some(existing) = store::find_key(tx, p.merchant_id, scope, &charge.id).await? {
-        return Ok(Compensation::Taken(Box::new(existing)));
-    }
     let earlier = store::of_charge(tx, p.id, &charge.id).await?;
+    let compensations: Vec<&refund::Model> =
+        earlier.iter().filter(|r| r.key_scope == scope).collect();
+    let (key, failed_before) = match compensations.last() {
+        None => match store::find_key(tx, p.merchant_id, scope, &charge.id).await? {
+            // Taken by a refund of another payment's: never a second refund of it here.
+            Some(existing) => return Ok(Compensation::Taken(Box::new(existing))),
+            None => (charge.id.clone(), None),
+        },
+        Some(last)
+            if last.state == RefundState::Fallido && after_failure == AfterFailure::RefundAgain =>
+        {
+            (
+                format!("{}#{}", charge.id, compensations.len() + 1),
+                Some(*last),
+            )
+        }
+        Some(last) => return Ok(Compensation::Taken(Box::new((*last).clone()))),
+    };
     if let Some(open) = earlier.iter().find(|r| {
         matches!(
             r.state,
@@ -308,7 +345,7 @@ pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
         &store::Registration {
             merchant: p.merchant_id,
             scope,
-            key: &charge.id,
+            key: &key,
             fingerprint: &fingerprint,
             payment: p.id,
             amount: Some(left),
@@ -327,7 +364,14 @@ pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
         store::Registered::Taken(r) => return Ok(Compensation::Taken(r)),
         other => return Ok(Compensation::Refused(other)),
     };
-    let what = if given_back == 0 {
+    let what = if let Some(failed) = failed_before {
+        format!(
+            "the charge is refunded again ({left} {cur}; its compensation refund {} failed: {})",
+            failed.id,
+            failed.failure_code.as_deref().unwrap_or("no code"),
+            cur = r.currency
+        )
+    } else if given_back == 0 {
         "the charge is refunded in full".to_owned()
     } else {
         format!(

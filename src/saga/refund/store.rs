@@ -12,9 +12,9 @@
 //! `BEGIN IMMEDIATE` serializes writers. No gateway calls, no rendering here.
 
 use crate::db::{begin_write, now};
+use crate::entities::payment;
 use crate::entities::refund::{self, KeyScope, KeyStatus};
 use crate::entities::refund_transition::{self as transitions, Actor};
-use crate::entities::{event, payment};
 use crate::idempotency::derive::derive_refund;
 use crate::outbox;
 use crate::saga::refund::state::{Event, IllegalTransition, RefundState, transition};
@@ -43,9 +43,14 @@ pub enum StoreError {
 }
 
 /// What the store writes rendered, given by the layer above (storage stores, it never
-/// renders): the answer a refund that just became final freezes on its key, and the
-/// refund as an event's `datos` shows it (JSON text).
-pub type Render = crate::saga::store::Render<refund::Model>;
+/// renders): the refund's — the answer a refund that just became final freezes on its
+/// key, and the refund as an event's `datos` shows it (JSON text) — and its payment's,
+/// for a compensation refund whose failure moves its payment too (`PaymentToReview`).
+#[derive(Clone, Copy)]
+pub struct Render {
+    pub refund: crate::saga::store::Render<refund::Model>,
+    pub payment: crate::saga::store::Render,
+}
 
 pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<refund::Model>, DbErr> {
     refund::Entity::find_by_id(id).one(db).await
@@ -175,20 +180,20 @@ pub async fn refunded_amounts(
     Ok(sums.into_iter().collect())
 }
 
-/// What pagos' refunds of one charge of a payment that have not failed add up to:
-/// `COMPLETADO`, and those in flight (`EN_PROCESO`, `ENVIADO`), whose answer a provider
-/// may tell of before pagos records it. Refunds under review are left out: nobody knows
-/// yet whether their money went back.
+/// What pagos' refunds of one charge of a payment that may have reached the provider add
+/// up to: `COMPLETADO`, and `ENVIADO` (sent: a provider may tell of its answer before
+/// pagos records it). `EN_PROCESO` is left out: pagos marks a refund `ENVIADO` before any
+/// gateway call, so one still `EN_PROCESO` has never reached the provider, and money that
+/// went back cannot be its doing (a request that died before sending it leaves it so,
+/// and the reconciler sends it later). Refunds under review are left out too: nobody
+/// knows yet whether their money went back.
 pub async fn covering(
     db: &impl ConnectionTrait,
     payment: Uuid,
     charge: &str,
 ) -> Result<i64, DbErr> {
-    let refunds = of_one_charge(payment, charge).filter(refund::Column::State.is_in([
-        RefundState::Completado,
-        RefundState::Enviado,
-        RefundState::EnProceso,
-    ]));
+    let refunds = of_one_charge(payment, charge)
+        .filter(refund::Column::State.is_in([RefundState::Completado, RefundState::Enviado]));
     total(db, refunds).await
 }
 
@@ -415,14 +420,31 @@ impl From<Changes> for Step {
 /// its dedupe row) or committed on its own (`write_now`).
 pub type Plan = crate::saga::store::Plan<refund::Model>;
 
+/// A compensation refund's move into `FALLIDO` (`plan`): the customer is still charged
+/// while the payment's answer says no money was taken, and nothing of pagos' will try
+/// again. Its payment, if it is still `FALLIDA`, goes to `REVISION_MANUAL` in the refund's
+/// own write — one statement on PostgreSQL, one transaction on SQLite — with its audit row
+/// (`reason`) and its `pago.revision_manual` event: a compensation refund cannot fail
+/// without on-call being told.
+pub struct PaymentToReview {
+    /// The payment's answer and event, as the layer above renders them.
+    pub render: crate::saga::store::Render,
+    pub actor: Actor,
+    /// The payment's audit row: which charge, which refund, that the customer is still
+    /// charged.
+    pub reason: String,
+}
+
 /// A refund as a decision moves it: its key lives on its own row, so a decision's writes
-/// are the refund's update, its audit row and its event.
+/// are the refund's update, its audit row and its event, and, for a compensation refund
+/// that fails, its payment's move to review (`PaymentToReview`).
 impl SagaRow for refund::Model {
     type State = RefundState;
     type Event = Event;
     type Illegal = IllegalTransition;
     type Audit = transitions::Model;
-    type KeyWrite = ();
+    type Besides = Option<PaymentToReview>;
+    type Render = Render;
     const SEND: Event = Event::Send;
 
     fn state(&self) -> RefundState {
@@ -453,6 +475,8 @@ impl SagaRow for refund::Model {
 
     /// The refund's update (with its key's frozen answer when it becomes final), its
     /// audit row, its event: a refund's key is on the refund, nothing more to write on it.
+    /// A compensation refund (pagos' own, of an orphan charge) that fails takes its
+    /// payment to review (`PaymentToReview`).
     fn plan(
         &self,
         event: Event,
@@ -465,13 +489,28 @@ impl SagaRow for refund::Model {
         if moved.to.is_terminal() && self.key_status == KeyStatus::InProgress {
             // What a client was told first is what its retries are told: frozen once.
             let next = &mut moved.next;
-            let answer = (render.answer)(next);
+            let answer = (render.refund.answer)(next);
             next.key_status = KeyStatus::Completed;
             next.response_code = Some(i32::from(answer.status));
             next.response_body = Some(answer.body);
             next.lease_until = None;
         }
-        Ok(moved.plan((), render.datos))
+        let to_review = (self.key_scope == KeyScope::Orphan
+            && moved.from != RefundState::Fallido
+            && moved.to == RefundState::Fallido)
+            .then(|| PaymentToReview {
+                render: render.payment,
+                actor,
+                reason: format!(
+                    "the compensation of charge {} failed: refund {} of {} {} ended FALLIDO ({}), so the customer is still charged while the payment's answer says no money was taken; on-call decides",
+                    self.charge_ref,
+                    self.id,
+                    self.amount,
+                    self.currency,
+                    moved.next.failure_code.as_deref().unwrap_or("no code")
+                ),
+            });
+        Ok(moved.plan(to_review, render.refund.datos))
     }
 
     /// A refund's key lives on the refund: its lease ends with the row's write.
@@ -480,7 +519,7 @@ impl SagaRow for refund::Model {
         Plan {
             next,
             audit: None,
-            key: (),
+            besides: None,
             event: None,
         }
     }
@@ -536,7 +575,7 @@ impl Rewritten for refund::Model {
         let alone = Plan {
             next: next.clone(),
             audit: None,
-            key: (),
+            besides: None,
             event: None,
         };
         async move { alone.write_committed(db, current).await }
@@ -564,9 +603,60 @@ fn moved_values(next: &refund::Model) -> Vec<Value> {
     MOVED.iter().map(|c| next.get(*c)).collect()
 }
 
+/// The payment a plan moves besides its refund (`PaymentToReview`: a compensation refund
+/// that failed), as read before the write, and its own plan when it is still `FALLIDA`
+/// (otherwise on-call holds it already, or decided it: it does not move).
+struct PaymentMove {
+    current: payment::Model,
+    to_review: Option<crate::saga::store::Plan>,
+}
+
+async fn payment_move<C: ConnectionTrait>(
+    db: &C,
+    refund: &refund::Model,
+    plan: &Plan,
+) -> Result<Option<PaymentMove>, DbErr> {
+    let Some(to_review) = &plan.besides else {
+        return Ok(None);
+    };
+    let Some(current) = payment::Entity::find_by_id(refund.payment_id)
+        .one(db)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let to_review = if current.state == PaymentState::Fallida {
+        let planned = current
+            .plan(
+                crate::saga::state::Event::Contradicted,
+                Step::default(),
+                to_review.actor,
+                &to_review.reason,
+                to_review.render,
+            )
+            .map_err(|e| DbErr::Custom(e.to_string()))?;
+        Some(planned)
+    } else {
+        None
+    };
+    Ok(Some(PaymentMove { current, to_review }))
+}
+
+/// The warning on-call's logs show when a write took a payment to review with its refund.
+fn log_moved(refund: &refund::Model, payment: Option<&PaymentMove>) {
+    if let Some(PaymentMove {
+        current,
+        to_review: Some(_),
+    }) = payment
+    {
+        tracing::warn!(payment_id = %current.id, refund_id = %refund.id, charge = refund.charge_ref, "compensation refund failed: the customer is still charged; the payment goes to REVISION_MANUAL");
+    }
+}
+
 /// A plan's writes in the caller's transaction, which commits them: fenced on `current`'s
-/// version, with its audit row and its event; one statement on PostgreSQL. False when
-/// fenced.
+/// version, with its audit row and its event (and its payment's move to review, when it
+/// has one); one statement on PostgreSQL. False when fenced: nothing is to be kept (the
+/// caller rolls its transaction back).
 async fn write_on<C: ConnectionTrait>(
     tx: &C,
     current: &refund::Model,
@@ -575,6 +665,9 @@ async fn write_on<C: ConnectionTrait>(
     if one_statement(tx) {
         return sql_write(tx, current, plan).await;
     }
+    // SQLite: the transaction is `BEGIN IMMEDIATE`, so the payment read here is the one
+    // written over below.
+    let payment = payment_move(tx, current, plan).await?;
     let mut update = refund::Entity::update_many();
     for (column, value) in MOVED.iter().zip(moved_values(&plan.next)) {
         update = update.col_expr(*column, Expr::val(value));
@@ -595,15 +688,70 @@ async fn write_on<C: ConnectionTrait>(
     if let Some(told) = &plan.event {
         outbox::record(tx, told).await?;
     }
+    if let Some(PaymentMove {
+        current: p,
+        to_review: Some(to_review),
+    }) = &payment
+        && !<payment::Model as SagaRow>::write_in(tx, p, to_review).await?
+    {
+        // The payment moved since it was read: the refund's writes are rolled back with
+        // it, and the decision is taken again.
+        return Ok(false);
+    }
+    log_moved(current, payment.as_ref());
     Ok(true)
 }
 
+/// The columns of a payment its move to review writes, in the order `sql_write` binds
+/// them (the payments' own fenced write changes the same ones).
+const PAYMENT_MOVED: [payment::Column; 9] = [
+    payment::Column::State,
+    payment::Column::Version,
+    payment::Column::Attempts,
+    payment::Column::GatewayRef,
+    payment::Column::DeclineCode,
+    payment::Column::NextAttemptAt,
+    payment::Column::UpdatedAt,
+    payment::Column::ClaimedUntil,
+    payment::Column::PaymentMethod,
+];
+
+/// `INSERT INTO "<table>" (<every column of row's entity>) SELECT <its values> FROM
+/// "<from>"`: the row written whole, only if `from` has a row; its values bound after
+/// `values`.
+fn insert_from<M: sea_orm::ModelTrait>(
+    values: &mut Vec<Value>,
+    table: &str,
+    row: &M,
+    from: &str,
+) -> String {
+    use sea_orm::{IdenStatic, Iterable};
+    let mut columns = Vec::new();
+    let mut placeholders = Vec::new();
+    for column in <M::Entity as EntityTrait>::Column::iter() {
+        columns.push(format!("\"{}\"", column.as_str()));
+        values.push(row.get(column));
+        placeholders.push(format!("${}", values.len()));
+    }
+    format!(
+        "INSERT INTO \"{table}\" ({})\n  SELECT {} FROM \"{from}\"",
+        columns.join(", "),
+        placeholders.join(", ")
+    )
+}
+
+/// A plan's writes as one statement (PostgreSQL). With a payment to move to review, the
+/// statement first locks the payment at the version read (`held`: `FOR UPDATE`, which
+/// waits for a writer in flight and then sees its row), and the refund moves only if it
+/// holds it: the refund's failure and its payment's move commit together or not at all,
+/// and a payment that moved since it was read fences the whole write.
 async fn sql_write<C: ConnectionTrait>(
     db: &C,
     current: &refund::Model,
     plan: &Plan,
 ) -> Result<bool, DbErr> {
     use sea_orm::IdenStatic;
+    let payment = payment_move(db, current, plan).await?;
     let mut values = moved_values(&plan.next);
     let set: Vec<String> = MOVED
         .iter()
@@ -612,9 +760,24 @@ async fn sql_write<C: ConnectionTrait>(
         .collect();
     values.push(current.id.into());
     values.push(current.version.into());
-    let mut sql = format!(
-        r#"WITH "moved" AS (
-  UPDATE "refunds" SET {} WHERE "id" = ${} AND "version" = ${} RETURNING "id")"#,
+    let mut sql = String::from("WITH ");
+    let mut held = "";
+    if let Some(PaymentMove { current: p, .. }) = &payment {
+        values.push(p.id.into());
+        values.push(p.version.into());
+        let n = values.len();
+        sql += &format!(
+            r#""held" AS (
+  SELECT "id" FROM "payments" WHERE "id" = ${} AND "version" = ${} FOR UPDATE),
+"#,
+            n - 1,
+            n
+        );
+        held = r#" AND EXISTS (SELECT 1 FROM "held")"#;
+    }
+    sql += &format!(
+        r#""moved" AS (
+  UPDATE "refunds" SET {} WHERE "id" = ${} AND "version" = ${}{held} RETURNING "id")"#,
         set.join(", "),
         MOVED.len() + 1,
         MOVED.len() + 2
@@ -643,23 +806,46 @@ async fn sql_write<C: ConnectionTrait>(
         );
     }
     if let Some(told) = &plan.event {
-        // The outbox: the event only if the refund moved.
-        use sea_orm::{Iterable, ModelTrait};
-        let first = values.len() + 1;
-        let mut columns = Vec::new();
-        for column in <event::Entity as EntityTrait>::Column::iter() {
-            columns.push(format!("\"{}\"", column.as_str()));
-            values.push(told.get(column));
-        }
-        let placeholders: Vec<String> = (first..first + columns.len())
-            .map(|n| format!("${n}"))
-            .collect();
-        // Queued for the delivery worker's fan-out in the same statement, as a payment's.
+        // The outbox: the event only if the refund moved. Queued for the delivery
+        // worker's fan-out in the same statement, as a payment's.
         sql += &format!(
-            ",\n\"told\" AS (\n  INSERT INTO \"events\" ({})\n  SELECT {} FROM \"moved\"\n  RETURNING \"id\"),\n\"queued\" AS (\n  INSERT INTO \"events_to_fan_out\" (\"event_id\")\n  SELECT \"id\" FROM \"told\")",
-            columns.join(", "),
-            placeholders.join(", ")
+            ",\n\"told\" AS (\n  {}\n  RETURNING \"id\"),\n\"queued\" AS (\n  INSERT INTO \"events_to_fan_out\" (\"event_id\")\n  SELECT \"id\" FROM \"told\")",
+            insert_from(&mut values, "events", told, "moved")
         );
+    }
+    if let Some(PaymentMove {
+        to_review: Some(to_review),
+        ..
+    }) = &payment
+    {
+        // The payment to review, only if the refund moved; the payment is held, so it is
+        // the row read.
+        let next = &to_review.next;
+        let set: Vec<String> = PAYMENT_MOVED
+            .iter()
+            .map(|c| {
+                values.push(sea_orm::ModelTrait::get(next, *c));
+                format!(r#""{}" = ${}"#, c.as_str(), values.len())
+            })
+            .collect();
+        sql += &format!(
+            r#",
+"reviewed" AS (
+  UPDATE "payments" SET {} WHERE "id" IN (SELECT "id" FROM "held") AND EXISTS (SELECT 1 FROM "moved") RETURNING "id")"#,
+            set.join(", ")
+        );
+        if let Some(audit) = &to_review.audit {
+            sql += &format!(
+                ",\n\"reviewed_audit\" AS (\n  {})",
+                insert_from(&mut values, "payment_transitions", audit, "reviewed")
+            );
+        }
+        if let Some(told) = &to_review.event {
+            sql += &format!(
+                ",\n\"reviewed_told\" AS (\n  {}\n  RETURNING \"id\"),\n\"reviewed_queued\" AS (\n  INSERT INTO \"events_to_fan_out\" (\"event_id\")\n  SELECT \"id\" FROM \"reviewed_told\")",
+                insert_from(&mut values, "events", told, "reviewed")
+            );
+        }
     }
     sql += "\nSELECT count(*) AS \"moved\" FROM \"moved\"";
     let row = db
@@ -670,7 +856,11 @@ async fn sql_write<C: ConnectionTrait>(
         ))
         .await?
         .ok_or_else(|| DbErr::Custom("the fenced write returned no row".into()))?;
-    Ok(row.try_get_by_index::<i64>(0)? == 1)
+    let applied = row.try_get_by_index::<i64>(0)? == 1;
+    if applied {
+        log_moved(current, payment.as_ref());
+    }
+    Ok(applied)
 }
 
 /// Refunds are claimed as payments are (`saga::store::claim_due`, `claim_one`):
@@ -702,4 +892,38 @@ pub async fn trail(
         .order_by_asc(transitions::Column::Id)
         .all(db)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fails when payments gain a column that a compensation refund's move of its payment
+    /// to review (`sql_write`, PostgreSQL) does not write: SQLite writes the payment
+    /// through the payments' own write, so it would be dropped on PostgreSQL only.
+    #[test]
+    fn the_payment_move_to_review_writes_every_column_a_payment_write_changes() {
+        use sea_orm::{IdenStatic, Iterable};
+        let fixed_at_registration = [
+            "id",
+            "merchant_id",
+            "idempotency_key",
+            "credit_id",
+            "amount",
+            "currency",
+            "description",
+            "gateway_key",
+            "created_at",
+            "generation",
+        ];
+        let written: Vec<&str> = PAYMENT_MOVED.iter().map(|c| c.as_str()).collect();
+        for column in payment::Column::iter() {
+            assert!(
+                written.contains(&column.as_str())
+                    || fixed_at_registration.contains(&column.as_str()),
+                "payments.{} is not written by a compensation refund's move of its payment",
+                column.as_str()
+            );
+        }
+    }
 }
