@@ -29,7 +29,15 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 /// Opens the database and applies pending migrations (`db::open_and_migrate`).
-pub use crate::db::open_and_migrate;
+pub use crate::db::{Migrated, open_and_migrate};
+
+/// `pagos migrate`: opens the database and applies pending migrations; says what it did.
+pub async fn migrate(database: &crate::db::DatabaseArgs) -> anyhow::Result<Migrated> {
+    let db = crate::db::connect(database).await?;
+    let migrated = crate::db::migrate(&db).await;
+    db.close().await.ok();
+    migrated
+}
 
 pub fn gateway_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
     Ok(match settings.gateway {

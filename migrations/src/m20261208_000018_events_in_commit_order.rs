@@ -56,7 +56,13 @@ impl MigrationTrait for Migration {
             .await?;
         }
         manager
-            .drop_index(Index::drop().name(OLD_INDEX).table("events").to_owned())
+            .drop_index(
+                Index::drop()
+                    .name(OLD_INDEX)
+                    .table("events")
+                    .if_exists()
+                    .to_owned(),
+            )
             .await
     }
 

@@ -253,3 +253,24 @@ fn logs_to_a_terminal_are_coloured_unless_no_color_is_set() {
         );
     }
 }
+
+/// Two processes of a deployment starting together on a fresh PostgreSQL database: one
+/// migrates, the other waits for it and finds nothing left to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_migrating_a_fresh_postgres_database_at_once_both_start() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    for _ in 0..3 {
+        let database = crate::helpers::TestDatabase::create(&backend).await;
+        let settings = crate::helpers::settings(&database.url, &[]);
+        let (first, second) = tokio::join!(
+            pagos::app::open_and_migrate(&settings.database),
+            pagos::app::open_and_migrate(&settings.database),
+        );
+        let first = first.expect("the first process starts");
+        let second = second.expect("the second process starts");
+        let _ = first.close().await;
+        let _ = second.close().await;
+    }
+}
