@@ -448,8 +448,10 @@ async fn ensure_demo_merchant(db: &DatabaseConnection) -> anyhow::Result<()> {
 }
 
 /// `pagos reconcile --once`: one pass, the report as JSON on stdout.
+/// It does not migrate (only `serve` and `migrate` do): a database that lacks migrations is
+/// refused with one line.
 pub async fn reconcile_once(settings: Settings) -> anyhow::Result<std::process::ExitCode> {
-    let db = open_and_migrate(&settings.database).await?;
+    let db = crate::db::open(&settings.database).await?;
     pin_gateway(&db, &settings).await?;
     let gateway = gateway_from(&settings)?;
     let state = build(db, settings, gateway);
