@@ -341,3 +341,30 @@ async fn an_invalid_index_left_by_an_interrupted_concurrent_build_is_built_again
         .expect("bool");
     assert!(old, "the old index is dropped");
 }
+
+/// On SQLite a migration of several statements (m06: two `ADD COLUMN`, then an index) that
+/// stops halfway leaves nothing of itself: the next start runs it whole. Here its last
+/// statement fails (a table holds the index's name), as a kill there would stop it.
+#[tokio::test]
+async fn an_sqlite_migration_stopped_halfway_runs_whole_at_the_next_start() {
+    use migration::{Migrator, MigratorTrait};
+    use sea_orm::ConnectionTrait;
+    let database = crate::helpers::TestDatabase::create(&Backend::Sqlite).await;
+    let settings = crate::helpers::settings(&database.url, &[]);
+    let db = pagos::db::connect(&settings.database).await.expect("open");
+    Migrator::up(&db, Some(5)).await.expect("up to m05");
+    db.execute_unprepared(r#"CREATE TABLE "payments_merchant_key_idx" ("x" INTEGER)"#)
+        .await
+        .expect("the name of m06's index taken");
+    Migrator::up(&db, Some(1))
+        .await
+        .expect_err("m06 stops at its last statement");
+    db.execute_unprepared(r#"DROP TABLE "payments_merchant_key_idx""#)
+        .await
+        .expect("the name freed");
+    let _ = db.close().await;
+    let db = pagos::app::open_and_migrate(&settings.database)
+        .await
+        .expect("the next start migrates to the end");
+    let _ = db.close().await;
+}
