@@ -29,7 +29,15 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 /// Opens the database and applies pending migrations (`db::open_and_migrate`).
-pub use crate::db::open_and_migrate;
+pub use crate::db::{Migrated, open_and_migrate};
+
+/// `pagos migrate`: opens the database and applies pending migrations; says what it did.
+pub async fn migrate(database: &crate::db::DatabaseArgs) -> anyhow::Result<Migrated> {
+    let db = crate::db::connect(database).await?;
+    let migrated = crate::db::migrate(&db).await;
+    db.close().await.ok();
+    migrated
+}
 
 pub fn gateway_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
     Ok(match settings.gateway {
@@ -470,8 +478,10 @@ async fn ensure_demo_merchant(db: &DatabaseConnection) -> anyhow::Result<()> {
 }
 
 /// `pagos reconcile --once`: one pass, the report as JSON on stdout.
+/// It does not migrate (only `serve` and `migrate` do): a database that lacks migrations is
+/// refused with one line.
 pub async fn reconcile_once(settings: Settings) -> anyhow::Result<std::process::ExitCode> {
-    let db = open_and_migrate(&settings.database).await?;
+    let db = crate::db::open(&settings.database).await?;
     pin_gateway(&db, &settings).await?;
     let gateway = gateway_from(&settings)?;
     let state = build(db, settings, gateway);

@@ -2,7 +2,9 @@
 //!
 //! SQLite runs in WAL mode with a busy timeout, and every write transaction is
 //! `BEGIN IMMEDIATE`: a deferred transaction that reads and then writes can fail at once
-//! with "database is locked" (busy timeouts do not apply to lock upgrades).
+//! with "database is locked" (busy timeouts do not apply to lock upgrades). Its commits are
+//! `synchronous=FULL`: with `NORMAL` in WAL mode a power loss can roll back a committed
+//! transaction (SQLite documents it), a payment whose merchant was already told 201.
 //!
 //! Before the pool is built, one connection is tried alone, so that a database that cannot
 //! be opened stops the process within seconds with one line saying where and why (the
@@ -43,13 +45,218 @@ pub struct DatabaseArgs {
     pub pool_size: u32,
 }
 
-/// Opens the database and applies pending migrations.
+/// Opens the database and applies pending migrations: `pagos serve` and `pagos migrate`
+/// only. A database already migrated by a newer release is used as it is.
 pub async fn open_and_migrate(args: &DatabaseArgs) -> anyhow::Result<DatabaseConnection> {
     let db = connect(args).await?;
-    Migrator::up(&db, None)
-        .await
-        .context("applying migrations")?;
+    migrate(&db).await?;
     Ok(db)
+}
+
+/// Opens the database without migrating it, for every command but `serve` and `migrate`:
+/// a newer CLI must never migrate production by the way, and under a read-only session
+/// (`PGOPTIONS='-c default_transaction_read_only=on'`) nothing may be created. A database
+/// that lacks migrations this binary needs is refused (run `pagos migrate` first).
+pub async fn open(args: &DatabaseArgs) -> anyhow::Result<DatabaseConnection> {
+    let db = connect(args).await?;
+    match migrations_of(&db)
+        .await
+        .context("reading the applied migrations")?
+    {
+        Migrations::Current | Migrations::Newer(_) => Ok(db),
+        Migrations::Behind(pending) => Err(MigrationError::NotMigrated(pending).into()),
+        Migrations::Mixed { pending, unknown } => {
+            Err(MigrationError::Mixed { pending, unknown }.into())
+        }
+    }
+}
+
+/// What `migrate` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Migrated {
+    /// Applied these migrations (none when the database was up to date).
+    Applied(Vec<String>),
+    /// Nothing: the database holds every migration of this binary and newer ones.
+    ByNewerRelease(Vec<String>),
+}
+
+/// Why the migrations of the database and of this binary do not fit. One line each.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    #[error(
+        "the database lacks {} migration(s) this pagos needs (first: {}): run `pagos migrate` first",
+        .0.len(),
+        .0.first().map(String::as_str).unwrap_or("?")
+    )]
+    NotMigrated(Vec<String>),
+    #[error(
+        "the database holds migrations this pagos does not know ({}) but lacks some of its own ({}): it was migrated by another line of releases; run the release that migrated it",
+        .unknown.join(", "),
+        .pending.join(", ")
+    )]
+    Mixed {
+        pending: Vec<String>,
+        unknown: Vec<String>,
+    },
+}
+
+/// Where the database's migrations stand against those this binary knows.
+#[derive(Debug, PartialEq, Eq)]
+enum Migrations {
+    /// Every migration this binary knows is applied, and no other.
+    Current,
+    /// Some of this binary's migrations are not applied; no unknown one is.
+    Behind(Vec<String>),
+    /// Every migration this binary knows is applied, and these newer ones too: a newer
+    /// release migrated it, and by the expand/contract rule (`migrations/src/lib.rs`) this
+    /// binary still works on it.
+    Newer(Vec<String>),
+    /// Some of this binary's migrations are missing and unknown ones are applied.
+    Mixed {
+        pending: Vec<String>,
+        unknown: Vec<String>,
+    },
+}
+
+/// Reads `seaql_migrations` without creating it (a missing table: nothing applied).
+async fn migrations_of(db: &DatabaseConnection) -> Result<Migrations, DbErr> {
+    use sea_orm::{ConnectionTrait, Statement};
+    let backend = db.get_database_backend();
+    let exists = match backend {
+        DbBackend::Postgres => "SELECT to_regclass('seaql_migrations') IS NOT NULL AS found",
+        _ => {
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'seaql_migrations') AS found"
+        }
+    };
+    let found = match db
+        .query_one_raw(Statement::from_string(backend, exists))
+        .await?
+    {
+        Some(row) => row.try_get::<bool>("", "found")?,
+        None => false,
+    };
+    let applied: std::collections::BTreeSet<String> = if found {
+        db.query_all_raw(Statement::from_string(
+            backend,
+            r#"SELECT "version" FROM "seaql_migrations""#,
+        ))
+        .await?
+        .iter()
+        .map(|row| row.try_get::<String>("", "version"))
+        .collect::<Result<_, _>>()?
+    } else {
+        Default::default()
+    };
+    let known: Vec<String> = Migrator::migrations()
+        .iter()
+        .map(|m| m.name().to_owned())
+        .collect();
+    let pending: Vec<String> = known
+        .iter()
+        .filter(|name| !applied.contains(*name))
+        .cloned()
+        .collect();
+    let unknown: Vec<String> = applied
+        .iter()
+        .filter(|name| !known.contains(*name))
+        .cloned()
+        .collect();
+    Ok(match (pending.is_empty(), unknown.is_empty()) {
+        (true, true) => Migrations::Current,
+        (false, true) => Migrations::Behind(pending),
+        (true, false) => Migrations::Newer(unknown),
+        (false, false) => Migrations::Mixed { pending, unknown },
+    })
+}
+
+/// Applies this binary's pending migrations, unless a newer release has migrated the
+/// database already. On PostgreSQL under a session advisory lock, so that processes
+/// starting together migrate one after the other (the next finds nothing to do).
+pub async fn migrate(db: &DatabaseConnection) -> anyhow::Result<Migrated> {
+    let lock = match db.get_database_backend() {
+        DbBackend::Postgres => Some(MigrationLock::take(db).await?),
+        _ => None,
+    };
+    let migrated = migrate_holding_the_lock(db).await;
+    if let Some(lock) = lock {
+        lock.release().await;
+    }
+    migrated
+}
+
+async fn migrate_holding_the_lock(db: &DatabaseConnection) -> anyhow::Result<Migrated> {
+    match migrations_of(db)
+        .await
+        .context("reading the applied migrations")?
+    {
+        Migrations::Current => Ok(Migrated::Applied(Vec::new())),
+        Migrations::Behind(pending) => {
+            Migrator::up(db, None)
+                .await
+                .context("applying migrations")?;
+            Ok(Migrated::Applied(pending))
+        }
+        Migrations::Newer(unknown) => {
+            tracing::info!(
+                newer = %unknown.join(","),
+                "the database was migrated by a newer release; starting without migrating (its migrations expand the schema, which this release still works on)"
+            );
+            Ok(Migrated::ByNewerRelease(unknown))
+        }
+        Migrations::Mixed { pending, unknown } => {
+            Err(MigrationError::Mixed { pending, unknown }.into())
+        }
+    }
+}
+
+/// The key of the session advisory lock that `migrate` holds on PostgreSQL ("pagosmig").
+const MIGRATION_LOCK: i64 = 0x7061_676f_736d_6967;
+
+/// How long a process waiting for another's migrations sleeps between two tries.
+const MIGRATION_LOCK_RETRY: Duration = Duration::from_millis(250);
+
+/// PostgreSQL's session advisory lock `MIGRATION_LOCK`, held on a connection of its own,
+/// taken out of the pool (which opens another in its place) so that the migrations run on
+/// the pool meanwhile.
+struct MigrationLock(sqlx::PgConnection);
+
+impl MigrationLock {
+    /// Tries again and again rather than waiting in `pg_advisory_lock`: a session waiting
+    /// in a statement holds a snapshot, which `CREATE INDEX CONCURRENTLY` of the process
+    /// migrating would wait for (a deadlock).
+    async fn take(db: &DatabaseConnection) -> anyhow::Result<MigrationLock> {
+        let mut connection = db
+            .get_postgres_connection_pool()
+            .acquire()
+            .await
+            .context("a connection for the migrations' lock")?
+            .detach();
+        let mut told = false;
+        loop {
+            let taken: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                .bind(MIGRATION_LOCK)
+                .fetch_one(&mut connection)
+                .await
+                .context("taking the migrations' lock")?;
+            if taken {
+                return Ok(MigrationLock(connection));
+            }
+            if !told {
+                tracing::info!("another process is applying migrations; waiting for it");
+                told = true;
+            }
+            tokio::time::sleep(MIGRATION_LOCK_RETRY).await;
+        }
+    }
+
+    /// Unlocks and closes the connection (closing alone would release it too).
+    async fn release(mut self) {
+        let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut self.0)
+            .await;
+        let _ = self.0.close().await;
+    }
 }
 
 /// How long the first connection may take before start-up gives up on it.
@@ -96,7 +303,7 @@ pub async fn connect(args: &DatabaseArgs) -> Result<DatabaseConnection, OpenErro
         .sqlx_logging(false)
         .map_sqlx_sqlite_opts(|opts| {
             opts.journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Normal)
+                .synchronous(SqliteSynchronous::Full)
                 .busy_timeout(Duration::from_secs(10))
                 .foreign_keys(true)
         });
@@ -366,4 +573,33 @@ pub fn now() -> chrono::DateTime<chrono::Utc> {
     let now = chrono::Utc::now();
     now.duration_trunc(chrono::TimeDelta::milliseconds(1))
         .unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sea_orm::ConnectionTrait;
+
+    #[tokio::test]
+    async fn sqlite_commits_are_synchronous_full() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let args = DatabaseArgs {
+            url: format!(
+                "sqlite://{}?mode=rwc",
+                dir.path().join("pagos.db").display()
+            ),
+            pool_size: 1,
+        };
+        let db = connect(&args).await.expect("open");
+        let row = db
+            .query_one_raw(sea_orm::Statement::from_string(
+                DbBackend::Sqlite,
+                "PRAGMA synchronous",
+            ))
+            .await
+            .expect("pragma")
+            .expect("a row");
+        let level: i32 = row.try_get_by_index(0).expect("a number");
+        assert_eq!(level, 2, "FULL is 2 (NORMAL is 1)");
+    }
 }

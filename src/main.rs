@@ -33,7 +33,8 @@ async fn main() -> ExitCode {
             // A bad setting or a database that cannot be opened: the operator fixes the
             // configuration (exit 2, as for every setting refused at start).
             let is_setup = err.downcast_ref::<pagos::config::SettingError>().is_some()
-                || err.downcast_ref::<pagos::db::OpenError>().is_some();
+                || err.downcast_ref::<pagos::db::OpenError>().is_some()
+                || err.downcast_ref::<pagos::db::MigrationError>().is_some();
             if is_setup {
                 ExitCode::from(2)
             } else {
@@ -56,10 +57,17 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             app::serve(*settings).await?;
         }
-        Command::Migrate(database) => {
-            app::open_and_migrate(&database).await?;
-            eprintln!("pagos: migrations applied");
-        }
+        Command::Migrate(database) => match app::migrate(&database).await? {
+            app::Migrated::Applied(applied) if applied.is_empty() => {
+                eprintln!("pagos: migrations applied (none was pending)");
+            }
+            app::Migrated::Applied(applied) => {
+                eprintln!("pagos: migrations applied ({})", applied.len());
+            }
+            app::Migrated::ByNewerRelease(_) => {
+                eprintln!("pagos: nothing to apply: the database was migrated by a newer release");
+            }
+        },
         Command::Merchants { action } => return pagos::merchants::cli::run(action).await,
         Command::SandboxGateway(args) => pagos::gateway::sandbox_server::run(args).await?,
         Command::Pay(args) => return pagos_client::cli::run(*args).await,

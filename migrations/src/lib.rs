@@ -2,6 +2,15 @@
 //!
 //! Every migration must run unchanged on PostgreSQL (production) and SQLite (embedded
 //! default). It must never rewrite or drop data a running older binary still relies on.
+//!
+//! Every migration runs in one transaction, with the record that it ran, on both
+//! databases: `use_transaction` returns `Some(true)` (PostgreSQL's default already;
+//! SQLite's is no transaction, and its DDL is transactional). A process killed halfway
+//! through a migration leaves nothing of it, and the next start runs it whole; without
+//! the transaction, the next start met the first half already there (`duplicate column
+//! name`, `UNIQUE constraint failed`) and never started. A migration that cannot run in a
+//! transaction (`m20261208_000018`: `CREATE INDEX CONCURRENTLY`) says so, and each of its
+//! statements must be able to run again.
 
 pub use sea_orm_migration::prelude::*;
 

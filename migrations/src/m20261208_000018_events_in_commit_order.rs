@@ -20,9 +20,18 @@
 //! `(merchant_id, tx, id)` on PostgreSQL, `(merchant_id)` on SQLite (whose every index
 //! ends with the `rowid`). A process built before this migration still lists by id,
 //! correctly filtered by merchant.
+//!
+//! On PostgreSQL it runs outside a transaction, one statement at a time: in one
+//! transaction the `ADD COLUMN`'s ACCESS EXCLUSIVE lock on `events` would be held through
+//! the index build over every event, stalling every payment's final write. The column
+//! comes with a constant default (no rewrite, the lock held an instant), and the indexes
+//! are built and dropped `CONCURRENTLY`. A concurrent build that was interrupted leaves
+//! an INVALID index behind, which `IF NOT EXISTS` would take as done: it is dropped and
+//! built again. Every statement can run again, so a migration killed halfway is finished
+//! by the next start. On SQLite both statements are quick and can run again too.
 
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::DbBackend;
+use sea_orm_migration::sea_orm::{DbBackend, Statement};
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -32,6 +41,11 @@ const INDEX: &str = "events_merchant_commit_order_idx";
 
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
+    /// No transaction: `CREATE INDEX CONCURRENTLY` cannot run in one (module docs).
+    fn use_transaction(&self) -> Option<bool> {
+        Some(false)
+    }
+
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
         if manager.get_database_backend() == DbBackend::Postgres {
@@ -45,8 +59,13 @@ impl MigrationTrait for Migration {
                 r#"ALTER TABLE "events" ALTER COLUMN "tx" SET DEFAULT (pg_current_xact_id()::text::bigint)"#,
             )
             .await?;
+            drop_if_invalid(manager, INDEX).await?;
             db.execute_unprepared(&format!(
-                r#"CREATE INDEX IF NOT EXISTS "{INDEX}" ON "events" ("merchant_id", "tx", "id")"#
+                r#"CREATE INDEX CONCURRENTLY IF NOT EXISTS "{INDEX}" ON "events" ("merchant_id", "tx", "id")"#
+            ))
+            .await?;
+            db.execute_unprepared(&format!(
+                r#"DROP INDEX CONCURRENTLY IF EXISTS "{OLD_INDEX}""#
             ))
             .await?;
         } else {
@@ -54,25 +73,58 @@ impl MigrationTrait for Migration {
                 r#"CREATE INDEX IF NOT EXISTS "{INDEX}" ON "events" ("merchant_id")"#
             ))
             .await?;
-        }
-        manager
-            .drop_index(Index::drop().name(OLD_INDEX).table("events").to_owned())
-            .await
-    }
-
-    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        db.execute_unprepared(&format!(
-            r#"CREATE INDEX IF NOT EXISTS "{OLD_INDEX}" ON "events" ("merchant_id", "id")"#
-        ))
-        .await?;
-        manager
-            .drop_index(Index::drop().name(INDEX).table("events").to_owned())
-            .await?;
-        if manager.get_database_backend() == DbBackend::Postgres {
-            db.execute_unprepared(r#"ALTER TABLE "events" DROP COLUMN IF EXISTS "tx""#)
+            db.execute_unprepared(&format!(r#"DROP INDEX IF EXISTS "{OLD_INDEX}""#))
                 .await?;
         }
         Ok(())
     }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let db = manager.get_connection();
+        if manager.get_database_backend() == DbBackend::Postgres {
+            drop_if_invalid(manager, OLD_INDEX).await?;
+            db.execute_unprepared(&format!(
+                r#"CREATE INDEX CONCURRENTLY IF NOT EXISTS "{OLD_INDEX}" ON "events" ("merchant_id", "id")"#
+            ))
+            .await?;
+            db.execute_unprepared(&format!(r#"DROP INDEX CONCURRENTLY IF EXISTS "{INDEX}""#))
+                .await?;
+            db.execute_unprepared(r#"ALTER TABLE "events" DROP COLUMN IF EXISTS "tx""#)
+                .await?;
+        } else {
+            db.execute_unprepared(&format!(
+                r#"CREATE INDEX IF NOT EXISTS "{OLD_INDEX}" ON "events" ("merchant_id", "id")"#
+            ))
+            .await?;
+            db.execute_unprepared(&format!(r#"DROP INDEX IF EXISTS "{INDEX}""#))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Drops the index `name` if an interrupted `CREATE INDEX CONCURRENTLY` left it INVALID
+/// (PostgreSQL): `IF NOT EXISTS` would otherwise keep it, and it is never used.
+async fn drop_if_invalid(manager: &SchemaManager<'_>, name: &str) -> Result<(), DbErr> {
+    let db = manager.get_connection();
+    let invalid = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!(
+                r#"SELECT NOT "indisvalid" AS "invalid" FROM "pg_index" WHERE "indexrelid" = to_regclass('"{name}"')"#
+            ),
+        ))
+        .await?
+        .map(|row| row.try_get::<bool>("", "invalid"))
+        .transpose()?
+        .unwrap_or(false);
+    if invalid {
+        tracing::warn!(
+            index = name,
+            "an interrupted concurrent build left this index invalid: building it again"
+        );
+        db.execute_unprepared(&format!(r#"DROP INDEX CONCURRENTLY IF EXISTS "{name}""#))
+            .await?;
+    }
+    Ok(())
 }

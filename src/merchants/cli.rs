@@ -9,7 +9,6 @@ use crate::config::{
     DatabaseArgs, KeyAddArgs, KeyListArgs, KeyRevokeArgs, KeysCommand, MerchantAddArgs,
     MerchantListArgs, MerchantsCommand, print_stdout, refuse, table, when,
 };
-use crate::db::open_and_migrate;
 use crate::entities::{api_key, merchant};
 use chrono::{DateTime, Utc};
 use sea_orm::DatabaseConnection;
@@ -38,7 +37,7 @@ async fn add_merchant(args: MerchantAddArgs) -> anyhow::Result<ExitCode> {
             )));
         }
     };
-    let db = open_and_migrate(&args.database).await?;
+    let db = open(&args.database).await?;
     let key = match &chosen {
         Some(key) => key.clone(),
         None => ApiKey::generate(store::key_kind(&db, args.key_kind.gateway.as_str()).await?),
@@ -91,8 +90,9 @@ async fn merchant_named(
     })
 }
 
+/// Opened without migrating: only `serve` and `migrate` migrate (`db::open`).
 async fn open(database: &DatabaseArgs) -> anyhow::Result<DatabaseConnection> {
-    open_and_migrate(database).await
+    crate::db::open(database).await
 }
 
 #[derive(Serialize)]

@@ -7,7 +7,7 @@ use crate::config::{
     OperatorAddArgs, OperatorListArgs, OperatorRevokeArgs, OperatorsCommand, print_stdout, refuse,
     table, when,
 };
-use crate::db::open_and_migrate;
+use crate::db::open;
 use std::process::ExitCode;
 
 pub async fn run(command: OperatorsCommand) -> anyhow::Result<ExitCode> {
@@ -27,7 +27,7 @@ async fn add(args: OperatorAddArgs) -> anyhow::Result<ExitCode> {
         Ok(name) => name,
         Err(code) => return Ok(code),
     };
-    let db = open_and_migrate(&args.database).await?;
+    let db = open(&args.database).await?;
     let token = Token::generate();
     match store::add(&db, &name, args.rol, &token).await {
         Ok(row) => {
@@ -48,7 +48,7 @@ async fn revoke(args: OperatorRevokeArgs) -> anyhow::Result<ExitCode> {
         Ok(name) => name,
         Err(code) => return Ok(code),
     };
-    let db = open_and_migrate(&args.database).await?;
+    let db = open(&args.database).await?;
     match store::revoke(&db, &name).await? {
         Revocation::NoSuchOperator => Ok(refuse(format_args!(
             "no operator is named {:?} (pagos operators list shows them)",
@@ -73,7 +73,7 @@ async fn revoke(args: OperatorRevokeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn list(args: OperatorListArgs) -> anyhow::Result<ExitCode> {
-    let db = open_and_migrate(&args.database).await?;
+    let db = open(&args.database).await?;
     let rows = store::list(&db).await?.into_iter().map(|row| {
         vec![
             row.name,

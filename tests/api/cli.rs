@@ -175,7 +175,7 @@ pub fn serve_help() -> String {
 #[tokio::test]
 async fn merchants_add_prints_a_key_and_stores_only_its_hash() {
     let dir = tempfile::tempdir().expect("dir");
-    let db = format!("sqlite://{}?mode=rwc", dir.path().join("m.db").display());
+    let db = sqlite_in(&dir, "m.db");
     let output = pagos_on(&db, &["merchants", "add", "acme"]);
     assert!(
         output.status.success(),
@@ -598,7 +598,7 @@ fn a_refund_failure_rate_outside_0_to_1_stops_the_sandbox_with_one_line_naming_i
 #[test]
 fn a_database_used_with_one_gateway_refuses_another() {
     let dir = tempfile::tempdir().expect("dir");
-    let db = format!("sqlite://{}?mode=rwc", dir.path().join("p.db").display());
+    let db = sqlite_in(&dir, "p.db");
     let with_http = pagos(
         &[
             "reconcile",
@@ -655,9 +655,12 @@ async fn the_sandbox_finishes_a_charge_whose_caller_hung_up() {
     assert_eq!(stats["charges"], 1);
 }
 
-/// A fresh SQLite database in `dir`.
-fn sqlite_in(dir: &tempfile::TempDir, file: &str) -> String {
-    format!("sqlite://{}?mode=rwc", dir.path().join(file).display())
+/// A fresh SQLite database in `dir`, migrated by `pagos migrate` (the other commands do
+/// not migrate).
+pub fn sqlite_in(dir: &tempfile::TempDir, file: &str) -> String {
+    let db = format!("sqlite://{}?mode=rwc", dir.path().join(file).display());
+    succeeded(&pagos(&["migrate", "--database-url", &db], &[]));
+    db
 }
 
 /// `pagos args --database-url db`.
@@ -1054,4 +1057,70 @@ async fn secrets_never_appear_in_the_logs_of_serve_or_the_sandbox_gateway() {
             "{secret} appears in the logs:\n{logs}"
         );
     }
+}
+
+/// Only `serve` and `migrate` migrate: a newer CLI on a laptop never migrates production
+/// by the way. A database that lacks migrations is refused with one line, and nothing is
+/// created in it.
+#[tokio::test]
+async fn the_other_commands_refuse_a_database_never_migrated_and_create_nothing() {
+    use sea_orm::ConnectionTrait;
+    let dir = tempfile::tempdir().expect("dir");
+    let db = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("empty.db").display()
+    );
+    for command in [
+        &["merchants", "list"][..],
+        &["merchants", "add", "acme"],
+        &["operators", "list"],
+        &["reconcile", "--once"],
+    ] {
+        let output = pagos_on(&db, command);
+        assert_refused(&output, "run `pagos migrate` first");
+    }
+    let conn = sea_orm::Database::connect(db.as_str()).await.expect("open");
+    let tables = conn
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Sqlite,
+            "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table'",
+        ))
+        .await
+        .expect("query")
+        .expect("a row")
+        .try_get::<i64>("", "n")
+        .expect("a count");
+    assert_eq!(tables, 0, "no table was created");
+}
+
+/// The runbooks' read-only convention (`PGOPTIONS='-c default_transaction_read_only=on'`):
+/// the commands that only read work on a database `pagos migrate` migrated.
+#[tokio::test]
+async fn a_read_only_session_lists_merchants_of_a_migrated_postgres_database() {
+    let Some(backend) = crate::helpers::Backend::postgres() else {
+        return;
+    };
+    let database = crate::helpers::TestDatabase::create(&backend).await;
+    let db = database.url.as_str();
+    on_db(db, &["migrate"]);
+    on_db(db, &["merchants", "add", "acme"]);
+    let read_only = [("PGOPTIONS", "-c default_transaction_read_only=on")];
+    let listed = succeeded(&pagos(
+        &["merchants", "list", "--json", "--database-url", db],
+        &read_only,
+    ));
+    assert!(listed.contains("\"acme\""), "{listed}");
+    succeeded(&pagos(
+        &["merchants", "keys", "list", "acme", "--database-url", db],
+        &read_only,
+    ));
+    // What writes still fails there, as the convention means it to.
+    let refused = pagos(
+        &["merchants", "add", "globex", "--database-url", db],
+        &read_only,
+    );
+    assert!(
+        !refused.status.success(),
+        "a write under the read-only session fails"
+    );
 }

@@ -94,3 +94,82 @@ async fn an_event_written_by_an_older_process_is_queued_and_delivered(backend: B
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(receiver.deliveries().len(), 2, "each event delivered once");
 }
+
+/// A migration the next release might bring: unknown to this binary.
+const NEWER: &str = "m20991231_000099_from_a_newer_release";
+
+/// This database, migrated, then marked as migrated by a newer release too.
+async fn migrated_by_a_newer_release(backend: &Backend) -> crate::helpers::TestDatabase {
+    let database = crate::helpers::TestDatabase::create(backend).await;
+    let db = database.migrated().await;
+    db.execute_unprepared(&format!(
+        r#"INSERT INTO "seaql_migrations" ("version", "applied_at") VALUES ('{NEWER}', 0)"#
+    ))
+    .await
+    .expect("a newer release's migration recorded");
+    let _ = db.close().await;
+    database
+}
+
+on_both_databases!(
+    a_database_migrated_by_a_newer_release_is_used_without_migrating,
+    a_database_lacking_its_own_migrations_and_holding_unknown_ones_is_refused,
+);
+
+/// A rollback, or an older pod restarting mid-deployment: the previous release starts.
+async fn a_database_migrated_by_a_newer_release_is_used_without_migrating(backend: Backend) {
+    let database = migrated_by_a_newer_release(&backend).await;
+    let settings = crate::helpers::settings(&database.url, &[]);
+    let db = pagos::app::open_and_migrate(&settings.database)
+        .await
+        .expect("a process of the previous release starts");
+    pagos::app::add_merchant(&db, "acme", None)
+        .await
+        .expect("and works on the newer schema");
+    let _ = db.close().await;
+    let db = pagos::db::open(&settings.database)
+        .await
+        .expect("the other commands open it too");
+    let rows = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            format!(r#"SELECT COUNT(*) AS n FROM "seaql_migrations" WHERE "version" = '{NEWER}'"#),
+        ))
+        .await
+        .expect("query")
+        .expect("a row")
+        .try_get::<i64>("", "n")
+        .expect("a count");
+    assert_eq!(rows, 1, "the newer release's record is left as it was");
+}
+
+async fn a_database_lacking_its_own_migrations_and_holding_unknown_ones_is_refused(
+    backend: Backend,
+) {
+    let database = migrated_by_a_newer_release(&backend).await;
+    let settings = crate::helpers::settings(&database.url, &[]);
+    let db = pagos::db::connect(&settings.database).await.expect("open");
+    db.execute_unprepared(
+        r#"DELETE FROM "seaql_migrations" WHERE "version" = 'm20261208_000018_events_in_commit_order'"#,
+    )
+    .await
+    .expect("one of this binary's migrations forgotten");
+    let _ = db.close().await;
+    for opened in [
+        pagos::app::open_and_migrate(&settings.database).await,
+        pagos::db::open(&settings.database).await,
+    ] {
+        let err = opened.expect_err("refused");
+        let line = format!("{err:#}");
+        assert!(
+            err.downcast_ref::<pagos::db::MigrationError>().is_some(),
+            "a migration error (exit 2): {line}"
+        );
+        assert!(line.contains(NEWER), "names the unknown migration: {line}");
+        assert!(
+            line.contains("m20261208_000018_events_in_commit_order"),
+            "names the missing one: {line}"
+        );
+        assert_eq!(line.lines().count(), 1, "one line: {line}");
+    }
+}

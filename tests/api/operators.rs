@@ -219,7 +219,7 @@ fn pagos(args: &[&str]) -> std::process::Output {
 #[test]
 fn operators_add_prints_a_token_once_list_is_a_table_and_revoke_keeps_the_row() {
     let dir = tempfile::tempdir().expect("dir");
-    let db = format!("sqlite://{}?mode=rwc", dir.path().join("ops.db").display());
+    let db = crate::cli::sqlite_in(&dir, "ops.db");
     let added = pagos(&[
         "operators",
         "add",

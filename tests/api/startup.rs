@@ -253,3 +253,118 @@ fn logs_to_a_terminal_are_coloured_unless_no_color_is_set() {
         );
     }
 }
+
+/// Two processes of a deployment starting together on a fresh PostgreSQL database: one
+/// migrates, the other waits for it and finds nothing left to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_migrating_a_fresh_postgres_database_at_once_both_start() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    for _ in 0..3 {
+        let database = crate::helpers::TestDatabase::create(&backend).await;
+        let settings = crate::helpers::settings(&database.url, &[]);
+        let (first, second) = tokio::join!(
+            pagos::app::open_and_migrate(&settings.database),
+            pagos::app::open_and_migrate(&settings.database),
+        );
+        let first = first.expect("the first process starts");
+        let second = second.expect("the second process starts");
+        let _ = first.close().await;
+        let _ = second.close().await;
+    }
+}
+
+/// `m20261208_000018` builds its index `CONCURRENTLY` (so outside a transaction: PostgreSQL
+/// refuses it inside one), and a build interrupted halfway, which leaves an INVALID index
+/// behind, is built again by the next start rather than taken as done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_invalid_index_left_by_an_interrupted_concurrent_build_is_built_again() {
+    use sea_orm::ConnectionTrait;
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let (database, db) = crate::helpers::TestDatabase::with_acme(&backend).await;
+    // Back to before m18 (its column stays: `ADD COLUMN IF NOT EXISTS`), with two events,
+    // and a concurrent build of its index that failed: a duplicate in a unique index.
+    for sql in [
+        r#"DELETE FROM "seaql_migrations" WHERE "version" = 'm20261208_000018_events_in_commit_order'"#,
+        r#"DROP INDEX "events_merchant_commit_order_idx""#,
+        r#"CREATE INDEX "events_merchant_id_idx" ON "events" ("merchant_id", "id")"#,
+        r#"INSERT INTO "events" ("id", "merchant_id", "event_type", "subject_id", "sequence", "body", "created_at")
+             SELECT 'evt_' || n, "id", 'pago.completado', gen_random_uuid(), 1, '{}', now()
+             FROM "merchants", generate_series(1, 2) AS n"#,
+    ] {
+        db.execute_unprepared(sql).await.expect(sql);
+    }
+    let interrupted = db
+        .execute_unprepared(
+            r#"CREATE UNIQUE INDEX CONCURRENTLY "events_merchant_commit_order_idx" ON "events" (("merchant_id" IS NOT NULL))"#,
+        )
+        .await;
+    assert!(interrupted.is_err(), "the build fails halfway");
+    let index = r#"SELECT "indisvalid" AS "valid", pg_get_indexdef("indexrelid") AS "def"
+        FROM "pg_index" WHERE "indexrelid" = to_regclass('events_merchant_commit_order_idx')"#;
+    let read = async |db: &sea_orm::DatabaseConnection| {
+        let row = db
+            .query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                index,
+            ))
+            .await
+            .expect("query")
+            .expect("the index exists");
+        (
+            row.try_get::<bool>("", "valid").expect("valid"),
+            row.try_get::<String>("", "def").expect("def"),
+        )
+    };
+    assert!(!read(&db).await.0, "left INVALID");
+    let _ = db.close().await;
+
+    let db = database.migrated().await;
+    let (valid, def) = read(&db).await;
+    assert!(valid, "built again, valid: {def}");
+    assert!(
+        def.contains(r#"(merchant_id, tx, id)"#),
+        "the migration's own index: {def}"
+    );
+    let old = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT to_regclass('events_merchant_id_idx') IS NULL AS gone",
+        ))
+        .await
+        .expect("query")
+        .expect("a row")
+        .try_get::<bool>("", "gone")
+        .expect("bool");
+    assert!(old, "the old index is dropped");
+}
+
+/// On SQLite a migration of several statements (m06: two `ADD COLUMN`, then an index) that
+/// stops halfway leaves nothing of itself: the next start runs it whole. Here its last
+/// statement fails (a table holds the index's name), as a kill there would stop it.
+#[tokio::test]
+async fn an_sqlite_migration_stopped_halfway_runs_whole_at_the_next_start() {
+    use migration::{Migrator, MigratorTrait};
+    use sea_orm::ConnectionTrait;
+    let database = crate::helpers::TestDatabase::create(&Backend::Sqlite).await;
+    let settings = crate::helpers::settings(&database.url, &[]);
+    let db = pagos::db::connect(&settings.database).await.expect("open");
+    Migrator::up(&db, Some(5)).await.expect("up to m05");
+    db.execute_unprepared(r#"CREATE TABLE "payments_merchant_key_idx" ("x" INTEGER)"#)
+        .await
+        .expect("the name of m06's index taken");
+    Migrator::up(&db, Some(1))
+        .await
+        .expect_err("m06 stops at its last statement");
+    db.execute_unprepared(r#"DROP TABLE "payments_merchant_key_idx""#)
+        .await
+        .expect("the name freed");
+    let _ = db.close().await;
+    let db = pagos::app::open_and_migrate(&settings.database)
+        .await
+        .expect("the next start migrates to the end");
+    let _ = db.close().await;
+}
