@@ -108,6 +108,7 @@ async fn scene(backend: &Backend) -> Scene {
     let fake = FakeGateway::charging("pending");
     fake.mount(&gateway).await;
     let db = database.url.clone();
+    pagos_cli(&["migrate", "--database-url", &db]);
     // The operators, as on-call adds them.
     let ana = pagos_cli(&["operators", "add", "ana", "--database-url", &db]);
     let luis = pagos_cli(&[

@@ -87,9 +87,14 @@ pub async fn wait_until_up(url: &str, within: Duration, logs: impl FnOnce() -> S
     }
 }
 
-/// `pagos merchants add NAME --api-key KEY` on `database_url`; panics with its stderr if
-/// it fails.
+/// `pagos migrate`, then `pagos merchants add NAME --api-key KEY`, on `database_url`;
+/// panics with its stderr if either fails.
 pub fn add_merchant(database_url: &str, name: &str, api_key: &str) {
+    // As an operator does on a new database: only `serve` and `migrate` migrate it.
+    printed(
+        pagos(&["migrate", "--database-url", database_url], None),
+        "migrate",
+    );
     let mut command = pagos(&["merchants", "add", name, "--api-key", api_key], None);
     command.args(["--database-url", database_url]);
     printed(command, "merchants add");
