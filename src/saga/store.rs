@@ -1353,6 +1353,22 @@ LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."k
     }
 }
 
+/// The payment columns a registration writes once and no later write changes: what the
+/// column checks of the hand-written PostgreSQL writes leave out.
+#[cfg(test)]
+pub(crate) const PAYMENT_COLUMNS_FIXED_AT_REGISTRATION: [&str; 10] = [
+    "id",
+    "merchant_id",
+    "idempotency_key",
+    "credit_id",
+    "amount",
+    "currency",
+    "description",
+    "gateway_key",
+    "created_at",
+    "generation",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1424,18 +1440,7 @@ mod tests {
         );
 
         // payments: what a write may change, and what is fixed at registration.
-        let fixed_at_registration = [
-            "id",
-            "merchant_id",
-            "idempotency_key",
-            "credit_id",
-            "amount",
-            "currency",
-            "description",
-            "gateway_key",
-            "created_at",
-            "generation",
-        ];
+        let fixed_at_registration = PAYMENT_COLUMNS_FIXED_AT_REGISTRATION;
         let written = written_columns(&text, "payments");
         for column in all_columns::<payment::Entity>() {
             assert!(

@@ -162,19 +162,8 @@ async fn in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_r
     assert_eq!(wrong.status(), 422);
 
     // On-call asks what the provider charged: the one charge.
-    Mock::given(wiremock::matchers::method("GET"))
-        .and(wiremock::matchers::path("/v1/charges"))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(json!({"data": [succeeded(&payment)]})),
-        )
-        .mount(app.gateway())
-        .await;
-    let detail = admin(
-        &app,
-        &format!("/admin/pagos/{payment}/resolucion"),
-        Some(json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 77: the customer was charged"})),
-    )
-    .await;
+    let detail =
+        resolve_fallida_refunding(&app, &payment, "ticket 77: the customer was charged").await;
     assert_eq!(detail["pago"]["estado"], "FALLIDA");
     assert_eq!(detail["reembolsos"][0]["estado"], "COMPLETADO", "{detail}");
     assert_eq!(detail["reembolsos"][0]["monto"], 250000);
@@ -493,19 +482,8 @@ async fn after_a_failed_compensation_on_call_resolves_fallida_with_reembolsar_an
     assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
 
     fake.refunding("succeeded");
-    Mock::given(wiremock::matchers::method("GET"))
-        .and(wiremock::matchers::path("/v1/charges"))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(json!({"data": [succeeded(&payment)]})),
-        )
-        .mount(app.gateway())
-        .await;
-    let detail = admin(
-        &app,
-        &format!("/admin/pagos/{payment}/resolucion"),
-        Some(json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 81: the provider can refund now"})),
-    )
-    .await;
+    let detail =
+        resolve_fallida_refunding(&app, &payment, "ticket 81: the provider can refund now").await;
     assert_eq!(detail["pago"]["estado"], "FALLIDA", "{detail}");
     let refunds = detail["reembolsos"].as_array().expect("refunds");
     assert_eq!(refunds.len(), 2, "{detail}");
@@ -538,4 +516,22 @@ async fn after_a_failed_compensation_on_call_resolves_fallida_with_reembolsar_an
     );
     assert_eq!(app.payment(&payment).await.state, "FALLIDA");
     assert_eq!(fake.made().len(), 2);
+}
+
+/// On-call resolves `payment` FALLIDA with `reembolsar`, the provider showing its one
+/// charge, succeeded; the resolution's answer.
+async fn resolve_fallida_refunding(app: &TestApp, payment: &str, motivo: &str) -> Value {
+    Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({"data": [succeeded(payment)]})),
+        )
+        .mount(app.gateway())
+        .await;
+    admin(
+        app,
+        &format!("/admin/pagos/{payment}/resolucion"),
+        Some(json!({"estado": "FALLIDA", "reembolsar": true, "motivo": motivo})),
+    )
+    .await
 }

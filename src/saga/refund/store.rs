@@ -904,18 +904,7 @@ mod tests {
     #[test]
     fn the_payment_move_to_review_writes_every_column_a_payment_write_changes() {
         use sea_orm::{IdenStatic, Iterable};
-        let fixed_at_registration = [
-            "id",
-            "merchant_id",
-            "idempotency_key",
-            "credit_id",
-            "amount",
-            "currency",
-            "description",
-            "gateway_key",
-            "created_at",
-            "generation",
-        ];
+        let fixed_at_registration = crate::saga::store::PAYMENT_COLUMNS_FIXED_AT_REGISTRATION;
         let written: Vec<&str> = PAYMENT_MOVED.iter().map(|c| c.as_str()).collect();
         for column in payment::Column::iter() {
             assert!(
