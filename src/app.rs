@@ -370,19 +370,103 @@ impl Drop for AbortOnDrop {
 pub const DEMO_API_KEY: &str = "sk_sandbox_demo";
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
-    // Installed first: from here on a SIGTERM is a graceful stop.
-    let signalled_now = crate::signals::shutdown_signal();
+    // Installed first, and watched from the start: a SIGTERM while the process waits for
+    // the database, for another process's migrations or migrates itself stops it there
+    // (a migration stopped halfway is rolled back, or rebuilt at the next start); once it
+    // serves, it is a graceful stop.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let signalled = std::sync::Arc::new(std::sync::OnceLock::new());
+    let signal = crate::signals::shutdown_signal();
+    tokio::spawn({
+        let signalled = signalled.clone();
+        async move {
+            signal.await;
+            let _ = signalled.set(tokio::time::Instant::now());
+            // The workers take no new work from now on, beside the requests' drain: a
+            // reconciliation pass claims nothing more, the delivery worker starts no
+            // attempt, the reaper ends its purge.
+            let _ = stop.send(true);
+        }
+    });
+    let until_signalled = {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }
+    };
+    let started = tokio::select! {
+        started = start(&settings) => started?,
+        () = until_signalled => {
+            tracing::info!("stopped before serving");
+            return Ok(());
+        }
+    };
+    let (db, gateway, listener, admin) = started;
+    let state = build(db, settings, gateway);
+    let every = state.settings.reconcile_every;
+    let reconciling = tokio::spawn(reconciler::run_periodically(
+        state.reconciler.clone(),
+        every,
+        stopped.clone(),
+    ));
+    let reaping = tokio::spawn(reaper::run_periodically(
+        reaper_of(&state),
+        reaper::period(every),
+        stopped.clone(),
+    ));
+    let delivering = tokio::spawn(dispatcher::run_periodically(
+        dispatcher_of(&state),
+        stopped.clone(),
+    ));
+    let grace = state.settings.shutdown_grace;
+    let until_signalled = {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }
+    };
+    let served = serve_doors(listener, admin, state, until_signalled).await;
+    // What the workers have in hand finishes (each write atomic anyway), within the
+    // grace counted from the signal; what is still running then is dropped with the
+    // process, its claims running out as after a crash. (Served to the end without a
+    // signal: the listener failed, and the workers are left with the process.)
+    let Some(&at) = signalled.get() else {
+        return served;
+    };
+    let workers = async {
+        let _ = reconciling.await;
+        let _ = reaping.await;
+        let _ = delivering.await;
+    };
+    if tokio::time::timeout_at(at + grace, workers).await.is_err() {
+        tracing::warn!(
+            "background work still running at the end of PAGOS_SHUTDOWN_GRACE is left: its claims run out and another pass takes it, as after a crash"
+        );
+    }
+    served
+}
+
+/// What `serve` needs before it serves: the database migrated and pinned to this
+/// gateway, the sandbox's demo merchant, the gateway, and the listeners bound.
+async fn start(
+    settings: &Settings,
+) -> anyhow::Result<(
+    DatabaseConnection,
+    Arc<dyn Gateway>,
+    tokio::net::TcpListener,
+    Option<tokio::net::TcpListener>,
+)> {
     if !crate::outbox::ON {
         tracing::warn!(
             "built with bench-without-outbox: no event is written, no merchant is told; a benchmark yardstick, never a deployment"
         );
     }
     let db = open_and_migrate(&settings.database).await?;
-    pin_gateway(&db, &settings).await?;
+    pin_gateway(&db, settings).await?;
     if settings.gateway == GatewayKind::Sandbox {
         ensure_demo_merchant(&db).await?;
     }
-    let gateway = gateway_from(&settings)?;
+    let gateway = gateway_from(settings)?;
     let listener = tokio::net::TcpListener::bind(settings.bind)
         .await
         .with_context(|| format!("cannot listen on {} (PAGOS_BIND)", settings.bind))?;
@@ -402,55 +486,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
         None => tracing::info!(%addr, gateway = ?settings.gateway, "pagos listening"),
     }
-    let state = build(db, settings, gateway);
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let every = state.settings.reconcile_every;
-    let reconciling = tokio::spawn(reconciler::run_periodically(
-        state.reconciler.clone(),
-        every,
-        stopped.clone(),
-    ));
-    let reaping = tokio::spawn(reaper::run_periodically(
-        reaper_of(&state),
-        reaper::period(every),
-        stopped.clone(),
-    ));
-    let delivering = tokio::spawn(dispatcher::run_periodically(dispatcher_of(&state), stopped));
-    let grace = state.settings.shutdown_grace;
-    let stop = std::sync::Arc::new(stop);
-    let signalled = std::sync::Arc::new(std::sync::OnceLock::new());
-    let signal = {
-        let (stop, signalled) = (stop.clone(), signalled.clone());
-        async move {
-            signalled_now.await;
-            let _ = signalled.set(tokio::time::Instant::now());
-            // The workers take no new work from now on, beside the requests' drain: a
-            // reconciliation pass claims nothing more, the delivery worker starts no
-            // attempt, the reaper ends its purge.
-            let _ = stop.send(true);
-        }
-    };
-    let served = serve_doors(listener, admin, state, signal).await;
-    let _ = stop.send(true);
-    // What the workers have in hand finishes (each write atomic anyway), within the
-    // grace counted from the signal; what is still running then is dropped with the
-    // process, its claims running out as after a crash.
-    let deadline = signalled
-        .get()
-        .copied()
-        .unwrap_or_else(tokio::time::Instant::now)
-        + grace;
-    let workers = async {
-        let _ = reconciling.await;
-        let _ = reaping.await;
-        let _ = delivering.await;
-    };
-    if tokio::time::timeout_at(deadline, workers).await.is_err() {
-        tracing::warn!(
-            "background work still running at the end of PAGOS_SHUTDOWN_GRACE is left: its claims run out and another pass takes it, as after a crash"
-        );
-    }
-    served
+    Ok((db, gateway, listener, admin))
 }
 
 /// The sandbox's merchant `demo` on a database that has no merchant yet. Two processes

@@ -64,6 +64,10 @@ pub async fn every<F, Fut>(
             _ = ticker.tick() => {}
             _ = stop.changed() => break,
         }
+        // Both may be ready at once: a stop already given wins over the tick.
+        if *stop.borrow() {
+            break;
+        }
         work().await;
     }
 }

@@ -43,7 +43,8 @@ pub struct Entrega {
     endpoint_id: Uuid,
     /// None when the endpoint was removed.
     url: Option<String>,
-    /// `PENDIENTE`, `ENTREGADA` or `ABANDONADA` (the schedule ran out).
+    /// `PENDIENTE`, `ENTREGADA` or `ABANDONADA` (the schedule ran out, or the endpoint
+    /// was `DESACTIVADO` when the event was written: no attempt).
     estado: String,
     intentos: i32,
     /// When the next attempt is due, while `PENDIENTE`.
@@ -115,7 +116,7 @@ pub fn is_event_id(text: &str) -> bool {
     tag = "webhooks",
     security(("api_key" = [])),
     params(
-        ("desde" = Option<String>, Query, description = "The `siguiente` of the page before, or the id of the last event you read: the events committed after it (an id that is not one of yours: 422)"),
+        ("desde" = Option<String>, Query, description = "The `siguiente` of the page before, or the id of the last event a page showed you: the events committed after it. Not the id of an event known only from a webhook or `GET /v1/eventos/{id}`: an event committed just before it may not be listed yet (422 while it is not)"),
         ("limite" = Option<u64>, Query, description = "At most this many (1–500, default 50)"),
         ("pendientes" = Option<bool>, Query, description = "`true`: only events not yet delivered to every endpoint"),
     ),
@@ -167,16 +168,21 @@ async fn list_events(
         }
     }
     let after = match after {
-        Some(id) => Some(
-            store::position(&state.db, merchant, &id)
-                .await?
-                .ok_or_else(|| {
-                    invalid(
-                        "desde",
-                        "no event of yours has this id: use the `siguiente` of a page",
-                    )
-                })?,
-        ),
+        Some(id) => match store::cursor(&state.db, merchant, &id).await? {
+            store::Cursor::At(position) => Some(position),
+            store::Cursor::NotListedYet => {
+                return Err(invalid(
+                    "desde",
+                    "this event is not listed yet (a write begun before it has not ended): use the `siguiente` of a page, or the id of the last event a page showed you",
+                ));
+            }
+            store::Cursor::Unknown => {
+                return Err(invalid(
+                    "desde",
+                    "no event of yours has this id: use the `siguiente` of a page",
+                ));
+            }
+        },
         None => None,
     };
     let page = store::list(&state.db, merchant, after.as_ref(), limit, pending).await?;

@@ -64,24 +64,42 @@ fn commit_order(db: &DatabaseConnection) -> Expr {
     Expr::col((event::Entity, Alias::new(column)))
 }
 
-/// The position of the merchant's event `id`; `None` when the merchant has no such event.
-pub async fn position(
-    db: &DatabaseConnection,
-    merchant: Uuid,
-    id: &str,
-) -> Result<Option<Position>, DbErr> {
-    let committed: Option<i64> = event::Entity::find()
+/// What an event id given as a cursor is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cursor {
+    /// An event the list shows: the list resumes after it.
+    At(Position),
+    /// An event the list does not show yet (PostgreSQL: a write begun before it is still
+    /// running, and may commit an event that comes before it). Resuming after it could
+    /// pass over that event for good: the caller must use a cursor the list gave.
+    NotListedYet,
+    /// No event of the merchant's has this id.
+    Unknown,
+}
+
+/// The merchant's event `id` as a cursor.
+pub async fn cursor(db: &DatabaseConnection, merchant: Uuid, id: &str) -> Result<Cursor, DbErr> {
+    let listed = match db.get_database_backend() {
+        DbBackend::Postgres => Expr::cust(BEFORE_EVERY_WRITE_RUNNING),
+        _ => Expr::cust("TRUE"),
+    };
+    let found: Option<(i64, bool)> = event::Entity::find()
         .select_only()
         .column_as(commit_order(db), "committed")
+        .column_as(listed, "listed")
         .filter(event::Column::Id.eq(id))
         .filter(event::Column::MerchantId.eq(merchant))
         .into_tuple()
         .one(db)
         .await?;
-    Ok(committed.map(|committed| Position {
-        committed,
-        id: id.to_owned(),
-    }))
+    Ok(match found {
+        None => Cursor::Unknown,
+        Some((_, false)) => Cursor::NotListedYet,
+        Some((committed, true)) => Cursor::At(Position {
+            committed,
+            id: id.to_owned(),
+        }),
+    })
 }
 
 /// Up to `limit` of the merchant's events after `after`, in the order they were

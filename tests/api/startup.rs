@@ -368,3 +368,70 @@ async fn an_sqlite_migration_stopped_halfway_runs_whole_at_the_next_start() {
         .expect("the next start migrates to the end");
     let _ = db.close().await;
 }
+
+/// A process waiting for another's migrations (PostgreSQL's lock held elsewhere) is told
+/// to stop: it stops there, cleanly, never serving — not only once it would have served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_while_waiting_for_another_process_migrations_stops_before_serving() {
+    use sea_orm::ConnectionTrait;
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let database = crate::helpers::TestDatabase::create(&backend).await;
+    let other = sea_orm::Database::connect(database.url.as_str())
+        .await
+        .expect("another process's connection");
+    // The key `migrate` locks: 0x7061676f736d6967 ("pagosmig").
+    other
+        .execute_unprepared("SELECT pg_advisory_lock(8097867333364443495)")
+        .await
+        .expect("the migrations' lock, held by another process");
+    let dir = tempfile::tempdir().expect("dir");
+    let log = dir.path().join("serve.log");
+    let port = free_port().to_string();
+    let mut serve = crate::binary::pagos(
+        &[
+            "serve",
+            "--database-url",
+            &database.url,
+            "--bind",
+            &format!("127.0.0.1:{port}"),
+        ],
+        Some(&log),
+    )
+    .spawn()
+    .expect("pagos serve");
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    for _ in 0..200 {
+        if logs().contains("another process is applying migrations") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(
+        logs().contains("another process is applying migrations"),
+        "{}",
+        logs()
+    );
+
+    let sent = Command::new("kill")
+        .args(["-TERM", &serve.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+    let mut exited = None;
+    for _ in 0..200 {
+        if let Some(status) = serve.try_wait().expect("wait") {
+            exited = Some(status);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let Some(status) = exited else {
+        let _ = serve.kill();
+        panic!("still waiting for the lock after SIGTERM:\n{}", logs());
+    };
+    assert!(status.success(), "a clean exit: {status}\n{}", logs());
+    assert!(logs().contains("stopped before serving"), "{}", logs());
+    assert!(!logs().contains("pagos listening"), "{}", logs());
+}

@@ -403,8 +403,35 @@ async fn an_event_is_listed_only_once_every_write_begun_before_it_has_ended() {
         "k-2's event waits for the write begun before it: {meanwhile}"
     );
     assert!(meanwhile["siguiente"].is_null());
+    // k-2's event, known from elsewhere (a webhook, its own URL), is no cursor yet: resuming
+    // after it would pass over the older write's event.
+    let k2 = pagos::entities::event::Entity::find()
+        .all(&app.db)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| e.id)
+        .find(|id| *id != first[0])
+        .expect("k-2's event, committed");
+    crate::helpers::problem(
+        app.get_as(API_KEY, &format!("/v1/eventos?desde={k2}"))
+            .await,
+        422,
+        "an event not listed yet as a cursor",
+    )
+    .await;
 
     held.commit().await.expect("commit");
+    let resumed = json(
+        app.get_as(API_KEY, &format!("/v1/eventos?desde={k2}"))
+            .await,
+    )
+    .await;
+    assert_eq!(
+        event_ids(&resumed),
+        Vec::<String>::new(),
+        "listed now: a cursor"
+    );
     let after = event_ids(
         &json(
             app.get_as(API_KEY, &format!("/v1/eventos?desde={}", first[0]))
