@@ -13,7 +13,9 @@
 //! whole payment. A Mercado Pago refund carries nothing of pagos' (its request takes only
 //! the amount), so a look-up finds a refund only by the id an earlier answer gave
 //! (`GET /v1/payments/{id}/refunds`); without one it finds nothing, and a resend with the
-//! same key is the way to learn what became of the refund.
+//! same key is the way to learn what became of the refund. For the same reason a refund's
+//! answer is taken for the refund asked only when its payment and amount are the ones asked
+//! (`MercadoPagoRefund::answers`); any other is an unknown outcome.
 
 use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
 use super::http::{Api, ask, detail, read, search, transport};
@@ -331,6 +333,31 @@ impl MercadoPagoRefund {
         id_text(&self.id)
     }
 
+    /// Whether this refund, the answer to `req`, can be the refund asked for. It carries no
+    /// reference of pagos' (Mercado Pago's refund request takes only the amount), so what it
+    /// does carry is checked: the payment refunded (`payment_id`, when the answer has it)
+    /// and the amount, which for the refund asked is the amount asked (a total refund's is
+    /// the whole payment's, which is `req.amount`). Another payment's refund, or another
+    /// amount's (another refund of this payment), is not this refund. Two refunds of one
+    /// payment for one amount cannot be told apart from the answer alone.
+    pub fn answers(&self, req: &RefundRequest) -> Result<(), String> {
+        let payment = id_text(&self.payment_id);
+        if !payment.is_empty() && payment != req.charge {
+            return Err(format!(
+                "a refund of payment {payment}, not of {}",
+                req.charge
+            ));
+        }
+        let exponent = amount::iso_exponent(&req.currency, 2);
+        match amount::from_decimal(self.amount, exponent) {
+            Ok(minor) if minor == req.amount => Ok(()),
+            _ => Err(format!(
+                "a refund of {} {}, not of {} minor units",
+                self.amount.0, req.currency, req.amount
+            )),
+        }
+    }
+
     /// The refund in pagos' terms: `currency` is the payment's (the refund has none),
     /// `reference` the pagos refund it answers for (the refund does not carry it).
     pub fn to_refund(&self, currency: &str, reference: &str) -> Result<Refund, GatewayError> {
@@ -485,6 +512,14 @@ impl Gateway for MercadoPagoGateway {
         if status.is_success() {
             let made: MercadoPagoRefund =
                 read(resp, &format!("{status} answer from Mercado Pago")).await?;
+            // Nothing on the refund names the pagos refund: it is taken for this refund only
+            // if what it carries is what was asked (`MercadoPagoRefund::answers`).
+            if let Err(why) = made.answers(req) {
+                return Err(GatewayError::Unknown(format!(
+                    "Mercado Pago answered refund {}, {why}: not believed",
+                    made.id_text()
+                )));
+            }
             let mut refund = made.to_refund(&req.currency, &req.reference.to_string())?;
             if refund.charge.is_empty() {
                 refund.charge.clone_from(&req.charge);
@@ -739,6 +774,47 @@ mod tests {
             serde_json::from_str(r#"{"id": 1, "amount": 5.005, "status": "approved"}"#)
                 .expect("a refund");
         assert!(inexact.to_refund("COP", "r").is_err(), "never rounded");
+    }
+
+    #[test]
+    fn a_refund_answers_the_request_only_for_its_payment_and_amount() {
+        let approved: MercadoPagoRefund = serde_json::from_str(include_str!(
+            "../../fixtures/mercadopago/refund_approved.json"
+        ))
+        .expect("a refund");
+        let asked = RefundRequest {
+            gateway_key: "k".into(),
+            charge: "1234567890".into(),
+            amount: 50_000,
+            currency: "COP".into(),
+            reference: Uuid::nil(),
+            reason: None,
+            whole: false,
+        };
+        assert_eq!(approved.answers(&asked), Ok(()), "500 COP of 1234567890");
+        let whole = RefundRequest {
+            whole: true,
+            ..asked.clone()
+        };
+        assert_eq!(
+            approved.answers(&whole),
+            Ok(()),
+            "the whole is the amount asked"
+        );
+        let other_payment = RefundRequest {
+            charge: "1234567891".into(),
+            ..asked.clone()
+        };
+        assert!(approved.answers(&other_payment).is_err());
+        let other_amount = RefundRequest {
+            amount: 20_000,
+            ..asked.clone()
+        };
+        assert!(approved.answers(&other_amount).is_err());
+        let mut unnamed = approved.clone();
+        unnamed.payment_id = Value::Null;
+        assert_eq!(unnamed.answers(&asked), Ok(()), "only the amount to go by");
+        assert!(unnamed.answers(&other_amount).is_err());
     }
 
     #[test]

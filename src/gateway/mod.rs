@@ -185,6 +185,17 @@ pub struct Refund {
     pub failure_code: Option<String>,
 }
 
+impl Refund {
+    /// Whether the refund names `reference` (a pagos refund id) as its own: the reference
+    /// protocol's `reference`, Stripe's `metadata.pagos_reference`; a Mercado Pago refund
+    /// carries none, and its adapter names the refund asked for only after checking what
+    /// the refund does carry (`mercadopago::MercadoPagoRefund::answers`). Empty (the answer
+    /// carried none) or another is not.
+    pub fn is_for(&self, reference: Uuid) -> bool {
+        Uuid::parse_str(&self.reference).ok() == Some(reference)
+    }
+}
+
 /// What a refusal is about, when the provider's answer says so.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RejectReason {

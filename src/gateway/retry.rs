@@ -208,6 +208,17 @@ fn about_this_payment(charge: Charge, req: &ChargeRequest) -> Result<Charge, Gat
 /// of a resend — "over what is left of the charge" included, which is just what a gateway
 /// that forgot the key answers once the first try's refund took what was left — stays
 /// `Unknown`.
+///
+/// As for a charge, an answer is believed only about the refund asked for: a refund whose
+/// reference is another refund's, or that carries none, says nothing of this one — a
+/// gateway bug, a proxy or cache answering another request. Believed, it would settle
+/// this refund COMPLETADO on money another refund returned (or FALLIDO on another's
+/// failure), or hand it over with another refund's id to be looked up by. It is an unknown
+/// outcome, retried with the same key, and if no try is answered about this refund,
+/// `Unknown`: the reconciler then asks the provider, whose look-up keeps this refund's own
+/// (`Gateway::lookup_refunds`). The reference protocol and Stripe echo the reference they
+/// were sent; Mercado Pago's refunds carry none, and its adapter checks what they do carry
+/// (the payment and the amount asked) before naming the refund.
 pub async fn refund(
     gateway: &dyn Gateway,
     req: &RefundRequest,
@@ -215,7 +226,7 @@ pub async fn refund(
     maybe_sent_before: bool,
 ) -> RefundOutcome {
     let sent = send(
-        || gateway.refund(req),
+        || async { about_this_refund(gateway.refund(req).await?, req) },
         policy,
         maybe_sent_before,
         |err, delay| {
@@ -240,6 +251,27 @@ pub async fn refund(
         },
         Sent::Unknown(why) => RefundOutcome::Unknown(why),
     }
+}
+
+/// `refund` if it is about the refund `req` asked for; otherwise an unknown outcome.
+fn about_this_refund(refund: Refund, req: &RefundRequest) -> Result<Refund, GatewayError> {
+    if refund.is_for(req.reference) {
+        return Ok(refund);
+    }
+    let named = if refund.reference.is_empty() {
+        "no refund".to_owned()
+    } else {
+        format!("refund {}", refund.reference)
+    };
+    let status = match refund.status {
+        RefundStatus::Succeeded => "succeeded",
+        RefundStatus::Failed => "failed",
+        RefundStatus::Pending => "pending",
+    };
+    Err(GatewayError::Unknown(format!(
+        "the gateway answered refund {} ({status}) naming {named}, not this one: not believed",
+        refund.id
+    )))
 }
 
 #[cfg(test)]
@@ -497,6 +529,38 @@ mod tests {
         let gateway = scripted_refunds(vec![Err(over_remaining())]);
         let outcome = refund(&gateway, &refund_request(), fast(3), true).await;
         assert!(matches!(outcome, RefundOutcome::Unknown(_)), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn a_refund_answer_about_another_refund_or_none_is_unknown_and_retried() {
+        for reference in [Uuid::from_u128(7).to_string(), String::new()] {
+            for status in [
+                RefundStatus::Succeeded,
+                RefundStatus::Failed,
+                RefundStatus::Pending,
+            ] {
+                let foreign = || {
+                    Ok(Refund {
+                        id: "re_other".into(),
+                        reference: reference.clone(),
+                        ..made(status)
+                    })
+                };
+                let gateway = scripted_refunds(vec![foreign(), foreign()]);
+                let outcome = refund(&gateway, &refund_request(), fast(1), false).await;
+                assert!(
+                    matches!(&outcome, RefundOutcome::Unknown(why) if why.contains("re_other")),
+                    "{reference:?} {status:?}: {outcome:?}"
+                );
+                assert_eq!(gateway.tries(), 2, "retried with the same key");
+
+                // A retry answered about this refund settles it.
+                let own = made(RefundStatus::Succeeded);
+                let gateway = scripted_refunds(vec![foreign(), Ok(own.clone())]);
+                let outcome = refund(&gateway, &refund_request(), fast(1), false).await;
+                assert_eq!(outcome, RefundOutcome::Succeeded(own));
+            }
+        }
     }
 
     #[tokio::test]

@@ -485,11 +485,7 @@ impl StripeGateway {
         Err(refusal("Stripe", status, said, &excerpt))
     }
 
-    async fn classify_refund(
-        &self,
-        resp: reqwest::Response,
-        req: &RefundRequest,
-    ) -> Result<Refund, GatewayError> {
+    async fn classify_refund(&self, resp: reqwest::Response) -> Result<Refund, GatewayError> {
         let status = resp.status();
         if status.is_success() {
             let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
@@ -497,12 +493,9 @@ impl StripeGateway {
                 GatewayError::Unknown(format!("unreadable {status} answer from Stripe: {e}"))
             })?;
             tracing::debug!(refund = made.id, status = ?made.status, "Stripe answered a refund");
-            let mut refund = made.to_refund()?;
-            if refund.reference.is_empty() {
-                // The answer to this refund's own key is this refund's.
-                refund.reference = req.reference.to_string();
-            }
-            return Ok(refund);
+            // Stripe echoes the metadata pagos set: a Refund without the reference is not
+            // known to be this refund's, and `retry::refund` does not believe it.
+            return made.to_refund();
         }
         let text = resp.text().await.unwrap_or_default();
         let error = serde_json::from_str::<ErrorBody>(&text)
@@ -554,7 +547,7 @@ impl Gateway for StripeGateway {
         let resp = self
             .post_form("/v1/refunds", &req.gateway_key, body)
             .await?;
-        self.classify_refund(resp, req).await
+        self.classify_refund(resp).await
     }
 
     async fn lookup_refunds(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {

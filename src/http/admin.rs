@@ -7,7 +7,7 @@
 use super::AppState;
 use super::auth::{Admin, AdminTokenRefused, PaymentNotFound, ReadOnlyRole};
 use super::extract::{self, PathId};
-use super::problem::{ApiError, Problem, ProblemType};
+use super::problem::{ApiError, Problem, ProblemType, RawBodyTooLarge};
 use crate::entities::{payment, payment_transition as transitions};
 use crate::representation::{Pago, RESOLVED_FAILED};
 use crate::saga::reconcile::{self, Report};
@@ -17,7 +17,7 @@ use crate::saga::store::{self, Actor, Changes, Written};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Query, State};
+use axum::extract::{DefaultBodyLimit, Query, State};
 use chrono::SecondsFormat;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::{Deserialize, Serialize};
@@ -32,6 +32,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(payment_detail))
         .routes(routes!(run_reconciliation))
         .routes(routes!(resolve))
+        .layer(DefaultBodyLimit::max(extract::RAW_BODY_LIMIT))
 }
 
 /// A payment as on-call sees it: the merchant's view plus what the reconciler knows.
@@ -251,6 +252,7 @@ pub struct PedidoReconciliacion {
         (status = 200, description = "The pass's report", body = Report),
         AdminTokenRefused,
         ReadOnlyRole,
+        RawBodyTooLarge,
         (status = 422, description = "Body is not `{}` or `{\"pagoId\":\"<uuid>\"}`", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -337,6 +339,7 @@ pub struct Resolucion {
         AdminTokenRefused,
         ReadOnlyRole,
         PaymentNotFound,
+        RawBodyTooLarge,
         (status = 409, description = "The payment is not in REVISION_MANUAL (`not-under-review`), or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`); nothing was changed", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad estado or empty motivo", body = Problem, content_type = "application/problem+json"),
     )

@@ -10,15 +10,15 @@
 use super::AppState;
 use super::auth::{ApiKeyRefused, Merchant};
 use super::extract::{self, PathId};
-use super::problem::{ApiError, NotJson, NotThisShape, Problem, ProblemType};
+use super::problem::{ApiError, NotJson, NotThisShape, Problem, ProblemType, RawBodyTooLarge};
 use crate::delivery::guard::{self, SystemResolver};
 use crate::delivery::signing::Secret;
 use crate::domain::FieldError;
 use crate::entities::webhook_endpoint as endpoints;
 use crate::outbox::endpoints::{self as store, NewEndpoint};
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -40,6 +40,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(delete_endpoint))
         .routes(routes!(rotate_secret))
         .routes(routes!(reactivate))
+        .layer(DefaultBodyLimit::max(extract::RAW_BODY_LIMIT))
 }
 
 /// The body of `POST /v1/webhook-endpoints`.
@@ -171,6 +172,7 @@ struct NoSuchEndpoint(Problem);
         NotThisShape,
         ApiKeyRefused,
         NotJson,
+        RawBodyTooLarge,
         (status = 422, description = "A bad URL (not https, resolving to a non-public address) or an unknown event type; nothing stored", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -333,6 +335,7 @@ async fn rotate_secret(
         NotThisShape,
         ApiKeyRefused,
         NoSuchEndpoint,
+        RawBodyTooLarge,
         (status = 422, description = "`reenviarDesde` is not an RFC 3339 time", body = Problem, content_type = "application/problem+json"),
     )
 )]

@@ -30,6 +30,12 @@ impl<S: Send + Sync> FromRequestParts<S> for PathId {
     }
 }
 
+/// The limit of a body read whole as raw bytes (`bytes`) where a room sets no limit of its
+/// own: axum's default, 2 MiB, stated here (each such room sets it as its
+/// `DefaultBodyLimit`) so the 413 its OpenAPI operations list (`problem::RawBodyTooLarge`)
+/// is the limit the router enforces, whatever a later axum's default.
+pub const RAW_BODY_LIMIT: usize = 2 * 1024 * 1024;
+
 /// A body read whole: over the route's limit (axum's default where no `DefaultBodyLimit`
 /// says otherwise) a 413 problem, a body that could not be read (the client went away)
 /// a 400 problem.

@@ -248,7 +248,10 @@ fn door(door: Door, state: AppState) -> Router {
             state.clone(),
             count_responses,
         ))
-        .fallback(|| async { no_such_endpoint().into_response() });
+        .fallback(|| async { no_such_endpoint().into_response() })
+        // Last, so it reaches every route: axum's own 405 has an empty body. Axum still
+        // sets `Allow` (the methods the path serves) on the answer.
+        .method_not_allowed_fallback(|| async { method_not_allowed().into_response() });
     // One door serves every path: no check to make on each request.
     let router = if door == Door::Only {
         router
@@ -266,6 +269,11 @@ fn door(door: Door, state: AppState) -> Router {
     router
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
+}
+
+fn method_not_allowed() -> problem::Problem {
+    problem::Problem::new(problem::ProblemType::MethodNotAllowed)
+        .detail("This path does not take this method; `Allow` lists those it takes.")
 }
 
 fn no_such_endpoint() -> problem::Problem {

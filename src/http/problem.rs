@@ -32,8 +32,9 @@ impl ProblemResponse for Problem {
     }
 }
 
-/// The 413 of an endpoint that reads a body, as its OpenAPI operation documents it
-/// (documentation only: `DefaultBodyLimit` answers it; every such endpoint takes 64 KiB).
+/// The 413 of an endpoint that reads a JSON body under `DefaultBodyLimit` of 64 KiB
+/// (`payments::MAX_BODY`, `webhooks::MAX_EVENT_BODY`: payments, refunds, provider
+/// webhooks), as its OpenAPI operation documents it (documentation only).
 #[derive(utoipa::IntoResponses)]
 #[response(
     status = 413,
@@ -42,6 +43,19 @@ impl ProblemResponse for Problem {
 )]
 #[allow(dead_code)]
 pub struct BodyTooLarge(Problem);
+
+/// The 413 of an endpoint that reads its body whole as raw bytes under
+/// `extract::RAW_BODY_LIMIT` (2 MiB: webhook endpoints, their reactivation, on-call's
+/// reconciliation and resolution), as its OpenAPI operation documents it (documentation
+/// only: `extract::bytes` answers it).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 413,
+    description = "Body over 2 MiB",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct RawBodyTooLarge(Problem);
 
 /// The 400 of an endpoint whose JSON body is not of the shape it reads (documentation
 /// only).

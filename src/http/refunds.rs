@@ -296,7 +296,7 @@ async fn answer_current(
     responses(
         (status = 201, description = "Refunded (COMPLETADO)", body = Reembolso,
          headers(("Location" = String), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        (status = 202, description = "Outcome not known yet or pending at the gateway (ENVIADO); the reconciler settles it", body = Reembolso,
+        (status = 202, description = "Outcome not known yet (the gateway timed out, kept failing, or answered about another refund) or pending at the gateway (ENVIADO); the reconciler settles it", body = Reembolso,
          headers(("Location" = String))),
         (status = 400, description = "Idempotency-Key missing or malformed, or body not JSON", body = Problem, content_type = "application/problem+json"),
         ApiKeyRefused,

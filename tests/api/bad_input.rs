@@ -8,7 +8,28 @@ on_both_databases!(
     every_bad_request_is_a_problem_that_stores_nothing,
     a_key_rejected_for_a_bad_body_can_be_used_again,
     a_request_whose_path_query_or_body_cannot_be_read_is_a_problem_never_plain_text,
+    every_endpoint_that_reads_a_body_documents_its_413_with_its_own_limit,
+    a_method_a_path_does_not_take_is_a_405_problem_that_says_which_it_takes,
 );
+
+/// The limit of the endpoints that read their body whole as raw bytes (axum's default,
+/// which pagos states as its own: `http::extract::RAW_BODY_LIMIT`).
+const RAW_BODY_LIMIT: usize = 2 * 1024 * 1024;
+
+/// The four endpoints that read their body whole as raw bytes (`method`, path, token).
+fn raw_body_endpoints() -> [(&'static str, String, &'static str); 4] {
+    let id = uuid::Uuid::new_v4();
+    [
+        ("post", "/v1/webhook-endpoints".to_owned(), API_KEY),
+        (
+            "post",
+            format!("/v1/webhook-endpoints/{id}/reactivar"),
+            API_KEY,
+        ),
+        ("post", "/admin/reconciliaciones".to_owned(), ADMIN_TOKEN),
+        ("post", format!("/admin/pagos/{id}/resolucion"), ADMIN_TOKEN),
+    ]
+}
 
 struct Case {
     name: &'static str,
@@ -272,19 +293,103 @@ async fn a_request_whose_path_query_or_body_cannot_be_read_is_a_problem_never_pl
     let body = serde_json::json!({"estado": "FALLIDA", "motivo": "x"});
     problem(app.admin_post(&resolution, &body).await, 404, &resolution).await;
 
-    // A body over the limit of an endpoint that reads it whole.
-    let big = vec![b' '; 3 * 1024 * 1024];
-    for (token, path) in [
-        (API_KEY, "/v1/webhook-endpoints"),
-        (ADMIN_TOKEN, "/admin/reconciliaciones"),
-    ] {
+    // A body over the limit of an endpoint that reads it whole: one byte over is refused,
+    // as its OpenAPI operation says (below); the limit itself is taken.
+    let big = vec![b' '; RAW_BODY_LIMIT + 1];
+    for (_, path, token) in raw_body_endpoints() {
         let request = app
             .http
-            .post(app.url(path))
+            .post(app.url(&path))
             .bearer_auth(token)
             .header("Content-Type", "application/json")
             .body(big.clone());
-        let body = problem(send(request).await, 413, path).await;
+        let body = problem(send(request).await, 413, &path).await;
         assert_eq!(body["type"], "/problems/body-too-large", "{path}");
+    }
+    let at_the_limit = app
+        .http
+        .post(app.url("/admin/reconciliaciones"))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("Content-Type", "application/json")
+        .body(vec![b' '; RAW_BODY_LIMIT]);
+    assert_eq!(
+        send(at_the_limit).await.status(),
+        200,
+        "white space up to the limit is `{{}}`"
+    );
+}
+
+/// Each endpoint that can answer 413 lists it in its OpenAPI operation, with the limit it
+/// enforces: 64 KiB for the JSON bodies of payments, refunds and provider webhooks, 2 MiB
+/// for the bodies read whole (webhook endpoints, their reactivation, on-call's
+/// reconciliation and resolution).
+async fn every_endpoint_that_reads_a_body_documents_its_413_with_its_own_limit(backend: Backend) {
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
+    let doc = app.openapi().await;
+    let documented = |method: &str, path: &str| {
+        let template = path
+            .split('/')
+            .map(|segment| {
+                if uuid::Uuid::parse_str(segment).is_ok() {
+                    "{id}"
+                } else {
+                    segment
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("/");
+        let answer = &doc["paths"][&template][method]["responses"]["413"];
+        assert!(answer.is_object(), "{method} {template} lists its 413");
+        assert!(
+            answer["content"]["application/problem+json"].is_object(),
+            "{method} {template}: {answer}"
+        );
+        answer["description"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    for (method, path, _) in raw_body_endpoints() {
+        assert_eq!(documented(method, &path), "Body over 2 MiB", "{path}");
+    }
+    for path in ["/v1/pagos", "/v1/pagos/{id}/reembolsos"] {
+        assert_eq!(documented("post", path), "Body over 64 KiB", "{path}");
+    }
+}
+
+/// A path pagos serves, asked with a method it does not take there, is answered as every
+/// other refusal: problem+json, with axum's `Allow` naming the methods it takes.
+async fn a_method_a_path_does_not_take_is_a_405_problem_that_says_which_it_takes(backend: Backend) {
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
+    for (method, path, token, allowed) in [
+        (reqwest::Method::PUT, "/v1/pagos", API_KEY, "POST"),
+        (
+            reqwest::Method::DELETE,
+            "/admin/reconciliaciones",
+            ADMIN_TOKEN,
+            "POST",
+        ),
+    ] {
+        let what = format!("{method} {path}");
+        let answer = send(
+            app.http
+                .request(method.clone(), app.url(path))
+                .bearer_auth(token)
+                .json(&payment_body()),
+        )
+        .await;
+        let allow = answer
+            .headers()
+            .get("allow")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let body = problem(answer, 405, &what).await;
+        assert_eq!(body["type"], "/problems/method-not-allowed", "{what}");
+        assert_eq!(body["status"], 405, "{what}");
+        assert!(
+            allow.split(',').any(|m| m.trim() == allowed),
+            "{what}: Allow {allow:?}"
+        );
     }
 }

@@ -18,6 +18,7 @@ on_both_databases!(
     refused_credentials_leave_the_payment_to_the_reconciler_instead_of_failing_it,
     a_charge_for_another_amount_goes_to_review_instead_of_settling,
     a_charge_answer_naming_another_payment_or_none_is_not_believed_by_any_provider,
+    a_refund_answer_about_another_refund_is_not_believed_by_any_provider,
 );
 
 /// A succeeded charge about each request (its reference, amount and currency), changed by
@@ -92,6 +93,76 @@ async fn a_charge_answer_naming_another_payment_or_none_is_not_believed_by_any_p
                     "{case}: settled on its own charge, not the one answered"
                 );
                 assert_eq!(fake.charges(), 1, "{case}: charged once");
+            }
+        }
+    }
+}
+
+/// The answer to a refund is another refund's (a gateway bug, a proxy or cache replaying
+/// another request's answer: same amount): it says nothing of this refund, so it is never
+/// believed — not 201 COMPLETADO on money someone else's refund returned, not 422 FALLIDO
+/// on someone else's failure. It is an unknown outcome: retried with the same key, whose
+/// answer (the provider's replay of this refund) settles it at once; with no retry left,
+/// answered 202 ENVIADO, and the reconciler, whose look-up keeps this refund's own, settles
+/// it on its own refund. Refunded once either way.
+///
+/// What tells another refund apart is what each provider's refund carries: the reference
+/// protocol's `reference` and Stripe's `metadata.pagos_reference` echo the pagos refund id
+/// (an answer naming another, or none, is not believed); a Mercado Pago refund carries no
+/// reference of pagos', so one of another payment (`payment_id`) or of another amount is
+/// not this refund (`Provider::another_refund`).
+async fn a_refund_answer_about_another_refund_is_not_believed_by_any_provider(backend: Backend) {
+    use crate::providers::{ALL, Next};
+    for provider in ALL {
+        for naming in [Some(uuid::Uuid::new_v4().to_string()), None] {
+            for retries in ["0", "1"] {
+                let case = format!("{provider:?} answering about {naming:?}, {retries} retries");
+                let flags = ["--gateway-retries", retries];
+                let (app, fake) = provider.spawn(backend.clone(), &flags).await;
+                let paid = app.pay("k-pay", &provider.payment(250_000)).await;
+                assert_eq!(paid.status(), 201, "{case}");
+                let payment = json(paid).await["id"].as_str().expect("id").to_owned();
+                fake.next_refunds([Next::AnswerNaming(naming.clone())]);
+                let answer = crate::refunds::refund(
+                    &app,
+                    &payment,
+                    "k-refund",
+                    &serde_json::json!({"monto": 50000}),
+                )
+                .await;
+                let status = answer.status().as_u16();
+                let reembolso = json(answer).await;
+                let id = reembolso["id"].as_str().expect("id").to_owned();
+                if retries == "0" {
+                    assert_eq!(status, 202, "{case}: {reembolso}");
+                    assert_eq!(reembolso["estado"], "ENVIADO", "{case}");
+                    assert!(reembolso["gatewayRef"].is_null(), "{case}: {reembolso}");
+                    let report = app
+                        .admin_post(
+                            "/admin/reconciliaciones",
+                            &serde_json::json!({ "reembolsoId": id }),
+                        )
+                        .await;
+                    let report = json(report).await;
+                    assert_eq!(report["reembolsos"]["completados"], 1, "{case}: {report}");
+                } else {
+                    assert_eq!(status, 201, "{case}: {reembolso}");
+                    assert_eq!(fake.refund_keys().len(), 2, "{case}: the retry");
+                }
+                let keys = fake.refund_keys();
+                assert!(keys.iter().all(|k| *k == keys[0]), "{case}: one key");
+                let read = json(
+                    app.get_as(crate::helpers::API_KEY, &format!("/v1/reembolsos/{id}"))
+                        .await,
+                )
+                .await;
+                assert_eq!(read["estado"], "COMPLETADO", "{case}: {read}");
+                assert_eq!(
+                    read["gatewayRef"],
+                    provider.refund_id(1).as_str(),
+                    "{case}: settled on its own refund, not the one answered"
+                );
+                assert_eq!(fake.refunds_made(), 1, "{case}: refunded once");
             }
         }
     }

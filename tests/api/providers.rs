@@ -2,14 +2,15 @@
 //! Pago — as one table, and one stateful fake provider on wiremock that keeps each one's
 //! rules: a key sent again with the same request replays its charge, a key sent with
 //! another request is refused the way that provider refuses it, search finds charges by
-//! reference unless its index lags. Scenarios about the money path run once per provider.
+//! reference unless its index lags; refunds likewise (made once per key, listed the way
+//! each provider lists them). Scenarios about the money path run once per provider.
 
 use crate::helpers::{Backend, Spawn, TestApp};
 use serde_json::{Value, json};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use wiremock::matchers::{method, path};
+use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +186,154 @@ impl Provider {
         charge
     }
 
+    /// Where refunds are made: the path's pattern.
+    fn refunds_path(self) -> &'static str {
+        match self {
+            Provider::Reference | Provider::Stripe => "^/v1/refunds$",
+            Provider::MercadoPago => "^/v1/payments/[0-9]+/refunds$",
+        }
+    }
+
+    /// The charge, the reference (Mercado Pago's refund request carries none) and the
+    /// amount (as the provider writes it; `Null`: the whole charge) of a refund request.
+    fn read_refund(self, request: &Request) -> (String, String, Value) {
+        match self {
+            Provider::Reference => {
+                let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+                let text = |field: &str| body[field].as_str().unwrap_or_default().to_owned();
+                (text("charge"), text("reference"), body["amount"].clone())
+            }
+            Provider::Stripe => {
+                let form: HashMap<String, String> = url::form_urlencoded::parse(&request.body)
+                    .into_owned()
+                    .collect();
+                let field = |name: &str| form.get(name).cloned().unwrap_or_default();
+                (
+                    field("payment_intent"),
+                    field("metadata[pagos_reference]"),
+                    form.get("amount")
+                        .and_then(|a| a.parse::<i64>().ok())
+                        .map_or(Value::Null, Value::from),
+                )
+            }
+            Provider::MercadoPago => {
+                let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+                let payment = request.url.path().split('/').nth(3).unwrap_or_default();
+                (payment.to_owned(), String::new(), body["amount"].clone())
+            }
+        }
+    }
+
+    /// The provider's id of the fake's `n`-th refund (from 1).
+    pub fn refund_id(self, n: usize) -> String {
+        match self {
+            Provider::Reference => format!("re_fake_{n}"),
+            Provider::Stripe => format!("re_fake{n:020}"),
+            Provider::MercadoPago => (2_000_000_000u64 + n as u64).to_string(),
+        }
+    }
+
+    /// A succeeded refund, numbered `n`, of `charge` about `reference` (Mercado Pago's
+    /// refunds carry none).
+    fn refund(self, n: usize, charge: &str, reference: &str, amount: &Value) -> Value {
+        match self {
+            Provider::Reference => json!({"id": self.refund_id(n), "status": "succeeded",
+                "charge": charge, "amount": amount, "currency": "COP", "reference": reference,
+                "failureCode": null}),
+            Provider::Stripe => {
+                let mut refund: Value = serde_json::from_str(include_str!(
+                    "../../fixtures/stripe/refund_succeeded.json"
+                ))
+                .expect("fixture");
+                refund["id"] = Value::from(self.refund_id(n));
+                refund["amount"] = amount.clone();
+                refund["currency"] = Value::from("cop");
+                refund["payment_intent"] = Value::from(charge);
+                refund["metadata"]["pagos_reference"] = Value::from(reference);
+                refund
+            }
+            Provider::MercadoPago => {
+                let mut refund: Value = serde_json::from_str(include_str!(
+                    "../../fixtures/mercadopago/refund_approved.json"
+                ))
+                .expect("fixture");
+                refund["id"] = Value::from(2_000_000_000u64 + n as u64);
+                refund["payment_id"] = Value::from(charge.parse::<u64>().unwrap_or_default());
+                refund["amount"] = amount.clone();
+                refund["amount_refunded_to_payer"] = amount.clone();
+                refund
+            }
+        }
+    }
+
+    /// Another refund, numbered `n`, than the one asked (of `charge`, for `amount`):
+    /// `Some` names another pagos refund, `None` none. Mercado Pago's refunds carry no
+    /// reference, so what tells another refund apart is what they do carry: `Some` is a
+    /// refund of another payment, `None` one of the same payment for another amount.
+    fn another_refund(self, n: usize, charge: &str, amount: &Value, other: Option<&str>) -> Value {
+        match self {
+            Provider::Reference | Provider::Stripe => {
+                let mut refund = self.refund(n, charge, other.unwrap_or_default(), amount);
+                if other.is_none() {
+                    let holder = match self {
+                        Provider::Stripe => &mut refund["metadata"],
+                        _ => &mut refund,
+                    };
+                    if let Some(fields) = holder.as_object_mut() {
+                        fields.remove(match self {
+                            Provider::Stripe => "pagos_reference",
+                            _ => "reference",
+                        });
+                    }
+                }
+                refund
+            }
+            Provider::MercadoPago => match other {
+                Some(_) => self.refund(n, &self.charge_id(n), "", amount),
+                None => self.refund(n, charge, "", &json!(123.45)),
+            },
+        }
+    }
+
+    /// What a refund look-up asks for: a reference, a PaymentIntent or a payment id.
+    fn refund_lookup(self, request: &Request) -> String {
+        match self {
+            Provider::Reference => crate::helpers::query_param(request, "reference"),
+            Provider::Stripe => crate::helpers::query_param(request, "payment_intent"),
+            Provider::MercadoPago => request
+                .url
+                .path()
+                .split('/')
+                .nth(3)
+                .unwrap_or_default()
+                .to_owned(),
+        }
+    }
+
+    /// Whether `refund` answers a look-up for `asked`.
+    fn refund_found(self, refund: &Value, asked: &str) -> bool {
+        let field = match self {
+            Provider::Reference => &refund["reference"],
+            Provider::Stripe => &refund["payment_intent"],
+            Provider::MercadoPago => &refund["payment_id"],
+        };
+        match field {
+            Value::String(s) => s == asked,
+            Value::Number(n) => n.to_string() == asked,
+            _ => false,
+        }
+    }
+
+    fn refund_list(self, found: Vec<Value>) -> Value {
+        match self {
+            Provider::Reference => json!({ "data": found }),
+            Provider::Stripe => {
+                json!({"object": "list", "url": "/v1/refunds", "has_more": false, "data": found})
+            }
+            Provider::MercadoPago => Value::from(found),
+        }
+    }
+
     fn search_answer(self, found: Vec<Value>) -> Value {
         match self {
             Provider::Reference => json!({ "data": found }),
@@ -246,7 +395,8 @@ impl Provider {
     }
 }
 
-/// What the next create requests get, in order, before the provider's own rules apply.
+/// What the next create requests (of charges: `FakeProvider::next`; of refunds:
+/// `next_refunds`) get, in order, before the provider's own rules apply.
 #[derive(Clone, Debug)]
 pub enum Next {
     /// Charge, but answer after this long (past pagos' timeout: the answer is lost).
@@ -255,7 +405,8 @@ pub enum Next {
     Refuse(u16),
     /// Charge, but answer with another charge about another payment (`Some`: its
     /// reference) or about none (the reference left out): a gateway bug, or a proxy
-    /// replaying another request's answer.
+    /// replaying another request's answer. For a refund: refund, but answer with another
+    /// refund (`Provider::another_refund`).
     AnswerNaming(Option<String>),
 }
 
@@ -276,6 +427,12 @@ struct State {
     searches: Vec<String>,
     charges: usize,
     creates: Vec<Made>,
+    /// Refunds: key → (the request's body, the refund made); every refund made, in order;
+    /// the key of every refund request received; what the next refund requests get.
+    refunds_by_key: HashMap<String, (Vec<u8>, Value)>,
+    refunds: Vec<Value>,
+    refund_keys: Vec<String>,
+    refund_script: VecDeque<Next>,
 }
 
 impl FakeProvider {
@@ -293,6 +450,21 @@ impl FakeProvider {
     /// The next create requests get these answers, in order.
     pub fn next(&self, answers: impl IntoIterator<Item = Next>) {
         self.lock().script.extend(answers);
+    }
+
+    /// The next refund requests get these answers, in order.
+    pub fn next_refunds(&self, answers: impl IntoIterator<Item = Next>) {
+        self.lock().refund_script.extend(answers);
+    }
+
+    /// Refunds made (never counting replays).
+    pub fn refunds_made(&self) -> usize {
+        self.lock().refunds.len()
+    }
+
+    /// The key of every refund request received, in order.
+    pub fn refund_keys(&self) -> Vec<String> {
+        self.lock().refund_keys.clone()
     }
 
     /// While set, search finds nothing (its index has not caught up).
@@ -326,6 +498,96 @@ impl FakeProvider {
             .respond_with(Search(self.clone()))
             .mount(server)
             .await;
+        Mock::given(method("POST"))
+            .and(path_regex(self.provider.refunds_path()))
+            .respond_with(MakeRefund(self.clone()))
+            .mount(server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex(self.provider.refunds_path()))
+            .respond_with(ListRefunds(self.clone()))
+            .mount(server)
+            .await;
+    }
+}
+
+fn key_of(provider: Provider, request: &Request) -> String {
+    request
+        .headers
+        .get(provider.key_header())
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+struct MakeRefund(FakeProvider);
+
+impl Respond for MakeRefund {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let provider = self.0.provider;
+        let key = key_of(provider, request);
+        let (charge, reference, mut amount) = provider.read_refund(request);
+        let mut state = self.0.lock();
+        if amount.is_null() {
+            // Mercado Pago's total refund names no amount: the whole payment.
+            let paid = state.by_key.values().map(|(_, c)| c).find(|c| {
+                c["id"].as_u64().map(|id| id.to_string()).as_deref() == Some(charge.as_str())
+            });
+            amount = paid.map_or(Value::Null, |c| c["transaction_amount"].clone());
+        }
+        state.refund_keys.push(key.clone());
+        let (delay, naming) = match state.refund_script.pop_front() {
+            Some(Next::Refuse(status)) => return provider.refusal(status),
+            Some(Next::AnswerLate(delay)) => (delay, None),
+            Some(Next::AnswerNaming(other)) => (Duration::ZERO, Some(other)),
+            None => (Duration::ZERO, None),
+        };
+        if let Some((body, refund)) = state.refunds_by_key.get(&key) {
+            return if *body == request.body {
+                ResponseTemplate::new(200)
+                    .insert_header("Idempotent-Replayed", "true")
+                    .set_body_json(refund.clone())
+                    .set_delay(delay)
+            } else {
+                provider.key_reused()
+            };
+        }
+        let n = state.refunds.len() + 1;
+        let refund = provider.refund(n, &charge, &reference, &amount);
+        state
+            .refunds_by_key
+            .insert(key, (request.body.clone(), refund.clone()));
+        state.refunds.push(refund.clone());
+        let status = if provider == Provider::Stripe {
+            200
+        } else {
+            201
+        };
+        let answer = match naming {
+            // Another refund (numbered far from the fake's own), of the same amount.
+            Some(other) => provider.another_refund(1000 + n, &charge, &amount, other.as_deref()),
+            None => refund,
+        };
+        ResponseTemplate::new(status)
+            .set_body_json(answer)
+            .set_delay(delay)
+    }
+}
+
+struct ListRefunds(FakeProvider);
+
+impl Respond for ListRefunds {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let provider = self.0.provider;
+        let asked = provider.refund_lookup(request);
+        let state = self.0.lock();
+        let found = state
+            .refunds
+            .iter()
+            .filter(|r| provider.refund_found(r, &asked))
+            .cloned()
+            .collect();
+        ResponseTemplate::new(200).set_body_json(provider.refund_list(found))
     }
 }
 
@@ -334,12 +596,7 @@ struct Create(FakeProvider);
 impl Respond for Create {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let provider = self.0.provider;
-        let key = request
-            .headers
-            .get(provider.key_header())
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
+        let key = key_of(provider, request);
         let (reference, amount) = provider.read_create(request);
         let mut state = self.0.lock();
         state.creates.push(Made {

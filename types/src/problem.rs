@@ -20,6 +20,9 @@ pub enum ProblemType {
     Forbidden,
     TooManyAuthFailures,
     NotFound,
+    /// A path pagos serves, asked with a method it does not serve there (`Allow` lists
+    /// those it does).
+    MethodNotAllowed,
     MissingKey,
     MalformedKey,
     MalformedJson,
@@ -46,11 +49,12 @@ pub enum ProblemType {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 22] = [
+    pub const ALL: [ProblemType; 23] = [
         ProblemType::Unauthorized,
         ProblemType::Forbidden,
         ProblemType::TooManyAuthFailures,
         ProblemType::NotFound,
+        ProblemType::MethodNotAllowed,
         ProblemType::MissingKey,
         ProblemType::MalformedKey,
         ProblemType::MalformedJson,
@@ -78,6 +82,7 @@ impl ProblemType {
             ProblemType::Forbidden => "forbidden",
             ProblemType::TooManyAuthFailures => "too-many-failed-authentications",
             ProblemType::NotFound => "not-found",
+            ProblemType::MethodNotAllowed => "method-not-allowed",
             ProblemType::MissingKey => "idempotency-key-missing",
             ProblemType::MalformedKey => "idempotency-key-malformed",
             ProblemType::MalformedJson => "malformed-json",
@@ -113,6 +118,7 @@ impl ProblemType {
             ProblemType::Forbidden => 403,
             ProblemType::TooManyAuthFailures => 429,
             ProblemType::NotFound => 404,
+            ProblemType::MethodNotAllowed => 405,
             ProblemType::MissingKey | ProblemType::MalformedKey | ProblemType::MalformedJson => 400,
             ProblemType::Validation | ProblemType::KeyReused => 422,
             ProblemType::BodyTooLarge => 413,
@@ -132,6 +138,7 @@ impl ProblemType {
             ProblemType::Forbidden => "Your role may not do this",
             ProblemType::TooManyAuthFailures => "Too many failed authentications from this address",
             ProblemType::NotFound => "Not found",
+            ProblemType::MethodNotAllowed => "Method not allowed on this path",
             ProblemType::MissingKey => "Idempotency-Key header missing",
             ProblemType::MalformedKey => "Idempotency-Key header malformed",
             ProblemType::MalformedJson => "Body is not valid JSON",
