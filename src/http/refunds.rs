@@ -503,6 +503,7 @@ pub struct DetalleReembolso {
         AdminTokenRefused,
         (status = 404, description = "No such refund", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The refund is not in REVISION_MANUAL", body = Problem, content_type = "application/problem+json"),
+        super::problem::BodyTooLarge,
         (status = 422, description = "Bad estado or empty motivo", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -510,9 +511,10 @@ async fn resolve_refund(
     State(state): State<AppState>,
     admin: Admin,
     PathId(id): PathId,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<DetalleReembolso>, ApiError> {
     admin.may_act()?;
+    let body = super::extract::bytes(body)?;
     use crate::saga::refund::state::Event;
     use crate::saga::refund::store::{Changes, StoreError, Written};
     let bad = |detail: String| -> ApiError { problem(ProblemType::Validation, detail) };

@@ -306,6 +306,16 @@ async fn a_request_whose_path_query_or_body_cannot_be_read_is_a_problem_never_pl
         let body = problem(send(request).await, 413, &path).await;
         assert_eq!(body["type"], "/problems/body-too-large", "{path}");
     }
+    // On-call's refund resolution reads its body whole under the refunds' 64 KiB.
+    let resolution = format!("/admin/reembolsos/{}/resolucion", uuid::Uuid::now_v7());
+    let request = app
+        .http
+        .post(app.url(&resolution))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("Content-Type", "application/json")
+        .body(vec![b' '; 64 * 1024 + 1]);
+    let body = problem(send(request).await, 413, &resolution).await;
+    assert_eq!(body["type"], "/problems/body-too-large");
     let at_the_limit = app
         .http
         .post(app.url("/admin/reconciliaciones"))
