@@ -62,39 +62,32 @@ async fn a_charge_for_another_amount_goes_to_review_instead_of_settling(backend:
 async fn a_charge_answer_naming_another_payment_or_none_is_not_believed_by_any_provider(
     backend: Backend,
 ) {
-    use crate::providers::{ALL, Next};
-    for provider in ALL {
-        for naming in [Some(uuid::Uuid::new_v4().to_string()), None] {
-            for retries in ["0", "1"] {
-                let case = format!("{provider:?} answering about {naming:?}, {retries} retries");
-                let flags = ["--gateway-retries", retries];
-                let (app, fake) = provider.spawn(backend.clone(), &flags).await;
-                fake.next([Next::AnswerNaming(naming.clone())]);
-                let answer = app.pay("k-foreign", &provider.payment(250_000)).await;
-                let status = answer.status().as_u16();
-                let pago = json(answer).await;
-                let id = pago["id"].as_str().expect("id").to_owned();
-                if retries == "0" {
-                    assert_eq!(status, 202, "{case}: {pago}");
-                    assert_eq!(pago["estado"], "ENVIADA", "{case}");
-                    assert!(pago["gatewayRef"].is_null(), "{case}: {pago}");
-                    let report = app.reconcile(&id).await;
-                    assert_eq!(report["completados"], 1, "{case}: {report}");
-                    assert_eq!(fake.searches(), std::slice::from_ref(&id), "{case}");
-                } else {
-                    assert_eq!(status, 201, "{case}: {pago}");
-                    assert_eq!(fake.creates().len(), 2, "{case}: the retry, same key");
-                }
-                let payment = app.payment(&id).await;
-                assert_eq!(payment.state, "COMPLETADA", "{case}");
-                assert_eq!(
-                    payment.gateway_ref.as_deref(),
-                    Some(provider.charge_id(1).as_str()),
-                    "{case}: settled on its own charge, not the one answered"
-                );
-                assert_eq!(fake.charges(), 1, "{case}: charged once");
-            }
+    use crate::providers::Next;
+    for (provider, naming, retries) in foreign_answers() {
+        let case = format!("{provider:?} answering about {naming:?}, {retries} retries");
+        let (app, fake) = provider
+            .spawn(backend.clone(), &["--gateway-retries", retries])
+            .await;
+        fake.next([Next::AnswerNaming(naming.clone())]);
+        let answer = app.pay("k-foreign", &provider.payment(250_000)).await;
+        let (status, pago, id) = answered(answer).await;
+        if retries == "0" {
+            handed_over(status, &pago, "ENVIADA", &case);
+            let report = app.reconcile(&id).await;
+            assert_eq!(report["completados"], 1, "{case}: {report}");
+            assert_eq!(fake.searches(), std::slice::from_ref(&id), "{case}");
+        } else {
+            assert_eq!(status, 201, "{case}: {pago}");
+            assert_eq!(fake.creates().len(), 2, "{case}: the retry, same key");
         }
+        let payment = app.payment(&id).await;
+        assert_eq!(payment.state, "COMPLETADA", "{case}");
+        assert_eq!(
+            payment.gateway_ref.as_deref(),
+            Some(provider.charge_id(1).as_str()),
+            "{case}: settled on its own charge, not the one answered"
+        );
+        assert_eq!(fake.charges(), 1, "{case}: charged once");
     }
 }
 
@@ -112,59 +105,52 @@ async fn a_charge_answer_naming_another_payment_or_none_is_not_believed_by_any_p
 /// reference of pagos', so one of another payment (`payment_id`) or of another amount is
 /// not this refund (`Provider::another_refund`).
 async fn a_refund_answer_about_another_refund_is_not_believed_by_any_provider(backend: Backend) {
-    use crate::providers::{ALL, Next};
-    for provider in ALL {
-        for naming in [Some(uuid::Uuid::new_v4().to_string()), None] {
-            for retries in ["0", "1"] {
-                let case = format!("{provider:?} answering about {naming:?}, {retries} retries");
-                let flags = ["--gateway-retries", retries];
-                let (app, fake) = provider.spawn(backend.clone(), &flags).await;
-                let paid = app.pay("k-pay", &provider.payment(250_000)).await;
-                assert_eq!(paid.status(), 201, "{case}");
-                let payment = json(paid).await["id"].as_str().expect("id").to_owned();
-                fake.next_refunds([Next::AnswerNaming(naming.clone())]);
-                let answer = crate::refunds::refund(
-                    &app,
-                    &payment,
-                    "k-refund",
-                    &serde_json::json!({"monto": 50000}),
+    use crate::providers::Next;
+    for (provider, naming, retries) in foreign_answers() {
+        let case = format!("{provider:?} answering about {naming:?}, {retries} retries");
+        let (app, fake) = provider
+            .spawn(backend.clone(), &["--gateway-retries", retries])
+            .await;
+        let paid = app.pay("k-pay", &provider.payment(250_000)).await;
+        assert_eq!(paid.status(), 201, "{case}");
+        let payment = json(paid).await["id"].as_str().expect("id").to_owned();
+        fake.next_refunds([Next::AnswerNaming(naming.clone())]);
+        let answer = crate::refunds::refund(
+            &app,
+            &payment,
+            "k-refund",
+            &serde_json::json!({"monto": 50000}),
+        )
+        .await;
+        let (status, reembolso, id) = answered(answer).await;
+        if retries == "0" {
+            handed_over(status, &reembolso, "ENVIADO", &case);
+            let report = app
+                .admin_post(
+                    "/admin/reconciliaciones",
+                    &serde_json::json!({ "reembolsoId": id }),
                 )
                 .await;
-                let status = answer.status().as_u16();
-                let reembolso = json(answer).await;
-                let id = reembolso["id"].as_str().expect("id").to_owned();
-                if retries == "0" {
-                    assert_eq!(status, 202, "{case}: {reembolso}");
-                    assert_eq!(reembolso["estado"], "ENVIADO", "{case}");
-                    assert!(reembolso["gatewayRef"].is_null(), "{case}: {reembolso}");
-                    let report = app
-                        .admin_post(
-                            "/admin/reconciliaciones",
-                            &serde_json::json!({ "reembolsoId": id }),
-                        )
-                        .await;
-                    let report = json(report).await;
-                    assert_eq!(report["reembolsos"]["completados"], 1, "{case}: {report}");
-                } else {
-                    assert_eq!(status, 201, "{case}: {reembolso}");
-                    assert_eq!(fake.refund_keys().len(), 2, "{case}: the retry");
-                }
-                let keys = fake.refund_keys();
-                assert!(keys.iter().all(|k| *k == keys[0]), "{case}: one key");
-                let read = json(
-                    app.get_as(crate::helpers::API_KEY, &format!("/v1/reembolsos/{id}"))
-                        .await,
-                )
-                .await;
-                assert_eq!(read["estado"], "COMPLETADO", "{case}: {read}");
-                assert_eq!(
-                    read["gatewayRef"],
-                    provider.refund_id(1).as_str(),
-                    "{case}: settled on its own refund, not the one answered"
-                );
-                assert_eq!(fake.refunds_made(), 1, "{case}: refunded once");
-            }
+            let report = json(report).await;
+            assert_eq!(report["reembolsos"]["completados"], 1, "{case}: {report}");
+        } else {
+            assert_eq!(status, 201, "{case}: {reembolso}");
+            assert_eq!(fake.refund_keys().len(), 2, "{case}: the retry");
         }
+        let keys = fake.refund_keys();
+        assert!(keys.iter().all(|k| *k == keys[0]), "{case}: one key");
+        let read = json(
+            app.get_as(crate::helpers::API_KEY, &format!("/v1/reembolsos/{id}"))
+                .await,
+        )
+        .await;
+        assert_eq!(read["estado"], "COMPLETADO", "{case}: {read}");
+        assert_eq!(
+            read["gatewayRef"],
+            provider.refund_id(1).as_str(),
+            "{case}: settled on its own refund, not the one answered"
+        );
+        assert_eq!(fake.refunds_made(), 1, "{case}: refunded once");
     }
 }
 
@@ -415,4 +401,34 @@ async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<(String, Vec
             return Some((head, buffer[end + 4..].to_vec()));
         }
     }
+}
+
+/// An answer's status, body and the `id` it names.
+async fn answered(answer: reqwest::Response) -> (u16, serde_json::Value, String) {
+    let status = answer.status().as_u16();
+    let body = json(answer).await;
+    let id = body["id"].as_str().expect("id").to_owned();
+    (status, body, id)
+}
+
+/// A 202 that hands the payment (or refund) over to the reconciler in `estado`, with no
+/// `gatewayRef`: nothing the gateway answered was believed.
+fn handed_over(status: u16, body: &serde_json::Value, estado: &str, case: &str) {
+    assert_eq!(status, 202, "{case}: {body}");
+    assert_eq!(body["estado"], estado, "{case}");
+    assert!(body["gatewayRef"].is_null(), "{case}: {body}");
+}
+
+/// Each provider, answering about another payment (or refund) or about none, with no retry
+/// and with one.
+fn foreign_answers() -> Vec<(crate::providers::Provider, Option<String>, &'static str)> {
+    let mut cases = Vec::new();
+    for provider in crate::providers::ALL {
+        for naming in [Some(uuid::Uuid::new_v4().to_string()), None] {
+            for retries in ["0", "1"] {
+                cases.push((provider, naming.clone(), retries));
+            }
+        }
+    }
+    cases
 }
