@@ -389,18 +389,21 @@ async fn sigterm_while_waiting_for_another_process_migrations_stops_before_servi
     let dir = tempfile::tempdir().expect("dir");
     let log = dir.path().join("serve.log");
     let port = free_port().to_string();
-    let mut serve = crate::binary::pagos(
-        &[
-            "serve",
-            "--database-url",
-            &database.url,
-            "--bind",
-            &format!("127.0.0.1:{port}"),
-        ],
-        Some(&log),
-    )
-    .spawn()
-    .expect("pagos serve");
+    // Killed when dropped, however the test ends.
+    let mut serve = crate::binary::Running(
+        crate::binary::pagos(
+            &[
+                "serve",
+                "--database-url",
+                &database.url,
+                "--bind",
+                &format!("127.0.0.1:{port}"),
+            ],
+            Some(&log),
+        )
+        .spawn()
+        .expect("pagos serve"),
+    );
     let logs = || std::fs::read_to_string(&log).unwrap_or_default();
     for _ in 0..200 {
         if logs().contains("another process is applying migrations") {
@@ -415,20 +418,19 @@ async fn sigterm_while_waiting_for_another_process_migrations_stops_before_servi
     );
 
     let sent = Command::new("kill")
-        .args(["-TERM", &serve.id().to_string()])
+        .args(["-TERM", &serve.0.id().to_string()])
         .status()
         .expect("kill runs");
     assert!(sent.success());
     let mut exited = None;
     for _ in 0..200 {
-        if let Some(status) = serve.try_wait().expect("wait") {
+        if let Some(status) = serve.0.try_wait().expect("wait") {
             exited = Some(status);
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
     let Some(status) = exited else {
-        let _ = serve.kill();
         panic!("still waiting for the lock after SIGTERM:\n{}", logs());
     };
     assert!(status.success(), "a clean exit: {status}\n{}", logs());
