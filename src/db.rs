@@ -53,10 +53,13 @@ pub async fn open_and_migrate(args: &DatabaseArgs) -> anyhow::Result<DatabaseCon
     Ok(db)
 }
 
-/// Opens the database without migrating it, for every command but `serve` and `migrate`:
-/// a newer CLI must never migrate production by the way, and under a read-only session
-/// (`PGOPTIONS='-c default_transaction_read_only=on'`) nothing may be created. A database
-/// that lacks migrations this binary needs is refused (run `pagos migrate` first).
+/// Opens the database for every command but `serve` and `migrate`, which migrate it.
+/// A database pagos never touched is set up on its first use, whichever command it is
+/// (the contract's `pagos merchants add` on a new database, before any `serve`). One that
+/// a release has migrated is never migrated by another command: a newer CLI on a laptop
+/// must not migrate production by the way, and under a read-only session
+/// (`PGOPTIONS='-c default_transaction_read_only=on'`) nothing may be created. If it
+/// lacks migrations this binary needs, it is refused (run `pagos migrate` first).
 pub async fn open(args: &DatabaseArgs) -> anyhow::Result<DatabaseConnection> {
     let db = connect(args).await?;
     match migrations_of(&db)
@@ -64,6 +67,10 @@ pub async fn open(args: &DatabaseArgs) -> anyhow::Result<DatabaseConnection> {
         .context("reading the applied migrations")?
     {
         Migrations::Current | Migrations::Newer(_) => Ok(db),
+        Migrations::Behind(pending) if pending.len() == Migrator::migrations().len() => {
+            migrate(&db).await?;
+            Ok(db)
+        }
         Migrations::Behind(pending) => Err(MigrationError::NotMigrated(pending).into()),
         Migrations::Mixed { pending, unknown } => {
             Err(MigrationError::Mixed { pending, unknown }.into())

@@ -1059,38 +1059,66 @@ async fn secrets_never_appear_in_the_logs_of_serve_or_the_sandbox_gateway() {
     }
 }
 
-/// Only `serve` and `migrate` migrate: a newer CLI on a laptop never migrates production
-/// by the way. A database that lacks migrations is refused with one line, and nothing is
-/// created in it.
+/// A new database is set up by its first use, whichever command it is (`pagos merchants
+/// add` before any `serve`, as the contract allows). One a release has migrated is never
+/// migrated by a command other than `serve` and `migrate`: a newer CLI on a laptop never
+/// migrates production by the way. If it lacks migrations, it is refused with one line
+/// and left as it was.
 #[tokio::test]
-async fn the_other_commands_refuse_a_database_never_migrated_and_create_nothing() {
+async fn a_new_database_is_set_up_by_any_command_and_an_older_releases_is_migrated_only_by_migrate()
+{
     use sea_orm::ConnectionTrait;
     let dir = tempfile::tempdir().expect("dir");
-    let db = format!(
-        "sqlite://{}?mode=rwc",
-        dir.path().join("empty.db").display()
+    let new = format!("sqlite://{}?mode=rwc", dir.path().join("new.db").display());
+    let added = pagos_on(&new, &["merchants", "add", "acme", "--api-key", "sk_new_1"]);
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
     );
+    assert!(on_db(&new, &["merchants", "list"]).contains("acme"));
+
+    // A database of an older release: this binary's last migration not applied yet.
+    let older = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("older.db").display()
+    );
+    on_db(&older, &["migrate"]);
+    let last = "m20261208_000018_events_in_commit_order";
+    let conn = sea_orm::Database::connect(older.as_str())
+        .await
+        .expect("open");
+    for sql in [
+        format!(r#"DELETE FROM "seaql_migrations" WHERE "version" = '{last}'"#),
+        r#"DROP INDEX "events_merchant_commit_order_idx""#.to_owned(),
+        r#"CREATE INDEX "events_merchant_id_idx" ON "events" ("merchant_id", "id")"#.to_owned(),
+    ] {
+        conn.execute_unprepared(&sql)
+            .await
+            .expect("back to the older release");
+    }
     for command in [
         &["merchants", "list"][..],
         &["merchants", "add", "acme"],
         &["operators", "list"],
         &["reconcile", "--once"],
     ] {
-        let output = pagos_on(&db, command);
+        let output = pagos_on(&older, command);
         assert_refused(&output, "run `pagos migrate` first");
     }
-    let conn = sea_orm::Database::connect(db.as_str()).await.expect("open");
-    let tables = conn
+    let applied = conn
         .query_one_raw(sea_orm::Statement::from_string(
             sea_orm::DbBackend::Sqlite,
-            "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table'",
+            format!(r#"SELECT COUNT(*) AS n FROM "seaql_migrations" WHERE "version" = '{last}'"#),
         ))
         .await
         .expect("query")
         .expect("a row")
         .try_get::<i64>("", "n")
         .expect("a count");
-    assert_eq!(tables, 0, "no table was created");
+    assert_eq!(applied, 0, "not migrated by another command");
+    on_db(&older, &["migrate"]);
+    assert!(!on_db(&older, &["merchants", "list"]).contains("acme"));
 }
 
 /// The runbooks' read-only convention (`PGOPTIONS='-c default_transaction_read_only=on'`):
