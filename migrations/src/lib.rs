@@ -4,8 +4,9 @@
 //! default). It must never rewrite or drop data a running older binary still relies on.
 //!
 //! Every migration runs in one transaction, with the record that it ran, on both
-//! databases: `use_transaction` returns `Some(true)` (PostgreSQL's default already;
-//! SQLite's is no transaction, and its DDL is transactional). A process killed halfway
+//! databases: `Migrator` runs each as `Whole`, whose `use_transaction` is `Some(true)`
+//! unless the migration says otherwise (PostgreSQL's default already; SQLite's is no
+//! transaction, and its DDL is transactional). A process killed halfway
 //! through a migration leaves nothing of it, and the next start runs it whole; without
 //! the transaction, the next start met the first half already there (`duplicate column
 //! name`, `UNIQUE constraint failed`) and never started. A migration that cannot run in a
@@ -39,24 +40,54 @@ pub struct Migrator;
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         vec![
-            Box::new(m20261202_000001_init::Migration),
-            Box::new(m20261202_000002_instance_facts::Migration),
-            Box::new(m20261202_000003_webhooks::Migration),
-            Box::new(m20261202_000004_payment_method::Migration),
-            Box::new(m20261202_000005_claim_index::Migration),
-            Box::new(m20261203_000006_payment_generations::Migration),
-            Box::new(m20261203_000007_api_keys::Migration),
-            Box::new(m20261203_000008_merchant_names::Migration),
-            Box::new(m20261204_000009_refunds::Migration),
-            Box::new(m20261204_000010_refund_event_sequence::Migration),
-            Box::new(m20261204_000011_events::Migration),
-            Box::new(m20261204_000012_delivery_rounds::Migration),
-            Box::new(m20261204_000013_operators::Migration),
-            Box::new(m20261205_000014_payment_search_index::Migration),
-            Box::new(m20261205_000015_events_to_fan_out::Migration),
-            Box::new(m20261206_000016_events_fanned_out_for_older_processes::Migration),
-            Box::new(m20261207_000017_older_webhook_secret::Migration),
-            Box::new(m20261208_000018_events_in_commit_order::Migration),
+            whole(m20261202_000001_init::Migration),
+            whole(m20261202_000002_instance_facts::Migration),
+            whole(m20261202_000003_webhooks::Migration),
+            whole(m20261202_000004_payment_method::Migration),
+            whole(m20261202_000005_claim_index::Migration),
+            whole(m20261203_000006_payment_generations::Migration),
+            whole(m20261203_000007_api_keys::Migration),
+            whole(m20261203_000008_merchant_names::Migration),
+            whole(m20261204_000009_refunds::Migration),
+            whole(m20261204_000010_refund_event_sequence::Migration),
+            whole(m20261204_000011_events::Migration),
+            whole(m20261204_000012_delivery_rounds::Migration),
+            whole(m20261204_000013_operators::Migration),
+            whole(m20261205_000014_payment_search_index::Migration),
+            whole(m20261205_000015_events_to_fan_out::Migration),
+            whole(m20261206_000016_events_fanned_out_for_older_processes::Migration),
+            whole(m20261207_000017_older_webhook_secret::Migration),
+            whole(m20261208_000018_events_in_commit_order::Migration),
         ]
+    }
+}
+
+/// `migration`, run in one transaction unless it says otherwise (module docs).
+fn whole(migration: impl MigrationTrait + 'static) -> Box<dyn MigrationTrait> {
+    Box::new(Whole(Box::new(migration)))
+}
+
+/// A migration run in one transaction on both databases, unless its own
+/// `use_transaction` says otherwise.
+struct Whole(Box<dyn MigrationTrait>);
+
+impl MigrationName for Whole {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+}
+
+#[async_trait::async_trait]
+impl MigrationTrait for Whole {
+    fn use_transaction(&self) -> Option<bool> {
+        self.0.use_transaction().or(Some(true))
+    }
+
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        self.0.up(manager).await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        self.0.down(manager).await
     }
 }

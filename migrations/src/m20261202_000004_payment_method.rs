@@ -11,11 +11,6 @@ pub struct Migration;
 
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
-    /// One transaction on SQLite too, whose default is none (`migrations/src/lib.rs`).
-    fn use_transaction(&self) -> Option<bool> {
-        Some(true)
-    }
-
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
             .alter_table(

@@ -19,11 +19,6 @@ const INDEX: &str = "payments_merchant_key_idx";
 
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
-    /// One transaction on SQLite too, whose default is none (`migrations/src/lib.rs`).
-    fn use_transaction(&self) -> Option<bool> {
-        Some(true)
-    }
-
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         // One column per statement: SQLite alters one thing at a time.
         manager

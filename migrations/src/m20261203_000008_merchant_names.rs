@@ -21,11 +21,6 @@ const BLANK: &str = "merchant";
 
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
-    /// One transaction on SQLite too, whose default is none (`migrations/src/lib.rs`).
-    fn use_transaction(&self) -> Option<bool> {
-        Some(true)
-    }
-
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
         let rows = db

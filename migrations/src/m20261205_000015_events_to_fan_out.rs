@@ -17,11 +17,6 @@ const TABLE: &str = "events_to_fan_out";
 
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
-    /// One transaction on SQLite too, whose default is none (`migrations/src/lib.rs`).
-    fn use_transaction(&self) -> Option<bool> {
-        Some(true)
-    }
-
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
             .create_table(

@@ -21,11 +21,6 @@ const TABLE: &str = "webhook_endpoints";
 
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
-    /// One transaction on SQLite too, whose default is none (`migrations/src/lib.rs`).
-    fn use_transaction(&self) -> Option<bool> {
-        Some(true)
-    }
-
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         // One column per statement: SQLite alters a table one column at a time.
         manager
