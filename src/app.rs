@@ -39,7 +39,15 @@ pub async fn migrate(database: &crate::db::DatabaseArgs) -> anyhow::Result<Migra
     migrated
 }
 
+/// The gateway the settings name, its answers held to what pagos stores
+/// (`gateway::storable`).
 pub fn gateway_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
+    Ok(crate::gateway::storable::Storable::wrap(adapter_from(
+        settings,
+    )?))
+}
+
+fn adapter_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
     Ok(match settings.gateway {
         GatewayKind::Sandbox => Arc::new(SandboxGateway::new(Outcomes::default())),
         GatewayKind::Http => {

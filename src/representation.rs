@@ -40,9 +40,16 @@ pub fn pago(p: &payment::Model) -> Pago {
 ///
 /// Rendered in the store's write, which reads no refunds: `montoReembolsado` is 0, as in
 /// the answer to the request (a payment moving into a final state from `ENVIADA` has no
-/// refunds yet).
+/// refunds yet). A payment that may have refunds (one leaving `COMPLETADA`, `FALLIDA` or
+/// `REVISION_MANUAL`) is told with them (`datos_refunded`, `saga::apply`).
 pub fn datos(p: &payment::Model) -> String {
-    serde_json::to_string(&pago_with_refunds(p, 0)).unwrap_or_default()
+    datos_refunded(p, 0)
+}
+
+/// A payment as an event's `datos` shows it, `refunded` of it given back (`montoReembolsado`,
+/// as `GET /v1/pagos/{id}` shows it).
+pub fn datos_refunded(p: &payment::Model, refunded: i64) -> String {
+    serde_json::to_string(&pago_with_refunds(p, refunded)).unwrap_or_default()
 }
 
 /// `decline_code` of a payment on-call resolved as failed.

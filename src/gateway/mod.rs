@@ -12,6 +12,7 @@ pub mod mercadopago;
 pub mod retry;
 pub mod sandbox;
 pub mod sandbox_server;
+pub mod storable;
 pub mod stripe;
 
 use crate::domain::PaymentMethod;

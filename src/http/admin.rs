@@ -516,11 +516,13 @@ pub async fn resolve_by_hand(
     let limits = state.reconciler.refund_limits();
     for id in refunds {
         let (deps, limits) = (deps.clone(), limits);
-        let sent = tokio::spawn(async move {
-            crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await
-        })
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))?;
+        let sent = state
+            .tasks
+            .spawn(async move {
+                crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await
+            })
+            .await
+            .map_err(|e| ApiError::Internal(e.into()))?;
         if let Err(err) = sent {
             tracing::error!(refund_id = %id, error = %err, "sending a compensation refund failed; the reconciler will");
         }

@@ -19,6 +19,7 @@ use crate::entities::refund::{self, KeyScope};
 use crate::idempotency::{self, Begin, IdempotencyKey};
 use crate::metrics::Keyed;
 use crate::representation::{Answer, reembolso, refund_answer};
+use crate::saga::refund::state::RefundState;
 use crate::saga::refund::store::{self, Registered, Registration};
 use crate::saga::refund::{self as refunds, Actor};
 use crate::saga::state::PaymentState;
@@ -188,7 +189,10 @@ async fn begin_and_answer(
             tracing::info!(refund_id = %r.id, payment_id = %r.payment_id, %key_hash, "refund registered");
             crate::failpoint::hit("refund_after_register");
             let deps = state.saga_deps();
-            let settled = tokio::spawn(async move { refunds::send(&deps, *r, Actor::Request).await })
+            // Tracked: on SIGTERM `serve` waits for it, as for a payment's saga.
+            let settled = state
+                .tasks
+                .spawn(async move { refunds::send(&deps, *r, Actor::Request).await })
                 .await
                 .map_err(|e| ApiError::Internal(e.into()))?
                 .map_err(|e| ApiError::Internal(e.into()))?;
@@ -257,15 +261,21 @@ async fn answer_current(
     key_hash: &str,
 ) -> Result<Response, ApiError> {
     let id = current.id;
-    if current.next_attempt_at <= crate::db::now() && !current.state.is_terminal() {
+    // Under review, on-call decides: nothing to settle.
+    if current.next_attempt_at <= crate::db::now()
+        && !current.state.is_terminal()
+        && current.state != RefundState::RevisionManual
+    {
         tracing::info!(refund_id = %id, key_hash, "client retry found the refund due; reconciling it now");
         let deps = state.saga_deps();
         let limits = state.reconciler.refund_limits();
-        tokio::spawn(async move {
-            crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, true).await
-        })
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))??;
+        state
+            .tasks
+            .spawn(async move {
+                crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, true).await
+            })
+            .await
+            .map_err(|e| ApiError::Internal(e.into()))??;
         current = store::find(&state.db, id)
             .await?
             .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("refund {id} vanished")))?;

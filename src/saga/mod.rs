@@ -79,7 +79,18 @@ pub async fn apply<C: sea_orm::ConnectionTrait>(
     actor: Actor,
     reason: &str,
 ) -> Result<Written, StoreError> {
-    let plan = current.plan(event, changes.into(), actor, reason, RENDER)?;
+    let mut plan = current.plan(event, changes.into(), actor, reason, RENDER)?;
+    if !PaymentState::IN_FLIGHT.contains(&current.state) {
+        // A payment that was COMPLETADA, FALLIDA or under review may have refunds: its
+        // event says how much went back, as its read does (never a 0 a merchant's ledger
+        // would take for true).
+        let refunded = refund::store::refunded_amount(tx, current.id)
+            .await
+            .map_err(StoreError::Db)?;
+        if refunded > 0 {
+            plan.retell(&representation::datos_refunded(&plan.next, refunded));
+        }
+    }
     Ok(plan.write(tx, current).await?)
 }
 
@@ -351,8 +362,8 @@ pub fn settlement(p: &payment::Model, charge: &Charge) -> Option<(Event, Changes
         ChargeStatus::Declined => {
             let code = charge
                 .decline_code
-                .clone()
-                .unwrap_or_else(|| "declined".into());
+                .as_deref()
+                .map_or_else(|| "declined".into(), crate::gateway::decline_code);
             Some((
                 Event::Declined,
                 Changes {

@@ -556,6 +556,22 @@ pub struct Plan<M: SagaRow = payment::Model> {
 }
 
 impl<M: SagaRow> Plan<M> {
+    /// The plan's event told with other `datos` (its row as the API shows it, with what
+    /// only the layer above reads: a payment's refunded amount). Nothing when the plan
+    /// tells nothing.
+    pub(crate) fn retell(&mut self, datos: &str) {
+        if let Some(e) = &self.event {
+            self.event = Some(outbox::event(
+                e.merchant_id,
+                e.event_type,
+                e.subject_id,
+                e.sequence,
+                datos,
+                e.created_at,
+            ));
+        }
+    }
+
     /// The plan's writes in `tx`, over `current`; the caller commits.
     pub async fn write<C: ConnectionTrait>(self, tx: &C, current: &M) -> Result<Written<M>, DbErr> {
         let applied = M::write_in(tx, current, &self).await?;
@@ -640,9 +656,13 @@ impl SagaRow for payment::Model {
             moved.next.payment_method = self.payment_method.as_deref().map(without_personal_data);
         }
         let answer = moved.to.is_terminal().then(|| (render.answer)(&moved.next));
+        // Under review (REVISION_MANUAL): nobody works on it until on-call decides, so a
+        // retry is answered its state (202), never 409 "still in flight" for what is left
+        // of the first request's lease.
+        let release_lease = answer.is_none() && !PaymentState::IN_FLIGHT.contains(&moved.to);
         let key = KeyWrite {
             answer,
-            release_lease: false,
+            release_lease,
         };
         Ok(moved.plan(key, render.datos))
     }

@@ -219,10 +219,13 @@ async fn consume_in(
             Compensation::Taken(ref r) if r.state != RefundState::Fallido => {
                 return Ok(Some(Consumed::Unchanged));
             }
-            // Its compensation failed, a refund of it is not settled yet, or it cannot be
-            // refunded as it stands: the money is taken and nothing of pagos' will give it
+            // Its compensation failed, a refund of it is not settled yet, it cannot be
+            // refunded as it stands, or it is in another currency: the money is taken and nothing of pagos' will give it
             // back, so on-call decides, through the table below (REVISION_MANUAL).
-            Compensation::Taken(_) | Compensation::Unsettled(_) | Compensation::Refused(_) => {
+            Compensation::Taken(_)
+            | Compensation::Unsettled(_)
+            | Compensation::Refused(_)
+            | Compensation::OtherCurrency { .. } => {
                 tracing::warn!(payment_id = %payment.id, charge = event.charge.id, why = compensation.why_not(), "orphan charge pagos cannot refund now; on-call decides");
             }
         }

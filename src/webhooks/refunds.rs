@@ -9,14 +9,15 @@
 //! row. It never calls a gateway.
 
 use crate::db::begin_write;
-use crate::entities::refund;
+use crate::entities::{payment, refund};
 use crate::gateway::{Refund, RefundStatus};
 use crate::saga::refund::state::{Event, RefundState};
 use crate::saga::refund::store::{self, Changes, Written};
 use crate::saga::refund::{Actor, settlement};
 use crate::saga::store::SagaRow;
 use crate::webhooks::consumer::{ConsumeError, locked_by_reference, record_message};
-use sea_orm::{DatabaseConnection, DatabaseTransaction};
+use sea_orm::{DatabaseConnection, DatabaseTransaction, EntityTrait, QuerySelect};
+use uuid::Uuid;
 
 /// What an event about a refund came to. Every one is answered 200.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,6 +158,23 @@ async fn consume_in(
 ) -> Result<Option<RefundConsumed>, ConsumeError> {
     if !record_message(tx, event.source, event.event_id).await? {
         return Ok(Some(RefundConsumed::Duplicate));
+    }
+    // A compensation refund that fails moves its payment too, in the refund's write,
+    // which locks the payment, then the refund. Its payment is locked first here, so that
+    // every writer takes the two in that order: this event and a reconciliation pass's
+    // write of the same refund cannot deadlock (each holding the row the other waits for).
+    let compensation = match Uuid::parse_str(&event.refund.reference) {
+        Ok(id) => refund::Entity::find_by_id(id)
+            .one(tx)
+            .await?
+            .filter(|r| r.key_scope == refund::KeyScope::Orphan),
+        Err(_) => None,
+    };
+    if let Some(r) = &compensation {
+        payment::Entity::find_by_id(r.payment_id)
+            .lock_exclusive()
+            .one(tx)
+            .await?;
     }
     let found = locked_by_reference::<refund::Entity>(tx, &event.refund.reference).await?;
     let Some(current) = found else {

@@ -22,6 +22,7 @@ on_both_databases!(
     a_compensation_refund_that_fails_sends_its_payment_to_review_with_its_event_and_why,
     a_compensation_refund_a_gateway_event_reports_failed_sends_its_payment_to_review,
     after_a_failed_compensation_on_call_resolves_fallida_with_reembolsar_and_the_charge_is_refunded_again,
+    a_charge_in_another_currency_is_never_refunded_in_the_payments_and_goes_to_on_call,
 );
 
 pub const SECRET: &str = "whsec_test";
@@ -534,4 +535,130 @@ async fn resolve_fallida_refunding(app: &TestApp, payment: &str, motivo: &str) -
         Some(json!({"estado": "FALLIDA", "reembolsar": true, "motivo": motivo})),
     )
     .await
+}
+
+/// A charge for a FALLIDA payment, in another currency than the payment's. pagos refunds
+/// a payment's charges in the payment's currency: a compensation of this one would ask
+/// the provider for 250,000 COP back on a USD charge — refused every time (its failure,
+/// then on-call's `reembolsar`, then again). It is not compensated: the payment goes to
+/// on-call with the real cause (the currency), and on-call's `reembolsar` is refused
+/// (409, saying why), writing nothing.
+async fn a_charge_in_another_currency_is_never_refunded_in_the_payments_and_goes_to_on_call(
+    backend: Backend,
+) {
+    let (app, fake) = spawn(backend, "refund").await;
+    let payment = declined(&app).await;
+    let mut usd = succeeded(&payment);
+    usd["amount"] = 1000.into();
+    usd["currency"] = "USD".into();
+    deliver(&app, "evt_usd", 2, usd.clone()).await;
+    let detail = admin(&app, &format!("/admin/pagos/{payment}"), None).await;
+    assert_eq!(detail["pago"]["estado"], "REVISION_MANUAL", "{detail}");
+    assert_eq!(
+        detail["reembolsos"].as_array().map_or(0, Vec::len),
+        0,
+        "nothing refunded: {detail}"
+    );
+    let why = listed(&detail, "transiciones", "motivo")
+        .into_iter()
+        .last()
+        .expect("a transition");
+    assert!(why.contains("USD"), "{why}");
+
+    // On-call asks to refund it: refused, saying why; nothing written, nothing sent.
+    Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [usd]})))
+        .mount(app.gateway())
+        .await;
+    let refused = app
+        .resolve_as(
+            ADMIN,
+            &payment,
+            &json!({"estado": "FALLIDA", "motivo": "refund it", "reembolsar": true}),
+        )
+        .await;
+    assert_eq!(refused.status(), 409);
+    let problem = json(refused).await;
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("USD")),
+        "{problem}"
+    );
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+    assert!(fake.made().is_empty(), "no refund asked of the provider");
+}
+
+/// PostgreSQL: a gateway event about a compensation refund takes its locks in the order
+/// every other writer of the two rows does, the payment, then the refund (a compensation
+/// that fails moves its payment in the refund's write, which locks the payment first).
+/// Before, the event locked the refund and then waited for the payment: against a
+/// reconciliation pass writing the same refund (the payment held, the refund awaited),
+/// a deadlock. Here the test holds the payment; while the event waits for it, the refund
+/// must still be free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_compensation_refund_event_locks_its_payment_before_its_refund() {
+    use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+    let Some(backend) = crate::helpers::Backend::postgres() else {
+        return;
+    };
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "refund", "reembolsando").await;
+    fake.refunding("pending");
+    let report = admin(&app, "/admin/reconciliaciones", Some(json!({}))).await;
+    assert_eq!(report["reembolsos"]["reenviados"], 1, "{report}");
+    let mut failed = fake.made()[0].clone();
+    let refund = failed["reference"].as_str().expect("reference").to_owned();
+    failed["status"] = Value::from("failed");
+    failed["failureCode"] = Value::from("expired_or_canceled_card");
+
+    let held = app.db.begin().await.expect("begin");
+    held.execute_raw(Statement::from_string(
+        DbBackend::Postgres,
+        format!("SELECT 1 FROM payments WHERE id = '{payment}' FOR UPDATE"),
+    ))
+    .await
+    .expect("the payment held");
+    let check = async {
+        // Until the event's transaction waits for a lock (the payment's, held here).
+        for _ in 0..200 {
+            let waiting = app
+                .db
+                .query_one_raw(Statement::from_string(
+                    DbBackend::Postgres,
+                    "SELECT count(*) AS n FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                ))
+                .await
+                .expect("pg_stat_activity")
+                .and_then(|row| row.try_get::<i64>("", "n").ok())
+                .unwrap_or(0);
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        let probe = app.db.begin().await.expect("begin");
+        let refund_free = probe
+            .execute_raw(Statement::from_string(
+                DbBackend::Postgres,
+                format!("SELECT 1 FROM refunds WHERE id = '{refund}' FOR UPDATE NOWAIT"),
+            ))
+            .await
+            .map(|_| ());
+        probe.rollback().await.ok();
+        held.commit().await.expect("released");
+        refund_free
+    };
+    let (word, refund_free) = tokio::join!(
+        deliver_event(&app, "evt_re_lock", "refund.updated", 1, failed),
+        check
+    );
+    assert!(
+        refund_free.is_ok(),
+        "the event locked the refund before its payment: {refund_free:?}"
+    );
+    assert_eq!(word, "aplicado");
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
 }

@@ -19,6 +19,7 @@ on_both_databases!(
     a_charge_for_another_amount_goes_to_review_instead_of_settling,
     a_charge_answer_naming_another_payment_or_none_is_not_believed_by_any_provider,
     a_refund_answer_about_another_refund_is_not_believed_by_any_provider,
+    a_provider_string_longer_than_pagos_stores_never_fails_the_write,
 );
 
 /// A succeeded charge about each request (its reference, amount and currency), changed by
@@ -47,6 +48,15 @@ async fn a_charge_for_another_amount_goes_to_review_instead_of_settling(backend:
         body["estado"], "REVISION_MANUAL",
         "money that does not match is never COMPLETADA"
     );
+    // Nobody works on it until on-call decides: a retry is answered its state, not told
+    // for what is left of the first request's lease that it is still in flight (409).
+    let retry = app.pay("k-amount", &payment_body()).await;
+    assert_eq!(retry.status(), 202);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let again = json(retry).await;
+    assert_eq!(again["id"], body["id"]);
+    assert_eq!(again["estado"], "REVISION_MANUAL");
+    assert_eq!(app.charges_seen().await.len(), 1);
 }
 
 /// The answer to a charge names another payment's charge (a gateway bug, a proxy or cache
@@ -404,6 +414,44 @@ async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<(String, Vec
 }
 
 /// An answer's status, body and the `id` it names.
+/// A provider's decline code or charge id longer than pagos stores (`decline_code`: 100,
+/// `gateway_ref`: 255). The write failed on PostgreSQL (a 500 to the merchant, then the
+/// same failure at every retry and reconciliation pass: the payment `ENVIADA` for good). A
+/// code is only a reason: cut, and the payment is declined with it. An id is what refunds
+/// and look-ups name the charge by: one pagos cannot store is not believed — 202, handed
+/// over, never 500 and never `COMPLETADA` on an id cut short.
+async fn a_provider_string_longer_than_pagos_stores_never_fails_the_write(backend: Backend) {
+    let app = crate::helpers::started(backend, &["--gateway-retries", "0"]).await;
+    app.answer_charges(ChargeAbout(|charge| {
+        charge["status"] = "declined".into();
+        charge["declineCode"] = "d".repeat(300).into();
+    }))
+    .await;
+    let declined = app.pay("k-long-code", &payment_body()).await;
+    assert_eq!(declined.status(), 402);
+    let problem = json(declined).await;
+    assert_eq!(problem["declineCode"], "d".repeat(100), "{problem}");
+    let id = problem["pago"]["id"].as_str().expect("id").to_owned();
+    let stored = app.payment(&id).await;
+    assert_eq!(stored.state, "FALLIDA");
+    assert_eq!(
+        stored.decline_code.as_deref(),
+        Some("d".repeat(100).as_str())
+    );
+
+    app.gateway().reset().await;
+    app.answer_charges(ChargeAbout(|charge| charge["id"] = "c".repeat(256).into()))
+        .await;
+    let long_id = app.pay("k-long-id", &payment_body()).await;
+    let (status, body, id) = answered(long_id).await;
+    handed_over(status, &body, "ENVIADA", "a charge id of 256 characters");
+    let again = app.pay("k-long-id", &payment_body()).await;
+    assert_eq!(again.status(), 202, "a retry is answered, not a 500");
+    let stored = app.payment(&id).await;
+    assert_eq!(stored.state, "ENVIADA");
+    assert!(stored.gateway_ref.is_none());
+}
+
 async fn answered(answer: reqwest::Response) -> (u16, serde_json::Value, String) {
     let status = answer.status().as_u16();
     let body = json(answer).await;

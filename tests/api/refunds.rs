@@ -1044,3 +1044,93 @@ async fn refunds_that_settle_tell_the_merchant_with_an_event_of_the_refund(backe
         .count();
     assert_eq!(payment_events, 1, "only the payment's own pago.completado");
 }
+
+on_both_databases!(a_retry_of_a_refund_its_request_sent_to_review_is_answered_its_state);
+
+/// The gateway answers a refund for another amount than asked: its request sends it to
+/// REVISION_MANUAL (202). Nobody works on it until on-call decides, so a retry with the
+/// same key is answered its state (202, replayed), not 409 "still in flight" for what is
+/// left of the first request's lease, and nothing is sent again.
+async fn a_retry_of_a_refund_its_request_sent_to_review_is_answered_its_state(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    charges()
+        .respond_with(Charge::succeeded())
+        .mount(app.gateway())
+        .await;
+    let payment = paid(&app, "pay-1").await;
+    let sent = Arc::new(Mutex::new(0));
+    let count = sent.clone();
+    mount_route(
+        app.gateway(),
+        "POST",
+        "/v1/refunds",
+        move |request: &Request| {
+            *count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+            let amount = body["amount"].as_i64().unwrap_or(0) - 1;
+            ResponseTemplate::new(201).set_body_json(json!({
+                "id": "re_short_1", "status": "succeeded", "charge": body["charge"],
+                "amount": amount, "currency": body["currency"], "reference": body["reference"],
+            }))
+        },
+    )
+    .await;
+    let first = refund(&app, &payment, "ref-1", &json!({"monto": 5000})).await;
+    assert_eq!(first.status(), 202);
+    let first = json(first).await;
+    assert_eq!(first["estado"], "REVISION_MANUAL", "{first}");
+
+    let retry = refund(&app, &payment, "ref-1", &json!({"monto": 5000})).await;
+    assert_eq!(retry.status(), 202, "answered its state, not 409");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let again = json(retry).await;
+    assert_eq!(again["id"], first["id"]);
+    assert_eq!(again["estado"], "REVISION_MANUAL");
+    assert_eq!(
+        *sent.lock().unwrap_or_else(|e| e.into_inner()),
+        1,
+        "sent once"
+    );
+}
+
+on_both_databases!(a_payment_event_tells_what_was_refunded_of_it_as_its_read_does);
+
+/// A payment with a refund of 50,000 COMPLETADO is contradicted by the provider (a charge
+/// event says it was declined): its `pago.revision_manual` event shows the payment as
+/// `GET /v1/pagos/{id}` does, `montoReembolsado` 50,000 — never 0, which a merchant's
+/// ledger updated from events would take for true.
+async fn a_payment_event_tells_what_was_refunded_of_it_as_its_read_does(backend: Backend) {
+    use crate::compensation::{SECRET, deliver_event};
+    use pagos::entities::event;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    let (app, _fake) = app_with(backend, &["--webhook-secret", SECRET]).await;
+    let payment = paid(&app, "pay-1").await;
+    let answer = refund(&app, &payment, "ref-1", &json!({"monto": 50000})).await;
+    assert_eq!(answer.status(), 201);
+    let read = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(read["montoReembolsado"], 50000);
+
+    let charge = json!({"id": read["gatewayRef"], "status": "declined", "amount": 250000,
+        "currency": "COP", "reference": payment, "declineCode": "fraudulent"});
+    assert_eq!(
+        deliver_event(&app, "evt_c1", "charge.updated", 5, charge).await,
+        "revision_manual"
+    );
+    let told: Vec<Value> = event::Entity::find()
+        .filter(event::Column::SubjectId.eq(uuid::Uuid::parse_str(&payment).expect("uuid")))
+        .filter(event::Column::EventType.eq(event::EventType::PagoRevisionManual))
+        .all(&app.db)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| serde_json::from_str(&e.body).expect("JSON"))
+        .collect();
+    assert_eq!(told.len(), 1);
+    let read = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(read["estado"], "REVISION_MANUAL");
+    assert_eq!(told[0]["datos"]["montoReembolsado"], 50000, "{}", told[0]);
+    assert_eq!(
+        told[0]["datos"]["montoReembolsado"],
+        read["montoReembolsado"]
+    );
+}

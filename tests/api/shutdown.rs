@@ -11,6 +11,7 @@ on_both_databases!(
     on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer,
     past_the_grace_a_saga_in_flight_is_left_to_the_reconciler_and_charged_once,
     on_sigterm_a_reconciliation_pass_claims_nothing_more_and_leaves_the_rest_due,
+    on_sigterm_a_refund_whose_client_hung_up_is_waited_for_and_settled,
 );
 
 impl World {
@@ -256,4 +257,47 @@ async fn on_sigterm_a_reconciliation_pass_claims_nothing_more_and_leaves_the_res
         BACKLOG,
         "nothing charged by the pass"
     );
+}
+
+/// A refund's saga runs in its own task, as a payment's does: its client hanging up does
+/// not stop it. On SIGTERM `serve` waits for it too (within the grace), so the refund the
+/// gateway is making is settled `COMPLETADO` before the process exits, not left `ENVIADO`
+/// for the reconciler of another process.
+async fn on_sigterm_a_refund_whose_client_hung_up_is_waited_for_and_settled(backend: Backend) {
+    use pagos::entities::refund;
+    use sea_orm::EntityTrait;
+    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
+    let refunds = crate::refunds::FakeRefunds::default();
+    refunds.delay(Duration::from_millis(1500));
+    refunds.mount_refunds(&world.gateway).await;
+    let mut server = world.serve_with_grace("15s").await;
+    let paid = pay(&server.url).await.expect("task").expect("paid");
+    assert_eq!(paid.status(), 201);
+    let payment = world.only_payment().await;
+
+    // The client gives up before the gateway answers.
+    let hung_up = reqwest::Client::new()
+        .post(format!("{}/v1/pagos/{}/reembolsos", server.url, payment.id))
+        .bearer_auth(API_KEY)
+        .header("Idempotency-Key", "r-shutdown")
+        .json(&serde_json::json!({"monto": 5000}))
+        .timeout(Duration::from_millis(700))
+        .send()
+        .await;
+    assert!(hung_up.is_err(), "the client hung up");
+    assert_eq!(refunds.made().len(), 1, "the refund reached the gateway");
+
+    server.terminate();
+    server
+        .exits_cleanly(Duration::from_secs(10), "after the refund's saga")
+        .await;
+    let logs = server.logs();
+    assert!(logs.contains("waiting for the sagas in flight"), "{logs}");
+    let stored = refund::Entity::find()
+        .all(&world.db)
+        .await
+        .expect("refunds");
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].state.to_string(), "COMPLETADO", "{logs}");
+    assert_eq!(refunds.made().len(), 1, "refunded once");
 }

@@ -39,6 +39,7 @@ pub const RENDER: store::Render = store::Render {
         datos: representation::refund_datos,
     },
     payment: crate::saga::RENDER,
+    payment_refunded: representation::datos_refunded,
 };
 
 /// What every send of `r` asks the gateway: the same key and the same body. `whole` when
@@ -220,6 +221,11 @@ pub enum Compensation {
     Unsettled(Box<refund::Model>),
     /// Not registered (the payment is gone or not `FALLIDA`); nothing was written.
     Refused(store::Registered),
+    /// The charge is in another currency than the payment (`currency`): pagos refunds a
+    /// payment's charges in the payment's currency only, and a refund of this one would be
+    /// asked for in the wrong currency, refused by the provider every time. On-call
+    /// decides; nothing was written.
+    OtherCurrency { charge: String, currency: String },
 }
 
 impl Compensation {
@@ -231,7 +237,9 @@ impl Compensation {
             Compensation::Taken(r) => {
                 !matches!(r.state, RefundState::Fallido | RefundState::RevisionManual)
             }
-            Compensation::Unsettled(_) | Compensation::Refused(_) => false,
+            Compensation::Unsettled(_)
+            | Compensation::Refused(_)
+            | Compensation::OtherCurrency { .. } => false,
         }
     }
 
@@ -250,6 +258,9 @@ impl Compensation {
             Compensation::Unsettled(r) => format!(
                 "refund {} of it is {}: what is left of the charge is known only once it settles; wait for it (or settle it, if it is under review) and try again",
                 r.id, r.state
+            ),
+            Compensation::OtherCurrency { charge, currency } => format!(
+                "charge {charge} is in {currency}, not in the payment's currency: pagos refunds a payment's charges in its own currency only; refund it in the provider's dashboard and resolve the payment without reembolsar"
             ),
             Compensation::Refused(store::Registered::NoPayment) => "the payment is gone".into(),
             Compensation::Refused(store::Registered::NotRefundable(state)) => {
@@ -297,6 +308,12 @@ pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
 ) -> Result<Compensation, sea_orm::DbErr> {
     use crate::entities::payment_transition as payment_transitions;
     use sea_orm::EntityTrait;
+    if !charge.currency.eq_ignore_ascii_case(&p.currency) {
+        return Ok(Compensation::OtherCurrency {
+            charge: charge.id.clone(),
+            currency: charge.currency.clone(),
+        });
+    }
     let scope = crate::entities::refund::KeyScope::Orphan;
     let earlier = store::of_charge(tx, p.id, &charge.id).await?;
     let compensations: Vec<&refund::Model> =

@@ -50,6 +50,8 @@ pub enum StoreError {
 pub struct Render {
     pub refund: crate::saga::store::Render<refund::Model>,
     pub payment: crate::saga::store::Render,
+    /// The payment as an event's `datos` shows it with what was refunded of it.
+    pub payment_refunded: fn(&payment::Model, i64) -> String,
 }
 
 pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<refund::Model>, DbErr> {
@@ -429,6 +431,8 @@ pub type Plan = crate::saga::store::Plan<refund::Model>;
 pub struct PaymentToReview {
     /// The payment's answer and event, as the layer above renders them.
     pub render: crate::saga::store::Render,
+    /// Its event's `datos` with what was refunded of it (`Render::payment_refunded`).
+    pub refunded: fn(&payment::Model, i64) -> String,
     pub actor: Actor,
     /// The payment's audit row: which charge, which refund, that the customer is still
     /// charged.
@@ -495,11 +499,17 @@ impl SagaRow for refund::Model {
             next.response_body = Some(answer.body);
             next.lease_until = None;
         }
+        if moved.to == RefundState::RevisionManual {
+            // Nobody works on it until on-call decides: a retry is answered its state
+            // (202), never 409 "still in flight" for what is left of the first lease.
+            moved.next.lease_until = None;
+        }
         let to_review = (self.key_scope == KeyScope::Orphan
             && moved.from != RefundState::Fallido
             && moved.to == RefundState::Fallido)
             .then(|| PaymentToReview {
                 render: render.payment,
+                refunded: render.payment_refunded,
                 actor,
                 reason: format!(
                     "the compensation of charge {} failed: refund {} of {} {} ended FALLIDO ({}), so the customer is still charged while the payment's answer says no money was taken; on-call decides",
@@ -626,7 +636,7 @@ async fn payment_move<C: ConnectionTrait>(
         return Ok(None);
     };
     let to_review = if current.state == PaymentState::Fallida {
-        let planned = current
+        let mut planned = current
             .plan(
                 crate::saga::state::Event::Contradicted,
                 Step::default(),
@@ -635,6 +645,12 @@ async fn payment_move<C: ConnectionTrait>(
                 to_review.render,
             )
             .map_err(|e| DbErr::Custom(e.to_string()))?;
+        // Told with what pagos gave back of it (a compensation that failed may follow
+        // one that did not), as its read shows it.
+        let refunded = refunded_amount(db, current.id).await?;
+        if refunded > 0 {
+            planned.retell(&(to_review.refunded)(&planned.next, refunded));
+        }
         Some(planned)
     } else {
         None
