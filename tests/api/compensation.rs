@@ -365,7 +365,7 @@ async fn a_charge_found_after_a_partly_refunded_payment_failed_is_compensated_fo
 }
 
 /// The `pago.revision_manual` events told about payment `id`: their bodies.
-async fn revision_events(app: &TestApp, id: &str) -> Vec<Value> {
+pub(crate) async fn revision_events(app: &TestApp, id: &str) -> Vec<Value> {
     use pagos::entities::event;
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
     event::Entity::find()

@@ -1101,8 +1101,6 @@ on_both_databases!(a_payment_event_tells_what_was_refunded_of_it_as_its_read_doe
 /// ledger updated from events would take for true.
 async fn a_payment_event_tells_what_was_refunded_of_it_as_its_read_does(backend: Backend) {
     use crate::compensation::{SECRET, deliver_event};
-    use pagos::entities::event;
-    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
     let (app, _fake) = app_with(backend, &["--webhook-secret", SECRET]).await;
     let payment = paid(&app, "pay-1").await;
     let answer = refund(&app, &payment, "ref-1", &json!({"monto": 50000})).await;
@@ -1116,15 +1114,7 @@ async fn a_payment_event_tells_what_was_refunded_of_it_as_its_read_does(backend:
         deliver_event(&app, "evt_c1", "charge.updated", 5, charge).await,
         "revision_manual"
     );
-    let told: Vec<Value> = event::Entity::find()
-        .filter(event::Column::SubjectId.eq(uuid::Uuid::parse_str(&payment).expect("uuid")))
-        .filter(event::Column::EventType.eq(event::EventType::PagoRevisionManual))
-        .all(&app.db)
-        .await
-        .expect("events")
-        .into_iter()
-        .map(|e| serde_json::from_str(&e.body).expect("JSON"))
-        .collect();
+    let told = crate::compensation::revision_events(&app, &payment).await;
     assert_eq!(told.len(), 1);
     let read = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(read["estado"], "REVISION_MANUAL");
