@@ -309,6 +309,16 @@ fn refused(
     if err.is::<tower::timeout::error::Elapsed>() {
         limited("request_timeout");
         tracing::warn!(%method, path = uri.path(), "request cut at PAGOS_REQUEST_TIMEOUT; work it started goes on");
+        if Door::Admin.serves(uri.path()) {
+            // On-call's: no key to retry with, and the work is not lost. Asking again
+            // before reading what it did would run a second pass, or be refused.
+            return problem::Problem::new(problem::ProblemType::RequestTimeout)
+                .detail(format!(
+                    "The request took longer than {} and was answered before its end. What it started goes on in the background: a reconciliation pass finishes and logs its report (\"reconciliation pass done\"); a resolution, once written, shows on the payment. Read the payment (GET /admin/pagos/{{id}}) before asking again.",
+                    humantime::format_duration(cut_after)
+                ))
+                .into_response();
+        }
         return problem::Problem::new(problem::ProblemType::RequestTimeout)
             .detail(format!(
                 "The request took longer than {} and was answered before its end. A payment it started goes on: retry with the same Idempotency-Key to get its outcome.",

@@ -361,3 +361,60 @@ async fn the_gauges_follow_the_database_at_each_refresh(backend: Backend) {
     })
     .await;
 }
+
+on_both_databases!(an_on_call_request_cut_at_the_request_timeout_says_its_work_goes_on);
+
+/// On-call asks for a pass that outlasts `PAGOS_REQUEST_TIMEOUT` (a slow provider): the
+/// answer is the 503 `request-timeout` problem, and it says what is true for on-call —
+/// the pass goes on and its work is not lost, read the payment before asking again — not
+/// a merchant's "retry with the same Idempotency-Key". The pass does go on: the payment
+/// is settled after the answer.
+async fn an_on_call_request_cut_at_the_request_timeout_says_its_work_goes_on(backend: Backend) {
+    let app = crate::helpers::started(
+        backend,
+        &[
+            "--request-timeout",
+            "1s",
+            "--gateway-timeout",
+            "10s",
+            "--gateway-retries",
+            "0",
+        ],
+    )
+    .await;
+    let fake = app
+        .with_fake(FakeGateway::charging("pending").with_lookup_delay(Duration::from_secs(3)))
+        .await;
+    let answer = app.pay("k-pending", &payment_body()).await;
+    assert_eq!(answer.status(), 202);
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+    fake.settle_all("succeeded");
+
+    let cut = app
+        .post_as(
+            crate::helpers::ADMIN_TOKEN,
+            "/admin/reconciliaciones",
+            &serde_json::json!({ "pagoId": id }),
+        )
+        .await;
+    assert_eq!(cut.status(), 503);
+    let problem = json(cut).await;
+    assert_eq!(problem["type"], "/problems/request-timeout");
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("goes on"), "{problem}");
+    assert!(detail.contains("GET /admin/pagos"), "{problem}");
+    assert!(!detail.contains("Idempotency-Key"), "{problem}");
+
+    let mut settled = app.payment(&id).await;
+    for _ in 0..100 {
+        if settled.state != "ENVIADA" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        settled = app.payment(&id).await;
+    }
+    assert_eq!(
+        settled.state, "COMPLETADA",
+        "the pass went on after the answer"
+    );
+}
