@@ -39,18 +39,17 @@ pub struct SagaDeps {
 
 impl SagaDeps {
     /// How long the write that marks a payment or refund sent holds it: for the whole
-    /// send, so nobody else can claim and send it meanwhile. A request already holds it
-    /// for its lease, which is longer than any send (checked at start): None. A worker's
-    /// claim (`claimed_until`) may be running out.
+    /// send, counted from that write, so nobody else can claim and send it meanwhile.
+    /// What holds it already (a worker's claim, a request's lease from its registration)
+    /// may be running out: a request's lease was counted from before its registration
+    /// waited for a connection or a lock, and a stalled database can use up what the lease
+    /// had beyond a send. Never less than what holds it already.
     pub fn send_hold_until(
         &self,
-        actor: Actor,
         claimed_until: Option<chrono::DateTime<chrono::Utc>>,
-    ) -> Option<chrono::DateTime<chrono::Utc>> {
-        (actor != Actor::Request).then(|| {
-            let hold = store::now_plus(self.send_hold);
-            claimed_until.map_or(hold, |held| held.max(hold))
-        })
+    ) -> chrono::DateTime<chrono::Utc> {
+        let hold = store::now_plus(self.send_hold);
+        claimed_until.map_or(hold, |held| held.max(hold))
     }
 
     /// When the reconciler looks at a payment or refund again: `PAGOS_STALE_AFTER`,
@@ -192,7 +191,7 @@ pub async fn send<R: Saga>(deps: &SagaDeps, current: R, actor: Actor) -> Result<
     // only a readable status settles it: a refusal of this send proves nothing about what
     // an earlier one may have done.
     let maybe_sent_before = current.state() == R::SENT;
-    let hold_until = deps.send_hold_until(actor, current.claimed_until());
+    let hold_until = Some(deps.send_hold_until(current.claimed_until()));
     let [request, never_sent, resend] = R::SEND_REASONS;
     let reason = match actor {
         Actor::Request => request,

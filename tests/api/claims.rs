@@ -325,3 +325,104 @@ async fn a_requests_saga_and_an_on_demand_pass_log_under_the_request() {
     );
     drop(serve);
 }
+
+/// A request's lease is counted from before its registration, which may wait for a
+/// connection or a lock: here the database stalls (a table lock held longer than the
+/// lease) while the request registers its payment. Its send then starts with the lease
+/// already run out. The write that marks it sent must hold it for the whole send, counted
+/// from that write, as a worker's does: otherwise the process's own reconciler (polling
+/// every 200 ms) finds it due and unheld, asks the provider (whose search lags: nothing
+/// yet) and sends the same key again while the request's send is in flight — two requests
+/// at once under one key, which Mercado Pago does not refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_whose_registration_stalled_still_holds_its_payment_for_its_send() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let (database, db) = TestDatabase::with_acme(&backend).await;
+    let hold = Duration::from_millis(1500);
+    let gateway = MockServer::start().await;
+    let recording = Recording {
+        hold,
+        state: Arc::default(),
+    };
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(recording.clone())
+        .mount(&gateway)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": []})))
+        .mount(&gateway)
+        .await;
+    let uri = gateway.uri();
+    let args = serving(
+        &database.url,
+        &uri,
+        &[
+            "--gateway-timeout",
+            "2s",
+            "--gateway-retries",
+            "0",
+            "--lease",
+            "3s",
+            "--stale-after",
+            "1s",
+            "--reconcile-every",
+            "200ms",
+        ],
+    );
+    let serve = Serve::start(&args, &[]).await;
+
+    let stall = db.begin().await.expect("transaction");
+    stall
+        .execute_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            r#"LOCK TABLE "payments" IN SHARE MODE"#,
+        ))
+        .await
+        .expect("the payments table locked");
+    let url = format!("{}/v1/pagos", serve.url);
+    let paying = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .bearer_auth(crate::helpers::API_KEY)
+            .header("Idempotency-Key", "k-stalled")
+            .json(&json!({"creditoId": "42", "monto": 250000, "moneda": "COP"}))
+            .send()
+            .await
+    });
+    // Longer than the lease: the registration waits for the lock all that time.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    stall.rollback().await.expect("the lock released");
+
+    let answer = paying.await.expect("task").expect("answered");
+    // 201, or 202 when the reconciler took the payment between its registration and its
+    // mark (the lease had run out, so it was due): then the reconciler sends it, and the
+    // request's mark is fenced. Either way, one send at a time.
+    assert!(
+        [201, 202].contains(&answer.status().as_u16()),
+        "{}",
+        serve.logs()
+    );
+    wait_for("the payment settled", async || {
+        payment::Entity::find()
+            .filter(payment::Column::State.eq("COMPLETADA"))
+            .all(&db)
+            .await
+            .is_ok_and(|all| all.len() == 1)
+    })
+    .await;
+    // Whatever else the reconciler might do, give it time to do it.
+    tokio::time::sleep(hold + Duration::from_secs(1)).await;
+    assert!(
+        recording.overlapping().is_empty(),
+        "a gateway key had two requests in flight at once: {:?}\n{}",
+        recording.overlapping(),
+        serve.logs()
+    );
+    let sent: usize = recording.lock().in_flight.values().map(Vec::len).sum();
+    assert_eq!(sent, 1, "sent once: {}", serve.logs());
+    drop(serve);
+}
