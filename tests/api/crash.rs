@@ -22,8 +22,17 @@ on_both_databases!(
     a_payment_whose_work_panics_stays_claimed_untouched_and_a_later_pass_settles_it,
 );
 
-/// The lease of `World::crash_args`.
-const LEASE: Duration = Duration::from_millis(1000);
+/// Until nobody holds the one payment any more: the request's lease (`World::crash_args`:
+/// 1 s from its registration) or, once it was marked sent, its send's hold (the longest
+/// send, 300 ms, + 5 s from the mark), which a crash leaves in place: nobody can tell that
+/// the dead process's send is over.
+async fn until_unheld(world: &World) {
+    let held = world.only_payment().await.claimed_until;
+    if let Some(until) = held {
+        let wait = (until - pagos::db::now()).to_std().unwrap_or_default();
+        tokio::time::sleep(wait + Duration::from_millis(100)).await;
+    }
+}
 
 impl World {
     /// `n` payments left ENVIADA and due by crashes, `charged(i)` of them charged at the
@@ -124,7 +133,7 @@ async fn settles_with_one_charge_and_the_retry_gets_the_final_answer(
     world: &World,
     id: uuid::Uuid,
 ) {
-    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    until_unheld(world).await;
     let report = world.reconcile().await;
     assert_eq!(report["examinados"], 1, "{report}");
     assert_eq!(report["completados"], 1, "{report}");
@@ -235,8 +244,8 @@ async fn a_client_retry_after_a_crash_settles_the_payment_at_once(backend: Backe
     let world = World::new(backend, FakeGateway::charging("succeeded")).await;
     let left = crash_at(&world, "after_mark_sent").await;
     let server = world.serve(&[]).await;
-    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
-    // No reconciliation pass runs (period 1h): the retry itself finds the lease expired.
+    until_unheld(&world).await;
+    // No reconciliation pass runs (period 1h): the retry itself finds the hold ended.
     let retry = pay(&server.url, "k-crash").await.expect("answered");
     assert_eq!(retry.status(), 201, "{}", server.logs());
     assert_eq!(retry.headers()["idempotent-replayed"], "true");

@@ -14,7 +14,7 @@ on_both_databases!(
     a_look_up_answering_another_payments_charge_is_not_believed,
     no_charge_outside_the_key_window_goes_to_review_without_a_resend,
     never_sent_past_the_key_window_goes_to_review_without_a_send,
-    a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it,
+    a_slow_requests_send_holds_its_payment_past_a_lease_shorter_than_the_call,
     admin_endpoints_refuse_a_missing_or_wrong_token,
     the_admin_list_shows_payments_in_a_state_oldest_first,
     only_payments_under_review_can_be_resolved_by_hand,
@@ -273,9 +273,13 @@ async fn never_sent_past_the_key_window_goes_to_review_without_a_send(backend: B
     );
 }
 
-async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend: Backend) {
+async fn a_slow_requests_send_holds_its_payment_past_a_lease_shorter_than_the_call(
+    backend: Backend,
+) {
     // A lease shorter than the gateway call: exactly what the start-up checks refuse, built
-    // here on purpose to show that fencing holds even then.
+    // here on purpose. The write that marks the payment sent holds it for the whole send,
+    // counted from that write, whatever is left of the lease: on-call's "reconcile now"
+    // skips it while the request's send is in flight, and the request settles it.
     let app = Spawn::new(backend)
         .flags(&[
             "--gateway-timeout",
@@ -288,7 +292,6 @@ async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend:
         .unvalidated()
         .start()
         .await;
-    // The slow answer says succeeded; the provider's books (the lookup) say declined.
     let fake = app
         .with_fake(FakeGateway::charging("declined").with_delay(Duration::from_millis(1500)))
         .await;
@@ -306,17 +309,20 @@ async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend:
             .id
             .to_string()
     };
-    // The lease expired: the reconciler owns the payment now.
-    report(1, "fallidos")(&app.reconcile(&id).await);
-    fake.settle_all("succeeded");
+    // The lease ran out; the send still holds the payment.
+    report(1, "omitidos")(&app.reconcile(&id).await);
+    assert_eq!(
+        fake.lookups_made(),
+        0,
+        "nobody asked the provider meanwhile"
+    );
 
     let answer = slow.await.expect("joined").expect("sent");
+    assert_eq!(answer.status(), 402);
     let body = json(answer).await;
-    assert_eq!(
-        body["pago"]["estado"], "FALLIDA",
-        "the slow request answers what the reconciler decided"
-    );
+    assert_eq!(body["pago"]["estado"], "FALLIDA");
     assert_eq!(app.payment(&id).await.state, "FALLIDA");
+    assert_eq!(fake.total_charges(), 1);
     let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
     let settled: Vec<&Value> = detail["transiciones"]
         .as_array()
@@ -324,8 +330,8 @@ async fn a_slow_request_loses_to_the_reconciler_and_cannot_overwrite_it(backend:
         .iter()
         .filter(|t| t["desde"] == "ENVIADA" && t["hacia"] != "ENVIADA")
         .collect();
-    assert_eq!(settled.len(), 1, "one decision, the reconciler's: {detail}");
-    assert_eq!(settled[0]["quien"], "reconciler");
+    assert_eq!(settled.len(), 1, "one decision, the request's: {detail}");
+    assert_eq!(settled[0]["quien"], "request");
 }
 
 async fn admin_endpoints_refuse_a_missing_or_wrong_token(backend: Backend) {

@@ -78,8 +78,14 @@ async fn settles_with_one_refund_and_the_retry_gets_the_final_answer(
     payment: &str,
     left: &refund::Model,
 ) {
-    // The request's lease on the refund runs out first.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Nobody holds it any more first: the request's lease on the refund (1 s) or, once
+    // it was marked sent, its send's hold (the longest send + 5 s from the mark), which a
+    // crash leaves in place: nobody can tell that the dead process's send is over.
+    let held = world.only_refund().await.claimed_until;
+    if let Some(until) = held {
+        let wait = (until - pagos::db::now()).to_std().unwrap_or_default();
+        tokio::time::sleep(wait + Duration::from_millis(100)).await;
+    }
     let report = world.reconcile().await;
     assert_eq!(report["reembolsos"]["examinados"], 1, "{report}");
     assert_eq!(report["reembolsos"]["completados"], 1, "{report}");
