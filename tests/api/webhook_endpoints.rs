@@ -16,6 +16,7 @@ on_both_databases!(
     bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored,
     events_are_listed_oldest_first_with_a_cursor_and_only_to_their_merchant,
     an_event_committed_after_a_later_numbered_one_is_not_passed_over_by_a_cursor,
+    an_endpoints_attempts_are_read_and_removed_by_index,
 );
 
 #[tokio::test]
@@ -461,4 +462,50 @@ async fn an_event_is_listed_only_once_every_write_begun_before_it_has_ended() {
     );
     assert_eq!(shown.len(), 1, "k-3's event, not held back: {shown:?}");
     running.rollback().await.expect("rollback");
+}
+
+/// Attempts are never purged: the console's last attempts of an endpoint (newest first)
+/// and removing an endpoint find its attempts by the index `(endpoint_id, attempted_at)`,
+/// not by reading every attempt stored.
+async fn an_endpoints_attempts_are_read_and_removed_by_index(backend: Backend) {
+    use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+    let (_database, db) = crate::helpers::TestDatabase::with_acme(&backend).await;
+    let id = uuid::Uuid::now_v7();
+    let statements = [
+        format!(
+            r#"SELECT * FROM "webhook_attempts" WHERE "endpoint_id" = '{id}' ORDER BY "attempted_at" DESC LIMIT 5"#
+        ),
+        format!(r#"DELETE FROM "webhook_attempts" WHERE "endpoint_id" = '{id}'"#),
+    ];
+    for sql in statements {
+        let tx = db.begin().await.expect("begin");
+        let (explain, column, dialect) = match backend {
+            Backend::Sqlite => ("EXPLAIN QUERY PLAN", "detail", DbBackend::Sqlite),
+            Backend::Postgres(_) => {
+                // The table is empty: only a plan that may not scan it shows what an index
+                // offers.
+                tx.execute_unprepared("SET LOCAL enable_seqscan = off")
+                    .await
+                    .expect("set");
+                ("EXPLAIN", "QUERY PLAN", DbBackend::Postgres)
+            }
+        };
+        let plan: Vec<String> = tx
+            .query_all_raw(Statement::from_string(dialect, format!("{explain} {sql}")))
+            .await
+            .expect("explain")
+            .iter()
+            .map(|row| row.try_get::<String>("", column).expect("plan line"))
+            .collect();
+        tx.rollback().await.expect("rollback");
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains("webhook_attempts_endpoint_idx"),
+            "{sql}:\n{plan}"
+        );
+        assert!(
+            !plan.contains("TEMP B-TREE") && !plan.contains("Sort"),
+            "read in order: {plan}"
+        );
+    }
 }
