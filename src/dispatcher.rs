@@ -183,9 +183,8 @@ async fn top_up(
     if free == 0 {
         return Ok((fanned, Vec::new()));
     }
-    let at = now();
-    let until = at + TimeDelta::from_std(d.claim_for).unwrap_or(TimeDelta::MAX);
-    let due = deliveries::claim_due(&d.db, at, free as u64, until, PER_ENDPOINT, busy).await?;
+    let hold = TimeDelta::from_std(d.claim_for).unwrap_or(TimeDelta::MAX);
+    let due = deliveries::claim_due(&d.db, now(), free as u64, hold, PER_ENDPOINT, busy).await?;
     if !due.is_empty() {
         failpoint::hit("delivery_claimed");
     }

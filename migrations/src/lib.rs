@@ -36,6 +36,7 @@ mod m20261206_000016_events_fanned_out_for_older_processes;
 mod m20261207_000017_older_webhook_secret;
 mod m20261208_000018_events_in_commit_order;
 mod m20261209_000019_attempts_by_endpoint;
+mod m20261209_000020_due_by_endpoint;
 
 pub struct Migrator;
 
@@ -62,6 +63,7 @@ impl MigratorTrait for Migrator {
             whole(m20261207_000017_older_webhook_secret::Migration),
             whole(m20261208_000018_events_in_commit_order::Migration),
             whole(m20261209_000019_attempts_by_endpoint::Migration),
+            whole(m20261209_000020_due_by_endpoint::Migration),
         ]
     }
 }

@@ -38,6 +38,7 @@ on_both_databases!(
     a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_the_endpoint,
     reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then_pending_again,
     an_endpoint_that_hangs_holds_up_no_other_endpoints_deliveries,
+    another_merchants_webhook_is_not_held_up_behind_one_endpoints_backlog,
 );
 
 /// Flags of a delivering app that may reach the local receiver, with a quick schedule.
@@ -633,7 +634,7 @@ async fn a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_
         &app.db,
         now,
         32,
-        now + TimeDelta::seconds(20),
+        TimeDelta::seconds(20),
         pagos::dispatcher::PER_ENDPOINT,
         &HashMap::new(),
     )
@@ -898,3 +899,46 @@ async fn an_endpoint_that_hangs_holds_up_no_other_endpoints_deliveries(backend: 
         hanging.deliveries().len()
     );
 }
+
+/// A backlog of one merchant's due deliveries to a fast endpoint (what a reactivation with
+/// `reenviarDesde` far back makes) does not hold up another merchant's webhook: it is
+/// claimed beside the backlog's first attempts, not after the whole backlog. (Claims took
+/// the oldest due rows and then kept `PER_ENDPOINT` of them: every claim was the backlog's.)
+async fn another_merchants_webhook_is_not_held_up_behind_one_endpoints_backlog(backend: Backend) {
+    const BACKLOG: usize = 400;
+    let (app, _fake) = app(backend, &[]).await;
+    let busy = Receiver::start().await;
+    let other = Receiver::start().await;
+    app.register_endpoint(&busy.url("/")).await;
+    app.register_endpoint_as(OTHER_API_KEY, &json!({"url": other.url("/")}))
+        .await;
+
+    write_events(
+        &app,
+        BACKLOG,
+        EventType::PagoCompletado,
+        pagos::db::now() - TimeDelta::hours(1),
+    )
+    .await;
+    let answer = app.pay_as(OTHER_API_KEY, "k-other", &payment_body()).await;
+    assert_eq!(answer.status(), 201);
+    eventually(
+        Duration::from_secs(60),
+        "the other merchant's webhook",
+        async || !other.deliveries().is_empty(),
+    )
+    .await;
+    let arrived = other.deliveries()[0].at;
+    let before = busy.deliveries().iter().filter(|d| d.at <= arrived).count();
+    assert!(
+        before < BACKLOG / 4,
+        "the other merchant's webhook came after {before} of the backlog's {BACKLOG}"
+    );
+    eventually(
+        Duration::from_secs(60),
+        "the backlog delivered",
+        async || busy.deliveries().len() >= BACKLOG,
+    )
+    .await;
+}
+
