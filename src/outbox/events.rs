@@ -188,9 +188,14 @@ pub async fn find(
     }))
 }
 
-/// When the oldest event not yet delivered to every endpoint that wants it was written.
-/// Two indexed look-ups (events not fanned out; deliveries not delivered), never a scan
-/// of every event.
+/// When the oldest event not yet delivered to every `ACTIVO` endpoint that wants it was
+/// written (or not fanned out yet). Two indexed look-ups (events not fanned out;
+/// deliveries to active endpoints not delivered), never a scan of every event.
+///
+/// An endpoint that is `DESACTIVADO` gets nothing until it is reactivated: what it did not
+/// get is left out here (it would hold the age, and the alert on it, up for as long as
+/// the endpoint stays down) and shows as `pagos_webhook_endpoints_disabled`, in the
+/// console and in `GET /v1/eventos?pendientes=true`.
 pub async fn oldest_undelivered(
     db: &DatabaseConnection,
 ) -> Result<Option<chrono::DateTime<chrono::Utc>>, DbErr> {
@@ -208,7 +213,7 @@ pub async fn oldest_undelivered(
     .await?
     .flatten();
     let not_delivered = oldest(Expr::cust(
-        r#""events"."id" IN (SELECT "event_id" FROM "webhook_deliveries" WHERE "state" IN ('PENDIENTE', 'ABANDONADA'))"#,
+        r#""events"."id" IN (SELECT "d"."event_id" FROM "webhook_endpoints" AS "e" JOIN "webhook_deliveries" AS "d" ON "d"."endpoint_id" = "e"."id" WHERE "e"."state" = 'ACTIVO' AND "d"."state" IN ('PENDIENTE', 'ABANDONADA'))"#,
     ))
     .await?
     .flatten();
