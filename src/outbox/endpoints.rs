@@ -282,6 +282,48 @@ pub async fn reactivate(
     Ok(Some(updated))
 }
 
+/// Since when "every event since it started failing" goes back for `endpoint`: the
+/// earliest of its `failing_since` and the writing of every event it has not got in
+/// these failures (a delivery of it still `PENDIENTE`, or `ABANDONADA` since then).
+/// `failing_since` is the time of the first failed *attempt*: the event whose failure
+/// started it, and those fanned out with it, were written before, and redelivering only
+/// from `failing_since` left them `ABANDONADA` for good. `None` if it is not failing.
+pub async fn failures_began(
+    db: &impl ConnectionTrait,
+    endpoint: &endpoints::Model,
+) -> Result<Option<DateTime<Utc>>, DbErr> {
+    use sea_orm::sea_query::Condition;
+    use sea_orm::{QuerySelect, sea_query::ExprTrait};
+    let Some(since) = endpoint.failing_since else {
+        return Ok(None);
+    };
+    let missed = Query::select()
+        .column(deliveries::Column::EventId)
+        .from(deliveries::Entity)
+        .and_where(deliveries::Column::EndpointId.eq(endpoint.id))
+        .cond_where(
+            Condition::any()
+                .add(deliveries::Column::State.eq(DeliveryState::Pending))
+                .add(
+                    deliveries::Column::State
+                        .eq(DeliveryState::GivenUp)
+                        .and(deliveries::Column::UpdatedAt.gte(since)),
+                ),
+        )
+        .to_owned();
+    let first: Option<DateTime<Utc>> = event::Entity::find()
+        .select_only()
+        .column_as(event::Column::CreatedAt.min(), "first")
+        .filter(event::Column::Id.in_subquery(missed))
+        .into_tuple::<Option<DateTime<Utc>>>()
+        .one(db)
+        .await?
+        .flatten();
+    Ok(Some(
+        first.map_or(since, |first| std::cmp::min(first, since)),
+    ))
+}
+
 /// The secret the last rotation replaced, if it still signs at `at`.
 pub fn previous_secret_at(endpoint: &endpoints::Model, at: DateTime<Utc>) -> Option<&str> {
     still_signing(
