@@ -48,7 +48,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 pub struct NuevoEndpoint {
     /// `https://…` (plain http and private addresses only with
-    /// `PAGOS_WEBHOOKS_ALLOW_PRIVATE`); at most 2048 characters.
+    /// `PAGOS_WEBHOOKS_ALLOW_PRIVATE`); at most 2048 characters as stored (normalised: a
+    /// character outside ASCII counts as its percent-encoding).
     #[schema(example = "https://example.com/webhooks/pagos")]
     url: String,
     /// The event types to deliver (absent: every type).

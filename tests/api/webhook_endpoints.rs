@@ -16,6 +16,7 @@ on_both_databases!(
     bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored,
     events_are_listed_oldest_first_with_a_cursor_and_only_to_their_merchant,
     an_event_committed_after_a_later_numbered_one_is_not_passed_over_by_a_cursor,
+    a_url_longer_than_2048_characters_once_normalised_is_refused,
     an_endpoints_attempts_are_read_and_removed_by_index,
 );
 
@@ -462,6 +463,25 @@ async fn an_event_is_listed_only_once_every_write_begun_before_it_has_ended() {
     );
     assert_eq!(shown.len(), 1, "k-3's event, not held back: {shown:?}");
     running.rollback().await.expect("rollback");
+}
+
+/// The limit of 2048 characters is the stored URL's, as it is normalised: a non-ASCII
+/// character is percent-encoded into three times its bytes. Such a URL is a 422 naming the
+/// field (PostgreSQL's `varchar(2048)` refused it: a 503), and nothing is stored.
+async fn a_url_longer_than_2048_characters_once_normalised_is_refused(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let url = format!("https://93.184.215.14/{}", "\u{e9}".repeat(1000));
+    assert!(url.len() <= 2048, "{} bytes as sent", url.len());
+    let answer = app
+        .post_as(API_KEY, "/v1/webhook-endpoints", &json!({ "url": url }))
+        .await;
+    let problem = crate::helpers::problem(answer, 422, "a URL too long once normalised").await;
+    assert_eq!(problem["errores"][0]["campo"], "url", "{problem}");
+    assert!(
+        crate::helpers::text_has(&problem["errores"][0], "detalle", "2048"),
+        "{problem}"
+    );
+    assert!(app.endpoints_of(API_KEY).await.is_empty());
 }
 
 /// Attempts are never purged: the console's last attempts of an endpoint (newest first)
