@@ -68,19 +68,46 @@ pub fn fresh(secret: &str, at: DateTime<Utc>) -> endpoints::Model {
     }
 }
 
+/// The most endpoints a merchant has, in any state: a fan-out round makes one delivery
+/// row per event and endpoint of its merchant (a `DESACTIVADO` one included), in one
+/// transaction.
+pub const MAX_PER_MERCHANT: u64 = 16;
+
+/// Registers the endpoint; `None` (nothing stored) if the merchant has
+/// `MAX_PER_MERCHANT` already. Two registrations at once cannot both take the last place:
+/// the merchant's row is locked first on PostgreSQL (SQLite's writers take turns).
 pub async fn create(
     db: &DatabaseConnection,
     new: NewEndpoint<'_>,
-) -> Result<endpoints::Model, DbErr> {
+) -> Result<Option<endpoints::Model>, DbErr> {
+    use crate::entities::merchant;
+    use sea_orm::sea_query::LockType;
+    use sea_orm::{DbBackend, PaginatorTrait, QuerySelect};
+    let tx = begin_write(db).await?;
+    if db.get_database_backend() == DbBackend::Postgres {
+        merchant::Entity::find_by_id(new.merchant)
+            .lock(LockType::Update)
+            .one(&tx)
+            .await?;
+    }
+    let have = endpoints::Entity::find()
+        .filter(endpoints::Column::MerchantId.eq(new.merchant))
+        .count(&tx)
+        .await?;
+    if have >= MAX_PER_MERCHANT {
+        tx.rollback().await?;
+        return Ok(None);
+    }
     let mut model = fresh(new.secret, now());
     model.id = Uuid::now_v7();
     model.merchant_id = new.merchant;
     new.url.clone_into(&mut model.url);
     model.event_types = stored_types(new.types);
     endpoints::Entity::insert(endpoints::ActiveModel::from(model.clone()))
-        .exec_without_returning(db)
+        .exec_without_returning(&tx)
         .await?;
-    Ok(model)
+    tx.commit().await?;
+    Ok(Some(model))
 }
 
 /// The merchant's endpoints, oldest first.

@@ -450,7 +450,8 @@ async fn a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it(ba
         },
     )
     .await
-    .expect("endpoint");
+    .expect("endpoint")
+    .expect("room for it");
     // As the delivery worker leaves it after an answer 410.
     let mut down = endpoint.clone().into_active_model();
     down.state = Set(EndpointState::Desactivado);

@@ -17,6 +17,7 @@ on_both_databases!(
     events_are_listed_oldest_first_with_a_cursor_and_only_to_their_merchant,
     an_event_committed_after_a_later_numbered_one_is_not_passed_over_by_a_cursor,
     a_url_longer_than_2048_characters_once_normalised_is_refused,
+    a_merchant_has_at_most_16_endpoints,
     an_endpoints_attempts_are_read_and_removed_by_index,
 );
 
@@ -482,6 +483,45 @@ async fn a_url_longer_than_2048_characters_once_normalised_is_refused(backend: B
         "{problem}"
     );
     assert!(app.endpoints_of(API_KEY).await.is_empty());
+}
+
+/// A fan-out round makes one row per event and endpoint of its merchant: a merchant has at
+/// most 16 endpoints (a 17th is a 422 naming the limit); removing one makes room, and
+/// another merchant has its own 16.
+async fn a_merchant_has_at_most_16_endpoints(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let mut made = Vec::new();
+    for n in 0..16 {
+        made.push(
+            app.register_endpoint(&format!("https://93.184.215.14/hooks/{n}"))
+                .await,
+        );
+    }
+    let answer = app
+        .post_as(
+            API_KEY,
+            "/v1/webhook-endpoints",
+            &json!({"url": "https://93.184.215.14/hooks/17"}),
+        )
+        .await;
+    let problem = crate::helpers::problem(answer, 422, "a 17th endpoint").await;
+    assert_eq!(problem["limite"], 16, "{problem}");
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "16"),
+        "{problem}"
+    );
+    assert_eq!(app.endpoints_of(API_KEY).await.len(), 16, "nothing stored");
+
+    app.register_endpoint_as(
+        OTHER_API_KEY,
+        &json!({"url": "https://93.184.215.14/globex"}),
+    )
+    .await;
+    let first = made[0]["id"].as_str().expect("id");
+    assert_eq!(app.delete_endpoint(API_KEY, first).await, 204);
+    app.register_endpoint("https://93.184.215.14/hooks/again")
+        .await;
+    assert_eq!(app.endpoints_of(API_KEY).await.len(), 16);
 }
 
 /// Attempts are never purged: the console's last attempts of an endpoint (newest first)
