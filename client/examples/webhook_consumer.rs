@@ -38,10 +38,7 @@ async fn receive(
     };
     let consumer = Arc::clone(&consumer);
     // SQLite is blocking: off the async threads.
-    let applied = tokio::task::spawn_blocking(move || {
-        consumer.inbox.apply(&event, effect)
-    })
-    .await;
+    let applied = tokio::task::spawn_blocking(move || consumer.inbox.apply(&event, effect)).await;
     match applied {
         Ok(Ok(Applied::Applied)) => (StatusCode::OK, "applied".into()),
         Ok(Ok(Applied::Duplicate)) => (StatusCode::OK, "duplicate".into()),
@@ -163,7 +160,9 @@ mod tests {
         let refunds: Vec<(String, String, i64, String)> = db
             .prepare("SELECT refund_id, payment_id, monto, estado FROM refunds")
             .expect("query")
-            .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)))
+            .query_map([], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })
             .expect("rows")
             .collect::<Result<_, _>>()
             .expect("rows");
