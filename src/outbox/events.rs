@@ -9,22 +9,41 @@
 //! database still running, so nothing can commit behind a cursor it hands out; on
 //! SQLite, whose writers take turns, it is the `rowid` (migration `m20261208_000018`).
 
+use crate::entities::event_to_fan_out as queued;
 use crate::entities::webhook_attempt as attempts;
-use crate::entities::webhook_delivery as deliveries;
+use crate::entities::webhook_delivery::{self as deliveries, DeliveryState};
 use crate::entities::{event, webhook_endpoint as endpoints};
-use sea_orm::sea_query::{Alias, Expr, ExprTrait};
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query, SelectStatement, UnionType};
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, Order, QueryFilter, QueryOrder,
     QuerySelect,
 };
 use uuid::Uuid;
 
-/// Not yet delivered to every endpoint that wants it: not fanned out yet, or with a
-/// delivery that is not `ENTREGADA`.
-fn pending() -> sea_orm::sea_query::SimpleExpr {
-    Expr::cust(
-        r#"(EXISTS (SELECT 1 FROM "events_to_fan_out" AS "q" WHERE "q"."event_id" = "events"."id") OR EXISTS (SELECT 1 FROM "webhook_deliveries" AS "d" WHERE "d"."event_id" = "events"."id" AND "d"."state" IN ('PENDIENTE', 'ABANDONADA')))"#,
-    )
+/// The merchant's events not yet delivered to every endpoint that wants them: those not
+/// fanned out yet, and those with a delivery that is not `ENTREGADA` (every delivery of
+/// the merchant's events is to one of its endpoints). Read from the deliveries, by their
+/// endpoint (`webhook_deliveries_endpoint_due_idx`), and the fan-out queue: as many rows
+/// as there are events pending, never the merchant's whole history.
+fn pending_of(merchant: Uuid) -> SelectStatement {
+    let endpoints_of = Query::select()
+        .column(endpoints::Column::Id)
+        .from(endpoints::Entity)
+        .and_where(endpoints::Column::MerchantId.eq(merchant))
+        .to_owned();
+    let not_fanned_out = Query::select()
+        .column(queued::Column::EventId)
+        .from(queued::Entity)
+        .to_owned();
+    Query::select()
+        .column(deliveries::Column::EventId)
+        .from(deliveries::Entity)
+        .and_where(deliveries::Column::EndpointId.in_subquery(endpoints_of))
+        .and_where(
+            deliveries::Column::State.is_in([DeliveryState::Pending, DeliveryState::GivenUp]),
+        )
+        .union(UnionType::Distinct, not_fanned_out)
+        .to_owned()
 }
 
 /// PostgreSQL: the event's transaction is older than every write transaction of this
@@ -104,6 +123,13 @@ pub async fn cursor(db: &DatabaseConnection, merchant: Uuid, id: &str) -> Result
 
 /// Up to `limit` of the merchant's events after `after`, in the order they were
 /// committed; with `only_pending`, only those not yet delivered to every endpoint.
+///
+/// With `only_pending` the events are found from the pending ones (`pending_of`) and
+/// sorted, rather than read in order from the merchant's first event until enough are
+/// pending (every call read the whole history of a merchant with little pending). The
+/// rows, their order and the cursor are the same either way: only the set they are taken
+/// from is smaller. On SQLite, whose planner would still walk the merchant's index in
+/// order, the merchant is compared as `+merchant_id`, which no index serves.
 pub async fn list(
     db: &DatabaseConnection,
     merchant: Uuid,
@@ -111,7 +137,12 @@ pub async fn list(
     limit: u64,
     only_pending: bool,
 ) -> Result<Vec<event::Model>, DbErr> {
-    let mut query = event::Entity::find().filter(event::Column::MerchantId.eq(merchant));
+    let of_merchant = if only_pending && db.get_database_backend() == DbBackend::Sqlite {
+        Expr::cust_with_values(r#"+"events"."merchant_id" = ?"#, [merchant])
+    } else {
+        event::Column::MerchantId.eq(merchant)
+    };
+    let mut query = event::Entity::find().filter(of_merchant);
     if let Some(after) = after {
         query = query.filter(
             Expr::tuple([
@@ -128,7 +159,7 @@ pub async fn list(
         query = query.filter(Expr::cust(BEFORE_EVERY_WRITE_RUNNING));
     }
     if only_pending {
-        query = query.filter(pending());
+        query = query.filter(event::Column::Id.in_subquery(pending_of(merchant)));
     }
     query
         .order_by(commit_order(db), Order::Asc)

@@ -40,6 +40,7 @@ on_both_databases!(
     an_endpoint_that_hangs_holds_up_no_other_endpoints_deliveries,
     another_merchants_webhook_is_not_held_up_behind_one_endpoints_backlog,
     the_oldest_undelivered_age_leaves_out_deactivated_endpoints,
+    pending_events_are_exactly_those_not_delivered_everywhere_in_commit_order_page_by_page,
 );
 
 /// Flags of a delivering app that may reach the local receiver, with a quick schedule.
@@ -977,5 +978,94 @@ async fn the_oldest_undelivered_age_leaves_out_deactivated_endpoints(backend: Ba
         pending_events(&app).await.len(),
         1,
         "still listed as pending"
+    );
+}
+
+/// `pendientes=true` lists exactly the merchant's events not yet delivered to every
+/// endpoint — not fanned out yet, or with a delivery `PENDIENTE` or `ABANDONADA` — in the
+/// order of the whole list, page by page with its cursor; never another merchant's.
+async fn pending_events_are_exactly_those_not_delivered_everywhere_in_commit_order_page_by_page(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let made = app.register_endpoint("https://93.184.215.14/hooks").await;
+    let endpoint = Uuid::parse_str(made["id"].as_str().expect("id")).expect("uuid");
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.extend(write_events(&app, 2, EventType::PagoCompletado, pagos::db::now()).await);
+    }
+    let globex = crate::helpers::merchant_id(&app.db, "globex").await;
+    let theirs = pagos::outbox::event(
+        globex,
+        EventType::PagoCompletado,
+        Uuid::now_v7(),
+        1,
+        "{}",
+        pagos::db::now(),
+    );
+    pagos::outbox::record(&app.db, &theirs)
+        .await
+        .expect("recorded");
+    // Fanned out by hand but the last of acme's (still queued) and globex's.
+    pagos::entities::event_to_fan_out::Entity::delete_many()
+        .filter(pagos::entities::event_to_fan_out::Column::EventId.is_in(ids[..5].to_vec()))
+        .exec(&app.db)
+        .await
+        .expect("fanned out");
+    let later = pagos::db::now() + TimeDelta::hours(1);
+    for (id, state) in [
+        (&ids[0], DeliveryState::Delivered),
+        (&ids[1], DeliveryState::Pending),
+        (&ids[2], DeliveryState::Delivered),
+        (&ids[3], DeliveryState::GivenUp),
+        (&ids[4], DeliveryState::Delivered),
+    ] {
+        delivery_row(&app, id, endpoint, state, 1, later).await;
+    }
+    let pending: BTreeSet<&String> = [&ids[1], &ids[3], &ids[5]].into();
+
+    let listed = |query: String| {
+        let app = &app;
+        async move {
+            let mut seen = Vec::new();
+            let mut cursor: Option<String> = None;
+            loop {
+                let path = match &cursor {
+                    Some(c) => format!("/v1/eventos?limite=1&{query}&desde={c}"),
+                    None => format!("/v1/eventos?limite=1&{query}"),
+                };
+                let page = json(app.get_as(API_KEY, &path).await).await;
+                for e in page["eventos"].as_array().expect("events") {
+                    seen.push(e["id"].as_str().expect("id").to_owned());
+                }
+                match page["siguiente"].as_str() {
+                    Some(next) => cursor = Some(next.to_owned()),
+                    None => return seen,
+                }
+            }
+        }
+    };
+    let all = listed("pendientes=false".into()).await;
+    assert_eq!(all.len(), ids.len(), "{all:?}");
+    let expected: Vec<String> = all.into_iter().filter(|id| pending.contains(id)).collect();
+    assert_eq!(listed("pendientes=true".into()).await, expected);
+    // Resuming after a delivered event passes over nothing pending behind it.
+    let after_first = json(
+        app.get_as(
+            API_KEY,
+            &format!("/v1/eventos?pendientes=true&desde={}", ids[0]),
+        )
+        .await,
+    )
+    .await;
+    let resumed: Vec<&str> = after_first["eventos"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(
+        resumed,
+        expected.iter().map(String::as_str).collect::<Vec<_>>()
     );
 }
