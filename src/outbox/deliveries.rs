@@ -145,7 +145,8 @@ pub async fn fan_out(
 }
 
 /// Each `ACTIVO` endpoint's oldest deliveries due by `$1`, at most `$2` of each: a short
-/// read of `webhook_deliveries_endpoint_due_idx` per endpoint, whatever its backlog, and
+/// read of `webhook_deliveries_endpoint_due_idx` per endpoint, in its order, whatever
+/// its backlog (an index-only scan on PostgreSQL), and
 /// nothing of a `DESACTIVADO` endpoint's (its pending deliveries stay due until it is
 /// reactivated). PostgreSQL: a `LATERAL` subquery; SQLite: the same as a correlated list
 /// of rowids.
@@ -159,7 +160,7 @@ fn due_per_endpoint(backend: DbBackend) -> &'static str {
                        FROM "webhook_deliveries" AS "x"
                       WHERE "x"."endpoint_id" = "e"."id" AND "x"."state" = 'PENDIENTE'
                         AND "x"."next_attempt_at" <= $1
-                      ORDER BY "x"."next_attempt_at"
+                      ORDER BY "x"."next_attempt_at", "x"."event_id"
                       LIMIT $2) AS "d"
                 WHERE "e"."state" = 'ACTIVO'"#
         }
@@ -171,7 +172,7 @@ fn due_per_endpoint(backend: DbBackend) -> &'static str {
                        FROM "webhook_deliveries" AS "x"
                       WHERE "x"."endpoint_id" = "e"."id" AND "x"."state" = 'PENDIENTE'
                         AND "x"."next_attempt_at" <= ?
-                      ORDER BY "x"."next_attempt_at"
+                      ORDER BY "x"."next_attempt_at", "x"."event_id"
                       LIMIT ?)"#
         }
     }
