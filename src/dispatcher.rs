@@ -54,6 +54,11 @@ pub struct Dispatcher {
 /// How long after an attempt's timeout its claim still holds.
 pub const CLAIM_MARGIN: Duration = Duration::from_secs(5);
 
+/// How long before its claim runs out an attempt is over at the latest, to be stored
+/// while the claim holds (less than `CLAIM_MARGIN`: an attempt that begins at once after
+/// its claim gets the whole timeout).
+pub const STORE_MARGIN: Duration = Duration::from_secs(2);
+
 /// Attempts in flight at once to one endpoint, in one process: an endpoint that hangs
 /// (every attempt waits out `PAGOS_WEBHOOKS_TIMEOUT`) holds at most these of the
 /// worker's `batch` slots, and everybody else's deliveries go on in the others.
@@ -183,13 +188,29 @@ async fn top_up(
     if free == 0 {
         return Ok((fanned, Vec::new()));
     }
-    let at = now();
-    let until = at + TimeDelta::from_std(d.claim_for).unwrap_or(TimeDelta::MAX);
-    let due = deliveries::claim_due(&d.db, at, free as u64, until, PER_ENDPOINT, busy).await?;
+    let hold = TimeDelta::from_std(d.claim_for).unwrap_or(TimeDelta::MAX);
+    let due = deliveries::claim_due(&d.db, now(), free as u64, hold, PER_ENDPOINT, busy).await?;
     if !due.is_empty() {
         failpoint::hit("delivery_claimed");
     }
     Ok((fanned, due))
+}
+
+/// How long an attempt begun at `at` may take, when its claim holds the delivery until
+/// `claimed_until`: the timeout, or less so that it is over `STORE_MARGIN` before the
+/// claim runs out (whole milliseconds); `None` when no time is left (the attempt is not
+/// made). The claim's time starts when its rows are locked, the attempt's only once the
+/// claim's reads are done: a wait between them (a connection, the write lock) is taken
+/// from the attempt, never added past the claim.
+pub fn attempt_budget(
+    claimed_until: DateTime<Utc>,
+    at: DateTime<Utc>,
+    timeout: Duration,
+) -> Option<Duration> {
+    let margin = TimeDelta::from_std(STORE_MARGIN).unwrap_or(TimeDelta::MAX);
+    let left = (claimed_until - margin - at).to_std().ok()?;
+    let left = Duration::from_millis(u64::try_from(left.as_millis()).unwrap_or(u64::MAX));
+    (!left.is_zero()).then(|| left.min(timeout))
 }
 
 /// The keys that sign an attempt at `at`: the endpoint's secret, and each secret a
@@ -222,7 +243,17 @@ async fn deliver_one(d: &Dispatcher, due: &Due) -> Result<(), DbErr> {
         id: &due.event.id,
         body: due.event.body.as_bytes(),
     };
-    let attempt = d.deliverer.deliver(&url, message, &keys).await;
+    // Over before the claim runs out, with the margin to store it: past that, another
+    // worker may claim the delivery and send this same attempt again.
+    let Some(within) = attempt_budget(due.delivery.next_attempt_at, now(), d.deliverer.timeout())
+    else {
+        tracing::warn!(event_id = %due.event.id, endpoint_id = %due.endpoint.id, "a claim ran out before its attempt began; not sent (it is claimed again)");
+        return Ok(());
+    };
+    let attempt = d
+        .deliverer
+        .deliver_within(&url, message, &keys, within)
+        .await;
     failpoint::hit("delivery_sent");
     let (after, endpoint) = decide(&d.retries, due, &attempt, rand::random());
     let recorded = deliveries::record(&d.db, due, &attempt, after, endpoint.clone()).await?;
@@ -392,6 +423,44 @@ mod tests {
             remote: None,
             outcome,
         }
+    }
+
+    #[test]
+    fn an_attempt_is_over_before_its_claim_runs_out() {
+        let timeout = Duration::from_secs(15);
+        let at = now();
+        let margin = TimeDelta::from_std(STORE_MARGIN).expect("margin");
+        let claimed_for = |d: TimeDelta| at + d;
+        // A claim made a moment ago (timeout and `CLAIM_MARGIN`): the whole timeout.
+        let held = TimeDelta::from_std(timeout + CLAIM_MARGIN).expect("held");
+        assert_eq!(
+            attempt_budget(claimed_for(held - TimeDelta::milliseconds(30)), at, timeout),
+            Some(timeout)
+        );
+        // One whose reads waited 12 s for a connection has 8 s left: 6 s, then the margin.
+        assert_eq!(
+            attempt_budget(claimed_for(TimeDelta::seconds(8)), at, timeout),
+            Some(Duration::from_secs(6))
+        );
+        assert_eq!(
+            attempt_budget(
+                claimed_for(TimeDelta::milliseconds(2_500) + TimeDelta::microseconds(7)),
+                at,
+                timeout
+            ),
+            Some(Duration::from_millis(500)),
+            "whole milliseconds"
+        );
+        // Nothing left but the margin, or less: not sent.
+        assert_eq!(attempt_budget(claimed_for(margin), at, timeout), None);
+        assert_eq!(
+            attempt_budget(claimed_for(TimeDelta::seconds(1)), at, timeout),
+            None
+        );
+        assert_eq!(
+            attempt_budget(claimed_for(-TimeDelta::seconds(1)), at, timeout),
+            None
+        );
     }
 
     #[test]

@@ -117,7 +117,8 @@ pub struct Metrics {
     pub refunds: Family<StateLabel, Gauge>,
     /// Webhook attempts to merchants' endpoints by outcome (delivered, failed, gone, refused).
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
-    /// Seconds since the oldest event not yet delivered to every endpoint was written.
+    /// Seconds since the oldest event not yet delivered to every `ACTIVO` endpoint that
+    /// wants it was written (a `DESACTIVADO` endpoint's are in `webhook_endpoints_disabled`).
     pub oldest_undelivered_event_age: Gauge<f64, AtomicU64>,
     /// Webhook endpoints `DESACTIVADO`.
     pub webhook_endpoints_disabled: Gauge,
@@ -255,7 +256,7 @@ impl Metrics {
         registry.register(
             "oldest_undelivered_event_age_seconds",
             format!(
-                "Age of the oldest event not yet delivered to every endpoint that wants it (0 when none; read from the database every {every})"
+                "Age of the oldest event not yet delivered to every ACTIVO endpoint that wants it (0 when none; endpoints DESACTIVADO are left out, counted by pagos_webhook_endpoints_disabled; read from the database every {every})"
             ),
             oldest_undelivered_event_age.clone(),
         );

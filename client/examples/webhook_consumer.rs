@@ -7,13 +7,15 @@
 //!
 //! Register `http://127.0.0.1:9000/` as the endpoint (`PAGOS_WEBHOOKS_ALLOW_PRIVATE=true`
 //! on the pagos side for a local address). During a secret rotation, set
-//! `PAGOS_WEBHOOK_PREVIOUS_SECRET` to the old secret too. Its "effect" is a row in the
-//! `orders` table of the same SQLite file: the payment's last known state.
+//! `PAGOS_WEBHOOK_PREVIOUS_SECRET` to the old secret too. Its "effect" is a row in a table
+//! of the same SQLite file, by the event's type: `orders` for a payment's events (its last
+//! known state), `refunds` for a refund's (the refund, its payment and its state).
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use pagos_client::webhooks::{Applied, Inbox, InboxError, Verifier};
+use pagos_types::{EventType, Evento};
 use std::sync::Arc;
 
 struct Consumer {
@@ -36,21 +38,7 @@ async fn receive(
     };
     let consumer = Arc::clone(&consumer);
     // SQLite is blocking: off the async threads.
-    let applied = tokio::task::spawn_blocking(move || {
-        consumer.inbox.apply(&event, |tx, e| {
-            // The merchant's own effect, in the same transaction as the event's id.
-            tx.execute(
-                "INSERT INTO orders (payment_id, estado) VALUES (?1, ?2)
-                 ON CONFLICT (payment_id) DO UPDATE SET estado = excluded.estado",
-                (
-                    e.datos["id"].as_str().unwrap_or_default(),
-                    e.datos["estado"].as_str().unwrap_or_default(),
-                ),
-            )
-            .map(|_| ())
-        })
-    })
-    .await;
+    let applied = tokio::task::spawn_blocking(move || consumer.inbox.apply(&event, effect)).await;
     match applied {
         Ok(Ok(Applied::Applied)) => (StatusCode::OK, "applied".into()),
         Ok(Ok(Applied::Duplicate)) => (StatusCode::OK, "duplicate".into()),
@@ -60,6 +48,45 @@ async fn receive(
         Ok(Err(InboxError::Effect(e))) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+/// The merchant's own effect, in the same transaction as the event's id. What `datos`
+/// is depends on the type: a payment for `pago.*` (the order's state), a refund for
+/// `reembolso.*` (its own `id`, and its payment's in `pagoId`).
+fn effect(tx: &rusqlite::Transaction<'_>, e: &Evento) -> rusqlite::Result<()> {
+    let text = |field: &str| e.datos[field].as_str().unwrap_or_default().to_owned();
+    match e.tipo {
+        EventType::PagoCompletado | EventType::PagoFallido | EventType::PagoRevisionManual => tx
+            .execute(
+                "INSERT INTO orders (payment_id, estado) VALUES (?1, ?2)
+                 ON CONFLICT (payment_id) DO UPDATE SET estado = excluded.estado",
+                (text("id"), text("estado")),
+            )
+            .map(|_| ()),
+        EventType::ReembolsoCompletado
+        | EventType::ReembolsoFallido
+        | EventType::ReembolsoRevisionManual => tx
+            .execute(
+                "INSERT INTO refunds (refund_id, payment_id, monto, estado) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (refund_id) DO UPDATE SET estado = excluded.estado",
+                (
+                    text("id"),
+                    text("pagoId"),
+                    e.datos["monto"].as_i64().unwrap_or_default(),
+                    text("estado"),
+                ),
+            )
+            .map(|_| ()),
+    }
+}
+
+/// The effect's tables, beside the inbox's in the SQLite file at `path`.
+fn open_tables(path: &str) -> rusqlite::Result<()> {
+    rusqlite::Connection::open(path)?.execute_batch(
+        "CREATE TABLE IF NOT EXISTS orders (payment_id TEXT PRIMARY KEY, estado TEXT NOT NULL);
+         CREATE TABLE IF NOT EXISTS refunds (refund_id TEXT PRIMARY KEY, payment_id TEXT NOT NULL,
+             monto INTEGER NOT NULL, estado TEXT NOT NULL);",
+    )
 }
 
 #[tokio::main]
@@ -75,9 +102,7 @@ async fn main() -> anyhow::Result<()> {
         verifier = verifier.also(&previous)?;
     }
     let inbox = Inbox::open(&path)?;
-    rusqlite::Connection::open(&path)?.execute_batch(
-        "CREATE TABLE IF NOT EXISTS orders (payment_id TEXT PRIMARY KEY, estado TEXT NOT NULL);",
-    )?;
+    open_tables(&path)?;
     let app = axum::Router::new()
         .fallback(axum::routing::post(receive))
         .with_state(Arc::new(Consumer { verifier, inbox }));
@@ -85,4 +110,70 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("receiving pagos webhooks on http://{addr}/, applying them to {path}");
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: &str, tipo: &str, secuencia: u64, datos: serde_json::Value) -> Evento {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "tipo": tipo, "creadoEn": "2026-12-03T00:00:00.000Z",
+            "secuencia": secuencia, "datos": datos,
+        }))
+        .expect("an event")
+    }
+
+    /// A refund's event is about the refund (`datos` is the refund, its `id` the refund's
+    /// and `pagoId` its payment's): it is kept as a refund and leaves the order as the
+    /// payment's own events left it.
+    #[test]
+    fn a_refund_event_is_applied_as_a_refund_not_as_a_payment() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("orders.db").display().to_string();
+        let inbox = Inbox::open(&path).expect("inbox");
+        open_tables(&path).expect("tables");
+        let paid = event(
+            "evt_1",
+            "pago.completado",
+            2,
+            serde_json::json!({"id": "p-1", "estado": "COMPLETADA", "monto": 5000}),
+        );
+        let refunded = event(
+            "evt_2",
+            "reembolso.completado",
+            2,
+            serde_json::json!({"id": "r-1", "pagoId": "p-1", "monto": 2000, "estado": "COMPLETADO"}),
+        );
+        for e in [&paid, &refunded] {
+            assert_eq!(inbox.apply(e, effect).expect("applied"), Applied::Applied);
+        }
+        let db = rusqlite::Connection::open(&path).expect("open");
+        let orders: Vec<(String, String)> = db
+            .prepare("SELECT payment_id, estado FROM orders ORDER BY payment_id")
+            .expect("query")
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .expect("rows")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(orders, [("p-1".to_owned(), "COMPLETADA".to_owned())]);
+        let refunds: Vec<(String, String, i64, String)> = db
+            .prepare("SELECT refund_id, payment_id, monto, estado FROM refunds")
+            .expect("query")
+            .query_map([], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })
+            .expect("rows")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(
+            refunds,
+            [(
+                "r-1".to_owned(),
+                "p-1".to_owned(),
+                2000,
+                "COMPLETADO".to_owned()
+            )]
+        );
+    }
 }

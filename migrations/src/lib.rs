@@ -10,10 +10,12 @@
 //! through a migration leaves nothing of it, and the next start runs it whole; without
 //! the transaction, the next start met the first half already there (`duplicate column
 //! name`, `UNIQUE constraint failed`) and never started. A migration that cannot run in a
-//! transaction (`m20261208_000018`: `CREATE INDEX CONCURRENTLY`) says so, and each of its
-//! statements must be able to run again.
+//! transaction (`m20261208_000018`, and the indexes built with `concurrently`: `CREATE
+//! INDEX CONCURRENTLY`) says so, and each of its statements must be able to run again.
 
 pub use sea_orm_migration::prelude::*;
+
+mod concurrently;
 
 mod m20261202_000001_init;
 mod m20261202_000002_instance_facts;
@@ -33,6 +35,8 @@ mod m20261205_000015_events_to_fan_out;
 mod m20261206_000016_events_fanned_out_for_older_processes;
 mod m20261207_000017_older_webhook_secret;
 mod m20261208_000018_events_in_commit_order;
+mod m20261209_000019_attempts_by_endpoint;
+mod m20261209_000020_due_by_endpoint;
 
 pub struct Migrator;
 
@@ -58,6 +62,8 @@ impl MigratorTrait for Migrator {
             whole(m20261206_000016_events_fanned_out_for_older_processes::Migration),
             whole(m20261207_000017_older_webhook_secret::Migration),
             whole(m20261208_000018_events_in_commit_order::Migration),
+            whole(m20261209_000019_attempts_by_endpoint::Migration),
+            whole(m20261209_000020_due_by_endpoint::Migration),
         ]
     }
 }

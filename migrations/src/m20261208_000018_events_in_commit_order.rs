@@ -30,8 +30,9 @@
 //! built again. Every statement can run again, so a migration killed halfway is finished
 //! by the next start. On SQLite both statements are quick and can run again too.
 
+use crate::concurrently::drop_if_invalid;
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::{DbBackend, Statement};
+use sea_orm_migration::sea_orm::DbBackend;
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -101,30 +102,4 @@ impl MigrationTrait for Migration {
         }
         Ok(())
     }
-}
-
-/// Drops the index `name` if an interrupted `CREATE INDEX CONCURRENTLY` left it INVALID
-/// (PostgreSQL): `IF NOT EXISTS` would otherwise keep it, and it is never used.
-async fn drop_if_invalid(manager: &SchemaManager<'_>, name: &str) -> Result<(), DbErr> {
-    let db = manager.get_connection();
-    let invalid = db
-        .query_one_raw(Statement::from_string(
-            DbBackend::Postgres,
-            format!(
-                r#"SELECT NOT "indisvalid" AS "invalid" FROM "pg_index" WHERE "indexrelid" = to_regclass('"{name}"')"#
-            ),
-        ))
-        .await?
-        .map(|row| row.try_get::<bool>("", "invalid"))
-        .transpose()?
-        .unwrap_or(false);
-    if invalid {
-        tracing::warn!(
-            index = name,
-            "an interrupted concurrent build left this index invalid: building it again"
-        );
-        db.execute_unprepared(&format!(r#"DROP INDEX CONCURRENTLY IF EXISTS "{name}""#))
-            .await?;
-    }
-    Ok(())
 }

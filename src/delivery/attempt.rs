@@ -130,12 +130,30 @@ impl Deliverer {
         guard::check(url, self.policy, &*self.resolver).await
     }
 
-    /// One attempt of `message` to `url`, signed with `keys`. Never fails: whatever
-    /// happens is in the attempt.
+    /// One attempt of `message` to `url`, signed with `keys`, within the timeout. Never
+    /// fails: whatever happens is in the attempt.
     pub async fn deliver(&self, url: &Url, message: Message<'_>, keys: &Keys) -> Attempt {
+        self.deliver_within(url, message, keys, self.timeout).await
+    }
+
+    /// The timeout of one attempt (`PAGOS_WEBHOOKS_TIMEOUT`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// One attempt as `deliver`, over by `within` from now if that is sooner than the
+    /// timeout (the delivery worker: before its claim on the delivery runs out).
+    pub async fn deliver_within(
+        &self,
+        url: &Url,
+        message: Message<'_>,
+        keys: &Keys,
+        within: Duration,
+    ) -> Attempt {
         let at = Utc::now();
         let started = Instant::now();
-        let deadline = tokio::time::Instant::from_std(started + self.timeout);
+        let budget = within.min(self.timeout);
+        let deadline = tokio::time::Instant::from_std(started + budget);
         let mut attempt = Attempt {
             at,
             status: None,
@@ -164,7 +182,7 @@ impl Deliverer {
             }
             Err(_) => {
                 let failed = Outcome::Failed { not_before: None };
-                let error = format!("the host did not resolve within {}", show(self.timeout));
+                let error = format!("the host did not resolve within {}", show(budget));
                 return no_answer(attempt, failed, error);
             }
         };
@@ -196,7 +214,7 @@ impl Deliverer {
             Ok(response) => response,
             Err(e) => {
                 let failed = Outcome::Failed { not_before: None };
-                return no_answer(attempt, failed, describe(&e, self.timeout));
+                return no_answer(attempt, failed, describe(&e, budget));
             }
         };
         attempt.latency = started.elapsed();

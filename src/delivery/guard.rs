@@ -50,7 +50,9 @@ pub const MAX_URL_LEN: usize = 2048;
 pub enum Refusal {
     #[error("the URL cannot be read: {0}")]
     NotAUrl(String),
-    #[error("the URL is longer than 2048 characters")]
+    #[error(
+        "the URL is longer than 2048 characters as stored, where a character outside ASCII counts as its percent-encoding (three characters a byte)"
+    )]
     TooLong,
     #[error("the URL must start with https://")]
     NotHttps,
@@ -141,12 +143,17 @@ impl Resolve for SystemResolver {
     }
 }
 
-/// Parses and checks the parts of a URL that need no resolution.
+/// Parses and checks the parts of a URL that need no resolution. Its length is checked
+/// as sent and as normalised (what is stored): percent-encoding a character outside ASCII
+/// triples its bytes, and an international host name grows into its `xn--` form.
 pub fn parse(text: &str, policy: AddressPolicy) -> Result<Url, Refusal> {
     if text.len() > MAX_URL_LEN {
         return Err(Refusal::TooLong);
     }
     let url = Url::parse(text).map_err(|e| Refusal::NotAUrl(e.to_string()))?;
+    if url.as_str().len() > MAX_URL_LEN {
+        return Err(Refusal::TooLong);
+    }
     check_form(&url, policy)?;
     Ok(url)
 }
@@ -427,6 +434,10 @@ mod tests {
         ));
         let long = format!("https://example.com/{}", "a".repeat(MAX_URL_LEN));
         assert_eq!(parse(&long, PublicOnly), Err(Refusal::TooLong));
+        // Under the limit as sent, three times over it once percent-encoded (as stored).
+        let grows = format!("https://example.com/{}", "\u{e9}".repeat(1000));
+        assert!(grows.len() <= MAX_URL_LEN);
+        assert_eq!(parse(&grows, PublicOnly), Err(Refusal::TooLong));
     }
 
     struct Fixed(Vec<SocketAddr>);

@@ -48,7 +48,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 pub struct NuevoEndpoint {
     /// `https://…` (plain http and private addresses only with
-    /// `PAGOS_WEBHOOKS_ALLOW_PRIVATE`); at most 2048 characters.
+    /// `PAGOS_WEBHOOKS_ALLOW_PRIVATE`); at most 2048 characters as stored (normalised: a
+    /// character outside ASCII counts as its percent-encoding).
     #[schema(example = "https://example.com/webhooks/pagos")]
     url: String,
     /// The event types to deliver (absent: every type).
@@ -159,7 +160,8 @@ fn parse_id(id: &str) -> Result<Uuid, ApiError> {
 #[allow(dead_code)]
 struct NoSuchEndpoint(Problem);
 
-/// Registers an endpoint; its secret is in this answer only.
+/// Registers an endpoint; its secret is in this answer only. A merchant has at most 16
+/// endpoints.
 #[utoipa::path(
     post,
     path = "/v1/webhook-endpoints",
@@ -173,7 +175,7 @@ struct NoSuchEndpoint(Problem);
         ApiKeyRefused,
         NotJson,
         RawBodyTooLarge,
-        (status = 422, description = "A bad URL (not https, resolving to a non-public address) or an unknown event type; nothing stored", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A bad URL (not https, resolving to a non-public address, longer than 2048 characters as stored), an unknown event type, or a merchant that has 16 endpoints already (the most it may have: `limite`); nothing stored", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn create_endpoint(
@@ -233,7 +235,27 @@ async fn create_endpoint(
             secret: secret.expose(),
         },
     )
-    .await?;
+    .await?
+    .ok_or_else(|| {
+        ApiError::from(
+            Problem::new(ProblemType::Validation)
+                .detail(format!(
+                    "A merchant has at most {} webhook endpoints; remove one (DELETE /v1/webhook-endpoints/{{id}}) before registering another. Nothing was stored.",
+                    store::MAX_PER_MERCHANT
+                ))
+                .with("limite", store::MAX_PER_MERCHANT)
+                .with(
+                    "errores",
+                    vec![field(
+                        "url",
+                        format!(
+                            "this merchant has {} webhook endpoints already, the most it may have",
+                            store::MAX_PER_MERCHANT
+                        ),
+                    )],
+                ),
+        )
+    })?;
     tracing::info!(endpoint_id = %made.id, %merchant, "webhook endpoint registered");
     let location = format!("{ENDPOINTS_PATH}/{}", made.id);
     Ok((

@@ -5,7 +5,9 @@
 //!
 //! Claims are like the reconciler's: on PostgreSQL `FOR UPDATE SKIP LOCKED` in a short
 //! transaction, on SQLite under `BEGIN IMMEDIATE`; a claim moves `next_attempt_at` past
-//! the attempt, so no other process takes the delivery while this one sends it. An
+//! the attempt, so no other process takes the delivery while this one sends it. A claim
+//! takes each active endpoint's share (its room) before its limit, so one endpoint's
+//! backlog never holds up another's deliveries. An
 //! attempt is stored fenced on the delivery's attempt count (and its number is unique per
 //! delivery): a worker whose claim ran out cannot store a second attempt of the same
 //! number.
@@ -18,11 +20,11 @@ use crate::entities::webhook_attempt as attempts;
 use crate::entities::webhook_delivery::{self as deliveries, DeliveryState};
 use crate::entities::webhook_endpoint::{self as endpoints, EndpointState};
 use crate::outbox::endpoints::wants;
-use chrono::{DateTime, Utc};
-use sea_orm::sea_query::{Expr, Func, LockBehavior, LockType};
+use chrono::{DateTime, TimeDelta, Utc};
+use sea_orm::sea_query::{Condition, Expr, Func, LockBehavior, LockType};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, Select,
+    QueryOrder, QuerySelect, Select, Statement,
 };
 use std::collections::HashMap;
 use uuid::Uuid;
@@ -142,49 +144,126 @@ pub async fn fan_out(
     Ok(ids.len())
 }
 
+/// Each `ACTIVO` endpoint's oldest deliveries due by `$1`, at most `$2` of each: a short
+/// read of `webhook_deliveries_endpoint_due_idx` per endpoint, in its order, whatever
+/// its backlog (an index-only scan on PostgreSQL), and
+/// nothing of a `DESACTIVADO` endpoint's (its pending deliveries stay due until it is
+/// reactivated). PostgreSQL: a `LATERAL` subquery; SQLite: the same as a correlated list
+/// of rowids.
+fn due_per_endpoint(backend: DbBackend) -> &'static str {
+    match backend {
+        DbBackend::Postgres => {
+            r#"SELECT "d"."event_id", "d"."endpoint_id", "d"."next_attempt_at"
+                 FROM "webhook_endpoints" AS "e"
+                 CROSS JOIN LATERAL (
+                     SELECT "x"."event_id", "x"."endpoint_id", "x"."next_attempt_at"
+                       FROM "webhook_deliveries" AS "x"
+                      WHERE "x"."endpoint_id" = "e"."id" AND "x"."state" = 'PENDIENTE'
+                        AND "x"."next_attempt_at" <= $1
+                      ORDER BY "x"."next_attempt_at", "x"."event_id"
+                      LIMIT $2) AS "d"
+                WHERE "e"."state" = 'ACTIVO'"#
+        }
+        _ => {
+            r#"SELECT "d"."event_id", "d"."endpoint_id", "d"."next_attempt_at"
+                 FROM "webhook_endpoints" AS "e", "webhook_deliveries" AS "d"
+                WHERE "e"."state" = 'ACTIVO' AND "d"."rowid" IN (
+                     SELECT "x"."rowid"
+                       FROM "webhook_deliveries" AS "x"
+                      WHERE "x"."endpoint_id" = "e"."id" AND "x"."state" = 'PENDIENTE'
+                        AND "x"."next_attempt_at" <= ?
+                      ORDER BY "x"."next_attempt_at", "x"."event_id"
+                      LIMIT ?)"#
+        }
+    }
+}
+
 /// Claims up to `limit` deliveries due by `due_by` to active endpoints, oldest due
-/// first, until `until`; to one endpoint, at most `per_endpoint` less the caller's
-/// attempts in flight to it (`busy`, by endpoint).
+/// first, to one endpoint at most `per_endpoint` less the caller's attempts in flight to
+/// it (`busy`, by endpoint); each held for `hold` from when it is locked.
+///
+/// The room of each endpoint is applied before the `limit`: the candidates are each
+/// active endpoint's oldest due deliveries (at most `per_endpoint` of each), and the
+/// claim is the oldest `limit` of those within their endpoint's room. (Taking the oldest
+/// `limit` due rows and then dropping those past an endpoint's room left the claim to one
+/// endpoint's backlog: every other merchant's deliveries waited until it drained.)
+/// The candidates are locked by key and checked again under the lock: on PostgreSQL a
+/// row another process is claiming is skipped, one it claimed since is no longer due.
 pub async fn claim_due(
     db: &DatabaseConnection,
     due_by: DateTime<Utc>,
     limit: u64,
-    until: DateTime<Utc>,
+    hold: TimeDelta,
     per_endpoint: usize,
     busy: &HashMap<Uuid, usize>,
 ) -> Result<Vec<Due>, DbErr> {
     let room =
         |endpoint: Uuid| per_endpoint.saturating_sub(busy.get(&endpoint).copied().unwrap_or(0));
-    let full: Vec<Uuid> = busy.keys().copied().filter(|id| room(*id) == 0).collect();
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    if limit == 0 || per_endpoint == 0 {
+        return Ok(Vec::new());
+    }
+    let backend = db.get_database_backend();
     let tx = begin_write(db).await?;
-    let mut query = deliveries::Entity::find()
+    let rows = tx
+        .query_all_raw(Statement::from_sql_and_values(
+            backend,
+            due_per_endpoint(backend),
+            [
+                due_by.into(),
+                i64::try_from(per_endpoint).unwrap_or(i64::MAX).into(),
+            ],
+        ))
+        .await?;
+    let mut candidates = rows
+        .iter()
+        .map(|row| {
+            Ok((
+                row.try_get::<DateTime<Utc>>("", "next_attempt_at")?,
+                row.try_get::<String>("", "event_id")?,
+                row.try_get::<Uuid>("", "endpoint_id")?,
+            ))
+        })
+        .collect::<Result<Vec<_>, DbErr>>()?;
+    candidates.sort_unstable();
+    let mut taken: HashMap<Uuid, usize> = HashMap::new();
+    let mut keys = Condition::any();
+    let mut picked = 0;
+    for (_, event_id, endpoint) in candidates {
+        let n = taken.entry(endpoint).or_default();
+        if *n >= room(endpoint) {
+            continue;
+        }
+        *n += 1;
+        keys = keys.add(
+            Condition::all()
+                .add(deliveries::Column::EventId.eq(event_id))
+                .add(deliveries::Column::EndpointId.eq(endpoint)),
+        );
+        picked += 1;
+        if picked == limit {
+            break;
+        }
+    }
+    if picked == 0 {
+        tx.rollback().await?;
+        return Ok(Vec::new());
+    }
+    let query = deliveries::Entity::find()
+        .filter(keys)
         .filter(deliveries::Column::State.eq(DeliveryState::Pending))
         .filter(deliveries::Column::NextAttemptAt.lte(due_by))
-        .filter(Expr::cust(
-            r#""webhook_deliveries"."endpoint_id" IN (SELECT "id" FROM "webhook_endpoints" WHERE "state" = 'ACTIVO')"#,
-        ))
-        .order_by_asc(deliveries::Column::NextAttemptAt)
-        .limit(limit);
-    if !full.is_empty() {
-        query = query.filter(deliveries::Column::EndpointId.is_not_in(full));
-    }
-    let mut taken: HashMap<Uuid, usize> = HashMap::new();
-    // Rows past an endpoint's room stay as they are: locked until this commits, then due
-    // for the next claim.
-    let mut claimed: Vec<deliveries::Model> = skip_locked(query, db.get_database_backend())
-        .all(&tx)
-        .await?
-        .into_iter()
-        .filter(|d| {
-            let n = taken.entry(d.endpoint_id).or_default();
-            *n += 1;
-            *n <= room(d.endpoint_id)
-        })
-        .collect();
+        .order_by_asc(deliveries::Column::NextAttemptAt);
+    let mut claimed: Vec<deliveries::Model> = skip_locked(query, backend).all(&tx).await?;
     if claimed.is_empty() {
         tx.rollback().await?;
         return Ok(Vec::new());
     }
+    // Held from now, the rows locked: not from before the wait for a connection or the
+    // write lock, which the attempt's own time must not pay for.
+    let until = now()
+        .checked_add_signed(hold)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC);
     for d in &mut claimed {
         deliveries::Entity::update_many()
             .col_expr(deliveries::Column::NextAttemptAt, Expr::value(until))

@@ -68,19 +68,46 @@ pub fn fresh(secret: &str, at: DateTime<Utc>) -> endpoints::Model {
     }
 }
 
+/// The most endpoints a merchant has, in any state: a fan-out round makes one delivery
+/// row per event and endpoint of its merchant (a `DESACTIVADO` one included), in one
+/// transaction.
+pub const MAX_PER_MERCHANT: u64 = 16;
+
+/// Registers the endpoint; `None` (nothing stored) if the merchant has
+/// `MAX_PER_MERCHANT` already. Two registrations at once cannot both take the last place:
+/// the merchant's row is locked first on PostgreSQL (SQLite's writers take turns).
 pub async fn create(
     db: &DatabaseConnection,
     new: NewEndpoint<'_>,
-) -> Result<endpoints::Model, DbErr> {
+) -> Result<Option<endpoints::Model>, DbErr> {
+    use crate::entities::merchant;
+    use sea_orm::sea_query::LockType;
+    use sea_orm::{DbBackend, PaginatorTrait, QuerySelect};
+    let tx = begin_write(db).await?;
+    if db.get_database_backend() == DbBackend::Postgres {
+        merchant::Entity::find_by_id(new.merchant)
+            .lock(LockType::Update)
+            .one(&tx)
+            .await?;
+    }
+    let have = endpoints::Entity::find()
+        .filter(endpoints::Column::MerchantId.eq(new.merchant))
+        .count(&tx)
+        .await?;
+    if have >= MAX_PER_MERCHANT {
+        tx.rollback().await?;
+        return Ok(None);
+    }
     let mut model = fresh(new.secret, now());
     model.id = Uuid::now_v7();
     model.merchant_id = new.merchant;
     new.url.clone_into(&mut model.url);
     model.event_types = stored_types(new.types);
     endpoints::Entity::insert(endpoints::ActiveModel::from(model.clone()))
-        .exec_without_returning(db)
+        .exec_without_returning(&tx)
         .await?;
-    Ok(model)
+    tx.commit().await?;
+    Ok(Some(model))
 }
 
 /// The merchant's endpoints, oldest first.
@@ -280,6 +307,48 @@ pub async fn reactivate(
     }
     tx.commit().await?;
     Ok(Some(updated))
+}
+
+/// Since when "every event since it started failing" goes back for `endpoint`: the
+/// earliest of its `failing_since` and the writing of every event it has not got in
+/// these failures (a delivery of it still `PENDIENTE`, or `ABANDONADA` since then).
+/// `failing_since` is the time of the first failed *attempt*: the event whose failure
+/// started it, and those fanned out with it, were written before, and redelivering only
+/// from `failing_since` left them `ABANDONADA` for good. `None` if it is not failing.
+pub async fn failures_began(
+    db: &impl ConnectionTrait,
+    endpoint: &endpoints::Model,
+) -> Result<Option<DateTime<Utc>>, DbErr> {
+    use sea_orm::sea_query::Condition;
+    use sea_orm::{QuerySelect, sea_query::ExprTrait};
+    let Some(since) = endpoint.failing_since else {
+        return Ok(None);
+    };
+    let missed = Query::select()
+        .column(deliveries::Column::EventId)
+        .from(deliveries::Entity)
+        .and_where(deliveries::Column::EndpointId.eq(endpoint.id))
+        .cond_where(
+            Condition::any()
+                .add(deliveries::Column::State.eq(DeliveryState::Pending))
+                .add(
+                    deliveries::Column::State
+                        .eq(DeliveryState::GivenUp)
+                        .and(deliveries::Column::UpdatedAt.gte(since)),
+                ),
+        )
+        .to_owned();
+    let first: Option<DateTime<Utc>> = event::Entity::find()
+        .select_only()
+        .column_as(event::Column::CreatedAt.min(), "first")
+        .filter(event::Column::Id.in_subquery(missed))
+        .into_tuple::<Option<DateTime<Utc>>>()
+        .one(db)
+        .await?
+        .flatten();
+    Ok(Some(
+        first.map_or(since, |first| std::cmp::min(first, since)),
+    ))
 }
 
 /// The secret the last rotation replaced, if it still signs at `at`.

@@ -9,22 +9,41 @@
 //! database still running, so nothing can commit behind a cursor it hands out; on
 //! SQLite, whose writers take turns, it is the `rowid` (migration `m20261208_000018`).
 
+use crate::entities::event_to_fan_out as queued;
 use crate::entities::webhook_attempt as attempts;
-use crate::entities::webhook_delivery as deliveries;
+use crate::entities::webhook_delivery::{self as deliveries, DeliveryState};
 use crate::entities::{event, webhook_endpoint as endpoints};
-use sea_orm::sea_query::{Alias, Expr, ExprTrait};
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query, SelectStatement, UnionType};
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, Order, QueryFilter, QueryOrder,
     QuerySelect,
 };
 use uuid::Uuid;
 
-/// Not yet delivered to every endpoint that wants it: not fanned out yet, or with a
-/// delivery that is not `ENTREGADA`.
-fn pending() -> sea_orm::sea_query::SimpleExpr {
-    Expr::cust(
-        r#"(EXISTS (SELECT 1 FROM "events_to_fan_out" AS "q" WHERE "q"."event_id" = "events"."id") OR EXISTS (SELECT 1 FROM "webhook_deliveries" AS "d" WHERE "d"."event_id" = "events"."id" AND "d"."state" IN ('PENDIENTE', 'ABANDONADA')))"#,
-    )
+/// The merchant's events not yet delivered to every endpoint that wants them: those not
+/// fanned out yet, and those with a delivery that is not `ENTREGADA` (every delivery of
+/// the merchant's events is to one of its endpoints). Read from the deliveries, by their
+/// endpoint (`webhook_deliveries_endpoint_due_idx`), and the fan-out queue: as many rows
+/// as there are events pending, never the merchant's whole history.
+fn pending_of(merchant: Uuid) -> SelectStatement {
+    let endpoints_of = Query::select()
+        .column(endpoints::Column::Id)
+        .from(endpoints::Entity)
+        .and_where(endpoints::Column::MerchantId.eq(merchant))
+        .to_owned();
+    let not_fanned_out = Query::select()
+        .column(queued::Column::EventId)
+        .from(queued::Entity)
+        .to_owned();
+    Query::select()
+        .column(deliveries::Column::EventId)
+        .from(deliveries::Entity)
+        .and_where(deliveries::Column::EndpointId.in_subquery(endpoints_of))
+        .and_where(
+            deliveries::Column::State.is_in([DeliveryState::Pending, DeliveryState::GivenUp]),
+        )
+        .union(UnionType::Distinct, not_fanned_out)
+        .to_owned()
 }
 
 /// PostgreSQL: the event's transaction is older than every write transaction of this
@@ -104,6 +123,13 @@ pub async fn cursor(db: &DatabaseConnection, merchant: Uuid, id: &str) -> Result
 
 /// Up to `limit` of the merchant's events after `after`, in the order they were
 /// committed; with `only_pending`, only those not yet delivered to every endpoint.
+///
+/// With `only_pending` the events are found from the pending ones (`pending_of`) and
+/// sorted, rather than read in order from the merchant's first event until enough are
+/// pending (every call read the whole history of a merchant with little pending). The
+/// rows, their order and the cursor are the same either way: only the set they are taken
+/// from is smaller. On SQLite, whose planner would still walk the merchant's index in
+/// order, the merchant is compared as `+merchant_id`, which no index serves.
 pub async fn list(
     db: &DatabaseConnection,
     merchant: Uuid,
@@ -111,7 +137,12 @@ pub async fn list(
     limit: u64,
     only_pending: bool,
 ) -> Result<Vec<event::Model>, DbErr> {
-    let mut query = event::Entity::find().filter(event::Column::MerchantId.eq(merchant));
+    let of_merchant = if only_pending && db.get_database_backend() == DbBackend::Sqlite {
+        Expr::cust_with_values(r#"+"events"."merchant_id" = ?"#, [merchant])
+    } else {
+        event::Column::MerchantId.eq(merchant)
+    };
+    let mut query = event::Entity::find().filter(of_merchant);
     if let Some(after) = after {
         query = query.filter(
             Expr::tuple([
@@ -128,7 +159,7 @@ pub async fn list(
         query = query.filter(Expr::cust(BEFORE_EVERY_WRITE_RUNNING));
     }
     if only_pending {
-        query = query.filter(pending());
+        query = query.filter(event::Column::Id.in_subquery(pending_of(merchant)));
     }
     query
         .order_by(commit_order(db), Order::Asc)
@@ -188,9 +219,14 @@ pub async fn find(
     }))
 }
 
-/// When the oldest event not yet delivered to every endpoint that wants it was written.
-/// Two indexed look-ups (events not fanned out; deliveries not delivered), never a scan
-/// of every event.
+/// When the oldest event not yet delivered to every `ACTIVO` endpoint that wants it was
+/// written (or not fanned out yet). Two indexed look-ups (events not fanned out;
+/// deliveries to active endpoints not delivered), never a scan of every event.
+///
+/// An endpoint that is `DESACTIVADO` gets nothing until it is reactivated: what it did not
+/// get is left out here (it would hold the age, and the alert on it, up for as long as
+/// the endpoint stays down) and shows as `pagos_webhook_endpoints_disabled`, in the
+/// console and in `GET /v1/eventos?pendientes=true`.
 pub async fn oldest_undelivered(
     db: &DatabaseConnection,
 ) -> Result<Option<chrono::DateTime<chrono::Utc>>, DbErr> {
@@ -208,7 +244,7 @@ pub async fn oldest_undelivered(
     .await?
     .flatten();
     let not_delivered = oldest(Expr::cust(
-        r#""events"."id" IN (SELECT "event_id" FROM "webhook_deliveries" WHERE "state" IN ('PENDIENTE', 'ABANDONADA'))"#,
+        r#""events"."id" IN (SELECT "d"."event_id" FROM "webhook_endpoints" AS "e" JOIN "webhook_deliveries" AS "d" ON "d"."endpoint_id" = "e"."id" WHERE "e"."state" = 'ACTIVO' AND "d"."state" IN ('PENDIENTE', 'ABANDONADA'))"#,
     ))
     .await?
     .flatten();

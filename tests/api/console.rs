@@ -450,7 +450,8 @@ async fn a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it(ba
         },
     )
     .await
-    .expect("endpoint");
+    .expect("endpoint")
+    .expect("room for it");
     // As the delivery worker leaves it after an answer 410.
     let mut down = endpoint.clone().into_active_model();
     down.state = Set(EndpointState::Desactivado);
@@ -642,4 +643,88 @@ async fn a_hand_edited_console_url_gets_a_page_never_plain_text(backend: Backend
             "{path}: {content_type}"
         );
     }
+}
+
+on_both_databases!(
+    reactivating_with_every_event_since_it_started_failing_resends_the_event_that_started_it
+);
+
+/// "Every event since it started failing" resends the event whose failed attempt started
+/// the failures: it was written before that attempt (the endpoint's `failing_since`), and
+/// is `ABANDONADA` once its schedule ran out.
+async fn reactivating_with_every_event_since_it_started_failing_resends_the_event_that_started_it(
+    backend: Backend,
+) {
+    use crate::receiver::{Answer, Receiver};
+    use pagos::entities::webhook_delivery::{self as deliveries, DeliveryState};
+    use sea_orm::EntityTrait;
+    let app = Spawn::new(backend)
+        .flags(&[
+            "--webhooks-allow-private",
+            "true",
+            "--webhooks-timeout",
+            "1s",
+            "--webhooks-schedule",
+            "0s,1s",
+            "--webhooks-disable-after",
+            "500ms",
+        ])
+        .delivering()
+        .start()
+        .await;
+    let _fake = app
+        .with_fake(crate::helpers::FakeGateway::charging("succeeded"))
+        .await;
+    let receiver = Receiver::start().await;
+    receiver.answer_next([
+        Answer::Status(500, "down".into()),
+        Answer::Status(500, "down".into()),
+    ]);
+    let made = app.register_endpoint(&receiver.url("/")).await;
+    let endpoint = made["id"].as_str().expect("id").to_owned();
+    let answer = app.pay("k-fallo", &crate::helpers::payment_body()).await;
+    assert_eq!(answer.status(), 201);
+    let paid = crate::helpers::json(answer).await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let event = crate::outbox::events_of(&app, &paid).await[0].id.clone();
+    crate::webhooks_out::eventually(
+        std::time::Duration::from_secs(15),
+        "the first event given up",
+        async || {
+            deliveries::Entity::find()
+                .all(&app.db)
+                .await
+                .expect("deliveries")
+                .iter()
+                .any(|d| d.event_id == event && d.state == DeliveryState::GivenUp)
+        },
+    )
+    .await;
+    assert_eq!(receiver.deliveries().len(), 2, "its two attempts failed");
+
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let session = log_in(&app, &eva).await;
+    let (html, csrf) = page_with_csrf(&app, &session, "/consola/webhooks").await;
+    assert!(html.contains("value=\"fallo\""), "{html}");
+    let answer = post_form(
+        &app,
+        &session,
+        &format!("/consola/webhooks/{endpoint}/reactivar"),
+        &[("csrf", csrf.as_str()), ("reenviar", "fallo")],
+    )
+    .await;
+    assert_eq!(answer.status(), 303);
+    crate::webhooks_out::eventually(
+        std::time::Duration::from_secs(10),
+        "the first event delivered",
+        async || {
+            receiver
+                .deliveries()
+                .iter()
+                .any(|d| d.header("webhook-id") == event && d.answer == Answer::Ok)
+        },
+    )
+    .await;
 }

@@ -342,6 +342,58 @@ async fn an_invalid_index_left_by_an_interrupted_concurrent_build_is_built_again
     assert!(old, "the old index is dropped");
 }
 
+/// The webhook indexes built `CONCURRENTLY` (m19, m20) are built again when a build was
+/// interrupted and left them INVALID (here: marked so in the catalog), not taken as done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn webhook_indexes_left_invalid_by_an_interrupted_build_are_built_again() {
+    use sea_orm::ConnectionTrait;
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let (database, db) = crate::helpers::TestDatabase::with_acme(&backend).await;
+    let indexes = [
+        (
+            "m20261209_000019_attempts_by_endpoint",
+            "webhook_attempts_endpoint_idx",
+        ),
+        (
+            "m20261209_000020_due_by_endpoint",
+            "webhook_deliveries_endpoint_due_idx",
+        ),
+    ];
+    for (version, index) in indexes {
+        for sql in [
+            format!(r#"DELETE FROM "seaql_migrations" WHERE "version" = '{version}'"#),
+            format!(
+                r#"UPDATE "pg_index" SET "indisvalid" = false WHERE "indexrelid" = to_regclass('{index}')"#
+            ),
+        ] {
+            db.execute_unprepared(&sql).await.expect(&sql);
+        }
+    }
+    let valid = async |db: &sea_orm::DatabaseConnection, index: &str| {
+        db.query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            format!(
+                r#"SELECT "indisvalid" AS "valid" FROM "pg_index" WHERE "indexrelid" = to_regclass('{index}')"#
+            ),
+        ))
+        .await
+        .expect("query")
+        .expect("the index exists")
+        .try_get::<bool>("", "valid")
+        .expect("valid")
+    };
+    for (_, index) in indexes {
+        assert!(!valid(&db, index).await, "{index} left INVALID");
+    }
+    let _ = db.close().await;
+    let db = database.migrated().await;
+    for (_, index) in indexes {
+        assert!(valid(&db, index).await, "{index} built again");
+    }
+}
+
 /// On SQLite a migration of several statements (m06: two `ADD COLUMN`, then an index) that
 /// stops halfway leaves nothing of itself: the next start runs it whole. Here its last
 /// statement fails (a table holds the index's name), as a kill there would stop it.

@@ -16,6 +16,9 @@ on_both_databases!(
     bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored,
     events_are_listed_oldest_first_with_a_cursor_and_only_to_their_merchant,
     an_event_committed_after_a_later_numbered_one_is_not_passed_over_by_a_cursor,
+    a_url_longer_than_2048_characters_once_normalised_is_refused,
+    a_merchant_has_at_most_16_endpoints,
+    an_endpoints_attempts_are_read_and_removed_by_index,
 );
 
 #[tokio::test]
@@ -461,4 +464,108 @@ async fn an_event_is_listed_only_once_every_write_begun_before_it_has_ended() {
     );
     assert_eq!(shown.len(), 1, "k-3's event, not held back: {shown:?}");
     running.rollback().await.expect("rollback");
+}
+
+/// The limit of 2048 characters is the stored URL's, as it is normalised: a non-ASCII
+/// character is percent-encoded into three times its bytes. Such a URL is a 422 naming the
+/// field (PostgreSQL's `varchar(2048)` refused it: a 503), and nothing is stored.
+async fn a_url_longer_than_2048_characters_once_normalised_is_refused(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let url = format!("https://93.184.215.14/{}", "\u{e9}".repeat(1000));
+    assert!(url.len() <= 2048, "{} bytes as sent", url.len());
+    let answer = app
+        .post_as(API_KEY, "/v1/webhook-endpoints", &json!({ "url": url }))
+        .await;
+    let problem = crate::helpers::problem(answer, 422, "a URL too long once normalised").await;
+    assert_eq!(problem["errores"][0]["campo"], "url", "{problem}");
+    assert!(
+        crate::helpers::text_has(&problem["errores"][0], "detalle", "2048"),
+        "{problem}"
+    );
+    assert!(app.endpoints_of(API_KEY).await.is_empty());
+}
+
+/// A fan-out round makes one row per event and endpoint of its merchant: a merchant has at
+/// most 16 endpoints (a 17th is a 422 naming the limit); removing one makes room, and
+/// another merchant has its own 16.
+async fn a_merchant_has_at_most_16_endpoints(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let mut made = Vec::new();
+    for n in 0..16 {
+        made.push(
+            app.register_endpoint(&format!("https://93.184.215.14/hooks/{n}"))
+                .await,
+        );
+    }
+    let answer = app
+        .post_as(
+            API_KEY,
+            "/v1/webhook-endpoints",
+            &json!({"url": "https://93.184.215.14/hooks/17"}),
+        )
+        .await;
+    let problem = crate::helpers::problem(answer, 422, "a 17th endpoint").await;
+    assert_eq!(problem["limite"], 16, "{problem}");
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "16"),
+        "{problem}"
+    );
+    assert_eq!(app.endpoints_of(API_KEY).await.len(), 16, "nothing stored");
+
+    app.register_endpoint_as(
+        OTHER_API_KEY,
+        &json!({"url": "https://93.184.215.14/globex"}),
+    )
+    .await;
+    let first = made[0]["id"].as_str().expect("id");
+    assert_eq!(app.delete_endpoint(API_KEY, first).await, 204);
+    app.register_endpoint("https://93.184.215.14/hooks/again")
+        .await;
+    assert_eq!(app.endpoints_of(API_KEY).await.len(), 16);
+}
+
+/// Attempts are never purged: the console's last attempts of an endpoint (newest first)
+/// and removing an endpoint find its attempts by the index `(endpoint_id, attempted_at)`,
+/// not by reading every attempt stored.
+async fn an_endpoints_attempts_are_read_and_removed_by_index(backend: Backend) {
+    use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+    let (_database, db) = crate::helpers::TestDatabase::with_acme(&backend).await;
+    let id = uuid::Uuid::now_v7();
+    let statements = [
+        format!(
+            r#"SELECT * FROM "webhook_attempts" WHERE "endpoint_id" = '{id}' ORDER BY "attempted_at" DESC LIMIT 5"#
+        ),
+        format!(r#"DELETE FROM "webhook_attempts" WHERE "endpoint_id" = '{id}'"#),
+    ];
+    for sql in statements {
+        let tx = db.begin().await.expect("begin");
+        let (explain, column, dialect) = match backend {
+            Backend::Sqlite => ("EXPLAIN QUERY PLAN", "detail", DbBackend::Sqlite),
+            Backend::Postgres(_) => {
+                // The table is empty: only a plan that may not scan it shows what an index
+                // offers.
+                tx.execute_unprepared("SET LOCAL enable_seqscan = off")
+                    .await
+                    .expect("set");
+                ("EXPLAIN", "QUERY PLAN", DbBackend::Postgres)
+            }
+        };
+        let plan: Vec<String> = tx
+            .query_all_raw(Statement::from_string(dialect, format!("{explain} {sql}")))
+            .await
+            .expect("explain")
+            .iter()
+            .map(|row| row.try_get::<String>("", column).expect("plan line"))
+            .collect();
+        tx.rollback().await.expect("rollback");
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains("webhook_attempts_endpoint_idx"),
+            "{sql}:\n{plan}"
+        );
+        assert!(
+            !plan.contains("TEMP B-TREE") && !plan.contains("Sort"),
+            "read in order: {plan}"
+        );
+    }
 }

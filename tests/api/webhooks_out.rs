@@ -38,6 +38,9 @@ on_both_databases!(
     a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_the_endpoint,
     reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then_pending_again,
     an_endpoint_that_hangs_holds_up_no_other_endpoints_deliveries,
+    another_merchants_webhook_is_not_held_up_behind_one_endpoints_backlog,
+    the_oldest_undelivered_age_leaves_out_deactivated_endpoints,
+    pending_events_are_exactly_those_not_delivered_everywhere_in_commit_order_page_by_page,
 );
 
 /// Flags of a delivering app that may reach the local receiver, with a quick schedule.
@@ -428,12 +431,12 @@ async fn an_endpoint_failing_past_the_horizon_is_deactivated_and_counted(backend
     )
     .await;
     assert!(receiver.deliveries().len() >= 2);
+    // Its undelivered event is counted with the disabled endpoint, not in the age of
+    // what active endpoints have not got.
     app.scrape_until("one endpoint disabled", |text| {
         crate::helpers::has_line(text, "pagos_webhook_endpoints_disabled 1")
             && text.contains("pagos_webhook_deliveries_total{outcome=\"failed\"}")
-            && text.lines().any(|l| {
-                l.starts_with("pagos_oldest_undelivered_event_age_seconds ") && !l.ends_with(" 0.0")
-            })
+            && crate::helpers::has_line(text, "pagos_oldest_undelivered_event_age_seconds 0.0")
     })
     .await;
 }
@@ -633,7 +636,7 @@ async fn a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_
         &app.db,
         now,
         32,
-        now + TimeDelta::seconds(20),
+        TimeDelta::seconds(20),
         pagos::dispatcher::PER_ENDPOINT,
         &HashMap::new(),
     )
@@ -896,5 +899,173 @@ async fn an_endpoint_that_hangs_holds_up_no_other_endpoints_deliveries(backend: 
         hanging.deliveries().len() <= pagos::dispatcher::PER_ENDPOINT,
         "the hanging endpoint holds {} attempts",
         hanging.deliveries().len()
+    );
+}
+
+/// A backlog of one merchant's due deliveries to a fast endpoint (what a reactivation with
+/// `reenviarDesde` far back makes) does not hold up another merchant's webhook: it is
+/// claimed beside the backlog's first attempts, not after the whole backlog. (Claims took
+/// the oldest due rows and then kept `PER_ENDPOINT` of them: every claim was the backlog's.)
+async fn another_merchants_webhook_is_not_held_up_behind_one_endpoints_backlog(backend: Backend) {
+    const BACKLOG: usize = 400;
+    let (app, _fake) = app(backend, &[]).await;
+    let busy = Receiver::start().await;
+    let other = Receiver::start().await;
+    app.register_endpoint(&busy.url("/")).await;
+    app.register_endpoint_as(OTHER_API_KEY, &json!({"url": other.url("/")}))
+        .await;
+
+    write_events(
+        &app,
+        BACKLOG,
+        EventType::PagoCompletado,
+        pagos::db::now() - TimeDelta::hours(1),
+    )
+    .await;
+    let answer = app.pay_as(OTHER_API_KEY, "k-other", &payment_body()).await;
+    assert_eq!(answer.status(), 201);
+    eventually(
+        Duration::from_secs(60),
+        "the other merchant's webhook",
+        async || !other.deliveries().is_empty(),
+    )
+    .await;
+    let arrived = other.deliveries()[0].at;
+    let before = busy.deliveries().iter().filter(|d| d.at <= arrived).count();
+    assert!(
+        before < BACKLOG / 4,
+        "the other merchant's webhook came after {before} of the backlog's {BACKLOG}"
+    );
+    eventually(
+        Duration::from_secs(60),
+        "the backlog delivered",
+        async || busy.deliveries().len() >= BACKLOG,
+    )
+    .await;
+}
+
+/// `pagos_oldest_undelivered_event_age_seconds` (and the alert on it) is about endpoints
+/// that are `ACTIVO`: an event left undelivered to an endpoint that went `DESACTIVADO`
+/// does not keep it up forever; that endpoint is counted in
+/// `pagos_webhook_endpoints_disabled` instead.
+async fn the_oldest_undelivered_age_leaves_out_deactivated_endpoints(backend: Backend) {
+    let (app, _fake) = app(backend, &["--metrics-refresh", "100ms"]).await;
+    let receiver = Receiver::start().await;
+    receiver.flaky(1.0, 0.0, Duration::ZERO, 1);
+    app.register_endpoint(&receiver.url("/")).await;
+    pay(&app, "k-u").await;
+    let undelivered = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("pagos_oldest_undelivered_event_age_seconds "))
+            .map(str::to_owned)
+    };
+    app.scrape_until("an event undelivered to an active endpoint", |text| {
+        undelivered(text).is_some_and(|l| !l.ends_with(" 0.0"))
+    })
+    .await;
+    receiver.answer_next([Answer::Status(410, "gone".into())]);
+    deactivated_within(&app, Duration::from_secs(10), "410").await;
+    let text = app
+        .scrape_until("nothing undelivered to an active endpoint", |text| {
+            crate::helpers::has_line(text, "pagos_oldest_undelivered_event_age_seconds 0.0")
+        })
+        .await;
+    assert!(
+        crate::helpers::has_line(&text, "pagos_webhook_endpoints_disabled 1"),
+        "{text}"
+    );
+    assert_eq!(
+        pending_events(&app).await.len(),
+        1,
+        "still listed as pending"
+    );
+}
+
+/// `pendientes=true` lists exactly the merchant's events not yet delivered to every
+/// endpoint — not fanned out yet, or with a delivery `PENDIENTE` or `ABANDONADA` — in the
+/// order of the whole list, page by page with its cursor; never another merchant's.
+async fn pending_events_are_exactly_those_not_delivered_everywhere_in_commit_order_page_by_page(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let made = app.register_endpoint("https://93.184.215.14/hooks").await;
+    let endpoint = Uuid::parse_str(made["id"].as_str().expect("id")).expect("uuid");
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.extend(write_events(&app, 2, EventType::PagoCompletado, pagos::db::now()).await);
+    }
+    let globex = crate::helpers::merchant_id(&app.db, "globex").await;
+    let theirs = pagos::outbox::event(
+        globex,
+        EventType::PagoCompletado,
+        Uuid::now_v7(),
+        1,
+        "{}",
+        pagos::db::now(),
+    );
+    pagos::outbox::record(&app.db, &theirs)
+        .await
+        .expect("recorded");
+    // Fanned out by hand but the last of acme's (still queued) and globex's.
+    pagos::entities::event_to_fan_out::Entity::delete_many()
+        .filter(pagos::entities::event_to_fan_out::Column::EventId.is_in(ids[..5].to_vec()))
+        .exec(&app.db)
+        .await
+        .expect("fanned out");
+    let later = pagos::db::now() + TimeDelta::hours(1);
+    for (id, state) in [
+        (&ids[0], DeliveryState::Delivered),
+        (&ids[1], DeliveryState::Pending),
+        (&ids[2], DeliveryState::Delivered),
+        (&ids[3], DeliveryState::GivenUp),
+        (&ids[4], DeliveryState::Delivered),
+    ] {
+        delivery_row(&app, id, endpoint, state, 1, later).await;
+    }
+    let pending: BTreeSet<&String> = [&ids[1], &ids[3], &ids[5]].into();
+
+    let listed = |query: String| {
+        let app = &app;
+        async move {
+            let mut seen = Vec::new();
+            let mut cursor: Option<String> = None;
+            loop {
+                let path = match &cursor {
+                    Some(c) => format!("/v1/eventos?limite=1&{query}&desde={c}"),
+                    None => format!("/v1/eventos?limite=1&{query}"),
+                };
+                let page = json(app.get_as(API_KEY, &path).await).await;
+                for e in page["eventos"].as_array().expect("events") {
+                    seen.push(e["id"].as_str().expect("id").to_owned());
+                }
+                match page["siguiente"].as_str() {
+                    Some(next) => cursor = Some(next.to_owned()),
+                    None => return seen,
+                }
+            }
+        }
+    };
+    let all = listed("pendientes=false".into()).await;
+    assert_eq!(all.len(), ids.len(), "{all:?}");
+    let expected: Vec<String> = all.into_iter().filter(|id| pending.contains(id)).collect();
+    assert_eq!(listed("pendientes=true".into()).await, expected);
+    // Resuming after a delivered event passes over nothing pending behind it.
+    let after_first = json(
+        app.get_as(
+            API_KEY,
+            &format!("/v1/eventos?pendientes=true&desde={}", ids[0]),
+        )
+        .await,
+    )
+    .await;
+    let resumed: Vec<&str> = after_first["eventos"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(
+        resumed,
+        expected.iter().map(String::as_str).collect::<Vec<_>>()
     );
 }

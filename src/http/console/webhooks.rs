@@ -178,7 +178,10 @@ pub(super) async fn reactivate(
         Err(err) => return error_page(&console, err.into()),
     };
     let since = match form.reenviar.as_deref() {
-        Some("fallo") => found.failing_since,
+        Some("fallo") => match crate::outbox::endpoints::failures_began(&state.db, &found).await {
+            Ok(since) => since,
+            Err(err) => return error_page(&console, err.into()),
+        },
         Some("24h") => Some(crate::db::now() - TimeDelta::hours(24)),
         _ => None,
     };
