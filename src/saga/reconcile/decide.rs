@@ -246,7 +246,14 @@ fn decide_on_found<T: Held>(
         ));
     }
     let Some(one) = found.first() else {
-        return if age + horizons.resend_margin < horizons.key_window {
+        return if age > horizons.give_up_after {
+            // Resending with the same key could go on until the key window ends (days, for
+            // a gateway that keeps keys that long): unresolved this long is on-call's.
+            Decision::Escalate(format!(
+                "no {held} at the provider after {} of sends with the same key (PAGOS_GIVE_UP_AFTER): on-call decides",
+                human(age)
+            ))
+        } else if age + horizons.resend_margin < horizons.key_window {
             Decision::Send
         } else {
             Decision::Escalate(format!(
@@ -406,6 +413,38 @@ mod tests {
             Some(Ok(vec![])),
         );
         assert!(matches!(decided, Decision::Escalate(_)));
+    }
+
+    /// `PAGOS_GIVE_UP_AFTER` is "unresolved this long → REVISION_MANUAL" for a payment
+    /// the provider shows no charge for, too: with a key window longer than it (the
+    /// reference protocol's is the operator's to set), resends went on until the window
+    /// ended, and nobody was told.
+    #[test]
+    fn no_charge_past_the_give_up_horizon_goes_to_on_call_inside_the_key_window() {
+        let now = Utc::now();
+        let horizons = Horizons {
+            key_window: TimeDelta::hours(48),
+            resend_margin: TimeDelta::minutes(1),
+            give_up_after: TimeDelta::hours(2),
+        };
+        let none: Result<Vec<Charge>, GatewayError> = Ok(vec![]);
+        let at = |age: TimeDelta| {
+            decide(
+                &Facts {
+                    state: PaymentState::Enviada,
+                    created_at: now - age,
+                    now,
+                    lookup: Some(&none),
+                },
+                &horizons,
+            )
+        };
+        assert_eq!(at(TimeDelta::hours(1)), Decision::Send);
+        let decided = at(TimeDelta::hours(3));
+        assert!(
+            matches!(decided, Decision::Escalate(ref why) if why.contains("PAGOS_GIVE_UP_AFTER")),
+            "{decided:?}"
+        );
     }
 
     #[test]
