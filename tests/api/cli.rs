@@ -38,7 +38,7 @@ type BadSetting<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 fn a_bad_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
     let dir = tempfile::tempdir().expect("dir");
     let db = format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display());
-    let table: [BadSetting; 14] = [
+    let table: [BadSetting; 19] = [
         (&["--gateway-timeout", "soon"], &[], "PAGOS_GATEWAY_TIMEOUT"),
         // A real gateway's URL or secret, PAGOS_GATEWAY forgotten: not the sandbox.
         (
@@ -86,6 +86,29 @@ fn a_bad_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
             &[("PAGOS_SHUTDOWN_GRACE", "0s")],
             "PAGOS_SHUTDOWN_GRACE",
         ),
+        // A secret file's trailing newline: presented tokens are trimmed, so it could
+        // never match.
+        (
+            &[],
+            &[("PAGOS_ADMIN_TOKEN", "a-long-enough-admin-token\n")],
+            "PAGOS_ADMIN_TOKEN",
+        ),
+        (
+            &["--admin-token", " a-long-enough-admin-token"],
+            &[],
+            "PAGOS_ADMIN_TOKEN",
+        ),
+        (
+            &[],
+            &[("PAGOS_ADMIN_TOKEN", "a-long-enough\tadmin-token")],
+            "PAGOS_ADMIN_TOKEN",
+        ),
+        (
+            &[],
+            &[("PAGOS_ADMIN_TOKEN", "short-token")],
+            "PAGOS_ADMIN_TOKEN",
+        ),
+        (&["--admin-token", "   "], &[], "PAGOS_ADMIN_TOKEN"),
     ];
     for (flags, env, names) in table {
         let mut args = vec!["serve", "--database-url", &db];

@@ -25,7 +25,7 @@ on_both_databases!(
 );
 
 pub const SECRET: &str = "whsec_test";
-const ADMIN: &str = "adm_test_token";
+const ADMIN: &str = "adm_test_token_0001";
 /// The declined fixture's charge id: the payment's `gateway_ref`.
 const CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ2";
 
