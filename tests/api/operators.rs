@@ -290,3 +290,43 @@ fn operators_add_prints_a_token_once_list_is_a_table_and_revoke_keeps_the_row() 
     assert!(!text.contains(&token));
     assert!(text.contains(&pagos::operators::hash_token(&token)));
 }
+
+/// The names pagos writes itself in audit rows and in a refund's "asked by" are not
+/// operators' (an operator called `merchant` would pass for the merchant), and a name is
+/// taken whatever its case (`Ana` beside `ana` reads as the same person).
+#[test]
+fn operators_add_refuses_the_names_pagos_writes_itself_and_a_name_taken_in_another_case() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = crate::cli::sqlite_in(&dir, "names.db");
+    let add = |name: &str| pagos(&["operators", "add", name, "--database-url", &db]);
+    let ana = add("ana");
+    assert!(ana.status.success(), "{ana:?}");
+    for name in [
+        "merchant",
+        "Merchant",
+        "pagos",
+        "reconciler",
+        "webhook",
+        "request",
+        "admin",
+        "ADMIN",
+    ] {
+        let refused = add(name);
+        assert_eq!(refused.status.code(), Some(2), "{name}: {refused:?}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains("reserved"), "{name}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    }
+    for name in ["Ana", "ANA"] {
+        let refused = add(name);
+        assert_eq!(refused.status.code(), Some(2), "{name}: {refused:?}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains("already exists"), "{name}: {stderr}");
+        assert!(stderr.contains("\"ana\""), "names the one taken: {stderr}");
+    }
+    let listed = pagos(&["operators", "list", "--database-url", &db]);
+    let table = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert_eq!(table.lines().count(), 2, "ana alone: {table}");
+    // Names that only look alike are other people.
+    assert!(add("ana.p").status.success());
+}
