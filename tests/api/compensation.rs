@@ -343,7 +343,17 @@ async fn a_charge_found_after_a_partly_refunded_payment_failed_is_compensated_fo
     backend: Backend,
 ) {
     let (app, fake, payment, _) = partly_refunded_then_under_review(backend, "succeeded").await;
-    // On-call settles it failed without refunding; the charge is reported succeeded later.
+    // The provider shows the charge declined, as its event said: on-call settles it failed
+    // without refunding; the charge is reported succeeded later.
+    Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"data": [paid_charge(&payment, "declined")]})),
+        )
+        .with_priority(1)
+        .mount(app.gateway())
+        .await;
     let detail = admin(
         &app,
         &format!("/admin/pagos/{payment}/resolucion"),

@@ -1155,17 +1155,14 @@ async fn resolve_payment(
         Err(refusal) => return *refusal,
     };
     let gateway_ref = form.gateway_ref.filter(|r| !r.trim().is_empty());
-    match admin::resolve_by_hand(
-        &state,
-        &console.admin(),
-        uuid,
-        form.estado.as_deref().unwrap_or(""),
-        form.motivo.as_deref().unwrap_or(""),
+    let asked = admin::HandResolution {
+        estado: form.estado.as_deref().unwrap_or(""),
+        motivo: form.motivo.as_deref().unwrap_or(""),
         gateway_ref,
-        false,
-    )
-    .await
-    {
+        reembolsar: false,
+        contra_proveedor: None,
+    };
+    match admin::resolve_by_hand(&state, &console.admin(), uuid, asked).await {
         Ok(p) => Redirect::to(&format!("/consola/pagos/{}?hecho=resuelto", p.id)).into_response(),
         Err(err) => detail_error(&state, &console, &id, err).await,
     }
