@@ -473,6 +473,8 @@ async fn start(
     pin_gateway(&db, settings).await?;
     if settings.gateway == GatewayKind::Sandbox {
         ensure_demo_merchant(&db).await?;
+    } else {
+        revoke_demo_key(&db).await?;
     }
     let gateway = gateway_from(settings)?;
     let listener = tokio::net::TcpListener::bind(settings.bind)
@@ -519,6 +521,27 @@ async fn ensure_demo_merchant(db: &DatabaseConnection) -> anyhow::Result<()> {
         Err(store::AddError::NameTaken(_) | store::AddError::KeyTaken) => Ok(()),
         Err(store::AddError::Db(err)) => Err(err.into()),
     }
+}
+
+/// The demo key is public (the README prints it): on a database that runs with a real
+/// gateway (a sandbox database moved to one, runbooks/gateway-outage.md) it would take
+/// real payments for whoever reads the README. Revoked at start, said once.
+async fn revoke_demo_key(db: &DatabaseConnection) -> anyhow::Result<()> {
+    use crate::merchants::{key::ApiKey, store};
+    let demo = ApiKey::chosen(&DEMO_API_KEY.into())?;
+    if let Some((key, merchant)) = store::revoke_active_by_hash(db, &demo.hash()).await? {
+        tracing::warn!(
+            merchant = %merchant,
+            key_prefix = %key.prefix,
+            "revoked the README's public demo API key: this database runs with a real gateway, where anyone could pay with it"
+        );
+    }
+    Ok(())
+}
+
+/// Whether `key` is the README's public demo key.
+pub fn is_demo_key(key: &crate::merchants::key::ApiKey) -> bool {
+    key.expose() == DEMO_API_KEY
 }
 
 /// `pagos reconcile --once`: one pass, the report as JSON on stdout.

@@ -486,6 +486,7 @@ impl Settings {
 
     /// Checks the settings against each other.
     pub fn validate(&self) -> Result<(), SettingError> {
+        self.validate_admin_token()?;
         // A real gateway's URL or secret with the sandbox (the default): a forgotten or
         // misspelt PAGOS_GATEWAY would answer every payment from the in-process sandbox,
         // COMPLETADA with no money moved.
@@ -607,6 +608,41 @@ impl Settings {
                     humantime::format_duration(replay_window),
                 ),
             });
+        }
+        Ok(())
+    }
+}
+
+/// The shortest `PAGOS_ADMIN_TOKEN` accepted: it opens every admin endpoint.
+pub const ADMIN_TOKEN_MIN_CHARS: usize = 16;
+
+impl Settings {
+    /// A token with white space or control characters around it (a secret file's
+    /// trailing newline) could never be presented (a bearer token is read trimmed), and a
+    /// short one is guessed: both are refused, never echoed. Empty is unset.
+    fn validate_admin_token(&self) -> Result<(), SettingError> {
+        let Some(token) = exposed(&self.admin_token).filter(|t| !t.is_empty()) else {
+            return Ok(());
+        };
+        let refused = |message: &str| SettingError {
+            env: "PAGOS_ADMIN_TOKEN",
+            flag: "admin-token",
+            message: message.to_owned(),
+        };
+        if token.trim() != token {
+            return Err(refused(
+                "has white space around it (a secret file's trailing newline?): a presented token is read trimmed, so it could never match; remove it",
+            ));
+        }
+        if token.chars().any(char::is_control) {
+            return Err(refused(
+                "holds a control character: no client can send it in an Authorization header",
+            ));
+        }
+        if token.chars().count() < ADMIN_TOKEN_MIN_CHARS {
+            return Err(refused(&format!(
+                "is shorter than {ADMIN_TOKEN_MIN_CHARS} characters: it opens every admin endpoint, make it a long random value (openssl rand -hex 32)"
+            )));
         }
         Ok(())
     }
@@ -1194,6 +1230,33 @@ mod tests {
         }
         let s = serve_settings(&["--key-retention", "100y", "--message-retention", "100y"]);
         assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn the_admin_token_is_refused_with_blanks_or_control_characters_or_under_16_characters() {
+        for bad in [
+            "a-long-enough-admin-token\n",
+            "a-long-enough-admin-token\r\n",
+            " a-long-enough-admin-token",
+            "a-long-enough\tadmin-token",
+            "\u{7f}a-long-enough-admin-token",
+            "short-token",
+            "   ",
+        ] {
+            let err = serve_settings(&["--admin-token", bad])
+                .validate()
+                .expect_err(bad);
+            assert_eq!(err.env, "PAGOS_ADMIN_TOKEN", "{bad:?}");
+            let line = err.to_string();
+            assert!(!line.contains('\n'), "one line: {line:?}");
+            assert!(!line.contains("a-long-enough"), "never the token: {line}");
+        }
+        for good in ["admin-secret-9b2e5d", "0123456789abcdef"] {
+            assert!(
+                serve_settings(&["--admin-token", good]).validate().is_ok(),
+                "{good}"
+            );
+        }
     }
 
     #[test]

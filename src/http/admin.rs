@@ -311,7 +311,11 @@ pub struct Resolucion {
     estado: String,
     /// Why (what the provider's dashboard showed, the ticket): kept in the audit trail.
     motivo: String,
-    /// The provider's charge id, when on-call found one.
+    /// The provider's charge id. With `COMPLETADA` it must be a succeeded charge of the
+    /// payment's amount and currency that the provider holds for this payment (absent: the
+    /// payment's own charge if it is one, else the one such charge); with `FALLIDA`, a
+    /// charge the provider holds for this payment. It is the charge a later refund of the
+    /// payment refunds.
     #[serde(rename = "gatewayRef")]
     gateway_ref: Option<String>,
     /// With `FALLIDA`: refund every charge the provider holds for the payment (asked now,
@@ -324,9 +328,16 @@ pub struct Resolucion {
     /// whole resolution: 409, nothing written.
     #[serde(default)]
     reembolsar: bool,
+    /// On-call overrules what the provider shows (money returned outside pagos, a
+    /// provider search that does not find a charge its dashboard shows): why, 1–1000
+    /// characters, written to the audit row with the charges the provider showed. Without
+    /// it a resolution the provider contradicts is refused (409 `provider-disagrees`).
+    /// Not with `reembolsar`.
+    #[serde(rename = "contraProveedor")]
+    contra_proveedor: Option<String>,
 }
 
-/// On-call settles a payment under review.
+/// On-call settles a payment under review, after pagos asked the provider about it.
 #[utoipa::path(
     post,
     path = "/admin/pagos/{id}/resolucion",
@@ -340,8 +351,9 @@ pub struct Resolucion {
         ReadOnlyRole,
         PaymentNotFound,
         RawBodyTooLarge,
-        (status = 409, description = "The payment is not in REVISION_MANUAL (`not-under-review`), or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`); nothing was changed", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Bad estado or empty motivo", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Nothing was changed: the payment is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `cargos`: the charges found): `COMPLETADA` with no succeeded charge of the payment's amount, a `gatewayRef` that is not one, `FALLIDA` without `reembolsar` while a charge succeeded; or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad estado, empty motivo, gatewayRef or contraProveedor, reembolsar with COMPLETADA or with contraProveedor", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The provider could not be asked about the payment; nothing was changed (Retry-After)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn resolve(
@@ -362,33 +374,230 @@ async fn resolve(
         &state,
         &admin,
         id,
-        &request.estado,
-        &request.motivo,
-        request.gateway_ref,
-        request.reembolsar,
+        HandResolution {
+            estado: &request.estado,
+            motivo: &request.motivo,
+            gateway_ref: request.gateway_ref,
+            reembolsar: request.reembolsar,
+            contra_proveedor: request.contra_proveedor,
+        },
     )
     .await?;
     Ok(Json(detail(&state, &p).await?))
 }
 
+/// What on-call asks of a resolution (the admin API's body, the console's form).
+#[derive(Debug, Default)]
+pub struct HandResolution<'a> {
+    /// COMPLETADA or FALLIDA.
+    pub estado: &'a str,
+    /// Why, for the audit trail.
+    pub motivo: &'a str,
+    /// The provider's charge id on-call names.
+    pub gateway_ref: Option<String>,
+    /// With FALLIDA: refund what the provider charged.
+    pub reembolsar: bool,
+    /// Why on-call overrules what the provider shows.
+    pub contra_proveedor: Option<String>,
+}
+
+/// A charge as a refusal lists it: what the provider's search shows now, or what its
+/// webhooks reported succeeded that the search does not show so.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CargoVisto<'a> {
+    id: &'a str,
+    status: crate::gateway::ChargeStatus,
+    amount: i64,
+    currency: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decline_code: Option<&'a str>,
+    /// `busqueda` (the provider's search, now) or `webhook` (its events).
+    fuente: &'static str,
+}
+
+impl<'a> CargoVisto<'a> {
+    fn of(c: &'a crate::gateway::Charge, fuente: &'static str) -> Self {
+        CargoVisto {
+            id: &c.id,
+            status: c.status,
+            amount: c.amount,
+            currency: &c.currency,
+            decline_code: c.decline_code.as_deref(),
+            fuente,
+        }
+    }
+}
+
+/// What the provider shows for one payment: every charge its search finds (only the
+/// payment's own), and the succeeded ones, those its webhooks reported included.
+struct ProviderSays {
+    found: Vec<crate::gateway::Charge>,
+    succeeded: Vec<crate::gateway::Charge>,
+}
+
+impl ProviderSays {
+    /// Asks the provider about `payment` (a failed look-up is a 503 that changes nothing),
+    /// and adds what its webhooks reported succeeded that its search does not show yet (a
+    /// search lags behind its events).
+    async fn ask(state: &AppState, payment: Uuid) -> Result<ProviderSays, ApiError> {
+        use crate::gateway::ChargeStatus;
+        let found = state.gateway.lookup(payment).await.map_err(|e| {
+            Problem::new(ProblemType::Unavailable)
+                .detail(format!(
+                    "The provider could not be asked about this payment ({e}); nothing was changed. Try again."
+                ))
+                .retry_after(5)
+        })?;
+        let succeeded = found
+            .iter()
+            .filter(|c| c.status == ChargeStatus::Succeeded)
+            .cloned()
+            .collect();
+        let succeeded = with_reported_charges(&state.db, payment, succeeded).await?;
+        Ok(ProviderSays { found, succeeded })
+    }
+
+    /// Every charge, as a refusal lists them.
+    fn seen(&self) -> Vec<CargoVisto<'_>> {
+        let mut seen: Vec<CargoVisto<'_>> = self
+            .found
+            .iter()
+            .map(|c| CargoVisto::of(c, "busqueda"))
+            .collect();
+        for c in &self.succeeded {
+            if !self
+                .found
+                .iter()
+                .any(|f| f.id == c.id && f.status == c.status)
+            {
+                seen.push(CargoVisto::of(c, "webhook"));
+            }
+        }
+        seen
+    }
+
+    /// The charges in words, for a refusal's detail and an audit row.
+    fn in_words(&self) -> String {
+        let seen = self.seen();
+        if seen.is_empty() {
+            return "no charge for this payment".to_owned();
+        }
+        seen.iter()
+            .map(|c| {
+                let status = serde_json::to_value(c.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                let source = if c.fuente == "webhook" {
+                    " (reported by a webhook)"
+                } else {
+                    ""
+                };
+                format!("{} {status} for {} {}{source}", c.id, c.amount, c.currency)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// A 409 `provider-disagrees`: `why`, then what the provider shows; nothing changed.
+    fn disagrees(&self, why: &str) -> ApiError {
+        Problem::new(ProblemType::ProviderDisagrees)
+            .detail(format!(
+                "{why} The provider shows: {}. Nothing was changed: the payment is still REVISION_MANUAL.",
+                self.in_words()
+            ))
+            .with("cargos", self.seen())
+            .into()
+    }
+}
+
+/// The charge a resolution records, or the refusal of what on-call asked because the
+/// provider contradicts it (`provider` shows otherwise), unless on-call overrules it.
+fn checked_against(
+    provider: &ProviderSays,
+    current: &payment::Model,
+    event: Event,
+    asked: &HandResolution<'_>,
+    gateway_ref: Option<&str>,
+) -> Result<Option<String>, ApiError> {
+    let overruled = asked.contra_proveedor.is_some();
+    let fits =
+        |c: &&crate::gateway::Charge| c.amount == current.amount && c.currency == current.currency;
+    if event == Event::ResolveFailed {
+        if let Some(named) = gateway_ref
+            && !overruled
+            && !provider
+                .found
+                .iter()
+                .chain(&provider.succeeded)
+                .any(|c| c.id == named)
+        {
+            return Err(provider.disagrees(&format!(
+                "gatewayRef {named} is not a charge the provider holds for this payment (a typo, or another payment's charge?)."
+            )));
+        }
+        if !asked.reembolsar
+            && !overruled
+            && let Some(charged) = provider.succeeded.first()
+        {
+            return Err(provider.disagrees(&format!(
+                "The provider shows money taken for this payment: charge {} succeeded. FALLIDA would tell the merchant no money was taken while the customer is charged: resolve FALLIDA with reembolsar (the console's \"Failed — refund what the provider charged\") to refund it, or COMPLETADA if the charge stands.",
+                charged.id
+            )));
+        }
+        return Ok(gateway_ref.map(str::to_owned));
+    }
+    let fitting: Vec<&crate::gateway::Charge> = provider.succeeded.iter().filter(fits).collect();
+    if let Some(named) = gateway_ref {
+        if overruled || fitting.iter().any(|c| c.id == named) {
+            return Ok(Some(named.to_owned()));
+        }
+        let why = match provider.succeeded.iter().find(|c| c.id == named) {
+            Some(c) => format!(
+                "Charge {named} is for {} {}, but the payment is for {} {}: it is not this payment's charge.",
+                c.amount, c.currency, current.amount, current.currency
+            ),
+            None => format!(
+                "gatewayRef {named} is not a succeeded charge the provider holds for this payment (a typo, another payment's charge, or not succeeded): a later refund of this payment would refund it."
+            ),
+        };
+        return Err(provider.disagrees(&why));
+    }
+    let own = current.gateway_ref.as_deref();
+    if fitting.iter().any(|c| Some(c.id.as_str()) == own) {
+        return Ok(None);
+    }
+    match fitting.as_slice() {
+        [one] => Ok(Some(one.id.clone())),
+        [] if overruled => Ok(None),
+        [] => Err(provider.disagrees(&format!(
+            "COMPLETADA needs a succeeded charge of the payment's {} {}, and the provider shows no succeeded charge of it: the merchant would be told it was paid while no money was taken. Wait while a charge is pending; resolve FALLIDA if none was taken.",
+            current.amount, current.currency
+        ))),
+        _ => Err(provider.disagrees(
+            "The provider holds several succeeded charges for this payment: say which one is its charge with gatewayRef (and refund the others).",
+        )),
+    }
+}
+
 /// On-call settles a payment under review (the admin API's and the console's one way):
-/// `estado` COMPLETADA or FALLIDA, a reason for the audit trail, which names `who`.
+/// `estado` COMPLETADA or FALLIDA, a reason for the audit trail, which names `who`. The
+/// provider is asked first: a resolution it contradicts is refused (409
+/// `provider-disagrees`) unless on-call overrules it, saying why.
 pub async fn resolve_by_hand(
     state: &AppState,
     who: &Admin,
     id: Uuid,
-    estado: &str,
-    motivo: &str,
-    gateway_ref: Option<String>,
-    reembolsar: bool,
+    asked: HandResolution<'_>,
 ) -> Result<payment::Model, ApiError> {
     who.may_act()?;
-    let event = match estado {
+    let event = match asked.estado {
         "COMPLETADA" => Event::ResolveCompleted,
         "FALLIDA" => Event::ResolveFailed,
         _ => return Err(bad_request("estado must be COMPLETADA or FALLIDA")),
     };
-    let motivo = motivo.trim();
+    let motivo = asked.motivo.trim();
     if motivo.is_empty() || motivo.chars().count() > 1000 {
         return Err(bad_request(
             "motivo is required (1–1000 characters): say why, for the audit trail",
@@ -405,48 +614,55 @@ pub async fn resolve_by_hand(
             ))
             .into());
     }
-    if let Some(r) = &gateway_ref
+    if let Some(r) = &asked.gateway_ref
         && (r.trim().is_empty() || r.len() > 255)
     {
         return Err(bad_request("gatewayRef must be 1–255 characters"));
     }
+    let reembolsar = asked.reembolsar;
     if reembolsar && event != Event::ResolveFailed {
         return Err(bad_request(
             "reembolsar goes with estado FALLIDA: a COMPLETADA payment keeps its charge",
         ));
     }
+    let overrule = match asked.contra_proveedor.as_deref().map(str::trim) {
+        None => None,
+        Some(why) if why.is_empty() || why.chars().count() > 1000 => {
+            return Err(bad_request(
+                "contraProveedor must be 1–1000 characters: why on-call overrules what the provider shows, for the audit trail",
+            ));
+        }
+        Some(_) if reembolsar => {
+            return Err(bad_request(
+                "contraProveedor goes without reembolsar: reembolsar refunds what the provider shows",
+            ));
+        }
+        Some(why) => Some(why.to_owned()),
+    };
+    let gateway_ref = asked.gateway_ref.as_deref().map(str::trim);
+    // What the provider says, asked before anything is written: a look-up that fails
+    // changes nothing (503), and on-call tries again.
+    let provider = ProviderSays::ask(state, current.id).await?;
+    let recorded = checked_against(&provider, &current, event, &asked, gateway_ref)?;
     let changes = Changes {
         decline_code: (event == Event::ResolveFailed).then(|| RESOLVED_FAILED.to_owned()),
-        gateway_ref: gateway_ref.map(|r| r.trim().to_owned()),
+        gateway_ref: recorded,
         ..Changes::default()
     };
-    let reason = resolution_reason(&who.name, motivo);
-    // What the provider charged, asked before anything is written: a look-up that fails
-    // changes nothing (503), and on-call tries again.
-    let charged: Vec<crate::gateway::Charge> = if reembolsar {
-        state
-            .gateway
-            .lookup(current.id)
-            .await
-            .map_err(|e| {
-                Problem::new(ProblemType::Unavailable)
-                    .detail(format!(
-                        "The provider could not be asked what it charged ({e}); nothing was changed. Try again."
-                    ))
-                    .retry_after(5)
-            })?
-            .into_iter()
-            .filter(|c| c.status == crate::gateway::ChargeStatus::Succeeded)
-            .collect()
+    let mut reason = resolution_reason(&who.name, motivo);
+    if let Some(why) = &overrule {
+        reason = format!(
+            "{reason} [overruling the provider, which showed {}: {why}]",
+            provider.in_words()
+        );
+        tracing::warn!(payment_id = %current.id, operator = %who.name, estado = asked.estado, "on-call overruled what the provider shows");
+    }
+    // With reembolsar, every charge the provider shows succeeded is refunded, never left
+    // out of a FALLIDA.
+    let charged = if reembolsar {
+        provider.succeeded
     } else {
         Vec::new()
-    };
-    // And what the provider's webhooks reported charged that its search does not show yet
-    // (a search lags behind its events): refunded too, never left out of a FALLIDA.
-    let charged = if reembolsar {
-        with_reported_charges(&state.db, current.id, charged).await?
-    } else {
-        charged
     };
     let tx = crate::db::begin_write(&state.db).await?;
     let resolved =

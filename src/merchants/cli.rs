@@ -38,9 +38,15 @@ async fn add_merchant(args: MerchantAddArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let db = open(&args.database).await?;
+    let kind = store::key_kind(&db, args.key_kind.gateway.as_str()).await?;
+    if kind == KeyKind::Live && chosen.as_ref().is_some_and(crate::app::is_demo_key) {
+        return Ok(refuse(
+            "invalid setting PAGOS_MERCHANT_API_KEY (--api-key): that is the README's public demo key, for the sandbox only; this database charges a real gateway (omit --api-key for a generated one)",
+        ));
+    }
     let key = match &chosen {
         Some(key) => key.clone(),
-        None => ApiKey::generate(store::key_kind(&db, args.key_kind.gateway.as_str()).await?),
+        None => ApiKey::generate(kind),
     };
     match store::add_merchant(&db, &args.name, &key).await {
         Ok(id) => {

@@ -279,12 +279,24 @@ pub async fn revoke_key(
     if key.revoked_at.is_some() {
         return Ok(Revocation::AlreadyRevoked(key));
     }
+    let revoked = revoke_in(&tx, key).await?;
+    tx.commit().await?;
+    Ok(Revocation::Revoked(revoked))
+}
+
+/// Revokes `key` in `tx`.
+async fn revoke_in(
+    tx: &sea_orm::DatabaseTransaction,
+    key: api_key::Model,
+) -> Result<api_key::Model, DbErr> {
     let mut revoking = api_key::ActiveModel::from(key);
     revoking.revoked_at = Set(Some(db::now()));
-    let revoked = revoking.update(&tx).await?;
+    let revoked = revoking.update(tx).await?;
     // A binary older than `api_keys` authenticates with `merchants.api_key_hash`: make it
     // the hash of a value nobody holds, so the revoked key fails there too.
-    let current = merchant::Entity::find_by_id(merchant.id).one(&tx).await?;
+    let current = merchant::Entity::find_by_id(revoked.merchant_id)
+        .one(tx)
+        .await?;
     if current.is_some_and(|m| m.api_key_hash == revoked.key_hash) {
         let nobody = hex::encode(rand::random::<[u8; 32]>());
         merchant::Entity::update_many()
@@ -292,12 +304,44 @@ pub async fn revoke_key(
                 merchant::Column::ApiKeyHash,
                 sea_orm::sea_query::Expr::value(hash_api_key(&nobody)),
             )
-            .filter(merchant::Column::Id.eq(merchant.id))
-            .exec(&tx)
+            .filter(merchant::Column::Id.eq(revoked.merchant_id))
+            .exec(tx)
             .await?;
     }
+    Ok(revoked)
+}
+
+/// Revokes the key whose hash is `hash` if it is active (a merchant created by an older
+/// binary gets its key row first); the key revoked and the name of its merchant.
+pub async fn revoke_active_by_hash(
+    db: &DatabaseConnection,
+    hash: &str,
+) -> Result<Option<(api_key::Model, String)>, DbErr> {
+    if api_key::Entity::find_by_id(hash.to_owned())
+        .one(db)
+        .await?
+        .is_none()
+    {
+        adopt_by_hash(db, hash).await?;
+    }
+    let tx = db::begin_write(db).await?;
+    let Some(key) = api_key::Entity::find_by_id(hash.to_owned())
+        .one(&tx)
+        .await?
+    else {
+        return Ok(None);
+    };
+    if KeyState::of(&key, db::now()) == KeyState::Revoked {
+        return Ok(None);
+    }
+    let revoked = revoke_in(&tx, key).await?;
+    let name = merchant::Entity::find_by_id(revoked.merchant_id)
+        .one(&tx)
+        .await?
+        .map(|m| m.name)
+        .unwrap_or_default();
     tx.commit().await?;
-    Ok(Revocation::Revoked(revoked))
+    Ok(Some((revoked, name)))
 }
 
 /// How many of a merchant's keys work now.

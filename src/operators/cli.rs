@@ -23,9 +23,9 @@ fn parse_name(raw: &str) -> Result<OperatorName, ExitCode> {
 }
 
 async fn add(args: OperatorAddArgs) -> anyhow::Result<ExitCode> {
-    let name = match parse_name(&args.name) {
+    let name = match OperatorName::parse_new(&args.name) {
         Ok(name) => name,
-        Err(code) => return Ok(code),
+        Err(err) => return Ok(refuse(format_args!("invalid operator name: {err}"))),
     };
     let db = open(&args.database).await?;
     let token = Token::generate();

@@ -19,6 +19,17 @@ const RANDOM_CHARS: usize = 32;
 /// The name the audit trail gives to whoever used `PAGOS_ADMIN_TOKEN`; no operator may
 /// take it.
 pub const BREAK_GLASS: &str = "admin";
+/// The names pagos writes itself where an operator's name goes (the audit trail's actors,
+/// a refund's "asked by"): an operator named so would pass for one of them. Compared
+/// without case.
+pub const RESERVED_NAMES: [&str; 6] = [
+    BREAK_GLASS,
+    "merchant",
+    "pagos",
+    "reconciler",
+    "request",
+    "webhook",
+];
 pub const MAX_NAME_CHARS: usize = 64;
 
 /// A new operator token. `Debug` shows nothing of it.
@@ -76,10 +87,31 @@ impl OperatorName {
         }
         if name.eq_ignore_ascii_case(BREAK_GLASS) {
             return Err(format!(
-                "{BREAK_GLASS:?} is the name of the break-glass token (PAGOS_ADMIN_TOKEN); choose another"
+                "{BREAK_GLASS:?} is reserved: the name of the break-glass token (PAGOS_ADMIN_TOKEN); choose another"
             ));
         }
         Ok(OperatorName(name.to_owned()))
+    }
+
+    /// A name a new operator may take: not one pagos writes itself (`RESERVED_NAMES`).
+    /// Existing operators keep theirs (they can still be revoked by it).
+    pub fn parse_new(raw: &str) -> Result<OperatorName, String> {
+        let name = OperatorName::parse(raw)?;
+        if let Some(reserved) = RESERVED_NAMES
+            .iter()
+            .find(|r| name.0.eq_ignore_ascii_case(r))
+        {
+            return Err(format!(
+                "{reserved:?} is reserved: pagos writes it itself in the audit trail and in a refund's \"asked by\" (reserved: {}); choose another",
+                RESERVED_NAMES.join(", ")
+            ));
+        }
+        Ok(name)
+    }
+
+    /// The name compared without case: two operators never differ by case alone.
+    pub fn folded(&self) -> String {
+        self.0.to_lowercase()
     }
 
     pub fn as_str(&self) -> &str {
@@ -114,5 +146,25 @@ mod tests {
         assert!(OperatorName::parse("<b>").is_err());
         assert!(OperatorName::parse(&"a".repeat(65)).is_err());
         assert!(OperatorName::parse("josé").is_ok());
+    }
+
+    #[test]
+    fn a_new_operator_never_takes_a_name_pagos_writes_itself() {
+        for name in [
+            "merchant",
+            "Pagos",
+            "RECONCILER",
+            "request",
+            "webhook",
+            "admin",
+        ] {
+            let refused = OperatorName::parse_new(name).expect_err(name);
+            assert!(refused.contains("reserved"), "{refused}");
+        }
+        assert!(
+            OperatorName::parse("merchant").is_ok(),
+            "an existing one is named"
+        );
+        assert!(OperatorName::parse_new("merchant.ops").is_ok());
     }
 }

@@ -18,13 +18,31 @@ pub enum AddError {
     Db(#[from] DbErr),
 }
 
-/// Creates an operator holding `token`.
+/// Creates an operator holding `token`, unless an operator (revoked ones too) has the
+/// name in any case: `Ana` beside `ana` would read as the same person in the audit trail.
+/// The check and the insert are one transaction that adds serialize on (SQLite's write
+/// lock; on PostgreSQL a lock on the table that only adds take).
 pub async fn add(
     db: &DatabaseConnection,
     name: &OperatorName,
     role: Role,
     token: &Token,
 ) -> Result<operator::Model, AddError> {
+    use sea_orm::{ConnectionTrait, DbBackend};
+    let tx = db::begin_write(db).await?;
+    if db.get_database_backend() == DbBackend::Postgres {
+        tx.execute_unprepared("LOCK TABLE operators IN SHARE ROW EXCLUSIVE MODE")
+            .await?;
+    }
+    let folded = name.folded();
+    let taken = operator::Entity::find()
+        .all(&tx)
+        .await?
+        .into_iter()
+        .find(|existing| existing.name.to_lowercase() == folded);
+    if let Some(existing) = taken {
+        return Err(AddError::NameTaken(existing.name));
+    }
     let row = operator::ActiveModel {
         id: Set(Uuid::now_v7()),
         name: Set(name.as_str().to_owned()),
@@ -33,8 +51,11 @@ pub async fn add(
         created_at: Set(db::now()),
         revoked_at: Set(None),
     };
-    match row.insert(db).await {
-        Ok(model) => Ok(model),
+    match row.insert(&tx).await {
+        Ok(model) => {
+            tx.commit().await?;
+            Ok(model)
+        }
         Err(err) if matches!(err.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => {
             Err(AddError::NameTaken(name.as_str().to_owned()))
         }

@@ -38,7 +38,7 @@ type BadSetting<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 fn a_bad_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
     let dir = tempfile::tempdir().expect("dir");
     let db = format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display());
-    let table: [BadSetting; 14] = [
+    let table: [BadSetting; 19] = [
         (&["--gateway-timeout", "soon"], &[], "PAGOS_GATEWAY_TIMEOUT"),
         // A real gateway's URL or secret, PAGOS_GATEWAY forgotten: not the sandbox.
         (
@@ -86,6 +86,29 @@ fn a_bad_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
             &[("PAGOS_SHUTDOWN_GRACE", "0s")],
             "PAGOS_SHUTDOWN_GRACE",
         ),
+        // A secret file's trailing newline: presented tokens are trimmed, so it could
+        // never match.
+        (
+            &[],
+            &[("PAGOS_ADMIN_TOKEN", "a-long-enough-admin-token\n")],
+            "PAGOS_ADMIN_TOKEN",
+        ),
+        (
+            &["--admin-token", " a-long-enough-admin-token"],
+            &[],
+            "PAGOS_ADMIN_TOKEN",
+        ),
+        (
+            &[],
+            &[("PAGOS_ADMIN_TOKEN", "a-long-enough\tadmin-token")],
+            "PAGOS_ADMIN_TOKEN",
+        ),
+        (
+            &[],
+            &[("PAGOS_ADMIN_TOKEN", "short-token")],
+            "PAGOS_ADMIN_TOKEN",
+        ),
+        (&["--admin-token", "   "], &[], "PAGOS_ADMIN_TOKEN"),
     ];
     for (flags, env, names) in table {
         let mut args = vec!["serve", "--database-url", &db];
@@ -990,6 +1013,144 @@ async fn the_sandbox_demo_merchant_and_an_operators_demo_never_collide() {
     let listed: Value =
         serde_json::from_str(&on_db(&db, &["merchants", "list", "--json"])).expect("JSON");
     assert_eq!(listed.as_array().map(Vec::len), Some(1));
+}
+
+/// `pagos serve ARGS` on `db` until dropped (killed then), its logs appended to `log`,
+/// once it answers; its base URL.
+async fn serving(
+    db: &str,
+    args: &[&str],
+    log: &std::path::Path,
+) -> (crate::binary::Running, String) {
+    let bind = format!("127.0.0.1:{}", free_port());
+    let mut all = vec!["serve", "--database-url", db, "--bind", &bind];
+    all.extend_from_slice(args);
+    let running = crate::binary::Running(
+        crate::binary::pagos(&all, Some(log))
+            .spawn()
+            .expect("pagos serve"),
+    );
+    let url = format!("http://{bind}");
+    crate::binary::wait_until_up(&format!("{url}/healthz"), Duration::from_secs(10), || {
+        std::fs::read_to_string(log).unwrap_or_default()
+    })
+    .await;
+    (running, url)
+}
+
+/// The status `GET /v1/pagos/<nil>` answers at `url` with the README's demo key.
+async fn demo_key_answers(url: &str) -> u16 {
+    reqwest::Client::new()
+        .get(format!("{url}/v1/pagos/{}", uuid::Uuid::nil()))
+        .bearer_auth(pagos::app::DEMO_API_KEY)
+        .send()
+        .await
+        .expect("sent")
+        .status()
+        .as_u16()
+}
+
+/// A database set up by the sandbox (with the demo merchant and its public key), moved to
+/// a real gateway as runbooks/gateway-outage.md says: the public key must not take
+/// payments there. `serve` revokes it at start, with one WARN line naming it.
+#[tokio::test]
+async fn the_demo_key_is_revoked_when_its_database_serves_a_real_gateway() {
+    use sea_orm::ConnectionTrait;
+    let dir = tempfile::tempdir().expect("dir");
+    let db = sqlite_in(&dir, "moved.db");
+    let log = dir.path().join("serve.log");
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    {
+        let (_sandbox, url) = serving(&db, &[], &log).await;
+        assert_eq!(demo_key_answers(&url).await, 404, "the demo key works");
+    }
+    let connection = sea_orm::Database::connect(db.as_str())
+        .await
+        .expect("database");
+    connection
+        .execute_unprepared(
+            "UPDATE instance_facts SET value = 'http' WHERE name = 'gateway' AND value = 'sandbox'",
+        )
+        .await
+        .expect("the runbook's change of gateway");
+    connection.close().await.expect("closed");
+    assert!(!logs().contains("revoked the README's"), "{}", logs());
+
+    let gateway = wiremock::MockServer::start().await;
+    let real = [
+        "--gateway",
+        "http",
+        "--gateway-url",
+        &gateway.uri(),
+        "--gateway-secret",
+        "gw_secret",
+    ];
+    {
+        let (_real, url) = serving(&db, &real, &log).await;
+        assert_eq!(demo_key_answers(&url).await, 401, "revoked at start");
+    }
+    let warned: Vec<String> = logs()
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("revoked the README's public demo API key"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(warned.len(), 1, "{}", logs());
+    assert!(
+        warned[0].contains("demo") && warned[0].contains("sk_sand"),
+        "names the merchant and the key's prefix: {}",
+        warned[0]
+    );
+    assert!(!logs().contains(pagos::app::DEMO_API_KEY), "{}", logs());
+    let keys = on_db(&db, &["merchants", "keys", "list", "demo"]);
+    assert!(keys.contains("revoked"), "{keys}");
+
+    // Started again: nothing more to revoke, nothing more said.
+    {
+        let (_again, url) = serving(&db, &real, &log).await;
+        assert_eq!(demo_key_answers(&url).await, 401);
+    }
+    let warned = logs()
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("revoked the README's public demo API key"))
+        .count();
+    assert_eq!(warned, 1, "{}", logs());
+}
+
+/// The public demo key is refused as a merchant's key on a database of a real gateway.
+#[test]
+fn the_public_demo_key_is_refused_for_a_merchant_of_a_real_gateway() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = sqlite_in(&dir, "real.db");
+    let refused = pagos_on(
+        &db,
+        &[
+            "merchants",
+            "add",
+            "shop",
+            "--gateway",
+            "http",
+            "--api-key",
+            pagos::app::DEMO_API_KEY,
+        ],
+    );
+    assert_refused(&refused, "PAGOS_MERCHANT_API_KEY");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("demo"),
+        "{refused:?}"
+    );
+    let listed = on_db(&db, &["merchants", "list", "--json"]);
+    assert_eq!(listed, "[]", "nothing created");
+    // On a sandbox database it is the demo's key, as the README says.
+    on_db(
+        &db,
+        &[
+            "merchants",
+            "add",
+            "demo",
+            "--api-key",
+            pagos::app::DEMO_API_KEY,
+        ],
+    );
 }
 
 #[tokio::test]

@@ -26,7 +26,7 @@ on_both_databases!(
 );
 
 pub const SECRET: &str = "whsec_test";
-const ADMIN: &str = "adm_test_token";
+const ADMIN: &str = "adm_test_token_0001";
 /// The declined fixture's charge id: the payment's `gateway_ref`.
 const CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ2";
 
@@ -344,7 +344,17 @@ async fn a_charge_found_after_a_partly_refunded_payment_failed_is_compensated_fo
     backend: Backend,
 ) {
     let (app, fake, payment, _) = partly_refunded_then_under_review(backend, "succeeded").await;
-    // On-call settles it failed without refunding; the charge is reported succeeded later.
+    // The provider shows the charge declined, as its event said: on-call settles it failed
+    // without refunding; the charge is reported succeeded later.
+    Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"data": [paid_charge(&payment, "declined")]})),
+        )
+        .with_priority(1)
+        .mount(app.gateway())
+        .await;
     let detail = admin(
         &app,
         &format!("/admin/pagos/{payment}/resolucion"),

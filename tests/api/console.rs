@@ -201,7 +201,7 @@ async fn a_login_opens_a_strict_http_only_session_and_a_bad_token_does_not(backe
 
 async fn a_console_form_without_its_csrf_token_is_refused_and_changes_nothing(backend: Backend) {
     let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
-    let id = payment_under_review(&app, "k-console-csrf").await;
+    let (id, _gateway) = payment_under_review(&app, "k-console-csrf").await;
     let bea = operator(&app, "bea", Role::Operador).await;
     let session = log_in(&app, &bea).await;
     let page = get_page(
@@ -727,4 +727,85 @@ async fn reactivating_with_every_event_since_it_started_failing_resends_the_even
         },
     )
     .await;
+
+on_both_databases!(
+    the_console_resolves_failed_refunding_what_the_provider_charged_and_shows_a_refusal_as_a_page
+);
+
+/// The provider charged a payment under review. The console offers the runbooks' three
+/// outcomes; "failed, no money taken" is refused (the provider shows money taken), on a
+/// page that says why and what to do; "failed, refund what the provider charged" settles
+/// it FALLIDA and refunds the charge.
+async fn the_console_resolves_failed_refunding_what_the_provider_charged_and_shows_a_refusal_as_a_page(
+    backend: Backend,
+) {
+    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let refunds = crate::refunds::FakeRefunds::default();
+    refunds.mount_refunds(app.gateway()).await;
+    let (id, fake) = payment_under_review(&app, "k-console-refund").await;
+    fake.settle(&id, "succeeded");
+    let charge = fake.charge_ids(&id).remove(0);
+    let bea = operator(&app, "bea", Role::Operador).await;
+    let session = log_in(&app, &bea).await;
+    let page = format!("/consola/pagos/{id}");
+    let (html, csrf) = page_with_csrf(&app, &session, &page).await;
+    crate::helpers::assert_contains_all(
+        &html,
+        &[
+            "value=\"COMPLETADA\"",
+            "value=\"FALLIDA\"",
+            "value=\"FALLIDA_REEMBOLSAR\"",
+            "Failed — refund what the provider charged",
+        ],
+    );
+    let resolver = format!("/consola/pagos/{id}/resolver");
+
+    let refused = post_form(
+        &app,
+        &session,
+        &resolver,
+        &[
+            ("estado", "FALLIDA"),
+            ("motivo", "no money was taken"),
+            ("csrf", csrf.as_str()),
+        ],
+    )
+    .await;
+    assert_eq!(refused.status(), 409);
+    let content_type = refused.headers()["content-type"]
+        .to_str()
+        .expect("text")
+        .to_owned();
+    assert!(content_type.starts_with("text/html"), "{content_type}");
+    let html = refused.text().await.expect("html");
+    crate::helpers::assert_contains_all(
+        &html,
+        &[&charge, "succeeded", "reembolsar", "Resolve by hand"],
+    );
+    assert!(!html.contains("\"type\":"), "a page, not JSON: {html}");
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
+    assert!(refunds.made().is_empty(), "nothing refunded");
+
+    let answer = post_form(
+        &app,
+        &session,
+        &resolver,
+        &[
+            ("estado", "FALLIDA_REEMBOLSAR"),
+            (
+                "motivo",
+                "ticket 5: charged after all, the order is cancelled",
+            ),
+            ("csrf", csrf.as_str()),
+        ],
+    )
+    .await;
+    assert_eq!(answer.status(), 303);
+    assert_eq!(app.payment(&id).await.state, "FALLIDA");
+    let made = refunds.made();
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0]["charge"], charge.as_str());
+    assert_eq!(made[0]["amount"], 250000);
+    let html = html_of(&app, &session, &page).await;
+    assert!(html.contains("ticket 5"), "{html}");
 }

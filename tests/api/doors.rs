@@ -260,7 +260,7 @@ async fn with_an_admin_bind_admin_paths_and_metrics_answer_only_on_the_admin_add
         &["--database-url", &sqlite_url(&dir)],
         &[
             ("PAGOS_ADMIN_BIND", admin_addr.as_str()),
-            ("PAGOS_ADMIN_TOKEN", "t0ken"),
+            ("PAGOS_ADMIN_TOKEN", "t0ken-of-the-admin-door"),
         ],
     )
     .await;
@@ -271,7 +271,7 @@ async fn with_an_admin_bind_admin_paths_and_metrics_answer_only_on_the_admin_add
         let http = http.clone();
         async move {
             http.get(url)
-                .bearer_auth("t0ken")
+                .bearer_auth("t0ken-of-the-admin-door")
                 .send()
                 .await
                 .expect("sent")

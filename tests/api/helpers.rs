@@ -723,12 +723,18 @@ impl FakeGateway {
 
     /// A charge the provider already holds for `reference` (made before the test looks).
     pub fn preload(&self, reference: &str, status: &'static str) {
+        self.preload_for(reference, status, 250_000);
+    }
+
+    /// A charge of `amount` COP the provider already holds for `reference`; its id.
+    pub fn preload_for(&self, reference: &str, status: &'static str, amount: i64) -> String {
         let mut state = self.lock();
         state.next += 1;
+        let id = format!("ch_pre_{}", state.next);
         let charge = json!({
-            "id": format!("ch_pre_{}", state.next),
+            "id": id,
             "status": status,
-            "amount": 250000,
+            "amount": amount,
             "currency": "COP",
             "reference": reference,
             "declineCode": null,
@@ -738,6 +744,34 @@ impl FakeGateway {
             .entry(reference.to_owned())
             .or_default()
             .push(charge);
+        id
+    }
+
+    /// The charges the provider holds for `reference` now have `status` (one payment's
+    /// pending charge settling).
+    pub fn settle(&self, reference: &str, status: &'static str) {
+        let mut state = self.lock();
+        let mut ids = Vec::new();
+        for charge in state.by_reference.get_mut(reference).into_iter().flatten() {
+            charge["status"] = Value::from(status);
+            ids.push(charge["id"].clone());
+        }
+        for charge in state.by_key.values_mut() {
+            if ids.contains(&charge["id"]) {
+                charge["status"] = Value::from(status);
+            }
+        }
+    }
+
+    /// The ids of the charges the provider holds for `reference`, oldest first.
+    pub fn charge_ids(&self, reference: &str) -> Vec<String> {
+        self.lock()
+            .by_reference
+            .get(reference)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["id"].as_str().map(str::to_owned))
+            .collect()
     }
 
     /// Charges made for a payment id.

@@ -36,6 +36,7 @@ mod refund_crash;
 mod refunds;
 mod refunds_stripe;
 mod replay_cache;
+mod resolution;
 mod restore;
 mod shutdown;
 mod startup;

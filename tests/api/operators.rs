@@ -15,9 +15,11 @@ on_both_databases!(
     a_resolution_writes_the_charge_it_names_and_an_audit_reason_naming_the_operator,
 );
 
-/// A payment the reconciler gave up on: `REVISION_MANUAL`. Needs `--give-up-after 1s`.
-pub async fn payment_under_review(app: &TestApp, key: &str) -> String {
-    let fake = app.with_fake(FakeGateway::charging("pending")).await;
+/// A payment the reconciler gave up on, its look-ups failing until then:
+/// `REVISION_MANUAL`, its one charge still pending at `fake` (mounted on `app`), which
+/// answers look-ups again. Needs `--give-up-after 1s`.
+pub async fn under_review(app: &TestApp, fake: &FakeGateway, key: &str) -> String {
+    fake.set_new_status("pending");
     let answer = app.pay(key, &payment_body()).await;
     assert_eq!(answer.status(), 202);
     let id = json(answer).await["id"].as_str().expect("id").to_owned();
@@ -25,7 +27,16 @@ pub async fn payment_under_review(app: &TestApp, key: &str) -> String {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let report = app.reconcile(&id).await;
     assert_eq!(report["revisionManual"], 1, "{report}");
+    fake.fail_lookups(false);
     id
+}
+
+/// A gateway that remembers its charges, mounted on `app`, and a payment under review
+/// there (`under_review`): its id and the gateway. One per app: a second gateway mounted
+/// on the same app is never asked.
+pub async fn payment_under_review(app: &TestApp, key: &str) -> (String, FakeGateway) {
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
+    (under_review(app, &fake, key).await, fake)
 }
 
 /// Adds an operator as `pagos operators add` does; their token.
@@ -47,7 +58,8 @@ async fn an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_oper
 ) {
     let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
     let ana = operator(&app, "ana", Role::Operador).await;
-    let id = payment_under_review(&app, "k-op-1").await;
+    // Its charge still pending at the provider: no money taken yet.
+    let (id, fake) = payment_under_review(&app, "k-op-1").await;
 
     let listed = app
         .get_as(&ana, "/admin/pagos?estado=REVISION_MANUAL")
@@ -78,7 +90,8 @@ async fn an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_oper
     assert_eq!(last["operador"], "ana");
 
     // The break-glass token still works, and is recorded as `admin`.
-    let other = payment_under_review(&app, "k-op-2").await;
+    let other = under_review(&app, &fake, "k-op-2").await;
+    fake.settle(&other, "succeeded");
     let detail = app
         .resolved_as(
             ADMIN_TOKEN,
@@ -96,35 +109,39 @@ async fn a_resolution_writes_the_charge_it_names_and_an_audit_reason_naming_the_
 ) {
     let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
     let ana = operator(&app, "ana", Role::Operador).await;
-    let id = payment_under_review(&app, "k-op-ref").await;
+    let (id, fake) = payment_under_review(&app, "k-op-ref").await;
+    // The payment's own charge was declined; another charge for it succeeded.
+    fake.settle(&id, "declined");
+    let found = fake.preload_for(&id, "succeeded", 250_000);
 
     let detail = app
         .resolved_as(
             &ana,
             &id,
-            &json!({"estado": "COMPLETADA", "motivo": "  INC-7: ch_found succeeded  ", "gatewayRef": " ch_found "}),
+            &json!({"estado": "COMPLETADA", "motivo": format!("  INC-7: {found} succeeded  "), "gatewayRef": format!(" {found} ")}),
         )
         .await;
-    assert_eq!(detail["pago"]["gatewayRef"], "ch_found", "{detail}");
+    assert_eq!(detail["pago"]["gatewayRef"], found.as_str(), "{detail}");
     let last = crate::helpers::last_transition(&detail);
     assert_eq!(last["desde"], "REVISION_MANUAL", "{last}");
     assert_eq!(last["quien"], "admin", "{last}");
     assert_eq!(last["operador"], "ana", "{last}");
     assert_eq!(
-        last["motivo"], "resolved by ana (on-call): INC-7: ch_found succeeded",
+        last["motivo"],
+        format!("resolved by ana (on-call): INC-7: {found} succeeded"),
         "{last}"
     );
     // The merchant's retry replays the settled payment, with the charge on-call named.
     let replay = app.pay("k-op-ref", &payment_body()).await;
     assert_eq!(replay.status(), 201);
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
-    assert_eq!(json(replay).await["gatewayRef"], "ch_found");
+    assert_eq!(json(replay).await["gatewayRef"], found.as_str());
 }
 
 async fn a_lector_reads_but_gets_403_on_every_write_and_nothing_changes(backend: Backend) {
     let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
     let luis = operator(&app, "luis", Role::Lector).await;
-    let id = payment_under_review(&app, "k-op-3").await;
+    let (id, _gateway) = payment_under_review(&app, "k-op-3").await;
 
     let read = app.get_as(&luis, &format!("/admin/pagos/{id}")).await;
     assert_eq!(read.status(), 200, "a lector reads");
@@ -289,4 +306,44 @@ fn operators_add_prints_a_token_once_list_is_a_table_and_revoke_keeps_the_row() 
     let text = String::from_utf8_lossy(&file);
     assert!(!text.contains(&token));
     assert!(text.contains(&pagos::operators::hash_token(&token)));
+}
+
+/// The names pagos writes itself in audit rows and in a refund's "asked by" are not
+/// operators' (an operator called `merchant` would pass for the merchant), and a name is
+/// taken whatever its case (`Ana` beside `ana` reads as the same person).
+#[test]
+fn operators_add_refuses_the_names_pagos_writes_itself_and_a_name_taken_in_another_case() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = crate::cli::sqlite_in(&dir, "names.db");
+    let add = |name: &str| pagos(&["operators", "add", name, "--database-url", &db]);
+    let ana = add("ana");
+    assert!(ana.status.success(), "{ana:?}");
+    for name in [
+        "merchant",
+        "Merchant",
+        "pagos",
+        "reconciler",
+        "webhook",
+        "request",
+        "admin",
+        "ADMIN",
+    ] {
+        let refused = add(name);
+        assert_eq!(refused.status.code(), Some(2), "{name}: {refused:?}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains("reserved"), "{name}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    }
+    for name in ["Ana", "ANA"] {
+        let refused = add(name);
+        assert_eq!(refused.status.code(), Some(2), "{name}: {refused:?}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains("already exists"), "{name}: {stderr}");
+        assert!(stderr.contains("\"ana\""), "names the one taken: {stderr}");
+    }
+    let listed = pagos(&["operators", "list", "--database-url", &db]);
+    let table = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert_eq!(table.lines().count(), 2, "ana alone: {table}");
+    // Names that only look alike are other people.
+    assert!(add("ana.p").status.success());
 }

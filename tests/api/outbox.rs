@@ -94,6 +94,9 @@ async fn the_reconciler_and_on_call_write_events_with_growing_sequences(backend:
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let report = app.reconcile(&id).await;
     assert_eq!(report["revisionManual"], 1, "{report}");
+    // The provider answers again, and shows the charge succeeded.
+    fake.fail_lookups(false);
+    fake.settle(&id, "succeeded");
     app.resolved_as(
         ADMIN_TOKEN,
         &id,

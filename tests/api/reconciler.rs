@@ -97,6 +97,9 @@ async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles
     let listed = json(app.admin_get("/admin/pagos?estado=REVISION_MANUAL").await).await;
     assert_eq!(listed["pagos"][0]["id"], id.as_str());
 
+    // The provider answers again, and shows the charge succeeded: on-call resolves by it.
+    fake.fail_lookups(false);
+    fake.settle(&id, "succeeded");
     let detail = app.resolved_as(ADMIN_TOKEN, &id, &json!({"estado": "COMPLETADA", "motivo": "charge ch_fake_1 seen succeeded in the provider dashboard"})).await;
     assert_eq!(detail["pago"]["estado"], "COMPLETADA");
     let last = crate::helpers::last_transition(&detail);

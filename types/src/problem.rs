@@ -46,10 +46,13 @@ pub enum ProblemType {
     PaymentNotRefundable,
     /// A refund over what is left of the payment (`restante`).
     RefundExceedsRemaining,
+    /// On-call's resolution of a payment under review contradicts what the provider shows
+    /// for it (`cargos`: the charges found); nothing was changed.
+    ProviderDisagrees,
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 23] = [
+    pub const ALL: [ProblemType; 24] = [
         ProblemType::Unauthorized,
         ProblemType::Forbidden,
         ProblemType::TooManyAuthFailures,
@@ -73,6 +76,7 @@ impl ProblemType {
         ProblemType::RefundRefused,
         ProblemType::PaymentNotRefundable,
         ProblemType::RefundExceedsRemaining,
+        ProblemType::ProviderDisagrees,
     ];
 
     /// The stable last segment of `type`.
@@ -101,6 +105,7 @@ impl ProblemType {
             ProblemType::RefundRefused => "refund-refused",
             ProblemType::PaymentNotRefundable => "payment-not-refundable",
             ProblemType::RefundExceedsRemaining => "refund-exceeds-remaining",
+            ProblemType::ProviderDisagrees => "provider-disagrees",
         }
     }
 
@@ -128,7 +133,7 @@ impl ProblemType {
             ProblemType::Unavailable | ProblemType::Overloaded | ProblemType::RequestTimeout => 503,
             ProblemType::Internal => 500,
             ProblemType::RefundRefused | ProblemType::RefundExceedsRemaining => 422,
-            ProblemType::PaymentNotRefundable => 409,
+            ProblemType::PaymentNotRefundable | ProblemType::ProviderDisagrees => 409,
         }
     }
 
@@ -157,6 +162,7 @@ impl ProblemType {
             ProblemType::RefundRefused => "Refund refused by the gateway",
             ProblemType::PaymentNotRefundable => "The payment cannot be refunded",
             ProblemType::RefundExceedsRemaining => "The refund exceeds what is left of the payment",
+            ProblemType::ProviderDisagrees => "The provider's records contradict this resolution",
         }
     }
 }

@@ -991,6 +991,10 @@ async fn detail_page(
                                 option value="" { "Choose…" }
                                 option value="COMPLETADA" { "Paid: the provider charged it" }
                                 option value="FALLIDA" { "Failed: no money was taken" }
+                                option value=(FAILED_REFUNDING) { "Failed — refund what the provider charged" }
+                            }
+                            p.muted {
+                                "pagos asks the provider before it resolves: it refuses \"Paid\" without a succeeded charge, and \"no money was taken\" while a charge succeeded. \"Refund what the provider charged\" settles it failed and refunds each succeeded charge through pagos (never also in the provider's dashboard)."
                             }
                             label for="motivo" { "Reason (kept in the audit trail with your name)" }
                             textarea id="motivo" name="motivo" required maxlength="1000"
@@ -1135,6 +1139,9 @@ async fn reconcile_payment(
     }
 }
 
+/// The resolve form's third outcome: FALLIDA with `reembolsar`.
+const FAILED_REFUNDING: &str = "FALLIDA_REEMBOLSAR";
+
 #[derive(Deserialize)]
 struct ResolveForm {
     csrf: Option<String>,
@@ -1155,17 +1162,18 @@ async fn resolve_payment(
         Err(refusal) => return *refusal,
     };
     let gateway_ref = form.gateway_ref.filter(|r| !r.trim().is_empty());
-    match admin::resolve_by_hand(
-        &state,
-        &console.admin(),
-        uuid,
-        form.estado.as_deref().unwrap_or(""),
-        form.motivo.as_deref().unwrap_or(""),
+    let (estado, reembolsar) = match form.estado.as_deref().unwrap_or("") {
+        FAILED_REFUNDING => ("FALLIDA", true),
+        estado => (estado, false),
+    };
+    let asked = admin::HandResolution {
+        estado,
+        motivo: form.motivo.as_deref().unwrap_or(""),
         gateway_ref,
-        false,
-    )
-    .await
-    {
+        reembolsar,
+        contra_proveedor: None,
+    };
+    match admin::resolve_by_hand(&state, &console.admin(), uuid, asked).await {
         Ok(p) => Redirect::to(&format!("/consola/pagos/{}?hecho=resuelto", p.id)).into_response(),
         Err(err) => detail_error(&state, &console, &id, err).await,
     }

@@ -1,0 +1,293 @@
+//! On-call's resolution of a payment under review is checked against the provider first:
+//! what its search shows for the payment (only the payment's own charges) and what its
+//! webhooks reported. `COMPLETADA` needs a succeeded charge of the payment's amount, and a
+//! `gatewayRef` must be one of them; `FALLIDA` without `reembolsar` is refused while the
+//! provider shows money taken. A refusal is `409 provider-disagrees` with the charges
+//! found, and changes nothing; a look-up that fails is a 503 that changes nothing. On-call
+//! may overrule the provider only by saying why (`contraProveedor`), kept in the audit row.
+
+use crate::helpers::{ADMIN_TOKEN, Backend, FakeGateway, TestApp, json, payment_body, problem};
+use crate::on_both_databases;
+use crate::operators::{payment_under_review, under_review};
+use serde_json::{Value, json};
+
+on_both_databases!(
+    completada_is_refused_while_the_provider_shows_no_succeeded_charge_and_nothing_changes,
+    completada_naming_a_charge_the_provider_does_not_hold_succeeded_for_this_payment_is_refused,
+    completada_without_a_gateway_ref_keeps_the_payments_charge_or_takes_the_one_succeeded,
+    fallida_without_reembolsar_is_refused_while_the_provider_shows_a_succeeded_charge,
+    a_look_up_that_fails_refuses_the_resolution_with_503_and_changes_nothing,
+    on_call_overrules_the_provider_only_with_a_reason_the_audit_row_keeps,
+);
+
+async fn app(backend: Backend) -> TestApp {
+    crate::helpers::started(backend, &["--give-up-after", "1s"]).await
+}
+
+/// The payment `id` as on-call reads it: its row and audit trail.
+async fn detail(app: &TestApp, id: &str) -> Value {
+    json(app.admin_get(&format!("/admin/pagos/{id}")).await).await
+}
+
+/// On-call's resolution `body` of `id` is refused with `409 provider-disagrees`, and the
+/// payment and its audit trail are as they were; the problem.
+async fn disagreed(app: &TestApp, id: &str, body: &Value) -> Value {
+    let before = detail(app, id).await;
+    let answer = app.resolve_as(ADMIN_TOKEN, id, body).await;
+    let problem = problem(answer, 409, &body.to_string()).await;
+    assert_eq!(problem["type"], "/problems/provider-disagrees", "{problem}");
+    assert!(problem["cargos"].is_array(), "the charges found: {problem}");
+    let after = detail(app, id).await;
+    assert_eq!(after["pago"]["estado"], "REVISION_MANUAL", "{body}");
+    assert_eq!(after["pago"], before["pago"], "nothing changed: {body}");
+    assert_eq!(after["transiciones"], before["transiciones"], "{body}");
+    problem
+}
+
+fn ids_in(problem: &Value) -> Vec<String> {
+    problem["cargos"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+async fn completada_is_refused_while_the_provider_shows_no_succeeded_charge_and_nothing_changes(
+    backend: Backend,
+) {
+    let app = app(backend).await;
+    let (id, fake) = payment_under_review(&app, "k-res-1").await;
+    let charge = fake.charge_ids(&id).remove(0);
+
+    // The provider holds the payment's charge, still pending: no money taken yet.
+    let problem = disagreed(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADA", "motivo": "I think it went through"}),
+    )
+    .await;
+    assert_eq!(ids_in(&problem), std::slice::from_ref(&charge), "{problem}");
+    assert_eq!(problem["cargos"][0]["status"], "pending", "{problem}");
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "no succeeded charge"),
+        "{problem}"
+    );
+    // Naming that very charge does not make it succeeded.
+    disagreed(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADA", "motivo": "x", "gatewayRef": charge}),
+    )
+    .await;
+
+    // Once the provider shows it succeeded, the same resolution is taken.
+    fake.settle(&id, "succeeded");
+    let done = app
+        .resolved_as(
+            ADMIN_TOKEN,
+            &id,
+            &json!({"estado": "COMPLETADA", "motivo": "succeeded now"}),
+        )
+        .await;
+    assert_eq!(done["pago"]["estado"], "COMPLETADA");
+    assert_eq!(done["pago"]["gatewayRef"], charge.as_str());
+}
+
+/// A `gatewayRef` pasted from another payment (here: another customer's charge, which a
+/// later refund of this payment would refund), mistyped, or of another amount is refused.
+async fn completada_naming_a_charge_the_provider_does_not_hold_succeeded_for_this_payment_is_refused(
+    backend: Backend,
+) {
+    let app = app(backend).await;
+    let (id, fake) = payment_under_review(&app, "k-res-2").await;
+    fake.settle(&id, "succeeded");
+    let own = fake.charge_ids(&id).remove(0);
+    fake.set_new_status("succeeded");
+    let other = json(app.pay("k-res-other", &payment_body()).await).await;
+    assert_eq!(other["estado"], "COMPLETADA", "{other}");
+    let others_charge = other["gatewayRef"].as_str().expect("charge").to_owned();
+    let wrong_amount = fake.preload_for(&id, "succeeded", 100);
+
+    for named in [others_charge.as_str(), "ch_typo", wrong_amount.as_str()] {
+        let problem = disagreed(
+            &app,
+            &id,
+            &json!({"estado": "COMPLETADA", "motivo": "found it", "gatewayRef": named}),
+        )
+        .await;
+        assert!(
+            crate::helpers::text_has(&problem, "detail", named),
+            "{problem}"
+        );
+        assert!(
+            !ids_in(&problem).contains(&others_charge),
+            "only this payment's charges: {problem}"
+        );
+    }
+    assert_ne!(
+        app.payment(&id).await.gateway_ref.as_deref(),
+        Some(others_charge.as_str())
+    );
+
+    let done = app
+        .resolved_as(
+            ADMIN_TOKEN,
+            &id,
+            &json!({"estado": "COMPLETADA", "motivo": "found it", "gatewayRef": own}),
+        )
+        .await;
+    assert_eq!(done["pago"]["gatewayRef"], own.as_str());
+}
+
+async fn completada_without_a_gateway_ref_keeps_the_payments_charge_or_takes_the_one_succeeded(
+    backend: Backend,
+) {
+    let app = app(backend).await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
+    let resolve = |id: String| {
+        let app = &app;
+        async move {
+            app.resolve_as(
+                ADMIN_TOKEN,
+                &id,
+                &json!({"estado": "COMPLETADA", "motivo": "the provider shows it paid"}),
+            )
+            .await
+        }
+    };
+
+    // Its own charge was declined; one other charge for it succeeded: that one.
+    let first = under_review(&app, &fake, "k-res-3a").await;
+    fake.settle(&first, "declined");
+    let taken = fake.preload_for(&first, "succeeded", 250_000);
+    let answer = resolve(first.clone()).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(json(answer).await["pago"]["gatewayRef"], taken.as_str());
+
+    // Its own charge succeeded, and a second one too: its own stays its charge.
+    let second = under_review(&app, &fake, "k-res-3b").await;
+    fake.settle(&second, "succeeded");
+    let own = fake.charge_ids(&second).remove(0);
+    fake.preload_for(&second, "succeeded", 250_000);
+    let answer = resolve(second.clone()).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(json(answer).await["pago"]["gatewayRef"], own.as_str());
+
+    // Its own charge declined and two others succeeded: on-call must say which.
+    let third = under_review(&app, &fake, "k-res-3c").await;
+    fake.settle(&third, "declined");
+    let a = fake.preload_for(&third, "succeeded", 250_000);
+    let b = fake.preload_for(&third, "succeeded", 250_000);
+    let problem = disagreed(
+        &app,
+        &third,
+        &json!({"estado": "COMPLETADA", "motivo": "the provider shows it paid"}),
+    )
+    .await;
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "gatewayRef"),
+        "{problem}"
+    );
+    let found = ids_in(&problem);
+    assert!(found.contains(&a) && found.contains(&b), "{problem}");
+}
+
+async fn fallida_without_reembolsar_is_refused_while_the_provider_shows_a_succeeded_charge(
+    backend: Backend,
+) {
+    let app = app(backend).await;
+    let (id, fake) = payment_under_review(&app, "k-res-4").await;
+    fake.settle(&id, "succeeded");
+    let charge = fake.charge_ids(&id).remove(0);
+
+    let problem = disagreed(
+        &app,
+        &id,
+        &json!({"estado": "FALLIDA", "motivo": "no money was taken"}),
+    )
+    .await;
+    assert_eq!(ids_in(&problem), std::slice::from_ref(&charge));
+    assert_eq!(problem["cargos"][0]["status"], "succeeded");
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "reembolsar"),
+        "tells on-call the way: {problem}"
+    );
+    assert!(
+        crate::helpers::text_has(&problem, "detail", &charge),
+        "{problem}"
+    );
+
+    // Declined at the provider after all: FALLIDA is what it shows.
+    fake.settle(&id, "declined");
+    let done = app
+        .resolved_as(
+            ADMIN_TOKEN,
+            &id,
+            &json!({"estado": "FALLIDA", "motivo": "declined at the provider"}),
+        )
+        .await;
+    assert_eq!(done["pago"]["estado"], "FALLIDA");
+}
+
+async fn a_look_up_that_fails_refuses_the_resolution_with_503_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = app(backend).await;
+    let (id, fake) = payment_under_review(&app, "k-res-5").await;
+    fake.fail_lookups(true);
+    let before = detail(&app, &id).await;
+    for body in [
+        json!({"estado": "FALLIDA", "motivo": "no charge in the dashboard"}),
+        json!({"estado": "COMPLETADA", "motivo": "paid in the dashboard"}),
+    ] {
+        let answer = app.resolve_as(ADMIN_TOKEN, &id, &body).await;
+        assert!(answer.headers().get("retry-after").is_some(), "{body}");
+        let problem = problem(answer, 503, &body.to_string()).await;
+        assert_eq!(problem["type"], "/problems/service-unavailable");
+        assert!(
+            crate::helpers::text_has(&problem, "detail", "nothing was changed"),
+            "{problem}"
+        );
+    }
+    let after = detail(&app, &id).await;
+    assert_eq!(after["pago"], before["pago"]);
+    assert_eq!(after["transiciones"], before["transiciones"]);
+}
+
+/// Money went back outside pagos (a bank transfer), the provider still shows the charge
+/// succeeded: on-call resolves FALLIDA overruling the provider, and says why.
+async fn on_call_overrules_the_provider_only_with_a_reason_the_audit_row_keeps(backend: Backend) {
+    let app = app(backend).await;
+    let (id, fake) = payment_under_review(&app, "k-res-6").await;
+    fake.settle(&id, "succeeded");
+    let charge = fake.charge_ids(&id).remove(0);
+    let why = "card closed: returned by bank transfer TR-991, ticket 12";
+
+    for bad in [
+        json!({"estado": "FALLIDA", "motivo": "x", "contraProveedor": "   "}),
+        json!({"estado": "FALLIDA", "motivo": "x", "reembolsar": true, "contraProveedor": why}),
+    ] {
+        let answer = app.resolve_as(ADMIN_TOKEN, &id, &bad).await;
+        let problem = problem(answer, 422, &bad.to_string()).await;
+        assert_eq!(problem["type"], "/problems/validation-failed", "{problem}");
+    }
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
+
+    let done = app
+        .resolved_as(
+            ADMIN_TOKEN,
+            &id,
+            &json!({"estado": "FALLIDA", "motivo": "ticket 12: money returned", "contraProveedor": why}),
+        )
+        .await;
+    assert_eq!(done["pago"]["estado"], "FALLIDA");
+    let last = crate::helpers::last_transition(&done);
+    assert_eq!(last["operador"], "admin", "{last}");
+    for said in ["ticket 12: money returned", why, charge.as_str(), "overrul"] {
+        assert!(
+            crate::helpers::text_has(&last, "motivo", said),
+            "{said} in {last}"
+        );
+    }
+}
