@@ -470,6 +470,7 @@ async fn start(
         );
     }
     let db = open_and_migrate(&settings.database).await?;
+    crate::db::check_clock(&db).await?;
     pin_gateway(&db, settings).await?;
     if settings.gateway == GatewayKind::Sandbox {
         ensure_demo_merchant(&db).await?;
@@ -549,6 +550,7 @@ pub fn is_demo_key(key: &crate::merchants::key::ApiKey) -> bool {
 /// refused with one line.
 pub async fn reconcile_once(settings: Settings) -> anyhow::Result<std::process::ExitCode> {
     let db = crate::db::open(&settings.database).await?;
+    crate::db::check_clock(&db).await?;
     pin_gateway(&db, &settings).await?;
     let gateway = gateway_from(&settings)?;
     let state = build(db, settings, gateway);

@@ -582,9 +582,70 @@ pub fn now() -> chrono::DateTime<chrono::Utc> {
         .unwrap_or(now)
 }
 
+/// The most this host's clock may be off the database server's. Claims, send holds and a
+/// payment's age against the gateway's key window compare times that other processes
+/// wrote with their own clocks: a host ahead by more than a send's margin (5 s) would take
+/// another process's held payment for free and send its key again while that send is in
+/// flight; one behind would resend past the key window.
+pub const MAX_CLOCK_SKEW: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
+
+/// Why a process whose clock is `skew` ahead of the database's (behind, if negative) must
+/// not start; None when it may.
+pub fn clock_refusal(skew: chrono::TimeDelta) -> Option<String> {
+    if skew.abs() <= MAX_CLOCK_SKEW {
+        return None;
+    }
+    let by = humantime::format_duration(skew.abs().to_std().unwrap_or_default());
+    let side = if skew > chrono::TimeDelta::zero() {
+        "ahead of"
+    } else {
+        "behind"
+    };
+    Some(format!(
+        "this host's clock is {by} {side} the database server's (at most {}s is safe: claims and send holds compare times other processes wrote); set the host's time (NTP) and start again",
+        MAX_CLOCK_SKEW.num_seconds()
+    ))
+}
+
+/// Refuses to go on when this host's clock is off the database server's by more than
+/// `MAX_CLOCK_SKEW` (PostgreSQL: SQLite is read and written on this host's clock).
+pub async fn check_clock(db: &DatabaseConnection) -> anyhow::Result<()> {
+    if db.get_database_backend() != DbBackend::Postgres {
+        return Ok(());
+    }
+    let before = chrono::Utc::now();
+    use sea_orm::{ConnectionTrait, Statement};
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT clock_timestamp() AS at",
+        ))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the database did not say its time"))?;
+    let after = chrono::Utc::now();
+    let theirs: chrono::DateTime<chrono::Utc> = row.try_get("", "at")?;
+    let ours = before + (after - before) / 2;
+    match clock_refusal(ours.signed_duration_since(theirs)) {
+        Some(why) => anyhow::bail!(why),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clock_more_than_two_seconds_off_the_databases_is_refused_either_way() {
+        use chrono::TimeDelta;
+        assert_eq!(clock_refusal(TimeDelta::zero()), None);
+        assert_eq!(clock_refusal(TimeDelta::milliseconds(1999)), None);
+        assert_eq!(clock_refusal(TimeDelta::milliseconds(-2000)), None);
+        let ahead = clock_refusal(TimeDelta::seconds(30)).expect("refused");
+        assert!(ahead.contains("30s ahead of"), "{ahead}");
+        let behind = clock_refusal(TimeDelta::milliseconds(-2500)).expect("refused");
+        assert!(behind.contains("2s 500ms behind"), "{behind}");
+    }
     use sea_orm::ConnectionTrait;
 
     #[tokio::test]

@@ -187,6 +187,25 @@ pub async fn apply_now<R: Saga>(
 /// records the outcome. Returns the row as it stands afterwards — possibly as someone
 /// else left it, if they moved it first (fencing).
 pub async fn send<R: Saga>(deps: &SagaDeps, current: R, actor: Actor) -> Result<R, R::Error> {
+    Ok(match send_reporting(deps, current, actor).await? {
+        Sending::Made(after) | Sending::Fenced(after) => after,
+    })
+}
+
+/// What `send_reporting` came to: the row after the send, or as someone else left it when
+/// they moved it before it was marked sent (nothing was sent).
+pub enum Sending<R> {
+    Made(R),
+    Fenced(R),
+}
+
+/// `send`, saying whether this call sent anything: a pass counts a payment someone else
+/// moved first as skipped (`omitidos`), not as what they made of it.
+pub async fn send_reporting<R: Saga>(
+    deps: &SagaDeps,
+    current: R,
+    actor: Actor,
+) -> Result<Sending<R>, R::Error> {
     // Once any try of this row may have reached the gateway (it was marked sent before),
     // only a readable status settles it: a refusal of this send proves nothing about what
     // an earlier one may have done.
@@ -206,7 +225,7 @@ pub async fn send<R: Saga>(deps: &SagaDeps, current: R, actor: Actor) -> Result<
     };
     let sent = match apply_now(&deps.db, &current, R::SEND, marked, actor, reason).await? {
         Written::Applied(sent) => *sent,
-        Written::Fenced => return reload(deps, &current).await,
+        Written::Fenced => return Ok(Sending::Fenced(reload(deps, &current).await?)),
     };
     let [after_mark_sent, after_gateway_response] = R::FAILPOINTS;
     failpoint::hit(after_mark_sent);
@@ -214,7 +233,9 @@ pub async fn send<R: Saga>(deps: &SagaDeps, current: R, actor: Actor) -> Result<
     let outcome = sent.call(deps, prepared, maybe_sent_before).await;
     failpoint::hit(after_gateway_response);
     sent.log_answered(&outcome);
-    record_outcome(deps, sent, outcome, actor).await
+    Ok(Sending::Made(
+        record_outcome(deps, sent, outcome, actor).await?,
+    ))
 }
 
 /// Writes what the gateway said: final states freeze the key's answer; pending and

@@ -727,6 +727,7 @@ async fn reactivating_with_every_event_since_it_started_failing_resends_the_even
         },
     )
     .await;
+}
 
 on_both_databases!(
     the_console_resolves_failed_refunding_what_the_provider_charged_and_shows_a_refusal_as_a_page
@@ -808,4 +809,39 @@ async fn the_console_resolves_failed_refunding_what_the_provider_charged_and_sho
     assert_eq!(made[0]["amount"], 250000);
     let html = html_of(&app, &session, &page).await;
     assert!(html.contains("ticket 5"), "{html}");
+}
+
+on_both_databases!(the_console_reports_what_a_pass_did_with_refunds_beside_payments);
+
+/// A pass that settles only a refund: the console's report shows it, in a column of its
+/// own beside the payments' (which were all zero, and were all it showed).
+async fn the_console_reports_what_a_pass_did_with_refunds_beside_payments(backend: Backend) {
+    let (app, fake) = crate::refunds::app_with(backend, &["--stale-after", "200ms"]).await;
+    let payment = crate::refunds::paid(&app, "pay-1").await;
+    fake.refunding("pending");
+    let answer =
+        crate::refunds::refund(&app, &payment, "ref-1", &serde_json::json!({"monto": 5000})).await;
+    assert_eq!(answer.status(), 202);
+    fake.settle_all("succeeded");
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let session = log_in(&app, &eva).await;
+    let (_, csrf) = page_with_csrf(&app, &session, "/consola/reconciliaciones").await;
+    let answer = post_form(
+        &app,
+        &session,
+        "/consola/reconciliaciones",
+        &[("csrf", csrf.as_str())],
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let report = answer.text().await.expect("html");
+    assert!(report.contains("<th>Refunds</th>"), "{report}");
+    assert!(
+        report.contains(
+            r#"<td class="num">0</td><td class="num">1</td><td class="mono">completados</td>"#
+        ),
+        "no payment and one refund settled: {report}"
+    );
 }

@@ -686,3 +686,62 @@ async fn a_claim_that_fails_ends_the_pass_only_after_the_payments_in_hand_are_se
         assert_eq!(fake.charges_for(id), 1, "{id}");
     }
 }
+
+on_both_databases!(a_payment_settled_by_a_webhook_during_the_passs_look_up_is_reported_skipped);
+
+/// A pass looks a payment up; the provider's search lags (nothing yet), and while it is
+/// answered a gateway event settles the payment. The pass decides to resend, but its
+/// mark is fenced: it sent nothing and decided nothing. Its report says `omitidos`, not
+/// `completados` — on-call reads the report as what this pass did.
+async fn a_payment_settled_by_a_webhook_during_the_passs_look_up_is_reported_skipped(
+    backend: Backend,
+) {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, ResponseTemplate};
+    let app = crate::webhooks::spawn_with(
+        backend,
+        &["--gateway-retries", "0", "--gateway-timeout", "5s"],
+    )
+    .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(503))
+        .mount(app.gateway())
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"data": []}))
+                .set_delay(Duration::from_millis(1500)),
+        )
+        .mount(app.gateway())
+        .await;
+    let answer = app.pay("k-raced", &payment_body()).await;
+    assert_eq!(answer.status(), 202);
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+
+    let pass = async {
+        let answer = app
+            .post_as(
+                crate::webhooks::ADMIN,
+                "/admin/reconciliaciones",
+                &json!({ "pagoId": id }),
+            )
+            .await;
+        assert_eq!(answer.status(), 200);
+        json(answer).await
+    };
+    let webhook = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let charge = json!({"id": "ch_raced", "status": "succeeded", "amount": 250000,
+            "currency": "COP", "reference": id, "declineCode": null});
+        crate::compensation::deliver_event(&app, "evt_raced", "charge.updated", 1, charge).await
+    };
+    let (report, word) = tokio::join!(pass, webhook);
+    assert_eq!(word, "aplicado");
+    assert_eq!(report["omitidos"], 1, "{report}");
+    assert_eq!(report["completados"], 0, "{report}");
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+    assert_eq!(app.charges_seen().await.len(), 1, "nothing resent");
+}

@@ -58,6 +58,13 @@ impl FakeRefunds {
         self.lock().status = Some(status);
     }
 
+    /// Every refund made so far now has `status` (a pending refund settling).
+    pub fn settle_all(&self, status: &'static str) {
+        for made in &mut self.lock().made {
+            made["status"] = Value::from(status);
+        }
+    }
+
     /// Every answer comes after `delay` (the refund is made at once).
     pub fn delay(&self, delay: Duration) {
         self.lock().delay = delay;

@@ -29,7 +29,7 @@ on_both_databases!(
 );
 
 const SECRET: &str = "whsec_test";
-const ADMIN: &str = "adm_test_token_0001";
+pub const ADMIN: &str = "adm_test_token_0001";
 /// The charge id of the pending fixture: the payment's `gateway_ref`.
 const CHARGE_ID: &str = "ch_3Pq8sTQ2xY7wZ3";
 

@@ -1300,13 +1300,15 @@ fn reconciliation_markup(
         @if let Some(report) = report {
             h2 { "Report of the pass just run" }
             @let figures = serde_json::to_value(report).unwrap_or_default();
+            @let refunds = &figures["reembolsos"];
             div.table-wrap {
                 table #report {
-                    thead { tr { th { "Payments" } th { "Field" } th { "Meaning" } } }
+                    thead { tr { th { "Payments" } th { "Refunds" } th { "Field" } th { "Meaning" } } }
                     tbody {
                         @for (field, meaning) in REPORT_WORDS {
                             tr {
                                 td.num { (figures.get(field).and_then(serde_json::Value::as_u64).unwrap_or(0)) }
+                                td.num { (refunds.get(field).and_then(serde_json::Value::as_u64).unwrap_or(0)) }
                                 td.mono { (field) }
                                 td { (meaning) }
                             }

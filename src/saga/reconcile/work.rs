@@ -252,10 +252,14 @@ async fn decide_and_apply<R: Reconcilable>(
         drop(permit);
     }
     match decision {
-        Decision::Send => {
-            let after = saga::send(deps, claimed, Actor::Reconciler).await?;
-            Ok(after.state().into())
-        }
+        Decision::Send => Ok(
+            match saga::send_reporting(deps, claimed, Actor::Reconciler).await? {
+                saga::Sending::Made(after) => after.state().into(),
+                // Someone else moved it first (a webhook, a request's retry): nothing was
+                // sent, and what it came to is theirs.
+                saga::Sending::Fenced(_) => Handled::Skipped,
+            },
+        ),
         Decision::Settle(held) => {
             let Some((event, changes, reason)) = claimed.settlement(&held) else {
                 return Ok(Handled::Rescheduled);
