@@ -434,28 +434,46 @@ impl<'a> CargoVisto<'a> {
 struct ProviderSays {
     found: Vec<crate::gateway::Charge>,
     succeeded: Vec<crate::gateway::Charge>,
+    /// Why the provider could not be asked (its look-up failed): only an overrule
+    /// resolves the payment then.
+    unreachable: Option<String>,
 }
 
 impl ProviderSays {
-    /// Asks the provider about `payment` (a failed look-up is a 503 that changes nothing),
-    /// and adds what its webhooks reported succeeded that its search does not show yet (a
-    /// search lags behind its events).
+    /// Asks the provider about `payment`, and adds what its webhooks reported succeeded
+    /// that its search does not show yet (a search lags behind its events). A look-up that
+    /// fails is said (`unreachable`), with what the webhooks reported.
     async fn ask(state: &AppState, payment: Uuid) -> Result<ProviderSays, ApiError> {
         use crate::gateway::ChargeStatus;
-        let found = state.gateway.lookup(payment).await.map_err(|e| {
-            Problem::new(ProblemType::Unavailable)
-                .detail(format!(
-                    "The provider could not be asked about this payment ({e}); nothing was changed. Try again."
-                ))
-                .retry_after(5)
-        })?;
+        let (found, unreachable) = match state.gateway.lookup(payment).await {
+            Ok(found) => (found, None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        };
         let succeeded = found
             .iter()
             .filter(|c| c.status == ChargeStatus::Succeeded)
             .cloned()
             .collect();
         let succeeded = with_reported_charges(&state.db, payment, succeeded).await?;
-        Ok(ProviderSays { found, succeeded })
+        Ok(ProviderSays {
+            found,
+            succeeded,
+            unreachable,
+        })
+    }
+
+    /// A 503 that changes nothing, when the provider could not be asked and on-call does
+    /// not overrule it: a look-up that keeps failing (the provider down, an answer pagos
+    /// cannot store) is resolved only with `contraProveedor`.
+    fn unavailable(&self) -> Option<ApiError> {
+        self.unreachable.as_ref().map(|e| {
+            Problem::new(ProblemType::Unavailable)
+                .detail(format!(
+                    "The provider could not be asked about this payment ({e}); nothing was changed. Try again; if it keeps failing, check the provider's dashboard and resolve with contraProveedor saying what it shows."
+                ))
+                .retry_after(5)
+                .into()
+        })
     }
 
     /// Every charge, as a refusal lists them.
@@ -480,10 +498,19 @@ impl ProviderSays {
     /// The charges in words, for a refusal's detail and an audit row.
     fn in_words(&self) -> String {
         let seen = self.seen();
+        let asked = match &self.unreachable {
+            Some(e) => format!("nothing: it could not be asked ({e})"),
+            None => String::new(),
+        };
         if seen.is_empty() {
-            return "no charge for this payment".to_owned();
+            return if asked.is_empty() {
+                "no charge for this payment".to_owned()
+            } else {
+                asked
+            };
         }
-        seen.iter()
+        let charges = seen
+            .iter()
             .map(|c| {
                 let status = serde_json::to_value(c.status)
                     .ok()
@@ -497,7 +524,12 @@ impl ProviderSays {
                 format!("{} {status} for {} {}{source}", c.id, c.amount, c.currency)
             })
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", ");
+        if asked.is_empty() {
+            charges
+        } else {
+            format!("{charges}; its search {asked}")
+        }
     }
 
     /// A 409 `provider-disagrees`: `why`, then what the provider shows; nothing changed.
@@ -643,6 +675,11 @@ pub async fn resolve_by_hand(
     // What the provider says, asked before anything is written: a look-up that fails
     // changes nothing (503), and on-call tries again.
     let provider = ProviderSays::ask(state, current.id).await?;
+    if overrule.is_none()
+        && let Some(unavailable) = provider.unavailable()
+    {
+        return Err(unavailable);
+    }
     let recorded = checked_against(&provider, &current, event, &asked, gateway_ref)?;
     let changes = Changes {
         decline_code: (event == Event::ResolveFailed).then(|| RESOLVED_FAILED.to_owned()),

@@ -204,6 +204,16 @@ pub async fn claim_due(
         return Ok(Vec::new());
     }
     let backend = db.get_database_backend();
+    // Nothing due anywhere (an idle process's every top-up): one probe of the due index,
+    // not one per endpoint, and no write transaction (SQLite's one write lock).
+    let any_due = deliveries::Entity::find()
+        .filter(deliveries::Column::State.eq(DeliveryState::Pending))
+        .filter(deliveries::Column::NextAttemptAt.lte(due_by))
+        .one(db)
+        .await?;
+    if any_due.is_none() {
+        return Ok(Vec::new());
+    }
     let tx = begin_write(db).await?;
     let rows = tx
         .query_all_raw(Statement::from_sql_and_values(

@@ -86,7 +86,10 @@ pub async fn create(
     let tx = begin_write(db).await?;
     if db.get_database_backend() == DbBackend::Postgres {
         merchant::Entity::find_by_id(new.merchant)
-            .lock(LockType::Update)
+            // FOR NO KEY UPDATE: registrations of one merchant take turns, while the
+            // foreign-key checks of its payments' and events' inserts (FOR KEY SHARE)
+            // never wait for one.
+            .lock(LockType::NoKeyUpdate)
             .one(&tx)
             .await?;
     }

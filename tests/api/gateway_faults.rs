@@ -413,7 +413,6 @@ async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<(String, Vec
     }
 }
 
-/// An answer's status, body and the `id` it names.
 /// A provider's decline code or charge id longer than pagos stores (`decline_code`: 100,
 /// `gateway_ref`: 255). The write failed on PostgreSQL (a 500 to the merchant, then the
 /// same failure at every retry and reconciliation pass: the payment `ENVIADA` for good). A
@@ -452,6 +451,7 @@ async fn a_provider_string_longer_than_pagos_stores_never_fails_the_write(backen
     assert!(stored.gateway_ref.is_none());
 }
 
+/// An answer's status, body and the `id` it names.
 async fn answered(answer: reqwest::Response) -> (u16, serde_json::Value, String) {
     let status = answer.status().as_u16();
     let body = json(answer).await;

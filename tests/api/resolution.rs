@@ -16,7 +16,7 @@ on_both_databases!(
     completada_naming_a_charge_the_provider_does_not_hold_succeeded_for_this_payment_is_refused,
     completada_without_a_gateway_ref_keeps_the_payments_charge_or_takes_the_one_succeeded,
     fallida_without_reembolsar_is_refused_while_the_provider_shows_a_succeeded_charge,
-    a_look_up_that_fails_refuses_the_resolution_with_503_and_changes_nothing,
+    a_look_up_that_fails_refuses_the_resolution_with_503_unless_on_call_overrules_it,
     on_call_overrules_the_provider_only_with_a_reason_the_audit_row_keeps,
 );
 
@@ -230,7 +230,7 @@ async fn fallida_without_reembolsar_is_refused_while_the_provider_shows_a_succee
     assert_eq!(done["pago"]["estado"], "FALLIDA");
 }
 
-async fn a_look_up_that_fails_refuses_the_resolution_with_503_and_changes_nothing(
+async fn a_look_up_that_fails_refuses_the_resolution_with_503_unless_on_call_overrules_it(
     backend: Backend,
 ) {
     let app = app(backend).await;
@@ -253,6 +253,28 @@ async fn a_look_up_that_fails_refuses_the_resolution_with_503_and_changes_nothin
     let after = detail(&app, &id).await;
     assert_eq!(after["pago"], before["pago"]);
     assert_eq!(after["transiciones"], before["transiciones"]);
+
+    // A look-up that keeps failing (the provider down for good, an answer pagos cannot
+    // store) would leave the payment under review for ever: on-call resolves it by
+    // overruling, having checked the provider's dashboard, and the trail says the
+    // provider could not be asked.
+    let why = "dashboard: no charge for this reference; the search API keeps failing";
+    let answer = app
+        .resolve_as(
+            ADMIN_TOKEN,
+            &id,
+            &json!({"estado": "FALLIDA", "motivo": "ticket 31", "contraProveedor": why}),
+        )
+        .await;
+    assert_eq!(answer.status(), 200);
+    let after = detail(&app, &id).await;
+    assert_eq!(after["pago"]["estado"], "FALLIDA");
+    let last = crate::helpers::last_transition(&after)["motivo"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(last.contains(why), "{last}");
+    assert!(last.contains("could not be asked"), "{last}");
 }
 
 /// Money went back outside pagos (a bank transfer), the provider still shows the charge

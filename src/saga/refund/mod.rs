@@ -260,7 +260,7 @@ impl Compensation {
                 r.id, r.state
             ),
             Compensation::OtherCurrency { charge, currency } => format!(
-                "charge {charge} is in {currency}, not in the payment's currency: pagos refunds a payment's charges in its own currency only; refund it in the provider's dashboard and resolve the payment without reembolsar"
+                "charge {charge} is in {currency}, not in the payment's currency: pagos refunds a payment's charges in its own currency only; refund it in the provider's dashboard, then resolve the payment FALLIDA with contraProveedor saying so (its search still shows the charge succeeded)"
             ),
             Compensation::Refused(store::Registered::NoPayment) => "the payment is gone".into(),
             Compensation::Refused(store::Registered::NotRefundable(state)) => {
