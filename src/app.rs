@@ -375,7 +375,7 @@ impl Drop for AbortOnDrop {
 
 /// The API key of the merchant `serve` creates on a fresh database in sandbox mode, so the
 /// README's first curl works with no setup. Never created with a real gateway.
-pub const DEMO_API_KEY: &str = "sk_sandbox_demo";
+pub use crate::merchants::key::DEMO_API_KEY;
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     // Installed first, and watched from the start: a SIGTERM while the process waits for
@@ -540,10 +540,6 @@ async fn revoke_demo_key(db: &DatabaseConnection) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether `key` is the README's public demo key.
-pub fn is_demo_key(key: &crate::merchants::key::ApiKey) -> bool {
-    key.expose() == DEMO_API_KEY
-}
 
 /// `pagos reconcile --once`: one pass, the report as JSON on stdout.
 /// It does not migrate (only `serve` and `migrate` do): a database that lacks migrations is

@@ -39,7 +39,7 @@ async fn add_merchant(args: MerchantAddArgs) -> anyhow::Result<ExitCode> {
     };
     let db = open(&args.database).await?;
     let kind = store::key_kind(&db, args.key_kind.gateway.as_str()).await?;
-    if kind == KeyKind::Live && chosen.as_ref().is_some_and(crate::app::is_demo_key) {
+    if kind == KeyKind::Live && chosen.as_ref().is_some_and(ApiKey::is_demo) {
         return Ok(refuse(
             "invalid setting PAGOS_MERCHANT_API_KEY (--api-key): that is the README's public demo key, for the sandbox only; this database charges a real gateway (omit --api-key for a generated one)",
         ));

@@ -89,7 +89,16 @@ pub fn hash_api_key(api_key: &str) -> String {
     String::from_utf8_lossy(&hex).into_owned()
 }
 
+/// The README's public demo key: the key of the merchant `serve` creates on a fresh
+/// database in sandbox mode. Never a key of a real gateway's merchant.
+pub const DEMO_API_KEY: &str = "sk_sandbox_demo";
+
 impl ApiKey {
+    /// Whether this is the README's public demo key.
+    pub fn is_demo(&self) -> bool {
+        self.expose() == DEMO_API_KEY
+    }
+
     /// A new random key of `kind`.
     pub fn generate(kind: KeyKind) -> ApiKey {
         let random = Alphanumeric.sample_string(&mut rand::rng(), RANDOM_CHARS);
