@@ -540,7 +540,6 @@ async fn revoke_demo_key(db: &DatabaseConnection) -> anyhow::Result<()> {
     Ok(())
 }
 
-
 /// `pagos reconcile --once`: one pass, the report as JSON on stdout.
 /// It does not migrate (only `serve` and `migrate` do): a database that lacks migrations is
 /// refused with one line.
