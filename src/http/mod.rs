@@ -13,6 +13,7 @@ pub mod extract;
 pub mod ops;
 pub mod payments;
 pub mod problem;
+pub mod provider_check;
 pub mod refunds;
 pub mod webhooks;
 // Webhooks to merchants: their endpoints and their events.
