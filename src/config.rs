@@ -276,6 +276,13 @@ impl GatewayKind {
         }
     }
 
+    /// Whether the provider's refunds carry pagos' refund id, so that its look-up finds a
+    /// refund whose own id pagos never learnt (an answer lost). Mercado Pago's carry none:
+    /// its look-up finds a refund only by the id its answer gave.
+    pub fn refunds_carry_reference(self) -> bool {
+        !matches!(self, GatewayKind::MercadoPago)
+    }
+
     /// The name used in settings and logs.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -8,6 +8,7 @@ use super::AppState;
 use super::auth::{Admin, AdminTokenRefused, PaymentNotFound, ReadOnlyRole};
 use super::extract::{self, PathId};
 use super::problem::{ApiError, Problem, ProblemType, RawBodyTooLarge};
+use super::provider_check;
 use crate::entities::{payment, payment_transition as transitions};
 use crate::representation::{Pago, RESOLVED_FAILED};
 use crate::saga::reconcile::{self, Report};
@@ -436,7 +437,7 @@ struct ProviderSays {
     succeeded: Vec<crate::gateway::Charge>,
     /// Why the provider could not be asked (its look-up failed): only an overrule
     /// resolves the payment then.
-    unreachable: Option<String>,
+    unreachable: Option<crate::gateway::GatewayError>,
 }
 
 impl ProviderSays {
@@ -447,7 +448,7 @@ impl ProviderSays {
         use crate::gateway::ChargeStatus;
         let (found, unreachable) = match state.gateway.lookup(payment).await {
             Ok(found) => (found, None),
-            Err(e) => (Vec::new(), Some(e.to_string())),
+            Err(e) => (Vec::new(), Some(e)),
         };
         let succeeded = found
             .iter()
@@ -467,12 +468,11 @@ impl ProviderSays {
     /// cannot store) is resolved only with `contraProveedor`.
     fn unavailable(&self) -> Option<ApiError> {
         self.unreachable.as_ref().map(|e| {
-            Problem::new(ProblemType::Unavailable)
-                .detail(format!(
-                    "The provider could not be asked about this payment ({e}); nothing was changed. Try again; if it keeps failing, check the provider's dashboard and resolve with contraProveedor saying what it shows."
-                ))
-                .retry_after(5)
-                .into()
+            provider_check::unreachable(
+                "payment",
+                e,
+                "Try again; if it keeps failing, check the provider's dashboard and resolve with contraProveedor saying what it shows.",
+            )
         })
     }
 
@@ -534,13 +534,7 @@ impl ProviderSays {
 
     /// A 409 `provider-disagrees`: `why`, then what the provider shows; nothing changed.
     fn disagrees(&self, why: &str) -> ApiError {
-        Problem::new(ProblemType::ProviderDisagrees)
-            .detail(format!(
-                "{why} The provider shows: {}. Nothing was changed: the payment is still REVISION_MANUAL.",
-                self.in_words()
-            ))
-            .with("cargos", self.seen())
-            .into()
+        provider_check::disagrees(why, &self.in_words(), "payment", "cargos", self.seen())
     }
 }
 
@@ -657,20 +651,12 @@ pub async fn resolve_by_hand(
             "reembolsar goes with estado FALLIDA: a COMPLETADA payment keeps its charge",
         ));
     }
-    let overrule = match asked.contra_proveedor.as_deref().map(str::trim) {
-        None => None,
-        Some(why) if why.is_empty() || why.chars().count() > 1000 => {
-            return Err(bad_request(
-                "contraProveedor must be 1–1000 characters: why on-call overrules what the provider shows, for the audit trail",
-            ));
-        }
-        Some(_) if reembolsar => {
-            return Err(bad_request(
-                "contraProveedor goes without reembolsar: reembolsar refunds what the provider shows",
-            ));
-        }
-        Some(why) => Some(why.to_owned()),
-    };
+    let overrule = provider_check::overrule(asked.contra_proveedor.as_deref())?;
+    if overrule.is_some() && reembolsar {
+        return Err(bad_request(
+            "contraProveedor goes without reembolsar: reembolsar refunds what the provider shows",
+        ));
+    }
     let gateway_ref = asked.gateway_ref.as_deref().map(str::trim);
     // What the provider says, asked before anything is written: a look-up that fails
     // changes nothing (503), and on-call tries again.
@@ -688,10 +674,8 @@ pub async fn resolve_by_hand(
     };
     let mut reason = resolution_reason(&who.name, motivo);
     if let Some(why) = &overrule {
-        reason = format!(
-            "{reason} [overruling the provider, which showed {}: {why}]",
-            provider.in_words()
-        );
+        let which = format!("showed {}", provider.in_words());
+        reason = provider_check::overruled(&reason, &which, why);
         tracing::warn!(payment_id = %current.id, operator = %who.name, estado = asked.estado, "on-call overruled what the provider shows");
     }
     // With reembolsar, every charge the provider shows succeeded is refunded, never left

@@ -13,6 +13,8 @@ pub mod extract;
 pub mod ops;
 pub mod payments;
 pub mod problem;
+pub mod provider_check;
+pub mod refund_resolution;
 pub mod refunds;
 pub mod webhooks;
 // Webhooks to merchants: their endpoints and their events.
@@ -175,6 +177,7 @@ fn limited_rooms() -> OpenApiRouter<AppState> {
         .merge(admin::router())
         .merge(ops::readiness())
         .merge(refunds::router())
+        .merge(refund_resolution::router())
         .merge(endpoints::router())
         .merge(events::router())
         .merge(search::router())

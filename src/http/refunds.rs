@@ -1,6 +1,7 @@
 //! Refunds (contract section 6): `POST /v1/pagos/{id}/reembolsos` (idempotent, keys in a
 //! key space of their own), `GET /v1/reembolsos/{id}`, `GET /v1/pagos/{id}/reembolsos`,
-//! and on-call's `POST /admin/pagos/{id}/reembolsos`.
+//! and on-call's `POST /admin/pagos/{id}/reembolsos`. On-call's settlement of a refund
+//! under review is `refund_resolution`.
 //!
 //! A request rejected before any work (401, 413, 415, 400, validation 422), and one
 //! refused by the check of what is left (404, 409, 422 `refund-exceeds-remaining`),
@@ -44,7 +45,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_refund))
         .routes(routes!(list_refunds))
         .routes(routes!(admin_refund))
-        .routes(routes!(resolve_refund))
         .layer(DefaultBodyLimit::max(MAX_BODY))
 }
 
@@ -477,136 +477,4 @@ async fn refund_asked_by_on_call(
         who.name.clone(),
     )
     .await
-}
-
-/// On-call's settlement of a refund under review.
-#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ResolucionReembolso {
-    /// COMPLETADO (the provider shows the money went back) or FALLIDO (it shows none did)
-    estado: String,
-    /// Why (what the provider's dashboard showed, the ticket): kept in the audit trail.
-    motivo: String,
-    /// The provider's refund id, when on-call found one.
-    #[serde(rename = "gatewayRef")]
-    gateway_ref: Option<String>,
-}
-
-/// A refund with its audit trail, as on-call sees it.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct DetalleReembolso {
-    pub reembolso: Reembolso,
-    /// The audit trail, oldest first.
-    pub transiciones: Vec<super::admin::Transicion>,
-}
-
-/// On-call settles a refund in `REVISION_MANUAL`, after checking the provider.
-#[utoipa::path(
-    post,
-    path = "/admin/reembolsos/{id}/resolucion",
-    tag = "admin",
-    security(("admin_token" = [])),
-    params(("id" = Uuid, Path, description = "The refund id")),
-    request_body = ResolucionReembolso,
-    responses(
-        (status = 200, description = "Settled; the refund and its audit trail", body = DetalleReembolso),
-        AdminTokenRefused,
-        (status = 404, description = "No such refund", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The refund is not in REVISION_MANUAL", body = Problem, content_type = "application/problem+json"),
-        super::problem::BodyTooLarge,
-        (status = 422, description = "Bad estado or empty motivo", body = Problem, content_type = "application/problem+json"),
-    )
-)]
-async fn resolve_refund(
-    State(state): State<AppState>,
-    admin: Admin,
-    PathId(id): PathId,
-    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Json<DetalleReembolso>, ApiError> {
-    admin.may_act()?;
-    let body = super::extract::bytes(body)?;
-    use crate::saga::refund::state::Event;
-    use crate::saga::refund::store::{Changes, StoreError, Written};
-    let bad = |detail: String| -> ApiError { problem(ProblemType::Validation, detail) };
-    let id = Uuid::parse_str(&id).map_err(|_| not_found("refund"))?;
-    let request: ResolucionReembolso = serde_json::from_slice(&body).map_err(|e| {
-        bad(format!(
-            "expected {{\"estado\":\"COMPLETADO\"|\"FALLIDO\",\"motivo\":\"…\"}}: {e}"
-        ))
-    })?;
-    let event = match request.estado.as_str() {
-        "COMPLETADO" => Event::ResolveCompleted,
-        "FALLIDO" => Event::ResolveFailed,
-        _ => return Err(bad("estado must be COMPLETADO or FALLIDO".into())),
-    };
-    let motivo = request.motivo.trim();
-    if motivo.is_empty() || motivo.chars().count() > 1000 {
-        return Err(bad(
-            "motivo is required (1–1000 characters): say why, for the audit trail".into(),
-        ));
-    }
-    if let Some(r) = &request.gateway_ref
-        && (r.trim().is_empty() || r.len() > 255)
-    {
-        return Err(bad("gatewayRef must be 1–255 characters".into()));
-    }
-    let current = store::find(&state.db, id)
-        .await?
-        .ok_or_else(|| not_found("refund"))?;
-    let not_under_review = |detail: String| -> ApiError {
-        Problem::new(ProblemType::NotUnderReview)
-            .detail(detail)
-            .into()
-    };
-    if current.state != crate::saga::refund::state::RefundState::RevisionManual {
-        return Err(not_under_review(format!(
-            "The refund is {}, not REVISION_MANUAL: only refunds under review are resolved by hand.",
-            current.state
-        )));
-    }
-    let changes = Changes {
-        failure_code: (event == Event::ResolveFailed).then(|| refunds::RESOLVED_FAILED.to_owned()),
-        gateway_ref: request.gateway_ref.map(|r| r.trim().to_owned()),
-        ..Changes::default()
-    };
-    let reason = super::admin::resolution_reason(&admin.name, motivo);
-    let resolved = match refunds::apply_now(
-        &state.db,
-        &current,
-        event,
-        changes,
-        Actor::Admin,
-        &reason,
-    )
-    .await
-    {
-        Ok(Written::Applied(r)) => *r,
-        Ok(Written::Fenced) => {
-            return Err(not_under_review(
-                "The refund changed while resolving it; read it again and retry.".into(),
-            ));
-        }
-        Err(StoreError::Illegal(e)) => return Err(not_under_review(e.to_string())),
-        Err(StoreError::Db(e)) => return Err(e.into()),
-    };
-    tracing::info!(refund_id = %resolved.id, estado = %resolved.state, operator = %admin.name, "refund resolved by on-call");
-    let trail = store::trail(&state.db, resolved.id).await?;
-    Ok(Json(DetalleReembolso {
-        reembolso: reembolso(&resolved),
-        transiciones: trail
-            .into_iter()
-            .map(|t| super::admin::Transicion {
-                desde: t.from_state.map(|s| s.as_str().to_owned()),
-                hacia: t.to_state.as_str().to_owned(),
-                quien: t.actor.as_str().to_owned(),
-                operador: (t.actor == Actor::Admin)
-                    .then(|| super::admin::operator_in(&t.reason).map(str::to_owned))
-                    .flatten(),
-                motivo: t.reason,
-                en: t
-                    .created_at
-                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            })
-            .collect(),
-    }))
 }

@@ -33,6 +33,7 @@ mod providers;
 mod receiver;
 mod reconciler;
 mod refund_crash;
+mod refund_resolution;
 mod refunds;
 mod refunds_stripe;
 mod replay_cache;

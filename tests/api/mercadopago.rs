@@ -26,6 +26,7 @@ on_both_databases!(
     partial_refunds_through_pagos_that_add_up_keep_it_completada_even_before_the_last_answer_is_recorded,
     money_returned_beyond_pagos_refunds_or_charged_back_still_sends_the_payment_to_review,
     a_refund_pagos_never_sent_does_not_cover_money_returned_outside_pagos,
+    a_refund_under_review_without_its_mercadopago_id_is_resolved_by_naming_it_or_overruling,
 );
 
 const WEBHOOK_SECRET: &str = "mp_webhook_secret_test";
@@ -170,6 +171,33 @@ impl FakeMercadoPago {
             .respond_with(FakeRefund(self.clone()))
             .mount(server)
             .await;
+        Mock::given(method("GET"))
+            .and(path_regex(r"^/v1/payments/[0-9]+/refunds$"))
+            .respond_with(FakeRefundList(self.clone()))
+            .mount(server)
+            .await;
+    }
+}
+
+/// `GET /v1/payments/{id}/refunds`: the payment's refunds, as its refund list has them.
+struct FakeRefundList(FakeMercadoPago);
+
+impl Respond for FakeRefundList {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let id: u64 = request
+            .url
+            .path()
+            .split('/')
+            .nth(3)
+            .and_then(|id| id.parse().ok())
+            .expect("numeric id");
+        let state = self.0.lock();
+        let listed = state
+            .by_id
+            .get(&id)
+            .and_then(|p| p["refunds"].as_array().cloned())
+            .unwrap_or_default();
+        ResponseTemplate::new(200).set_body_json(listed)
     }
 }
 
@@ -967,4 +995,97 @@ async fn a_refund_pagos_never_sent_does_not_cover_money_returned_outside_pagos(b
             .any(|m| m.contains("contradicting COMPLETADA")),
         "the audit trail says why: {detail}"
     );
+}
+
+/// Mercado Pago's refunds carry no pagos reference: without the refund's own id (its answer
+/// lost) pagos cannot tell whether Mercado Pago made it, and the reconciler hands it to
+/// on-call ("no refund at the provider after … of sends with the same key"). Neither
+/// answer is taken on pagos' word alone; on-call names the refund it found in Mercado
+/// Pago's panel (pagos asks Mercado Pago about that one), or overrules with a reason.
+async fn a_refund_under_review_without_its_mercadopago_id_is_resolved_by_naming_it_or_overruling(
+    backend: Backend,
+) {
+    let app = spawn(backend, &["--give-up-after", "1s"]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.mount(app.gateway()).await;
+    let (id, _) = approved_payment(&app, "k-review").await;
+    fake.refund_answers_lost(true);
+    let mut refunds = Vec::new();
+    for key in ["r-1", "r-2"] {
+        let (status, refund) = refund_through_pagos(&app, &id, key, json!({"monto": 50000})).await;
+        assert_eq!(status, 202, "{refund}");
+        assert!(refund["gatewayRef"].is_null(), "{refund}");
+        refunds.push(refund["id"].as_str().expect("id").to_owned());
+    }
+    assert_eq!(fake.refunds_made(), 2);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    for refund in &refunds {
+        let report = json(
+            app.admin_post("/admin/reconciliaciones", &json!({ "reembolsoId": refund }))
+                .await,
+        )
+        .await;
+        assert_eq!(report["reembolsos"]["revisionManual"], 1, "{report}");
+    }
+    let resolve = |refund: &str, body: Value| {
+        let path = format!("/admin/reembolsos/{refund}/resolucion");
+        let app = &app;
+        async move { app.admin_post(&path, &body).await }
+    };
+    let (first, second) = (&refunds[0], &refunds[1]);
+    // Mercado Pago made refund 1009042016 for the first, 1009042017 for the second.
+
+    for estado in ["COMPLETADO", "FALLIDO"] {
+        let answer = resolve(first, json!({"estado": estado, "motivo": "checked"})).await;
+        let problem = crate::helpers::problem(answer, 409, estado).await;
+        assert_eq!(problem["type"], "/problems/provider-disagrees", "{problem}");
+        for said in ["gatewayRef", "contraProveedor"] {
+            assert!(
+                crate::helpers::text_has(&problem, "detail", said),
+                "{said}: {problem}"
+            );
+        }
+    }
+
+    // Named: Mercado Pago shows it approved for the refund's amount.
+    let answer = resolve(
+        first,
+        json!({"estado": "COMPLETADO", "motivo": "panel", "gatewayRef": "1009042016"}),
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let done = json(answer).await;
+    assert_eq!(done["reembolso"]["estado"], "COMPLETADO", "{done}");
+    assert_eq!(done["reembolso"]["gatewayRef"], "1009042016");
+
+    // The first's refund is not the second's; a FALLIDO naming its own is refused too.
+    for body in [
+        json!({"estado": "COMPLETADO", "motivo": "panel", "gatewayRef": "1009042016"}),
+        json!({"estado": "FALLIDO", "motivo": "panel", "gatewayRef": "1009042017"}),
+    ] {
+        let answer = resolve(second, body.clone()).await;
+        let problem = crate::helpers::problem(answer, 409, &body.to_string()).await;
+        assert_eq!(problem["type"], "/problems/provider-disagrees", "{problem}");
+    }
+
+    // Overruled: on-call says what the panel shows.
+    let why = "Mercado Pago's panel shows refund 1009042017 approved for 500.00";
+    let answer = resolve(
+        second,
+        json!({"estado": "COMPLETADO", "motivo": "ticket 9", "contraProveedor": why}),
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let done = json(answer).await;
+    assert_eq!(done["reembolso"]["estado"], "COMPLETADO");
+    let last = crate::helpers::last_transition(&done);
+    for said in ["ticket 9", why, "overrul"] {
+        assert!(
+            crate::helpers::text_has(&last, "motivo", said),
+            "{said} in {last}"
+        );
+    }
+    let pago = merchant_view(&app, &id).await;
+    assert_eq!(pago["montoReembolsado"], 100000);
+    assert_eq!(fake.refunds_made(), 2, "nothing sent again");
 }

@@ -46,6 +46,10 @@ struct RefundsState {
     lookup_delay: Duration,
     /// When each look-up arrived.
     lookups: Vec<std::time::Instant>,
+    /// Look-ups answer no refund (a search lagging behind the refunds made).
+    search_lags: bool,
+    /// Look-ups answer 500.
+    lookups_fail: bool,
 }
 
 impl FakeRefunds {
@@ -63,6 +67,17 @@ impl FakeRefunds {
         for made in &mut self.lock().made {
             made["status"] = Value::from(status);
         }
+    }
+
+    /// Look-ups answer no refund while `lags` (the provider's search lags behind the
+    /// refunds it made).
+    pub fn search_lags(&self, lags: bool) {
+        self.lock().search_lags = lags;
+    }
+
+    /// Look-ups answer 500 while `fail`.
+    pub fn fail_lookups(&self, fail: bool) {
+        self.lock().lookups_fail = fail;
     }
 
     /// Every answer comes after `delay` (the refund is made at once).
@@ -134,7 +149,14 @@ impl Respond for LookRefunds {
         let reference = query_param(request, "reference");
         let mut state = self.0.lock();
         state.lookups.push(std::time::Instant::now());
-        let data = crate::helpers::matching(&state.made, "reference", &reference);
+        if state.lookups_fail {
+            return ResponseTemplate::new(500).set_body_json(json!({"error": "unavailable"}));
+        }
+        let data = if state.search_lags {
+            Vec::new()
+        } else {
+            crate::helpers::matching(&state.made, "reference", &reference)
+        };
         ResponseTemplate::new(200)
             .set_body_json(json!({ "data": data }))
             .set_delay(state.lookup_delay)
@@ -801,7 +823,9 @@ async fn a_pending_refund_is_settled_by_refund_events_applied_once_and_in_order(
     assert_eq!(pago["montoReembolsado"], 0, "only COMPLETADO refunds count");
     assert_eq!(fake.made().len(), 1);
 
-    // On-call checks the provider and settles it; the trail says who and why.
+    // On-call checks the provider, which shows the refund failed as its last event said,
+    // and settles it; the trail says who and why.
+    fake.settle_all("failed");
     let resolve = |body: Value| {
         let request = app
             .http
@@ -851,7 +875,16 @@ async fn the_openapi_document_describes_the_refund_endpoints(backend: Backend) {
     }
     assert!(doc["paths"]["/v1/pagos/{id}/reembolsos"]["get"].is_object());
     assert!(doc["paths"]["/v1/reembolsos/{id}"]["get"].is_object());
-    assert!(doc["paths"]["/admin/reembolsos/{id}/resolucion"]["post"].is_object());
+    let resolution = &doc["paths"]["/admin/reembolsos/{id}/resolucion"]["post"];
+    crate::helpers::assert_responses(
+        resolution,
+        &["200", "404", "409", "422", "503"],
+        "refund resolution",
+    );
+    let body = &doc["components"]["schemas"]["ResolucionReembolso"]["properties"];
+    for field in ["estado", "motivo", "gatewayRef", "contraProveedor"] {
+        assert!(body[field].is_object(), "ResolucionReembolso.{field}");
+    }
     let schema = &doc["components"]["schemas"]["Reembolso"]["properties"];
     for field in [
         "id",

@@ -133,7 +133,9 @@ impl RefundLimits {
     }
 }
 
-fn lookup_of(r: &refund::Model) -> RefundLookup {
+/// What to look `r` up with: its charge, currency and reference, and its provider id once
+/// an answer gave one.
+pub fn lookup_of(r: &refund::Model) -> RefundLookup {
     RefundLookup {
         charge: r.charge_ref.clone(),
         currency: r.currency.clone(),

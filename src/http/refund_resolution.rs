@@ -1,0 +1,444 @@
+//! On-call's settlement of a refund under review, `POST /admin/reembolsos/{id}/resolucion`,
+//! checked against the provider first as a payment's is (`admin::resolve_by_hand`, the
+//! pieces both share in `provider_check`).
+//!
+//! pagos asks the provider what it holds for the refund before it writes anything, and
+//! refuses a resolution the provider contradicts (409 `provider-disagrees`, the refunds
+//! found under `reembolsos`, nothing written): `FALLIDO` frees what is left to refund and
+//! tells the merchant `reembolso.fallido`, who refunds again with a new key — written
+//! while the provider shows the refund made, the customer gets the money twice;
+//! `COMPLETADO` tells the merchant money went back. A look-up that fails is a 503 that
+//! changes nothing. On-call overrules the provider only by saying why (`contraProveedor`),
+//! kept in the refund's audit row with what the provider showed — or, when it cannot be
+//! asked, with the look-up's error.
+//!
+//! Mercado Pago's refunds carry no pagos reference: its look-up finds a refund only by the
+//! id an answer gave. For a refund whose answer was lost, on-call names the refund found
+//! in Mercado Pago's panel (`gatewayRef`, which pagos asks Mercado Pago about) or
+//! overrules.
+
+use super::AppState;
+use super::admin::{Transicion, operator_in, resolution_reason};
+use super::auth::{Admin, AdminTokenRefused, ReadOnlyRole};
+use super::extract::PathId;
+use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
+use super::provider_check;
+use crate::entities::refund;
+use crate::gateway::{GatewayError, Refund, RefundStatus};
+use crate::representation::reembolso;
+use crate::saga::refund::reconcile::lookup_of;
+use crate::saga::refund::state::{Event, RefundState};
+use crate::saga::refund::store::{self, Changes, StoreError, Written};
+use crate::saga::refund::{self as refunds, Actor};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use pagos_types::Reembolso;
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(resolve_refund))
+        .layer(DefaultBodyLimit::max(super::payments::MAX_BODY))
+}
+
+/// On-call's settlement of a refund under review.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResolucionReembolso {
+    /// COMPLETADO (the provider shows the money went back) or FALLIDO (it shows none did)
+    estado: String,
+    /// Why (what the provider's dashboard showed, the ticket): kept in the audit trail.
+    motivo: String,
+    /// The provider's refund id. With `COMPLETADO` it must be a succeeded refund of the
+    /// refund's amount and currency that the provider holds for this refund (absent: the
+    /// refund's own if it is one, else the one such refund); with `FALLIDO`, a refund the
+    /// provider holds for this refund. Never the provider's refund of another of the
+    /// payment's refunds. With Mercado Pago, whose refunds carry no pagos reference, it is
+    /// how pagos finds a refund whose id its answer never gave: the refund named is asked
+    /// of Mercado Pago.
+    #[serde(rename = "gatewayRef")]
+    gateway_ref: Option<String>,
+    /// On-call overrules what the provider shows (money returned another way, a search that
+    /// does not find a refund its dashboard shows), or a provider that cannot be asked (a
+    /// look-up that keeps failing; Mercado Pago without the refund's id): why, 1–1000
+    /// characters, written to the audit row with what the provider showed or the
+    /// look-up's error. Without it a resolution the provider contradicts is refused (409
+    /// `provider-disagrees`), and one it cannot be asked about is a 503.
+    #[serde(rename = "contraProveedor")]
+    contra_proveedor: Option<String>,
+}
+
+/// A refund with its audit trail, as on-call sees it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DetalleReembolso {
+    pub reembolso: Reembolso,
+    /// The audit trail, oldest first.
+    pub transiciones: Vec<Transicion>,
+}
+
+fn not_found() -> ApiError {
+    Problem::new(ProblemType::NotFound)
+        .detail("No refund with this id.")
+        .into()
+}
+
+fn bad_request(detail: impl Into<String>) -> ApiError {
+    Problem::new(ProblemType::Validation).detail(detail).into()
+}
+
+fn not_under_review(detail: impl Into<String>) -> ApiError {
+    Problem::new(ProblemType::NotUnderReview)
+        .detail(detail)
+        .into()
+}
+
+/// On-call settles a refund in `REVISION_MANUAL`, after pagos asked the provider about it.
+#[utoipa::path(
+    post,
+    path = "/admin/reembolsos/{id}/resolucion",
+    tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = Uuid, Path, description = "The refund id")),
+    request_body = ResolucionReembolso,
+    responses(
+        (status = 200, description = "Settled; the refund and its audit trail", body = DetalleReembolso),
+        AdminTokenRefused,
+        ReadOnlyRole,
+        (status = 404, description = "No such refund", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Nothing was changed: the refund is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `reembolsos`: the provider's refunds found for it): `COMPLETADO` with no succeeded refund of its amount and currency, a `gatewayRef` that is not one (or is the provider's refund of another of the payment's refunds), `FALLIDO` while the provider shows it succeeded or still pending, or Mercado Pago without the refund's id (name it with `gatewayRef`, or overrule)", body = Problem, content_type = "application/problem+json"),
+        BodyTooLarge,
+        (status = 422, description = "Bad estado, empty motivo, gatewayRef or contraProveedor, or either too long", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The provider could not be asked about the refund; nothing was changed (Retry-After). `contraProveedor` resolves it without the provider", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn resolve_refund(
+    State(state): State<AppState>,
+    admin: Admin,
+    PathId(id): PathId,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DetalleReembolso>, ApiError> {
+    admin.may_act()?;
+    let body = super::extract::bytes(body)?;
+    let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
+    let request: ResolucionReembolso = serde_json::from_slice(&body).map_err(|e| {
+        bad_request(format!(
+            "expected {{\"estado\":\"COMPLETADO\"|\"FALLIDO\",\"motivo\":\"…\"}}: {e}"
+        ))
+    })?;
+    let event = match request.estado.as_str() {
+        "COMPLETADO" => Event::ResolveCompleted,
+        "FALLIDO" => Event::ResolveFailed,
+        _ => return Err(bad_request("estado must be COMPLETADO or FALLIDO")),
+    };
+    let motivo = request.motivo.trim();
+    if motivo.is_empty() || motivo.chars().count() > 1000 {
+        return Err(bad_request(
+            "motivo is required (1–1000 characters): say why, for the audit trail",
+        ));
+    }
+    if let Some(r) = &request.gateway_ref
+        && (r.trim().is_empty() || r.len() > 255)
+    {
+        return Err(bad_request("gatewayRef must be 1–255 characters"));
+    }
+    let overrule = provider_check::overrule(request.contra_proveedor.as_deref())?;
+    let current = store::find(&state.db, id).await?.ok_or_else(not_found)?;
+    if current.state != RefundState::RevisionManual {
+        return Err(not_under_review(format!(
+            "The refund is {}, not REVISION_MANUAL: only refunds under review are resolved by hand.",
+            current.state
+        )));
+    }
+    let named = request.gateway_ref.as_deref().map(str::trim);
+    // What the provider says, asked before anything is written: a look-up that fails
+    // changes nothing (503) unless on-call overrules it.
+    let provider = ProviderSays::ask(&state, &current, named, overrule.is_some()).await?;
+    let siblings = store::of_payment(&state.db, current.payment_id).await?;
+    let asked = Asked {
+        event,
+        named,
+        overruled: overrule.is_some(),
+    };
+    let recorded = checked_against(&provider, &current, &asked, &siblings)?;
+    let changes = Changes {
+        failure_code: (event == Event::ResolveFailed).then(|| refunds::RESOLVED_FAILED.to_owned()),
+        gateway_ref: recorded,
+        ..Changes::default()
+    };
+    let mut reason = resolution_reason(&admin.name, motivo);
+    if let Some(why) = &overrule {
+        reason = provider_check::overruled(&reason, &provider.which(), why);
+        tracing::warn!(refund_id = %current.id, operator = %admin.name, estado = %request.estado, "on-call overruled what the provider shows about a refund");
+    }
+    let resolved = match refunds::apply_now(
+        &state.db,
+        &current,
+        event,
+        changes,
+        Actor::Admin,
+        &reason,
+    )
+    .await
+    {
+        Ok(Written::Applied(r)) => *r,
+        Ok(Written::Fenced) => {
+            return Err(not_under_review(
+                "The refund changed while resolving it; read it again and retry.",
+            ));
+        }
+        Err(StoreError::Illegal(e)) => return Err(not_under_review(e.to_string())),
+        Err(StoreError::Db(e)) => return Err(e.into()),
+    };
+    tracing::info!(refund_id = %resolved.id, estado = %resolved.state, operator = %admin.name, "refund resolved by on-call");
+    let trail = store::trail(&state.db, resolved.id).await?;
+    Ok(Json(DetalleReembolso {
+        reembolso: reembolso(&resolved),
+        transiciones: trail
+            .into_iter()
+            .map(|t| Transicion {
+                desde: t.from_state.map(|s| s.as_str().to_owned()),
+                hacia: t.to_state.as_str().to_owned(),
+                quien: t.actor.as_str().to_owned(),
+                operador: (t.actor == Actor::Admin)
+                    .then(|| operator_in(&t.reason).map(str::to_owned))
+                    .flatten(),
+                motivo: t.reason,
+                en: t
+                    .created_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            })
+            .collect(),
+    }))
+}
+
+/// What on-call asked of the provider's word.
+struct Asked<'a> {
+    event: Event,
+    /// The provider's refund id on-call named (`gatewayRef`, trimmed).
+    named: Option<&'a str>,
+    /// On-call overrules the provider (`contraProveedor`).
+    overruled: bool,
+}
+
+/// A provider's refund as a refusal lists it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReembolsoVisto<'a> {
+    id: &'a str,
+    status: RefundStatus,
+    amount: i64,
+    currency: &'a str,
+    /// The provider's id of the charge refunded.
+    charge: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    failure_code: Option<&'a str>,
+}
+
+fn status_word(status: RefundStatus) -> &'static str {
+    match status {
+        RefundStatus::Succeeded => "succeeded",
+        RefundStatus::Failed => "failed",
+        RefundStatus::Pending => "pending",
+    }
+}
+
+/// What the provider shows for one refund.
+enum ProviderSays {
+    /// Its look-up: the refunds it holds for this refund (its reference, or its provider
+    /// id), empty for none.
+    Found(Vec<Refund>),
+    /// It cannot tell which of its refunds is this one: Mercado Pago, whose refunds carry no
+    /// pagos reference, with no provider id known or named.
+    CannotTell,
+    /// The look-up failed; only with an overrule (otherwise a 503).
+    Unreachable(GatewayError),
+}
+
+impl ProviderSays {
+    /// Asks the provider about `r` as the reconciler does (`lookup_of`); with Mercado Pago
+    /// and no provider id known, by the one on-call `named`, if any. A look-up that fails
+    /// is a 503 that changes nothing, unless on-call overrules the provider.
+    async fn ask(
+        state: &AppState,
+        r: &refund::Model,
+        named: Option<&str>,
+        overruled: bool,
+    ) -> Result<ProviderSays, ApiError> {
+        let mut lookup = lookup_of(r);
+        if lookup.gateway_ref.is_none() && !state.settings.gateway.refunds_carry_reference() {
+            match named {
+                Some(named) => lookup.gateway_ref = Some(named.to_owned()),
+                None => return Ok(ProviderSays::CannotTell),
+            }
+        }
+        match state.gateway.lookup_refunds(&lookup).await {
+            Ok(found) => Ok(ProviderSays::Found(found)),
+            Err(err) if overruled => {
+                tracing::warn!(refund_id = %r.id, error = %err, "the provider could not be asked about a refund on-call resolves overruling it");
+                Ok(ProviderSays::Unreachable(err))
+            }
+            Err(err) => Err(provider_check::unreachable(
+                "refund",
+                &err,
+                "Try again; if it keeps failing, contraProveedor resolves it without the provider (say what its dashboard shows).",
+            )),
+        }
+    }
+
+    /// The refunds found (none when it could not be asked or cannot tell).
+    fn found(&self) -> &[Refund] {
+        match self {
+            ProviderSays::Found(found) => found,
+            ProviderSays::CannotTell | ProviderSays::Unreachable(_) => &[],
+        }
+    }
+
+    /// Every refund found, as a refusal lists them.
+    fn seen(&self) -> Vec<ReembolsoVisto<'_>> {
+        self.found()
+            .iter()
+            .map(|r| ReembolsoVisto {
+                id: &r.id,
+                status: r.status,
+                amount: r.amount,
+                currency: &r.currency,
+                charge: &r.charge,
+                failure_code: r.failure_code.as_deref(),
+            })
+            .collect()
+    }
+
+    /// What it shows, in words, for a refusal's detail and an audit row.
+    fn in_words(&self) -> String {
+        match self {
+            ProviderSays::Found(found) if found.is_empty() => "no refund for this refund".into(),
+            ProviderSays::Found(found) => found
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} {} for {} {}",
+                        r.id,
+                        status_word(r.status),
+                        r.amount,
+                        r.currency
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            ProviderSays::CannotTell => "nothing it can tell is this refund (Mercado Pago's refunds carry no pagos reference, and this refund's Mercado Pago id is not known)".into(),
+            ProviderSays::Unreachable(err) => format!("nothing: it could not be asked ({err})"),
+        }
+    }
+
+    /// The provider, as an overrule's audit row says it: `showed …`, `could not be asked`.
+    fn which(&self) -> String {
+        match self {
+            ProviderSays::Unreachable(err) => format!("could not be asked ({err})"),
+            _ => format!("showed {}", self.in_words()),
+        }
+    }
+
+    /// A 409 `provider-disagrees`: `why`, then what the provider shows; nothing changed.
+    fn disagrees(&self, why: &str) -> ApiError {
+        provider_check::disagrees(why, &self.in_words(), "refund", "reembolsos", self.seen())
+    }
+}
+
+/// The provider's refund id a resolution records (None: the refund's own stays), or the
+/// refusal of what on-call asked because the provider contradicts it, unless on-call
+/// overrules it. `siblings`: the payment's refunds (`current` among them): a provider
+/// refund already recorded for another of them is never this one's, overruled or not.
+fn checked_against(
+    provider: &ProviderSays,
+    current: &refund::Model,
+    asked: &Asked<'_>,
+    siblings: &[refund::Model],
+) -> Result<Option<String>, ApiError> {
+    let (named, overruled) = (asked.named, asked.overruled);
+    if let Some(named) = named
+        && let Some(other) = siblings
+            .iter()
+            .find(|r| r.id != current.id && r.gateway_ref.as_deref() == Some(named))
+    {
+        return Err(provider.disagrees(&format!(
+            "gatewayRef {named} is the provider's refund of another refund of this payment ({}, {}): one provider refund is one pagos refund, and its money would count twice.",
+            other.id, other.state
+        )));
+    }
+    if matches!(provider, ProviderSays::CannotTell) && !overruled {
+        return Err(provider.disagrees(
+            "Mercado Pago's refunds carry no pagos reference, and this refund's Mercado Pago id was never known (its answer was lost): pagos cannot tell whether Mercado Pago made it. Find it in Mercado Pago's panel (a refund of the payment for this amount, made when this refund was sent) and name it with gatewayRef: pagos asks Mercado Pago about it. If the panel shows none, resolve FALLIDO with contraProveedor saying so.",
+        ));
+    }
+    let found = provider.found();
+    if asked.event == Event::ResolveFailed {
+        if overruled {
+            return Ok(named.map(str::to_owned));
+        }
+        if let Some(named) = named
+            && !found.iter().any(|r| r.id == named)
+        {
+            return Err(provider.disagrees(&format!(
+                "gatewayRef {named} is not a refund the provider holds for this refund (a typo, or another refund's?)."
+            )));
+        }
+        if let Some(made) = found.iter().find(|r| r.status == RefundStatus::Succeeded) {
+            return Err(provider.disagrees(&format!(
+                "The provider shows money went back for this refund: refund {} succeeded for {} {}. FALLIDO would free what is left to refund and tell the merchant reembolso.fallido: refunded again, the customer would get it twice. Resolve COMPLETADO if it is for this refund's {} {}.",
+                made.id, made.amount, made.currency, current.amount, current.currency
+            )));
+        }
+        if let Some(pending) = found.iter().find(|r| r.status == RefundStatus::Pending) {
+            return Err(provider.disagrees(&format!(
+                "Refund {} is still pending at the provider: it may still go through. Wait until the provider settles it, then resolve as it shows.",
+                pending.id
+            )));
+        }
+        return Ok(named.map(str::to_owned));
+    }
+    let fits = |r: &&Refund| {
+        r.status == RefundStatus::Succeeded
+            && r.amount == current.amount
+            && r.currency.eq_ignore_ascii_case(&current.currency)
+    };
+    let fitting: Vec<&Refund> = found.iter().filter(fits).collect();
+    if let Some(named) = named {
+        if overruled || fitting.iter().any(|r| r.id == named) {
+            return Ok(Some(named.to_owned()));
+        }
+        let why = match found.iter().find(|r| r.id == named) {
+            Some(r) if r.status != RefundStatus::Succeeded => format!(
+                "Refund {named} is {} at the provider: no money went back by it.",
+                status_word(r.status)
+            ),
+            Some(r) => format!(
+                "Refund {named} is for {} {}, but this refund is for {} {}.",
+                r.amount, r.currency, current.amount, current.currency
+            ),
+            None => format!(
+                "gatewayRef {named} is not a refund the provider holds for this refund (a typo, or another refund's: its money would count twice)."
+            ),
+        };
+        return Err(provider.disagrees(&why));
+    }
+    let own = current.gateway_ref.as_deref();
+    if fitting.iter().any(|r| Some(r.id.as_str()) == own) {
+        return Ok(None);
+    }
+    match fitting.as_slice() {
+        [one] => Ok(Some(one.id.clone())),
+        [] if overruled => Ok(None),
+        [] => Err(provider.disagrees(&format!(
+            "COMPLETADO needs a succeeded refund of this refund's {} {}, and the provider shows no succeeded refund of it: the merchant would be told money went back while none did. Wait while one is pending; resolve FALLIDO if none was made or it failed.",
+            current.amount, current.currency
+        ))),
+        _ => Err(provider.disagrees(
+            "The provider holds several succeeded refunds for this refund: say which one is its refund with gatewayRef (the others gave the money back again).",
+        )),
+    }
+}

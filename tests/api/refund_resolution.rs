@@ -1,0 +1,381 @@
+//! On-call's resolution of a refund under review is checked against the provider first, as
+//! a payment's is: what the provider holds for the refund (its look-up by the refund's
+//! reference, or by its provider id once known). `COMPLETADO` needs a succeeded refund of
+//! the refund's amount and currency, and a `gatewayRef` must be one of them; `FALLIDO` is
+//! refused while the provider shows the refund succeeded (or still pending): it frees what
+//! is left to refund, and the merchant, told `reembolso.fallido`, refunds again. A refusal
+//! is `409 provider-disagrees` listing the refunds found and changes nothing; a look-up that
+//! fails is a 503 that changes nothing. On-call overrules the provider only by saying why
+//! (`contraProveedor`), kept in the refund's audit row — also when it cannot be asked.
+
+use crate::helpers::{API_KEY, Backend, TestApp, json, problem};
+use crate::on_both_databases;
+use crate::refunds::{FakeRefunds, app_with, paid, refund};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+on_both_databases!(
+    fallido_is_refused_while_the_provider_shows_the_refund_succeeded_and_nothing_is_freed,
+    completado_is_refused_while_the_provider_shows_no_succeeded_refund,
+    completado_naming_another_refunds_provider_id_is_refused,
+    a_look_up_that_fails_refuses_the_resolution_with_503_and_changes_nothing,
+    on_call_overrules_the_provider_with_a_reason_the_refunds_audit_row_keeps,
+);
+
+/// The reference gateway keeping refunds, and pagos giving up on a refund after 1 s.
+async fn app(backend: Backend) -> (TestApp, FakeRefunds) {
+    app_with(backend, &["--give-up-after", "1s"]).await
+}
+
+fn path(id: &str) -> String {
+    format!("/admin/reembolsos/{id}/resolucion")
+}
+
+/// On-call reconciles refund `id` now; the report's `reembolsos`.
+async fn reconcile(app: &TestApp, id: &str) -> Value {
+    let answer = app
+        .admin_post("/admin/reconciliaciones", &json!({ "reembolsoId": id }))
+        .await;
+    assert_eq!(answer.status(), 200);
+    json(answer).await["reembolsos"].clone()
+}
+
+/// The reasons of refund `id`'s audit trail, oldest first.
+async fn trail(app: &TestApp, id: &str) -> Vec<String> {
+    pagos::saga::refund::store::trail(&app.db, uuid::Uuid::parse_str(id).expect("uuid"))
+        .await
+        .expect("trail")
+        .into_iter()
+        .map(|t| t.reason)
+        .collect()
+}
+
+/// Refund `id` as its merchant reads it.
+async fn read(app: &TestApp, id: &str) -> Value {
+    json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await
+}
+
+/// A refund of `monto` of `payment` the provider holds pending, past PAGOS_GIVE_UP_AFTER:
+/// the reconciler sent it to REVISION_MANUAL ("still pending after …"). Its id.
+async fn pending_under_review(
+    app: &TestApp,
+    fake: &FakeRefunds,
+    payment: &str,
+    key: &str,
+    monto: i64,
+) -> String {
+    fake.refunding("pending");
+    let answer = refund(app, payment, key, &json!({ "monto": monto })).await;
+    assert_eq!(answer.status(), 202);
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let report = reconcile(app, &id).await;
+    assert_eq!(report["revisionManual"], 1, "{report}");
+    assert_eq!(read(app, &id).await["estado"], "REVISION_MANUAL");
+    id
+}
+
+/// On-call's resolution `body` of refund `id`, accepted; the refund and its trail.
+async fn resolved(app: &TestApp, id: &str, body: &Value) -> Value {
+    let answer = app.admin_post(&path(id), body).await;
+    assert_eq!(answer.status(), 200, "{body}");
+    json(answer).await
+}
+
+/// On-call's resolution `body` of refund `id` is refused with `409 provider-disagrees`,
+/// and the refund and its audit trail are as they were; the problem.
+async fn disagreed(app: &TestApp, id: &str, body: &Value) -> Value {
+    let (before, trail_before) = (read(app, id).await, trail(app, id).await);
+    let answer = app.admin_post(&path(id), body).await;
+    let problem = problem(answer, 409, &body.to_string()).await;
+    assert_eq!(problem["type"], "/problems/provider-disagrees", "{problem}");
+    assert!(
+        problem["reembolsos"].is_array(),
+        "the refunds found: {problem}"
+    );
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "Nothing was changed"),
+        "{problem}"
+    );
+    assert_eq!(read(app, id).await, before, "nothing changed: {body}");
+    assert_eq!(trail(app, id).await, trail_before, "{body}");
+    problem
+}
+
+fn ids_in(problem: &Value) -> Vec<String> {
+    crate::helpers::listed(problem, "reembolsos", "id")
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The types of the merchant's refund events.
+async fn refund_events(app: &TestApp) -> Vec<String> {
+    let page = json(app.get_as(API_KEY, "/v1/eventos?limite=50").await).await;
+    crate::helpers::listed(&page, "eventos", "tipo")
+        .into_iter()
+        .filter(|t| t.starts_with("reembolso."))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What is left to refund of `payment`, as a refund over it is told (nothing stored).
+async fn restante(app: &TestApp, payment: &str) -> i64 {
+    let over = refund(app, payment, "probe-over", &json!({ "monto": 250001 })).await;
+    let problem = problem(over, 422, "over everything").await;
+    assert_eq!(problem["type"], "/problems/refund-exceeds-remaining");
+    problem["restante"].as_i64().expect("restante")
+}
+
+/// Scenario A: a partial refund the provider made, whose answer was lost and whose search
+/// lagged, went to review ("no refund at the provider after … of sends with the same
+/// key"). FALLIDO would free its amount and tell the merchant `reembolso.fallido`: asked
+/// again with a new key, the customer would get it twice.
+async fn fallido_is_refused_while_the_provider_shows_the_refund_succeeded_and_nothing_is_freed(
+    backend: Backend,
+) {
+    let (app, fake) = app(backend).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.search_lags(true);
+    fake.delay(Duration::from_secs(2));
+    let answer = refund(&app, &payment, "ref-1", &json!({"monto": 50000})).await;
+    assert_eq!(answer.status(), 202);
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+    fake.delay(Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let report = reconcile(&app, &id).await;
+    assert_eq!(report["revisionManual"], 1, "{report}");
+    let why = trail(&app, &id).await.pop().expect("a row");
+    assert!(why.contains("no refund at the provider after"), "{why}");
+    assert!(read(&app, &id).await["gatewayRef"].is_null());
+    assert_eq!(restante(&app, &payment).await, 200000);
+
+    // The provider's search caught up: it shows the refund succeeded.
+    fake.search_lags(false);
+    let problem = disagreed(
+        &app,
+        &id,
+        &json!({"estado": "FALLIDO", "motivo": "no refund in the provider's search"}),
+    )
+    .await;
+    assert_eq!(ids_in(&problem), ["re_fake_1"], "{problem}");
+    assert_eq!(problem["reembolsos"][0]["status"], "succeeded", "{problem}");
+    assert_eq!(problem["reembolsos"][0]["amount"], 50000, "{problem}");
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "COMPLETADO"),
+        "tells on-call the way: {problem}"
+    );
+    // Nothing freed, nobody told.
+    assert_eq!(restante(&app, &payment).await, 200000);
+    assert_eq!(
+        refund_events(&app).await,
+        ["reembolso.revision_manual"],
+        "no reembolso.fallido"
+    );
+
+    // COMPLETADO is what the provider shows: its refund becomes the refund's gatewayRef.
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADO", "motivo": "the provider shows re_fake_1 succeeded"}),
+    )
+    .await;
+    assert_eq!(done["reembolso"]["estado"], "COMPLETADO");
+    assert_eq!(done["reembolso"]["gatewayRef"], "re_fake_1");
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 50000);
+    assert_eq!(
+        refund_events(&app).await,
+        ["reembolso.revision_manual", "reembolso.completado"]
+    );
+    assert_eq!(fake.made().len(), 1, "one refund at the provider");
+}
+
+/// Scenario B: the provider shows no money went back (the refund pending, none found,
+/// failed): COMPLETADO would tell the merchant it did.
+async fn completado_is_refused_while_the_provider_shows_no_succeeded_refund(backend: Backend) {
+    let (app, fake) = app(backend).await;
+    let payment = paid(&app, "pay-1").await;
+    let id = pending_under_review(&app, &fake, &payment, "ref-1", 50000).await;
+
+    // Still pending at the provider: neither answer holds yet.
+    for estado in ["COMPLETADO", "FALLIDO"] {
+        let problem = disagreed(
+            &app,
+            &id,
+            &json!({"estado": estado, "motivo": "checked the dashboard"}),
+        )
+        .await;
+        assert_eq!(ids_in(&problem), ["re_fake_1"], "{problem}");
+        assert_eq!(problem["reembolsos"][0]["status"], "pending", "{problem}");
+    }
+
+    // No refund at all (its search lags, or it never made one).
+    fake.search_lags(true);
+    let problem = disagreed(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADO", "motivo": "I think it went back"}),
+    )
+    .await;
+    assert!(ids_in(&problem).is_empty(), "{problem}");
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "no succeeded refund"),
+        "{problem}"
+    );
+    fake.search_lags(false);
+
+    // Failed at the provider: naming its refund does not make it succeeded.
+    fake.settle_all("failed");
+    disagreed(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADO", "motivo": "x", "gatewayRef": "re_fake_1"}),
+    )
+    .await;
+    assert_eq!(restante(&app, &payment).await, 200000);
+
+    // FALLIDO is what it shows: its amount can be refunded again.
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "FALLIDO", "motivo": "the provider shows re_fake_1 failed"}),
+    )
+    .await;
+    assert_eq!(done["reembolso"]["estado"], "FALLIDO");
+    assert_eq!(restante(&app, &payment).await, 250000);
+}
+
+/// A `gatewayRef` pasted from the payment's other refund (which the provider made for that
+/// one) or mistyped is refused: the money would count twice.
+async fn completado_naming_another_refunds_provider_id_is_refused(backend: Backend) {
+    let (app, fake) = app(backend).await;
+    let payment = paid(&app, "pay-1").await;
+    let first = refund(&app, &payment, "ref-1", &json!({"monto": 50000})).await;
+    assert_eq!(first.status(), 201);
+    assert_eq!(json(first).await["gatewayRef"], "re_fake_1");
+    let id = pending_under_review(&app, &fake, &payment, "ref-2", 50000).await;
+    fake.settle_all("succeeded");
+
+    for named in ["re_fake_1", "re_typo"] {
+        let problem = disagreed(
+            &app,
+            &id,
+            &json!({"estado": "COMPLETADO", "motivo": "found it", "gatewayRef": named}),
+        )
+        .await;
+        assert!(
+            crate::helpers::text_has(&problem, "detail", named),
+            "{problem}"
+        );
+        assert_eq!(
+            ids_in(&problem),
+            ["re_fake_2"],
+            "only this refund's: {problem}"
+        );
+    }
+
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADO", "motivo": "found it", "gatewayRef": "re_fake_2"}),
+    )
+    .await;
+    assert_eq!(done["reembolso"]["gatewayRef"], "re_fake_2");
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 100000);
+}
+
+async fn a_look_up_that_fails_refuses_the_resolution_with_503_and_changes_nothing(
+    backend: Backend,
+) {
+    let (app, fake) = app(backend).await;
+    let payment = paid(&app, "pay-1").await;
+    let id = pending_under_review(&app, &fake, &payment, "ref-1", 50000).await;
+    fake.fail_lookups(true);
+    let (before, trail_before) = (read(&app, &id).await, trail(&app, &id).await);
+    for body in [
+        json!({"estado": "FALLIDO", "motivo": "no refund in the dashboard"}),
+        json!({"estado": "COMPLETADO", "motivo": "refunded in the dashboard"}),
+    ] {
+        let answer = app.admin_post(&path(&id), &body).await;
+        assert!(answer.headers().get("retry-after").is_some(), "{body}");
+        let problem = problem(answer, 503, &body.to_string()).await;
+        assert_eq!(problem["type"], "/problems/service-unavailable");
+        assert!(
+            crate::helpers::text_has(&problem, "detail", "nothing was changed"),
+            "{problem}"
+        );
+    }
+    assert_eq!(read(&app, &id).await, before);
+    assert_eq!(trail(&app, &id).await, trail_before);
+    assert_eq!(restante(&app, &payment).await, 200000);
+}
+
+/// The money went back outside pagos' refund (reversed by the bank, the provider still
+/// shows it succeeded); then a refund whose provider cannot be asked at all, its dashboard
+/// read by on-call.
+async fn on_call_overrules_the_provider_with_a_reason_the_refunds_audit_row_keeps(
+    backend: Backend,
+) {
+    let (app, fake) = app(backend).await;
+    let payment = paid(&app, "pay-1").await;
+    let id = pending_under_review(&app, &fake, &payment, "ref-1", 50000).await;
+    fake.settle_all("succeeded");
+    let why = "reversed by the card issuer, ticket 77: the provider still shows it succeeded";
+
+    for bad in [
+        json!({"estado": "FALLIDO", "motivo": "x", "contraProveedor": "   "}),
+        json!({"estado": "FALLIDO", "motivo": "x", "contraProveedor": "y".repeat(1001)}),
+    ] {
+        let answer = app.admin_post(&path(&id), &bad).await;
+        let problem = problem(answer, 422, "a bad contraProveedor").await;
+        assert_eq!(problem["type"], "/problems/validation-failed", "{problem}");
+    }
+    assert_eq!(read(&app, &id).await["estado"], "REVISION_MANUAL");
+
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "FALLIDO", "motivo": "ticket 77: reversed", "contraProveedor": why}),
+    )
+    .await;
+    assert_eq!(done["reembolso"]["estado"], "FALLIDO");
+    let last = crate::helpers::last_transition(&done);
+    assert_eq!(last["operador"], "admin", "{last}");
+    for said in ["ticket 77: reversed", why, "re_fake_1 succeeded", "overrul"] {
+        assert!(
+            crate::helpers::text_has(&last, "motivo", said),
+            "{said} in {last}"
+        );
+    }
+
+    // The provider cannot be asked (a look-up that keeps failing): plain answers wait,
+    // an overrule is taken, with the look-up's error in the audit row.
+    let second = pending_under_review(&app, &fake, &payment, "ref-2", 50000).await;
+    fake.fail_lookups(true);
+    let plain = app
+        .admin_post(
+            &path(&second),
+            &json!({"estado": "COMPLETADO", "motivo": "dashboard shows it"}),
+        )
+        .await;
+    assert_eq!(plain.status(), 503);
+    let why = "the provider's API is down since 03:00; its dashboard shows re_fake_2 succeeded";
+    let done = resolved(
+        &app,
+        &second,
+        &json!({"estado": "COMPLETADO", "motivo": "ticket 78", "gatewayRef": "re_fake_2",
+                "contraProveedor": why}),
+    )
+    .await;
+    assert_eq!(done["reembolso"]["estado"], "COMPLETADO");
+    assert_eq!(done["reembolso"]["gatewayRef"], "re_fake_2");
+    let last = crate::helpers::last_transition(&done);
+    for said in ["ticket 78", why, "could not be asked", "500"] {
+        assert!(
+            crate::helpers::text_has(&last, "motivo", said),
+            "{said} in {last}"
+        );
+    }
+}
