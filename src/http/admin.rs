@@ -354,7 +354,7 @@ pub struct Resolucion {
         RawBodyTooLarge,
         (status = 409, description = "Nothing was changed: the payment is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `cargos`: the charges found): `COMPLETADA` with no succeeded charge of the payment's amount, a `gatewayRef` that is not one, `FALLIDA` without `reembolsar` while a charge succeeded; or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad estado, empty motivo, gatewayRef or contraProveedor, reembolsar with COMPLETADA or with contraProveedor", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The provider could not be asked about the payment; nothing was changed (Retry-After)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The provider could not be asked about the payment; nothing was changed (Retry-After). `contraProveedor` resolves it without the provider", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn resolve(

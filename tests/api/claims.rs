@@ -37,6 +37,27 @@ struct Recorded {
 }
 
 impl Recording {
+    /// A gateway that records every charge, holding each for `hold`, and whose search
+    /// lags (it finds nothing): what makes a second send under a key in flight possible.
+    async fn mounted(hold: Duration) -> (MockServer, Recording) {
+        let gateway = MockServer::start().await;
+        let recording = Recording {
+            hold,
+            state: Arc::default(),
+        };
+        Mock::given(method("POST"))
+            .and(path("/v1/charges"))
+            .respond_with(recording.clone())
+            .mount(&gateway)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/v1/charges"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": []})))
+            .mount(&gateway)
+            .await;
+        (gateway, recording)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Recorded> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -136,6 +157,20 @@ fn serving<'a>(database: &'a str, gateway: &'a str, more: &[&'a str]) -> Vec<&'a
     args
 }
 
+/// Until `n` payments are COMPLETADA, then as long again as a charge is held (`hold`) and a
+/// second: whatever else a process might send, it has had time to.
+async fn settled_and_quiet(db: &DatabaseConnection, n: usize, hold: Duration) {
+    wait_for("the payments settled", async || {
+        payment::Entity::find()
+            .filter(payment::Column::State.eq("COMPLETADA"))
+            .all(db)
+            .await
+            .is_ok_and(|all| all.len() == n)
+    })
+    .await;
+    tokio::time::sleep(hold + Duration::from_secs(1)).await;
+}
+
 async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
     for _ in 0..600 {
         if done().await {
@@ -162,21 +197,7 @@ async fn a_payment_claimed_ahead_is_never_sent_by_two_processes_at_once() {
     let ids = due_never_sent(&db, 2).await;
 
     let hold = Duration::from_millis(2500);
-    let gateway = MockServer::start().await;
-    let recording = Recording {
-        hold,
-        state: Arc::default(),
-    };
-    Mock::given(method("POST"))
-        .and(path("/v1/charges"))
-        .respond_with(recording.clone())
-        .mount(&gateway)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/charges"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": []})))
-        .mount(&gateway)
-        .await;
+    let (gateway, recording) = Recording::mounted(hold).await;
     let uri = gateway.uri();
     let args = serving(
         &database.url,
@@ -233,16 +254,7 @@ async fn a_payment_claimed_ahead_is_never_sent_by_two_processes_at_once() {
     tokio::time::sleep(left).await;
     lock.rollback().await.expect("release the lock");
 
-    wait_for("both payments settled", async || {
-        payment::Entity::find()
-            .filter(payment::Column::State.eq("COMPLETADA"))
-            .all(&db)
-            .await
-            .is_ok_and(|all| all.len() == 2)
-    })
-    .await;
-    // Whatever else the second process might do, give it time to do it.
-    tokio::time::sleep(hold + Duration::from_secs(1)).await;
+    settled_and_quiet(&db, 2, hold).await;
     assert!(
         recording.overlapping().is_empty(),
         "a gateway key had two requests in flight at once: {:?}\nfirst:\n{}\nsecond:\n{}",
@@ -341,21 +353,7 @@ async fn a_request_whose_registration_stalled_still_holds_its_payment_for_its_se
     };
     let (database, db) = TestDatabase::with_acme(&backend).await;
     let hold = Duration::from_millis(1500);
-    let gateway = MockServer::start().await;
-    let recording = Recording {
-        hold,
-        state: Arc::default(),
-    };
-    Mock::given(method("POST"))
-        .and(path("/v1/charges"))
-        .respond_with(recording.clone())
-        .mount(&gateway)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/charges"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": []})))
-        .mount(&gateway)
-        .await;
+    let (gateway, recording) = Recording::mounted(hold).await;
     let uri = gateway.uri();
     let args = serving(
         &database.url,
@@ -406,16 +404,7 @@ async fn a_request_whose_registration_stalled_still_holds_its_payment_for_its_se
         "{}",
         serve.logs()
     );
-    wait_for("the payment settled", async || {
-        payment::Entity::find()
-            .filter(payment::Column::State.eq("COMPLETADA"))
-            .all(&db)
-            .await
-            .is_ok_and(|all| all.len() == 1)
-    })
-    .await;
-    // Whatever else the reconciler might do, give it time to do it.
-    tokio::time::sleep(hold + Duration::from_secs(1)).await;
+    settled_and_quiet(&db, 1, hold).await;
     assert!(
         recording.overlapping().is_empty(),
         "a gateway key had two requests in flight at once: {:?}\n{}",

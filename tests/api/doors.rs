@@ -107,10 +107,10 @@ async fn half_sent_request_heads_are_closed_at_the_header_timeout_while_healthz_
     assert!(answered > 0, "/healthz was probed while they hung");
 }
 
-async fn a_request_longer_than_the_request_timeout_is_answered_503_and_its_payment_still_settles(
-    backend: Backend,
-) {
-    let app = crate::helpers::started(
+/// pagos cutting requests at 1 s (`PAGOS_REQUEST_TIMEOUT`), with a gateway allowed 10 s
+/// per call and no retry: a slow gateway outlasts the request.
+async fn cut_after_a_second(backend: Backend) -> TestApp {
+    crate::helpers::started(
         backend,
         &[
             "--request-timeout",
@@ -121,7 +121,13 @@ async fn a_request_longer_than_the_request_timeout_is_answered_503_and_its_payme
             "0",
         ],
     )
-    .await;
+    .await
+}
+
+async fn a_request_longer_than_the_request_timeout_is_answered_503_and_its_payment_still_settles(
+    backend: Backend,
+) {
+    let app = cut_after_a_second(backend).await;
     let gateway_delay = Duration::from_secs(4);
     let fake = app
         .with_fake(FakeGateway::charging("succeeded").with_delay(gateway_delay))
@@ -370,18 +376,7 @@ on_both_databases!(an_on_call_request_cut_at_the_request_timeout_says_its_work_g
 /// a merchant's "retry with the same Idempotency-Key". The pass does go on: the payment
 /// is settled after the answer.
 async fn an_on_call_request_cut_at_the_request_timeout_says_its_work_goes_on(backend: Backend) {
-    let app = crate::helpers::started(
-        backend,
-        &[
-            "--request-timeout",
-            "1s",
-            "--gateway-timeout",
-            "10s",
-            "--gateway-retries",
-            "0",
-        ],
-    )
-    .await;
+    let app = cut_after_a_second(backend).await;
     let fake = app
         .with_fake(FakeGateway::charging("pending").with_lookup_delay(Duration::from_secs(3)))
         .await;
