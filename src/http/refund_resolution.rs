@@ -432,7 +432,13 @@ fn checked_against(
     }
     match fitting.as_slice() {
         [one] => Ok(Some(one.id.clone())),
-        [] if overruled => Ok(None),
+        // The provider could not be asked: on-call's word, with what it could name.
+        [] if overruled && matches!(provider, ProviderSays::Unreachable(_)) => Ok(None),
+        // Overruled with the provider answering: the refund that gave the money back must
+        // be named, so that no other refund of the payment can be resolved on it too.
+        [] if overruled => Err(bad_request(
+            "COMPLETADO against what the provider shows needs gatewayRef: the provider's id of the refund that gave this money back (from its dashboard), so that no other refund of this payment can be settled on it too",
+        )),
         [] => Err(provider.disagrees(&format!(
             "COMPLETADO needs a succeeded refund of this refund's {} {}, and the provider shows no succeeded refund of it: the merchant would be told money went back while none did. Wait while one is pending; resolve FALLIDO if none was made or it failed.",
             current.amount, current.currency

@@ -191,7 +191,13 @@ async fn consume_in(
     }
     match decide(&current, event.refund, event.event_id) {
         RefundEffect::Keep(why) => {
-            tracing::debug!(event_id = event.event_id, refund_id = %current.id, why, "refund event changes nothing");
+            if current.state == RefundState::RevisionManual {
+                // What the provider reports is on-call's to weigh: said where on-call reads,
+                // since the resolution's search may lag behind this event.
+                tracing::warn!(event_id = event.event_id, refund_id = %current.id, provider_refund = event.refund.id, status = ?event.refund.status, amount = event.refund.amount, "refund event for a refund under review: the provider reports it; on-call decides");
+            } else {
+                tracing::debug!(event_id = event.event_id, refund_id = %current.id, why, "refund event changes nothing");
+            }
             Ok(Some(RefundConsumed::Unchanged))
         }
         RefundEffect::Move {

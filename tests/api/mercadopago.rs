@@ -1068,11 +1068,19 @@ async fn a_refund_under_review_without_its_mercadopago_id_is_resolved_by_naming_
         assert_eq!(problem["type"], "/problems/provider-disagrees", "{problem}");
     }
 
-    // Overruled: on-call says what the panel shows.
+    // Overruled: on-call says what the panel shows, and names the refund it shows — never
+    // without naming it, or another refund could be settled on the same money.
     let why = "Mercado Pago's panel shows refund 1009042017 approved for 500.00";
-    let answer = resolve(
+    let unnamed = resolve(
         second,
         json!({"estado": "COMPLETADO", "motivo": "ticket 9", "contraProveedor": why}),
+    )
+    .await;
+    assert_eq!(unnamed.status(), 422);
+    let answer = resolve(
+        second,
+        json!({"estado": "COMPLETADO", "motivo": "ticket 9", "contraProveedor": why,
+               "gatewayRef": "1009042017"}),
     )
     .await;
     assert_eq!(answer.status(), 200);

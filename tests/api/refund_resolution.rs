@@ -274,6 +274,20 @@ async fn completado_naming_another_refunds_provider_id_is_refused(backend: Backe
             "only this refund's: {problem}"
         );
     }
+    // The first refund's provider refund is refused as another refund's — even overruled:
+    // one provider refund is one pagos refund.
+    for overrule in [None, Some("the dashboard says so")] {
+        let mut body =
+            json!({"estado": "COMPLETADO", "motivo": "found it", "gatewayRef": "re_fake_1"});
+        if let Some(why) = overrule {
+            body["contraProveedor"] = why.into();
+        }
+        let problem = disagreed(&app, &id, &body).await;
+        assert!(
+            crate::helpers::text_has(&problem, "detail", "another refund of this payment"),
+            "{problem}"
+        );
+    }
 
     let done = resolved(
         &app,
