@@ -469,6 +469,11 @@ async fn start(
             "built with bench-without-outbox: no event is written, no merchant is told; a benchmark yardstick, never a deployment"
         );
     }
+    if settings.admin_token_is_short() {
+        tracing::warn!(
+            "PAGOS_ADMIN_TOKEN is shorter than 16 characters: it opens every admin endpoint; make it a long random value (openssl rand -hex 32)"
+        );
+    }
     let db = open_and_migrate(&settings.database).await?;
     crate::db::check_clock(&db).await?;
     pin_gateway(&db, settings).await?;

@@ -354,7 +354,7 @@ pub struct Resolucion {
         RawBodyTooLarge,
         (status = 409, description = "Nothing was changed: the payment is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `cargos`: the charges found): `COMPLETADA` with no succeeded charge of the payment's amount, a `gatewayRef` that is not one, `FALLIDA` without `reembolsar` while a charge succeeded; or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad estado, empty motivo, gatewayRef or contraProveedor, reembolsar with COMPLETADA or with contraProveedor", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The provider could not be asked about the payment; nothing was changed (Retry-After). `contraProveedor` resolves it without the provider", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "With `reembolsar`: the provider could not be asked what it charged; nothing was changed (Retry-After). Without it, a provider that cannot be asked leaves the resolution to on-call, its audit row saying so", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn resolve(
@@ -658,21 +658,40 @@ pub async fn resolve_by_hand(
         ));
     }
     let gateway_ref = asked.gateway_ref.as_deref().map(str::trim);
-    // What the provider says, asked before anything is written: a look-up that fails
-    // changes nothing (503), and on-call tries again.
+    // What the provider says, asked before anything is written. When it cannot be asked
+    // (down, or an answer pagos cannot store), nothing contradicts on-call, who read the
+    // provider's dashboard: the resolution is theirs, as the contract has it, and its
+    // audit row says the provider could not be asked. Only `reembolsar`, which refunds
+    // what the provider shows, needs an answer (503 until then); and a charge its webhooks
+    // reported succeeded still refuses a plain FALLIDA.
     let provider = ProviderSays::ask(state, current.id).await?;
-    if overrule.is_none()
-        && let Some(unavailable) = provider.unavailable()
-    {
+    let unreachable = provider.unreachable.as_ref().map(ToString::to_string);
+    if reembolsar && let Some(unavailable) = provider.unavailable() {
         return Err(unavailable);
     }
-    let recorded = checked_against(&provider, &current, event, &asked, gateway_ref)?;
+    let recorded = match &unreachable {
+        Some(_) if event == Event::ResolveFailed && overrule.is_none() => {
+            if let Some(charged) = provider.succeeded.first() {
+                return Err(provider.disagrees(&format!(
+                    "The provider's webhooks reported charge {} succeeded for this payment: resolve FALLIDA with reembolsar once the provider answers, or overrule with contraProveedor.",
+                    charged.id
+                )));
+            }
+            gateway_ref.map(str::to_owned)
+        }
+        Some(_) => gateway_ref.map(str::to_owned),
+        None => checked_against(&provider, &current, event, &asked, gateway_ref)?,
+    };
     let changes = Changes {
         decline_code: (event == Event::ResolveFailed).then(|| RESOLVED_FAILED.to_owned()),
         gateway_ref: recorded,
         ..Changes::default()
     };
     let mut reason = resolution_reason(&who.name, motivo);
+    if let (Some(err), None) = (&unreachable, &overrule) {
+        reason = format!("{reason} [the provider could not be asked ({err}): on-call's word]");
+        tracing::warn!(payment_id = %current.id, operator = %who.name, estado = asked.estado, "payment resolved while the provider could not be asked");
+    }
     if let Some(why) = &overrule {
         let which = format!("showed {}", provider.in_words());
         reason = provider_check::overruled(&reason, &which, why);
