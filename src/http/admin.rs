@@ -352,8 +352,8 @@ pub struct Resolucion {
         ReadOnlyRole,
         PaymentNotFound,
         RawBodyTooLarge,
-        (status = 409, description = "Nothing was changed: the payment is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `cargos`: the charges found): `COMPLETADA` with no succeeded charge of the payment's amount, a `gatewayRef` that is not one, `FALLIDA` without `reembolsar` while a charge succeeded; or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Bad estado, empty motivo, gatewayRef or contraProveedor, reembolsar with COMPLETADA or with contraProveedor", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Nothing was changed: the payment is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `cargos`: the charges found): `COMPLETADA` with no succeeded charge of the payment's amount, a `gatewayRef` that is not one, `FALLIDA` without `reembolsar` while a charge succeeded, `FALLIDA` (with or without `reembolsar`) while a charge is still pending; or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad estado, empty motivo, gatewayRef or contraProveedor, reembolsar with COMPLETADA or with contraProveedor; COMPLETADA without gatewayRef when neither the provider's answer nor the payment names its charge", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "With `reembolsar`: the provider could not be asked what it charged; nothing was changed (Retry-After). Without it, a provider that cannot be asked leaves the resolution to on-call, its audit row saying so", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -563,6 +563,21 @@ fn checked_against(
                 "gatewayRef {named} is not a charge the provider holds for this payment (a typo, or another payment's charge?)."
             )));
         }
+        // A charge still pending may yet take the money, and a payment resolved FALLIDA is
+        // never looked at again: told no money was taken, the customer could be charged
+        // with nobody refunding it. With `reembolsar` too: only a succeeded charge can be
+        // refunded.
+        if !overruled
+            && let Some(pending) = provider
+                .found
+                .iter()
+                .find(|c| c.status == crate::gateway::ChargeStatus::Pending)
+        {
+            return Err(provider.disagrees(&format!(
+                "Charge {} is still pending at the provider: it may yet take the money, and a FALLIDA payment is not looked at again. Resolve once it settles (FALLIDA if it fails, COMPLETADA if it succeeds), or cancel it in the provider's dashboard first; to close the payment anyway, overrule with contraProveedor saying why.",
+                pending.id
+            )));
+        }
         if !asked.reembolsar
             && !overruled
             && let Some(charged) = provider.succeeded.first()
@@ -682,6 +697,13 @@ pub async fn resolve_by_hand(
         Some(_) => gateway_ref.map(str::to_owned),
         None => checked_against(&provider, &current, event, &asked, gateway_ref)?,
     };
+    // A payment COMPLETADA with no charge id could never be refunded (a refund refunds the
+    // payment's charge): when neither the provider nor the payment names one, on-call does.
+    if event == Event::ResolveCompleted && recorded.is_none() && current.gateway_ref.is_none() {
+        return Err(bad_request(
+            "gatewayRef is required here: COMPLETADA needs the provider's charge id (from its dashboard), which a refund of this payment refunds, and neither the provider's answer nor the payment names one",
+        ));
+    }
     let changes = Changes {
         decline_code: (event == Event::ResolveFailed).then(|| RESOLVED_FAILED.to_owned()),
         gateway_ref: recorded,

@@ -201,7 +201,9 @@ async fn a_login_opens_a_strict_http_only_session_and_a_bad_token_does_not(backe
 
 async fn a_console_form_without_its_csrf_token_is_refused_and_changes_nothing(backend: Backend) {
     let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
-    let (id, _gateway) = payment_under_review(&app, "k-console-csrf").await;
+    let (id, gateway) = payment_under_review(&app, "k-console-csrf").await;
+    // Its charge failed at the provider: FALLIDA is what it shows.
+    gateway.settle(&id, "declined");
     let bea = operator(&app, "bea", Role::Operador).await;
     let session = log_in(&app, &bea).await;
     let page = get_page(

@@ -92,6 +92,8 @@ struct Scene {
     serve: Serve,
     _database: TestDatabase,
     _gateway: MockServer,
+    /// The provider, for the walk-through to settle a charge as the page shows it.
+    fake: FakeGateway,
     under_review: [String; 2],
     in_flight: String,
     ana: String,
@@ -208,6 +210,7 @@ async fn scene(backend: &Backend) -> Scene {
         serve,
         _database: database,
         _gateway: gateway,
+        fake,
         under_review: [first, second],
         in_flight,
         ana,
@@ -466,7 +469,9 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
     );
     assert_eq!(scene.state_of(first).await, "REVISION_MANUAL");
 
-    // Resolved with a reason.
+    // Resolved with a reason, once its charge failed at the provider (FALLIDA is refused
+    // while a charge is still pending: it may yet take the money).
+    scene.fake.settle(first, "declined");
     act(
         browser,
         "#motivo",

@@ -58,8 +58,9 @@ async fn an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_oper
 ) {
     let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
     let ana = operator(&app, "ana", Role::Operador).await;
-    // Its charge still pending at the provider: no money taken yet.
     let (id, fake) = payment_under_review(&app, "k-op-1").await;
+    // Its charge failed at the provider: no money taken.
+    fake.settle(&id, "declined");
 
     let listed = app
         .get_as(&ana, "/admin/pagos?estado=REVISION_MANUAL")

@@ -1,9 +1,10 @@
 //! On-call's resolution of a payment under review is checked against the provider first:
 //! what its search shows for the payment (only the payment's own charges) and what its
 //! webhooks reported. `COMPLETADA` needs a succeeded charge of the payment's amount, and a
-//! `gatewayRef` must be one of them; `FALLIDA` without `reembolsar` is refused while the
-//! provider shows money taken. A refusal is `409 provider-disagrees` with the charges
-//! found, and changes nothing; a look-up that fails is a 503 that changes nothing. On-call
+//! `gatewayRef` must be one of them; `FALLIDA` is refused while a charge is still pending,
+//! and without `reembolsar` while the provider shows money taken. A refusal is `409
+//! provider-disagrees` with the charges found, and changes nothing. When the provider
+//! cannot be asked, the resolution is on-call's word (only `reembolsar` gets a 503). On-call
 //! may overrule the provider only by saying why (`contraProveedor`), kept in the audit row.
 
 use crate::helpers::{ADMIN_TOKEN, Backend, FakeGateway, TestApp, json, payment_body, problem};
@@ -18,6 +19,8 @@ on_both_databases!(
     fallida_without_reembolsar_is_refused_while_the_provider_shows_a_succeeded_charge,
     while_the_provider_cannot_be_asked_on_call_resolves_on_its_word_and_the_trail_says_so,
     on_call_overrules_the_provider_only_with_a_reason_the_audit_row_keeps,
+    fallida_is_refused_while_a_charge_is_still_pending_at_the_provider_unless_overruled,
+    completada_names_the_charge_when_neither_the_provider_nor_the_payment_does,
 );
 
 async fn app(backend: Backend) -> TestApp {
@@ -306,4 +309,116 @@ async fn on_call_overrules_the_provider_only_with_a_reason_the_audit_row_keeps(b
             "{said} in {last}"
         );
     }
+}
+
+/// A charge still pending may yet take the money, and a FALLIDA payment is never looked at
+/// again: the customer could be charged under a "no money taken" answer, nobody refunding.
+async fn fallida_is_refused_while_a_charge_is_still_pending_at_the_provider_unless_overruled(
+    backend: Backend,
+) {
+    let app = app(backend).await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
+    let id = under_review(&app, &fake, "k-res-7a").await;
+    let charge = fake.charge_ids(&id).remove(0);
+
+    for body in [
+        json!({"estado": "FALLIDA", "motivo": "the customer gave up"}),
+        json!({"estado": "FALLIDA", "motivo": "refund it", "reembolsar": true}),
+    ] {
+        let problem = disagreed(&app, &id, &body).await;
+        assert_eq!(ids_in(&problem), std::slice::from_ref(&charge), "{problem}");
+        assert_eq!(problem["cargos"][0]["status"], "pending", "{problem}");
+        for said in ["pending", charge.as_str(), "contraProveedor"] {
+            assert!(
+                crate::helpers::text_has(&problem, "detail", said),
+                "{said} in {problem}"
+            );
+        }
+    }
+
+    // Once it failed at the provider, FALLIDA is what it shows.
+    fake.settle(&id, "declined");
+    let done = app
+        .resolved_as(
+            ADMIN_TOKEN,
+            &id,
+            &json!({"estado": "FALLIDA", "motivo": "declined at the provider"}),
+        )
+        .await;
+    assert_eq!(done["pago"]["estado"], "FALLIDA");
+
+    // On-call may close one still pending, saying why; the audit row keeps it.
+    let other = under_review(&app, &fake, "k-res-7b").await;
+    let why = "3-D Secure abandoned; the provider expires it in 7 days, ticket 44";
+    let done = app
+        .resolved_as(
+            ADMIN_TOKEN,
+            &other,
+            &json!({"estado": "FALLIDA", "motivo": "ticket 44", "contraProveedor": why}),
+        )
+        .await;
+    assert_eq!(done["pago"]["estado"], "FALLIDA");
+    let last = crate::helpers::last_transition(&done);
+    assert!(crate::helpers::text_has(&last, "motivo", why), "{last}");
+}
+
+/// A payment whose send timed out has no charge id; resolved COMPLETADA without one, it
+/// could never be refunded (a refund refunds the payment's charge). When neither the
+/// provider's answer nor the payment names it, on-call must: 422, nothing changed.
+async fn completada_names_the_charge_when_neither_the_provider_nor_the_payment_does(
+    backend: Backend,
+) {
+    let app = crate::helpers::started(
+        backend,
+        &["--give-up-after", "1s", "--gateway-retries", "0"],
+    )
+    .await;
+    let fake = app
+        .with_fake(FakeGateway::charging("pending").with_delay(std::time::Duration::from_secs(2)))
+        .await;
+    let id = under_review(&app, &fake, "k-res-8").await;
+    fake.clear_delay();
+    assert_eq!(
+        app.payment(&id).await.gateway_ref,
+        None,
+        "its send timed out"
+    );
+    let charge = fake.charge_ids(&id).remove(0);
+
+    let unnamed = [
+        // The provider cannot be asked: on-call's word, but it must name the charge.
+        (
+            true,
+            json!({"estado": "COMPLETADA", "motivo": "the dashboard shows it paid"}),
+        ),
+        // The provider shows the charge still pending; on-call overrules it.
+        (
+            false,
+            json!({"estado": "COMPLETADA", "motivo": "paid", "contraProveedor": "the dashboard shows it captured"}),
+        ),
+    ];
+    for (lookups_fail, body) in unnamed {
+        fake.fail_lookups(lookups_fail);
+        let before = detail(&app, &id).await;
+        let answer = app.resolve_as(ADMIN_TOKEN, &id, &body).await;
+        let problem = problem(answer, 422, &body.to_string()).await;
+        assert!(
+            crate::helpers::text_has(&problem, "detail", "gatewayRef"),
+            "{problem}"
+        );
+        let after = detail(&app, &id).await;
+        assert_eq!(after["pago"], before["pago"], "nothing changed: {body}");
+        assert_eq!(after["transiciones"], before["transiciones"], "{body}");
+    }
+
+    fake.fail_lookups(true);
+    let done = app
+        .resolved_as(
+            ADMIN_TOKEN,
+            &id,
+            &json!({"estado": "COMPLETADA", "motivo": "the dashboard shows it paid", "gatewayRef": charge}),
+        )
+        .await;
+    assert_eq!(done["pago"]["estado"], "COMPLETADA");
+    assert_eq!(done["pago"]["gatewayRef"], charge.as_str());
 }
