@@ -47,6 +47,36 @@ async fn disagreed(app: &TestApp, id: &str, body: &Value) -> Value {
     problem
 }
 
+/// On-call's resolution `body` of `id` is refused (`disagreed`), listing `charge` alone,
+/// `status` at the provider, and saying each of `said` in its detail; the problem.
+async fn refused_for(
+    app: &TestApp,
+    id: &str,
+    body: &Value,
+    charge: &str,
+    status: &str,
+    said: &[&str],
+) -> Value {
+    let problem = disagreed(app, id, body).await;
+    assert_eq!(ids_in(&problem), [charge], "{problem}");
+    assert_eq!(problem["cargos"][0]["status"], status, "{problem}");
+    for said in said {
+        assert!(
+            crate::helpers::text_has(&problem, "detail", said),
+            "{said} in {problem}"
+        );
+    }
+    problem
+}
+
+/// On-call's resolution `body` of `id`, as the break-glass token, is taken: the payment
+/// in the state asked; its detail.
+async fn resolved(app: &TestApp, id: &str, body: &Value) -> Value {
+    let done = app.resolved_as(ADMIN_TOKEN, id, body).await;
+    assert_eq!(done["pago"]["estado"], body["estado"], "{done}");
+    done
+}
+
 fn ids_in(problem: &Value) -> Vec<String> {
     problem["cargos"]
         .as_array()
@@ -64,18 +94,15 @@ async fn completada_is_refused_while_the_provider_shows_no_succeeded_charge_and_
     let charge = fake.charge_ids(&id).remove(0);
 
     // The provider holds the payment's charge, still pending: no money taken yet.
-    let problem = disagreed(
+    refused_for(
         &app,
         &id,
         &json!({"estado": "COMPLETADA", "motivo": "I think it went through"}),
+        &charge,
+        "pending",
+        &["no succeeded charge"],
     )
     .await;
-    assert_eq!(ids_in(&problem), std::slice::from_ref(&charge), "{problem}");
-    assert_eq!(problem["cargos"][0]["status"], "pending", "{problem}");
-    assert!(
-        crate::helpers::text_has(&problem, "detail", "no succeeded charge"),
-        "{problem}"
-    );
     // Naming that very charge does not make it succeeded.
     disagreed(
         &app,
@@ -86,14 +113,12 @@ async fn completada_is_refused_while_the_provider_shows_no_succeeded_charge_and_
 
     // Once the provider shows it succeeded, the same resolution is taken.
     fake.settle(&id, "succeeded");
-    let done = app
-        .resolved_as(
-            ADMIN_TOKEN,
-            &id,
-            &json!({"estado": "COMPLETADA", "motivo": "succeeded now"}),
-        )
-        .await;
-    assert_eq!(done["pago"]["estado"], "COMPLETADA");
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADA", "motivo": "succeeded now"}),
+    )
+    .await;
     assert_eq!(done["pago"]["gatewayRef"], charge.as_str());
 }
 
@@ -133,13 +158,12 @@ async fn completada_naming_a_charge_the_provider_does_not_hold_succeeded_for_thi
         Some(others_charge.as_str())
     );
 
-    let done = app
-        .resolved_as(
-            ADMIN_TOKEN,
-            &id,
-            &json!({"estado": "COMPLETADA", "motivo": "found it", "gatewayRef": own}),
-        )
-        .await;
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADA", "motivo": "found it", "gatewayRef": own}),
+    )
+    .await;
     assert_eq!(done["pago"]["gatewayRef"], own.as_str());
 }
 
@@ -204,22 +228,16 @@ async fn fallida_without_reembolsar_is_refused_while_the_provider_shows_a_succee
     fake.settle(&id, "succeeded");
     let charge = fake.charge_ids(&id).remove(0);
 
-    let problem = disagreed(
+    // It names the charge and tells on-call the way.
+    refused_for(
         &app,
         &id,
         &json!({"estado": "FALLIDA", "motivo": "no money was taken"}),
+        &charge,
+        "succeeded",
+        &["reembolsar", &charge],
     )
     .await;
-    assert_eq!(ids_in(&problem), std::slice::from_ref(&charge));
-    assert_eq!(problem["cargos"][0]["status"], "succeeded");
-    assert!(
-        crate::helpers::text_has(&problem, "detail", "reembolsar"),
-        "tells on-call the way: {problem}"
-    );
-    assert!(
-        crate::helpers::text_has(&problem, "detail", &charge),
-        "{problem}"
-    );
 
     // Declined at the provider after all: FALLIDA is what it shows.
     fake.settle(&id, "declined");
@@ -230,7 +248,6 @@ async fn fallida_without_reembolsar_is_refused_while_the_provider_shows_a_succee
             &json!({"estado": "FALLIDA", "motivo": "declined at the provider"}),
         )
         .await;
-    assert_eq!(done["pago"]["estado"], "FALLIDA");
 }
 
 async fn while_the_provider_cannot_be_asked_on_call_resolves_on_its_word_and_the_trail_says_so(
@@ -293,14 +310,7 @@ async fn on_call_overrules_the_provider_only_with_a_reason_the_audit_row_keeps(b
     }
     assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
 
-    let done = app
-        .resolved_as(
-            ADMIN_TOKEN,
-            &id,
-            &json!({"estado": "FALLIDA", "motivo": "ticket 12: money returned", "contraProveedor": why}),
-        )
-        .await;
-    assert_eq!(done["pago"]["estado"], "FALLIDA");
+    let done = resolved(&app, &id, &json!({"estado": "FALLIDA", "motivo": "ticket 12: money returned", "contraProveedor": why})).await;
     let last = crate::helpers::last_transition(&done);
     assert_eq!(last["operador"], "admin", "{last}");
     for said in ["ticket 12: money returned", why, charge.as_str(), "overrul"] {
@@ -325,39 +335,28 @@ async fn fallida_is_refused_while_a_charge_is_still_pending_at_the_provider_unle
         json!({"estado": "FALLIDA", "motivo": "the customer gave up"}),
         json!({"estado": "FALLIDA", "motivo": "refund it", "reembolsar": true}),
     ] {
-        let problem = disagreed(&app, &id, &body).await;
-        assert_eq!(ids_in(&problem), std::slice::from_ref(&charge), "{problem}");
-        assert_eq!(problem["cargos"][0]["status"], "pending", "{problem}");
-        for said in ["pending", charge.as_str(), "contraProveedor"] {
-            assert!(
-                crate::helpers::text_has(&problem, "detail", said),
-                "{said} in {problem}"
-            );
-        }
+        let said = ["pending", charge.as_str(), "contraProveedor"];
+        refused_for(&app, &id, &body, &charge, "pending", &said).await;
     }
 
     // Once it failed at the provider, FALLIDA is what it shows.
     fake.settle(&id, "declined");
-    let done = app
-        .resolved_as(
-            ADMIN_TOKEN,
-            &id,
-            &json!({"estado": "FALLIDA", "motivo": "declined at the provider"}),
-        )
-        .await;
-    assert_eq!(done["pago"]["estado"], "FALLIDA");
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "FALLIDA", "motivo": "declined at the provider"}),
+    )
+    .await;
 
     // On-call may close one still pending, saying why; the audit row keeps it.
     let other = under_review(&app, &fake, "k-res-7b").await;
     let why = "3-D Secure abandoned; the provider expires it in 7 days, ticket 44";
-    let done = app
-        .resolved_as(
-            ADMIN_TOKEN,
-            &other,
-            &json!({"estado": "FALLIDA", "motivo": "ticket 44", "contraProveedor": why}),
-        )
-        .await;
-    assert_eq!(done["pago"]["estado"], "FALLIDA");
+    let done = resolved(
+        &app,
+        &other,
+        &json!({"estado": "FALLIDA", "motivo": "ticket 44", "contraProveedor": why}),
+    )
+    .await;
     let last = crate::helpers::last_transition(&done);
     assert!(crate::helpers::text_has(&last, "motivo", why), "{last}");
 }
@@ -412,13 +411,6 @@ async fn completada_names_the_charge_when_neither_the_provider_nor_the_payment_d
     }
 
     fake.fail_lookups(true);
-    let done = app
-        .resolved_as(
-            ADMIN_TOKEN,
-            &id,
-            &json!({"estado": "COMPLETADA", "motivo": "the dashboard shows it paid", "gatewayRef": charge}),
-        )
-        .await;
-    assert_eq!(done["pago"]["estado"], "COMPLETADA");
+    let done = resolved(&app, &id, &json!({"estado": "COMPLETADA", "motivo": "the dashboard shows it paid", "gatewayRef": charge})).await;
     assert_eq!(done["pago"]["gatewayRef"], charge.as_str());
 }
