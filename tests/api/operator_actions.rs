@@ -27,7 +27,7 @@ pub async fn actions_as(app: &TestApp, token: &str, query: &str) -> Vec<Value> {
 
 /// A payment whose charge is pending at `fake` (answered 202), then succeeded there: the
 /// next look-up settles it. Its id.
-async fn settled_at_the_provider(app: &TestApp, fake: &FakeGateway, key: &str) -> String {
+pub async fn settled_at_the_provider(app: &TestApp, fake: &FakeGateway, key: &str) -> String {
     fake.set_new_status("pending");
     let answer = app.pay(key, &payment_body()).await;
     assert_eq!(answer.status(), 202);
