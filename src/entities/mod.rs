@@ -73,6 +73,7 @@ pub mod idempotency_key;
 pub mod instance_fact;
 pub mod merchant;
 pub mod operator;
+pub mod operator_action;
 pub mod payment;
 pub mod payment_transition;
 pub mod processed_message;
@@ -86,6 +87,7 @@ pub mod webhook_endpoint;
 #[cfg(test)]
 mod tests {
     use super::idempotency_key::KeyStatus;
+    use super::operator_action::Action;
     use super::payment::PaymentState;
     use super::payment_transition::Actor;
     use super::webhook_charge::ReportedStatus;
@@ -128,5 +130,14 @@ mod tests {
             (ReportedStatus::Declined, "declined"),
             (ReportedStatus::Pending, "pending"),
         ]);
+        stored(&[
+            (Action::ReconcilePayment, "reconcile_payment"),
+            (Action::ReconcileRefund, "reconcile_refund"),
+            (Action::ReconcilePass, "reconcile_pass"),
+            (Action::ReactivateEndpoint, "reactivate_endpoint"),
+        ]);
+        for action in <Action as sea_orm::Iterable>::iter() {
+            assert_eq!(action.as_str(), action.to_value());
+        }
     }
 }

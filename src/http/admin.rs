@@ -5,11 +5,13 @@
 //! payment in REVISION_MANUAL and is written to the audit trail with its reason.
 
 use super::AppState;
+use super::actions::{self, Asked};
 use super::auth::{Admin, AdminTokenRefused, PaymentNotFound, ReadOnlyRole};
 use super::extract::{self, PathId};
 use super::problem::{ApiError, Problem, ProblemType, RawBodyTooLarge};
 use super::provider_check;
 use crate::entities::{payment, payment_transition as transitions};
+use crate::operators::actions::Action;
 use crate::representation::{Pago, RESOLVED_FAILED};
 use crate::saga::reconcile::{self, Report};
 use crate::saga::refund::{AfterFailure, Compensation};
@@ -22,7 +24,6 @@ use axum::extract::{DefaultBodyLimit, Query, State};
 use chrono::SecondsFormat;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::{Deserialize, Serialize};
-use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -250,11 +251,13 @@ pub struct PedidoReconciliacion {
     security(("admin_token" = [])),
     request_body(content = PedidoReconciliacion, description = "`{}` for every due payment and refund, `{\"pagoId\":\"…\"}` for one payment, `{\"reembolsoId\":\"…\"}` for one refund"),
     responses(
-        (status = 200, description = "The pass's report", body = Report),
+        (status = 200, description = "The pass's report; who asked, and what came of it, is recorded (`GET /admin/acciones`)", body = Report),
         AdminTokenRefused,
         ReadOnlyRole,
+        (status = 404, description = "No payment (refund) with this `pagoId` (`reembolsoId`)", body = Problem, content_type = "application/problem+json"),
         RawBodyTooLarge,
         (status = 422, description = "Body is not `{}` or `{\"pagoId\":\"<uuid>\"}`", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Who asked could not be recorded, so nothing was done (Retry-After); or the database failed", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn run_reconciliation(
@@ -270,36 +273,8 @@ async fn run_reconciliation(
         serde_json::from_slice(&body)
             .map_err(|e| bad_request(format!("expected {{}} or {{\"pagoId\":\"<uuid>\"}}: {e}")))?
     };
-    if let Some(id) = request.pago_id {
-        store::find_payment(&state.db, id)
-            .await?
-            .ok_or_else(not_found)?;
-    }
     if let Some(id) = request.reembolso_id {
-        crate::saga::refund::store::find(&state.db, id)
-            .await?
-            .ok_or_else(|| {
-                ApiError::from(
-                    Problem::new(ProblemType::NotFound).detail("No refund with this id."),
-                )
-            })?;
-        tracing::info!(operator = %admin.name, reembolso_id = %id, "refund reconciliation asked by on-call");
-        // Its own task: a caller that hangs up must not stop the refund's work halfway.
-        let (deps, limits) = (state.saga_deps(), state.reconciler.refund_limits());
-        let reembolsos = state
-            .tasks
-            .spawn(
-                async move {
-                    crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await
-                }
-                .in_current_span(),
-            )
-            .await
-            .map_err(|e| ApiError::Internal(e.into()))??;
-        return Ok(Json(Report {
-            reembolsos,
-            ..Report::default()
-        }));
+        return Ok(Json(reconcile_refund_now(&state, &admin, id).await?));
     }
     let report = reconcile_now(&state, &admin, request.pago_id).await?;
     Ok(Json(report))
@@ -812,31 +787,69 @@ pub async fn resolve_by_hand(
         .unwrap_or(resolved))
 }
 
-/// Runs a reconciliation now, for one payment or every due one, in a task of its own.
+/// Runs a reconciliation now, for one payment (404 if there is none) or every due one, in
+/// a task of its own, recorded with who asked (`actions::audited`).
 pub async fn reconcile_now(
     state: &AppState,
     who: &Admin,
     pago_id: Option<Uuid>,
 ) -> Result<Report, ApiError> {
     who.may_act()?;
+    if let Some(id) = pago_id {
+        store::find_payment(&state.db, id)
+            .await?
+            .ok_or_else(not_found)?;
+    }
     tracing::info!(operator = %who.name, pago_id = ?pago_id, "reconciliation asked by on-call");
+    let asked = match pago_id {
+        Some(id) => Asked {
+            action: Action::ReconcilePayment,
+            target: Some(id),
+            what: "reconcile the payment now".to_owned(),
+        },
+        None => Asked {
+            action: Action::ReconcilePass,
+            target: None,
+            what: "run a pass now".to_owned(),
+        },
+    };
     // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
     // halfway and leave its claimed payments waiting out their lease.
     let reconciler = state.reconciler.clone();
-    let report = state
-        .tasks
-        .spawn(
-            async move {
-                match pago_id {
-                    Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
-                    None => reconcile::run_pass(&reconciler, None).await,
-                }
-            }
-            .in_current_span(),
-        )
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))??;
-    Ok(report)
+    let work = async move {
+        match pago_id {
+            Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
+            None => reconcile::run_pass(&reconciler, None).await,
+        }
+    };
+    actions::audited(state, who, asked, work, actions::report_in_words).await
+}
+
+/// Reconciles one refund now, due or not (404 if there is none), recorded with who asked.
+async fn reconcile_refund_now(state: &AppState, who: &Admin, id: Uuid) -> Result<Report, ApiError> {
+    who.may_act()?;
+    crate::saga::refund::store::find(&state.db, id)
+        .await?
+        .ok_or_else(|| {
+            ApiError::from(Problem::new(ProblemType::NotFound).detail("No refund with this id."))
+        })?;
+    tracing::info!(operator = %who.name, reembolso_id = %id, "refund reconciliation asked by on-call");
+    // Its own task: a caller that hangs up must not stop the refund's work halfway.
+    let (deps, limits) = (state.saga_deps(), state.reconciler.refund_limits());
+    let work = async move {
+        let reembolsos =
+            crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await?;
+        Ok(Report {
+            reembolsos,
+            ..Report::default()
+        })
+    };
+    let asked = Asked {
+        action: Action::ReconcileRefund,
+        target: Some(id),
+        what: "reconcile the refund now".to_owned(),
+    };
+    actions::audited(state, who, asked, work, actions::report_in_words).await
 }
 
 /// `charged` (what the provider's search showed) and every charge of `payment` its

@@ -6,6 +6,7 @@
 //! header timeout is the server's, in `app::serve_doors`. Nothing here reads a request's
 //! body or touches the database.
 
+pub mod actions;
 pub mod admin;
 pub mod auth;
 pub mod console;
@@ -175,6 +176,7 @@ fn limited_rooms() -> OpenApiRouter<AppState> {
         .merge(payments::router())
         .merge(webhooks::router())
         .merge(admin::router())
+        .merge(actions::router())
         .merge(ops::readiness())
         .merge(refunds::router())
         .merge(refund_resolution::router())

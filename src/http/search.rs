@@ -45,7 +45,7 @@ struct Search {
     cursor: Option<Uuid>,
 }
 
-fn invalid(errors: Vec<FieldError>) -> ApiError {
+pub(super) fn invalid(errors: Vec<FieldError>) -> ApiError {
     Problem::new(ProblemType::Validation)
         .detail("Correct the parameters listed in `errores`.")
         .with("errores", errors)

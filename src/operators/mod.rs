@@ -1,9 +1,11 @@
 //! Operators: the people of on-call, their tokens (`op_…`, only the SHA-256 stored) and
 //! roles, the store behind `pagos operators …` and behind the admin API's and the
-//! console's authentication.
+//! console's authentication; and what they asked (`actions`), the audit of on-call's
+//! actions that move nothing by their own hand.
 //!
 //! Never stores, logs or shows a whole token: the command that creates one prints it once.
 
+pub mod actions;
 pub mod cli;
 pub mod store;
 

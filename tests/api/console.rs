@@ -333,7 +333,9 @@ async fn the_attention_queue_is_oldest_first_50_a_page_and_leaves_settled_paymen
     );
 }
 
-on_both_databases!(an_operador_reconciles_from_the_console_and_a_lector_is_refused);
+on_both_databases!(
+    an_operador_reconciles_from_the_console_recorded_by_name_and_a_lector_is_refused_unrecorded
+);
 
 /// The HTML of `path` as `session` sees it.
 async fn html_of(app: &TestApp, session: &str, path: &str) -> String {
@@ -359,20 +361,19 @@ async fn post_form(
     post_page(app, Some(&session_cookie(session)), path, fields).await
 }
 
-async fn an_operador_reconciles_from_the_console_and_a_lector_is_refused(backend: Backend) {
+/// "Reconcile now" and "Run a pass now" from the console: refused to a lector, who leaves
+/// no row; an operador's each leave a row naming them, read at `/admin/acciones`, and the
+/// payment's timeline shows the ask (who, when, what came of it) among its moves, the
+/// reconciliation page the passes run by hand.
+async fn an_operador_reconciles_from_the_console_recorded_by_name_and_a_lector_is_refused_unrecorded(
+    backend: Backend,
+) {
+    use crate::operator_actions::actions_as;
     let app = Spawn::new(backend).start().await;
     let fake = app
         .with_fake(crate::helpers::FakeGateway::charging("pending"))
         .await;
-    let answer = app
-        .pay("k-console-rec", &crate::helpers::payment_body())
-        .await;
-    assert_eq!(answer.status(), 202);
-    let id = crate::helpers::json(answer).await["id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
-    fake.settle_all("succeeded");
+    let id = crate::operator_actions::settled_at_the_provider(&app, &fake, "k-console-rec").await;
 
     let luis = operator(&app, "luis", Role::Lector).await;
     let reader = log_in(&app, &luis).await;
@@ -391,6 +392,7 @@ async fn an_operador_reconciles_from_the_console_and_a_lector_is_refused(backend
         "ENVIADA",
         "the lector changed nothing"
     );
+    assert!(actions_as(&app, ADMIN_TOKEN, "").await.is_empty(), "no row");
 
     let eva = operator(&app, "eva", Role::Operador).await;
     let session = log_in(&app, &eva).await;
@@ -413,6 +415,25 @@ async fn an_operador_reconciles_from_the_console_and_a_lector_is_refused(backend
         "COMPLETADA",
         "settled by the provider's answer"
     );
+    let html = html_of(&app, &session, &format!("/consola/pagos/{id}")).await;
+    let timeline = &html[html.find("Audit trail").expect("the timeline")..];
+    crate::helpers::assert_contains_all(
+        timeline,
+        &[
+            "eva (on-call)",
+            "Reconcile now asked",
+            "pagos: examinados 1, completados 1",
+        ],
+    );
+    // Among the moves: after the payment was sent, before the move its work made.
+    let asked = timeline.find("Reconcile now asked").expect("the ask");
+    let sent = timeline
+        .find("by <strong class=\"actor\">request")
+        .expect("the send");
+    let settled = timeline
+        .find("by <strong class=\"actor\">reconciler")
+        .expect("the settlement");
+    assert!(sent < asked && asked < settled, "{timeline}");
 
     let answer = post_form(
         &app,
@@ -427,14 +448,23 @@ async fn an_operador_reconciles_from_the_console_and_a_lector_is_refused(backend
         report.contains("id=\"report\"") && report.contains("examinados"),
         "{report}"
     );
+    let rows = actions_as(&app, ADMIN_TOKEN, "?operador=eva").await;
+    let what: Vec<&str> = rows.iter().filter_map(|r| r["accion"].as_str()).collect();
+    assert_eq!(what, ["reconcile_pass", "reconcile_payment"], "{rows:?}");
+    assert_eq!(rows[1]["objetivo"], id.as_str());
+    // Anyone of on-call reads who ran the passes.
+    let html = html_of(&app, &reader, "/consola/reconciliaciones").await;
+    let passes = &html[html.find("id=\"passes\"").expect("the passes run by hand")..];
+    crate::helpers::assert_contains_all(passes, &[">eva<", "pagos: examinados 0"]);
 }
 
-on_both_databases!(a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it);
+on_both_databases!(
+    a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it_recorded_by_name
+);
 
-async fn a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it(backend: Backend) {
-    use pagos::entities::webhook_endpoint::{self as endpoints, EndpointState};
-    use sea_orm::{ActiveModelTrait, ActiveValue::Set, EntityTrait, IntoActiveModel};
-    let app = Spawn::new(backend).start().await;
+/// An endpoint of acme's at `hooks.acme.example`, `DESACTIVADO` as the delivery worker
+/// leaves it after an answer 410.
+async fn disabled_endpoint(app: &TestApp) -> pagos::entities::webhook_endpoint::Model {
     let acme = pagos::merchants::store::find_merchant(
         &app.db,
         &pagos::merchants::name::MerchantName::parse("acme").expect("name"),
@@ -454,11 +484,34 @@ async fn a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it(ba
     .await
     .expect("endpoint")
     .expect("room for it");
-    // As the delivery worker leaves it after an answer 410.
+    disable(app, &endpoint).await
+}
+
+/// `endpoint`, `DESACTIVADO` after an answer 410.
+async fn disable(
+    app: &TestApp,
+    endpoint: &pagos::entities::webhook_endpoint::Model,
+) -> pagos::entities::webhook_endpoint::Model {
+    use pagos::entities::webhook_endpoint::EndpointState;
+    use sea_orm::{ActiveModelTrait, ActiveValue::Set, IntoActiveModel};
     let mut down = endpoint.clone().into_active_model();
     down.state = Set(EndpointState::Desactivado);
     down.disabled_reason = Set(Some("answered 410 Gone".into()));
-    down.update(&app.db).await.expect("disabled");
+    down.update(&app.db).await.expect("disabled")
+}
+
+/// A reactivation from the console: refused to a lector, who leaves no row; an operador's
+/// leaves a row naming them, what they asked to deliver again and what came of it, and
+/// when the endpoint is listed again its card says who reactivated it last.
+async fn a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it_recorded_by_name(
+    backend: Backend,
+) {
+    use crate::operator_actions::actions_as;
+    use pagos::entities::webhook_endpoint::{self as endpoints, EndpointState};
+    use sea_orm::EntityTrait;
+    let app = Spawn::new(backend).start().await;
+    let endpoint = disabled_endpoint(&app).await;
+    let on_it = format!("?objetivo={}", endpoint.id);
 
     let luis = operator(&app, "luis", Role::Lector).await;
     let reader = log_in(&app, &luis).await;
@@ -468,9 +521,14 @@ async fn a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it(ba
         "{html}"
     );
     assert!(html.contains("answered 410 Gone"));
+    assert!(!html.contains("Last reactivated"), "never reactivated");
     let path = format!("/consola/webhooks/{}/reactivar", endpoint.id);
     let answer = post_form(&app, &reader, &path, &[("csrf", csrf.as_str())]).await;
     assert_eq!(answer.status(), 403, "a lector cannot reactivate");
+    assert!(
+        actions_as(&app, ADMIN_TOKEN, &on_it).await.is_empty(),
+        "no row"
+    );
 
     let eva = operator(&app, "eva", Role::Operador).await;
     let session = log_in(&app, &eva).await;
@@ -500,6 +558,25 @@ async fn a_disabled_webhook_endpoint_is_listed_and_an_operador_reactivates_it(ba
     assert_eq!(now.state, EndpointState::Activo, "reactivated");
     let (html, _) = page_with_csrf(&app, &session, "/consola/webhooks").await;
     assert!(!html.contains("hooks.acme.example"), "no longer listed");
+    let rows = actions_as(&app, &luis, &on_it).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["operador"], "eva");
+    assert_eq!(rows[0]["accion"], "reactivate_endpoint");
+    assert!(rows[0]["terminadaEn"].is_string(), "{rows:?}");
+    for said in ["of the last 24 hours", "done: ACTIVO"] {
+        assert!(
+            crate::helpers::text_has(&rows[0], "detalle", said),
+            "{said}: {rows:?}"
+        );
+    }
+
+    // It fails again: its card names who reactivated it last.
+    disable(&app, &endpoint).await;
+    let html = html_of(&app, &reader, "/consola/webhooks").await;
+    let card = &html[html
+        .find("Last reactivated")
+        .expect("the last reactivation")..];
+    assert!(card.contains("by <strong>eva</strong>"), "{card}");
 }
 
 fn hidden_in(html: &str, name: &str) -> String {

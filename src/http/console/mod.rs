@@ -5,14 +5,15 @@
 //! (`session.rs`); every page needs one and redirects to the login page without it. Every
 //! form that changes something carries the session's CSRF token and is refused without
 //! it. Actions go through the admin API's own functions (`admin::resolve_by_hand`,
-//! `admin::reconcile_now`), so the console can do nothing the API cannot, and a `lector`
-//! nothing but read.
+//! `admin::reconcile_now`, `actions::audited`), so the console can do nothing the API
+//! cannot, leaves the same audit rows, and a `lector` nothing but read.
 
 pub mod session;
 pub mod view;
 mod webhooks;
 
 use super::AppState;
+use super::actions::outcome_of;
 use super::admin::{self, Transicion};
 use super::auth::{self, Admin};
 use super::extract::PathId;
@@ -20,6 +21,7 @@ use super::problem::ApiError;
 use crate::entities::payment::PaymentState;
 use crate::entities::{merchant, payment, payment_transition as transitions, webhook_charge};
 use crate::operators;
+use crate::operators::actions::{self, Action};
 use axum::Router;
 use axum::extract::rejection::FormRejection;
 use axum::extract::{FromRequestParts, Query, State};
@@ -44,6 +46,10 @@ use view::{Who, age, money, notice, page, state_badge, time};
 
 /// Rows on one page of a list.
 const PAGE_SIZE: u64 = 50;
+/// Passes run by hand the reconciliation page lists.
+const PASSES_SHOWN: u64 = 20;
+/// "Reconcile now" asks of a payment its timeline shows (the latest).
+const TIMELINE_ASKS: u64 = 200;
 /// How long the detail page waits for the provider's answer.
 const PROVIDER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -916,6 +922,17 @@ async fn detail_page(
     } else {
         None
     };
+    let asks = actions::list(
+        &state.db,
+        &actions::Filter {
+            target: Some(p.id),
+            action: Some(Action::ReconcilePayment),
+            ..actions::Filter::default()
+        },
+        TIMELINE_ASKS,
+    )
+    .await?;
+    let timeline = timeline(&detail.transiciones, &asks);
     let csrf = &console.session.csrf;
     let body = html! {
         @if let Some((kind, text)) = message { (notice(kind, text)) }
@@ -1087,12 +1104,48 @@ async fn detail_page(
         }
         h2 { "Audit trail" }
         ol.timeline {
-            @for t in &detail.transiciones {
-                (timeline_entry(t))
-            }
+            @for entry in timeline { (entry) }
         }
     };
     Ok(Some(page("Payment", Some(&console.who()), body)))
+}
+
+/// The audit trail's moves and on-call's "reconcile now" asks of the payment, oldest
+/// first: an ask before the moves its work made (it is written before the work).
+fn timeline(moves: &[Transicion], asks: &[actions::Row]) -> Vec<Markup> {
+    let mut entries: Vec<(Option<DateTime<Utc>>, u8, Markup)> = moves
+        .iter()
+        .map(|t| {
+            let at = DateTime::parse_from_rfc3339(&t.en)
+                .ok()
+                .map(|d| d.with_timezone(&Utc));
+            (at, 1, timeline_entry(t))
+        })
+        .chain(asks.iter().map(|a| (Some(a.at), 0, asked_entry(a))))
+        .collect();
+    entries.sort_by_key(|(at, rank, _)| (*at, *rank));
+    entries.into_iter().map(|(_, _, entry)| entry).collect()
+}
+
+/// On-call's "reconcile now" in the timeline: who asked, when, what came of it.
+fn asked_entry(a: &actions::Row) -> Markup {
+    html! {
+        li.asked {
+            div.when { (time(a.at)) " · by " strong.actor { (a.operator) " (on-call)" } }
+            div { "Reconcile now asked" }
+            div.reason { (came_of(a)) }
+        }
+    }
+}
+
+/// What came of an action of on-call, or that it is not over.
+fn came_of(a: &actions::Row) -> Markup {
+    html! {
+        @match outcome_of(a) {
+            Some(outcome) => (outcome),
+            None => span.muted { "not over yet (or its process stopped before it ended)" },
+        }
+    }
 }
 
 fn timeline_entry(t: &Transicion) -> Markup {
@@ -1282,9 +1335,19 @@ const REPORT_WORDS: [(&str, &str); 8] = [
     ),
 ];
 
+/// The passes run by hand, newest first, that the reconciliation page lists.
+async fn passes_by_hand(state: &AppState) -> Result<Vec<actions::Row>, ApiError> {
+    let passes = actions::Filter {
+        action: Some(Action::ReconcilePass),
+        ..actions::Filter::default()
+    };
+    Ok(actions::list(&state.db, &passes, PASSES_SHOWN).await?)
+}
+
 fn reconciliation_markup(
     console: &Console,
     report: Option<&crate::saga::reconcile::Report>,
+    passes: &[actions::Row],
 ) -> Markup {
     let body = html! {
         h1 { "Reconciliation" }
@@ -1317,12 +1380,35 @@ fn reconciliation_markup(
                 }
             }
         }
+        h2 { "Passes run by hand" }
+        @if passes.is_empty() {
+            p.muted { "None yet." }
+        } @else {
+            p.muted { "The last " (PASSES_SHOWN) ", newest first." }
+            div.table-wrap {
+                table.cards #passes {
+                    thead { tr { th { "When" } th { "Who" } th { "Outcome" } } }
+                    tbody {
+                        @for r in passes {
+                            tr {
+                                td data-label="When" { (time(r.at)) }
+                                td data-label="Who" { (r.operator) }
+                                td data-label="Outcome" { (came_of(r)) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     };
     page("Reconciliation", Some(&console.who()), body)
 }
 
-async fn reconciliation_page(console: Console) -> Markup {
-    reconciliation_markup(&console, None)
+async fn reconciliation_page(State(state): State<AppState>, console: Console) -> Response {
+    match passes_by_hand(&state).await {
+        Ok(passes) => reconciliation_markup(&console, None, &passes).into_response(),
+        Err(err) => error_page(&console, err),
+    }
 }
 
 async fn run_reconciliation(
@@ -1333,8 +1419,12 @@ async fn run_reconciliation(
     if let Err(refusal) = console.acting_form(form, |f| f.csrf.as_deref()) {
         return *refusal;
     }
-    match admin::reconcile_now(&state, &console.admin(), None).await {
-        Ok(report) => reconciliation_markup(&console, Some(&report)).into_response(),
+    let report = match admin::reconcile_now(&state, &console.admin(), None).await {
+        Ok(report) => report,
+        Err(err) => return error_page(&console, err),
+    };
+    match passes_by_hand(&state).await {
+        Ok(passes) => reconciliation_markup(&console, Some(&report), &passes).into_response(),
         Err(err) => error_page(&console, err),
     }
 }

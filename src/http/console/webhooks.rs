@@ -1,13 +1,16 @@
 //! `/consola/webhooks`: merchants' webhook endpoints that fail or are `DESACTIVADO`, with
-//! their last attempts, and reactivation with redelivery (the merchant API's own
-//! `outbox::endpoints::reactivate`).
+//! their last attempts and their last reactivation by on-call, and reactivation with
+//! redelivery (the merchant API's own `outbox::endpoints::reactivate`, recorded with who
+//! asked: `actions::audited`).
 
 use super::{Console, LECTOR_REFUSED, Lenient, error_page, refused};
 use crate::entities::webhook_endpoint::EndpointState;
 use crate::entities::{merchant, webhook_attempt as attempts, webhook_endpoint as endpoints};
 use crate::http::AppState;
+use crate::http::actions::{Asked, audited};
 use crate::http::extract::PathId;
 use crate::http::problem::ApiError;
+use crate::operators::actions::{self, Action};
 use axum::Form;
 use axum::extract::State;
 use axum::extract::rejection::FormRejection;
@@ -67,6 +70,8 @@ async fn list_page(
         .into_iter()
         .map(|m| (m.id, m.name))
         .collect();
+    let ids: Vec<Uuid> = troubled.iter().map(|e| e.id).collect();
+    let reactivated = actions::last_on_each(&state.db, Action::ReactivateEndpoint, &ids).await?;
     let mut cards = Vec::new();
     for endpoint in &troubled {
         let last = attempts::Entity::find()
@@ -80,6 +85,7 @@ async fn list_page(
             endpoint,
             names.get(&endpoint.merchant_id),
             &last,
+            reactivated.get(&endpoint.id),
         ));
     }
     let body = html! {
@@ -99,6 +105,7 @@ fn card(
     endpoint: &endpoints::Model,
     merchant: Option<&String>,
     last: &[attempts::Model],
+    reactivated: Option<&actions::Row>,
 ) -> Markup {
     let down = endpoint.state == EndpointState::Desactivado;
     html! {
@@ -111,6 +118,9 @@ fn card(
                 @if let Some(since) = endpoint.failing_since { dt { "Failing since" } dd { (time(since)) } }
                 @if let Some(reason) = &endpoint.disabled_reason { dt { "Why disabled" } dd { (reason) } }
                 dt { "Endpoint" } dd.mono { (endpoint.id) }
+                @if let Some(r) = reactivated {
+                    dt { "Last reactivated" } dd.reactivated { (time(r.at)) " by " strong { (r.operator) } }
+                }
             }
             @if !last.is_empty() {
                 div.table-wrap {
@@ -177,19 +187,39 @@ pub(super) async fn reactivate(
         Ok(None) => return refused(Some(&console), "No such endpoint."),
         Err(err) => return error_page(&console, err.into()),
     };
-    let since = match form.reenviar.as_deref() {
+    let (since, what) = match form.reenviar.as_deref() {
         Some("fallo") => match crate::outbox::endpoints::failures_began(&state.db, &found).await {
-            Ok(since) => since,
+            Ok(since) => (since, "since it started failing"),
             Err(err) => return error_page(&console, err.into()),
         },
-        Some("24h") => Some(crate::db::now() - TimeDelta::hours(24)),
-        _ => None,
+        Some("24h") => (
+            Some(crate::db::now() - TimeDelta::hours(24)),
+            "of the last 24 hours",
+        ),
+        _ => (None, ""),
     };
-    match crate::outbox::endpoints::reactivate(&state.db, found.merchant_id, id, since).await {
+    let asked = Asked {
+        action: Action::ReactivateEndpoint,
+        target: Some(id),
+        what: match since {
+            Some(at) => format!(
+                "reactivate, delivering again every event {what} (since {})",
+                at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            ),
+            None => "reactivate, delivering what is pending".to_owned(),
+        },
+    };
+    let (db, merchant) = (state.db.clone(), found.merchant_id);
+    let work = async move { crate::outbox::endpoints::reactivate(&db, merchant, id, since).await };
+    let done = |e: &Option<endpoints::Model>| match e {
+        Some(_) => "done: ACTIVO".to_owned(),
+        None => "no such endpoint any more: nothing done".to_owned(),
+    };
+    match audited(&state, &console.admin(), asked, work, done).await {
         Ok(_) => {
             tracing::info!(operator = %console.session.name, endpoint = %id, redeliver_since = ?since, "webhook endpoint reactivated from the console");
             Redirect::to("/consola/webhooks?hecho=reactivado").into_response()
         }
-        Err(err) => error_page(&console, err.into()),
+        Err(err) => error_page(&console, err),
     }
 }

@@ -1,0 +1,56 @@
+use sea_orm::entity::prelude::*;
+
+/// What on-call asked that moves no row of its own by on-call's hand (the reconciler's
+/// and the endpoint's own rows say what it did): stored as its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::N(32))")]
+pub enum Action {
+    /// "Reconcile now" of one payment.
+    #[sea_orm(string_value = "reconcile_payment")]
+    ReconcilePayment,
+    /// "Reconcile now" of one refund.
+    #[sea_orm(string_value = "reconcile_refund")]
+    ReconcileRefund,
+    /// A reconciliation pass run by hand.
+    #[sea_orm(string_value = "reconcile_pass")]
+    ReconcilePass,
+    /// A merchant's webhook endpoint reactivated from the console.
+    #[sea_orm(string_value = "reactivate_endpoint")]
+    ReactivateEndpoint,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::ReconcilePayment => "reconcile_payment",
+            Action::ReconcileRefund => "reconcile_refund",
+            Action::ReconcilePass => "reconcile_pass",
+            Action::ReactivateEndpoint => "reactivate_endpoint",
+        }
+    }
+}
+
+/// One action of on-call: who asked what, when, and what came of it. Written before the
+/// work starts, completed (`finished_at`) when it ends.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "operator_actions")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    /// When it was asked.
+    pub at: ChronoDateTimeUtc,
+    /// The operator's name, `admin` for the break-glass token.
+    pub operator: String,
+    pub action: Action,
+    /// The payment, refund or endpoint acted on; None for a pass.
+    pub target: Option<Uuid>,
+    /// What was asked and, once over, what came of it.
+    pub detail: String,
+    /// None while the work runs, or when the process stopped before it ended.
+    pub finished_at: Option<ChronoDateTimeUtc>,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

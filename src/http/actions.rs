@@ -1,0 +1,273 @@
+//! On-call's actions that move nothing by their own hand — "reconcile now" of a payment or
+//! a refund, a pass run by hand, a webhook endpoint reactivated — recorded with who asked
+//! (contract section 8), and `GET /admin/acciones`, where they are read back.
+//!
+//! `audited` is the one way such an action runs, from the admin API and the console: its
+//! row is written before the work (an action that cannot be recorded is refused, 503, and
+//! nothing is done) and completed with what came of it, in the work's own task, so a
+//! caller that hangs up still leaves the outcome. Never runs an action unrecorded.
+
+use super::AppState;
+use super::auth::{Admin, AdminTokenRefused};
+use super::problem::{ApiError, Problem, ProblemType};
+use crate::domain::FieldError;
+use crate::operators::actions::{self, Action, Filter, Row};
+use crate::saga::reconcile::Report;
+use crate::saga::reconcile::decide::Tally;
+use axum::Json;
+use axum::extract::{RawQuery, State};
+use chrono::SecondsFormat;
+use futures::FutureExt;
+use serde::Serialize;
+use std::panic::AssertUnwindSafe;
+use tracing::Instrument;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+pub const DEFAULT_LIMIT: u64 = 50;
+pub const MAX_LIMIT: u64 = 500;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_actions))
+}
+
+/// What on-call asks: the action, what it acts on, and in words what was asked.
+pub struct Asked {
+    pub action: Action,
+    /// The payment, refund or endpoint; None for a pass.
+    pub target: Option<Uuid>,
+    /// What was asked, for the row (`reconcile payment now`, what to deliver again…).
+    pub what: String,
+}
+
+/// Runs `work` as `who` asked it, recorded: the row is written first (a failed write is a
+/// 503 and `work` never starts), then `work` runs in a task of its own and the row is
+/// completed with `outcome` of what it returned, or with its error.
+pub async fn audited<T, F>(
+    state: &AppState,
+    who: &Admin,
+    asked: Asked,
+    work: F,
+    outcome: fn(&T) -> String,
+) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, sea_orm::DbErr>> + Send + 'static,
+{
+    who.may_act()?;
+    let Asked {
+        action,
+        target,
+        what,
+    } = asked;
+    let row = actions::begin(&state.db, &who.name, action, target, &what)
+        .await
+        .map_err(|err| {
+            tracing::error!(error = %err, operator = %who.name, action = action.as_str(), "on-call's action refused: its audit row could not be written");
+            ApiError::from(
+                Problem::new(ProblemType::Unavailable)
+                    .detail("The audit trail could not record who asked for this, so nothing was done. Try again.")
+                    .retry_after(1),
+            )
+        })?;
+    let db = state.db.clone();
+    state
+        .tasks
+        .spawn(
+            async move {
+                // A panic is an end too: the row says so, and the caller gets a 503.
+                let result = match AssertUnwindSafe(work).catch_unwind().await {
+                    Ok(result) => result.map_err(ApiError::from),
+                    Err(_) => Err(ApiError::Internal(anyhow::anyhow!(
+                        "on-call's {} stopped with a panic",
+                        action.as_str()
+                    ))),
+                };
+                let came_of_it = match &result {
+                    Ok(done) => outcome(done),
+                    Err(err) => format!("failed: {}", in_words(err)),
+                };
+                let detail = format!("{what}{OUTCOME_AFTER}{came_of_it}");
+                if let Err(err) = actions::finish(&db, row, &detail).await {
+                    tracing::error!(error = %err, action_id = %row, "on-call's action is over, but its audit row could not be completed");
+                }
+                result
+            }
+            .in_current_span(),
+        )
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))?
+}
+
+/// What separates what was asked from what came of it in a row's `detail`.
+const OUTCOME_AFTER: &str = " — ";
+
+/// What came of an action, from its row; None while it is not over (still running, or its
+/// process stopped before it ended).
+pub fn outcome_of(row: &Row) -> Option<&str> {
+    row.finished_at?;
+    row.detail
+        .split_once(OUTCOME_AFTER)
+        .map(|(_, outcome)| outcome)
+}
+
+/// An error as the audit row says it.
+fn in_words(err: &ApiError) -> String {
+    match err {
+        ApiError::Problem(problem) => problem
+            .detail
+            .clone()
+            .unwrap_or_else(|| problem.title.clone()),
+        ApiError::Internal(err) => format!("{err:#}"),
+    }
+}
+
+/// A reconciliation's report as its row says it: each count that is not zero, by the
+/// report's own names (`examinados` always).
+pub fn report_in_words(report: &Report) -> String {
+    let tally = |t: &Tally| {
+        [
+            ("examinados", t.examinados),
+            ("completados", t.completados),
+            ("fallidos", t.fallidos),
+            ("reenviados", t.reenviados),
+            ("pendientes", t.pendientes),
+            ("revisionManual", t.revision_manual),
+            ("errores", t.errores),
+            ("omitidos", t.omitidos),
+        ]
+        .iter()
+        .filter(|(name, n)| *n > 0 || *name == "examinados")
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+    };
+    let mut parts = Vec::new();
+    if !report.pagos.is_empty() || report.reembolsos.is_empty() {
+        parts.push(format!("pagos: {}", tally(&report.pagos)));
+    }
+    if !report.reembolsos.is_empty() {
+        parts.push(format!("reembolsos: {}", tally(&report.reembolsos)));
+    }
+    parts.join("; ")
+}
+
+/// One action of on-call.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AccionOperador {
+    pub id: Uuid,
+    /// When it was asked (RFC 3339).
+    pub en: String,
+    /// Who asked: the operator's name, `admin` for the break-glass token.
+    pub operador: String,
+    /// `reconcile_payment`, `reconcile_refund`, `reconcile_pass` or `reactivate_endpoint`.
+    pub accion: String,
+    /// The payment, refund or endpoint acted on; null for a pass.
+    pub objetivo: Option<Uuid>,
+    /// What was asked and, once over, what came of it (the report's counts, or
+    /// `failed: …`).
+    pub detalle: String,
+    /// When it was over (RFC 3339); null while it runs, or when the process stopped
+    /// before it ended.
+    pub terminada_en: Option<String>,
+}
+
+impl From<Row> for AccionOperador {
+    fn from(row: Row) -> Self {
+        let at = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(SecondsFormat::Millis, true);
+        AccionOperador {
+            id: row.id,
+            en: at(row.at),
+            operador: row.operator,
+            accion: row.action.as_str().to_owned(),
+            objetivo: row.target,
+            detalle: row.detail,
+            terminada_en: row.finished_at.map(at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ListaAcciones {
+    /// Newest first.
+    pub acciones: Vec<AccionOperador>,
+}
+
+/// The query, parsed: every parameter once, none unknown.
+fn parse(query: &str) -> Result<(Filter, u64), ApiError> {
+    let mut filter = Filter::default();
+    let mut limit = None;
+    let mut errors = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        let mut error = |detalle: String| {
+            errors.push(FieldError {
+                campo: name.clone().into_owned(),
+                detalle,
+            })
+        };
+        if !seen.insert(name.clone().into_owned()) {
+            error("given more than once".into());
+            continue;
+        }
+        match name.as_ref() {
+            "limite" => match value.parse::<u64>() {
+                Ok(n) if (1..=MAX_LIMIT).contains(&n) => limit = Some(n),
+                _ => error(format!("a whole number from 1 to {MAX_LIMIT}")),
+            },
+            "operador" => match value.trim() {
+                name if !name.is_empty()
+                    && name.chars().count() <= crate::operators::MAX_NAME_CHARS =>
+                {
+                    filter.operator = Some(name.to_owned())
+                }
+                _ => error(format!(
+                    "an operator's name (1–{} characters), or admin",
+                    crate::operators::MAX_NAME_CHARS
+                )),
+            },
+            "objetivo" => match Uuid::parse_str(value.trim()) {
+                Ok(id) => filter.target = Some(id),
+                Err(_) => error("the id (uuid) of a payment, refund or endpoint".into()),
+            },
+            _ => error("unknown parameter; known: limite, operador, objetivo".into()),
+        }
+    }
+    if errors.is_empty() {
+        Ok((filter, limit.unwrap_or(DEFAULT_LIMIT)))
+    } else {
+        Err(super::search::invalid(errors))
+    }
+}
+
+/// On-call's actions, newest first: who asked a reconciliation or a reactivation, when,
+/// and what came of it.
+#[utoipa::path(
+    get,
+    path = "/admin/acciones",
+    tag = "admin",
+    security(("admin_token" = [])),
+    params(
+        ("limite" = Option<u64>, Query, description = "At most this many (1–500, default 50)"),
+        ("operador" = Option<String>, Query, description = "Only this operator's (`admin`: the break-glass token's)"),
+        ("objetivo" = Option<Uuid>, Query, description = "Only those on this payment, refund or endpoint"),
+    ),
+    responses(
+        (status = 200, description = "Actions, newest first", body = ListaAcciones),
+        AdminTokenRefused,
+        (status = 422, description = "A bad, repeated or unknown parameter (`errores` names it)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn list_actions(
+    State(state): State<AppState>,
+    _admin: Admin,
+    RawQuery(query): RawQuery,
+) -> Result<Json<ListaAcciones>, ApiError> {
+    let (filter, limit) = parse(&query.unwrap_or_default())?;
+    let rows = actions::list(&state.db, &filter, limit).await?;
+    Ok(Json(ListaAcciones {
+        acciones: rows.into_iter().map(AccionOperador::from).collect(),
+    }))
+}

@@ -1,0 +1,95 @@
+//! What on-call asked, in the database (`operator_actions`): a row written before the
+//! work, completed with what came of it, and read back newest first.
+//!
+//! Stores text it is given: what was asked and what came of it are put in words above
+//! (`http`), never here.
+
+use crate::db;
+pub use crate::entities::operator_action::{Action, Model as Row};
+use crate::entities::operator_action::{ActiveModel, Column, Entity};
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, DbErr, EntityTrait,
+    QueryFilter, QueryOrder, QuerySelect,
+};
+use std::collections::HashMap;
+use uuid::Uuid;
+
+/// Records that `operator` asked `action` on `target`, before the work starts: `asked`
+/// says what. The row's id, to `finish` it with.
+pub async fn begin(
+    db: &DatabaseConnection,
+    operator: &str,
+    action: Action,
+    target: Option<Uuid>,
+    asked: &str,
+) -> Result<Uuid, DbErr> {
+    let row = ActiveModel {
+        id: Set(Uuid::now_v7()),
+        at: Set(db::now()),
+        operator: Set(operator.to_owned()),
+        action: Set(action),
+        target: Set(target),
+        detail: Set(asked.to_owned()),
+        finished_at: Set(None),
+    };
+    Ok(row.insert(db).await?.id)
+}
+
+/// The action `id` is over: `detail` says what was asked and what came of it.
+pub async fn finish(db: &DatabaseConnection, id: Uuid, detail: &str) -> Result<(), DbErr> {
+    Entity::update_many()
+        .col_expr(Column::Detail, Expr::value(detail))
+        .col_expr(Column::FinishedAt, Expr::value(db::now()))
+        .filter(Column::Id.eq(id))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+/// Which rows to read: each filter that is set must hold.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub operator: Option<String>,
+    pub target: Option<Uuid>,
+    pub action: Option<Action>,
+}
+
+/// At most `limit` rows that `filter` selects, newest first.
+pub async fn list(db: &DatabaseConnection, filter: &Filter, limit: u64) -> Result<Vec<Row>, DbErr> {
+    let mut query = Entity::find();
+    if let Some(operator) = &filter.operator {
+        query = query.filter(Column::Operator.eq(operator.as_str()));
+    }
+    if let Some(target) = filter.target {
+        query = query.filter(Column::Target.eq(target));
+    }
+    if let Some(action) = filter.action {
+        query = query.filter(Column::Action.eq(action));
+    }
+    query
+        .order_by_desc(Column::At)
+        .order_by_desc(Column::Id)
+        .limit(limit)
+        .all(db)
+        .await
+}
+
+/// The last `action` on each of `targets` that has one.
+pub async fn last_on_each(
+    db: &DatabaseConnection,
+    action: Action,
+    targets: &[Uuid],
+) -> Result<HashMap<Uuid, Row>, DbErr> {
+    let rows = Entity::find()
+        .filter(Column::Action.eq(action))
+        .filter(Column::Target.is_in(targets.iter().copied()))
+        .order_by_asc(Column::At)
+        .order_by_asc(Column::Id)
+        .all(db)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| Some((row.target?, row)))
+        .collect())
+}

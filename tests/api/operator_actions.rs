@@ -1,0 +1,206 @@
+//! On-call's actions that move nothing by their own hand — "reconcile now" of a payment or
+//! a refund, a pass run by hand — leave a row naming who asked and what came of it,
+//! read back at `GET /admin/acciones` (contract section 8). A lector's refused ask leaves
+//! none, and an ask that cannot be recorded is not done.
+
+use crate::helpers::{ADMIN_TOKEN, Backend, FakeGateway, Spawn, TestApp, json, payment_body};
+use crate::on_both_databases;
+use crate::operators::operator;
+use pagos::operators::Role;
+use serde_json::{Value, json};
+
+on_both_databases!(
+    each_reconcile_now_and_each_pass_leaves_a_row_naming_the_operator_and_its_outcome,
+    a_bad_query_of_the_actions_is_a_422_naming_the_parameter_and_changes_nothing,
+    an_action_whose_audit_row_cannot_be_written_is_refused_and_nothing_is_done,
+);
+
+/// On-call's actions, newest first, as `token` reads them with `query`.
+pub async fn actions_as(app: &TestApp, token: &str, query: &str) -> Vec<Value> {
+    let answer = app.get_as(token, &format!("/admin/acciones{query}")).await;
+    assert_eq!(answer.status(), 200, "{query}");
+    json(answer).await["acciones"]
+        .as_array()
+        .cloned()
+        .expect("acciones")
+}
+
+/// A payment whose charge is pending at `fake` (answered 202), then succeeded there: the
+/// next look-up settles it. Its id.
+pub async fn settled_at_the_provider(app: &TestApp, fake: &FakeGateway, key: &str) -> String {
+    fake.set_new_status("pending");
+    let answer = app.pay(key, &payment_body()).await;
+    assert_eq!(answer.status(), 202);
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+    fake.settle_all("succeeded");
+    id
+}
+
+/// `row` is a finished action of `operador`'s: `accion` on `objetivo`, its `detalle`
+/// saying `outcome`.
+fn assert_row(row: &Value, operador: &str, accion: &str, objetivo: Option<&str>, outcome: &str) {
+    assert_eq!(row["operador"], operador, "{row}");
+    assert_eq!(row["accion"], accion, "{row}");
+    assert_eq!(
+        row["objetivo"],
+        objetivo.map_or(Value::Null, Value::from),
+        "{row}"
+    );
+    assert!(
+        crate::helpers::text_has(row, "detalle", outcome),
+        "{outcome} in {row}"
+    );
+    assert!(row["en"].is_string(), "{row}");
+    assert!(row["terminadaEn"].is_string(), "finished: {row}");
+}
+
+async fn each_reconcile_now_and_each_pass_leaves_a_row_naming_the_operator_and_its_outcome(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
+    let refunds = crate::refunds::FakeRefunds::default();
+    refunds.mount_refunds(app.gateway()).await;
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let ana = operator(&app, "ana", Role::Operador).await;
+    let luis = operator(&app, "luis", Role::Lector).await;
+    let payment = settled_at_the_provider(&app, &fake, "k-act-1").await;
+
+    // A lector is refused before anything is written.
+    for body in [json!({"pagoId": payment}), json!({})] {
+        let answer = app.post_as(&luis, "/admin/reconciliaciones", &body).await;
+        assert_eq!(answer.status(), 403, "{body}");
+    }
+    assert!(actions_as(&app, &luis, "").await.is_empty(), "no row");
+    assert_eq!(app.payment(&payment).await.state, "ENVIADA");
+
+    let answer = app
+        .post_as(&eva, "/admin/reconciliaciones", &json!({"pagoId": payment}))
+        .await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(json(answer).await["completados"], 1);
+
+    refunds.refunding("pending");
+    let answer = crate::refunds::refund(&app, &payment, "r-act-1", &json!({"monto": 1000})).await;
+    assert_eq!(answer.status(), 202);
+    let refund = json(answer).await["id"].as_str().expect("id").to_owned();
+    refunds.settle_all("succeeded");
+    let answer = app
+        .post_as(
+            &eva,
+            "/admin/reconciliaciones",
+            &json!({"reembolsoId": refund}),
+        )
+        .await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(json(answer).await["reembolsos"]["completados"], 1);
+
+    let answer = app
+        .post_as(&ana, "/admin/reconciliaciones", &json!({}))
+        .await;
+    assert_eq!(answer.status(), 200);
+
+    // A lector reads them: newest first, each naming who asked and what came of it.
+    let all = actions_as(&app, &luis, "").await;
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert_row(
+        &all[0],
+        "ana",
+        "reconcile_pass",
+        None,
+        "pagos: examinados 0",
+    );
+    assert_row(
+        &all[1],
+        "eva",
+        "reconcile_refund",
+        Some(&refund),
+        "reembolsos: examinados 1, completados 1",
+    );
+    assert_row(
+        &all[2],
+        "eva",
+        "reconcile_payment",
+        Some(&payment),
+        "pagos: examinados 1, completados 1",
+    );
+
+    // Filtered by who, by what, both; and cut at `limite`.
+    let by_eva: Vec<Value> = actions_as(&app, ADMIN_TOKEN, "?operador=eva").await;
+    let what: Vec<&str> = by_eva.iter().filter_map(|r| r["accion"].as_str()).collect();
+    assert_eq!(what, ["reconcile_refund", "reconcile_payment"]);
+    let on_payment = actions_as(&app, ADMIN_TOKEN, &format!("?objetivo={payment}")).await;
+    assert_eq!(on_payment.len(), 1, "{on_payment:?}");
+    assert_eq!(on_payment[0]["accion"], "reconcile_payment");
+    let none = actions_as(
+        &app,
+        ADMIN_TOKEN,
+        &format!("?operador=ana&objetivo={refund}"),
+    )
+    .await;
+    assert!(none.is_empty(), "{none:?}");
+    let newest = actions_as(&app, ADMIN_TOKEN, "?limite=1").await;
+    assert_eq!(newest.len(), 1);
+    assert_eq!(newest[0]["operador"], "ana");
+}
+
+async fn a_bad_query_of_the_actions_is_a_422_naming_the_parameter_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let answer = app.admin_post("/admin/reconciliaciones", &json!({})).await;
+    assert_eq!(answer.status(), 200);
+    let before = actions_as(&app, ADMIN_TOKEN, "").await;
+    assert_eq!(before.len(), 1);
+    assert_eq!(before[0]["operador"], "admin", "the break-glass token");
+
+    for (query, campo) in [
+        ("?limite=0", "limite"),
+        ("?limite=501", "limite"),
+        ("?limite=muchos", "limite"),
+        ("?limite=5&limite=6", "limite"),
+        ("?objetivo=not-a-uuid", "objetivo"),
+        ("?operador=", "operador"),
+        ("?operator=eva", "operator"),
+    ] {
+        let answer = app.admin_get(&format!("/admin/acciones{query}")).await;
+        let problem = crate::helpers::problem(answer, 422, query).await;
+        assert_eq!(problem["errores"][0]["campo"], campo, "{query}: {problem}");
+    }
+    let answer = app.get("/admin/acciones").await;
+    assert_eq!(answer.status(), 401, "no token");
+    assert_eq!(
+        actions_as(&app, ADMIN_TOKEN, "").await,
+        before,
+        "nothing changed"
+    );
+
+    let operation = &app.openapi().await["paths"]["/admin/acciones"]["get"];
+    crate::helpers::assert_responses(operation, &["200", "401", "422"], "GET /admin/acciones");
+}
+
+async fn an_action_whose_audit_row_cannot_be_written_is_refused_and_nothing_is_done(
+    backend: Backend,
+) {
+    use sea_orm::ConnectionTrait;
+    let app = Spawn::new(backend).start().await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let payment = settled_at_the_provider(&app, &fake, "k-act-unrecorded").await;
+    let lookups = fake.lookups_made();
+    app.db
+        .execute_unprepared("DROP TABLE IF EXISTS operator_actions")
+        .await
+        .expect("dropped");
+
+    for body in [json!({"pagoId": payment}), json!({})] {
+        let answer = app.post_as(&eva, "/admin/reconciliaciones", &body).await;
+        let problem = crate::helpers::problem(answer, 503, &body.to_string()).await;
+        assert!(
+            crate::helpers::text_has(&problem, "detail", "nothing was done"),
+            "{problem}"
+        );
+    }
+    assert_eq!(fake.lookups_made(), lookups, "the provider was not asked");
+    assert_eq!(app.payment(&payment).await.state, "ENVIADA", "not settled");
+}
