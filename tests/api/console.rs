@@ -200,7 +200,8 @@ async fn a_login_opens_a_strict_http_only_session_and_a_bad_token_does_not(backe
 }
 
 async fn a_console_form_without_its_csrf_token_is_refused_and_changes_nothing(backend: Backend) {
-    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
     let (id, _gateway) = payment_under_review(&app, "k-console-csrf").await;
     let bea = operator(&app, "bea", Role::Operador).await;
     let session = log_in(&app, &bea).await;
@@ -740,7 +741,8 @@ on_both_databases!(
 async fn the_console_resolves_failed_refunding_what_the_provider_charged_and_shows_a_refusal_as_a_page(
     backend: Backend,
 ) {
-    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
     let refunds = crate::refunds::FakeRefunds::default();
     refunds.mount_refunds(app.gateway()).await;
     let (id, fake) = payment_under_review(&app, "k-console-refund").await;

@@ -86,7 +86,8 @@ async fn a_failing_lookup_reschedules_and_counts_attempts(backend: Backend) {
 async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles_it(
     backend: Backend,
 ) {
-    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
     let fake = app.with_fake(FakeGateway::charging("pending")).await;
     let id = pending_payment(&app, "k-g").await;
     fake.fail_lookups(true);
@@ -194,18 +195,20 @@ async fn a_look_up_answering_another_payments_charge_is_not_believed(backend: Ba
 }
 
 async fn no_charge_outside_the_key_window_goes_to_review_without_a_resend(backend: Backend) {
-    let app = crate::helpers::started(
-        backend,
-        &[
+    // A key window shorter than a look at the reconciler's pace, which the start-up checks
+    // refuse: here it stands for a window that has passed.
+    let app = Spawn::new(backend)
+        .flags(&[
             "--gateway-timeout",
             "200ms",
             "--gateway-retries",
             "0",
             "--gateway-key-window",
             "1s",
-        ],
-    )
-    .await;
+        ])
+        .unvalidated()
+        .start()
+        .await;
     wiremock::Mock::given(wiremock::matchers::method("POST"))
         .and(wiremock::matchers::path("/v1/charges"))
         .respond_with(wiremock::ResponseTemplate::new(503))
@@ -243,7 +246,12 @@ async fn no_charge_outside_the_key_window_goes_to_review_without_a_resend(backen
 /// no longer remembers the key. It goes to on-call; nothing is sent.
 async fn never_sent_past_the_key_window_goes_to_review_without_a_send(backend: Backend) {
     use sea_orm::EntityTrait;
-    let app = crate::helpers::started(backend, &["--gateway-key-window", "1s"]).await;
+    // Refused at start (shorter than a send); here it stands for a window that has passed.
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-key-window", "1s"])
+        .unvalidated()
+        .start()
+        .await;
     let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
     let merchant = crate::helpers::acme(&app.db).await;
     let row = crate::helpers::left_payment(

@@ -21,7 +21,7 @@ on_both_databases!(
 );
 
 async fn app(backend: Backend) -> TestApp {
-    crate::helpers::started(backend, &["--give-up-after", "1s"]).await
+    crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await
 }
 
 /// The payment `id` as on-call reads it: its row and audit trail.
