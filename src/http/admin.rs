@@ -807,7 +807,11 @@ pub async fn reconcile_now(
             async move {
                 match pago_id {
                     Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
-                    None => reconcile::run_pass(&reconciler, None).await,
+                    // What it did before is logged: on-call is answered the error.
+                    None => reconcile::run_pass(&reconciler, None).await.map_err(|err| {
+                        tracing::error!(error = %err.source, done = ?err.report, "reconciliation pass cut short");
+                        err.source
+                    }),
                 }
             }
             .in_current_span(),

@@ -592,7 +592,7 @@ async fn a_claim_that_fails_ends_the_pass_only_after_the_payments_in_hand_are_se
     backend: Backend,
 ) {
     use pagos::entities::payment;
-    use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
     // Concurrency 2: claims of 2, up to 4 payments in the work and 2 more in hand, all
     // claimed before the first look-up (200 ms) is answered; then 2 more every 100 ms.
@@ -634,23 +634,7 @@ async fn a_claim_that_fails_ends_the_pass_only_after_the_payments_in_hand_are_se
     }
     // From now on, a write that claims a payment (sets a new `claimed_until`) fails;
     // settling writes do not set one.
-    let refuse = match app.db.get_database_backend() {
-        sea_orm::DbBackend::Sqlite => vec![
-            "CREATE TRIGGER refuse_claims BEFORE UPDATE ON payments FOR EACH ROW \
-             WHEN NEW.claimed_until IS NOT NULL AND NEW.claimed_until IS NOT OLD.claimed_until \
-             BEGIN SELECT RAISE(ABORT, 'claims refused'); END",
-        ],
-        _ => vec![
-            "CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS \
-             $$ BEGIN RAISE EXCEPTION 'claims refused'; END $$",
-            "CREATE TRIGGER refuse_claims BEFORE UPDATE ON payments FOR EACH ROW \
-             WHEN (NEW.claimed_until IS NOT NULL AND NEW.claimed_until IS DISTINCT FROM OLD.claimed_until) \
-             EXECUTE FUNCTION refuse_claims()",
-        ],
-    };
-    for sql in refuse {
-        app.db.execute_unprepared(sql).await.expect("trigger");
-    }
+    crate::helpers::refuse_claims(&app.db, None).await;
     let in_hand: Vec<String> = claimed()
         .await
         .expect("read")
@@ -679,11 +663,7 @@ async fn a_claim_that_fails_ends_the_pass_only_after_the_payments_in_hand_are_se
         }
     }
 
-    let allow = match app.db.get_database_backend() {
-        sea_orm::DbBackend::Sqlite => "DROP TRIGGER refuse_claims",
-        _ => "DROP TRIGGER refuse_claims ON payments",
-    };
-    app.db.execute_unprepared(allow).await.expect("dropped");
+    crate::helpers::allow_claims(&app.db).await;
     let again = app.admin_post("/admin/reconciliaciones", &json!({})).await;
     assert_eq!(again.status(), 200);
     let left = 20 - in_hand.len() as u64;
