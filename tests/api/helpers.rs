@@ -1111,6 +1111,8 @@ pub fn left_payment(
         updated_at: at,
         generation: 0,
         claimed_until: None,
+        last_error: None,
+        last_error_at: None,
     }
 }
 
