@@ -554,14 +554,18 @@ pub async fn reconcile_once(settings: Settings) -> anyhow::Result<std::process::
     pin_gateway(&db, &settings).await?;
     let gateway = gateway_from(&settings)?;
     let state = build(db, settings, gateway);
-    let report = reconcile::run_pass(&state.reconciler, None)
-        .await
-        .context("reconciliation pass")?;
-    #[allow(clippy::print_stdout)]
-    {
-        println!("{}", serde_json::to_string(&report)?);
+    // Cut short by the database, the pass still prints what it did (written, and done),
+    // then fails with the error: on-call must know both.
+    let (report, failed) = match reconcile::run_pass(&state.reconciler, None).await {
+        Ok(report) => (report, None),
+        Err(err) => (*err.report, Some(err.source)),
+    };
+    crate::config::print_stdout(&serde_json::to_string(&report)?);
+    match failed {
+        None => Ok(std::process::ExitCode::SUCCESS),
+        // The error's own words (its sources are in them already), on one line.
+        Some(err) => Err(anyhow::anyhow!("reconciliation pass cut short: {err}")),
     }
-    Ok(std::process::ExitCode::SUCCESS)
 }
 
 /// Creates a merchant named `name` with `api_key` (generated when `None`, of the kind this

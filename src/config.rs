@@ -61,6 +61,19 @@ fn header_timeout(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// `PAGOS_STALE_AFTER`: positive, and at most the reconciler's longest wait between two
+/// looks (`saga::backoff::LONGEST`, an hour), which a longer value would be cut to.
+fn stale_after(s: &str) -> Result<Duration, String> {
+    let longest = crate::saga::backoff::LONGEST;
+    match positive_duration(s)? {
+        d if d > longest => Err(format!(
+            "must be at most {}: the reconciler never waits longer than that between two looks at a payment, so a longer value would be cut to it",
+            humantime::format_duration(longest)
+        )),
+        d => Ok(d),
+    }
+}
+
 /// A setting that holds a secret: redacted in `Debug`, wiped from memory when dropped.
 pub(crate) fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
     Ok(SecretString::from(s))
@@ -381,8 +394,9 @@ pub struct Settings {
     /// Period of the background reconciler
     #[arg(long, env = "PAGOS_RECONCILE_EVERY", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
     pub reconcile_every: Duration,
-    /// A non-terminal payment is due for reconciliation after this long
-    #[arg(long, env = "PAGOS_STALE_AFTER", default_value = "30s", value_parser = positive_duration, value_name = "DURATION")]
+    /// A non-terminal payment is due for reconciliation after this long (at most 1h; the
+    /// base of the reconciler's backoff)
+    #[arg(long, env = "PAGOS_STALE_AFTER", default_value = "30s", value_parser = stale_after, value_name = "DURATION")]
     pub stale_after: Duration,
     /// Idempotency keys of finished payments are kept this long
     #[arg(long, env = "PAGOS_KEY_RETENTION", default_value = "24h", value_parser = positive_duration, value_name = "DURATION")]
@@ -390,7 +404,7 @@ pub struct Settings {
     /// Lease of an in-flight request on its key (must exceed timeout × tries)
     #[arg(long, env = "PAGOS_LEASE", default_value = "60s", value_parser = positive_duration, value_name = "DURATION")]
     pub lease: Duration,
-    /// Unresolved this long → REVISION_MANUAL
+    /// Unresolved this long → REVISION_MANUAL (at least PAGOS_STALE_AFTER)
     #[arg(long, env = "PAGOS_GIVE_UP_AFTER", default_value = "24h", value_parser = positive_duration, value_name = "DURATION")]
     pub give_up_after: Duration,
     /// Processed webhook ids are kept this long (duplicates older than this are not
@@ -616,7 +630,70 @@ impl Settings {
                 ),
             });
         }
+        self.validate_reconciler_horizons()
+    }
+
+    /// The reconciler's horizons against each other, as its decision table
+    /// (`saga::reconcile::decide`) reads them: settings that would send every payment the
+    /// gateway left unanswered to on-call before the reconciler could look at it twice.
+    fn validate_reconciler_horizons(&self) -> Result<(), SettingError> {
+        // Past PAGOS_GIVE_UP_AFTER a payment whose look-up finds it pending, finds nothing,
+        // or fails goes to REVISION_MANUAL; the first look comes PAGOS_STALE_AFTER after a
+        // hand-over. (Below PAGOS_LEASE is not refused: a payment its request holds is
+        // never looked at, so none is given up while it is being sent.)
+        if self.give_up_after < self.stale_after {
+            return Err(SettingError {
+                env: "PAGOS_GIVE_UP_AFTER",
+                flag: "give-up-after",
+                message: format!(
+                    "{} is shorter than PAGOS_STALE_AFTER ({}): a payment handed to the reconciler would be past it at its first look, and go to REVISION_MANUAL unless that look settles it, never looked at again nor resent",
+                    humantime::format_duration(self.give_up_after),
+                    humantime::format_duration(self.stale_after),
+                ),
+            });
+        }
+        // A resend is made only while it ends inside the key window. One look inside it is
+        // not enough: the outage that left the send unanswered often fails the first
+        // look-up too, and a provider's search may not show a charge made a moment ago.
+        let (to_second_look, resend) = self.second_look();
+        if to_second_look + resend >= self.gateway_key_window {
+            let stale_share = crate::saga::backoff::longest(self.stale_after, 0)
+                + crate::saga::backoff::longest(self.stale_after, 1);
+            let (env, flag, value) = if stale_share >= self.reconcile_every * 2 {
+                ("PAGOS_STALE_AFTER", "stale-after", self.stale_after)
+            } else {
+                (
+                    "PAGOS_RECONCILE_EVERY",
+                    "reconcile-every",
+                    self.reconcile_every,
+                )
+            };
+            return Err(SettingError {
+                env,
+                flag,
+                message: format!(
+                    "{} leaves no room for two looks inside PAGOS_GATEWAY_KEY_WINDOW ({}): a payment the gateway left unanswered is looked at the second time up to {} after it was registered (its send, then PAGOS_STALE_AFTER and twice it, +20% jitter, each up to a PAGOS_RECONCILE_EVERY late), and resent only if the resend ({}) ends inside the window; a look-up that failed once would send it to on-call instead",
+                    humantime::format_duration(value),
+                    humantime::format_duration(self.gateway_key_window),
+                    humantime::format_duration(round_ms(to_second_look)),
+                    humantime::format_duration(round_ms(resend)),
+                ),
+            });
+        }
         Ok(())
+    }
+
+    /// The latest a payment the gateway left unanswered is looked at the second time,
+    /// counted from its registration, and how long a resend then takes: its request's
+    /// send (the longest gateway call), the hand-over's wait (`PAGOS_STALE_AFTER`) and
+    /// the first reschedule's (twice it), each at the top of its jitter and up to one
+    /// `PAGOS_RECONCILE_EVERY` late (the pass that picks it up); the resend is the longest
+    /// call again.
+    fn second_look(&self) -> (Duration, Duration) {
+        use crate::saga::backoff::longest;
+        let call = self.retry_policy().worst_case(self.gateway_timeout);
+        let waits = longest(self.stale_after, 0) + longest(self.stale_after, 1);
+        (call + waits + self.reconcile_every * 2, call)
     }
 }
 
@@ -960,6 +1037,62 @@ mod tests {
         let s = serve_settings(&["--lease", "20s"]);
         let err = s.validate().expect_err("refused");
         assert_eq!(err.env, "PAGOS_LEASE");
+    }
+
+    /// Settings that would hand every payment the gateway left unanswered to on-call
+    /// before the reconciler could look at it twice, and those that leave room.
+    #[test]
+    fn the_reconcilers_horizons_must_leave_it_two_looks_before_on_call() {
+        let mp = ["--gateway", "mercadopago", "--gateway-secret", "s"];
+        let with = |extra: &[&str]| {
+            let mut args = mp.to_vec();
+            args.extend_from_slice(extra);
+            serve_settings(&args)
+        };
+        for (extra, env) in [
+            (&["--give-up-after", "20s"][..], "PAGOS_GIVE_UP_AFTER"),
+            // Mercado Pago's hour: the second look at 52s + 20m × 1.2 × 3 + 20s.
+            (&["--stale-after", "20m"][..], "PAGOS_STALE_AFTER"),
+            (&["--stale-after", "17m"][..], "PAGOS_STALE_AFTER"),
+            (&["--reconcile-every", "30m"][..], "PAGOS_RECONCILE_EVERY"),
+        ] {
+            let err = with(extra).validate().expect_err(extra[1]);
+            assert_eq!(err.env, env, "{extra:?}: {err}");
+            let line = err.to_string();
+            assert!(!line.contains('\n'), "{line}");
+            assert!(
+                line.contains("PAGOS_STALE_AFTER") || line.contains("key window"),
+                "says why: {line}"
+            );
+        }
+        for extra in [
+            &[][..],
+            &["--stale-after", "16m"][..],
+            &["--give-up-after", "30s"][..],
+            // Equal: the tests' "give up at the first look".
+            &["--give-up-after", "1s", "--stale-after", "1s"][..],
+        ] {
+            assert!(with(extra).validate().is_ok(), "{extra:?}");
+        }
+        // A day's window (the reference protocol, Stripe) takes the longest stale.
+        assert!(serve_settings(&["--stale-after", "1h"]).validate().is_ok());
+        assert!(
+            serve_settings(&[
+                "--reconcile-every",
+                "1h",
+                "--give-up-after",
+                "1s",
+                "--stale-after",
+                "1s"
+            ])
+            .validate()
+            .is_ok(),
+            "a pass only on demand, giving up at the first look (the console's browser test)"
+        );
+        let err = parse(&["serve", "--stale-after", "61m"]).expect_err("over an hour");
+        let line = one_line_error_in(&err, ["serve".to_owned()]);
+        assert!(line.contains("PAGOS_STALE_AFTER"), "{line}");
+        assert!(line.contains("at most 1h"), "{line}");
     }
 
     #[test]

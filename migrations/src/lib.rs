@@ -38,6 +38,7 @@ mod m20261208_000018_events_in_commit_order;
 mod m20261209_000019_attempts_by_endpoint;
 mod m20261209_000020_due_by_endpoint;
 mod m20261210_000021_operator_actions;
+mod m20261210_000022_last_error;
 
 pub struct Migrator;
 
@@ -66,6 +67,7 @@ impl MigratorTrait for Migrator {
             whole(m20261209_000019_attempts_by_endpoint::Migration),
             whole(m20261209_000020_due_by_endpoint::Migration),
             whole(m20261210_000021_operator_actions::Migration),
+            whole(m20261210_000022_last_error::Migration),
         ]
     }
 }

@@ -38,6 +38,12 @@ pub struct Model {
     /// While in the future, one worker owns the payment (a request, a reconciliation
     /// pass, on-call's "reconcile now"): nobody else may send it. None: nobody does.
     pub claimed_until: Option<ChronoDateTimeUtc>,
+    /// The last error of a look-up or a send at the provider (at most
+    /// `saga::store::LAST_ERROR_CHARS` characters), written with the reschedule after it;
+    /// None once the payment is settled, or when no call failed.
+    pub last_error: Option<String>,
+    /// When `last_error` happened.
+    pub last_error_at: Option<ChronoDateTimeUtc>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -75,6 +75,9 @@ pub struct Model {
     pub updated_at: ChronoDateTimeUtc,
     /// The highest `sequence` of a gateway refund event applied to it (None: none yet).
     pub last_event_sequence: Option<i64>,
+    /// As a payment's: the last error of a look-up or a send at the provider, and when.
+    pub last_error: Option<String>,
+    pub last_error_at: Option<ChronoDateTimeUtc>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -54,6 +54,20 @@ pub struct PagoAdmin {
     pub decline_code: Option<String>,
     /// Seconds since it was created.
     pub edad_segundos: i64,
+    /// The last error of a look-up or a send at the provider (a 5xx, a timeout, a refused
+    /// connection): why it is still waiting. Left out when none failed, and once it is
+    /// settled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ultimo_error: Option<UltimoError>,
+}
+
+/// An error of a call to the provider, and when.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct UltimoError {
+    /// What the call failed with (at most 500 characters).
+    pub mensaje: String,
+    /// When (RFC 3339).
+    pub en: String,
 }
 
 impl PagoAdmin {
@@ -71,6 +85,13 @@ impl PagoAdmin {
                 .map(|until| until.to_rfc3339_opts(SecondsFormat::Millis, true)),
             decline_code: p.decline_code.clone(),
             edad_segundos: reconcile::age(p.created_at).num_seconds(),
+            ultimo_error: p.last_error.clone().map(|mensaje| UltimoError {
+                mensaje,
+                en: p
+                    .last_error_at
+                    .unwrap_or(p.updated_at)
+                    .to_rfc3339_opts(SecondsFormat::Millis, true),
+            }),
         }
     }
 }
@@ -819,7 +840,11 @@ pub async fn reconcile_now(
     let work = async move {
         match pago_id {
             Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
-            None => reconcile::run_pass(&reconciler, None).await,
+            // What it did before is logged: on-call is answered the error.
+            None => reconcile::run_pass(&reconciler, None).await.map_err(|err| {
+                tracing::error!(error = %err.source, done = ?err.report, "reconciliation pass cut short");
+                err.source
+            }),
         }
     };
     actions::audited(state, who, asked, work, actions::report_in_words).await

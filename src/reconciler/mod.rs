@@ -20,7 +20,7 @@ pub async fn run_periodically(
     let stopping = stop.clone();
     crate::signals::every(every, stop, || async {
         if let Err(err) = run_pass(&reconciler, Some(&stopping)).await {
-            tracing::error!(error = %err, "reconciliation pass failed; retrying next period");
+            tracing::error!(error = %err.source, done = ?err.report, "reconciliation pass failed; retrying next period");
         }
     })
     .await;

@@ -165,9 +165,12 @@ pub trait Saga: SagaRow {
 pub enum Settle<E> {
     /// A decision: the event, what it records, and why.
     Move(E, Step, String),
-    /// Not final, or not known: the reconciler asks the provider again later (by the
-    /// reference the provider gave, when it gave one).
-    HandOver(Option<String>),
+    /// Not final yet: the reconciler asks the provider again later, by the reference the
+    /// provider gave.
+    Pending(String),
+    /// Not known (`why`: a timeout, a 5xx, a refused connection): the reconciler asks the
+    /// provider later, and `why` is the row's last error meanwhile.
+    Unknown(String),
 }
 
 /// One event committed on its own, with the answer rendered for the key.
@@ -250,13 +253,25 @@ pub async fn record_outcome<R: Saga>(
         Settle::Move(event, step, reason) => {
             apply_now(&deps.db, &sent, event, step, actor, &reason).await?
         }
-        Settle::HandOver(gateway_ref) => {
-            // Doubled for each earlier send.
-            let due = deps.next_look(sent.attempts() - 1);
-            store::hand_over(&deps.db, &sent, gateway_ref, due).await?
+        Settle::Pending(gateway_ref) => hand_over(deps, &sent, Some(gateway_ref), None).await?,
+        Settle::Unknown(why) => {
+            let error = format!("send's outcome unknown: {why}");
+            hand_over(deps, &sent, None, Some(&error)).await?
         }
     };
     kept(deps, written, &sent).await
+}
+
+/// Hands `sent` to the reconciler, due again after the backoff of its sends (doubled for
+/// each earlier one).
+async fn hand_over<R: Saga>(
+    deps: &SagaDeps,
+    sent: &R,
+    gateway_ref: Option<String>,
+    error: Option<&str>,
+) -> Result<Written<R>, sea_orm::DbErr> {
+    let due = deps.next_look(sent.attempts() - 1);
+    store::hand_over(&deps.db, sent, gateway_ref, error, due).await
 }
 
 /// The row a fenced write of `current` left: as written, or, if someone else moved it
@@ -318,7 +333,7 @@ impl Saga for payment::Model {
             ChargeOutcome::Succeeded(charge) | ChargeOutcome::Declined(charge) => {
                 match settlement(self, &charge) {
                     Some((event, changes, reason)) => Settle::Move(event, changes.into(), reason),
-                    None => Settle::HandOver(Some(charge.id)),
+                    None => Settle::Pending(charge.id),
                 }
             }
             ChargeOutcome::Rejected { status, detail } => Settle::Move(
@@ -329,10 +344,10 @@ impl Saga for payment::Model {
                 },
                 format!("gateway refused the request with {status}: {detail}"),
             ),
-            ChargeOutcome::Pending(charge) => Settle::HandOver(Some(charge.id)),
+            ChargeOutcome::Pending(charge) => Settle::Pending(charge.id),
             ChargeOutcome::Unknown(why) => {
                 tracing::warn!(payment_id = %self.id, why, "gateway outcome unknown; the reconciler will ask the provider");
-                Settle::HandOver(None)
+                Settle::Unknown(why)
             }
         }
     }

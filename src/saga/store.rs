@@ -211,6 +211,8 @@ fn new_payment(reg: &Registration<'_>, generation: i32) -> payment::Model {
         generation,
         // The request holds the payment as long as it holds the key.
         claimed_until: Some(at + chrono_after(reg.lease)),
+        last_error: None,
+        last_error_at: None,
     }
 }
 
@@ -324,17 +326,37 @@ pub trait Scheduled {
     }
 
     /// Looked at again at `due_at` and held by nobody (a new version); one more attempt
-    /// if `count_attempt`.
-    fn due_again(&mut self, due_at: DateTime<Utc>, count_attempt: bool) {
+    /// if `count_attempt`. With an `error` (of the look-up or the send before), that is its
+    /// last error from now.
+    fn due_again(&mut self, due_at: DateTime<Utc>, count_attempt: bool, error: Option<&str>) {
+        let at = now();
         let s = self.schedule();
         *s.version += 1;
         if count_attempt {
             *s.attempts += 1;
         }
-        *s.updated_at = now();
+        *s.updated_at = at;
         *s.next_attempt_at = due_at;
         *s.claimed_until = None;
+        if let Some(error) = error {
+            *s.last_error = Some(last_error_text(error));
+            *s.last_error_at = Some(at);
+        }
     }
+}
+
+/// The most characters of a row's `last_error`: enough for a provider's error and its
+/// detail, never a whole HTML error page.
+pub const LAST_ERROR_CHARS: usize = 500;
+
+/// `error` as a row keeps it: its first `LAST_ERROR_CHARS` characters (cut between two
+/// characters, never inside one), `…` ending one that was cut.
+fn last_error_text(error: &str) -> String {
+    if error.chars().count() <= LAST_ERROR_CHARS {
+        return error.to_owned();
+    }
+    let kept: String = error.chars().take(LAST_ERROR_CHARS - 1).collect();
+    format!("{kept}…")
 }
 
 /// A row's schedule, borrowed to be changed.
@@ -344,6 +366,9 @@ pub struct Schedule<'a> {
     pub updated_at: &'a mut DateTime<Utc>,
     pub next_attempt_at: &'a mut DateTime<Utc>,
     pub claimed_until: &'a mut Option<DateTime<Utc>>,
+    /// What the reconciler's last look-up or send failed with, and when.
+    pub last_error: &'a mut Option<String>,
+    pub last_error_at: &'a mut Option<DateTime<Utc>>,
 }
 
 /// `Scheduled` for the models whose columns have the schedule's names.
@@ -357,6 +382,8 @@ macro_rules! scheduled {
                     updated_at: &mut self.updated_at,
                     next_attempt_at: &mut self.next_attempt_at,
                     claimed_until: &mut self.claimed_until,
+                    last_error: &mut self.last_error,
+                    last_error_at: &mut self.last_error_at,
                 }
             }
 
@@ -413,6 +440,8 @@ pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
     fn transition(from: Self::State, event: Self::Event) -> Result<Self::State, Self::Illegal>;
     /// Sent or never sent: a writer may still hold it.
     fn in_flight(state: Self::State) -> bool;
+    /// Settled: final, whatever comes later (a refund of a payment).
+    fn settled(state: Self::State) -> bool;
     /// Moves the row to `to`, with the gateway's reference and the decline or failure
     /// code when the decision has them.
     fn record(&mut self, to: Self::State, gateway_ref: Option<String>, code: Option<String>);
@@ -499,6 +528,11 @@ pub fn moved<M: SagaRow>(
     if !M::in_flight(to) {
         // Nobody sends it again: nobody holds it.
         *s.claimed_until = None;
+    }
+    if M::settled(to) {
+        // Nothing waits any more. (Under review, on-call still reads why it waited.)
+        *s.last_error = None;
+        *s.last_error_at = None;
     }
     // A resend keeps the state but is a decision worth an audit row.
     let resend = event == M::SEND && actor != Actor::Request;
@@ -623,6 +657,10 @@ impl SagaRow for payment::Model {
 
     fn in_flight(state: PaymentState) -> bool {
         PaymentState::IN_FLIGHT.contains(&state)
+    }
+
+    fn settled(state: PaymentState) -> bool {
+        state.is_terminal()
     }
 
     fn record(&mut self, to: PaymentState, gateway_ref: Option<String>, code: Option<String>) {
@@ -817,6 +855,14 @@ async fn write_fenced<C: ConnectionTrait>(
             payment::Column::PaymentMethod,
             Expr::value(next.payment_method.clone()),
         )
+        .col_expr(
+            payment::Column::LastError,
+            Expr::value(next.last_error.clone()),
+        )
+        .col_expr(
+            payment::Column::LastErrorAt,
+            Expr::value(next.last_error_at),
+        )
         .filter(payment::Column::Id.eq(current.id))
         .filter(payment::Column::Version.eq(current.version))
         .exec(tx)
@@ -867,15 +913,17 @@ async fn update_key_in_progress<C: ConnectionTrait>(
 
 /// The request gives up ownership of a payment or refund it could not settle (gateway
 /// pending or unknown): the reconciler takes it from `due_at`, and retries of its key are
-/// answered with its current state instead of 409.
+/// answered with its current state instead of 409. `error`: why the send's outcome is not
+/// known (its last error).
 pub async fn hand_over<M: SagaRow>(
     db: &DatabaseConnection,
     current: &M,
     gateway_ref: Option<String>,
+    error: Option<&str>,
     due_at: DateTime<Utc>,
 ) -> Result<Written<M>, DbErr> {
     let mut next = current.clone();
-    next.due_again(due_at, false);
+    next.due_again(due_at, false, error);
     next.record(current.state(), gateway_ref, None);
     M::handed_over(next).write_now(db, current).await
 }
@@ -1054,13 +1102,15 @@ pub async fn renew_claim<M: Rewritten>(
     rewrite(db, current, |next| next.hold(until)).await
 }
 
-/// The provider had no final answer: look again at `due_at`. Counts an attempt.
+/// The provider had no final answer, or (`error`) could not be asked: look again at
+/// `due_at`. Counts an attempt.
 pub async fn reschedule<M: Rewritten>(
     db: &DatabaseConnection,
     current: &M,
     due_at: DateTime<Utc>,
+    error: Option<&str>,
 ) -> Result<Written<M>, DbErr> {
-    rewrite(db, current, |next| next.due_again(due_at, true)).await
+    rewrite(db, current, |next| next.due_again(due_at, true, error)).await
 }
 
 /// `current` as `change` leaves it, written only if nobody wrote in between.
@@ -1238,6 +1288,8 @@ LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."k
             v.add(next.updated_at),
             v.add(next.claimed_until),
             v.add(next.payment_method.clone()),
+            v.add(next.last_error.clone()),
+            v.add(next.last_error_at),
             v.add(current.id),
             v.add(current.version),
         ];
@@ -1283,7 +1335,7 @@ LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."k
     }
 
     pub(super) fn write_plan_sql(
-        moved: [Placeholder; 11],
+        moved: [Placeholder; 13],
         audit: Option<[Placeholder; 6]>,
         answer: Option<([Placeholder; 4], [Placeholder; 4])>,
         released: Option<[Placeholder; 4]>,
@@ -1299,12 +1351,14 @@ LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."k
             updated_at,
             claimed_until,
             payment_method,
+            last_error,
+            last_error_at,
             id,
             current_version,
         ] = moved;
         let mut sql = format!(
             r#"WITH "moved" AS (
-  UPDATE "payments" SET "state" = {state}, "version" = {version}, "attempts" = {attempts}, "gateway_ref" = {gateway_ref}, "decline_code" = {decline_code}, "next_attempt_at" = {next_attempt_at}, "updated_at" = {updated_at}, "claimed_until" = {claimed_until}, "payment_method" = {payment_method}
+  UPDATE "payments" SET "state" = {state}, "version" = {version}, "attempts" = {attempts}, "gateway_ref" = {gateway_ref}, "decline_code" = {decline_code}, "next_attempt_at" = {next_attempt_at}, "updated_at" = {updated_at}, "claimed_until" = {claimed_until}, "payment_method" = {payment_method}, "last_error" = {last_error}, "last_error_at" = {last_error_at}
   WHERE "id" = {id} AND "version" = {current_version}
   RETURNING "id")"#
         );
@@ -1392,6 +1446,20 @@ pub(crate) const PAYMENT_COLUMNS_FIXED_AT_REGISTRATION: [&str; 10] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_last_error_is_kept_whole_up_to_its_limit_and_cut_between_characters_past_it() {
+        assert_eq!(
+            last_error_text("gateway answered 503"),
+            "gateway answered 503"
+        );
+        let exact = "é".repeat(LAST_ERROR_CHARS);
+        assert_eq!(last_error_text(&exact), exact);
+        let long = format!("{}ñ€", "ü".repeat(LAST_ERROR_CHARS));
+        let kept = last_error_text(&long);
+        assert_eq!(kept.chars().count(), LAST_ERROR_CHARS);
+        assert!(kept.ends_with("ü…"), "{kept}");
+    }
 
     #[test]
     fn the_prebuilt_key_lookup_is_the_statement_sea_query_builds() {

@@ -189,6 +189,8 @@ mod tests {
             updated_at: at,
             generation: 0,
             claimed_until: None,
+            last_error: None,
+            last_error_at: None,
         }
     }
 

@@ -256,6 +256,8 @@ mod tests {
             created_at: at,
             updated_at: at,
             last_event_sequence: None,
+            last_error: None,
+            last_error_at: None,
         }
     }
 

@@ -35,10 +35,10 @@ fn assert_refused(output: &std::process::Output, names: &str) {
 type BadSetting<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 
 #[test]
-fn a_bad_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
+fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() {
     let dir = tempfile::tempdir().expect("dir");
     let db = format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display());
-    let table: [BadSetting; 18] = [
+    let table: [BadSetting; 22] = [
         (&["--gateway-timeout", "soon"], &[], "PAGOS_GATEWAY_TIMEOUT"),
         // A real gateway's URL or secret, PAGOS_GATEWAY forgotten: not the sandbox.
         (
@@ -104,11 +104,33 @@ fn a_bad_setting_stops_serve_with_one_line_naming_it_and_exit_2() {
             "PAGOS_ADMIN_TOKEN",
         ),
         (&["--admin-token", "   "], &[], "PAGOS_ADMIN_TOKEN"),
+        // Past the reconciler's longest wait between two looks: it would be cut to it.
+        (&[], &[("PAGOS_STALE_AFTER", "2h")], "PAGOS_STALE_AFTER"),
+        // On-call paged at the reconciler's first look, with no second look nor resend.
+        (
+            &[],
+            &[("PAGOS_GIVE_UP_AFTER", "20s")],
+            "invalid setting PAGOS_GIVE_UP_AFTER (--give-up-after)",
+        ),
+        // Mercado Pago's hour of key window leaves no room for two looks.
+        (
+            &["--gateway", "mercadopago", "--gateway-secret", "s"],
+            &[("PAGOS_STALE_AFTER", "20m")],
+            "invalid setting PAGOS_STALE_AFTER (--stale-after)",
+        ),
+        (
+            &["--gateway", "mercadopago", "--gateway-secret", "s"],
+            &[("PAGOS_RECONCILE_EVERY", "30m")],
+            "invalid setting PAGOS_RECONCILE_EVERY (--reconcile-every)",
+        ),
     ];
     for (flags, env, names) in table {
-        let mut args = vec!["serve", "--database-url", &db];
-        args.extend_from_slice(flags);
-        assert_refused(&pagos(&args, env), names);
+        for command in [&["serve"][..], &["reconcile", "--once"]] {
+            let mut args = command.to_vec();
+            args.extend_from_slice(&["--database-url", &db]);
+            args.extend_from_slice(flags);
+            assert_refused(&pagos(&args, env), names);
+        }
     }
     assert_refused(
         &pagos(&["serve", "--database-url", "mysql://x"], &[]),

@@ -200,7 +200,8 @@ async fn a_login_opens_a_strict_http_only_session_and_a_bad_token_does_not(backe
 }
 
 async fn a_console_form_without_its_csrf_token_is_refused_and_changes_nothing(backend: Backend) {
-    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
     let (id, gateway) = payment_under_review(&app, "k-console-csrf").await;
     // Its charge failed at the provider: FALLIDA is what it shows.
     gateway.settle(&id, "declined");
@@ -819,7 +820,8 @@ on_both_databases!(
 async fn the_console_resolves_failed_refunding_what_the_provider_charged_and_shows_a_refusal_as_a_page(
     backend: Backend,
 ) {
-    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
     let refunds = crate::refunds::FakeRefunds::default();
     refunds.mount_refunds(app.gateway()).await;
     let (id, fake) = payment_under_review(&app, "k-console-refund").await;
@@ -923,4 +925,98 @@ async fn the_console_reports_what_a_pass_did_with_refunds_beside_payments(backen
         ),
         "no payment and one refund settled: {report}"
     );
+}
+
+on_both_databases!(
+    a_payment_whose_look_ups_fail_shows_the_gateways_error_in_the_queue_and_its_detail_until_it_settles
+);
+
+/// The last error of a payment whose look-ups fail (the gateway answers 503) is what the
+/// console's queue shows in its "Last error" column, with how long ago, and what on-call's
+/// detail says (`ultimoError`): why it keeps waiting, which was only in the logs. Once the
+/// payment settles, it is gone.
+async fn a_payment_whose_look_ups_fail_shows_the_gateways_error_in_the_queue_and_its_detail_until_it_settles(
+    backend: Backend,
+) {
+    let app = crate::helpers::started(backend, &["--stale-after", "1s"]).await;
+    let fake = app
+        .with_fake(crate::helpers::FakeGateway::charging("pending"))
+        .await;
+    let answer = app.pay("k-failing", &crate::helpers::payment_body()).await;
+    assert_eq!(answer.status(), 202);
+    let id = crate::helpers::json(answer).await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let detail =
+        async || crate::helpers::json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
+    assert!(
+        detail().await["pago"].get("ultimoError").is_none(),
+        "pending is no error"
+    );
+
+    fake.fail_lookups(true);
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["pendientes"], 1, "{report}");
+    let pago = detail().await["pago"].clone();
+    let error = &pago["ultimoError"];
+    let said = error["mensaje"].as_str().expect("mensaje");
+    assert!(
+        said.contains("provider lookup failed") && said.contains("503"),
+        "{pago}"
+    );
+    let at = error["en"].as_str().expect("en");
+    let at = chrono::DateTime::parse_from_rfc3339(at).expect("RFC 3339");
+    assert!(
+        (pagos::db::now() - at.to_utc()).num_seconds() < 10,
+        "when: {at}"
+    );
+
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let session = log_in(&app, ADMIN_TOKEN).await;
+    let queue = html_of(&app, &session, "/consola/").await;
+    let row = queue
+        .split(&format!("data-id=\"{id}\""))
+        .nth(1)
+        .and_then(|rest| rest.split("</tr>").next())
+        .unwrap_or_else(|| panic!("the payment is in the queue: {queue}"));
+    let cell = row
+        .split("data-label=\"Last error\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</td>").next())
+        .expect("a Last error cell");
+    let escaped = said
+        .replace('&', "&amp;")
+        .replace('"', "&quot;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    assert!(cell.contains(&escaped), "the error, whole: {cell}");
+    assert!(cell.contains(" ago)"), "with its age: {cell}");
+
+    fake.fail_lookups(false);
+    fake.settle_all("succeeded");
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["completados"], 1, "{report}");
+    let pago = detail().await["pago"].clone();
+    assert_eq!(pago["estado"], "COMPLETADA");
+    assert!(pago.get("ultimoError").is_none(), "settled: {pago}");
+    let row = app.payment(&id).await;
+    assert_eq!((row.last_error, row.last_error_at), (None, None));
+
+    let doc = app.openapi().await;
+    let schemas = &doc["components"]["schemas"];
+    // The merchant's `Pago`, and what on-call reads besides.
+    let parts = schemas["PagoAdmin"]["allOf"].as_array().expect("allOf");
+    assert!(
+        parts
+            .iter()
+            .any(|part| part["properties"]["ultimoError"].is_object()),
+        "the detail's schema: {parts:?}"
+    );
+    for field in ["mensaje", "en"] {
+        assert!(
+            schemas["UltimoError"]["properties"][field].is_object(),
+            "{field}"
+        );
+    }
 }

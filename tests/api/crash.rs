@@ -20,6 +20,7 @@ on_both_databases!(
     a_client_retry_after_a_crash_settles_the_payment_at_once,
     a_reconciler_killed_mid_pass_leaves_every_payment_to_the_next_with_one_charge_each,
     a_payment_whose_work_panics_stays_claimed_untouched_and_a_later_pass_settles_it,
+    a_pass_the_database_cuts_short_still_prints_what_it_did_and_exits_1,
 );
 
 /// Until nobody holds the one payment any more: the request's lease (`World::crash_args`:
@@ -406,4 +407,50 @@ async fn a_payment_whose_work_panics_stays_claimed_untouched_and_a_later_pass_se
         assert_eq!(p.state, "COMPLETADA");
         assert_eq!(world.fake.charges_for(&p.id.to_string()), 1, "{}", p.id);
     }
+}
+
+/// `pagos reconcile --once` whose pass the database cuts short (a claim fails after some
+/// payments were settled) prints the report of what it did as JSON, then the error as one
+/// line, and exits 1: on-call sees what was done, which is what the database holds.
+async fn a_pass_the_database_cuts_short_still_prints_what_it_did_and_exits_1(backend: Backend) {
+    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
+    world.due_enviada(10, |_| true).await;
+    // A claim after the first settlement fails; the payments' own writes still work, so
+    // the payments the pass had in hand are finished.
+    crate::helpers::refuse_claims(
+        &world.db,
+        Some(r#"EXISTS (SELECT 1 FROM "payments" WHERE "state" = 'COMPLETADA')"#),
+    )
+    .await;
+    let mut args = world.crash_args();
+    args.extend(["--reconcile-concurrency".to_owned(), "1".to_owned()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    let output = crate::process::reconcile_once_output(&args, &[]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "exit 1: {stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("the report is JSON ({e}): {stderr}"));
+    let cut: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("pagos: "))
+        .collect();
+    assert_eq!(cut.len(), 1, "one line: {stderr}");
+    assert!(
+        cut[0].contains("cut short") && cut[0].contains("claims refused"),
+        "{stderr}"
+    );
+
+    let rows = payment::Entity::find().all(&world.db).await.expect("query");
+    let settled = rows.iter().filter(|p| p.state == "COMPLETADA").count();
+    assert!(settled >= 1, "some were settled before the claim failed");
+    assert!(settled < rows.len(), "the pass was cut short");
+    assert_eq!(report["completados"], settled, "{report}");
+    let examined = report["examinados"].as_u64().expect("examinados");
+    let errors = report["errores"].as_u64().expect("errores");
+    assert_eq!(
+        examined,
+        settled as u64 + errors,
+        "each examined one settled or left for later: {report}"
+    );
 }

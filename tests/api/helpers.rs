@@ -1111,6 +1111,8 @@ pub fn left_payment(
         updated_at: at,
         generation: 0,
         claimed_until: None,
+        last_error: None,
+        last_error_at: None,
     }
 }
 
@@ -1253,4 +1255,43 @@ pub fn listed<'a>(value: &'a Value, array: &str, field: &str) -> Vec<&'a str> {
         .as_array()
         .map(|items| items.iter().filter_map(|i| i[field].as_str()).collect())
         .unwrap_or_default()
+}
+
+/// Makes the database refuse (an error, "claims refused") every write that claims a
+/// payment — one that sets it a new `claimed_until`; a settling write sets none — while
+/// `only_if` (SQL over the database, any time when None) holds. `allow_claims` undoes it.
+pub async fn refuse_claims(db: &DatabaseConnection, only_if: Option<&str>) {
+    let only_if = only_if.unwrap_or("1 = 1");
+    let statements = match db.get_database_backend() {
+        sea_orm::DbBackend::Sqlite => vec![format!(
+            "CREATE TRIGGER refuse_claims BEFORE UPDATE ON payments FOR EACH ROW \
+             WHEN NEW.claimed_until IS NOT NULL AND NEW.claimed_until IS NOT OLD.claimed_until \
+             AND ({only_if}) \
+             BEGIN SELECT RAISE(ABORT, 'claims refused'); END"
+        )],
+        // A trigger's WHEN takes no subquery on PostgreSQL: `only_if` is the function's.
+        _ => vec![
+            format!(
+                "CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN IF ({only_if}) THEN RAISE EXCEPTION 'claims refused'; END IF; \
+                 RETURN NEW; END $$"
+            ),
+            "CREATE TRIGGER refuse_claims BEFORE UPDATE ON payments FOR EACH ROW \
+             WHEN (NEW.claimed_until IS NOT NULL AND NEW.claimed_until IS DISTINCT FROM OLD.claimed_until) \
+             EXECUTE FUNCTION refuse_claims()"
+                .to_owned(),
+        ],
+    };
+    for sql in statements {
+        db.execute_unprepared(&sql).await.expect(&sql);
+    }
+}
+
+/// Undoes `refuse_claims`.
+pub async fn allow_claims(db: &DatabaseConnection) {
+    let allow = match db.get_database_backend() {
+        sea_orm::DbBackend::Sqlite => "DROP TRIGGER refuse_claims",
+        _ => "DROP TRIGGER refuse_claims ON payments",
+    };
+    db.execute_unprepared(allow).await.expect("dropped");
 }

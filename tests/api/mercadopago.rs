@@ -1005,7 +1005,7 @@ async fn a_refund_pagos_never_sent_does_not_cover_money_returned_outside_pagos(b
 async fn a_refund_under_review_without_its_mercadopago_id_is_resolved_by_naming_it_or_overruling(
     backend: Backend,
 ) {
-    let app = spawn(backend, &["--give-up-after", "1s"]).await;
+    let app = spawn(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
     let fake = FakeMercadoPago::new("payment_approved");
     fake.mount(app.gateway()).await;
     let (id, _) = approved_payment(&app, "k-review").await;

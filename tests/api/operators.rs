@@ -17,7 +17,8 @@ on_both_databases!(
 
 /// A payment the reconciler gave up on, its look-ups failing until then:
 /// `REVISION_MANUAL`, its one charge still pending at `fake` (mounted on `app`), which
-/// answers look-ups again. Needs `--give-up-after 1s`.
+/// answers look-ups again. Needs `--give-up-after 1s` (and `--stale-after 1s`, which it may
+/// not be shorter than).
 pub async fn under_review(app: &TestApp, fake: &FakeGateway, key: &str) -> String {
     fake.set_new_status("pending");
     let answer = app.pay(key, &payment_body()).await;
@@ -56,7 +57,8 @@ pub async fn operator(app: &TestApp, name: &str, role: Role) -> String {
 async fn an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_operator(
     backend: Backend,
 ) {
-    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
     let ana = operator(&app, "ana", Role::Operador).await;
     let (id, fake) = payment_under_review(&app, "k-op-1").await;
     // Its charge failed at the provider: no money taken.
@@ -108,7 +110,8 @@ async fn an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_oper
 async fn a_resolution_writes_the_charge_it_names_and_an_audit_reason_naming_the_operator(
     backend: Backend,
 ) {
-    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
     let ana = operator(&app, "ana", Role::Operador).await;
     let (id, fake) = payment_under_review(&app, "k-op-ref").await;
     // The payment's own charge was declined; another charge for it succeeded.
@@ -140,7 +143,8 @@ async fn a_resolution_writes_the_charge_it_names_and_an_audit_reason_naming_the_
 }
 
 async fn a_lector_reads_but_gets_403_on_every_write_and_nothing_changes(backend: Backend) {
-    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
     let luis = operator(&app, "luis", Role::Lector).await;
     let (id, _gateway) = payment_under_review(&app, "k-op-3").await;
 

@@ -83,7 +83,8 @@ async fn a_declined_payment_writes_a_failed_event(backend: Backend) {
 }
 
 async fn the_reconciler_and_on_call_write_events_with_growing_sequences(backend: Backend) {
-    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
     let fake = app.with_fake(FakeGateway::charging("pending")).await;
     let answer = app.pay("k-3", &payment_body()).await;
     assert_eq!(answer.status(), 202);

@@ -229,6 +229,8 @@ async fn a_key_committed_while_its_registration_waits_is_answered_from_its_row()
         updated_at: at,
         generation: 0,
         claimed_until: Some(lease),
+        last_error: None,
+        last_error_at: None,
     };
     // The other request's registration, written and not yet committed.
     let registering = app.db.begin().await.expect("transaction");

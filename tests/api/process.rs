@@ -208,18 +208,24 @@ pub async fn reconcile_once(args: &[&str]) -> Value {
 
 /// `pagos reconcile --once` with `args` and `env`; its report.
 pub async fn reconcile_once_with(args: &[&str], env: &[(&str, &str)]) -> Value {
-    let output = Command::new(BIN)
-        .args(["reconcile", "--once"])
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .envs(env.iter().copied())
-        .output()
-        .await
-        .expect("pagos reconcile runs");
+    let output = reconcile_once_output(args, env).await;
     assert!(
         output.status.success(),
         "pagos reconcile failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).expect("the report is JSON")
+}
+
+/// `pagos reconcile --once` with `args` and `env` (logging only warnings); what it printed
+/// and how it ended.
+pub async fn reconcile_once_output(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    Command::new(BIN)
+        .args(["reconcile", "--once"])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
+        .output()
+        .await
+        .expect("pagos reconcile runs")
 }

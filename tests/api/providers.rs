@@ -384,11 +384,12 @@ impl Provider {
 
     /// Starts pagos on `backend` against a fresh fake of this provider.
     pub async fn spawn(self, backend: Backend, flags: &[&'static str]) -> (TestApp, FakeProvider) {
-        let app = Spawn::new(backend)
-            .provider(self.gateway())
-            .flags(flags)
-            .start()
-            .await;
+        self.spawn_as(Spawn::new(backend).flags(flags)).await
+    }
+
+    /// Starts pagos as `spawn` says, against a fresh fake of this provider.
+    pub async fn spawn_as(self, spawn: Spawn<'_>) -> (TestApp, FakeProvider) {
+        let app = spawn.provider(self.gateway()).start().await;
         let fake = FakeProvider::new(self);
         fake.mount(app.gateway()).await;
         (app, fake)

@@ -86,7 +86,8 @@ async fn a_failing_lookup_reschedules_and_counts_attempts(backend: Backend) {
 async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles_it(
     backend: Backend,
 ) {
-    let app = crate::helpers::started(backend, &["--give-up-after", "1s"]).await;
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
     let fake = app.with_fake(FakeGateway::charging("pending")).await;
     let id = pending_payment(&app, "k-g").await;
     fake.fail_lookups(true);
@@ -194,18 +195,20 @@ async fn a_look_up_answering_another_payments_charge_is_not_believed(backend: Ba
 }
 
 async fn no_charge_outside_the_key_window_goes_to_review_without_a_resend(backend: Backend) {
-    let app = crate::helpers::started(
-        backend,
-        &[
+    // A key window shorter than a look at the reconciler's pace, which the start-up checks
+    // refuse: here it stands for a window that has passed.
+    let app = Spawn::new(backend)
+        .flags(&[
             "--gateway-timeout",
             "200ms",
             "--gateway-retries",
             "0",
             "--gateway-key-window",
             "1s",
-        ],
-    )
-    .await;
+        ])
+        .unvalidated()
+        .start()
+        .await;
     wiremock::Mock::given(wiremock::matchers::method("POST"))
         .and(wiremock::matchers::path("/v1/charges"))
         .respond_with(wiremock::ResponseTemplate::new(503))
@@ -243,7 +246,12 @@ async fn no_charge_outside_the_key_window_goes_to_review_without_a_resend(backen
 /// no longer remembers the key. It goes to on-call; nothing is sent.
 async fn never_sent_past_the_key_window_goes_to_review_without_a_send(backend: Backend) {
     use sea_orm::EntityTrait;
-    let app = crate::helpers::started(backend, &["--gateway-key-window", "1s"]).await;
+    // Refused at start (shorter than a send); here it stands for a window that has passed.
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-key-window", "1s"])
+        .unvalidated()
+        .start()
+        .await;
     let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
     let merchant = crate::helpers::acme(&app.db).await;
     let row = crate::helpers::left_payment(
@@ -584,7 +592,7 @@ async fn a_claim_that_fails_ends_the_pass_only_after_the_payments_in_hand_are_se
     backend: Backend,
 ) {
     use pagos::entities::payment;
-    use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
     // Concurrency 2: claims of 2, up to 4 payments in the work and 2 more in hand, all
     // claimed before the first look-up (200 ms) is answered; then 2 more every 100 ms.
@@ -626,23 +634,7 @@ async fn a_claim_that_fails_ends_the_pass_only_after_the_payments_in_hand_are_se
     }
     // From now on, a write that claims a payment (sets a new `claimed_until`) fails;
     // settling writes do not set one.
-    let refuse = match app.db.get_database_backend() {
-        sea_orm::DbBackend::Sqlite => vec![
-            "CREATE TRIGGER refuse_claims BEFORE UPDATE ON payments FOR EACH ROW \
-             WHEN NEW.claimed_until IS NOT NULL AND NEW.claimed_until IS NOT OLD.claimed_until \
-             BEGIN SELECT RAISE(ABORT, 'claims refused'); END",
-        ],
-        _ => vec![
-            "CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS \
-             $$ BEGIN RAISE EXCEPTION 'claims refused'; END $$",
-            "CREATE TRIGGER refuse_claims BEFORE UPDATE ON payments FOR EACH ROW \
-             WHEN (NEW.claimed_until IS NOT NULL AND NEW.claimed_until IS DISTINCT FROM OLD.claimed_until) \
-             EXECUTE FUNCTION refuse_claims()",
-        ],
-    };
-    for sql in refuse {
-        app.db.execute_unprepared(sql).await.expect("trigger");
-    }
+    crate::helpers::refuse_claims(&app.db, None).await;
     let in_hand: Vec<String> = claimed()
         .await
         .expect("read")
@@ -671,11 +663,7 @@ async fn a_claim_that_fails_ends_the_pass_only_after_the_payments_in_hand_are_se
         }
     }
 
-    let allow = match app.db.get_database_backend() {
-        sea_orm::DbBackend::Sqlite => "DROP TRIGGER refuse_claims",
-        _ => "DROP TRIGGER refuse_claims ON payments",
-    };
-    app.db.execute_unprepared(allow).await.expect("dropped");
+    crate::helpers::allow_claims(&app.db).await;
     let again = app.admin_post("/admin/reconciliaciones", &json!({})).await;
     assert_eq!(again.status(), 200);
     let left = 20 - in_hand.len() as u64;

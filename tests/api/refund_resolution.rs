@@ -24,7 +24,7 @@ on_both_databases!(
 
 /// The reference gateway keeping refunds, and pagos giving up on a refund after 1 s.
 async fn app(backend: Backend) -> (TestApp, FakeRefunds) {
-    app_with(backend, &["--give-up-after", "1s"]).await
+    app_with(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await
 }
 
 fn path(id: &str) -> String {

@@ -947,6 +947,22 @@ async fn the_client_refunds_with_one_key_per_intent_kept_until_the_refund_settle
         intent.key(),
         "the same refund asked again: the same key"
     );
+    let stored = async || {
+        pagos::saga::refund::store::of_payment(&app.db, payment_id)
+            .await
+            .expect("read")
+            .remove(0)
+    };
+    let waiting = stored().await;
+    assert!(
+        waiting
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("outcome unknown")),
+        "why it waits: {:?}",
+        waiting.last_error
+    );
+    assert!(waiting.last_error_at.is_some());
 
     // Once the refund is due, asking again settles it from the gateway's look-up.
     fake.delay(Duration::ZERO);
@@ -958,6 +974,8 @@ async fn the_client_refunds_with_one_key_per_intent_kept_until_the_refund_settle
         }
         other => panic!("expected refunded, got {other:?}"),
     }
+    let settled = stored().await;
+    assert_eq!((settled.last_error, settled.last_error_at), (None, None));
     assert!(
         client
             .kept_refund(&request)

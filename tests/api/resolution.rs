@@ -24,7 +24,7 @@ on_both_databases!(
 );
 
 async fn app(backend: Backend) -> TestApp {
-    crate::helpers::started(backend, &["--give-up-after", "1s"]).await
+    crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await
 }
 
 /// The payment `id` as on-call reads it: its row and audit trail.
@@ -369,7 +369,14 @@ async fn completada_names_the_charge_when_neither_the_provider_nor_the_payment_d
 ) {
     let app = crate::helpers::started(
         backend,
-        &["--give-up-after", "1s", "--gateway-retries", "0"],
+        &[
+            "--give-up-after",
+            "1s",
+            "--stale-after",
+            "1s",
+            "--gateway-retries",
+            "0",
+        ],
     )
     .await;
     let fake = app

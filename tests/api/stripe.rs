@@ -352,7 +352,7 @@ async fn without_medio_pago_the_request_is_refused_with_422_and_nothing_is_store
 }
 
 async fn requires_action_goes_to_manual_review_past_the_give_up_horizon(backend: Backend) {
-    let app = spawn(backend, &["--give-up-after", "1s"]).await;
+    let app = spawn(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
     let fake = FakeStripe::new("payment_intent_requires_action");
     fake.mount(app.gateway()).await;
     let (status, pago) = app.pay_read("k-3ds", &body("needs authentication")).await;

@@ -460,7 +460,7 @@ struct PaymentPage {
     /// There are payments after this page.
     has_next: bool,
     names: HashMap<Uuid, String>,
-    last: HashMap<Uuid, String>,
+    last: HashMap<Uuid, LastWords>,
 }
 
 impl PaymentPage {
@@ -504,30 +504,68 @@ async fn merchant_names(
         .collect())
 }
 
-/// The latest audit row's reason of each payment shown: what last happened to it.
+/// What the "Last error" column says of a payment.
+struct LastWords {
+    text: String,
+    /// When, for the last error of a look-up or a send (the audit reason's time is not
+    /// shown: it is what last happened, not an error).
+    at: Option<DateTime<Utc>>,
+}
+
+/// Of each payment shown, the last error of a look-up or a send at the provider, with
+/// when; for one without, the latest audit row's reason: what last happened to it.
 async fn last_words(
     state: &AppState,
     rows: &[payment::Model],
-) -> Result<HashMap<Uuid, String>, ApiError> {
-    let ids: Vec<Uuid> = rows.iter().map(|p| p.id).collect();
+) -> Result<HashMap<Uuid, LastWords>, ApiError> {
     let mut last = HashMap::new();
+    let mut without = Vec::new();
+    for p in rows {
+        match &p.last_error {
+            Some(error) => {
+                let words = LastWords {
+                    text: error.clone(),
+                    at: p.last_error_at,
+                };
+                last.insert(p.id, words);
+            }
+            None => without.push(p.id),
+        }
+    }
     for t in transitions::Entity::find()
-        .filter(transitions::Column::PaymentId.is_in(ids))
+        .filter(transitions::Column::PaymentId.is_in(without))
         .order_by_asc(transitions::Column::CreatedAt)
         .order_by_asc(transitions::Column::Id)
         .all(&state.db)
         .await?
     {
-        last.insert(t.payment_id, t.reason);
+        let words = LastWords {
+            text: t.reason,
+            at: None,
+        };
+        last.insert(t.payment_id, words);
     }
     Ok(last)
+}
+
+/// A "Last error" cell's words: `text` and how long ago it was (`at`), or `—`.
+fn last_error_cell(text: Option<&str>, at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Markup {
+    html! {
+        @match text {
+            Some(text) => {
+                (text)
+                @if let Some(at) = at { " " span.muted { "(" (age(now - at)) " ago)" } }
+            }
+            None => span.muted { "—" },
+        }
+    }
 }
 
 /// The payments of a list, as a table that becomes cards on a phone.
 fn payment_table(
     rows: &[payment::Model],
     names: &HashMap<Uuid, String>,
-    last: &HashMap<Uuid, String>,
+    last: &HashMap<Uuid, LastWords>,
     now: DateTime<Utc>,
 ) -> Markup {
     html! {
@@ -555,7 +593,9 @@ fn payment_table(
                             }
                             td data-label="Last error" {
                                 @if let Some(code) = &p.decline_code { code { (code) } " " }
-                                (last.get(&p.id).map_or("", String::as_str))
+                                @if let Some(words) = last.get(&p.id) {
+                                    (last_error_cell(Some(&words.text), words.at, now))
+                                }
                             }
                             td data-label="Payment" {
                                 a.mono href={ "/consola/pagos/" (p.id) } { (p.id.to_string()[..8]) "…" }
@@ -653,7 +693,9 @@ async fn queue_page(state: &AppState, console: &Console, page_no: u64) -> Result
                                 td data-label="State" { (view::refund_badge(r.state)) }
                                 td data-label="Amount" { (money(r.amount, &r.currency)) }
                                 td data-label="Attempts" { (r.attempts) }
-                                td data-label="Last error" { (r.failure_code.as_deref().unwrap_or("—")) }
+                                td data-label="Last error" {
+                                    (last_error_cell(r.last_error.as_deref().or(r.failure_code.as_deref()), r.last_error_at, now))
+                                }
                                 td data-label="Payment" {
                                     a.mono href={ "/consola/pagos/" (r.payment_id) } { (r.payment_id.to_string()[..8]) "…" }
                                 }

@@ -146,13 +146,23 @@ impl Handled {
     }
 }
 
+/// A pass the database cut short (a claim failed): what it did until then, which is
+/// written and stays done, and the error. The payments it had in hand were finished first
+/// (`work::pass`).
+#[derive(Debug, thiserror::Error)]
+#[error("the reconciliation pass was cut short: {source}")]
+pub struct PassError {
+    pub report: Box<Report>,
+    pub source: sea_orm::DbErr,
+}
+
 /// One pass over every payment due when it started, then over the refunds due
 /// (`work::pass`: a pipeline of `reconcile_concurrency` look-ups, each payment a task of
-/// its own).
+/// its own). Cut short by the database, it still says what it did (`PassError`).
 ///
 /// With `stop` (`serve`'s), a stop signal ends it early: no more claims, the work in hand
 /// finishes, and what is left is due again once its claims run out.
-pub async fn run_pass(r: &Reconciler, stop: Option<&work::Stop>) -> Result<Report, sea_orm::DbErr> {
+pub async fn run_pass(r: &Reconciler, stop: Option<&work::Stop>) -> Result<Report, PassError> {
     let mut report = Report::default();
     let payments =
         work::pass::<payment::Entity>(&r.saga, r.bounds(), r.concurrency, stop, |outcome| {
@@ -160,15 +170,20 @@ pub async fn run_pass(r: &Reconciler, stop: Option<&work::Stop>) -> Result<Repor
             report.pagos.add(outcome);
         })
         .await;
+    let cut_short = |report, source| PassError {
+        report: Box::new(report),
+        source,
+    };
     if let Err(err) = payments {
-        if !report.pagos.is_empty() {
-            tracing::info!(?report, "reconciliation pass cut short");
-        }
-        return Err(err);
+        return Err(cut_short(report, err));
     }
     // Refunds left in between, after the payments (a pass's refunds are few).
-    report.reembolsos =
-        crate::saga::refund::reconcile::run_pass(&r.saga, &r.refund_limits(), stop).await?;
+    let (refunds, done) =
+        crate::saga::refund::reconcile::run_pass(&r.saga, &r.refund_limits(), stop).await;
+    report.reembolsos = refunds;
+    if let Err(err) = done {
+        return Err(cut_short(report, err));
+    }
     r.metrics.reconciler_passes.inc();
     if !report.pagos.is_empty() {
         tracing::info!(?report, "reconciliation pass done");

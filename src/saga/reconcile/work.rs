@@ -247,6 +247,7 @@ async fn decide_and_apply<R: Reconcilable>(
     };
     let decision = decide(&facts, horizons);
     claimed.log_decision(&decision);
+    let lookup_failed = matches!(lookup, Some(Err(_)));
     // Only a send calls the provider again; every other decision is a write.
     if !matches!(decision, Decision::Send) {
         drop(permit);
@@ -284,10 +285,14 @@ async fn decide_and_apply<R: Reconcilable>(
         Decision::Reschedule(why) => {
             let due = deps.next_look(claimed.attempts());
             claimed.log_rescheduled(&why, due);
-            Ok(match store::reschedule(&deps.db, &claimed, due).await? {
-                Written::Applied(_) => Handled::Rescheduled,
-                Written::Fenced => Handled::Skipped,
-            })
+            // A look-up that failed is the row's last error (`why` says it).
+            let error = lookup_failed.then_some(why.as_str());
+            Ok(
+                match store::reschedule(&deps.db, &claimed, due, error).await? {
+                    Written::Applied(_) => Handled::Rescheduled,
+                    Written::Fenced => Handled::Skipped,
+                },
+            )
         }
         Decision::Escalate(why) => {
             claimed.log_escalated(&why);

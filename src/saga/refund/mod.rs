@@ -105,7 +105,7 @@ impl Saga for refund::Model {
             RefundOutcome::Succeeded(found) | RefundOutcome::Failed(found) => {
                 match settlement(self, &found) {
                     Some((event, changes, reason)) => Settle::Move(event, changes.into(), reason),
-                    None => Settle::HandOver(Some(found.id)),
+                    None => Settle::Pending(found.id),
                 }
             }
             RefundOutcome::Rejected {
@@ -126,10 +126,10 @@ impl Saga for refund::Model {
                     format!("gateway refused the refund with {status}: {detail}"),
                 )
             }
-            RefundOutcome::Pending(found) => Settle::HandOver(Some(found.id)),
+            RefundOutcome::Pending(found) => Settle::Pending(found.id),
             RefundOutcome::Unknown(why) => {
                 tracing::warn!(refund_id = %self.id, why, "refund outcome unknown; the reconciler will ask the provider");
-                Settle::HandOver(None)
+                Settle::Unknown(why)
             }
         }
     }

@@ -85,12 +85,13 @@ impl From<RefundState> for Handled {
 }
 
 /// One pass over every refund due when it started, as payments are passed over
-/// (`work::pass`: a pipeline of `concurrency` look-ups, each refund a task of its own).
+/// (`work::pass`: a pipeline of `concurrency` look-ups, each refund a task of its own):
+/// what it did, and whether the database cut it short (what it did until then is done).
 pub async fn run_pass(
     deps: &SagaDeps,
     limits: &RefundLimits,
     stop: Option<&work::Stop>,
-) -> Result<Tally, sea_orm::DbErr> {
+) -> (Tally, Result<(), sea_orm::DbErr>) {
     let mut report = Tally::default();
     let done =
         work::pass::<refund::Entity>(deps, limits.bounds(), limits.concurrency, stop, |handled| {
@@ -100,7 +101,7 @@ pub async fn run_pass(
     if !report.is_empty() {
         tracing::info!(?report, "refund reconciliation pass done");
     }
-    done.map(|()| report)
+    (report, done)
 }
 
 /// One refund now (`if_due` false: on-call) or only if due (a client retry), unless

@@ -389,6 +389,8 @@ fn new_refund(
         created_at: at,
         updated_at: at,
         last_event_sequence: None,
+        last_error: None,
+        last_error_at: None,
     }
 }
 
@@ -461,6 +463,10 @@ impl SagaRow for refund::Model {
 
     fn in_flight(state: RefundState) -> bool {
         matches!(state, RefundState::EnProceso | RefundState::Enviado)
+    }
+
+    fn settled(state: RefundState) -> bool {
+        state.is_terminal()
     }
 
     fn record(&mut self, to: RefundState, gateway_ref: Option<String>, code: Option<String>) {
@@ -593,7 +599,7 @@ impl Rewritten for refund::Model {
 }
 
 /// The columns a step may change, in the order `write_on` and `sql_write` bind them.
-const MOVED: [refund::Column; 12] = [
+const MOVED: [refund::Column; 14] = [
     refund::Column::State,
     refund::Column::Version,
     refund::Column::Attempts,
@@ -606,6 +612,8 @@ const MOVED: [refund::Column; 12] = [
     refund::Column::ResponseCode,
     refund::Column::ResponseBody,
     refund::Column::LeaseUntil,
+    refund::Column::LastError,
+    refund::Column::LastErrorAt,
 ];
 
 fn moved_values(next: &refund::Model) -> Vec<Value> {
@@ -720,7 +728,7 @@ async fn write_on<C: ConnectionTrait>(
 
 /// The columns of a payment its move to review writes, in the order `sql_write` binds
 /// them (the payments' own fenced write changes the same ones).
-const PAYMENT_MOVED: [payment::Column; 9] = [
+const PAYMENT_MOVED: [payment::Column; 11] = [
     payment::Column::State,
     payment::Column::Version,
     payment::Column::Attempts,
@@ -730,6 +738,8 @@ const PAYMENT_MOVED: [payment::Column; 9] = [
     payment::Column::UpdatedAt,
     payment::Column::ClaimedUntil,
     payment::Column::PaymentMethod,
+    payment::Column::LastError,
+    payment::Column::LastErrorAt,
 ];
 
 /// `INSERT INTO "<table>" (<every column of row's entity>) SELECT <its values> FROM
