@@ -241,13 +241,12 @@ async fn fallida_without_reembolsar_is_refused_while_the_provider_shows_a_succee
 
     // Declined at the provider after all: FALLIDA is what it shows.
     fake.settle(&id, "declined");
-    let done = app
-        .resolved_as(
-            ADMIN_TOKEN,
-            &id,
-            &json!({"estado": "FALLIDA", "motivo": "declined at the provider"}),
-        )
-        .await;
+    resolved(
+        &app,
+        &id,
+        &json!({"estado": "FALLIDA", "motivo": "declined at the provider"}),
+    )
+    .await;
 }
 
 async fn while_the_provider_cannot_be_asked_on_call_resolves_on_its_word_and_the_trail_says_so(
@@ -341,7 +340,7 @@ async fn fallida_is_refused_while_a_charge_is_still_pending_at_the_provider_unle
 
     // Once it failed at the provider, FALLIDA is what it shows.
     fake.settle(&id, "declined");
-    let done = resolved(
+    resolved(
         &app,
         &id,
         &json!({"estado": "FALLIDA", "motivo": "declined at the provider"}),
