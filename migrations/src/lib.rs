@@ -37,6 +37,7 @@ mod m20261207_000017_older_webhook_secret;
 mod m20261208_000018_events_in_commit_order;
 mod m20261209_000019_attempts_by_endpoint;
 mod m20261209_000020_due_by_endpoint;
+mod m20261210_000023_webhook_refunds;
 
 pub struct Migrator;
 
@@ -64,6 +65,7 @@ impl MigratorTrait for Migrator {
             whole(m20261208_000018_events_in_commit_order::Migration),
             whole(m20261209_000019_attempts_by_endpoint::Migration),
             whole(m20261209_000020_due_by_endpoint::Migration),
+            whole(m20261210_000023_webhook_refunds::Migration),
         ]
     }
 }

@@ -82,6 +82,7 @@ pub mod webhook_attempt;
 pub mod webhook_charge;
 pub mod webhook_delivery;
 pub mod webhook_endpoint;
+pub mod webhook_refund;
 
 #[cfg(test)]
 mod tests {
@@ -89,6 +90,7 @@ mod tests {
     use super::payment::PaymentState;
     use super::payment_transition::Actor;
     use super::webhook_charge::ReportedStatus;
+    use super::webhook_refund::ReportedRefundStatus;
     use sea_orm::ActiveEnum;
 
     /// Each enum's stored text, exactly what rows written before the enums hold.
@@ -127,6 +129,11 @@ mod tests {
             (ReportedStatus::Succeeded, "succeeded"),
             (ReportedStatus::Declined, "declined"),
             (ReportedStatus::Pending, "pending"),
+        ]);
+        stored(&[
+            (ReportedRefundStatus::Succeeded, "succeeded"),
+            (ReportedRefundStatus::Failed, "failed"),
+            (ReportedRefundStatus::Pending, "pending"),
         ]);
     }
 }
