@@ -39,6 +39,7 @@ mod m20261209_000019_attempts_by_endpoint;
 mod m20261209_000020_due_by_endpoint;
 mod m20261210_000021_operator_actions;
 mod m20261210_000022_last_error;
+mod m20261210_000023_webhook_refunds;
 
 pub struct Migrator;
 
@@ -68,6 +69,7 @@ impl MigratorTrait for Migrator {
             whole(m20261209_000020_due_by_endpoint::Migration),
             whole(m20261210_000021_operator_actions::Migration),
             whole(m20261210_000022_last_error::Migration),
+            whole(m20261210_000023_webhook_refunds::Migration),
         ]
     }
 }

@@ -83,6 +83,7 @@ pub mod webhook_attempt;
 pub mod webhook_charge;
 pub mod webhook_delivery;
 pub mod webhook_endpoint;
+pub mod webhook_refund;
 
 #[cfg(test)]
 mod tests {
@@ -91,6 +92,7 @@ mod tests {
     use super::payment::PaymentState;
     use super::payment_transition::Actor;
     use super::webhook_charge::ReportedStatus;
+    use super::webhook_refund::ReportedRefundStatus;
     use sea_orm::ActiveEnum;
 
     /// Each enum's stored text, exactly what rows written before the enums hold.
@@ -139,5 +141,10 @@ mod tests {
         for action in <Action as sea_orm::Iterable>::iter() {
             assert_eq!(action.as_str(), action.to_value());
         }
+        stored(&[
+            (ReportedRefundStatus::Succeeded, "succeeded"),
+            (ReportedRefundStatus::Failed, "failed"),
+            (ReportedRefundStatus::Pending, "pending"),
+        ]);
     }
 }

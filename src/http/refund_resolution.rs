@@ -2,15 +2,18 @@
 //! checked against the provider first as a payment's is (`admin::resolve_by_hand`, the
 //! pieces both share in `provider_check`).
 //!
-//! pagos asks the provider what it holds for the refund before it writes anything, and
+//! pagos asks the provider what it holds for the refund before it writes anything, adds
+//! the refunds its webhooks reported succeeded or pending that its search does not show
+//! (a search lags behind its events; `webhooks::refunds::reported_for_refund`), and
 //! refuses a resolution the provider contradicts (409 `provider-disagrees`, the refunds
-//! found under `reembolsos`, nothing written): `FALLIDO` frees what is left to refund and
-//! tells the merchant `reembolso.fallido`, who refunds again with a new key — written
-//! while the provider shows the refund made, the customer gets the money twice;
-//! `COMPLETADO` tells the merchant money went back. A look-up that fails is a 503 that
-//! changes nothing. On-call overrules the provider only by saying why (`contraProveedor`),
-//! kept in the refund's audit row with what the provider showed — or, when it cannot be
-//! asked, with the look-up's error.
+//! under `reembolsos`, each with its `fuente`, nothing written): `FALLIDO` frees what is
+//! left to refund and tells the merchant `reembolso.fallido`, who refunds again with a new
+//! key — written while the provider shows the refund made, the customer gets the money
+//! twice; `COMPLETADO` tells the merchant money went back. A look-up that fails is a 503
+//! that changes nothing (a `FALLIDO` while a webhook reported the refund succeeded or
+//! pending: the 409). On-call overrules the provider only by saying why
+//! (`contraProveedor`), kept in the refund's audit row with what the provider showed — or,
+//! when it cannot be asked, with the look-up's error.
 //!
 //! Mercado Pago's refunds carry no pagos reference: its look-up finds a refund only by the
 //! id an answer gave. For a refund whose answer was lost, on-call names the refund found
@@ -30,6 +33,7 @@ use crate::saga::refund::reconcile::lookup_of;
 use crate::saga::refund::state::{Event, RefundState};
 use crate::saga::refund::store::{self, Changes, StoreError, Written};
 use crate::saga::refund::{self as refunds, Actor};
+use crate::webhooks::refunds::{as_refund, reported_for_refund};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -110,10 +114,10 @@ fn not_under_review(detail: impl Into<String>) -> ApiError {
         AdminTokenRefused,
         ReadOnlyRole,
         (status = 404, description = "No such refund", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Nothing was changed: the refund is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `reembolsos`: the provider's refunds found for it): `COMPLETADO` with no succeeded refund of its amount and currency, a `gatewayRef` that is not one (or is the provider's refund of another of the payment's refunds), `FALLIDO` while the provider shows it succeeded or still pending, or Mercado Pago without the refund's id (name it with `gatewayRef`, or overrule)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Nothing was changed: the refund is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `reembolsos`: the provider's refunds found for it): `COMPLETADO` with no succeeded refund of its amount and currency, a `gatewayRef` that is not one (or is the provider's refund of another of the payment's refunds), `FALLIDO` while the provider shows it succeeded or still pending (its search, or its webhooks: `fuente`), or Mercado Pago without the refund's id (name it with `gatewayRef`, or overrule)", body = Problem, content_type = "application/problem+json"),
         BodyTooLarge,
         (status = 422, description = "Bad estado, empty motivo, gatewayRef or contraProveedor, or either too long", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The provider could not be asked about the refund; nothing was changed (Retry-After). `contraProveedor` resolves it without the provider", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The provider could not be asked about the refund; nothing was changed (Retry-After). `contraProveedor` resolves it without the provider (a `FALLIDO` while its webhooks reported the refund succeeded or pending is the 409)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn resolve_refund(
@@ -156,8 +160,15 @@ async fn resolve_refund(
     }
     let named = request.gateway_ref.as_deref().map(str::trim);
     // What the provider says, asked before anything is written: a look-up that fails
-    // changes nothing (503) unless on-call overrules it.
-    let provider = ProviderSays::ask(&state, &current, named, overrule.is_some()).await?;
+    // changes nothing (503) unless on-call overrules it; a FALLIDO its webhooks contradict
+    // is refused then too, as it is when the provider answers.
+    let provider = ProviderSays::ask(&state, &current, named).await?;
+    if let Search::Unreachable(err) = &provider.search {
+        if overrule.is_none() {
+            return Err(provider.unreachable(event, err));
+        }
+        tracing::warn!(refund_id = %current.id, error = %err, "the provider could not be asked about a refund on-call resolves overruling it");
+    }
     let siblings = store::of_payment(&state.db, current.payment_id).await?;
     let asked = Asked {
         event,
@@ -237,6 +248,22 @@ struct ReembolsoVisto<'a> {
     charge: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     failure_code: Option<&'a str>,
+    /// `busqueda` (the provider's search, now) or `webhook` (its events).
+    fuente: &'static str,
+}
+
+impl<'a> ReembolsoVisto<'a> {
+    fn of(r: &'a Refund, fuente: &'static str) -> Self {
+        ReembolsoVisto {
+            id: &r.id,
+            status: r.status,
+            amount: r.amount,
+            currency: &r.currency,
+            charge: &r.charge,
+            failure_code: r.failure_code.as_deref(),
+            fuente,
+        }
+    }
 }
 
 fn status_word(status: RefundStatus) -> &'static str {
@@ -247,98 +274,152 @@ fn status_word(status: RefundStatus) -> &'static str {
     }
 }
 
-/// What the provider shows for one refund.
-enum ProviderSays {
-    /// Its look-up: the refunds it holds for this refund (its reference, or its provider
-    /// id), empty for none.
+/// What the provider's search shows for one refund.
+enum Search {
+    /// The refunds it holds for this refund (its reference, or its provider id), empty for
+    /// none.
     Found(Vec<Refund>),
     /// It cannot tell which of its refunds is this one: Mercado Pago, whose refunds carry no
     /// pagos reference, with no provider id known or named.
     CannotTell,
-    /// The look-up failed; only with an overrule (otherwise a 503).
+    /// The look-up failed; only with an overrule (otherwise a 503, or a 409 for a
+    /// `FALLIDO` its webhooks contradict).
     Unreachable(GatewayError),
+}
+
+/// What the provider shows for one refund: its search, and what its webhooks reported.
+struct ProviderSays {
+    search: Search,
+    /// The refunds its webhooks reported succeeded or pending that its search does not
+    /// show so far (`shown`).
+    reported: Vec<Refund>,
+}
+
+/// Whether the search's `found` shows what a webhook `reported`: the same refund in the
+/// same status, or settled when the webhook said pending. A webhook's success the search
+/// shows otherwise stands: money went back, and a search lags behind the provider's events.
+fn shown(found: &[Refund], reported: &Refund) -> bool {
+    found.iter().any(|f| {
+        f.id == reported.id
+            && (f.status == reported.status || reported.status == RefundStatus::Pending)
+    })
 }
 
 impl ProviderSays {
     /// Asks the provider about `r` as the reconciler does (`lookup_of`); with Mercado Pago
-    /// and no provider id known, by the one on-call `named`, if any. A look-up that fails
-    /// is a 503 that changes nothing, unless on-call overrules the provider.
+    /// and no provider id known, by the one on-call `named`, if any. Adds what its webhooks
+    /// reported succeeded or pending that the search does not show. A look-up that fails
+    /// is said (`Search::Unreachable`), with what the webhooks reported.
     async fn ask(
         state: &AppState,
         r: &refund::Model,
         named: Option<&str>,
-        overruled: bool,
     ) -> Result<ProviderSays, ApiError> {
         let mut lookup = lookup_of(r);
-        if lookup.gateway_ref.is_none() && !state.settings.gateway.refunds_carry_reference() {
-            match named {
-                Some(named) => lookup.gateway_ref = Some(named.to_owned()),
-                None => return Ok(ProviderSays::CannotTell),
-            }
+        let blind =
+            lookup.gateway_ref.is_none() && !state.settings.gateway.refunds_carry_reference();
+        if blind {
+            lookup.gateway_ref = named.map(str::to_owned);
         }
-        match state.gateway.lookup_refunds(&lookup).await {
-            Ok(found) => Ok(ProviderSays::Found(found)),
-            Err(err) if overruled => {
-                tracing::warn!(refund_id = %r.id, error = %err, "the provider could not be asked about a refund on-call resolves overruling it");
-                Ok(ProviderSays::Unreachable(err))
-            }
-            Err(err) => Err(provider_check::unreachable(
-                "refund",
-                &err,
-                "Try again; if it keeps failing, contraProveedor resolves it without the provider (say what its dashboard shows).",
-            )),
-        }
-    }
-
-    /// The refunds found (none when it could not be asked or cannot tell).
-    fn found(&self) -> &[Refund] {
-        match self {
-            ProviderSays::Found(found) => found,
-            ProviderSays::CannotTell | ProviderSays::Unreachable(_) => &[],
-        }
-    }
-
-    /// Every refund found, as a refusal lists them.
-    fn seen(&self) -> Vec<ReembolsoVisto<'_>> {
-        self.found()
+        let search = match (&lookup.gateway_ref, blind) {
+            (None, true) => Search::CannotTell,
+            _ => match state.gateway.lookup_refunds(&lookup).await {
+                Ok(found) => Search::Found(found),
+                Err(err) => Search::Unreachable(err),
+            },
+        };
+        let mut says = ProviderSays {
+            search,
+            reported: Vec::new(),
+        };
+        says.reported = reported_for_refund(&state.db, r.id)
+            .await?
             .iter()
-            .map(|r| ReembolsoVisto {
-                id: &r.id,
-                status: r.status,
-                amount: r.amount,
-                currency: &r.currency,
-                charge: &r.charge,
-                failure_code: r.failure_code.as_deref(),
+            .map(as_refund)
+            .filter(|w| w.status != RefundStatus::Failed && !shown(says.found(), w))
+            .collect();
+        Ok(says)
+    }
+
+    /// The refunds its search found (none when it could not be asked or cannot tell).
+    fn found(&self) -> &[Refund] {
+        match &self.search {
+            Search::Found(found) => found,
+            Search::CannotTell | Search::Unreachable(_) => &[],
+        }
+    }
+
+    /// Every refund it shows: its search's, then its webhooks'.
+    fn refunds(&self) -> impl Iterator<Item = &Refund> {
+        self.found().iter().chain(&self.reported)
+    }
+
+    /// Where `r` (one of `refunds`) comes from, in words: nothing for the search's. By
+    /// identity: the search may show the same refund id in another status.
+    fn source(&self, r: &Refund) -> &'static str {
+        if self.reported.iter().any(|w| std::ptr::eq(w, r)) {
+            " (reported by its webhook; its search does not show it so)"
+        } else {
+            ""
+        }
+    }
+
+    /// Every refund, as a refusal lists them.
+    fn seen(&self) -> Vec<ReembolsoVisto<'_>> {
+        let search = self
+            .found()
+            .iter()
+            .map(|r| ReembolsoVisto::of(r, "busqueda"));
+        let webhooks = self
+            .reported
+            .iter()
+            .map(|r| ReembolsoVisto::of(r, "webhook"));
+        search.chain(webhooks).collect()
+    }
+
+    /// The refunds it shows, in words (empty for none).
+    fn listed(&self) -> String {
+        self.refunds()
+            .map(|r| {
+                format!(
+                    "{} {} for {} {}{}",
+                    r.id,
+                    status_word(r.status),
+                    r.amount,
+                    r.currency,
+                    self.source(r)
+                )
             })
-            .collect()
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// What it shows, in words, for a refusal's detail and an audit row.
     fn in_words(&self) -> String {
-        match self {
-            ProviderSays::Found(found) if found.is_empty() => "no refund for this refund".into(),
-            ProviderSays::Found(found) => found
-                .iter()
-                .map(|r| {
-                    format!(
-                        "{} {} for {} {}",
-                        r.id,
-                        status_word(r.status),
-                        r.amount,
-                        r.currency
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(", "),
-            ProviderSays::CannotTell => "nothing it can tell is this refund (Mercado Pago's refunds carry no pagos reference, and this refund's Mercado Pago id is not known)".into(),
-            ProviderSays::Unreachable(err) => format!("nothing: it could not be asked ({err})"),
+        let listed = self.listed();
+        let search = match &self.search {
+            Search::Found(_) if listed.is_empty() => return "no refund for this refund".into(),
+            Search::Found(_) => return listed,
+            Search::CannotTell => "nothing it can tell is this refund (Mercado Pago's refunds carry no pagos reference, and this refund's Mercado Pago id is not known)".to_owned(),
+            Search::Unreachable(err) => format!("nothing: it could not be asked ({err})"),
+        };
+        if listed.is_empty() {
+            search
+        } else {
+            format!("{listed}; its search {search}")
         }
     }
 
     /// The provider, as an overrule's audit row says it: `showed …`, `could not be asked`.
     fn which(&self) -> String {
-        match self {
-            ProviderSays::Unreachable(err) => format!("could not be asked ({err})"),
+        match &self.search {
+            Search::Unreachable(err) if self.reported.is_empty() => {
+                format!("could not be asked ({err})")
+            }
+            Search::Unreachable(err) => format!(
+                "could not be asked ({err}), and whose webhooks reported {}",
+                self.listed()
+            ),
             _ => format!("showed {}", self.in_words()),
         }
     }
@@ -346,6 +427,26 @@ impl ProviderSays {
     /// A 409 `provider-disagrees`: `why`, then what the provider shows; nothing changed.
     fn disagrees(&self, why: &str) -> ApiError {
         provider_check::disagrees(why, &self.in_words(), "refund", "reembolsos", self.seen())
+    }
+
+    /// The answer to a resolution `event` not overruled while the provider could not be
+    /// asked (`err`): a 503 that changes nothing, or, for a `FALLIDO` while its webhooks
+    /// reported the refund succeeded or pending, the 409 the search would give.
+    fn unreachable(&self, event: Event, err: &GatewayError) -> ApiError {
+        match self.reported.first() {
+            Some(r) if event == Event::ResolveFailed => self.disagrees(&format!(
+                "The provider could not be asked, and its webhooks reported refund {} {} for {} {}: FALLIDO would free what is left to refund while the money may have gone back. Resolve once the provider answers, or overrule with contraProveedor.",
+                r.id,
+                status_word(r.status),
+                r.amount,
+                r.currency
+            )),
+            _ => provider_check::unreachable(
+                "refund",
+                err,
+                "Try again; if it keeps failing, contraProveedor resolves it without the provider (say what its dashboard shows).",
+            ),
+        }
     }
 }
 
@@ -370,12 +471,12 @@ fn checked_against(
             other.id, other.state
         )));
     }
-    if matches!(provider, ProviderSays::CannotTell) && !overruled {
+    if matches!(provider.search, Search::CannotTell) && !overruled {
         return Err(provider.disagrees(
             "Mercado Pago's refunds carry no pagos reference, and this refund's Mercado Pago id was never known (its answer was lost): pagos cannot tell whether Mercado Pago made it. Find it in Mercado Pago's panel (a refund of the payment for this amount, made when this refund was sent) and name it with gatewayRef: pagos asks Mercado Pago about it. If the panel shows none, resolve FALLIDO with contraProveedor saying so.",
         ));
     }
-    let found = provider.found();
+    let found: Vec<&Refund> = provider.refunds().collect();
     if asked.event == Event::ResolveFailed {
         if overruled {
             return Ok(named.map(str::to_owned));
@@ -389,14 +490,20 @@ fn checked_against(
         }
         if let Some(made) = found.iter().find(|r| r.status == RefundStatus::Succeeded) {
             return Err(provider.disagrees(&format!(
-                "The provider shows money went back for this refund: refund {} succeeded for {} {}. FALLIDO would free what is left to refund and tell the merchant reembolso.fallido: refunded again, the customer would get it twice. Resolve COMPLETADO if it is for this refund's {} {}.",
-                made.id, made.amount, made.currency, current.amount, current.currency
+                "The provider shows money went back for this refund: refund {} succeeded for {} {}{}. FALLIDO would free what is left to refund and tell the merchant reembolso.fallido: refunded again, the customer would get it twice. Resolve COMPLETADO if it is for this refund's {} {}.",
+                made.id,
+                made.amount,
+                made.currency,
+                provider.source(made),
+                current.amount,
+                current.currency
             )));
         }
         if let Some(pending) = found.iter().find(|r| r.status == RefundStatus::Pending) {
             return Err(provider.disagrees(&format!(
-                "Refund {} is still pending at the provider: it may still go through. Wait until the provider settles it, then resolve as it shows.",
-                pending.id
+                "Refund {} is still pending at the provider{}: it may still go through. Wait until the provider settles it, then resolve as it shows.",
+                pending.id,
+                provider.source(pending)
             )));
         }
         return Ok(named.map(str::to_owned));
@@ -406,7 +513,7 @@ fn checked_against(
             && r.amount == current.amount
             && r.currency.eq_ignore_ascii_case(&current.currency)
     };
-    let fitting: Vec<&Refund> = found.iter().filter(fits).collect();
+    let fitting: Vec<&Refund> = found.iter().copied().filter(fits).collect();
     if let Some(named) = named {
         if overruled || fitting.iter().any(|r| r.id == named) {
             return Ok(Some(named.to_owned()));
@@ -433,7 +540,7 @@ fn checked_against(
     match fitting.as_slice() {
         [one] => Ok(Some(one.id.clone())),
         // The provider could not be asked: on-call's word, with what it could name.
-        [] if overruled && matches!(provider, ProviderSays::Unreachable(_)) => Ok(None),
+        [] if overruled && matches!(provider.search, Search::Unreachable(_)) => Ok(None),
         // Overruled with the provider answering: the refund that gave the money back must
         // be named, so that no other refund of the payment can be resolved on it too.
         [] if overruled => Err(bad_request(

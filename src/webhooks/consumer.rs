@@ -26,10 +26,10 @@ use crate::saga::state::{IllegalTransition, PaymentState};
 use crate::saga::store::{Actor, StoreError, Written};
 use crate::webhooks::decide::{Effect, decide, refunded_by_pagos};
 use crate::webhooks::event::status_name;
-use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
-    EntityTrait, PrimaryKeyTrait, QueryFilter, QuerySelect, TryInsertResult,
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait,
+    DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, IdenStatic, Iterable,
+    PrimaryKeyToColumn, PrimaryKeyTrait, QueryFilter, QuerySelect, TryInsertResult,
 };
 use uuid::Uuid;
 
@@ -351,8 +351,7 @@ async fn advance_charge(
     payment_id: Option<Uuid>,
 ) -> Result<bool, DbErr> {
     let charge = event.charge;
-    let at = now();
-    let inserted = charges::Entity::insert(charges::ActiveModel {
+    let row = charges::ActiveModel {
         source: Set(event.source.to_owned()),
         charge_id: Set(charge.id.clone()),
         reference: Set(charge.reference.clone()),
@@ -361,45 +360,69 @@ async fn advance_charge(
         amount: Set(charge.amount),
         currency: Set(charge.currency.clone()),
         decline_code: Set(charge.decline_code.clone()),
-        last_sequence: Set(event.sequence),
-        last_event_id: Set(event.event_id.to_owned()),
-        first_seen_at: Set(at),
-        updated_at: Set(at),
-    })
-    .on_conflict_do_nothing()
-    .exec_without_returning(tx)
-    .await?;
+        ..Default::default()
+    };
+    record_newest(tx, row, event.sequence, event.event_id).await
+}
+
+/// The column type of an active model's entity.
+type ColumnOf<A> = <<A as ActiveModelTrait>::Entity as EntityTrait>::Column;
+
+/// A row of what a gateway's events reported about one of its objects (`webhook_charges`,
+/// `webhook_refunds`): which columns say the newest event applied, and when.
+pub(crate) trait Reported: ActiveModelTrait + Send {
+    const LAST_SEQUENCE: ColumnOf<Self>;
+    const LAST_EVENT_ID: ColumnOf<Self>;
+    const FIRST_SEEN_AT: ColumnOf<Self>;
+    const UPDATED_AT: ColumnOf<Self>;
+}
+
+impl Reported for charges::ActiveModel {
+    const LAST_SEQUENCE: charges::Column = charges::Column::LastSequence;
+    const LAST_EVENT_ID: charges::Column = charges::Column::LastEventId;
+    const FIRST_SEEN_AT: charges::Column = charges::Column::FirstSeenAt;
+    const UPDATED_AT: charges::Column = charges::Column::UpdatedAt;
+}
+
+/// The natural upsert and the sequence (module docs, 2 and 3) of what event `event_id`
+/// (of `sequence`) reported, `row`: inserted on its primary key with `ON CONFLICT DO
+/// NOTHING`; a row already there is written over (all but when it was first seen) only
+/// from a lower sequence. False when an event of the same or a higher sequence was
+/// applied before (stale).
+pub(crate) async fn record_newest<A: Reported>(
+    tx: &impl ConnectionTrait,
+    mut row: A,
+    sequence: i64,
+    event_id: &str,
+) -> Result<bool, DbErr> {
+    let at = now();
+    row.try_set(A::LAST_SEQUENCE, sequence.into())?;
+    row.try_set(A::LAST_EVENT_ID, event_id.into())?;
+    row.try_set(A::FIRST_SEEN_AT, at.into())?;
+    row.try_set(A::UPDATED_AT, at.into())?;
+    let inserted = <A::Entity as EntityTrait>::insert(row.clone())
+        .on_conflict_do_nothing()
+        .exec_without_returning(tx)
+        .await?;
     if matches!(inserted, TryInsertResult::Inserted(n) if n > 0) {
         return Ok(true);
     }
     // The row exists: move it forward only from a lower sequence. On PostgreSQL a
-    // concurrent event for the same charge holds the row; this waits, then re-checks the
+    // concurrent event for the same object holds the row; this waits, then re-checks the
     // condition against what it committed.
-    let advanced = charges::Entity::update_many()
-        .col_expr(
-            charges::Column::Reference,
-            Expr::value(charge.reference.clone()),
-        )
-        .col_expr(charges::Column::PaymentId, Expr::value(payment_id))
-        .col_expr(
-            charges::Column::Status,
-            Expr::value(reported(charge.status)),
-        )
-        .col_expr(charges::Column::Amount, Expr::value(charge.amount))
-        .col_expr(
-            charges::Column::Currency,
-            Expr::value(charge.currency.clone()),
-        )
-        .col_expr(
-            charges::Column::DeclineCode,
-            Expr::value(charge.decline_code.clone()),
-        )
-        .col_expr(charges::Column::LastSequence, Expr::value(event.sequence))
-        .col_expr(charges::Column::LastEventId, Expr::value(event.event_id))
-        .col_expr(charges::Column::UpdatedAt, Expr::value(at))
-        .filter(charges::Column::Source.eq(event.source))
-        .filter(charges::Column::ChargeId.eq(charge.id.clone()))
-        .filter(charges::Column::LastSequence.lt(event.sequence))
+    let mut same = Condition::all();
+    for key in <A::Entity as EntityTrait>::PrimaryKey::iter() {
+        let column = key.into_column();
+        let value = row.get(column).into_value().ok_or_else(|| {
+            DbErr::Custom(format!("a reported row without its {}", column.as_str()))
+        })?;
+        same = same.add(column.eq(value));
+    }
+    row.not_set(A::FIRST_SEEN_AT);
+    let advanced = <A::Entity as EntityTrait>::update_many()
+        .set(row)
+        .filter(same)
+        .filter(A::LAST_SEQUENCE.lt(sequence))
         .exec(tx)
         .await?;
     Ok(advanced.rows_affected == 1)

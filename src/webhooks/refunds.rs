@@ -1,22 +1,35 @@
 //! Gateway events about refunds (reference `refund.updated`, Stripe `refund.*` /
-//! `charge.refund.updated`), applied exactly once with the seed's four strategies: the
-//! event id deduped in `processed_messages`, the refund found by its natural key (the
-//! reference is the refund's id), a per-refund sequence (`refunds.last_event_sequence`:
-//! an event at or below it is stale), and the absolute state it reports, moved through
-//! the refund transition function.
+//! `charge.refund.updated`; Mercado Pago sends none: its notifications name payments),
+//! applied exactly once with the seed's four strategies: the event id deduped in
+//! `processed_messages`, the refund found by its natural key (the reference is the
+//! refund's id), a per-refund sequence (`refunds.last_event_sequence`: an event at or
+//! below it is stale), and the absolute state it reports, moved through the refund
+//! transition function.
+//!
+//! What the event reports is kept in `webhook_refunds` (one row per provider refund,
+//! advanced only by a higher sequence, whatever the refund's state, and for a reference
+//! naming no refund of ours too): a provider's search lags behind its events, and on-call's
+//! resolution of a refund under review weighs what its webhooks reported
+//! (`reported_for_refund`).
 //!
 //! `decide` is the pure table; `consume` applies it in one transaction with the dedupe
-//! row. It never calls a gateway.
+//! row and the report. It never calls a gateway.
 
 use crate::db::begin_write;
+use crate::entities::webhook_refund::{self as reports, ReportedRefundStatus};
 use crate::entities::{payment, refund};
 use crate::gateway::{Refund, RefundStatus};
 use crate::saga::refund::state::{Event, RefundState};
 use crate::saga::refund::store::{self, Changes, Written};
 use crate::saga::refund::{Actor, settlement};
 use crate::saga::store::SagaRow;
-use crate::webhooks::consumer::{ConsumeError, locked_by_reference, record_message};
-use sea_orm::{DatabaseConnection, DatabaseTransaction, EntityTrait, QuerySelect};
+use crate::webhooks::consumer::{
+    ConsumeError, Reported, locked_by_reference, record_message, record_newest,
+};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
+    EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+};
 use uuid::Uuid;
 
 /// What an event about a refund came to. Every one is answered 200.
@@ -177,6 +190,17 @@ async fn consume_in(
             .await?;
     }
     let found = locked_by_reference::<refund::Entity>(tx, &event.refund.reference).await?;
+    if let Some(current) = &found
+        && !store::advance_event_sequence(tx, current.id, event.sequence).await?
+    {
+        return Ok(Some(RefundConsumed::Stale));
+    }
+    // What the provider reports, kept whatever the refund's state, before the decision:
+    // the resolution of a refund under review weighs it (its search may lag behind this
+    // event). Lock order: payment, refund, then this row.
+    if !record_report(tx, event, found.as_ref()).await? {
+        return Ok(Some(RefundConsumed::Stale));
+    }
     let Some(current) = found else {
         tracing::warn!(
             event_id = event.event_id,
@@ -186,15 +210,10 @@ async fn consume_in(
         );
         return Ok(Some(RefundConsumed::Unknown));
     };
-    if !store::advance_event_sequence(tx, current.id, event.sequence).await? {
-        return Ok(Some(RefundConsumed::Stale));
-    }
     match decide(&current, event.refund, event.event_id) {
         RefundEffect::Keep(why) => {
             if current.state == RefundState::RevisionManual {
-                // What the provider reports is on-call's to weigh: said where on-call reads,
-                // since the resolution's search may lag behind this event.
-                tracing::warn!(event_id = event.event_id, refund_id = %current.id, provider_refund = event.refund.id, status = ?event.refund.status, amount = event.refund.amount, "refund event for a refund under review: the provider reports it; on-call decides");
+                tracing::warn!(event_id = event.event_id, refund_id = %current.id, provider_refund = event.refund.id, status = ?event.refund.status, amount = event.refund.amount, "refund event for a refund under review: kept for on-call's resolution");
             } else {
                 tracing::debug!(event_id = event.event_id, refund_id = %current.id, why, "refund event changes nothing");
             }
@@ -219,6 +238,94 @@ async fn consume_in(
                 Written::Fenced => None,
             })
         }
+    }
+}
+
+/// The refund's status as its report keeps it.
+fn reported(status: RefundStatus) -> ReportedRefundStatus {
+    match status {
+        RefundStatus::Succeeded => ReportedRefundStatus::Succeeded,
+        RefundStatus::Failed => ReportedRefundStatus::Failed,
+        RefundStatus::Pending => ReportedRefundStatus::Pending,
+    }
+}
+
+impl Reported for reports::ActiveModel {
+    const LAST_SEQUENCE: reports::Column = reports::Column::LastSequence;
+    const LAST_EVENT_ID: reports::Column = reports::Column::LastEventId;
+    const FIRST_SEEN_AT: reports::Column = reports::Column::FirstSeenAt;
+    const UPDATED_AT: reports::Column = reports::Column::UpdatedAt;
+}
+
+/// Records what the event says about its provider refund if it is the newest word on it
+/// (`record_newest`); false when stale. `named`: the refund of ours its reference names.
+async fn record_report(
+    tx: &impl ConnectionTrait,
+    event: RefundEvent<'_>,
+    named: Option<&refund::Model>,
+) -> Result<bool, DbErr> {
+    let r = event.refund;
+    let row = reports::ActiveModel {
+        source: Set(event.source.to_owned()),
+        provider_refund_id: Set(r.id.clone()),
+        reference: Set(r.reference.clone()),
+        refund_id: Set(named.map(|n| n.id)),
+        payment_id: Set(named.map(|n| n.payment_id)),
+        charge_id: Set(r.charge.clone()),
+        status: Set(reported(r.status)),
+        amount: Set(r.amount),
+        currency: Set(r.currency.clone()),
+        failure_code: Set(r.failure_code.clone()),
+        ..Default::default()
+    };
+    record_newest(tx, row, event.sequence, event.event_id).await
+}
+
+/// What the provider's webhooks last reported about the provider refunds of refund
+/// `refund`, the first seen first.
+pub async fn reported_for_refund(
+    db: &impl ConnectionTrait,
+    refund: Uuid,
+) -> Result<Vec<reports::Model>, DbErr> {
+    oldest_first(db, reports::Column::RefundId.eq(refund)).await
+}
+
+/// What the provider's webhooks last reported about the refunds of payment `payment`, the
+/// first seen first.
+pub async fn reported_for_payment(
+    db: &impl ConnectionTrait,
+    payment: Uuid,
+) -> Result<Vec<reports::Model>, DbErr> {
+    oldest_first(db, reports::Column::PaymentId.eq(payment)).await
+}
+
+async fn oldest_first(
+    db: &impl ConnectionTrait,
+    which: sea_orm::sea_query::SimpleExpr,
+) -> Result<Vec<reports::Model>, DbErr> {
+    reports::Entity::find()
+        .filter(which)
+        .order_by_asc(reports::Column::FirstSeenAt)
+        .order_by_asc(reports::Column::Source)
+        .order_by_asc(reports::Column::ProviderRefundId)
+        .all(db)
+        .await
+}
+
+/// A report as the gateway's refund it was read from (the reference it carried).
+pub fn as_refund(report: &reports::Model) -> Refund {
+    Refund {
+        id: report.provider_refund_id.clone(),
+        status: match report.status {
+            ReportedRefundStatus::Succeeded => RefundStatus::Succeeded,
+            ReportedRefundStatus::Failed => RefundStatus::Failed,
+            ReportedRefundStatus::Pending => RefundStatus::Pending,
+        },
+        charge: report.charge_id.clone(),
+        amount: report.amount,
+        currency: report.currency.clone(),
+        reference: report.reference.clone(),
+        failure_code: report.failure_code.clone(),
     }
 }
 

@@ -8,7 +8,8 @@
 //! fails is a 503 that changes nothing. On-call overrules the provider only by saying why
 //! (`contraProveedor`), kept in the refund's audit row — also when it cannot be asked.
 
-use crate::helpers::{API_KEY, Backend, TestApp, json, problem};
+use crate::compensation::{SECRET, deliver_event};
+use crate::helpers::{ADMIN_TOKEN, API_KEY, Backend, TestApp, json, problem};
 use crate::on_both_databases;
 use crate::refunds::{FakeRefunds, app_with, paid, refund};
 use serde_json::{Value, json};
@@ -20,6 +21,8 @@ on_both_databases!(
     completado_naming_another_refunds_provider_id_is_refused,
     a_look_up_that_fails_refuses_the_resolution_with_503_and_changes_nothing,
     on_call_overrules_the_provider_with_a_reason_the_refunds_audit_row_keeps,
+    fallido_is_refused_while_the_providers_webhook_reported_the_refund_its_search_does_not_show,
+    a_stale_or_repeated_refund_event_never_overwrites_what_the_newest_one_reported,
 );
 
 /// The reference gateway keeping refunds, and pagos giving up on a refund after 1 s.
@@ -72,6 +75,34 @@ async fn pending_under_review(
     let report = reconcile(app, &id).await;
     assert_eq!(report["revisionManual"], 1, "{report}");
     assert_eq!(read(app, &id).await["estado"], "REVISION_MANUAL");
+    id
+}
+
+/// A refund of `monto` of `payment` the provider made (`status`) while its answer was lost
+/// and its search lagged, past PAGOS_GIVE_UP_AFTER: the reconciler sent it to
+/// REVISION_MANUAL ("no refund at the provider after … of sends with the same key"),
+/// holding its amount. The provider's search still lags. Its id.
+async fn made_unseen(
+    app: &TestApp,
+    fake: &FakeRefunds,
+    payment: &str,
+    key: &str,
+    monto: i64,
+    status: &'static str,
+) -> String {
+    fake.refunding(status);
+    fake.search_lags(true);
+    fake.delay(Duration::from_secs(2));
+    let answer = refund(app, payment, key, &json!({ "monto": monto })).await;
+    assert_eq!(answer.status(), 202);
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+    fake.delay(Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let report = reconcile(app, &id).await;
+    assert_eq!(report["revisionManual"], 1, "{report}");
+    let why = trail(app, &id).await.pop().expect("a row");
+    assert!(why.contains("no refund at the provider after"), "{why}");
+    assert!(read(app, &id).await["gatewayRef"].is_null());
     id
 }
 
@@ -136,18 +167,7 @@ async fn fallido_is_refused_while_the_provider_shows_the_refund_succeeded_and_no
 ) {
     let (app, fake) = app(backend).await;
     let payment = paid(&app, "pay-1").await;
-    fake.search_lags(true);
-    fake.delay(Duration::from_secs(2));
-    let answer = refund(&app, &payment, "ref-1", &json!({"monto": 50000})).await;
-    assert_eq!(answer.status(), 202);
-    let id = json(answer).await["id"].as_str().expect("id").to_owned();
-    fake.delay(Duration::ZERO);
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let report = reconcile(&app, &id).await;
-    assert_eq!(report["revisionManual"], 1, "{report}");
-    let why = trail(&app, &id).await.pop().expect("a row");
-    assert!(why.contains("no refund at the provider after"), "{why}");
-    assert!(read(&app, &id).await["gatewayRef"].is_null());
+    let id = made_unseen(&app, &fake, &payment, "ref-1", 50000, "succeeded").await;
     assert_eq!(restante(&app, &payment).await, 200000);
 
     // The provider's search caught up: it shows the refund succeeded.
@@ -392,4 +412,170 @@ async fn on_call_overrules_the_provider_with_a_reason_the_refunds_audit_row_keep
             "{said} in {last}"
         );
     }
+}
+
+/// The reference gateway keeping refunds and signing its events, and pagos giving up on a
+/// refund after 1 s.
+async fn app_hearing_events(backend: Backend) -> (TestApp, FakeRefunds) {
+    app_with(
+        backend,
+        &["--give-up-after", "1s", "--webhook-secret", SECRET],
+    )
+    .await
+}
+
+/// Scenario A again, but the provider's search still lags when on-call resolves: only its
+/// event said the refund succeeded. FALLIDO would free its amount to be refunded twice.
+async fn fallido_is_refused_while_the_providers_webhook_reported_the_refund_its_search_does_not_show(
+    backend: Backend,
+) {
+    let (app, fake) = app_hearing_events(backend).await;
+    let payment = paid(&app, "pay-1").await;
+    let id = made_unseen(&app, &fake, &payment, "ref-1", 50000, "succeeded").await;
+    let made = fake.made()[0].clone();
+    assert_eq!(
+        deliver_event(&app, "evt_re_1", "refund.updated", 1, made).await,
+        "sin_cambios",
+        "under review: on-call decides"
+    );
+
+    let fallido = json!({"estado": "FALLIDO", "motivo": "no refund in the provider's search"});
+    let refused = disagreed(&app, &id, &fallido).await;
+    assert_eq!(ids_in(&refused), ["re_fake_1"], "{refused}");
+    let listed = &refused["reembolsos"][0];
+    assert_eq!(listed["fuente"], "webhook", "{refused}");
+    assert_eq!(listed["status"], "succeeded", "{refused}");
+    assert_eq!(listed["amount"], 50000, "{refused}");
+    // Nothing freed: what would be left were it freed is still over what is left.
+    let again = refund(&app, &payment, "ref-2", &json!({"monto": 250000})).await;
+    let over = problem(again, 422, "the refund's amount is still held").await;
+    assert_eq!(over["type"], "/problems/refund-exceeds-remaining", "{over}");
+    assert_eq!(over["restante"], 200000, "{over}");
+    assert_eq!(refund_events(&app).await, ["reembolso.revision_manual"]);
+
+    // The provider cannot be asked: its webhook's word still refuses a plain FALLIDO.
+    fake.fail_lookups(true);
+    let refused = disagreed(&app, &id, &fallido).await;
+    assert_eq!(refused["reembolsos"][0]["fuente"], "webhook", "{refused}");
+    assert!(
+        crate::helpers::text_has(&refused, "detail", "could not be asked"),
+        "{refused}"
+    );
+    fake.fail_lookups(false);
+
+    // The console's payment page shows it under the payment's refunds.
+    let session = crate::console::log_in(&app, ADMIN_TOKEN).await;
+    let page = app
+        .http
+        .get(app.url(&format!("/consola/pagos/{payment}")))
+        .header("cookie", format!("pagos_consola={session}"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.expect("text");
+    let reports = &html[html
+        .find("id=\"refund-reports\"")
+        .expect("the refunds' reports")..];
+    for said in ["re_fake_1", "succeeded", "evt_re_1", id.as_str()] {
+        assert!(reports.contains(said), "{said} in {reports}");
+    }
+
+    // COMPLETADO is what the provider reported, and names its refund.
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADO", "motivo": "its event reported re_fake_1 succeeded",
+                "gatewayRef": "re_fake_1"}),
+    )
+    .await;
+    assert_eq!(done["reembolso"]["estado"], "COMPLETADO");
+    assert_eq!(done["reembolso"]["gatewayRef"], "re_fake_1");
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 50000);
+    assert_eq!(fake.made().len(), 1, "one refund at the provider");
+}
+
+/// The provider's events about one refund, late, twice, out of order: what pagos keeps is
+/// what the newest said, stored once, and the resolution weighs that.
+async fn a_stale_or_repeated_refund_event_never_overwrites_what_the_newest_one_reported(
+    backend: Backend,
+) {
+    use pagos::entities::webhook_refund::{self as reports, ReportedRefundStatus};
+    use sea_orm::EntityTrait;
+    let (app, fake) = app_hearing_events(backend).await;
+    let payment = paid(&app, "pay-1").await;
+    let id = made_unseen(&app, &fake, &payment, "ref-1", 50000, "pending").await;
+    let mut made = fake.made()[0].clone();
+    assert_eq!(
+        deliver_event(&app, "evt_re_1", "refund.updated", 1, made.clone()).await,
+        "sin_cambios"
+    );
+    // Pending at the provider, by its event: it may still go through.
+    let fallido = json!({"estado": "FALLIDO", "motivo": "no refund in the provider's search"});
+    let problem = disagreed(&app, &id, &fallido).await;
+    assert_eq!(ids_in(&problem), ["re_fake_1"], "{problem}");
+    assert_eq!(problem["reembolsos"][0]["status"], "pending", "{problem}");
+    assert_eq!(problem["reembolsos"][0]["fuente"], "webhook", "{problem}");
+
+    made["status"] = json!("succeeded");
+    assert_eq!(
+        deliver_event(&app, "evt_re_3", "refund.updated", 3, made.clone()).await,
+        "sin_cambios"
+    );
+    // The same event again, whatever its body says now, and an older one arriving late.
+    let mut repeated = made.clone();
+    repeated["status"] = json!("failed");
+    assert_eq!(
+        deliver_event(&app, "evt_re_3", "refund.updated", 3, repeated).await,
+        "duplicado"
+    );
+    let mut older = made.clone();
+    older["status"] = json!("pending");
+    assert_eq!(
+        deliver_event(&app, "evt_re_2", "refund.updated", 2, older).await,
+        "obsoleto"
+    );
+    let kept = reports::Entity::find().all(&app.db).await.expect("reports");
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].status, ReportedRefundStatus::Succeeded, "{kept:?}");
+    assert_eq!(
+        (kept[0].last_sequence, kept[0].last_event_id.as_str()),
+        (3, "evt_re_3")
+    );
+    assert_eq!(kept[0].refund_id.map(|r| r.to_string()), Some(id.clone()));
+
+    // A refund that names no refund of ours (made in the provider's dashboard) is kept
+    // too, its events ordered the same way.
+    let mut foreign = made.clone();
+    foreign["id"] = json!("re_dashboard");
+    foreign["reference"] = json!(uuid::Uuid::new_v4().to_string());
+    assert_eq!(
+        deliver_event(&app, "evt_d_2", "refund.updated", 2, foreign.clone()).await,
+        "desconocido"
+    );
+    foreign["status"] = json!("pending");
+    assert_eq!(
+        deliver_event(&app, "evt_d_1", "refund.updated", 1, foreign).await,
+        "obsoleto"
+    );
+    let kept = reports::Entity::find_by_id(("http".to_owned(), "re_dashboard".to_owned()))
+        .one(&app.db)
+        .await
+        .expect("read")
+        .expect("kept");
+    assert_eq!(
+        (kept.status, kept.last_sequence, kept.refund_id),
+        (ReportedRefundStatus::Succeeded, 2, None)
+    );
+
+    // COMPLETADO on what the newest event reported, its refund recorded.
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADO", "motivo": "its event reported it succeeded"}),
+    )
+    .await;
+    assert_eq!(done["reembolso"]["estado"], "COMPLETADO");
+    assert_eq!(done["reembolso"]["gatewayRef"], "re_fake_1");
 }

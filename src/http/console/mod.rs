@@ -943,6 +943,7 @@ async fn detail_page(
         .all(&state.db)
         .await?;
     let refunds = crate::saga::refund::store::of_payment(&state.db, p.id).await?;
+    let refund_reports = crate::webhooks::refunds::reported_for_payment(&state.db, p.id).await?;
     let refunded: i64 = refunds
         .iter()
         .filter(|r| r.state == pagos_types::RefundState::Completado)
@@ -1109,6 +1110,20 @@ async fn detail_page(
                                 td data-label="Asked by" { (r.requested_by.as_deref().unwrap_or("the merchant")) }
                                 td data-label="Created" { (time(r.created_at)) " (" (age(now - r.created_at)) " ago)" }
                             }
+                        }
+                    }
+                }
+            }
+            @if !refund_reports.is_empty() {
+                h3 { "What the provider's webhooks reported about them" }
+                ul #refund-reports {
+                    @for w in &refund_reports {
+                        li {
+                            code { (w.provider_refund_id) } " (" (w.source) "): " strong { (w.status.as_str()) }
+                            ", " (money(w.amount, &w.currency))
+                            @if let Some(code) = &w.failure_code { ", failure code " code { (code) } }
+                            @if let Some(id) = w.refund_id { ", refund " span.mono { (id) } }
+                            ", event " code { (w.last_event_id) } " at " (time(w.updated_at))
                         }
                     }
                 }
