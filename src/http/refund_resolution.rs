@@ -117,7 +117,7 @@ fn not_under_review(detail: impl Into<String>) -> ApiError {
         (status = 409, description = "Nothing was changed: the refund is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `reembolsos`: the provider's refunds found for it): `COMPLETADO` with no succeeded refund of its amount and currency, a `gatewayRef` that is not one (or is the provider's refund of another of the payment's refunds), `FALLIDO` while the provider shows it succeeded or still pending (its search, or its webhooks: `fuente`), or Mercado Pago without the refund's id (name it with `gatewayRef`, or overrule)", body = Problem, content_type = "application/problem+json"),
         BodyTooLarge,
         (status = 422, description = "Bad estado, empty motivo, gatewayRef or contraProveedor, or either too long", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The provider could not be asked about the refund; nothing was changed (Retry-After). `contraProveedor` resolves it without the provider (a `FALLIDO` while its webhooks reported the refund succeeded or pending is the 409)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The provider could not be asked about the refund; nothing was changed (Retry-After). `contraProveedor` resolves it without the provider (a `FALLIDO` while its webhooks reported the refund succeeded or pending is the 409; a `COMPLETADO` its webhooks reported succeeded, for its amount and currency, is taken, the audit row saying the provider could not be asked)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn resolve_refund(
@@ -163,11 +163,26 @@ async fn resolve_refund(
     // changes nothing (503) unless on-call overrules it; a FALLIDO its webhooks contradict
     // is refused then too, as it is when the provider answers.
     let provider = ProviderSays::ask(&state, &current, named).await?;
+    // While the provider cannot be asked, its own event that the refund succeeded is
+    // evidence enough for COMPLETADO (`checked_against` holds it to the refund's amount
+    // and currency, and to a named one); anything else waits for its answer or an
+    // overrule.
+    let mut unasked = None;
     if let Search::Unreachable(err) = &provider.search {
-        if overrule.is_none() {
+        let reported_success = event == Event::ResolveCompleted
+            && provider.reported.iter().any(|r| {
+                r.status == RefundStatus::Succeeded
+                    && r.amount == current.amount
+                    && r.currency == current.currency
+            });
+        if overrule.is_none() && !reported_success {
             return Err(provider.unreachable(event, err));
         }
-        tracing::warn!(refund_id = %current.id, error = %err, "the provider could not be asked about a refund on-call resolves overruling it");
+        if overrule.is_some() {
+            tracing::warn!(refund_id = %current.id, error = %err, "the provider could not be asked about a refund on-call resolves overruling it");
+        } else {
+            unasked = Some(err.to_string());
+        }
     }
     let siblings = store::of_payment(&state.db, current.payment_id).await?;
     let asked = Asked {
@@ -182,6 +197,12 @@ async fn resolve_refund(
         ..Changes::default()
     };
     let mut reason = resolution_reason(&admin.name, motivo);
+    if let Some(err) = &unasked {
+        reason = format!(
+            "{reason} [the provider could not be asked ({err}); settled on what its webhooks reported: {}]",
+            provider.listed()
+        );
+    }
     if let Some(why) = &overrule {
         reason = provider_check::overruled(&reason, &provider.which(), why);
         tracing::warn!(refund_id = %current.id, operator = %admin.name, estado = %request.estado, "on-call overruled what the provider shows about a refund");

@@ -419,7 +419,14 @@ async fn on_call_overrules_the_provider_with_a_reason_the_refunds_audit_row_keep
 async fn app_hearing_events(backend: Backend) -> (TestApp, FakeRefunds) {
     app_with(
         backend,
-        &["--give-up-after", "1s", "--webhook-secret", SECRET],
+        &[
+            "--give-up-after",
+            "1s",
+            "--stale-after",
+            "1s",
+            "--webhook-secret",
+            SECRET,
+        ],
     )
     .await
 }
@@ -481,7 +488,9 @@ async fn fallido_is_refused_while_the_providers_webhook_reported_the_refund_its_
         assert!(reports.contains(said), "{said} in {reports}");
     }
 
-    // COMPLETADO is what the provider reported, and names its refund.
+    // COMPLETADO is what the provider reported, and names its refund: its event is
+    // evidence enough while the provider cannot be asked, and the audit row says so.
+    fake.fail_lookups(true);
     let done = resolved(
         &app,
         &id,
@@ -489,8 +498,19 @@ async fn fallido_is_refused_while_the_providers_webhook_reported_the_refund_its_
                 "gatewayRef": "re_fake_1"}),
     )
     .await;
+    fake.fail_lookups(false);
     assert_eq!(done["reembolso"]["estado"], "COMPLETADO");
     assert_eq!(done["reembolso"]["gatewayRef"], "re_fake_1");
+    let last = done["transiciones"]
+        .as_array()
+        .and_then(|t| t.last())
+        .expect("its audit row");
+    for said in ["could not be asked", "re_fake_1 succeeded"] {
+        assert!(
+            crate::helpers::text_has(last, "motivo", said),
+            "{said} in {last}"
+        );
+    }
     let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(pago["montoReembolsado"], 50000);
     assert_eq!(fake.made().len(), 1, "one refund at the provider");
