@@ -77,6 +77,13 @@ async fn resolved(app: &TestApp, id: &str, body: &Value) -> Value {
     done
 }
 
+/// The payment's charges decline at the provider, and on-call resolves it FALLIDA: taken.
+async fn declined_then_failed(app: &TestApp, fake: &FakeGateway, id: &str) {
+    fake.settle(id, "declined");
+    let body = json!({"estado": "FALLIDA", "motivo": "declined at the provider"});
+    resolved(app, id, &body).await;
+}
+
 fn ids_in(problem: &Value) -> Vec<String> {
     problem["cargos"]
         .as_array()
@@ -240,13 +247,7 @@ async fn fallida_without_reembolsar_is_refused_while_the_provider_shows_a_succee
     .await;
 
     // Declined at the provider after all: FALLIDA is what it shows.
-    fake.settle(&id, "declined");
-    resolved(
-        &app,
-        &id,
-        &json!({"estado": "FALLIDA", "motivo": "declined at the provider"}),
-    )
-    .await;
+    declined_then_failed(&app, &fake, &id).await;
 }
 
 async fn while_the_provider_cannot_be_asked_on_call_resolves_on_its_word_and_the_trail_says_so(
@@ -339,13 +340,7 @@ async fn fallida_is_refused_while_a_charge_is_still_pending_at_the_provider_unle
     }
 
     // Once it failed at the provider, FALLIDA is what it shows.
-    fake.settle(&id, "declined");
-    resolved(
-        &app,
-        &id,
-        &json!({"estado": "FALLIDA", "motivo": "declined at the provider"}),
-    )
-    .await;
+    declined_then_failed(&app, &fake, &id).await;
 
     // On-call may close one still pending, saying why; the audit row keeps it.
     let other = under_review(&app, &fake, "k-res-7b").await;
