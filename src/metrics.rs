@@ -73,7 +73,9 @@ pub struct DecisionLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabel {
-    pub method: String,
+    /// The request's method (`OTHER` for any but those of RFC 9110 and PATCH, which no
+    /// route takes), a static string: no allocation per request.
+    pub method: &'static str,
     pub route: String,
     pub status: u16,
 }

@@ -79,10 +79,11 @@ impl Authenticator {
         }
     }
 
-    /// Whether the API key `token` is known from the cache (valid, revoked or unknown):
-    /// checking it reaches no database and cannot be a new guess.
-    fn knows_key(&self, token: Option<&str>) -> bool {
-        token.is_some_and(|t| !t.is_empty() && self.keys.contains_key(&hash_api_key(t)))
+    /// Whether the API key whose hash is `hash` is known from the cache (valid, revoked
+    /// or unknown): checking it reaches no database and cannot be a new guess.
+    fn knows_key(&self, hash: &Option<String>) -> bool {
+        hash.as_ref()
+            .is_some_and(|hash| self.keys.contains_key(hash))
     }
 
     /// `client`'s turn to have a credential checked, then 429 if it is blocked by now.
@@ -214,11 +215,12 @@ fn unauthorized(detail: &str) -> ApiError {
 type Identified<T> = Result<T, &'static str>;
 
 /// `FromRequestParts` for who a bearer token proves a request is from, as `$identify`
-/// reads the token (None: no `Authorization: Bearer`): 429 first when the client's address
-/// failed too often; a failed authentication is counted against the address. A token
-/// `$known` does not say is cached is checked in the address's turn (`Authenticator::turn`).
+/// reads the credential `$read` makes of the token (None: no `Authorization: Bearer`):
+/// 429 first when the client's address failed too often; a failed authentication is
+/// counted against the address. A credential `$known` does not say is cached is checked
+/// in the address's turn (`Authenticator::turn`).
 macro_rules! from_bearer {
-    ($who:ty, $identify:ident, $known:expr) => {
+    ($who:ty, $read:expr, $identify:ident, $known:expr) => {
         impl FromRequestParts<AppState> for $who {
             type Rejection = ApiError;
 
@@ -228,13 +230,13 @@ macro_rules! from_bearer {
             ) -> Result<Self, Self::Rejection> {
                 let auth = &state.auth;
                 let (client, token) = auth.bearer_of(parts).await?;
-                let known: fn(&Authenticator, Option<&str>) -> bool = $known;
-                let _turn = if known(auth, token.as_deref()) {
+                let credential = $read(token);
+                let _turn = if $known(auth, &credential) {
                     Turn { _held: None }
                 } else {
                     auth.turn(client).await?
                 };
-                match $identify(state, token).await? {
+                match $identify(state, credential).await? {
                     Ok(who) => Ok(who),
                     Err(detail) => Err(auth.failed(client, detail).await),
                 }
@@ -247,18 +249,29 @@ macro_rules! from_bearer {
 #[derive(Clone, Copy, Debug)]
 pub struct Merchant(pub Uuid);
 
-from_bearer!(Merchant, merchant_of, Authenticator::knows_key);
+from_bearer!(
+    Merchant,
+    api_key_hash,
+    merchant_of,
+    Authenticator::knows_key
+);
 
-/// The merchant whose API key `token` is.
+/// The hash of the API key `token` (None: no key), computed once per request: the cache
+/// and the database know a key by it.
+fn api_key_hash(token: Option<String>) -> Option<String> {
+    token.filter(|t| !t.is_empty()).map(|t| hash_api_key(&t))
+}
+
+/// The merchant whose API key has the hash `hash`.
 async fn merchant_of(
     state: &AppState,
-    token: Option<String>,
+    hash: Option<String>,
 ) -> Result<Identified<Merchant>, ApiError> {
-    let Some(token) = token.filter(|t| !t.is_empty()) else {
+    let Some(hash) = hash else {
         return Ok(Err("Send your API key as `Authorization: Bearer <key>`."));
     };
     let auth = &state.auth;
-    let detail = match auth.credential(&state.db, hash_api_key(&token)).await? {
+    let detail = match auth.credential(&state.db, hash).await? {
         Credential::Known {
             merchant,
             expires_at,
@@ -386,7 +399,12 @@ pub async fn who_is(state: &AppState, given: &str) -> Result<Option<Admin>, ApiE
 
 // On-call's credentials are not cached: every check takes the address's turn (on-call
 // sends few requests).
-from_bearer!(Admin, admin_of, |_, _| false);
+from_bearer!(
+    Admin,
+    std::convert::identity,
+    admin_of,
+    |_: &Authenticator, _: &Option<String>| false
+);
 
 /// On-call as `token` (the admin token or an operator's) proves it.
 async fn admin_of(state: &AppState, token: Option<String>) -> Result<Identified<Admin>, ApiError> {

@@ -118,7 +118,7 @@ async fn count_responses(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method());
     let route = request
         .extensions()
         .get::<axum::extract::MatchedPath>()
@@ -134,6 +134,22 @@ async fn count_responses(
         })
         .inc();
     response
+}
+
+/// `RouteLabel::method` of `method`.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "OTHER",
+    }
 }
 
 /// Paths served only on the admin door when `PAGOS_ADMIN_BIND` is set, whatever room

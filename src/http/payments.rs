@@ -25,6 +25,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -77,9 +78,9 @@ pub(super) fn problem(kind: ProblemType, detail: impl Into<String>) -> ApiError 
 /// `+json`) 415, a body over the limit 413, anything else that is not JSON 400. A body
 /// that is not JSON is reported after the key (a request with neither gets the key's 400),
 /// so the answer is the same as when the body was read by hand.
-pub(super) struct Body(pub(super) Result<Value, ApiError>);
+pub(super) struct Body<T>(pub(super) Result<T, ApiError>);
 
-pub(super) fn body(extracted: Result<Json<Value>, JsonRejection>) -> Result<Body, ApiError> {
+pub(super) fn body<T>(extracted: Result<Json<T>, JsonRejection>) -> Result<Body<T>, ApiError> {
     match extracted {
         Ok(Json(value)) => Ok(Body(Ok(value))),
         Err(JsonRejection::MissingJsonContentType(_)) => Err(problem(
@@ -98,12 +99,17 @@ pub(super) fn body(extracted: Result<Json<Value>, JsonRejection>) -> Result<Body
             // The parser's own words (line and column), without axum's prefix.
             let text = rejection.body_text();
             let reason = text.rsplit_once(": ").map_or(text.as_str(), |(_, r)| r);
-            Ok(Body(Err(problem(
-                ProblemType::MalformedJson,
-                format!("The body is not valid JSON: {reason}."),
-            ))))
+            Ok(Body(Err(not_json(reason))))
         }
     }
+}
+
+/// 400 for a body that is not JSON, in the parser's own words.
+fn not_json(reason: &str) -> ApiError {
+    problem(
+        ProblemType::MalformedJson,
+        format!("The body is not valid JSON: {reason}."),
+    )
 }
 
 pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
@@ -158,6 +164,56 @@ fn respond(payment_id: Uuid, answer: Answer, replayed: bool) -> Response {
     response
 }
 
+/// What a request whose body the replay cache did not recognise by its bytes gets:
+/// `sent` parsed, then a replay from memory if its fingerprint is the frozen one's, else
+/// what the database says (a new key registered, a taken key's answer).
+async fn begin(
+    state: &AppState,
+    merchant: Uuid,
+    key: &IdempotencyKey,
+    sent: &str,
+) -> Result<Begin, ApiError> {
+    // Valid JSON already (the raw value was read by the same parser); parsed again into a
+    // value, which may still be refused for its nesting.
+    let value: Value = serde_json::from_str(sent).map_err(|err| not_json(&err.to_string()))?;
+    let request = idempotency::fingerprint::Fingerprinted::new("POST", PAYMENTS_PATH, &value, sent);
+    if let Some(begun) = saga::registry::remembered(&state.replay_cache, merchant, key, &request) {
+        return Ok(begun);
+    }
+    // What the configured gateway needs is checked here, before anything is stored.
+    match NewPayment::from_json_for(
+        &value,
+        state.settings.gateway.needs(),
+        state.settings.max_amount,
+    ) {
+        Ok(new_payment) => Ok(saga::registry::begin(
+            &state.db,
+            &state.replay_cache,
+            merchant,
+            key,
+            &request,
+            &new_payment,
+            state.settings.lease,
+        )
+        .await?),
+        // Today's settings refuse the body; a key already taken still answers as its row
+        // says (a retry of a payment made under other settings, or written otherwise):
+        // only a new key's request is refused, and nothing is stored.
+        Err(errors) => {
+            match saga::registry::taken(&state.db, &state.replay_cache, merchant, key, &request)
+                .await?
+            {
+                Some(begun) => Ok(begun),
+                None => {
+                    let campos: Vec<&str> = errors.iter().map(|e| e.campo.as_str()).collect();
+                    tracing::info!(%merchant, ?campos, "payment request failed validation");
+                    Err(validation_failed(errors))
+                }
+            }
+        }
+    }
+}
+
 /// Make a payment, safe to retry with the same `Idempotency-Key`.
 #[utoipa::path(
     post,
@@ -189,60 +245,21 @@ async fn create_payment(
     State(state): State<AppState>,
     Merchant(merchant): Merchant,
     headers: HeaderMap,
-    json: Result<Json<Value>, JsonRejection>,
+    json: Result<Json<Box<RawValue>>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Body(value) = body(json)?;
+    let Body(sent) = body(json)?;
     let key = idempotency_key(&headers)?;
-    let value = value?;
-    let request = idempotency::fingerprint::Fingerprinted::new("POST", PAYMENTS_PATH, &value);
-
-    // A replay from memory first, without a future: the database's path is boxed, so
+    let sent = sent?;
+    // A replay from memory first, by the bytes sent, before the body is parsed: a client
+    // retrying sends what it sent. Without a future either: the paths below are boxed, so
     // this handler's future stays small. Its size is copied whole each time the request
     // passes a layer, and with the database's futures inline that copying was about a
     // seventh of a replay's instructions.
-    let begun = match saga::registry::remembered(&state.replay_cache, merchant, &key, &request) {
-        Some(begun) => begun,
-        // What the configured gateway needs is checked here, before anything is stored.
-        None => match NewPayment::from_json_for(
-            &value,
-            state.settings.gateway.needs(),
-            state.settings.max_amount,
-        ) {
-            Ok(new_payment) => {
-                Box::pin(saga::registry::begin(
-                    &state.db,
-                    &state.replay_cache,
-                    merchant,
-                    &key,
-                    &request,
-                    &new_payment,
-                    state.settings.lease,
-                ))
-                .await?
-            }
-            // Today's settings refuse the body; a key already taken still answers as
-            // its row says (a retry of a payment made under other settings, or written
-            // otherwise): only a new key's request is refused, and nothing is stored.
-            Err(errors) => {
-                match Box::pin(saga::registry::taken(
-                    &state.db,
-                    &state.replay_cache,
-                    merchant,
-                    &key,
-                    &request,
-                ))
-                .await?
-                {
-                    Some(begun) => begun,
-                    None => {
-                        let campos: Vec<&str> = errors.iter().map(|e| e.campo.as_str()).collect();
-                        tracing::info!(%merchant, ?campos, "payment request failed validation");
-                        return Err(validation_failed(errors));
-                    }
-                }
-            }
-        },
-    };
+    let begun =
+        match saga::registry::remembered_as_sent(&state.replay_cache, merchant, &key, sent.get()) {
+            Some(begun) => begun,
+            None => Box::pin(begin(&state, merchant, &key, sent.get())).await?,
+        };
     let key_hash = idempotency::key_hash(&key);
     state
         .metrics

@@ -12,10 +12,11 @@
 //! up in the database, by every process. Memory is bounded by `PAGOS_REPLAY_CACHE_MIB`,
 //! weighed by the bytes each entry holds.
 //!
-//! An entry also keeps the body of the request whose fingerprint matched when it was
-//! filled. A replay whose body is that same JSON value (whatever its key order and white
-//! space) is answered without canonicalizing and hashing it: equal values have equal
-//! canonical forms, so equal fingerprints. Any other body is fingerprinted as usual.
+//! An entry also keeps the body, as its bytes were sent, of the request whose fingerprint
+//! matched when it was filled. A replay that sends those same bytes (a client retrying
+//! what it sent) is answered without parsing, canonicalizing or hashing its body: equal
+//! bytes are one JSON value, so one fingerprint. Any other body (another key order, other
+//! white space, another value) is parsed and fingerprinted as usual.
 
 use super::fingerprint::Fingerprinted;
 use crate::entities::idempotency_key::{self as keys, FrozenAnswer, KeyStatus};
@@ -35,41 +36,32 @@ pub struct Frozen {
     pub fingerprint: String,
     pub payment_id: Uuid,
     pub answer: FrozenAnswer,
-    /// A body known to have `fingerprint`: the request that filled the entry.
-    request: Option<serde_json::Value>,
+    /// A body known to have `fingerprint`, as sent: the request that filled the entry.
+    request: Option<Box<str>>,
     /// When this entry stops being served (a margin before the key may be purged).
     until: Instant,
 }
 
 impl Frozen {
-    /// Whether `request` is the request this answer was frozen for: the same JSON value
-    /// as the body kept, or else the same fingerprint.
+    /// Whether `request` is the request this answer was frozen for: the same bytes as
+    /// the body kept, or else the same fingerprint.
     pub fn answers(&self, request: &Fingerprinted<'_>) -> bool {
-        self.request.as_ref() == Some(request.body()) || self.fingerprint == request.fingerprint()
+        self.sent_as(request.sent()) || self.fingerprint == request.fingerprint()
+    }
+
+    /// Whether `body` is, byte for byte, the body kept with this answer: the request it
+    /// was frozen for, known without parsing `body`.
+    pub fn sent_as(&self, body: &str) -> bool {
+        self.request.as_deref() == Some(body)
     }
 
     /// Bytes this entry holds, for `PAGOS_REPLAY_CACHE_MIB` (weighed once, when it goes in).
     fn weight(&self) -> usize {
         self.fingerprint.len()
             + self.answer.body.len()
-            + self.request.as_ref().map_or(0, heap_bytes)
+            + self.request.as_ref().map_or(0, |sent| sent.len())
             + std::mem::size_of::<Frozen>()
             + 64
-    }
-}
-
-/// Roughly the heap bytes of a JSON value (strings, and a slot per element or member).
-fn heap_bytes(value: &serde_json::Value) -> usize {
-    use serde_json::Value;
-    const SLOT: usize = std::mem::size_of::<Value>() + std::mem::size_of::<String>() + 16;
-    match value {
-        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
-        Value::String(s) => s.len(),
-        Value::Array(items) => items.iter().map(|v| SLOT + heap_bytes(v)).sum(),
-        Value::Object(members) => members
-            .iter()
-            .map(|(k, v)| SLOT + k.len() + heap_bytes(v))
-            .sum(),
     }
 }
 
@@ -129,9 +121,9 @@ impl ReplayCache {
     }
 
     /// Keeps the answer of a key row read from the database, if it is frozen and far
-    /// enough from its purge; anything else is ignored. `request`: a body whose
+    /// enough from its purge; anything else is ignored. `request`: a body, as sent, whose
     /// fingerprint is the row's (the caller checked), kept to recognise its replays.
-    pub fn keep(&self, row: &keys::Model, now: DateTime<Utc>, request: Option<&serde_json::Value>) {
+    pub fn keep(&self, row: &keys::Model, now: DateTime<Utc>, request: Option<&str>) {
         let Some(entries) = &self.entries else {
             return;
         };
@@ -151,7 +143,7 @@ impl ReplayCache {
                 status: u16::try_from(code).unwrap_or(500),
                 body: body.clone(),
             },
-            request: request.cloned(),
+            request: request.map(Box::from),
             until: Instant::now() + left,
         };
         entries.insert(
@@ -276,34 +268,44 @@ mod tests {
         assert_eq!(cache.size(), (0, 0));
     }
 
-    /// An entry kept with the body of the request it answers, its fingerprint real.
-    fn kept_with(cache: &ReplayCache, body: &serde_json::Value) -> Arc<Frozen> {
+    /// An entry kept with the body of the request it answers, as sent, its fingerprint
+    /// real.
+    fn kept_with(cache: &ReplayCache, sent: &str) -> Arc<Frozen> {
         let now = Utc::now();
         let mut r = row("k", KeyStatus::Completed, now);
-        r.fingerprint = crate::idempotency::fingerprint("POST", "/v1/pagos", body);
-        cache.keep(&r, now, Some(body));
+        let body: serde_json::Value = serde_json::from_str(sent).expect("test JSON");
+        r.fingerprint = crate::idempotency::fingerprint("POST", "/v1/pagos", &body);
+        cache.keep(&r, now, Some(sent));
         cache.get(Uuid::nil(), "k").expect("kept")
     }
 
     #[test]
-    fn a_replay_is_recognised_by_its_body_or_else_by_its_fingerprint() {
+    fn a_replay_is_recognised_by_its_bytes_or_else_by_its_fingerprint() {
         let cache = ReplayCache::new(1 << 20, Duration::from_secs(86_400));
-        let first = serde_json::json!({"creditoId": "42", "monto": 250000, "moneda": "COP"});
-        let frozen = kept_with(&cache, &first);
+        let first = r#"{"creditoId":"42","monto":250000,"moneda":"COP"}"#;
+        let frozen = kept_with(&cache, first);
         let same = |text: &str| {
             let body: serde_json::Value = serde_json::from_str(text).expect("test JSON");
-            let request = Fingerprinted::new("POST", "/v1/pagos", &body);
+            let request = Fingerprinted::new("POST", "/v1/pagos", &body, text);
             let answered = frozen.answers(&request);
             (answered, request.fingerprint().to_owned())
         };
-        // Another key order and spacing: the same value, so the same request.
-        let (answered, _) = same(r#"{ "moneda":"COP", "monto":250000, "creditoId":"42" }"#);
+        // The same bytes: recognised without parsing them.
+        assert!(frozen.sent_as(first));
+        assert!(same(first).0);
+        // Another key order and spacing: other bytes, so not by them; the same value,
+        // so the same request through its fingerprint.
+        let reordered = r#"{ "moneda":"COP", "monto":250000, "creditoId":"42" }"#;
+        assert!(!frozen.sent_as(reordered));
+        let (answered, fingerprint) = same(reordered);
         assert!(answered);
+        assert_eq!(fingerprint, frozen.fingerprint);
         // Another value: never the same request, whichever way it is compared.
         for other in [
             r#"{"creditoId":"42","monto":250001,"moneda":"COP"}"#,
             r#"{"creditoId":"42","monto":250000,"moneda":"COP","descripcion":"x"}"#,
         ] {
+            assert!(!frozen.sent_as(other), "{other}");
             let (answered, fingerprint) = same(other);
             assert!(!answered, "{other}");
             assert_ne!(fingerprint, frozen.fingerprint);
@@ -316,13 +318,23 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_kept_without_a_body_is_recognised_only_by_its_fingerprint() {
+        let cache = ReplayCache::new(1 << 20, Duration::from_secs(86_400));
+        let now = Utc::now();
+        cache.keep(&row("k", KeyStatus::Completed, now), now, None);
+        let frozen = cache.get(Uuid::nil(), "k").expect("kept");
+        assert!(!frozen.sent_as(""));
+        assert!(!frozen.sent_as("{}"));
+    }
+
+    #[test]
     fn a_kept_body_counts_against_the_capacity() {
         let cache = ReplayCache::new(1 << 20, Duration::from_secs(86_400));
         let now = Utc::now();
         cache.keep(&row("k", KeyStatus::Completed, now), now, None);
         let (_, without) = cache.size();
         let big = serde_json::json!({"creditoId": "42", "descripcion": "x".repeat(10_000)});
-        kept_with(&cache, &big);
+        kept_with(&cache, &big.to_string());
         let (_, with) = cache.size();
         assert!(with >= without + 10_000, "{without} then {with} bytes");
     }

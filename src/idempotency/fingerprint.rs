@@ -18,28 +18,41 @@ pub fn fingerprint(method: &str, path: &str, body: &serde_json::Value) -> String
     hex::encode(hasher.finalize())
 }
 
-/// A request's body with its fingerprint, computed at most once and only when asked
-/// for: a replay answered from memory compares bodies instead (`cache::Frozen::answers`)
-/// and never canonicalizes or hashes.
+/// A request's body, as sent and as parsed, with its fingerprint, computed at most once
+/// and only when asked for: a replay answered from memory compares the bytes sent instead
+/// (`cache::Frozen::answers`) and never canonicalizes or hashes.
 pub struct Fingerprinted<'a> {
     method: &'static str,
     path: &'a str,
     body: &'a serde_json::Value,
+    sent: &'a str,
     hex: std::sync::OnceLock<String>,
 }
 
 impl<'a> Fingerprinted<'a> {
-    pub fn new(method: &'static str, path: &'a str, body: &'a serde_json::Value) -> Self {
+    /// `body`: `sent` parsed.
+    pub fn new(
+        method: &'static str,
+        path: &'a str,
+        body: &'a serde_json::Value,
+        sent: &'a str,
+    ) -> Self {
         Fingerprinted {
             method,
             path,
             body,
+            sent,
             hex: std::sync::OnceLock::new(),
         }
     }
 
     pub fn body(&self) -> &'a serde_json::Value {
         self.body
+    }
+
+    /// The body as its bytes were sent.
+    pub fn sent(&self) -> &'a str {
+        self.sent
     }
 
     /// `fingerprint(method, path, body)`.

@@ -86,7 +86,9 @@ pub fn hash_api_key(api_key: &str) -> String {
     let mut hex = [0u8; 64];
     hex::encode_to_slice(Sha256::digest(api_key.as_bytes()), &mut hex)
         .expect("64 hex digits for 32 bytes");
-    String::from_utf8_lossy(&hex).into_owned()
+    std::str::from_utf8(&hex)
+        .expect("hex digits are ASCII")
+        .to_owned()
 }
 
 /// The README's public demo key: the key of the merchant `serve` creates on a fresh

@@ -34,6 +34,23 @@ pub fn remembered(
     })
 }
 
+/// The replay of a key this process holds the frozen answer of, when `sent` is, byte for
+/// byte, the body that answer was frozen for: known before the body is parsed. None
+/// otherwise (not held, or another body: `remembered` decides once it is parsed).
+pub fn remembered_as_sent(
+    cache: &ReplayCache,
+    merchant: Uuid,
+    key: &IdempotencyKey,
+    sent: &str,
+) -> Option<Begin> {
+    let frozen = cache.get(merchant, key.as_str())?;
+    frozen.sent_as(sent).then(|| Begin::Replay {
+        payment_id: frozen.payment_id,
+        answer: frozen.answer.clone(),
+        from_memory: true,
+    })
+}
+
 /// Registers the key with its payment if it is new, for a key `remembered` did not find
 /// in the replay cache; a key already taken gets what `decide` says of its row. A frozen
 /// answer read from the database is kept in the cache, with the request's body when it is
@@ -92,6 +109,6 @@ fn decided(cache: &ReplayCache, existing: &keys::Model, request: &Fingerprinted<
     let fingerprint = request.fingerprint();
     let now = crate::db::now();
     let same = existing.fingerprint == fingerprint;
-    cache.keep(existing, now, same.then(|| request.body()));
+    cache.keep(existing, now, same.then(|| request.sent()));
     decide(existing, fingerprint, now)
 }

@@ -81,9 +81,10 @@ async fn replays_after_the_first_are_served_from_memory_byte_for_byte(backend: B
     assert_eq!(app.charges_seen().await.len(), 1, "one charge");
 }
 
-/// Memory keeps the body of the first replay beside its answer and recognises the same
-/// JSON value without fingerprinting it; the same request written otherwise (another key
-/// order and spacing, escaped characters) is still the same request, from memory.
+/// Memory keeps the body of the first replay, as sent, beside its answer and recognises
+/// the same bytes without parsing them; the same request written otherwise (another key
+/// order and spacing, escaped characters) is still the same request, from memory, through
+/// its fingerprint.
 async fn the_same_request_written_otherwise_is_replayed_from_memory(backend: Backend) {
     let app = Spawn::new(backend).start().await;
     app.with_fake(FakeGateway::charging("succeeded")).await;
