@@ -56,7 +56,7 @@ fn exported() -> BTreeSet<String> {
     metrics
         .http_responses
         .get_or_create(&RouteLabel {
-            method: "GET".into(),
+            method: "GET",
             route: "/healthz".into(),
             status: 200,
         })
