@@ -360,6 +360,7 @@ mod tests {
                 attempts,
                 round_start: 0,
                 next_attempt_at: at,
+                claimed_until: None,
                 delivered_at: None,
                 created_at: at,
                 updated_at: at,

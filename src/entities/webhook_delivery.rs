@@ -40,8 +40,13 @@ pub struct Model {
     pub attempts: i32,
     /// `attempts` when the current round began (a redelivery starts the schedule over).
     pub round_start: i32,
-    /// When the next attempt is due; a claim moves it past the attempt.
+    /// When the next attempt is due; a claim moves it past the attempt too (for
+    /// processes that do not know `claimed_until`).
     pub next_attempt_at: ChronoDateTimeUtc,
+    /// Until when a worker holds the delivery (its attempt in flight): written by the
+    /// claim, cleared when the attempt is stored. No claim takes it before then, whatever
+    /// `next_attempt_at` says (a reactivation may make it due meanwhile).
+    pub claimed_until: Option<ChronoDateTimeUtc>,
     pub delivered_at: Option<ChronoDateTimeUtc>,
     pub created_at: ChronoDateTimeUtc,
     pub updated_at: ChronoDateTimeUtc,

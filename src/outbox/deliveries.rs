@@ -4,8 +4,11 @@
 //! for its delivery and its endpoint.
 //!
 //! Claims are like the reconciler's: on PostgreSQL `FOR UPDATE SKIP LOCKED` in a short
-//! transaction, on SQLite under `BEGIN IMMEDIATE`; a claim moves `next_attempt_at` past
-//! the attempt, so no other process takes the delivery while this one sends it. A claim
+//! transaction, on SQLite under `BEGIN IMMEDIATE`; a claim writes `claimed_until` (and
+//! moves `next_attempt_at` there too), and no claim takes a delivery whose
+//! `claimed_until` has not run out, so no other process takes it while this one sends it,
+//! even if something reschedules it meanwhile (a reactivation makes an endpoint's pending
+//! deliveries due now). Storing the attempt clears the claim. A claim
 //! takes each active endpoint's share (its room) before its limit, so one endpoint's
 //! backlog never holds up another's deliveries. An
 //! attempt is stored fenced on the delivery's attempt count (and its number is unique per
@@ -20,7 +23,7 @@ use crate::entities::webhook_attempt as attempts;
 use crate::entities::webhook_delivery::{self as deliveries, DeliveryState};
 use crate::entities::webhook_endpoint::{self as endpoints, EndpointState};
 use crate::outbox::endpoints::wants;
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use sea_orm::sea_query::{Condition, Expr, Func, LockBehavior, LockType};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
@@ -46,7 +49,7 @@ fn skip_locked<E: EntityTrait>(query: Select<E>, backend: DbBackend) -> Select<E
     }
 }
 
-/// Delivery rows per insert of the fan-out: 10 values each, well under what one
+/// Delivery rows per insert of the fan-out: 11 values each, well under what one
 /// statement may bind (32,766 values on SQLite, 65,535 on PostgreSQL); a round of 500
 /// events to 14 endpoints is 7,000 rows.
 const ROWS_PER_INSERT: usize = 1_000;
@@ -119,6 +122,7 @@ pub async fn fan_out(
                 attempts: 0,
                 round_start: 0,
                 next_attempt_at: due_at(*created_at),
+                claimed_until: None,
                 delivered_at: None,
                 created_at: at,
                 updated_at: at,
@@ -144,12 +148,14 @@ pub async fn fan_out(
     Ok(ids.len())
 }
 
-/// Each `ACTIVO` endpoint's oldest deliveries due by `$1`, at most `$2` of each: a short
-/// read of `webhook_deliveries_endpoint_due_idx` per endpoint, in its order, whatever
-/// its backlog (an index-only scan on PostgreSQL), and
-/// nothing of a `DESACTIVADO` endpoint's (its pending deliveries stay due until it is
-/// reactivated). PostgreSQL: a `LATERAL` subquery; SQLite: the same as a correlated list
-/// of rowids.
+/// Each `ACTIVO` endpoint's oldest deliveries due by `$1` and not claimed (their
+/// `claimed_until` run out by `$1`, or none), at most `$2` of each: a short read of
+/// `webhook_deliveries_endpoint_due_idx` per endpoint, in its order, whatever its backlog,
+/// and nothing of a `DESACTIVADO` endpoint's (its pending deliveries stay due until it is
+/// reactivated). A claim moves `next_attempt_at` to `claimed_until`, so the rows the claim
+/// filter passes over are only those rescheduled while in flight: at most the endpoint's
+/// attempts in flight. PostgreSQL: a `LATERAL` subquery; SQLite: the same as a correlated
+/// list of rowids.
 fn due_per_endpoint(backend: DbBackend) -> &'static str {
     match backend {
         DbBackend::Postgres => {
@@ -160,6 +166,7 @@ fn due_per_endpoint(backend: DbBackend) -> &'static str {
                        FROM "webhook_deliveries" AS "x"
                       WHERE "x"."endpoint_id" = "e"."id" AND "x"."state" = 'PENDIENTE'
                         AND "x"."next_attempt_at" <= $1
+                        AND ("x"."claimed_until" IS NULL OR "x"."claimed_until" <= $1)
                       ORDER BY "x"."next_attempt_at", "x"."event_id"
                       LIMIT $2) AS "d"
                 WHERE "e"."state" = 'ACTIVO'"#
@@ -171,11 +178,20 @@ fn due_per_endpoint(backend: DbBackend) -> &'static str {
                      SELECT "x"."rowid"
                        FROM "webhook_deliveries" AS "x"
                       WHERE "x"."endpoint_id" = "e"."id" AND "x"."state" = 'PENDIENTE'
-                        AND "x"."next_attempt_at" <= ?
+                        AND "x"."next_attempt_at" <= ?1
+                        AND ("x"."claimed_until" IS NULL OR "x"."claimed_until" <= ?1)
                       ORDER BY "x"."next_attempt_at", "x"."event_id"
-                      LIMIT ?)"#
+                      LIMIT ?2)"#
         }
     }
+}
+
+/// Deliveries no worker holds at `at`: never claimed, their attempt stored since, or
+/// their claim run out.
+fn unclaimed(at: DateTime<Utc>) -> Condition {
+    Condition::any()
+        .add(deliveries::Column::ClaimedUntil.is_null())
+        .add(deliveries::Column::ClaimedUntil.lte(at))
 }
 
 /// Claims up to `limit` deliveries due by `due_by` to active endpoints, oldest due
@@ -189,6 +205,13 @@ fn due_per_endpoint(backend: DbBackend) -> &'static str {
 /// endpoint's backlog: every other merchant's deliveries waited until it drained.)
 /// The candidates are locked by key and checked again under the lock: on PostgreSQL a
 /// row another process is claiming is skipped, one it claimed since is no longer due.
+///
+/// A claimed delivery gets `claimed_until` and `next_attempt_at` both at the time of the
+/// lock + `hold` (whole milliseconds, so that it reads back as written on both databases:
+/// `record` clears the claim only if it is still this one). No claim takes a delivery
+/// whose `claimed_until` has not run out, whatever reschedules it meanwhile: a
+/// reactivation of its endpoint makes its pending deliveries due now, and without its own
+/// claim the one in flight was sent again by another worker.
 pub async fn claim_due(
     db: &DatabaseConnection,
     due_by: DateTime<Utc>,
@@ -209,6 +232,7 @@ pub async fn claim_due(
     let any_due = deliveries::Entity::find()
         .filter(deliveries::Column::State.eq(DeliveryState::Pending))
         .filter(deliveries::Column::NextAttemptAt.lte(due_by))
+        .filter(unclaimed(due_by))
         .one(db)
         .await?;
     if any_due.is_none() {
@@ -263,6 +287,7 @@ pub async fn claim_due(
         .filter(keys)
         .filter(deliveries::Column::State.eq(DeliveryState::Pending))
         .filter(deliveries::Column::NextAttemptAt.lte(due_by))
+        .filter(unclaimed(due_by))
         .order_by_asc(deliveries::Column::NextAttemptAt);
     let mut claimed: Vec<deliveries::Model> = skip_locked(query, backend).all(&tx).await?;
     if claimed.is_empty() {
@@ -273,15 +298,18 @@ pub async fn claim_due(
     // write lock, which the attempt's own time must not pay for.
     let until = now()
         .checked_add_signed(hold)
+        .and_then(|t| t.duration_trunc(TimeDelta::milliseconds(1)).ok())
         .unwrap_or(DateTime::<Utc>::MAX_UTC);
     for d in &mut claimed {
         deliveries::Entity::update_many()
             .col_expr(deliveries::Column::NextAttemptAt, Expr::value(until))
+            .col_expr(deliveries::Column::ClaimedUntil, Expr::value(Some(until)))
             .filter(deliveries::Column::EventId.eq(d.event_id.clone()))
             .filter(deliveries::Column::EndpointId.eq(d.endpoint_id))
             .exec(&tx)
             .await?;
         d.next_attempt_at = until;
+        d.claimed_until = Some(until);
     }
     tx.commit().await?;
     let events: HashMap<String, event::Model> = event::Entity::find()
@@ -356,7 +384,9 @@ pub enum Recorded {
 
 /// Stores `attempt` of the claimed delivery `due`, and what it means for the delivery and
 /// its endpoint, in one transaction; nothing if the delivery's attempt count moved since
-/// it was claimed (another worker stored this attempt).
+/// it was claimed (another worker stored this attempt). The claim is cleared if it is
+/// still this one: a worker whose claim ran out, and which stores its attempt while
+/// another worker holds the delivery, leaves that worker's claim in place.
 pub async fn record(
     db: &DatabaseConnection,
     due: &Due,
@@ -378,6 +408,7 @@ pub async fn record(
         .col_expr(deliveries::Column::State, Expr::value(state))
         .col_expr(deliveries::Column::NextAttemptAt, Expr::value(next))
         .col_expr(deliveries::Column::DeliveredAt, Expr::value(delivered_at))
+        .col_expr(deliveries::Column::ClaimedUntil, released(d.claimed_until))
         .col_expr(deliveries::Column::UpdatedAt, Expr::value(at))
         .filter(deliveries::Column::EventId.eq(d.event_id.clone()))
         .filter(deliveries::Column::EndpointId.eq(d.endpoint_id))
@@ -409,6 +440,18 @@ pub async fn record(
     } else {
         Recorded::Stored
     })
+}
+
+/// `claimed_until` once the attempt of the claim `ours` is stored: none if the row still
+/// holds that claim, else the row's own (another worker's, or none).
+fn released(ours: Option<DateTime<Utc>>) -> Expr {
+    let none = Expr::value(Option::<DateTime<Utc>>::None);
+    match ours {
+        Some(ours) => Expr::case(deliveries::Column::ClaimedUntil.eq(ours), none)
+            .finally(Expr::col(deliveries::Column::ClaimedUntil))
+            .into(),
+        None => Expr::col(deliveries::Column::ClaimedUntil),
+    }
 }
 
 /// Writes what the attempt means for endpoint `id`; whether it became `DESACTIVADO`.

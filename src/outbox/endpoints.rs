@@ -241,10 +241,11 @@ pub async fn reactivate(
     model.disabled_reason = Set(None);
     model.updated_at = Set(at);
     let updated = model.update(&tx).await?;
-    // What was pending when it went down starts a new round now. (An endpoint that was
-    // active may have a delivery claimed by a worker right now: making that one due
-    // again would let a second worker send the same attempt, so its deliveries keep
-    // their schedule.)
+    // What was pending when it went down starts a new round now. A delivery a worker is
+    // sending right now (an attempt begun before the endpoint went down) is made due too,
+    // but its claim (`claimed_until`, which this leaves alone) keeps every other worker
+    // off it until its attempt is stored. An endpoint that was active did not go down:
+    // its deliveries keep their schedule.
     let was_down = found.state == EndpointState::Desactivado;
     deliveries::Entity::update_many()
         .col_expr(deliveries::Column::NextAttemptAt, Expr::value(at))

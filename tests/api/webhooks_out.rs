@@ -16,6 +16,7 @@ use pagos::delivery::{Attempt, Outcome};
 use pagos::dispatcher::decide;
 use pagos::entities::webhook_delivery::DeliveryState;
 use pagos::entities::{event, webhook_attempt, webhook_delivery, webhook_endpoint};
+use pagos::outbox::deliveries::Recorded;
 use pagos_types::EventType;
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
@@ -30,12 +31,14 @@ on_both_databases!(
     during_a_rotation_both_secrets_sign_and_after_it_only_the_new,
     after_two_rotations_within_a_day_each_of_the_three_secrets_verifies_until_its_own_day_ends,
     a_410_deactivates_the_endpoint_and_reactivation_redelivers,
+    a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once,
     an_endpoint_failing_past_the_horizon_is_deactivated_and_counted,
     redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes,
     a_dead_endpoint_does_not_slow_payments,
     a_refund_is_delivered_as_a_payment_is,
     a_full_fan_out_round_to_many_endpoints_makes_every_delivery,
     a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_the_endpoint,
+    a_claim_holds_its_delivery_until_its_attempt_is_stored_whatever_reschedules_it,
     reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then_pending_again,
     an_endpoint_that_hangs_holds_up_no_other_endpoints_deliveries,
     another_merchants_webhook_is_not_held_up_behind_one_endpoints_backlog,
@@ -409,6 +412,82 @@ async fn a_410_deactivates_the_endpoint_and_reactivation_redelivers(backend: Bac
     .await;
 }
 
+/// The receiver holds one delivery's answer (it is in flight) while another delivery to
+/// the same endpoint gets `410`, and the endpoint is reactivated before the held answer
+/// comes: the held event is received once and its attempt stored once; the one that got
+/// the `410` is sent again at once. (Reactivating a `DESACTIVADO` endpoint made every
+/// pending delivery due now, the one in flight included, and a worker sent that attempt a
+/// second time.)
+async fn a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once(backend: Backend) {
+    let app = Spawn::new(backend)
+        .flags(&[
+            "--webhooks-allow-private",
+            "true",
+            "--webhooks-timeout",
+            "10s",
+            "--webhooks-schedule",
+            FLAGS[5],
+        ])
+        .delivering()
+        .start()
+        .await;
+    let _fake = app.with_fake(FakeGateway::charging("succeeded")).await;
+    let receiver = Receiver::start().await;
+    receiver.answer_next([
+        Answer::Hang(Duration::from_secs(6)),
+        Answer::Status(410, "gone".into()),
+    ]);
+    let made = app.register_endpoint(&receiver.url("/")).await;
+    let id = made["id"].as_str().expect("id").to_owned();
+
+    let held = event_of(&app, &pay(&app, "k-held").await).await.id;
+    eventually(
+        Duration::from_secs(10),
+        "the held delivery sent",
+        async || receiver.deliveries().len() == 1,
+    )
+    .await;
+    let gone = event_of(&app, &pay(&app, "k-gone").await).await.id;
+    deactivated_within(&app, Duration::from_secs(10), "410").await;
+
+    let reactivated = app
+        .post_as(
+            API_KEY,
+            &format!("/v1/webhook-endpoints/{id}/reactivar"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(reactivated.status(), 200);
+    let at_reactivation = &deliveries_of(&app, &held).await[0];
+    assert_eq!(
+        (&at_reactivation["estado"], &at_reactivation["intentos"]),
+        (&json!("PENDIENTE"), &json!(0)),
+        "the held delivery was still in flight when the endpoint was reactivated"
+    );
+
+    eventually(Duration::from_secs(20), "both delivered", async || {
+        deliveries_of(&app, &held).await[0]["estado"] == "ENTREGADA"
+            && deliveries_of(&app, &gone).await[0]["estado"] == "ENTREGADA"
+    })
+    .await;
+    let mut received: HashMap<String, usize> = HashMap::new();
+    for d in receiver.deliveries() {
+        *received
+            .entry(d.header("webhook-id").to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        received,
+        HashMap::from([(held.clone(), 1), (gone.clone(), 2)]),
+        "the held event once; the one that got the 410 again after the reactivation"
+    );
+    let detail = json(app.get_as(API_KEY, &format!("/v1/eventos/{held}")).await).await;
+    assert_eq!(detail["entregas"][0]["intentos"], 1, "{detail}");
+    let attempts = detail["intentos"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 1, "{detail}");
+    assert_eq!(attempts[0]["estadoHttp"], 200, "{detail}");
+}
+
 async fn an_endpoint_failing_past_the_horizon_is_deactivated_and_counted(backend: Backend) {
     let (app, _fake) = app(
         backend,
@@ -557,7 +636,7 @@ async fn deliveries_of(app: &TestApp, event: &str) -> Vec<Value> {
     detail["entregas"].as_array().expect("deliveries").clone()
 }
 
-/// A round fans out up to 500 events; to 14 endpoints that is 7,000 delivery rows of 10
+/// A round fans out up to 500 events; to 14 endpoints that is 7,000 delivery rows of 11
 /// values each, more than one statement may bind on either database (65,535 on
 /// PostgreSQL, 32,766 on SQLite). The round must still make them all, or no event of
 /// anybody's ever reaches an endpoint again.
@@ -681,6 +760,101 @@ async fn a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_
     }
 }
 
+/// Two workers and one delivery: A's claim runs out before A stores its attempt, B claims
+/// the delivery and sends the same attempt. A's store (first) makes the delivery due again
+/// at once, yet no other claim takes it while B holds it; B's store (second) is refused,
+/// the attempt stored once. And a worker's stored attempt ends its claim: the retry is
+/// claimed when it is due, not when the claim would have run out.
+async fn a_claim_holds_its_delivery_until_its_attempt_is_stored_whatever_reschedules_it(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    app.register_endpoint("https://93.184.215.14/hooks").await;
+    let fan_out = async || {
+        pagos::outbox::deliveries::fan_out(&app.db, 500, |t| t)
+            .await
+            .expect("fanned out")
+    };
+    let held = write_events(&app, 1, EventType::PagoCompletado, pagos::db::now()).await;
+    fan_out().await;
+    let retries = Retries {
+        schedule: Schedule::parse("0s,1s,1m").expect("schedule"),
+        disable_after: Duration::from_secs(3600),
+    };
+    let claim = async |at: DateTime<Utc>, hold: i64| {
+        pagos::outbox::deliveries::claim_due(
+            &app.db,
+            at,
+            1,
+            TimeDelta::seconds(hold),
+            pagos::dispatcher::PER_ENDPOINT,
+            &HashMap::new(),
+        )
+        .await
+        .expect("claimed")
+    };
+    let failed = || attempt(500, Outcome::Failed { not_before: None });
+    let store = async |due: &pagos::outbox::deliveries::Due| {
+        let attempt = failed();
+        let (after, endpoint) = decide(&retries, due, &attempt, 0.5);
+        assert!(matches!(
+            after,
+            pagos::outbox::deliveries::After::RetryAt(_)
+        ));
+        pagos::outbox::deliveries::record(&app.db, due, &attempt, after, endpoint)
+            .await
+            .expect("stored")
+    };
+    let now = pagos::db::now();
+
+    let a = claim(now, 20).await;
+    assert_eq!(a.len(), 1);
+    let b = claim(now + TimeDelta::seconds(25), 60).await;
+    assert_eq!(b.len(), 1, "A's claim ran out: B takes the delivery");
+    assert_eq!(
+        (&a[0].delivery.event_id, &b[0].delivery.event_id),
+        (&held[0], &held[0])
+    );
+    assert_eq!(store(&a[0]).await, Recorded::Stored, "A's attempt");
+    assert!(
+        claim(now + TimeDelta::seconds(25), 20).await.is_empty(),
+        "due again after A's store, but B holds it"
+    );
+    assert_eq!(
+        store(&b[0]).await,
+        Recorded::Raced,
+        "the same attempt again"
+    );
+    let detail = json(
+        app.get_as(API_KEY, &format!("/v1/eventos/{}", held[0]))
+            .await,
+    )
+    .await;
+    assert_eq!(detail["entregas"][0]["intentos"], 1, "{detail}");
+    assert_eq!(
+        detail["intentos"].as_array().expect("attempts").len(),
+        1,
+        "{detail}"
+    );
+
+    let next = write_events(&app, 1, EventType::PagoCompletado, pagos::db::now()).await;
+    fan_out().await;
+    let now = pagos::db::now();
+    let other = claim(now, 20).await;
+    assert_eq!(other.len(), 1);
+    assert_eq!(other[0].delivery.event_id, next[0]);
+    assert_eq!(store(&other[0]).await, Recorded::Stored);
+    let retried = claim(now + TimeDelta::seconds(10), 20).await;
+    assert_eq!(
+        retried
+            .iter()
+            .map(|d| d.delivery.event_id.clone())
+            .collect::<Vec<_>>(),
+        next,
+        "its retry is due 1 s after its attempt, its claim ended with the attempt stored"
+    );
+}
+
 /// A delivery row of `event` to `endpoint` in `state`, after `attempts` attempts, its next
 /// attempt due at `next`.
 async fn delivery_row(
@@ -702,6 +876,7 @@ async fn delivery_row(
             attempts,
             round_start: 0,
             next_attempt_at: next,
+            claimed_until: None,
             delivered_at: (state == DeliveryState::Delivered).then_some(at),
             created_at: at,
             updated_at: at,
