@@ -241,12 +241,10 @@ pub async fn reactivate(
     model.disabled_reason = Set(None);
     model.updated_at = Set(at);
     let updated = model.update(&tx).await?;
-    // What was pending when it went down starts a new round now. A delivery a worker is
-    // sending right now (an attempt begun before the endpoint went down) is made due too,
-    // but its claim (`claimed_until`, which this leaves alone) keeps every other worker
-    // off it until its attempt is stored. An endpoint that was active did not go down:
-    // its deliveries keep their schedule.
-    let was_down = found.state == EndpointState::Desactivado;
+    // What is pending starts a new round now, whether the endpoint was down or only
+    // failing (on-call's "send it now" once the merchant says it works). A delivery a
+    // worker is sending right now is made due too, but its claim (`claimed_until`, which
+    // this leaves alone) keeps every other worker off it until its attempt is stored.
     deliveries::Entity::update_many()
         .col_expr(deliveries::Column::NextAttemptAt, Expr::value(at))
         .col_expr(
@@ -256,7 +254,6 @@ pub async fn reactivate(
         .col_expr(deliveries::Column::UpdatedAt, Expr::value(at))
         .filter(deliveries::Column::EndpointId.eq(id))
         .filter(deliveries::Column::State.eq(DeliveryState::Pending))
-        .filter(Expr::value(was_down))
         .exec(&tx)
         .await?;
     if let Some(since) = resend_since {

@@ -901,8 +901,9 @@ async fn delivery_of(
 /// What `reenviarDesde` makes pending again, and what it leaves alone: every event of the
 /// merchant since then of a type the endpoint wants, delivered before or given up (its
 /// schedule starting over, its attempts kept) or never fanned out to it (a new delivery);
-/// not one already pending (it is on its way), nor older events, other types or another
-/// merchant's events.
+/// one already pending is sent now (its round starts over, its attempts kept: the
+/// endpoint works again, says on-call) but not made twice; never older events, other
+/// types or another merchant's events.
 async fn reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then_pending_again(
     backend: Backend,
 ) {
@@ -996,12 +997,17 @@ async fn reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then
     let on_its_way = delivery_of(&app, pending, endpoint).await.expect("kept");
     assert_eq!(
         (
+            on_its_way.state,
             on_its_way.attempts,
-            on_its_way.round_start,
-            on_its_way.next_attempt_at
+            on_its_way.round_start
         ),
-        (1, 0, later),
-        "a pending delivery of an active endpoint keeps its schedule"
+        (DeliveryState::Pending, 1, 1),
+        "a pending delivery of an active endpoint starts a new round, its attempts kept"
+    );
+    assert!(
+        on_its_way.next_attempt_at >= now && on_its_way.next_attempt_at <= after,
+        "and is due now, not at {later}: {}",
+        on_its_way.next_attempt_at
     );
     let new = delivery_of(&app, never, endpoint).await.expect("made");
     assert_eq!(new.state, DeliveryState::Pending);
