@@ -40,6 +40,7 @@ mod m20261209_000020_due_by_endpoint;
 mod m20261210_000021_operator_actions;
 mod m20261210_000022_last_error;
 mod m20261210_000023_webhook_refunds;
+mod m20261211_000025_webhook_reports_by_age;
 
 pub struct Migrator;
 
@@ -70,6 +71,7 @@ impl MigratorTrait for Migrator {
             whole(m20261210_000021_operator_actions::Migration),
             whole(m20261210_000022_last_error::Migration),
             whole(m20261210_000023_webhook_refunds::Migration),
+            whole(m20261211_000025_webhook_reports_by_age::Migration),
         ]
     }
 }
