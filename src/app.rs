@@ -545,21 +545,49 @@ async fn revoke_demo_key(db: &DatabaseConnection) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `pagos reconcile --once`: one pass, the report as JSON on stdout.
+/// What the audit row of a pass run by `pagos reconcile --once` says was asked.
+const PASS_BY_CLI: &str = "run a pass now (pagos reconcile --once)";
+
+/// `pagos reconcile --once`: one pass, the report as JSON on stdout, recorded in the audit
+/// trail of on-call's actions as `operator`'s (`reconcile_pass`), like a pass asked of the
+/// admin API: the row is written before the pass (if it cannot be, nothing is done: one
+/// line, exit 1, nothing on stdout) and completed with the report, or with the error that
+/// cut the pass short and what it did until then.
 /// It does not migrate (only `serve` and `migrate` do): a database that lacks migrations is
 /// refused with one line.
-pub async fn reconcile_once(settings: Settings) -> anyhow::Result<std::process::ExitCode> {
+pub async fn reconcile_once(
+    settings: Settings,
+    operator: &str,
+) -> anyhow::Result<std::process::ExitCode> {
+    use crate::operators::actions::{self, Action};
     let db = crate::db::open(&settings.database).await?;
     crate::db::check_clock(&db).await?;
     pin_gateway(&db, &settings).await?;
     let gateway = gateway_from(&settings)?;
     let state = build(db, settings, gateway);
+    let row = actions::begin(&state.db, operator, Action::ReconcilePass, None, PASS_BY_CLI)
+        .await
+        .map_err(|err| {
+            anyhow::anyhow!(
+                "the audit trail could not record who asked for this pass ({err}), so nothing was done; try again"
+            )
+        })?;
     // Cut short by the database, the pass still prints what it did (written, and done),
     // then fails with the error: on-call must know both.
     let (report, failed) = match reconcile::run_pass(&state.reconciler, None).await {
         Ok(report) => (report, None),
         Err(err) => (*err.report, Some(err.source)),
     };
+    let outcome = match &failed {
+        None => report.in_words(),
+        Some(err) => actions::failed(format_args!(
+            "reconciliation pass cut short: {err} (done until then: {})",
+            report.in_words()
+        )),
+    };
+    if let Err(err) = actions::finish(&state.db, row, PASS_BY_CLI, &outcome).await {
+        tracing::error!(error = %err, action_id = %row, "the pass is over, but its audit row could not be completed");
+    }
     crate::config::print_stdout(&serde_json::to_string(&report)?);
     match failed {
         None => Ok(std::process::ExitCode::SUCCESS),

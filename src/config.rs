@@ -150,8 +150,41 @@ pub struct ReconcileArgs {
     /// Run one pass and exit (the only mode; the periodic reconciler runs inside `serve`)
     #[arg(long, required = true)]
     pub once: bool,
+    /// Who runs the pass, as the audit trail of on-call's actions records it (an
+    /// operator's name: letters, digits, `.`, `_`, `-`, `@`; at most 64; none pagos writes
+    /// itself); unset: `cli:` and the login name (USER, else LOGNAME)
+    #[arg(long, env = "PAGOS_OPERATOR", value_name = "NAME",
+          value_parser = |s: &str| crate::operators::OperatorName::parse_new(s))]
+    pub operador: Option<crate::operators::OperatorName>,
     #[command(flatten)]
     pub settings: Box<Settings>,
+}
+
+impl ReconcileArgs {
+    /// The name the pass's audit row gives who ran it: `--operador`, else `cli:` and the
+    /// login name (`cli` alone without one). The `:` keeps it apart from every operator's
+    /// name, which cannot hold one.
+    pub fn operator(&self) -> String {
+        match &self.operador {
+            Some(name) => name.as_str().to_owned(),
+            None => cli_operator(
+                ["USER", "LOGNAME"]
+                    .iter()
+                    .find_map(|var| std::env::var(var).ok()),
+            ),
+        }
+    }
+}
+
+/// `cli:` and `login` (trimmed, cut to an operator name's length), or `cli` without one.
+fn cli_operator(login: Option<String>) -> String {
+    match login.as_deref().map(str::trim) {
+        Some(login) if !login.is_empty() => {
+            let kept = crate::operators::MAX_NAME_CHARS - "cli:".len();
+            format!("cli:{}", login.chars().take(kept).collect::<String>())
+        }
+        _ => "cli".to_owned(),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -988,6 +1021,30 @@ mod tests {
         let line = one_line_error_in(&err, ["reconcile".to_owned()]);
         assert!(line.contains("--once"), "{line}");
         assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn a_pass_by_hand_names_its_operator_or_the_login_it_ran_under() {
+        let named = match parse(&["reconcile", "--once", "--operador", " ana "]) {
+            Ok(Cli {
+                command: Command::Reconcile(args),
+                ..
+            }) => args,
+            other => panic!("not a reconcile command: {other:?}"),
+        };
+        assert_eq!(named.operator(), "ana");
+        for bad in ["admin", "reconciler", "", "ana p", "cli:ana"] {
+            let err = parse(&["reconcile", "--once", "--operador", bad]).expect_err(bad);
+            let line = one_line_error_in(&err, ["reconcile".to_owned()]);
+            assert!(line.contains("PAGOS_OPERATOR"), "{bad}: {line}");
+            assert!(line.contains("--operador"), "{bad}: {line}");
+            assert!(!line.contains('\n'), "{bad}: {line}");
+        }
+        assert_eq!(cli_operator(Some("maria".into())), "cli:maria");
+        assert_eq!(cli_operator(Some("  ".into())), "cli");
+        assert_eq!(cli_operator(None), "cli");
+        let long = cli_operator(Some("x".repeat(100)));
+        assert_eq!(long.chars().count(), crate::operators::MAX_NAME_CHARS);
     }
 
     #[test]

@@ -78,7 +78,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 eprintln!("pagos: {err}");
                 return Ok(ExitCode::from(2));
             }
-            return app::reconcile_once(*args.settings).await;
+            let operator = args.operator();
+            return app::reconcile_once(*args.settings, &operator).await;
         }
     }
     Ok(ExitCode::SUCCESS)

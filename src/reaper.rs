@@ -1,10 +1,13 @@
 //! The reaper: a worker that deletes idempotency keys past their retention whose payment
-//! is final, and processed webhook ids past theirs. It gets exactly what it uses
+//! is final, processed webhook ids past theirs, and what the gateways' webhooks reported
+//! about charges and refunds once nothing needs it. It gets exactly what it uses
 //! (`Reaper`), never the application, and imports no other worker nor the HTTP surface.
 //!
 //! It never deletes a key whose answer is not frozen or whose payment is still in flight:
 //! that key is what stops a retry from making a second payment. A key reused after it
-//! was purged makes a new payment (documented in the README).
+//! was purged makes a new payment (documented in the README). It never deletes a webhook
+//! report of a payment or refund that is not settled, nor of an orphan charge that may
+//! have taken money (`webhooks::purge_charge_reports`, `purge_refund_reports`).
 
 use crate::entities::idempotency_key::KeyStatus;
 use crate::entities::{idempotency_key as keys, payment};
@@ -121,8 +124,39 @@ where
     }
 }
 
-/// Deletes expired idempotency keys of final payments and webhook ids past their
-/// retention (a redelivery after that is still stopped by the per-charge sequence).
+/// How long a webhook report is kept after its last event: the key retention, and never
+/// less than the event ids' (a report's sequence is what stops a late event about its
+/// charge once its id is forgotten, so it outlives the ids of the events it applied).
+pub fn report_retention(key_retention: Duration, message_retention: Duration) -> Duration {
+    key_retention.max(message_retention)
+}
+
+/// Deletes the webhook reports of charges and refunds last updated before `older_than`
+/// that nothing needs any more (`webhooks::purge_charge_reports`,
+/// `purge_refund_reports`), `batch` rows per statement; returns how many.
+pub async fn purge_reports(
+    db: &DatabaseConnection,
+    older_than: DateTime<Utc>,
+    batch: u64,
+    stop: Option<&tokio::sync::watch::Receiver<bool>>,
+) -> Result<u64, DbErr> {
+    let charges = in_batches("webhook charge reports", batch, stop, || {
+        crate::webhooks::purge_charge_reports(db, older_than, batch)
+    })
+    .await?;
+    if stop.is_some_and(|stop| *stop.borrow()) {
+        return Ok(charges);
+    }
+    let refunds = in_batches("webhook refund reports", batch, stop, || {
+        crate::webhooks::purge_refund_reports(db, older_than, batch)
+    })
+    .await?;
+    Ok(charges + refunds)
+}
+
+/// Deletes expired idempotency keys of final payments, webhook ids past their retention
+/// (a redelivery after that is still stopped by the per-charge sequence), and webhook
+/// reports past theirs that nothing needs (`purge_reports`).
 pub async fn run(reaper: &Reaper, stop: &tokio::sync::watch::Receiver<bool>) -> Result<(), DbErr> {
     let now = crate::db::now();
     let older_than = now - chrono_after(reaper.key_retention);
@@ -143,6 +177,20 @@ pub async fn run(reaper: &Reaper, stop: &tokio::sync::watch::Receiver<bool>) -> 
         tracing::info!(
             purged = messages,
             "processed webhook ids past retention deleted"
+        );
+    }
+    let retention = report_retention(reaper.key_retention, reaper.message_retention);
+    let reports = purge_reports(
+        &reaper.db,
+        now - chrono_after(retention),
+        reaper.batch,
+        Some(stop),
+    )
+    .await?;
+    if reports > 0 {
+        tracing::info!(
+            purged = reports,
+            "webhook reports of settled payments and refunds past retention deleted"
         );
     }
     Ok(())
@@ -199,6 +247,13 @@ mod tests {
         .await
         .expect("purge");
         assert_eq!(deleted, 23);
+    }
+
+    #[test]
+    fn a_webhook_report_outlives_the_ids_of_its_events() {
+        let (hour, week) = (Duration::from_secs(3600), Duration::from_secs(7 * 86400));
+        assert_eq!(report_retention(24 * hour, week), week);
+        assert_eq!(report_retention(30 * 24 * hour, week), 30 * 24 * hour);
     }
 
     #[test]

@@ -41,6 +41,7 @@ mod m20261210_000021_operator_actions;
 mod m20261210_000022_last_error;
 mod m20261210_000023_webhook_refunds;
 mod m20261211_000024_delivery_claims;
+mod m20261211_000025_webhook_reports_by_age;
 
 pub struct Migrator;
 
@@ -72,6 +73,7 @@ impl MigratorTrait for Migrator {
             whole(m20261210_000022_last_error::Migration),
             whole(m20261210_000023_webhook_refunds::Migration),
             whole(m20261211_000024_delivery_claims::Migration),
+            whole(m20261211_000025_webhook_reports_by_age::Migration),
         ]
     }
 }

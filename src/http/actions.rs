@@ -5,15 +5,15 @@
 //! `audited` is the one way such an action runs, from the admin API and the console: its
 //! row is written before the work (an action that cannot be recorded is refused, 503, and
 //! nothing is done) and completed with what came of it, in the work's own task, so a
-//! caller that hangs up still leaves the outcome. Never runs an action unrecorded.
+//! caller that hangs up still leaves the outcome. Never runs an action unrecorded. The row
+//! itself is the store's (`operators::actions`), which `pagos reconcile --once` writes
+//! the same way.
 
 use super::AppState;
 use super::auth::{Admin, AdminTokenRefused};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::domain::FieldError;
 use crate::operators::actions::{self, Action, Filter, Row};
-use crate::saga::reconcile::Report;
-use crate::saga::reconcile::decide::Tally;
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use chrono::SecondsFormat;
@@ -86,10 +86,9 @@ where
                 };
                 let came_of_it = match &result {
                     Ok(done) => outcome(done),
-                    Err(err) => format!("failed: {}", in_words(err)),
+                    Err(err) => actions::failed(in_words(err)),
                 };
-                let detail = format!("{what}{OUTCOME_AFTER}{came_of_it}");
-                if let Err(err) = actions::finish(&db, row, &detail).await {
+                if let Err(err) = actions::finish(&db, row, &what, &came_of_it).await {
                     tracing::error!(error = %err, action_id = %row, "on-call's action is over, but its audit row could not be completed");
                 }
                 result
@@ -98,18 +97,6 @@ where
         )
         .await
         .map_err(|e| ApiError::Internal(e.into()))?
-}
-
-/// What separates what was asked from what came of it in a row's `detail`.
-const OUTCOME_AFTER: &str = " — ";
-
-/// What came of an action, from its row; None while it is not over (still running, or its
-/// process stopped before it ended).
-pub fn outcome_of(row: &Row) -> Option<&str> {
-    row.finished_at?;
-    row.detail
-        .split_once(OUTCOME_AFTER)
-        .map(|(_, outcome)| outcome)
 }
 
 /// An error as the audit row says it.
@@ -121,36 +108,6 @@ fn in_words(err: &ApiError) -> String {
             .unwrap_or_else(|| problem.title.clone()),
         ApiError::Internal(err) => format!("{err:#}"),
     }
-}
-
-/// A reconciliation's report as its row says it: each count that is not zero, by the
-/// report's own names (`examinados` always).
-pub fn report_in_words(report: &Report) -> String {
-    let tally = |t: &Tally| {
-        [
-            ("examinados", t.examinados),
-            ("completados", t.completados),
-            ("fallidos", t.fallidos),
-            ("reenviados", t.reenviados),
-            ("pendientes", t.pendientes),
-            ("revisionManual", t.revision_manual),
-            ("errores", t.errores),
-            ("omitidos", t.omitidos),
-        ]
-        .iter()
-        .filter(|(name, n)| *n > 0 || *name == "examinados")
-        .map(|(name, n)| format!("{name} {n}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-    };
-    let mut parts = Vec::new();
-    if !report.pagos.is_empty() || report.reembolsos.is_empty() {
-        parts.push(format!("pagos: {}", tally(&report.pagos)));
-    }
-    if !report.reembolsos.is_empty() {
-        parts.push(format!("reembolsos: {}", tally(&report.reembolsos)));
-    }
-    parts.join("; ")
 }
 
 /// One action of on-call.

@@ -847,7 +847,7 @@ pub async fn reconcile_now(
             }),
         }
     };
-    actions::audited(state, who, asked, work, actions::report_in_words).await
+    actions::audited(state, who, asked, work, Report::in_words).await
 }
 
 /// Reconciles one refund now, due or not (404 if there is none), recorded with who asked.
@@ -874,7 +874,7 @@ async fn reconcile_refund_now(state: &AppState, who: &Admin, id: Uuid) -> Result
         target: Some(id),
         what: "reconcile the refund now".to_owned(),
     };
-    actions::audited(state, who, asked, work, actions::report_in_words).await
+    actions::audited(state, who, asked, work, Report::in_words).await
 }
 
 /// `charged` (what the provider's search showed) and every charge of `payment` its

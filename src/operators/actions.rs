@@ -1,8 +1,11 @@
 //! What on-call asked, in the database (`operator_actions`): a row written before the
-//! work, completed with what came of it, and read back newest first.
+//! work, completed with what came of it, and read back newest first. The admin API and the
+//! console (`http::actions::audited`) and `pagos reconcile --once` record their actions
+//! here, the same way: `begin` before the work (an action that cannot be recorded is not
+//! done), `finish` after it.
 //!
-//! Stores text it is given: what was asked and what came of it are put in words above
-//! (`http`), never here.
+//! Stores text it is given: what was asked and what came of it are put in words by the
+//! caller, never here; a row's `detail` is the one joined to the other (`OUTCOME_AFTER`).
 
 use crate::db;
 pub use crate::entities::operator_action::{Action, Model as Row};
@@ -36,8 +39,23 @@ pub async fn begin(
     Ok(row.insert(db).await?.id)
 }
 
-/// The action `id` is over: `detail` says what was asked and what came of it.
-pub async fn finish(db: &DatabaseConnection, id: Uuid, detail: &str) -> Result<(), DbErr> {
+/// What separates what was asked from what came of it in a row's `detail`.
+const OUTCOME_AFTER: &str = " — ";
+
+/// How a row says an action ended in an error: `failed: ` and the error's words.
+pub fn failed(error: impl std::fmt::Display) -> String {
+    format!("failed: {error}")
+}
+
+/// The action `id` is over: `asked` (what `begin` was told) and what came of it
+/// (`outcome`: a report in words, or `failed`'s words) make its `detail`.
+pub async fn finish(
+    db: &DatabaseConnection,
+    id: Uuid,
+    asked: &str,
+    outcome: &str,
+) -> Result<(), DbErr> {
+    let detail = format!("{asked}{OUTCOME_AFTER}{outcome}");
     Entity::update_many()
         .col_expr(Column::Detail, Expr::value(detail))
         .col_expr(Column::FinishedAt, Expr::value(db::now()))
@@ -45,6 +63,15 @@ pub async fn finish(db: &DatabaseConnection, id: Uuid, detail: &str) -> Result<(
         .exec(db)
         .await?;
     Ok(())
+}
+
+/// What came of an action, from its row; None while it is not over (still running, or its
+/// process stopped before it ended).
+pub fn outcome_of(row: &Row) -> Option<&str> {
+    row.finished_at?;
+    row.detail
+        .split_once(OUTCOME_AFTER)
+        .map(|(_, outcome)| outcome)
 }
 
 /// Which rows to read: each filter that is set must hold.

@@ -326,11 +326,10 @@ pub trait Scheduled {
     }
 
     /// Looked at again at `due_at` and held by nobody (a new version); one more attempt
-    /// if `count_attempt`. With an `error` (of the look-up or the send before), that is its
-    /// last error from now.
-    fn due_again(&mut self, due_at: DateTime<Utc>, count_attempt: bool, error: Option<&str>) {
+    /// if `count_attempt`. Its last error as `error` says (`LastError`).
+    fn due_again(&mut self, due_at: DateTime<Utc>, count_attempt: bool, error: &LastError) {
         let at = now();
-        let s = self.schedule();
+        let mut s = self.schedule();
         *s.version += 1;
         if count_attempt {
             *s.attempts += 1;
@@ -338,9 +337,42 @@ pub trait Scheduled {
         *s.updated_at = at;
         *s.next_attempt_at = due_at;
         *s.claimed_until = None;
-        if let Some(error) = error {
-            *s.last_error = Some(last_error_text(error));
-            *s.last_error_at = Some(at);
+        error.write(&mut s, at);
+    }
+}
+
+/// What a write does to a row's last error (`last_error`, `last_error_at`: what the
+/// console's queue and on-call's detail show as why it waits).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum LastError {
+    /// Left as it was: nothing new was learned from the provider.
+    #[default]
+    Kept,
+    /// The provider could not be asked, or a send's outcome is unknown: this is its last
+    /// error from now.
+    Now(String),
+    /// The provider answered (a look-up that found the charge pending, say): the error
+    /// before is no longer why it waits.
+    Cleared,
+}
+
+impl LastError {
+    /// `error`, as its last error from now; none: left as it was.
+    pub fn now_or_kept(error: Option<&str>) -> LastError {
+        error.map_or(LastError::Kept, |error| LastError::Now(error.to_owned()))
+    }
+
+    fn write(&self, s: &mut Schedule<'_>, at: DateTime<Utc>) {
+        match self {
+            LastError::Kept => {}
+            LastError::Now(error) => {
+                *s.last_error = Some(last_error_text(error));
+                *s.last_error_at = Some(at);
+            }
+            LastError::Cleared => {
+                *s.last_error = None;
+                *s.last_error_at = None;
+            }
         }
     }
 }
@@ -489,6 +521,10 @@ pub struct Step {
     pub code: Option<String>,
     pub hold_until: Option<DateTime<Utc>>,
     pub count_attempt: bool,
+    /// What the decision learned of the provider, as the row's last error: an escalation
+    /// because the provider cannot be asked says why (`Now`), one after it answered clears
+    /// the error before (`Cleared`). A settled row's is cleared whatever this says.
+    pub last_error: LastError,
 }
 
 /// A decision worked out, before what is a payment's or a refund's own is added to it.
@@ -515,9 +551,10 @@ pub fn moved<M: SagaRow>(
     let at = now();
     let mut next = current.clone();
     next.record(to, step.gateway_ref, step.code);
-    let s = next.schedule();
+    let mut s = next.schedule();
     *s.version += 1;
     *s.updated_at = at;
+    step.last_error.write(&mut s, at);
     if step.count_attempt {
         *s.attempts += 1;
     }
@@ -530,7 +567,8 @@ pub fn moved<M: SagaRow>(
         *s.claimed_until = None;
     }
     if M::settled(to) {
-        // Nothing waits any more. (Under review, on-call still reads why it waited.)
+        // Nothing waits any more. (Under review, on-call still reads why it waited: the
+        // error before, or the one `step` says.)
         *s.last_error = None;
         *s.last_error_at = None;
     }
@@ -753,6 +791,7 @@ impl From<Changes> for Step {
             code: changes.decline_code,
             hold_until: changes.hold_until,
             count_attempt: changes.count_attempt,
+            last_error: LastError::Kept,
         }
     }
 }
@@ -923,7 +962,7 @@ pub async fn hand_over<M: SagaRow>(
     due_at: DateTime<Utc>,
 ) -> Result<Written<M>, DbErr> {
     let mut next = current.clone();
-    next.due_again(due_at, false, error);
+    next.due_again(due_at, false, &LastError::now_or_kept(error));
     next.record(current.state(), gateway_ref, None);
     M::handed_over(next).write_now(db, current).await
 }
@@ -1102,13 +1141,13 @@ pub async fn renew_claim<M: Rewritten>(
     rewrite(db, current, |next| next.hold(until)).await
 }
 
-/// The provider had no final answer, or (`error`) could not be asked: look again at
-/// `due_at`. Counts an attempt.
+/// The provider had no final answer, or could not be asked: look again at `due_at`, the
+/// row's last error as `error` says (`LastError`). Counts an attempt.
 pub async fn reschedule<M: Rewritten>(
     db: &DatabaseConnection,
     current: &M,
     due_at: DateTime<Utc>,
-    error: Option<&str>,
+    error: &LastError,
 ) -> Result<Written<M>, DbErr> {
     rewrite(db, current, |next| next.due_again(due_at, true, error)).await
 }

@@ -468,7 +468,8 @@ pub async fn orphan_charges(
 
 /// Deletes up to `batch` ids of events received before `older_than`, the oldest first;
 /// returns how many (the reaper calls it until it deletes fewer). An event redelivered
-/// after its id is gone is still caught by its charge's sequence.
+/// after its id is gone is still caught by its charge's sequence while the charge's report
+/// is kept (`purge_charge_reports`: at least as long as the id).
 pub async fn purge_processed_messages(
     db: &DatabaseConnection,
     older_than: chrono::DateTime<chrono::Utc>,
@@ -481,4 +482,75 @@ pub async fn purge_processed_messages(
         .limit(batch)
         .to_owned();
     crate::db::delete_picked(db, "processed_messages", expired).await
+}
+
+/// Deletes up to `batch` reports of charges (`webhook_charges`) no longer needed, the
+/// oldest first; returns how many (the reaper calls it until it deletes fewer). A report
+/// goes when its last event was applied before `older_than` and:
+///
+/// - its payment is settled (`COMPLETADA`, `FALLIDA`), last moved before `older_than`,
+///   and none of its refunds is unsettled: while a payment is in flight or under review
+///   its reports are what on-call's resolution weighs (`admin::with_reported_charges`, a
+///   plain `FALLIDA` refused while one says a charge succeeded), and a refund that is not
+///   settled may still fail and send its payment there;
+/// - or it names none of our payments and the charge was `declined`: no money moved. An
+///   orphan charge that succeeded (or is pending) stays on on-call's list
+///   (`orphan_charges`) whatever its age: it may be money taken with no payment of ours.
+///
+/// A report is also what stops a late event about its charge (a lower sequence); the
+/// reaper keeps it at least as long as event ids (`PAGOS_MESSAGE_RETENTION`).
+pub async fn purge_charge_reports(
+    db: &DatabaseConnection,
+    older_than: chrono::DateTime<chrono::Utc>,
+    batch: u64,
+) -> Result<u64, DbErr> {
+    use crate::entities::refund;
+    use sea_orm::ExprTrait;
+    use sea_orm::sea_query::{Expr, Order, Query};
+    let settled_payment = Query::select()
+        .expr(Expr::val(1))
+        .from(payment::Entity)
+        .and_where(
+            Expr::col((payment::Entity, payment::Column::Id))
+                .equals((charges::Entity, charges::Column::PaymentId)),
+        )
+        .and_where(payment::Column::State.is_in([
+            PaymentState::Completada.as_str(),
+            PaymentState::Fallida.as_str(),
+        ]))
+        .and_where(payment::Column::UpdatedAt.lt(older_than))
+        .to_owned();
+    let unsettled_refund = Query::select()
+        .expr(Expr::val(1))
+        .from(refund::Entity)
+        .and_where(
+            Expr::col((refund::Entity, refund::Column::PaymentId))
+                .equals((charges::Entity, charges::Column::PaymentId)),
+        )
+        .and_where(refund::Column::State.is_not_in([
+            RefundState::Completado.as_str(),
+            RefundState::Fallido.as_str(),
+        ]))
+        .to_owned();
+    let not_needed = Condition::any()
+        .add(
+            Condition::all()
+                .add(Expr::exists(settled_payment))
+                .add(Expr::exists(unsettled_refund).not()),
+        )
+        .add(
+            Condition::all()
+                .add(charges::Column::PaymentId.is_null())
+                .add(charges::Column::Status.eq(ReportedStatus::Declined)),
+        );
+    // The oldest first, through the index on `updated_at` (migration m20261211_000025):
+    // the rows a statement deleted are skipped by the next one's index scan.
+    let expired = Query::select()
+        .from(charges::Entity)
+        .and_where(charges::Column::UpdatedAt.lt(older_than))
+        .cond_where(not_needed)
+        .order_by(charges::Column::UpdatedAt, Order::Asc)
+        .limit(batch)
+        .to_owned();
+    crate::db::delete_picked(db, "webhook_charges", expired).await
 }

@@ -17,8 +17,9 @@ pub mod stripe;
 
 pub use consumer::{
     ChargeEvent, ConsumeError, Consumed, already_processed, consume, orphan_charges,
-    purge_processed_messages, remember_processed,
+    purge_charge_reports, purge_processed_messages, remember_processed,
 };
+pub use refunds::purge_refund_reports;
 
 /// The `source` of events posted to `/v1/webhooks/http` (the reference protocol).
 pub const SOURCE_HTTP: &str = "http";

@@ -312,6 +312,62 @@ async fn oldest_first(
         .await
 }
 
+/// Deletes up to `batch` reports of refunds (`webhook_refunds`) no longer needed, the
+/// oldest first; returns how many (the reaper calls it until it deletes fewer). A report
+/// goes when its last event was applied before `older_than` and it names none of our
+/// refunds (nothing reads those), or its refund is settled (`COMPLETADO`, `FALLIDO`), last
+/// moved before `older_than`, and so is the refund's payment (`COMPLETADA`, `FALLIDA`):
+/// while a refund is in flight or under review, its reports are what on-call's resolution
+/// weighs (`reported_for_refund`).
+pub async fn purge_refund_reports(
+    db: &DatabaseConnection,
+    older_than: chrono::DateTime<chrono::Utc>,
+    batch: u64,
+) -> Result<u64, DbErr> {
+    use crate::saga::state::PaymentState;
+    use sea_orm::sea_query::{Expr, Order, Query};
+    use sea_orm::{Condition, ExprTrait};
+    let settled_payment = Query::select()
+        .expr(Expr::val(1))
+        .from(payment::Entity)
+        .and_where(
+            Expr::col((payment::Entity, payment::Column::Id))
+                .equals((refund::Entity, refund::Column::PaymentId)),
+        )
+        .and_where(payment::Column::State.is_in([
+            PaymentState::Completada.as_str(),
+            PaymentState::Fallida.as_str(),
+        ]))
+        .to_owned();
+    let settled_refund = Query::select()
+        .expr(Expr::val(1))
+        .from(refund::Entity)
+        .and_where(
+            Expr::col((refund::Entity, refund::Column::Id))
+                .equals((reports::Entity, reports::Column::RefundId)),
+        )
+        .and_where(refund::Column::State.is_in([
+            RefundState::Completado.as_str(),
+            RefundState::Fallido.as_str(),
+        ]))
+        .and_where(refund::Column::UpdatedAt.lt(older_than))
+        .and_where(Expr::exists(settled_payment))
+        .to_owned();
+    // The oldest first, through the index on `updated_at` (migration m20261211_000025).
+    let expired = Query::select()
+        .from(reports::Entity)
+        .and_where(reports::Column::UpdatedAt.lt(older_than))
+        .cond_where(
+            Condition::any()
+                .add(reports::Column::RefundId.is_null())
+                .add(Expr::exists(settled_refund)),
+        )
+        .order_by(reports::Column::UpdatedAt, Order::Asc)
+        .limit(batch)
+        .to_owned();
+    crate::db::delete_picked(db, "webhook_refunds", expired).await
+}
+
 /// A report as the gateway's refund it was read from (the reference it carried).
 pub fn as_refund(report: &reports::Model) -> Refund {
     Refund {

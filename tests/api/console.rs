@@ -928,8 +928,101 @@ async fn the_console_reports_what_a_pass_did_with_refunds_beside_payments(backen
 }
 
 on_both_databases!(
-    a_payment_whose_look_ups_fail_shows_the_gateways_error_in_the_queue_and_its_detail_until_it_settles
+    a_payment_whose_look_ups_fail_shows_the_gateways_error_in_the_queue_and_its_detail_until_it_settles,
+    a_look_up_the_provider_answers_pending_clears_the_error_of_the_failed_one_before,
+    a_payment_sent_to_review_because_the_provider_cannot_be_asked_shows_the_look_ups_error,
 );
+
+/// A payment the gateway left pending; its id, and how on-call's detail reads it now.
+async fn pending_with_detail(
+    app: &TestApp,
+    key: &str,
+) -> (String, impl AsyncFn() -> serde_json::Value) {
+    let answer = app.pay(key, &crate::helpers::payment_body()).await;
+    assert_eq!(answer.status(), 202);
+    let id = crate::helpers::json(answer).await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let path = format!("/admin/pagos/{id}");
+    let detail =
+        async move || crate::helpers::json(app.admin_get(&path).await).await["pago"].clone();
+    (id, detail)
+}
+
+/// The last error is why a payment waits now: once the provider answers a look-up (the
+/// charge is still pending), the error of the look-up that failed before is no longer
+/// shown, in on-call's detail nor in the row.
+async fn a_look_up_the_provider_answers_pending_clears_the_error_of_the_failed_one_before(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let fake = app
+        .with_fake(crate::helpers::FakeGateway::charging("pending"))
+        .await;
+    let (id, detail) = pending_with_detail(&app, "k-pending-again").await;
+
+    fake.fail_lookups(true);
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["pendientes"], 1, "{report}");
+    let pago = detail().await;
+    assert!(
+        pago["ultimoError"]["mensaje"]
+            .as_str()
+            .is_some_and(|m| m.contains("provider lookup failed")),
+        "{pago}"
+    );
+
+    fake.fail_lookups(false);
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["pendientes"], 1, "still pending: {report}");
+    let pago = detail().await;
+    assert_eq!(pago["estado"], "ENVIADA");
+    assert!(
+        pago.get("ultimoError").is_none(),
+        "the provider answered: {pago}"
+    );
+    let row = app.payment(&id).await;
+    assert_eq!((row.last_error, row.last_error_at), (None, None));
+}
+
+/// A payment the reconciler sends to REVISION_MANUAL because its give-up horizon passed
+/// and the provider cannot be asked pages on-call: its detail shows the look-up's error,
+/// as for one that keeps waiting.
+async fn a_payment_sent_to_review_because_the_provider_cannot_be_asked_shows_the_look_ups_error(
+    backend: Backend,
+) {
+    use pagos::entities::payment;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, sea_query::Expr};
+    let app = Spawn::new(backend).start().await;
+    let fake = app
+        .with_fake(crate::helpers::FakeGateway::charging("pending"))
+        .await;
+    let (id, detail) = pending_with_detail(&app, "k-paged").await;
+    assert!(detail().await.get("ultimoError").is_none(), "no error yet");
+    // Registered past the give-up horizon (PAGOS_GIVE_UP_AFTER, 24h).
+    payment::Entity::update_many()
+        .col_expr(
+            payment::Column::CreatedAt,
+            Expr::value(pagos::db::now() - chrono::TimeDelta::days(2)),
+        )
+        .filter(payment::Column::Id.eq(uuid::Uuid::parse_str(&id).expect("uuid")))
+        .exec(&app.db)
+        .await
+        .expect("backdated");
+
+    fake.fail_lookups(true);
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["revisionManual"], 1, "{report}");
+    let pago = detail().await;
+    assert_eq!(pago["estado"], "REVISION_MANUAL");
+    let said = pago["ultimoError"]["mensaje"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("provider lookup failed") && said.contains("503"),
+        "{pago}"
+    );
+    assert!(pago["ultimoError"]["en"].is_string(), "{pago}");
+}
 
 /// The last error of a payment whose look-ups fail (the gateway answers 503) is what the
 /// console's queue shows in its "Last error" column, with how long ago, and what on-call's

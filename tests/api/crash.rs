@@ -411,7 +411,8 @@ async fn a_payment_whose_work_panics_stays_claimed_untouched_and_a_later_pass_se
 
 /// `pagos reconcile --once` whose pass the database cuts short (a claim fails after some
 /// payments were settled) prints the report of what it did as JSON, then the error as one
-/// line, and exits 1: on-call sees what was done, which is what the database holds.
+/// line, and exits 1: on-call sees what was done, which is what the database holds. Its
+/// audit row records the error and what was done until then.
 async fn a_pass_the_database_cuts_short_still_prints_what_it_did_and_exits_1(backend: Backend) {
     let world = World::new(backend, FakeGateway::charging("succeeded")).await;
     world.due_enviada(10, |_| true).await;
@@ -452,5 +453,23 @@ async fn a_pass_the_database_cuts_short_still_prints_what_it_did_and_exits_1(bac
         examined,
         settled as u64 + errors,
         "each examined one settled or left for later: {report}"
+    );
+
+    // Its audit row says the pass failed, why, and what it did until then.
+    let passes = pagos::operators::actions::list(
+        &world.db,
+        &pagos::operators::actions::Filter::default(),
+        10,
+    )
+    .await
+    .expect("read");
+    assert_eq!(passes.len(), 1, "{passes:?}");
+    let row = &passes[0];
+    assert!(row.finished_at.is_some(), "finished: {row:?}");
+    assert!(
+        row.detail.contains("— failed: ")
+            && row.detail.contains("claims refused")
+            && row.detail.contains(&format!("completados {settled}")),
+        "{row:?}"
     );
 }

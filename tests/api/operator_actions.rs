@@ -7,12 +7,15 @@ use crate::helpers::{ADMIN_TOKEN, Backend, FakeGateway, Spawn, TestApp, json, pa
 use crate::on_both_databases;
 use crate::operators::operator;
 use pagos::operators::Role;
+use sea_orm::EntityTrait;
 use serde_json::{Value, json};
 
 on_both_databases!(
     each_reconcile_now_and_each_pass_leaves_a_row_naming_the_operator_and_its_outcome,
     a_bad_query_of_the_actions_is_a_422_naming_the_parameter_and_changes_nothing,
     an_action_whose_audit_row_cannot_be_written_is_refused_and_nothing_is_done,
+    a_pass_run_by_pagos_reconcile_once_leaves_a_row_naming_its_operator_and_its_report,
+    pagos_reconcile_once_whose_audit_row_cannot_be_written_is_refused_and_does_nothing,
 );
 
 /// On-call's actions, newest first, as `token` reads them with `query`.
@@ -203,4 +206,149 @@ async fn an_action_whose_audit_row_cannot_be_written_is_refused_and_nothing_is_d
     }
     assert_eq!(fake.lookups_made(), lookups, "the provider was not asked");
     assert_eq!(app.payment(&payment).await.state, "ENVIADA", "not settled");
+}
+
+/// A world whose database holds `n` payments left ENVIADA and due, each charged at the
+/// gateway: the next pass settles them.
+async fn charged_and_due(backend: Backend, n: usize) -> crate::process::World {
+    use pagos::entities::payment;
+    use sea_orm::EntityTrait;
+    let world = crate::process::World::new(backend, FakeGateway::charging("succeeded")).await;
+    let merchant = crate::helpers::acme(&world.db).await;
+    let at = pagos::db::now() - chrono::TimeDelta::minutes(5);
+    for i in 0..n {
+        let row = crate::helpers::left_payment(
+            merchant,
+            &format!("k-cli-{i}"),
+            payment::PaymentState::Enviada,
+            1,
+            format!("pagos-cli-{i}"),
+            at,
+        );
+        world.fake.preload(&row.id.to_string(), "succeeded");
+        payment::Entity::insert(payment::ActiveModel::from(row))
+            .exec_without_returning(&world.db)
+            .await
+            .expect("seed");
+    }
+    world
+}
+
+/// `pagos reconcile --once` with the world's settings, `args` and `env`; how it ended.
+async fn reconcile_by_hand(
+    world: &crate::process::World,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut all = world.crash_args();
+    all.extend(args.iter().map(|a| a.to_string()));
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    crate::process::reconcile_once_output(&all, env).await
+}
+
+/// `pagos reconcile --once` is one of on-call's actions too: its pass leaves a
+/// `reconcile_pass` row naming who ran it (`--operador`, or `cli:` and the login name)
+/// and its report's counts, read at `GET /admin/acciones` like a pass asked of the API.
+async fn a_pass_run_by_pagos_reconcile_once_leaves_a_row_naming_its_operator_and_its_report(
+    backend: Backend,
+) {
+    let world = charged_and_due(backend, 2).await;
+    let output = reconcile_by_hand(&world, &["--operador", "ana"], &[]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("the report is JSON");
+    assert_eq!(report["completados"], 2, "{report}");
+
+    // Unnamed, it is the login's; PAGOS_OPERATOR names it too.
+    let output = reconcile_by_hand(&world, &[], &[("USER", "maria"), ("LOGNAME", "maria")]).await;
+    assert!(output.status.success());
+    let output = reconcile_by_hand(&world, &[], &[("PAGOS_OPERATOR", "luis")]).await;
+    assert!(output.status.success());
+
+    let serve = world.serve(&[("PAGOS_ADMIN_TOKEN", ADMIN_TOKEN)]).await;
+    let answer = reqwest::Client::new()
+        .get(format!("{}/admin/acciones", serve.url))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(answer.status(), 200);
+    let all = json(answer).await["acciones"]
+        .as_array()
+        .cloned()
+        .expect("acciones");
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert_row(
+        &all[0],
+        "luis",
+        "reconcile_pass",
+        None,
+        "pagos: examinados 0",
+    );
+    assert_row(
+        &all[1],
+        "cli:maria",
+        "reconcile_pass",
+        None,
+        "pagos: examinados 0",
+    );
+    assert_row(
+        &all[2],
+        "ana",
+        "reconcile_pass",
+        None,
+        "pagos: examinados 2, completados 2",
+    );
+    assert!(
+        crate::helpers::text_has(&all[2], "detalle", "pagos reconcile --once"),
+        "{}",
+        all[2]
+    );
+
+    // A name pagos writes itself, or the break-glass token's, is a bad setting.
+    for name in ["reconciler", "admin"] {
+        let output = reconcile_by_hand(&world, &["--operador", name], &[]).await;
+        assert_eq!(output.status.code(), Some(2), "{name}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("PAGOS_OPERATOR"), "{stderr}");
+        assert!(output.stdout.is_empty());
+    }
+}
+
+/// Like the admin API's: a pass whose audit row cannot be written is not run. One line
+/// says so, exit 1, no report, and the provider is not asked.
+async fn pagos_reconcile_once_whose_audit_row_cannot_be_written_is_refused_and_does_nothing(
+    backend: Backend,
+) {
+    use sea_orm::ConnectionTrait;
+    let world = charged_and_due(backend, 2).await;
+    world
+        .db
+        .execute_unprepared("DROP TABLE IF EXISTS operator_actions")
+        .await
+        .expect("dropped");
+
+    let mut before = pagos::entities::payment::Entity::find()
+        .all(&world.db)
+        .await
+        .expect("query");
+    before.sort_by_key(|p| p.id);
+
+    let output = reconcile_by_hand(&world, &["--operador", "ana"], &[]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(output.stdout.is_empty(), "no report: no pass ran");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("pagos: "))
+        .collect();
+    assert_eq!(said.len(), 1, "one line: {stderr}");
+    assert!(said[0].contains("nothing was done"), "{stderr}");
+    assert_eq!(world.fake.lookups_made(), 0, "the provider was not asked");
+    let mut after = pagos::entities::payment::Entity::find()
+        .all(&world.db)
+        .await
+        .expect("query");
+    after.sort_by_key(|p| p.id);
+    assert_eq!(after, before, "not settled, not even claimed");
 }

@@ -27,6 +27,7 @@ on_both_databases!(
     a_refund_that_times_out_is_202_and_the_reconciler_settles_it,
     a_pass_settles_a_refund_backlog_with_no_more_look_ups_in_flight_than_its_concurrency,
     on_call_refunds_with_a_reason_recorded_in_the_audit_trail,
+    a_refund_sent_to_review_because_the_provider_cannot_be_asked_keeps_the_look_ups_error,
 );
 
 /// The gateway's refunds, by key and by reference.
@@ -1181,4 +1182,57 @@ async fn a_payment_event_tells_what_was_refunded_of_it_as_its_read_does(backend:
         told[0]["datos"]["montoReembolsado"],
         read["montoReembolsado"]
     );
+}
+
+/// A refund the reconciler sends to REVISION_MANUAL because its give-up horizon passed
+/// and the provider cannot be asked keeps the look-up's error as its last error: on-call,
+/// paged, reads why.
+async fn a_refund_sent_to_review_because_the_provider_cannot_be_asked_keeps_the_look_ups_error(
+    backend: Backend,
+) {
+    use pagos::entities::refund;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, sea_query::Expr};
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.refunding("pending");
+    let answer = refund(&app, &payment, "ref-paged", &json!({"monto": 1000})).await;
+    assert_eq!(answer.status(), 202);
+    let id = json(answer).await["id"].as_str().expect("id").to_owned();
+    let id = uuid::Uuid::parse_str(&id).expect("uuid");
+    let stored = async || {
+        pagos::saga::refund::store::find(&app.db, id)
+            .await
+            .expect("read")
+            .expect("the refund")
+    };
+    assert_eq!(stored().await.last_error, None, "pending is no error");
+    // Registered past the give-up horizon (PAGOS_GIVE_UP_AFTER, 24h).
+    refund::Entity::update_many()
+        .col_expr(
+            refund::Column::CreatedAt,
+            Expr::value(pagos::db::now() - chrono::TimeDelta::days(2)),
+        )
+        .filter(refund::Column::Id.eq(id))
+        .exec(&app.db)
+        .await
+        .expect("backdated");
+
+    fake.fail_lookups(true);
+    let answer = app
+        .admin_post("/admin/reconciliaciones", &json!({"reembolsoId": id}))
+        .await;
+    assert_eq!(answer.status(), 200);
+    let report = json(answer).await;
+    assert_eq!(report["reembolsos"]["revisionManual"], 1, "{report}");
+    let paged = stored().await;
+    assert_eq!(paged.state.as_str(), "REVISION_MANUAL");
+    assert!(
+        paged
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("provider lookup failed")),
+        "why on-call was paged: {:?}",
+        paged.last_error
+    );
+    assert!(paged.last_error_at.is_some());
 }

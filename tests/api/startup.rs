@@ -342,7 +342,7 @@ async fn an_invalid_index_left_by_an_interrupted_concurrent_build_is_built_again
     assert!(old, "the old index is dropped");
 }
 
-/// The webhook indexes built `CONCURRENTLY` (m19, m20) are built again when a build was
+/// The webhook indexes built `CONCURRENTLY` (m19, m20, m25) are built again when a build was
 /// interrupted and left them INVALID (here: marked so in the catalog), not taken as done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn webhook_indexes_left_invalid_by_an_interrupted_build_are_built_again() {
@@ -359,6 +359,14 @@ async fn webhook_indexes_left_invalid_by_an_interrupted_build_are_built_again() 
         (
             "m20261209_000020_due_by_endpoint",
             "webhook_deliveries_endpoint_due_idx",
+        ),
+        (
+            "m20261211_000025_webhook_reports_by_age",
+            "webhook_charges_updated_idx",
+        ),
+        (
+            "m20261211_000025_webhook_reports_by_age",
+            "webhook_refunds_updated_idx",
         ),
     ];
     for (version, index) in indexes {

@@ -24,6 +24,7 @@ on_both_databases!(
     a_charge_for_an_unknown_reference_is_acknowledged_and_listed_as_orphan,
     other_event_types_are_acknowledged_and_ignored,
     processed_messages_older_than_the_retention_are_purged,
+    the_reaper_purges_old_webhook_reports_of_settled_payments_and_refunds_and_keeps_those_still_needed,
     the_openapi_document_describes_the_webhook_and_the_orphan_list,
     a_signed_event_over_64_kib_is_refused_with_413_and_nothing_recorded,
 );
@@ -650,4 +651,254 @@ async fn a_signed_event_over_64_kib_is_refused_with_413_and_nothing_recorded(bac
     assert_eq!(json(answer).await["type"], "/problems/body-too-large");
     assert_eq!(app.recorded().await, (0, 0));
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
+}
+
+/// What the reaper test seeds: a charge report of `payment` (None: an orphan), last
+/// updated `at`.
+fn charge_report(
+    id: &str,
+    payment: Option<uuid::Uuid>,
+    status: webhook_charge::ReportedStatus,
+    at: chrono::DateTime<chrono::Utc>,
+) -> webhook_charge::ActiveModel {
+    webhook_charge::ActiveModel::from(webhook_charge::Model {
+        source: "http".into(),
+        charge_id: id.into(),
+        reference: payment.map_or_else(|| format!("not-ours-{id}"), |p| p.to_string()),
+        payment_id: payment,
+        status,
+        amount: 250_000,
+        currency: "COP".into(),
+        decline_code: None,
+        last_sequence: 1,
+        last_event_id: format!("evt_{id}"),
+        first_seen_at: at,
+        updated_at: at,
+    })
+}
+
+/// A refund of `payment` in `state`, created and last moved `at`.
+fn refund_row(
+    payment: &pagos::entities::payment::Model,
+    key: &str,
+    state: pagos::entities::refund::RefundState,
+    at: chrono::DateTime<chrono::Utc>,
+) -> pagos::entities::refund::Model {
+    use pagos::entities::refund::{KeyScope, KeyStatus, Model};
+    Model {
+        id: uuid::Uuid::now_v7(),
+        payment_id: payment.id,
+        merchant_id: payment.merchant_id,
+        key_scope: KeyScope::Merchant,
+        idempotency_key: key.into(),
+        fingerprint: "0".repeat(64),
+        key_status: KeyStatus::Completed,
+        response_code: Some(201),
+        response_body: Some("{}".into()),
+        lease_until: None,
+        charge_ref: format!("ch_{key}"),
+        amount: 1000,
+        currency: "COP".into(),
+        reason: None,
+        requested_by: Some("merchant".into()),
+        state,
+        version: 1,
+        attempts: 1,
+        gateway_key: format!("gk-{key}"),
+        gateway_ref: Some(format!("re_{key}")),
+        failure_code: None,
+        next_attempt_at: at,
+        claimed_until: None,
+        created_at: at,
+        updated_at: at,
+        last_event_sequence: Some(1),
+        last_error: None,
+        last_error_at: None,
+    }
+}
+
+/// A refund report of `refund` (None: a refund none of ours), last updated `at`.
+fn refund_report(
+    id: &str,
+    refund: Option<&pagos::entities::refund::Model>,
+    at: chrono::DateTime<chrono::Utc>,
+) -> pagos::entities::webhook_refund::ActiveModel {
+    use pagos::entities::webhook_refund::{Model, ReportedRefundStatus};
+    pagos::entities::webhook_refund::ActiveModel::from(Model {
+        source: "http".into(),
+        provider_refund_id: id.into(),
+        reference: refund.map_or_else(|| format!("not-ours-{id}"), |r| r.id.to_string()),
+        refund_id: refund.map(|r| r.id),
+        payment_id: refund.map(|r| r.payment_id),
+        charge_id: format!("ch_{id}"),
+        status: ReportedRefundStatus::Succeeded,
+        amount: 1000,
+        currency: "COP".into(),
+        failure_code: None,
+        last_sequence: 1,
+        last_event_id: format!("evt_{id}"),
+        first_seen_at: at,
+        updated_at: at,
+    })
+}
+
+/// The reaper deletes, batch after batch, what the gateways' webhooks reported about
+/// charges and refunds once nothing needs it: reports older than the retention (the key
+/// retention, and never less than the event ids' `PAGOS_MESSAGE_RETENTION`) of payments
+/// and refunds settled that long, and of charges or refunds none of ours that moved no
+/// money. It keeps the reports of a payment under review or with a refund in flight, of a
+/// refund in flight, of a payment resolved recently, an orphan charge that succeeded,
+/// and every report younger than the retention.
+async fn the_reaper_purges_old_webhook_reports_of_settled_payments_and_refunds_and_keeps_those_still_needed(
+    backend: Backend,
+) {
+    use pagos::entities::payment::{self, PaymentState};
+    use pagos::entities::refund::{self, RefundState};
+    use pagos::entities::webhook_charge::ReportedStatus;
+    use pagos::entities::webhook_refund;
+    let (_database, db) = crate::helpers::TestDatabase::with_acme(&backend).await;
+    let merchant = crate::helpers::acme(&db).await;
+    let now = pagos::db::now();
+    let (month_ago, three_days_ago) = (
+        now - chrono::TimeDelta::days(30),
+        now - chrono::TimeDelta::days(3),
+    );
+    let payment_in = |key: &str, state: PaymentState, at| {
+        crate::helpers::left_payment(merchant, key, state, 1, format!("gk-{key}"), at)
+    };
+    let settled = payment_in("settled", PaymentState::Completada, month_ago);
+    let declined = payment_in("declined", PaymentState::Fallida, month_ago);
+    let review = payment_in("review", PaymentState::RevisionManual, month_ago);
+    let refunding = payment_in("refunding", PaymentState::Completada, month_ago);
+    let resolved_lately = payment_in("resolved", PaymentState::Completada, now);
+    for p in [&settled, &declined, &review, &refunding, &resolved_lately] {
+        payment::Entity::insert(payment::ActiveModel::from(p.clone()))
+            .exec_without_returning(&db)
+            .await
+            .expect("seed");
+    }
+    let refund_done = refund_row(&settled, "done", RefundState::Completado, month_ago);
+    let refund_open = refund_row(&refunding, "open", RefundState::Enviado, month_ago);
+    for r in [&refund_done, &refund_open] {
+        refund::Entity::insert(refund::ActiveModel::from(r.clone()))
+            .exec_without_returning(&db)
+            .await
+            .expect("seed");
+    }
+    let charges = [
+        (
+            "ch_settled",
+            Some(settled.id),
+            ReportedStatus::Succeeded,
+            month_ago,
+        ),
+        (
+            "ch_declined",
+            Some(declined.id),
+            ReportedStatus::Declined,
+            month_ago,
+        ),
+        (
+            "ch_settled_3d",
+            Some(settled.id),
+            ReportedStatus::Pending,
+            three_days_ago,
+        ),
+        (
+            "ch_review",
+            Some(review.id),
+            ReportedStatus::Succeeded,
+            month_ago,
+        ),
+        (
+            "ch_refunding",
+            Some(refunding.id),
+            ReportedStatus::Succeeded,
+            month_ago,
+        ),
+        (
+            "ch_resolved",
+            Some(resolved_lately.id),
+            ReportedStatus::Succeeded,
+            month_ago,
+        ),
+        ("ch_fresh", Some(settled.id), ReportedStatus::Succeeded, now),
+        ("ch_orphan_paid", None, ReportedStatus::Succeeded, month_ago),
+        (
+            "ch_orphan_declined",
+            None,
+            ReportedStatus::Declined,
+            month_ago,
+        ),
+    ];
+    for (id, payment, status, at) in charges {
+        webhook_charge::Entity::insert(charge_report(id, payment, status, at))
+            .exec_without_returning(&db)
+            .await
+            .expect("seed");
+    }
+    let refunds = [
+        ("re_done", Some(&refund_done), month_ago),
+        ("re_open", Some(&refund_open), month_ago),
+        ("re_done_fresh", Some(&refund_done), now),
+        ("re_not_ours", None, month_ago),
+    ];
+    for (id, refund, at) in refunds {
+        webhook_refund::Entity::insert(refund_report(id, refund, at))
+            .exec_without_returning(&db)
+            .await
+            .expect("seed");
+    }
+
+    let reaper = pagos::reaper::Reaper {
+        db: db.clone(),
+        metrics: std::sync::Arc::new(pagos::metrics::Metrics::new()),
+        key_retention: std::time::Duration::from_secs(86_400),
+        message_retention: std::time::Duration::from_secs(7 * 86_400),
+        // One row per statement: the purge goes batch after batch.
+        batch: 1,
+    };
+    let (_stopping, stop) = tokio::sync::watch::channel(false);
+    pagos::reaper::run(&reaper, &stop)
+        .await
+        .expect("a reaper pass");
+
+    let mut charges_left: Vec<String> = webhook_charge::Entity::find()
+        .all(&db)
+        .await
+        .expect("read")
+        .into_iter()
+        .map(|r| r.charge_id)
+        .collect();
+    charges_left.sort();
+    assert_eq!(
+        charges_left,
+        [
+            "ch_fresh",
+            "ch_orphan_paid",
+            "ch_refunding",
+            "ch_resolved",
+            "ch_review",
+            "ch_settled_3d",
+        ]
+    );
+    let mut refunds_left: Vec<String> = webhook_refund::Entity::find()
+        .all(&db)
+        .await
+        .expect("read")
+        .into_iter()
+        .map(|r| r.provider_refund_id)
+        .collect();
+    refunds_left.sort();
+    assert_eq!(refunds_left, ["re_done_fresh", "re_open"]);
+    // Only reports: payments and refunds are never deleted.
+    assert_eq!(
+        payment::Entity::find().all(&db).await.expect("read").len(),
+        5
+    );
+    assert_eq!(
+        refund::Entity::find().all(&db).await.expect("read").len(),
+        2
+    );
+    let _ = db.close().await;
 }

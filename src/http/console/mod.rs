@@ -13,7 +13,6 @@ pub mod view;
 mod webhooks;
 
 use super::AppState;
-use super::actions::outcome_of;
 use super::admin::{self, Transicion};
 use super::auth::{self, Admin};
 use super::extract::PathId;
@@ -1198,7 +1197,7 @@ fn asked_entry(a: &actions::Row) -> Markup {
 /// What came of an action of on-call, or that it is not over.
 fn came_of(a: &actions::Row) -> Markup {
     html! {
-        @match outcome_of(a) {
+        @match actions::outcome_of(a) {
             Some(outcome) => (outcome),
             None => span.muted { "not over yet (or its process stopped before it ended)" },
         }

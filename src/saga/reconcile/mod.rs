@@ -119,6 +119,38 @@ pub struct Report {
     pub reembolsos: Tally,
 }
 
+impl Report {
+    /// The report as an audit row of on-call's says it (`operators::actions`): each count
+    /// that is not zero, by the report's own names (`examinados` always).
+    pub fn in_words(&self) -> String {
+        let tally = |t: &Tally| {
+            [
+                ("examinados", t.examinados),
+                ("completados", t.completados),
+                ("fallidos", t.fallidos),
+                ("reenviados", t.reenviados),
+                ("pendientes", t.pendientes),
+                ("revisionManual", t.revision_manual),
+                ("errores", t.errores),
+                ("omitidos", t.omitidos),
+            ]
+            .iter()
+            .filter(|(name, n)| *n > 0 || *name == "examinados")
+            .map(|(name, n)| format!("{name} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+        };
+        let mut parts = Vec::new();
+        if !self.pagos.is_empty() || self.reembolsos.is_empty() {
+            parts.push(format!("pagos: {}", tally(&self.pagos)));
+        }
+        if !self.reembolsos.is_empty() {
+            parts.push(format!("reembolsos: {}", tally(&self.reembolsos)));
+        }
+        parts.join("; ")
+    }
+}
+
 impl From<PaymentState> for Handled {
     /// What a payment's state after the work says was done.
     fn from(state: PaymentState) -> Handled {

@@ -9,7 +9,7 @@ use crate::entities::payment_transition::Actor;
 use crate::gateway::GatewayError;
 use crate::saga::reconcile::decide::{Decision, Facts, Handled, Horizons, Reconciled};
 use crate::saga::reconcile::decide::{decide, needs_lookup};
-use crate::saga::store::{self, Claimable, Rewritten, SagaRow, Step, Written};
+use crate::saga::store::{self, Claimable, LastError, Rewritten, SagaRow, Step, Written};
 use crate::saga::{self, Saga, SagaDeps};
 use chrono::{DateTime, Utc};
 use sea_orm::DbErr;
@@ -247,7 +247,14 @@ async fn decide_and_apply<R: Reconcilable>(
     };
     let decision = decide(&facts, horizons);
     claimed.log_decision(&decision);
-    let lookup_failed = matches!(lookup, Some(Err(_)));
+    // What the look-up says of the row's last error, whatever is decided: a failed one is
+    // the error from now, one the provider answered clears the error before (it waits on
+    // the provider now, not on an error).
+    let last_error = match &lookup {
+        Some(Err(err)) => LastError::Now(format!("provider lookup failed: {err}")),
+        Some(Ok(_)) => LastError::Cleared,
+        None => LastError::Kept,
+    };
     // Only a send calls the provider again; every other decision is a write.
     if !matches!(decision, Decision::Send) {
         drop(permit);
@@ -285,10 +292,8 @@ async fn decide_and_apply<R: Reconcilable>(
         Decision::Reschedule(why) => {
             let due = deps.next_look(claimed.attempts());
             claimed.log_rescheduled(&why, due);
-            // A look-up that failed is the row's last error (`why` says it).
-            let error = lookup_failed.then_some(why.as_str());
             Ok(
-                match store::reschedule(&deps.db, &claimed, due, error).await? {
+                match store::reschedule(&deps.db, &claimed, due, &last_error).await? {
                     Written::Applied(_) => Handled::Rescheduled,
                     Written::Fenced => Handled::Skipped,
                 },
@@ -301,7 +306,12 @@ async fn decide_and_apply<R: Reconcilable>(
                     &deps.db,
                     &claimed,
                     R::ESCALATE,
-                    Step::default(),
+                    // Escalated because the provider cannot be asked: on-call, paged, reads
+                    // the look-up's error.
+                    Step {
+                        last_error,
+                        ..Step::default()
+                    },
                     Actor::Reconciler,
                     &why,
                 )

@@ -19,7 +19,9 @@ use crate::idempotency::derive::derive_refund;
 use crate::outbox;
 use crate::saga::refund::state::{Event, IllegalTransition, RefundState, transition};
 use crate::saga::state::PaymentState;
-use crate::saga::store::{Claimable, Rewritten, SagaRow, Step, chrono_after, moved, one_statement};
+use crate::saga::store::{
+    Claimable, LastError, Rewritten, SagaRow, Step, chrono_after, moved, one_statement,
+};
 pub use crate::saga::store::{renew_claim, reschedule};
 use chrono::{DateTime, Utc};
 use pagos_types::EventType;
@@ -414,6 +416,7 @@ impl From<Changes> for Step {
             code: changes.failure_code,
             hold_until: changes.hold_until,
             count_attempt: changes.count_attempt,
+            last_error: LastError::Kept,
         }
     }
 }
