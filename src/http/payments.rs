@@ -270,10 +270,12 @@ async fn create_payment(
             crate::failpoint::hit("after_register");
             let deps = state.saga_deps();
             // Its own task: axum drops this handler if the client hangs up; the saga
-            // must still run to its end.
+            // must still run to its end. Boxed where it is made: the saga's future is
+            // large, and each move into the span and the task copied it whole.
+            let saga = Box::pin(async move { saga::send(&deps, *p, Actor::Request).await });
             let settled = state
                 .tasks
-                .spawn(async move { saga::send(&deps, *p, Actor::Request).await }.in_current_span())
+                .spawn(saga.in_current_span())
                 .await
                 .map_err(|e| ApiError::Internal(e.into()))?
                 .map_err(|e| ApiError::Internal(e.into()))?;
