@@ -507,31 +507,14 @@ pub async fn purge_charge_reports(
     use crate::entities::refund;
     use sea_orm::ExprTrait;
     use sea_orm::sea_query::{Expr, Order, Query};
-    let settled_payment = Query::select()
-        .expr(Expr::val(1))
-        .from(payment::Entity)
-        .and_where(
-            Expr::col((payment::Entity, payment::Column::Id))
-                .equals((charges::Entity, charges::Column::PaymentId)),
-        )
-        .and_where(payment::Column::State.is_in([
-            PaymentState::Completada.as_str(),
-            PaymentState::Fallida.as_str(),
-        ]))
+    let settled_payment = super::settled_payment((charges::Entity, charges::Column::PaymentId))
         .and_where(payment::Column::UpdatedAt.lt(older_than))
         .to_owned();
-    let unsettled_refund = Query::select()
-        .expr(Expr::val(1))
-        .from(refund::Entity)
-        .and_where(
-            Expr::col((refund::Entity, refund::Column::PaymentId))
-                .equals((charges::Entity, charges::Column::PaymentId)),
-        )
-        .and_where(refund::Column::State.is_not_in([
-            RefundState::Completado.as_str(),
-            RefundState::Fallido.as_str(),
-        ]))
-        .to_owned();
+    let unsettled_refund = super::refunds_tied(
+        refund::Column::PaymentId,
+        (charges::Entity, charges::Column::PaymentId),
+        false,
+    );
     let not_needed = Condition::any()
         .add(
             Condition::all()

@@ -29,3 +29,69 @@ pub const SOURCE_STRIPE: &str = "stripe";
 
 /// The `source` of notifications posted to `/v1/webhooks/mercadopago`.
 pub const SOURCE_MERCADOPAGO: &str = "mercadopago";
+
+/// The payment whose id is `outer` if it is settled (`COMPLETADA`, `FALLIDA`), for `EXISTS`.
+fn settled_payment(
+    outer: impl sea_orm::sea_query::IntoColumnRef,
+) -> sea_orm::sea_query::SelectStatement {
+    use crate::entities::payment;
+    use crate::saga::state::PaymentState;
+    tied_row(
+        payment::Entity,
+        payment::Column::Id,
+        outer,
+        payment::Column::State,
+        [
+            PaymentState::Completada.as_str(),
+            PaymentState::Fallida.as_str(),
+        ],
+        true,
+    )
+}
+
+/// The refunds whose `key` is `outer`, settled (`COMPLETADO`, `FALLIDO`) or, with
+/// `settled` false, not yet, for `EXISTS`.
+fn refunds_tied(
+    key: crate::entities::refund::Column,
+    outer: impl sea_orm::sea_query::IntoColumnRef,
+    settled: bool,
+) -> sea_orm::sea_query::SelectStatement {
+    use crate::entities::refund;
+    use crate::saga::refund::state::RefundState;
+    tied_row(
+        refund::Entity,
+        key,
+        outer,
+        refund::Column::State,
+        [
+            RefundState::Completado.as_str(),
+            RefundState::Fallido.as_str(),
+        ],
+        settled,
+    )
+}
+
+/// `SELECT 1 FROM entity WHERE entity.key = outer AND state [NOT] IN (states)`: a row of
+/// `entity` tied to the report a purge weighs, in the `states` given (`within`) or out of
+/// them, for `EXISTS`; the caller may narrow it further.
+fn tied_row<E: sea_orm::EntityTrait + Copy>(
+    entity: E,
+    key: E::Column,
+    outer: impl sea_orm::sea_query::IntoColumnRef,
+    state: E::Column,
+    states: [&'static str; 2],
+    within: bool,
+) -> sea_orm::sea_query::SelectStatement {
+    use sea_orm::ColumnTrait;
+    use sea_orm::sea_query::{Expr, ExprTrait, Query};
+    Query::select()
+        .expr(Expr::val(1))
+        .from(entity)
+        .and_where(Expr::col((entity, key)).equals(outer))
+        .and_where(if within {
+            state.is_in(states)
+        } else {
+            state.is_not_in(states)
+        })
+        .to_owned()
+}

@@ -324,35 +324,17 @@ pub async fn purge_refund_reports(
     older_than: chrono::DateTime<chrono::Utc>,
     batch: u64,
 ) -> Result<u64, DbErr> {
-    use crate::saga::state::PaymentState;
+    use sea_orm::Condition;
     use sea_orm::sea_query::{Expr, Order, Query};
-    use sea_orm::{Condition, ExprTrait};
-    let settled_payment = Query::select()
-        .expr(Expr::val(1))
-        .from(payment::Entity)
-        .and_where(
-            Expr::col((payment::Entity, payment::Column::Id))
-                .equals((refund::Entity, refund::Column::PaymentId)),
-        )
-        .and_where(payment::Column::State.is_in([
-            PaymentState::Completada.as_str(),
-            PaymentState::Fallida.as_str(),
-        ]))
-        .to_owned();
-    let settled_refund = Query::select()
-        .expr(Expr::val(1))
-        .from(refund::Entity)
-        .and_where(
-            Expr::col((refund::Entity, refund::Column::Id))
-                .equals((reports::Entity, reports::Column::RefundId)),
-        )
-        .and_where(refund::Column::State.is_in([
-            RefundState::Completado.as_str(),
-            RefundState::Fallido.as_str(),
-        ]))
-        .and_where(refund::Column::UpdatedAt.lt(older_than))
-        .and_where(Expr::exists(settled_payment))
-        .to_owned();
+    let settled_payment = super::settled_payment((refund::Entity, refund::Column::PaymentId));
+    let settled_refund = super::refunds_tied(
+        refund::Column::Id,
+        (reports::Entity, reports::Column::RefundId),
+        true,
+    )
+    .and_where(refund::Column::UpdatedAt.lt(older_than))
+    .and_where(Expr::exists(settled_payment))
+    .to_owned();
     // The oldest first, through the index on `updated_at` (migration m20261211_000025).
     let expired = Query::select()
         .from(reports::Entity)
