@@ -15,6 +15,7 @@
 
 pub use sea_orm_migration::prelude::*;
 
+mod columns;
 mod concurrently;
 
 mod m20261202_000001_init;

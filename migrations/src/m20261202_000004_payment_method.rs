@@ -4,6 +4,7 @@
 //! Nullable: payments made before it, and payments through gateways that take no method,
 //! have none. Older binaries ignore the column.
 
+use crate::columns;
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -12,24 +13,10 @@ pub struct Migration;
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table("payments")
-                    .add_column(text_null("payment_method"))
-                    .to_owned(),
-            )
-            .await
+        columns::add(manager, "payments", vec![text_null("payment_method")]).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table("payments")
-                    .drop_column("payment_method")
-                    .to_owned(),
-            )
-            .await
+        columns::drop(manager, "payments", &["payment_method"]).await
     }
 }

@@ -2,6 +2,7 @@
 //! to the refund (the third strategy of at-least-once consumers: an event at or below it
 //! is stale and changes nothing). NULL until the first event. Older binaries ignore it.
 
+use crate::columns;
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -10,24 +11,15 @@ pub struct Migration;
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table("refunds")
-                    .add_column(big_integer_null("last_event_sequence"))
-                    .to_owned(),
-            )
-            .await
+        columns::add(
+            manager,
+            "refunds",
+            vec![big_integer_null("last_event_sequence")],
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table("refunds")
-                    .drop_column("last_event_sequence")
-                    .to_owned(),
-            )
-            .await
+        columns::drop(manager, "refunds", &["last_event_sequence"]).await
     }
 }

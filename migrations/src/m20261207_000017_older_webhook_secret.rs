@@ -12,6 +12,7 @@
 //! this migration keeps working (it never names them, and signs with the current and the
 //! previous secret as before).
 
+use crate::columns;
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -22,31 +23,18 @@ const TABLE: &str = "webhook_endpoints";
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        // One column per statement: SQLite alters a table one column at a time.
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(TABLE)
-                    .add_column(string_len_null("older_secret", 128))
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(TABLE)
-                    .add_column(timestamp_with_time_zone_null("older_secret_until"))
-                    .to_owned(),
-            )
-            .await
+        columns::add(
+            manager,
+            TABLE,
+            vec![
+                string_len_null("older_secret", 128),
+                timestamp_with_time_zone_null("older_secret_until"),
+            ],
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        for column in ["older_secret_until", "older_secret"] {
-            manager
-                .alter_table(Table::alter().table(TABLE).drop_column(column).to_owned())
-                .await?;
-        }
-        Ok(())
+        columns::drop(manager, TABLE, &["older_secret_until", "older_secret"]).await
     }
 }

@@ -7,6 +7,7 @@
 //! Nullable, so older binaries' writes (which name their columns) leave it alone: a row an
 //! older process settles keeps its last error until a newer one writes it.
 
+use crate::columns;
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -17,27 +18,23 @@ const TABLES: [&str; 2] = ["payments", "refunds"];
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        // One column per statement: SQLite alters one thing at a time.
         for table in TABLES {
-            for column in [
-                text_null("last_error"),
-                timestamp_with_time_zone_null("last_error_at"),
-            ] {
-                manager
-                    .alter_table(Table::alter().table(table).add_column(column).to_owned())
-                    .await?;
-            }
+            columns::add(
+                manager,
+                table,
+                vec![
+                    text_null("last_error"),
+                    timestamp_with_time_zone_null("last_error_at"),
+                ],
+            )
+            .await?;
         }
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         for table in TABLES {
-            for column in ["last_error", "last_error_at"] {
-                manager
-                    .alter_table(Table::alter().table(table).drop_column(column).to_owned())
-                    .await?;
-            }
+            columns::drop(manager, table, &["last_error", "last_error_at"]).await?;
         }
         Ok(())
     }

@@ -14,6 +14,7 @@
 //! deliveries as before. Their claims neither write nor check it; a delivery one of them
 //! stores keeps a claim of a newer process until it runs out.
 
+use crate::columns;
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -22,24 +23,15 @@ pub struct Migration;
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table("webhook_deliveries")
-                    .add_column(timestamp_with_time_zone_null("claimed_until"))
-                    .to_owned(),
-            )
-            .await
+        columns::add(
+            manager,
+            "webhook_deliveries",
+            vec![timestamp_with_time_zone_null("claimed_until")],
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table("webhook_deliveries")
-                    .drop_column("claimed_until")
-                    .to_owned(),
-            )
-            .await
+        columns::drop(manager, "webhook_deliveries", &["claimed_until"]).await
     }
 }
