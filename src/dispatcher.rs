@@ -255,8 +255,20 @@ async fn deliver_one(d: &Dispatcher, due: &Due) -> Result<(), DbErr> {
         .deliver_within(&url, message, &keys, within)
         .await;
     failpoint::hit("delivery_sent");
-    let (after, endpoint) = decide(&d.retries, due, &attempt, rand::random());
-    let recorded = deliveries::record(&d.db, due, &attempt, after, endpoint.clone()).await?;
+    // Decided in the round the delivery is in when it is stored: a reactivation while the
+    // attempt was in flight started a new one, and the old round's last step would give
+    // the delivery up.
+    let mut due = std::borrow::Cow::Borrowed(due);
+    let (endpoint, recorded) = loop {
+        let (after, endpoint) = decide(&d.retries, &due, &attempt, rand::random());
+        match deliveries::record(&d.db, &due, &attempt, after, endpoint.clone()).await? {
+            Recorded::RoundMoved { round_start } => {
+                due.to_mut().delivery.round_start = round_start;
+            }
+            recorded => break (endpoint, recorded),
+        }
+    };
+    let due = due.as_ref();
     if recorded == Recorded::Raced {
         tracing::warn!(event_id = %due.event.id, endpoint_id = %due.endpoint.id, "another worker stored this attempt first");
         return Ok(());

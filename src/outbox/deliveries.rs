@@ -376,6 +376,10 @@ pub enum Recorded {
     /// Nothing: the delivery's attempt count moved since it was claimed (another worker
     /// stored this attempt).
     Raced,
+    /// Nothing: the delivery's round started over since it was claimed (its endpoint was
+    /// reactivated while the attempt was in flight); what the attempt means must be
+    /// decided again in the round it now belongs to, which starts at `round_start`.
+    RoundMoved { round_start: i32 },
     /// The attempt, its delivery and its endpoint stored.
     Stored,
     /// Stored, and the endpoint became `DESACTIVADO`.
@@ -384,7 +388,8 @@ pub enum Recorded {
 
 /// Stores `attempt` of the claimed delivery `due`, and what it means for the delivery and
 /// its endpoint, in one transaction; nothing if the delivery's attempt count moved since
-/// it was claimed (another worker stored this attempt). The claim is cleared if it is
+/// it was claimed (another worker stored this attempt), or if its round did (`RoundMoved`:
+/// decide again and store). The claim is cleared if it is
 /// still this one: a worker whose claim ran out, and which stores its attempt while
 /// another worker holds the delivery, leaves that worker's claim in place.
 pub async fn record(
@@ -413,11 +418,22 @@ pub async fn record(
         .filter(deliveries::Column::EventId.eq(d.event_id.clone()))
         .filter(deliveries::Column::EndpointId.eq(d.endpoint_id))
         .filter(deliveries::Column::Attempts.eq(d.attempts))
+        .filter(deliveries::Column::RoundStart.eq(d.round_start))
         .exec(&tx)
         .await?;
     if moved.rows_affected != 1 {
+        let now_is = deliveries::Entity::find_by_id((d.event_id.clone(), d.endpoint_id))
+            .one(&tx)
+            .await?;
         tx.rollback().await?;
-        return Ok(Recorded::Raced);
+        return Ok(match now_is {
+            Some(row) if row.attempts == d.attempts && row.round_start != d.round_start => {
+                Recorded::RoundMoved {
+                    round_start: row.round_start,
+                }
+            }
+            _ => Recorded::Raced,
+        });
     }
     attempts::Entity::insert(attempts::ActiveModel::from(attempts::Model {
         id: Uuid::now_v7(),

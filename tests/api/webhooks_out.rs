@@ -32,6 +32,7 @@ on_both_databases!(
     after_two_rotations_within_a_day_each_of_the_three_secrets_verifies_until_its_own_day_ends,
     a_410_deactivates_the_endpoint_and_reactivation_redelivers,
     a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once,
+    an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_new_round,
     an_endpoint_failing_past_the_horizon_is_deactivated_and_counted,
     redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes,
     a_dead_endpoint_does_not_slow_payments,
@@ -486,6 +487,67 @@ async fn a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once(back
     let attempts = detail["intentos"].as_array().expect("attempts");
     assert_eq!(attempts.len(), 1, "{detail}");
     assert_eq!(attempts[0]["estadoHttp"], 200, "{detail}");
+}
+
+/// The endpoint is reactivated while the last attempt its schedule allows is in flight;
+/// that attempt then fails. The reactivation started a new round, so the failure is the
+/// new round's first: the delivery is tried again (and delivered), not given up.
+async fn an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_new_round(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .flags(&[
+            "--webhooks-allow-private",
+            "true",
+            "--webhooks-timeout",
+            "3s",
+            "--webhooks-schedule",
+            "0s,1s",
+        ])
+        .delivering()
+        .start()
+        .await;
+    let _fake = app.with_fake(FakeGateway::charging("succeeded")).await;
+    let receiver = Receiver::start().await;
+    // The first attempt fails at once; the second, the round's last, outlasts the
+    // timeout; the third (a new round's) is answered.
+    receiver.answer_next([
+        Answer::Status(500, "try later".into()),
+        Answer::Hang(Duration::from_secs(6)),
+    ]);
+    let made = app.register_endpoint(&receiver.url("/")).await;
+    let id = made["id"].as_str().expect("id").to_owned();
+
+    let event = event_of(&app, &pay(&app, "k-last").await).await.id;
+    eventually(
+        Duration::from_secs(10),
+        "the second attempt sent",
+        async || receiver.deliveries().len() == 2,
+    )
+    .await;
+    let reactivated = app
+        .post_as(
+            API_KEY,
+            &format!("/v1/webhook-endpoints/{id}/reactivar"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(reactivated.status(), 200);
+    let at_reactivation = &deliveries_of(&app, &event).await[0];
+    assert_eq!(
+        (&at_reactivation["estado"], &at_reactivation["intentos"]),
+        (&json!("PENDIENTE"), &json!(1)),
+        "the second attempt was still in flight when the endpoint was reactivated"
+    );
+
+    eventually(Duration::from_secs(20), "delivered", async || {
+        deliveries_of(&app, &event).await[0]["estado"] != "PENDIENTE"
+    })
+    .await;
+    let detail = json(app.get_as(API_KEY, &format!("/v1/eventos/{event}")).await).await;
+    assert_eq!(detail["entregas"][0]["estado"], "ENTREGADA", "{detail}");
+    assert_eq!(detail["entregas"][0]["intentos"], 3, "{detail}");
+    assert_eq!(receiver.deliveries().len(), 3, "each attempt sent once");
 }
 
 async fn an_endpoint_failing_past_the_horizon_is_deactivated_and_counted(backend: Backend) {
