@@ -413,6 +413,47 @@ async fn a_410_deactivates_the_endpoint_and_reactivation_redelivers(backend: Bac
     .await;
 }
 
+/// A delivering app whose endpoint (its id returned) is a receiver answering `answers`
+/// first, with this attempt timeout and schedule: for tests that reactivate it while an
+/// attempt is in flight.
+async fn reactivated_later<const N: usize>(
+    backend: Backend,
+    timeout: &'static str,
+    schedule: &'static str,
+    answers: [Answer; N],
+) -> (TestApp, FakeGateway, Receiver, String) {
+    let app = Spawn::new(backend)
+        .flags(&[
+            "--webhooks-allow-private",
+            "true",
+            "--webhooks-timeout",
+            timeout,
+            "--webhooks-schedule",
+            schedule,
+        ])
+        .delivering()
+        .start()
+        .await;
+    let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
+    let receiver = Receiver::start().await;
+    receiver.answer_next(answers);
+    let made = app.register_endpoint(&receiver.url("/")).await;
+    let id = made["id"].as_str().expect("id").to_owned();
+    (app, fake, receiver, id)
+}
+
+/// Reactivates endpoint `id` without redelivery (`reactivate` redelivers), answered 200.
+async fn reactivate_only(app: &TestApp, id: &str) {
+    let reactivated = app
+        .post_as(
+            API_KEY,
+            &format!("/v1/webhook-endpoints/{id}/reactivar"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(reactivated.status(), 200);
+}
+
 /// The receiver holds one delivery's answer (it is in flight) while another delivery to
 /// the same endpoint gets `410`, and the endpoint is reactivated before the held answer
 /// comes: the held event is received once and its attempt stored once; the one that got
@@ -420,26 +461,16 @@ async fn a_410_deactivates_the_endpoint_and_reactivation_redelivers(backend: Bac
 /// pending delivery due now, the one in flight included, and a worker sent that attempt a
 /// second time.)
 async fn a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&[
-            "--webhooks-allow-private",
-            "true",
-            "--webhooks-timeout",
-            "10s",
-            "--webhooks-schedule",
-            FLAGS[5],
-        ])
-        .delivering()
-        .start()
-        .await;
-    let _fake = app.with_fake(FakeGateway::charging("succeeded")).await;
-    let receiver = Receiver::start().await;
-    receiver.answer_next([
-        Answer::Hang(Duration::from_secs(6)),
-        Answer::Status(410, "gone".into()),
-    ]);
-    let made = app.register_endpoint(&receiver.url("/")).await;
-    let id = made["id"].as_str().expect("id").to_owned();
+    let (app, _fake, receiver, id) = reactivated_later(
+        backend,
+        "10s",
+        FLAGS[5],
+        [
+            Answer::Hang(Duration::from_secs(6)),
+            Answer::Status(410, "gone".into()),
+        ],
+    )
+    .await;
 
     let held = event_of(&app, &pay(&app, "k-held").await).await.id;
     eventually(
@@ -451,14 +482,7 @@ async fn a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once(back
     let gone = event_of(&app, &pay(&app, "k-gone").await).await.id;
     deactivated_within(&app, Duration::from_secs(10), "410").await;
 
-    let reactivated = app
-        .post_as(
-            API_KEY,
-            &format!("/v1/webhook-endpoints/{id}/reactivar"),
-            &json!({}),
-        )
-        .await;
-    assert_eq!(reactivated.status(), 200);
+    reactivate_only(&app, &id).await;
     let at_reactivation = &deliveries_of(&app, &held).await[0];
     assert_eq!(
         (&at_reactivation["estado"], &at_reactivation["intentos"]),
@@ -495,28 +519,18 @@ async fn a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once(back
 async fn an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_new_round(
     backend: Backend,
 ) {
-    let app = Spawn::new(backend)
-        .flags(&[
-            "--webhooks-allow-private",
-            "true",
-            "--webhooks-timeout",
-            "3s",
-            "--webhooks-schedule",
-            "0s,1s",
-        ])
-        .delivering()
-        .start()
-        .await;
-    let _fake = app.with_fake(FakeGateway::charging("succeeded")).await;
-    let receiver = Receiver::start().await;
     // The first attempt fails at once; the second, the round's last, outlasts the
     // timeout; the third (a new round's) is answered.
-    receiver.answer_next([
-        Answer::Status(500, "try later".into()),
-        Answer::Hang(Duration::from_secs(6)),
-    ]);
-    let made = app.register_endpoint(&receiver.url("/")).await;
-    let id = made["id"].as_str().expect("id").to_owned();
+    let (app, _fake, receiver, id) = reactivated_later(
+        backend,
+        "3s",
+        "0s,1s",
+        [
+            Answer::Status(500, "try later".into()),
+            Answer::Hang(Duration::from_secs(6)),
+        ],
+    )
+    .await;
 
     let event = event_of(&app, &pay(&app, "k-last").await).await.id;
     eventually(
@@ -525,14 +539,7 @@ async fn an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_
         async || receiver.deliveries().len() == 2,
     )
     .await;
-    let reactivated = app
-        .post_as(
-            API_KEY,
-            &format!("/v1/webhook-endpoints/{id}/reactivar"),
-            &json!({}),
-        )
-        .await;
-    assert_eq!(reactivated.status(), 200);
+    reactivate_only(&app, &id).await;
     let at_reactivation = &deliveries_of(&app, &event).await[0];
     assert_eq!(
         (&at_reactivation["estado"], &at_reactivation["intentos"]),
