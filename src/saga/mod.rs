@@ -22,7 +22,7 @@ use sea_orm::DatabaseConnection;
 use state::{Event, PaymentState};
 use std::sync::Arc;
 use std::time::Duration;
-use store::{Actor, Changes, SagaRow, Step, StoreError, Written};
+use store::{Actor, Changes, LastError, SagaRow, Step, StoreError, Written};
 
 /// What the saga needs from the application.
 #[derive(Clone)]
@@ -253,10 +253,13 @@ pub async fn record_outcome<R: Saga>(
         Settle::Move(event, step, reason) => {
             apply_now(&deps.db, &sent, event, step, actor, &reason).await?
         }
-        Settle::Pending(gateway_ref) => hand_over(deps, &sent, Some(gateway_ref), None).await?,
+        // The provider answered: whatever error came before, it now waits on the provider.
+        Settle::Pending(gateway_ref) => {
+            hand_over(deps, &sent, Some(gateway_ref), LastError::Cleared).await?
+        }
         Settle::Unknown(why) => {
-            let error = format!("send's outcome unknown: {why}");
-            hand_over(deps, &sent, None, Some(&error)).await?
+            let error = LastError::Now(format!("send's outcome unknown: {why}"));
+            hand_over(deps, &sent, None, error).await?
         }
     };
     kept(deps, written, &sent).await
@@ -268,10 +271,10 @@ async fn hand_over<R: Saga>(
     deps: &SagaDeps,
     sent: &R,
     gateway_ref: Option<String>,
-    error: Option<&str>,
+    error: LastError,
 ) -> Result<Written<R>, sea_orm::DbErr> {
     let due = deps.next_look(sent.attempts() - 1);
-    store::hand_over(&deps.db, sent, gateway_ref, error, due).await
+    store::hand_over(&deps.db, sent, gateway_ref, &error, due).await
 }
 
 /// The row a fenced write of `current` left: as written, or, if someone else moved it

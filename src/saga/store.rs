@@ -357,11 +357,6 @@ pub enum LastError {
 }
 
 impl LastError {
-    /// `error`, as its last error from now; none: left as it was.
-    pub fn now_or_kept(error: Option<&str>) -> LastError {
-        error.map_or(LastError::Kept, |error| LastError::Now(error.to_owned()))
-    }
-
     fn write(&self, s: &mut Schedule<'_>, at: DateTime<Utc>) {
         match self {
             LastError::Kept => {}
@@ -952,17 +947,17 @@ async fn update_key_in_progress<C: ConnectionTrait>(
 
 /// The request gives up ownership of a payment or refund it could not settle (gateway
 /// pending or unknown): the reconciler takes it from `due_at`, and retries of its key are
-/// answered with its current state instead of 409. `error`: why the send's outcome is not
-/// known (its last error).
+/// answered with its current state instead of 409. `error`: what the send's answer says
+/// of its last error (why its outcome is not known; cleared when the provider answered).
 pub async fn hand_over<M: SagaRow>(
     db: &DatabaseConnection,
     current: &M,
     gateway_ref: Option<String>,
-    error: Option<&str>,
+    error: &LastError,
     due_at: DateTime<Utc>,
 ) -> Result<Written<M>, DbErr> {
     let mut next = current.clone();
-    next.due_again(due_at, false, &LastError::now_or_kept(error));
+    next.due_again(due_at, false, error);
     next.record(current.state(), gateway_ref, None);
     M::handed_over(next).write_now(db, current).await
 }

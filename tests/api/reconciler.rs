@@ -11,6 +11,7 @@ on_both_databases!(
     a_failing_lookup_reschedules_and_counts_attempts,
     past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles_it,
     no_charge_inside_the_key_window_is_resent_with_the_same_key,
+    a_resend_the_provider_answers_pending_clears_the_error_of_the_send_before,
     a_look_up_answering_another_payments_charge_is_not_believed,
     no_charge_outside_the_key_window_goes_to_review_without_a_resend,
     never_sent_past_the_key_window_goes_to_review_without_a_send,
@@ -160,6 +161,35 @@ async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Ba
         .iter()
         .any(|t| t["quien"] == "reconciler" && crate::helpers::text_has(t, "motivo", "same key"));
     assert!(resent, "the resend is in the audit trail: {detail}");
+}
+
+/// The last error is why a payment waits now. A first send whose outcome is unknown (a
+/// 503) leaves its error; the reconciler's resend, which the provider answers (the charge
+/// pending), leaves none: the payment waits on the provider, not on an error.
+async fn a_resend_the_provider_answers_pending_clears_the_error_of_the_send_before(
+    backend: Backend,
+) {
+    let app = first_try_never_charged(backend).await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
+    let id = pending_payment(&app, "k-resent-pending").await;
+    let detail =
+        async || json(app.admin_get(&format!("/admin/pagos/{id}")).await).await["pago"].clone();
+    let said = detail().await["ultimoError"]["mensaje"].clone();
+    assert!(
+        said.as_str().is_some_and(|m| m.contains("outcome unknown")),
+        "the first send's error: {said}"
+    );
+
+    report(1, "reenviados")(&app.reconcile(&id).await);
+    assert_eq!(fake.charges_for(&id), 1, "resent, and charged pending");
+    let pago = detail().await;
+    assert_eq!(pago["estado"], "ENVIADA");
+    assert!(
+        pago.get("ultimoError").is_none(),
+        "the provider answered the resend: {pago}"
+    );
+    let row = app.payment(&id).await;
+    assert_eq!((row.last_error, row.last_error_at), (None, None));
 }
 
 /// A gateway whose search answers another payment's charge (a filter it ignored): the
