@@ -307,11 +307,16 @@ async fn paid_and_delivered(
     what: &str,
 ) -> crate::receiver::Recorded {
     pay(app, key).await;
+    sent(receiver, n, what).await;
+    receiver.deliveries()[n - 1].clone()
+}
+
+/// Waits (up to 10 s) until the receiver has got `n` deliveries (`what`).
+async fn sent(receiver: &Receiver, n: usize, what: &str) {
     eventually(Duration::from_secs(10), what, async || {
         receiver.deliveries().len() == n
     })
     .await;
-    receiver.deliveries()[n - 1].clone()
 }
 
 /// Waits up to `within` for the first endpoint to be deactivated; its reason names `why`.
@@ -454,6 +459,18 @@ async fn reactivate_only(app: &TestApp, id: &str) {
     assert_eq!(reactivated.status(), 200);
 }
 
+/// Reactivates endpoint `id` (`reactivate_only`) while the delivery of `event` is in
+/// flight (`what`): it is still `PENDIENTE`, with `intentos` attempts stored.
+async fn reactivated_in_flight(app: &TestApp, id: &str, event: &str, intentos: u64, what: &str) {
+    reactivate_only(app, id).await;
+    let at_reactivation = &deliveries_of(app, event).await[0];
+    assert_eq!(
+        (&at_reactivation["estado"], &at_reactivation["intentos"]),
+        (&json!("PENDIENTE"), &json!(intentos)),
+        "{what} was still in flight when the endpoint was reactivated"
+    );
+}
+
 /// The receiver holds one delivery's answer (it is in flight) while another delivery to
 /// the same endpoint gets `410`, and the endpoint is reactivated before the held answer
 /// comes: the held event is received once and its attempt stored once; the one that got
@@ -473,22 +490,11 @@ async fn a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once(back
     .await;
 
     let held = event_of(&app, &pay(&app, "k-held").await).await.id;
-    eventually(
-        Duration::from_secs(10),
-        "the held delivery sent",
-        async || receiver.deliveries().len() == 1,
-    )
-    .await;
+    sent(&receiver, 1, "the held delivery sent").await;
     let gone = event_of(&app, &pay(&app, "k-gone").await).await.id;
     deactivated_within(&app, Duration::from_secs(10), "410").await;
 
-    reactivate_only(&app, &id).await;
-    let at_reactivation = &deliveries_of(&app, &held).await[0];
-    assert_eq!(
-        (&at_reactivation["estado"], &at_reactivation["intentos"]),
-        (&json!("PENDIENTE"), &json!(0)),
-        "the held delivery was still in flight when the endpoint was reactivated"
-    );
+    reactivated_in_flight(&app, &id, &held, 0, "the held delivery").await;
 
     eventually(Duration::from_secs(20), "both delivered", async || {
         deliveries_of(&app, &held).await[0]["estado"] == "ENTREGADA"
@@ -533,19 +539,8 @@ async fn an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_
     .await;
 
     let event = event_of(&app, &pay(&app, "k-last").await).await.id;
-    eventually(
-        Duration::from_secs(10),
-        "the second attempt sent",
-        async || receiver.deliveries().len() == 2,
-    )
-    .await;
-    reactivate_only(&app, &id).await;
-    let at_reactivation = &deliveries_of(&app, &event).await[0];
-    assert_eq!(
-        (&at_reactivation["estado"], &at_reactivation["intentos"]),
-        (&json!("PENDIENTE"), &json!(1)),
-        "the second attempt was still in flight when the endpoint was reactivated"
-    );
+    sent(&receiver, 2, "the second attempt sent").await;
+    reactivated_in_flight(&app, &id, &event, 1, "the second attempt").await;
 
     eventually(Duration::from_secs(20), "delivered", async || {
         deliveries_of(&app, &event).await[0]["estado"] != "PENDIENTE"
@@ -698,6 +693,23 @@ async fn write_events(app: &TestApp, n: usize, tipo: EventType, at: DateTime<Utc
     }
     tx.commit().await.expect("commit");
     ids
+}
+
+/// A `PagoCompletado` event of the other merchant (`globex`), written at `at`.
+async fn write_theirs(app: &TestApp, at: DateTime<Utc>) -> event::Model {
+    let globex = crate::helpers::merchant_id(&app.db, "globex").await;
+    let theirs = pagos::outbox::event(
+        globex,
+        EventType::PagoCompletado,
+        Uuid::now_v7(),
+        1,
+        "{}",
+        at,
+    );
+    pagos::outbox::record(&app.db, &theirs)
+        .await
+        .expect("recorded");
+    theirs
 }
 
 async fn deliveries_of(app: &TestApp, event: &str) -> Vec<Value> {
@@ -1003,18 +1015,7 @@ async fn reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then
         now - TimeDelta::hours(1),
     )
     .await;
-    let globex = crate::helpers::merchant_id(&app.db, "globex").await;
-    let theirs = pagos::outbox::event(
-        globex,
-        EventType::PagoCompletado,
-        Uuid::now_v7(),
-        1,
-        "{}",
-        now - TimeDelta::hours(1),
-    );
-    pagos::outbox::record(&app.db, &theirs)
-        .await
-        .expect("recorded");
+    let theirs = write_theirs(&app, now - TimeDelta::hours(1)).await;
     // Nothing fanned out by the worker: the rows are the test's own.
     pagos::entities::event_to_fan_out::Entity::delete_many()
         .exec(&app.db)
@@ -1244,18 +1245,7 @@ async fn pending_events_are_exactly_those_not_delivered_everywhere_in_commit_ord
     for _ in 0..3 {
         ids.extend(write_events(&app, 2, EventType::PagoCompletado, pagos::db::now()).await);
     }
-    let globex = crate::helpers::merchant_id(&app.db, "globex").await;
-    let theirs = pagos::outbox::event(
-        globex,
-        EventType::PagoCompletado,
-        Uuid::now_v7(),
-        1,
-        "{}",
-        pagos::db::now(),
-    );
-    pagos::outbox::record(&app.db, &theirs)
-        .await
-        .expect("recorded");
+    write_theirs(&app, pagos::db::now()).await;
     // Fanned out by hand but the last of acme's (still queued) and globex's.
     pagos::entities::event_to_fan_out::Entity::delete_many()
         .filter(pagos::entities::event_to_fan_out::Column::EventId.is_in(ids[..5].to_vec()))
