@@ -37,26 +37,16 @@ impl<F> World<F> {
     /// The flags of the crash tests' processes: a lease short enough to wait out in a
     /// test, no gateway retries, the reconciler only when a test runs it.
     pub fn crash_args(&self) -> Vec<String> {
-        [
-            "--database-url",
+        let url = self.gateway.uri();
+        serving_with_lease(
             &self.database.url,
-            "--gateway",
-            "http",
-            "--gateway-url",
-            &self.gateway.uri(),
-            "--gateway-timeout",
+            &url,
             "300ms",
-            "--gateway-retries",
-            "0",
-            "--lease",
             "1s",
-            "--stale-after",
-            "200ms",
-            "--reconcile-every",
-            "1h",
-        ]
-        .iter()
-        .map(|s| s.to_string())
+            &["--stale-after", "200ms", "--reconcile-every", "1h"],
+        )
+        .into_iter()
+        .map(str::to_owned)
         .collect()
     }
 
@@ -88,6 +78,46 @@ impl World {
         assert_eq!(all.len(), 1, "one payment registered");
         all.into_iter().next().expect("one")
     }
+}
+
+/// The flags of a `pagos serve` on `database` charging the reference protocol at
+/// `gateway`, then `more`.
+pub fn serving<'a>(database: &'a str, gateway: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--database-url",
+        database,
+        "--gateway",
+        "http",
+        "--gateway-url",
+        gateway,
+    ];
+    args.extend_from_slice(more);
+    args
+}
+
+/// The same, waiting `timeout` for the gateway's answer, with no retries and a lease of
+/// `lease`: a process whose sends a test can time, then `more`.
+pub fn serving_with_lease<'a>(
+    database: &'a str,
+    gateway: &'a str,
+    timeout: &'a str,
+    lease: &'a str,
+    more: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = serving(
+        database,
+        gateway,
+        &[
+            "--gateway-timeout",
+            timeout,
+            "--gateway-retries",
+            "0",
+            "--lease",
+            lease,
+        ],
+    );
+    args.extend_from_slice(more);
+    args
 }
 
 /// One `pagos serve` process. Killed when dropped.
