@@ -57,7 +57,8 @@ pub const FLAGS: [&str; 6] = [
     "0s,100ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms",
 ];
 
-async fn app(backend: Backend, extra: &[&'static str]) -> (TestApp, FakeGateway) {
+/// A delivering app (`FLAGS`, then `extra`) whose payments succeed at the gateway.
+pub async fn delivering(backend: Backend, extra: &[&'static str]) -> (TestApp, FakeGateway) {
     let mut flags = FLAGS.to_vec();
     flags.extend_from_slice(extra);
     let app = Spawn::new(backend).flags(&flags).delivering().start().await;
@@ -77,13 +78,13 @@ pub async fn eventually(within: Duration, what: &str, mut done: impl AsyncFnMut(
     panic!("never happened: {what}");
 }
 
-async fn pay(app: &TestApp, key: &str) -> String {
+pub async fn pay(app: &TestApp, key: &str) -> String {
     let answer = app.pay(key, &payment_body()).await;
     assert_eq!(answer.status(), 201);
     json(answer).await["id"].as_str().expect("id").to_owned()
 }
 
-async fn event_of(app: &TestApp, payment: &str) -> event::Model {
+pub async fn event_of(app: &TestApp, payment: &str) -> event::Model {
     let id = uuid::Uuid::parse_str(payment).expect("uuid");
     event::Entity::find()
         .filter(event::Column::SubjectId.eq(id))
@@ -103,7 +104,7 @@ async fn pending_events(app: &TestApp) -> Vec<Value> {
 }
 
 async fn a_payment_is_delivered_signed_to_its_merchants_endpoint(backend: Backend) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     let other = Receiver::start().await;
     let made = app.register_endpoint(&receiver.url("/hooks/pagos")).await;
@@ -152,7 +153,7 @@ async fn a_payment_is_delivered_signed_to_its_merchants_endpoint(backend: Backen
 }
 
 async fn a_flaky_receiver_gets_every_event_and_the_consumer_applies_each_once(backend: Backend) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     receiver.flaky(0.3, 0.1, Duration::from_secs(3), 7);
     let made = app.register_endpoint(&receiver.url("/")).await;
@@ -198,7 +199,7 @@ async fn a_flaky_receiver_gets_every_event_and_the_consumer_applies_each_once(ba
 }
 
 async fn during_a_rotation_both_secrets_sign_and_after_it_only_the_new(backend: Backend) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     let made = app.register_endpoint(&receiver.url("/")).await;
     let id = made["id"].as_str().expect("id");
@@ -244,7 +245,7 @@ async fn during_a_rotation_both_secrets_sign_and_after_it_only_the_new(backend: 
 async fn after_two_rotations_within_a_day_each_of_the_three_secrets_verifies_until_its_own_day_ends(
     backend: Backend,
 ) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     let made = app.register_endpoint(&receiver.url("/")).await;
     let id = made["id"].as_str().expect("id");
@@ -356,7 +357,7 @@ async fn reactivate(
 }
 
 async fn a_410_deactivates_the_endpoint_and_reactivation_redelivers(backend: Backend) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     receiver.answer_next([Answer::Status(410, "gone".into())]);
     let made = app.register_endpoint(&receiver.url("/")).await;
@@ -553,7 +554,7 @@ async fn an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_
 }
 
 async fn an_endpoint_failing_past_the_horizon_is_deactivated_and_counted(backend: Backend) {
-    let (app, _fake) = app(
+    let (app, _fake) = delivering(
         backend,
         &[
             "--webhooks-disable-after",
@@ -587,7 +588,7 @@ async fn an_endpoint_failing_past_the_horizon_is_deactivated_and_counted(backend
 async fn redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes(
     backend: Backend,
 ) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     let made = app.register_endpoint(&receiver.url("/")).await;
     let id = made["id"].as_str().expect("id").to_owned();
@@ -625,7 +626,7 @@ async fn redelivery_sends_events_already_delivered_again_with_the_same_id_and_by
 /// Deliveries run off the payment path: an endpoint that never answers (every attempt
 /// waits out the timeout) leaves every payment as fast as it was.
 async fn a_dead_endpoint_does_not_slow_payments(backend: Backend) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     receiver.flaky(0.0, 1.0, Duration::from_secs(30), 3);
     app.register_endpoint(&receiver.url("/")).await;
@@ -1159,7 +1160,7 @@ async fn an_endpoint_that_hangs_holds_up_no_other_endpoints_deliveries(backend: 
 /// the oldest due rows and then kept `PER_ENDPOINT` of them: every claim was the backlog's.)
 async fn another_merchants_webhook_is_not_held_up_behind_one_endpoints_backlog(backend: Backend) {
     const BACKLOG: usize = 400;
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let busy = Receiver::start().await;
     let other = Receiver::start().await;
     app.register_endpoint(&busy.url("/")).await;
@@ -1200,7 +1201,7 @@ async fn another_merchants_webhook_is_not_held_up_behind_one_endpoints_backlog(b
 /// does not keep it up forever; that endpoint is counted in
 /// `pagos_webhook_endpoints_disabled` instead.
 async fn the_oldest_undelivered_age_leaves_out_deactivated_endpoints(backend: Backend) {
-    let (app, _fake) = app(backend, &["--metrics-refresh", "100ms"]).await;
+    let (app, _fake) = delivering(backend, &["--metrics-refresh", "100ms"]).await;
     let receiver = Receiver::start().await;
     receiver.flaky(1.0, 0.0, Duration::ZERO, 1);
     app.register_endpoint(&receiver.url("/")).await;
