@@ -57,6 +57,33 @@ impl<F> World<F> {
         Serve::start(&args, env).await
     }
 
+    /// `pagos serve` (`serve`) is asked by `ask` (given its URL, in a task of its own) for
+    /// what the gateway makes at once and answers late; once `made` holds (polled every
+    /// 20 ms, up to 2 s: it must), the server is SIGKILLed, and the client gets no answer.
+    pub async fn killed_in_flight<Fut>(
+        &self,
+        ask: impl FnOnce(String) -> Fut,
+        made: impl Fn() -> bool,
+        what: &str,
+    ) where
+        Fut: Future<Output = Result<reqwest::Response, reqwest::Error>> + Send + 'static,
+    {
+        let mut server = self.serve(&[]).await;
+        let in_flight = tokio::spawn(ask(server.url.clone()));
+        for _ in 0..100 {
+            if made() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(made(), "{what} before the kill");
+        server.kill().await;
+        assert!(
+            in_flight.await.expect("joined").is_err(),
+            "the client saw the crash: no answer from a killed server"
+        );
+    }
+
     /// `pagos reconcile --once` with `crash_args`; its report.
     pub async fn reconcile(&self) -> Value {
         let args = self.crash_args();
@@ -118,6 +145,15 @@ pub fn serving_with_lease<'a>(
     );
     args.extend_from_slice(more);
     args
+}
+
+/// Until a hold that ends at `claimed_until` (if any) has run out, and 100 ms more: nobody
+/// holds the row any more.
+pub async fn until_unheld(claimed_until: Option<chrono::DateTime<chrono::Utc>>) {
+    if let Some(until) = claimed_until {
+        let wait = (until - pagos::db::now()).to_std().unwrap_or_default();
+        tokio::time::sleep(wait + Duration::from_millis(100)).await;
+    }
 }
 
 /// One `pagos serve` process. Killed when dropped.
