@@ -450,14 +450,7 @@ async fn reactivated_later<const N: usize>(
 
 /// Reactivates endpoint `id` without redelivery (`reactivate` redelivers), answered 200.
 async fn reactivate_only(app: &TestApp, id: &str) {
-    let reactivated = app
-        .post_as(
-            API_KEY,
-            &format!("/v1/webhook-endpoints/{id}/reactivar"),
-            &json!({}),
-        )
-        .await;
-    assert_eq!(reactivated.status(), 200);
+    app.endpoint_action(id, "reactivar").await;
 }
 
 /// Reactivates endpoint `id` (`reactivate_only`) while the delivery of `event` is in
