@@ -5,7 +5,7 @@
 //! a key still in flight.
 
 use crate::helpers::{Backend, TestDatabase};
-use crate::process::Serve;
+use crate::process::{Serve, serving, serving_with_lease};
 use pagos::entities::payment;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter, TransactionTrait,
@@ -142,19 +142,26 @@ async fn due_never_sent(db: &DatabaseConnection, n: usize) -> Vec<uuid::Uuid> {
     ids
 }
 
-/// The flags of a `pagos serve` on `database` charging the reference protocol at
-/// `gateway`, then `more`.
-fn serving<'a>(database: &'a str, gateway: &'a str, more: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec![
-        "--database-url",
-        database,
-        "--gateway",
-        "http",
-        "--gateway-url",
-        gateway,
-    ];
-    args.extend_from_slice(more);
-    args
+/// A gateway holding every charge for `hold` (`Recording::mounted`), and the flags of a
+/// `pagos serve` on `database` charging it: waiting `timeout` for its answer, with a lease
+/// of `lease`, and a reconciler that looks every 200 ms for payments stale after 1 s (what
+/// races a send); then `more`.
+async fn racing(
+    database: &str,
+    hold: Duration,
+    timeout: &str,
+    lease: &str,
+    more: &[&str],
+) -> (MockServer, Recording, Vec<String>) {
+    let (gateway, recording) = Recording::mounted(hold).await;
+    let uri = gateway.uri();
+    let racing = ["--stale-after", "1s", "--reconcile-every", "200ms"];
+    let args = serving_with_lease(database, &uri, timeout, lease, &racing)
+        .into_iter()
+        .chain(more.iter().copied())
+        .map(str::to_owned)
+        .collect();
+    (gateway, recording, args)
 }
 
 /// Until `n` payments are COMPLETADA, then as long again as a charge is held (`hold`) and a
@@ -197,26 +204,15 @@ async fn a_payment_claimed_ahead_is_never_sent_by_two_processes_at_once() {
     let ids = due_never_sent(&db, 2).await;
 
     let hold = Duration::from_millis(2500);
-    let (gateway, recording) = Recording::mounted(hold).await;
-    let uri = gateway.uri();
-    let args = serving(
+    let (_gateway, recording, args) = racing(
         &database.url,
-        &uri,
-        &[
-            "--gateway-timeout",
-            "3s",
-            "--gateway-retries",
-            "0",
-            "--lease",
-            "4s",
-            "--stale-after",
-            "1s",
-            "--reconcile-every",
-            "200ms",
-            "--reconcile-concurrency",
-            "1",
-        ],
-    );
+        hold,
+        "3s",
+        "4s",
+        &["--reconcile-concurrency", "1"],
+    )
+    .await;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
 
     let first = Serve::start(&args, &[]).await;
     wait_for("the first payment's send", async || {
@@ -353,24 +349,8 @@ async fn a_request_whose_registration_stalled_still_holds_its_payment_for_its_se
     };
     let (database, db) = TestDatabase::with_acme(&backend).await;
     let hold = Duration::from_millis(1500);
-    let (gateway, recording) = Recording::mounted(hold).await;
-    let uri = gateway.uri();
-    let args = serving(
-        &database.url,
-        &uri,
-        &[
-            "--gateway-timeout",
-            "2s",
-            "--gateway-retries",
-            "0",
-            "--lease",
-            "3s",
-            "--stale-after",
-            "1s",
-            "--reconcile-every",
-            "200ms",
-        ],
-    );
+    let (_gateway, recording, args) = racing(&database.url, hold, "2s", "3s", &[]).await;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let serve = Serve::start(&args, &[]).await;
 
     let stall = db.begin().await.expect("transaction");

@@ -28,11 +28,7 @@ on_both_databases!(
 /// send, 300 ms, + 5 s from the mark), which a crash leaves in place: nobody can tell that
 /// the dead process's send is over.
 async fn until_unheld(world: &World) {
-    let held = world.only_payment().await.claimed_until;
-    if let Some(until) = held {
-        let wait = (until - pagos::db::now()).to_std().unwrap_or_default();
-        tokio::time::sleep(wait + Duration::from_millis(100)).await;
-    }
+    crate::process::until_unheld(world.only_payment().await.claimed_until).await;
 }
 
 impl World {
@@ -219,22 +215,14 @@ async fn a_server_killed_while_the_gateway_holds_the_answer_settles_with_one_cha
 ) {
     let fake = FakeGateway::charging("succeeded").with_delay(Duration::from_secs(3));
     let world = World::new(backend, fake).await;
-    let mut server = world.serve(&[]).await;
-    let url = server.url.clone();
-    let in_flight = tokio::spawn(async move { pay(&url, "k-crash").await });
     // The charge is made at the gateway; its answer is held back; the server dies.
-    for _ in 0..50 {
-        if world.fake.total_charges() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(world.fake.total_charges(), 1);
-    server.kill().await;
-    assert!(
-        in_flight.await.expect("joined").is_err(),
-        "the client saw the crash"
-    );
+    world
+        .killed_in_flight(
+            async |url| pay(&url, "k-crash").await,
+            || world.fake.total_charges() == 1,
+            "the charge made at the gateway",
+        )
+        .await;
     let left = world.only_payment().await;
     assert_eq!(left.state, "ENVIADA");
     world.fake.clear_delay();

@@ -1182,6 +1182,19 @@ pub async fn problem(answer: reqwest::Response, status: u16, what: &str) -> Valu
     json(answer).await
 }
 
+/// `answer` to the request `body` is a `503 service-unavailable` with `Retry-After` whose
+/// detail says nothing was changed (the provider could not be asked); the problem.
+pub async fn unavailable(answer: reqwest::Response, body: &Value) -> Value {
+    assert!(answer.headers().get("retry-after").is_some(), "{body}");
+    let problem = problem(answer, 503, &body.to_string()).await;
+    assert_eq!(problem["type"], "/problems/service-unavailable");
+    assert!(
+        text_has(&problem, "detail", "nothing was changed"),
+        "{problem}"
+    );
+    problem
+}
+
 /// The header parameter `name` of an OpenAPI `operation`, which must document it
 /// (`what`, in the failure message).
 pub fn header_parameter(operation: &Value, name: &str, what: &str) -> Value {
@@ -1247,6 +1260,23 @@ pub fn text_has(value: &Value, field: &str, needle: &str) -> bool {
     value[field]
         .as_str()
         .is_some_and(|text| text.contains(needle))
+}
+
+/// On-call resolves an item under review as `estado`, naming the provider's `named` as
+/// its `gatewayRef` ("found it"), and `refused` (the caller's check that a resolution is
+/// refused and changes nothing) refuses it; the refusal's detail names `named`. The problem.
+pub async fn naming_refused(
+    estado: &str,
+    named: &str,
+    refused: impl AsyncFnOnce(&Value) -> Value,
+) -> Value {
+    let body = serde_json::json!({"estado": estado, "motivo": "found it", "gatewayRef": named});
+    let problem = refused(&body).await;
+    assert!(
+        text_has(&problem, "detail", named),
+        "the refusal names {named}: {problem}"
+    );
+    problem
 }
 
 /// The `field` of every item of `value[array]`, in order.

@@ -179,18 +179,31 @@ impl FakeMercadoPago {
     }
 }
 
+/// The `X-Idempotency-Key` of a request to Mercado Pago (each pagos sends has one).
+fn key_of(request: &Request) -> String {
+    request.headers["x-idempotency-key"]
+        .to_str()
+        .expect("key")
+        .to_owned()
+}
+
+/// The payment id of a request to `/v1/payments/{id}` or below it.
+fn payment_id_of(request: &Request) -> u64 {
+    request
+        .url
+        .path()
+        .split('/')
+        .nth(3)
+        .and_then(|id| id.parse().ok())
+        .expect("numeric id")
+}
+
 /// `GET /v1/payments/{id}/refunds`: the payment's refunds, as its refund list has them.
 struct FakeRefundList(FakeMercadoPago);
 
 impl Respond for FakeRefundList {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let id: u64 = request
-            .url
-            .path()
-            .split('/')
-            .nth(3)
-            .and_then(|id| id.parse().ok())
-            .expect("numeric id");
+        let id = payment_id_of(request);
         let state = self.0.lock();
         let listed = state
             .by_id
@@ -208,17 +221,8 @@ struct FakeRefund(FakeMercadoPago);
 
 impl Respond for FakeRefund {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let key = request.headers["x-idempotency-key"]
-            .to_str()
-            .expect("key")
-            .to_owned();
-        let id: u64 = request
-            .url
-            .path()
-            .split('/')
-            .nth(3)
-            .and_then(|id| id.parse().ok())
-            .expect("numeric id");
+        let key = key_of(request);
+        let id = payment_id_of(request);
         let body: Value = serde_json::from_slice(&request.body).expect("JSON body");
         let mut state = self.0.lock();
         if !state.refunds_by_key.contains_key(&key) {
@@ -267,10 +271,7 @@ struct FakeCreate(FakeMercadoPago);
 
 impl Respond for FakeCreate {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let key = request.headers["x-idempotency-key"]
-            .to_str()
-            .expect("key")
-            .to_owned();
+        let key = key_of(request);
         let body: Value = serde_json::from_slice(&request.body).expect("JSON body");
         let mut state = self.0.lock();
         if let Some(existing) = state.by_key.get(&key) {
@@ -311,13 +312,7 @@ impl Respond for FakeRead {
         if state.reads_fail {
             return ResponseTemplate::new(500).set_body_json(fixture("error_internal"));
         }
-        let id: u64 = request
-            .url
-            .path()
-            .rsplit('/')
-            .next()
-            .and_then(|id| id.parse().ok())
-            .expect("numeric id");
+        let id = payment_id_of(request);
         match state.by_id.get(&id) {
             Some(payment) => ResponseTemplate::new(200).set_body_json(payment.clone()),
             None => ResponseTemplate::new(404).set_body_json(

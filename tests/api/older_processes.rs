@@ -3,37 +3,21 @@
 //! must keep working against the current schema, and the events they write must reach the
 //! merchant through the current processes' fan-out.
 
-use crate::helpers::{Backend, json, payment_body};
+use crate::helpers::Backend;
 use crate::on_both_databases;
 use crate::receiver::Receiver;
-use crate::webhooks_out::{FLAGS, eventually};
-use pagos::entities::event;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+use crate::webhooks_out::{delivering, event_of, eventually, pay};
+use sea_orm::ConnectionTrait;
 use std::time::Duration;
 
 on_both_databases!(an_event_written_by_an_older_process_is_queued_and_delivered);
 
 async fn an_event_written_by_an_older_process_is_queued_and_delivered(backend: Backend) {
-    let app = crate::helpers::Spawn::new(backend)
-        .flags(&FLAGS)
-        .delivering()
-        .start()
-        .await;
-    let _fake = app
-        .with_fake(crate::helpers::FakeGateway::charging("succeeded"))
-        .await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     app.register_endpoint(&receiver.url("/")).await;
 
-    let answer = app.pay("k-1", &payment_body()).await;
-    assert_eq!(answer.status(), 201);
-    let paid = uuid::Uuid::parse_str(json(answer).await["id"].as_str().expect("id")).expect("uuid");
-    let current = event::Entity::find()
-        .filter(event::Column::SubjectId.eq(paid))
-        .one(&app.db)
-        .await
-        .expect("query")
-        .expect("the current process's event");
+    let current = event_of(&app, &pay(&app, "k-1").await).await;
     eventually(
         Duration::from_secs(10),
         "the current event delivered",

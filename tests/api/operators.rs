@@ -40,6 +40,22 @@ pub async fn payment_under_review(app: &TestApp, key: &str) -> (String, FakeGate
     (under_review(app, &fake, key).await, fake)
 }
 
+/// An app that gives a payment up after 1 s, with operator `name` (`role`) and payment
+/// `key` under review (`payment_under_review`): the app, the operator's token, the
+/// payment's id and its gateway.
+async fn reviewing(
+    backend: Backend,
+    name: &str,
+    role: Role,
+    key: &str,
+) -> (TestApp, String, String, FakeGateway) {
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
+    let token = operator(&app, name, role).await;
+    let (id, fake) = payment_under_review(&app, key).await;
+    (app, token, id, fake)
+}
+
 /// Adds an operator as `pagos operators add` does; their token.
 pub async fn operator(app: &TestApp, name: &str, role: Role) -> String {
     let token = Token::generate();
@@ -57,10 +73,7 @@ pub async fn operator(app: &TestApp, name: &str, role: Role) -> String {
 async fn an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_operator(
     backend: Backend,
 ) {
-    let app =
-        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
-    let ana = operator(&app, "ana", Role::Operador).await;
-    let (id, fake) = payment_under_review(&app, "k-op-1").await;
+    let (app, ana, id, fake) = reviewing(backend, "ana", Role::Operador, "k-op-1").await;
     // Its charge failed at the provider: no money taken.
     fake.settle(&id, "declined");
 
@@ -110,10 +123,7 @@ async fn an_operator_token_reads_and_resolves_and_the_audit_trail_names_the_oper
 async fn a_resolution_writes_the_charge_it_names_and_an_audit_reason_naming_the_operator(
     backend: Backend,
 ) {
-    let app =
-        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
-    let ana = operator(&app, "ana", Role::Operador).await;
-    let (id, fake) = payment_under_review(&app, "k-op-ref").await;
+    let (app, ana, id, fake) = reviewing(backend, "ana", Role::Operador, "k-op-ref").await;
     // The payment's own charge was declined; another charge for it succeeded.
     fake.settle(&id, "declined");
     let found = fake.preload_for(&id, "succeeded", 250_000);
@@ -143,10 +153,7 @@ async fn a_resolution_writes_the_charge_it_names_and_an_audit_reason_naming_the_
 }
 
 async fn a_lector_reads_but_gets_403_on_every_write_and_nothing_changes(backend: Backend) {
-    let app =
-        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
-    let luis = operator(&app, "luis", Role::Lector).await;
-    let (id, _gateway) = payment_under_review(&app, "k-op-3").await;
+    let (app, luis, id, _gateway) = reviewing(backend, "luis", Role::Lector, "k-op-3").await;
 
     let read = app.get_as(&luis, &format!("/admin/pagos/{id}")).await;
     assert_eq!(read.status(), 200, "a lector reads");

@@ -37,26 +37,16 @@ impl<F> World<F> {
     /// The flags of the crash tests' processes: a lease short enough to wait out in a
     /// test, no gateway retries, the reconciler only when a test runs it.
     pub fn crash_args(&self) -> Vec<String> {
-        [
-            "--database-url",
+        let url = self.gateway.uri();
+        serving_with_lease(
             &self.database.url,
-            "--gateway",
-            "http",
-            "--gateway-url",
-            &self.gateway.uri(),
-            "--gateway-timeout",
+            &url,
             "300ms",
-            "--gateway-retries",
-            "0",
-            "--lease",
             "1s",
-            "--stale-after",
-            "200ms",
-            "--reconcile-every",
-            "1h",
-        ]
-        .iter()
-        .map(|s| s.to_string())
+            &["--stale-after", "200ms", "--reconcile-every", "1h"],
+        )
+        .into_iter()
+        .map(str::to_owned)
         .collect()
     }
 
@@ -65,6 +55,33 @@ impl<F> World<F> {
         let args = self.crash_args();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Serve::start(&args, env).await
+    }
+
+    /// `pagos serve` (`serve`) is asked by `ask` (given its URL, in a task of its own) for
+    /// what the gateway makes at once and answers late; once `made` holds (polled every
+    /// 20 ms, up to 2 s: it must), the server is SIGKILLed, and the client gets no answer.
+    pub async fn killed_in_flight<Fut>(
+        &self,
+        ask: impl FnOnce(String) -> Fut,
+        made: impl Fn() -> bool,
+        what: &str,
+    ) where
+        Fut: Future<Output = Result<reqwest::Response, reqwest::Error>> + Send + 'static,
+    {
+        let mut server = self.serve(&[]).await;
+        let in_flight = tokio::spawn(ask(server.url.clone()));
+        for _ in 0..100 {
+            if made() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(made(), "{what} before the kill");
+        server.kill().await;
+        assert!(
+            in_flight.await.expect("joined").is_err(),
+            "the client saw the crash: no answer from a killed server"
+        );
     }
 
     /// `pagos reconcile --once` with `crash_args`; its report.
@@ -87,6 +104,55 @@ impl World {
         let all = payment::Entity::find().all(&self.db).await.expect("query");
         assert_eq!(all.len(), 1, "one payment registered");
         all.into_iter().next().expect("one")
+    }
+}
+
+/// The flags of a `pagos serve` on `database` charging the reference protocol at
+/// `gateway`, then `more`.
+pub fn serving<'a>(database: &'a str, gateway: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--database-url",
+        database,
+        "--gateway",
+        "http",
+        "--gateway-url",
+        gateway,
+    ];
+    args.extend_from_slice(more);
+    args
+}
+
+/// The same, waiting `timeout` for the gateway's answer, with no retries and a lease of
+/// `lease`: a process whose sends a test can time, then `more`.
+pub fn serving_with_lease<'a>(
+    database: &'a str,
+    gateway: &'a str,
+    timeout: &'a str,
+    lease: &'a str,
+    more: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = serving(
+        database,
+        gateway,
+        &[
+            "--gateway-timeout",
+            timeout,
+            "--gateway-retries",
+            "0",
+            "--lease",
+            lease,
+        ],
+    );
+    args.extend_from_slice(more);
+    args
+}
+
+/// Until a hold that ends at `claimed_until` (if any) has run out, and 100 ms more: nobody
+/// holds the row any more.
+pub async fn until_unheld(claimed_until: Option<chrono::DateTime<chrono::Utc>>) {
+    if let Some(until) = claimed_until {
+        let wait = (until - pagos::db::now()).to_std().unwrap_or_default();
+        tokio::time::sleep(wait + Duration::from_millis(100)).await;
     }
 }
 

@@ -81,11 +81,7 @@ async fn settles_with_one_refund_and_the_retry_gets_the_final_answer(
     // Nobody holds it any more first: the request's lease on the refund (1 s) or, once
     // it was marked sent, its send's hold (the longest send + 5 s from the mark), which a
     // crash leaves in place: nobody can tell that the dead process's send is over.
-    let held = world.only_refund().await.claimed_until;
-    if let Some(until) = held {
-        let wait = (until - pagos::db::now()).to_std().unwrap_or_default();
-        tokio::time::sleep(wait + Duration::from_millis(100)).await;
-    }
+    crate::process::until_unheld(world.only_refund().await.claimed_until).await;
     let report = world.reconcile().await;
     assert_eq!(report["reembolsos"]["examinados"], 1, "{report}");
     assert_eq!(report["reembolsos"]["completados"], 1, "{report}");
@@ -181,23 +177,14 @@ async fn a_server_killed_while_the_gateway_holds_the_refund_settles_with_one_ref
     let payment = world.paid().await;
     // The gateway makes the refund at once and answers late: SIGKILL meanwhile.
     world.fake.delay(Duration::from_secs(5));
-    let mut server = world.serve(&[]).await;
-    let url = server.url.clone();
-    let asking = tokio::spawn({
-        let payment = payment.clone();
-        async move { ask_refund(&url, &payment, "ref-crash").await }
-    });
-    for _ in 0..100 {
-        if !world.fake.made().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    server.kill().await;
-    assert!(
-        asking.await.expect("joined").is_err(),
-        "no answer from a killed server"
-    );
+    let asked = payment.clone();
+    world
+        .killed_in_flight(
+            async move |url| ask_refund(&url, &asked, "ref-crash").await,
+            || !world.fake.made().is_empty(),
+            "the refund made at the gateway",
+        )
+        .await;
     world.fake.delay(Duration::ZERO);
     let left = world.only_refund().await;
     assert_eq!(left.state.as_str(), "ENVIADO");

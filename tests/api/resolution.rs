@@ -145,16 +145,10 @@ async fn completada_naming_a_charge_the_provider_does_not_hold_succeeded_for_thi
     let wrong_amount = fake.preload_for(&id, "succeeded", 100);
 
     for named in [others_charge.as_str(), "ch_typo", wrong_amount.as_str()] {
-        let problem = disagreed(
-            &app,
-            &id,
-            &json!({"estado": "COMPLETADA", "motivo": "found it", "gatewayRef": named}),
-        )
+        let problem = crate::helpers::naming_refused("COMPLETADA", named, async |body| {
+            disagreed(&app, &id, body).await
+        })
         .await;
-        assert!(
-            crate::helpers::text_has(&problem, "detail", named),
-            "{problem}"
-        );
         assert!(
             !ids_in(&problem).contains(&others_charge),
             "only this payment's charges: {problem}"
@@ -260,13 +254,7 @@ async fn while_the_provider_cannot_be_asked_on_call_resolves_on_its_word_and_the
     // reembolsar refunds what the provider shows: it needs an answer.
     let body = json!({"estado": "FALLIDA", "motivo": "refund it", "reembolsar": true});
     let answer = app.resolve_as(ADMIN_TOKEN, &id, &body).await;
-    assert!(answer.headers().get("retry-after").is_some(), "{body}");
-    let problem = problem(answer, 503, &body.to_string()).await;
-    assert_eq!(problem["type"], "/problems/service-unavailable");
-    assert!(
-        crate::helpers::text_has(&problem, "detail", "nothing was changed"),
-        "{problem}"
-    );
+    crate::helpers::unavailable(answer, &body).await;
     let after = detail(&app, &id).await;
     assert_eq!(after["pago"], before["pago"]);
     assert_eq!(after["transiciones"], before["transiciones"]);

@@ -4,7 +4,7 @@
 
 use crate::helpers::{API_KEY, Backend, FakeGateway, payment_body};
 use crate::on_both_databases;
-use crate::process::{Serve, World};
+use crate::process::{Serve, World, serving_with_lease};
 use std::time::Duration;
 
 on_both_databases!(
@@ -25,22 +25,13 @@ impl World {
     /// The same, with the reconciler's settings `reconciling`.
     async fn serve_reconciling(&self, grace: &str, reconciling: &[&str]) -> Serve {
         let url = self.gateway.uri();
-        let mut args = vec![
-            "--database-url",
+        let mut args = serving_with_lease(
             &self.database.url,
-            "--gateway",
-            "http",
-            "--gateway-url",
             &url,
-            "--gateway-timeout",
             "2s",
-            "--gateway-retries",
-            "0",
-            "--lease",
             "3s",
-            "--shutdown-grace",
-            grace,
-        ];
+            &["--shutdown-grace", grace],
+        );
         args.extend_from_slice(reconciling);
         Serve::start(&args, &[]).await
     }

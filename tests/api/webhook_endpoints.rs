@@ -63,15 +63,21 @@ impl TestApp {
 
     /// Rotates endpoint `id`'s secret as the first merchant; the answer's body.
     pub async fn rotate_secret(&self, id: &str) -> Value {
-        let rotated = self
+        self.endpoint_action(id, "rotar-secreto").await
+    }
+
+    /// `POST /v1/webhook-endpoints/{id}/{action}` with no options, as the first merchant,
+    /// answered 200; the answer's body.
+    pub async fn endpoint_action(&self, id: &str, action: &str) -> Value {
+        let answer = self
             .post_as(
                 API_KEY,
-                &format!("/v1/webhook-endpoints/{id}/rotar-secreto"),
+                &format!("/v1/webhook-endpoints/{id}/{action}"),
                 &json!({}),
             )
             .await;
-        assert_eq!(rotated.status(), 200);
-        json(rotated).await
+        assert_eq!(answer.status(), 200, "{action}");
+        json(answer).await
     }
 
     /// The status of deleting endpoint `id` as the merchant of `key`.
@@ -327,6 +333,14 @@ fn event_ids(page: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The ids of the first merchant's events listed after `cursor`, in order.
+async fn events_after(app: &TestApp, cursor: &str) -> Vec<String> {
+    let page = app
+        .get_as(API_KEY, &format!("/v1/eventos?desde={cursor}"))
+        .await;
+    event_ids(&json(page).await)
+}
+
 /// An event made for the first merchant now (its id made now) and written when the caller
 /// records it.
 async fn made_now(app: &TestApp) -> pagos::entities::event::Model {
@@ -425,23 +439,12 @@ async fn an_event_is_listed_only_once_every_write_begun_before_it_has_ended() {
     .await;
 
     held.commit().await.expect("commit");
-    let resumed = json(
-        app.get_as(API_KEY, &format!("/v1/eventos?desde={k2}"))
-            .await,
-    )
-    .await;
     assert_eq!(
-        event_ids(&resumed),
+        events_after(&app, &k2).await,
         Vec::<String>::new(),
         "listed now: a cursor"
     );
-    let after = event_ids(
-        &json(
-            app.get_as(API_KEY, &format!("/v1/eventos?desde={}", first[0]))
-                .await,
-        )
-        .await,
-    );
+    let after = events_after(&app, &first[0]).await;
     assert_eq!(after.len(), 2, "{after:?}");
     assert_eq!(after[0], early.id, "the older write's event first");
 
@@ -455,13 +458,7 @@ async fn an_event_is_listed_only_once_every_write_begun_before_it_has_ended() {
         .await
         .expect("a transaction id, as a write takes");
     assert_eq!(app.pay("k-3", &payment_body()).await.status(), 201);
-    let shown = event_ids(
-        &json(
-            app.get_as(API_KEY, &format!("/v1/eventos?desde={}", after[1]))
-                .await,
-        )
-        .await,
-    );
+    let shown = events_after(&app, &after[1]).await;
     assert_eq!(shown.len(), 1, "k-3's event, not held back: {shown:?}");
     running.rollback().await.expect("rollback");
 }

@@ -57,7 +57,8 @@ pub const FLAGS: [&str; 6] = [
     "0s,100ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms",
 ];
 
-async fn app(backend: Backend, extra: &[&'static str]) -> (TestApp, FakeGateway) {
+/// A delivering app (`FLAGS`, then `extra`) whose payments succeed at the gateway.
+pub async fn delivering(backend: Backend, extra: &[&'static str]) -> (TestApp, FakeGateway) {
     let mut flags = FLAGS.to_vec();
     flags.extend_from_slice(extra);
     let app = Spawn::new(backend).flags(&flags).delivering().start().await;
@@ -77,13 +78,13 @@ pub async fn eventually(within: Duration, what: &str, mut done: impl AsyncFnMut(
     panic!("never happened: {what}");
 }
 
-async fn pay(app: &TestApp, key: &str) -> String {
+pub async fn pay(app: &TestApp, key: &str) -> String {
     let answer = app.pay(key, &payment_body()).await;
     assert_eq!(answer.status(), 201);
     json(answer).await["id"].as_str().expect("id").to_owned()
 }
 
-async fn event_of(app: &TestApp, payment: &str) -> event::Model {
+pub async fn event_of(app: &TestApp, payment: &str) -> event::Model {
     let id = uuid::Uuid::parse_str(payment).expect("uuid");
     event::Entity::find()
         .filter(event::Column::SubjectId.eq(id))
@@ -103,7 +104,7 @@ async fn pending_events(app: &TestApp) -> Vec<Value> {
 }
 
 async fn a_payment_is_delivered_signed_to_its_merchants_endpoint(backend: Backend) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     let other = Receiver::start().await;
     let made = app.register_endpoint(&receiver.url("/hooks/pagos")).await;
@@ -152,7 +153,7 @@ async fn a_payment_is_delivered_signed_to_its_merchants_endpoint(backend: Backen
 }
 
 async fn a_flaky_receiver_gets_every_event_and_the_consumer_applies_each_once(backend: Backend) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     receiver.flaky(0.3, 0.1, Duration::from_secs(3), 7);
     let made = app.register_endpoint(&receiver.url("/")).await;
@@ -198,7 +199,7 @@ async fn a_flaky_receiver_gets_every_event_and_the_consumer_applies_each_once(ba
 }
 
 async fn during_a_rotation_both_secrets_sign_and_after_it_only_the_new(backend: Backend) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     let made = app.register_endpoint(&receiver.url("/")).await;
     let id = made["id"].as_str().expect("id");
@@ -244,7 +245,7 @@ async fn during_a_rotation_both_secrets_sign_and_after_it_only_the_new(backend: 
 async fn after_two_rotations_within_a_day_each_of_the_three_secrets_verifies_until_its_own_day_ends(
     backend: Backend,
 ) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     let made = app.register_endpoint(&receiver.url("/")).await;
     let id = made["id"].as_str().expect("id");
@@ -307,11 +308,16 @@ async fn paid_and_delivered(
     what: &str,
 ) -> crate::receiver::Recorded {
     pay(app, key).await;
+    sent(receiver, n, what).await;
+    receiver.deliveries()[n - 1].clone()
+}
+
+/// Waits (up to 10 s) until the receiver has got `n` deliveries (`what`).
+async fn sent(receiver: &Receiver, n: usize, what: &str) {
     eventually(Duration::from_secs(10), what, async || {
         receiver.deliveries().len() == n
     })
     .await;
-    receiver.deliveries()[n - 1].clone()
 }
 
 /// Waits up to `within` for the first endpoint to be deactivated; its reason names `why`.
@@ -351,7 +357,7 @@ async fn reactivate(
 }
 
 async fn a_410_deactivates_the_endpoint_and_reactivation_redelivers(backend: Backend) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     receiver.answer_next([Answer::Status(410, "gone".into())]);
     let made = app.register_endpoint(&receiver.url("/")).await;
@@ -444,14 +450,19 @@ async fn reactivated_later<const N: usize>(
 
 /// Reactivates endpoint `id` without redelivery (`reactivate` redelivers), answered 200.
 async fn reactivate_only(app: &TestApp, id: &str) {
-    let reactivated = app
-        .post_as(
-            API_KEY,
-            &format!("/v1/webhook-endpoints/{id}/reactivar"),
-            &json!({}),
-        )
-        .await;
-    assert_eq!(reactivated.status(), 200);
+    app.endpoint_action(id, "reactivar").await;
+}
+
+/// Reactivates endpoint `id` (`reactivate_only`) while the delivery of `event` is in
+/// flight (`what`): it is still `PENDIENTE`, with `intentos` attempts stored.
+async fn reactivated_in_flight(app: &TestApp, id: &str, event: &str, intentos: u64, what: &str) {
+    reactivate_only(app, id).await;
+    let at_reactivation = &deliveries_of(app, event).await[0];
+    assert_eq!(
+        (&at_reactivation["estado"], &at_reactivation["intentos"]),
+        (&json!("PENDIENTE"), &json!(intentos)),
+        "{what} was still in flight when the endpoint was reactivated"
+    );
 }
 
 /// The receiver holds one delivery's answer (it is in flight) while another delivery to
@@ -473,22 +484,11 @@ async fn a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once(back
     .await;
 
     let held = event_of(&app, &pay(&app, "k-held").await).await.id;
-    eventually(
-        Duration::from_secs(10),
-        "the held delivery sent",
-        async || receiver.deliveries().len() == 1,
-    )
-    .await;
+    sent(&receiver, 1, "the held delivery sent").await;
     let gone = event_of(&app, &pay(&app, "k-gone").await).await.id;
     deactivated_within(&app, Duration::from_secs(10), "410").await;
 
-    reactivate_only(&app, &id).await;
-    let at_reactivation = &deliveries_of(&app, &held).await[0];
-    assert_eq!(
-        (&at_reactivation["estado"], &at_reactivation["intentos"]),
-        (&json!("PENDIENTE"), &json!(0)),
-        "the held delivery was still in flight when the endpoint was reactivated"
-    );
+    reactivated_in_flight(&app, &id, &held, 0, "the held delivery").await;
 
     eventually(Duration::from_secs(20), "both delivered", async || {
         deliveries_of(&app, &held).await[0]["estado"] == "ENTREGADA"
@@ -533,19 +533,8 @@ async fn an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_
     .await;
 
     let event = event_of(&app, &pay(&app, "k-last").await).await.id;
-    eventually(
-        Duration::from_secs(10),
-        "the second attempt sent",
-        async || receiver.deliveries().len() == 2,
-    )
-    .await;
-    reactivate_only(&app, &id).await;
-    let at_reactivation = &deliveries_of(&app, &event).await[0];
-    assert_eq!(
-        (&at_reactivation["estado"], &at_reactivation["intentos"]),
-        (&json!("PENDIENTE"), &json!(1)),
-        "the second attempt was still in flight when the endpoint was reactivated"
-    );
+    sent(&receiver, 2, "the second attempt sent").await;
+    reactivated_in_flight(&app, &id, &event, 1, "the second attempt").await;
 
     eventually(Duration::from_secs(20), "delivered", async || {
         deliveries_of(&app, &event).await[0]["estado"] != "PENDIENTE"
@@ -558,7 +547,7 @@ async fn an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_
 }
 
 async fn an_endpoint_failing_past_the_horizon_is_deactivated_and_counted(backend: Backend) {
-    let (app, _fake) = app(
+    let (app, _fake) = delivering(
         backend,
         &[
             "--webhooks-disable-after",
@@ -592,7 +581,7 @@ async fn an_endpoint_failing_past_the_horizon_is_deactivated_and_counted(backend
 async fn redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes(
     backend: Backend,
 ) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     let made = app.register_endpoint(&receiver.url("/")).await;
     let id = made["id"].as_str().expect("id").to_owned();
@@ -630,7 +619,7 @@ async fn redelivery_sends_events_already_delivered_again_with_the_same_id_and_by
 /// Deliveries run off the payment path: an endpoint that never answers (every attempt
 /// waits out the timeout) leaves every payment as fast as it was.
 async fn a_dead_endpoint_does_not_slow_payments(backend: Backend) {
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let receiver = Receiver::start().await;
     receiver.flaky(0.0, 1.0, Duration::from_secs(30), 3);
     app.register_endpoint(&receiver.url("/")).await;
@@ -698,6 +687,23 @@ async fn write_events(app: &TestApp, n: usize, tipo: EventType, at: DateTime<Utc
     }
     tx.commit().await.expect("commit");
     ids
+}
+
+/// A `PagoCompletado` event of the other merchant (`globex`), written at `at`.
+async fn write_theirs(app: &TestApp, at: DateTime<Utc>) -> event::Model {
+    let globex = crate::helpers::merchant_id(&app.db, "globex").await;
+    let theirs = pagos::outbox::event(
+        globex,
+        EventType::PagoCompletado,
+        Uuid::now_v7(),
+        1,
+        "{}",
+        at,
+    );
+    pagos::outbox::record(&app.db, &theirs)
+        .await
+        .expect("recorded");
+    theirs
 }
 
 async fn deliveries_of(app: &TestApp, event: &str) -> Vec<Value> {
@@ -1003,18 +1009,7 @@ async fn reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then
         now - TimeDelta::hours(1),
     )
     .await;
-    let globex = crate::helpers::merchant_id(&app.db, "globex").await;
-    let theirs = pagos::outbox::event(
-        globex,
-        EventType::PagoCompletado,
-        Uuid::now_v7(),
-        1,
-        "{}",
-        now - TimeDelta::hours(1),
-    );
-    pagos::outbox::record(&app.db, &theirs)
-        .await
-        .expect("recorded");
+    let theirs = write_theirs(&app, now - TimeDelta::hours(1)).await;
     // Nothing fanned out by the worker: the rows are the test's own.
     pagos::entities::event_to_fan_out::Entity::delete_many()
         .exec(&app.db)
@@ -1158,7 +1153,7 @@ async fn an_endpoint_that_hangs_holds_up_no_other_endpoints_deliveries(backend: 
 /// the oldest due rows and then kept `PER_ENDPOINT` of them: every claim was the backlog's.)
 async fn another_merchants_webhook_is_not_held_up_behind_one_endpoints_backlog(backend: Backend) {
     const BACKLOG: usize = 400;
-    let (app, _fake) = app(backend, &[]).await;
+    let (app, _fake) = delivering(backend, &[]).await;
     let busy = Receiver::start().await;
     let other = Receiver::start().await;
     app.register_endpoint(&busy.url("/")).await;
@@ -1199,7 +1194,7 @@ async fn another_merchants_webhook_is_not_held_up_behind_one_endpoints_backlog(b
 /// does not keep it up forever; that endpoint is counted in
 /// `pagos_webhook_endpoints_disabled` instead.
 async fn the_oldest_undelivered_age_leaves_out_deactivated_endpoints(backend: Backend) {
-    let (app, _fake) = app(backend, &["--metrics-refresh", "100ms"]).await;
+    let (app, _fake) = delivering(backend, &["--metrics-refresh", "100ms"]).await;
     let receiver = Receiver::start().await;
     receiver.flaky(1.0, 0.0, Duration::ZERO, 1);
     app.register_endpoint(&receiver.url("/")).await;
@@ -1244,18 +1239,7 @@ async fn pending_events_are_exactly_those_not_delivered_everywhere_in_commit_ord
     for _ in 0..3 {
         ids.extend(write_events(&app, 2, EventType::PagoCompletado, pagos::db::now()).await);
     }
-    let globex = crate::helpers::merchant_id(&app.db, "globex").await;
-    let theirs = pagos::outbox::event(
-        globex,
-        EventType::PagoCompletado,
-        Uuid::now_v7(),
-        1,
-        "{}",
-        pagos::db::now(),
-    );
-    pagos::outbox::record(&app.db, &theirs)
-        .await
-        .expect("recorded");
+    write_theirs(&app, pagos::db::now()).await;
     // Fanned out by hand but the last of acme's (still queued) and globex's.
     pagos::entities::event_to_fan_out::Entity::delete_many()
         .filter(pagos::entities::event_to_fan_out::Column::EventId.is_in(ids[..5].to_vec()))
