@@ -851,7 +851,11 @@ pub async fn reconcile_now(
 }
 
 /// Reconciles one refund now, due or not (404 if there is none), recorded with who asked.
-async fn reconcile_refund_now(state: &AppState, who: &Admin, id: Uuid) -> Result<Report, ApiError> {
+pub(crate) async fn reconcile_refund_now(
+    state: &AppState,
+    who: &Admin,
+    id: Uuid,
+) -> Result<Report, ApiError> {
     who.may_act()?;
     crate::saga::refund::store::find(&state.db, id)
         .await?

@@ -55,9 +55,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 pub struct ResolucionReembolso {
     /// COMPLETADO (the provider shows the money went back) or FALLIDO (it shows none did)
-    estado: String,
+    pub(crate) estado: String,
     /// Why (what the provider's dashboard showed, the ticket): kept in the audit trail.
-    motivo: String,
+    pub(crate) motivo: String,
     /// The provider's refund id. With `COMPLETADO` it must be a succeeded refund of the
     /// refund's amount and currency that the provider holds for this refund (absent: the
     /// refund's own if it is one, else the one such refund); with `FALLIDO`, a refund the
@@ -66,7 +66,7 @@ pub struct ResolucionReembolso {
     /// how pagos finds a refund whose id its answer never gave: the refund named is asked
     /// of Mercado Pago.
     #[serde(rename = "gatewayRef")]
-    gateway_ref: Option<String>,
+    pub(crate) gateway_ref: Option<String>,
     /// On-call overrules what the provider shows (money returned another way, a search that
     /// does not find a refund its dashboard shows), or a provider that cannot be asked (a
     /// look-up that keeps failing; Mercado Pago without the refund's id): why, 1–1000
@@ -74,7 +74,7 @@ pub struct ResolucionReembolso {
     /// look-up's error. Without it a resolution the provider contradicts is refused (409
     /// `provider-disagrees`), and one it cannot be asked about is a 503.
     #[serde(rename = "contraProveedor")]
-    contra_proveedor: Option<String>,
+    pub(crate) contra_proveedor: Option<String>,
 }
 
 /// A refund with its audit trail, as on-call sees it.
@@ -134,6 +134,21 @@ async fn resolve_refund(
             "expected {{\"estado\":\"COMPLETADO\"|\"FALLIDO\",\"motivo\":\"…\"}}: {e}"
         ))
     })?;
+    Ok(Json(resolve_by_hand(&state, &admin, id, request).await?))
+}
+
+/// On-call settles refund `id` under review (the admin API's and the console's one way):
+/// `estado` COMPLETADO or FALLIDO, a reason for the audit trail, which names `admin`.
+/// The provider is asked first: a resolution it contradicts is refused (409
+/// `provider-disagrees`) unless on-call overrules it, saying why; one it cannot be asked
+/// about is a 503. Either refusal changes nothing.
+pub(crate) async fn resolve_by_hand(
+    state: &AppState,
+    admin: &Admin,
+    id: Uuid,
+    request: ResolucionReembolso,
+) -> Result<DetalleReembolso, ApiError> {
+    admin.may_act()?;
     let event = match request.estado.as_str() {
         "COMPLETADO" => Event::ResolveCompleted,
         "FALLIDO" => Event::ResolveFailed,
@@ -162,7 +177,7 @@ async fn resolve_refund(
     // What the provider says, asked before anything is written: a look-up that fails
     // changes nothing (503) unless on-call overrules it; a FALLIDO its webhooks contradict
     // is refused then too, as it is when the provider answers.
-    let provider = ProviderSays::ask(&state, &current, named).await?;
+    let provider = ProviderSays::ask(state, &current, named).await?;
     // While the provider cannot be asked, its own event that the refund succeeded is
     // evidence enough for COMPLETADO (`checked_against` holds it to the refund's amount
     // and currency, and to a named one); anything else waits for its answer or an
@@ -228,7 +243,7 @@ async fn resolve_refund(
     };
     tracing::info!(refund_id = %resolved.id, estado = %resolved.state, operator = %admin.name, "refund resolved by on-call");
     let trail = store::trail(&state.db, resolved.id).await?;
-    Ok(Json(DetalleReembolso {
+    Ok(DetalleReembolso {
         reembolso: reembolso(&resolved),
         transiciones: trail
             .into_iter()
@@ -245,7 +260,7 @@ async fn resolve_refund(
                     .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             })
             .collect(),
-    }))
+    })
 }
 
 /// What on-call asked of the provider's word.

@@ -102,6 +102,26 @@ pub async fn list(db: &DatabaseConnection, filter: &Filter, limit: u64) -> Resul
         .await
 }
 
+/// At most `limit` rows of `action` on any of `targets`, newest first.
+pub async fn list_on(
+    db: &DatabaseConnection,
+    action: Action,
+    targets: &[Uuid],
+    limit: u64,
+) -> Result<Vec<Row>, DbErr> {
+    if targets.is_empty() {
+        return Ok(Vec::new());
+    }
+    Entity::find()
+        .filter(Column::Action.eq(action))
+        .filter(Column::Target.is_in(targets.iter().copied()))
+        .order_by_desc(Column::At)
+        .order_by_desc(Column::Id)
+        .limit(limit)
+        .all(db)
+        .await
+}
+
 /// The last `action` on each of `targets` that has one.
 pub async fn last_on_each(
     db: &DatabaseConnection,

@@ -1113,3 +1113,432 @@ async fn a_payment_whose_look_ups_fail_shows_the_gateways_error_in_the_queue_and
         );
     }
 }
+
+on_both_databases!(
+    an_operador_resolves_refunds_under_review_from_the_payments_page_named_in_their_audit,
+    a_refund_resolution_the_provider_contradicts_is_refused_on_the_page_and_changes_nothing,
+    an_operador_reconciles_a_refund_now_from_the_payments_page_recorded_by_name,
+    a_lector_or_a_form_without_its_csrf_token_cannot_act_on_a_refund,
+);
+
+/// pagos giving up on a refund after 1 s, the reference gateway keeping refunds, and a
+/// COMPLETADA payment of 250000 COP: the app, the gateway's refunds and the payment.
+async fn with_paid(backend: Backend) -> (TestApp, crate::refunds::FakeRefunds, String) {
+    let (app, fake) =
+        crate::refunds::app_with(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
+    let payment = crate::refunds::paid(&app, "k-console-refunds").await;
+    (app, fake, payment)
+}
+
+/// A refund of 5000 of `payment` that the provider holds pending: `ENVIADO`. Its id.
+async fn refund_pending(
+    app: &TestApp,
+    fake: &crate::refunds::FakeRefunds,
+    payment: &str,
+    key: &str,
+) -> String {
+    fake.refunding("pending");
+    let answer =
+        crate::refunds::refund(app, payment, key, &serde_json::json!({ "monto": 5000 })).await;
+    assert_eq!(answer.status(), 202);
+    crate::helpers::json(answer).await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned()
+}
+
+/// A refund of 5000 of `payment` still pending at the provider past PAGOS_GIVE_UP_AFTER:
+/// reconciled, it went to `REVISION_MANUAL`. Its id.
+async fn refund_under_review(
+    app: &TestApp,
+    fake: &crate::refunds::FakeRefunds,
+    payment: &str,
+    key: &str,
+) -> String {
+    let id = refund_pending(app, fake, payment, key).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let answer = app
+        .admin_post(
+            "/admin/reconciliaciones",
+            &serde_json::json!({ "reembolsoId": id }),
+        )
+        .await;
+    assert_eq!(answer.status(), 200);
+    let report = crate::helpers::json(answer).await;
+    assert_eq!(report["reembolsos"]["revisionManual"], 1, "{report}");
+    id
+}
+
+/// Refund `id`'s state, and the reasons of its audit trail, oldest first.
+async fn refund_now(app: &TestApp, id: &str) -> (String, Vec<String>) {
+    let id = uuid::Uuid::parse_str(id).expect("uuid");
+    let found = pagos::saga::refund::store::find(&app.db, id)
+        .await
+        .expect("db")
+        .expect("the refund");
+    let trail = pagos::saga::refund::store::trail(&app.db, id)
+        .await
+        .expect("trail")
+        .into_iter()
+        .map(|t| t.reason)
+        .collect();
+    (found.state.as_str().to_owned(), trail)
+}
+
+/// Refunds under review resolved from their payment's page, one COMPLETADO once the
+/// provider shows it succeeded, one FALLIDO once it shows it failed: each through the
+/// form on the refund's card (linked from its state in the table), each audit row naming
+/// the operador, and the payment's timeline showing her moves.
+async fn an_operador_resolves_refunds_under_review_from_the_payments_page_named_in_their_audit(
+    backend: Backend,
+) {
+    let (app, fake, payment) = with_paid(backend).await;
+    let first = refund_under_review(&app, &fake, &payment, "ref-console-1").await;
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let session = log_in(&app, &eva).await;
+    let page = format!("/consola/pagos/{payment}");
+    let (html, csrf) = page_with_csrf(&app, &session, &page).await;
+    crate::helpers::assert_contains_all(
+        &html,
+        &[
+            &format!("href=\"#refund-{first}\""),
+            &format!("id=\"refund-{first}\""),
+            &format!("action=\"/consola/reembolsos/{first}/resolver\""),
+            "value=\"COMPLETADO\"",
+            "Refunded: the money went back",
+            "value=\"FALLIDO\"",
+            "Failed: no money went back",
+            "The provider says now",
+            "re_fake_1</code> — <strong>pending",
+        ],
+    );
+    assert!(
+        !html.contains("contraProveedor"),
+        "the page overrules no provider, as the payment's form does not"
+    );
+
+    // The provider settled it: the money went back.
+    fake.settle_all("succeeded");
+    let answer = post_form(
+        &app,
+        &session,
+        &format!("/consola/reembolsos/{first}/resolver"),
+        &[
+            ("csrf", csrf.as_str()),
+            ("estado", "COMPLETADO"),
+            ("motivo", "ticket 77: re_fake_1 succeeded in the dashboard"),
+            ("gatewayRef", ""),
+        ],
+    )
+    .await;
+    assert_eq!(answer.status(), 303);
+    assert_eq!(
+        answer.headers()["location"],
+        format!("/consola/pagos/{payment}?hecho=reembolso-resuelto").as_str()
+    );
+    let (state, trail) = refund_now(&app, &first).await;
+    assert_eq!(state, "COMPLETADO");
+    let last = trail.last().expect("a row");
+    assert!(
+        last.contains("resolved by eva (on-call)") && last.contains("ticket 77"),
+        "{last}"
+    );
+    let html = html_of(&app, &session, &format!("{page}?hecho=reembolso-resuelto")).await;
+    assert!(html.contains("Refund resolved"), "{html}");
+    assert!(
+        !html.contains(&format!("id=\"refund-{first}\"")),
+        "settled: no card any more"
+    );
+    let timeline = &html[html.find("Audit trail").expect("the timeline")..];
+    crate::helpers::assert_contains_all(
+        timeline,
+        &[
+            "eva (admin)",
+            "ticket 77",
+            "Needs manual review",
+            "Refunded",
+        ],
+    );
+
+    // A second one, which the provider failed: no money went back.
+    let second = refund_under_review(&app, &fake, &payment, "ref-console-2").await;
+    let (_, csrf) = page_with_csrf(&app, &session, &page).await;
+    fake.settle_all("failed");
+    let answer = post_form(
+        &app,
+        &session,
+        &format!("/consola/reembolsos/{second}/resolver"),
+        &[
+            ("csrf", csrf.as_str()),
+            ("estado", "FALLIDO"),
+            ("motivo", "ticket 78: re_fake_2 failed at the provider"),
+            ("gatewayRef", "re_fake_2"),
+        ],
+    )
+    .await;
+    assert_eq!(answer.status(), 303);
+    let (state, trail) = refund_now(&app, &second).await;
+    assert_eq!(state, "FALLIDO");
+    let last = trail.last().expect("a row");
+    assert!(
+        last.contains("resolved by eva (on-call)") && last.contains("ticket 78"),
+        "{last}"
+    );
+    let html = html_of(&app, &session, &page).await;
+    let timeline = &html[html.find("Audit trail").expect("the timeline")..];
+    crate::helpers::assert_contains_all(timeline, &["ticket 78", "Refused, nothing returned"]);
+}
+
+/// A resolution the provider contradicts (COMPLETADO while it shows the refund pending,
+/// FALLIDO while it shows it pending), one it cannot be asked about, and one without a
+/// reason: each refused on the payment's page, which says why, and nothing changes.
+async fn a_refund_resolution_the_provider_contradicts_is_refused_on_the_page_and_changes_nothing(
+    backend: Backend,
+) {
+    let (app, fake, payment) = with_paid(backend).await;
+    let id = refund_under_review(&app, &fake, &payment, "ref-console-1").await;
+    let before = refund_now(&app, &id).await;
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let session = log_in(&app, &eva).await;
+    let (_, csrf) = page_with_csrf(&app, &session, &format!("/consola/pagos/{payment}")).await;
+    let resolver = format!("/consola/reembolsos/{id}/resolver");
+
+    for (estado, fail_lookups, status, says) in [
+        (
+            "COMPLETADO",
+            false,
+            409,
+            "the provider shows no succeeded refund",
+        ),
+        ("FALLIDO", false, 409, "is still pending at the provider"),
+        ("FALLIDO", true, 503, "could not be asked"),
+    ] {
+        fake.fail_lookups(fail_lookups);
+        let answer = post_form(
+            &app,
+            &session,
+            &resolver,
+            &[
+                ("csrf", csrf.as_str()),
+                ("estado", estado),
+                ("motivo", "I think it is settled"),
+            ],
+        )
+        .await;
+        assert_eq!(answer.status(), status, "{estado}");
+        let content_type = answer.headers()["content-type"]
+            .to_str()
+            .expect("text")
+            .to_owned();
+        assert!(content_type.starts_with("text/html"), "{content_type}");
+        let html = answer.text().await.expect("html");
+        assert!(html.contains(says), "{estado}: {html}");
+        assert!(html.contains("re_fake_1") || fail_lookups, "{html}");
+        assert!(
+            html.contains("Nothing was changed") || fail_lookups,
+            "{html}"
+        );
+        assert!(
+            html.contains("Refunds that need you"),
+            "the payment's page, its refund still there: {html}"
+        );
+        assert!(!html.contains("\"type\":"), "a page, not JSON: {html}");
+        assert_eq!(refund_now(&app, &id).await, before, "{estado}");
+    }
+    fake.fail_lookups(false);
+
+    let answer = post_form(
+        &app,
+        &session,
+        &resolver,
+        &[
+            ("csrf", csrf.as_str()),
+            ("estado", "FALLIDO"),
+            ("motivo", "   "),
+        ],
+    )
+    .await;
+    assert_eq!(answer.status(), 422, "a reason is required");
+    assert!(
+        answer
+            .text()
+            .await
+            .expect("html")
+            .contains("motivo is required")
+    );
+    assert_eq!(refund_now(&app, &id).await, before);
+}
+
+/// "Reconcile now" of a refund in flight, from its payment's page: the provider's answer
+/// settles it, the ask is recorded naming the operador (`/admin/acciones`), and the
+/// payment's timeline shows it with what came of it.
+async fn an_operador_reconciles_a_refund_now_from_the_payments_page_recorded_by_name(
+    backend: Backend,
+) {
+    use crate::operator_actions::actions_as;
+    let (app, fake, payment) = with_paid(backend).await;
+    let id = refund_pending(&app, &fake, &payment, "ref-console-1").await;
+    assert_eq!(refund_now(&app, &id).await.0, "ENVIADO");
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let session = log_in(&app, &eva).await;
+    let page = format!("/consola/pagos/{payment}");
+    let (html, csrf) = page_with_csrf(&app, &session, &page).await;
+    crate::helpers::assert_contains_all(
+        &html,
+        &[
+            &format!("href=\"#refund-{id}\""),
+            &format!("action=\"/consola/reembolsos/{id}/reconciliar\""),
+        ],
+    );
+
+    fake.settle_all("succeeded");
+    let answer = post_form(
+        &app,
+        &session,
+        &format!("/consola/reembolsos/{id}/reconciliar"),
+        &[("csrf", csrf.as_str())],
+    )
+    .await;
+    assert_eq!(answer.status(), 303);
+    assert_eq!(
+        answer.headers()["location"],
+        format!("/consola/pagos/{payment}?hecho=reembolso-reconciliado").as_str()
+    );
+    assert_eq!(
+        refund_now(&app, &id).await.0,
+        "COMPLETADO",
+        "settled by the provider's answer"
+    );
+    let rows = actions_as(&app, ADMIN_TOKEN, "?operador=eva").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["accion"], "reconcile_refund");
+    assert_eq!(rows[0]["objetivo"], id.as_str());
+    assert!(rows[0]["terminadaEn"].is_string(), "{rows:?}");
+    assert!(
+        crate::helpers::text_has(
+            &rows[0],
+            "detalle",
+            "reembolsos: examinados 1, completados 1"
+        ),
+        "{rows:?}"
+    );
+    let html = html_of(
+        &app,
+        &session,
+        &format!("{page}?hecho=reembolso-reconciliado"),
+    )
+    .await;
+    assert!(html.contains("Refund reconciled now"), "{html}");
+    let timeline = &html[html.find("Audit trail").expect("the timeline")..];
+    crate::helpers::assert_contains_all(
+        timeline,
+        &[
+            "eva (on-call)",
+            "Reconcile now asked of refund",
+            &id[..8],
+            "reembolsos: examinados 1, completados 1",
+        ],
+    );
+}
+
+/// A lector sees the refunds that need on-call but no form, and one posted anyway is
+/// refused; an operador's form without the session's CSRF token is refused too. None of
+/// them changes a refund or leaves a row.
+async fn a_lector_or_a_form_without_its_csrf_token_cannot_act_on_a_refund(backend: Backend) {
+    use crate::operator_actions::actions_as;
+    let (app, fake, payment) = with_paid(backend).await;
+    let review = refund_under_review(&app, &fake, &payment, "ref-console-1").await;
+    let flight = refund_pending(&app, &fake, &payment, "ref-console-2").await;
+    // Each action would settle its refund now.
+    fake.settle_all("succeeded");
+    let before = [
+        refund_now(&app, &review).await,
+        refund_now(&app, &flight).await,
+    ];
+    let page = format!("/consola/pagos/{payment}");
+    let resolver = format!("/consola/reembolsos/{review}/resolver");
+    let reconciler = format!("/consola/reembolsos/{flight}/reconciliar");
+
+    let luis = operator(&app, "luis", Role::Lector).await;
+    let reader = log_in(&app, &luis).await;
+    let (html, csrf) = page_with_csrf(&app, &reader, &page).await;
+    assert!(html.contains(&format!("id=\"refund-{review}\"")), "{html}");
+    assert!(
+        !html.contains("action=\"/consola/reembolsos/"),
+        "no refund form for a lector: {html}"
+    );
+    assert!(html.contains("Your role is lector"), "{html}");
+    for (path, fields) in [
+        (
+            &resolver,
+            vec![
+                ("csrf", csrf.as_str()),
+                ("estado", "COMPLETADO"),
+                ("motivo", "I should not"),
+            ],
+        ),
+        (&reconciler, vec![("csrf", csrf.as_str())]),
+    ] {
+        let answer = post_form(&app, &reader, path, &fields).await;
+        assert_eq!(answer.status(), 403, "{path}");
+        assert!(answer.text().await.expect("html").contains("lector"));
+    }
+
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let session = log_in(&app, &eva).await;
+    for (path, fields) in [
+        (
+            &resolver,
+            vec![("estado", "COMPLETADO"), ("motivo", "ticket 9")],
+        ),
+        (
+            &resolver,
+            vec![
+                ("csrf", "forged"),
+                ("estado", "COMPLETADO"),
+                ("motivo", "ticket 9"),
+            ],
+        ),
+        (&reconciler, vec![]),
+        (&reconciler, vec![("csrf", "forged")]),
+    ] {
+        let answer = post_form(&app, &session, path, &fields).await;
+        assert_eq!(answer.status(), 403, "{path} {fields:?}");
+        assert!(answer.text().await.expect("html").contains("CSRF"));
+    }
+    assert_eq!(
+        [
+            refund_now(&app, &review).await,
+            refund_now(&app, &flight).await,
+        ],
+        before,
+        "nothing changed"
+    );
+    for who in ["luis", "eva"] {
+        assert!(
+            actions_as(&app, ADMIN_TOKEN, &format!("?operador={who}"))
+                .await
+                .is_empty(),
+            "no row of {who}'s"
+        );
+    }
+
+    // An id that names no refund is a page that says so.
+    let (_, csrf) = page_with_csrf(&app, &session, &page).await;
+    let none = uuid::Uuid::new_v4();
+    let answer = post_form(
+        &app,
+        &session,
+        &format!("/consola/reembolsos/{none}/reconciliar"),
+        &[("csrf", csrf.as_str())],
+    )
+    .await;
+    assert_eq!(answer.status(), 404);
+    assert!(
+        answer
+            .text()
+            .await
+            .expect("html")
+            .contains("No such refund")
+    );
+}

@@ -87,7 +87,8 @@ async fn browser(driver: &Driver, profile: &tempfile::TempDir) -> Result<Client,
         .map_err(|e| e.to_string())
 }
 
-/// What the test's `pagos serve` holds: two payments under review, one in flight.
+/// What the test's `pagos serve` holds: two payments under review, one in flight, and a
+/// paid one with a refund under review.
 struct Scene {
     serve: Serve,
     _database: TestDatabase,
@@ -96,6 +97,10 @@ struct Scene {
     fake: FakeGateway,
     under_review: [String; 2],
     in_flight: String,
+    /// The provider's refunds, for the walk-through to settle one as the page shows it.
+    refunds: crate::refunds::FakeRefunds,
+    /// The paid payment, and its refund under review.
+    refunded: (String, String),
     ana: String,
     luis: String,
 }
@@ -109,6 +114,8 @@ async fn scene(backend: &Backend) -> Scene {
     let gateway = MockServer::start().await;
     let fake = FakeGateway::charging("pending");
     fake.mount(&gateway).await;
+    let refunds = crate::refunds::FakeRefunds::default();
+    refunds.mount_refunds(&gateway).await;
     let db = database.url.clone();
     pagos_cli(&["migrate", "--database-url", &db]);
     // The operators, as on-call adds them.
@@ -200,12 +207,29 @@ async fn scene(backend: &Backend) -> Scene {
     )
     .await;
     fake.set_new_status("succeeded");
-    pay(
+    let (_, paid) = pay(
         "k-browser-4",
         json!({"creditoId": "credito-9", "monto": 990000, "moneda": "COP"}),
     )
     .await;
+    // A refund the provider keeps pending past PAGOS_GIVE_UP_AFTER goes to review.
+    refunds.refunding("pending");
+    let refund = send_json(
+        http.post(format!("{}/v1/pagos/{paid}/reembolsos", serve.url))
+            .bearer_auth(API_KEY)
+            .header("Idempotency-Key", "k-browser-refund")
+            .json(&json!({"monto": 40000, "motivo": "the customer returned one item"})),
+    )
+    .await;
+    let refund = refund["id"].as_str().expect("id").to_owned();
     tokio::time::sleep(Duration::from_millis(1100)).await;
+    let report = send_json(
+        http.post(format!("{}/admin/reconciliaciones", serve.url))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "reembolsoId": refund })),
+    )
+    .await;
+    assert_eq!(report["reembolsos"]["revisionManual"], 1, "{report}");
     Scene {
         serve,
         _database: database,
@@ -213,6 +237,8 @@ async fn scene(backend: &Backend) -> Scene {
         fake,
         under_review: [first, second],
         in_flight,
+        refunds,
+        refunded: (paid, refund),
         ana,
         luis,
     }
@@ -221,6 +247,17 @@ async fn scene(backend: &Backend) -> Scene {
 impl Scene {
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.serve.url)
+    }
+
+    /// Refund `id`'s state, as its merchant reads it.
+    async fn refund_state(&self, id: &str) -> String {
+        let refund = send_json(
+            reqwest::Client::new()
+                .get(self.url(&format!("/v1/reembolsos/{id}")))
+                .bearer_auth(API_KEY),
+        )
+        .await;
+        refund["estado"].as_str().unwrap_or("").to_owned()
     }
 
     async fn state_of(&self, id: &str) -> String {
@@ -522,6 +559,57 @@ async fn walk_through(browser: &Client, scene: &Scene, save: bool) {
             .await
             .is_empty()
     );
+
+    // A refund under review, resolved from its payment's page once the provider shows the
+    // money went back: its state in the table leads to its card.
+    let (paid, refund) = &scene.refunded;
+    scene.refunds.settle_all("succeeded");
+    goto(browser, scene, &format!("/consola/pagos/{paid}")).await;
+    act(
+        browser,
+        &format!("#refunds a[href=\"#refund-{refund}\"]"),
+        "the refund's link",
+        Act::Click,
+    )
+    .await;
+    let card = format!("#refund-{refund}");
+    act(
+        browser,
+        &format!("{card} select[name=estado]"),
+        "outcome",
+        Act::Choose("COMPLETADO"),
+    )
+    .await;
+    act(
+        browser,
+        &format!("{card} textarea[name=motivo]"),
+        "reason",
+        Act::Type("The provider's dashboard shows it succeeded; ticket OPS-43"),
+    )
+    .await;
+    run_script(
+        browser,
+        "document.querySelector('#refunds').scrollIntoView();",
+        vec![],
+        "scrolled",
+    )
+    .await;
+    screenshot(browser, save, "refund").await;
+    act(
+        browser,
+        &format!("{card} button[type=submit]"),
+        "button",
+        Act::Click,
+    )
+    .await;
+    wait_path(
+        browser,
+        &format!("/consola/pagos/{paid}?hecho=reembolso-resuelto"),
+        "the refund resolved",
+    )
+    .await;
+    wait_text(browser, &["Refund resolved", "ticket OPS-43"]).await;
+    assert_eq!(scene.refund_state(refund).await, "COMPLETADO");
 
     // Search, and a reconciliation pass with its report.
     goto(browser, scene, "/consola/pagos?q=acme").await;

@@ -5,9 +5,11 @@
 //! (`session.rs`); every page needs one and redirects to the login page without it. Every
 //! form that changes something carries the session's CSRF token and is refused without
 //! it. Actions go through the admin API's own functions (`admin::resolve_by_hand`,
-//! `admin::reconcile_now`, `actions::audited`), so the console can do nothing the API
-//! cannot, leaves the same audit rows, and a `lector` nothing but read.
+//! `admin::reconcile_now`, `admin::reconcile_refund_now`,
+//! `refund_resolution::resolve_by_hand`, `actions::audited`), so the console can do
+//! nothing the API cannot, leaves the same audit rows, and a `lector` nothing but read.
 
+mod refunds;
 pub mod session;
 pub mod view;
 mod webhooks;
@@ -63,6 +65,11 @@ pub fn router() -> Router<AppState> {
         .route("/consola/pagos/{id}/reconciliar", post(reconcile_payment))
         .route("/consola/pagos/{id}/resolver", post(resolve_payment))
         .route("/consola/pagos/{id}/reembolsar", post(refund_payment))
+        .route(
+            "/consola/reembolsos/{id}/reconciliar",
+            post(refunds::reconcile),
+        )
+        .route("/consola/reembolsos/{id}/resolver", post(refunds::resolve))
         .route(
             "/consola/reconciliaciones",
             get(reconciliation_page).post(run_reconciliation),
@@ -696,7 +703,7 @@ async fn queue_page(state: &AppState, console: &Console, page_no: u64) -> Result
                                     (last_error_cell(r.last_error.as_deref().or(r.failure_code.as_deref()), r.last_error_at, now))
                                 }
                                 td data-label="Payment" {
-                                    a.mono href={ "/consola/pagos/" (r.payment_id) } { (r.payment_id.to_string()[..8]) "…" }
+                                    a.mono href={ "/consola/pagos/" (r.payment_id) "#refund-" (r.id) } { (r.payment_id.to_string()[..8]) "…" }
                                 }
                             }
                         }
@@ -845,6 +852,18 @@ async fn payment_page(
             "info",
             "Not reconciled: someone else holds it right now, or it is not the reconciler's to touch (final or under review).",
         )),
+        Some("reembolso-resuelto") => Some((
+            "ok",
+            "Refund resolved. Its audit trail records your name and reason: see Refunds and the audit trail below.",
+        )),
+        Some("reembolso-reconciliado") => Some((
+            "ok",
+            "Refund reconciled now: see its state under Refunds, and what came of it in the audit trail below.",
+        )),
+        Some("reembolso-omitido") => Some((
+            "info",
+            "The refund was not reconciled: someone else holds it right now, or it is not the reconciler's to touch (final or under review).",
+        )),
         _ => None,
     };
     detail_response(&state, &console, &id, StatusCode::OK, done).await
@@ -974,7 +993,9 @@ async fn detail_page(
         TIMELINE_ASKS,
     )
     .await?;
-    let timeline = timeline(&detail.transiciones, &asks);
+    let refund_trails = refunds::Trails::read(state, &refunds).await?;
+    let timeline = timeline(&detail.transiciones, &asks, &refund_trails);
+    let refund_cards = refunds::cards(state, console, &refunds, &refund_trails, now).await;
     let csrf = &console.session.csrf;
     let body = html! {
         @if let Some((kind, text)) = message { (notice(kind, text)) }
@@ -1020,7 +1041,12 @@ async fn detail_page(
         }
         h2 { "Actions" }
         @if !in_flight && !under_review && !refundable {
-            p.muted { "None: the payment is final." }
+            p.muted {
+                "None: the payment is final."
+                @if refunds.iter().any(refunds::needs_on_call) {
+                    " Its refunds that need you are under " a href="#refunds" { "Refunds" } "."
+                }
+            }
         }
         div.actions {
             @if in_flight {
@@ -1103,7 +1129,7 @@ async fn detail_page(
                         @for r in &refunds {
                             tr {
                                 td.mono data-label="Refund" { (r.id) }
-                                td data-label="State" { (view::refund_badge(r.state)) }
+                                td data-label="State" { (refunds::state_cell(r, console.may_act())) }
                                 td data-label="Amount" { (money(r.amount, &r.currency)) }
                                 td data-label="Reason" { (r.reason.as_deref().unwrap_or("—")) }
                                 td data-label="Asked by" { (r.requested_by.as_deref().unwrap_or("the merchant")) }
@@ -1113,6 +1139,7 @@ async fn detail_page(
                     }
                 }
             }
+            (refund_cards)
             @if !refund_reports.is_empty() {
                 h3 { "What the provider's webhooks reported about them" }
                 ul #refund-reports {
@@ -1166,9 +1193,14 @@ async fn detail_page(
     Ok(Some(page("Payment", Some(&console.who()), body)))
 }
 
-/// The audit trail's moves and on-call's "reconcile now" asks of the payment, oldest
-/// first: an ask before the moves its work made (it is written before the work).
-fn timeline(moves: &[Transicion], asks: &[actions::Row]) -> Vec<Markup> {
+/// The audit trail's moves and on-call's "reconcile now" asks of the payment, with
+/// on-call's moves of its refunds and the "reconcile now" asked of them, oldest first: an
+/// ask before the moves its work made (it is written before the work).
+fn timeline(
+    moves: &[Transicion],
+    asks: &[actions::Row],
+    refund_trails: &refunds::Trails,
+) -> Vec<Markup> {
     let mut entries: Vec<(Option<DateTime<Utc>>, u8, Markup)> = moves
         .iter()
         .map(|t| {
@@ -1178,6 +1210,17 @@ fn timeline(moves: &[Transicion], asks: &[actions::Row]) -> Vec<Markup> {
             (at, 1, timeline_entry(t))
         })
         .chain(asks.iter().map(|a| (Some(a.at), 0, asked_entry(a))))
+        .chain(
+            refund_trails
+                .by_on_call()
+                .map(|t| (Some(t.created_at), 1, refunds::move_entry(t))),
+        )
+        .chain(
+            refund_trails
+                .asks
+                .iter()
+                .map(|a| (Some(a.at), 0, refunds::ask_entry(a))),
+        )
         .collect();
     entries.sort_by_key(|(at, rank, _)| (*at, *rank));
     entries.into_iter().map(|(_, _, entry)| entry).collect()
