@@ -976,14 +976,7 @@ async fn a_look_up_the_provider_answers_pending_clears_the_error_of_the_failed_o
     fake.fail_lookups(false);
     let report = app.reconcile(&id).await;
     assert_eq!(report["pendientes"], 1, "still pending: {report}");
-    let pago = detail().await;
-    assert_eq!(pago["estado"], "ENVIADA");
-    assert!(
-        pago.get("ultimoError").is_none(),
-        "the provider answered: {pago}"
-    );
-    let row = app.payment(&id).await;
-    assert_eq!((row.last_error, row.last_error_at), (None, None));
+    app.waits_on_the_provider(&id).await;
 }
 
 /// A payment the reconciler sends to REVISION_MANUAL because its give-up horizon passed

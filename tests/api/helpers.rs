@@ -958,6 +958,20 @@ impl TestApp {
             .await
     }
 
+    /// Payment `id` is `ENVIADA` and waits on the provider, not on an error (the provider
+    /// answered): on-call's detail shows no `ultimoError`, and its row keeps none.
+    pub async fn waits_on_the_provider(&self, id: &str) {
+        let detail = json(self.admin_get(&format!("/admin/pagos/{id}")).await).await;
+        let pago = &detail["pago"];
+        assert_eq!(pago["estado"], "ENVIADA", "{pago}");
+        assert!(
+            pago.get("ultimoError").is_none(),
+            "the provider answered: {pago}"
+        );
+        let row = self.payment(id).await;
+        assert_eq!((row.last_error, row.last_error_at), (None, None));
+    }
+
     /// `fake` as this app's gateway; `fake`, for the test to drive.
     pub async fn with_fake(&self, fake: FakeGateway) -> FakeGateway {
         fake.mount(self.gateway()).await;
