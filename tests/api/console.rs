@@ -1162,6 +1162,42 @@ async fn refund_under_review(
     id
 }
 
+/// Refund `id` resolved `estado` with `motivo` (and `gateway_ref`) through its card's form,
+/// as eva's session with its CSRF token: answered 303, the refund is `estado` and the last
+/// row of its trail names eva and the reason. Where the answer sends the browser.
+async fn resolved_by_eva(
+    (app, session, csrf): (&TestApp, &str, &str),
+    id: &str,
+    estado: &str,
+    motivo: &str,
+    gateway_ref: &str,
+) -> String {
+    let answer = post_form(
+        app,
+        session,
+        &format!("/consola/reembolsos/{id}/resolver"),
+        &[
+            ("csrf", csrf),
+            ("estado", estado),
+            ("motivo", motivo),
+            ("gatewayRef", gateway_ref),
+        ],
+    )
+    .await;
+    assert_eq!(answer.status(), 303, "resolved {estado}");
+    let (state, trail) = refund_now(app, id).await;
+    assert_eq!(state, estado);
+    let last = trail.last().expect("a row");
+    assert!(
+        last.contains("resolved by eva (on-call)") && last.contains(motivo),
+        "{last}"
+    );
+    answer.headers()["location"]
+        .to_str()
+        .expect("a location")
+        .to_owned()
+}
+
 /// Refund `id`'s state, and the reasons of its audit trail, oldest first.
 async fn refund_now(app: &TestApp, id: &str) -> (String, Vec<String>) {
     let id = uuid::Uuid::parse_str(id).expect("uuid");
@@ -1212,29 +1248,17 @@ async fn an_operador_resolves_refunds_under_review_from_the_payments_page_named_
 
     // The provider settled it: the money went back.
     fake.settle_all("succeeded");
-    let answer = post_form(
-        &app,
-        &session,
-        &format!("/consola/reembolsos/{first}/resolver"),
-        &[
-            ("csrf", csrf.as_str()),
-            ("estado", "COMPLETADO"),
-            ("motivo", "ticket 77: re_fake_1 succeeded in the dashboard"),
-            ("gatewayRef", ""),
-        ],
+    let sent_to = resolved_by_eva(
+        (&app, &session, &csrf),
+        &first,
+        "COMPLETADO",
+        "ticket 77: re_fake_1 succeeded in the dashboard",
+        "",
     )
     .await;
-    assert_eq!(answer.status(), 303);
     assert_eq!(
-        answer.headers()["location"],
-        format!("/consola/pagos/{payment}?hecho=reembolso-resuelto").as_str()
-    );
-    let (state, trail) = refund_now(&app, &first).await;
-    assert_eq!(state, "COMPLETADO");
-    let last = trail.last().expect("a row");
-    assert!(
-        last.contains("resolved by eva (on-call)") && last.contains("ticket 77"),
-        "{last}"
+        sent_to,
+        format!("/consola/pagos/{payment}?hecho=reembolso-resuelto")
     );
     let html = html_of(&app, &session, &format!("{page}?hecho=reembolso-resuelto")).await;
     assert!(html.contains("Refund resolved"), "{html}");
@@ -1257,26 +1281,14 @@ async fn an_operador_resolves_refunds_under_review_from_the_payments_page_named_
     let second = refund_under_review(&app, &fake, &payment, "ref-console-2").await;
     let (_, csrf) = page_with_csrf(&app, &session, &page).await;
     fake.settle_all("failed");
-    let answer = post_form(
-        &app,
-        &session,
-        &format!("/consola/reembolsos/{second}/resolver"),
-        &[
-            ("csrf", csrf.as_str()),
-            ("estado", "FALLIDO"),
-            ("motivo", "ticket 78: re_fake_2 failed at the provider"),
-            ("gatewayRef", "re_fake_2"),
-        ],
+    resolved_by_eva(
+        (&app, &session, &csrf),
+        &second,
+        "FALLIDO",
+        "ticket 78: re_fake_2 failed at the provider",
+        "re_fake_2",
     )
     .await;
-    assert_eq!(answer.status(), 303);
-    let (state, trail) = refund_now(&app, &second).await;
-    assert_eq!(state, "FALLIDO");
-    let last = trail.last().expect("a row");
-    assert!(
-        last.contains("resolved by eva (on-call)") && last.contains("ticket 78"),
-        "{last}"
-    );
     let html = html_of(&app, &session, &page).await;
     let timeline = &html[html.find("Audit trail").expect("the timeline")..];
     crate::helpers::assert_contains_all(timeline, &["ticket 78", "Refused, nothing returned"]);

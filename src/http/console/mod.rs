@@ -904,22 +904,68 @@ fn not_found(console: &Console) -> Response {
 
 /// What the provider says about the payment now, for on-call to resolve by.
 async fn provider_says(state: &AppState, p: &payment::Model) -> Markup {
-    let lookup = tokio::time::timeout(PROVIDER_LOOKUP_TIMEOUT, state.gateway.lookup(p.id)).await;
+    let lookup = state.gateway.lookup(p.id);
+    let asked = Asked {
+        amount: p.amount,
+        currency: &p.currency,
+        whose: "payment's",
+        none: "The provider has no charge with this payment's reference.",
+    };
+    provider_answer(lookup, asked, |c: &crate::gateway::Charge| Held {
+        id: &c.id,
+        status: format!("{:?}", c.status),
+        amount: c.amount,
+        currency: &c.currency,
+        code: c.decline_code.as_deref().map(|code| ("decline code", code)),
+    })
+    .await
+}
+
+/// What a resolve form's look-up is for: a payment's or a refund's amount, and the words
+/// for what the provider holds of it.
+pub(super) struct Asked<'a> {
+    pub amount: i64,
+    pub currency: &'a str,
+    /// "payment's", "refund's": whose amount one that does not fit is not.
+    pub whose: &'a str,
+    /// Said when the provider holds nothing for it.
+    pub none: &'a str,
+}
+
+/// One thing the provider holds (a charge, a refund), as the page lists it.
+pub(super) struct Held<'a> {
+    pub id: &'a str,
+    pub status: String,
+    pub amount: i64,
+    pub currency: &'a str,
+    /// The decline or failure code, with its name.
+    pub code: Option<(&'static str, &'a str)>,
+}
+
+/// What the provider answers `lookup` within `PROVIDER_LOOKUP_TIMEOUT`: a failure as a
+/// notice, `asked.none` when it holds nothing, else each thing it holds (`held`), marked
+/// when it is not for the amount asked about.
+pub(super) async fn provider_answer<T, E: std::fmt::Display>(
+    lookup: impl Future<Output = Result<Vec<T>, E>>,
+    asked: Asked<'_>,
+    held: impl Fn(&T) -> Held<'_>,
+) -> Markup {
+    let found = tokio::time::timeout(PROVIDER_LOOKUP_TIMEOUT, lookup).await;
     html! {
-        @match lookup {
+        @match found {
             Err(_) => (notice("error", &format!("The provider did not answer within {} s.", PROVIDER_LOOKUP_TIMEOUT.as_secs()))),
             Ok(Err(err)) => (notice("error", &format!("The provider's look-up failed: {err}"))),
-            Ok(Ok(charges)) if charges.is_empty() => p.provider-none { "The provider has no charge with this payment's reference." },
-            Ok(Ok(charges)) => {
-                ul.provider-charges {
-                    @for c in &charges {
+            Ok(Ok(found)) if found.is_empty() => p.provider-none { (asked.none) },
+            Ok(Ok(found)) => {
+                ul.provider-held {
+                    @for h in found.iter().map(&held) {
                         li {
-                            code { (c.id) } " — " strong { (format!("{:?}", c.status).to_lowercase()) }
-                            ", " (money(c.amount, &c.currency))
-                            @if c.amount != p.amount || !c.currency.eq_ignore_ascii_case(&p.currency) {
-                                " " span.badge.st-failed { "not this payment's amount" }
+                            code { (h.id) } " — " strong { (h.status.to_lowercase()) }
+                            ", " (money(h.amount, h.currency))
+                            @if h.amount != asked.amount || !h.currency.eq_ignore_ascii_case(asked.currency) {
+                                " " span.badge.st-failed { "not this " (asked.whose) " amount" }
                             }
-                            @if let Some(code) = &c.decline_code { ", decline code " code { (code) } }
+                            @if let Some((name, code)) = h.code { ", " (name) " " code { (code) } }
                         }
                     }
                 }

@@ -6,10 +6,10 @@
 //! The page shows a card for each refund that needs on-call, and its timeline on-call's
 //! moves of the refunds and the "reconcile now" asked of them.
 
-use super::view::{age, money, notice, page, refund_badge, time};
+use super::view::{age, money, page, refund_badge, time};
 use super::{
-    Console, CsrfForm, LECTOR_REFUSED, PROVIDER_LOOKUP_TIMEOUT, TIMELINE_ASKS, came_of,
-    detail_error, error_page, parse_id,
+    Asked, Console, CsrfForm, Held, LECTOR_REFUSED, TIMELINE_ASKS, came_of, detail_error,
+    error_page, parse_id, provider_answer,
 };
 use crate::entities::refund;
 use crate::entities::refund_transition::{self as transitions, Actor};
@@ -155,32 +155,24 @@ async fn provider_says(state: &AppState, r: &refund::Model) -> Markup {
             }
         };
     }
-    let found = tokio::time::timeout(
-        PROVIDER_LOOKUP_TIMEOUT,
+    let asked = Asked {
+        amount: r.amount,
+        currency: &r.currency,
+        whose: "refund's",
+        none: "The provider has no refund for this refund.",
+    };
+    provider_answer(
         state.gateway.lookup_refunds(&lookup),
+        asked,
+        |f: &crate::gateway::Refund| Held {
+            id: &f.id,
+            status: format!("{:?}", f.status),
+            amount: f.amount,
+            currency: &f.currency,
+            code: f.failure_code.as_deref().map(|code| ("failure code", code)),
+        },
     )
-    .await;
-    html! {
-        @match found {
-            Err(_) => (notice("error", &format!("The provider did not answer within {} s.", PROVIDER_LOOKUP_TIMEOUT.as_secs()))),
-            Ok(Err(err)) => (notice("error", &format!("The provider's look-up failed: {err}"))),
-            Ok(Ok(found)) if found.is_empty() => p.provider-none { "The provider has no refund for this refund." },
-            Ok(Ok(found)) => {
-                ul.provider-refunds {
-                    @for f in &found {
-                        li {
-                            code { (f.id) } " — " strong { (format!("{:?}", f.status).to_lowercase()) }
-                            ", " (money(f.amount, &f.currency))
-                            @if f.amount != r.amount || !f.currency.eq_ignore_ascii_case(&r.currency) {
-                                " " span.badge.st-failed { "not this refund's amount" }
-                            }
-                            @if let Some(code) = &f.failure_code { ", failure code " code { (code) } }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    .await
 }
 
 /// A card for each refund that needs on-call: reconcile now (in flight) or resolve (under
