@@ -362,6 +362,17 @@ async fn post_form(
     post_page(app, Some(&session_cookie(session)), path, fields).await
 }
 
+/// `fields` posted to `path` as `session`: answered 303 (done, see the page); where it
+/// sends the browser.
+async fn see_other(app: &TestApp, session: &str, path: &str, fields: &[(&str, &str)]) -> String {
+    let answer = post_form(app, session, path, fields).await;
+    assert_eq!(answer.status(), 303, "{path}");
+    answer.headers()["location"]
+        .to_str()
+        .expect("a location")
+        .to_owned()
+}
+
 /// "Reconcile now" and "Run a pass now" from the console: refused to a lector, who leaves
 /// no row; an operador's each leave a row naming them, read at `/admin/acciones`, and the
 /// payment's timeline shows the ask (who, when, what came of it) among its moves, the
@@ -399,18 +410,14 @@ async fn an_operador_reconciles_from_the_console_recorded_by_name_and_a_lector_i
     let session = log_in(&app, &eva).await;
     let (html, csrf) = page_with_csrf(&app, &session, &format!("/consola/pagos/{id}")).await;
     assert!(html.contains("id=\"reconcile\""));
-    let answer = post_form(
+    let sent_to = see_other(
         &app,
         &session,
         &format!("/consola/pagos/{id}/reconciliar"),
-        &[("csrf", csrf.as_str())],
+        &[("csrf", &csrf)],
     )
     .await;
-    assert_eq!(answer.status(), 303);
-    assert_eq!(
-        answer.headers()["location"],
-        format!("/consola/pagos/{id}?hecho=reconciliado").as_str()
-    );
+    assert_eq!(sent_to, format!("/consola/pagos/{id}?hecho=reconciliado"));
     assert_eq!(
         app.payment(&id).await.state,
         "COMPLETADA",
@@ -1172,7 +1179,7 @@ async fn resolved_by_eva(
     motivo: &str,
     gateway_ref: &str,
 ) -> String {
-    let answer = post_form(
+    let sent_to = see_other(
         app,
         session,
         &format!("/consola/reembolsos/{id}/resolver"),
@@ -1184,7 +1191,6 @@ async fn resolved_by_eva(
         ],
     )
     .await;
-    assert_eq!(answer.status(), 303, "resolved {estado}");
     let (state, trail) = refund_now(app, id).await;
     assert_eq!(state, estado);
     let last = trail.last().expect("a row");
@@ -1192,10 +1198,7 @@ async fn resolved_by_eva(
         last.contains("resolved by eva (on-call)") && last.contains(motivo),
         "{last}"
     );
-    answer.headers()["location"]
-        .to_str()
-        .expect("a location")
-        .to_owned()
+    sent_to
 }
 
 /// Refund `id`'s state, and the reasons of its audit trail, oldest first.
@@ -1397,17 +1400,16 @@ async fn an_operador_reconciles_a_refund_now_from_the_payments_page_recorded_by_
     );
 
     fake.settle_all("succeeded");
-    let answer = post_form(
+    let sent_to = see_other(
         &app,
         &session,
         &format!("/consola/reembolsos/{id}/reconciliar"),
-        &[("csrf", csrf.as_str())],
+        &[("csrf", &csrf)],
     )
     .await;
-    assert_eq!(answer.status(), 303);
     assert_eq!(
-        answer.headers()["location"],
-        format!("/consola/pagos/{payment}?hecho=reembolso-reconciliado").as_str()
+        sent_to,
+        format!("/consola/pagos/{payment}?hecho=reembolso-reconciliado")
     );
     assert_eq!(
         refund_now(&app, &id).await.0,
