@@ -241,34 +241,16 @@ async fn a_console_form_without_its_csrf_token_is_refused_and_changes_nothing(ba
         "nothing changed"
     );
 
-    // A reason is required.
-    let answer = post_form(
-        &app,
-        &session,
-        &resolver,
-        &[
-            ("estado", "FALLIDA"),
-            ("motivo", "  "),
-            ("csrf", csrf.as_str()),
-        ],
-    )
-    .await;
-    assert_eq!(answer.status(), 422);
-    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
-
-    let answer = post_form(
-        &app,
-        &session,
-        &resolver,
-        &[
-            ("estado", "FALLIDA"),
-            ("motivo", "no charge at the provider"),
-            ("csrf", csrf.as_str()),
-        ],
-    )
-    .await;
-    assert_eq!(answer.status(), 303);
-    assert_eq!(app.payment(&id).await.state, "FALLIDA");
+    // A reason is required; with one, it is resolved.
+    for (motivo, status, state) in [
+        ("  ", 422, "REVISION_MANUAL"),
+        ("no charge at the provider", 303, "FALLIDA"),
+    ] {
+        let fields = [("estado", "FALLIDA"), ("motivo", motivo), ("csrf", &csrf)];
+        let answer = post_form(&app, &session, &resolver, &fields).await;
+        assert_eq!(answer.status(), status, "motivo {motivo:?}");
+        assert_eq!(app.payment(&id).await.state, state, "motivo {motivo:?}");
+    }
 }
 
 on_both_databases!(the_attention_queue_is_oldest_first_50_a_page_and_leaves_settled_payments_out);
@@ -373,6 +355,15 @@ async fn see_other(app: &TestApp, session: &str, path: &str, fields: &[(&str, &s
         .to_owned()
 }
 
+/// "Run a pass now" from the reconciliation page, as `session` with its CSRF token: the
+/// page with the pass's report.
+async fn pass_run_by_hand(app: &TestApp, session: &str, csrf: &str) -> String {
+    let path = "/consola/reconciliaciones";
+    let answer = post_form(app, session, path, &[("csrf", csrf)]).await;
+    assert_eq!(answer.status(), 200, "the pass's report");
+    answer.text().await.expect("html")
+}
+
 /// "Reconcile now" and "Run a pass now" from the console: refused to a lector, who leaves
 /// no row; an operador's each leave a row naming them, read at `/admin/acciones`, and the
 /// payment's timeline shows the ask (who, when, what came of it) among its moves, the
@@ -443,15 +434,7 @@ async fn an_operador_reconciles_from_the_console_recorded_by_name_and_a_lector_i
         .expect("the settlement");
     assert!(sent < asked && asked < settled, "{timeline}");
 
-    let answer = post_form(
-        &app,
-        &session,
-        "/consola/reconciliaciones",
-        &[("csrf", csrf.as_str())],
-    )
-    .await;
-    assert_eq!(answer.status(), 200);
-    let report = answer.text().await.expect("html");
+    let report = pass_run_by_hand(&app, &session, &csrf).await;
     assert!(
         report.contains("id=\"report\"") && report.contains("examinados"),
         "{report}"
@@ -916,15 +899,7 @@ async fn the_console_reports_what_a_pass_did_with_refunds_beside_payments(backen
     let eva = operator(&app, "eva", Role::Operador).await;
     let session = log_in(&app, &eva).await;
     let (_, csrf) = page_with_csrf(&app, &session, "/consola/reconciliaciones").await;
-    let answer = post_form(
-        &app,
-        &session,
-        "/consola/reconciliaciones",
-        &[("csrf", csrf.as_str())],
-    )
-    .await;
-    assert_eq!(answer.status(), 200);
-    let report = answer.text().await.expect("html");
+    let report = pass_run_by_hand(&app, &session, &csrf).await;
     assert!(report.contains("<th>Refunds</th>"), "{report}");
     assert!(
         report.contains(
@@ -1201,6 +1176,16 @@ async fn resolved_by_eva(
     sent_to
 }
 
+/// eva, an operador, logged in and on payment `payment`'s page: her session, the page's
+/// path, its HTML and its CSRF token.
+async fn eva_on_the_payment(app: &TestApp, payment: &str) -> (String, String, String, String) {
+    let eva = operator(app, "eva", Role::Operador).await;
+    let session = log_in(app, &eva).await;
+    let page = format!("/consola/pagos/{payment}");
+    let (html, csrf) = page_with_csrf(app, &session, &page).await;
+    (session, page, html, csrf)
+}
+
 /// Refund `id`'s state, and the reasons of its audit trail, oldest first.
 async fn refund_now(app: &TestApp, id: &str) -> (String, Vec<String>) {
     let id = uuid::Uuid::parse_str(id).expect("uuid");
@@ -1226,10 +1211,7 @@ async fn an_operador_resolves_refunds_under_review_from_the_payments_page_named_
 ) {
     let (app, fake, payment) = with_paid(backend).await;
     let first = refund_under_review(&app, &fake, &payment, "ref-console-1").await;
-    let eva = operator(&app, "eva", Role::Operador).await;
-    let session = log_in(&app, &eva).await;
-    let page = format!("/consola/pagos/{payment}");
-    let (html, csrf) = page_with_csrf(&app, &session, &page).await;
+    let (session, page, html, csrf) = eva_on_the_payment(&app, &payment).await;
     crate::helpers::assert_contains_all(
         &html,
         &[
@@ -1306,9 +1288,7 @@ async fn a_refund_resolution_the_provider_contradicts_is_refused_on_the_page_and
     let (app, fake, payment) = with_paid(backend).await;
     let id = refund_under_review(&app, &fake, &payment, "ref-console-1").await;
     let before = refund_now(&app, &id).await;
-    let eva = operator(&app, "eva", Role::Operador).await;
-    let session = log_in(&app, &eva).await;
-    let (_, csrf) = page_with_csrf(&app, &session, &format!("/consola/pagos/{payment}")).await;
+    let (session, _, _, csrf) = eva_on_the_payment(&app, &payment).await;
     let resolver = format!("/consola/reembolsos/{id}/resolver");
 
     for (estado, fail_lookups, status, says) in [
@@ -1387,10 +1367,7 @@ async fn an_operador_reconciles_a_refund_now_from_the_payments_page_recorded_by_
     let (app, fake, payment) = with_paid(backend).await;
     let id = refund_pending(&app, &fake, &payment, "ref-console-1").await;
     assert_eq!(refund_now(&app, &id).await.0, "ENVIADO");
-    let eva = operator(&app, "eva", Role::Operador).await;
-    let session = log_in(&app, &eva).await;
-    let page = format!("/consola/pagos/{payment}");
-    let (html, csrf) = page_with_csrf(&app, &session, &page).await;
+    let (session, page, html, csrf) = eva_on_the_payment(&app, &payment).await;
     crate::helpers::assert_contains_all(
         &html,
         &[
