@@ -825,47 +825,62 @@ fn parse_id(id: &str) -> Option<Uuid> {
     Uuid::parse_str(id).ok()
 }
 
+/// What the payment's page says when an action sends the browser back to it
+/// (`?hecho=`): the word, the notice's kind, its text.
+const DONE: &[(&str, &str, &str)] = &[
+    (
+        "resuelto",
+        "ok",
+        "Resolved. The audit trail records your name and reason.",
+    ),
+    (
+        "reconciliado",
+        "ok",
+        "Reconciled now: see the state and the audit trail below.",
+    ),
+    (
+        "reembolsado",
+        "ok",
+        "Refunded: the provider returned the money. The refund below names you.",
+    ),
+    (
+        "reembolso-enviado",
+        "info",
+        "Refund sent; the provider has not confirmed it yet. The reconciler settles it: see Refunds below.",
+    ),
+    (
+        "omitido",
+        "info",
+        "Not reconciled: someone else holds it right now, or it is not the reconciler's to touch (final or under review).",
+    ),
+    (
+        "reembolso-resuelto",
+        "ok",
+        "Refund resolved. Its audit trail records your name and reason: see Refunds and the audit trail below.",
+    ),
+    (
+        "reembolso-reconciliado",
+        "ok",
+        "Refund reconciled now: see its state under Refunds, and what came of it in the audit trail below.",
+    ),
+    (
+        "reembolso-omitido",
+        "info",
+        "The refund was not reconciled: someone else holds it right now, or it is not the reconciler's to touch (final or under review).",
+    ),
+];
+
 async fn payment_page(
     State(state): State<AppState>,
     console: Console,
     PathId(id): PathId,
     Lenient(query): Lenient<DetailQuery>,
 ) -> Response {
-    let done = match query.hecho.as_deref() {
-        Some("resuelto") => Some((
-            "ok",
-            "Resolved. The audit trail records your name and reason.",
-        )),
-        Some("reconciliado") => Some((
-            "ok",
-            "Reconciled now: see the state and the audit trail below.",
-        )),
-        Some("reembolsado") => Some((
-            "ok",
-            "Refunded: the provider returned the money. The refund below names you.",
-        )),
-        Some("reembolso-enviado") => Some((
-            "info",
-            "Refund sent; the provider has not confirmed it yet. The reconciler settles it: see Refunds below.",
-        )),
-        Some("omitido") => Some((
-            "info",
-            "Not reconciled: someone else holds it right now, or it is not the reconciler's to touch (final or under review).",
-        )),
-        Some("reembolso-resuelto") => Some((
-            "ok",
-            "Refund resolved. Its audit trail records your name and reason: see Refunds and the audit trail below.",
-        )),
-        Some("reembolso-reconciliado") => Some((
-            "ok",
-            "Refund reconciled now: see its state under Refunds, and what came of it in the audit trail below.",
-        )),
-        Some("reembolso-omitido") => Some((
-            "info",
-            "The refund was not reconciled: someone else holds it right now, or it is not the reconciler's to touch (final or under review).",
-        )),
-        _ => None,
-    };
+    let done = query
+        .hecho
+        .as_deref()
+        .and_then(|hecho| DONE.iter().find(|(said, _, _)| *said == hecho))
+        .map(|&(_, kind, text)| (kind, text));
     detail_response(&state, &console, &id, StatusCode::OK, done).await
 }
 
@@ -893,8 +908,13 @@ async fn detail_error(state: &AppState, console: &Console, id: &str, err: ApiErr
 }
 
 fn not_found(console: &Console) -> Response {
+    nothing_such(console, "payment")
+}
+
+/// 404: no such `what` (a payment, a refund), with the way back to the search.
+fn nothing_such(console: &Console, what: &str) -> Response {
     let body =
-        html! { h1 { "No such payment" } p { a href="/consola/pagos" { "Search payments" } } };
+        html! { h1 { "No such " (what) } p { a href="/consola/pagos" { "Search payments" } } };
     (
         StatusCode::NOT_FOUND,
         page("Not found", Some(&console.who()), body),

@@ -6,10 +6,10 @@
 //! The page shows a card for each refund that needs on-call, and its timeline on-call's
 //! moves of the refunds and the "reconcile now" asked of them.
 
-use super::view::{age, money, page, refund_badge, time};
+use super::view::{age, money, refund_badge, time};
 use super::{
     Asked, Console, CsrfForm, Held, LECTOR_REFUSED, TIMELINE_ASKS, came_of, detail_error,
-    error_page, parse_id, provider_answer,
+    error_page, nothing_such, parse_id, provider_answer,
 };
 use crate::entities::refund;
 use crate::entities::refund_transition::{self as transitions, Actor};
@@ -22,7 +22,6 @@ use crate::operators::actions::{self, Action};
 use axum::Form;
 use axum::extract::State;
 use axum::extract::rejection::FormRejection;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::{DateTime, Utc};
 use maud::{Markup, html};
@@ -268,13 +267,7 @@ fn resolve_form(r: &refund::Model, csrf: &str) -> Markup {
 }
 
 fn not_found(console: &Console) -> Response {
-    let body =
-        html! { h1 { "No such refund" } p { a href="/consola/pagos" { "Search payments" } } };
-    (
-        StatusCode::NOT_FOUND,
-        page("Not found", Some(&console.who()), body),
-    )
-        .into_response()
+    nothing_such(console, "refund")
 }
 
 /// The form of an action on the refund `id` (the path's), and the refund: refused as
