@@ -810,8 +810,17 @@ on_both_databases!(
 async fn the_console_resolves_failed_refunding_what_the_provider_charged_and_shows_a_refusal_as_a_page(
     backend: Backend,
 ) {
-    let app =
-        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
+    // The compensation refund is sent before the answer: a machine under load must not
+    // time it out (it would be left to the reconciler).
+    let args = [
+        "--give-up-after",
+        "1s",
+        "--stale-after",
+        "1s",
+        "--gateway-timeout",
+        "5s",
+    ];
+    let app = crate::helpers::started(backend, &args).await;
     let refunds = crate::refunds::FakeRefunds::default();
     refunds.mount_refunds(app.gateway()).await;
     let (id, fake) = payment_under_review(&app, "k-console-refund").await;
