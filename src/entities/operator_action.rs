@@ -1,7 +1,10 @@
 use sea_orm::entity::prelude::*;
 
-/// What on-call asked that moves no row of its own by on-call's hand (the reconciler's
-/// and the endpoint's own rows say what it did): stored as its name.
+/// What on-call asked: the actions that move nothing by on-call's own hand (the
+/// reconciler's and the endpoint's rows say what they did), and those that move money or
+/// settle a state (the payment's and the refund's own rows say what moved; this says who
+/// asked what, and what came of it, refusals too). Stored as its name: a plain string
+/// column, no CHECK, so a new one needs no migration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
 #[sea_orm(rs_type = "String", db_type = "String(StringLen::N(32))")]
 pub enum Action {
@@ -17,6 +20,16 @@ pub enum Action {
     /// A merchant's webhook endpoint reactivated from the console.
     #[sea_orm(string_value = "reactivate_endpoint")]
     ReactivateEndpoint,
+    /// A payment under review resolved by hand (`COMPLETADA`, or `FALLIDA`, with or
+    /// without refunding what the provider charged).
+    #[sea_orm(string_value = "resolve_payment")]
+    ResolvePayment,
+    /// A refund under review resolved by hand.
+    #[sea_orm(string_value = "resolve_refund")]
+    ResolveRefund,
+    /// A refund of a payment asked by on-call (the admin API's, the console's form).
+    #[sea_orm(string_value = "refund_payment")]
+    RefundPayment,
 }
 
 impl Action {
@@ -26,6 +39,9 @@ impl Action {
             Action::ReconcileRefund => "reconcile_refund",
             Action::ReconcilePass => "reconcile_pass",
             Action::ReactivateEndpoint => "reactivate_endpoint",
+            Action::ResolvePayment => "resolve_payment",
+            Action::ResolveRefund => "resolve_refund",
+            Action::RefundPayment => "refund_payment",
         }
     }
 }

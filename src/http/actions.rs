@@ -1,13 +1,16 @@
-//! On-call's actions that move nothing by their own hand — "reconcile now" of a payment or
-//! a refund, a pass run by hand, a webhook endpoint reactivated — recorded with who asked
-//! (contract section 8), and `GET /admin/acciones`, where they are read back.
+//! On-call's actions, recorded with who asked (contract section 8), and
+//! `GET /admin/acciones`, where they are read back: those that move nothing by their own
+//! hand — "reconcile now" of a payment or a refund, a pass run by hand, a webhook endpoint
+//! reactivated — and those that move money or settle a state — a payment or a refund
+//! under review resolved by hand, a refund asked by on-call.
 //!
 //! `audited` is the one way such an action runs, from the admin API and the console: its
 //! row is written before the work (an action that cannot be recorded is refused, 503, and
 //! nothing is done) and completed with what came of it, in the work's own task, so a
-//! caller that hangs up still leaves the outcome. Never runs an action unrecorded. The row
-//! itself is the store's (`operators::actions`), which `pagos reconcile --once` writes
-//! the same way.
+//! caller that hangs up still leaves the outcome. A refusal (a 409, a 422, a provider that
+//! cannot be asked) completes the row too, saying it was refused and why: who tried what
+//! is what an auditor asks. Never runs an action unrecorded. The row itself is the
+//! store's (`operators::actions`), which `pagos reconcile --once` writes the same way.
 
 use super::AppState;
 use super::auth::{Admin, AdminTokenRefused};
@@ -41,10 +44,25 @@ pub struct Asked {
     pub what: String,
 }
 
+/// At most this many characters of what on-call wrote (a `motivo`, a `contraProveedor`)
+/// go into a row's words of what was asked: the request's own rules check the rest.
+pub const SAID_CHARS: usize = 1000;
+
+/// What on-call wrote, trimmed, for a row's words of what was asked: cut at `SAID_CHARS`
+/// (`…` says so).
+pub fn said(text: &str) -> String {
+    let text = text.trim();
+    match text.char_indices().nth(SAID_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
 /// Runs `work` as `who` asked it, recorded: the row is written first (a failed write is a
 /// 503 and `work` never starts), then `work` runs in a task of its own and the row is
-/// completed with `outcome` of what it returned, or with its error.
-pub async fn audited<T, F>(
+/// completed with `outcome` of what it returned, or with its error (`in_words`: a
+/// refusal's, or a failure's).
+pub async fn audited<T, E, F>(
     state: &AppState,
     who: &Admin,
     asked: Asked,
@@ -53,7 +71,8 @@ pub async fn audited<T, F>(
 ) -> Result<T, ApiError>
 where
     T: Send + 'static,
-    F: Future<Output = Result<T, sea_orm::DbErr>> + Send + 'static,
+    E: Into<ApiError>,
+    F: Future<Output = Result<T, E>> + Send + 'static,
 {
     who.may_act()?;
     let Asked {
@@ -78,7 +97,7 @@ where
             async move {
                 // A panic is an end too: the row says so, and the caller gets a 503.
                 let result = match AssertUnwindSafe(work).catch_unwind().await {
-                    Ok(result) => result.map_err(ApiError::from),
+                    Ok(result) => result.map_err(Into::into),
                     Err(_) => Err(ApiError::Internal(anyhow::anyhow!(
                         "on-call's {} stopped with a panic",
                         action.as_str()
@@ -86,7 +105,7 @@ where
                 };
                 let came_of_it = match &result {
                     Ok(done) => outcome(done),
-                    Err(err) => actions::failed(in_words(err)),
+                    Err(err) => in_words(err),
                 };
                 if let Err(err) = actions::finish(&db, row, &what, &came_of_it).await {
                     tracing::error!(error = %err, action_id = %row, "on-call's action is over, but its audit row could not be completed");
@@ -99,14 +118,17 @@ where
         .map_err(|e| ApiError::Internal(e.into()))?
 }
 
-/// An error as the audit row says it.
+/// An error as the audit row says it: a problem is a refusal (`refused (409
+/// provider-disagrees): …`, its status, its type and its words), anything else a failure
+/// (`failed: …`).
 fn in_words(err: &ApiError) -> String {
     match err {
-        ApiError::Problem(problem) => problem
-            .detail
-            .clone()
-            .unwrap_or_else(|| problem.title.clone()),
-        ApiError::Internal(err) => format!("{err:#}"),
+        ApiError::Problem(problem) => actions::refused(
+            problem.status,
+            problem.slug(),
+            problem.detail.as_deref().unwrap_or(&problem.title),
+        ),
+        ApiError::Internal(err) => actions::failed(format!("{err:#}")),
     }
 }
 
@@ -119,12 +141,15 @@ pub struct AccionOperador {
     pub en: String,
     /// Who asked: the operator's name, `admin` for the break-glass token.
     pub operador: String,
-    /// `reconcile_payment`, `reconcile_refund`, `reconcile_pass` or `reactivate_endpoint`.
+    /// `reconcile_payment`, `reconcile_refund`, `reconcile_pass`, `reactivate_endpoint`,
+    /// `resolve_payment`, `resolve_refund` or `refund_payment`.
     pub accion: String,
-    /// The payment, refund or endpoint acted on; null for a pass.
+    /// The payment, refund or endpoint acted on: the payment for a resolution of it and
+    /// for a refund on-call asked, the refund for a resolution of a refund; null for a pass.
     pub objetivo: Option<Uuid>,
-    /// What was asked and, once over, what came of it (the report's counts, or
-    /// `failed: …`).
+    /// What was asked and, once over, what came of it (the report's counts, the state
+    /// the resolution or the refund left; `refused (<status> <type>): …` when pagos
+    /// refused it, `failed: …` when it failed).
     pub detalle: String,
     /// When it was over (RFC 3339); null while it runs, or when the process stopped
     /// before it ended.
@@ -199,8 +224,8 @@ fn parse(query: &str) -> Result<(Filter, u64), ApiError> {
     }
 }
 
-/// On-call's actions, newest first: who asked a reconciliation or a reactivation, when,
-/// and what came of it.
+/// On-call's actions, newest first: who asked a reconciliation, a reactivation, a
+/// resolution or a refund, when, and what came of it (a refusal too).
 #[utoipa::path(
     get,
     path = "/admin/acciones",

@@ -343,14 +343,14 @@ pub struct Resolucion {
     params(("id" = Uuid, Path, description = "The payment id")),
     request_body = Resolucion,
     responses(
-        (status = 200, description = "Settled; the payment and its audit trail, as they stand once the refunds `reembolsar` made were sent (a refund the provider failed at once sends the payment back to REVISION_MANUAL)", body = DetallePago),
+        (status = 200, description = "Settled; the payment and its audit trail, as they stand once the refunds `reembolsar` made were sent (a refund the provider failed at once sends the payment back to REVISION_MANUAL). Who asked, what, and what came of it (a refusal too) is recorded (`GET /admin/acciones`, `resolve_payment`)", body = DetallePago),
         AdminTokenRefused,
         ReadOnlyRole,
         PaymentNotFound,
         RawBodyTooLarge,
         (status = 409, description = "Nothing was changed: the payment is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `cargos`: the charges found): `COMPLETADA` with no succeeded charge of the payment's amount, a `gatewayRef` that is not one, `FALLIDA` without `reembolsar` while a charge succeeded, `FALLIDA` (with or without `reembolsar`) while a charge is still pending; or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad estado, empty motivo, gatewayRef or contraProveedor, reembolsar with COMPLETADA or with contraProveedor; COMPLETADA without gatewayRef when neither the provider's answer nor the payment names its charge", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "With `reembolsar`: the provider could not be asked what it charged; nothing was changed (Retry-After). Without it, a provider that cannot be asked leaves the resolution to on-call, its audit row saying so", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Who asked could not be recorded (`GET /admin/acciones`), so nothing was done (Retry-After). With `reembolsar`: the provider could not be asked what it charged; nothing was changed (Retry-After). Without it, a provider that cannot be asked leaves the resolution to on-call, its audit row saying so", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn resolve(
@@ -622,6 +622,11 @@ fn checked_against(
 /// `estado` COMPLETADA or FALLIDA, a reason for the audit trail, which names `who`. The
 /// provider is asked first: a resolution it contradicts is refused (409
 /// `provider-disagrees`) unless on-call overrules it, saying why.
+///
+/// Recorded with who asked (`actions::audited`, `resolve_payment` on the payment): the
+/// row is written before anything else (none written: 503, nothing done) and completed
+/// with the state the payment was left in and the refunds `reembolsar` asked, or with why
+/// it was refused. Runs in a task of its own. No payment with this id: a 404, no row.
 pub async fn resolve_by_hand(
     state: &AppState,
     who: &Admin,
@@ -629,6 +634,86 @@ pub async fn resolve_by_hand(
     asked: HandResolution<'_>,
 ) -> Result<payment::Model, ApiError> {
     who.may_act()?;
+    store::find_payment(&state.db, id)
+        .await?
+        .ok_or_else(not_found)?;
+    let what = asked_in_words(&asked);
+    let (estado, motivo) = (asked.estado.to_owned(), asked.motivo.to_owned());
+    let (gateway_ref, reembolsar, contra_proveedor) =
+        (asked.gateway_ref, asked.reembolsar, asked.contra_proveedor);
+    let (task_state, task_who) = (state.clone(), who.clone());
+    let work = async move {
+        let asked = HandResolution {
+            estado: &estado,
+            motivo: &motivo,
+            gateway_ref,
+            reembolsar,
+            contra_proveedor,
+        };
+        resolve_unrecorded(&task_state, &task_who, id, asked).await
+    };
+    let asked = Asked {
+        action: Action::ResolvePayment,
+        target: Some(id),
+        what,
+    };
+    let resolved = actions::audited(state, who, asked, work, Resolved::in_words).await?;
+    Ok(resolved.payment)
+}
+
+/// What on-call asked of a resolution, for its audit row: `resolve the payment
+/// COMPLETADA: <motivo>`, with the charge named, the refunds asked, the overrule.
+fn asked_in_words(asked: &HandResolution<'_>) -> String {
+    let mut what = format!("resolve the payment {}", asked.estado.trim());
+    if asked.reembolsar {
+        what.push_str(" and refund what the provider charged");
+    }
+    if let Some(charge) = &asked.gateway_ref {
+        what.push_str(&format!(" (charge {})", actions::said(charge)));
+    }
+    if let Some(why) = &asked.contra_proveedor {
+        what.push_str(&format!(
+            ", overruling the provider ({})",
+            actions::said(why)
+        ));
+    }
+    format!("{what}: {}", actions::said(asked.motivo))
+}
+
+/// A resolution done: the payment as it stands once the refunds it asked were sent.
+pub struct Resolved {
+    pub payment: payment::Model,
+    /// The state the resolution wrote.
+    as_asked: PaymentState,
+    /// The compensation refunds `reembolsar` started.
+    refunds: Vec<Uuid>,
+}
+
+impl Resolved {
+    /// What came of it, for the audit row.
+    fn in_words(&self) -> String {
+        let mut words = format!("resolved {}", self.as_asked);
+        if !self.refunds.is_empty() {
+            let ids: Vec<String> = self.refunds.iter().map(Uuid::to_string).collect();
+            words.push_str(&format!("; refunds asked: {}", ids.join(", ")));
+        }
+        if self.payment.state != self.as_asked {
+            words.push_str(&format!(
+                "; the payment is {} now (a refund the provider failed at once)",
+                self.payment.state
+            ));
+        }
+        words
+    }
+}
+
+/// `resolve_by_hand`'s work, once its row is written.
+async fn resolve_unrecorded(
+    state: &AppState,
+    who: &Admin,
+    id: Uuid,
+    asked: HandResolution<'_>,
+) -> Result<Resolved, ApiError> {
     let event = match asked.estado {
         "COMPLETADA" => Event::ResolveCompleted,
         "FALLIDA" => Event::ResolveFailed,
@@ -788,6 +873,7 @@ pub async fn resolve_by_hand(
     // settles as any refund.
     let deps = state.saga_deps();
     let limits = state.reconciler.refund_limits();
+    let sent = refunds.clone();
     for id in refunds {
         let (deps, limits) = (deps.clone(), limits);
         let sent = state
@@ -803,9 +889,15 @@ pub async fn resolve_by_hand(
     }
     // As it stands after the sends: a compensation refund the provider failed at once
     // took it back to REVISION_MANUAL.
-    Ok(store::find_payment(&state.db, resolved.id)
+    let as_asked = resolved.state;
+    let payment = store::find_payment(&state.db, resolved.id)
         .await?
-        .unwrap_or(resolved))
+        .unwrap_or(resolved);
+    Ok(Resolved {
+        payment,
+        as_asked,
+        refunds: sent,
+    })
 }
 
 /// Runs a reconciliation now, for one payment (404 if there is none) or every due one, in
@@ -868,7 +960,7 @@ pub(crate) async fn reconcile_refund_now(
     let work = async move {
         let reembolsos =
             crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await?;
-        Ok(Report {
+        Ok::<_, sea_orm::DbErr>(Report {
             reembolsos,
             ..Report::default()
         })

@@ -21,6 +21,7 @@
 //! overrules.
 
 use super::AppState;
+use super::actions;
 use super::admin::{Transicion, operator_in, resolution_reason};
 use super::auth::{Admin, AdminTokenRefused, ReadOnlyRole};
 use super::extract::PathId;
@@ -28,6 +29,7 @@ use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
 use super::provider_check;
 use crate::entities::refund;
 use crate::gateway::{GatewayError, Refund, RefundStatus};
+use crate::operators::actions::Action;
 use crate::representation::reembolso;
 use crate::saga::refund::reconcile::lookup_of;
 use crate::saga::refund::state::{Event, RefundState};
@@ -110,14 +112,14 @@ fn not_under_review(detail: impl Into<String>) -> ApiError {
     params(("id" = Uuid, Path, description = "The refund id")),
     request_body = ResolucionReembolso,
     responses(
-        (status = 200, description = "Settled; the refund and its audit trail", body = DetalleReembolso),
+        (status = 200, description = "Settled; the refund and its audit trail. Who asked, what, and what came of it (a refusal too) is recorded (`GET /admin/acciones`, `resolve_refund`)", body = DetalleReembolso),
         AdminTokenRefused,
         ReadOnlyRole,
         (status = 404, description = "No such refund", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Nothing was changed: the refund is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `reembolsos`: the provider's refunds found for it): `COMPLETADO` with no succeeded refund of its amount and currency, a `gatewayRef` that is not one (or is the provider's refund of another of the payment's refunds), `FALLIDO` while the provider shows it succeeded or still pending (its search, or its webhooks: `fuente`), or Mercado Pago without the refund's id (name it with `gatewayRef`, or overrule)", body = Problem, content_type = "application/problem+json"),
         BodyTooLarge,
         (status = 422, description = "Bad estado, empty motivo, gatewayRef or contraProveedor, or either too long", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The provider could not be asked about the refund; nothing was changed (Retry-After). `contraProveedor` resolves it without the provider (a `FALLIDO` while its webhooks reported the refund succeeded or pending is the 409; a `COMPLETADO` its webhooks reported succeeded, for its amount and currency, is taken, the audit row saying the provider could not be asked)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Who asked could not be recorded (`GET /admin/acciones`), so nothing was done (Retry-After); or the provider could not be asked about the refund; nothing was changed (Retry-After). `contraProveedor` resolves it without the provider (a `FALLIDO` while its webhooks reported the refund succeeded or pending is the 409; a `COMPLETADO` its webhooks reported succeeded, for its amount and currency, is taken, the audit row saying the provider could not be asked)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn resolve_refund(
@@ -142,7 +144,52 @@ async fn resolve_refund(
 /// The provider is asked first: a resolution it contradicts is refused (409
 /// `provider-disagrees`) unless on-call overrules it, saying why; one it cannot be asked
 /// about is a 503. Either refusal changes nothing.
+///
+/// Recorded with who asked (`actions::audited`, `resolve_refund` on the refund): the row
+/// is written before anything else (none written: 503, nothing done) and completed with
+/// the state the refund was left in, or with why it was refused. Runs in a task of its
+/// own. No refund with this id: a 404, no row.
 pub(crate) async fn resolve_by_hand(
+    state: &AppState,
+    admin: &Admin,
+    id: Uuid,
+    request: ResolucionReembolso,
+) -> Result<DetalleReembolso, ApiError> {
+    admin.may_act()?;
+    store::find(&state.db, id).await?.ok_or_else(not_found)?;
+    let asked = actions::Asked {
+        action: Action::ResolveRefund,
+        target: Some(id),
+        what: asked_in_words(&request),
+    };
+    let (task_state, task_admin) = (state.clone(), admin.clone());
+    let work = async move { resolve_unrecorded(&task_state, &task_admin, id, request).await };
+    actions::audited(state, admin, asked, work, came_of).await
+}
+
+/// What on-call asked of a refund's resolution, for its audit row: `resolve the refund
+/// COMPLETADO: <motivo>`, with the provider's refund named, the overrule.
+fn asked_in_words(request: &ResolucionReembolso) -> String {
+    let mut what = format!("resolve the refund {}", request.estado.trim());
+    if let Some(named) = &request.gateway_ref {
+        what.push_str(&format!(" (provider's refund {})", actions::said(named)));
+    }
+    if let Some(why) = &request.contra_proveedor {
+        what.push_str(&format!(
+            ", overruling the provider ({})",
+            actions::said(why)
+        ));
+    }
+    format!("{what}: {}", actions::said(&request.motivo))
+}
+
+/// What came of a refund's resolution, for its audit row.
+fn came_of(done: &DetalleReembolso) -> String {
+    format!("resolved {}", done.reembolso.state)
+}
+
+/// `resolve_by_hand`'s work, once its row is written.
+async fn resolve_unrecorded(
     state: &AppState,
     admin: &Admin,
     id: Uuid,

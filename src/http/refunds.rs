@@ -19,6 +19,7 @@ use crate::entities::idempotency_key as keys;
 use crate::entities::refund::{self, KeyScope};
 use crate::idempotency::{self, Begin, IdempotencyKey};
 use crate::metrics::Keyed;
+use crate::operators::actions::Action;
 use crate::representation::{Answer, reembolso, refund_answer};
 use crate::saga::refund::state::RefundState;
 use crate::saga::refund::store::{self, Registered, Registration};
@@ -409,12 +410,13 @@ async fn list_refunds(
     ),
     request_body(content = ReembolsoRequest, content_type = "application/json"),
     responses(
-        (status = 201, description = "Refunded (COMPLETADO)", body = Reembolso),
+        (status = 201, description = "Refunded (COMPLETADO). Who asked, what, and what came of it (a refusal, a replay too) is recorded (`GET /admin/acciones`, `refund_payment`)", body = Reembolso),
         (status = 202, description = "Outcome not known yet (ENVIADO)", body = Reembolso),
         AdminTokenRefused,
         PaymentNotFound,
         (status = 409, description = "Not COMPLETADA, or the first request with this key is in progress", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Refused by the gateway, over what is left, `motivo` missing, or the key used with another body", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Who asked could not be recorded (`GET /admin/acciones`), so nothing was done (Retry-After): send it again with the same key", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn admin_refund(
@@ -456,25 +458,111 @@ pub async fn refund_by_hand(
     refund_asked_by_on_call(state, who, payment, asked).await
 }
 
+/// On-call's refund (the admin API's and the console's one way), recorded with who asked
+/// (`actions::audited`, `refund_payment` on the payment): the row is written before the
+/// refund is registered (none written: 503, nothing done) and completed with the refund
+/// and its state, with a replay's (the same key again: nothing new refunded), or with why
+/// it was refused. No payment with this id: a 404, no row.
 async fn refund_asked_by_on_call(
     state: &AppState,
     who: &Admin,
     payment: Uuid,
     asked: Asked,
 ) -> Result<Response, ApiError> {
+    who.may_act()?;
     tracing::info!(operator = %who.name, payment_id = %payment, "refund asked by on-call");
     let Some(found) = crate::saga::store::find_payment(&state.db, payment).await? else {
         return Err(not_found("payment"));
     };
+    let recorded = super::actions::Asked {
+        action: Action::RefundPayment,
+        target: Some(payment),
+        what: asked_in_words(&asked.value, &found),
+    };
     let path = format!("/admin/pagos/{payment}/reembolsos");
-    begin_and_answer(
-        state,
-        found.merchant_id,
-        KeyScope::Admin,
-        &path,
-        payment,
-        asked,
-        who.name.clone(),
-    )
-    .await
+    let (task_state, name, merchant) = (state.clone(), who.name.clone(), found.merchant_id);
+    let work = async move {
+        let response = begin_and_answer(
+            &task_state,
+            merchant,
+            KeyScope::Admin,
+            &path,
+            payment,
+            asked,
+            name,
+        )
+        .await?;
+        let words = refund_in_words(&task_state, response.status(), response.headers()).await;
+        Ok::<_, ApiError>(Refunded { response, words })
+    };
+    let done =
+        super::actions::audited(state, who, recorded, work, |r: &Refunded| r.words.clone()).await?;
+    Ok(done.response)
+}
+
+/// What on-call asked of a refund, for its audit row: `refund 5000 COP: <motivo>`, or all
+/// that is left of the payment.
+fn asked_in_words(value: &Value, payment: &crate::entities::payment::Model) -> String {
+    let how_much = match value.get("monto") {
+        None | Some(Value::Null) => format!(
+            "all that is left of {} {}",
+            payment.amount, payment.currency
+        ),
+        Some(monto) => match monto.as_i64() {
+            Some(n) => format!("{n} {}", payment.currency),
+            None => format!(
+                "monto {} ({})",
+                super::actions::said(&monto.to_string()),
+                payment.currency
+            ),
+        },
+    };
+    let motivo = match value.get("motivo").and_then(Value::as_str) {
+        Some(motivo) => super::actions::said(motivo),
+        None => "(no motivo)".to_owned(),
+    };
+    format!("refund {how_much}: {motivo}")
+}
+
+/// An on-call refund's answer, and what came of it in words.
+struct Refunded {
+    response: Response,
+    words: String,
+}
+
+/// What came of an on-call refund, for its audit row, from its answer: the refund and its
+/// state; an answer replayed (the same key again) says nothing new was refunded.
+async fn refund_in_words(state: &AppState, status: StatusCode, headers: &HeaderMap) -> String {
+    let status = status.as_u16();
+    let refund_id = headers
+        .get(header::LOCATION)
+        .and_then(|l| l.to_str().ok())
+        .and_then(|l| l.rsplit('/').next())
+        .and_then(|id| Uuid::parse_str(id).ok());
+    let replayed = headers.contains_key("idempotent-replayed");
+    let Some(id) = refund_id else {
+        return format!("answered {status}");
+    };
+    let refund = match store::find(&state.db, id).await {
+        Ok(Some(refund)) => refund,
+        _ => return format!("refund {id}, answered {status}"),
+    };
+    let mut words = if replayed {
+        format!(
+            "nothing new was refunded: the same Idempotency-Key as refund {id} ({} {}), which is {}",
+            refund.amount, refund.currency, refund.state
+        )
+    } else {
+        format!(
+            "refund {id} of {} {}: {}",
+            refund.amount, refund.currency, refund.state
+        )
+    };
+    if refund.state == RefundState::Fallido {
+        let code = refund.failure_code.as_deref().unwrap_or("failed");
+        words.push_str(&format!(
+            " (the gateway did not refund: {code}; no money went back)"
+        ));
+    }
+    words
 }

@@ -47,6 +47,15 @@ pub fn failed(error: impl std::fmt::Display) -> String {
     format!("failed: {error}")
 }
 
+/// How a row says pagos refused an action (a 409, a 422, a provider that cannot be
+/// asked): `refused (` its status and its problem type `): ` and why.
+pub fn refused(status: Option<u16>, kind: &str, why: &str) -> String {
+    match status {
+        Some(status) => format!("refused ({status} {kind}): {why}"),
+        None => format!("refused ({kind}): {why}"),
+    }
+}
+
 /// The action `id` is over: `asked` (what `begin` was told) and what came of it
 /// (`outcome`: a report in words, or `failed`'s words) make its `detail`.
 pub async fn finish(

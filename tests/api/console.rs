@@ -14,6 +14,7 @@ on_both_databases!(
     a_console_form_without_its_csrf_token_is_refused_and_changes_nothing,
     an_operador_refunds_from_the_console_once_however_often_the_form_is_sent,
     a_hand_edited_console_url_gets_a_page_never_plain_text,
+    a_resolution_from_the_console_leaves_its_row_at_admin_acciones_and_the_timeline_shows_it_once,
 );
 
 fn client() -> reqwest::Client {
@@ -1534,4 +1535,58 @@ async fn a_lector_or_a_form_without_its_csrf_token_cannot_act_on_a_refund(backen
             .expect("html")
             .contains("No such refund")
     );
+}
+
+/// The console's resolution is the admin API's: it leaves the `resolve_payment` row naming
+/// who asked, read at `/admin/acciones`. The payment's timeline shows the resolution once,
+/// as its move (who, the reason), never the row beside it.
+async fn a_resolution_from_the_console_leaves_its_row_at_admin_acciones_and_the_timeline_shows_it_once(
+    backend: Backend,
+) {
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
+    let (id, gateway) = payment_under_review(&app, "k-console-audit").await;
+    gateway.settle(&id, "declined");
+    let bea = operator(&app, "bea", Role::Operador).await;
+    let session = log_in(&app, &bea).await;
+    let path = format!("/consola/pagos/{id}");
+    let page = get_page(&app, Some(&session_cookie(&session)), &path).await;
+    let csrf = csrf_in(&page.text().await.expect("html"));
+
+    let fields = [
+        ("estado", "FALLIDA"),
+        ("motivo", "declinado en el panel"),
+        ("csrf", &csrf),
+    ];
+    let to = see_other(&app, &session, &format!("{path}/resolver"), &fields).await;
+    assert_eq!(to, format!("{path}?hecho=resuelto"));
+    assert_eq!(app.payment(&id).await.state, "FALLIDA");
+
+    let rows =
+        crate::operator_actions::actions_as(&app, ADMIN_TOKEN, &format!("?objetivo={id}")).await;
+    let resolutions: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["accion"] == "resolve_payment")
+        .collect();
+    assert_eq!(resolutions.len(), 1, "{rows:?}");
+    let row = resolutions[0];
+    assert_eq!(row["operador"], "bea", "{row}");
+    assert!(
+        crate::helpers::text_has(
+            row,
+            "detalle",
+            "resolve the payment FALLIDA: declinado en el panel — resolved FALLIDA"
+        ),
+        "{row}"
+    );
+    assert!(row["terminadaEn"].is_string(), "{row}");
+
+    let page = get_page(&app, Some(&session_cookie(&session)), &path).await;
+    let html = page.text().await.expect("html");
+    assert_eq!(
+        html.matches("declinado en el panel").count(),
+        1,
+        "the resolution once in the timeline: {html}"
+    );
+    assert!(!html.contains("resolve the payment"), "{html}");
 }

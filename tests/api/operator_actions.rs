@@ -1,7 +1,9 @@
-//! On-call's actions that move nothing by their own hand — "reconcile now" of a payment or
-//! a refund, a pass run by hand — leave a row naming who asked and what came of it,
-//! read back at `GET /admin/acciones` (contract section 8). A lector's refused ask leaves
-//! none, and an ask that cannot be recorded is not done.
+//! On-call's actions leave a row naming who asked and what came of it, read back at
+//! `GET /admin/acciones` (contract section 8): those that move nothing by their own hand —
+//! "reconcile now" of a payment or a refund, a pass run by hand — and those that move money
+//! or settle a state — a payment or a refund resolved by hand, a refund on-call asked. A
+//! refusal leaves a row saying refused and why; a lector's refused ask leaves none, and an
+//! ask that cannot be recorded is not done.
 
 use crate::helpers::{ADMIN_TOKEN, Backend, FakeGateway, Spawn, TestApp, json, payment_body};
 use crate::on_both_databases;
@@ -16,6 +18,10 @@ on_both_databases!(
     an_action_whose_audit_row_cannot_be_written_is_refused_and_nothing_is_done,
     a_pass_run_by_pagos_reconcile_once_leaves_a_row_naming_its_operator_and_its_report,
     pagos_reconcile_once_whose_audit_row_cannot_be_written_is_refused_and_does_nothing,
+    a_payment_resolved_by_hand_leaves_a_row_with_what_came_of_it_and_a_refusal_says_refused,
+    a_refund_resolved_by_hand_leaves_a_row_on_the_refund_and_a_refusal_says_refused,
+    an_on_call_refund_leaves_a_row_and_its_replay_says_nothing_new_was_refunded,
+    resolutions_and_refunds_whose_audit_row_cannot_be_written_are_refused_and_nothing_is_done,
 );
 
 /// On-call's actions, newest first, as `token` reads them with `query`.
@@ -351,4 +357,302 @@ async fn pagos_reconcile_once_whose_audit_row_cannot_be_written_is_refused_and_d
         .expect("query");
     after.sort_by_key(|p| p.id);
     assert_eq!(after, before, "not settled, not even claimed");
+}
+
+/// eva's actions on `objetivo`, newest first.
+async fn evas_on(app: &TestApp, objetivo: &str) -> Vec<Value> {
+    actions_as(
+        app,
+        ADMIN_TOKEN,
+        &format!("?operador=eva&objetivo={objetivo}"),
+    )
+    .await
+}
+
+/// A payment's resolution is one of on-call's actions: each ask leaves a `resolve_payment`
+/// row on the payment, naming who asked what; one taken says the state it left (and the
+/// refunds `reembolsar` asked), one refused says refused and why.
+async fn a_payment_resolved_by_hand_leaves_a_row_with_what_came_of_it_and_a_refusal_says_refused(
+    backend: Backend,
+) {
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let (payment, fake) = crate::operators::payment_under_review(&app, "k-act-res-1").await;
+
+    // Refused: the provider shows the charge still pending; then a bad estado.
+    let body = json!({"estado": "FALLIDA", "motivo": "no money in the dashboard"});
+    let answer = app.resolve_as(&eva, &payment, &body).await;
+    crate::helpers::problem(answer, 409, "pending at the provider").await;
+    let answer = app
+        .resolve_as(&eva, &payment, &json!({"estado": "PAGADA", "motivo": "x"}))
+        .await;
+    crate::helpers::problem(answer, 422, "bad estado").await;
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+
+    fake.settle(&payment, "succeeded");
+    let body = json!({"estado": "COMPLETADA", "motivo": "visto en el panel, ticket 12"});
+    let done = app.resolved_as(&eva, &payment, &body).await;
+    assert_eq!(done["pago"]["estado"], "COMPLETADA");
+
+    let rows = evas_on(&app, &payment).await;
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert_row(
+        &rows[0],
+        "eva",
+        "resolve_payment",
+        Some(&payment),
+        "resolve the payment COMPLETADA: visto en el panel, ticket 12 — resolved COMPLETADA",
+    );
+    assert_row(
+        &rows[1],
+        "eva",
+        "resolve_payment",
+        Some(&payment),
+        "resolve the payment PAGADA: x — refused (422 validation-failed): estado must be",
+    );
+    assert_row(
+        &rows[2],
+        "eva",
+        "resolve_payment",
+        Some(&payment),
+        "resolve the payment FALLIDA: no money in the dashboard — refused (409 provider-disagrees): ",
+    );
+    // The transition keeps its reason as it was.
+    let trail = done["transiciones"].as_array().expect("trail");
+    let last = trail.last().expect("a row");
+    assert_eq!(last["operador"], "eva", "{last}");
+    assert!(
+        crate::helpers::text_has(
+            last,
+            "motivo",
+            "resolved by eva (on-call): visto en el panel"
+        ),
+        "{last}"
+    );
+
+    // FALLIDA with reembolsar: the row names the compensation refund it asked.
+    let refunds = crate::refunds::FakeRefunds::default();
+    refunds.mount_refunds(app.gateway()).await;
+    let other = crate::operators::under_review(&app, &fake, "k-act-res-2").await;
+    fake.settle(&other, "succeeded");
+    let body = json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 13"});
+    let done = app.resolved_as(&eva, &other, &body).await;
+    assert_eq!(done["pago"]["estado"], "FALLIDA", "{done}");
+    let refund = done["reembolsos"][0]["id"].as_str().expect("a refund");
+    assert_eq!(refunds.made().len(), 1);
+    let rows = evas_on(&app, &other).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_row(
+        &rows[0],
+        "eva",
+        "resolve_payment",
+        Some(&other),
+        &format!(
+            "resolve the payment FALLIDA and refund what the provider charged: ticket 13 — resolved FALLIDA; refunds asked: {refund}"
+        ),
+    );
+}
+
+/// A refund's resolution leaves a `resolve_refund` row on the refund: refused while the
+/// provider contradicts it, then taken.
+async fn a_refund_resolved_by_hand_leaves_a_row_on_the_refund_and_a_refusal_says_refused(
+    backend: Backend,
+) {
+    let (app, fake) =
+        crate::refunds::app_with(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let payment = crate::refunds::paid(&app, "pay-act-1").await;
+    let refund =
+        crate::refund_resolution::pending_under_review(&app, &fake, &payment, "ref-act-1", 50000)
+            .await;
+    let path = format!("/admin/reembolsos/{refund}/resolucion");
+
+    let answer = app
+        .post_as(
+            &eva,
+            &path,
+            &json!({"estado": "COMPLETADO", "motivo": "en el panel"}),
+        )
+        .await;
+    crate::helpers::problem(answer, 409, "still pending at the provider").await;
+    fake.settle_all("succeeded");
+    let answer = app
+        .post_as(
+            &eva,
+            &path,
+            &json!({"estado": "COMPLETADO", "motivo": "en el panel, ya"}),
+        )
+        .await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(json(answer).await["reembolso"]["estado"], "COMPLETADO");
+
+    let rows = evas_on(&app, &refund).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_row(
+        &rows[0],
+        "eva",
+        "resolve_refund",
+        Some(&refund),
+        "resolve the refund COMPLETADO: en el panel, ya — resolved COMPLETADO",
+    );
+    assert_row(
+        &rows[1],
+        "eva",
+        "resolve_refund",
+        Some(&refund),
+        "resolve the refund COMPLETADO: en el panel — refused (409 provider-disagrees): ",
+    );
+    assert!(evas_on(&app, &payment).await.is_empty(), "on the refund");
+}
+
+/// On-call's refund of a payment leaves a `refund_payment` row on the payment: the refund
+/// made and its state. Sent again with the same key it is one refund: the replay's row
+/// says nothing new was refunded. One over what is left says refused.
+async fn an_on_call_refund_leaves_a_row_and_its_replay_says_nothing_new_was_refunded(
+    backend: Backend,
+) {
+    let (app, fake) = crate::refunds::app_with(backend, &[]).await;
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let payment = crate::refunds::paid(&app, "pay-act-2").await;
+    let path = format!("/admin/pagos/{payment}/reembolsos");
+    let body = json!({"monto": 5000, "motivo": "cliente llamó"});
+
+    let answer = app.post_keyed(&eva, &path, "oncall-act-1", &body).await;
+    assert_eq!(answer.status(), 201);
+    let refund = json(answer).await["id"].as_str().expect("id").to_owned();
+    let again = app.post_keyed(&eva, &path, "oncall-act-1", &body).await;
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(again).await["id"], refund.as_str());
+    assert_eq!(fake.made().len(), 1, "one refund at the provider");
+    let over = json!({"monto": 9_000_000, "motivo": "todo"});
+    let answer = app.post_keyed(&eva, &path, "oncall-act-2", &over).await;
+    crate::helpers::problem(answer, 422, "over what is left").await;
+
+    let rows = evas_on(&app, &payment).await;
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert_row(
+        &rows[0],
+        "eva",
+        "refund_payment",
+        Some(&payment),
+        "refund 9000000 COP: todo — refused (422 refund-exceeds-remaining): At most 245000",
+    );
+    assert_row(
+        &rows[1],
+        "eva",
+        "refund_payment",
+        Some(&payment),
+        &format!(
+            "refund 5000 COP: cliente llamó — nothing new was refunded: the same Idempotency-Key as refund {refund} (5000 COP), which is COMPLETADO"
+        ),
+    );
+    assert_row(
+        &rows[2],
+        "eva",
+        "refund_payment",
+        Some(&payment),
+        &format!("refund 5000 COP: cliente llamó — refund {refund} of 5000 COP: COMPLETADO"),
+    );
+}
+
+/// A resolution of a payment or of a refund, or an on-call refund, whose audit row cannot
+/// be written is refused (503, Retry-After) and nothing is done: nothing resolved, no
+/// refund made at the provider.
+async fn resolutions_and_refunds_whose_audit_row_cannot_be_written_are_refused_and_nothing_is_done(
+    backend: Backend,
+) {
+    use pagos::saga::refund::store;
+    use sea_orm::ConnectionTrait;
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
+    let eva = operator(&app, "eva", Role::Operador).await;
+    // A payment under review whose charge succeeded at the provider; a paid one with a
+    // refund under review that the provider now shows succeeded.
+    let (under_review, fake) = crate::operators::payment_under_review(&app, "k-act-nr-1").await;
+    fake.settle(&under_review, "succeeded");
+    let refunds = crate::refunds::FakeRefunds::default();
+    refunds.mount_refunds(app.gateway()).await;
+    fake.set_new_status("succeeded");
+    let paid = crate::refunds::paid(&app, "k-act-nr-2").await;
+    let refund =
+        crate::refund_resolution::pending_under_review(&app, &refunds, &paid, "ref-act-nr", 50000)
+            .await;
+    refunds.settle_all("succeeded");
+    let uuid = |id: &str| uuid::Uuid::parse_str(id).expect("uuid");
+    let refund_trail = store::trail(&app.db, uuid(&refund)).await.expect("trail");
+    let payment_trail = json(app.admin_get(&format!("/admin/pagos/{under_review}")).await).await;
+    let (made, lookups) = (refunds.made().len(), fake.lookups_made());
+    app.db
+        .execute_unprepared("DROP TABLE IF EXISTS operator_actions")
+        .await
+        .expect("dropped");
+
+    let asks = [
+        (
+            format!("/admin/pagos/{under_review}/resolucion"),
+            json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 14"}),
+        ),
+        (
+            format!("/admin/reembolsos/{refund}/resolucion"),
+            json!({"estado": "COMPLETADO", "motivo": "en el panel"}),
+        ),
+    ];
+    for (path, body) in &asks {
+        let answer = app.post_as(&eva, path, body).await;
+        assert!(answer.headers().get("retry-after").is_some(), "{path}");
+        let problem = crate::helpers::problem(answer, 503, path).await;
+        assert!(
+            crate::helpers::text_has(&problem, "detail", "nothing was done"),
+            "{problem}"
+        );
+    }
+    let path = format!("/admin/pagos/{paid}/reembolsos");
+    let body = json!({"monto": 5000, "motivo": "cliente llamó"});
+    let answer = app.post_keyed(&eva, &path, "oncall-act-nr", &body).await;
+    assert!(answer.headers().get("retry-after").is_some());
+    let problem = crate::helpers::problem(answer, 503, &path).await;
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "nothing was done"),
+        "{problem}"
+    );
+
+    assert_eq!(refunds.made().len(), made, "no refund made at the provider");
+    assert_eq!(fake.lookups_made(), lookups, "the provider was not asked");
+    let after = json(app.admin_get(&format!("/admin/pagos/{under_review}")).await).await;
+    assert_eq!(after["pago"]["estado"], "REVISION_MANUAL");
+    assert_eq!(after, payment_trail, "the payment and its trail unchanged");
+    assert_eq!(
+        store::trail(&app.db, uuid(&refund)).await.expect("trail"),
+        refund_trail,
+        "the refund unresolved"
+    );
+    let of_paid = store::of_payment(&app.db, uuid(&paid)).await.expect("read");
+    assert_eq!(of_paid.len(), 1, "no refund registered: {of_paid:?}");
+    assert_eq!(
+        of_paid[0].state.as_str(),
+        "REVISION_MANUAL",
+        "{:?}",
+        of_paid[0]
+    );
+
+    let doc = app.openapi().await;
+    for (path, what) in [
+        ("/admin/pagos/{id}/resolucion", "payment resolution"),
+        ("/admin/reembolsos/{id}/resolucion", "refund resolution"),
+        ("/admin/pagos/{id}/reembolsos", "on-call refund"),
+    ] {
+        let operation = &doc["paths"][path]["post"];
+        crate::helpers::assert_responses(operation, &["503"], what);
+        assert!(
+            crate::helpers::text_has(
+                &operation["responses"]["503"],
+                "description",
+                "Who asked could not be recorded"
+            ),
+            "{what}: {}",
+            operation["responses"]["503"]
+        );
+    }
 }

@@ -60,7 +60,7 @@ async fn read(app: &TestApp, id: &str) -> Value {
 
 /// A refund of `monto` of `payment` the provider holds pending, past PAGOS_GIVE_UP_AFTER:
 /// the reconciler sent it to REVISION_MANUAL ("still pending after …"). Its id.
-async fn pending_under_review(
+pub(crate) async fn pending_under_review(
     app: &TestApp,
     fake: &FakeRefunds,
     payment: &str,
