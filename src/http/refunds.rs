@@ -9,7 +9,9 @@
 //! that hangs up never cancels a refund halfway.
 
 use super::AppState;
-use super::auth::{Admin, AdminTokenRefused, ApiKeyRefused, Merchant, PaymentNotFound};
+use super::auth::{
+    Admin, AdminTokenRefused, ApiKeyRefused, Merchant, PaymentNotFound, ReadOnlyRole,
+};
 use super::extract::PathId;
 use super::payments::{Body, MAX_BODY, body, idempotency_key, problem, validation_failed};
 use super::problem::{
@@ -413,6 +415,7 @@ async fn list_refunds(
         (status = 201, description = "Refunded (COMPLETADO). Who asked, what, and what came of it (a refusal, a replay too) is recorded (`GET /admin/acciones`, `refund_payment`)", body = Reembolso),
         (status = 202, description = "Outcome not known yet (ENVIADO)", body = Reembolso),
         AdminTokenRefused,
+        ReadOnlyRole,
         PaymentNotFound,
         (status = 409, description = "Not COMPLETADA, or the first request with this key is in progress", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Refused by the gateway, over what is left, `motivo` missing, or the key used with another body", body = Problem, content_type = "application/problem+json"),

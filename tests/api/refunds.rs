@@ -874,12 +874,18 @@ async fn the_openapi_document_describes_the_refund_endpoints(backend: Backend) {
         assert_eq!(key["required"], true, "{path}");
         crate::helpers::assert_responses(post, &["201", "202", "404", "409", "422"], path);
     }
+    // On-call's refund: refused to a lector (403), refused unrecorded (503).
+    crate::helpers::assert_responses(
+        &doc["paths"]["/admin/pagos/{id}/reembolsos"]["post"],
+        &["403", "503"],
+        "on-call's refund",
+    );
     assert!(doc["paths"]["/v1/pagos/{id}/reembolsos"]["get"].is_object());
     assert!(doc["paths"]["/v1/reembolsos/{id}"]["get"].is_object());
     let resolution = &doc["paths"]["/admin/reembolsos/{id}/resolucion"]["post"];
     crate::helpers::assert_responses(
         resolution,
-        &["200", "404", "409", "422", "503"],
+        &["200", "403", "404", "409", "422", "503"],
         "refund resolution",
     );
     let body = &doc["components"]["schemas"]["ResolucionReembolso"]["properties"];
