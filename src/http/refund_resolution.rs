@@ -162,8 +162,8 @@ pub(crate) async fn resolve_by_hand(
         target: Some(id),
         what: asked_in_words(&request),
     };
-    let (task_state, task_admin) = (state.clone(), admin.clone());
-    let work = async move { resolve_unrecorded(&task_state, &task_admin, id, request).await };
+    let (task_state, operator) = (state.clone(), admin.name.clone());
+    let work = async move { resolve_unrecorded(&task_state, &operator, id, request).await };
     actions::audited(state, admin, asked, work, came_of).await
 }
 
@@ -188,14 +188,14 @@ fn came_of(done: &DetalleReembolso) -> String {
     format!("resolved {}", done.reembolso.state)
 }
 
-/// `resolve_by_hand`'s work, once its row is written.
+/// `resolve_by_hand`'s work, once its row is written, as `operator` (who may act: checked
+/// before the row was).
 async fn resolve_unrecorded(
     state: &AppState,
-    admin: &Admin,
+    operator: &str,
     id: Uuid,
     request: ResolucionReembolso,
 ) -> Result<DetalleReembolso, ApiError> {
-    admin.may_act()?;
     let event = match request.estado.as_str() {
         "COMPLETADO" => Event::ResolveCompleted,
         "FALLIDO" => Event::ResolveFailed,
@@ -258,7 +258,7 @@ async fn resolve_unrecorded(
         gateway_ref: recorded,
         ..Changes::default()
     };
-    let mut reason = resolution_reason(&admin.name, motivo);
+    let mut reason = resolution_reason(operator, motivo);
     if let Some(err) = &unasked {
         reason = format!(
             "{reason} [the provider could not be asked ({err}); settled on what its webhooks reported: {}]",
@@ -267,7 +267,7 @@ async fn resolve_unrecorded(
     }
     if let Some(why) = &overrule {
         reason = provider_check::overruled(&reason, &provider.which(), why);
-        tracing::warn!(refund_id = %current.id, operator = %admin.name, estado = %request.estado, "on-call overruled what the provider shows about a refund");
+        tracing::warn!(refund_id = %current.id, operator = %operator, estado = %request.estado, "on-call overruled what the provider shows about a refund");
     }
     let resolved = match refunds::apply_now(
         &state.db,
@@ -288,7 +288,7 @@ async fn resolve_unrecorded(
         Err(StoreError::Illegal(e)) => return Err(not_under_review(e.to_string())),
         Err(StoreError::Db(e)) => return Err(e.into()),
     };
-    tracing::info!(refund_id = %resolved.id, estado = %resolved.state, operator = %admin.name, "refund resolved by on-call");
+    tracing::info!(refund_id = %resolved.id, estado = %resolved.state, operator = %operator, "refund resolved by on-call");
     let trail = store::trail(&state.db, resolved.id).await?;
     Ok(DetalleReembolso {
         reembolso: reembolso(&resolved),
