@@ -132,15 +132,22 @@ mod tests {
             (ReportedStatus::Declined, "declined"),
             (ReportedStatus::Pending, "pending"),
         ]);
-        stored(&[
-            (Action::ReconcilePayment, "reconcile_payment"),
-            (Action::ReconcileRefund, "reconcile_refund"),
-            (Action::ReconcilePass, "reconcile_pass"),
-            (Action::ReactivateEndpoint, "reactivate_endpoint"),
-        ]);
-        for action in <Action as sea_orm::Iterable>::iter() {
-            assert_eq!(action.as_str(), action.to_value());
-        }
+        // On-call's actions are stored as their names (a plain text column, read as text).
+        let names: Vec<&str> = <Action as sea_orm::Iterable>::iter()
+            .map(Action::as_str)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "reconcile_payment",
+                "reconcile_refund",
+                "reconcile_pass",
+                "reactivate_endpoint",
+                "resolve_payment",
+                "resolve_refund",
+                "refund_payment",
+            ]
+        );
         stored(&[
             (ReportedRefundStatus::Succeeded, "succeeded"),
             (ReportedRefundStatus::Failed, "failed"),

@@ -3,32 +3,24 @@ use sea_orm::entity::prelude::*;
 /// What on-call asked: the actions that move nothing by on-call's own hand (the
 /// reconciler's and the endpoint's rows say what they did), and those that move money or
 /// settle a state (the payment's and the refund's own rows say what moved; this says who
-/// asked what, and what came of it, refusals too). Stored as its name: a plain string
-/// column, no CHECK, so a new one needs no migration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
-#[sea_orm(rs_type = "String", db_type = "String(StringLen::N(32))")]
+/// asked what, and what came of it, refusals too). Stored as its name (`as_str`): a plain
+/// string column, no CHECK, so a new one needs no migration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, EnumIter)]
 pub enum Action {
     /// "Reconcile now" of one payment.
-    #[sea_orm(string_value = "reconcile_payment")]
     ReconcilePayment,
     /// "Reconcile now" of one refund.
-    #[sea_orm(string_value = "reconcile_refund")]
     ReconcileRefund,
     /// A reconciliation pass run by hand.
-    #[sea_orm(string_value = "reconcile_pass")]
     ReconcilePass,
     /// A merchant's webhook endpoint reactivated from the console.
-    #[sea_orm(string_value = "reactivate_endpoint")]
     ReactivateEndpoint,
     /// A payment under review resolved by hand (`COMPLETADA`, or `FALLIDA`, with or
     /// without refunding what the provider charged).
-    #[sea_orm(string_value = "resolve_payment")]
     ResolvePayment,
     /// A refund under review resolved by hand.
-    #[sea_orm(string_value = "resolve_refund")]
     ResolveRefund,
     /// A refund of a payment asked by on-call (the admin API's, the console's form).
-    #[sea_orm(string_value = "refund_payment")]
     RefundPayment,
 }
 
@@ -57,7 +49,11 @@ pub struct Model {
     pub at: ChronoDateTimeUtc,
     /// The operator's name, `admin` for the break-glass token.
     pub operator: String,
-    pub action: Action,
+    /// An `Action`'s name. Read as its text, so that a row a newer pagos wrote, of an
+    /// action this one does not know (a rolling deploy that adds one), is listed by its
+    /// name instead of failing the whole list.
+    #[sea_orm(column_type = "String(StringLen::N(32))")]
+    pub action: String,
     /// The payment, refund or endpoint acted on; None for a pass.
     pub target: Option<Uuid>,
     /// What was asked and, once over, what came of it.

@@ -163,7 +163,7 @@ impl From<Row> for AccionOperador {
             id: row.id,
             en: at(row.at),
             operador: row.operator,
-            accion: row.action.as_str().to_owned(),
+            accion: row.action.clone(),
             objetivo: row.target,
             detalle: row.detail,
             terminada_en: row.finished_at.map(at),

@@ -31,7 +31,7 @@ pub async fn begin(
         id: Set(Uuid::now_v7()),
         at: Set(db::now()),
         operator: Set(operator.to_owned()),
-        action: Set(action),
+        action: Set(action.as_str().to_owned()),
         target: Set(target),
         detail: Set(asked.to_owned()),
         finished_at: Set(None),
@@ -101,7 +101,7 @@ pub async fn list(db: &DatabaseConnection, filter: &Filter, limit: u64) -> Resul
         query = query.filter(Column::Target.eq(target));
     }
     if let Some(action) = filter.action {
-        query = query.filter(Column::Action.eq(action));
+        query = query.filter(Column::Action.eq(action.as_str()));
     }
     query
         .order_by_desc(Column::At)
@@ -122,7 +122,7 @@ pub async fn list_on(
         return Ok(Vec::new());
     }
     Entity::find()
-        .filter(Column::Action.eq(action))
+        .filter(Column::Action.eq(action.as_str()))
         .filter(Column::Target.is_in(targets.iter().copied()))
         .order_by_desc(Column::At)
         .order_by_desc(Column::Id)
@@ -138,7 +138,7 @@ pub async fn last_on_each(
     targets: &[Uuid],
 ) -> Result<HashMap<Uuid, Row>, DbErr> {
     let rows = Entity::find()
-        .filter(Column::Action.eq(action))
+        .filter(Column::Action.eq(action.as_str()))
         .filter(Column::Target.is_in(targets.iter().copied()))
         .order_by_asc(Column::At)
         .order_by_asc(Column::Id)

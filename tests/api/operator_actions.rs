@@ -22,6 +22,7 @@ on_both_databases!(
     a_refund_resolved_by_hand_leaves_a_row_on_the_refund_and_a_refusal_says_refused,
     an_on_call_refund_leaves_a_row_and_its_replay_says_nothing_new_was_refunded,
     resolutions_and_refunds_whose_audit_row_cannot_be_written_are_refused_and_nothing_is_done,
+    an_action_a_newer_pagos_recorded_is_listed_by_its_name,
 );
 
 /// On-call's actions, newest first, as `token` reads them with `query`.
@@ -655,4 +656,24 @@ async fn resolutions_and_refunds_whose_audit_row_cannot_be_written_are_refused_a
             operation["responses"]["503"]
         );
     }
+}
+
+/// A row of an action this process does not know (a newer pagos recorded it: a rolling
+/// deploy that adds one) is listed by its name: it does not make the list fail.
+async fn an_action_a_newer_pagos_recorded_is_listed_by_its_name(backend: Backend) {
+    use pagos::entities::operator_action::{Column, Entity};
+    use sea_orm::sea_query::Expr;
+    let app = Spawn::new(backend).start().await;
+    let pass = app.admin_post("/admin/reconciliaciones", &json!({})).await;
+    assert_eq!(pass.status(), 200);
+    Entity::update_many()
+        .col_expr(Column::Action, Expr::value("a_newer_action"))
+        .exec(&app.db)
+        .await
+        .expect("renamed");
+
+    let rows = actions_as(&app, ADMIN_TOKEN, "").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["accion"], "a_newer_action", "{rows:?}");
+    assert_eq!(rows[0]["operador"], "admin", "{rows:?}");
 }
