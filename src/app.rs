@@ -4,7 +4,7 @@
 //!
 //! Start-up is the only place allowed to stop the process on bad settings.
 
-use crate::config::{GatewayKind, Settings};
+use crate::config::{GatewayKind, RanBy, SettingError, Settings};
 use crate::db;
 use crate::gateway::Gateway;
 use crate::gateway::http::HttpGateway;
@@ -557,12 +557,14 @@ const PASS_BY_CLI: &str = "run a pass now (pagos reconcile --once)";
 /// refused with one line.
 pub async fn reconcile_once(
     settings: Settings,
-    operator: &str,
+    ran_by: RanBy,
 ) -> anyhow::Result<std::process::ExitCode> {
     use crate::operators::actions::{self, Action};
     let db = crate::db::open(&settings.database).await?;
     crate::db::check_clock(&db).await?;
     pin_gateway(&db, &settings).await?;
+    let operator = pass_operator(&db, ran_by).await?;
+    let operator = operator.as_str();
     let gateway = gateway_from(&settings)?;
     let state = build(db, settings, gateway);
     let row = actions::begin(&state.db, operator, Action::ReconcilePass, None, PASS_BY_CLI)
@@ -593,6 +595,37 @@ pub async fn reconcile_once(
         None => Ok(std::process::ExitCode::SUCCESS),
         // The error's own words (its sources are in them already), on one line.
         Some(err) => Err(anyhow::anyhow!("reconciliation pass cut short: {err}")),
+    }
+}
+
+/// The name a pass by hand is recorded under. One named with `--operador` must be an
+/// operator who may run a pass, as the admin API would ask of their token: one that is
+/// not (a typo, a revoked or a `lector` operator) is a bad setting, so that the audit
+/// trail never names someone who is not, or may not act.
+async fn pass_operator(db: &DatabaseConnection, ran_by: RanBy) -> anyhow::Result<String> {
+    let name = match ran_by {
+        RanBy::Login(login) => return Ok(login),
+        RanBy::Operator(name) => name,
+    };
+    let refused = |message: String| SettingError {
+        env: "PAGOS_OPERATOR",
+        flag: "operador",
+        message,
+    };
+    match crate::operators::store::active_by_name(db, &name).await? {
+        None => Err(refused(format!(
+            "no operator named {:?}, or revoked (`pagos operators list` shows them); unset, the pass is recorded under the login name",
+            name.as_str()
+        ))
+        .into()),
+        Some(found) if found.role != crate::operators::Role::Operador => Err(refused(format!(
+            "{} is a {}: running a pass needs the role operador",
+            found.name,
+            found.role.as_str()
+        ))
+        .into()),
+        // As stored: `Ana` given for `ana` is recorded as `ana`.
+        Some(found) => Ok(found.name),
     }
 }
 

@@ -150,9 +150,9 @@ pub struct ReconcileArgs {
     /// Run one pass and exit (the only mode; the periodic reconciler runs inside `serve`)
     #[arg(long, required = true)]
     pub once: bool,
-    /// Who runs the pass, as the audit trail of on-call's actions records it (an
-    /// operator's name: letters, digits, `.`, `_`, `-`, `@`; at most 64; none pagos writes
-    /// itself); unset: `cli:` and the login name (USER, else LOGNAME)
+    /// Who runs the pass, as the audit trail of on-call's actions records it: an operator
+    /// of `pagos operators list`, not revoked, with the role operador; unset: `cli:` and
+    /// the login name (USER, else LOGNAME)
     #[arg(long, env = "PAGOS_OPERATOR", value_name = "NAME",
           value_parser = |s: &str| crate::operators::OperatorName::parse_new(s))]
     pub operador: Option<crate::operators::OperatorName>,
@@ -160,18 +160,26 @@ pub struct ReconcileArgs {
     pub settings: Box<Settings>,
 }
 
+/// Who runs a pass by hand, as its audit row will name them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RanBy {
+    /// `--operador`: an operator of the operators table, checked before the pass.
+    Operator(crate::operators::OperatorName),
+    /// Unnamed: `cli:` and the login name (`cli` alone without one). The `:` keeps it
+    /// apart from every operator's name, which cannot hold one.
+    Login(String),
+}
+
 impl ReconcileArgs {
-    /// The name the pass's audit row gives who ran it: `--operador`, else `cli:` and the
-    /// login name (`cli` alone without one). The `:` keeps it apart from every operator's
-    /// name, which cannot hold one.
-    pub fn operator(&self) -> String {
+    /// Who the pass's audit row names: `--operador`, else the login it ran under.
+    pub fn operator(&self) -> RanBy {
         match &self.operador {
-            Some(name) => name.as_str().to_owned(),
-            None => cli_operator(
+            Some(name) => RanBy::Operator(name.clone()),
+            None => RanBy::Login(cli_operator(
                 ["USER", "LOGNAME"]
                     .iter()
                     .find_map(|var| std::env::var(var).ok()),
-            ),
+            )),
         }
     }
 }
@@ -1032,7 +1040,10 @@ mod tests {
             }) => args,
             other => panic!("not a reconcile command: {other:?}"),
         };
-        assert_eq!(named.operator(), "ana");
+        assert_eq!(
+            named.operator(),
+            RanBy::Operator(crate::operators::OperatorName::parse("ana").expect("a name"))
+        );
         for bad in ["admin", "reconciler", "", "ana p", "cli:ana"] {
             let err = parse(&["reconcile", "--once", "--operador", bad]).expect_err(bad);
             let line = one_line_error_in(&err, ["reconcile".to_owned()]);

@@ -78,8 +78,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 eprintln!("pagos: {err}");
                 return Ok(ExitCode::from(2));
             }
-            let operator = args.operator();
-            return app::reconcile_once(*args.settings, &operator).await;
+            let ran_by = args.operator();
+            return app::reconcile_once(*args.settings, ran_by).await;
         }
     }
     Ok(ExitCode::SUCCESS)

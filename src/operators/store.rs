@@ -93,6 +93,21 @@ pub async fn list(db: &DatabaseConnection) -> Result<Vec<operator::Model>, DbErr
         .await
 }
 
+/// The operator named `name`, whatever its case (two never differ by case alone), unless
+/// revoked.
+pub async fn active_by_name(
+    db: &DatabaseConnection,
+    name: &OperatorName,
+) -> Result<Option<operator::Model>, DbErr> {
+    let folded = name.folded();
+    Ok(operator::Entity::find()
+        .filter(operator::Column::RevokedAt.is_null())
+        .all(db)
+        .await?
+        .into_iter()
+        .find(|active| active.name.to_lowercase() == folded))
+}
+
 /// The operator whose token hashes to `token_hash`, unless revoked.
 pub async fn active_by_token(
     db: &DatabaseConnection,

@@ -7,7 +7,7 @@
 
 use crate::helpers::{ADMIN_TOKEN, Backend, FakeGateway, Spawn, TestApp, json, payment_body};
 use crate::on_both_databases;
-use crate::operators::operator;
+use crate::operators::{operator, operator_in};
 use pagos::operators::Role;
 use sea_orm::EntityTrait;
 use serde_json::{Value, json};
@@ -18,6 +18,7 @@ on_both_databases!(
     an_action_whose_audit_row_cannot_be_written_is_refused_and_nothing_is_done,
     a_pass_run_by_pagos_reconcile_once_leaves_a_row_naming_its_operator_and_its_report,
     pagos_reconcile_once_whose_audit_row_cannot_be_written_is_refused_and_does_nothing,
+    pagos_reconcile_once_names_only_an_operator_who_may_run_a_pass,
     a_payment_resolved_by_hand_leaves_a_row_with_what_came_of_it_and_a_refusal_says_refused,
     a_refund_resolved_by_hand_leaves_a_row_on_the_refund_and_a_refusal_says_refused,
     an_on_call_refund_leaves_a_row_and_its_replay_says_nothing_new_was_refunded,
@@ -260,6 +261,9 @@ async fn a_pass_run_by_pagos_reconcile_once_leaves_a_row_naming_its_operator_and
     backend: Backend,
 ) {
     let world = charged_and_due(backend, 2).await;
+    for name in ["ana", "luis"] {
+        operator_in(&world.db, name, Role::Operador).await;
+    }
     let output = reconcile_by_hand(&world, &["--operador", "ana"], &[]).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
@@ -329,6 +333,7 @@ async fn pagos_reconcile_once_whose_audit_row_cannot_be_written_is_refused_and_d
 ) {
     use sea_orm::ConnectionTrait;
     let world = charged_and_due(backend, 2).await;
+    operator_in(&world.db, "ana", Role::Operador).await;
     world
         .db
         .execute_unprepared("DROP TABLE IF EXISTS operator_actions")
@@ -358,6 +363,60 @@ async fn pagos_reconcile_once_whose_audit_row_cannot_be_written_is_refused_and_d
         .expect("query");
     after.sort_by_key(|p| p.id);
     assert_eq!(after, before, "not settled, not even claimed");
+}
+
+/// `--operador` names an operator of the operators table who may act, as an operator's
+/// token would have to: a typo, a revoked operator or a `lector` is a bad setting (one
+/// line naming PAGOS_OPERATOR, exit 2), and nothing is run or recorded. The name is
+/// recorded as the operator's, whatever case it was given in.
+async fn pagos_reconcile_once_names_only_an_operator_who_may_run_a_pass(backend: Backend) {
+    let world = charged_and_due(backend, 2).await;
+    operator_in(&world.db, "ana", Role::Operador).await;
+    operator_in(&world.db, "luis", Role::Lector).await;
+    operator_in(&world.db, "bea", Role::Operador).await;
+    pagos::operators::store::revoke(
+        &world.db,
+        &pagos::operators::OperatorName::parse("bea").expect("name"),
+    )
+    .await
+    .expect("revoked");
+
+    for (name, says) in [
+        ("anna", "no operator named \"anna\""),
+        ("bea", "no operator named \"bea\", or revoked"),
+        ("luis", "luis is a lector"),
+    ] {
+        let output = reconcile_by_hand(&world, &["--operador", name], &[]).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{name}: {stderr}");
+        assert!(output.stdout.is_empty(), "{name}: no report, no pass");
+        let said: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("pagos: "))
+            .collect();
+        assert_eq!(said.len(), 1, "{name}: one line: {stderr}");
+        assert!(said[0].contains("PAGOS_OPERATOR"), "{name}: {stderr}");
+        assert!(said[0].contains(says), "{name}: {stderr}");
+    }
+    assert_eq!(world.fake.lookups_made(), 0, "the provider was not asked");
+    let rows = pagos::entities::operator_action::Entity::find()
+        .all(&world.db)
+        .await
+        .expect("query");
+    assert!(rows.is_empty(), "nothing recorded: {rows:?}");
+
+    let output = reconcile_by_hand(&world, &["--operador", "ANA"], &[]).await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let rows = pagos::entities::operator_action::Entity::find()
+        .all(&world.db)
+        .await
+        .expect("query");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].operator, "ana", "recorded as the operator is named");
 }
 
 /// eva's actions on `objetivo`, newest first.

@@ -58,15 +58,15 @@ async fn reviewing(
 
 /// Adds an operator as `pagos operators add` does; their token.
 pub async fn operator(app: &TestApp, name: &str, role: Role) -> String {
+    operator_in(&app.db, name, role).await
+}
+
+/// As `operator`, in the database `db`.
+pub async fn operator_in(db: &sea_orm::DatabaseConnection, name: &str, role: Role) -> String {
     let token = Token::generate();
-    store::add(
-        &app.db,
-        &OperatorName::parse(name).expect("name"),
-        role,
-        &token,
-    )
-    .await
-    .expect("operator added");
+    store::add(db, &OperatorName::parse(name).expect("name"), role, &token)
+        .await
+        .expect("operator added");
     token.expose().to_owned()
 }
 
