@@ -86,6 +86,12 @@ pub struct StateLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PurgedLabel {
+    /// `event_ids` (processed webhook ids), `charge_reports` or `refund_reports`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabel {
     /// `max_in_flight` (shed) or `request_timeout` (cut).
     pub limit: &'static str,
@@ -105,6 +111,8 @@ pub struct Metrics {
     pub reconciler_passes: Counter,
     pub webhook_events: Family<OutcomeLabel, Counter>,
     pub keys_purged: Counter,
+    /// Gateway webhook records the reaper deleted past their retention, by kind.
+    pub webhook_records_purged: Family<PurgedLabel, Counter>,
     pub payments: Family<StateLabel, Gauge>,
     /// 1 when the last refresh could read the database.
     pub database_up: Gauge,
@@ -201,6 +209,12 @@ impl Metrics {
             "idempotency_keys_purged",
             "Idempotency keys deleted by the reaper",
             keys_purged.clone(),
+        );
+        let webhook_records_purged = Family::<PurgedLabel, Counter>::default();
+        registry.register(
+            "webhook_records_purged",
+            "Gateway webhook records deleted by the reaper past their retention, by kind (event_ids, charge_reports, refund_reports)",
+            webhook_records_purged.clone(),
         );
         let payments = Family::<StateLabel, Gauge>::default();
         registry.register(
@@ -312,6 +326,7 @@ impl Metrics {
             reconciler_passes,
             webhook_events,
             keys_purged,
+            webhook_records_purged,
             payments,
             oldest_unsettled_age,
             refunds,
@@ -361,6 +376,13 @@ impl Metrics {
             .set(i64::try_from(entries).unwrap_or(i64::MAX));
         self.replay_cache_bytes
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// `count` webhook records of `kind` deleted by the reaper.
+    pub fn webhook_records_purged(&self, kind: &'static str, count: u64) {
+        self.webhook_records_purged
+            .get_or_create(&PurgedLabel { kind })
+            .inc_by(count);
     }
 
     pub fn webhook_event(&self, outcome: &'static str) {

@@ -131,6 +131,13 @@ pub fn report_retention(key_retention: Duration, message_retention: Duration) ->
     key_retention.max(message_retention)
 }
 
+/// How many webhook reports a purge deleted, of charges and of refunds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReportsPurged {
+    pub charges: u64,
+    pub refunds: u64,
+}
+
 /// Deletes the webhook reports of charges and refunds last updated before `older_than`
 /// that nothing needs any more (`webhooks::purge_charge_reports`,
 /// `purge_refund_reports`), `batch` rows per statement; returns how many.
@@ -139,19 +146,22 @@ pub async fn purge_reports(
     older_than: DateTime<Utc>,
     batch: u64,
     stop: Option<&tokio::sync::watch::Receiver<bool>>,
-) -> Result<u64, DbErr> {
+) -> Result<ReportsPurged, DbErr> {
     let charges = in_batches("webhook charge reports", batch, stop, || {
         crate::webhooks::purge_charge_reports(db, older_than, batch)
     })
     .await?;
     if stop.is_some_and(|stop| *stop.borrow()) {
-        return Ok(charges);
+        return Ok(ReportsPurged {
+            charges,
+            refunds: 0,
+        });
     }
     let refunds = in_batches("webhook refund reports", batch, stop, || {
         crate::webhooks::purge_refund_reports(db, older_than, batch)
     })
     .await?;
-    Ok(charges + refunds)
+    Ok(ReportsPurged { charges, refunds })
 }
 
 /// Deletes expired idempotency keys of final payments, webhook ids past their retention
@@ -174,6 +184,7 @@ pub async fn run(reaper: &Reaper, stop: &tokio::sync::watch::Receiver<bool>) -> 
     })
     .await?;
     if messages > 0 {
+        reaper.metrics.webhook_records_purged("event_ids", messages);
         tracing::info!(
             purged = messages,
             "processed webhook ids past retention deleted"
@@ -187,9 +198,16 @@ pub async fn run(reaper: &Reaper, stop: &tokio::sync::watch::Receiver<bool>) -> 
         Some(stop),
     )
     .await?;
-    if reports > 0 {
+    if reports.charges + reports.refunds > 0 {
+        reaper
+            .metrics
+            .webhook_records_purged("charge_reports", reports.charges);
+        reaper
+            .metrics
+            .webhook_records_purged("refund_reports", reports.refunds);
         tracing::info!(
-            purged = reports,
+            charges = reports.charges,
+            refunds = reports.refunds,
             "webhook reports of settled payments and refunds past retention deleted"
         );
     }

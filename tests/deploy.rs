@@ -47,6 +47,7 @@ fn exported() -> BTreeSet<String> {
         })
         .inc();
     metrics.webhook_event("aplicado");
+    metrics.webhook_records_purged("event_ids", 1);
     metrics.decision("completed");
     metrics.gateway_call("charge", "succeeded", std::time::Instant::now());
     metrics

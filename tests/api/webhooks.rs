@@ -850,9 +850,23 @@ async fn the_reaper_purges_old_webhook_reports_of_settled_payments_and_refunds_a
             .expect("seed");
     }
 
+    // Two event ids, one past the ids' week of retention.
+    for (id, at) in [("evt_old", month_ago), ("evt_new", now)] {
+        use pagos::entities::processed_message;
+        processed_message::Entity::insert(processed_message::ActiveModel {
+            source: sea_orm::ActiveValue::Set("http".to_owned()),
+            message_id: sea_orm::ActiveValue::Set(id.to_owned()),
+            received_at: sea_orm::ActiveValue::Set(at),
+        })
+        .exec_without_returning(&db)
+        .await
+        .expect("seed");
+    }
+
+    let metrics = std::sync::Arc::new(pagos::metrics::Metrics::new());
     let reaper = pagos::reaper::Reaper {
         db: db.clone(),
-        metrics: std::sync::Arc::new(pagos::metrics::Metrics::new()),
+        metrics: metrics.clone(),
         key_retention: std::time::Duration::from_secs(86_400),
         message_retention: std::time::Duration::from_secs(7 * 86_400),
         // One row per statement: the purge goes batch after batch.
@@ -862,6 +876,15 @@ async fn the_reaper_purges_old_webhook_reports_of_settled_payments_and_refunds_a
     pagos::reaper::run(&reaper, &stop)
         .await
         .expect("a reaper pass");
+    // What it deleted is counted, by kind: on-call sees the reaper at work in /metrics.
+    let counted = metrics.render();
+    for line in [
+        "pagos_webhook_records_purged_total{kind=\"charge_reports\"} 3",
+        "pagos_webhook_records_purged_total{kind=\"refund_reports\"} 2",
+        "pagos_webhook_records_purged_total{kind=\"event_ids\"} 1",
+    ] {
+        assert!(counted.lines().any(|l| l == line), "{line} in:\n{counted}");
+    }
 
     let mut charges_left: Vec<String> = webhook_charge::Entity::find()
         .all(&db)
