@@ -9,7 +9,7 @@ use super::actions::{self, Asked};
 use super::auth::{Admin, AdminTokenRefused, PaymentNotFound, ReadOnlyRole};
 use super::extract::{self, PathId};
 use super::problem::{ApiError, Problem, ProblemType, RawBodyTooLarge};
-use super::provider_check;
+use super::provider_check::{self, Choice};
 use crate::entities::{payment, payment_transition as transitions};
 use crate::operators::actions::Action;
 use crate::representation::{Pago, RESOLVED_FAILED};
@@ -585,34 +585,34 @@ fn checked_against(
         }
         return Ok(gateway_ref.map(str::to_owned));
     }
-    let fitting: Vec<&crate::gateway::Charge> = provider.succeeded.iter().filter(fits).collect();
-    if let Some(named) = gateway_ref {
-        if overruled || fitting.iter().any(|c| c.id == named) {
-            return Ok(Some(named.to_owned()));
-        }
-        let why = match provider.succeeded.iter().find(|c| c.id == named) {
-            Some(c) => format!(
-                "Charge {named} is for {} {}, but the payment is for {} {}: it is not this payment's charge.",
-                c.amount, c.currency, current.amount, current.currency
-            ),
-            None => format!(
-                "gatewayRef {named} is not a succeeded charge the provider holds for this payment (a typo, another payment's charge, or not succeeded): a later refund of this payment would refund it."
-            ),
-        };
-        return Err(provider.disagrees(&why));
-    }
+    let fitting: Vec<&str> = provider
+        .succeeded
+        .iter()
+        .filter(fits)
+        .map(|c| c.id.as_str())
+        .collect();
     let own = current.gateway_ref.as_deref();
-    if fitting.iter().any(|c| Some(c.id.as_str()) == own) {
-        return Ok(None);
-    }
-    match fitting.as_slice() {
-        [one] => Ok(Some(one.id.clone())),
-        [] if overruled => Ok(None),
-        [] => Err(provider.disagrees(&format!(
+    match provider_check::choose(&fitting, gateway_ref, own, overruled) {
+        Choice::Record(id) => Ok(Some(id.to_owned())),
+        Choice::KeepOwn => Ok(None),
+        Choice::NamedUnfit(named) => {
+            let why = match provider.succeeded.iter().find(|c| c.id == named) {
+                Some(c) => format!(
+                    "Charge {named} is for {} {}, but the payment is for {} {}: it is not this payment's charge.",
+                    c.amount, c.currency, current.amount, current.currency
+                ),
+                None => format!(
+                    "gatewayRef {named} is not a succeeded charge the provider holds for this payment (a typo, another payment's charge, or not succeeded): a later refund of this payment would refund it."
+                ),
+            };
+            Err(provider.disagrees(&why))
+        }
+        Choice::NoneFits if overruled => Ok(None),
+        Choice::NoneFits => Err(provider.disagrees(&format!(
             "COMPLETADA needs a succeeded charge of the payment's {} {}, and the provider shows no succeeded charge of it: the merchant would be told it was paid while no money was taken. Wait while a charge is pending; resolve FALLIDA if none was taken.",
             current.amount, current.currency
         ))),
-        _ => Err(provider.disagrees(
+        Choice::Several => Err(provider.disagrees(
             "The provider holds several succeeded charges for this payment: say which one is its charge with gatewayRef (and refund the others).",
         )),
     }

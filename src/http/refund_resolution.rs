@@ -26,7 +26,7 @@ use super::admin::{Transicion, operator_in, resolution_reason};
 use super::auth::{Admin, AdminTokenRefused, ReadOnlyRole};
 use super::extract::PathId;
 use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
-use super::provider_check;
+use super::provider_check::{self, Choice};
 use crate::entities::refund;
 use crate::gateway::{GatewayError, Refund, RefundStatus};
 use crate::operators::actions::Action;
@@ -596,44 +596,46 @@ fn checked_against(
             && r.amount == current.amount
             && r.currency.eq_ignore_ascii_case(&current.currency)
     };
-    let fitting: Vec<&Refund> = found.iter().copied().filter(fits).collect();
-    if let Some(named) = named {
-        if overruled || fitting.iter().any(|r| r.id == named) {
-            return Ok(Some(named.to_owned()));
-        }
-        let why = match found.iter().find(|r| r.id == named) {
-            Some(r) if r.status != RefundStatus::Succeeded => format!(
-                "Refund {named} is {} at the provider: no money went back by it.",
-                status_word(r.status)
-            ),
-            Some(r) => format!(
-                "Refund {named} is for {} {}, but this refund is for {} {}.",
-                r.amount, r.currency, current.amount, current.currency
-            ),
-            None => format!(
-                "gatewayRef {named} is not a refund the provider holds for this refund (a typo, or another refund's: its money would count twice)."
-            ),
-        };
-        return Err(provider.disagrees(&why));
-    }
+    let fitting: Vec<&str> = found
+        .iter()
+        .copied()
+        .filter(fits)
+        .map(|r| r.id.as_str())
+        .collect();
     let own = current.gateway_ref.as_deref();
-    if fitting.iter().any(|r| Some(r.id.as_str()) == own) {
-        return Ok(None);
-    }
-    match fitting.as_slice() {
-        [one] => Ok(Some(one.id.clone())),
+    match provider_check::choose(&fitting, named, own, overruled) {
+        Choice::Record(id) => Ok(Some(id.to_owned())),
+        Choice::KeepOwn => Ok(None),
+        Choice::NamedUnfit(named) => {
+            let why = match found.iter().find(|r| r.id == named) {
+                Some(r) if r.status != RefundStatus::Succeeded => format!(
+                    "Refund {named} is {} at the provider: no money went back by it.",
+                    status_word(r.status)
+                ),
+                Some(r) => format!(
+                    "Refund {named} is for {} {}, but this refund is for {} {}.",
+                    r.amount, r.currency, current.amount, current.currency
+                ),
+                None => format!(
+                    "gatewayRef {named} is not a refund the provider holds for this refund (a typo, or another refund's: its money would count twice)."
+                ),
+            };
+            Err(provider.disagrees(&why))
+        }
         // The provider could not be asked: on-call's word, with what it could name.
-        [] if overruled && matches!(provider.search, Search::Unreachable(_)) => Ok(None),
+        Choice::NoneFits if overruled && matches!(provider.search, Search::Unreachable(_)) => {
+            Ok(None)
+        }
         // Overruled with the provider answering: the refund that gave the money back must
         // be named, so that no other refund of the payment can be resolved on it too.
-        [] if overruled => Err(bad_request(
+        Choice::NoneFits if overruled => Err(bad_request(
             "COMPLETADO against what the provider shows needs gatewayRef: the provider's id of the refund that gave this money back (from its dashboard), so that no other refund of this payment can be settled on it too",
         )),
-        [] => Err(provider.disagrees(&format!(
+        Choice::NoneFits => Err(provider.disagrees(&format!(
             "COMPLETADO needs a succeeded refund of this refund's {} {}, and the provider shows no succeeded refund of it: the merchant would be told money went back while none did. Wait while one is pending; resolve FALLIDO if none was made or it failed.",
             current.amount, current.currency
         ))),
-        _ => Err(provider.disagrees(
+        Choice::Several => Err(provider.disagrees(
             "The provider holds several succeeded refunds for this refund: say which one is its refund with gatewayRef (the others gave the money back again).",
         )),
     }
