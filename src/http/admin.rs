@@ -175,6 +175,18 @@ pub fn resolution_reason(who: &str, motivo: &str) -> String {
     format!("resolved by {who} (on-call): {motivo}")
 }
 
+/// On-call's reason for a resolution (`motivo`), trimmed; a 422 when it is blank or longer
+/// than 1000 characters.
+pub fn resolution_motivo(asked: &str) -> Result<&str, ApiError> {
+    let motivo = asked.trim();
+    if motivo.is_empty() || motivo.chars().count() > 1000 {
+        return Err(bad_request(
+            "motivo is required (1–1000 characters): say why, for the audit trail",
+        ));
+    }
+    Ok(motivo)
+}
+
 /// The operator a resolution's reason names (`resolution_reason`); none for rows written
 /// before operators existed.
 pub fn operator_in(reason: &str) -> Option<&str> {
@@ -719,12 +731,7 @@ async fn resolve_unrecorded(
         "FALLIDA" => Event::ResolveFailed,
         _ => return Err(bad_request("estado must be COMPLETADA or FALLIDA")),
     };
-    let motivo = asked.motivo.trim();
-    if motivo.is_empty() || motivo.chars().count() > 1000 {
-        return Err(bad_request(
-            "motivo is required (1–1000 characters): say why, for the audit trail",
-        ));
-    }
+    let motivo = resolution_motivo(asked.motivo)?;
     let current = store::find_payment(&state.db, id)
         .await?
         .ok_or_else(not_found)?;
@@ -736,11 +743,7 @@ async fn resolve_unrecorded(
             ))
             .into());
     }
-    if let Some(r) = &asked.gateway_ref
-        && (r.trim().is_empty() || r.len() > 255)
-    {
-        return Err(bad_request("gatewayRef must be 1–255 characters"));
-    }
+    let gateway_ref = provider_check::gateway_ref(asked.gateway_ref.as_deref())?;
     let reembolsar = asked.reembolsar;
     if reembolsar && event != Event::ResolveFailed {
         return Err(bad_request(
@@ -753,7 +756,6 @@ async fn resolve_unrecorded(
             "contraProveedor goes without reembolsar: reembolsar refunds what the provider shows",
         ));
     }
-    let gateway_ref = asked.gateway_ref.as_deref().map(str::trim);
     // What the provider says, asked before anything is written. When it cannot be asked
     // (down, or an answer pagos cannot store), nothing contradicts on-call, who read the
     // provider's dashboard: the resolution is theirs, as the contract has it, and its

@@ -1,9 +1,10 @@
 //! What on-call's resolutions share when they check the provider before writing: of a
-//! payment (`admin::resolve_by_hand`) and of a refund (`refund_resolution`). On-call's
-//! reason to overrule the provider (`contraProveedor`), the refusal when the provider
-//! contradicts the resolution (409 `provider-disagrees`), the 503 when it cannot be asked,
-//! the audit reason of an overrule, and which of the provider's ids a resolution that says
-//! the money moved records (`choose`).
+//! payment (`admin::resolve_by_hand`) and of a refund (`refund_resolution`). The provider's
+//! id on-call names (`gatewayRef`) and which of the provider's ids a resolution that says
+//! the money moved records (`choose`); on-call's reason to overrule the provider
+//! (`contraProveedor`), the refusal when the provider contradicts the resolution (409
+//! `provider-disagrees`), the 503 when it cannot be asked, and the audit reason of an
+//! overrule.
 
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::gateway::GatewayError;
@@ -23,6 +24,19 @@ pub fn overrule(asked: Option<&str>) -> Result<Option<String>, ApiError> {
                 .into())
         }
         Some(why) => Ok(Some(why.to_owned())),
+    }
+}
+
+/// `gatewayRef` as on-call sent it: none, or the provider's id trimmed; a 422 when it is
+/// blank or longer than 255 bytes.
+pub fn gateway_ref(asked: Option<&str>) -> Result<Option<&str>, ApiError> {
+    match asked {
+        Some(r) if r.trim().is_empty() || r.len() > 255 => {
+            Err(Problem::new(ProblemType::Validation)
+                .detail("gatewayRef must be 1–255 characters")
+                .into())
+        }
+        asked => Ok(asked.map(str::trim)),
     }
 }
 

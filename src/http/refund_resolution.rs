@@ -22,7 +22,7 @@
 
 use super::AppState;
 use super::actions;
-use super::admin::{Transicion, operator_in, resolution_reason};
+use super::admin::{Transicion, operator_in, resolution_motivo, resolution_reason};
 use super::auth::{Admin, AdminTokenRefused, ReadOnlyRole};
 use super::extract::PathId;
 use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
@@ -201,17 +201,8 @@ async fn resolve_unrecorded(
         "FALLIDO" => Event::ResolveFailed,
         _ => return Err(bad_request("estado must be COMPLETADO or FALLIDO")),
     };
-    let motivo = request.motivo.trim();
-    if motivo.is_empty() || motivo.chars().count() > 1000 {
-        return Err(bad_request(
-            "motivo is required (1–1000 characters): say why, for the audit trail",
-        ));
-    }
-    if let Some(r) = &request.gateway_ref
-        && (r.trim().is_empty() || r.len() > 255)
-    {
-        return Err(bad_request("gatewayRef must be 1–255 characters"));
-    }
+    let motivo = resolution_motivo(&request.motivo)?;
+    let named = provider_check::gateway_ref(request.gateway_ref.as_deref())?;
     let overrule = provider_check::overrule(request.contra_proveedor.as_deref())?;
     let current = store::find(&state.db, id).await?.ok_or_else(not_found)?;
     if current.state != RefundState::RevisionManual {
@@ -220,7 +211,6 @@ async fn resolve_unrecorded(
             current.state
         )));
     }
-    let named = request.gateway_ref.as_deref().map(str::trim);
     // What the provider says, asked before anything is written: a look-up that fails
     // changes nothing (503) unless on-call overrules it; a FALLIDO its webhooks contradict
     // is refused then too, as it is when the provider answers.
