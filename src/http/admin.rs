@@ -170,6 +170,29 @@ pub struct Transicion {
     pub operador: Option<String>,
 }
 
+impl Transicion {
+    /// A row of an audit trail (a payment's, a refund's: its states `from` and `to` by
+    /// name), as on-call reads it; a row by `admin` names the operator its reason names.
+    pub fn of<S: std::fmt::Display>(
+        from: Option<S>,
+        to: S,
+        actor: Actor,
+        reason: String,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Self {
+        Transicion {
+            desde: from.map(|s| s.to_string()),
+            hacia: to.to_string(),
+            quien: actor.as_str().to_owned(),
+            operador: (actor == Actor::Admin)
+                .then(|| operator_in(&reason).map(str::to_owned))
+                .flatten(),
+            motivo: reason,
+            en: at.to_rfc3339_opts(SecondsFormat::Millis, true),
+        }
+    }
+}
+
 /// The reason an on-call resolution writes: it names who resolved.
 pub fn resolution_reason(who: &str, motivo: &str) -> String {
     format!("resolved by {who} (on-call): {motivo}")
@@ -253,16 +276,7 @@ pub async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago,
         pago: PagoAdmin::of(p),
         transiciones: trail
             .into_iter()
-            .map(|t| Transicion {
-                desde: t.from_state.map(|s| s.as_str().to_owned()),
-                hacia: t.to_state.as_str().to_owned(),
-                quien: t.actor.as_str().to_owned(),
-                operador: (t.actor == store::Actor::Admin)
-                    .then(|| operator_in(&t.reason).map(str::to_owned))
-                    .flatten(),
-                motivo: t.reason,
-                en: t.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
-            })
+            .map(|t| Transicion::of(t.from_state, t.to_state, t.actor, t.reason, t.created_at))
             .collect(),
     })
 }

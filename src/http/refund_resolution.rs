@@ -22,7 +22,7 @@
 
 use super::AppState;
 use super::actions;
-use super::admin::{Transicion, operator_in, resolution_motivo, resolution_reason};
+use super::admin::{Transicion, resolution_motivo, resolution_reason};
 use super::auth::{Admin, AdminTokenRefused, ReadOnlyRole};
 use super::extract::PathId;
 use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
@@ -284,18 +284,7 @@ async fn resolve_unrecorded(
         reembolso: reembolso(&resolved),
         transiciones: trail
             .into_iter()
-            .map(|t| Transicion {
-                desde: t.from_state.map(|s| s.as_str().to_owned()),
-                hacia: t.to_state.as_str().to_owned(),
-                quien: t.actor.as_str().to_owned(),
-                operador: (t.actor == Actor::Admin)
-                    .then(|| operator_in(&t.reason).map(str::to_owned))
-                    .flatten(),
-                motivo: t.reason,
-                en: t
-                    .created_at
-                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            })
+            .map(|t| Transicion::of(t.from_state, t.to_state, t.actor, t.reason, t.created_at))
             .collect(),
     })
 }
