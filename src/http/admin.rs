@@ -697,13 +697,7 @@ fn asked_in_words(asked: &HandResolution<'_>) -> String {
     if let Some(charge) = &asked.gateway_ref {
         what.push_str(&format!(" (charge {})", actions::said(charge)));
     }
-    if let Some(why) = &asked.contra_proveedor {
-        what.push_str(&format!(
-            ", overruling the provider ({})",
-            actions::said(why)
-        ));
-    }
-    format!("{what}: {}", actions::said(asked.motivo))
+    provider_check::asked_in_words(&what, asked.contra_proveedor.as_deref(), asked.motivo)
 }
 
 /// A resolution done: the payment as it stands once the refunds it asked were sent.

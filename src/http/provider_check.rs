@@ -3,9 +3,10 @@
 //! id on-call names (`gatewayRef`) and which of the provider's ids a resolution that says
 //! the money moved records (`choose`); on-call's reason to overrule the provider
 //! (`contraProveedor`), the refusal when the provider contradicts the resolution (409
-//! `provider-disagrees`), the 503 when it cannot be asked, and the audit reason of an
-//! overrule.
+//! `provider-disagrees`), the 503 when it cannot be asked, and an overrule's words in the
+//! audit (in what was asked, `asked_in_words`; in the reason written, `overruled`).
 
+use super::actions;
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::gateway::GatewayError;
 use serde::Serialize;
@@ -67,6 +68,16 @@ pub fn disagrees(
         ))
         .with(field, found)
         .into()
+}
+
+/// What on-call asked of a resolution, for its row of who asked (`actions::audited`):
+/// `what` (`resolve the payment COMPLETADA (charge …)`), the overrule's reason if any,
+/// then the motivo, each as `actions::said` cuts it.
+pub fn asked_in_words(what: &str, overrule: Option<&str>, motivo: &str) -> String {
+    let overruling = overrule
+        .map(|why| format!(", overruling the provider ({})", actions::said(why)))
+        .unwrap_or_default();
+    format!("{what}{overruling}: {}", actions::said(motivo))
 }
 
 /// The audit reason of a resolution (`reason`) that overrules the provider, which `which`

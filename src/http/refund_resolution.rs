@@ -174,13 +174,7 @@ fn asked_in_words(request: &ResolucionReembolso) -> String {
     if let Some(named) = &request.gateway_ref {
         what.push_str(&format!(" (provider's refund {})", actions::said(named)));
     }
-    if let Some(why) = &request.contra_proveedor {
-        what.push_str(&format!(
-            ", overruling the provider ({})",
-            actions::said(why)
-        ));
-    }
-    format!("{what}: {}", actions::said(&request.motivo))
+    provider_check::asked_in_words(&what, request.contra_proveedor.as_deref(), &request.motivo)
 }
 
 /// What came of a refund's resolution, for its audit row.
