@@ -9,7 +9,7 @@ use super::actions::{self, Asked};
 use super::auth::{Admin, AdminTokenRefused, PaymentNotFound, ReadOnlyRole};
 use super::extract::{self, PathId};
 use super::problem::{ApiError, Problem, ProblemType, RawBodyTooLarge};
-use super::provider_check;
+use super::provider_check::{self, Choice};
 use crate::entities::{payment, payment_transition as transitions};
 use crate::operators::actions::Action;
 use crate::representation::{Pago, RESOLVED_FAILED};
@@ -170,9 +170,44 @@ pub struct Transicion {
     pub operador: Option<String>,
 }
 
+impl Transicion {
+    /// A row of an audit trail (a payment's, a refund's: its states `from` and `to` by
+    /// name), as on-call reads it; a row by `admin` names the operator its reason names.
+    pub fn of<S: std::fmt::Display>(
+        from: Option<S>,
+        to: S,
+        actor: Actor,
+        reason: String,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Self {
+        Transicion {
+            desde: from.map(|s| s.to_string()),
+            hacia: to.to_string(),
+            quien: actor.as_str().to_owned(),
+            operador: (actor == Actor::Admin)
+                .then(|| operator_in(&reason).map(str::to_owned))
+                .flatten(),
+            motivo: reason,
+            en: at.to_rfc3339_opts(SecondsFormat::Millis, true),
+        }
+    }
+}
+
 /// The reason an on-call resolution writes: it names who resolved.
 pub fn resolution_reason(who: &str, motivo: &str) -> String {
     format!("resolved by {who} (on-call): {motivo}")
+}
+
+/// On-call's reason for a resolution (`motivo`), trimmed; a 422 when it is blank or longer
+/// than 1000 characters.
+pub fn resolution_motivo(asked: &str) -> Result<&str, ApiError> {
+    let motivo = asked.trim();
+    if motivo.is_empty() || motivo.chars().count() > 1000 {
+        return Err(bad_request(
+            "motivo is required (1–1000 characters): say why, for the audit trail",
+        ));
+    }
+    Ok(motivo)
 }
 
 /// The operator a resolution's reason names (`resolution_reason`); none for rows written
@@ -241,16 +276,7 @@ pub async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago,
         pago: PagoAdmin::of(p),
         transiciones: trail
             .into_iter()
-            .map(|t| Transicion {
-                desde: t.from_state.map(|s| s.as_str().to_owned()),
-                hacia: t.to_state.as_str().to_owned(),
-                quien: t.actor.as_str().to_owned(),
-                operador: (t.actor == store::Actor::Admin)
-                    .then(|| operator_in(&t.reason).map(str::to_owned))
-                    .flatten(),
-                motivo: t.reason,
-                en: t.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
-            })
+            .map(|t| Transicion::of(t.from_state, t.to_state, t.actor, t.reason, t.created_at))
             .collect(),
     })
 }
@@ -585,34 +611,34 @@ fn checked_against(
         }
         return Ok(gateway_ref.map(str::to_owned));
     }
-    let fitting: Vec<&crate::gateway::Charge> = provider.succeeded.iter().filter(fits).collect();
-    if let Some(named) = gateway_ref {
-        if overruled || fitting.iter().any(|c| c.id == named) {
-            return Ok(Some(named.to_owned()));
-        }
-        let why = match provider.succeeded.iter().find(|c| c.id == named) {
-            Some(c) => format!(
-                "Charge {named} is for {} {}, but the payment is for {} {}: it is not this payment's charge.",
-                c.amount, c.currency, current.amount, current.currency
-            ),
-            None => format!(
-                "gatewayRef {named} is not a succeeded charge the provider holds for this payment (a typo, another payment's charge, or not succeeded): a later refund of this payment would refund it."
-            ),
-        };
-        return Err(provider.disagrees(&why));
-    }
+    let fitting: Vec<&str> = provider
+        .succeeded
+        .iter()
+        .filter(fits)
+        .map(|c| c.id.as_str())
+        .collect();
     let own = current.gateway_ref.as_deref();
-    if fitting.iter().any(|c| Some(c.id.as_str()) == own) {
-        return Ok(None);
-    }
-    match fitting.as_slice() {
-        [one] => Ok(Some(one.id.clone())),
-        [] if overruled => Ok(None),
-        [] => Err(provider.disagrees(&format!(
+    match provider_check::choose(&fitting, gateway_ref, own, overruled) {
+        Choice::Record(id) => Ok(Some(id.to_owned())),
+        Choice::KeepOwn => Ok(None),
+        Choice::NamedUnfit(named) => {
+            let why = match provider.succeeded.iter().find(|c| c.id == named) {
+                Some(c) => format!(
+                    "Charge {named} is for {} {}, but the payment is for {} {}: it is not this payment's charge.",
+                    c.amount, c.currency, current.amount, current.currency
+                ),
+                None => format!(
+                    "gatewayRef {named} is not a succeeded charge the provider holds for this payment (a typo, another payment's charge, or not succeeded): a later refund of this payment would refund it."
+                ),
+            };
+            Err(provider.disagrees(&why))
+        }
+        Choice::NoneFits if overruled => Ok(None),
+        Choice::NoneFits => Err(provider.disagrees(&format!(
             "COMPLETADA needs a succeeded charge of the payment's {} {}, and the provider shows no succeeded charge of it: the merchant would be told it was paid while no money was taken. Wait while a charge is pending; resolve FALLIDA if none was taken.",
             current.amount, current.currency
         ))),
-        _ => Err(provider.disagrees(
+        Choice::Several => Err(provider.disagrees(
             "The provider holds several succeeded charges for this payment: say which one is its charge with gatewayRef (and refund the others).",
         )),
     }
@@ -671,13 +697,7 @@ fn asked_in_words(asked: &HandResolution<'_>) -> String {
     if let Some(charge) = &asked.gateway_ref {
         what.push_str(&format!(" (charge {})", actions::said(charge)));
     }
-    if let Some(why) = &asked.contra_proveedor {
-        what.push_str(&format!(
-            ", overruling the provider ({})",
-            actions::said(why)
-        ));
-    }
-    format!("{what}: {}", actions::said(asked.motivo))
+    provider_check::asked_in_words(&what, asked.contra_proveedor.as_deref(), asked.motivo)
 }
 
 /// A resolution done: the payment as it stands once the refunds it asked were sent.
@@ -719,12 +739,7 @@ async fn resolve_unrecorded(
         "FALLIDA" => Event::ResolveFailed,
         _ => return Err(bad_request("estado must be COMPLETADA or FALLIDA")),
     };
-    let motivo = asked.motivo.trim();
-    if motivo.is_empty() || motivo.chars().count() > 1000 {
-        return Err(bad_request(
-            "motivo is required (1–1000 characters): say why, for the audit trail",
-        ));
-    }
+    let motivo = resolution_motivo(asked.motivo)?;
     let current = store::find_payment(&state.db, id)
         .await?
         .ok_or_else(not_found)?;
@@ -736,11 +751,7 @@ async fn resolve_unrecorded(
             ))
             .into());
     }
-    if let Some(r) = &asked.gateway_ref
-        && (r.trim().is_empty() || r.len() > 255)
-    {
-        return Err(bad_request("gatewayRef must be 1–255 characters"));
-    }
+    let gateway_ref = provider_check::gateway_ref(asked.gateway_ref.as_deref())?;
     let reembolsar = asked.reembolsar;
     if reembolsar && event != Event::ResolveFailed {
         return Err(bad_request(
@@ -753,7 +764,6 @@ async fn resolve_unrecorded(
             "contraProveedor goes without reembolsar: reembolsar refunds what the provider shows",
         ));
     }
-    let gateway_ref = asked.gateway_ref.as_deref().map(str::trim);
     // What the provider says, asked before anything is written. When it cannot be asked
     // (down, or an answer pagos cannot store), nothing contradicts on-call, who read the
     // provider's dashboard: the resolution is theirs, as the contract has it, and its

@@ -1,9 +1,12 @@
 //! What on-call's resolutions share when they check the provider before writing: of a
-//! payment (`admin::resolve_by_hand`) and of a refund (`refund_resolution`). On-call's
-//! reason to overrule the provider (`contraProveedor`), the refusal when the provider
-//! contradicts the resolution (409 `provider-disagrees`), the 503 when it cannot be asked,
-//! and the audit reason of an overrule.
+//! payment (`admin::resolve_by_hand`) and of a refund (`refund_resolution`). The provider's
+//! id on-call names (`gatewayRef`) and which of the provider's ids a resolution that says
+//! the money moved records (`choose`); on-call's reason to overrule the provider
+//! (`contraProveedor`), the refusal when the provider contradicts the resolution (409
+//! `provider-disagrees`), the 503 when it cannot be asked, and an overrule's words in the
+//! audit (in what was asked, `asked_in_words`; in the reason written, `overruled`).
 
+use super::actions;
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::gateway::GatewayError;
 use serde::Serialize;
@@ -22,6 +25,19 @@ pub fn overrule(asked: Option<&str>) -> Result<Option<String>, ApiError> {
                 .into())
         }
         Some(why) => Ok(Some(why.to_owned())),
+    }
+}
+
+/// `gatewayRef` as on-call sent it: none, or the provider's id trimmed; a 422 when it is
+/// blank or longer than 255 bytes.
+pub fn gateway_ref(asked: Option<&str>) -> Result<Option<&str>, ApiError> {
+    match asked {
+        Some(r) if r.trim().is_empty() || r.len() > 255 => {
+            Err(Problem::new(ProblemType::Validation)
+                .detail("gatewayRef must be 1–255 characters")
+                .into())
+        }
+        asked => Ok(asked.map(str::trim)),
     }
 }
 
@@ -54,8 +70,88 @@ pub fn disagrees(
         .into()
 }
 
+/// What on-call asked of a resolution, for its row of who asked (`actions::audited`):
+/// `what` (`resolve the payment COMPLETADA (charge …)`), the overrule's reason if any,
+/// then the motivo, each as `actions::said` cuts it.
+pub fn asked_in_words(what: &str, overrule: Option<&str>, motivo: &str) -> String {
+    let overruling = overrule
+        .map(|why| format!(", overruling the provider ({})", actions::said(why)))
+        .unwrap_or_default();
+    format!("{what}{overruling}: {}", actions::said(motivo))
+}
+
 /// The audit reason of a resolution (`reason`) that overrules the provider, which `which`
 /// (`showed …`, `could not be asked (…)`), for on-call's reason `why`.
 pub fn overruled(reason: &str, which: &str, why: &str) -> String {
     format!("{reason} [overruling the provider, which {which}: {why}]")
+}
+
+/// Which provider id a COMPLETADA (COMPLETADO) resolution records, among the ids of what
+/// the provider holds that fits it (`fitting`: its succeeded charges, or refunds, of the
+/// right amount and currency). Each resolution says a refusal in its own words.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Choice<'a> {
+    /// This id: the one on-call named (it fits, or on-call overrules), or else the only
+    /// one that fits.
+    Record(&'a str),
+    /// The row's own provider id fits: it stays.
+    KeepOwn,
+    /// On-call named this id, which does not fit, and does not overrule.
+    NamedUnfit(&'a str),
+    /// Nothing named, and nothing fits.
+    NoneFits,
+    /// Nothing named, several fit, and none is the row's own: which one is on-call's to say.
+    Several,
+}
+
+/// The choice among `fitting` of the id on-call `named` (`gatewayRef`), else of the row's
+/// `own` provider id, else of the only one that fits. An `overruled` resolution records
+/// the id named even when it does not fit.
+pub fn choose<'a>(
+    fitting: &[&'a str],
+    named: Option<&'a str>,
+    own: Option<&str>,
+    overruled: bool,
+) -> Choice<'a> {
+    if let Some(named) = named {
+        return if overruled || fitting.contains(&named) {
+            Choice::Record(named)
+        } else {
+            Choice::NamedUnfit(named)
+        };
+    }
+    if fitting.iter().any(|id| Some(*id) == own) {
+        return Choice::KeepOwn;
+    }
+    match fitting {
+        [one] => Choice::Record(one),
+        [] => Choice::NoneFits,
+        _ => Choice::Several,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Choice, choose};
+
+    #[test]
+    fn the_id_named_is_recorded_when_it_fits_or_on_call_overrules() {
+        assert_eq!(
+            choose(&["a", "b"], Some("b"), None, false),
+            Choice::Record("b")
+        );
+        assert_eq!(
+            choose(&["a"], Some("x"), Some("a"), false),
+            Choice::NamedUnfit("x")
+        );
+        assert_eq!(choose(&[], Some("x"), None, true), Choice::Record("x"));
+    }
+
+    #[test]
+    fn unnamed_the_own_id_stays_else_the_only_one_that_fits() {
+        assert_eq!(choose(&["a", "b"], None, Some("b"), false), Choice::KeepOwn);
+        assert_eq!(choose(&["a"], None, Some("z"), false), Choice::Record("a"));
+        assert_eq!(choose(&[], None, Some("z"), true), Choice::NoneFits);
+        assert_eq!(choose(&["a", "b"], None, None, true), Choice::Several);
+    }
 }

@@ -22,11 +22,11 @@
 
 use super::AppState;
 use super::actions;
-use super::admin::{Transicion, operator_in, resolution_reason};
+use super::admin::{Transicion, resolution_motivo, resolution_reason};
 use super::auth::{Admin, AdminTokenRefused, ReadOnlyRole};
 use super::extract::PathId;
 use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
-use super::provider_check;
+use super::provider_check::{self, Choice};
 use crate::entities::refund;
 use crate::gateway::{GatewayError, Refund, RefundStatus};
 use crate::operators::actions::Action;
@@ -174,13 +174,7 @@ fn asked_in_words(request: &ResolucionReembolso) -> String {
     if let Some(named) = &request.gateway_ref {
         what.push_str(&format!(" (provider's refund {})", actions::said(named)));
     }
-    if let Some(why) = &request.contra_proveedor {
-        what.push_str(&format!(
-            ", overruling the provider ({})",
-            actions::said(why)
-        ));
-    }
-    format!("{what}: {}", actions::said(&request.motivo))
+    provider_check::asked_in_words(&what, request.contra_proveedor.as_deref(), &request.motivo)
 }
 
 /// What came of a refund's resolution, for its audit row.
@@ -201,17 +195,8 @@ async fn resolve_unrecorded(
         "FALLIDO" => Event::ResolveFailed,
         _ => return Err(bad_request("estado must be COMPLETADO or FALLIDO")),
     };
-    let motivo = request.motivo.trim();
-    if motivo.is_empty() || motivo.chars().count() > 1000 {
-        return Err(bad_request(
-            "motivo is required (1–1000 characters): say why, for the audit trail",
-        ));
-    }
-    if let Some(r) = &request.gateway_ref
-        && (r.trim().is_empty() || r.len() > 255)
-    {
-        return Err(bad_request("gatewayRef must be 1–255 characters"));
-    }
+    let motivo = resolution_motivo(&request.motivo)?;
+    let named = provider_check::gateway_ref(request.gateway_ref.as_deref())?;
     let overrule = provider_check::overrule(request.contra_proveedor.as_deref())?;
     let current = store::find(&state.db, id).await?.ok_or_else(not_found)?;
     if current.state != RefundState::RevisionManual {
@@ -220,7 +205,6 @@ async fn resolve_unrecorded(
             current.state
         )));
     }
-    let named = request.gateway_ref.as_deref().map(str::trim);
     // What the provider says, asked before anything is written: a look-up that fails
     // changes nothing (503) unless on-call overrules it; a FALLIDO its webhooks contradict
     // is refused then too, as it is when the provider answers.
@@ -294,18 +278,7 @@ async fn resolve_unrecorded(
         reembolso: reembolso(&resolved),
         transiciones: trail
             .into_iter()
-            .map(|t| Transicion {
-                desde: t.from_state.map(|s| s.as_str().to_owned()),
-                hacia: t.to_state.as_str().to_owned(),
-                quien: t.actor.as_str().to_owned(),
-                operador: (t.actor == Actor::Admin)
-                    .then(|| operator_in(&t.reason).map(str::to_owned))
-                    .flatten(),
-                motivo: t.reason,
-                en: t
-                    .created_at
-                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            })
+            .map(|t| Transicion::of(t.from_state, t.to_state, t.actor, t.reason, t.created_at))
             .collect(),
     })
 }
@@ -596,44 +569,46 @@ fn checked_against(
             && r.amount == current.amount
             && r.currency.eq_ignore_ascii_case(&current.currency)
     };
-    let fitting: Vec<&Refund> = found.iter().copied().filter(fits).collect();
-    if let Some(named) = named {
-        if overruled || fitting.iter().any(|r| r.id == named) {
-            return Ok(Some(named.to_owned()));
-        }
-        let why = match found.iter().find(|r| r.id == named) {
-            Some(r) if r.status != RefundStatus::Succeeded => format!(
-                "Refund {named} is {} at the provider: no money went back by it.",
-                status_word(r.status)
-            ),
-            Some(r) => format!(
-                "Refund {named} is for {} {}, but this refund is for {} {}.",
-                r.amount, r.currency, current.amount, current.currency
-            ),
-            None => format!(
-                "gatewayRef {named} is not a refund the provider holds for this refund (a typo, or another refund's: its money would count twice)."
-            ),
-        };
-        return Err(provider.disagrees(&why));
-    }
+    let fitting: Vec<&str> = found
+        .iter()
+        .copied()
+        .filter(fits)
+        .map(|r| r.id.as_str())
+        .collect();
     let own = current.gateway_ref.as_deref();
-    if fitting.iter().any(|r| Some(r.id.as_str()) == own) {
-        return Ok(None);
-    }
-    match fitting.as_slice() {
-        [one] => Ok(Some(one.id.clone())),
+    match provider_check::choose(&fitting, named, own, overruled) {
+        Choice::Record(id) => Ok(Some(id.to_owned())),
+        Choice::KeepOwn => Ok(None),
+        Choice::NamedUnfit(named) => {
+            let why = match found.iter().find(|r| r.id == named) {
+                Some(r) if r.status != RefundStatus::Succeeded => format!(
+                    "Refund {named} is {} at the provider: no money went back by it.",
+                    status_word(r.status)
+                ),
+                Some(r) => format!(
+                    "Refund {named} is for {} {}, but this refund is for {} {}.",
+                    r.amount, r.currency, current.amount, current.currency
+                ),
+                None => format!(
+                    "gatewayRef {named} is not a refund the provider holds for this refund (a typo, or another refund's: its money would count twice)."
+                ),
+            };
+            Err(provider.disagrees(&why))
+        }
         // The provider could not be asked: on-call's word, with what it could name.
-        [] if overruled && matches!(provider.search, Search::Unreachable(_)) => Ok(None),
+        Choice::NoneFits if overruled && matches!(provider.search, Search::Unreachable(_)) => {
+            Ok(None)
+        }
         // Overruled with the provider answering: the refund that gave the money back must
         // be named, so that no other refund of the payment can be resolved on it too.
-        [] if overruled => Err(bad_request(
+        Choice::NoneFits if overruled => Err(bad_request(
             "COMPLETADO against what the provider shows needs gatewayRef: the provider's id of the refund that gave this money back (from its dashboard), so that no other refund of this payment can be settled on it too",
         )),
-        [] => Err(provider.disagrees(&format!(
+        Choice::NoneFits => Err(provider.disagrees(&format!(
             "COMPLETADO needs a succeeded refund of this refund's {} {}, and the provider shows no succeeded refund of it: the merchant would be told money went back while none did. Wait while one is pending; resolve FALLIDO if none was made or it failed.",
             current.amount, current.currency
         ))),
-        _ => Err(provider.disagrees(
+        Choice::Several => Err(provider.disagrees(
             "The provider holds several succeeded refunds for this refund: say which one is its refund with gatewayRef (the others gave the money back again).",
         )),
     }
