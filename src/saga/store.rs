@@ -18,9 +18,8 @@ use crate::entities::{
 use crate::idempotency::IdempotencyKey;
 use crate::idempotency::derive::derive;
 use crate::outbox;
-use crate::saga::state::{Event, IllegalTransition, PaymentState, transition};
+use crate::saga::state::{Event, IllegalTransition, PaymentState, SagaState};
 use chrono::{DateTime, Utc};
-use pagos_types::EventType;
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
@@ -447,7 +446,8 @@ scheduled!(payment::Model, crate::entities::refund::Model);
 /// either is worked out once (`moved`) and written once (`Plan::write`,
 /// `Plan::write_now`); what is a payment's or a refund's own is said here.
 pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
-    type State: Copy + PartialEq + Send + Sync;
+    /// Its state, and the state machine that moves it.
+    type State: SagaState<Event = Self::Event, Illegal = Self::Illegal>;
     type Event: Copy + PartialEq + Send + Sync;
     type Illegal;
     /// A row of its audit trail.
@@ -459,21 +459,23 @@ pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
     /// What the layer above renders for a decision's writes (storage stores, it never
     /// renders).
     type Render: Copy + Send + Sync;
-    /// The event that marks the row sent, before the gateway call.
-    const SEND: Self::Event;
 
     fn state(&self) -> Self::State;
-    /// The saga's transition table: the only place that knows which moves are legal.
-    fn transition(from: Self::State, event: Self::Event) -> Result<Self::State, Self::Illegal>;
-    /// Sent or never sent: a writer may still hold it.
-    fn in_flight(state: Self::State) -> bool;
-    /// Settled: final, whatever comes later (a refund of a payment).
-    fn settled(state: Self::State) -> bool;
+    /// Its state and what the gateway said of it, borrowed to be changed.
+    fn recorded(&mut self) -> Recorded<'_, Self::State>;
+
     /// Moves the row to `to`, with the gateway's reference and the decline or failure
     /// code when the decision has them.
-    fn record(&mut self, to: Self::State, gateway_ref: Option<String>, code: Option<String>);
-    /// The event the merchant is told of a move to `to`, if it must know.
-    fn event_type(to: Self::State) -> Option<EventType>;
+    fn record(&mut self, to: Self::State, gateway_ref: Option<String>, code: Option<String>) {
+        let r = self.recorded();
+        *r.state = to;
+        if gateway_ref.is_some() {
+            *r.gateway_ref = gateway_ref;
+        }
+        if code.is_some() {
+            *r.code = code;
+        }
+    }
 
     /// What applying `event` writes (the row after it, its audit row, its event, and
     /// what it writes on the key, with the answers as `render` renders them); an
@@ -505,6 +507,14 @@ pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
         current: &'a Self,
         plan: &'a Plan<Self>,
     ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a;
+}
+
+/// A row's state and what the gateway said of it, borrowed to be changed.
+pub struct Recorded<'a, S> {
+    pub state: &'a mut S,
+    pub gateway_ref: &'a mut Option<String>,
+    /// A payment's `decline_code`, a refund's `failure_code`.
+    pub code: &'a mut Option<String>,
 }
 
 /// What a decision changes besides the state, whatever the row: a payment's `Changes`
@@ -542,7 +552,7 @@ pub fn moved<M: SagaRow>(
     reason: &str,
 ) -> Result<Moved<M>, M::Illegal> {
     let from = current.state();
-    let to = M::transition(from, event)?;
+    let to = from.transition(event)?;
     let at = now();
     let mut next = current.clone();
     next.record(to, step.gateway_ref, step.code);
@@ -557,18 +567,18 @@ pub fn moved<M: SagaRow>(
         *s.next_attempt_at = until;
         *s.claimed_until = Some(until);
     }
-    if !M::in_flight(to) {
+    if !to.in_flight() {
         // Nobody sends it again: nobody holds it.
         *s.claimed_until = None;
     }
-    if M::settled(to) {
+    if to.is_terminal() {
         // Nothing waits any more. (Under review, on-call still reads why it waited: the
         // error before, or the one `step` says.)
         *s.last_error = None;
         *s.last_error_at = None;
     }
     // A resend keeps the state but is a decision worth an audit row.
-    let resend = event == M::SEND && actor != Actor::Request;
+    let resend = event == M::State::SEND && actor != Actor::Request;
     let audit = (from != to || resend)
         .then(|| M::Audit::of_move(current.id(), from, to, actor, reason, at));
     Ok(Moved {
@@ -586,7 +596,9 @@ impl<M: SagaRow> Moved<M> {
     /// `secuencia` is the row's version after the move: it only grows, and each version is
     /// written once (fencing).
     pub fn plan(self, besides: M::Besides, datos: fn(&M) -> String) -> Plan<M> {
-        let event = M::event_type(self.to)
+        let event = self
+            .to
+            .event_type()
             .filter(|_| self.from != self.to && outbox::ON)
             .map(|tipo| {
                 let next = &self.next;
@@ -678,36 +690,17 @@ impl SagaRow for payment::Model {
     type Audit = transitions::Model;
     type Besides = KeyWrite;
     type Render = Render;
-    const SEND: Event = Event::Send;
 
     fn state(&self) -> PaymentState {
         self.state
     }
 
-    fn transition(from: PaymentState, event: Event) -> Result<PaymentState, IllegalTransition> {
-        transition(from, event)
-    }
-
-    fn in_flight(state: PaymentState) -> bool {
-        PaymentState::IN_FLIGHT.contains(&state)
-    }
-
-    fn settled(state: PaymentState) -> bool {
-        state.is_terminal()
-    }
-
-    fn record(&mut self, to: PaymentState, gateway_ref: Option<String>, code: Option<String>) {
-        self.state = to;
-        if gateway_ref.is_some() {
-            self.gateway_ref = gateway_ref;
+    fn recorded(&mut self) -> Recorded<'_, PaymentState> {
+        Recorded {
+            state: &mut self.state,
+            gateway_ref: &mut self.gateway_ref,
+            code: &mut self.decline_code,
         }
-        if code.is_some() {
-            self.decline_code = code;
-        }
-    }
-
-    fn event_type(to: PaymentState) -> Option<EventType> {
-        EventType::of_payment(to)
     }
 
     /// The fenced update, the audit row, and, when the payment becomes final, the key's

@@ -17,14 +17,13 @@ use crate::entities::refund::{self, KeyScope, KeyStatus};
 use crate::entities::refund_transition::{self as transitions, Actor};
 use crate::idempotency::derive::derive_refund;
 use crate::outbox;
-use crate::saga::refund::state::{Event, IllegalTransition, RefundState, transition};
+use crate::saga::refund::state::{Event, IllegalTransition, RefundState};
 use crate::saga::state::PaymentState;
 use crate::saga::store::{
-    Claimable, LastError, Rewritten, SagaRow, Step, chrono_after, moved, one_statement,
+    Claimable, LastError, Recorded, Rewritten, SagaRow, Step, chrono_after, moved, one_statement,
 };
 pub use crate::saga::store::{renew_claim, reschedule};
 use chrono::{DateTime, Utc};
-use pagos_types::EventType;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
@@ -454,36 +453,17 @@ impl SagaRow for refund::Model {
     type Audit = transitions::Model;
     type Besides = Option<PaymentToReview>;
     type Render = Render;
-    const SEND: Event = Event::Send;
 
     fn state(&self) -> RefundState {
         self.state
     }
 
-    fn transition(from: RefundState, event: Event) -> Result<RefundState, IllegalTransition> {
-        transition(from, event)
-    }
-
-    fn in_flight(state: RefundState) -> bool {
-        matches!(state, RefundState::EnProceso | RefundState::Enviado)
-    }
-
-    fn settled(state: RefundState) -> bool {
-        state.is_terminal()
-    }
-
-    fn record(&mut self, to: RefundState, gateway_ref: Option<String>, code: Option<String>) {
-        self.state = to;
-        if gateway_ref.is_some() {
-            self.gateway_ref = gateway_ref;
+    fn recorded(&mut self) -> Recorded<'_, RefundState> {
+        Recorded {
+            state: &mut self.state,
+            gateway_ref: &mut self.gateway_ref,
+            code: &mut self.failure_code,
         }
-        if code.is_some() {
-            self.failure_code = code;
-        }
-    }
-
-    fn event_type(to: RefundState) -> Option<EventType> {
-        EventType::of_refund(to)
     }
 
     /// The refund's update (with its key's frozen answer when it becomes final), its
