@@ -972,24 +972,32 @@ pub async fn release_lease<C: ConnectionTrait>(tx: &C, p: &payment::Model) -> Re
     update_key_in_progress(tx, p, update).await
 }
 
-/// Payments the reconciler may pick: sent or never sent, not final, not under review.
-pub const RECONCILABLE: [PaymentState; 2] = PaymentState::IN_FLIGHT;
-
 /// A saga's table (payments, refunds) as its workers claim rows of it: the rows a worker
 /// may send or look up, and the columns a claim reads and moves.
-pub trait Claimable: EntityTrait<Model: Scheduled> {
+pub trait Claimable: EntityTrait<Model: SagaRow> {
     const ID: Self::Column;
     const NEXT_ATTEMPT_AT: Self::Column;
     const CLAIMED_UNTIL: Self::Column;
     const VERSION: Self::Column;
 
-    /// `state IN (…)` of the rows a worker may send or look up, with the states written
-    /// into the SQL, not bound: the predicate of the table's partial index of unsettled
-    /// rows, which PostgreSQL uses for a prepared statement's generic plan only when the
-    /// query's own condition proves the index's (bound values cannot).
-    fn reconcilable() -> sea_orm::sea_query::SimpleExpr;
-
-    fn id(row: &Self::Model) -> Uuid;
+    /// `state IN (…)` of the rows a worker may send or look up: never sent or sent, not
+    /// final, not under review (`SagaState::in_flight`). The states are written into the
+    /// SQL, not bound: the predicate of the table's partial index of unsettled rows
+    /// (`payments_unsettled_due_idx`), which PostgreSQL uses for a prepared statement's
+    /// generic plan only when the query's own condition proves the index's (bound values
+    /// cannot).
+    fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
+        let in_flight = [
+            <Self::Model as SagaRow>::State::NEVER_SENT,
+            <Self::Model as SagaRow>::State::SENT,
+        ];
+        let states = in_flight.map(|s| format!("'{s}'"));
+        Expr::cust(format!(
+            r#""{}"."state" IN ({})"#,
+            Self::default().table_name(),
+            states.join(", ")
+        ))
+    }
 }
 
 impl Claimable for payment::Entity {
@@ -997,19 +1005,6 @@ impl Claimable for payment::Entity {
     const NEXT_ATTEMPT_AT: payment::Column = payment::Column::NextAttemptAt;
     const CLAIMED_UNTIL: payment::Column = payment::Column::ClaimedUntil;
     const VERSION: payment::Column = payment::Column::Version;
-
-    /// `state IN ('EN_PROCESO', 'ENVIADA')`: the predicate of `payments_unsettled_due_idx`.
-    fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
-        let states: Vec<String> = RECONCILABLE
-            .iter()
-            .map(|s| format!("'{}'", s.as_str()))
-            .collect();
-        Expr::cust(format!(r#""payments"."state" IN ({})"#, states.join(", ")))
-    }
-
-    fn id(row: &payment::Model) -> Uuid {
-        row.id
-    }
 }
 
 /// Claims up to `limit` rows of `E` due at `due_by`, oldest first: each claimed row gets
@@ -1087,7 +1082,7 @@ async fn claim<E: Claimable>(
         .col_expr(E::NEXT_ATTEMPT_AT, Expr::value(until))
         .col_expr(E::CLAIMED_UNTIL, Expr::value(Some(until)))
         .col_expr(E::VERSION, Expr::col(E::VERSION).add(1))
-        .filter(E::ID.is_in(rows.iter().map(E::id)))
+        .filter(E::ID.is_in(rows.iter().map(Scheduled::id)))
         .exec(&tx)
         .await?;
     tx.commit().await?;

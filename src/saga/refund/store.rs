@@ -879,15 +879,6 @@ impl Claimable for refund::Entity {
     const NEXT_ATTEMPT_AT: refund::Column = refund::Column::NextAttemptAt;
     const CLAIMED_UNTIL: refund::Column = refund::Column::ClaimedUntil;
     const VERSION: refund::Column = refund::Column::Version;
-
-    /// `state IN ('EN_PROCESO', 'ENVIADO')`: the refunds a worker may send or look up.
-    fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
-        Expr::cust(r#""refunds"."state" IN ('EN_PROCESO', 'ENVIADO')"#)
-    }
-
-    fn id(row: &refund::Model) -> Uuid {
-        row.id
-    }
 }
 
 /// A refund's audit trail, oldest first.
