@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
-    EntityTrait, FromQueryResult, QueryFilter, QueryOrder, QuerySelect, QueryTrait,
+    EntityTrait, FromQueryResult, ModelTrait, QueryFilter, QueryOrder, QuerySelect, QueryTrait,
     TryInsertResult,
 };
 use std::time::Duration;
@@ -851,47 +851,46 @@ pub(crate) async fn kept_if(tx: DatabaseTransaction, applied: bool) -> Result<bo
     Ok(applied)
 }
 
+/// The columns of a payment a decision may change, in the order its writes bind them
+/// (`write_fenced`; a compensation refund's move of its payment to review, on PostgreSQL).
+pub(crate) const PAYMENT_MOVED: [payment::Column; 11] = [
+    payment::Column::State,
+    payment::Column::Version,
+    payment::Column::Attempts,
+    payment::Column::GatewayRef,
+    payment::Column::DeclineCode,
+    payment::Column::NextAttemptAt,
+    payment::Column::UpdatedAt,
+    payment::Column::ClaimedUntil,
+    payment::Column::PaymentMethod,
+    payment::Column::LastError,
+    payment::Column::LastErrorAt,
+];
+
 /// Writes `next` over `current` only if nobody wrote in between.
 async fn write_fenced<C: ConnectionTrait>(
     tx: &C,
     current: &payment::Model,
     next: &payment::Model,
 ) -> Result<bool, DbErr> {
-    let result = payment::Entity::update_many()
-        .col_expr(payment::Column::State, Expr::value(next.state))
-        .col_expr(payment::Column::Version, Expr::value(next.version))
-        .col_expr(payment::Column::Attempts, Expr::value(next.attempts))
-        .col_expr(
-            payment::Column::GatewayRef,
-            Expr::value(next.gateway_ref.clone()),
-        )
-        .col_expr(
-            payment::Column::DeclineCode,
-            Expr::value(next.decline_code.clone()),
-        )
-        .col_expr(
-            payment::Column::NextAttemptAt,
-            Expr::value(next.next_attempt_at),
-        )
-        .col_expr(payment::Column::UpdatedAt, Expr::value(next.updated_at))
-        .col_expr(
-            payment::Column::ClaimedUntil,
-            Expr::value(next.claimed_until),
-        )
-        .col_expr(
-            payment::Column::PaymentMethod,
-            Expr::value(next.payment_method.clone()),
-        )
-        .col_expr(
-            payment::Column::LastError,
-            Expr::value(next.last_error.clone()),
-        )
-        .col_expr(
-            payment::Column::LastErrorAt,
-            Expr::value(next.last_error_at),
-        )
-        .filter(payment::Column::Id.eq(current.id))
-        .filter(payment::Column::Version.eq(current.version))
+    update_fenced::<payment::Entity, _>(tx, &PAYMENT_MOVED, current, next).await
+}
+
+/// Writes `columns` of `next` over the row `current` of `E` only if nobody wrote in
+/// between (its version is still `current`'s); false when fenced.
+pub(crate) async fn update_fenced<E: Claimable, C: ConnectionTrait>(
+    tx: &C,
+    columns: &[E::Column],
+    current: &E::Model,
+    next: &E::Model,
+) -> Result<bool, DbErr> {
+    let mut update = E::update_many();
+    for &column in columns {
+        update = update.col_expr(column, Expr::val(next.get(column)));
+    }
+    let result = update
+        .filter(E::ID.eq(current.id()))
+        .filter(E::VERSION.eq(current.version()))
         .exec(tx)
         .await?;
     Ok(result.rows_affected == 1)

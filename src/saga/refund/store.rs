@@ -20,7 +20,8 @@ use crate::outbox;
 use crate::saga::refund::state::{Event, IllegalTransition, RefundState};
 use crate::saga::state::PaymentState;
 use crate::saga::store::{
-    Claimable, LastError, Recorded, Rewritten, SagaRow, Step, chrono_after, moved, one_statement,
+    Claimable, LastError, PAYMENT_MOVED, Recorded, Rewritten, SagaRow, Step, chrono_after, moved,
+    one_statement, update_fenced,
 };
 pub use crate::saga::store::{renew_claim, reschedule};
 use chrono::{DateTime, Utc};
@@ -675,16 +676,7 @@ async fn write_on<C: ConnectionTrait>(
     // SQLite: the transaction is `BEGIN IMMEDIATE`, so the payment read here is the one
     // written over below.
     let payment = payment_move(tx, current, plan).await?;
-    let mut update = refund::Entity::update_many();
-    for (column, value) in MOVED.iter().zip(moved_values(&plan.next)) {
-        update = update.col_expr(*column, Expr::val(value));
-    }
-    let done = update
-        .filter(refund::Column::Id.eq(current.id))
-        .filter(refund::Column::Version.eq(current.version))
-        .exec(tx)
-        .await?;
-    if done.rows_affected != 1 {
+    if !update_fenced::<refund::Entity, _>(tx, &MOVED, current, &plan.next).await? {
         return Ok(false);
     }
     if let Some(audit) = &plan.audit {
@@ -708,22 +700,6 @@ async fn write_on<C: ConnectionTrait>(
     log_moved(current, payment.as_ref());
     Ok(true)
 }
-
-/// The columns of a payment its move to review writes, in the order `sql_write` binds
-/// them (the payments' own fenced write changes the same ones).
-const PAYMENT_MOVED: [payment::Column; 11] = [
-    payment::Column::State,
-    payment::Column::Version,
-    payment::Column::Attempts,
-    payment::Column::GatewayRef,
-    payment::Column::DeclineCode,
-    payment::Column::NextAttemptAt,
-    payment::Column::UpdatedAt,
-    payment::Column::ClaimedUntil,
-    payment::Column::PaymentMethod,
-    payment::Column::LastError,
-    payment::Column::LastErrorAt,
-];
 
 /// `INSERT INTO "<table>" (<every column of row's entity>) SELECT <its values> FROM
 /// "<from>"`: the row written whole, only if `from` has a row; its values bound after
