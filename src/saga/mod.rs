@@ -19,7 +19,7 @@ use crate::gateway::retry::{self, ChargeOutcome, RetryPolicy};
 use crate::gateway::{Charge, ChargeRequest, ChargeStatus, Gateway};
 use crate::representation::{self, GATEWAY_REJECTED_PREFIX};
 use sea_orm::DatabaseConnection;
-use state::{Event, PaymentState};
+use state::{Event, PaymentState, SagaState};
 use std::sync::Arc;
 use std::time::Duration;
 use store::{Actor, Changes, LastError, SagaRow, Step, StoreError, Written};
@@ -124,10 +124,6 @@ pub trait Saga: SagaRow {
     type Prepared: Send;
     /// What the gateway said to a send.
     type Outcome: Send;
-    /// Registered, never sent (`EN_PROCESO`).
-    const NEVER_SENT: Self::State;
-    /// Marked sent before a gateway call (`ENVIADA`, `ENVIADO`).
-    const SENT: Self::State;
     /// The reason of the mark: a request's send, the send of a row never sent, a resend.
     const SEND_REASONS: [&'static str; 3];
     /// The failpoints right after the mark and right after the gateway's answer.
@@ -212,12 +208,12 @@ pub async fn send_reporting<R: Saga>(
     // Once any try of this row may have reached the gateway (it was marked sent before),
     // only a readable status settles it: a refusal of this send proves nothing about what
     // an earlier one may have done.
-    let maybe_sent_before = current.state() == R::SENT;
+    let maybe_sent_before = current.state() == R::State::SENT;
     let hold_until = Some(deps.send_hold_until(current.claimed_until()));
     let [request, never_sent, resend] = R::SEND_REASONS;
     let reason = match actor {
         Actor::Request => request,
-        _ if current.state() == R::NEVER_SENT => never_sent,
+        _ if current.state() == R::State::NEVER_SENT => never_sent,
         _ => resend,
     };
     let prepared = current.prepare(deps).await?;
@@ -226,7 +222,7 @@ pub async fn send_reporting<R: Saga>(
         hold_until,
         ..Step::default()
     };
-    let sent = match apply_now(&deps.db, &current, R::SEND, marked, actor, reason).await? {
+    let sent = match apply_now(&deps.db, &current, R::State::SEND, marked, actor, reason).await? {
         Written::Applied(sent) => *sent,
         Written::Fenced => return Ok(Sending::Fenced(reload(deps, &current).await?)),
     };
@@ -303,8 +299,6 @@ impl Saga for payment::Model {
     type Prepared = ();
     type Outcome = ChargeOutcome;
     type Table = payment::Entity;
-    const NEVER_SENT: PaymentState = PaymentState::EnProceso;
-    const SENT: PaymentState = PaymentState::Enviada;
     const SEND_REASONS: [&'static str; 3] = [
         "sending to the gateway",
         "sending to the gateway (registered, never sent)",

@@ -3,7 +3,34 @@
 //! Pure: no I/O, no clock. Every write of `payments.state` asks `transition` first, so an
 //! impossible move (COMPLETADA → ENVIADA) cannot be written by any code path.
 
+use pagos_types::EventType;
 pub use pagos_types::state::{PaymentState, UnknownState};
+
+/// A saga's state (a payment's, a refund's) as the steps both sagas share read it: its
+/// events, its transition table, and which states are which.
+pub trait SagaState: Copy + PartialEq + std::fmt::Display + Send + Sync {
+    type Event: Copy + PartialEq + Send + Sync;
+    /// A move the table refuses.
+    type Illegal;
+    /// Registered, never sent (`EN_PROCESO`).
+    const NEVER_SENT: Self;
+    /// Marked sent before a gateway call (`ENVIADA`, `ENVIADO`).
+    const SENT: Self;
+    /// The event that marks a row sent, before the gateway call.
+    const SEND: Self::Event;
+
+    /// The transition table: the only place that knows which moves are legal.
+    fn transition(self, event: Self::Event) -> Result<Self, Self::Illegal>;
+    /// Final, whatever comes later (a refund of a payment).
+    fn is_terminal(self) -> bool;
+    /// The event the merchant is told of a move into this state, if it must know.
+    fn event_type(self) -> Option<EventType>;
+
+    /// Sent or never sent: a writer may still hold it.
+    fn in_flight(self) -> bool {
+        self == Self::NEVER_SENT || self == Self::SENT
+    }
+}
 
 /// A state machine's events, as an enum with `ALL`: every event, in the order written.
 macro_rules! events {
@@ -67,6 +94,26 @@ pub fn transition(from: PaymentState, event: Event) -> Result<PaymentState, Ille
         _ => return Err(IllegalTransition { from, event }),
     };
     Ok(to)
+}
+
+impl SagaState for PaymentState {
+    type Event = Event;
+    type Illegal = IllegalTransition;
+    const NEVER_SENT: PaymentState = PaymentState::EnProceso;
+    const SENT: PaymentState = PaymentState::Enviada;
+    const SEND: Event = Event::Send;
+
+    fn transition(self, event: Event) -> Result<PaymentState, IllegalTransition> {
+        transition(self, event)
+    }
+
+    fn is_terminal(self) -> bool {
+        PaymentState::is_terminal(self)
+    }
+
+    fn event_type(self) -> Option<EventType> {
+        EventType::of_payment(self)
+    }
 }
 
 /// The checks of a transition table, the payments' and the refunds'.

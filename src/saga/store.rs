@@ -18,13 +18,12 @@ use crate::entities::{
 use crate::idempotency::IdempotencyKey;
 use crate::idempotency::derive::derive;
 use crate::outbox;
-use crate::saga::state::{Event, IllegalTransition, PaymentState, transition};
+use crate::saga::state::{Event, IllegalTransition, PaymentState, SagaState};
 use chrono::{DateTime, Utc};
-use pagos_types::EventType;
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
-    EntityTrait, FromQueryResult, QueryFilter, QueryOrder, QuerySelect, QueryTrait,
+    EntityTrait, FromQueryResult, ModelTrait, QueryFilter, QueryOrder, QuerySelect, QueryTrait,
     TryInsertResult,
 };
 use std::time::Duration;
@@ -447,7 +446,8 @@ scheduled!(payment::Model, crate::entities::refund::Model);
 /// either is worked out once (`moved`) and written once (`Plan::write`,
 /// `Plan::write_now`); what is a payment's or a refund's own is said here.
 pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
-    type State: Copy + PartialEq + Send + Sync;
+    /// Its state, and the state machine that moves it.
+    type State: SagaState<Event = Self::Event, Illegal = Self::Illegal>;
     type Event: Copy + PartialEq + Send + Sync;
     type Illegal;
     /// A row of its audit trail.
@@ -459,21 +459,23 @@ pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
     /// What the layer above renders for a decision's writes (storage stores, it never
     /// renders).
     type Render: Copy + Send + Sync;
-    /// The event that marks the row sent, before the gateway call.
-    const SEND: Self::Event;
 
     fn state(&self) -> Self::State;
-    /// The saga's transition table: the only place that knows which moves are legal.
-    fn transition(from: Self::State, event: Self::Event) -> Result<Self::State, Self::Illegal>;
-    /// Sent or never sent: a writer may still hold it.
-    fn in_flight(state: Self::State) -> bool;
-    /// Settled: final, whatever comes later (a refund of a payment).
-    fn settled(state: Self::State) -> bool;
+    /// Its state and what the gateway said of it, borrowed to be changed.
+    fn recorded(&mut self) -> Recorded<'_, Self::State>;
+
     /// Moves the row to `to`, with the gateway's reference and the decline or failure
     /// code when the decision has them.
-    fn record(&mut self, to: Self::State, gateway_ref: Option<String>, code: Option<String>);
-    /// The event the merchant is told of a move to `to`, if it must know.
-    fn event_type(to: Self::State) -> Option<EventType>;
+    fn record(&mut self, to: Self::State, gateway_ref: Option<String>, code: Option<String>) {
+        let r = self.recorded();
+        *r.state = to;
+        if gateway_ref.is_some() {
+            *r.gateway_ref = gateway_ref;
+        }
+        if code.is_some() {
+            *r.code = code;
+        }
+    }
 
     /// What applying `event` writes (the row after it, its audit row, its event, and
     /// what it writes on the key, with the answers as `render` renders them); an
@@ -505,6 +507,14 @@ pub trait SagaRow: Scheduled + Clone + Send + Sync + Sized {
         current: &'a Self,
         plan: &'a Plan<Self>,
     ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a;
+}
+
+/// A row's state and what the gateway said of it, borrowed to be changed.
+pub struct Recorded<'a, S> {
+    pub state: &'a mut S,
+    pub gateway_ref: &'a mut Option<String>,
+    /// A payment's `decline_code`, a refund's `failure_code`.
+    pub code: &'a mut Option<String>,
 }
 
 /// What a decision changes besides the state, whatever the row: a payment's `Changes`
@@ -542,7 +552,7 @@ pub fn moved<M: SagaRow>(
     reason: &str,
 ) -> Result<Moved<M>, M::Illegal> {
     let from = current.state();
-    let to = M::transition(from, event)?;
+    let to = from.transition(event)?;
     let at = now();
     let mut next = current.clone();
     next.record(to, step.gateway_ref, step.code);
@@ -557,18 +567,18 @@ pub fn moved<M: SagaRow>(
         *s.next_attempt_at = until;
         *s.claimed_until = Some(until);
     }
-    if !M::in_flight(to) {
+    if !to.in_flight() {
         // Nobody sends it again: nobody holds it.
         *s.claimed_until = None;
     }
-    if M::settled(to) {
+    if to.is_terminal() {
         // Nothing waits any more. (Under review, on-call still reads why it waited: the
         // error before, or the one `step` says.)
         *s.last_error = None;
         *s.last_error_at = None;
     }
     // A resend keeps the state but is a decision worth an audit row.
-    let resend = event == M::SEND && actor != Actor::Request;
+    let resend = event == M::State::SEND && actor != Actor::Request;
     let audit = (from != to || resend)
         .then(|| M::Audit::of_move(current.id(), from, to, actor, reason, at));
     Ok(Moved {
@@ -586,7 +596,9 @@ impl<M: SagaRow> Moved<M> {
     /// `secuencia` is the row's version after the move: it only grows, and each version is
     /// written once (fencing).
     pub fn plan(self, besides: M::Besides, datos: fn(&M) -> String) -> Plan<M> {
-        let event = M::event_type(self.to)
+        let event = self
+            .to
+            .event_type()
             .filter(|_| self.from != self.to && outbox::ON)
             .map(|tipo| {
                 let next = &self.next;
@@ -678,36 +690,17 @@ impl SagaRow for payment::Model {
     type Audit = transitions::Model;
     type Besides = KeyWrite;
     type Render = Render;
-    const SEND: Event = Event::Send;
 
     fn state(&self) -> PaymentState {
         self.state
     }
 
-    fn transition(from: PaymentState, event: Event) -> Result<PaymentState, IllegalTransition> {
-        transition(from, event)
-    }
-
-    fn in_flight(state: PaymentState) -> bool {
-        PaymentState::IN_FLIGHT.contains(&state)
-    }
-
-    fn settled(state: PaymentState) -> bool {
-        state.is_terminal()
-    }
-
-    fn record(&mut self, to: PaymentState, gateway_ref: Option<String>, code: Option<String>) {
-        self.state = to;
-        if gateway_ref.is_some() {
-            self.gateway_ref = gateway_ref;
+    fn recorded(&mut self) -> Recorded<'_, PaymentState> {
+        Recorded {
+            state: &mut self.state,
+            gateway_ref: &mut self.gateway_ref,
+            code: &mut self.decline_code,
         }
-        if code.is_some() {
-            self.decline_code = code;
-        }
-    }
-
-    fn event_type(to: PaymentState) -> Option<EventType> {
-        EventType::of_payment(to)
     }
 
     /// The fenced update, the audit row, and, when the payment becomes final, the key's
@@ -858,47 +851,46 @@ pub(crate) async fn kept_if(tx: DatabaseTransaction, applied: bool) -> Result<bo
     Ok(applied)
 }
 
+/// The columns of a payment a decision may change, in the order its writes bind them
+/// (`write_fenced`; a compensation refund's move of its payment to review, on PostgreSQL).
+pub(crate) const PAYMENT_MOVED: [payment::Column; 11] = [
+    payment::Column::State,
+    payment::Column::Version,
+    payment::Column::Attempts,
+    payment::Column::GatewayRef,
+    payment::Column::DeclineCode,
+    payment::Column::NextAttemptAt,
+    payment::Column::UpdatedAt,
+    payment::Column::ClaimedUntil,
+    payment::Column::PaymentMethod,
+    payment::Column::LastError,
+    payment::Column::LastErrorAt,
+];
+
 /// Writes `next` over `current` only if nobody wrote in between.
 async fn write_fenced<C: ConnectionTrait>(
     tx: &C,
     current: &payment::Model,
     next: &payment::Model,
 ) -> Result<bool, DbErr> {
-    let result = payment::Entity::update_many()
-        .col_expr(payment::Column::State, Expr::value(next.state))
-        .col_expr(payment::Column::Version, Expr::value(next.version))
-        .col_expr(payment::Column::Attempts, Expr::value(next.attempts))
-        .col_expr(
-            payment::Column::GatewayRef,
-            Expr::value(next.gateway_ref.clone()),
-        )
-        .col_expr(
-            payment::Column::DeclineCode,
-            Expr::value(next.decline_code.clone()),
-        )
-        .col_expr(
-            payment::Column::NextAttemptAt,
-            Expr::value(next.next_attempt_at),
-        )
-        .col_expr(payment::Column::UpdatedAt, Expr::value(next.updated_at))
-        .col_expr(
-            payment::Column::ClaimedUntil,
-            Expr::value(next.claimed_until),
-        )
-        .col_expr(
-            payment::Column::PaymentMethod,
-            Expr::value(next.payment_method.clone()),
-        )
-        .col_expr(
-            payment::Column::LastError,
-            Expr::value(next.last_error.clone()),
-        )
-        .col_expr(
-            payment::Column::LastErrorAt,
-            Expr::value(next.last_error_at),
-        )
-        .filter(payment::Column::Id.eq(current.id))
-        .filter(payment::Column::Version.eq(current.version))
+    update_fenced::<payment::Entity, _>(tx, &PAYMENT_MOVED, current, next).await
+}
+
+/// Writes `columns` of `next` over the row `current` of `E` only if nobody wrote in
+/// between (its version is still `current`'s); false when fenced.
+pub(crate) async fn update_fenced<E: Claimable, C: ConnectionTrait>(
+    tx: &C,
+    columns: &[E::Column],
+    current: &E::Model,
+    next: &E::Model,
+) -> Result<bool, DbErr> {
+    let mut update = E::update_many();
+    for &column in columns {
+        update = update.col_expr(column, Expr::val(next.get(column)));
+    }
+    let result = update
+        .filter(E::ID.eq(current.id()))
+        .filter(E::VERSION.eq(current.version()))
         .exec(tx)
         .await?;
     Ok(result.rows_affected == 1)
@@ -979,24 +971,32 @@ pub async fn release_lease<C: ConnectionTrait>(tx: &C, p: &payment::Model) -> Re
     update_key_in_progress(tx, p, update).await
 }
 
-/// Payments the reconciler may pick: sent or never sent, not final, not under review.
-pub const RECONCILABLE: [PaymentState; 2] = PaymentState::IN_FLIGHT;
-
 /// A saga's table (payments, refunds) as its workers claim rows of it: the rows a worker
 /// may send or look up, and the columns a claim reads and moves.
-pub trait Claimable: EntityTrait<Model: Scheduled> {
+pub trait Claimable: EntityTrait<Model: SagaRow> {
     const ID: Self::Column;
     const NEXT_ATTEMPT_AT: Self::Column;
     const CLAIMED_UNTIL: Self::Column;
     const VERSION: Self::Column;
 
-    /// `state IN (…)` of the rows a worker may send or look up, with the states written
-    /// into the SQL, not bound: the predicate of the table's partial index of unsettled
-    /// rows, which PostgreSQL uses for a prepared statement's generic plan only when the
-    /// query's own condition proves the index's (bound values cannot).
-    fn reconcilable() -> sea_orm::sea_query::SimpleExpr;
-
-    fn id(row: &Self::Model) -> Uuid;
+    /// `state IN (…)` of the rows a worker may send or look up: never sent or sent, not
+    /// final, not under review (`SagaState::in_flight`). The states are written into the
+    /// SQL, not bound: the predicate of the table's partial index of unsettled rows
+    /// (`payments_unsettled_due_idx`), which PostgreSQL uses for a prepared statement's
+    /// generic plan only when the query's own condition proves the index's (bound values
+    /// cannot).
+    fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
+        let in_flight = [
+            <Self::Model as SagaRow>::State::NEVER_SENT,
+            <Self::Model as SagaRow>::State::SENT,
+        ];
+        let states = in_flight.map(|s| format!("'{s}'"));
+        Expr::cust(format!(
+            r#""{}"."state" IN ({})"#,
+            Self::default().table_name(),
+            states.join(", ")
+        ))
+    }
 }
 
 impl Claimable for payment::Entity {
@@ -1004,19 +1004,6 @@ impl Claimable for payment::Entity {
     const NEXT_ATTEMPT_AT: payment::Column = payment::Column::NextAttemptAt;
     const CLAIMED_UNTIL: payment::Column = payment::Column::ClaimedUntil;
     const VERSION: payment::Column = payment::Column::Version;
-
-    /// `state IN ('EN_PROCESO', 'ENVIADA')`: the predicate of `payments_unsettled_due_idx`.
-    fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
-        let states: Vec<String> = RECONCILABLE
-            .iter()
-            .map(|s| format!("'{}'", s.as_str()))
-            .collect();
-        Expr::cust(format!(r#""payments"."state" IN ({})"#, states.join(", ")))
-    }
-
-    fn id(row: &payment::Model) -> Uuid {
-        row.id
-    }
 }
 
 /// Claims up to `limit` rows of `E` due at `due_by`, oldest first: each claimed row gets
@@ -1094,7 +1081,7 @@ async fn claim<E: Claimable>(
         .col_expr(E::NEXT_ATTEMPT_AT, Expr::value(until))
         .col_expr(E::CLAIMED_UNTIL, Expr::value(Some(until)))
         .col_expr(E::VERSION, Expr::col(E::VERSION).add(1))
-        .filter(E::ID.is_in(rows.iter().map(E::id)))
+        .filter(E::ID.is_in(rows.iter().map(Scheduled::id)))
         .exec(&tx)
         .await?;
     tx.commit().await?;

@@ -5,7 +5,7 @@
 //! key, because then a resend could make a second charge.
 
 use crate::gateway::{Charge, ChargeStatus, GatewayError};
-use crate::saga::state::PaymentState;
+use crate::saga::state::{PaymentState, SagaState};
 use chrono::{DateTime, TimeDelta, Utc};
 
 /// What the reconciler knows about one payment (`S`: its state, the default) or one
@@ -132,12 +132,22 @@ impl Held for Charge {
 }
 
 /// The state of what the table decides on: a payment's, or a refund's.
-pub trait Reconciled: Copy {
+pub trait Reconciled: SagaState {
     /// What the provider holds for one.
     type Held: Held + Send + Sync;
     /// How the table's reasons name it.
     const WORDS: Words;
-    fn stage(self) -> Stage;
+
+    /// Where it stands: never sent, sent, or neither (final, or under review).
+    fn stage(self) -> Stage {
+        if self == Self::NEVER_SENT {
+            Stage::NeverSent
+        } else if self == Self::SENT {
+            Stage::Sent
+        } else {
+            Stage::Left
+        }
+    }
 }
 
 /// The words of the table's reasons that name what is reconciled.
@@ -167,16 +177,6 @@ impl Reconciled for PaymentState {
         never_sent_late: ": sending now would charge the customer late",
         several_advice: ": refund all but one",
     };
-
-    fn stage(self) -> Stage {
-        match self {
-            PaymentState::EnProceso => Stage::NeverSent,
-            PaymentState::Enviada => Stage::Sent,
-            PaymentState::Completada | PaymentState::Fallida | PaymentState::RevisionManual => {
-                Stage::Left
-            }
-        }
-    }
 }
 
 /// Does the payment (or refund) need the provider's answer before deciding?

@@ -64,8 +64,6 @@ impl Saga for refund::Model {
     type Prepared = i64;
     type Outcome = RefundOutcome;
     type Table = refund::Entity;
-    const NEVER_SENT: RefundState = RefundState::EnProceso;
-    const SENT: RefundState = RefundState::Enviado;
     const SEND_REASONS: [&'static str; 3] = [
         "sending the refund to the gateway",
         "sending the refund to the gateway (registered, never sent)",

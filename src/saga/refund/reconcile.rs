@@ -10,9 +10,7 @@
 use crate::entities::refund;
 use crate::gateway::{GatewayError, Refund, RefundLookup, RefundStatus};
 use crate::saga::SagaDeps;
-use crate::saga::reconcile::decide::{
-    self, Handled, Held, Horizons, Reconciled, Stage, Tally, Words,
-};
+use crate::saga::reconcile::decide::{self, Handled, Held, Horizons, Reconciled, Tally, Words};
 use crate::saga::reconcile::work::{self, Bounds, Reconcilable};
 use crate::saga::refund as steps;
 use crate::saga::refund::state::{Event, RefundState};
@@ -49,16 +47,6 @@ impl Reconciled for RefundState {
         never_sent_late: "",
         several_advice: "",
     };
-
-    fn stage(self) -> Stage {
-        match self {
-            RefundState::EnProceso => Stage::NeverSent,
-            RefundState::Enviado => Stage::Sent,
-            RefundState::Completado | RefundState::Fallido | RefundState::RevisionManual => {
-                Stage::Left
-            }
-        }
-    }
 }
 
 /// What reconciling refunds needs: the saga's dependencies and the payments' limits.

@@ -3,6 +3,8 @@
 //! Pure: no I/O, no clock. Every write of `refunds.state` asks `transition` first, so an
 //! impossible move (COMPLETADO → ENVIADO: a second refund) cannot be written by any path.
 
+use crate::saga::state::SagaState;
+use pagos_types::EventType;
 pub use pagos_types::RefundState;
 
 crate::saga::state::events! {
@@ -51,6 +53,26 @@ pub fn transition(from: RefundState, event: Event) -> Result<RefundState, Illega
         _ => return Err(IllegalTransition { from, event }),
     };
     Ok(to)
+}
+
+impl SagaState for RefundState {
+    type Event = Event;
+    type Illegal = IllegalTransition;
+    const NEVER_SENT: RefundState = RefundState::EnProceso;
+    const SENT: RefundState = RefundState::Enviado;
+    const SEND: Event = Event::Send;
+
+    fn transition(self, event: Event) -> Result<RefundState, IllegalTransition> {
+        transition(self, event)
+    }
+
+    fn is_terminal(self) -> bool {
+        RefundState::is_terminal(self)
+    }
+
+    fn event_type(self) -> Option<EventType> {
+        EventType::of_refund(self)
+    }
 }
 
 #[cfg(test)]

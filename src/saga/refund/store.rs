@@ -17,14 +17,14 @@ use crate::entities::refund::{self, KeyScope, KeyStatus};
 use crate::entities::refund_transition::{self as transitions, Actor};
 use crate::idempotency::derive::derive_refund;
 use crate::outbox;
-use crate::saga::refund::state::{Event, IllegalTransition, RefundState, transition};
+use crate::saga::refund::state::{Event, IllegalTransition, RefundState};
 use crate::saga::state::PaymentState;
 use crate::saga::store::{
-    Claimable, LastError, Rewritten, SagaRow, Step, chrono_after, moved, one_statement,
+    Claimable, LastError, PAYMENT_MOVED, Recorded, Rewritten, SagaRow, Step, chrono_after, moved,
+    one_statement, update_fenced,
 };
 pub use crate::saga::store::{renew_claim, reschedule};
 use chrono::{DateTime, Utc};
-use pagos_types::EventType;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
@@ -454,36 +454,17 @@ impl SagaRow for refund::Model {
     type Audit = transitions::Model;
     type Besides = Option<PaymentToReview>;
     type Render = Render;
-    const SEND: Event = Event::Send;
 
     fn state(&self) -> RefundState {
         self.state
     }
 
-    fn transition(from: RefundState, event: Event) -> Result<RefundState, IllegalTransition> {
-        transition(from, event)
-    }
-
-    fn in_flight(state: RefundState) -> bool {
-        matches!(state, RefundState::EnProceso | RefundState::Enviado)
-    }
-
-    fn settled(state: RefundState) -> bool {
-        state.is_terminal()
-    }
-
-    fn record(&mut self, to: RefundState, gateway_ref: Option<String>, code: Option<String>) {
-        self.state = to;
-        if gateway_ref.is_some() {
-            self.gateway_ref = gateway_ref;
+    fn recorded(&mut self) -> Recorded<'_, RefundState> {
+        Recorded {
+            state: &mut self.state,
+            gateway_ref: &mut self.gateway_ref,
+            code: &mut self.failure_code,
         }
-        if code.is_some() {
-            self.failure_code = code;
-        }
-    }
-
-    fn event_type(to: RefundState) -> Option<EventType> {
-        EventType::of_refund(to)
     }
 
     /// The refund's update (with its key's frozen answer when it becomes final), its
@@ -695,16 +676,7 @@ async fn write_on<C: ConnectionTrait>(
     // SQLite: the transaction is `BEGIN IMMEDIATE`, so the payment read here is the one
     // written over below.
     let payment = payment_move(tx, current, plan).await?;
-    let mut update = refund::Entity::update_many();
-    for (column, value) in MOVED.iter().zip(moved_values(&plan.next)) {
-        update = update.col_expr(*column, Expr::val(value));
-    }
-    let done = update
-        .filter(refund::Column::Id.eq(current.id))
-        .filter(refund::Column::Version.eq(current.version))
-        .exec(tx)
-        .await?;
-    if done.rows_affected != 1 {
+    if !update_fenced::<refund::Entity, _>(tx, &MOVED, current, &plan.next).await? {
         return Ok(false);
     }
     if let Some(audit) = &plan.audit {
@@ -728,22 +700,6 @@ async fn write_on<C: ConnectionTrait>(
     log_moved(current, payment.as_ref());
     Ok(true)
 }
-
-/// The columns of a payment its move to review writes, in the order `sql_write` binds
-/// them (the payments' own fenced write changes the same ones).
-const PAYMENT_MOVED: [payment::Column; 11] = [
-    payment::Column::State,
-    payment::Column::Version,
-    payment::Column::Attempts,
-    payment::Column::GatewayRef,
-    payment::Column::DeclineCode,
-    payment::Column::NextAttemptAt,
-    payment::Column::UpdatedAt,
-    payment::Column::ClaimedUntil,
-    payment::Column::PaymentMethod,
-    payment::Column::LastError,
-    payment::Column::LastErrorAt,
-];
 
 /// `INSERT INTO "<table>" (<every column of row's entity>) SELECT <its values> FROM
 /// "<from>"`: the row written whole, only if `from` has a row; its values bound after
@@ -899,15 +855,6 @@ impl Claimable for refund::Entity {
     const NEXT_ATTEMPT_AT: refund::Column = refund::Column::NextAttemptAt;
     const CLAIMED_UNTIL: refund::Column = refund::Column::ClaimedUntil;
     const VERSION: refund::Column = refund::Column::Version;
-
-    /// `state IN ('EN_PROCESO', 'ENVIADO')`: the refunds a worker may send or look up.
-    fn reconcilable() -> sea_orm::sea_query::SimpleExpr {
-        Expr::cust(r#""refunds"."state" IN ('EN_PROCESO', 'ENVIADO')"#)
-    }
-
-    fn id(row: &refund::Model) -> Uuid {
-        row.id
-    }
 }
 
 /// A refund's audit trail, oldest first.
