@@ -63,6 +63,14 @@ pub enum ChargeStatus {
     Pending,
 }
 
+/// A currency code as a provider sent it, in upper case, as pagos writes its own (`cop`
+/// from a gateway modelled on Stripe's is `COP`): a charge or refund is compared with its
+/// payment or refund by its code, and a code in another case must not read as another
+/// currency.
+fn currency_code<'de, D: serde::Deserializer<'de>>(said: D) -> Result<String, D::Error> {
+    String::deserialize(said).map(|code| code.to_ascii_uppercase())
+}
+
 /// A charge as the gateway reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -70,6 +78,7 @@ pub struct Charge {
     pub id: String,
     pub status: ChargeStatus,
     pub amount: i64,
+    #[serde(deserialize_with = "currency_code")]
     pub currency: String,
     pub reference: String,
     #[serde(default)]
@@ -178,6 +187,7 @@ pub struct Refund {
     pub charge: String,
     /// Minor units of `currency`.
     pub amount: i64,
+    #[serde(deserialize_with = "currency_code")]
     pub currency: String,
     /// The pagos refund id.
     pub reference: String,

@@ -21,6 +21,7 @@ on_both_databases!(
     client_retries_ask_the_provider_at_most_once_per_backoff_step,
     reconcile_now_leaves_a_payment_a_request_is_sending_alone,
     card_token_and_payer_data_are_erased_once_the_payment_is_final,
+    a_charge_the_gateway_reports_in_lower_case_currency_is_the_payments_own,
 );
 
 async fn a_refused_resend_leaves_a_payment_that_may_be_charged_unknown_until_a_lookup_reads_it(
@@ -368,4 +369,77 @@ async fn card_token_and_payer_data_are_erased_once_the_payment_is_final(backend:
         .await;
     assert_eq!(status, 201);
     assert_eq!(pago["medioPago"]["id"], "visa");
+}
+
+/// A gateway that writes currency codes in lower case (as Stripe's API does: `cop`): its
+/// charge of the payment's amount is the payment's own, read from the charge's answer
+/// and from a look-up alike. Before, `cop` read as another currency than `COP`, and a
+/// payment the customer paid went to on-call's review instead of `COMPLETADA`.
+async fn a_charge_the_gateway_reports_in_lower_case_currency_is_the_payments_own(backend: Backend) {
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-retries", "0"])
+        .start()
+        .await;
+    let charges: std::sync::Arc<std::sync::Mutex<Vec<Value>>> = Default::default();
+    let answering = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (made, up) = (charges.clone(), answering.clone());
+    crate::helpers::mount_route(
+        app.gateway(),
+        "POST",
+        "/v1/charges",
+        move |request: &wiremock::Request| {
+            let body: Value = serde_json::from_slice(&request.body).expect("a charge body");
+            let mut made = made.lock().expect("charges");
+            let charge = serde_json::json!({
+                "id": format!("ch_lc_{}", made.len() + 1),
+                "status": "succeeded",
+                "amount": body["amount"],
+                "currency": body["currency"].as_str().expect("currency").to_lowercase(),
+                "reference": body["reference"],
+                "declineCode": null,
+            });
+            made.push(charge.clone());
+            if up.load(std::sync::atomic::Ordering::SeqCst) {
+                wiremock::ResponseTemplate::new(201).set_body_json(charge)
+            } else {
+                // Charged, but the answer is lost: the reconciler looks it up.
+                wiremock::ResponseTemplate::new(503)
+            }
+        },
+    )
+    .await;
+    let found = charges.clone();
+    crate::helpers::mount_route(
+        app.gateway(),
+        "GET",
+        "/v1/charges",
+        move |request: &wiremock::Request| {
+            let reference = crate::helpers::query_param(request, "reference");
+            let data: Vec<Value> = found
+                .lock()
+                .expect("charges")
+                .iter()
+                .filter(|c| c["reference"] == reference.as_str())
+                .cloned()
+                .collect();
+            wiremock::ResponseTemplate::new(200).set_body_json(serde_json::json!({ "data": data }))
+        },
+    )
+    .await;
+
+    // The charge's own answer.
+    let (status, pago) = app.pay_read("k-lower-1", &payment_body()).await;
+    assert_eq!(status, 201, "{pago}");
+    assert_eq!(pago["estado"], "COMPLETADA", "{pago}");
+    assert_eq!(pago["moneda"], "COP");
+
+    // A look-up's.
+    answering.store(false, std::sync::atomic::Ordering::SeqCst);
+    let (status, pago) = app.pay_read("k-lower-2", &payment_body()).await;
+    assert_eq!(status, 202, "{pago}");
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["completados"], 1, "{report}");
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+    assert_eq!(charges.lock().expect("charges").len(), 2, "one charge each");
 }
