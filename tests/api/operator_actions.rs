@@ -254,6 +254,20 @@ async fn reconcile_by_hand(
     crate::process::reconcile_once_output(&all, env).await
 }
 
+/// `pagos reconcile --once` refused: exit `code`, no report on stdout (no pass ran), and
+/// one `pagos: ` line on stderr, which it returns.
+fn refused_in_one_line(output: &std::process::Output, code: i32) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(code), "{stderr}");
+    assert!(output.stdout.is_empty(), "no report: no pass ran");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("pagos: "))
+        .collect();
+    assert_eq!(said.len(), 1, "one line: {stderr}");
+    said[0].to_owned()
+}
+
 /// `pagos reconcile --once` is one of on-call's actions too: its pass leaves a
 /// `reconcile_pass` row naming who ran it (`--operador`, or `cli:` and the login name)
 /// and its report's counts, read at `GET /admin/acciones` like a pass asked of the API.
@@ -347,15 +361,8 @@ async fn pagos_reconcile_once_whose_audit_row_cannot_be_written_is_refused_and_d
     before.sort_by_key(|p| p.id);
 
     let output = reconcile_by_hand(&world, &["--operador", "ana"], &[]).await;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(output.stdout.is_empty(), "no report: no pass ran");
-    let said: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("pagos: "))
-        .collect();
-    assert_eq!(said.len(), 1, "one line: {stderr}");
-    assert!(said[0].contains("nothing was done"), "{stderr}");
+    let said = refused_in_one_line(&output, 1);
+    assert!(said.contains("nothing was done"), "{said}");
     assert_eq!(world.fake.lookups_made(), 0, "the provider was not asked");
     let mut after = pagos::entities::payment::Entity::find()
         .all(&world.db)
@@ -387,16 +394,9 @@ async fn pagos_reconcile_once_names_only_an_operator_who_may_run_a_pass(backend:
         ("luis", "luis is a lector"),
     ] {
         let output = reconcile_by_hand(&world, &["--operador", name], &[]).await;
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{name}: {stderr}");
-        assert!(output.stdout.is_empty(), "{name}: no report, no pass");
-        let said: Vec<&str> = stderr
-            .lines()
-            .filter(|l| l.starts_with("pagos: "))
-            .collect();
-        assert_eq!(said.len(), 1, "{name}: one line: {stderr}");
-        assert!(said[0].contains("PAGOS_OPERATOR"), "{name}: {stderr}");
-        assert!(said[0].contains(says), "{name}: {stderr}");
+        let said = refused_in_one_line(&output, 2);
+        assert!(said.contains("PAGOS_OPERATOR"), "{name}: {said}");
+        assert!(said.contains(says), "{name}: {said}");
     }
     assert_eq!(world.fake.lookups_made(), 0, "the provider was not asked");
     let rows = pagos::entities::operator_action::Entity::find()
