@@ -43,6 +43,7 @@ mod m20261210_000022_last_error;
 mod m20261210_000023_webhook_refunds;
 mod m20261211_000024_delivery_claims;
 mod m20261211_000025_webhook_reports_by_age;
+mod m20261212_000026_reported_currency_upper;
 
 pub struct Migrator;
 
@@ -75,6 +76,7 @@ impl MigratorTrait for Migrator {
             whole(m20261210_000023_webhook_refunds::Migration),
             whole(m20261211_000024_delivery_claims::Migration),
             whole(m20261211_000025_webhook_reports_by_age::Migration),
+            whole(m20261212_000026_reported_currency_upper::Migration),
         ]
     }
 }

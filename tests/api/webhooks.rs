@@ -27,6 +27,7 @@ on_both_databases!(
     the_reaper_purges_old_webhook_reports_of_settled_payments_and_refunds_and_keeps_those_still_needed,
     the_openapi_document_describes_the_webhook_and_the_orphan_list,
     a_signed_event_over_64_kib_is_refused_with_413_and_nothing_recorded,
+    reports_stored_with_lower_case_currency_codes_read_upper_case_after_the_migration,
 );
 
 const SECRET: &str = "whsec_test";
@@ -651,6 +652,87 @@ async fn a_signed_event_over_64_kib_is_refused_with_413_and_nothing_recorded(bac
     assert_eq!(json(answer).await["type"], "/problems/body-too-large");
     assert_eq!(app.recorded().await, (0, 0));
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
+}
+
+/// Reports a gateway sent as `cop` before answers were read in upper case are written as
+/// `COP` by migration m26: what on-call's resolution and a refund's settlement compare
+/// with the payment's own code. Codes already upper case are left as they are.
+async fn reports_stored_with_lower_case_currency_codes_read_upper_case_after_the_migration(
+    backend: Backend,
+) {
+    use migration::{Migrator, MigratorTrait};
+    use pagos::entities::webhook_refund;
+    let database = crate::helpers::TestDatabase::create(&backend).await;
+    let db = sea_orm::Database::connect(database.url.as_str())
+        .await
+        .expect("open");
+    let before = Migrator::migrations()
+        .iter()
+        .position(|m| m.name() == "m20261212_000026_reported_currency_upper")
+        .expect("the migration");
+    Migrator::up(&db, Some(u32::try_from(before).expect("count")))
+        .await
+        .expect("the schema before it");
+    let at = pagos::db::now();
+    let charges = [
+        ("ch_lower", "cop"),
+        ("ch_mixed", "Usd"),
+        ("ch_upper", "COP"),
+    ];
+    for (id, currency) in charges {
+        let mut row = charge_report(id, None, webhook_charge::ReportedStatus::Succeeded, at);
+        row.currency = sea_orm::ActiveValue::Set(currency.into());
+        webhook_charge::Entity::insert(row)
+            .exec_without_returning(&db)
+            .await
+            .expect("a charge report");
+    }
+    webhook_refund::Entity::insert(webhook_refund::ActiveModel::from(webhook_refund::Model {
+        source: "http".into(),
+        provider_refund_id: "re_lower".into(),
+        reference: "not-ours".into(),
+        refund_id: None,
+        payment_id: None,
+        charge_id: "ch_lower".into(),
+        status: webhook_refund::ReportedRefundStatus::Succeeded,
+        amount: 1000,
+        currency: "cop".into(),
+        failure_code: None,
+        last_sequence: 1,
+        last_event_id: "evt_re_lower".into(),
+        first_seen_at: at,
+        updated_at: at,
+    }))
+    .exec_without_returning(&db)
+    .await
+    .expect("a refund report");
+    db.close().await.expect("closed");
+
+    let db = database.migrated().await;
+    let mut stored: Vec<(String, String)> = webhook_charge::Entity::find()
+        .order_by_asc(webhook_charge::Column::ChargeId)
+        .all(&db)
+        .await
+        .expect("read")
+        .into_iter()
+        .map(|c| (c.charge_id, c.currency))
+        .collect();
+    stored.extend(
+        webhook_refund::Entity::find()
+            .all(&db)
+            .await
+            .expect("read")
+            .into_iter()
+            .map(|r| (r.provider_refund_id, r.currency)),
+    );
+    let expected = [
+        ("ch_lower", "COP"),
+        ("ch_mixed", "USD"),
+        ("ch_upper", "COP"),
+        ("re_lower", "COP"),
+    ]
+    .map(|(id, currency)| (id.to_owned(), currency.to_owned()));
+    assert_eq!(stored, expected);
 }
 
 /// What the reaper test seeds: a charge report of `payment` (None: an orphan), last
