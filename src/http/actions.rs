@@ -49,12 +49,18 @@ pub struct Asked {
 pub const SAID_CHARS: usize = 1000;
 
 /// What on-call wrote, trimmed, for a row's words of what was asked: cut at `SAID_CHARS`
-/// (`…` says so).
+/// (`…` says so), a NUL written as `�` (PostgreSQL cannot store it: the row, written
+/// before the request's own rules refuse it, would fail, and the request with it).
 pub fn said(text: &str) -> String {
     let text = text.trim();
-    match text.char_indices().nth(SAID_CHARS) {
+    let said = match text.char_indices().nth(SAID_CHARS) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.to_owned(),
+    };
+    if said.contains('\0') {
+        said.replace('\0', "\u{FFFD}")
+    } else {
+        said
     }
 }
 

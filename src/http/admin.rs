@@ -207,6 +207,11 @@ pub fn resolution_motivo(asked: &str) -> Result<&str, ApiError> {
             "motivo is required (1–1000 characters): say why, for the audit trail",
         ));
     }
+    if motivo.contains('\0') {
+        return Err(bad_request(
+            "motivo must not contain the NUL character (\\u0000)",
+        ));
+    }
     Ok(motivo)
 }
 
@@ -690,7 +695,7 @@ pub async fn resolve_by_hand(
 /// What on-call asked of a resolution, for its audit row: `resolve the payment
 /// COMPLETADA: <motivo>`, with the charge named, the refunds asked, the overrule.
 fn asked_in_words(asked: &HandResolution<'_>) -> String {
-    let mut what = format!("resolve the payment {}", asked.estado.trim());
+    let mut what = format!("resolve the payment {}", actions::said(asked.estado));
     if asked.reembolsar {
         what.push_str(" and refund what the provider charged");
     }

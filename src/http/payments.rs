@@ -23,8 +23,8 @@ use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use pagos_types::body::Read;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
-use serde_json::Value;
 use serde_json::value::RawValue;
 use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
@@ -105,7 +105,7 @@ pub(super) fn body<T>(extracted: Result<Json<T>, JsonRejection>) -> Result<Body<
 }
 
 /// 400 for a body that is not JSON, in the parser's own words.
-fn not_json(reason: &str) -> ApiError {
+pub(super) fn not_json(reason: &str) -> ApiError {
     problem(
         ProblemType::MalformedJson,
         format!("The body is not valid JSON: {reason}."),
@@ -130,6 +130,21 @@ pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, Api
             format!("{err}. Generate one key (a UUID v4) per payment and send it on every retry of that payment."),
         )
     })
+}
+
+/// `parsed`, refused with the body's own faults (`refused`, listed first) when it has any.
+pub(super) fn with_refused<T>(
+    parsed: Result<T, Vec<FieldError>>,
+    mut refused: Vec<FieldError>,
+) -> Result<T, Vec<FieldError>> {
+    match parsed {
+        Ok(parsed) if refused.is_empty() => Ok(parsed),
+        Ok(_) => Err(refused),
+        Err(errors) => {
+            refused.extend(errors);
+            Err(refused)
+        }
+    }
 }
 
 pub(super) fn validation_failed(errors: Vec<FieldError>) -> ApiError {
@@ -173,19 +188,22 @@ async fn begin(
     key: &IdempotencyKey,
     sent: &str,
 ) -> Result<Begin, ApiError> {
-    // Valid JSON already (the raw value was read by the same parser); parsed again into a
-    // value, which may still be refused for its nesting.
-    let value: Value = serde_json::from_str(sent).map_err(|err| not_json(&err.to_string()))?;
+    // Valid JSON already (the raw value was read by the same parser); read again into a
+    // value, which may still be refused for its nesting. A member written twice or a NUL
+    // is refused with the fields (`pagos_types::body`).
+    let Read { value, refused } =
+        pagos_types::body::read(sent).map_err(|err| not_json(&err.to_string()))?;
     let request = idempotency::fingerprint::Fingerprinted::new("POST", PAYMENTS_PATH, &value, sent);
     if let Some(begun) = saga::registry::remembered(&state.replay_cache, merchant, key, &request) {
         return Ok(begun);
     }
     // What the configured gateway needs is checked here, before anything is stored.
-    match NewPayment::from_json_for(
+    let parsed = NewPayment::from_json_for(
         &value,
         state.settings.gateway.needs(),
         state.settings.max_amount,
-    ) {
+    );
+    match with_refused(parsed, refused) {
         Ok(new_payment) => Ok(saga::registry::begin(
             &state.db,
             &state.replay_cache,

@@ -24,6 +24,9 @@ pub fn overrule(asked: Option<&str>) -> Result<Option<String>, ApiError> {
                 .detail("contraProveedor must be 1–1000 characters: why on-call overrules what the provider shows, for the audit trail")
                 .into())
         }
+        Some(why) if why.contains('\0') => Err(Problem::new(ProblemType::Validation)
+            .detail("contraProveedor must not contain the NUL character (\\u0000)")
+            .into()),
         Some(why) => Ok(Some(why.to_owned())),
     }
 }
@@ -32,9 +35,9 @@ pub fn overrule(asked: Option<&str>) -> Result<Option<String>, ApiError> {
 /// blank or longer than 255 bytes.
 pub fn gateway_ref(asked: Option<&str>) -> Result<Option<&str>, ApiError> {
     match asked {
-        Some(r) if r.trim().is_empty() || r.len() > 255 => {
+        Some(r) if r.trim().is_empty() || r.len() > 255 || r.contains('\0') => {
             Err(Problem::new(ProblemType::Validation)
-                .detail("gatewayRef must be 1–255 characters")
+                .detail("gatewayRef must be 1–255 characters, without NUL (\\u0000)")
                 .into())
         }
         asked => Ok(asked.map(str::trim)),

@@ -170,7 +170,7 @@ pub(crate) async fn resolve_by_hand(
 /// What on-call asked of a refund's resolution, for its audit row: `resolve the refund
 /// COMPLETADO: <motivo>`, with the provider's refund named, the overrule.
 fn asked_in_words(request: &ResolucionReembolso) -> String {
-    let mut what = format!("resolve the refund {}", request.estado.trim());
+    let mut what = format!("resolve the refund {}", actions::said(&request.estado));
     if let Some(named) = &request.gateway_ref {
         what.push_str(&format!(" (provider's refund {})", actions::said(named)));
     }

@@ -13,7 +13,9 @@ use super::auth::{
     Admin, AdminTokenRefused, ApiKeyRefused, Merchant, PaymentNotFound, ReadOnlyRole,
 };
 use super::extract::PathId;
-use super::payments::{Body, MAX_BODY, body, idempotency_key, problem, validation_failed};
+use super::payments::{
+    Body, MAX_BODY, body, idempotency_key, not_json, problem, validation_failed, with_refused,
+};
 use super::problem::{
     ApiError, BodyTooLarge, NoSuchPayment, NotJson, Problem, ProblemType, RetryWithSameKey,
 };
@@ -33,9 +35,11 @@ use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use pagos_types::body::Read;
 use pagos_types::{NewRefund, Reembolso};
 use serde::Serialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -119,13 +123,16 @@ struct Asked {
 
 fn parse(
     headers: &HeaderMap,
-    json: Result<Json<Value>, JsonRejection>,
+    json: Result<Json<Box<RawValue>>, JsonRejection>,
     reason_required: bool,
 ) -> Result<Asked, ApiError> {
-    let Body(value) = body(json)?;
+    let Body(sent) = body(json)?;
     let key = idempotency_key(headers)?;
-    let value = value?;
-    let refund = NewRefund::from_json(&value, reason_required).map_err(validation_failed);
+    // A member written twice or a NUL is refused with the fields (`pagos_types::body`).
+    let Read { value, refused } =
+        pagos_types::body::read(sent?.get()).map_err(|err| not_json(&err.to_string()))?;
+    let refund = with_refused(NewRefund::from_json(&value, reason_required), refused)
+        .map_err(validation_failed);
     Ok(Asked { key, value, refund })
 }
 
@@ -326,7 +333,7 @@ async fn create_refund(
     Merchant(merchant): Merchant,
     PathId(id): PathId,
     headers: HeaderMap,
-    json: Result<Json<Value>, JsonRejection>,
+    json: Result<Json<Box<RawValue>>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let asked = parse(&headers, json, false)?;
     let payment = Uuid::parse_str(&id).map_err(|_| not_found("payment"))?;
@@ -427,7 +434,7 @@ async fn admin_refund(
     admin: Admin,
     PathId(id): PathId,
     headers: HeaderMap,
-    json: Result<Json<Value>, JsonRejection>,
+    json: Result<Json<Box<RawValue>>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     admin.may_act()?;
     let asked = parse(&headers, json, true)?;

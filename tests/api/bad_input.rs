@@ -39,6 +39,8 @@ struct Case {
     body: Vec<u8>,
     status: u16,
     problem_type: &'static str,
+    /// The field a 422 must list, where the case is about one.
+    listed: Option<&'static str>,
 }
 
 fn case(name: &'static str, body: &str, status: u16, problem_type: &'static str) -> Case {
@@ -50,6 +52,7 @@ fn case(name: &'static str, body: &str, status: u16, problem_type: &'static str)
         body: body.as_bytes().to_vec(),
         status,
         problem_type,
+        listed: None,
     }
 }
 
@@ -100,6 +103,45 @@ fn cases() -> Vec<Case> {
             422,
             "validation-failed",
         ),
+        // PostgreSQL cannot store a NUL in text: refused as a field, never a 503 to retry.
+        Case {
+            listed: Some("descripcion"),
+            ..case(
+                "descripcion holding NUL",
+                r#"{"creditoId":"42","monto":1,"moneda":"COP","descripcion":"cuota\u00001"}"#,
+                422,
+                "validation-failed",
+            )
+        },
+        // One body, two amounts: refused rather than charge the last one.
+        Case {
+            listed: Some("monto"),
+            ..case(
+                "monto written twice",
+                r#"{"creditoId":"42","monto":1,"moneda":"COP","monto":250000}"#,
+                422,
+                "validation-failed",
+            )
+        },
+        Case {
+            listed: Some("medioPago.id"),
+            ..case(
+                "medioPago.id written twice",
+                r#"{"creditoId":"42","monto":1,"moneda":"COP","medioPago":{"id":"pm_card_visa","id":"pm_other"}}"#,
+                422,
+                "validation-failed",
+            )
+        },
+        // serde_json's own reader takes this one member for the JSON text it holds.
+        Case {
+            listed: Some("$serde_json::private::RawValue"),
+            ..case(
+                "serde_json's private raw-value member",
+                r#"{"$serde_json::private::RawValue":"{\"creditoId\":\"42\",\"monto\":250000,\"moneda\":\"COP\"}"}"#,
+                422,
+                "validation-failed",
+            )
+        },
         case(
             "unknown currency",
             r#"{"creditoId":"42","monto":1,"moneda":"XAU"}"#,
@@ -212,6 +254,17 @@ async fn every_bad_request_is_a_problem_that_stores_nothing(backend: Backend) {
             assert!(
                 problem["errores"].as_array().is_some_and(|e| !e.is_empty()),
                 "{}: lists the fields",
+                case.name
+            );
+        }
+        if let Some(campo) = case.listed {
+            assert!(
+                problem["errores"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|e| e["campo"] == campo),
+                "{}: lists {campo}: {problem}",
                 case.name
             );
         }

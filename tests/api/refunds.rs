@@ -28,6 +28,7 @@ on_both_databases!(
     a_pass_settles_a_refund_backlog_with_no_more_look_ups_in_flight_than_its_concurrency,
     on_call_refunds_with_a_reason_recorded_in_the_audit_trail,
     a_refund_sent_to_review_because_the_provider_cannot_be_asked_keeps_the_look_ups_error,
+    a_refund_with_monto_written_twice_or_a_nul_in_motivo_is_422_and_stores_nothing,
 );
 
 /// The gateway's refunds, by key and by reference.
@@ -463,6 +464,100 @@ async fn a_refund_over_what_is_left_is_422_with_restante_and_stores_nothing(back
         )
         .await;
     assert_eq!(missing_key.status(), 400);
+    assert_eq!(fake.made().len(), 2);
+}
+
+/// A body JSON reads two ways (`monto` twice) and a `motivo` PostgreSQL cannot store (a
+/// NUL) are the merchant's to correct: 422 naming the field, nothing refunded or stored,
+/// the key free for the corrected request; never a 503 to retry, on either database. The
+/// same for on-call's refund, whose audit row keeps what was asked (the NUL as `�`).
+async fn a_refund_with_monto_written_twice_or_a_nul_in_motivo_is_422_and_stores_nothing(
+    backend: Backend,
+) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    let send = |path: String, token: &'static str, key: &'static str, raw: &'static str| {
+        let request = app
+            .http
+            .post(app.url(&path))
+            .bearer_auth(token)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(raw);
+        async move { request.send().await.expect("sent") }
+    };
+    let merchants = format!("/v1/pagos/{payment}/reembolsos");
+    let on_call = format!("/admin/pagos/{payment}/reembolsos");
+    let refused = [
+        (
+            &merchants,
+            API_KEY,
+            r#"{"monto":1000,"monto":250000}"#,
+            "monto",
+        ),
+        (
+            &merchants,
+            API_KEY,
+            r#"{"monto":1000,"motivo":"a\u0000b"}"#,
+            "motivo",
+        ),
+        (
+            &on_call,
+            ADMIN_TOKEN,
+            r#"{"monto":1000,"motivo":"a\u0000b"}"#,
+            "motivo",
+        ),
+        (
+            &on_call,
+            ADMIN_TOKEN,
+            r#"{"motivo":"x","monto":1000,"monto":250000}"#,
+            "monto",
+        ),
+    ];
+    for (path, token, raw, campo) in refused {
+        let answer = send(path.clone(), token, "ref-bad", raw).await;
+        let problem = crate::helpers::problem(answer, 422, raw).await;
+        assert_eq!(problem["type"], "/problems/validation-failed", "{raw}");
+        assert!(
+            problem["errores"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e["campo"] == campo),
+            "{raw}: lists {campo}: {problem}"
+        );
+    }
+    assert!(fake.made().is_empty(), "nothing refunded");
+    let detail = json(app.admin_get(&format!("/admin/pagos/{payment}")).await).await;
+    assert_eq!(detail["pago"]["estado"], "COMPLETADA");
+    assert!(
+        detail.get("reembolsos").is_none(),
+        "no refund stored: {detail}"
+    );
+    let trail = json(
+        app.admin_get(&format!("/admin/acciones?objetivo={payment}"))
+            .await,
+    )
+    .await;
+    let rows = trail["acciones"].as_array().expect("acciones");
+    assert!(
+        rows.iter().any(|r| r["detalle"]
+            .as_str()
+            .is_some_and(|d| d.contains("a\u{FFFD}b") && d.contains("refused (422"))),
+        "on-call's refused refund is in the trail: {trail}"
+    );
+
+    // The keys were left free: corrected, each request refunds once.
+    for (path, token, raw) in [
+        (&merchants, API_KEY, r#"{"monto":1000,"motivo":"ab"}"#),
+        (&on_call, ADMIN_TOKEN, r#"{"monto":1000,"motivo":"ab"}"#),
+    ] {
+        assert_eq!(
+            send(path.clone(), token, "ref-bad", raw).await.status(),
+            201,
+            "{raw}"
+        );
+    }
     assert_eq!(fake.made().len(), 2);
 }
 

@@ -21,6 +21,7 @@ on_both_databases!(
     on_call_overrules_the_provider_only_with_a_reason_the_audit_row_keeps,
     fallida_is_refused_while_a_charge_is_still_pending_at_the_provider_unless_overruled,
     completada_names_the_charge_when_neither_the_provider_nor_the_payment_does,
+    what_on_call_writes_holding_a_nul_is_422_and_changes_nothing,
 );
 
 async fn app(backend: Backend) -> TestApp {
@@ -402,4 +403,50 @@ async fn completada_names_the_charge_when_neither_the_provider_nor_the_payment_d
     fake.fail_lookups(true);
     let done = resolved(&app, &id, &json!({"estado": "COMPLETADA", "motivo": "the dashboard shows it paid", "gatewayRef": charge})).await;
     assert_eq!(done["pago"]["gatewayRef"], charge.as_str());
+}
+
+/// `motivo`, `contraProveedor` and `gatewayRef` holding a NUL, which PostgreSQL cannot
+/// store: a 422 naming the field on either database, the payment as it was, and the audit
+/// row of the refused resolution written with the NUL as `�` (not a 503 to try again,
+/// again and again, because the row could not be written).
+async fn what_on_call_writes_holding_a_nul_is_422_and_changes_nothing(backend: Backend) {
+    let app = app(backend).await;
+    let (id, _fake) = payment_under_review(&app, "k-res-nul").await;
+    let bodies = [
+        (json!({"estado": "FALLIDA", "motivo": "a\u{0}b"}), "motivo"),
+        (
+            json!({"estado": "FALLIDA", "motivo": "ab", "contraProveedor": "a\u{0}b"}),
+            "contraProveedor",
+        ),
+        (
+            json!({"estado": "COMPLETADA", "motivo": "ab", "gatewayRef": "ch_\u{0}"}),
+            "gatewayRef",
+        ),
+        (json!({"estado": "FALLI\u{0}DA", "motivo": "ab"}), "estado"),
+    ];
+    for (body, field) in bodies {
+        let before = detail(&app, &id).await;
+        let answer = app.resolve_as(ADMIN_TOKEN, &id, &body).await;
+        let problem = problem(answer, 422, &body.to_string()).await;
+        assert!(
+            crate::helpers::text_has(&problem, "detail", field),
+            "{field}: {problem}"
+        );
+        let after = detail(&app, &id).await;
+        assert_eq!(after["pago"], before["pago"], "nothing changed: {body}");
+        assert_eq!(after["transiciones"], before["transiciones"], "{body}");
+    }
+    let rows: Vec<Value> =
+        crate::operator_actions::actions_as(&app, ADMIN_TOKEN, &format!("?objetivo={id}"))
+            .await
+            .into_iter()
+            .filter(|r| r["accion"] == "resolve_payment")
+            .collect();
+    assert_eq!(rows.len(), 4, "one row per refused resolution: {rows:?}");
+    assert!(
+        rows.iter().all(|r| r["detalle"]
+            .as_str()
+            .is_some_and(|d| d.contains('\u{FFFD}') && d.contains("refused (422"))),
+        "{rows:?}"
+    );
 }

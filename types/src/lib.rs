@@ -1,6 +1,6 @@
 //! The wire types pagos' server and its client share: what a payment looks like
 //! ([`Pago`]), where it stands ([`PaymentState`]), how a request is written and checked
-//! ([`request`]), the `Idempotency-Key` ([`key`]), and the RFC 9457 problem documents
+//! ([`request`], its body read by [`body`]), the `Idempotency-Key` ([`key`]), and the RFC 9457 problem documents
 //! answers carry ([`Problem`], with its stable `type` slugs).
 //!
 //! Pure: no I/O, no clock, no HTTP framework, no database. It must never hold the server's
@@ -12,6 +12,7 @@
 //! `openapi` (`utoipa::ToSchema`) and `sea-orm` (`DeriveActiveEnum`, so an entity stores
 //! an enum as its contract text).
 
+pub mod body;
 pub mod event;
 pub mod key;
 pub mod payment;

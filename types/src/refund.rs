@@ -199,6 +199,9 @@ fn parse_reason(object: &Map<String, Value>, required: bool) -> Result<Option<St
             "motivo",
             format!("at most {MAX_REASON_LEN} characters"),
         )),
+        Some(Value::String(s)) if s.contains('\0') => {
+            Err(field_error("motivo", crate::request::NUL_REFUSED))
+        }
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(_) => Err(field_error("motivo", "must be a string")),
     }
@@ -214,6 +217,12 @@ mod tests {
             Ok(_) => vec![],
             Err(errors) => errors.into_iter().map(|e| e.campo).collect(),
         }
+    }
+
+    #[test]
+    fn a_motivo_holding_nul_is_refused_and_other_control_characters_are_not() {
+        assert_eq!(fields(json!({"motivo": "a\u{0}b"}), false), ["motivo"]);
+        assert!(fields(json!({"motivo": "línea 1\nlínea 2\t"}), true).is_empty());
     }
 
     #[test]

@@ -158,6 +158,10 @@ pub struct FieldError {
     pub detalle: String,
 }
 
+/// What a free-text field says of a NUL in it: PostgreSQL cannot store one in text, so
+/// a request holding it would fail at the database, as a 503 to retry, again and again.
+pub(crate) const NUL_REFUSED: &str = "must not contain the NUL character (\\u0000)";
+
 fn field_error(campo: &str, detalle: impl Into<String>) -> FieldError {
     FieldError {
         campo: campo.to_owned(),
@@ -694,6 +698,7 @@ fn parse_description(object: &Map<String, Value>) -> Result<Option<String>, Fiel
             "descripcion",
             format!("at most {MAX_DESCRIPTION_LEN} characters"),
         )),
+        Some(Value::String(s)) if s.contains('\0') => Err(field_error("descripcion", NUL_REFUSED)),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(_) => Err(field_error("descripcion", "must be a string")),
     }
@@ -709,6 +714,13 @@ mod tests {
             Ok(_) => vec![],
             Err(errors) => errors.into_iter().map(|e| e.campo).collect(),
         }
+    }
+
+    #[test]
+    fn a_descripcion_holding_nul_is_refused_and_other_control_characters_are_not() {
+        let body = |d: &str| json!({"creditoId":"42","monto":1,"moneda":"COP","descripcion":d});
+        assert_eq!(fields(body("cuota\u{0}1")), ["descripcion"]);
+        assert!(fields(body("cuota 1\ncuota 2\t")).is_empty());
     }
 
     #[test]
