@@ -57,10 +57,18 @@ impl Api {
 }
 
 /// The HTTP client every adapter uses: `timeout` bounds one whole try.
+///
+/// Redirects are never followed: a followed 301/302/303 turns the POST that may have
+/// charged (or refunded) into a GET of another URL, and that GET's answer — a 404 for a
+/// path the provider does not serve, say — would be read as the provider's answer to the
+/// POST, a refusal that "proves" nothing was made. A 3xx is read as what it is, an answer
+/// that says nothing of the charge or refund (`classify::refusal`: unknown), and a
+/// look-up answered with one is unknown too.
 pub(super) fn client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
     reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("pagos/", env!("CARGO_PKG_VERSION")))
         .build()
 }
