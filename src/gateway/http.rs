@@ -236,12 +236,12 @@ impl Gateway for HttpGateway {
     async fn lookup_refunds(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
         let url = self.by_reference("refunds", refund.reference)?;
         let found: List<Refund> = search(&self.api, url, "gateway refund lookup").await?;
-        // The reference is the refund's; a gateway answering another's is not believed.
-        let reference = refund.reference.to_string();
+        // The reference is the refund's, in whatever spelling of the UUID the gateway
+        // writes it (as for charges); a gateway answering another's is not believed.
         Ok(found
             .data
             .into_iter()
-            .filter(|r| r.reference == reference)
+            .filter(|r| r.is_for(refund.reference))
             .collect())
     }
 }
