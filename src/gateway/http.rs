@@ -57,10 +57,18 @@ impl Api {
 }
 
 /// The HTTP client every adapter uses: `timeout` bounds one whole try.
+///
+/// Redirects are never followed: a followed 301/302/303 turns the POST that may have
+/// charged (or refunded) into a GET of another URL, and that GET's answer — a 404 for a
+/// path the provider does not serve, say — would be read as the provider's answer to the
+/// POST, a refusal that "proves" nothing was made. A 3xx is read as what it is, an answer
+/// that says nothing of the charge or refund (`classify::refusal`: unknown), and a
+/// look-up answered with one is unknown too.
 pub(super) fn client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
     reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("pagos/", env!("CARGO_PKG_VERSION")))
         .build()
 }
@@ -228,12 +236,12 @@ impl Gateway for HttpGateway {
     async fn lookup_refunds(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
         let url = self.by_reference("refunds", refund.reference)?;
         let found: List<Refund> = search(&self.api, url, "gateway refund lookup").await?;
-        // The reference is the refund's; a gateway answering another's is not believed.
-        let reference = refund.reference.to_string();
+        // The reference is the refund's, in whatever spelling of the UUID the gateway
+        // writes it (as for charges); a gateway answering another's is not believed.
         Ok(found
             .data
             .into_iter()
-            .filter(|r| r.reference == reference)
+            .filter(|r| r.is_for(refund.reference))
             .collect())
     }
 }

@@ -119,6 +119,15 @@ impl Payment {
         }
     }
 
+    /// The payment's currency code, in upper case (`clp` is pagos' `CLP`); empty when
+    /// the payment does not say.
+    fn currency(&self) -> String {
+        self.currency_id
+            .clone()
+            .unwrap_or_default()
+            .to_ascii_uppercase()
+    }
+
     /// The payment as a charge (amount in pagos' minor units).
     pub fn to_charge(&self) -> Result<Charge, GatewayError> {
         let id = self.id_text();
@@ -128,11 +137,7 @@ impl Payment {
                 self.status
             ))
         })?;
-        let currency = self
-            .currency_id
-            .clone()
-            .unwrap_or_default()
-            .to_ascii_uppercase();
+        let currency = self.currency();
         let exponent = amount::iso_exponent(&currency, 2);
         let minor = amount::from_decimal(self.transaction_amount, exponent)
             .map_err(|e| GatewayError::Unknown(format!("Mercado Pago payment {id}: amount {e}")))?;
@@ -166,7 +171,7 @@ impl Payment {
             return Ok(None);
         }
         let id = self.id_text();
-        let exponent = amount::iso_exponent(&self.currency_id.clone().unwrap_or_default(), 2);
+        let exponent = amount::iso_exponent(&self.currency(), 2);
         let minor = |value: amount::MajorUnits| {
             amount::from_decimal(value, exponent).map_err(|e| {
                 GatewayError::Unknown(format!("Mercado Pago payment {id}: refunded amount {e}"))

@@ -1,7 +1,9 @@
 //! What the gateway does to a payment: fails, declines, hangs, drops the connection.
 //! Every retry carries the same gateway key; the merchant gets a clear answer each time.
 
-use crate::helpers::{Backend, Charge, Spawn, charges, json, payment_body};
+use crate::helpers::{
+    Backend, Charge, FakeGateway, Spawn, charges, idempotency_key, json, payment_body,
+};
 use crate::on_both_databases;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +22,7 @@ on_both_databases!(
     a_charge_answer_naming_another_payment_or_none_is_not_believed_by_any_provider,
     a_refund_answer_about_another_refund_is_not_believed_by_any_provider,
     a_provider_string_longer_than_pagos_stores_never_fails_the_write,
+    a_redirect_after_a_charge_is_an_unknown_outcome_never_a_refusal,
 );
 
 /// A succeeded charge about each request (its reference, amount and currency), changed by
@@ -34,6 +37,68 @@ impl wiremock::Respond for ChargeAbout {
         (self.0)(&mut charge);
         ResponseTemplate::new(201).set_body_json(charge)
     }
+}
+
+/// A gateway that makes the charge and answers `303 See Other` with its `Location`, the
+/// usual answer to a POST that created something: one charge per key, every send of the
+/// key answered the same.
+struct ChargesThenSeeOther {
+    fake: FakeGateway,
+    made: Mutex<std::collections::HashMap<String, String>>,
+}
+
+impl wiremock::Respond for ChargesThenSeeOther {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        let body: serde_json::Value =
+            serde_json::from_slice(&request.body).unwrap_or(serde_json::Value::Null);
+        let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        let id = made
+            .entry(idempotency_key(request))
+            .or_insert_with(|| {
+                self.fake.preload_for(
+                    body["reference"].as_str().unwrap_or(""),
+                    "succeeded",
+                    body["amount"].as_i64().unwrap_or(0),
+                )
+            })
+            .clone();
+        ResponseTemplate::new(303).insert_header("Location", format!("/v1/charges/{id}"))
+    }
+}
+
+/// The gateway charged and answered 303 pointing at the charge; the reference protocol
+/// has no `GET /v1/charges/{id}`, so a client that follows the redirect gets a 404 for a
+/// charge that exists. A 3xx says nothing of the charge (`classify::refusal`): the
+/// outcome is unknown, the merchant is answered 202 ENVIADA, and the reconciler's look-up
+/// settles it COMPLETADA. Never 402 "no money was taken" for money the gateway took.
+async fn a_redirect_after_a_charge_is_an_unknown_outcome_never_a_refusal(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    // Look-ups tell the truth about what was charged.
+    let fake = FakeGateway::charging("succeeded");
+    fake.mount(app.gateway()).await;
+    charges()
+        .respond_with(ChargesThenSeeOther {
+            fake: fake.clone(),
+            made: Mutex::default(),
+        })
+        .with_priority(1)
+        .mount(app.gateway())
+        .await;
+
+    let answer = app.pay("k-303", &payment_body()).await;
+    let status = answer.status();
+    let body = json(answer).await;
+    assert_eq!(fake.total_charges(), 1, "the gateway charged the customer");
+    assert_eq!(
+        status, 202,
+        "a redirect is no refusal: the merchant must not be told no money was taken: {body}"
+    );
+    assert_eq!(body["estado"], "ENVIADA", "{body}");
+    let id = body["id"].as_str().expect("id").to_owned();
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["completados"], 1, "{report}");
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+    assert_eq!(fake.total_charges(), 1, "charged once");
 }
 
 async fn a_charge_for_another_amount_goes_to_review_instead_of_settling(backend: Backend) {

@@ -24,6 +24,7 @@ on_both_databases!(
     a_notification_fetch_is_metered_like_every_gateway_call,
     a_full_refund_made_through_pagos_keeps_the_payment_completada_without_review,
     partial_refunds_through_pagos_that_add_up_keep_it_completada_even_before_the_last_answer_is_recorded,
+    a_full_refund_of_a_payment_mercadopago_reports_in_lower_case_clp_keeps_it_completada,
     money_returned_beyond_pagos_refunds_or_charged_back_still_sends_the_payment_to_review,
     a_refund_pagos_never_sent_does_not_cover_money_returned_outside_pagos,
     a_refund_under_review_without_its_mercadopago_id_is_resolved_by_naming_it_or_overruling,
@@ -99,6 +100,8 @@ struct FakeState {
     refunds_by_key: HashMap<String, Value>,
     /// Refunds are made, but answered 500 (the answer lost).
     refund_answers_lost: bool,
+    /// The `currency_id` new payments carry, when not the one of the fixture.
+    currency_written: Option<&'static str>,
 }
 
 impl FakeMercadoPago {
@@ -110,6 +113,7 @@ impl FakeMercadoPago {
             reads_fail: false,
             refunds_by_key: HashMap::new(),
             refund_answers_lost: false,
+            currency_written: None,
         })))
     }
 
@@ -125,6 +129,11 @@ impl FakeMercadoPago {
         self.lock().refund_answers_lost = lost;
     }
 
+    /// New payments carry `currency_id` as `code` (a code in lower case, say).
+    fn writes_currency(&self, code: &'static str) {
+        self.lock().currency_written = Some(code);
+    }
+
     /// The refunds Mercado Pago made.
     fn refunds_made(&self) -> usize {
         self.lock().refunds_by_key.len()
@@ -136,7 +145,12 @@ impl FakeMercadoPago {
         let id = mp_id(reference);
         let current = state.by_id.get(&id).cloned().expect("a payment");
         let mut next = fixture(fixture_name);
-        for field in ["id", "transaction_amount", "external_reference"] {
+        for field in [
+            "id",
+            "transaction_amount",
+            "currency_id",
+            "external_reference",
+        ] {
             next[field] = current[field].clone();
         }
         next["date_last_updated"] = Value::from(updated);
@@ -277,7 +291,10 @@ impl Respond for FakeCreate {
         if let Some(existing) = state.by_key.get(&key) {
             return ResponseTemplate::new(200).set_body_json(existing.clone());
         }
-        let payment = about(fixture(state.new_payments), &body);
+        let mut payment = about(fixture(state.new_payments), &body);
+        if let Some(code) = state.currency_written {
+            payment["currency_id"] = Value::from(code);
+        }
         let id = payment["id"].as_u64().expect("id");
         state.by_key.insert(key, payment.clone());
         state.by_id.insert(id, payment.clone());
@@ -869,6 +886,39 @@ async fn a_full_refund_made_through_pagos_keeps_the_payment_completada_without_r
     let (status, problem) = refund_through_pagos(&app, &id, "r-more", json!({"monto": 1})).await;
     assert_eq!(status, 422, "{problem}");
     assert_eq!(problem["type"], "/problems/refund-exceeds-remaining");
+}
+
+/// A payment in Chilean pesos (no decimals) whose Mercado Pago answers write the currency
+/// in lower case (`clp`), fully refunded through pagos: the notification of the now
+/// `refunded` payment is pagos' own doing. Before, the amount returned was read with two
+/// decimals (`clp` is no code pagos knows) and looked 100 times the payment, so a payment
+/// the merchant had refunded through pagos went to on-call's review.
+async fn a_full_refund_of_a_payment_mercadopago_reports_in_lower_case_clp_keeps_it_completada(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.writes_currency("clp");
+    fake.mount(app.gateway()).await;
+    let mut pesos = card("refunded later");
+    pesos["moneda"] = json!("CLP");
+    pesos["monto"] = json!(25000);
+    let (status, pago) = app.pay_read("k-clp", &pesos).await;
+    assert_eq!(status, 201, "{pago}");
+    assert_eq!(pago["moneda"], "CLP");
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let data_id = mp_id(&id).to_string();
+
+    let (status, refund) = refund_through_pagos(&app, &id, "r-clp", json!({})).await;
+    assert_eq!(status, 201, "{refund}");
+    assert_eq!(refund["estado"], "COMPLETADO");
+    assert_eq!(refund["monto"], 25000);
+    assert_eq!(fake.refunds_made(), 1);
+
+    notified_and_still_completada(&app, 7305, &id, &data_id).await;
+    let pago = merchant_view(&app, &id).await;
+    assert_eq!(pago["estado"], "COMPLETADA");
+    assert_eq!(pago["montoReembolsado"], 25000);
 }
 
 async fn partial_refunds_through_pagos_that_add_up_keep_it_completada_even_before_the_last_answer_is_recorded(

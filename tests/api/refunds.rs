@@ -29,6 +29,7 @@ on_both_databases!(
     on_call_refunds_with_a_reason_recorded_in_the_audit_trail,
     a_refund_sent_to_review_because_the_provider_cannot_be_asked_keeps_the_look_ups_error,
     a_refund_with_monto_written_twice_or_a_nul_in_motivo_is_422_and_stores_nothing,
+    a_pending_refund_the_gateway_lists_with_an_upper_case_reference_is_settled_by_its_look_up,
 );
 
 /// The gateway's refunds, by key and by reference.
@@ -52,6 +53,8 @@ struct RefundsState {
     search_lags: bool,
     /// Look-ups answer 500.
     lookups_fail: bool,
+    /// New refunds carry their reference in upper case (a gateway that rewrites it).
+    references_upper: bool,
 }
 
 impl FakeRefunds {
@@ -75,6 +78,12 @@ impl FakeRefunds {
     /// refunds it made).
     pub fn search_lags(&self, lags: bool) {
         self.lock().search_lags = lags;
+    }
+
+    /// New refunds carry their reference in upper case, as a gateway that rewrites the
+    /// UUID it was sent does; look-ups still find them by it.
+    pub fn writes_references_upper_case(&self) {
+        self.lock().references_upper = true;
     }
 
     /// Look-ups answer 500 while `fail`.
@@ -129,13 +138,17 @@ impl Respond for MakeRefund {
         create_once(request, &mut state.by_key, state.delay, |body| {
             state.next += 1;
             let status = state.status.unwrap_or("succeeded");
+            let reference = match body["reference"].as_str() {
+                Some(sent) if state.references_upper => Value::from(sent.to_uppercase()),
+                _ => body["reference"].clone(),
+            };
             let refund = json!({
                 "id": format!("re_fake_{}", state.next),
                 "status": status,
                 "charge": body["charge"],
                 "amount": body["amount"],
                 "currency": body["currency"],
-                "reference": body["reference"],
+                "reference": reference,
                 "failureCode": if status == "failed" { Value::from("expired_or_canceled_card") } else { Value::Null },
             });
             state.made.push(refund.clone());
@@ -154,10 +167,19 @@ impl Respond for LookRefunds {
         if state.lookups_fail {
             return ResponseTemplate::new(500).set_body_json(json!({"error": "unavailable"}));
         }
-        let data = if state.search_lags {
+        let data: Vec<Value> = if state.search_lags {
             Vec::new()
         } else {
-            crate::helpers::matching(&state.made, "reference", &reference)
+            state
+                .made
+                .iter()
+                .filter(|r| {
+                    r["reference"]
+                        .as_str()
+                        .is_some_and(|made| made.eq_ignore_ascii_case(&reference))
+                })
+                .cloned()
+                .collect()
         };
         ResponseTemplate::new(200)
             .set_body_json(json!({ "data": data }))
@@ -672,6 +694,48 @@ async fn a_refund_that_times_out_is_202_and_the_reconciler_settles_it(backend: B
     let retry = refund(&app, &payment, "ref-1", &json!({"monto": 70000})).await;
     assert_eq!(retry.status(), 201);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 70000);
+}
+
+/// A gateway that writes the refund's reference in upper case (the same UUID): its
+/// look-up's answer is the refund's own, as its creation's answer is. Before, the look-up
+/// read as "no refund": pagos resent with the same key (getting the pending answer again)
+/// and, once the key's window closed, sent a refund the gateway had made to on-call's
+/// review as "no refund at the provider".
+async fn a_pending_refund_the_gateway_lists_with_an_upper_case_reference_is_settled_by_its_look_up(
+    backend: Backend,
+) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.writes_references_upper_case();
+    fake.refunding("pending");
+    let answer = refund(&app, &payment, "ref-1", &json!({"monto": 70000})).await;
+    assert_eq!(answer.status(), 202);
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "ENVIADO", "{body}");
+    let id = body["id"].as_str().expect("id").to_owned();
+    let made = fake.made();
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0]["reference"], id.to_uppercase());
+
+    fake.settle_all("succeeded");
+    let report = json(
+        app.admin_post("/admin/reconciliaciones", &json!({ "reembolsoId": id }))
+            .await,
+    )
+    .await;
+    assert_eq!(report["reembolsos"]["completados"], 1, "{report}");
+    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "COMPLETADO", "{read}");
+    assert_eq!(read["gatewayRef"], "re_fake_1");
+    let sent = app.gateway_requests_to("/v1/refunds").await;
+    assert_eq!(
+        sent.iter().filter(|r| r.method.as_str() == "POST").count(),
+        1,
+        "settled by its look-up, never sent again"
+    );
+    assert_eq!(fake.made().len(), 1, "one refund made at the gateway");
     let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(pago["montoReembolsado"], 70000);
 }
