@@ -134,15 +134,25 @@ pub async fn find(
         .await
 }
 
-/// A write transaction and the merchant's endpoint `id` read in it; `None` (the
-/// transaction rolled back) if the merchant has no such endpoint.
+/// A write transaction and the merchant's endpoint `id` read in it, its row locked until
+/// the transaction ends (`FOR UPDATE` on PostgreSQL; SQLite's `BEGIN IMMEDIATE` writers
+/// take turns); `None` (the transaction rolled back) if the merchant has no such endpoint.
+/// A change worked out from the row read (a rotation keeps the secret it replaces) is
+/// written over that row: two rotations at once no longer both replace the same secret,
+/// the second writing over the first, whose answer handed out a secret that never signed.
 async fn begin_on(
     db: &DatabaseConnection,
     merchant: Uuid,
     id: Uuid,
 ) -> Result<Option<(DatabaseTransaction, endpoints::Model)>, DbErr> {
+    use sea_orm::QuerySelect;
     let tx = begin_write(db).await?;
-    match find(&tx, merchant, id).await? {
+    let found = endpoints::Entity::find_by_id(id)
+        .filter(endpoints::Column::MerchantId.eq(merchant))
+        .lock_exclusive()
+        .one(&tx)
+        .await?;
+    match found {
         Some(found) => Ok(Some((tx, found))),
         None => {
             tx.rollback().await?;

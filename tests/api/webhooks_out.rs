@@ -19,7 +19,7 @@ use pagos::entities::{event, webhook_attempt, webhook_delivery, webhook_endpoint
 use pagos::outbox::deliveries::Recorded;
 use pagos_types::EventType;
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect, TransactionTrait};
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -30,6 +30,7 @@ on_both_databases!(
     a_flaky_receiver_gets_every_event_and_the_consumer_applies_each_once,
     during_a_rotation_both_secrets_sign_and_after_it_only_the_new,
     after_two_rotations_within_a_day_each_of_the_three_secrets_verifies_until_its_own_day_ends,
+    two_rotations_at_once_each_hand_out_a_secret_that_signs,
     a_410_deactivates_the_endpoint_and_reactivation_redelivers,
     a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once,
     an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_new_round,
@@ -297,6 +298,62 @@ async fn after_two_rotations_within_a_day_each_of_the_three_secrets_verifies_unt
         assert!(verifies(secret, after), "{name} alone still verifies");
     }
     assert_eq!(after.header("webhook-signature").split(' ').count(), 2);
+}
+
+/// Two rotations of one endpoint at once (a double click, a client that retries while its
+/// first request still waits) each answer 200 with a secret of their own: each must sign
+/// as it does when they come one after the other. On PostgreSQL both used to read the
+/// endpoint before either wrote it, and the second wrote over the first: the secret the
+/// first answer handed out never signed anything, and a merchant that kept it refused
+/// every delivery.
+async fn two_rotations_at_once_each_hand_out_a_secret_that_signs(backend: Backend) {
+    let postgres = matches!(backend, Backend::Postgres(_));
+    let (app, _fake) = delivering(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    let made = app.register_endpoint(&receiver.url("/")).await;
+    let id = made["id"].as_str().expect("id").to_owned();
+    let a = made["secreto"].as_str().expect("secret").to_owned();
+    // On PostgreSQL the endpoint's row is held while both rotations start, and let go once
+    // both wait: what two requests arriving together can do, every time. (SQLite's
+    // writers take turns.)
+    let held = if postgres {
+        let tx = app.db.begin().await.expect("begin");
+        webhook_endpoint::Entity::find_by_id(Uuid::parse_str(&id).expect("uuid"))
+            .lock_exclusive()
+            .one(&tx)
+            .await
+            .expect("locked")
+            .expect("the endpoint");
+        Some(tx)
+    } else {
+        None
+    };
+    let let_go = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if let Some(tx) = held {
+            tx.commit().await.expect("let go");
+        }
+    };
+    let (first, second, ()) = tokio::join!(app.rotate_secret(&id), app.rotate_secret(&id), let_go);
+    let b = first["secreto"].as_str().expect("secret").to_owned();
+    let c = second["secreto"].as_str().expect("secret").to_owned();
+    assert_ne!(b, c);
+
+    let delivered = &paid_and_delivered(&app, &receiver, "k-rot2", 1, "the delivery").await;
+    for (name, secret) in [
+        ("the first", &a),
+        ("one rotation's", &b),
+        ("the other's", &c),
+    ] {
+        assert!(
+            standardwebhooks::Webhook::new(secret)
+                .expect("secret")
+                .verify(&delivered.body, &delivered.headers)
+                .is_ok(),
+            "{name} secret verifies the delivery (signature header: {})",
+            delivered.header("webhook-signature")
+        );
+    }
 }
 
 /// Pays with `key` and waits (up to 10 s) for the `n`th delivery; the delivery.
