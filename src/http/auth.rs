@@ -28,9 +28,10 @@ use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
-/// How long a process trusts what it learnt about a key. A key revoked, expired or added
-/// in the database is seen by every process within this plus one look-up, inside the
-/// contract's 5 seconds.
+/// How long a process trusts what it learnt about a key, counted from when the look-up
+/// began (`FromTheLookUp`). A key revoked, expired or added in the database is seen by
+/// every process within this, inside the contract's 5 seconds, however long the look-up
+/// that learnt it took.
 pub const KEY_CACHE_TTL: Duration = Duration::from_secs(4);
 /// Keys remembered at once; past it the least used are forgotten (and looked up again).
 const KEY_CACHE_CAPACITY: u64 = 100_000;
@@ -39,9 +40,32 @@ const BLOCKED_CAPACITY: u64 = 100_000;
 /// How often the failure counters of quiet addresses are dropped.
 const FORGET_QUIET_EVERY: Duration = Duration::from_secs(60);
 
+/// What a process learnt about a key, and when the look-up that learnt it began.
+#[derive(Clone, Debug)]
+struct Learnt {
+    credential: Credential,
+    asked_at: Instant,
+}
+
+/// A key cache entry lives `KEY_CACHE_TTL` from when its look-up began, not from when it
+/// ended: a look-up held up (its write of the key's last use waiting on a lock, say) while
+/// the key was revoked would otherwise keep the key working for that long past the TTL.
+struct FromTheLookUp;
+
+impl moka::Expiry<String, Learnt> for FromTheLookUp {
+    fn expire_after_create(
+        &self,
+        _hash: &String,
+        learnt: &Learnt,
+        created_at: Instant,
+    ) -> Option<Duration> {
+        Some(KEY_CACHE_TTL.saturating_sub(created_at.saturating_duration_since(learnt.asked_at)))
+    }
+}
+
 /// Authentication's shared state: the key cache and the failure limiter.
 pub struct Authenticator {
-    keys: moka::future::Cache<String, Credential>,
+    keys: moka::future::Cache<String, Learnt>,
     failures: DefaultKeyedRateLimiter<IpAddr>,
     /// Addresses over the limit, with when they may try again: checked before any look-up.
     blocked: moka::future::Cache<IpAddr, Instant>,
@@ -65,6 +89,7 @@ impl Authenticator {
             keys: moka::future::Cache::builder()
                 .max_capacity(KEY_CACHE_CAPACITY)
                 .time_to_live(KEY_CACHE_TTL)
+                .expire_after(FromTheLookUp)
                 .build(),
             failures: RateLimiter::keyed(Quota::per_minute(per_minute)),
             blocked: moka::future::Cache::builder()
@@ -117,13 +142,21 @@ impl Authenticator {
         hash: String,
     ) -> Result<Credential, ApiError> {
         if let Some(known) = self.keys.get(&hash).await {
-            return Ok(known);
+            return Ok(known.credential);
         }
         // Boxed: the database's future is large, and inline it would make every
         // request's future larger, cached key or not.
-        let lookup = store::lookup(db, &hash);
+        let lookup = async {
+            let asked_at = Instant::now();
+            let credential = store::lookup(db, &hash).await?;
+            Ok::<_, sea_orm::DbErr>(Learnt {
+                credential,
+                asked_at,
+            })
+        };
         Box::pin(self.keys.try_get_with(hash.clone(), lookup))
             .await
+            .map(|learnt| learnt.credential)
             .map_err(|err| ApiError::Internal(anyhow::anyhow!("looking up an API key: {err}")))
     }
 

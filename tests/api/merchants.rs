@@ -269,6 +269,53 @@ fn client_at_another_address() -> reqwest::Client {
         .expect("client")
 }
 
+/// A look-up of a key held up past the cache's time to live (its write of the key's last
+/// use waits on a lock) while the key is revoked: the answer it brings back is trusted for
+/// `KEY_CACHE_TTL` from when it began, so the key is refused at once after the revocation,
+/// not for 4 s more from when the look-up ended. (PostgreSQL: the revocation holds the
+/// row's lock until it commits, and the look-up's write waits for it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_revoked_while_a_look_up_of_it_waits_is_refused_right_after_the_revocation() {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let app = Spawn::new(backend).start().await;
+    let key = new_key(&app, "acme", &[]).await;
+    // The revocation, as `merchants keys revoke` writes it, not committed yet.
+    let revoking = app.db.begin().await.expect("begin");
+    revoking
+        .execute_raw(sea_orm::Statement::from_sql_and_values(
+            sea_orm::DbBackend::Postgres,
+            r#"UPDATE "api_keys" SET "revoked_at" = now() WHERE "key_hash" = $1"#,
+            [hash_api_key(&key).into()],
+        ))
+        .await
+        .expect("revoked, uncommitted");
+    // Reads the key before the revocation commits, then waits to record its use.
+    let waiting = {
+        let request = app
+            .http
+            .get(app.url(&format!("/v1/pagos/{}", uuid::Uuid::nil())))
+            .bearer_auth(&key);
+        tokio::spawn(async move { request.send().await.expect("sent").status().as_u16() })
+    };
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    revoking.commit().await.expect("revoked");
+    assert_eq!(
+        waiting.await.expect("answered"),
+        404,
+        "read before the revocation: the key still worked"
+    );
+    let after = probe(&app, &app.http, &key).await;
+    assert_eq!(
+        after.status(),
+        401,
+        "the key answered as the waiting look-up found it, after its revocation"
+    );
+    assert!(detail(after).await.contains("revoked"));
+}
+
 /// Forty wrong keys from one address in flight at once (their look-ups held by a lock on
 /// the keys' table, so none is answered before the others arrive), then a valid key: with
 /// a limit of 5 failures a minute the address is blocked by the time the valid key's turn
