@@ -33,7 +33,7 @@ pub fn read(text: &str) -> Result<Read, serde_json::Error> {
     let refused = RefCell::new(Vec::new());
     let mut reader = serde_json::Deserializer::from_str(text);
     let value = Node {
-        path: String::new(),
+        at: At::Body,
         refused: &refused,
     }
     .deserialize(&mut reader)?;
@@ -44,20 +44,30 @@ pub fn read(text: &str) -> Result<Read, serde_json::Error> {
     })
 }
 
-/// One value of the body, at `path` (empty: the body itself).
-struct Node<'a> {
-    path: String,
-    refused: &'a RefCell<Vec<FieldError>>,
+/// Where a value stands in the body, written out (`medioPago.token`, `x[1].b`) only for a
+/// refusal: reading a body that has none allocates no path.
+#[derive(Clone, Copy)]
+enum At<'a> {
+    Body,
+    Member(&'a At<'a>, &'a str),
+    Item(&'a At<'a>, usize),
 }
 
-impl Node<'_> {
-    fn child(&self, name: &str) -> String {
-        if self.path.is_empty() {
-            name.to_owned()
-        } else {
-            format!("{}.{name}", self.path)
+impl fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            At::Body => Ok(()),
+            At::Member(At::Body, name) => f.write_str(name),
+            At::Member(parent, name) => write!(f, "{parent}.{name}"),
+            At::Item(parent, index) => write!(f, "{parent}[{index}]"),
         }
     }
+}
+
+/// One value of the body, at `at`.
+struct Node<'a> {
+    at: At<'a>,
+    refused: &'a RefCell<Vec<FieldError>>,
 }
 
 impl<'de> DeserializeSeed<'de> for Node<'_> {
@@ -111,7 +121,7 @@ impl<'de> Visitor<'de> for Node<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::new();
         while let Some(item) = seq.next_element_seed(Node {
-            path: format!("{}[{}]", self.path, items.len()),
+            at: At::Item(&self.at, items.len()),
             refused: self.refused,
         })? {
             items.push(item);
@@ -123,18 +133,20 @@ impl<'de> Visitor<'de> for Node<'_> {
         let mut members = Map::new();
         let mut repeated = HashSet::new();
         while let Some(name) = map.next_key::<String>()? {
-            let path = self.child(&name);
+            let at = At::Member(&self.at, &name);
             let value = map.next_value_seed(Node {
-                path: path.clone(),
+                at,
                 refused: self.refused,
             })?;
-            if members.insert(name.clone(), value).is_some() && repeated.insert(name) {
+            if members.contains_key(&name) && !repeated.contains(&name) {
                 self.refused.borrow_mut().push(FieldError {
-                    campo: path,
+                    campo: at.to_string(),
                     detalle: "written more than once in the same object: send each field once"
                         .to_owned(),
                 });
+                repeated.insert(name.clone());
             }
+            members.insert(name, value);
         }
         Ok(Value::Object(members))
     }
