@@ -259,11 +259,7 @@ async fn every_bad_request_is_a_problem_that_stores_nothing(backend: Backend) {
         }
         if let Some(campo) = case.listed {
             assert!(
-                problem["errores"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|e| e["campo"] == campo),
+                crate::helpers::lists_field(&problem, campo),
                 "{}: lists {campo}: {problem}",
                 case.name
             );

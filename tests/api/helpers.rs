@@ -1269,6 +1269,15 @@ pub fn last_transition(detail: &Value) -> Value {
         .expect("audit rows")
 }
 
+/// A `validation-failed` problem lists `campo` among its `errores`.
+pub fn lists_field(problem: &Value, campo: &str) -> bool {
+    problem["errores"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|e| e["campo"] == campo)
+}
+
 /// `value[field]` is a string that contains `needle`.
 pub fn text_has(value: &Value, field: &str, needle: &str) -> bool {
     value[field]

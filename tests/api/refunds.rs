@@ -541,11 +541,7 @@ async fn a_refund_with_monto_written_twice_or_a_nul_in_motivo_is_422_and_stores_
         let problem = crate::helpers::problem(answer, 422, raw).await;
         assert_eq!(problem["type"], "/problems/validation-failed", "{raw}");
         assert!(
-            problem["errores"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|e| e["campo"] == campo),
+            crate::helpers::lists_field(&problem, campo),
             "{raw}: lists {campo}: {problem}"
         );
     }
