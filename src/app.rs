@@ -15,7 +15,7 @@ use crate::http::auth::Authenticator;
 use crate::http::{self, AppState, Shared};
 use crate::idempotency::cache::ReplayCache;
 use crate::metrics::{MeteredGateway, MeteredMercadoPago, Metrics};
-use crate::reaper::{self, Reaper};
+use crate::reaper::{self, Reaper, Retentions};
 use crate::reconciler;
 // Webhooks to merchants: the delivery worker.
 use crate::delivery::Deliverer;
@@ -177,9 +177,10 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         gateway,
         auth: Authenticator::new(settings.auth_failures_per_minute),
         reconciler: Reconciler::new(saga, metrics.clone(), limits),
-        replay_cache: ReplayCache::new(
+        replay_cache: ReplayCache::refreshed_every(
             settings.replay_cache_mib.saturating_mul(1024 * 1024),
             settings.key_retention,
+            settings.retention_refresh,
         ),
         settings,
         metrics,
@@ -198,7 +199,17 @@ fn reaper_of(state: &AppState) -> Reaper {
         key_retention: state.settings.key_retention,
         message_retention: state.settings.message_retention,
         batch: state.settings.purge_batch,
+        cache: state.replay_cache.clone(),
     }
+}
+
+/// What records this process's key retention and bounds its replay cache by the others'.
+fn retentions_of(state: &AppState) -> Retentions {
+    Retentions::new(
+        state.db.clone(),
+        state.replay_cache.clone(),
+        state.settings.key_retention,
+    )
 }
 
 /// The webhook delivery worker of this state's database and settings.
@@ -229,7 +240,8 @@ pub async fn serve_on(
 /// `pagos serve` on its bound listeners until `shutdown` resolves: with an `admin` one,
 /// `/admin/*`, `/consola/*` and `/metrics` are served there and not on `public`. Both get
 /// the same header timeout, limits and shutdown. Keeps the gauges of `/metrics` fresh
-/// meanwhile.
+/// meanwhile, and records this process's key retention, before it serves and then every
+/// `idempotency::cache::REFRESH` (the replay cache answers only while it does).
 ///
 /// Served with hyper's own HTTP/1 connection builder rather than `axum::serve`, which
 /// has no header read timeout: a client that never finishes its request head would hold
@@ -246,6 +258,12 @@ pub async fn serve_doors(
         state.metrics.clone(),
         state.settings.metrics_refresh,
     )));
+    // Before the first request: the replay cache answers nothing until it has read the
+    // other processes' retentions. Failing, it reads the database until a refresh works.
+    let retentions = retentions_of(&state);
+    retentions.refresh_or_say().await;
+    let every = state.replay_cache.refresh_every();
+    let _retentions = AbortOnDrop(tokio::spawn(retentions.run_periodically(every)));
     let mut connections = hyper::server::conn::http1::Builder::new();
     connections
         .timer(hyper_util::rt::TokioTimer::new())
@@ -411,6 +429,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let (db, gateway, listener, admin) = started;
     let state = build(db, settings, gateway);
+    let retentions = retentions_of(&state);
     let every = state.settings.reconcile_every;
     let reconciling = tokio::spawn(reconciler::run_periodically(
         state.reconciler.clone(),
@@ -450,7 +469,12 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         tracing::warn!(
             "background work still running at the end of PAGOS_SHUTDOWN_GRACE is left: its claims run out and another pass takes it, as after a crash"
         );
+        // Its retention's row ages out (`idempotency::cache::LIVE`), as after a crash: the
+        // reaper may still be deleting.
+        return served;
     }
+    // The reaper has stopped: the retention's row can go.
+    retentions.forget().await;
     served
 }
 

@@ -496,6 +496,12 @@ pub struct Settings {
     #[arg(long, env = "PAGOS_REPLAY_CACHE_MIB", default_value_t = 32,
           value_parser = clap::value_parser!(u64).range(0..=65_536), value_name = "MIB")]
     pub replay_cache_mib: u64,
+    /// How often the process records its key retention and reads the other processes'
+    /// (`idempotency::cache::REFRESH`); hidden: shorter only in tests, and the same in every
+    /// process of a deployment (a reaper waits two and a half of its own periods for the
+    /// others to read its retention)
+    #[arg(long, env = "PAGOS_RETENTION_REFRESH", hide = true, default_value = "60s", value_parser = positive_duration, value_name = "DURATION")]
+    pub retention_refresh: Duration,
     /// Failed authentications (API key or admin token) one client address may make in a
     /// minute; past it, its requests get 429 with Retry-After before any key is looked up
     #[arg(long, env = "PAGOS_AUTH_FAILURES_PER_MINUTE", default_value_t = 60,

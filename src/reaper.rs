@@ -8,15 +8,25 @@
 //! was purged makes a new payment (documented in the README). It never deletes a webhook
 //! report of a payment or refund that is not settled, nor of an orphan charge that may
 //! have taken money (`webhooks::purge_charge_reports`, `purge_refund_reports`).
+//!
+//! Processes may run with different retentions (a rolling deploy that changes
+//! `PAGOS_KEY_RETENTION`), and every process's replay cache must forget a key before any
+//! reaper deletes it. `Retentions` records this process's retention in `instance_facts`
+//! and bounds its replay cache by the smallest of the live processes'; the reaper purges
+//! keys only once every process that answers from memory has read its retention
+//! (`ReplayCache::may_purge`; why that is enough: `idempotency::cache`).
 
 use crate::entities::idempotency_key::KeyStatus;
-use crate::entities::{idempotency_key as keys, payment};
+use crate::entities::{idempotency_key as keys, instance_fact as facts, payment};
+use crate::idempotency::cache::ReplayCache;
 use crate::metrics::Metrics;
 use crate::saga::state::PaymentState;
 use crate::saga::store::chrono_after;
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, Order, Query};
-use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, ExprTrait};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, DatabaseConnection, DbErr, EntityTrait, ExprTrait, QueryFilter,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,10 +41,120 @@ pub struct Reaper {
     pub message_retention: Duration,
     /// `PAGOS_PURGE_BATCH`: the most rows one delete statement removes.
     pub batch: u64,
+    /// This process's replay cache: keys are purged only while it says so
+    /// (`ReplayCache::may_purge`).
+    pub cache: ReplayCache,
+}
+
+/// The prefix of the `instance_facts` rows where each process records its retention.
+pub const RETENTION_FACT: &str = "key_retention/";
+
+/// How long a retention row is kept once its process stopped refreshing it.
+const RETENTION_ROW_KEPT: chrono::TimeDelta = chrono::TimeDelta::days(1);
+
+/// Exactly what recording this process's retention uses.
+#[derive(Clone)]
+pub struct Retentions {
+    pub db: DatabaseConnection,
+    /// This process's replay cache, bounded by what the refreshes read.
+    pub cache: ReplayCache,
+    /// `PAGOS_KEY_RETENTION`.
+    pub retention: Duration,
+    /// This process's row: `key_retention/<uuid>`.
+    pub name: String,
+}
+
+impl Retentions {
+    /// The process of `cache`, under its name (`ReplayCache::instance`).
+    pub fn new(db: DatabaseConnection, cache: ReplayCache, retention: Duration) -> Self {
+        let name = format!("{RETENTION_FACT}{}", cache.instance());
+        Retentions {
+            db,
+            cache,
+            retention,
+            name,
+        }
+    }
+
+    /// Records this process's retention (whole seconds), reads those of the live
+    /// processes into the cache's bound, and deletes the rows of processes gone a day.
+    pub async fn refresh(&self) -> Result<(), DbErr> {
+        let began = Instant::now();
+        let now = crate::db::now();
+        facts::Entity::insert(facts::ActiveModel {
+            name: Set(self.name.clone()),
+            value: Set(self.retention.as_secs().to_string()),
+            recorded_at: Set(now),
+        })
+        .on_conflict(
+            sea_orm::sea_query::OnConflict::column(facts::Column::Name)
+                .update_columns([facts::Column::Value, facts::Column::RecordedAt])
+                .to_owned(),
+        )
+        .exec_without_returning(&self.db)
+        .await?;
+        let recorded = Instant::now();
+        let live = facts::Entity::find()
+            .filter(facts::Column::Name.starts_with(RETENTION_FACT))
+            .filter(facts::Column::RecordedAt.gt(now - chrono_after(self.cache.live())))
+            .all(&self.db)
+            .await?;
+        let others = live.iter().filter_map(|row| match row.value.parse::<u64>() {
+            Ok(secs) => Some(Duration::from_secs(secs)),
+            Err(_) => {
+                tracing::warn!(name = %row.name, value = %row.value, "a retention that is not a number of seconds: ignored");
+                None
+            }
+        });
+        self.cache.agreed(began, recorded, others);
+        facts::Entity::delete_many()
+            .filter(facts::Column::Name.starts_with(RETENTION_FACT))
+            .filter(facts::Column::RecordedAt.lt(now - RETENTION_ROW_KEPT))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// Refreshes every `every`, until dropped (the first refresh is the caller's, before
+    /// it serves).
+    pub async fn run_periodically(self, every: Duration) {
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            self.refresh_or_say().await;
+        }
+    }
+
+    /// `refresh`, its failure logged (the cache then stops answering in time). One that
+    /// takes a whole period fails: what it read could be that old.
+    pub async fn refresh_or_say(&self) {
+        let every = self.cache.refresh_every();
+        let error = match tokio::time::timeout(every, self.refresh()).await {
+            Ok(Ok(())) => return,
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => format!("no answer within {}", humantime::format_duration(every)),
+        };
+        tracing::error!(%error, "cannot record this process's key retention; retrying later");
+        self.cache.answers(Instant::now());
+    }
+
+    /// A process stopping: its cache stops answering and its reaper purging, then its
+    /// row is deleted (the others' bounds stay where they are).
+    pub async fn forget(&self) {
+        self.cache.leave();
+        if let Err(err) = facts::Entity::delete_by_id(self.name.clone())
+            .exec(&self.db)
+            .await
+        {
+            tracing::warn!(error = %err, "cannot delete this process's key retention row; it ages out");
+        }
+    }
 }
 
 /// Deletes expired keys of final payments, oldest first, `batch` keys per statement;
-/// returns how many.
+/// returns how many. It does not ask whether the processes' replay caches have read this
+/// retention: `run` does (`ReplayCache::may_purge`).
 ///
 /// A day of keys is a million rows: deleted in one statement, they would hold a million
 /// row locks and write their whole WAL at once while payments are being created. Each
@@ -170,8 +290,13 @@ pub async fn purge_reports(
 pub async fn run(reaper: &Reaper, stop: &tokio::sync::watch::Receiver<bool>) -> Result<(), DbErr> {
     let now = crate::db::now();
     let older_than = now - chrono_after(reaper.key_retention);
-    let purged = in_batches("idempotency keys", reaper.batch, Some(stop), || {
-        purge_key_batch(&reaper.db, older_than, reaper.batch)
+    // Checked before every batch: a process that can no longer record its retention
+    // stops purging keys before the others stop counting it.
+    let purged = in_batches("idempotency keys", reaper.batch, Some(stop), || async {
+        if !reaper.cache.may_purge(Instant::now()) {
+            return Ok(0);
+        }
+        purge_key_batch(&reaper.db, older_than, reaper.batch).await
     })
     .await?;
     if purged > 0 {

@@ -68,6 +68,7 @@ pub async fn begin(
     new_payment: &NewPayment,
     lease: Duration,
 ) -> Result<Begin, DbErr> {
+    let epoch = cache.epoch();
     if !store::one_statement(db)
         && let Some(taken) = taken(db, cache, merchant, key, request).await?
     {
@@ -82,7 +83,7 @@ pub async fn begin(
     };
     Ok(match store::register(db, registration).await? {
         Registered::Started(p) => Begin::Started(Box::new(p)),
-        Registered::Taken(existing) => decided(cache, &existing, request),
+        Registered::Taken(existing) => decided(cache, &existing, request, epoch),
     })
 }
 
@@ -99,16 +100,23 @@ pub async fn taken(
     key: &IdempotencyKey,
     request: &Fingerprinted<'_>,
 ) -> Result<Option<Begin>, DbErr> {
+    let epoch = cache.epoch();
     let existing = store::find_key(db, merchant, key.as_str()).await?;
-    Ok(existing.map(|existing| decided(cache, &existing, request)))
+    Ok(existing.map(|existing| decided(cache, &existing, request, epoch)))
 }
 
 /// What `decide` says of a taken key's row; a frozen answer is kept in the cache, with
-/// the request's body when it is the request the answer was frozen for.
-fn decided(cache: &ReplayCache, existing: &keys::Model, request: &Fingerprinted<'_>) -> Begin {
+/// the request's body when it is the request the answer was frozen for. `epoch`: the
+/// cache's before the row was read.
+fn decided(
+    cache: &ReplayCache,
+    existing: &keys::Model,
+    request: &Fingerprinted<'_>,
+    epoch: u64,
+) -> Begin {
     let fingerprint = request.fingerprint();
     let now = crate::db::now();
     let same = existing.fingerprint == fingerprint;
-    cache.keep(existing, now, same.then(|| request.sent()));
+    cache.keep(existing, now, same.then(|| request.sent()), epoch);
     decide(existing, fingerprint, now)
 }

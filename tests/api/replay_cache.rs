@@ -13,6 +13,7 @@ on_both_databases!(
     with_no_replay_cache_every_replay_reads_the_database,
     the_same_request_written_otherwise_is_replayed_from_memory,
     without_the_cache_a_taken_key_gets_every_answer_from_its_stored_row,
+    a_key_purged_by_a_process_of_shorter_retention_is_never_replayed_from_memory,
 );
 
 async fn answer(
@@ -210,4 +211,81 @@ async fn without_the_cache_a_taken_key_gets_every_answer_from_its_stored_row(bac
     assert_eq!(fake.total_charges(), 1, "charged once");
     let text = scrape(&app).await;
     assert_eq!(payment_replays(&text, "database"), 1.0);
+}
+
+/// A rolling deploy lowers `PAGOS_KEY_RETENTION`: process A (24 h) holds a key's answer in
+/// memory when process B (here 1 s) starts beside it on the same database and its reaper
+/// purges the key. The merchant reuses the key for a new payment through A: A must make
+/// it (201, a new id), never replay the purged key's old payment from memory.
+async fn a_key_purged_by_a_process_of_shorter_retention_is_never_replayed_from_memory(
+    backend: Backend,
+) {
+    use pagos::entities::idempotency_key as keys;
+    use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
+    let a = crate::helpers::started(backend, &["--retention-refresh", "200ms"]).await;
+    a.with_fake(FakeGateway::charging("succeeded")).await;
+    let (status, replayed, first) = answer(&a, "k-lowered", &payment_body()).await;
+    assert_eq!((status, replayed), (201, None), "{first}");
+    let first: serde_json::Value = serde_json::from_str(&first).expect("json");
+    // Read from the database once, then from A's memory.
+    for _ in 0..2 {
+        let (status, replayed, _) = answer(&a, "k-lowered", &payment_body()).await;
+        assert_eq!((status, replayed.as_deref()), (201, Some("true")));
+    }
+    assert_eq!(payment_replays(&scrape(&a).await, "memory"), 1.0);
+
+    // B: 1 s of retention, serving (so recording it) and reaping beside A.
+    let settings = crate::helpers::settings(
+        a.database_url(),
+        &[
+            "--admin-token",
+            crate::helpers::ADMIN_TOKEN,
+            "--key-retention",
+            "1s",
+            "--retention-refresh",
+            "200ms",
+        ],
+    );
+    let gateway = pagos::app::gateway_from(&settings).expect("gateway");
+    let b = pagos::app::build(a.db.clone(), settings, gateway);
+    let (_addr, b_server) = crate::helpers::serve_in_background(b.clone()).await;
+    let reaper = pagos::reaper::Reaper {
+        db: b.db.clone(),
+        metrics: b.metrics.clone(),
+        key_retention: std::time::Duration::from_secs(1),
+        message_retention: std::time::Duration::from_secs(7 * 86_400),
+        batch: 100,
+        cache: b.replay_cache.clone(),
+    };
+    let (_stopping, stop) = tokio::sync::watch::channel(false);
+    let key_left = || async {
+        keys::Entity::find()
+            .filter(keys::Column::Key.eq("k-lowered"))
+            .count(&a.db)
+            .await
+            .expect("count")
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while key_left().await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B's reaper never purged the key"
+        );
+        pagos::reaper::run(&reaper, &stop).await.expect("reaper");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+
+    // The key reused, for a new payment, through A.
+    let other = json!({"creditoId": "43", "monto": 120000, "moneda": "COP"});
+    let (status, replayed, again) = answer(&a, "k-lowered", &other).await;
+    assert_eq!(
+        (status, replayed.as_deref()),
+        (201, None),
+        "a new payment, not the purged key's: {again}"
+    );
+    let again: serde_json::Value = serde_json::from_str(&again).expect("json");
+    assert_ne!(again["id"], first["id"], "a new payment");
+    assert_eq!(payment_replays(&scrape(&a).await, "memory"), 1.0);
+    assert_eq!(a.charges_seen().await.len(), 2, "two charges");
+    b_server.abort();
 }

@@ -80,6 +80,12 @@ fn pay(url: &str) -> Answer {
 
 async fn on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer(backend: Backend) {
     let (world, mut server, answer) = paying_slowly("15s", backend).await;
+    // It recorded its key retention before serving (idempotency::cache).
+    assert_eq!(
+        retention_rows(&world).await,
+        vec!["86400".to_owned()],
+        "one row: this process's 24 h"
+    );
 
     server.terminate();
     let answer = answer.await.expect("task").expect("answered before exit");
@@ -87,6 +93,10 @@ async fn on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer(
     server
         .exits_cleanly(Duration::from_secs(10), "after the saga")
         .await;
+    assert!(
+        retention_rows(&world).await.is_empty(),
+        "a graceful stop deletes its retention's row"
+    );
 
     let settled = world.only_payment().await;
     assert_eq!(settled.state, "COMPLETADA");
@@ -291,4 +301,18 @@ async fn on_sigterm_a_refund_whose_client_hung_up_is_waited_for_and_settled(back
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].state.to_string(), "COMPLETADO", "{logs}");
     assert_eq!(refunds.made().len(), 1, "refunded once");
+}
+
+/// The key retentions the processes recorded (`key_retention/<process id>` rows).
+async fn retention_rows(world: &World) -> Vec<String> {
+    use pagos::entities::instance_fact as facts;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    facts::Entity::find()
+        .filter(facts::Column::Name.starts_with(pagos::reaper::RETENTION_FACT))
+        .all(&world.db)
+        .await
+        .expect("facts")
+        .into_iter()
+        .map(|fact| fact.value)
+        .collect()
 }

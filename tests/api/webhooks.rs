@@ -953,6 +953,11 @@ async fn the_reaper_purges_old_webhook_reports_of_settled_payments_and_refunds_a
         message_retention: std::time::Duration::from_secs(7 * 86_400),
         // One row per statement: the purge goes batch after batch.
         batch: 1,
+        // Never refreshed: no key is purged (none is seeded); reports and ids are.
+        cache: pagos::idempotency::cache::ReplayCache::new(
+            0,
+            std::time::Duration::from_secs(86_400),
+        ),
     };
     let (_stopping, stop) = tokio::sync::watch::channel(false);
     pagos::reaper::run(&reaper, &stop)
