@@ -265,9 +265,19 @@ pub async fn purge(
     for (i, step) in ["without", "during", "without"].into_iter().enumerate() {
         db.execute_unprepared("CHECKPOINT").await?;
         let keep = keep_every_key();
+        // A reaper purges keys only once every process had time to read its retention,
+        // two and a half periods of recording it after its start: one second here, so the
+        // purge starts with the window (a minute's period would leave it out).
         let flags: Vec<&str> = match step {
-            "during" => vec!["--key-retention", &retention, "--purge-batch", &batch],
-            _ => vec!["--key-retention", &keep],
+            "during" => vec![
+                "--key-retention",
+                &retention,
+                "--purge-batch",
+                &batch,
+                "--retention-refresh",
+                "1s",
+            ],
+            _ => vec!["--key-retention", &keep, "--retention-refresh", "1s"],
         };
         say(&format!(
             "purge: creates {step} the reaper's purge of {expired} expired keys (batch {batch}), {:?}",
@@ -276,7 +286,7 @@ pub async fn purge(
         let started = Instant::now();
         let (server, base) =
             serve(bin, url, &flags, &logs.join(format!("serve-purge-{i}.log"))).await?;
-        // The reaper starts at once with `serve`; it logs one line when it is done.
+        // The reaper starts with `serve` (its keys 2.5 s in); it logs one line when it is done.
         let log = logs.join(format!("serve-purge-{i}.log"));
         let watcher = (step == "during").then(|| {
             tokio::spawn(async move {

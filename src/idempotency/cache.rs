@@ -313,12 +313,19 @@ impl ReplayCache {
     /// has been long enough for every process that serves from memory to have read its
     /// retention (module docs).
     pub fn may_purge(&self, now: Instant) -> bool {
+        self.purge_wait(now).is_some_and(|wait| wait.is_zero())
+    }
+
+    /// How long from `now` this process's reaper must still wait before it may purge keys
+    /// (zero: it may now); `None` while the process is not in step.
+    pub fn purge_wait(&self, now: Instant) -> Option<Duration> {
         let agreement = &self.agreement;
         let every = agreement.every;
-        agreement.in_step(now)
-            && agreement
-                .at(agreement.in_step_since_ms.load(Ordering::Acquire))
-                .is_some_and(|since| now.saturating_duration_since(since) >= every * 2 + every / 2)
+        if !agreement.in_step(now) {
+            return None;
+        }
+        let since = agreement.at(agreement.in_step_since_ms.load(Ordering::Acquire))?;
+        Some((every * 2 + every / 2).saturating_sub(now.saturating_duration_since(since)))
     }
 
     /// The id of the process this cache belongs to (its retention's row is named after it).
@@ -697,6 +704,13 @@ mod tests {
         cache.agreed(t0, recorded, []);
         let at = |secs| t0 + Duration::from_secs(secs);
         assert!(!cache.may_purge(at(100)));
+        // What the first run of its reaper waits for: until 150 s after the record.
+        // (Kept in milliseconds: within one of 51 s.)
+        let wait = cache.purge_wait(at(100)).expect("in step");
+        assert!(
+            wait.abs_diff(Duration::from_secs(51)) < Duration::from_millis(2),
+            "{wait:?}"
+        );
         cache.agreed(at(60), at(61), []);
         cache.agreed(at(120), at(121), []);
         assert!(
@@ -704,8 +718,14 @@ mod tests {
             "150 s after its first record was written"
         );
         assert!(cache.may_purge(at(152)));
+        assert_eq!(cache.purge_wait(at(152)), Some(Duration::ZERO));
         // Its refreshes fail: it stops purging while the others still count its row...
         assert!(!cache.may_purge(at(240)));
+        assert_eq!(
+            cache.purge_wait(at(240)),
+            None,
+            "nothing to wait for: not in step"
+        );
         // ...and starts over when they work again.
         cache.agreed(at(300), at(301), []);
         assert!(!cache.may_purge(at(400)));
