@@ -441,12 +441,7 @@ mod tests {
     fn a_frozen_answer_is_served_from_memory_with_its_fingerprint() {
         let cache = in_step(ReplayCache::new(1 << 20, Duration::from_secs(86_400)));
         let now = Utc::now();
-        cache.keep(
-            &row("k", KeyStatus::Completed, now),
-            now,
-            None,
-            cache.epoch(),
-        );
+        keep_frozen(&cache, "k", now, now);
         let frozen = cache.get(Uuid::nil(), "k").expect("kept");
         assert_eq!(frozen.fingerprint, "fp");
         assert_eq!(frozen.payment_id, Uuid::from_u128(7));
@@ -477,12 +472,7 @@ mod tests {
         let now = Utc::now();
         // Created 59 min 30 s ago: the reaper may delete it in 30 s, inside the margin.
         let old = now - chrono::Duration::seconds(3_570);
-        cache.keep(
-            &row("old", KeyStatus::Completed, old),
-            now,
-            None,
-            cache.epoch(),
-        );
+        keep_frozen(&cache, "old", old, now);
         assert!(cache.get(Uuid::nil(), "old").is_none());
         // Created 30 min ago: kept, for at most the 30 min it has left, minus the margin.
         let half = now - chrono::Duration::seconds(1_800);
@@ -496,12 +486,7 @@ mod tests {
         let cache = in_step(ReplayCache::new(1 << 20, Duration::from_secs(61)));
         let now = Utc::now();
         // One second left before the margin: served now, gone after it.
-        cache.keep(
-            &row("k", KeyStatus::Completed, now),
-            now,
-            None,
-            cache.epoch(),
-        );
+        keep_frozen(&cache, "k", now, now);
         assert!(cache.get(Uuid::nil(), "k").is_some());
         std::thread::sleep(Duration::from_millis(1_100));
         assert!(cache.get(Uuid::nil(), "k").is_none());
@@ -527,12 +512,7 @@ mod tests {
     fn a_cache_of_size_zero_keeps_nothing() {
         let cache = in_step(ReplayCache::new(0, Duration::from_secs(86_400)));
         let now = Utc::now();
-        cache.keep(
-            &row("k", KeyStatus::Completed, now),
-            now,
-            None,
-            cache.epoch(),
-        );
+        keep_frozen(&cache, "k", now, now);
         assert!(cache.get(Uuid::nil(), "k").is_none());
         assert_eq!(cache.size(), (0, 0));
     }
@@ -590,27 +570,27 @@ mod tests {
     fn an_entry_kept_without_a_body_is_recognised_only_by_its_fingerprint() {
         let cache = in_step(ReplayCache::new(1 << 20, Duration::from_secs(86_400)));
         let now = Utc::now();
+        keep_frozen(&cache, "k", now, now);
+        let frozen = cache.get(Uuid::nil(), "k").expect("kept");
+        assert!(!frozen.sent_as(""));
+        assert!(!frozen.sent_as("{}"));
+    }
+
+    /// `cache` keeps the frozen answer of key `key`, registered `created`, read at `now`.
+    fn keep_frozen(cache: &ReplayCache, key: &str, created: DateTime<Utc>, now: DateTime<Utc>) {
         cache.keep(
-            &row("k", KeyStatus::Completed, now),
+            &row(key, KeyStatus::Completed, created),
             now,
             None,
             cache.epoch(),
         );
-        let frozen = cache.get(Uuid::nil(), "k").expect("kept");
-        assert!(!frozen.sent_as(""));
-        assert!(!frozen.sent_as("{}"));
     }
 
     #[test]
     fn a_kept_body_counts_against_the_capacity() {
         let cache = in_step(ReplayCache::new(1 << 20, Duration::from_secs(86_400)));
         let now = Utc::now();
-        cache.keep(
-            &row("k", KeyStatus::Completed, now),
-            now,
-            None,
-            cache.epoch(),
-        );
+        keep_frozen(&cache, "k", now, now);
         let (_, without) = cache.size();
         let big = serde_json::json!({"creditoId": "42", "descripcion": "x".repeat(10_000)});
         kept_with(&cache, &big.to_string());
@@ -624,12 +604,7 @@ mod tests {
         let cache = in_step(ReplayCache::new(1 << 20, 72 * hour));
         let now = Utc::now();
         let day_old = now - chrono::Duration::hours(30);
-        cache.keep(
-            &row("k", KeyStatus::Completed, day_old),
-            now,
-            None,
-            cache.epoch(),
-        );
+        keep_frozen(&cache, "k", day_old, now);
         assert!(cache.get(Uuid::nil(), "k").is_some(), "72 h of retention");
         // Another process records 24 h: the key, 30 h old, is one its reaper may delete.
         let refresh = Instant::now();
@@ -640,20 +615,10 @@ mod tests {
         // bound stays.
         cache.agreed(Instant::now(), Instant::now(), []);
         assert_eq!(cache.bound(), 24 * hour);
-        cache.keep(
-            &row("k", KeyStatus::Completed, day_old),
-            now,
-            None,
-            cache.epoch(),
-        );
+        keep_frozen(&cache, "k", day_old, now);
         assert!(cache.get(Uuid::nil(), "k").is_none(), "not kept either");
         let recent = now - chrono::Duration::hours(1);
-        cache.keep(
-            &row("r", KeyStatus::Completed, recent),
-            now,
-            None,
-            cache.epoch(),
-        );
+        keep_frozen(&cache, "r", recent, now);
         assert!(
             cache.get(Uuid::nil(), "r").is_some(),
             "younger than every retention"
@@ -665,12 +630,7 @@ mod tests {
         let every = Duration::from_millis(100);
         let cache = ReplayCache::refreshed_every(1 << 20, Duration::from_secs(86_400), every);
         let now = Utc::now();
-        cache.keep(
-            &row("k", KeyStatus::Completed, now),
-            now,
-            None,
-            cache.epoch(),
-        );
+        keep_frozen(&cache, "k", now, now);
         assert!(
             cache.get(Uuid::nil(), "k").is_none(),
             "nothing before a refresh"
