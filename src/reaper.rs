@@ -288,13 +288,15 @@ pub async fn purge_reports(
 /// (a redelivery after that is still stopped by the per-charge sequence), and webhook
 /// reports past theirs that nothing needs (`purge_reports`).
 pub async fn run(reaper: &Reaper, stop: &tokio::sync::watch::Receiver<bool>) -> Result<(), DbErr> {
-    // The first run of a process that has just started waits until every other process
-    // has had time to read its retention (`ReplayCache::purge_wait`), rather than leave
-    // the keys to the next run, a minute on.
-    if let Some(wait) = reaper.cache.purge_wait(Instant::now())
-        && !wait.is_zero()
-    {
-        let mut stopping = stop.clone();
+    // The first run of a process that has just started waits for its first record, then
+    // until every other process has had time to read it (`ReplayCache::first_purge_wait`),
+    // rather than leave the keys to the next run, a minute on.
+    let mut stopping = stop.clone();
+    loop {
+        let wait = reaper.cache.first_purge_wait(Instant::now());
+        if wait.is_zero() {
+            break;
+        }
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
             _ = stopping.wait_for(|stop| *stop) => return Ok(()),

@@ -328,6 +328,25 @@ impl ReplayCache {
         Some((every * 2 + every / 2).saturating_sub(now.saturating_duration_since(since)))
     }
 
+    /// How long the first run of this process's reaper waits at `now` before it purges
+    /// keys: `purge_wait` once the process has recorded its retention; before that (the
+    /// process is starting: `serve` starts its workers beside its first record), a quarter
+    /// of a refresh at a time, for at most four refreshes after the cache was made; zero
+    /// otherwise (out of step: each batch is refused anyway, `may_purge`).
+    pub fn first_purge_wait(&self, now: Instant) -> Duration {
+        let agreement = &self.agreement;
+        let every = agreement.every;
+        match self.purge_wait(now) {
+            Some(wait) => wait,
+            None if agreement.epoch.load(Ordering::Acquire) == 0
+                && now.saturating_duration_since(agreement.origin) < every * 4 =>
+            {
+                every / 4
+            }
+            None => Duration::ZERO,
+        }
+    }
+
     /// The id of the process this cache belongs to (its retention's row is named after it).
     pub fn instance(&self) -> Uuid {
         self.agreement.instance
@@ -660,9 +679,13 @@ mod tests {
         let cache = ReplayCache::refreshed_every(0, Duration::from_secs(86_400), every);
         let t0 = Instant::now();
         assert!(!cache.may_purge(t0), "never refreshed");
+        let at = |secs| t0 + Duration::from_secs(secs);
+        // Starting: the reaper's first run waits for the first record, a quarter of a
+        // refresh at a time, four refreshes at most.
+        assert_eq!(cache.first_purge_wait(t0), every / 4);
+        assert_eq!(cache.first_purge_wait(at(241)), Duration::ZERO);
         let recorded = t0 + Duration::from_secs(1);
         cache.agreed(t0, recorded, []);
-        let at = |secs| t0 + Duration::from_secs(secs);
         assert!(!cache.may_purge(at(100)));
         // What the first run of its reaper waits for: until 150 s after the record.
         // (Kept in milliseconds: within one of 51 s.)
@@ -685,6 +708,11 @@ mod tests {
             cache.purge_wait(at(240)),
             None,
             "nothing to wait for: not in step"
+        );
+        assert_eq!(
+            cache.first_purge_wait(at(240)),
+            Duration::ZERO,
+            "recorded before: not starting"
         );
         // ...and starts over when they work again.
         cache.agreed(at(300), at(301), []);

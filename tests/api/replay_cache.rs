@@ -14,6 +14,7 @@ on_both_databases!(
     the_same_request_written_otherwise_is_replayed_from_memory,
     without_the_cache_a_taken_key_gets_every_answer_from_its_stored_row,
     a_key_purged_by_a_process_of_shorter_retention_is_never_replayed_from_memory,
+    a_pagos_serve_just_started_purges_expired_keys_at_its_reapers_first_run,
 );
 
 async fn answer(
@@ -288,4 +289,71 @@ async fn a_key_purged_by_a_process_of_shorter_retention_is_never_replayed_from_m
     assert_eq!(payment_replays(&scrape(&a).await, "memory"), 1.0);
     assert_eq!(a.charges_seen().await.len(), 2, "two charges");
     b_server.abort();
+}
+
+/// A `pagos serve` just started purges the keys past their retention at its reaper's
+/// first run, once the other processes had time to read its retention (two and a half
+/// refreshes: half a second here), not at the next run (an hour on here: the reaper runs
+/// beside the reconciler's hourly passes). The workers start beside the process's first
+/// record of its retention, so the first run waits for that record too.
+async fn a_pagos_serve_just_started_purges_expired_keys_at_its_reapers_first_run(backend: Backend) {
+    use sea_orm::{EntityTrait, PaginatorTrait};
+    let world = crate::process::World::new(backend, FakeGateway::charging("succeeded")).await;
+    let mut args = world.crash_args();
+    args.extend(["--retention-refresh", "200ms"].map(str::to_owned));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let keys = || pagos::entities::idempotency_key::Entity::find().count(&world.db);
+
+    let mut first = crate::process::Serve::start(&args, &[]).await;
+    let paid = reqwest::Client::new()
+        .post(format!("{}/v1/pagos", first.url))
+        .bearer_auth(crate::helpers::API_KEY)
+        .header("Idempotency-Key", "k-purged-at-start")
+        .json(&payment_body())
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(paid.status(), 201);
+    first.terminate();
+    first
+        .exits_cleanly(std::time::Duration::from_secs(10), "after the payment")
+        .await;
+    assert_eq!(keys().await.expect("count"), 1);
+    // Past the key's retention (24 h), and its payment's last move past it too.
+    let then = pagos::db::now() - chrono::TimeDelta::days(3);
+    use pagos::entities::{idempotency_key as key, payment};
+    use sea_orm::{QueryFilter, sea_query::Expr};
+    key::Entity::update_many()
+        .col_expr(key::Column::CreatedAt, Expr::value(then))
+        .filter(sea_orm::ColumnTrait::eq(
+            &key::Column::Key,
+            "k-purged-at-start",
+        ))
+        .exec(&world.db)
+        .await
+        .expect("key backdated");
+    payment::Entity::update_many()
+        .col_expr(payment::Column::CreatedAt, Expr::value(then))
+        .col_expr(payment::Column::UpdatedAt, Expr::value(then))
+        .exec(&world.db)
+        .await
+        .expect("payment backdated");
+
+    let second = crate::process::Serve::start(&args, &[]).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while keys().await.expect("count") > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the expired key is still there 10 s after the start: {}",
+            second.logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        second
+            .logs()
+            .contains("idempotency keys past retention deleted"),
+        "{}",
+        second.logs()
+    );
 }

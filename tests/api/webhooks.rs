@@ -953,10 +953,12 @@ async fn the_reaper_purges_old_webhook_reports_of_settled_payments_and_refunds_a
         message_retention: std::time::Duration::from_secs(7 * 86_400),
         // One row per statement: the purge goes batch after batch.
         batch: 1,
-        // Never refreshed: no key is purged (none is seeded); reports and ids are.
-        cache: pagos::idempotency::cache::ReplayCache::new(
+        // Never refreshed: no key is purged (none is seeded); reports and ids are, once
+        // the run has waited four refreshes (40 ms here) for a first record.
+        cache: pagos::idempotency::cache::ReplayCache::refreshed_every(
             0,
             std::time::Duration::from_secs(86_400),
+            std::time::Duration::from_millis(10),
         ),
     };
     let (_stopping, stop) = tokio::sync::watch::channel(false);
