@@ -365,21 +365,45 @@ pub fn outcome_name(outcome: &ChargeOutcome) -> &'static str {
 }
 
 /// The event a final charge means for its payment, and what to record with it. A charge
-/// for another amount or currency than the payment's never settles it: on-call decides.
+/// that is not the payment's own never settles it, whether it succeeded or was declined:
+/// one for another amount or currency (a gateway answering a key's earlier request, after
+/// the database forgot the payment and the client changed its body), or another charge
+/// than the one the provider named for the payment before (a second charge). On-call
+/// decides, as for the webhook of such a charge: a decline of a request the gateway never
+/// evaluated is not the payment's decline.
 pub fn settlement(p: &payment::Model, charge: &Charge) -> Option<(Event, Changes, String)> {
-    if charge.status == ChargeStatus::Succeeded
-        && (charge.amount != p.amount || charge.currency != p.currency)
-    {
+    if charge.status == ChargeStatus::Pending {
+        return None;
+    }
+    let said = match charge.status {
+        ChargeStatus::Succeeded => "charge",
+        _ => "declined charge",
+    };
+    let not_its_own = if charge.amount != p.amount || charge.currency != p.currency {
+        Some(format!(
+            "{said} {} is for {} {}, but the payment is for {} {}",
+            charge.id, charge.amount, charge.currency, p.amount, p.currency
+        ))
+    } else {
+        p.gateway_ref
+            .as_deref()
+            .filter(|named| *named != charge.id)
+            .map(|named| {
+                format!(
+                    "{said} {}, but the provider named {named} for this payment before: a second charge",
+                    charge.id
+                )
+            })
+    };
+    if let Some(why) = not_its_own {
+        // The charge the provider named first stays recorded; the other is in the reason.
         return Some((
             Event::Escalate,
             Changes {
-                gateway_ref: Some(charge.id.clone()),
+                gateway_ref: p.gateway_ref.is_none().then(|| charge.id.clone()),
                 ..Changes::default()
             },
-            format!(
-                "charge {} is for {} {}, but the payment is for {} {}",
-                charge.id, charge.amount, charge.currency, p.amount, p.currency
-            ),
+            why,
         ));
     }
     match charge.status {

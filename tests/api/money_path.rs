@@ -22,6 +22,7 @@ on_both_databases!(
     reconcile_now_leaves_a_payment_a_request_is_sending_alone,
     card_token_and_payer_data_are_erased_once_the_payment_is_final,
     a_charge_the_gateway_reports_in_lower_case_currency_is_the_payments_own,
+    a_charge_that_is_not_the_payments_own_never_settles_it_declined_or_not,
 );
 
 async fn a_refused_resend_leaves_a_payment_that_may_be_charged_unknown_until_a_lookup_reads_it(
@@ -442,4 +443,99 @@ async fn a_charge_the_gateway_reports_in_lower_case_currency_is_the_payments_own
     assert_eq!(report["completados"], 1, "{report}");
     assert_eq!(app.payment(&id).await.state, "COMPLETADA");
     assert_eq!(charges.lock().expect("charges").len(), 2, "one charge each");
+}
+
+/// A gateway that answers a key with the charge of the key's earlier request (the database
+/// forgot the payment, and the client retried its key with another amount), declined: the
+/// gateway never evaluated this request, so it is not this payment's decline. And a look-up
+/// that finds another charge than the one the provider named for the payment: a second
+/// charge. Before, the first was `402` / `FALLIDA` "card declined", from the charge's answer
+/// and from a look-up alike, and the second settled `COMPLETADA` on the other charge.
+async fn a_charge_that_is_not_the_payments_own_never_settles_it_declined_or_not(backend: Backend) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-retries", "0"])
+        .start()
+        .await;
+    let sends = std::sync::Arc::new(AtomicUsize::new(0));
+    let (made, found) = (sends.clone(), sends.clone());
+    // Send 1: the charge's answer, declined, for the key's earlier amount. Send 2: the answer
+    // is lost (503); the look-up finds the same. Send 3: pending `ch_named`; the look-up finds
+    // another charge, `ch_other`, succeeded.
+    let declined_earlier = |reference: &Value| {
+        serde_json::json!({"id": "ch_earlier", "status": "declined", "amount": 250000,
+            "currency": "COP", "reference": reference, "declineCode": "card_declined"})
+    };
+    crate::helpers::mount_route(
+        app.gateway(),
+        "POST",
+        "/v1/charges",
+        move |request: &wiremock::Request| {
+            let body: Value = serde_json::from_slice(&request.body).expect("a charge body");
+            match made.fetch_add(1, Ordering::SeqCst) {
+                0 => wiremock::ResponseTemplate::new(201)
+                    .set_body_json(declined_earlier(&body["reference"])),
+                1 => wiremock::ResponseTemplate::new(503),
+                _ => wiremock::ResponseTemplate::new(201).set_body_json(serde_json::json!({
+                    "id": "ch_named", "status": "pending", "amount": body["amount"],
+                    "currency": "COP", "reference": body["reference"], "declineCode": null})),
+            }
+        },
+    )
+    .await;
+    crate::helpers::mount_route(
+        app.gateway(),
+        "GET",
+        "/v1/charges",
+        move |request: &wiremock::Request| {
+            let reference = Value::from(crate::helpers::query_param(request, "reference"));
+            let charge = if found.load(Ordering::SeqCst) <= 2 {
+                declined_earlier(&reference)
+            } else {
+                serde_json::json!({"id": "ch_other", "status": "succeeded", "amount": 990000,
+                    "currency": "COP", "reference": reference, "declineCode": null})
+            };
+            wiremock::ResponseTemplate::new(200)
+                .set_body_json(serde_json::json!({ "data": [charge] }))
+        },
+    )
+    .await;
+    let body = serde_json::json!({"creditoId": "42", "monto": 990000, "moneda": "COP"});
+
+    // The charge's own answer.
+    let (status, pago) = app.pay_read("k-not-own-1", &body).await;
+    assert_eq!(
+        status, 202,
+        "a decline of another amount is not this payment's decline: {pago}"
+    );
+    assert_eq!(pago["estado"], "REVISION_MANUAL", "{pago}");
+    assert_eq!(pago["gatewayRef"], "ch_earlier", "{pago}");
+
+    // A look-up's.
+    let (status, pago) = app.pay_read("k-not-own-2", &body).await;
+    assert_eq!(status, 202, "{pago}");
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["revisionManual"], 1, "{report}");
+    let stored = app.payment(&id).await;
+    assert_eq!(stored.state, "REVISION_MANUAL");
+    assert_eq!(stored.decline_code, None, "never told as declined");
+
+    // Another charge than the one the provider named.
+    let (status, pago) = app.pay_read("k-not-own-3", &body).await;
+    assert_eq!(status, 202, "{pago}");
+    assert_eq!(pago["gatewayRef"], "ch_named", "{pago}");
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let report = app.reconcile(&id).await;
+    assert_eq!(
+        report["revisionManual"], 1,
+        "a second charge: on-call decides: {report}"
+    );
+    let stored = app.payment(&id).await;
+    assert_eq!(stored.state, "REVISION_MANUAL");
+    assert_eq!(
+        stored.gateway_ref.as_deref(),
+        Some("ch_named"),
+        "the charge the provider named stays recorded"
+    );
 }
