@@ -818,7 +818,7 @@ async fn resolve_unrecorded(
     // With reembolsar, every charge the provider shows succeeded is refunded, never left
     // out of a FALLIDA.
     let charged = if reembolsar {
-        provider.succeeded
+        provider.succeeded.clone()
     } else {
         Vec::new()
     };
@@ -840,6 +840,28 @@ async fn resolve_unrecorded(
             }
             Err(store::StoreError::Db(e)) => return Err(e.into()),
         };
+    // A charge a webhook reported succeeded since the provider was asked: its consumer
+    // locks the payment before it writes the report and keeps a payment under review as
+    // it is, so one that committed before this write (which waited for its lock, or on
+    // SQLite for its transaction) is read here; one after it finds the payment FALLIDA and
+    // compensates the charge itself. Read here, it refuses a FALLIDA on-call wrote without
+    // having seen it, which nothing would ever compensate.
+    if event == Event::ResolveFailed {
+        let known = provider.succeeded.clone();
+        let now = with_reported_charges(&tx, current.id, known).await?;
+        if let Some(late) = now
+            .iter()
+            .find(|c| provider.succeeded.iter().all(|s| s.id != c.id))
+            .map(|c| c.id.clone())
+        {
+            tx.rollback().await?;
+            let mut provider = provider;
+            provider.succeeded = now;
+            return Err(provider.disagrees(&format!(
+                "The provider's webhooks reported charge {late} succeeded while this resolution was being written: nothing was changed. Read the payment again; FALLIDA with reembolsar refunds it."
+            )));
+        }
+    }
     // The refunds commit with the resolution: a FALLIDA answer is never written without
     // the refunds that make it true. Each charge is refunded (what is left of it), given
     // back already, or the whole resolution is refused and nothing is written.
@@ -991,7 +1013,7 @@ pub(crate) async fn reconcile_refund_now(
 /// `charged` (what the provider's search showed) and every charge of `payment` its
 /// webhooks reported succeeded that the search did not show.
 async fn with_reported_charges(
-    db: &sea_orm::DatabaseConnection,
+    db: &impl sea_orm::ConnectionTrait,
     payment: uuid::Uuid,
     mut charged: Vec<crate::gateway::Charge>,
 ) -> Result<Vec<crate::gateway::Charge>, ApiError> {

@@ -253,25 +253,48 @@ async fn resolve_unrecorded(
         reason = provider_check::overruled(&reason, &provider.which(), why);
         tracing::warn!(refund_id = %current.id, operator = %operator, estado = %request.estado, "on-call overruled what the provider shows about a refund");
     }
-    let resolved = match refunds::apply_now(
-        &state.db,
-        &current,
-        event,
-        changes,
-        Actor::Admin,
-        &reason,
-    )
-    .await
+    let tx = crate::db::begin_write(&state.db).await?;
+    let resolved =
+        match refunds::apply_in(&tx, &current, event, changes, Actor::Admin, &reason).await {
+            Ok(Written::Applied(r)) => *r,
+            Ok(Written::Fenced) => {
+                tx.rollback().await?;
+                return Err(not_under_review(
+                    "The refund changed while resolving it; read it again and retry.",
+                ));
+            }
+            Err(StoreError::Illegal(e)) => {
+                tx.rollback().await?;
+                return Err(not_under_review(e.to_string()));
+            }
+            Err(StoreError::Db(e)) => return Err(e.into()),
+        };
+    // A refund a webhook reported succeeded or pending since the provider was asked: the
+    // webhook's consumer writes its report under the refund's lock and keeps a refund under
+    // review as it is, so one committed before this write is read here (one after it finds
+    // the refund settled). FALLIDO over it would free money that went back, or may yet.
+    if event == Event::ResolveFailed
+        && let Some(late) = reported_for_refund(&tx, current.id)
+            .await?
+            .iter()
+            .map(as_refund)
+            .filter(|w| w.status != RefundStatus::Failed)
+            .find(|w| {
+                !provider
+                    .refunds()
+                    .any(|seen| seen.id == w.id && seen.status == w.status)
+            })
     {
-        Ok(Written::Applied(r)) => *r,
-        Ok(Written::Fenced) => {
-            return Err(not_under_review(
-                "The refund changed while resolving it; read it again and retry.",
-            ));
-        }
-        Err(StoreError::Illegal(e)) => return Err(not_under_review(e.to_string())),
-        Err(StoreError::Db(e)) => return Err(e.into()),
-    };
+        tx.rollback().await?;
+        let mut provider = provider;
+        provider.reported.push(late.clone());
+        return Err(provider.disagrees(&format!(
+            "The provider's webhooks reported refund {} {} while this resolution was being written: nothing was changed. Read the refund again.",
+            late.id,
+            status_word(late.status)
+        )));
+    }
+    tx.commit().await?;
     tracing::info!(refund_id = %resolved.id, estado = %resolved.state, operator = %operator, "refund resolved by on-call");
     let trail = store::trail(&state.db, resolved.id).await?;
     Ok(DetalleReembolso {

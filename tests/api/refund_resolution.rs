@@ -23,6 +23,7 @@ on_both_databases!(
     on_call_overrules_the_provider_with_a_reason_the_refunds_audit_row_keeps,
     fallido_is_refused_while_the_providers_webhook_reported_the_refund_its_search_does_not_show,
     a_stale_or_repeated_refund_event_never_overwrites_what_the_newest_one_reported,
+    a_refund_a_webhook_reports_succeeded_while_fallido_is_being_written_refuses_it,
 );
 
 /// The reference gateway keeping refunds, and pagos giving up on a refund after 1 s.
@@ -586,4 +587,83 @@ async fn a_stale_or_repeated_refund_event_never_overwrites_what_the_newest_one_r
     .await;
     assert_eq!(done["reembolso"]["estado"], "COMPLETADO");
     assert_eq!(done["reembolso"]["gatewayRef"], "re_fake_1");
+}
+
+/// A gateway webhook reporting the refund succeeded that commits while on-call's `FALLIDO`
+/// waits to be written, after the provider was asked (its search lags; the consumer's
+/// transaction: the refund locked, the report written; a refund under review is kept as
+/// it is). Before, the resolution wrote `FALLIDO` over it: what went back was freed to be
+/// refunded again and the merchant told `reembolso.fallido`. Now it is refused and nothing
+/// is freed. (On SQLite the resolution's audit row waits for the webhook's transaction
+/// before the provider is asked, so there it sees the report from the start.)
+async fn a_refund_a_webhook_reports_succeeded_while_fallido_is_being_written_refuses_it(
+    backend: Backend,
+) {
+    use pagos::entities::webhook_refund;
+    use sea_orm::{ConnectionTrait, EntityTrait, TransactionTrait};
+    let postgres = matches!(backend, Backend::Postgres(_));
+    let (app, fake) = app(backend).await;
+    let payment = paid(&app, "pay-1").await;
+    let id = made_unseen(&app, &fake, &payment, "ref-1", 50000, "succeeded").await;
+    let made = fake.made()[0].clone();
+
+    let webhook = app.db.begin().await.expect("begin");
+    if postgres {
+        webhook
+            .execute_unprepared(&format!(
+                "SELECT 1 FROM refunds WHERE id = '{id}' FOR UPDATE"
+            ))
+            .await
+            .expect("the refund locked");
+    }
+    let at = chrono::Utc::now();
+    let refund_id = uuid::Uuid::parse_str(&id).expect("uuid");
+    webhook_refund::Entity::insert(webhook_refund::ActiveModel::from(webhook_refund::Model {
+        source: "http".into(),
+        provider_refund_id: made["id"].as_str().expect("id").into(),
+        reference: id.clone(),
+        refund_id: Some(refund_id),
+        payment_id: Some(uuid::Uuid::parse_str(&payment).expect("uuid")),
+        charge_id: made["charge"].as_str().expect("charge").into(),
+        status: webhook_refund::ReportedRefundStatus::Succeeded,
+        amount: 50000,
+        currency: "COP".into(),
+        failure_code: None,
+        last_sequence: 1,
+        last_event_id: "evt_re_late".into(),
+        first_seen_at: at,
+        updated_at: at,
+    }))
+    .exec(&webhook)
+    .await
+    .expect("the report, not committed yet");
+
+    let fallido = json!({"estado": "FALLIDO", "motivo": "no refund in the provider's search"});
+    let (before, trail_before) = (read(&app, &id).await, trail(&app, &id).await);
+    let resolving = {
+        let request = app
+            .http
+            .post(app.url(&path(&id)))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&fallido);
+        tokio::spawn(async move { request.send().await.expect("sent") })
+    };
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    webhook
+        .commit()
+        .await
+        .expect("the webhook's transaction commits");
+    let answer = resolving.await.expect("answered");
+    let refused = problem(answer, 409, "FALLIDO over money that went back").await;
+    assert_eq!(refused["type"], "/problems/provider-disagrees", "{refused}");
+    assert!(
+        ids_in(&refused).contains(&"re_fake_1".to_owned()),
+        "{refused}"
+    );
+    assert_eq!(read(&app, &id).await, before, "nothing changed");
+    assert_eq!(trail(&app, &id).await, trail_before);
+    // Nothing freed: what is left is still held by the refund.
+    let again = refund(&app, &payment, "ref-2", &json!({"monto": 250000})).await;
+    let over = problem(again, 422, "the refund's amount is still held").await;
+    assert_eq!(over["restante"], 200000, "{over}");
 }

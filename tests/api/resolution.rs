@@ -22,6 +22,7 @@ on_both_databases!(
     fallida_is_refused_while_a_charge_is_still_pending_at_the_provider_unless_overruled,
     completada_names_the_charge_when_neither_the_provider_nor_the_payment_does,
     what_on_call_writes_holding_a_nul_is_422_and_changes_nothing,
+    a_charge_a_webhook_reports_succeeded_while_fallida_is_being_written_refuses_it,
 );
 
 async fn app(backend: Backend) -> TestApp {
@@ -448,5 +449,90 @@ async fn what_on_call_writes_holding_a_nul_is_422_and_changes_nothing(backend: B
             .as_str()
             .is_some_and(|d| d.contains('\u{FFFD}') && d.contains("refused (422"))),
         "{rows:?}"
+    );
+}
+
+/// A gateway webhook reporting a charge succeeded that commits while on-call's `FALLIDA`
+/// waits to be written, after the provider was asked (its consumer's transaction: the
+/// payment locked, the report written; a payment under review is kept as it is). Before,
+/// the resolution wrote `FALLIDA` over it: a payment told "no money taken" with a charge
+/// taken, which nothing would ever refund (the webhook was acknowledged, and the reconciler
+/// does not look at `FALLIDA` payments). Now it is refused, nothing changed, and the
+/// resolution asked again sees the charge. (On SQLite the resolution's audit row waits for
+/// the webhook's transaction before the provider is asked, so there it sees the report
+/// from the start; the window it closes there is between the question and the write.)
+async fn a_charge_a_webhook_reports_succeeded_while_fallida_is_being_written_refuses_it(
+    backend: Backend,
+) {
+    use pagos::entities::webhook_charge;
+    use sea_orm::{ConnectionTrait, EntityTrait, TransactionTrait};
+    let postgres = matches!(backend, Backend::Postgres(_));
+    let app = app(backend).await;
+    let (id, fake) = payment_under_review(&app, "k-res-race").await;
+    fake.settle(&id, "declined");
+    let payment = app.payment(&id).await;
+    let charge = "ch_reported_late";
+
+    let webhook = app.db.begin().await.expect("begin");
+    if postgres {
+        webhook
+            .execute_unprepared(&format!(
+                "SELECT 1 FROM payments WHERE id = '{}' FOR UPDATE",
+                payment.id
+            ))
+            .await
+            .expect("the payment locked");
+    }
+    let at = chrono::Utc::now();
+    webhook_charge::Entity::insert(webhook_charge::ActiveModel::from(webhook_charge::Model {
+        source: "http".into(),
+        charge_id: charge.into(),
+        reference: payment.id.to_string(),
+        payment_id: Some(payment.id),
+        status: webhook_charge::ReportedStatus::Succeeded,
+        amount: payment.amount,
+        currency: payment.currency.clone(),
+        decline_code: None,
+        last_sequence: 1,
+        last_event_id: "evt_late".into(),
+        first_seen_at: at,
+        updated_at: at,
+    }))
+    .exec(&webhook)
+    .await
+    .expect("the report, not committed yet");
+
+    let body = json!({"estado": "FALLIDA", "motivo": "declined at the provider"});
+    let before = detail(&app, &id).await;
+    let resolving = {
+        let request = app
+            .http
+            .post(app.url(&format!("/admin/pagos/{id}/resolucion")))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&body);
+        tokio::spawn(async move { request.send().await.expect("sent") })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    webhook
+        .commit()
+        .await
+        .expect("the webhook's transaction commits");
+    let answer = resolving.await.expect("answered");
+    let problem = problem(answer, 409, "FALLIDA over a charge taken").await;
+    assert_eq!(problem["type"], "/problems/provider-disagrees", "{problem}");
+    assert!(ids_in(&problem).contains(&charge.to_owned()), "{problem}");
+    let after = detail(&app, &id).await;
+    assert_eq!(after["pago"]["estado"], "REVISION_MANUAL", "{after}");
+    assert_eq!(
+        after["transiciones"], before["transiciones"],
+        "nothing changed"
+    );
+
+    // Asked again, the resolution sees the charge and says the way.
+    let again = disagreed(&app, &id, &body).await;
+    assert!(ids_in(&again).contains(&charge.to_owned()), "{again}");
+    assert!(
+        crate::helpers::text_has(&again, "detail", "reembolsar"),
+        "{again}"
     );
 }
