@@ -918,18 +918,29 @@ async fn resolve_unrecorded(
             .spawn(async move {
                 crate::saga::refund::reconcile::reconcile_one(&deps, &limits, id, false).await
             })
-            .await
-            .map_err(|e| ApiError::Internal(e.into()))?;
-        if let Err(err) = sent {
-            tracing::error!(refund_id = %id, error = %err, "sending a compensation refund failed; the reconciler will");
+            .await;
+        match sent {
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => {
+                tracing::error!(refund_id = %id, error = %err, "sending a compensation refund failed; the reconciler will");
+            }
+            Err(err) => {
+                tracing::error!(refund_id = %id, error = %err, "sending a compensation refund stopped; the reconciler will");
+            }
         }
     }
     // As it stands after the sends: a compensation refund the provider failed at once
-    // took it back to REVISION_MANUAL.
+    // took it back to REVISION_MANUAL. The resolution is committed: a read that fails now
+    // answers what was written, never an error that would say nothing changed.
     let as_asked = resolved.state;
-    let payment = store::find_payment(&state.db, resolved.id)
-        .await?
-        .unwrap_or(resolved);
+    let payment = match store::find_payment(&state.db, resolved.id).await {
+        Ok(Some(now)) => now,
+        Ok(None) => resolved,
+        Err(err) => {
+            tracing::warn!(payment_id = %resolved.id, error = %err, "reading the resolved payment again failed; answering it as written");
+            resolved
+        }
+    };
     Ok(Resolved {
         payment,
         as_asked,

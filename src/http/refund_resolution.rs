@@ -294,9 +294,11 @@ async fn resolve_unrecorded(
             status_word(late.status)
         )));
     }
+    // Read in the transaction, before the commit: nothing after it can fail and answer an
+    // error that would say nothing changed.
+    let trail = store::trail(&tx, resolved.id).await?;
     tx.commit().await?;
     tracing::info!(refund_id = %resolved.id, estado = %resolved.state, operator = %operator, "refund resolved by on-call");
-    let trail = store::trail(&state.db, resolved.id).await?;
     Ok(DetalleReembolso {
         reembolso: reembolso(&resolved),
         transiciones: trail
