@@ -188,6 +188,7 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         in_flight,
         tasks: tokio_util::task::TaskTracker::new(),
         console: Default::default(),
+        stopping: tokio::sync::watch::Sender::new(false),
     }))
 }
 
@@ -429,6 +430,14 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let (db, gateway, listener, admin) = started;
     let state = build(db, settings, gateway);
+    // On-call's passes (admin API, console) stop claiming with the workers.
+    tokio::spawn({
+        let (mut stopped, stopping) = (stopped.clone(), state.stopping.clone());
+        async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+            stopping.send_replace(true);
+        }
+    });
     let retentions = retentions_of(&state);
     let every = state.settings.reconcile_every;
     let reconciling = tokio::spawn(reconciler::run_periodically(

@@ -976,12 +976,15 @@ pub async fn reconcile_now(
     };
     // Its own task: a caller that hangs up (curl timeout, Ctrl-C) must not stop a pass
     // halfway and leave its claimed payments waiting out their lease.
+    // A pass claims nothing more once `serve` is told to stop, as the periodic one: what it
+    // claimed and had not taken up is due again when its claims run out.
     let reconciler = state.reconciler.clone();
+    let stopping = state.stopping.subscribe();
     let work = async move {
         match pago_id {
             Some(id) => reconcile::reconcile_one(&reconciler, id, store::When::Now).await,
             // What it did before is logged: on-call is answered the error.
-            None => reconcile::run_pass(&reconciler, None).await.map_err(|err| {
+            None => reconcile::run_pass(&reconciler, Some(&stopping)).await.map_err(|err| {
                 tracing::error!(error = %err.source, done = ?err.report, "reconciliation pass cut short");
                 err.source
             }),

@@ -68,6 +68,9 @@ pub struct Shared {
     pub tasks: tokio_util::task::TaskTracker,
     /// The console's sessions (in this process's memory).
     pub console: console::Sessions,
+    /// True once `serve` was told to stop: a reconciliation pass on-call started through
+    /// the admin API or the console then claims nothing more, as the periodic one.
+    pub stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {

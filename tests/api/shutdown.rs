@@ -12,6 +12,7 @@ on_both_databases!(
     past_the_grace_a_saga_in_flight_is_left_to_the_reconciler_and_charged_once,
     on_sigterm_a_reconciliation_pass_claims_nothing_more_and_leaves_the_rest_due,
     on_sigterm_a_refund_whose_client_hung_up_is_waited_for_and_settled,
+    on_sigterm_a_pass_on_call_started_claims_nothing_more,
 );
 
 impl World {
@@ -198,23 +199,7 @@ async fn on_sigterm_a_reconciliation_pass_claims_nothing_more_and_leaves_the_res
         FakeGateway::charging("succeeded").with_lookup_delay(Duration::from_millis(500)),
     )
     .await;
-    let merchant = crate::helpers::acme(&world.db).await;
-    let due = pagos::db::now() - chrono::TimeDelta::minutes(1);
-    for n in 0..BACKLOG {
-        let row = crate::helpers::left_payment(
-            merchant,
-            &format!("k-backlog-{n}"),
-            PaymentState::Enviada,
-            1,
-            format!("pagos-backlog-{n}"),
-            due,
-        );
-        world.fake.preload(&row.id.to_string(), "succeeded");
-        payment::Entity::insert(payment::ActiveModel::from(row))
-            .exec_without_returning(&world.db)
-            .await
-            .expect("seed");
-    }
+    seed_backlog(&world, BACKLOG).await;
     let mut server = world
         .serve_reconciling(
             "15s",
@@ -234,6 +219,38 @@ async fn on_sigterm_a_reconciliation_pass_claims_nothing_more_and_leaves_the_res
     server
         .exits_cleanly(Duration::from_secs(30), "with the backlog left")
         .await;
+    left_to_the_next_process(&world, before, BACKLOG).await;
+}
+
+/// `BACKLOG` payments `ENVIADA`, due a minute ago, each charged at the provider.
+async fn seed_backlog(world: &World, backlog: usize) {
+    use pagos::entities::payment::{self, PaymentState};
+    use sea_orm::EntityTrait;
+    let merchant = crate::helpers::acme(&world.db).await;
+    let due = pagos::db::now() - chrono::TimeDelta::minutes(1);
+    for n in 0..backlog {
+        let row = crate::helpers::left_payment(
+            merchant,
+            &format!("k-backlog-{n}"),
+            PaymentState::Enviada,
+            1,
+            format!("pagos-backlog-{n}"),
+            due,
+        );
+        world.fake.preload(&row.id.to_string(), "succeeded");
+        payment::Entity::insert(payment::ActiveModel::from(row))
+            .exec_without_returning(&world.db)
+            .await
+            .expect("seed");
+    }
+}
+
+/// After the process exited: no more look-ups than the work in hand when it was told to
+/// stop (`before` look-ups then), nothing half-written, the rest `ENVIADA` for the next
+/// process, nothing charged.
+async fn left_to_the_next_process(world: &World, before: usize, backlog: usize) {
+    use pagos::entities::payment::{self, PaymentState};
+    use sea_orm::EntityTrait;
     let after = world.fake.lookups_made();
     assert!(
         after <= before + 4,
@@ -248,16 +265,79 @@ async fn on_sigterm_a_reconciliation_pass_claims_nothing_more_and_leaves_the_res
         .iter()
         .filter(|p| p.state == PaymentState::Enviada)
         .count();
-    assert_eq!(settled + left, BACKLOG, "nothing half-written");
+    assert_eq!(settled + left, backlog, "nothing half-written");
     assert!(
-        left >= BACKLOG - after,
+        left >= backlog - after,
         "the rest left due for the next process"
     );
     assert_eq!(
         world.fake.total_charges(),
-        BACKLOG,
+        backlog,
         "nothing charged by the pass"
     );
+}
+
+/// The same backlog, taken by a pass on-call started (`POST /admin/reconciliaciones`, what
+/// the console's button asks) rather than the periodic one. On `SIGTERM` it claims nothing
+/// more either. Before, it went on claiming for the whole grace: the process took the
+/// backlog's ten seconds to stop, and a longer backlog was cut at the end of the grace
+/// with every payment it had claimed held until its claim ran out.
+async fn on_sigterm_a_pass_on_call_started_claims_nothing_more(backend: Backend) {
+    const BACKLOG: usize = 40;
+    let world = World::new(
+        backend,
+        FakeGateway::charging("succeeded").with_lookup_delay(Duration::from_millis(500)),
+    )
+    .await;
+    // The periodic pass runs once at start, on an empty database; the backlog comes after.
+    let mut server = world
+        .serve_reconciling(
+            "15s",
+            &[
+                "--reconcile-every",
+                "1h",
+                "--reconcile-concurrency",
+                "2",
+                "--admin-token",
+                crate::helpers::ADMIN_TOKEN,
+            ],
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    seed_backlog(&world, BACKLOG).await;
+    let asked = {
+        let url = format!("{}/admin/reconciliaciones", server.url);
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(url)
+                .bearer_auth(crate::helpers::ADMIN_TOKEN)
+                .json(&serde_json::json!({}))
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await
+        })
+    };
+    for _ in 0..200 {
+        if world.fake.lookups_made() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let before = world.fake.lookups_made();
+    assert!(before >= 2, "on-call's pass is under way");
+
+    server.terminate();
+    server
+        .exits_cleanly(Duration::from_secs(30), "with the backlog left")
+        .await;
+    left_to_the_next_process(&world, before, BACKLOG).await;
+    // On-call was answered what the pass did before it stopped, or the connection closed
+    // with the process: never a pass that claimed the whole backlog.
+    if let Ok(Ok(answer)) = asked.await {
+        let report: serde_json::Value = answer.json().await.unwrap_or_default();
+        let examined = report["examinados"].as_u64().unwrap_or(0);
+        assert!(examined < BACKLOG as u64, "{report}");
+    }
 }
 
 /// A refund's saga runs in its own task, as a payment's does: its client hanging up does
