@@ -100,7 +100,7 @@ pub mod webhooks;
 
 pub use answer::{MedioPago, Pago, Problem};
 pub use intent::{Intent, IntentKey, InvalidRequest, PaymentRequest};
-pub use journal::{Journal, JournalError, PendingIntent};
+pub use journal::{Journal, JournalError, PendingIntent, PendingRefund};
 pub use pagos_types::request::PayerDocument;
 pub use pagos_types::{Currency, FieldError, PaymentMethod, PaymentState, ProblemType};
 pub use pagos_types::{Reembolso, RefundState};

@@ -561,6 +561,60 @@ async fn a_refund_of_a_payment_that_is_not_refundable_is_refused_at_once_not_ret
     );
 }
 
+/// A refund's request timed out in one process, which kept its intent. Another process
+/// asks the same refund again, and its first request is refused (a 401: the API key was
+/// just revoked; or a proxy's 403). The earlier request may have made the refund, so the
+/// intent is kept: the next run asks it again with its key instead of making a new one.
+#[tokio::test]
+async fn a_refusal_after_another_process_sent_the_refund_keeps_the_intent_and_its_key() {
+    let server = MockServer::start().await;
+    let payment = Uuid::new_v4();
+    let refunds = || {
+        wiremock::Mock::given(wiremock::matchers::method("POST")).and(wiremock::matchers::path(
+            format!("/v1/pagos/{payment}/reembolsos"),
+        ))
+    };
+    first(
+        refunds().respond_with(unavailable(503, "Unavailable")),
+        &server,
+    )
+    .await;
+    then(
+        refunds().respond_with(answer(401, problem(401, "unauthorized", "Unauthorized"))),
+        &server,
+    )
+    .await;
+    let journal = TestJournal::new().await;
+    let once = PayPolicy {
+        max_attempts: 1,
+        ..fast_policy()
+    };
+    let (timed_out, _) = client(&server, &journal.journal, once);
+    let request = RefundRequest::new(payment, Some(1_000), None).expect("valid");
+    let intent = RefundIntent::new(request.clone());
+    let err = timed_out.refund(&intent).await.expect_err("gave up");
+    assert!(matches!(err, PayError::GaveUp { .. }), "{err:?}");
+
+    // Another process, with the same journal file.
+    let reopened = pagos_client::Journal::open(&journal.path)
+        .await
+        .expect("journal");
+    let (other, _) = client(&server, &reopened, once);
+    let kept = other.kept_refund(&request).await.expect("journal");
+    assert_eq!(kept.as_ref(), Some(&intent));
+    let err = other.refund(&intent).await.expect_err("refused");
+    assert!(
+        matches!(err, PayError::Rejected { status: 401, .. }),
+        "{err:?}"
+    );
+
+    assert_eq!(
+        other.kept_refund(&request).await.expect("journal"),
+        Some(intent.clone()),
+        "the first request may have made the refund: its intent and key are kept"
+    );
+}
+
 #[tokio::test]
 async fn a_409_that_is_not_the_first_request_in_flight_is_a_refusal_of_the_payment() {
     let server = MockServer::start().await;

@@ -405,3 +405,90 @@ async fn resume_with_another_api_key_leaves_the_intents_and_exits_1_naming_them(
     assert!(out.stdout.is_empty());
     assert_eq!(journal.pending().await.expect("pending").len(), 1);
 }
+
+/// `pagos refund` gave up with the outcome unknown (its request may have made the refund)
+/// and the operator runs it again, with the server's URL spelled another way, or with the
+/// merchant's second API key. The kept intent is not sent from there, and no new key goes
+/// out: exit 1, naming the kept key. The same URL and key ask it again with its key;
+/// `--new` is the one way to a second refund.
+#[tokio::test]
+async fn pagos_refund_run_again_under_another_url_or_api_key_sends_no_second_refund() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    let payment = "0193c4a2-7f1e-7c3a-9b0e-2a4d5f6e7a8b";
+    let refunds = format!("/v1/pagos/{payment}/reembolsos");
+    Mock::given(method("POST"))
+        .and(path(refunds.as_str()))
+        .respond_with(ResponseTemplate::new(503).set_body_raw(
+            r#"{"type":"/problems/service-unavailable","title":"Unavailable","status":503}"#,
+            "application/problem+json",
+        ))
+        .mount(&server)
+        .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let journal = dir.path().join("journal.db");
+    let port = server.address().port();
+    let here = format!("http://127.0.0.1:{port}");
+    let elsewhere = format!("http://localhost:{port}");
+    let refund = |url: &str, api_key: &str, extra: &[&str]| {
+        tokio::process::Command::from(pagos_bin())
+            .arg("refund")
+            .args(["--url", url, "--api-key", api_key])
+            .arg("--journal")
+            .arg(&journal)
+            .args(["--pago", payment, "--monto", "1000"])
+            .args(["--deadline", "2s", "--max-attempts", "1"])
+            .args(extra)
+            .output()
+    };
+    let keys_sent = || async {
+        server
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r.method.as_str() == "POST" && r.url.path() == refunds)
+            .map(key_of)
+            .collect::<Vec<_>>()
+    };
+
+    let first = refund(&here, API_KEY, &[]).await.expect("pagos refund");
+    assert_eq!(first.status.code(), Some(1), "{}", text(&first.stderr));
+    let sent = keys_sent().await;
+    assert_eq!(sent.len(), 1);
+    let key = sent[0].clone();
+
+    for (url, api_key) in [(&elsewhere, API_KEY), (&here, "sk_test_acme_second")] {
+        let out = refund(url, api_key, &[]).await.expect("pagos refund");
+
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&key) && stderr.contains("--new"),
+            "{stderr}"
+        );
+        assert_eq!(
+            keys_sent().await,
+            [key.as_str()],
+            "{url}: nothing sent, no second refund: {stderr}"
+        );
+    }
+
+    let again = refund(&here, API_KEY, &[]).await.expect("pagos refund");
+    let stderr = text(&again.stderr);
+    assert!(
+        stderr.contains(&format!("asking again with its Idempotency-Key {key}")),
+        "{stderr}"
+    );
+    assert_eq!(keys_sent().await, [key.as_str(), key.as_str()]);
+
+    let new = refund(&elsewhere, API_KEY, &["--new"])
+        .await
+        .expect("pagos refund");
+    let stderr = text(&new.stderr);
+    assert!(stderr.contains("--new: a new refund"), "{stderr}");
+    let sent = keys_sent().await;
+    assert_eq!(sent.len(), 3);
+    assert_ne!(sent[2], key, "--new sends a new key");
+}
