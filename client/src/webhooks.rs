@@ -1,7 +1,9 @@
 //! Receiving pagos' webhooks, on the merchant's side: check a delivery ([`Verifier`]:
 //! the Standard Webhooks signature with the endpoint's secret, or any secret it holds during
 //! a rotation, and a `webhook-timestamp` within 5 minutes of the clock), then apply each
-//! event once ([`Inbox`]).
+//! event once ([`Inbox`]). A secret is what pagos makes, `whsec_` and the base64 of a 24-
+//! to 64-byte key; anything else (an empty one, with which anyone could sign) is refused
+//! when the verifier is built.
 //!
 //! Deliveries are at least once and in any order, so the inbox uses two rules, in the
 //! same SQLite transaction as the merchant's own effect:
@@ -21,7 +23,8 @@ use std::sync::{Mutex, PoisonError};
 /// Why a delivery is refused (answer 400 or 401: pagos retries it).
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
-    #[error("not a webhook secret (whsec_…)")]
+    /// The secret given to [`Verifier::new`] or [`Verifier::also`] is not one pagos makes.
+    #[error("not a webhook secret: whsec_ followed by the standard base64 of a 24- to 64-byte key")]
     Secret,
     #[error("the signature or timestamp does not verify: {0}")]
     Signature(String),
@@ -47,17 +50,38 @@ pub struct Verifier {
     secrets: Vec<standardwebhooks::Webhook>,
 }
 
+/// The key lengths the Standard Webhooks specification allows, and pagos makes (32).
+const KEY_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
+
+/// The verifier of one secret, as pagos makes them: `whsec_` and the standard base64 of a
+/// 24- to 64-byte key. Anything else is refused: the reference implementation would take
+/// `""` or `"whsec_"` as an empty HMAC key, with which anyone can sign.
+fn webhook(secret: &str) -> Result<standardwebhooks::Webhook, VerifyError> {
+    use base64::Engine;
+    let encoded = secret.strip_prefix("whsec_").ok_or(VerifyError::Secret)?;
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|_| VerifyError::Secret)?;
+    if !KEY_BYTES.contains(&key.len()) {
+        return Err(VerifyError::Secret);
+    }
+    standardwebhooks::Webhook::from_bytes(key).map_err(|_| VerifyError::Secret)
+}
+
 impl Verifier {
+    /// Checks deliveries against `secret`, the endpoint's `whsec_…` secret as pagos showed
+    /// it. A secret that is not `whsec_` and the standard base64 of a 24- to 64-byte key
+    /// (an empty one, an unset variable read as `""`) is refused: [`VerifyError::Secret`].
     pub fn new(secret: &str) -> Result<Verifier, VerifyError> {
         Ok(Verifier {
-            secrets: vec![standardwebhooks::Webhook::new(secret).map_err(|_| VerifyError::Secret)?],
+            secrets: vec![webhook(secret)?],
         })
     }
 
-    /// Also accepts deliveries signed with `secret` (an older one of a rotation).
+    /// Also accepts deliveries signed with `secret` (an older one of a rotation), checked
+    /// as [`Verifier::new`] checks it.
     pub fn also(mut self, secret: &str) -> Result<Verifier, VerifyError> {
-        self.secrets
-            .push(standardwebhooks::Webhook::new(secret).map_err(|_| VerifyError::Secret)?);
+        self.secrets.push(webhook(secret)?);
         Ok(self)
     }
 
