@@ -86,7 +86,10 @@ impl Verifier {
     }
 
     /// Verifies the raw body as received (never a re-serialized one) and reads its event.
+    /// A `webhook-timestamp` that is not a number, or is more than a day from the clock,
+    /// is refused before the signature is looked at (the tolerance is 5 minutes anyway).
     pub fn verify(&self, headers: &HeaderMap, body: &[u8]) -> Result<Evento, VerifyError> {
+        within_reach(headers)?;
         let mut last = None;
         for secret in &self.secrets {
             match secret.verify(body, headers) {
@@ -112,6 +115,36 @@ impl Verifier {
             ));
         }
         Ok(event)
+    }
+}
+
+/// How far from the clock a `webhook-timestamp` may be and still reach the reference
+/// implementation, which refuses anything beyond 5 minutes itself: a day, far beyond it.
+const REACH_SECONDS: i128 = 24 * 60 * 60;
+
+/// Refuses a `webhook-timestamp` that does not parse or is far from the clock, with the
+/// reference implementation's own errors, before it reads it: its `now - timestamp`
+/// overflows for a timestamp near `i64::MIN` (a panic in a debug build, a wrapped "fresh"
+/// timestamp in a release one). A missing or non-text header is left to it.
+fn within_reach(headers: &HeaderMap) -> Result<(), VerifyError> {
+    use standardwebhooks::WebhookError;
+    let Some(text) = headers
+        .get(standardwebhooks::HEADER_WEBHOOK_TIMESTAMP)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return Ok(());
+    };
+    let refused = |e: WebhookError| Err(VerifyError::Signature(e.to_string()));
+    let Ok(timestamp) = text.parse::<i64>() else {
+        return refused(WebhookError::InvalidTimestamp);
+    };
+    let age = i128::from(chrono::Utc::now().timestamp()) - i128::from(timestamp);
+    if age > REACH_SECONDS {
+        refused(WebhookError::TimestampTooOldError)
+    } else if age < -REACH_SECONDS {
+        refused(WebhookError::FutureTimestampError)
+    } else {
+        Ok(())
     }
 }
 

@@ -110,6 +110,49 @@ fn an_empty_short_or_unprefixed_secret_is_refused_so_nobody_can_forge_with_it() 
     }
 }
 
+/// A crafted `webhook-timestamp` (far in the past, far ahead, not a number) is a refused
+/// delivery (401: pagos would retry a real one), never a panic in the merchant's handler,
+/// even signed with the right secret.
+#[test]
+fn a_timestamp_far_from_the_clock_or_unreadable_is_refused_not_a_panic() {
+    let b = body("evt_1", 1, "COMPLETADA");
+    let webhook = standardwebhooks::Webhook::new(SECRET).expect("secret");
+    let verifier = Verifier::new(SECRET).expect("v");
+    let now = chrono::Utc::now().timestamp();
+    for timestamp in [
+        i64::MIN.to_string(),
+        (i64::MIN + 1).to_string(),
+        i64::MAX.to_string(),
+        (now - 2 * 86_400).to_string(),
+        (now + 2 * 86_400).to_string(),
+        "soon".to_owned(),
+        "99999999999999999999".to_owned(),
+    ] {
+        let mut headers = signed(SECRET, "evt_1", &b);
+        if let Ok(ts) = timestamp.parse::<i64>() {
+            let signature = webhook.sign("evt_1", ts, &b).expect("signed");
+            headers.insert(
+                "webhook-signature",
+                HeaderValue::from_str(&signature).expect("sig"),
+            );
+        }
+        headers.insert(
+            "webhook-timestamp",
+            HeaderValue::from_str(&timestamp).expect("ts"),
+        );
+
+        let refused = std::panic::catch_unwind(|| verifier.verify(&headers, &b))
+            .unwrap_or_else(|_| panic!("{timestamp}: a panic, not a refusal"))
+            .expect_err(&timestamp);
+
+        assert!(
+            matches!(refused, VerifyError::Signature(_)),
+            "{timestamp}: {refused:?}"
+        );
+        assert_eq!(refused.status(), 401);
+    }
+}
+
 #[test]
 fn each_event_is_applied_once_and_an_older_one_is_ignored() {
     let dir = tempfile::tempdir().expect("dir");
