@@ -378,10 +378,10 @@ struct Settling<'a> {
     /// The payment as the server last showed it while not settled: what the merchant is
     /// told if the deadline comes in the middle of a later look-up.
     last_pending: Mutex<Option<Pago>>,
-    /// When the intent's first request left, at the latest: as kept (journal,
-    /// [`Intent::first_sent_at`]), or else when this `pay` began (any request of it, this
-    /// one's or a concurrent one's, left after). No `POST` leaves once this is
-    /// `key_retention` old.
+    /// When the intent's first request left, or a moment before it (never after, so its
+    /// age errs long): as kept (journal, [`Intent::first_sent_at`]), or else when this
+    /// `pay` began (any request of it, this one's or a concurrent one's, left after). No
+    /// `POST` leaves once this is `key_retention` old.
     first_sent: chrono::DateTime<chrono::Utc>,
 }
 
