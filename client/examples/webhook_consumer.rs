@@ -7,7 +7,9 @@
 //!
 //! Register `http://127.0.0.1:9000/` as the endpoint (`PAGOS_WEBHOOKS_ALLOW_PRIVATE=true`
 //! on the pagos side for a local address). During a secret rotation, set
-//! `PAGOS_WEBHOOK_PREVIOUS_SECRET` to the old secret too. Its "effect" is a row in a table
+//! `PAGOS_WEBHOOK_PREVIOUS_SECRET` to the old secret too (empty is unset). A secret that
+//! is missing or not one pagos makes stops it at start, with one line naming the
+//! variable. Its "effect" is a row in a table
 //! of the same SQLite file, by the event's type: `orders` for a payment's events (its last
 //! known state), `refunds` for a refund's (the refund, its payment and its state).
 
@@ -89,18 +91,30 @@ fn open_tables(path: &str) -> rusqlite::Result<()> {
     )
 }
 
+/// The verifier of the endpoint's secret (`PAGOS_WEBHOOK_SECRET`) and, during a rotation,
+/// the old one (`PAGOS_WEBHOOK_PREVIOUS_SECRET`), read with `var`. An empty variable is an
+/// unset one; a missing or malformed secret is refused, naming its variable.
+fn verifier(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<Verifier> {
+    let read = |name: &str| var(name).filter(|value| !value.is_empty());
+    let current = read("PAGOS_WEBHOOK_SECRET").ok_or_else(|| {
+        anyhow::anyhow!("set PAGOS_WEBHOOK_SECRET to the endpoint's whsec_… secret")
+    })?;
+    let mut verifier =
+        Verifier::new(&current).map_err(|e| anyhow::anyhow!("PAGOS_WEBHOOK_SECRET: {e}"))?;
+    if let Some(previous) = read("PAGOS_WEBHOOK_PREVIOUS_SECRET") {
+        verifier = verifier
+            .also(&previous)
+            .map_err(|e| anyhow::anyhow!("PAGOS_WEBHOOK_PREVIOUS_SECRET: {e}"))?;
+    }
+    Ok(verifier)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let addr = args.next().unwrap_or_else(|| "127.0.0.1:9000".into());
     let path = args.next().unwrap_or_else(|| "orders.db".into());
-    let secret = std::env::var("PAGOS_WEBHOOK_SECRET").map_err(|_| {
-        anyhow::anyhow!("set PAGOS_WEBHOOK_SECRET to the endpoint's whsec_… secret")
-    })?;
-    let mut verifier = Verifier::new(&secret)?;
-    if let Ok(previous) = std::env::var("PAGOS_WEBHOOK_PREVIOUS_SECRET") {
-        verifier = verifier.also(&previous)?;
-    }
+    let verifier = verifier(|name| std::env::var(name).ok())?;
     let inbox = Inbox::open(&path)?;
     open_tables(&path)?;
     let app = axum::Router::new()
@@ -115,6 +129,64 @@ async fn main() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        }
+    }
+
+    /// An empty or malformed secret would verify nothing or anything: the consumer does
+    /// not start, and says which variable to fix. An empty previous secret is no rotation.
+    #[test]
+    fn a_missing_or_malformed_secret_stops_it_at_start_naming_the_variable() {
+        for current in [
+            None,
+            Some(""),
+            Some("whsec_"),
+            Some("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+        ] {
+            let vars: Vec<_> = current
+                .map(|c| ("PAGOS_WEBHOOK_SECRET", c))
+                .into_iter()
+                .collect();
+            let refused = verifier(env(&vars)).err().expect("refused").to_string();
+            assert!(
+                refused.contains("PAGOS_WEBHOOK_SECRET"),
+                "{current:?}: {refused}"
+            );
+            assert!(!refused.contains('\n'), "one line: {refused}");
+        }
+        let refused = verifier(env(&[
+            ("PAGOS_WEBHOOK_SECRET", SECRET),
+            ("PAGOS_WEBHOOK_PREVIOUS_SECRET", "whsec_"),
+        ]))
+        .err()
+        .expect("refused")
+        .to_string();
+        assert!(
+            refused.contains("PAGOS_WEBHOOK_PREVIOUS_SECRET"),
+            "{refused}"
+        );
+
+        assert!(
+            verifier(env(&[
+                ("PAGOS_WEBHOOK_SECRET", SECRET),
+                ("PAGOS_WEBHOOK_PREVIOUS_SECRET", ""),
+            ]))
+            .is_ok(),
+            "an empty previous secret is unset"
+        );
+    }
 
     fn event(id: &str, tipo: &str, secuencia: u64, datos: serde_json::Value) -> Evento {
         serde_json::from_value(serde_json::json!({

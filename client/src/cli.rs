@@ -127,7 +127,8 @@ pub struct PayArgs {
           value_name = "DURATION")]
     pub retry_max_delay: Duration,
     /// How long the server keeps Idempotency-Keys (its PAGOS_KEY_RETENTION): an intent
-    /// sent before and older than this is not sent again without a human
+    /// first sent longer ago than this is not sent again without a human; --deadline
+    /// must be shorter
     #[arg(long, env = "PAGOS_KEY_RETENTION", default_value = "24h", value_parser = positive_duration,
           value_name = "DURATION")]
     pub key_retention: Duration,
@@ -258,6 +259,18 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
             Err(exit) => return Ok(exit),
         };
         return forget(&journal, &key).await;
+    }
+    // A try cannot start once the key may be gone (`PayError::Expired`): a deadline that
+    // long only promises retries that never come.
+    if args.deadline >= args.key_retention {
+        return Ok(bad_setting(
+            "PAGOS_DEADLINE",
+            "deadline",
+            format!(
+                "must be shorter than PAGOS_KEY_RETENTION (--key-retention, {}): no request is sent once the server may have let its Idempotency-Key go",
+                humantime::format_duration(args.key_retention)
+            ),
+        ));
     }
     let api_key = args
         .api_key

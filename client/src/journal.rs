@@ -34,15 +34,29 @@ const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS pending_intents (
 )";
 
 /// Refund intents, kept like payment intents: the key from before the first request
-/// until a terminal answer. (server, API key, payment, body) finds an intent again.
+/// until a terminal answer. (payment, body) finds an intent again, whatever its server or
+/// API key; `attempts` counts the `POST`s sent for it, across processes.
+///
+/// `attempts` defaults to 1, not 0: a row written without it (by a client from before the
+/// column, into an older file or this one) was written just before its first request and
+/// is still kept, so that request may have left and registered a refund. Taking it as
+/// sent once errs on the safe side: a refusal of a later request keeps the intent (and
+/// its key) instead of letting a new key make a second refund. This client writes 0
+/// itself when it records an intent, and counts each request.
 const CREATE_REFUNDS_TABLE: &str = "CREATE TABLE IF NOT EXISTS pending_refunds (
     idempotency_key TEXT NOT NULL PRIMARY KEY,
     base_url TEXT NOT NULL,
     api_key_sha256 TEXT NOT NULL,
     payment_id TEXT NOT NULL,
     body TEXT NOT NULL,
-    created_at TEXT NOT NULL
+    created_at TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 1
 )";
+
+/// The column a journal written before refunds were counted lacks (see
+/// [`CREATE_REFUNDS_TABLE`] for its default).
+const ADD_REFUND_ATTEMPTS: &str =
+    "ALTER TABLE pending_refunds ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1";
 
 const COLUMNS: &str = "idempotency_key, base_url, api_key_sha256, body, attempts, payment_id, \
                        blocked, last_error, created_at, updated_at";
@@ -85,6 +99,27 @@ pub struct PendingIntent {
 }
 
 impl PendingIntent {
+    /// Was it made with this API key?
+    pub fn made_with(&self, api_key: &str) -> bool {
+        self.api_key_sha256 == api_key_sha256(api_key)
+    }
+}
+
+/// A refund intent kept in the journal, with where and how it was made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingRefund {
+    pub intent: crate::refund::RefundIntent,
+    /// The server it was asked of.
+    pub base_url: Url,
+    /// SHA-256 (hex) of the API key it was made with.
+    pub api_key_sha256: String,
+    /// Requests sent for it so far, across processes (a row from before they were
+    /// counted reads 1: it may have been sent).
+    pub attempts: u32,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl PendingRefund {
     /// Was it made with this API key?
     pub fn made_with(&self, api_key: &str) -> bool {
         self.api_key_sha256 == api_key_sha256(api_key)
@@ -359,7 +394,7 @@ impl Journal {
             .with(move |db| {
                 db.execute(
                     "INSERT INTO pending_refunds (idempotency_key, base_url, api_key_sha256, \
-                     payment_id, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+                     payment_id, body, created_at, attempts) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0) \
                      ON CONFLICT (idempotency_key) DO NOTHING",
                     params![k, base_url, hash, p, b, at],
                 )?;
@@ -378,38 +413,81 @@ impl Journal {
         }
     }
 
-    /// The kept refund intent asking exactly `request` of this server with this API key.
+    /// Every kept refund intent asking exactly `request` (the same payment, the same
+    /// body), whatever its server or API key, oldest first: a refund asked again while one
+    /// of them is kept may already have been made.
+    pub async fn find_refunds(
+        &self,
+        request: &crate::refund::RefundRequest,
+    ) -> Result<Vec<PendingRefund>, JournalError> {
+        let payment = request.payment().to_string();
+        let body = request.to_json().to_string();
+        let rows: Vec<(String, String, String, i64, String)> = self
+            .with(move |db| {
+                let mut statement = db.prepare(
+                    "SELECT idempotency_key, base_url, api_key_sha256, attempts, created_at \
+                     FROM pending_refunds WHERE payment_id = ?1 AND body = ?2 \
+                     ORDER BY created_at",
+                )?;
+                let rows = statement.query_map(params![payment, body], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                })?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await?;
+        rows.into_iter()
+            .map(|(key, base_url, hash, attempts, created_at)| {
+                let corrupt = |why: String| JournalError::Corrupt {
+                    key: key.clone(),
+                    why,
+                };
+                let parsed = IntentKey::parse(&key).map_err(|e| corrupt(e.to_string()))?;
+                Ok(PendingRefund {
+                    intent: crate::refund::RefundIntent::with_key(parsed, request.clone()),
+                    base_url: Url::parse(&base_url).map_err(|e| corrupt(e.to_string()))?,
+                    api_key_sha256: hash,
+                    attempts: u32::try_from(attempts).unwrap_or(0),
+                    created_at: read_stamp(&created_at).map_err(corrupt)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The kept refund intent asking exactly `request` of this server with this API key
+    /// (the oldest, if several).
     pub async fn find_refund(
         &self,
         request: &crate::refund::RefundRequest,
         base_url: &Url,
         api_key: &str,
     ) -> Result<Option<crate::refund::RefundIntent>, JournalError> {
-        let payment = request.payment().to_string();
-        let body = request.to_json().to_string();
-        let (base_url, hash) = (base_url.to_string(), api_key_sha256(api_key));
-        let key: Option<String> = self
+        Ok(self
+            .find_refunds(request)
+            .await?
+            .into_iter()
+            .find(|k| k.base_url == *base_url && k.made_with(api_key))
+            .map(|k| k.intent))
+    }
+
+    /// Counts a refund request about to be sent; answers how many were sent before it.
+    /// One statement, so two processes asking the same refund never both see "none
+    /// before".
+    pub async fn count_refund_attempt(&self, key: &IntentKey) -> Result<u32, JournalError> {
+        let id = key.to_string();
+        let after: Option<i64> = self
             .with(move |db| {
                 Ok(db
                     .query_row(
-                        "SELECT idempotency_key FROM pending_refunds WHERE base_url = ?1 \
-                         AND api_key_sha256 = ?2 AND payment_id = ?3 AND body = ?4 \
-                         ORDER BY created_at LIMIT 1",
-                        params![base_url, hash, payment, body],
+                        "UPDATE pending_refunds SET attempts = attempts + 1 \
+                         WHERE idempotency_key = ?1 RETURNING attempts",
+                        params![id],
                         |r| r.get(0),
                     )
                     .optional()?)
             })
             .await?;
-        key.map(|k| {
-            IntentKey::parse(&k)
-                .map(|key| crate::refund::RefundIntent::with_key(key, request.clone()))
-                .map_err(|e| JournalError::Corrupt {
-                    key: k.clone(),
-                    why: e.to_string(),
-                })
-        })
-        .transpose()
+        let after = after.ok_or_else(|| gone(key))?;
+        Ok(u32::try_from(after.saturating_sub(1)).unwrap_or(0))
     }
 
     /// Lets a refund intent go. Answers whether it was kept.
@@ -457,14 +535,37 @@ fn connect(path: &Path) -> Result<Connection, Box<dyn std::error::Error + Send +
         std::fs::create_dir_all(parent)?;
     }
     create_private(path)?;
-    let db = Connection::open(path)?;
+    let mut db = Connection::open(path)?;
     db.busy_timeout(Duration::from_secs(10))?;
     db.pragma_update(None, "journal_mode", "WAL")?;
     // FULL: a committed intent survives a power cut, not only a crash.
     db.pragma_update(None, "synchronous", "FULL")?;
     db.execute_batch(CREATE_TABLE)?;
     db.execute_batch(CREATE_REFUNDS_TABLE)?;
+    count_refunds(&mut db)?;
     Ok(db)
+}
+
+/// Gives a journal written before refund requests were counted its `attempts` column.
+/// Looked at again and added in one write transaction: two processes opening the same
+/// older file add it once.
+fn count_refunds(db: &mut Connection) -> rusqlite::Result<()> {
+    fn counted(db: &Connection) -> rusqlite::Result<bool> {
+        db.query_row(
+            "SELECT COUNT(*) > 0 FROM pragma_table_info('pending_refunds') \
+             WHERE name = 'attempts'",
+            [],
+            |r| r.get(0),
+        )
+    }
+    if counted(db)? {
+        return Ok(());
+    }
+    let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    if !counted(&tx)? {
+        tx.execute_batch(ADD_REFUND_ATTEMPTS)?;
+    }
+    tx.commit()
 }
 
 fn pending(model: Row) -> Result<PendingIntent, JournalError> {
@@ -692,6 +793,112 @@ mod tests {
             "2026-01-01T00:00:00.123Z"
         );
         assert_eq!(kept[1].intent, newer);
+    }
+
+    fn refund() -> crate::refund::RefundRequest {
+        crate::refund::RefundRequest::new(Uuid::new_v4(), Some(1_000), Some("duplicado"))
+            .expect("valid")
+    }
+
+    #[tokio::test]
+    async fn a_refund_is_found_again_whatever_its_server_or_api_key_and_each_request_counted() {
+        let dir = tempfile::tempdir().expect("dir");
+        let journal = journal(&dir).await;
+        let request = refund();
+        let first = crate::refund::RefundIntent::new(request.clone());
+        let elsewhere = crate::refund::RefundIntent::new(request.clone());
+        let other_url = Url::parse("http://localhost:8080/").expect("url");
+        journal
+            .record_refund(&first, &url(), "k")
+            .await
+            .expect("ok");
+        journal
+            .record_refund(&elsewhere, &other_url, "k2")
+            .await
+            .expect("ok");
+        let other = crate::refund::RefundIntent::new(refund());
+        journal
+            .record_refund(&other, &url(), "k")
+            .await
+            .expect("ok");
+        assert_eq!(
+            journal.count_refund_attempt(first.key()).await.expect("ok"),
+            0
+        );
+        assert_eq!(
+            journal.count_refund_attempt(first.key()).await.expect("ok"),
+            1
+        );
+
+        let found = journal.find_refunds(&request).await.expect("find");
+
+        let keys: Vec<_> = found.iter().map(|k| k.intent.key()).collect();
+        assert_eq!(keys, [first.key(), elsewhere.key()]);
+        assert_eq!((found[0].attempts, found[1].attempts), (2, 0));
+        assert!(found[0].made_with("k") && found[1].made_with("k2"));
+        assert_eq!(found[1].base_url, other_url);
+        let here = journal
+            .find_refund(&request, &url(), "k")
+            .await
+            .expect("ok");
+        assert_eq!(here, Some(first.clone()));
+        let there = journal
+            .find_refund(&request, &url(), "k2")
+            .await
+            .expect("ok");
+        assert_eq!(there, None);
+    }
+
+    /// A journal from before refund requests were counted: its table gets the column, and
+    /// a refund kept there reads as sent once (it may have been), while one recorded now
+    /// reads as never sent.
+    #[tokio::test]
+    async fn a_refund_kept_by_an_earlier_client_reads_as_sent_once() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("journal.db");
+        let request = refund();
+        {
+            let db = Connection::open(&path).expect("db");
+            db.execute_batch(
+                "CREATE TABLE pending_refunds (
+                    idempotency_key TEXT NOT NULL PRIMARY KEY,
+                    base_url TEXT NOT NULL,
+                    api_key_sha256 TEXT NOT NULL,
+                    payment_id TEXT NOT NULL,
+                    body TEXT NOT NULL,
+                    created_at TEXT NOT NULL
+                )",
+            )
+            .expect("table");
+            db.execute(
+                "INSERT INTO pending_refunds VALUES ('r-older', 'http://127.0.0.1:8080/', ?1, \
+                 ?2, ?3, '2026-01-01T00:00:00.123+00:00')",
+                params![
+                    api_key_sha256("k"),
+                    request.payment().to_string(),
+                    request.to_json().to_string()
+                ],
+            )
+            .expect("row");
+        }
+        let journal = Journal::open(&path).await.expect("journal");
+        // Opened again (as a second process would): the column is added once.
+        let again = Journal::open(&path).await.expect("journal");
+        let newer = crate::refund::RefundIntent::new(request.clone());
+        again
+            .record_refund(&newer, &url(), "k")
+            .await
+            .expect("recorded");
+
+        let found = journal.find_refunds(&request).await.expect("find");
+
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[0].intent.key().as_str(), "r-older");
+        assert_eq!(found[0].attempts, 1, "it may have been sent");
+        assert_eq!(found[1].intent, newer);
+        assert_eq!(found[1].attempts, 0);
+        let older = found[0].intent.key();
+        assert_eq!(journal.count_refund_attempt(older).await.expect("ok"), 1);
     }
 
     #[cfg(unix)]

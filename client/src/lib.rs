@@ -100,7 +100,7 @@ pub mod webhooks;
 
 pub use answer::{MedioPago, Pago, Problem};
 pub use intent::{Intent, IntentKey, InvalidRequest, PaymentRequest};
-pub use journal::{Journal, JournalError, PendingIntent};
+pub use journal::{Journal, JournalError, PendingIntent, PendingRefund};
 pub use pagos_types::request::PayerDocument;
 pub use pagos_types::{Currency, FieldError, PaymentMethod, PaymentState, ProblemType};
 pub use pagos_types::{Reembolso, RefundState};
@@ -172,10 +172,12 @@ pub enum PayError {
     #[error("unexpected answer from the server: {0}")]
     Unexpected(String),
     /// The intent's first request left longer ago than the server keeps keys (as the
-    /// journal or [`Intent::first_sent_at`] tells), and the server never named its
-    /// payment: sent again, it could be taken for a new payment and pay twice. Nothing
-    /// was sent; with a journal, the intent stays there for a human. Look the payment up
-    /// (`GET /v1/pagos/{id}`, or `GET /v1/pagos?creditoId=…`) before paying anew.
+    /// journal or [`Intent::first_sent_at`] tells, or this `pay`'s own first request),
+    /// and the server never named its payment: sent again, it could be taken for a new
+    /// payment and pay twice. Checked before every `POST`, so a retry budget longer than
+    /// the retention ends here too. Nothing more was sent; with a journal, the intent
+    /// stays there for a human. Look the payment up (`GET /v1/pagos/{id}`, or
+    /// `GET /v1/pagos?creditoId=…`) before paying anew.
     #[error(
         "intent {key} was first sent at {first_sent}, longer ago than the server keeps Idempotency-Keys ({}); sending it again could pay twice, so it was not sent",
         humantime::format_duration(*key_retention)
@@ -343,6 +345,8 @@ enum Stop {
         /// No earlier request of this intent may have reached the server.
         first_contact: bool,
     },
+    /// The next `POST` would leave once the server may have let the key go.
+    Expired(chrono::DateTime<chrono::Utc>),
     Unexpected(String),
     Journal(JournalError),
 }
@@ -374,6 +378,11 @@ struct Settling<'a> {
     /// The payment as the server last showed it while not settled: what the merchant is
     /// told if the deadline comes in the middle of a later look-up.
     last_pending: Mutex<Option<Pago>>,
+    /// When the intent's first request left, or a moment before it (never after, so its
+    /// age errs long): as kept (journal, [`Intent::first_sent_at`]), or else when this
+    /// `pay` began (any request of it, this one's or a concurrent one's, left after). No
+    /// `POST` leaves once this is `key_retention` old.
+    first_sent: chrono::DateTime<chrono::Utc>,
 }
 
 impl Client {
@@ -417,9 +426,10 @@ impl Client {
     }
 
     /// How long the server keeps idempotency keys (its `PAGOS_KEY_RETENTION`, 24 h by
-    /// default). An intent sent before and longer ago than this (by the journal, or by
-    /// [`Intent::first_sent_at`]), whose payment the server never named, is not sent
-    /// again: [`PayError::Expired`].
+    /// default). An intent first sent longer ago than this (by the journal, by
+    /// [`Intent::first_sent_at`], or earlier in the same `pay`), whose payment the server
+    /// never named, is not sent again: [`PayError::Expired`], before any `POST`. A
+    /// [`PayPolicy::deadline`] shorter than this never meets it within one `pay`.
     pub fn with_key_retention(mut self, key_retention: Duration) -> Client {
         self.key_retention = key_retention;
         self
@@ -456,6 +466,9 @@ impl Client {
     /// With a journal, the intent is written down before the first request and let go
     /// only on a terminal answer (`docs/client.md` lists the cases).
     pub async fn pay(&self, intent: &Intent) -> Result<Outcome, PayError> {
+        // Before the journal is read: a request another process counts after that read
+        // leaves after this.
+        let began = chrono::Utc::now();
         let mut known = None;
         let mut first_sent = intent.first_sent();
         if let Some(journal) = &self.journal {
@@ -499,6 +512,7 @@ impl Client {
             tries: AtomicU32::new(0),
             exhausted: Mutex::new(None),
             last_pending: Mutex::new(None),
+            first_sent: first_sent.unwrap_or(began),
         };
         let mut result = settling.run().await;
         // The deadline came while a look-up of a payment the server had already shown
@@ -534,6 +548,11 @@ impl Client {
             Err(Stop::Refused {
                 status, problem, ..
             }) => Err(PayError::Rejected { status, problem }),
+            Err(Stop::Expired(first_sent)) => Err(PayError::Expired {
+                key: intent.key().clone(),
+                first_sent,
+                key_retention: self.key_retention,
+            }),
             Err(Stop::Unexpected(why)) => Err(PayError::Unexpected(why)),
             Err(Stop::Journal(e)) => Err(PayError::Journal(e)),
         }
@@ -608,6 +627,13 @@ impl Client {
                 journal
                     .note(key, &format!("{status} {}", headline(problem)))
                     .await
+            }
+            Err(Stop::Expired(first_sent)) => {
+                let first_sent = first_sent.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let why = format!(
+                    "first sent at {first_sent}, longer ago than the server keeps Idempotency-Keys; not sent again"
+                );
+                journal.note(key, &why).await
             }
             Err(Stop::Unexpected(why)) => journal.note(key, why).await,
             Err(Stop::Journal(_)) => Ok(()),
@@ -772,6 +798,14 @@ impl Settling<'_> {
             // The server named the payment: reading it is enough, and safe at any age.
             Some(id) => (client.look_up(id, timeout).await, false),
             None => {
+                // The server may have let the key go since its first request: the same
+                // key could make a new payment. A look-up by id (above) is safe at any age.
+                let age = (chrono::Utc::now() - self.first_sent)
+                    .to_std()
+                    .unwrap_or_default();
+                if age >= client.key_retention {
+                    return Err(Stop::Expired(self.first_sent));
+                }
                 let before = match &client.journal {
                     Some(journal) => journal.count_attempt(key).await.map_err(Stop::Journal)?,
                     // Without a journal: this pay's own tries, and any the caller says

@@ -3,9 +3,11 @@
 //! kept there until a terminal answer, retried with backoff and jitter on answers that
 //! leave the outcome unknown or the server busy, never on a refusal.
 //!
-//! A refund intent still in the journal is found again by what it asks (the server, the
-//! API key, the payment and the body): asking for the same refund again after a crash
-//! sends its old key, so the server answers the refund it has instead of making another.
+//! A refund intent still in the journal is found again by what it asks (the payment and
+//! the body): asking for the same refund again after a crash sends its old key, so the
+//! server answers the refund it has instead of making another. [`Client::kept_refund`]
+//! gives back the one made at this client's server with its API key;
+//! [`Journal::find_refunds`](crate::Journal::find_refunds) lists them all, wherever made.
 
 use crate::answer::{Head, Problem, ProblemType};
 use crate::intent::IntentKey;
@@ -173,9 +175,11 @@ impl Client {
     /// key, the same body), and while the server answers 202 asks again (the server
     /// settles a refund that is due when its retry comes) until the deadline.
     ///
-    /// With a journal, the intent is written down before the first request and let go
-    /// only on a terminal answer: refunded, refused by the gateway, or a refusal of the
-    /// request on first contact.
+    /// With a journal, the intent is written down before the first request, each request
+    /// is counted there before it leaves, and the intent is let go only on a terminal
+    /// answer: refunded, refused by the gateway, or a refusal of its first request ever
+    /// (by any process: a refusal after an earlier request whose outcome is unknown keeps
+    /// it, since that request may have made the refund).
     pub async fn refund(&self, intent: &RefundIntent) -> Result<RefundOutcome, PayError> {
         if let Some(journal) = &self.journal {
             journal
@@ -191,8 +195,19 @@ impl Client {
         let mut backoff = self.policy.backoff();
         let mut attempts = 0u32;
         let mut last_pending = None;
+        // No request of this intent was sent before the last one, by any process.
+        let mut first_contact = false;
         let result = loop {
             attempts += 1;
+            // Counted before it leaves: a process that dies now leaves it counted.
+            let before = match &self.journal {
+                Some(journal) => match journal.count_refund_attempt(&intent.key).await {
+                    Ok(before) => before,
+                    Err(err) => break Err(err.into()),
+                },
+                None => attempts - 1,
+            };
+            first_contact = before == 0;
             let timeout =
                 lock(&budget).request_timeout(self.policy.request_timeout, Instant::now());
             let sent = self
@@ -272,8 +287,10 @@ impl Client {
                 Ok(RefundOutcome::Refunded(_) | RefundOutcome::Refused { .. }) => {
                     journal.remove_refund(&intent.key).await.map(drop)
                 }
-                // A refusal of the request on the first try: nothing was registered.
-                Err(PayError::Rejected { .. }) if attempts == 1 => {
+                // A refusal of the intent's first request ever, by any process: nothing
+                // was registered. After an earlier request (this process's, or another's
+                // that timed out), that request may have made the refund: kept.
+                Err(PayError::Rejected { .. }) if first_contact => {
                     journal.remove_refund(&intent.key).await.map(drop)
                 }
                 _ => Ok(()),
@@ -285,8 +302,11 @@ impl Client {
         result
     }
 
-    /// The refund intent the journal keeps for this request at this server, if any: its
-    /// key is the one to send again.
+    /// The refund intent the journal keeps for this request at this server with this API
+    /// key, if any: its key is the one to send again. One kept under another URL or API
+    /// key is not given back ([`Journal::find_refunds`](crate::Journal::find_refunds)
+    /// lists those too): it may have made the refund already, so a caller that finds one
+    /// should not make a new intent beside it without a human.
     pub async fn kept_refund(
         &self,
         request: &RefundRequest,

@@ -1,12 +1,16 @@
 //! `pagos refund`: one refund with the retrying client. The refund intent's key is kept in
 //! the journal until a terminal answer, and running the same command again while it is
-//! kept sends the same key: a refund asked twice is made once.
+//! kept sends the same key: a refund asked twice is made once. One kept for the same
+//! refund under another URL or API key is not sent from here, and no new one is made
+//! beside it without `--new`.
 //!
 //! Stdout carries the result only (the refund as JSON); progress and errors go to stderr.
 //! It must never print or store the API key.
 
 use super::cli::bad_setting;
-use super::{Client, Journal, PayError, PayPolicy, RefundIntent, RefundOutcome, RefundRequest};
+use super::{
+    Client, Journal, PayError, PayPolicy, PendingRefund, RefundIntent, RefundOutcome, RefundRequest,
+};
 use secrecy::{ExposeSecret, SecretString};
 use std::io::Write;
 use std::path::PathBuf;
@@ -18,7 +22,8 @@ use uuid::Uuid;
 #[command(
     about = "Refund part or all of a payment with the retrying client (one key per refund, kept in a journal)",
     after_help = "Exit codes: 0 refunded, 3 refused by the gateway, 4 still pending at the deadline, 1 anything else, 2 a bad flag or a journal that cannot be opened.\n\
-                  The same command run again while its refund is kept in the journal sends the same Idempotency-Key."
+                  The same command run again while its refund is kept in the journal sends the same Idempotency-Key; \
+                  one kept under another --url or API key is not sent from here (exit 1), and --new makes a new refund."
 )]
 pub struct RefundArgs {
     /// Base URL of the pagos server
@@ -37,6 +42,12 @@ pub struct RefundArgs {
     /// Why (at most 255 characters)
     #[arg(long, env = "PAGOS_MOTIVO", value_name = "TEXT")]
     pub motivo: Option<String>,
+    /// Make a new refund with a new Idempotency-Key even when the journal keeps an
+    /// intent for this same refund (which may have been made: without --new, one made
+    /// here is asked again with its key, and one made at another URL or with another API
+    /// key stops the command)
+    #[arg(long, env = "PAGOS_NEW")]
+    pub new: bool,
     /// The journal of pending intents (default: pagos/journal.db in the user's data
     /// directory)
     #[arg(long, env = "PAGOS_JOURNAL", value_name = "PATH")]
@@ -50,6 +61,65 @@ pub struct RefundArgs {
     #[arg(long, env = "PAGOS_MAX_ATTEMPTS", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=1000), value_name = "N")]
     pub max_attempts: u32,
+}
+
+/// The intent that makes this refund: the one the journal keeps for this same refund
+/// (`--pago`, `--monto`, `--motivo`) at this server with this API key, asked again with its
+/// key (running `pagos refund` again after a deadline, a kill or a crash must not refund
+/// twice); a new one when none is kept, or with `--new`. None (exit 1, nothing sent) when
+/// one is kept only under another URL or API key: it may have made the refund, and it is
+/// not this command's to send.
+async fn same_refund(
+    client: &Client,
+    journal: &Journal,
+    api_key: &str,
+    request: RefundRequest,
+    new: bool,
+) -> anyhow::Result<Option<RefundIntent>> {
+    let kept = journal.find_refunds(&request).await?;
+    if new {
+        if !kept.is_empty() {
+            eprintln!(
+                "pagos: --new: a new refund with a new Idempotency-Key; the {} kept intent(s) for this same refund stay in the journal",
+                kept.len()
+            );
+        }
+        return Ok(Some(RefundIntent::new(request)));
+    }
+    let here = kept
+        .iter()
+        .find(|k| k.base_url == *client.base_url() && k.made_with(api_key));
+    if let Some(pending) = here {
+        eprintln!(
+            "pagos: this refund is kept in the journal, made {} with {} request(s) sent; asking again with its Idempotency-Key {}",
+            made(pending),
+            pending.attempts,
+            pending.intent.key()
+        );
+        return Ok(Some(pending.intent.clone()));
+    }
+    let Some(pending) = kept.first() else {
+        return Ok(Some(RefundIntent::new(request)));
+    };
+    let whose = if pending.made_with(api_key) {
+        "this API key"
+    } else {
+        "another API key"
+    };
+    eprintln!(
+        "pagos: the journal keeps an intent for this same refund, {}, made {} at {} with {whose}; it may have made the refund, so nothing was sent and no second refund was made: run the same command with --url {} and the API key it was made with to ask it again with its key, or --new to make a new refund",
+        pending.intent.key(),
+        made(pending),
+        pending.base_url,
+        pending.base_url,
+    );
+    Ok(None)
+}
+
+fn made(pending: &PendingRefund) -> String {
+    pending
+        .created_at
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
@@ -90,20 +160,14 @@ pub async fn run(args: RefundArgs) -> anyhow::Result<ExitCode> {
         Ok(journal) => journal,
         Err(exit) => return Ok(exit),
     };
-    let client = client.with_journal(journal).with_policy(PayPolicy {
+    let client = client.with_journal(journal.clone()).with_policy(PayPolicy {
         deadline: args.deadline,
         max_attempts: args.max_attempts,
         ..PayPolicy::default()
     });
-    let intent = match client.kept_refund(&request).await? {
-        Some(kept) => {
-            eprintln!(
-                "pagos: this refund is kept in the journal; asking again with its Idempotency-Key {}",
-                kept.key()
-            );
-            kept
-        }
-        None => RefundIntent::new(request),
+    let intent = match same_refund(&client, &journal, &api_key, request, args.new).await? {
+        Some(intent) => intent,
+        None => return Ok(ExitCode::from(1)),
     };
     eprintln!(
         "pagos: refunding payment {} with Idempotency-Key {}",

@@ -1,7 +1,9 @@
 //! Receiving pagos' webhooks, on the merchant's side: check a delivery ([`Verifier`]:
 //! the Standard Webhooks signature with the endpoint's secret, or any secret it holds during
 //! a rotation, and a `webhook-timestamp` within 5 minutes of the clock), then apply each
-//! event once ([`Inbox`]).
+//! event once ([`Inbox`]). A secret is what pagos makes, `whsec_` and the base64 of a 24-
+//! to 64-byte key; anything else (an empty one, with which anyone could sign) is refused
+//! when the verifier is built.
 //!
 //! Deliveries are at least once and in any order, so the inbox uses two rules, in the
 //! same SQLite transaction as the merchant's own effect:
@@ -21,7 +23,8 @@ use std::sync::{Mutex, PoisonError};
 /// Why a delivery is refused (answer 400 or 401: pagos retries it).
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
-    #[error("not a webhook secret (whsec_…)")]
+    /// The secret given to [`Verifier::new`] or [`Verifier::also`] is not one pagos makes.
+    #[error("not a webhook secret: whsec_ followed by the standard base64 of a 24- to 64-byte key")]
     Secret,
     #[error("the signature or timestamp does not verify: {0}")]
     Signature(String),
@@ -47,22 +50,46 @@ pub struct Verifier {
     secrets: Vec<standardwebhooks::Webhook>,
 }
 
+/// The key lengths the Standard Webhooks specification allows, and pagos makes (32).
+const KEY_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
+
+/// The verifier of one secret, as pagos makes them: `whsec_` and the standard base64 of a
+/// 24- to 64-byte key. Anything else is refused: the reference implementation would take
+/// `""` or `"whsec_"` as an empty HMAC key, with which anyone can sign.
+fn webhook(secret: &str) -> Result<standardwebhooks::Webhook, VerifyError> {
+    use base64::Engine;
+    let encoded = secret.strip_prefix("whsec_").ok_or(VerifyError::Secret)?;
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|_| VerifyError::Secret)?;
+    if !KEY_BYTES.contains(&key.len()) {
+        return Err(VerifyError::Secret);
+    }
+    standardwebhooks::Webhook::from_bytes(key).map_err(|_| VerifyError::Secret)
+}
+
 impl Verifier {
+    /// Checks deliveries against `secret`, the endpoint's `whsec_…` secret as pagos showed
+    /// it. A secret that is not `whsec_` and the standard base64 of a 24- to 64-byte key
+    /// (an empty one, an unset variable read as `""`) is refused: [`VerifyError::Secret`].
     pub fn new(secret: &str) -> Result<Verifier, VerifyError> {
         Ok(Verifier {
-            secrets: vec![standardwebhooks::Webhook::new(secret).map_err(|_| VerifyError::Secret)?],
+            secrets: vec![webhook(secret)?],
         })
     }
 
-    /// Also accepts deliveries signed with `secret` (an older one of a rotation).
+    /// Also accepts deliveries signed with `secret` (an older one of a rotation), checked
+    /// as [`Verifier::new`] checks it.
     pub fn also(mut self, secret: &str) -> Result<Verifier, VerifyError> {
-        self.secrets
-            .push(standardwebhooks::Webhook::new(secret).map_err(|_| VerifyError::Secret)?);
+        self.secrets.push(webhook(secret)?);
         Ok(self)
     }
 
     /// Verifies the raw body as received (never a re-serialized one) and reads its event.
+    /// A `webhook-timestamp` that is not a number, or is more than a day from the clock,
+    /// is refused before the signature is looked at (the tolerance is 5 minutes anyway).
     pub fn verify(&self, headers: &HeaderMap, body: &[u8]) -> Result<Evento, VerifyError> {
+        within_reach(headers)?;
         let mut last = None;
         for secret in &self.secrets {
             match secret.verify(body, headers) {
@@ -88,6 +115,36 @@ impl Verifier {
             ));
         }
         Ok(event)
+    }
+}
+
+/// How far from the clock a `webhook-timestamp` may be and still reach the reference
+/// implementation, which refuses anything beyond 5 minutes itself: a day, far beyond it.
+const REACH_SECONDS: i128 = 24 * 60 * 60;
+
+/// Refuses a `webhook-timestamp` that does not parse or is far from the clock, with the
+/// reference implementation's own errors, before it reads it: its `now - timestamp`
+/// overflows for a timestamp near `i64::MIN` (a panic in a debug build, a wrapped "fresh"
+/// timestamp in a release one). A missing or non-text header is left to it.
+fn within_reach(headers: &HeaderMap) -> Result<(), VerifyError> {
+    use standardwebhooks::WebhookError;
+    let Some(text) = headers
+        .get(standardwebhooks::HEADER_WEBHOOK_TIMESTAMP)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return Ok(());
+    };
+    let refused = |e: WebhookError| Err(VerifyError::Signature(e.to_string()));
+    let Ok(timestamp) = text.parse::<i64>() else {
+        return refused(WebhookError::InvalidTimestamp);
+    };
+    let age = i128::from(chrono::Utc::now().timestamp()) - i128::from(timestamp);
+    if age > REACH_SECONDS {
+        refused(WebhookError::TimestampTooOldError)
+    } else if age < -REACH_SECONDS {
+        refused(WebhookError::FutureTimestampError)
+    } else {
+        Ok(())
     }
 }
 

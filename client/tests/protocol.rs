@@ -521,6 +521,74 @@ async fn an_unanswered_intent_older_than_the_servers_key_retention_is_not_sent_a
     server.verify().await;
 }
 
+/// The server's answers leave the outcome unknown for longer than it keeps keys (a
+/// retry budget longer than its retention): once the intent's first request is that old,
+/// the server may have let the key go, and the same key would make a second payment. No
+/// `POST` leaves after that; the pay ends `Expired` and the intent stays for a human.
+#[tokio::test]
+async fn no_retry_is_posted_once_the_first_request_is_as_old_as_the_key_retention() {
+    /// 503 to every request, noting when it came.
+    struct Busy(std::sync::Arc<std::sync::Mutex<Vec<Instant>>>);
+    impl wiremock::Respond for Busy {
+        fn respond(&self, _: &wiremock::Request) -> wiremock::ResponseTemplate {
+            self.0.lock().expect("lock").push(Instant::now());
+            unavailable(503, "Unavailable")
+        }
+    }
+    let retention = Duration::from_millis(800);
+    let policy = PayPolicy {
+        max_attempts: 1000,
+        deadline: Duration::from_secs(4),
+        min_delay: Duration::from_millis(50),
+        max_delay: Duration::from_millis(100),
+        ..fast_policy()
+    };
+    let server = MockServer::start().await;
+    let (journal, with_journal, _) = journal_and_client(&server, policy).await;
+    let without_journal = Client::new(&server.uri(), API_KEY)
+        .expect("client")
+        .with_policy(policy);
+    for client in [with_journal, without_journal] {
+        server.reset().await;
+        let times = std::sync::Arc::default();
+        posts()
+            .respond_with(Busy(std::sync::Arc::clone(&times)))
+            .mount(&server)
+            .await;
+        let client = client.with_key_retention(retention);
+        let intent = intent();
+        let began = Instant::now();
+
+        let result = client.pay(&intent).await;
+
+        let times = times.lock().expect("lock").clone();
+        assert!(times.len() > 1, "retried: {}", times.len());
+        let last = times.last().expect("sent").duration_since(began);
+        assert!(
+            last < retention,
+            "a POST left {last:?} after the first, past the key retention {retention:?}"
+        );
+        assert!(
+            matches!(&result, Err(PayError::Expired { key, .. }) if key == intent.key()),
+            "{result:?}"
+        );
+        assert!(
+            began.elapsed() < Duration::from_secs(3),
+            "ended at the retention"
+        );
+    }
+    let kept = journal.pending().await;
+    assert_eq!(kept.len(), 1, "kept for a human");
+    assert!(
+        kept[0]
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("not sent again")),
+        "{:?}",
+        kept[0].last_error
+    );
+}
+
 #[tokio::test]
 async fn a_refund_of_a_payment_that_is_not_refundable_is_refused_at_once_not_retried() {
     let server = MockServer::start().await;
@@ -558,6 +626,60 @@ async fn a_refund_of_a_payment_that_is_not_refundable_is_refused_at_once_not_ret
         client.kept_refund(&request).await.expect("journal"),
         None,
         "refused on its first request: nothing was registered, the intent leaves the journal"
+    );
+}
+
+/// A refund's request timed out in one process, which kept its intent. Another process
+/// asks the same refund again, and its first request is refused (a 401: the API key was
+/// just revoked; or a proxy's 403). The earlier request may have made the refund, so the
+/// intent is kept: the next run asks it again with its key instead of making a new one.
+#[tokio::test]
+async fn a_refusal_after_another_process_sent_the_refund_keeps_the_intent_and_its_key() {
+    let server = MockServer::start().await;
+    let payment = Uuid::new_v4();
+    let refunds = || {
+        wiremock::Mock::given(wiremock::matchers::method("POST")).and(wiremock::matchers::path(
+            format!("/v1/pagos/{payment}/reembolsos"),
+        ))
+    };
+    first(
+        refunds().respond_with(unavailable(503, "Unavailable")),
+        &server,
+    )
+    .await;
+    then(
+        refunds().respond_with(answer(401, problem(401, "unauthorized", "Unauthorized"))),
+        &server,
+    )
+    .await;
+    let journal = TestJournal::new().await;
+    let once = PayPolicy {
+        max_attempts: 1,
+        ..fast_policy()
+    };
+    let (timed_out, _) = client(&server, &journal.journal, once);
+    let request = RefundRequest::new(payment, Some(1_000), None).expect("valid");
+    let intent = RefundIntent::new(request.clone());
+    let err = timed_out.refund(&intent).await.expect_err("gave up");
+    assert!(matches!(err, PayError::GaveUp { .. }), "{err:?}");
+
+    // Another process, with the same journal file.
+    let reopened = pagos_client::Journal::open(&journal.path)
+        .await
+        .expect("journal");
+    let (other, _) = client(&server, &reopened, once);
+    let kept = other.kept_refund(&request).await.expect("journal");
+    assert_eq!(kept.as_ref(), Some(&intent));
+    let err = other.refund(&intent).await.expect_err("refused");
+    assert!(
+        matches!(err, PayError::Rejected { status: 401, .. }),
+        "{err:?}"
+    );
+
+    assert_eq!(
+        other.kept_refund(&request).await.expect("journal"),
+        Some(intent.clone()),
+        "the first request may have made the refund: its intent and key are kept"
     );
 }
 

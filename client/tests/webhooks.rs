@@ -3,7 +3,7 @@
 //! event ignored, and a failed effect leaving nothing recorded.
 
 use http::{HeaderMap, HeaderValue};
-use pagos_client::webhooks::{Applied, Inbox, InboxError, Verifier};
+use pagos_client::webhooks::{Applied, Inbox, InboxError, Verifier, VerifyError};
 use pagos_types::Evento;
 use serde_json::json;
 
@@ -62,6 +62,95 @@ fn a_delivery_signed_with_either_secret_of_a_rotation_verifies_and_a_forged_one_
             .verify(&signed(SECRET, "evt_1", &b), &tampered)
             .is_err()
     );
+}
+
+/// With an empty or short key anyone can sign: a secret that is not `whsec_` and the
+/// base64 of a 24- to 64-byte key (the specification's, and what pagos makes) is refused,
+/// as the endpoint's secret and as a rotation's older one, and so no delivery signed with
+/// such a key is ever accepted.
+#[test]
+fn an_empty_short_or_unprefixed_secret_is_refused_so_nobody_can_forge_with_it() {
+    let b = body("evt_1", 1, "COMPLETADA");
+    // What anyone can sign, with the empty key of "" or "whsec_".
+    let forged = signed("whsec_", "evt_1", &b);
+    for empty in ["", "whsec_"] {
+        let accepted = Verifier::new(empty).map(|v| v.verify(&forged, &b).is_ok());
+        assert!(
+            !matches!(accepted, Ok(true)),
+            "{empty:?}: a forged delivery was accepted"
+        );
+    }
+    for secret in [
+        "",
+        "whsec_",
+        // 16 bytes, 65 bytes: outside 24..=64.
+        "whsec_MTIzNDU2Nzg5MDEyMzQ1Ng==",
+        "whsec_QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE=",
+        // A good key without its prefix.
+        "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "whsec_not base64!",
+    ] {
+        let alone = Verifier::new(secret);
+        assert!(
+            matches!(alone, Err(VerifyError::Secret)),
+            "{secret:?} was taken as a secret"
+        );
+        let rotating = Verifier::new(SECRET).expect("v").also(secret);
+        assert!(
+            matches!(rotating, Err(VerifyError::Secret)),
+            "{secret:?} was taken as a rotation's secret"
+        );
+    }
+    // The edges of the specification's range (24 and 64 bytes) are secrets.
+    for secret in [
+        "whsec_BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcH",
+        "whsec_BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBw==",
+    ] {
+        assert!(Verifier::new(secret).is_ok(), "{secret}");
+    }
+}
+
+/// A crafted `webhook-timestamp` (far in the past, far ahead, not a number) is a refused
+/// delivery (401: pagos would retry a real one), never a panic in the merchant's handler,
+/// even signed with the right secret.
+#[test]
+fn a_timestamp_far_from_the_clock_or_unreadable_is_refused_not_a_panic() {
+    let b = body("evt_1", 1, "COMPLETADA");
+    let webhook = standardwebhooks::Webhook::new(SECRET).expect("secret");
+    let verifier = Verifier::new(SECRET).expect("v");
+    let now = chrono::Utc::now().timestamp();
+    for timestamp in [
+        i64::MIN.to_string(),
+        (i64::MIN + 1).to_string(),
+        i64::MAX.to_string(),
+        (now - 2 * 86_400).to_string(),
+        (now + 2 * 86_400).to_string(),
+        "soon".to_owned(),
+        "99999999999999999999".to_owned(),
+    ] {
+        let mut headers = signed(SECRET, "evt_1", &b);
+        if let Ok(ts) = timestamp.parse::<i64>() {
+            let signature = webhook.sign("evt_1", ts, &b).expect("signed");
+            headers.insert(
+                "webhook-signature",
+                HeaderValue::from_str(&signature).expect("sig"),
+            );
+        }
+        headers.insert(
+            "webhook-timestamp",
+            HeaderValue::from_str(&timestamp).expect("ts"),
+        );
+
+        let refused = std::panic::catch_unwind(|| verifier.verify(&headers, &b))
+            .unwrap_or_else(|_| panic!("{timestamp}: a panic, not a refusal"))
+            .expect_err(&timestamp);
+
+        assert!(
+            matches!(refused, VerifyError::Signature(_)),
+            "{timestamp}: {refused:?}"
+        );
+        assert_eq!(refused.status(), 401);
+    }
 }
 
 #[test]

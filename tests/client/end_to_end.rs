@@ -285,6 +285,28 @@ async fn a_duration_beyond_any_sane_setting_is_one_line_naming_it_and_exits_2() 
     }
 }
 
+/// A deadline as long as the server's key retention promises retries that could only
+/// leave after the server let the key go (and so are never sent): refused at start.
+#[tokio::test]
+async fn a_deadline_not_shorter_than_the_key_retention_is_a_bad_setting_exit_2() {
+    let dir = tempfile::tempdir().expect("dir");
+    for (deadline, retention) in [("1h", "1h"), ("2h", "1h"), ("25h", "24h")] {
+        let mut pagos = pagos_bin();
+        pagos
+            .args(PAY_NOWHERE)
+            .args(PAYMENT)
+            .args(["--deadline", deadline])
+            .arg("--journal")
+            .arg(dir.path().join("journal.db"));
+        if retention != "24h" {
+            pagos.env("PAGOS_KEY_RETENTION", retention);
+        }
+        let out = pagos.output().expect("pagos pay");
+
+        refused_naming(&out, "--deadline", "PAGOS_KEY_RETENTION");
+    }
+}
+
 #[tokio::test]
 async fn a_journal_that_cannot_be_opened_is_a_bad_setting_one_line_exit_2() {
     let dir = tempfile::tempdir().expect("dir");
@@ -404,4 +426,91 @@ async fn resume_with_another_api_key_leaves_the_intents_and_exits_1_naming_them(
     assert!(stderr.contains(intent.key().as_str()), "{stderr}");
     assert!(out.stdout.is_empty());
     assert_eq!(journal.pending().await.expect("pending").len(), 1);
+}
+
+/// `pagos refund` gave up with the outcome unknown (its request may have made the refund)
+/// and the operator runs it again, with the server's URL spelled another way, or with the
+/// merchant's second API key. The kept intent is not sent from there, and no new key goes
+/// out: exit 1, naming the kept key. The same URL and key ask it again with its key;
+/// `--new` is the one way to a second refund.
+#[tokio::test]
+async fn pagos_refund_run_again_under_another_url_or_api_key_sends_no_second_refund() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    let payment = "0193c4a2-7f1e-7c3a-9b0e-2a4d5f6e7a8b";
+    let refunds = format!("/v1/pagos/{payment}/reembolsos");
+    Mock::given(method("POST"))
+        .and(path(refunds.as_str()))
+        .respond_with(ResponseTemplate::new(503).set_body_raw(
+            r#"{"type":"/problems/service-unavailable","title":"Unavailable","status":503}"#,
+            "application/problem+json",
+        ))
+        .mount(&server)
+        .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let journal = dir.path().join("journal.db");
+    let port = server.address().port();
+    let here = format!("http://127.0.0.1:{port}");
+    let elsewhere = format!("http://localhost:{port}");
+    let refund = |url: &str, api_key: &str, extra: &[&str]| {
+        tokio::process::Command::from(pagos_bin())
+            .arg("refund")
+            .args(["--url", url, "--api-key", api_key])
+            .arg("--journal")
+            .arg(&journal)
+            .args(["--pago", payment, "--monto", "1000"])
+            .args(["--deadline", "2s", "--max-attempts", "1"])
+            .args(extra)
+            .output()
+    };
+    let keys_sent = || async {
+        server
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r.method.as_str() == "POST" && r.url.path() == refunds)
+            .map(key_of)
+            .collect::<Vec<_>>()
+    };
+
+    let first = refund(&here, API_KEY, &[]).await.expect("pagos refund");
+    assert_eq!(first.status.code(), Some(1), "{}", text(&first.stderr));
+    let sent = keys_sent().await;
+    assert_eq!(sent.len(), 1);
+    let key = sent[0].clone();
+
+    for (url, api_key) in [(&elsewhere, API_KEY), (&here, "sk_test_acme_second")] {
+        let out = refund(url, api_key, &[]).await.expect("pagos refund");
+
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&key) && stderr.contains("--new"),
+            "{stderr}"
+        );
+        assert_eq!(
+            keys_sent().await,
+            [key.as_str()],
+            "{url}: nothing sent, no second refund: {stderr}"
+        );
+    }
+
+    let again = refund(&here, API_KEY, &[]).await.expect("pagos refund");
+    let stderr = text(&again.stderr);
+    assert!(
+        stderr.contains(&format!("asking again with its Idempotency-Key {key}")),
+        "{stderr}"
+    );
+    assert_eq!(keys_sent().await, [key.as_str(), key.as_str()]);
+
+    let new = refund(&elsewhere, API_KEY, &["--new"])
+        .await
+        .expect("pagos refund");
+    let stderr = text(&new.stderr);
+    assert!(stderr.contains("--new: a new refund"), "{stderr}");
+    let sent = keys_sent().await;
+    assert_eq!(sent.len(), 3);
+    assert_ne!(sent[2], key, "--new sends a new key");
 }
