@@ -201,7 +201,7 @@ impl Metrics {
         let webhook_events = Family::<OutcomeLabel, Counter>::default();
         registry.register(
             "webhook_events",
-            "Gateway webhook deliveries by outcome (aplicado, duplicado, obsoleto, huerfano, refused_signature, …)",
+            "Gateway webhook deliveries by outcome (aplicado, duplicado, obsoleto, huerfano, refused_signature, refused_timestamp, secret_unset, …)",
             webhook_events.clone(),
         );
         let keys_purged = Counter::default();

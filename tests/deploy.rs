@@ -55,6 +55,10 @@ fn exported() -> BTreeSet<String> {
         .get_or_create(&StateLabel { estado: "ENVIADA" })
         .set(1);
     metrics
+        .refunds
+        .get_or_create(&StateLabel { estado: "ENVIADO" })
+        .set(1);
+    metrics
         .http_responses
         .get_or_create(&RouteLabel {
             method: "GET",

@@ -268,7 +268,7 @@ impl Signed {
                 "stripe-signature",
             ),
         };
-        let secret = secret_of(exposed(secret), env)?;
+        let secret = secret_of(state, exposed(secret), env)?;
         let raw = raw(body)?;
         let values = headers.get_all(header).iter().map(|v| v.as_bytes());
         let verified = match self {
@@ -300,12 +300,19 @@ impl Signed {
     }
 }
 
-/// The secret of a webhook endpoint, or the 401 it answers while the secret is unset.
-fn secret_of<'a>(secret: Option<&'a str>, env: &str) -> Result<&'a str, ApiError> {
+/// The secret of a webhook endpoint, or the 401 it answers while the secret is unset
+/// (counted as `secret_unset`, beside the refused signatures: either way the provider's
+/// events are not getting in).
+fn secret_of<'a>(
+    state: &AppState,
+    secret: Option<&'a str>,
+    env: &str,
+) -> Result<&'a str, ApiError> {
     match secret.filter(|s| !s.is_empty()) {
         Some(secret) => Ok(secret),
         None => {
             tracing::warn!(setting = env, "webhook refused: its secret is not set");
+            state.metrics.webhook_event("secret_unset");
             Err(unauthorized(format!(
                 "Webhooks are disabled: {env} is not set."
             )))
@@ -443,6 +450,7 @@ async fn receive_mercadopago_notification(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let secret = secret_of(
+        &state,
         exposed(&state.settings.mercadopago_webhook_secret),
         "PAGOS_MERCADOPAGO_WEBHOOK_SECRET",
     )?;

@@ -23,6 +23,7 @@ on_both_databases!(
     completada_names_the_charge_when_neither_the_provider_nor_the_payment_does,
     what_on_call_writes_holding_a_nul_is_422_and_changes_nothing,
     a_charge_a_webhook_reports_succeeded_while_fallida_is_being_written_refuses_it,
+    after_a_resolution_that_refunds_on_calls_row_is_the_last_out_of_review_as_the_runbook_reads_it,
 );
 
 async fn app(backend: Backend) -> TestApp {
@@ -534,5 +535,61 @@ async fn a_charge_a_webhook_reports_succeeded_while_fallida_is_being_written_ref
     assert!(
         crate::helpers::text_has(&again, "detail", "reembolsar"),
         "{again}"
+    );
+}
+
+/// After `FALLIDA` with `reembolsar` the last audit rows are the refunds' (`FALLIDA` →
+/// `FALLIDA`), not on-call's: on-call's row is the last one out of `REVISION_MANUAL`,
+/// which is the one runbooks/revision-manual.md tells on-call to read, in the answer and
+/// in the payment's detail.
+async fn after_a_resolution_that_refunds_on_calls_row_is_the_last_out_of_review_as_the_runbook_reads_it(
+    backend: Backend,
+) {
+    let app = app(backend).await;
+    let (id, fake) = payment_under_review(&app, "k-res-rows").await;
+    fake.settle(&id, "succeeded");
+    let refunds = crate::refunds::FakeRefunds::default();
+    refunds.mount_refunds(app.gateway()).await;
+    let body =
+        json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 41: charged after all"});
+    let done = resolved(&app, &id, &body).await;
+    assert_eq!(done["reembolsos"][0]["estado"], "COMPLETADO", "{done}");
+    assert_eq!(refunds.made().len(), 1);
+    for answer in [done, detail(&app, &id).await] {
+        let rows = answer["transiciones"].as_array().expect("audit rows");
+        let last = rows.last().expect("a row");
+        assert_eq!(
+            last["desde"], "FALLIDA",
+            "a refund's row is the last: {last}"
+        );
+        let ours = rows
+            .iter()
+            .rev()
+            .find(|t| t["desde"] == "REVISION_MANUAL")
+            .expect("on-call's row");
+        assert_eq!(ours["hacia"], "FALLIDA", "{ours}");
+        assert_eq!(ours["quien"], "admin", "{ours}");
+        assert!(
+            crate::helpers::text_has(ours, "motivo", "resolved by admin (on-call): ticket 41"),
+            "{ours}"
+        );
+    }
+    let runbook = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/runbooks/revision-manual.md"
+    ))
+    .expect("the runbook");
+    assert!(
+        !runbook
+            .lines()
+            .any(|l| l.contains("jq ") && l.contains(".transiciones[-1]")),
+        "runbooks/revision-manual.md reads the last audit row as on-call's"
+    );
+    assert_eq!(
+        runbook
+            .matches(r#"[.transiciones[] | select(.desde == "REVISION_MANUAL")] | last"#)
+            .count(),
+        2,
+        "the resolve and the verify commands select on-call's row"
     );
 }

@@ -461,6 +461,9 @@ async fn a_signed_body_that_is_not_an_event_is_refused_with_400_and_nothing_reco
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
 }
 
+/// A deployment that lost its webhook secret refuses every event, and on-call's alert
+/// (`PagosWebhookSignaturesRefused`) sees it: each refusal is counted as `secret_unset`,
+/// on every provider's endpoint.
 async fn webhooks_answer_401_while_no_secret_is_set(backend: Backend) {
     let app = Spawn::new(backend).start().await;
     let body = event("evt_nosecret", 1, charge("anything", "succeeded"));
@@ -471,7 +474,29 @@ async fn webhooks_answer_401_while_no_secret_is_set(backend: Backend) {
         crate::helpers::text_has(&problem, "detail", "PAGOS_WEBHOOK_SECRET"),
         "{problem}"
     );
+    for (path, setting) in [
+        ("/v1/webhooks/stripe", "PAGOS_STRIPE_WEBHOOK_SECRET"),
+        (
+            "/v1/webhooks/mercadopago",
+            "PAGOS_MERCADOPAGO_WEBHOOK_SECRET",
+        ),
+    ] {
+        let answer = crate::helpers::post_webhook(&app, path, &[], &body).await;
+        assert_eq!(answer.status(), 401, "{path}");
+        let problem = json(answer).await;
+        assert!(
+            crate::helpers::text_has(&problem, "detail", setting),
+            "{problem}"
+        );
+    }
     assert_eq!(app.recorded().await, (0, 0));
+    let metrics = app.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "pagos_webhook_events_total{outcome=\"secret_unset\"} 3"),
+        "every refusal for want of a secret is counted:\n{metrics}"
+    );
 }
 
 async fn a_contradicting_event_sends_a_final_payment_to_manual_review(backend: Backend) {
