@@ -17,7 +17,6 @@ use crate::operators::{self, Role};
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
-use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use sea_orm::DatabaseConnection;
 use sha2::{Digest, Sha256};
@@ -80,9 +79,13 @@ pub struct Turn {
     _held: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
+/// How long an address over the limit of failed authentications is refused: the minute
+/// its whole allowance takes to come back.
+const BLOCKED_FOR: Duration = Duration::from_secs(60);
+
 impl Authenticator {
     /// `failures_per_minute`: failed authentications one address may make in a minute
-    /// (that many at once, then one every minute / that many).
+    /// (that many at once; past them, refused for a minute).
     pub fn new(failures_per_minute: u32) -> Authenticator {
         let per_minute = NonZeroU32::new(failures_per_minute).unwrap_or(NonZeroU32::MIN);
         Authenticator {
@@ -182,8 +185,12 @@ impl Authenticator {
         self.forget_quiet_addresses();
         match self.failures.check_key(&client) {
             Ok(()) => unauthorized(detail),
-            Err(not_until) => {
-                let wait = not_until.wait_time_from(self.failures.clock().now());
+            Err(_) => {
+                // Blocked until its allowance is whole again, a minute: unblocked at the
+                // next single allowance (a second, at 60 a minute), an address got about
+                // twice the limit's guesses checked in its first minute, and one more
+                // every second after it.
+                let wait = BLOCKED_FOR;
                 self.blocked.insert(client, Instant::now() + wait).await;
                 tracing::warn!(%client, "too many failed authentications: refused with 429");
                 too_many_failures(wait)

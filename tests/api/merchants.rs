@@ -68,6 +68,7 @@ on_both_databases!(
     unknown_and_revoked_keys_sent_again_and_again_are_looked_up_once,
     an_address_past_the_failure_limit_gets_429_before_any_look_up_and_others_do_not,
     failed_admin_tokens_count_toward_the_same_limit,
+    an_address_over_the_limit_gets_no_guess_checked_until_its_minute_is_over,
     merchant_names_are_unique_in_the_database,
     a_merchant_created_by_an_older_binary_during_a_deploy_can_authenticate,
     the_names_migration_renames_duplicates_in_creation_order_and_old_keys_keep_working,
@@ -382,8 +383,8 @@ async fn an_address_past_the_failure_limit_gets_429_before_any_look_up_and_other
         .and_then(|s| s.parse().ok())
         .expect("Retry-After in seconds");
     assert!(
-        (1..=12).contains(&wait),
-        "one failure back every 12 s: {wait}"
+        (55..=60).contains(&wait),
+        "refused until its whole allowance is back, a minute: {wait}"
     );
     assert_eq!(
         refused.headers()["content-type"],
@@ -577,4 +578,30 @@ async fn the_names_migration_renames_duplicates_in_creation_order_and_old_keys_k
             "the key of merchant {i} still authenticates it"
         );
     }
+}
+
+/// An address over the limit is refused until its whole allowance is back: at 30 a
+/// minute, the 31st failure is a 429, and so is a guess two seconds on. Before, the block
+/// ended at the next single allowance (one every two seconds here): the guess two seconds
+/// on was checked, and a client guessing steadily got about twice the limit's guesses
+/// checked in its first minute.
+async fn an_address_over_the_limit_gets_no_guess_checked_until_its_minute_is_over(
+    backend: Backend,
+) {
+    let app = crate::helpers::started(backend, &["--auth-failures-per-minute", "30"]).await;
+    for i in 0..30 {
+        let answer = probe(&app, &app.http, &format!("sk_live_guess_{i}")).await;
+        assert_eq!(answer.status(), 401, "failure {i} is within the limit");
+    }
+    assert_eq!(
+        probe(&app, &app.http, "sk_live_guess_30").await.status(),
+        429
+    );
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let later = probe(&app, &app.http, "sk_live_guess_31").await;
+    assert_eq!(
+        later.status(),
+        429,
+        "a guess two seconds after the block is not checked"
+    );
 }
