@@ -69,11 +69,15 @@ pub enum Revocation {
     Revoked(operator::Model),
 }
 
+/// Revokes the operator named `name`, whatever its case (names are unique without case:
+/// `LUIS` is `luis`, the name on-call remembers revokes the token it means).
 pub async fn revoke(db: &DatabaseConnection, name: &OperatorName) -> Result<Revocation, DbErr> {
+    let folded = name.folded();
     let Some(found) = operator::Entity::find()
-        .filter(operator::Column::Name.eq(name.as_str()))
-        .one(db)
+        .all(db)
         .await?
+        .into_iter()
+        .find(|existing| existing.name.to_lowercase() == folded)
     else {
         return Ok(Revocation::NoSuchOperator);
     };

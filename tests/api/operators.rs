@@ -287,7 +287,9 @@ fn operators_add_prints_a_token_once_list_is_a_table_and_revoke_keeps_the_row() 
     let reserved = pagos(&["operators", "add", "admin", "--database-url", &db]);
     assert_eq!(reserved.status.code(), Some(2));
 
-    let revoked = pagos(&["operators", "revoke", "ana", "--database-url", &db]);
+    // Named as on-call remembers it, whatever its case: names are unique without case,
+    // and a compromised operator's token must not stay live for a capital letter.
+    let revoked = pagos(&["operators", "revoke", "ANA", "--database-url", &db]);
     assert!(revoked.status.success(), "{revoked:?}");
     let nobody = pagos(&["operators", "revoke", "zoe", "--database-url", &db]);
     assert_eq!(nobody.status.code(), Some(2));
