@@ -215,9 +215,11 @@ pub fn resolution_motivo(asked: &str) -> Result<&str, ApiError> {
     Ok(motivo)
 }
 
-/// The operator a resolution's reason names (`resolution_reason`); none for rows written
-/// before operators existed.
+/// The operator a resolution's reason names (`resolution_reason`), also in the reason of a
+/// refund it started; none for rows written before operators existed.
 pub fn operator_in(reason: &str) -> Option<&str> {
+    // A refund on-call's resolution started: `compensation: resolved by …`.
+    let reason = reason.strip_prefix("compensation: ").unwrap_or(reason);
     let rest = reason.strip_prefix("resolved by ")?;
     let (who, _) = rest.split_once(" (on-call): ")?;
     Some(who)
@@ -867,9 +869,14 @@ async fn resolve_unrecorded(
     // back already, or the whole resolution is refused and nothing is written.
     let mut refunds = Vec::new();
     for charge in &charged {
-        let why = format!(
-            "on-call resolved the payment FALLIDA and asked to refund charge {} ({motivo})",
-            charge.id
+        // Names the operator as a resolution's reason does, so the refund's trail and the
+        // console name who asked, not only the break-glass actor `admin`.
+        let why = resolution_reason(
+            &who.name,
+            &format!(
+                "FALLIDA, and asked to refund charge {} ({motivo})",
+                charge.id
+            ),
         );
         // On-call asked, having read why any earlier compensation of the charge failed:
         // a failed one is refunded again (a new refund, a key of its own).

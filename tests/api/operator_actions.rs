@@ -512,6 +512,35 @@ async fn a_payment_resolved_by_hand_leaves_a_row_with_what_came_of_it_and_a_refu
             "resolve the payment FALLIDA and refund what the provider charged: ticket 13 — resolved FALLIDA; refunds asked: {refund}"
         ),
     );
+    // The refund it started is eva's in the payment's trail and on the console's page,
+    // never only the break-glass actor `admin`.
+    let after: Vec<&Value> = done["transiciones"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|t| t["desde"] == "FALLIDA")
+        .collect();
+    assert!(!after.is_empty(), "{done}");
+    for row in after {
+        assert_eq!(row["operador"], "eva", "{row}");
+    }
+    let session = crate::console::log_in(&app, &eva).await;
+    let page = app
+        .http
+        .get(app.url(&format!("/consola/pagos/{other}")))
+        .header("cookie", format!("pagos_consola={session}"))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("page");
+    let moves: Vec<&str> = page.split("<li class=\"refund\"").skip(1).collect();
+    assert!(!moves.is_empty(), "the refund's moves on the page");
+    for entry in moves {
+        let entry = &entry[..entry.find("</li>").unwrap_or(entry.len())];
+        assert!(entry.contains("eva (admin)"), "{entry}");
+    }
 }
 
 /// A refund's resolution leaves a `resolve_refund` row on the refund: refused while the
