@@ -187,7 +187,9 @@ pub fn subject(event: &Evento) -> String {
 }
 
 impl Inbox {
-    /// Opens (or creates) the inbox's tables in the SQLite file at `path`.
+    /// Opens (or creates) the inbox's tables in the SQLite file at `path`. `":memory:"`
+    /// (SQLite's own name) is a private inbox in memory, gone when it is dropped: for tests,
+    /// never for a service, which must remember across restarts what it applied.
     pub fn open(path: impl AsRef<Path>) -> rusqlite::Result<Inbox> {
         let connection = Connection::open(path)?;
         connection.execute_batch(

@@ -196,3 +196,109 @@ fn a_failed_effect_records_nothing_so_the_redelivery_applies_it() {
         .expect("applied");
     assert_eq!(again, Applied::Applied);
 }
+
+fn event_of(payment: &str, id: &str, secuencia: u64) -> Evento {
+    serde_json::from_value(json!({
+        "id": id, "tipo": "pago.completado", "creadoEn": "2026-03-01T12:00:00Z",
+        "secuencia": secuencia, "datos": {"id": payment, "estado": "COMPLETADA"}
+    }))
+    .expect("event")
+}
+
+fn inbox_in(dir: &tempfile::TempDir) -> Inbox {
+    Inbox::open(dir.path().join("inbox.db")).expect("inbox")
+}
+
+#[test]
+fn each_webhook_id_is_applied_once_however_often_it_arrives() {
+    let dir = tempfile::tempdir().expect("dir");
+    let inbox = inbox_in(&dir);
+    let mut applied = Vec::new();
+    let e = event_of("pay_6", "evt_6", 1);
+    let mut decisions = Vec::new();
+    for _ in 0..3 {
+        let decision = inbox
+            .apply(&e, |_, e| {
+                applied.push(e.id.clone());
+                Ok::<_, ()>(())
+            })
+            .expect("applied");
+        assert!(decision == Applied::Applied || decision == Applied::Duplicate);
+        decisions.push(decision);
+    }
+    assert_eq!(applied, ["evt_6"]);
+    assert_eq!(
+        decisions,
+        [Applied::Applied, Applied::Duplicate, Applied::Duplicate]
+    );
+}
+
+#[test]
+fn an_older_event_of_a_payment_arriving_late_is_ignored() {
+    let dir = tempfile::tempdir().expect("dir");
+    let inbox = inbox_in(&dir);
+    let mut applied = Vec::new();
+    let mut apply = |e: Evento| {
+        inbox
+            .apply(&e, |_, e| {
+                applied.push(e.secuencia);
+                Ok::<_, ()>(())
+            })
+            .expect("handled")
+    };
+    assert_eq!(apply(event_of("pay_7", "evt_b", 2)), Applied::Applied);
+    assert_eq!(apply(event_of("pay_7", "evt_a", 1)), Applied::Stale);
+    // The same `secuencia` as the last applied one is old too.
+    assert_eq!(apply(event_of("pay_7", "evt_c", 2)), Applied::Stale);
+    assert_eq!(apply(event_of("pay_other", "evt_d", 1)), Applied::Applied);
+    assert_eq!(apply(event_of("pay_7", "evt_e", 3)), Applied::Applied);
+    // An id judged stale is recorded: its redelivery is a duplicate.
+    assert_eq!(apply(event_of("pay_7", "evt_a", 1)), Applied::Duplicate);
+    assert_eq!(applied, [2, 1, 3]);
+}
+
+/// The rule, row by row: an id seen before is a duplicate whatever its `secuencia`; a new
+/// one is applied unless its payment's last applied `secuencia` is at or above its own.
+#[test]
+fn the_decision_is_dedupe_by_id_first_then_the_sequence() {
+    // (applied before: id and secuencia, for the same payment), then this event's.
+    let rows = [
+        (Some(("evt_x", 1)), ("evt_x", 1), Applied::Duplicate),
+        (Some(("evt_x", 0)), ("evt_x", 5), Applied::Duplicate),
+        (None, ("evt_x", 1), Applied::Applied),
+        (Some(("evt_w", 1)), ("evt_x", 2), Applied::Applied),
+        (Some(("evt_w", 2)), ("evt_x", 2), Applied::Stale),
+        (Some(("evt_w", 3)), ("evt_x", 2), Applied::Stale),
+    ];
+    for (before, (id, secuencia), expected) in rows {
+        let dir = tempfile::tempdir().expect("dir");
+        let inbox = inbox_in(&dir);
+        if let Some((id, secuencia)) = before {
+            let first = inbox
+                .apply(&event_of("pay_t", id, secuencia), |_, _| Ok::<_, ()>(()))
+                .expect("applied");
+            assert_eq!(first, Applied::Applied);
+        }
+        let decision = inbox
+            .apply(&event_of("pay_t", id, secuencia), |_, _| Ok::<_, ()>(()))
+            .expect("decided");
+        assert_eq!(decision, expected, "{before:?} then {id} {secuencia}");
+    }
+}
+
+#[test]
+fn an_inbox_in_memory_applies_each_event_once_too() {
+    let inbox = Inbox::open(":memory:").expect("inbox");
+    let e = event("evt_m", 1, "COMPLETADA");
+    let mut effects = 0;
+    for expected in [Applied::Applied, Applied::Duplicate] {
+        let got = inbox
+            .apply(&e, |_, _| {
+                effects += 1;
+                Ok::<_, ()>(())
+            })
+            .expect("applied");
+        assert_eq!(got, expected);
+    }
+    assert_eq!(effects, 1);
+}

@@ -1,16 +1,15 @@
 //! Webhooks to merchants' endpoints, everything of a delivery that needs no database:
 //! the Standard Webhooks signature (`signing`), one POST and what its answer means
 //! (`attempt`), when to try again and when to give up (`schedule`), which addresses a
-//! delivery may reach (`guard`), the settings (`settings`), and the merchant's side of it
-//! (`consumer`, a verifier and an apply-once inbox that the merchant-facing client crate
-//! can take over as it is).
+//! delivery may reach (`guard`) and the settings (`settings`). The merchant's side of it
+//! (verifying a delivery, applying each event once) is the client crate's
+//! (`pagos_client::webhooks`).
 //!
 //! This room never reads or writes the database and never decides which event goes to
 //! which endpoint: the outbox and the delivery worker do, with what it returns. It never
 //! logs a secret, a signature or a delivered body.
 
 pub mod attempt;
-pub mod consumer;
 pub mod guard;
 pub mod schedule;
 pub mod settings;

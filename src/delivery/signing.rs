@@ -352,6 +352,147 @@ mod tests {
         );
     }
 
+    /// What pagos signs, the merchant's verifier (`pagos_client::webhooks`) checks: the
+    /// two sides of one delivery, each with its own crate.
+    mod merchants_verifier {
+        use super::*;
+        use pagos_client::webhooks::{Verifier, VerifyError, subject};
+        use pagos_types::EventType;
+        use serde_json::json;
+
+        fn event(id: &str, payment: &str, secuencia: u64) -> Vec<u8> {
+            serde_json::to_vec(&json!({
+                "id": id,
+                "tipo": "pago.completado",
+                "creadoEn": "2026-03-01T12:00:00Z",
+                "secuencia": secuencia,
+                "datos": {"id": payment, "estado": "COMPLETADA"},
+            }))
+            .expect("json")
+        }
+
+        fn delivery(id: &str, body: &[u8], at: i64, keys: &Keys) -> http::HeaderMap {
+            header_map(&sign(id, at, body, keys).expect("signed"))
+        }
+
+        fn refused_signature(result: Result<pagos_types::Evento, VerifyError>) -> String {
+            match result {
+                Err(VerifyError::Signature(why)) => why,
+                other => panic!("not refused for its signature: {other:?}"),
+            }
+        }
+
+        #[test]
+        fn a_delivery_signed_by_pagos_is_verified_and_read() {
+            let secret = Secret::generate();
+            let body = event("evt_1", "pay_1", 1);
+            let headers = delivery("evt_1", &body, now(), &Keys::new(secret.clone()));
+            let event = Verifier::new(secret.expose())
+                .expect("verifier")
+                .verify(&headers, &body)
+                .expect("verified");
+            assert_eq!(event.id, "evt_1");
+            assert_eq!(event.tipo, EventType::PagoCompletado);
+            assert_eq!(subject(&event), "pago:pay_1");
+        }
+
+        #[test]
+        fn during_a_rotation_a_consumer_holding_either_secret_accepts_and_after_it_only_the_new() {
+            let (old, new) = (Secret::generate(), Secret::generate());
+            let body = event("evt_2", "pay_2", 1);
+            let rotating = delivery(
+                "evt_2",
+                &body,
+                now(),
+                &Keys::rotating(new.clone(), old.clone()),
+            );
+            for held in [&old, &new] {
+                Verifier::new(held.expose())
+                    .expect("verifier")
+                    .verify(&rotating, &body)
+                    .expect("either secret verifies during the rotation");
+            }
+            let after = delivery("evt_2", &body, now(), &Keys::new(new.clone()));
+            refused_signature(
+                Verifier::new(old.expose())
+                    .expect("verifier")
+                    .verify(&after, &body),
+            );
+            let both = Verifier::new(old.expose())
+                .and_then(|v| v.also(new.expose()))
+                .expect("verifier");
+            both.verify(&after, &body)
+                .expect("a consumer that holds both accepts the new signature");
+            let stranger = delivery("evt_2", &body, now(), &Keys::new(Secret::generate()));
+            refused_signature(both.verify(&stranger, &body));
+        }
+
+        #[test]
+        fn a_delivery_outside_the_five_minute_tolerance_is_refused_either_way() {
+            let secret = Secret::generate();
+            let keys = Keys::new(secret.clone());
+            let verifier = Verifier::new(secret.expose()).expect("verifier");
+            let body = event("evt_3", "pay_3", 1);
+            for (offset, accepted) in [(-400, false), (-240, true), (240, true), (400, false)] {
+                let headers = delivery("evt_3", &body, now() + offset, &keys);
+                let result = verifier.verify(&headers, &body);
+                if accepted {
+                    assert!(result.is_ok(), "{offset}: {result:?}");
+                } else {
+                    let refused = result.expect_err("outside the tolerance");
+                    assert!(
+                        matches!(&refused, VerifyError::Signature(why) if why.contains("timestamp")),
+                        "{offset}: {refused:?}"
+                    );
+                    assert_eq!(refused.status(), 401, "{offset}");
+                }
+            }
+        }
+
+        #[test]
+        fn a_tampered_body_a_swapped_id_or_a_missing_header_is_refused() {
+            let secret = Secret::generate();
+            let keys = Keys::new(secret.clone());
+            let verifier = Verifier::new(secret.expose()).expect("verifier");
+            let body = event("evt_4", "pay_4", 1);
+            let headers = delivery("evt_4", &body, now(), &keys);
+
+            let tampered = event("evt_4", "pay_4", 2);
+            refused_signature(verifier.verify(&headers, &tampered));
+
+            // Signed honestly under another id: the body's id must be the signed one.
+            let other_id = delivery("evt_other", &body, now(), &keys);
+            assert!(matches!(
+                verifier.verify(&other_id, &body),
+                Err(VerifyError::Body(why)) if why.contains("webhook-id")
+            ));
+
+            for (name, short) in [
+                ("webhook-id", "id"),
+                ("webhook-timestamp", "timestamp"),
+                ("webhook-signature", "signature"),
+            ] {
+                let mut missing = headers.clone();
+                missing.remove(name);
+                assert_eq!(
+                    refused_signature(verifier.verify(&missing, &body)),
+                    format!("missing header {short}"),
+                    "{name}"
+                );
+            }
+            assert!(matches!(
+                Verifier::new("not-a-secret").err(),
+                Some(VerifyError::Secret)
+            ));
+            let not_event = b"{\"hello\":1}";
+            let signed = delivery("evt_5", not_event, now(), &keys);
+            assert!(matches!(
+                verifier.verify(&signed, not_event),
+                Err(VerifyError::Body(_))
+            ));
+        }
+    }
+
     #[test]
     fn debug_output_never_shows_a_secret() {
         let s = Secret::generate();

@@ -8,11 +8,11 @@ use crate::cli::pagos;
 use crate::receiver::{Answer, Receiver};
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::future::BoxFuture;
-use pagos::delivery::consumer::{Decision, Verifier};
 use pagos::delivery::guard::{Resolve, SystemResolver};
 use pagos::delivery::schedule::{Failure, Next, Retries, Schedule};
 use pagos::delivery::signing::Keys;
 use pagos::delivery::{AddressPolicy, Attempt, Deliverer, Message, Outcome, Refusal, Secret};
+use pagos_client::webhooks::{Applied, Verifier};
 use serde_json::json;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -565,7 +565,7 @@ async fn behind_a_flaky_endpoint_every_event_arrives_and_the_consumer_applies_ea
         let id = h.header("webhook-id");
         assert!(
             seen.iter().any(
-                |r| r.header("webhook-id") == id && r.decision == Some(Ok(Decision::Duplicate))
+                |r| r.header("webhook-id") == id && r.decision == Some(Ok(Applied::Duplicate))
             ),
             "{id} was applied while its sender timed out, and its redelivery was a duplicate"
         );

@@ -4,9 +4,9 @@
 //! status with a body, a hang), otherwise a share of 500s and a share of hangs past the
 //! sender's timeout drawn from a seeded generator, otherwise 200.
 //!
-//! With `consume`, deliveries answered 200 or left hanging go through the example
-//! consumer first (`pagos::delivery::consumer`): verified, deduplicated by `webhook-id`,
-//! applied once. A hang applies the event before hanging, the worst case for the sender:
+//! With `consume`, deliveries answered 200 or left hanging go through the merchant's side
+//! first, as `pagos_client::webhooks` does it: verified, deduplicated by `webhook-id`,
+//! applied once (its SQLite inbox, in memory). A hang applies the event before hanging, the worst case for the sender:
 //! the merchant has it, pagos does not know, and the redelivery must be a duplicate.
 
 #![allow(dead_code)] // Each test uses a part of it.
@@ -17,7 +17,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use pagos::delivery::consumer::{Decision, Event, Inbox, Verifier};
+use pagos_client::webhooks::{Applied, Inbox, Verifier};
+use pagos_types::Evento;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;
@@ -49,7 +50,7 @@ pub struct Recorded {
     pub at: DateTime<Utc>,
     pub answer: Answer,
     /// What the example consumer decided (None: it was not asked; Err: refused).
-    pub decision: Option<Result<Decision, String>>,
+    pub decision: Option<Result<Applied, String>>,
 }
 
 impl Recorded {
@@ -73,7 +74,7 @@ struct Behaviour {
 #[derive(Default)]
 struct Log {
     deliveries: Vec<Recorded>,
-    applied: Vec<Event>,
+    applied: Vec<Evento>,
 }
 
 struct Shared {
@@ -161,9 +162,11 @@ impl Receiver {
         b.rng = StdRng::seed_from_u64(seed);
     }
 
-    /// Deliveries go through the example consumer with `verifier` first.
+    /// Deliveries go through the example consumer with `verifier` first, and a new inbox.
     pub fn consume(&self, verifier: Verifier) {
-        lock(&self.shared.behaviour).consumer = Some((verifier, Inbox::new()));
+        // SQLite's own name for a private database in memory: the receiver's lifetime.
+        let inbox = Inbox::open(":memory:").expect("an inbox in memory");
+        lock(&self.shared.behaviour).consumer = Some((verifier, inbox));
     }
 
     pub fn deliveries(&self) -> Vec<Recorded> {
@@ -171,7 +174,7 @@ impl Receiver {
     }
 
     /// The events the example consumer applied, in order.
-    pub fn applied(&self) -> Vec<Event> {
+    pub fn applied(&self) -> Vec<Evento> {
         lock(&self.shared.log).applied.clone()
     }
 }
@@ -199,10 +202,12 @@ async fn receive(
         let consumes = scripted.is_none() && matches!(answer, Answer::Ok | Answer::Hang(_));
         let decision = match (&behaviour.consumer, consumes) {
             (Some((verifier, inbox)), true) => Some(match verifier.verify(&headers, &body) {
-                Ok(event) => inbox.apply_once(&event, |e| {
-                    lock(&shared.log).applied.push(e.clone());
-                    Ok::<_, String>(())
-                }),
+                Ok(event) => inbox
+                    .apply(&event, |_, e| {
+                        lock(&shared.log).applied.push(e.clone());
+                        Ok::<_, String>(())
+                    })
+                    .map_err(|failed| failed.to_string()),
                 Err(refused) => Err(refused.to_string()),
             }),
             _ => None,

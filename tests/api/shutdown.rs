@@ -191,8 +191,6 @@ fn a_bad_shutdown_grace_stops_serve_with_one_line_naming_it() {
 async fn on_sigterm_a_reconciliation_pass_claims_nothing_more_and_leaves_the_rest_due(
     backend: Backend,
 ) {
-    use pagos::entities::payment::{self, PaymentState};
-    use sea_orm::EntityTrait;
     const BACKLOG: usize = 40;
     let world = World::new(
         backend,

@@ -10,13 +10,13 @@ use crate::helpers::{
 use crate::on_both_databases;
 use crate::receiver::{Answer, Receiver};
 use chrono::{DateTime, TimeDelta, Utc};
-use pagos::delivery::consumer::Verifier;
 use pagos::delivery::schedule::{Retries, Schedule};
 use pagos::delivery::{Attempt, Outcome};
 use pagos::dispatcher::decide;
 use pagos::entities::webhook_delivery::DeliveryState;
 use pagos::entities::{event, webhook_attempt, webhook_delivery, webhook_endpoint};
 use pagos::outbox::deliveries::Recorded;
+use pagos_client::webhooks::Verifier;
 use pagos_types::EventType;
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect, TransactionTrait};
