@@ -14,18 +14,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 fn duration(s: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(s)
-        .map_err(|e| format!("{e}; expected a duration such as 250ms, 30s or 24h"))?
-    {
-        d if d > LONGEST => Err("must be at most 100 years".into()),
-        d => Ok(d),
-    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{e}; expected a duration such as 250ms, 30s or 24h"))
+        .and_then(crate::domain::at_most_a_century)
 }
-
-/// The longest duration any setting takes: a century. Longer ones protect nothing, and
-/// added to a date or an instant they would overflow it at run time instead of failing
-/// at start.
-const LONGEST: Duration = Duration::from_secs(100 * 31_557_600);
 
 fn positive_duration(s: &str) -> Result<Duration, String> {
     match duration(s)? {
@@ -1439,12 +1431,21 @@ mod tests {
             "--key-retention",
             "--gateway-timeout",
             "--give-up-after",
+            "--webhooks-disable-after",
+            "--webhooks-schedule",
         ] {
             let err = parse(&["serve", flag, "300000y"])
                 .expect_err(flag)
                 .to_string();
             assert!(err.contains("at most 100 years"), "{flag}: {err}");
         }
+        let err = parse(&["serve", "--webhooks-schedule", "0s,5s,101y"])
+            .expect_err("a wait past a century")
+            .to_string();
+        assert!(
+            err.contains("wait 3") && err.contains("at most 100 years"),
+            "{err}"
+        );
         let s = serve_settings(&["--key-retention", "100y", "--message-retention", "100y"]);
         assert!(s.validate().is_ok());
     }

@@ -38,12 +38,12 @@ impl Schedule {
             .iter()
             .enumerate()
             .map(|(n, item)| {
-                humantime::parse_duration(item).map_err(|e| {
-                    format!(
-                        "wait {} ({item:?}): {e}; expected comma-separated waits such as 0s,5s,5m,30m",
-                        n + 1
-                    )
-                })
+                humantime::parse_duration(item)
+                    .map_err(|e| {
+                        format!("{e}; expected comma-separated waits such as 0s,5s,5m,30m")
+                    })
+                    .and_then(crate::domain::at_most_a_century)
+                    .map_err(|e| format!("wait {} ({item:?}): {e}", n + 1))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Schedule(waits))
@@ -99,7 +99,7 @@ impl Retries {
     /// When the first attempt of an event written at `created_at` is due.
     pub fn first_attempt(&self, created_at: DateTime<Utc>, jitter: f64) -> DateTime<Utc> {
         let wait = self.schedule.wait_before(1).unwrap_or_default();
-        created_at + jittered(wait, jitter)
+        later(created_at, jittered(wait, jitter))
     }
 
     /// After `failure`: the next attempt's time, or give up once the last has failed.
@@ -112,8 +112,8 @@ impl Retries {
         let Some(wait) = self.schedule.wait_before(next) else {
             return Next::GiveUp;
         };
-        let scheduled = failure.at + jittered(wait, jitter);
-        let horizon = failure.at + to_delta(self.disable_after);
+        let scheduled = later(failure.at, jittered(wait, jitter));
+        let horizon = later(failure.at, to_delta(self.disable_after));
         let asked = failure.not_before.map(|t| t.min(horizon));
         Next::At(asked.map_or(scheduled, |t| t.max(scheduled)))
     }
@@ -132,6 +132,13 @@ impl Retries {
         now.checked_sub_signed(to_delta(self.disable_after))
             .unwrap_or(DateTime::<Utc>::MIN_UTC)
     }
+}
+
+/// `at + by`, at the latest date there is rather than a panic: the settings are bounded
+/// at start (a century), so only a bug gets there.
+fn later(at: DateTime<Utc>, by: TimeDelta) -> DateTime<Utc> {
+    at.checked_add_signed(by)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 fn to_delta(d: Duration) -> TimeDelta {

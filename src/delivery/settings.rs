@@ -24,7 +24,7 @@ fn horizon(text: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text) {
         Err(e) => Err(format!("{e}; expected a duration such as 12h or 5d")),
         Ok(d) if d.is_zero() => Err("must be greater than zero".into()),
-        Ok(d) => Ok(d),
+        Ok(d) => crate::domain::at_most_a_century(d),
     }
 }
 
