@@ -134,7 +134,9 @@ fn json_body<T: serde::de::DeserializeOwned>(
                 .trim()
                 .to_ascii_lowercase()
         });
-    if content_type.is_some_and(|c| c != "application/json" && !c.ends_with("+json")) {
+    // A body that does not say it is JSON is refused as `POST /v1/pagos` refuses it
+    // (axum's `Json`): 415, whether its type is another or missing.
+    if !content_type.is_some_and(|c| c == "application/json" || c.ends_with("+json")) {
         return Err(Problem::new(ProblemType::UnsupportedMediaType)
             .detail("Send the body as application/json.")
             .into());

@@ -253,6 +253,17 @@ async fn bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored(backend:
         )
         .await;
     assert_eq!(not_json.status(), 415);
+    // A JSON body sent without saying so is refused as `POST /v1/pagos` refuses it.
+    let undeclared = app
+        .post_raw(
+            API_KEY,
+            "/v1/webhook-endpoints",
+            &[],
+            r#"{"url": "https://93.184.215.14/hooks"}"#,
+        )
+        .await;
+    let problem = crate::helpers::problem(undeclared, 415, "no Content-Type").await;
+    assert_eq!(problem["type"], "/problems/unsupported-media-type");
     assert_eq!(
         app.endpoints_of(API_KEY).await,
         Vec::<Value>::new(),
