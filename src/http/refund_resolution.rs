@@ -33,8 +33,9 @@ use crate::operators::actions::Action;
 use crate::representation::reembolso;
 use crate::saga::refund::reconcile::lookup_of;
 use crate::saga::refund::state::{Event, RefundState};
-use crate::saga::refund::store::{self, Changes, StoreError, Written};
+use crate::saga::refund::store::{self, Changes, Written};
 use crate::saga::refund::{self as refunds, Actor};
+use crate::saga::store::SagaRow;
 use crate::webhooks::refunds::{as_refund, reported_for_refund};
 use axum::Json;
 use axum::body::Bytes;
@@ -253,22 +254,25 @@ async fn resolve_unrecorded(
         reason = provider_check::overruled(&reason, &provider.which(), why);
         tracing::warn!(refund_id = %current.id, operator = %operator, estado = %request.estado, "on-call overruled what the provider shows about a refund");
     }
+    let plan = current
+        .plan(
+            event,
+            changes.into(),
+            Actor::Admin,
+            &reason,
+            refunds::RENDER,
+        )
+        .map_err(|e| not_under_review(e.to_string()))?;
     let tx = crate::db::begin_write(&state.db).await?;
-    let resolved =
-        match refunds::apply_in(&tx, &current, event, changes, Actor::Admin, &reason).await {
-            Ok(Written::Applied(r)) => *r,
-            Ok(Written::Fenced) => {
-                tx.rollback().await?;
-                return Err(not_under_review(
-                    "The refund changed while resolving it; read it again and retry.",
-                ));
-            }
-            Err(StoreError::Illegal(e)) => {
-                tx.rollback().await?;
-                return Err(not_under_review(e.to_string()));
-            }
-            Err(StoreError::Db(e)) => return Err(e.into()),
-        };
+    let resolved = match plan.write(&tx, &current).await? {
+        Written::Applied(r) => *r,
+        Written::Fenced => {
+            tx.rollback().await?;
+            return Err(not_under_review(
+                "The refund changed while resolving it; read it again and retry.",
+            ));
+        }
+    };
     // A refund a webhook reported succeeded or pending since the provider was asked: the
     // webhook's consumer writes its report under the refund's lock and keeps a refund under
     // review as it is, so one committed before this write is read here (one after it finds

@@ -182,20 +182,6 @@ pub async fn apply_now<R: Saga>(
     Ok(plan.write_now(db, current).await?)
 }
 
-/// One event written in the caller's transaction `tx`, with the answer rendered for the
-/// key: what the caller reads after it, in `tx`, is read under the row's lock.
-pub async fn apply_in<R: Saga, C: sea_orm::ConnectionTrait>(
-    tx: &C,
-    current: &R,
-    event: R::Event,
-    changes: impl Into<Step>,
-    actor: Actor,
-    reason: &str,
-) -> Result<Written<R>, R::Error> {
-    let plan = current.plan(event, changes.into(), actor, reason, R::RENDER)?;
-    Ok(plan.write(tx, current).await?)
-}
-
 /// Marks the payment or refund sent, calls the gateway (with retries, same key), and
 /// records the outcome. Returns the row as it stands afterwards — possibly as someone
 /// else left it, if they moved it first (fencing).

@@ -20,7 +20,7 @@ use crate::saga::{Saga, SagaDeps, Settle};
 use state::{Event, RefundState};
 use store::{Changes, StoreError};
 
-pub use crate::saga::{apply_in, apply_now, send};
+pub use crate::saga::{apply_now, send};
 
 pub use crate::entities::refund_transition::Actor;
 
