@@ -2,8 +2,9 @@
 //! the reconciler sends a payment or a refund to review with, the errors of a gateway
 //! that refuses or fails, the log lines of a refused webhook, the settings of a slow
 //! gateway, the gauges while the database is away, the commands that write and the
-//! check before `pagos reconcile --once`. On-call searches the logs for the quoted text:
-//! a quote pagos never writes finds nothing.
+//! check before `pagos reconcile --once`, the events a Stripe endpoint must be set up
+//! with. On-call searches the logs for the quoted text: a quote pagos never writes finds
+//! nothing.
 
 use chrono::{TimeDelta, Utc};
 use pagos::gateway::{
@@ -643,4 +644,44 @@ fn the_check_before_a_reconcile_from_the_command_line_passes_every_real_gateway_
         !rules.contains("without `PAGOS_GATEWAY=http`"),
         "golden rule 6 lets Stripe and Mercado Pago deployments run"
     );
+}
+
+/// The Stripe set-up subscribes the endpoint to every event pagos applies, payments' and
+/// refunds', at the API version pagos pins: a refund that fails after Stripe answered it
+/// `succeeded` is known only from its event, and an endpoint set up as the page says
+/// must receive it. The API's own description of the endpoint names them too.
+#[test]
+fn the_stripe_set_up_subscribes_the_endpoint_to_every_event_pagos_applies() {
+    let page = unwrapped(&read("docs/gateways/stripe.md"));
+    let set_up = page
+        .split("In the Stripe Dashboard, add the endpoint")
+        .nth(1)
+        .and_then(|rest| rest.split("## ").next())
+        .expect("docs/gateways/stripe.md says how to add the endpoint");
+    let (_, openapi) = pagos::http::api();
+    let openapi = serde_json::to_value(&openapi).expect("OpenAPI as JSON");
+    let described = openapi["paths"]["/v1/webhooks/stripe"]["post"]["requestBody"]["description"]
+        .as_str()
+        .expect("the Stripe endpoint's body is described")
+        .to_owned();
+    for kind in pagos::webhooks::stripe::ACTED_ON
+        .iter()
+        .chain(pagos::gateway::stripe::REFUND_EVENTS.iter())
+    {
+        assert!(
+            set_up.contains(&format!("`{kind}`")),
+            "the Stripe set-up does not subscribe to {kind}"
+        );
+        let short = kind.strip_prefix("payment_intent").unwrap_or(kind);
+        assert!(
+            described.contains(&format!("`{kind}`")) || described.contains(&format!("`{short}`")),
+            "the OpenAPI description of /v1/webhooks/stripe does not name {kind}: {described}"
+        );
+    }
+    let version = pagos::gateway::stripe::API_VERSION;
+    assert!(
+        set_up.contains(&format!("API version `{version}`")),
+        "the endpoint's API version is not the one pagos pins ({version})"
+    );
+    assert!(described.contains(version), "{described}");
 }

@@ -34,8 +34,18 @@ pub(super) struct Api {
 
 impl Api {
     pub(super) fn new(base: &str, secret: &str, timeout: Duration) -> Result<Api, reqwest::Error> {
+        Api::with_headers(base, secret, timeout, reqwest::header::HeaderMap::new())
+    }
+
+    /// As `new`, and every request carries `headers` (Stripe's pinned `Stripe-Version`).
+    pub(super) fn with_headers(
+        base: &str,
+        secret: &str,
+        timeout: Duration,
+        headers: reqwest::header::HeaderMap,
+    ) -> Result<Api, reqwest::Error> {
         Ok(Api {
-            client: client(timeout)?,
+            client: client_builder(timeout).default_headers(headers).build()?,
             base: base.trim_end_matches('/').to_owned(),
             secret: secret.to_owned(),
         })
@@ -64,13 +74,12 @@ impl Api {
 /// POST, a refusal that "proves" nothing was made. A 3xx is read as what it is, an answer
 /// that says nothing of the charge or refund (`classify::refusal`: unknown), and a
 /// look-up answered with one is unknown too.
-pub(super) fn client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
+fn client_builder(timeout: Duration) -> reqwest::ClientBuilder {
     reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(timeout)
         .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("pagos/", env!("CARGO_PKG_VERSION")))
-        .build()
 }
 
 /// The first 300 characters of an answer's body, for an error's detail.

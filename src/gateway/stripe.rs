@@ -30,6 +30,14 @@ use uuid::Uuid;
 /// Stripe's production API.
 pub const PRODUCTION_URL: &str = "https://api.stripe.com";
 
+/// The Stripe API version every request pins (`Stripe-Version`), so that what Stripe
+/// answers does not depend on the account's default version: search needs 2020-08-27 or
+/// later, the PaymentIntent statuses read here 2019-02-11 or later. Set the webhook
+/// endpoint to the same version in the Dashboard (docs/gateways/stripe.md): its events
+/// are rendered in the endpoint's version, and `refund.*` events come for every refund
+/// only from this one on.
+pub const API_VERSION: &str = "2024-10-28.acacia";
+
 /// How long Stripe honours an idempotency key: keys "can be pruned once they are at least
 /// 24 hours old", so a resend inside 24 hours replays the first answer.
 pub const KEY_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
@@ -419,7 +427,15 @@ impl EventEnvelope {
 impl StripeGateway {
     pub fn new(base: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
         Ok(StripeGateway {
-            api: Api::new(base, secret, timeout)?,
+            api: Api::with_headers(
+                base,
+                secret,
+                timeout,
+                reqwest::header::HeaderMap::from_iter([(
+                    reqwest::header::HeaderName::from_static("stripe-version"),
+                    reqwest::header::HeaderValue::from_static(API_VERSION),
+                )]),
+            )?,
         })
     }
 

@@ -355,7 +355,7 @@ fn signature_detail(err: SignatureError) -> String {
          description = "`t=<unix seconds>,v1=<hex HMAC-SHA256(PAGOS_STRIPE_WEBHOOK_SECRET, \"<t>.<raw body>\")>`; other schemes (`v0`) ignored; `t` within 5 minutes of now.")
     ),
     request_body(content = Object, content_type = "application/json",
-                 description = "A Stripe event. `payment_intent.succeeded`, `.payment_failed`, `.processing`, `.requires_action` and `.canceled` of PaymentIntents with `metadata.pagos_reference` are applied; anything else is acknowledged and ignored."),
+                 description = "A Stripe event (the endpoint on API version 2024-10-28.acacia). `payment_intent.succeeded`, `.payment_failed`, `.processing`, `.requires_action` and `.canceled` of PaymentIntents, and `refund.created`, `refund.updated`, `refund.failed` and `charge.refund.updated` of Refunds, with `metadata.pagos_reference`, are applied; anything else is acknowledged and ignored."),
     responses(
         Accepted,
         (status = 400, description = "Signed, but not a Stripe event pagos can read; nothing was recorded", body = Problem, content_type = "application/problem+json"),

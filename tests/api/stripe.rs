@@ -20,6 +20,7 @@ on_both_databases!(
     a_duplicated_event_applies_once,
     a_pending_event_after_the_final_one_changes_nothing,
     events_pagos_does_not_act_on_are_acknowledged_and_unknown_references_are_orphans,
+    every_request_to_stripe_pins_the_api_version_the_adapter_reads,
 );
 
 const WEBHOOK_SECRET: &str = "whsec_test_stripe";
@@ -527,4 +528,67 @@ async fn events_pagos_does_not_act_on_are_acknowledged_and_unknown_references_ar
     assert_eq!(orphans[0]["referencia"], stranger.as_str());
     assert_eq!(orphans[0]["monto"], 250000);
     assert_eq!(orphans[0]["moneda"], "COP");
+}
+
+/// Stripe answers in the account's default API version unless a request names one: an
+/// account on a version before search (2020-08-27) would answer every look-up with an
+/// error, and every payment left by a timeout would wait for on-call. Every request pagos
+/// sends, charge, search, refund and refund list, names the version it was written for.
+async fn every_request_to_stripe_pins_the_api_version_the_adapter_reads(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    FakeStripe::new("payment_intent_processing")
+        .mount(app.gateway())
+        .await;
+    // Stripe did not answer the refund: pagos looks it up by listing the intent's refunds.
+    Mock::given(method("POST"))
+        .and(path("/v1/refunds"))
+        .respond_with(ResponseTemplate::new(503))
+        .mount(app.gateway())
+        .await;
+    let id = processing_payment(&app, "k-version").await;
+    app.reconcile(&id).await;
+    let body = event("event_payment_intent_succeeded", "evt_version", &id, now());
+    assert_eq!(deliver(&app, &body).await, "aplicado");
+    let asked = app
+        .http
+        .post(app.url(&format!("/v1/pagos/{id}/reembolsos")))
+        .bearer_auth(crate::helpers::API_KEY)
+        .header("Idempotency-Key", "r-version")
+        .json(&json!({"monto": 1000}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(
+        asked.status(),
+        202,
+        "a refund Stripe did not answer is pending"
+    );
+    let refund = json(asked).await["id"].as_str().expect("id").to_owned();
+    let report = app
+        .admin_post("/admin/reconciliaciones", &json!({ "reembolsoId": refund }))
+        .await;
+    assert_eq!(report.status(), 200);
+
+    let sent = app.gateway().received_requests().await.unwrap_or_default();
+    for (method, path) in [
+        ("POST", "/v1/payment_intents"),
+        ("GET", "/v1/payment_intents/search"),
+        ("POST", "/v1/refunds"),
+        ("GET", "/v1/refunds"),
+    ] {
+        assert!(
+            sent.iter()
+                .any(|r| r.method.as_str() == method && r.url.path() == path),
+            "pagos sent no {method} {path}"
+        );
+    }
+    for request in &sent {
+        assert_eq!(
+            request.headers.get("stripe-version").map(|v| v.as_bytes()),
+            Some(&b"2024-10-28.acacia"[..]),
+            "{} {}",
+            request.method,
+            request.url.path()
+        );
+    }
 }
