@@ -111,12 +111,10 @@ pub fn rank(status: &str) -> i64 {
 }
 
 impl Payment {
-    /// The payment's id as text (`"1234567890"`).
+    /// The payment's id as text (`"1234567890"`); empty when it is not one (see
+    /// `id_text`).
     pub fn id_text(&self) -> String {
-        match &self.id {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        }
+        id_text(&self.id)
     }
 
     /// The payment's currency code, in upper case (`clp` is pagos' `CLP`); empty when
@@ -324,12 +322,15 @@ pub fn refund_status_of(status: &str) -> Option<RefundStatus> {
     }
 }
 
-/// A Mercado Pago id (a number on the wire) as text.
+/// A Mercado Pago id (a whole number on the wire, or its text) as text; empty for
+/// anything else (`null`, `true`, `1.5`, an object), which pagos then does not believe
+/// (`storable`): such an id would be stored as the charge's reference (`"null"`), and no
+/// refund or notification could ever name it.
 fn id_text(id: &Value) -> String {
     match id {
         Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
+        Value::Number(n) if n.is_u64() || n.is_i64() => n.to_string(),
+        _ => String::new(),
     }
 }
 
@@ -628,6 +629,32 @@ mod tests {
             Some(100),
             "fits the column"
         );
+    }
+
+    #[test]
+    fn a_payment_answered_without_a_usable_id_is_not_believed() {
+        for id in [
+            json!(null),
+            json!(true),
+            json!(1.5),
+            json!({"id": 1}),
+            json!(""),
+        ] {
+            let mut answer = json!({"status": "approved", "transaction_amount": 2500,
+                                    "currency_id": "COP"});
+            answer["id"] = id.clone();
+            let payment: Payment = serde_json::from_value(answer).expect("read");
+            let charge = payment.to_charge().expect("a known status");
+            let err = crate::gateway::storable::charge(charge)
+                .expect_err("settled on a charge no refund could name");
+            assert!(err.is_retryable(), "{id}: an unknown outcome, not {err}");
+        }
+        let payment: Payment = serde_json::from_value(
+            json!({"id": 1_234_567_890u64, "status": "approved", "transaction_amount": 2500,
+                   "currency_id": "COP"}),
+        )
+        .expect("read");
+        assert_eq!(payment.to_charge().expect("known").id, "1234567890");
     }
 
     #[test]
