@@ -308,6 +308,26 @@ pub async fn connect(args: &DatabaseArgs) -> Result<DatabaseConnection, OpenErro
         // same key, goes through.
         .test_before_acquire_if_idle_for(Duration::from_secs(30))
         .sqlx_logging(false)
+        // Every transaction of pagos' own is read committed, whatever the server's default
+        // (`ALTER DATABASE/ROLE … SET default_transaction_isolation`, a `PGOPTIONS`): the
+        // refund's check of what is left sums under the payment's lock and must see what
+        // committed while it waited, and a fenced write must wait for the row, not fail
+        // (repeatable read answered racing refunds 503). Set once per connection, as a
+        // session default, so it costs no statement per transaction and reaches the
+        // statements sent on sqlx's pool directly; not a startup option, which a
+        // connection pooler in front of PostgreSQL may refuse.
+        .map_sqlx_postgres_pool_opts(|pool| {
+            pool.after_connect(|connection, _| {
+                Box::pin(async move {
+                    sea_orm::sqlx::Executor::execute(
+                        connection,
+                        "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                    )
+                    .await
+                    .map(|_| ())
+                })
+            })
+        })
         .map_sqlx_sqlite_opts(|opts| {
             opts.journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Full)
@@ -496,7 +516,7 @@ async fn probe_sqlite(url: &str) -> Result<(), OpenError> {
 }
 
 /// Begins a transaction that will write: `BEGIN IMMEDIATE` on SQLite, plain `BEGIN`
-/// (read committed) on PostgreSQL.
+/// on PostgreSQL (read committed: every connection's default, set in `connect`).
 pub async fn begin_write(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
     let options = TransactionOptions {
         sqlite_transaction_mode: (db.get_database_backend() == DbBackend::Sqlite)

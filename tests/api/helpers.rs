@@ -217,6 +217,9 @@ pub struct Spawn<'a> {
     pub provider: &'a str,
     /// Run the webhook delivery worker beside the server, as `pagos serve` does.
     pub delivering: bool,
+    /// Session defaults a DBA set on the PostgreSQL database (`ALTER DATABASE … SET`)
+    /// before pagos first connects; ignored on SQLite.
+    pub postgres_defaults: Vec<(&'a str, &'a str)>,
 }
 
 impl<'a> Spawn<'a> {
@@ -229,7 +232,15 @@ impl<'a> Spawn<'a> {
             validate: true,
             provider: "http",
             delivering: false,
+            postgres_defaults: vec![],
         }
+    }
+
+    /// `ALTER DATABASE … SET name = 'value'` on the test's PostgreSQL database before
+    /// pagos first connects to it, as a DBA may have set it.
+    pub fn postgres_default(mut self, name: &'a str, value: &'a str) -> Self {
+        self.postgres_defaults.push((name, value));
+        self
     }
 
     /// With the webhook delivery worker.
@@ -267,6 +278,15 @@ impl<'a> Spawn<'a> {
     pub async fn start(self) -> TestApp {
         init_logs();
         let database = TestDatabase::create(&self.backend).await;
+        if let Some((admin_url, name)) = &database.drop_pg {
+            for (setting, value) in &self.postgres_defaults {
+                on_postgres_admin(
+                    admin_url,
+                    &format!("ALTER DATABASE {name} SET {setting} = '{value}'"),
+                )
+                .await;
+            }
+        }
         let gateway = if self.sandbox || self.gateway_url.is_some() {
             None
         } else {
