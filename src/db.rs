@@ -328,6 +328,29 @@ pub async fn connect(args: &DatabaseArgs) -> Result<DatabaseConnection, OpenErro
                 })
             })
         })
+        // SQLite rolls a transaction back by itself when a write in it fails for want of
+        // space or by an I/O error; sqlx still counts it open, and the `ROLLBACK` pagos
+        // then sends fails ("no transaction is active") without correcting the count. Back
+        // in the pool, such a connection would begin its next transactions as savepoints,
+        // and after one of them rolled back (`ROLLBACK TO` ends nothing) every later
+        // "commit" would release a savepoint inside a transaction never committed, holding
+        // the write lock: answers for writes nobody else ever sees. A connection that comes
+        // back still counted in a transaction is closed instead (the ping first lets the
+        // rollback queued when its transaction was dropped run).
+        .map_sqlx_sqlite_pool_opts(|pool| {
+            pool.after_release(|connection, _| {
+                Box::pin(async move {
+                    sea_orm::sqlx::Connection::ping(connection).await?;
+                    let open = sea_orm::sqlx::Connection::is_in_transaction(connection);
+                    if open {
+                        tracing::warn!(
+                            "a SQLite connection left counted in a transaction SQLite had rolled back (disk full, or an I/O error): closed"
+                        );
+                    }
+                    Ok(!open)
+                })
+            })
+        })
         .map_sqlx_sqlite_opts(|opts| {
             opts.journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Full)
@@ -689,5 +712,63 @@ mod tests {
             .expect("a row");
         let level: i32 = row.try_get_by_index(0).expect("a number");
         assert_eq!(level, 2, "FULL is 2 (NORMAL is 1)");
+    }
+
+    /// A write SQLite rolls back whole when it fails (a disk that is full at `COMMIT`, an
+    /// I/O error; here a trigger's `RAISE(ROLLBACK)`, which SQLite treats the same way)
+    /// must not leave its connection believing it is still in that transaction: its next
+    /// "commit" would release a savepoint, commit nothing and keep the write lock, and
+    /// pagos would answer for writes no other connection, and no restart, ever sees.
+    #[tokio::test]
+    async fn after_a_write_sqlite_rolled_back_itself_the_next_commit_is_really_committed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("pagos.db").display()
+        );
+        let db = connect(&DatabaseArgs {
+            url: url.clone(),
+            pool_size: 1,
+        })
+        .await
+        .expect("open");
+        let run = |sql: &str| sea_orm::Statement::from_string(DbBackend::Sqlite, sql.to_owned());
+        for sql in [
+            "CREATE TABLE t (v TEXT)",
+            "CREATE TRIGGER full BEFORE INSERT ON t WHEN NEW.v = 'lost' \
+             BEGIN SELECT RAISE(ROLLBACK, 'database or disk is full'); END",
+        ] {
+            db.execute_raw(run(sql)).await.expect("set up");
+        }
+        let tx = begin_write(&db).await.expect("begin");
+        let failed = tx
+            .execute_raw(run("INSERT INTO t VALUES ('lost')"))
+            .await
+            .expect_err("rolled back");
+        assert!(failed.to_string().contains("full"), "{failed}");
+        drop(tx);
+        // Then a transaction with nothing to write, rolled back (a reconciler's claim
+        // with nothing due), and one that commits.
+        begin_write(&db)
+            .await
+            .expect("begin")
+            .rollback()
+            .await
+            .expect("rollback");
+        let tx = begin_write(&db).await.expect("begin");
+        tx.execute_raw(run("INSERT INTO t VALUES ('kept')"))
+            .await
+            .expect("insert");
+        tx.commit().await.expect("commit");
+
+        let other = connect(&DatabaseArgs { url, pool_size: 1 })
+            .await
+            .expect("open again");
+        let kept = other
+            .query_all_raw(run("SELECT v FROM t"))
+            .await
+            .expect("read")
+            .len();
+        assert_eq!(kept, 1, "the committed row, as another connection reads it");
     }
 }

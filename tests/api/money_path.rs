@@ -9,7 +9,7 @@ use crate::on_both_databases;
 use crate::providers::{ALL, FakeProvider, Next, Provider};
 use pagos::entities::{idempotency_key, payment};
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -537,5 +537,67 @@ async fn a_charge_that_is_not_the_payments_own_never_settles_it_declined_or_not(
         stored.gateway_ref.as_deref(),
         Some("ch_named"),
         "the charge the provider named stays recorded"
+    );
+}
+
+/// SQLite rolls a transaction back by itself when a write in it fails for want of disk
+/// (or an I/O error); a trigger's `RAISE(ROLLBACK)` stands in for the full disk here,
+/// since SQLite treats both alike. The payment whose settlement failed is answered 503 and
+/// stays for the reconciler; the next payments must be stored for real. Before, the one
+/// connection came back to the pool still counted in the rolled-back transaction, a
+/// reconciler's claim with nothing due rolled back a savepoint of it (`ROLLBACK TO` ends
+/// nothing), and every later payment
+/// was answered 201 from writes no other connection, and no restart, would ever see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_sqlite_rolls_back_a_settlement_itself_the_payments_answered_later_are_stored() {
+    let app = Spawn::new(Backend::Sqlite)
+        .flags(&["--database-pool-size", "1"])
+        .start()
+        .await;
+    app.with_fake(FakeGateway::charging("succeeded")).await;
+    app.db
+        .execute_unprepared(
+            "CREATE TRIGGER disk_full BEFORE UPDATE ON payments \
+             WHEN NEW.credit_id = 'lleno' AND NEW.state = 'COMPLETADA' \
+             BEGIN SELECT RAISE(ROLLBACK, 'database or disk is full'); END",
+        )
+        .await
+        .expect("trigger");
+    let mut full = payment_body();
+    full["creditoId"] = Value::from("lleno");
+    let answer = app.pay("k-full", &full).await;
+    assert_eq!(answer.status(), 503, "{}", json(answer).await);
+    let retry = app.pay("k-full", &full).await;
+    assert_eq!(retry.status(), 409, "its saga is the reconciler's now");
+    // A pass on-call starts finds nothing due yet: its claim is rolled back.
+    let pass = app
+        .admin_post("/admin/reconciliaciones", &serde_json::json!({}))
+        .await;
+    assert_eq!(pass.status(), 200);
+
+    let (status, paid) = app.pay_read("k-later", &payment_body()).await;
+    assert_eq!(status, 201, "{paid}");
+    assert_eq!(paid["estado"], "COMPLETADA");
+
+    // What another connection, as another process or a restart would, finds stored.
+    let other = sea_orm::Database::connect(app.database_url())
+        .await
+        .expect("open");
+    let stored = payment::Entity::find()
+        .all(&other)
+        .await
+        .expect("read")
+        .into_iter()
+        .map(|p| (p.idempotency_key, p.state.to_string()))
+        .collect::<std::collections::BTreeMap<_, _>>();
+    assert_eq!(
+        stored.get("k-later").map(String::as_str),
+        Some("COMPLETADA"),
+        "the payment answered 201 is stored: {stored:?}"
+    );
+    assert_eq!(
+        stored.get("k-full").map(String::as_str),
+        Some("ENVIADA"),
+        "the charge whose settlement failed is left for the reconciler: {stored:?}"
     );
 }
