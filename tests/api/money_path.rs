@@ -23,6 +23,7 @@ on_both_databases!(
     card_token_and_payer_data_are_erased_once_the_payment_is_final,
     a_charge_the_gateway_reports_in_lower_case_currency_is_the_payments_own,
     a_charge_that_is_not_the_payments_own_never_settles_it_declined_or_not,
+    a_settlement_the_database_refuses_is_503_then_409_then_the_charges_own_answer,
 );
 
 async fn a_refused_resend_leaves_a_payment_that_may_be_charged_unknown_until_a_lookup_reads_it(
@@ -600,4 +601,98 @@ async fn after_sqlite_rolls_back_a_settlement_itself_the_payments_answered_later
         Some("ENVIADA"),
         "the charge whose settlement failed is left for the reconciler: {stored:?}"
     );
+}
+
+/// The gateway charged, and the write of its answer fails (the database refuses it: a
+/// trigger stands in for a full disk or a dropped connection). The merchant is told 503,
+/// retry with the same key; its retries get 409 while the key is leased to that request,
+/// then 202 `ENVIADA` while the payment is held for its send; once the database is back, a
+/// retry asks the provider and gets the charge's own answer, the same payment, and
+/// nothing is charged twice.
+async fn a_settlement_the_database_refuses_is_503_then_409_then_the_charges_own_answer(
+    backend: Backend,
+) {
+    let postgres = matches!(backend, Backend::Postgres(_));
+    let app = Spawn::new(backend)
+        .flags(&[
+            "--gateway-timeout",
+            "200ms",
+            "--gateway-retries",
+            "0",
+            "--lease",
+            "2s",
+        ])
+        .start()
+        .await;
+    let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
+    let refuse = if postgres {
+        vec![
+            "CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'; END $$",
+            "CREATE TRIGGER disk_full BEFORE UPDATE ON payments FOR EACH ROW \
+             WHEN (NEW.credit_id = 'lleno' AND NEW.state = 'COMPLETADA') \
+             EXECUTE FUNCTION disk_full()",
+        ]
+    } else {
+        vec![
+            "CREATE TRIGGER disk_full BEFORE UPDATE ON payments \
+             WHEN NEW.credit_id = 'lleno' AND NEW.state = 'COMPLETADA' \
+             BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END",
+        ]
+    };
+    for sql in refuse {
+        app.db.execute_unprepared(sql).await.expect("trigger");
+    }
+    let mut body = payment_body();
+    body["creditoId"] = Value::from("lleno");
+
+    let first = app.pay("k-full", &body).await;
+    assert_eq!(first.status(), 503);
+    assert!(first.headers().contains_key("retry-after"));
+    let problem = json(first).await;
+    assert_eq!(
+        problem["type"], "/problems/service-unavailable",
+        "{problem}"
+    );
+    let held = app.pay("k-full", &body).await;
+    assert_eq!(held.status(), 409, "the payment is held for its send");
+    assert_eq!(json(held).await["type"], "/problems/request-in-flight");
+    assert_eq!(
+        fake.total_charges(),
+        1,
+        "charged once, its answer not stored"
+    );
+
+    app.db
+        .execute_unprepared("DROP TRIGGER disk_full ON payments")
+        .await
+        .or(app.db.execute_unprepared("DROP TRIGGER disk_full").await)
+        .expect("the database is back");
+    // 409 while its key is leased to the first request, then 202 ENVIADA while the
+    // payment is held for the send; then a retry asks the provider.
+    let mut last = (0, Value::Null);
+    let mut seen = Vec::new();
+    for _ in 0..80 {
+        last = app.pay_read("k-full", &body).await;
+        seen.push(last.0);
+        if last.0 != 409 && last.0 != 202 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    seen.dedup();
+    assert!(seen.iter().all(|s| [409, 202, 201].contains(s)), "{seen:?}");
+    let (status, paid) = last;
+    assert_eq!(status, 201, "{paid}");
+    assert_eq!(paid["estado"], "COMPLETADA");
+    let id = paid["id"].as_str().expect("id");
+    assert_eq!(
+        fake.charges_for(id),
+        1,
+        "the charge made before, not another"
+    );
+    assert_eq!(fake.total_charges(), 1);
+    let replayed = app.pay("k-full", &body).await;
+    assert_eq!(replayed.status(), 201);
+    assert_eq!(json(replayed).await["id"], id);
 }
