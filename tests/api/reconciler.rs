@@ -24,6 +24,7 @@ on_both_databases!(
     one_pass_settles_every_due_payment_however_many_claims_it_takes,
     a_pass_never_has_more_look_ups_in_flight_than_its_concurrency,
     a_claim_that_fails_ends_the_pass_only_after_the_payments_in_hand_are_settled,
+    a_refund_the_provider_made_but_its_search_does_not_show_yet_is_resent_with_its_key,
 );
 
 /// Starts a payment that the gateway leaves pending (202, ENVIADA); returns its id.
@@ -754,4 +755,53 @@ async fn a_payment_settled_by_a_webhook_during_the_passs_look_up_is_reported_ski
     assert_eq!(report["completados"], 0, "{report}");
     assert_eq!(app.payment(&id).await.state, "COMPLETADA");
     assert_eq!(app.charges_seen().await.len(), 1, "nothing resent");
+}
+
+/// The provider made the refund, its answer was lost to the timeout, and its search does
+/// not list it yet. A look-up finding nothing is no proof that nothing was made: the
+/// reconciler resends with the refund's own key, which the provider answers with the
+/// refund it made. One refund at the provider, COMPLETADO, and the retry of the merchant's
+/// key gets it.
+async fn a_refund_the_provider_made_but_its_search_does_not_show_yet_is_resent_with_its_key(
+    backend: Backend,
+) {
+    use crate::refunds::{FakeRefunds, app_with, paid, refund};
+    let (app, fake): (TestApp, FakeRefunds) = app_with(
+        backend,
+        &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
+    )
+    .await;
+    let payment = paid(&app, "pay-1").await;
+    fake.delay(Duration::from_millis(600));
+    fake.search_lags(true);
+    let body = json!({"monto": 50000});
+    let asked = refund(&app, &payment, "ref-lost", &body).await;
+    assert_eq!(asked.status(), 202, "its outcome is unknown");
+    let id = json(asked).await["id"].as_str().expect("id").to_owned();
+    assert_eq!(fake.made().len(), 1, "the provider made it");
+
+    fake.delay(Duration::ZERO);
+    let answer = app
+        .admin_post("/admin/reconciliaciones", &json!({ "reembolsoId": id }))
+        .await;
+    assert_eq!(answer.status(), 200);
+    let report = json(answer).await;
+    assert_eq!(report["reembolsos"]["completados"], 1, "{report}");
+    assert_eq!(
+        fake.made().len(),
+        1,
+        "the resend was answered with the same refund"
+    );
+
+    let retried = refund(&app, &payment, "ref-lost", &body).await;
+    assert_eq!(retried.status(), 201);
+    let retried = json(retried).await;
+    assert_eq!(retried["id"], id.as_str());
+    assert_eq!(retried["estado"], "COMPLETADO");
+    let pago = json(
+        app.get_as(crate::helpers::API_KEY, &format!("/v1/pagos/{payment}"))
+            .await,
+    )
+    .await;
+    assert_eq!(pago["montoReembolsado"], 50000);
 }
