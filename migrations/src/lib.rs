@@ -12,6 +12,12 @@
 //! name`, `UNIQUE constraint failed`) and never started. A migration that cannot run in a
 //! transaction (`m20261208_000018`, and the indexes built with `concurrently`: `CREATE
 //! INDEX CONCURRENTLY`) says so, and each of its statements must be able to run again.
+//!
+//! Every migration from `m20261208_000018` on can also run again whole on a schema that
+//! already has it: README's rollback to a release built before it deletes their records
+//! and keeps the schema, and the next upgrade runs them again. Tables, indexes and
+//! columns are made `IF NOT EXISTS` (`columns::add`), and data is only rewritten where it
+//! is not yet as the migration leaves it.
 
 pub use sea_orm_migration::prelude::*;
 

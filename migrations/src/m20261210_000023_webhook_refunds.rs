@@ -3,7 +3,8 @@
 //! resolution of a refund under review weighs what its webhooks reported too.
 //!
 //! A new table, empty when made: its indexes are built with it, in the migration's
-//! transaction. Nothing but the refund event consumer writes it; the reaper purges it
+//! transaction. Every statement can run again (`IF NOT EXISTS`): a rollback as README
+//! describes deletes this migration's record and keeps the table. Nothing but the refund event consumer writes it; the reaper purges it
 //! (from `m20261211_000025`, which indexes it by age for that).
 
 use sea_orm_migration::{prelude::*, schema::*};
@@ -69,6 +70,7 @@ impl MigrationTrait for Migration {
                         .table("webhook_refunds")
                         .col(column)
                         .col("first_seen_at")
+                        .if_not_exists()
                         .to_owned(),
                 )
                 .await?;

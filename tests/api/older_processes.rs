@@ -1,7 +1,14 @@
+//! Processes and databases of other releases.
+//!
 //! A rolling deployment past `m20261205_000015`: processes built before it still write
 //! `events.fanned_out` (`FALSE`) with each event and fan out by that flag. Their statements
 //! must keep working against the current schema, and the events they write must reach the
-//! merchant through the current processes' fan-out.
+//! merchant through the current processes' fan-out, those written while the migration runs
+//! included.
+//!
+//! A rollback to a release built before `m20261208_000018` (README, "Upgrading and rolling
+//! back"): its migration rows are deleted and the schema stays, so the next upgrade runs
+//! those migrations again on a schema that already has them.
 
 use crate::helpers::Backend;
 use crate::on_both_databases;
@@ -155,5 +162,55 @@ async fn a_database_lacking_its_own_migrations_and_holding_unknown_ones_is_refus
             "names the missing one: {line}"
         );
         assert_eq!(line.lines().count(), 1, "one line: {line}");
+    }
+}
+
+on_both_databases!(a_database_rolled_back_as_the_readme_says_upgrades_again_keeping_its_rows);
+
+/// README's rollback to a release built before `m20261208_000018` (its `DELETE` as
+/// written), then the upgrade again: every migration from it on runs again on a schema
+/// that has it, and the payments stay.
+async fn a_database_rolled_back_as_the_readme_says_upgrades_again_keeping_its_rows(
+    backend: Backend,
+) {
+    use migration::{Migrator, MigratorTrait};
+    let (app, _fake) = delivering(backend, &[]).await;
+    let payments = [pay(&app, "k-1").await, pay(&app, "k-2").await];
+
+    let deleted = app
+        .db
+        .execute_unprepared("DELETE FROM seaql_migrations WHERE version >= 'm20261208_000018'")
+        .await
+        .expect("the README's DELETE runs");
+    assert!(deleted.rows_affected() > 0, "it forgets migrations");
+
+    let settings = crate::helpers::settings(app.database_url(), &[]);
+    let upgraded = pagos::app::open_and_migrate(&settings.database)
+        .await
+        .map_err(|err| format!("{err:#}"))
+        .expect("the upgrade after the rollback migrates");
+    let applied = upgraded
+        .query_one_raw(sea_orm::Statement::from_string(
+            upgraded.get_database_backend(),
+            r#"SELECT COUNT(*) AS n FROM "seaql_migrations""#,
+        ))
+        .await
+        .expect("query")
+        .expect("a row")
+        .try_get::<i64>("", "n")
+        .expect("a count");
+    assert_eq!(
+        usize::try_from(applied).expect("count"),
+        Migrator::migrations().len(),
+        "every migration recorded again"
+    );
+    let _ = upgraded.close().await;
+
+    for id in &payments {
+        let answer = app
+            .get_as(crate::helpers::API_KEY, &format!("/v1/pagos/{id}"))
+            .await;
+        assert_eq!(answer.status(), 200, "payment {id} still there");
+        assert_eq!(app.payment(id).await.state, "COMPLETADA");
     }
 }
