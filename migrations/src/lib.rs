@@ -16,8 +16,8 @@
 //! Every migration from `m20261208_000018` on can also run again whole on a schema that
 //! already has it: README's rollback to a release built before it deletes their records
 //! and keeps the schema, and the next upgrade runs them again. Tables, indexes and
-//! columns are made `IF NOT EXISTS` (`columns::add`), and data is only rewritten where it
-//! is not yet as the migration leaves it.
+//! columns are made `IF NOT EXISTS` (`columns::add`), constraints dropped `IF EXISTS`, and
+//! data is only rewritten where it is not yet as the migration leaves it.
 
 pub use sea_orm_migration::prelude::*;
 
@@ -50,6 +50,7 @@ mod m20261210_000023_webhook_refunds;
 mod m20261211_000024_delivery_claims;
 mod m20261211_000025_webhook_reports_by_age;
 mod m20261212_000026_reported_currency_upper;
+mod m20261213_000027_events_without_merchant_fk;
 
 pub struct Migrator;
 
@@ -83,6 +84,7 @@ impl MigratorTrait for Migrator {
             whole(m20261211_000024_delivery_claims::Migration),
             whole(m20261211_000025_webhook_reports_by_age::Migration),
             whole(m20261212_000026_reported_currency_upper::Migration),
+            whole(m20261213_000027_events_without_merchant_fk::Migration),
         ]
     }
 }

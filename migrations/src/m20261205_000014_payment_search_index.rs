@@ -1,5 +1,3 @@
-//! Two changes that keep the create path as fast as before the outbox.
-//!
 //! The payment search's index (`GET /v1/pagos`: a merchant's payments, newest first)
 //! becomes one that only the search can use.
 //!
@@ -15,16 +13,12 @@
 //! out only by the search: no other statement can use it, whatever the statistics say. It
 //! also carries `id`, the search's second sort key.
 //!
-//! On PostgreSQL, the events' foreign key to `merchants` goes: its check locked the
-//! merchant's row (`FOR KEY SHARE`) once more in every payment's final statement, and with
-//! many payments of one merchant finishing at once those locks are shared by several
-//! transactions, which PostgreSQL keeps in multixacts — a cost on the create path. An
-//! event's merchant is its payment's (or refund's), whose own foreign key already holds,
-//! and merchants are never deleted. SQLite keeps it (it cannot drop a foreign key without
-//! rebuilding the table, and has one writer anyway).
+//! The events' foreign key to `merchants` was meant to go here on PostgreSQL, but this
+//! `up` never dropped it; `m20261213_000027` does (a change here would never run on the
+//! databases already past it). So this `down` leaves it alone, and that one's `down`
+//! brings it back.
 
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::DbBackend;
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -60,17 +54,6 @@ impl MigrationTrait for Migration {
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.get_database_backend() == DbBackend::Postgres {
-            manager
-                .create_foreign_key(
-                    ForeignKey::create()
-                        .name("events_merchant_fk")
-                        .from("events", "merchant_id")
-                        .to("merchants", "id")
-                        .to_owned(),
-                )
-                .await?;
-        }
         manager
             .create_index(
                 Index::create()

@@ -214,3 +214,46 @@ async fn a_database_rolled_back_as_the_readme_says_upgrades_again_keeping_its_ro
         assert_eq!(app.payment(id).await.state, "COMPLETADA");
     }
 }
+
+/// Whether PostgreSQL's `events` still has its foreign key to `merchants`.
+async fn has_events_merchant_fk(db: &sea_orm::DatabaseConnection) -> bool {
+    db.query_one_raw(sea_orm::Statement::from_string(
+        sea_orm::DbBackend::Postgres,
+        r#"SELECT 1 AS "found" FROM "pg_constraint" WHERE "conname" = 'events_merchant_fk'"#,
+    ))
+    .await
+    .expect("query")
+    .is_some()
+}
+
+/// On PostgreSQL events carry no foreign key to `merchants` (its check locked the
+/// merchant's row in every payment's final statement): a database migrated by an earlier
+/// release loses it, and migrating down to before `m20261205_000014` brings it back once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_events_lose_their_foreign_key_to_merchants_and_get_it_back_going_down() {
+    use migration::{Migrator, MigratorTrait};
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let (database, db) = crate::helpers::TestDatabase::with_acme(&backend).await;
+    assert!(!has_events_merchant_fk(&db).await, "dropped by migrating");
+    let _ = db.close().await;
+
+    let settings = crate::helpers::settings(&database.url, &[]);
+    let db = pagos::db::connect(&settings.database).await.expect("open");
+    let from_m14 = Migrator::migrations().len()
+        - Migrator::migrations()
+            .iter()
+            .position(|m| m.name() == "m20261205_000014_payment_search_index")
+            .expect("the migration");
+    Migrator::down(&db, Some(u32::try_from(from_m14).expect("count")))
+        .await
+        .map_err(|err| format!("{err:#}"))
+        .expect("down to before m14");
+    assert!(has_events_merchant_fk(&db).await, "back, as m11 made it");
+    Migrator::up(&db, None)
+        .await
+        .map_err(|err| format!("{err:#}"))
+        .expect("up again");
+    assert!(!has_events_merchant_fk(&db).await, "dropped again");
+}
