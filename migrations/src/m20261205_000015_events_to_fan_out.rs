@@ -7,7 +7,22 @@
 //! in the same statement or transaction as the event), and fanning it out deletes that
 //! row: `events` is only ever inserted into. Events not fanned out when this migration
 //! runs are queued; the flag and its index go.
+//!
+//! On PostgreSQL it first takes `events` (`ACCESS EXCLUSIVE`, which dropping the index and
+//! the column take anyway), so it waits for the older processes' transactions writing
+//! events before it reads which to queue. It used to read first (read committed: only the
+//! events committed by then) and wait later, at `DROP INDEX`: an event of an older
+//! process committed meanwhile kept `fanned_out = FALSE`, lost with the column, and was
+//! never fanned out — a webhook never sent, during the rolling upgrade README calls safe.
+//! Taking the lock first, rather than later, also never upgrades a weaker lock it holds,
+//! so it cannot deadlock with a transaction that read `events` and then writes it. This
+//! changed after the migration was released: it makes an upgrade that has not run it yet
+//! correct, and changes nothing on a database past it (a migration runs once).
+//! On SQLite the first statement, a write, waits for the writer in flight (or fails, and
+//! the next start runs the migration again), and a writer reads every commit before its
+//! own: nothing to add.
 
+use sea_orm_migration::sea_orm::DbBackend;
 use sea_orm_migration::{prelude::*, schema::*};
 
 #[derive(DeriveMigrationName)]
@@ -18,6 +33,13 @@ const TABLE: &str = "events_to_fan_out";
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        if manager.get_database_backend() == DbBackend::Postgres {
+            // Before reading what to queue: see the module docs.
+            manager
+                .get_connection()
+                .execute_unprepared(r#"LOCK TABLE "events" IN ACCESS EXCLUSIVE MODE"#)
+                .await?;
+        }
         manager
             .create_table(
                 Table::create()

@@ -257,3 +257,89 @@ async fn postgres_events_lose_their_foreign_key_to_merchants_and_get_it_back_goi
         .expect("up again");
     assert!(!has_events_merchant_fk(&db).await, "dropped again");
 }
+
+/// The rolling upgrade past `m20261205_000015` on PostgreSQL: an older process's event
+/// written while the migration runs (its transaction began before, commits after the
+/// migration started) is queued for the fan-out like those committed before it. m15 takes
+/// `events` before it reads what to queue, so it waits for that transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_an_older_process_event_committed_while_m15_runs_is_queued() {
+    use migration::{Migrator, MigratorTrait};
+    use sea_orm::TransactionTrait;
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let database = crate::helpers::TestDatabase::create(&backend).await;
+    let settings = crate::helpers::settings(&database.url, &[]);
+    let db = pagos::db::connect(&settings.database).await.expect("open");
+    let before_m15 = Migrator::migrations()
+        .iter()
+        .position(|m| m.name() == "m20261205_000015_events_to_fan_out")
+        .expect("the migration");
+    Migrator::up(&db, Some(u32::try_from(before_m15).expect("count")))
+        .await
+        .expect("the schema an older process runs on");
+    db.execute_unprepared(
+        r#"INSERT INTO "merchants" ("id", "name", "api_key_hash", "created_at")
+           VALUES (gen_random_uuid(), 'acme', repeat('0', 64), now())"#,
+    )
+    .await
+    .expect("a merchant");
+
+    // An older process's final statement, its transaction not committed yet.
+    let older = pagos::outbox::new_id();
+    let process = sea_orm::Database::connect(database.url.as_str())
+        .await
+        .expect("an older process's connection");
+    let in_flight = process.begin().await.expect("begin");
+    in_flight
+        .execute_unprepared(&format!(
+            r#"INSERT INTO "events" ("id", "merchant_id", "event_type", "subject_id", "sequence", "body", "created_at", "fanned_out")
+               SELECT '{older}', "id", 'pago.completado', gen_random_uuid(), 1, '{{}}', now(), FALSE
+               FROM "merchants""#
+        ))
+        .await
+        .expect("an older process's insert");
+
+    let args = settings.database.clone();
+    let migrating = tokio::spawn(async move { pagos::app::open_and_migrate(&args).await });
+    // The migration waits on `events` for the older process's transaction.
+    eventually(
+        Duration::from_secs(10),
+        "the migration waits for the older process's transaction",
+        async || {
+            db.query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                r#"SELECT 1 AS "waiting" FROM "pg_locks"
+                   WHERE NOT "granted" AND "relation" = 'events'::regclass"#,
+            ))
+            .await
+            .expect("query")
+            .is_some()
+        },
+    )
+    .await;
+    in_flight.commit().await.expect("the older process commits");
+    let migrated = migrating
+        .await
+        .expect("the migration's task")
+        .map_err(|err| format!("{err:#}"))
+        .expect("migrated");
+    let _ = migrated.close().await;
+    let _ = process.close().await;
+
+    let queued = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            format!(
+                r#"SELECT 1 AS "queued" FROM "events_to_fan_out" WHERE "event_id" = '{older}'"#
+            ),
+        ))
+        .await
+        .expect("query")
+        .is_some();
+    assert!(
+        queued,
+        "the older process's event is queued for the fan-out"
+    );
+}
