@@ -16,6 +16,7 @@ use crate::merchants::store::{self, Credential};
 use crate::operators::{self, Role};
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::HeaderMap;
+use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use sea_orm::DatabaseConnection;
@@ -176,15 +177,15 @@ impl Authenticator {
         }
     }
 
-    /// Counts a failed authentication of `client`: the 401 to answer, or a 429 when this
-    /// failure is one too many.
-    async fn failed(&self, client: Option<IpAddr>, detail: &str) -> ApiError {
+    /// Counts a failed authentication of `client` in `realm`: the 401 to answer, or a 429
+    /// when this failure is one too many.
+    async fn failed(&self, client: Option<IpAddr>, realm: Realm, refusal: Refusal) -> ApiError {
         let Some(client) = client else {
-            return unauthorized(detail);
+            return unauthorized(realm, refusal);
         };
         self.forget_quiet_addresses();
         match self.failures.check_key(&client) {
-            Ok(()) => unauthorized(detail),
+            Ok(()) => unauthorized(realm, refusal),
             Err(_) => {
                 // Blocked until its allowance is whole again, a minute: unblocked at the
                 // next single allowance (a second, at 60 a minute), an address got about
@@ -244,23 +245,81 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
     Some(header.token().trim().to_owned())
 }
 
-fn unauthorized(detail: &str) -> ApiError {
+/// The protection space of a 401's challenge: merchants' API keys or on-call's tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Realm {
+    /// The merchant API (`/v1/…`): API keys.
+    Merchants,
+    /// The admin API (`/admin/…`): the admin token or an operator's.
+    Admin,
+}
+
+impl Realm {
+    fn name(self) -> &'static str {
+        match self {
+            Realm::Merchants => "pagos",
+            Realm::Admin => "pagos-admin",
+        }
+    }
+}
+
+/// Why a request's credentials were refused: the 401's detail, and the error code
+/// (RFC 6750 §3.1) of its `WWW-Authenticate: Bearer` challenge. A request that sent no
+/// bearer token gets a challenge without one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Refusal {
+    detail: &'static str,
+    error: Option<&'static str>,
+}
+
+impl Refusal {
+    /// No `Authorization: Bearer` (or an empty token): a challenge without error code.
+    const fn missing(detail: &'static str) -> Refusal {
+        Refusal {
+            detail,
+            error: None,
+        }
+    }
+
+    /// A token that is unknown, revoked or expired.
+    const fn invalid(detail: &'static str) -> Refusal {
+        Refusal {
+            detail,
+            error: Some("invalid_token"),
+        }
+    }
+}
+
+/// A request with more than one `Authorization` header: which one is meant cannot be
+/// told, so none is checked.
+const MORE_THAN_ONE_AUTHORIZATION: Refusal = Refusal {
+    detail: "This request has more than one `Authorization` header. Send exactly one:              `Authorization: Bearer <token>`.",
+    error: Some("invalid_request"),
+};
+
+/// The 401 of `refusal` in `realm`, with its `WWW-Authenticate` challenge
+/// (RFC 9110 §15.5.2, RFC 6750 §3).
+fn unauthorized(realm: Realm, refusal: Refusal) -> ApiError {
+    let mut challenge = format!("Bearer realm=\"{}\"", realm.name());
+    if let Some(error) = refusal.error {
+        challenge.push_str(&format!(", error=\"{error}\""));
+    }
     Problem::new(ProblemType::Unauthorized)
-        .detail(detail)
+        .detail(refusal.detail)
+        .www_authenticate(challenge)
         .into()
 }
 
-/// What a bearer token proves: who sent the request, or the detail of its failed
-/// authentication.
-type Identified<T> = Result<T, &'static str>;
+/// What a bearer token proves: who sent the request, or why its authentication failed.
+type Identified<T> = Result<T, Refusal>;
 
 /// `FromRequestParts` for who a bearer token proves a request is from, as `$identify`
 /// reads the credential `$read` makes of the token (None: no `Authorization: Bearer`):
 /// 429 first when the client's address failed too often; a failed authentication is
-/// counted against the address. A credential `$known` does not say is cached is checked
-/// in the address's turn (`Authenticator::turn`).
+/// counted against the address, and its 401 challenges for `$realm`. A credential `$known`
+/// does not say is cached is checked in the address's turn (`Authenticator::turn`).
 macro_rules! from_bearer {
-    ($who:ty, $read:expr, $identify:ident, $known:expr) => {
+    ($who:ty, $realm:expr, $read:expr, $identify:ident, $known:expr) => {
         impl FromRequestParts<AppState> for $who {
             type Rejection = ApiError;
 
@@ -269,7 +328,7 @@ macro_rules! from_bearer {
                 state: &AppState,
             ) -> Result<Self, Self::Rejection> {
                 let auth = &state.auth;
-                let (client, token) = auth.bearer_of(parts).await?;
+                let (client, token) = auth.bearer_of(parts, $realm).await?;
                 let credential = $read(token);
                 let _turn = if $known(auth, &credential) {
                     Turn { _held: None }
@@ -278,7 +337,7 @@ macro_rules! from_bearer {
                 };
                 match $identify(state, credential).await? {
                     Ok(who) => Ok(who),
-                    Err(detail) => Err(auth.failed(client, detail).await),
+                    Err(refusal) => Err(auth.failed(client, $realm, refusal).await),
                 }
             }
         }
@@ -291,6 +350,7 @@ pub struct Merchant(pub Uuid);
 
 from_bearer!(
     Merchant,
+    Realm::Merchants,
     api_key_hash,
     merchant_of,
     Authenticator::knows_key
@@ -308,7 +368,9 @@ async fn merchant_of(
     hash: Option<String>,
 ) -> Result<Identified<Merchant>, ApiError> {
     let Some(hash) = hash else {
-        return Ok(Err("Send your API key as `Authorization: Bearer <key>`."));
+        return Ok(Err(Refusal::missing(
+            "Send your API key as `Authorization: Bearer <key>`.",
+        )));
     };
     let auth = &state.auth;
     let detail = match auth.credential(&state.db, hash).await? {
@@ -324,7 +386,7 @@ async fn merchant_of(
         Credential::Revoked => "This API key was revoked. Use another key of this merchant.",
         Credential::Unknown => "Unknown API key.",
     };
-    Ok(Err(detail))
+    Ok(Err(Refusal::invalid(detail)))
 }
 
 /// The 401 of an on-call endpoint, as its OpenAPI operation documents it (documentation
@@ -332,8 +394,11 @@ async fn merchant_of(
 #[derive(utoipa::IntoResponses)]
 #[response(
     status = 401,
-    description = "Missing or wrong admin token",
-    content_type = "application/problem+json"
+    description = "Missing or wrong admin token, or more than one `Authorization` header",
+    content_type = "application/problem+json",
+    headers(
+        ("WWW-Authenticate" = String, description = "`Bearer realm=\"pagos-admin\"`, with `error=\"invalid_token\"` for a token sent but refused")
+    )
 )]
 #[allow(dead_code)]
 pub struct AdminTokenRefused(Problem);
@@ -364,8 +429,11 @@ pub struct PaymentNotFound(Problem);
 #[derive(utoipa::IntoResponses)]
 #[response(
     status = 401,
-    description = "Missing, unknown, expired or revoked API key",
-    content_type = "application/problem+json"
+    description = "Missing, unknown, expired or revoked API key, or more than one `Authorization` header",
+    content_type = "application/problem+json",
+    headers(
+        ("WWW-Authenticate" = String, description = "`Bearer realm=\"pagos\"`, with `error=\"invalid_token\"` for a key sent but refused")
+    )
 )]
 #[allow(dead_code)]
 pub struct ApiKeyRefused(Problem);
@@ -441,6 +509,7 @@ pub async fn who_is(state: &AppState, given: &str) -> Result<Option<Admin>, ApiE
 // sends few requests).
 from_bearer!(
     Admin,
+    Realm::Admin,
     std::convert::identity,
     admin_of,
     |_: &Authenticator, _: &Option<String>| false
@@ -448,23 +517,44 @@ from_bearer!(
 
 /// On-call as `token` (the admin token or an operator's) proves it.
 async fn admin_of(state: &AppState, token: Option<String>) -> Result<Identified<Admin>, ApiError> {
+    const HOW: &str =
+        "Send the admin token or an operator's token as `Authorization: Bearer <token>`.";
     let given = token.unwrap_or_default();
-    Ok(who_is(state, &given)
-        .await?
-        .ok_or("Send the admin token or an operator's token as `Authorization: Bearer <token>`."))
+    let refusal = if given.is_empty() {
+        Refusal::missing(HOW)
+    } else {
+        Refusal::invalid(HOW)
+    };
+    Ok(who_is(state, &given).await?.ok_or(refusal))
 }
 
 impl Authenticator {
-    /// A request's address and bearer token; 429 when the address failed too often.
-    async fn bearer_of(&self, parts: &Parts) -> Result<(Option<IpAddr>, Option<String>), ApiError> {
+    /// A request's address and bearer token; 429 when the address failed too often, and
+    /// a 401 of `realm` (a failure counted as any other) when it has more than one
+    /// `Authorization` header, before any of them is read.
+    async fn bearer_of(
+        &self,
+        parts: &Parts,
+        realm: Realm,
+    ) -> Result<(Option<IpAddr>, Option<String>), ApiError> {
         let client = client_address(parts);
         self.refuse_if_blocked(client).await?;
+        if parts.headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
+            return Err(self
+                .failed(client, realm, MORE_THAN_ONE_AUTHORIZATION)
+                .await);
+        }
         Ok((client, bearer(&parts.headers)))
     }
 
     /// For the console's login: counts a failed attempt (the 401 or 429 to show).
     pub async fn count_failure(&self, client: Option<IpAddr>) -> ApiError {
-        self.failed(client, "Unknown or revoked token.").await
+        self.failed(
+            client,
+            Realm::Admin,
+            Refusal::invalid("Unknown or revoked token."),
+        )
+        .await
     }
 }
 
@@ -503,10 +593,14 @@ mod tests {
         let auth = Authenticator::new(3);
         let client = Some("192.0.2.1".parse().expect("ip"));
         for _ in 0..3 {
-            let err = auth.failed(client, "no").await;
+            let err = auth
+                .failed(client, Realm::Merchants, Refusal::invalid("no"))
+                .await;
             assert!(matches!(err, ApiError::Problem(p) if p.status == Some(401)));
         }
-        let err = auth.failed(client, "no").await;
+        let err = auth
+            .failed(client, Realm::Merchants, Refusal::invalid("no"))
+            .await;
         assert!(
             matches!(&err, ApiError::Problem(p) if p.status == Some(429) && p.retry_after >= Some(1)),
             "{err:?}"
