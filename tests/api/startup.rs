@@ -497,3 +497,81 @@ async fn sigterm_while_waiting_for_another_process_migrations_stops_before_servi
     assert!(logs().contains("stopped before serving"), "{}", logs());
     assert!(!logs().contains("pagos listening"), "{}", logs());
 }
+
+/// A SQLite URL that would keep nothing is refused by every command, naming the setting:
+/// `sqlite:` names no file (before: `pagos: applying migrations: Execution Error: … no such
+/// table: payments`, exit 1: each connection had a temporary database of its own), and a
+/// database in memory is lost at exit with every payment in it (before: `serve` ran on it).
+#[test]
+fn an_sqlite_url_without_a_file_or_in_memory_is_refused_by_every_command() {
+    let dir = tempfile::tempdir().expect("dir");
+    let memory = format!("sqlite://{}?mode=memory", dir.path().join("m.db").display());
+    for (url, says) in [
+        ("sqlite:", "names no file"),
+        ("sqlite://", "names no file"),
+        ("sqlite::memory:", "in-memory SQLite database"),
+        (memory.as_str(), "in-memory SQLite database"),
+    ] {
+        for command in EVERY_COMMAND {
+            let line = refused_with(
+                &pagos(&with_url(command, url), &[]),
+                &["invalid setting PAGOS_DATABASE_URL (--database-url)", says],
+            );
+            assert!(
+                line.contains("sqlite://FILE?mode=rwc"),
+                "what to do: {line}"
+            );
+        }
+    }
+    assert!(
+        !dir.path().join("m.db").exists(),
+        "nothing was created before refusing"
+    );
+}
+
+/// A read-only SQLite URL (`mode=ro`, `immutable=1`) is refused by every command that
+/// writes, naming the setting, exit 2 (before: `serve` stopped with `pagos: Execution
+/// Error: … attempt to write a readonly database`, exit 1), and still serves the commands
+/// that only read.
+#[test]
+fn a_read_only_sqlite_url_is_refused_by_the_commands_that_write() {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("p.db");
+    let migrated = pagos(
+        &[
+            "migrate",
+            "--database-url",
+            &format!("sqlite://{}?mode=rwc", file.display()),
+        ],
+        &[],
+    );
+    assert!(migrated.status.success(), "{migrated:?}");
+    for query in ["mode=ro", "immutable=1"] {
+        let url = format!("sqlite://{}?{query}", file.display());
+        for command in EVERY_COMMAND.iter().copied().chain([
+            &["merchants", "keys", "add", "acme"][..],
+            &["operators", "add", "ana"],
+        ]) {
+            refused_with(
+                &pagos(&with_url(command, &url), &[]),
+                &[
+                    "invalid setting PAGOS_DATABASE_URL (--database-url)",
+                    "read-only",
+                    "this command writes",
+                ],
+            );
+        }
+        for command in [
+            &["merchants", "list"][..],
+            &["merchants", "keys", "list", "acme"],
+            &["operators", "list"],
+        ] {
+            let output = pagos(&with_url(command, &url), &[]);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(
+                !stderr.contains("PAGOS_DATABASE_URL"),
+                "{command:?} only reads: {stderr}"
+            );
+        }
+    }
+}
