@@ -575,3 +575,68 @@ fn a_read_only_sqlite_url_is_refused_by_the_commands_that_write() {
         }
     }
 }
+
+/// Asserts exit code 2 and a last line of stderr (what `serve` logged while it started
+/// comes before it) naming `setting` and holding every one of `says`; returns the line.
+fn setting_refused(output: &Output, setting: &str, says: &[&str]) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "exit 2: {stderr}");
+    let last = stderr
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        last.starts_with(&format!("pagos: invalid setting {setting}: ")),
+        "names {setting}: {stderr}"
+    );
+    for part in says {
+        assert!(last.contains(part), "says {part:?}: {stderr}");
+    }
+    last
+}
+
+/// An address pagos cannot listen on, whether no interface of this host has it or
+/// another process listens there, is a bad setting: exit 2, one line naming it. Before:
+/// `pagos: cannot listen on … (PAGOS_BIND): …`, exit 1, which an orchestrator takes for a
+/// crash to restart, not a configuration to fix. Nothing is sent anywhere: binding an
+/// address this host does not have fails at once.
+#[test]
+fn an_address_that_cannot_be_listened_on_stops_serve_naming_it_with_exit_2() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = format!("sqlite://{}?mode=rwc", dir.path().join("p.db").display());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken = taken.local_addr().expect("addr").to_string();
+    let serve = |env: &[(&str, &str)]| pagos(&["serve", "--database-url", &db], env);
+
+    setting_refused(
+        &serve(&[("PAGOS_BIND", "203.0.113.5:18661")]),
+        "PAGOS_BIND (--bind)",
+        &[
+            "cannot listen on 203.0.113.5:18661",
+            "no interface of this host has that address",
+        ],
+    );
+    setting_refused(
+        &serve(&[("PAGOS_BIND", &taken)]),
+        "PAGOS_BIND (--bind)",
+        &[
+            &format!("cannot listen on {taken}"),
+            "another process listens on that port",
+        ],
+    );
+    for admin in ["203.0.113.5:18662", taken.as_str()] {
+        setting_refused(
+            &serve(&[("PAGOS_BIND", "127.0.0.1:0"), ("PAGOS_ADMIN_BIND", admin)]),
+            "PAGOS_ADMIN_BIND (--admin-bind)",
+            &[&format!("cannot listen on {admin}")],
+        );
+    }
+    // The standalone sandbox gateway's own address too.
+    setting_refused(
+        &pagos(&["sandbox-gateway"], &[("PAGOS_SANDBOX_BIND", &taken)]),
+        "PAGOS_SANDBOX_BIND (--bind)",
+        &[&format!("cannot listen on {taken}")],
+    );
+}
