@@ -926,7 +926,10 @@ pub fn one_line_error_in(err: &clap::Error, args: impl IntoIterator<Item = Strin
     }
     let root = <Cli as clap::CommandFactory>::command();
     let command = subcommand_of(&root, args);
-    let env = flag_in(&first).and_then(|flag| env_of_flag(command, &flag));
+    // A global flag (`--log-format`) is declared on the root only: clap copies it to the
+    // subcommands when it parses, not in the command the factory builds.
+    let env = flag_in(&first)
+        .and_then(|flag| env_of_flag(command, &flag).or_else(|| env_of_flag(&root, &flag)));
     match env {
         Some(env) => format!("pagos: invalid setting {env}: {first}"),
         None => format!("pagos: {first}"),

@@ -640,3 +640,24 @@ fn an_address_that_cannot_be_listened_on_stops_serve_naming_it_with_exit_2() {
         &[&format!("cannot listen on {taken}")],
     );
 }
+
+/// `PAGOS_LOG_FORMAT`, a flag of every command, is named when its value is bad, as every
+/// other setting is (before: `pagos: invalid value 'xml' for '--log-format <LOG_FORMAT>'`,
+/// without the variable an operator set).
+#[test]
+fn a_bad_log_format_is_refused_naming_pagos_log_format() {
+    for command in [&["serve"][..], &["migrate"], &["merchants", "list"]] {
+        let by_env = pagos(command, &[("PAGOS_LOG_FORMAT", "xml")]);
+        let mut with_flag = command.to_vec();
+        with_flag.extend_from_slice(&["--log-format", "xml"]);
+        for output in [by_env, pagos(&with_flag, &[])] {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "exit 2: {stderr}");
+            assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+            assert!(
+                stderr.starts_with("pagos: invalid setting PAGOS_LOG_FORMAT: invalid value 'xml'"),
+                "{command:?}: {stderr}"
+            );
+        }
+    }
+}
