@@ -15,9 +15,10 @@ pub use crate::merchants::key::hash_api_key;
 use crate::merchants::store::{self, Credential};
 use crate::operators::{self, Role};
 use axum::extract::{ConnectInfo, FromRequestParts};
-use axum::http::HeaderMap;
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use sea_orm::DatabaseConnection;
 use sha2::{Digest, Sha256};
@@ -177,15 +178,15 @@ impl Authenticator {
         }
     }
 
-    /// Counts a failed authentication of `client` in `realm`: the 401 to answer, or a 429
-    /// when this failure is one too many.
-    async fn failed(&self, client: Option<IpAddr>, realm: Realm, refusal: Refusal) -> ApiError {
+    /// Counts a failed authentication of `client`: the 401 to answer, or a 429 when this
+    /// failure is one too many.
+    async fn failed(&self, client: Option<IpAddr>, refusal: Refusal) -> ApiError {
         let Some(client) = client else {
-            return unauthorized(realm, refusal);
+            return unauthorized(refusal);
         };
         self.forget_quiet_addresses();
         match self.failures.check_key(&client) {
-            Ok(()) => unauthorized(realm, refusal),
+            Ok(()) => unauthorized(refusal),
             Err(_) => {
                 // Blocked until its allowance is whole again, a minute: unblocked at the
                 // next single allowance (a second, at 60 a minute), an address got about
@@ -197,6 +198,19 @@ impl Authenticator {
                 too_many_failures(wait)
             }
         }
+    }
+
+    /// Counts the failed authentication `refusal` of `client` (`failed`): its 401, with
+    /// the `WWW-Authenticate` challenge of `realm` (RFC 9110 §15.5.2: every 401 has one),
+    /// or the 429.
+    async fn refuse(&self, client: Option<IpAddr>, realm: Realm, refusal: Refusal) -> Response {
+        let mut response = self.failed(client, refusal).await.into_response();
+        if response.status() == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(WWW_AUTHENTICATE, refusal.challenge(realm));
+        }
+        response
     }
 
     /// Drops the counters of addresses that have been quiet long enough to be back at a
@@ -288,26 +302,41 @@ impl Refusal {
             error: Some("invalid_token"),
         }
     }
+
+    /// The `WWW-Authenticate` challenge of this refusal in `realm` (RFC 6750 §3):
+    /// `Bearer realm="pagos"`, with `error="…"` when a token was sent.
+    fn challenge(self, realm: Realm) -> HeaderValue {
+        let mut challenge = format!("Bearer realm=\"{}\"", realm.name());
+        if let Some(error) = self.error {
+            challenge.push_str(&format!(", error=\"{error}\""));
+        }
+        HeaderValue::try_from(challenge).unwrap_or(HeaderValue::from_static("Bearer"))
+    }
 }
 
 /// A request with more than one `Authorization` header: which one is meant cannot be
 /// told, so none is checked.
 const MORE_THAN_ONE_AUTHORIZATION: Refusal = Refusal {
-    detail: "This request has more than one `Authorization` header. Send exactly one:              `Authorization: Bearer <token>`.",
+    detail: "This request has more than one `Authorization` header. Send exactly one: \
+             `Authorization: Bearer <token>`.",
     error: Some("invalid_request"),
 };
 
-/// The 401 of `refusal` in `realm`, with its `WWW-Authenticate` challenge
-/// (RFC 9110 §15.5.2, RFC 6750 §3).
-fn unauthorized(realm: Realm, refusal: Refusal) -> ApiError {
-    let mut challenge = format!("Bearer realm=\"{}\"", realm.name());
-    if let Some(error) = refusal.error {
-        challenge.push_str(&format!(", error=\"{error}\""));
-    }
+/// The 401 problem of `refusal` (`Authenticator::refuse` adds its challenge).
+fn unauthorized(refusal: Refusal) -> ApiError {
     Problem::new(ProblemType::Unauthorized)
         .detail(refusal.detail)
-        .www_authenticate(challenge)
         .into()
+}
+
+/// The token of the request's one `Authorization: Bearer` header (None: no bearer
+/// token); refused when there is more than one `Authorization` header, whatever they
+/// hold, before any is read.
+fn one_bearer(headers: &HeaderMap) -> Result<Option<String>, Refusal> {
+    if headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
+        return Err(MORE_THAN_ONE_AUTHORIZATION);
+    }
+    Ok(bearer(headers))
 }
 
 /// What a bearer token proves: who sent the request, or why its authentication failed.
@@ -321,23 +350,35 @@ type Identified<T> = Result<T, Refusal>;
 macro_rules! from_bearer {
     ($who:ty, $realm:expr, $read:expr, $identify:ident, $known:expr) => {
         impl FromRequestParts<AppState> for $who {
-            type Rejection = ApiError;
+            type Rejection = Response;
 
             async fn from_request_parts(
                 parts: &mut Parts,
                 state: &AppState,
             ) -> Result<Self, Self::Rejection> {
                 let auth = &state.auth;
-                let (client, token) = auth.bearer_of(parts, $realm).await?;
+                let client = client_address(parts);
+                auth.refuse_if_blocked(client)
+                    .await
+                    .map_err(IntoResponse::into_response)?;
+                let token = match one_bearer(&parts.headers) {
+                    Ok(token) => token,
+                    Err(refusal) => return Err(auth.refuse(client, $realm, refusal).await),
+                };
                 let credential = $read(token);
                 let _turn = if $known(auth, &credential) {
                     Turn { _held: None }
                 } else {
-                    auth.turn(client).await?
+                    auth.turn(client)
+                        .await
+                        .map_err(IntoResponse::into_response)?
                 };
-                match $identify(state, credential).await? {
+                match $identify(state, credential)
+                    .await
+                    .map_err(IntoResponse::into_response)?
+                {
                     Ok(who) => Ok(who),
-                    Err(refusal) => Err(auth.failed(client, $realm, refusal).await),
+                    Err(refusal) => Err(auth.refuse(client, $realm, refusal).await),
                 }
             }
         }
@@ -529,32 +570,10 @@ async fn admin_of(state: &AppState, token: Option<String>) -> Result<Identified<
 }
 
 impl Authenticator {
-    /// A request's address and bearer token; 429 when the address failed too often, and
-    /// a 401 of `realm` (a failure counted as any other) when it has more than one
-    /// `Authorization` header, before any of them is read.
-    async fn bearer_of(
-        &self,
-        parts: &Parts,
-        realm: Realm,
-    ) -> Result<(Option<IpAddr>, Option<String>), ApiError> {
-        let client = client_address(parts);
-        self.refuse_if_blocked(client).await?;
-        if parts.headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
-            return Err(self
-                .failed(client, realm, MORE_THAN_ONE_AUTHORIZATION)
-                .await);
-        }
-        Ok((client, bearer(&parts.headers)))
-    }
-
     /// For the console's login: counts a failed attempt (the 401 or 429 to show).
     pub async fn count_failure(&self, client: Option<IpAddr>) -> ApiError {
-        self.failed(
-            client,
-            Realm::Admin,
-            Refusal::invalid("Unknown or revoked token."),
-        )
-        .await
+        self.failed(client, Refusal::invalid("Unknown or revoked token."))
+            .await
     }
 }
 
@@ -593,14 +612,10 @@ mod tests {
         let auth = Authenticator::new(3);
         let client = Some("192.0.2.1".parse().expect("ip"));
         for _ in 0..3 {
-            let err = auth
-                .failed(client, Realm::Merchants, Refusal::invalid("no"))
-                .await;
+            let err = auth.failed(client, Refusal::invalid("no")).await;
             assert!(matches!(err, ApiError::Problem(p) if p.status == Some(401)));
         }
-        let err = auth
-            .failed(client, Realm::Merchants, Refusal::invalid("no"))
-            .await;
+        let err = auth.failed(client, Refusal::invalid("no")).await;
         assert!(
             matches!(&err, ApiError::Problem(p) if p.status == Some(429) && p.retry_after >= Some(1)),
             "{err:?}"

@@ -10,9 +10,8 @@ use axum::response::{IntoResponse, Response};
 pub use pagos_types::problem::{PROBLEM_JSON, Problem, ProblemType};
 
 /// Problems become answers here: the body as `serde_json` writes it, the problem+json
-/// content type, and `Retry-After` and `WWW-Authenticate` when the problem carries them.
-/// (An extension trait: `Problem` is a wire type of its own crate, shared with the
-/// client.)
+/// content type, and `Retry-After` when the problem carries one. (An extension trait:
+/// `Problem` is a wire type of its own crate, shared with the client.)
 pub trait ProblemResponse {
     fn into_response(self) -> Response;
 }
@@ -28,13 +27,6 @@ impl ProblemResponse for Problem {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(seconds) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        }
-        if let Some(challenge) = self
-            .www_authenticate
-            .as_deref()
-            .and_then(|c| HeaderValue::from_str(c).ok())
-        {
-            headers.insert(header::WWW_AUTHENTICATE, challenge);
         }
         response
     }

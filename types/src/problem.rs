@@ -191,10 +191,6 @@ pub struct Problem {
     /// Seconds for the `Retry-After` header that goes with it: never part of the body.
     #[serde(skip)]
     pub retry_after: Option<u64>,
-    /// The `WWW-Authenticate` challenge that goes with a 401 (RFC 9110 §11.6.1): never
-    /// part of the body.
-    #[serde(skip)]
-    pub www_authenticate: Option<String>,
 }
 
 fn about_blank() -> String {
@@ -210,7 +206,6 @@ impl Problem {
             detail: None,
             extensions: Map::new(),
             retry_after: None,
-            www_authenticate: None,
         }
     }
 
@@ -229,12 +224,6 @@ impl Problem {
 
     pub fn retry_after(mut self, seconds: u64) -> Self {
         self.retry_after = Some(seconds);
-        self
-    }
-
-    /// The `WWW-Authenticate` challenge to send with it (`Bearer realm="…"`).
-    pub fn www_authenticate(mut self, challenge: impl Into<String>) -> Self {
-        self.www_authenticate = Some(challenge.into());
         self
     }
 
@@ -278,7 +267,6 @@ impl Problem {
                     detail: (!text.is_empty()).then(|| text.chars().take(200).collect()),
                     extensions: Map::new(),
                     retry_after: None,
-                    www_authenticate: None,
                 }
             }
         }
