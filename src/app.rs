@@ -518,14 +518,12 @@ async fn start(
     let gateway = gateway_from(settings)?;
     let listener = tokio::net::TcpListener::bind(settings.bind)
         .await
-        .with_context(|| format!("cannot listen on {} (PAGOS_BIND)", settings.bind))?;
+        .map_err(|err| SettingError::cannot_listen("PAGOS_BIND", "bind", settings.bind, &err))?;
     let addr = listener.local_addr()?;
     let admin = match settings.admin_bind {
-        Some(admin_bind) => Some(
-            tokio::net::TcpListener::bind(admin_bind)
-                .await
-                .with_context(|| format!("cannot listen on {admin_bind} (PAGOS_ADMIN_BIND)"))?,
-        ),
+        Some(admin_bind) => Some(tokio::net::TcpListener::bind(admin_bind).await.map_err(
+            |err| SettingError::cannot_listen("PAGOS_ADMIN_BIND", "admin-bind", admin_bind, &err),
+        )?),
         None => None,
     };
     match &admin {

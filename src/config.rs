@@ -523,13 +523,38 @@ pub const SEND_MARGIN: Duration = Duration::from_secs(5);
 /// `monto`, a scale applied twice) is. README, "Settings", says how to choose one.
 pub const DEFAULT_MAX_AMOUNT: i64 = 999_999_999_999;
 
-/// A setting that is well-formed alone but wrong with the others.
+/// A setting that is well-formed alone but wrong with the others, or that the host
+/// refuses (an address pagos cannot listen on).
 #[derive(Debug, thiserror::Error)]
 #[error("invalid setting {env} (--{flag}): {message}")]
 pub struct SettingError {
     pub env: &'static str,
     pub flag: &'static str,
     pub message: String,
+}
+
+impl SettingError {
+    /// The address `addr` of the setting `env` (`--flag`) could not be listened on:
+    /// `err`, and what it usually means.
+    pub fn cannot_listen(
+        env: &'static str,
+        flag: &'static str,
+        addr: SocketAddr,
+        err: &std::io::Error,
+    ) -> SettingError {
+        use std::io::ErrorKind;
+        let meaning = match err.kind() {
+            ErrorKind::AddrInUse => " (another process listens on that port)",
+            ErrorKind::AddrNotAvailable => " (no interface of this host has that address)",
+            ErrorKind::PermissionDenied => " (a port below 1024 needs privileges)",
+            _ => "",
+        };
+        SettingError {
+            env,
+            flag,
+            message: format!("cannot listen on {addr}: {err}{meaning}"),
+        }
+    }
 }
 
 impl Settings {
@@ -901,7 +926,10 @@ pub fn one_line_error_in(err: &clap::Error, args: impl IntoIterator<Item = Strin
     }
     let root = <Cli as clap::CommandFactory>::command();
     let command = subcommand_of(&root, args);
-    let env = flag_in(&first).and_then(|flag| env_of_flag(command, &flag));
+    // A global flag (`--log-format`) is declared on the root only: clap copies it to the
+    // subcommands when it parses, not in the command the factory builds.
+    let env = flag_in(&first)
+        .and_then(|flag| env_of_flag(command, &flag).or_else(|| env_of_flag(&root, &flag)));
     match env {
         Some(env) => format!("pagos: invalid setting {env}: {first}"),
         None => format!("pagos: {first}"),

@@ -61,7 +61,17 @@ pub async fn open_and_migrate(args: &DatabaseArgs) -> anyhow::Result<DatabaseCon
 /// (`PGOPTIONS='-c default_transaction_read_only=on'`) nothing may be created. If it
 /// lacks migrations this binary needs, it is refused (run `pagos migrate` first).
 pub async fn open(args: &DatabaseArgs) -> anyhow::Result<DatabaseConnection> {
-    let db = connect(args).await?;
+    open_for(args, Access::Write).await
+}
+
+/// As `open`, for a command that only reads (`merchants list`, `merchants keys list`,
+/// `operators list`): a read-only SQLite URL (`mode=ro`) is accepted.
+pub async fn open_to_read(args: &DatabaseArgs) -> anyhow::Result<DatabaseConnection> {
+    open_for(args, Access::Read).await
+}
+
+async fn open_for(args: &DatabaseArgs, access: Access) -> anyhow::Result<DatabaseConnection> {
+    let db = connect_for(args, access).await?;
     match migrations_of(&db)
         .await
         .context("reading the applied migrations")?
@@ -281,10 +291,26 @@ pub enum OpenError {
     Pool(DbErr),
 }
 
+/// What a command does with the database: a SQLite URL that opens it read-only is
+/// refused at start for a command that writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+}
+
+/// Opens the database for a command that writes to it.
 pub async fn connect(args: &DatabaseArgs) -> Result<DatabaseConnection, OpenError> {
+    connect_for(args, Access::Write).await
+}
+
+async fn connect_for(args: &DatabaseArgs, access: Access) -> Result<DatabaseConnection, OpenError> {
     let url = args.url.as_str();
     let is_sqlite = url.starts_with("sqlite:");
     if is_sqlite {
+        if let Some(why) = sqlite_refusal(url, access) {
+            return Err(OpenError::BadUrl(why));
+        }
         probe_sqlite(url).await?;
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         probe_postgres(url).await?;
@@ -498,6 +524,45 @@ fn bad_url_reason(err: &sqlx::Error) -> String {
 
 /// One SQLite connection, alone: the file is opened (and created with `mode=rwc`) as the
 /// pool would, so a missing directory or a read-only place is told here.
+/// Why the SQLite `url` cannot hold pagos' data for `access`, read before anything is
+/// opened: a database in memory (lost at exit, every payment with it), no file at all
+/// (SQLite then gives each connection a temporary database of its own: the migrations
+/// made one, the first query another), or a read-only one for a command that writes.
+/// (Read as sqlx reads it, which does not tell whether the database is in memory.)
+fn sqlite_refusal(url: &str, access: Access) -> Option<String> {
+    let rest = url
+        .trim_start_matches("sqlite://")
+        .trim_start_matches("sqlite:");
+    let (database, params) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut in_memory = database == ":memory:" || database.starts_with("file::memory:");
+    let mut read_only = None;
+    for (key, value) in url::form_urlencoded::parse(params.as_bytes()) {
+        match (&*key, &*value) {
+            ("mode", "memory") => in_memory = true,
+            ("mode", "ro") => read_only = Some("mode=ro"),
+            ("immutable", "true" | "1") => read_only = Some("immutable"),
+            _ => {}
+        }
+    }
+    const NAME_A_FILE: &str = "name a file: sqlite://FILE?mode=rwc";
+    if in_memory {
+        return Some(format!(
+            "an in-memory SQLite database (:memory:, mode=memory) is lost when pagos exits, with every payment in it; {NAME_A_FILE}"
+        ));
+    }
+    if database.is_empty() {
+        return Some(format!(
+            "the SQLite URL names no file (SQLite would give each connection a temporary database of its own, gone when it closes); {NAME_A_FILE}"
+        ));
+    }
+    match read_only {
+        Some(how) if access == Access::Write => Some(format!(
+            "{how} opens the SQLite database read-only, and this command writes to it; use mode=rw or mode=rwc (a read-only URL serves only `merchants list`, `merchants keys list` and `operators list`)"
+        )),
+        _ => None,
+    }
+}
+
 async fn probe_sqlite(url: &str) -> Result<(), OpenError> {
     let options =
         SqliteConnectOptions::from_str(url).map_err(|e| OpenError::BadUrl(bad_url_reason(&e)))?;

@@ -621,7 +621,14 @@ pub async fn run(args: crate::config::SandboxArgs) -> anyhow::Result<()> {
     };
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
-        .with_context(|| format!("cannot listen on {} (PAGOS_SANDBOX_BIND)", args.bind))?;
+        .map_err(|err| {
+            crate::config::SettingError::cannot_listen(
+                "PAGOS_SANDBOX_BIND",
+                "bind",
+                args.bind,
+                &err,
+            )
+        })?;
     tracing::info!(addr = %listener.local_addr()?, "sandbox gateway listening");
     axum::serve(listener, server.router())
         .with_graceful_shutdown(crate::signals::shutdown_signal())

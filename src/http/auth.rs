@@ -15,8 +15,10 @@ pub use crate::merchants::key::hash_api_key;
 use crate::merchants::store::{self, Credential};
 use crate::operators::{self, Role};
 use axum::extract::{ConnectInfo, FromRequestParts};
-use axum::http::HeaderMap;
+use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use sea_orm::DatabaseConnection;
 use sha2::{Digest, Sha256};
@@ -178,13 +180,13 @@ impl Authenticator {
 
     /// Counts a failed authentication of `client`: the 401 to answer, or a 429 when this
     /// failure is one too many.
-    async fn failed(&self, client: Option<IpAddr>, detail: &str) -> ApiError {
+    async fn failed(&self, client: Option<IpAddr>, refusal: Refusal) -> ApiError {
         let Some(client) = client else {
-            return unauthorized(detail);
+            return unauthorized(refusal);
         };
         self.forget_quiet_addresses();
         match self.failures.check_key(&client) {
-            Ok(()) => unauthorized(detail),
+            Ok(()) => unauthorized(refusal),
             Err(_) => {
                 // Blocked until its allowance is whole again, a minute: unblocked at the
                 // next single allowance (a second, at 60 a minute), an address got about
@@ -196,6 +198,19 @@ impl Authenticator {
                 too_many_failures(wait)
             }
         }
+    }
+
+    /// Counts the failed authentication `refusal` of `client` (`failed`): its 401, with
+    /// the `WWW-Authenticate` challenge of `realm` (RFC 9110 §15.5.2: every 401 has one),
+    /// or the 429.
+    async fn refuse(&self, client: Option<IpAddr>, realm: Realm, refusal: Refusal) -> Response {
+        let mut response = self.failed(client, refusal).await.into_response();
+        if response.status() == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(WWW_AUTHENTICATE, refusal.challenge(realm));
+        }
+        response
     }
 
     /// Drops the counters of addresses that have been quiet long enough to be back at a
@@ -244,41 +259,126 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
     Some(header.token().trim().to_owned())
 }
 
-fn unauthorized(detail: &str) -> ApiError {
+/// The protection space of a 401's challenge: merchants' API keys or on-call's tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Realm {
+    /// The merchant API (`/v1/…`): API keys.
+    Merchants,
+    /// The admin API (`/admin/…`): the admin token or an operator's.
+    Admin,
+}
+
+impl Realm {
+    fn name(self) -> &'static str {
+        match self {
+            Realm::Merchants => "pagos",
+            Realm::Admin => "pagos-admin",
+        }
+    }
+}
+
+/// Why a request's credentials were refused: the 401's detail, and the error code
+/// (RFC 6750 §3.1) of its `WWW-Authenticate: Bearer` challenge. A request that sent no
+/// bearer token gets a challenge without one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Refusal {
+    detail: &'static str,
+    error: Option<&'static str>,
+}
+
+impl Refusal {
+    /// No `Authorization: Bearer` (or an empty token): a challenge without error code.
+    const fn missing(detail: &'static str) -> Refusal {
+        Refusal {
+            detail,
+            error: None,
+        }
+    }
+
+    /// A token that is unknown, revoked or expired.
+    const fn invalid(detail: &'static str) -> Refusal {
+        Refusal {
+            detail,
+            error: Some("invalid_token"),
+        }
+    }
+
+    /// The `WWW-Authenticate` challenge of this refusal in `realm` (RFC 6750 §3):
+    /// `Bearer realm="pagos"`, with `error="…"` when a token was sent.
+    fn challenge(self, realm: Realm) -> HeaderValue {
+        let mut challenge = format!("Bearer realm=\"{}\"", realm.name());
+        if let Some(error) = self.error {
+            challenge.push_str(&format!(", error=\"{error}\""));
+        }
+        HeaderValue::try_from(challenge).unwrap_or(HeaderValue::from_static("Bearer"))
+    }
+}
+
+/// A request with more than one `Authorization` header: which one is meant cannot be
+/// told, so none is checked.
+const MORE_THAN_ONE_AUTHORIZATION: Refusal = Refusal {
+    detail: "This request has more than one `Authorization` header. Send exactly one: \
+             `Authorization: Bearer <token>`.",
+    error: Some("invalid_request"),
+};
+
+/// The 401 problem of `refusal` (`Authenticator::refuse` adds its challenge).
+fn unauthorized(refusal: Refusal) -> ApiError {
     Problem::new(ProblemType::Unauthorized)
-        .detail(detail)
+        .detail(refusal.detail)
         .into()
 }
 
-/// What a bearer token proves: who sent the request, or the detail of its failed
-/// authentication.
-type Identified<T> = Result<T, &'static str>;
+/// The token of the request's one `Authorization: Bearer` header (None: no bearer
+/// token); refused when there is more than one `Authorization` header, whatever they
+/// hold, before any is read.
+fn one_bearer(headers: &HeaderMap) -> Result<Option<String>, Refusal> {
+    if headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
+        return Err(MORE_THAN_ONE_AUTHORIZATION);
+    }
+    Ok(bearer(headers))
+}
+
+/// What a bearer token proves: who sent the request, or why its authentication failed.
+type Identified<T> = Result<T, Refusal>;
 
 /// `FromRequestParts` for who a bearer token proves a request is from, as `$identify`
 /// reads the credential `$read` makes of the token (None: no `Authorization: Bearer`):
 /// 429 first when the client's address failed too often; a failed authentication is
-/// counted against the address. A credential `$known` does not say is cached is checked
-/// in the address's turn (`Authenticator::turn`).
+/// counted against the address, and its 401 challenges for `$realm`. A credential `$known`
+/// does not say is cached is checked in the address's turn (`Authenticator::turn`).
 macro_rules! from_bearer {
-    ($who:ty, $read:expr, $identify:ident, $known:expr) => {
+    ($who:ty, $realm:expr, $read:expr, $identify:ident, $known:expr) => {
         impl FromRequestParts<AppState> for $who {
-            type Rejection = ApiError;
+            type Rejection = Response;
 
             async fn from_request_parts(
                 parts: &mut Parts,
                 state: &AppState,
             ) -> Result<Self, Self::Rejection> {
                 let auth = &state.auth;
-                let (client, token) = auth.bearer_of(parts).await?;
+                let client = client_address(parts);
+                auth.refuse_if_blocked(client)
+                    .await
+                    .map_err(IntoResponse::into_response)?;
+                let token = match one_bearer(&parts.headers) {
+                    Ok(token) => token,
+                    Err(refusal) => return Err(auth.refuse(client, $realm, refusal).await),
+                };
                 let credential = $read(token);
                 let _turn = if $known(auth, &credential) {
                     Turn { _held: None }
                 } else {
-                    auth.turn(client).await?
+                    auth.turn(client)
+                        .await
+                        .map_err(IntoResponse::into_response)?
                 };
-                match $identify(state, credential).await? {
+                match $identify(state, credential)
+                    .await
+                    .map_err(IntoResponse::into_response)?
+                {
                     Ok(who) => Ok(who),
-                    Err(detail) => Err(auth.failed(client, detail).await),
+                    Err(refusal) => Err(auth.refuse(client, $realm, refusal).await),
                 }
             }
         }
@@ -291,6 +391,7 @@ pub struct Merchant(pub Uuid);
 
 from_bearer!(
     Merchant,
+    Realm::Merchants,
     api_key_hash,
     merchant_of,
     Authenticator::knows_key
@@ -308,7 +409,9 @@ async fn merchant_of(
     hash: Option<String>,
 ) -> Result<Identified<Merchant>, ApiError> {
     let Some(hash) = hash else {
-        return Ok(Err("Send your API key as `Authorization: Bearer <key>`."));
+        return Ok(Err(Refusal::missing(
+            "Send your API key as `Authorization: Bearer <key>`.",
+        )));
     };
     let auth = &state.auth;
     let detail = match auth.credential(&state.db, hash).await? {
@@ -324,7 +427,7 @@ async fn merchant_of(
         Credential::Revoked => "This API key was revoked. Use another key of this merchant.",
         Credential::Unknown => "Unknown API key.",
     };
-    Ok(Err(detail))
+    Ok(Err(Refusal::invalid(detail)))
 }
 
 /// The 401 of an on-call endpoint, as its OpenAPI operation documents it (documentation
@@ -332,8 +435,11 @@ async fn merchant_of(
 #[derive(utoipa::IntoResponses)]
 #[response(
     status = 401,
-    description = "Missing or wrong admin token",
-    content_type = "application/problem+json"
+    description = "Missing or wrong admin token, or more than one `Authorization` header",
+    content_type = "application/problem+json",
+    headers(
+        ("WWW-Authenticate" = String, description = "`Bearer realm=\"pagos-admin\"`, with `error=\"invalid_token\"` for a token sent but refused")
+    )
 )]
 #[allow(dead_code)]
 pub struct AdminTokenRefused(Problem);
@@ -364,8 +470,11 @@ pub struct PaymentNotFound(Problem);
 #[derive(utoipa::IntoResponses)]
 #[response(
     status = 401,
-    description = "Missing, unknown, expired or revoked API key",
-    content_type = "application/problem+json"
+    description = "Missing, unknown, expired or revoked API key, or more than one `Authorization` header",
+    content_type = "application/problem+json",
+    headers(
+        ("WWW-Authenticate" = String, description = "`Bearer realm=\"pagos\"`, with `error=\"invalid_token\"` for a key sent but refused")
+    )
 )]
 #[allow(dead_code)]
 pub struct ApiKeyRefused(Problem);
@@ -441,6 +550,7 @@ pub async fn who_is(state: &AppState, given: &str) -> Result<Option<Admin>, ApiE
 // sends few requests).
 from_bearer!(
     Admin,
+    Realm::Admin,
     std::convert::identity,
     admin_of,
     |_: &Authenticator, _: &Option<String>| false
@@ -448,23 +558,22 @@ from_bearer!(
 
 /// On-call as `token` (the admin token or an operator's) proves it.
 async fn admin_of(state: &AppState, token: Option<String>) -> Result<Identified<Admin>, ApiError> {
+    const HOW: &str =
+        "Send the admin token or an operator's token as `Authorization: Bearer <token>`.";
     let given = token.unwrap_or_default();
-    Ok(who_is(state, &given)
-        .await?
-        .ok_or("Send the admin token or an operator's token as `Authorization: Bearer <token>`."))
+    let refusal = if given.is_empty() {
+        Refusal::missing(HOW)
+    } else {
+        Refusal::invalid(HOW)
+    };
+    Ok(who_is(state, &given).await?.ok_or(refusal))
 }
 
 impl Authenticator {
-    /// A request's address and bearer token; 429 when the address failed too often.
-    async fn bearer_of(&self, parts: &Parts) -> Result<(Option<IpAddr>, Option<String>), ApiError> {
-        let client = client_address(parts);
-        self.refuse_if_blocked(client).await?;
-        Ok((client, bearer(&parts.headers)))
-    }
-
     /// For the console's login: counts a failed attempt (the 401 or 429 to show).
     pub async fn count_failure(&self, client: Option<IpAddr>) -> ApiError {
-        self.failed(client, "Unknown or revoked token.").await
+        self.failed(client, Refusal::invalid("Unknown or revoked token."))
+            .await
     }
 }
 
@@ -503,10 +612,10 @@ mod tests {
         let auth = Authenticator::new(3);
         let client = Some("192.0.2.1".parse().expect("ip"));
         for _ in 0..3 {
-            let err = auth.failed(client, "no").await;
+            let err = auth.failed(client, Refusal::invalid("no")).await;
             assert!(matches!(err, ApiError::Problem(p) if p.status == Some(401)));
         }
-        let err = auth.failed(client, "no").await;
+        let err = auth.failed(client, Refusal::invalid("no")).await;
         assert!(
             matches!(&err, ApiError::Problem(p) if p.status == Some(429) && p.retry_after >= Some(1)),
             "{err:?}"

@@ -112,7 +112,12 @@ pub(super) fn not_json(reason: &str) -> ApiError {
     )
 }
 
-pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
+/// The request's `Idempotency-Key`: 400 when it is missing, repeated or malformed, telling
+/// to send one key per `intent` (`payment`, `refund`) on every retry of it.
+pub(super) fn idempotency_key(
+    headers: &HeaderMap,
+    intent: &str,
+) -> Result<IdempotencyKey, ApiError> {
     let mut values = headers.get_all("idempotency-key").iter();
     let parsed = match (values.next(), values.next()) {
         (None, _) => Err(KeyError::Missing),
@@ -127,7 +132,9 @@ pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, Api
         };
         problem(
             kind,
-            format!("{err}. Generate one key (a UUID v4) per payment and send it on every retry of that payment."),
+            format!(
+                "{err}. Generate one key (a UUID v4) per {intent} and send it on every retry of that {intent}."
+            ),
         )
     })
 }
@@ -266,7 +273,7 @@ async fn create_payment(
     json: Result<Json<Box<RawValue>>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Body(sent) = body(json)?;
-    let key = idempotency_key(&headers)?;
+    let key = idempotency_key(&headers, "payment")?;
     let sent = sent?;
     // A replay from memory first, by the bytes sent, before the body is parsed: a client
     // retrying sends what it sent. Without a future either: the paths below are boxed, so

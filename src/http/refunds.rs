@@ -127,7 +127,7 @@ fn parse(
     reason_required: bool,
 ) -> Result<Asked, ApiError> {
     let Body(sent) = body(json)?;
-    let key = idempotency_key(headers)?;
+    let key = idempotency_key(headers, "refund")?;
     // A member written twice or a NUL is refused with the fields (`pagos_types::body`).
     let Read { value, refused } =
         pagos_types::body::read(sent?.get()).map_err(|err| not_json(&err.to_string()))?;

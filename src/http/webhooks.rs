@@ -9,7 +9,7 @@
 //! and the redelivery starts over from nothing.
 
 use super::AppState;
-use super::auth::Admin;
+use super::auth::{Admin, AdminTokenRefused};
 use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
 use crate::config::exposed;
 use crate::domain::FieldError;
@@ -695,7 +695,7 @@ impl From<webhook_charge::Model> for CargoHuerfano {
     params(OrphanQuery),
     responses(
         (status = 200, description = "Orphan charges, oldest first", body = [CargoHuerfano]),
-        (status = 401, description = "Missing or wrong admin token, or PAGOS_ADMIN_TOKEN unset", body = Problem, content_type = "application/problem+json"),
+        AdminTokenRefused,
         (status = 422, description = "`limite` is not a whole number between 1 and 1000, or is given more than once (`errores` names it)", body = Problem, content_type = "application/problem+json"),
     )
 )]

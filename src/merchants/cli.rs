@@ -101,6 +101,11 @@ async fn open(database: &DatabaseArgs) -> anyhow::Result<DatabaseConnection> {
     crate::db::open(database).await
 }
 
+/// As `open`, for a command that only reads: a read-only SQLite URL will do.
+async fn open_to_read(database: &DatabaseArgs) -> anyhow::Result<DatabaseConnection> {
+    crate::db::open_to_read(database).await
+}
+
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct MerchantJson {
@@ -111,7 +116,7 @@ struct MerchantJson {
 }
 
 async fn list_merchants(args: MerchantListArgs) -> anyhow::Result<ExitCode> {
-    let db = open(&args.database).await?;
+    let db = open_to_read(&args.database).await?;
     let merchants = store::list_merchants(&db).await?;
     if args.json {
         let rows: Vec<MerchantJson> = merchants
@@ -205,7 +210,7 @@ impl KeyJson {
 }
 
 async fn list_keys(args: KeyListArgs) -> anyhow::Result<ExitCode> {
-    let db = open(&args.database).await?;
+    let db = open_to_read(&args.database).await?;
     let merchant = match merchant_named(&db, &args.name).await? {
         Ok(merchant) => merchant,
         Err(code) => return Ok(code),

@@ -73,7 +73,7 @@ async fn revoke(args: OperatorRevokeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn list(args: OperatorListArgs) -> anyhow::Result<ExitCode> {
-    let db = open(&args.database).await?;
+    let db = crate::db::open_to_read(&args.database).await?;
     let rows = store::list(&db).await?.into_iter().map(|row| {
         vec![
             row.name,

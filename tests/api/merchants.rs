@@ -6,7 +6,7 @@
 
 use crate::helpers::{
     ADMIN_TOKEN, API_KEY, Backend, Charge, OTHER_API_KEY, Spawn, TestApp, TestDatabase, json,
-    payment_body,
+    payment_body, send,
 };
 use crate::on_both_databases;
 use crate::process::BIN;
@@ -604,4 +604,155 @@ async fn an_address_over_the_limit_gets_no_guess_checked_until_its_minute_is_ove
         429,
         "a guess two seconds after the block is not checked"
     );
+}
+
+on_both_databases!(
+    every_401_of_the_merchant_and_admin_apis_carries_a_bearer_challenge,
+    a_request_with_two_authorization_headers_is_refused_before_any_key_is_checked,
+);
+
+/// The `WWW-Authenticate` challenge of a 401 (RFC 9110 §15.5.2: every 401 carries one).
+fn challenge_of(answer: &reqwest::Response, what: &str) -> String {
+    assert_eq!(answer.status(), 401, "{what}");
+    answer
+        .headers()
+        .get("www-authenticate")
+        .unwrap_or_else(|| panic!("{what}: a 401 without WWW-Authenticate"))
+        .to_str()
+        .expect("text")
+        .to_owned()
+}
+
+/// Every 401 of the merchant API and of the admin API says how to authenticate: a
+/// `Bearer` challenge of its realm, with `error="invalid_token"` (RFC 6750) when a
+/// token was sent but refused, and none when no token was sent. Before, no 401 carried
+/// `WWW-Authenticate`.
+async fn every_401_of_the_merchant_and_admin_apis_carries_a_bearer_challenge(backend: Backend) {
+    let app = crate::helpers::started(backend, &[]).await;
+    let payment = format!("/v1/pagos/{}", uuid::Uuid::nil());
+
+    let none = app.get(&payment).await;
+    assert_eq!(
+        challenge_of(&none, "no key"),
+        r#"Bearer realm="pagos""#,
+        "no key sent: no error code"
+    );
+    let unsent = send(
+        app.http
+            .post(app.url("/v1/pagos"))
+            .header("Idempotency-Key", "k-no-key")
+            .json(&payment_body()),
+    )
+    .await;
+    assert_eq!(
+        challenge_of(&unsent, "a payment without key"),
+        r#"Bearer realm="pagos""#
+    );
+    let unknown = probe(&app, &app.http, "sk_live_never_issued").await;
+    assert_eq!(
+        challenge_of(&unknown, "an unknown key"),
+        r#"Bearer realm="pagos", error="invalid_token""#
+    );
+    let revoked = new_key(&app, "acme", &[]).await;
+    let prefix = key_with_prefix(&keys_of(&app, "acme").await, &revoked)["prefix"]
+        .as_str()
+        .expect("prefix")
+        .to_owned();
+    pagos(&app, &["merchants", "keys", "revoke", "acme", &prefix]).await;
+    let refused = probe(&app, &app.http, &revoked).await;
+    assert_eq!(
+        challenge_of(&refused, "a revoked key"),
+        r#"Bearer realm="pagos", error="invalid_token""#
+    );
+    assert_eq!(
+        detail(refused).await,
+        "This API key was revoked. Use another key of this merchant."
+    );
+
+    let admin = app.get("/admin/pagos?estado=ENVIADA").await;
+    assert_eq!(
+        challenge_of(&admin, "no admin token"),
+        r#"Bearer realm="pagos-admin""#
+    );
+    for path in ["/admin/pagos?estado=ENVIADA", "/admin/cargos-huerfanos"] {
+        let wrong = app.get_as("not-the-token", path).await;
+        assert_eq!(
+            challenge_of(&wrong, path),
+            r#"Bearer realm="pagos-admin", error="invalid_token""#
+        );
+        assert_eq!(wrong.headers()["content-type"], "application/problem+json");
+    }
+}
+
+/// A request with two `Authorization` headers is refused whichever comes first and
+/// whether or not they are equal, before any key is checked, and counts as a failed
+/// authentication. Before, the first won: a valid key followed by a bogus one made a
+/// payment (201).
+async fn a_request_with_two_authorization_headers_is_refused_before_any_key_is_checked(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .flags(&["--auth-failures-per-minute", "4"])
+        .start()
+        .await;
+    app.answer_charges(Charge::succeeded()).await;
+    let valid = format!("Bearer {API_KEY}");
+    let pay_with = |first: &str, second: &str, key: &str| {
+        app.http
+            .post(app.url("/v1/pagos"))
+            .header("Authorization", first)
+            .header("Authorization", second)
+            .header("Idempotency-Key", key)
+            .json(&payment_body())
+            .send()
+    };
+    for (i, (first, second)) in [
+        (valid.as_str(), "Bearer sk_live_bogus"),
+        ("Bearer sk_live_bogus", valid.as_str()),
+        (valid.as_str(), valid.as_str()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let answer = pay_with(first, second, &format!("k-two-{i}"))
+            .await
+            .expect("sent");
+        assert_eq!(
+            challenge_of(&answer, &format!("{first} then {second}")),
+            r#"Bearer realm="pagos", error="invalid_request""#
+        );
+        assert_eq!(answer.headers()["content-type"], "application/problem+json");
+        let body = json(answer).await;
+        assert_eq!(body["type"], "/problems/unauthorized");
+        assert_eq!(
+            body["detail"],
+            "This request has more than one `Authorization` header. Send exactly one: \
+             `Authorization: Bearer <token>`."
+        );
+    }
+    assert_eq!(app.count_rows().await, (0, 0), "nothing stored");
+    assert!(app.charges_seen().await.is_empty(), "nothing charged");
+
+    let admin = send(
+        app.http
+            .get(app.url("/admin/pagos?estado=ENVIADA"))
+            .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .header("Authorization", format!("Bearer {ADMIN_TOKEN}")),
+    )
+    .await;
+    assert_eq!(
+        challenge_of(&admin, "two admin tokens"),
+        r#"Bearer realm="pagos-admin", error="invalid_request""#
+    );
+
+    // Four failures so far, the limit: the next from this address is one too many, and
+    // the address is refused whatever it sends.
+    let refused = pay_with(&valid, "Bearer sk_live_bogus", "k-two-3")
+        .await
+        .expect("sent");
+    assert_eq!(refused.status(), 429, "counted as failed authentications");
+    assert_eq!(probe(&app, &app.http, API_KEY).await.status(), 429);
+    // One header, from another address: the key works.
+    let other = client_at_another_address();
+    assert_eq!(probe(&app, &other, API_KEY).await.status(), 404);
 }

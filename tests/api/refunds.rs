@@ -1424,3 +1424,68 @@ async fn a_refund_sent_to_review_because_the_provider_cannot_be_asked_keeps_the_
     );
     assert!(paged.last_error_at.is_some());
 }
+
+on_both_databases!(a_refund_without_a_good_idempotency_key_is_told_one_key_per_refund);
+
+/// A refund whose `Idempotency-Key` is missing, malformed or repeated is told to send
+/// one key per refund, on the merchant's endpoint and on-call's alike; a payment is
+/// still told one per payment. Before, a refund was told "one key … per payment and
+/// send it on every retry of that payment": a merchant following it would send a
+/// payment's key with every refund of it, and its second refund would be a replay of
+/// the first.
+async fn a_refund_without_a_good_idempotency_key_is_told_one_key_per_refund(backend: Backend) {
+    let (app, fake) = app_with(backend, &[]).await;
+    let payment = paid(&app, "pay-1").await;
+    let per_refund = "Generate one key (a UUID v4) per refund and send it on every retry of \
+                      that refund.";
+    for (path, token) in [
+        (format!("/v1/pagos/{payment}/reembolsos"), API_KEY),
+        (format!("/admin/pagos/{payment}/reembolsos"), ADMIN_TOKEN),
+    ] {
+        let keys: [&[&str]; 3] = [&[], &["not a key"], &["k-1", "k-2"]];
+        for (keys, slug) in keys.into_iter().zip([
+            "idempotency-key-missing",
+            "idempotency-key-malformed",
+            "idempotency-key-malformed",
+        ]) {
+            let mut request = app
+                .http
+                .post(app.url(&path))
+                .bearer_auth(token)
+                .json(&json!({"monto": 1000, "motivo": "cliente llamó"}));
+            for key in keys {
+                request = request.header("Idempotency-Key", *key);
+            }
+            let answer = request.send().await.expect("sent");
+            assert_eq!(answer.status(), 400, "{path} with {keys:?}");
+            let body = json(answer).await;
+            assert_eq!(body["type"], format!("/problems/{slug}"), "{body}");
+            let detail = body["detail"].as_str().expect("detail");
+            assert!(
+                detail.ends_with(per_refund),
+                "{path} with {keys:?}: {detail}"
+            );
+            assert!(!detail.contains("payment"), "{detail}");
+        }
+    }
+    assert!(fake.made().is_empty(), "nothing refunded");
+
+    let answer = app
+        .http
+        .post(app.url("/v1/pagos"))
+        .bearer_auth(API_KEY)
+        .json(&payment_body())
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(answer.status(), 400);
+    assert!(
+        json(answer).await["detail"]
+            .as_str()
+            .is_some_and(|d| d.ends_with(
+                "Generate one key (a UUID v4) per payment and send it on every retry of that \
+                 payment."
+            )),
+        "a payment is still told one key per payment"
+    );
+}

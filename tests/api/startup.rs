@@ -497,3 +497,167 @@ async fn sigterm_while_waiting_for_another_process_migrations_stops_before_servi
     assert!(logs().contains("stopped before serving"), "{}", logs());
     assert!(!logs().contains("pagos listening"), "{}", logs());
 }
+
+/// A SQLite URL that would keep nothing is refused by every command, naming the setting:
+/// `sqlite:` names no file (before: `pagos: applying migrations: Execution Error: … no such
+/// table: payments`, exit 1: each connection had a temporary database of its own), and a
+/// database in memory is lost at exit with every payment in it (before: `serve` ran on it).
+#[test]
+fn an_sqlite_url_without_a_file_or_in_memory_is_refused_by_every_command() {
+    let dir = tempfile::tempdir().expect("dir");
+    let memory = format!("sqlite://{}?mode=memory", dir.path().join("m.db").display());
+    for (url, says) in [
+        ("sqlite:", "names no file"),
+        ("sqlite://", "names no file"),
+        ("sqlite::memory:", "in-memory SQLite database"),
+        (memory.as_str(), "in-memory SQLite database"),
+    ] {
+        for command in EVERY_COMMAND {
+            let line = refused_with(
+                &pagos(&with_url(command, url), &[]),
+                &["invalid setting PAGOS_DATABASE_URL (--database-url)", says],
+            );
+            assert!(
+                line.contains("sqlite://FILE?mode=rwc"),
+                "what to do: {line}"
+            );
+        }
+    }
+    assert!(
+        !dir.path().join("m.db").exists(),
+        "nothing was created before refusing"
+    );
+}
+
+/// A read-only SQLite URL (`mode=ro`, `immutable=1`) is refused by every command that
+/// writes, naming the setting, exit 2 (before: `serve` stopped with `pagos: Execution
+/// Error: … attempt to write a readonly database`, exit 1), and still serves the commands
+/// that only read.
+#[test]
+fn a_read_only_sqlite_url_is_refused_by_the_commands_that_write() {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("p.db");
+    let migrated = pagos(
+        &[
+            "migrate",
+            "--database-url",
+            &format!("sqlite://{}?mode=rwc", file.display()),
+        ],
+        &[],
+    );
+    assert!(migrated.status.success(), "{migrated:?}");
+    for query in ["mode=ro", "immutable=1"] {
+        let url = format!("sqlite://{}?{query}", file.display());
+        for command in EVERY_COMMAND.iter().copied().chain([
+            &["merchants", "keys", "add", "acme"][..],
+            &["operators", "add", "ana"],
+        ]) {
+            refused_with(
+                &pagos(&with_url(command, &url), &[]),
+                &[
+                    "invalid setting PAGOS_DATABASE_URL (--database-url)",
+                    "read-only",
+                    "this command writes",
+                ],
+            );
+        }
+        for command in [
+            &["merchants", "list"][..],
+            &["merchants", "keys", "list", "acme"],
+            &["operators", "list"],
+        ] {
+            let output = pagos(&with_url(command, &url), &[]);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(
+                !stderr.contains("PAGOS_DATABASE_URL"),
+                "{command:?} only reads: {stderr}"
+            );
+        }
+    }
+}
+
+/// Asserts exit code 2 and a last line of stderr (what `serve` logged while it started
+/// comes before it) naming `setting` and holding every one of `says`; returns the line.
+fn setting_refused(output: &Output, setting: &str, says: &[&str]) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "exit 2: {stderr}");
+    let last = stderr
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        last.starts_with(&format!("pagos: invalid setting {setting}: ")),
+        "names {setting}: {stderr}"
+    );
+    for part in says {
+        assert!(last.contains(part), "says {part:?}: {stderr}");
+    }
+    last
+}
+
+/// An address pagos cannot listen on, whether no interface of this host has it or
+/// another process listens there, is a bad setting: exit 2, one line naming it. Before:
+/// `pagos: cannot listen on … (PAGOS_BIND): …`, exit 1, which an orchestrator takes for a
+/// crash to restart, not a configuration to fix. Nothing is sent anywhere: binding an
+/// address this host does not have fails at once.
+#[test]
+fn an_address_that_cannot_be_listened_on_stops_serve_naming_it_with_exit_2() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = format!("sqlite://{}?mode=rwc", dir.path().join("p.db").display());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken = taken.local_addr().expect("addr").to_string();
+    let serve = |env: &[(&str, &str)]| pagos(&["serve", "--database-url", &db], env);
+
+    setting_refused(
+        &serve(&[("PAGOS_BIND", "203.0.113.5:18661")]),
+        "PAGOS_BIND (--bind)",
+        &[
+            "cannot listen on 203.0.113.5:18661",
+            "no interface of this host has that address",
+        ],
+    );
+    setting_refused(
+        &serve(&[("PAGOS_BIND", &taken)]),
+        "PAGOS_BIND (--bind)",
+        &[
+            &format!("cannot listen on {taken}"),
+            "another process listens on that port",
+        ],
+    );
+    for admin in ["203.0.113.5:18662", taken.as_str()] {
+        setting_refused(
+            &serve(&[("PAGOS_BIND", "127.0.0.1:0"), ("PAGOS_ADMIN_BIND", admin)]),
+            "PAGOS_ADMIN_BIND (--admin-bind)",
+            &[&format!("cannot listen on {admin}")],
+        );
+    }
+    // The standalone sandbox gateway's own address too.
+    setting_refused(
+        &pagos(&["sandbox-gateway"], &[("PAGOS_SANDBOX_BIND", &taken)]),
+        "PAGOS_SANDBOX_BIND (--bind)",
+        &[&format!("cannot listen on {taken}")],
+    );
+}
+
+/// `PAGOS_LOG_FORMAT`, a flag of every command, is named when its value is bad, as every
+/// other setting is (before: `pagos: invalid value 'xml' for '--log-format <LOG_FORMAT>'`,
+/// without the variable an operator set).
+#[test]
+fn a_bad_log_format_is_refused_naming_pagos_log_format() {
+    for command in [&["serve"][..], &["migrate"], &["merchants", "list"]] {
+        let by_env = pagos(command, &[("PAGOS_LOG_FORMAT", "xml")]);
+        let mut with_flag = command.to_vec();
+        with_flag.extend_from_slice(&["--log-format", "xml"]);
+        for output in [by_env, pagos(&with_flag, &[])] {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "exit 2: {stderr}");
+            assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+            assert!(
+                stderr.starts_with("pagos: invalid setting PAGOS_LOG_FORMAT: invalid value 'xml'"),
+                "{command:?}: {stderr}"
+            );
+        }
+    }
+}

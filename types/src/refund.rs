@@ -184,7 +184,10 @@ fn parse_amount(object: &Map<String, Value>) -> Result<Option<i64>, FieldError> 
                 "must be a whole number of minor units (no decimals)",
             )),
         },
-        Some(_) => Err(field_error("monto", "must be a number, not a string")),
+        Some(other) => Err(field_error(
+            "monto",
+            crate::request::must_be_a_number(other),
+        )),
     }
 }
 
@@ -244,6 +247,22 @@ mod tests {
                 reason: None
             })
         );
+    }
+
+    #[test]
+    fn a_monto_that_is_not_a_number_is_told_what_it_is() {
+        for (written, what) in [
+            (json!("50000"), "must be a number, not a string"),
+            (json!(true), "must be a number, not a boolean"),
+            (json!([1]), "must be a number, not an array"),
+            (json!({"valor": 1}), "must be a number, not an object"),
+        ] {
+            let errors =
+                NewRefund::from_json(&json!({ "monto": written }), false).expect_err("refused");
+            assert_eq!(errors.len(), 1, "{written}");
+            assert_eq!(errors[0].campo, "monto");
+            assert_eq!(errors[0].detalle, what, "{written}");
+        }
     }
 
     #[test]

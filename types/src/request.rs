@@ -670,8 +670,22 @@ fn parse_amount(object: &Map<String, Value>, ceiling: &Ceiling) -> Result<i64, F
                 "must be a whole number of minor units (no decimals)",
             )),
         },
-        Some(_) => Err(field_error("monto", "must be a number, not a string")),
+        Some(other) => Err(field_error("monto", must_be_a_number(other))),
     }
+}
+
+/// What a `monto` that is not a number is told: what it is instead (`true` is a boolean,
+/// `[1]` an array, `"1"` a string).
+pub(crate) fn must_be_a_number(value: &Value) -> String {
+    let what = match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    };
+    format!("must be a number, not {what}")
 }
 
 fn parse_currency(object: &Map<String, Value>) -> Result<Currency, FieldError> {
@@ -757,6 +771,25 @@ mod tests {
                 vec!["monto"],
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn a_monto_that_is_not_a_number_is_told_what_it_is() {
+        for (written, what) in [
+            (json!("250000"), "must be a number, not a string"),
+            (json!(true), "must be a number, not a boolean"),
+            (json!([1]), "must be a number, not an array"),
+            (json!({"valor": 1}), "must be a number, not an object"),
+        ] {
+            let why = amount_error(
+                GatewayNeeds::Nothing,
+                MAX_SAFE_AMOUNT,
+                written.clone(),
+                "COP",
+            )
+            .expect("refused");
+            assert_eq!(why, what, "{written}");
         }
     }
 
