@@ -522,8 +522,6 @@ fn bad_url_reason(err: &sqlx::Error) -> String {
     }
 }
 
-/// One SQLite connection, alone: the file is opened (and created with `mode=rwc`) as the
-/// pool would, so a missing directory or a read-only place is told here.
 /// Why the SQLite `url` cannot hold pagos' data for `access`, read before anything is
 /// opened: a database in memory (lost at exit, every payment with it), no file at all
 /// (SQLite then gives each connection a temporary database of its own: the migrations
@@ -563,6 +561,8 @@ fn sqlite_refusal(url: &str, access: Access) -> Option<String> {
     }
 }
 
+/// One SQLite connection, alone: the file is opened (and created with `mode=rwc`) as the
+/// pool would, so a missing directory or a read-only place is told here.
 async fn probe_sqlite(url: &str) -> Result<(), OpenError> {
     let options =
         SqliteConnectOptions::from_str(url).map_err(|e| OpenError::BadUrl(bad_url_reason(&e)))?;
