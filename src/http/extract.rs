@@ -3,8 +3,8 @@
 //! other refusal. Handlers take these, or axum's own wrapped in a `Result`, never a bare
 //! `Path`, `Query`, `Json` or `Bytes`, whose rejections are plain text.
 //!
-//! A JSON body that is not the merchant's payment or refund (webhook endpoints and their
-//! reactivation) is read by [`json_object`] and
+//! A JSON body that is not the merchant's payment or refund (webhook endpoints, their
+//! reactivation, on-call's reconciliation and resolutions) is read by [`json_object`] and
 //! its [`Fields`], as `POST /v1/pagos` reads its own: 415 for a body that does not say it
 //! is JSON, 400 for one that is not JSON, 422 `validation-failed` listing in `errores`
 //! every field at fault (a body that is not an object, `(cuerpo)`; a member written
