@@ -21,11 +21,11 @@ use crate::saga::store::{self, Actor, Changes, Written};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::HeaderMap;
 use chrono::SecondsFormat;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -105,16 +105,62 @@ pub struct ListaPagosAdmin {
     pub pagos: Vec<PagoAdmin>,
 }
 
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
+/// The query of `GET /admin/pagos` (documentation only: the handler reads the query
+/// itself, `list_query`, to name every parameter at fault).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
 pub struct ListQuery {
     /// EN_PROCESO, ENVIADA, COMPLETADA, FALLIDA or REVISION_MANUAL
-    estado: String,
+    estado: PaymentState,
     /// At most this many (default 50, at most 1000)
     limite: Option<u64>,
 }
 
-fn bad_request(detail: impl Into<String>) -> ApiError {
-    Problem::new(ProblemType::Validation).detail(detail).into()
+const DEFAULT_LIST_LIMIT: u64 = 50;
+const MAX_LIST_LIMIT: u64 = 1000;
+
+/// The query of `GET /admin/pagos`, as the merchant's list reads its own: every parameter
+/// once, none unknown, `estado` required; a 422 naming each at fault (`errores`).
+fn list_query(query: &str) -> Result<(PaymentState, u64), ApiError> {
+    let mut estado = None;
+    let mut limit = None;
+    let mut errors = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        let mut error = |detalle: String| errors.push(field_error(&name, detalle));
+        if !seen.insert(name.clone().into_owned()) {
+            error("given more than once".into());
+            continue;
+        }
+        match name.as_ref() {
+            "estado" => match value.parse::<PaymentState>() {
+                Ok(state) => estado = Some(state),
+                Err(_) => error(format!(
+                    "one of {}",
+                    PaymentState::ALL.map(PaymentState::as_str).join(", ")
+                )),
+            },
+            "limite" => match value.parse::<u64>() {
+                Ok(n) if (1..=MAX_LIST_LIMIT).contains(&n) => limit = Some(n),
+                _ => error(format!("a whole number from 1 to {MAX_LIST_LIMIT}")),
+            },
+            _ => error("unknown parameter; known: estado, limite".into()),
+        }
+    }
+    if estado.is_none() && !seen.contains("estado") {
+        errors.push(field_error(
+            "estado",
+            format!(
+                "required: one of {}",
+                PaymentState::ALL.map(PaymentState::as_str).join(", ")
+            ),
+        ));
+    }
+    match estado {
+        Some(estado) if errors.is_empty() => Ok((estado, limit.unwrap_or(DEFAULT_LIST_LIMIT))),
+        _ => Err(super::search::invalid(errors)),
+    }
 }
 
 /// Payments in a state, oldest first.
@@ -127,25 +173,15 @@ fn bad_request(detail: impl Into<String>) -> ApiError {
     responses(
         (status = 200, description = "Payments, oldest first", body = ListaPagosAdmin),
         AdminTokenRefused,
-        (status = 422, description = "Unknown state or bad limit", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`estado` missing or not a state, `limite` not a whole number from 1 to 1000, a parameter given twice or unknown (`errores` names each)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn list_payments(
     State(state): State<AppState>,
     _admin: Admin,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<ListaPagosAdmin>, ApiError> {
-    let Query(query) =
-        query.map_err(|e| bad_request(format!("{e}: use ?estado=ENVIADA&limite=50")))?;
-    let estado: PaymentState = query.estado.parse().map_err(|_| {
-        bad_request(
-            "estado must be one of EN_PROCESO, ENVIADA, COMPLETADA, FALLIDA, REVISION_MANUAL",
-        )
-    })?;
-    let limit = query.limite.unwrap_or(50);
-    if !(1..=1000).contains(&limit) {
-        return Err(bad_request("limite must be between 1 and 1000"));
-    }
+    let (estado, limit) = list_query(&query.unwrap_or_default())?;
     let rows = payment::Entity::find()
         .filter(payment::Column::State.eq(estado.as_str()))
         .order_by_asc(payment::Column::CreatedAt)

@@ -24,6 +24,7 @@ on_both_databases!(
     an_on_call_refund_leaves_a_row_and_its_replay_says_nothing_new_was_refunded,
     resolutions_and_refunds_whose_audit_row_cannot_be_written_are_refused_and_nothing_is_done,
     an_action_a_newer_pagos_recorded_is_listed_by_its_name,
+    the_admin_list_of_payments_takes_its_parameters_in_the_query_and_refuses_unknown_ones,
 );
 
 /// On-call's actions, newest first, as `token` reads them with `query`.
@@ -763,4 +764,44 @@ async fn an_action_a_newer_pagos_recorded_is_listed_by_its_name(backend: Backend
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["accion"], "a_newer_action", "{rows:?}");
     assert_eq!(rows[0]["operador"], "admin", "{rows:?}");
+}
+
+/// `GET /admin/pagos` documents `estado` and `limite` as what they are, query parameters
+/// (`estado` required, `limite` not; before, both path parameters, required), and reads
+/// its query as the merchant's list reads its own: a parameter it does not know, given
+/// twice or missing is a 422 naming it (before: `?estado=COMPLETADA&foo=1` was a 200).
+async fn the_admin_list_of_payments_takes_its_parameters_in_the_query_and_refuses_unknown_ones(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let operation = &app.openapi().await["paths"]["/admin/pagos"]["get"];
+    let parameters = operation["parameters"].as_array().expect("parameters");
+    let names: Vec<&str> = parameters
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(names, ["estado", "limite"], "{operation}");
+    for parameter in parameters {
+        assert_eq!(parameter["in"], "query", "{parameter}");
+    }
+    assert_eq!(parameters[0]["required"], true, "estado: {}", parameters[0]);
+    assert_ne!(parameters[1]["required"], true, "limite: {}", parameters[1]);
+
+    for (query, campo) in [
+        ("?estado=COMPLETADA&foo=1", "foo"),
+        ("?limite=5", "estado"),
+        ("?estado=PAGADA", "estado"),
+        ("?estado=COMPLETADA&limite=0", "limite"),
+        ("?estado=COMPLETADA&limite=1001", "limite"),
+        ("?estado=COMPLETADA&estado=FALLIDA", "estado"),
+    ] {
+        let answer = app.admin_get(&format!("/admin/pagos{query}")).await;
+        let problem = crate::helpers::problem(answer, 422, query).await;
+        assert_eq!(problem["type"], "/problems/validation-failed", "{query}");
+        assert_eq!(problem["errores"][0]["campo"], campo, "{query}: {problem}");
+    }
+    let listed = app
+        .admin_get("/admin/pagos?estado=COMPLETADA&limite=1000")
+        .await;
+    assert_eq!(listed.status(), 200);
 }
