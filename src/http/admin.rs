@@ -73,9 +73,11 @@ pub struct UltimoError {
 }
 
 impl PagoAdmin {
-    pub fn of(p: &payment::Model) -> Self {
+    /// `p` as on-call sees it, `refunded` of it given back (`montoReembolsado`: its
+    /// refunds `COMPLETADO`, as the merchant's `GET /v1/pagos/{id}` shows it).
+    pub fn of(p: &payment::Model, refunded: i64) -> Self {
         PagoAdmin {
-            pago: crate::representation::pago(p),
+            pago: crate::representation::pago_with_refunds(p, refunded),
             merchant_id: p.merchant_id,
             intentos: p.attempts,
             proximo_intento: p
@@ -171,7 +173,7 @@ fn list_query(query: &str) -> Result<(PaymentState, u64), ApiError> {
     security(("admin_token" = [])),
     params(ListQuery),
     responses(
-        (status = 200, description = "Payments, oldest first", body = ListaPagosAdmin),
+        (status = 200, description = "Payments, oldest first, each with `montoReembolsado`", body = ListaPagosAdmin),
         AdminTokenRefused,
         (status = 422, description = "`estado` missing or not a state, `limite` not a whole number from 1 to 1000, a parameter given twice or unknown (`errores` names each)", body = Problem, content_type = "application/problem+json"),
     )
@@ -188,8 +190,14 @@ async fn list_payments(
         .limit(limit)
         .all(&state.db)
         .await?;
+    // The page's refunds in one query, not one per payment.
+    let ids: Vec<Uuid> = rows.iter().map(|p| p.id).collect();
+    let refunded = crate::saga::refund::store::refunded_amounts(&state.db, &ids).await?;
     Ok(Json(ListaPagosAdmin {
-        pagos: rows.iter().map(PagoAdmin::of).collect(),
+        pagos: rows
+            .iter()
+            .map(|p| PagoAdmin::of(p, refunded.get(&p.id).copied().unwrap_or(0)))
+            .collect(),
     }))
 }
 
@@ -313,14 +321,21 @@ pub async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago,
         .order_by_asc(transitions::Column::Id)
         .all(&state.db)
         .await?;
-    let reembolsos = crate::saga::refund::store::of_payment(&state.db, p.id)
-        .await?
+    let refunds = crate::saga::refund::store::of_payment(&state.db, p.id).await?;
+    // `montoReembolsado` from the refunds read for the list, as
+    // `saga::refund::store::refunded_amount` sums them.
+    let refunded = refunds
+        .iter()
+        .filter(|r| r.state == crate::saga::refund::state::RefundState::Completado)
+        .map(|r| r.amount)
+        .sum();
+    let reembolsos = refunds
         .iter()
         .map(crate::representation::reembolso)
         .collect();
     Ok(DetallePago {
         reembolsos,
-        pago: PagoAdmin::of(p),
+        pago: PagoAdmin::of(p, refunded),
         transiciones: trail
             .into_iter()
             .map(|t| Transicion::of(t.from_state, t.to_state, t.actor, t.reason, t.created_at))

@@ -25,6 +25,7 @@ on_both_databases!(
     resolutions_and_refunds_whose_audit_row_cannot_be_written_are_refused_and_nothing_is_done,
     an_action_a_newer_pagos_recorded_is_listed_by_its_name,
     the_admin_list_of_payments_takes_its_parameters_in_the_query_and_refuses_unknown_ones,
+    on_calls_view_of_a_payment_shows_what_was_refunded_as_the_merchants_does,
 );
 
 /// On-call's actions, newest first, as `token` reads them with `query`.
@@ -804,4 +805,56 @@ async fn the_admin_list_of_payments_takes_its_parameters_in_the_query_and_refuse
         .admin_get("/admin/pagos?estado=COMPLETADA&limite=1000")
         .await;
     assert_eq!(listed.status(), 200);
+}
+
+/// On-call's view of a payment (its detail, the list by state, a resolution's answer)
+/// shows `montoReembolsado` as the merchant's `GET /v1/pagos/{id}` does: the sum of its
+/// refunds `COMPLETADO` (a refund that failed not counted). Before, it was left out.
+async fn on_calls_view_of_a_payment_shows_what_was_refunded_as_the_merchants_does(
+    backend: Backend,
+) {
+    use crate::refunds::{app_with, paid, refund};
+    let (app, fake) = app_with(backend.clone(), &[]).await;
+    let payment = paid(&app, "k-view-1").await;
+    let untouched = paid(&app, "k-view-2").await;
+    for (key, monto) in [("r-1", 1000), ("r-2", 500)] {
+        let answer = refund(&app, &payment, key, &json!({ "monto": monto })).await;
+        assert_eq!(answer.status(), 201, "{key}");
+    }
+    fake.refunding("failed");
+    let failed = refund(&app, &payment, "r-3", &json!({ "monto": 2000 })).await;
+    assert_eq!(failed.status(), 422, "refused by the gateway");
+
+    let merchants = json(
+        app.get_as(crate::helpers::API_KEY, &format!("/v1/pagos/{payment}"))
+            .await,
+    )
+    .await;
+    assert_eq!(merchants["montoReembolsado"], 1500, "{merchants}");
+    let detail = json(app.admin_get(&format!("/admin/pagos/{payment}")).await).await;
+    assert_eq!(detail["pago"]["montoReembolsado"], 1500, "{detail}");
+    let listed = json(app.admin_get("/admin/pagos?estado=COMPLETADA").await).await;
+    let refunded: Vec<(&str, &Value)> = listed["pagos"]
+        .as_array()
+        .expect("pagos")
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap_or_default(), &p["montoReembolsado"]))
+        .collect();
+    assert_eq!(
+        refunded,
+        [
+            (payment.as_str(), &json!(1500)),
+            (untouched.as_str(), &json!(0))
+        ],
+        "{listed}"
+    );
+
+    // A resolution's answer is the same view.
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
+    let (under_review, fake) = crate::operators::payment_under_review(&app, "k-view-3").await;
+    fake.settle(&under_review, "succeeded");
+    let body = json!({"estado": "COMPLETADA", "motivo": "visto en el panel"});
+    let done = app.resolved_as(ADMIN_TOKEN, &under_review, &body).await;
+    assert_eq!(done["pago"]["montoReembolsado"], 0, "{done}");
 }
