@@ -7,9 +7,10 @@
 use super::AppState;
 use super::actions::{self, Asked};
 use super::auth::{Admin, AdminTokenRefused, PaymentNotFound, ReadOnlyRole};
-use super::extract::{self, PathId};
-use super::problem::{ApiError, Problem, ProblemType, RawBodyTooLarge};
+use super::extract::{self, PathId, WhenEmpty, field_error};
+use super::problem::{ApiError, MalformedBody, NotJson, Problem, ProblemType, RawBodyTooLarge};
 use super::provider_check::{self, Choice};
+use crate::domain::FieldError;
 use crate::entities::{payment, payment_transition as transitions};
 use crate::operators::actions::Action;
 use crate::representation::{Pago, RESOLVED_FAILED};
@@ -20,10 +21,11 @@ use crate::saga::store::{self, Actor, Changes, Written};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
+use axum::http::HeaderMap;
 use chrono::SecondsFormat;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -71,9 +73,11 @@ pub struct UltimoError {
 }
 
 impl PagoAdmin {
-    pub fn of(p: &payment::Model) -> Self {
+    /// `p` as on-call sees it, `refunded` of it given back (`montoReembolsado`: its
+    /// refunds `COMPLETADO`, as the merchant's `GET /v1/pagos/{id}` shows it).
+    pub fn of(p: &payment::Model, refunded: i64) -> Self {
         PagoAdmin {
-            pago: crate::representation::pago(p),
+            pago: crate::representation::pago_with_refunds(p, refunded),
             merchant_id: p.merchant_id,
             intentos: p.attempts,
             proximo_intento: p
@@ -103,16 +107,62 @@ pub struct ListaPagosAdmin {
     pub pagos: Vec<PagoAdmin>,
 }
 
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
+/// The query of `GET /admin/pagos` (documentation only: the handler reads the query
+/// itself, `list_query`, to name every parameter at fault).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
 pub struct ListQuery {
     /// EN_PROCESO, ENVIADA, COMPLETADA, FALLIDA or REVISION_MANUAL
-    estado: String,
+    estado: PaymentState,
     /// At most this many (default 50, at most 1000)
     limite: Option<u64>,
 }
 
-fn bad_request(detail: impl Into<String>) -> ApiError {
-    Problem::new(ProblemType::Validation).detail(detail).into()
+const DEFAULT_LIST_LIMIT: u64 = 50;
+const MAX_LIST_LIMIT: u64 = 1000;
+
+/// The query of `GET /admin/pagos`, as the merchant's list reads its own: every parameter
+/// once, none unknown, `estado` required; a 422 naming each at fault (`errores`).
+fn list_query(query: &str) -> Result<(PaymentState, u64), ApiError> {
+    let mut estado = None;
+    let mut limit = None;
+    let mut errors = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        let mut error = |detalle: String| errors.push(field_error(&name, detalle));
+        if !seen.insert(name.clone().into_owned()) {
+            error("given more than once".into());
+            continue;
+        }
+        match name.as_ref() {
+            "estado" => match value.parse::<PaymentState>() {
+                Ok(state) => estado = Some(state),
+                Err(_) => error(format!(
+                    "one of {}",
+                    PaymentState::ALL.map(PaymentState::as_str).join(", ")
+                )),
+            },
+            "limite" => match value.parse::<u64>() {
+                Ok(n) if (1..=MAX_LIST_LIMIT).contains(&n) => limit = Some(n),
+                _ => error(format!("a whole number from 1 to {MAX_LIST_LIMIT}")),
+            },
+            _ => error("unknown parameter; known: estado, limite".into()),
+        }
+    }
+    if estado.is_none() && !seen.contains("estado") {
+        errors.push(field_error(
+            "estado",
+            format!(
+                "required: one of {}",
+                PaymentState::ALL.map(PaymentState::as_str).join(", ")
+            ),
+        ));
+    }
+    match estado {
+        Some(estado) if errors.is_empty() => Ok((estado, limit.unwrap_or(DEFAULT_LIST_LIMIT))),
+        _ => Err(super::search::invalid(errors)),
+    }
 }
 
 /// Payments in a state, oldest first.
@@ -123,35 +173,31 @@ fn bad_request(detail: impl Into<String>) -> ApiError {
     security(("admin_token" = [])),
     params(ListQuery),
     responses(
-        (status = 200, description = "Payments, oldest first", body = ListaPagosAdmin),
+        (status = 200, description = "Payments, oldest first, each with `montoReembolsado`", body = ListaPagosAdmin),
         AdminTokenRefused,
-        (status = 422, description = "Unknown state or bad limit", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`estado` missing or not a state, `limite` not a whole number from 1 to 1000, a parameter given twice or unknown (`errores` names each)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn list_payments(
     State(state): State<AppState>,
     _admin: Admin,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<ListaPagosAdmin>, ApiError> {
-    let Query(query) =
-        query.map_err(|e| bad_request(format!("{e}: use ?estado=ENVIADA&limite=50")))?;
-    let estado: PaymentState = query.estado.parse().map_err(|_| {
-        bad_request(
-            "estado must be one of EN_PROCESO, ENVIADA, COMPLETADA, FALLIDA, REVISION_MANUAL",
-        )
-    })?;
-    let limit = query.limite.unwrap_or(50);
-    if !(1..=1000).contains(&limit) {
-        return Err(bad_request("limite must be between 1 and 1000"));
-    }
+    let (estado, limit) = list_query(&query.unwrap_or_default())?;
     let rows = payment::Entity::find()
         .filter(payment::Column::State.eq(estado.as_str()))
         .order_by_asc(payment::Column::CreatedAt)
         .limit(limit)
         .all(&state.db)
         .await?;
+    // The page's refunds in one query, not one per payment.
+    let ids: Vec<Uuid> = rows.iter().map(|p| p.id).collect();
+    let refunded = crate::saga::refund::store::refunded_amounts(&state.db, &ids).await?;
     Ok(Json(ListaPagosAdmin {
-        pagos: rows.iter().map(PagoAdmin::of).collect(),
+        pagos: rows
+            .iter()
+            .map(|p| PagoAdmin::of(p, refunded.get(&p.id).copied().unwrap_or(0)))
+            .collect(),
     }))
 }
 
@@ -198,18 +244,20 @@ pub fn resolution_reason(who: &str, motivo: &str) -> String {
     format!("resolved by {who} (on-call): {motivo}")
 }
 
-/// On-call's reason for a resolution (`motivo`), trimmed; a 422 when it is blank or longer
-/// than 1000 characters.
-pub fn resolution_motivo(asked: &str) -> Result<&str, ApiError> {
+/// On-call's reason for a resolution (`motivo`), trimmed; the field at fault when it is
+/// blank or longer than 1000 characters.
+pub fn resolution_motivo(asked: &str) -> Result<&str, FieldError> {
     let motivo = asked.trim();
     if motivo.is_empty() || motivo.chars().count() > 1000 {
-        return Err(bad_request(
-            "motivo is required (1–1000 characters): say why, for the audit trail",
+        return Err(field_error(
+            "motivo",
+            "is required (1–1000 characters): say why, for the audit trail",
         ));
     }
     if motivo.contains('\0') {
-        return Err(bad_request(
-            "motivo must not contain the NUL character (\\u0000)",
+        return Err(field_error(
+            "motivo",
+            "must not contain the NUL character (\\u0000)",
         ));
     }
     Ok(motivo)
@@ -273,14 +321,21 @@ pub async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago,
         .order_by_asc(transitions::Column::Id)
         .all(&state.db)
         .await?;
-    let reembolsos = crate::saga::refund::store::of_payment(&state.db, p.id)
-        .await?
+    let refunds = crate::saga::refund::store::of_payment(&state.db, p.id).await?;
+    // `montoReembolsado` from the refunds read for the list, as
+    // `saga::refund::store::refunded_amount` sums them.
+    let refunded = refunds
+        .iter()
+        .filter(|r| r.state == crate::saga::refund::state::RefundState::Completado)
+        .map(|r| r.amount)
+        .sum();
+    let reembolsos = refunds
         .iter()
         .map(crate::representation::reembolso)
         .collect();
     Ok(DetallePago {
         reembolsos,
-        pago: PagoAdmin::of(p),
+        pago: PagoAdmin::of(p, refunded),
         transiciones: trail
             .into_iter()
             .map(|t| Transicion::of(t.from_state, t.to_state, t.actor, t.reason, t.created_at))
@@ -288,8 +343,11 @@ pub async fn detail(state: &AppState, p: &payment::Model) -> Result<DetallePago,
     })
 }
 
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+/// The body of `POST /admin/reconciliaciones` (documentation only: the handler reads the
+/// JSON object itself, `extract::json_object`, as the merchant API reads its bodies).
+#[derive(utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[allow(dead_code)]
 pub struct PedidoReconciliacion {
     /// This payment now, due or not; absent: every due payment.
     pago_id: Option<Uuid>,
@@ -303,39 +361,42 @@ pub struct PedidoReconciliacion {
     path = "/admin/reconciliaciones",
     tag = "admin",
     security(("admin_token" = [])),
-    request_body(content = PedidoReconciliacion, description = "`{}` for every due payment and refund, `{\"pagoId\":\"…\"}` for one payment, `{\"reembolsoId\":\"…\"}` for one refund"),
+    request_body(content = PedidoReconciliacion, description = "`{}` (or no body, whatever its content type) for every due payment and refund, `{\"pagoId\":\"…\"}` for one payment, `{\"reembolsoId\":\"…\"}` for one refund"),
     responses(
         (status = 200, description = "The pass's report; who asked, and what came of it, is recorded (`GET /admin/acciones`)", body = Report),
+        MalformedBody,
         AdminTokenRefused,
         ReadOnlyRole,
         (status = 404, description = "No payment (refund) with this `pagoId` (`reembolsoId`)", body = Problem, content_type = "application/problem+json"),
         RawBodyTooLarge,
-        (status = 422, description = "Body is not `{}` or `{\"pagoId\":\"<uuid>\"}`", body = Problem, content_type = "application/problem+json"),
+        NotJson,
+        (status = 422, description = "`validation-failed`, every field at fault listed in `errores`: a body that is not a JSON object (`(cuerpo)`), a member written twice or unknown, `pagoId` or `reembolsoId` not a UUID. Nothing was done, nor recorded", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Who asked could not be recorded, so nothing was done (Retry-After); or the database failed", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn run_reconciliation(
     State(state): State<AppState>,
     admin: Admin,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Report>, ApiError> {
     admin.may_act()?;
-    let body = extract::bytes(body)?;
-    let request: PedidoReconciliacion = if body.iter().all(u8::is_ascii_whitespace) {
-        PedidoReconciliacion::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| bad_request(format!("expected {{}} or {{\"pagoId\":\"<uuid>\"}}: {e}")))?
-    };
-    if let Some(id) = request.reembolso_id {
+    let mut fields = extract::json_object(&headers, body, WhenEmpty::Object)?;
+    let pago_id = fields.optional::<Uuid>("pagoId");
+    let reembolso_id = fields.optional::<Uuid>("reembolsoId");
+    fields.finish(Some(()))?;
+    if let Some(id) = reembolso_id {
         return Ok(Json(reconcile_refund_now(&state, &admin, id).await?));
     }
-    let report = reconcile_now(&state, &admin, request.pago_id).await?;
+    let report = reconcile_now(&state, &admin, pago_id).await?;
     Ok(Json(report))
 }
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+/// The body of `POST /admin/pagos/{id}/resolucion` (documentation only: the handler reads
+/// the JSON object itself, `extract::json_object`, into a `HandResolution`).
+#[derive(utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[allow(dead_code)]
 pub struct Resolucion {
     /// COMPLETADA or FALLIDA
     estado: String,
@@ -355,9 +416,8 @@ pub struct Resolucion {
     /// audit trail). A charge whose compensation refund failed is refunded again, by a new
     /// refund (a refund that fails sends the payment back to REVISION_MANUAL). A charge
     /// that cannot be refunded now (a refund of it in flight or under review) refuses the
-    /// whole resolution: 409, nothing written.
-    #[serde(default)]
-    reembolsar: bool,
+    /// whole resolution: 409, nothing written. Absent or null: false.
+    reembolsar: Option<bool>,
     /// On-call overrules what the provider shows (money returned outside pagos, a
     /// provider search that does not find a charge its dashboard shows): why, 1–1000
     /// characters, written to the audit row with the charges the provider showed. Without
@@ -380,9 +440,11 @@ pub struct Resolucion {
         AdminTokenRefused,
         ReadOnlyRole,
         PaymentNotFound,
+        MalformedBody,
         RawBodyTooLarge,
+        NotJson,
         (status = 409, description = "Nothing was changed: the payment is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `cargos`: the charges found): `COMPLETADA` with no succeeded charge of the payment's amount, a `gatewayRef` that is not one, `FALLIDA` without `reembolsar` while a charge succeeded, `FALLIDA` (with or without `reembolsar`) while a charge is still pending; or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Bad estado, empty motivo, gatewayRef or contraProveedor, reembolsar with COMPLETADA or with contraProveedor; COMPLETADA without gatewayRef when neither the provider's answer nor the payment names its charge", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`validation-failed`, every field at fault listed in `errores` (and said in `detail`): a body that is not a JSON object (`(cuerpo)`), a member written twice, unknown or of another type, `estado` or `motivo` missing; bad estado, empty motivo, gatewayRef or contraProveedor, reembolsar with COMPLETADA or with contraProveedor (these recorded as a refusal, `GET /admin/acciones`); COMPLETADA without gatewayRef when neither the provider's answer nor the payment names its charge. Nothing was changed", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Who asked could not be recorded (`GET /admin/acciones`), so nothing was done (Retry-After). With `reembolsar`: the provider could not be asked what it charged; nothing was changed (Retry-After). Without it, a provider that cannot be asked leaves the resolution to on-call, its audit row saying so", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -390,26 +452,28 @@ async fn resolve(
     State(state): State<AppState>,
     admin: Admin,
     PathId(id): PathId,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DetallePago>, ApiError> {
     admin.may_act()?;
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
-    let body = extract::bytes(body)?;
-    let request: Resolucion = serde_json::from_slice(&body).map_err(|e| {
-        bad_request(format!(
-            "expected {{\"estado\":\"COMPLETADA\"|\"FALLIDA\",\"motivo\":\"…\"}}: {e}"
-        ))
-    })?;
+    let mut fields = extract::json_object(&headers, body, WhenEmpty::Refused)?;
+    let estado = fields.required::<String>("estado");
+    let motivo = fields.required::<String>("motivo");
+    let gateway_ref = fields.optional::<String>("gatewayRef");
+    let reembolsar = fields.optional::<bool>("reembolsar").unwrap_or(false);
+    let contra_proveedor = fields.optional::<String>("contraProveedor");
+    let (estado, motivo) = fields.finish(estado.zip(motivo))?;
     let p = resolve_by_hand(
         &state,
         &admin,
         id,
         HandResolution {
-            estado: &request.estado,
-            motivo: &request.motivo,
-            gateway_ref: request.gateway_ref,
-            reembolsar: request.reembolsar,
-            contra_proveedor: request.contra_proveedor,
+            estado: &estado,
+            motivo: &motivo,
+            gateway_ref,
+            reembolsar,
+            contra_proveedor,
         },
     )
     .await?;
@@ -734,6 +798,59 @@ impl Resolved {
     }
 }
 
+/// What on-call asked of a resolution, its fields checked.
+struct Checked<'a> {
+    event: Event,
+    motivo: &'a str,
+    gateway_ref: Option<&'a str>,
+    overrule: Option<String>,
+}
+
+/// `asked`'s fields checked, before anything is read: a 422 listing every one at fault.
+fn checked<'a>(asked: &'a HandResolution<'_>) -> Result<Checked<'a>, ApiError> {
+    let mut faults = Vec::new();
+    let event = match asked.estado {
+        "COMPLETADA" => Some(Event::ResolveCompleted),
+        "FALLIDA" => Some(Event::ResolveFailed),
+        _ => {
+            faults.push(field_error("estado", "must be COMPLETADA or FALLIDA"));
+            None
+        }
+    };
+    let motivo = resolution_motivo(asked.motivo)
+        .map_err(|e| faults.push(e))
+        .ok();
+    let gateway_ref = provider_check::gateway_ref(asked.gateway_ref.as_deref())
+        .map_err(|e| faults.push(e))
+        .ok();
+    if asked.reembolsar && event == Some(Event::ResolveCompleted) {
+        faults.push(field_error(
+            "reembolsar",
+            "goes with estado FALLIDA: a COMPLETADA payment keeps its charge",
+        ));
+    }
+    let overrule = provider_check::overrule(asked.contra_proveedor.as_deref())
+        .map_err(|e| faults.push(e))
+        .ok();
+    if asked.reembolsar && matches!(overrule, Some(Some(_))) {
+        faults.push(field_error(
+            "contraProveedor",
+            "goes without reembolsar: reembolsar refunds what the provider shows",
+        ));
+    }
+    match (event, motivo, gateway_ref, overrule) {
+        (Some(event), Some(motivo), Some(gateway_ref), Some(overrule)) if faults.is_empty() => {
+            Ok(Checked {
+                event,
+                motivo,
+                gateway_ref,
+                overrule,
+            })
+        }
+        _ => Err(provider_check::invalid(faults)),
+    }
+}
+
 /// `resolve_by_hand`'s work, once its row is written.
 async fn resolve_unrecorded(
     state: &AppState,
@@ -741,12 +858,12 @@ async fn resolve_unrecorded(
     id: Uuid,
     asked: HandResolution<'_>,
 ) -> Result<Resolved, ApiError> {
-    let event = match asked.estado {
-        "COMPLETADA" => Event::ResolveCompleted,
-        "FALLIDA" => Event::ResolveFailed,
-        _ => return Err(bad_request("estado must be COMPLETADA or FALLIDA")),
-    };
-    let motivo = resolution_motivo(asked.motivo)?;
+    let Checked {
+        event,
+        motivo,
+        gateway_ref,
+        overrule,
+    } = checked(&asked)?;
     let current = store::find_payment(&state.db, id)
         .await?
         .ok_or_else(not_found)?;
@@ -758,19 +875,7 @@ async fn resolve_unrecorded(
             ))
             .into());
     }
-    let gateway_ref = provider_check::gateway_ref(asked.gateway_ref.as_deref())?;
     let reembolsar = asked.reembolsar;
-    if reembolsar && event != Event::ResolveFailed {
-        return Err(bad_request(
-            "reembolsar goes with estado FALLIDA: a COMPLETADA payment keeps its charge",
-        ));
-    }
-    let overrule = provider_check::overrule(asked.contra_proveedor.as_deref())?;
-    if overrule.is_some() && reembolsar {
-        return Err(bad_request(
-            "contraProveedor goes without reembolsar: reembolsar refunds what the provider shows",
-        ));
-    }
     // What the provider says, asked before anything is written. When it cannot be asked
     // (down, or an answer pagos cannot store), nothing contradicts on-call, who read the
     // provider's dashboard: the resolution is theirs, as the contract has it, and its
@@ -798,9 +903,10 @@ async fn resolve_unrecorded(
     // A payment COMPLETADA with no charge id could never be refunded (a refund refunds the
     // payment's charge): when neither the provider nor the payment names one, on-call does.
     if event == Event::ResolveCompleted && recorded.is_none() && current.gateway_ref.is_none() {
-        return Err(bad_request(
-            "gatewayRef is required here: COMPLETADA needs the provider's charge id (from its dashboard), which a refund of this payment refunds, and neither the provider's answer nor the payment names one",
-        ));
+        return Err(provider_check::invalid(vec![field_error(
+            "gatewayRef",
+            "is required here: COMPLETADA needs the provider's charge id (from its dashboard), which a refund of this payment refunds, and neither the provider's answer nor the payment names one",
+        )]));
     }
     let changes = Changes {
         decline_code: (event == Event::ResolveFailed).then(|| RESOLVED_FAILED.to_owned()),

@@ -9,11 +9,10 @@
 
 use super::AppState;
 use super::auth::{ApiKeyRefused, Merchant};
-use super::extract::{self, PathId};
-use super::problem::{ApiError, NotJson, NotThisShape, Problem, ProblemType, RawBodyTooLarge};
+use super::extract::{self, PathId, WhenEmpty, field_error as field, validation_failed as invalid};
+use super::problem::{ApiError, MalformedBody, NotJson, Problem, ProblemType, RawBodyTooLarge};
 use crate::delivery::guard::{self, SystemResolver};
 use crate::delivery::signing::Secret;
-use crate::domain::FieldError;
 use crate::entities::webhook_endpoint as endpoints;
 use crate::outbox::endpoints::{self as store, NewEndpoint};
 use axum::body::Bytes;
@@ -23,7 +22,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, SecondsFormat, Utc};
 use pagos_types::{EventType, WebhookEndpoint};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -43,22 +42,26 @@ pub fn router() -> OpenApiRouter<AppState> {
         .layer(DefaultBodyLimit::max(extract::RAW_BODY_LIMIT))
 }
 
-/// The body of `POST /v1/webhook-endpoints`.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+/// The body of `POST /v1/webhook-endpoints` (documentation only: the handler reads the
+/// JSON object itself, `extract::json_object`, to list every bad field at once).
+#[derive(utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[allow(dead_code)]
 pub struct NuevoEndpoint {
     /// `https://…` (plain http and private addresses only with
     /// `PAGOS_WEBHOOKS_ALLOW_PRIVATE`); at most 2048 characters as stored (normalised: a
     /// character outside ASCII counts as its percent-encoding).
     #[schema(example = "https://example.com/webhooks/pagos")]
     url: String,
-    /// The event types to deliver (absent: every type).
+    /// The event types to deliver (absent or null: every type; at least one when given).
     eventos: Option<Vec<String>>,
 }
 
-/// The body of `POST /v1/webhook-endpoints/{id}/reactivar` (may be empty).
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+/// The body of `POST /v1/webhook-endpoints/{id}/reactivar` (may be empty; documentation
+/// only, as `NuevoEndpoint`).
+#[derive(utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[allow(dead_code)]
 pub struct Reactivacion {
     /// Deliver again every event since then (RFC 3339), delivered before or not.
     #[serde(rename = "reenviarDesde")]
@@ -98,56 +101,6 @@ fn not_found() -> ApiError {
         .into()
 }
 
-fn invalid(errors: Vec<FieldError>) -> ApiError {
-    Problem::new(ProblemType::Validation)
-        .detail("Correct the fields listed in `errores` and send the request again; nothing was stored.")
-        .with("errores", errors)
-        .into()
-}
-
-fn field(campo: &str, detalle: impl Into<String>) -> FieldError {
-    FieldError {
-        campo: campo.to_owned(),
-        detalle: detalle.into(),
-    }
-}
-
-/// A JSON body of `T`: 415 for another content type, 400 for what is not JSON of that
-/// shape. An empty body is `T::default()` when `empty` allows it.
-fn json_body<T: serde::de::DeserializeOwned>(
-    headers: &HeaderMap,
-    body: &Bytes,
-    empty: Option<T>,
-) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace)
-        && let Some(default) = empty
-    {
-        return Ok(default);
-    }
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        });
-    // A body that does not say it is JSON is refused as `POST /v1/pagos` refuses it
-    // (axum's `Json`): 415, whether its type is another or missing.
-    if !content_type.is_some_and(|c| c == "application/json" || c.ends_with("+json")) {
-        return Err(Problem::new(ProblemType::UnsupportedMediaType)
-            .detail("Send the body as application/json.")
-            .into());
-    }
-    serde_json::from_slice(body).map_err(|e| {
-        Problem::new(ProblemType::MalformedJson)
-            .detail(format!("The body is not the JSON expected: {e}"))
-            .into()
-    })
-}
-
 fn parse_id(id: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(id).map_err(|_| not_found())
 }
@@ -173,11 +126,11 @@ struct NoSuchEndpoint(Problem);
     responses(
         (status = 201, description = "Registered, `ACTIVO`; `secreto` is shown only here", body = WebhookEndpoint,
          headers(("Location" = String))),
-        NotThisShape,
+        MalformedBody,
         ApiKeyRefused,
         NotJson,
         RawBodyTooLarge,
-        (status = 422, description = "A bad URL (not https, resolving to a non-public address, longer than 2048 characters as stored), an unknown event type, or a merchant that has 16 endpoints already (the most it may have: `limite`); nothing stored", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`validation-failed`, every field at fault listed in `errores`: a body that is not a JSON object (`(cuerpo)`), a member written twice or unknown, `url` missing or not a string, `eventos` not an array of strings, empty, or naming an unknown event type, a bad URL (not https, resolving to a non-public address, longer than 2048 characters as stored); or a merchant that has 16 endpoints already (the most it may have: `limite`). Nothing stored", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn create_endpoint(
@@ -186,43 +139,42 @@ async fn create_endpoint(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let request: NuevoEndpoint = json_body(&headers, &extract::bytes(body)?, None)?;
+    let mut fields = extract::json_object(&headers, body, WhenEmpty::Refused)?;
     let policy = state.settings.webhooks.policy();
-    let mut errors = Vec::new();
-    let url = match guard::parse(request.url.trim(), policy) {
-        Ok(url) => Some(url),
-        Err(refusal) => {
-            errors.push(field("url", refusal.to_string()));
-            None
+    let url = fields.required::<String>("url").and_then(|asked| {
+        match guard::parse(asked.trim(), policy) {
+            Ok(url) => Some(url),
+            Err(refusal) => {
+                fields.refuse("url", refusal.to_string());
+                None
+            }
         }
-    };
+    });
     let mut types: Option<Vec<EventType>> = None;
-    if let Some(names) = &request.eventos {
+    if let Some(names) = fields.optional::<Vec<String>>("eventos") {
         if names.is_empty() {
-            errors.push(field(
+            fields.refuse(
                 "eventos",
                 "name at least one event type, or leave `eventos` out for all",
-            ));
+            );
         }
         let mut wanted = Vec::new();
-        for name in names {
+        for name in &names {
             match name.parse::<EventType>() {
                 Ok(t) if !wanted.contains(&t) => wanted.push(t),
                 Ok(_) => {}
-                Err(_) => errors.push(field(
+                Err(_) => fields.refuse(
                     "eventos",
                     format!(
                         "{name:?} is not an event type; the types are {}",
                         EventType::ALL.map(EventType::as_str).join(", ")
                     ),
-                )),
+                ),
             }
         }
         types = Some(wanted);
     }
-    let Some(url) = url.filter(|_| errors.is_empty()) else {
-        return Err(invalid(errors));
-    };
+    let url = fields.finish(url)?;
     // The addresses now; every delivery checks again.
     if let Err(refusal) = guard::check(&url, policy, &SystemResolver).await {
         return Err(invalid(vec![field("url", refusal.to_string())]));
@@ -353,14 +305,15 @@ async fn rotate_secret(
     tag = "webhooks",
     security(("api_key" = [])),
     params(("id" = Uuid, Path, description = "The endpoint id")),
-    request_body(content = Reactivacion, description = "`{}` (or no body), or `{\"reenviarDesde\":\"<RFC 3339>\"}`"),
+    request_body(content = Reactivacion, description = "`{}` (or no body, whatever its content type), or `{\"reenviarDesde\":\"<RFC 3339>\"}`"),
     responses(
         (status = 200, description = "The endpoint, `ACTIVO`", body = WebhookEndpoint),
-        NotThisShape,
+        MalformedBody,
         ApiKeyRefused,
         NoSuchEndpoint,
         RawBodyTooLarge,
-        (status = 422, description = "`reenviarDesde` is not an RFC 3339 time", body = Problem, content_type = "application/problem+json"),
+        NotJson,
+        (status = 422, description = "`validation-failed`, every field at fault listed in `errores`: a body that is not a JSON object (`(cuerpo)`), a member written twice or unknown, `reenviarDesde` not an RFC 3339 time. Nothing changed", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn reactivate(
@@ -371,24 +324,21 @@ async fn reactivate(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<axum::Json<WebhookEndpoint>, ApiError> {
     let id = parse_id(&id)?;
-    let request: Reactivacion = json_body(
-        &headers,
-        &extract::bytes(body)?,
-        Some(Reactivacion::default()),
-    )?;
-    let since = match request.reenviar_desde.as_deref() {
-        None => None,
-        Some(text) => Some(
-            DateTime::parse_from_rfc3339(text)
-                .map(|t| t.with_timezone(&Utc))
-                .map_err(|e| {
-                    invalid(vec![field(
-                        "reenviarDesde",
-                        format!("not an RFC 3339 time ({e}); e.g. 2026-12-01T00:00:00Z"),
-                    )])
-                })?,
-        ),
+    let mut fields = extract::json_object(&headers, body, WhenEmpty::Object)?;
+    let since = match fields.optional::<String>("reenviarDesde") {
+        None => Some(None),
+        Some(text) => match DateTime::parse_from_rfc3339(&text) {
+            Ok(t) => Some(Some(t.with_timezone(&Utc))),
+            Err(e) => {
+                fields.refuse(
+                    "reenviarDesde",
+                    format!("not an RFC 3339 time ({e}); e.g. 2026-12-01T00:00:00Z"),
+                );
+                None
+            }
+        },
     };
+    let since = fields.finish(since)?;
     let done = store::reactivate(&state.db, merchant, id, since)
         .await?
         .ok_or_else(not_found)?;

@@ -57,16 +57,17 @@ pub struct BodyTooLarge(Problem);
 #[allow(dead_code)]
 pub struct RawBodyTooLarge(Problem);
 
-/// The 400 of an endpoint whose JSON body is not of the shape it reads (documentation
-/// only).
+/// The 400 of an endpoint that reads its JSON body with `extract::json_object`, for a
+/// body that is not JSON at all (JSON of another shape is a 422 listing the fields;
+/// documentation only).
 #[derive(utoipa::IntoResponses)]
 #[response(
     status = 400,
-    description = "Body is not JSON of this shape",
+    description = "Body is not JSON",
     content_type = "application/problem+json"
 )]
 #[allow(dead_code)]
-pub struct NotThisShape(Problem);
+pub struct MalformedBody(Problem);
 
 /// The 415 of an endpoint that reads a JSON body (documentation only).
 #[derive(utoipa::IntoResponses)]

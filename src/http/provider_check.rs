@@ -7,41 +7,59 @@
 //! audit (in what was asked, `asked_in_words`; in the reason written, `overruled`).
 
 use super::actions;
+use super::extract::field_error;
 use super::problem::{ApiError, Problem, ProblemType};
+use crate::domain::FieldError;
 use crate::gateway::GatewayError;
 use serde::Serialize;
 
 /// The longest `contraProveedor`, in characters.
 pub const MAX_OVERRULE_CHARS: usize = 1000;
 
-/// `contraProveedor` as on-call sent it: none, or the reason trimmed; a 422 when it is
-/// blank or longer than `MAX_OVERRULE_CHARS`.
-pub fn overrule(asked: Option<&str>) -> Result<Option<String>, ApiError> {
+/// `contraProveedor` as on-call sent it: none, or the reason trimmed; the field at fault
+/// when it is blank or longer than `MAX_OVERRULE_CHARS`.
+pub fn overrule(asked: Option<&str>) -> Result<Option<String>, FieldError> {
     match asked.map(str::trim) {
         None => Ok(None),
         Some(why) if why.is_empty() || why.chars().count() > MAX_OVERRULE_CHARS => {
-            Err(Problem::new(ProblemType::Validation)
-                .detail("contraProveedor must be 1–1000 characters: why on-call overrules what the provider shows, for the audit trail")
-                .into())
+            Err(field_error(
+                "contraProveedor",
+                "must be 1–1000 characters: why on-call overrules what the provider shows, for the audit trail",
+            ))
         }
-        Some(why) if why.contains('\0') => Err(Problem::new(ProblemType::Validation)
-            .detail("contraProveedor must not contain the NUL character (\\u0000)")
-            .into()),
+        Some(why) if why.contains('\0') => Err(field_error(
+            "contraProveedor",
+            "must not contain the NUL character (\\u0000)",
+        )),
         Some(why) => Ok(Some(why.to_owned())),
     }
 }
 
-/// `gatewayRef` as on-call sent it: none, or the provider's id trimmed; a 422 when it is
-/// blank or longer than 255 bytes.
-pub fn gateway_ref(asked: Option<&str>) -> Result<Option<&str>, ApiError> {
+/// `gatewayRef` as on-call sent it: none, or the provider's id trimmed; the field at fault
+/// when it is blank or longer than 255 bytes.
+pub fn gateway_ref(asked: Option<&str>) -> Result<Option<&str>, FieldError> {
     match asked {
-        Some(r) if r.trim().is_empty() || r.len() > 255 || r.contains('\0') => {
-            Err(Problem::new(ProblemType::Validation)
-                .detail("gatewayRef must be 1–255 characters, without NUL (\\u0000)")
-                .into())
-        }
+        Some(r) if r.trim().is_empty() || r.len() > 255 || r.contains('\0') => Err(field_error(
+            "gatewayRef",
+            "must be 1–255 characters, without NUL (\\u0000)",
+        )),
         asked => Ok(asked.map(str::trim)),
     }
+}
+
+/// The 422 `validation-failed` of a resolution on-call asked with fields at fault: each
+/// listed in `errores`, as the merchant API lists them, and said in `detail` (`estado must
+/// be …; motivo is required …`), which the resolution's audit row keeps.
+pub fn invalid(errors: Vec<FieldError>) -> ApiError {
+    let words = errors
+        .iter()
+        .map(|e| format!("{} {}", e.campo, e.detalle))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Problem::new(ProblemType::Validation)
+        .detail(words)
+        .with("errores", errors)
+        .into()
 }
 
 /// The 503 of a look-up that failed (`err`) about this `subject` (`payment`, `refund`):

@@ -24,8 +24,8 @@ use super::AppState;
 use super::actions;
 use super::admin::{Transicion, resolution_motivo, resolution_reason};
 use super::auth::{Admin, AdminTokenRefused, ReadOnlyRole};
-use super::extract::PathId;
-use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
+use super::extract::{self, PathId, WhenEmpty, field_error};
+use super::problem::{ApiError, BodyTooLarge, MalformedBody, NotJson, Problem, ProblemType};
 use super::provider_check::{self, Choice};
 use crate::entities::refund;
 use crate::gateway::{GatewayError, Refund, RefundStatus};
@@ -41,8 +41,9 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
+use axum::http::HeaderMap;
 use pagos_types::Reembolso;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -53,8 +54,10 @@ pub fn router() -> OpenApiRouter<AppState> {
         .layer(DefaultBodyLimit::max(super::payments::MAX_BODY))
 }
 
-/// On-call's settlement of a refund under review.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+/// On-call's settlement of a refund under review: the body of
+/// `POST /admin/reembolsos/{id}/resolucion` (read by `extract::json_object`, as the
+/// merchant API reads its bodies) and the console's form.
+#[derive(Debug, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResolucionReembolso {
     /// COMPLETADO (the provider shows the money went back) or FALLIDO (it shows none did)
@@ -94,10 +97,6 @@ fn not_found() -> ApiError {
         .into()
 }
 
-fn bad_request(detail: impl Into<String>) -> ApiError {
-    Problem::new(ProblemType::Validation).detail(detail).into()
-}
-
 fn not_under_review(detail: impl Into<String>) -> ApiError {
     Problem::new(ProblemType::NotUnderReview)
         .detail(detail)
@@ -116,10 +115,12 @@ fn not_under_review(detail: impl Into<String>) -> ApiError {
         (status = 200, description = "Settled; the refund and its audit trail. Who asked, what, and what came of it (a refusal too) is recorded (`GET /admin/acciones`, `resolve_refund`)", body = DetalleReembolso),
         AdminTokenRefused,
         ReadOnlyRole,
+        MalformedBody,
         (status = 404, description = "No such refund", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Nothing was changed: the refund is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `reembolsos`: the provider's refunds found for it): `COMPLETADO` with no succeeded refund of its amount and currency, a `gatewayRef` that is not one (or is the provider's refund of another of the payment's refunds), `FALLIDO` while the provider shows it succeeded or still pending (its search, or its webhooks: `fuente`), or Mercado Pago without the refund's id (name it with `gatewayRef`, or overrule)", body = Problem, content_type = "application/problem+json"),
         BodyTooLarge,
-        (status = 422, description = "Bad estado, empty motivo, gatewayRef or contraProveedor, or either too long", body = Problem, content_type = "application/problem+json"),
+        NotJson,
+        (status = 422, description = "`validation-failed`, every field at fault listed in `errores` (and said in `detail`): a body that is not a JSON object (`(cuerpo)`), a member written twice, unknown or of another type, `estado` or `motivo` missing; bad estado, empty motivo, gatewayRef or contraProveedor, or either too long (these recorded as a refusal, `GET /admin/acciones`); COMPLETADO overruling a provider that answers, without gatewayRef. Nothing was changed", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Who asked could not be recorded (`GET /admin/acciones`), so nothing was done (Retry-After); or the provider could not be asked about the refund; nothing was changed (Retry-After). `contraProveedor` resolves it without the provider (a `FALLIDO` while its webhooks reported the refund succeeded or pending is the 409; a `COMPLETADO` its webhooks reported succeeded, for its amount and currency, is taken, the audit row saying the provider could not be asked)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -127,16 +128,23 @@ async fn resolve_refund(
     State(state): State<AppState>,
     admin: Admin,
     PathId(id): PathId,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DetalleReembolso>, ApiError> {
     admin.may_act()?;
-    let body = super::extract::bytes(body)?;
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
-    let request: ResolucionReembolso = serde_json::from_slice(&body).map_err(|e| {
-        bad_request(format!(
-            "expected {{\"estado\":\"COMPLETADO\"|\"FALLIDO\",\"motivo\":\"…\"}}: {e}"
-        ))
-    })?;
+    let mut fields = extract::json_object(&headers, body, WhenEmpty::Refused)?;
+    let estado = fields.required::<String>("estado");
+    let motivo = fields.required::<String>("motivo");
+    let gateway_ref = fields.optional::<String>("gatewayRef");
+    let contra_proveedor = fields.optional::<String>("contraProveedor");
+    let (estado, motivo) = fields.finish(estado.zip(motivo))?;
+    let request = ResolucionReembolso {
+        estado,
+        motivo,
+        gateway_ref,
+        contra_proveedor,
+    };
     Ok(Json(resolve_by_hand(&state, &admin, id, request).await?))
 }
 
@@ -183,6 +191,48 @@ fn came_of(done: &DetalleReembolso) -> String {
     format!("resolved {}", done.reembolso.state)
 }
 
+/// What on-call asked of a refund's resolution, its fields checked.
+struct Checked<'a> {
+    event: Event,
+    motivo: &'a str,
+    /// The provider's refund on-call names (`gatewayRef`).
+    named: Option<&'a str>,
+    overrule: Option<String>,
+}
+
+/// `request`'s fields checked, before anything is read: a 422 listing every one at fault.
+fn checked(request: &ResolucionReembolso) -> Result<Checked<'_>, ApiError> {
+    let mut faults = Vec::new();
+    let event = match request.estado.as_str() {
+        "COMPLETADO" => Some(Event::ResolveCompleted),
+        "FALLIDO" => Some(Event::ResolveFailed),
+        _ => {
+            faults.push(field_error("estado", "must be COMPLETADO or FALLIDO"));
+            None
+        }
+    };
+    let motivo = resolution_motivo(&request.motivo)
+        .map_err(|e| faults.push(e))
+        .ok();
+    let named = provider_check::gateway_ref(request.gateway_ref.as_deref())
+        .map_err(|e| faults.push(e))
+        .ok();
+    let overrule = provider_check::overrule(request.contra_proveedor.as_deref())
+        .map_err(|e| faults.push(e))
+        .ok();
+    match (event, motivo, named, overrule) {
+        (Some(event), Some(motivo), Some(named), Some(overrule)) if faults.is_empty() => {
+            Ok(Checked {
+                event,
+                motivo,
+                named,
+                overrule,
+            })
+        }
+        _ => Err(provider_check::invalid(faults)),
+    }
+}
+
 /// `resolve_by_hand`'s work, once its row is written, as `operator` (who may act: checked
 /// before the row was).
 async fn resolve_unrecorded(
@@ -191,14 +241,12 @@ async fn resolve_unrecorded(
     id: Uuid,
     request: ResolucionReembolso,
 ) -> Result<DetalleReembolso, ApiError> {
-    let event = match request.estado.as_str() {
-        "COMPLETADO" => Event::ResolveCompleted,
-        "FALLIDO" => Event::ResolveFailed,
-        _ => return Err(bad_request("estado must be COMPLETADO or FALLIDO")),
-    };
-    let motivo = resolution_motivo(&request.motivo)?;
-    let named = provider_check::gateway_ref(request.gateway_ref.as_deref())?;
-    let overrule = provider_check::overrule(request.contra_proveedor.as_deref())?;
+    let Checked {
+        event,
+        motivo,
+        named,
+        overrule,
+    } = checked(&request)?;
     let current = store::find(&state.db, id).await?.ok_or_else(not_found)?;
     if current.state != RefundState::RevisionManual {
         return Err(not_under_review(format!(
@@ -630,9 +678,10 @@ fn checked_against(
         }
         // Overruled with the provider answering: the refund that gave the money back must
         // be named, so that no other refund of the payment can be resolved on it too.
-        Choice::NoneFits if overruled => Err(bad_request(
-            "COMPLETADO against what the provider shows needs gatewayRef: the provider's id of the refund that gave this money back (from its dashboard), so that no other refund of this payment can be settled on it too",
-        )),
+        Choice::NoneFits if overruled => Err(provider_check::invalid(vec![field_error(
+            "gatewayRef",
+            "is required for COMPLETADO against what the provider shows: the provider's id of the refund that gave this money back (from its dashboard), so that no other refund of this payment can be settled on it too",
+        )])),
         Choice::NoneFits => Err(provider.disagrees(&format!(
             "COMPLETADO needs a succeeded refund of this refund's {} {}, and the provider shows no succeeded refund of it: the merchant would be told money went back while none did. Wait while one is pending; resolve FALLIDO if none was made or it failed.",
             current.amount, current.currency

@@ -10,6 +10,9 @@ on_both_databases!(
     a_request_whose_path_query_or_body_cannot_be_read_is_a_problem_never_plain_text,
     every_endpoint_that_reads_a_body_documents_its_413_with_its_own_limit,
     a_method_a_path_does_not_take_is_a_405_problem_that_says_which_it_takes,
+    on_call_bodies_of_another_shape_are_422s_listing_every_field_and_do_nothing,
+    on_call_bodies_not_json_or_not_said_json_are_400_and_415_as_the_merchant_api_answers,
+    fields_a_resolution_refuses_are_all_listed_in_errores,
 );
 
 /// The limit of the endpoints that read their body whole as raw bytes (axum's default,
@@ -451,4 +454,222 @@ async fn a_method_a_path_does_not_take_is_a_405_problem_that_says_which_it_takes
             "{what}: Allow {allow:?}"
         );
     }
+}
+
+// On-call's bodies: `POST /admin/reconciliaciones`, `POST /admin/pagos/{id}/resolucion`
+// and `POST /admin/reembolsos/{id}/resolucion` are read as the merchant API reads its
+// own: 415 for a body that does not say it is JSON, 400 for one that is not JSON, 422
+// `validation-failed` listing every field at fault (`(cuerpo)` for JSON that is not an
+// object). A refusal of the body does nothing and records nothing.
+
+/// An app whose gateway charges and refunds, with a COMPLETADA payment of 250000 COP and a
+/// COMPLETADO refund of 1000 of it: the paths of a pass, of the payment's resolution and of
+/// the refund's, and the two ids.
+async fn on_call_app(backend: Backend) -> (crate::helpers::TestApp, [String; 3], String, String) {
+    let (app, _fake) = crate::refunds::app_with(backend, &[]).await;
+    let payment = crate::refunds::paid(&app, "k-on-call").await;
+    let answer = crate::refunds::refund(
+        &app,
+        &payment,
+        "r-on-call",
+        &serde_json::json!({"monto": 1000}),
+    )
+    .await;
+    assert_eq!(answer.status(), 201);
+    let refund = json(answer).await["id"]
+        .as_str()
+        .expect("refund id")
+        .to_owned();
+    let paths = [
+        "/admin/reconciliaciones".to_owned(),
+        format!("/admin/pagos/{payment}/resolucion"),
+        format!("/admin/reembolsos/{refund}/resolucion"),
+    ];
+    (app, paths, payment, refund)
+}
+
+/// Nothing was done: no action recorded, the payment and the refund as they were.
+async fn nothing_done(app: &crate::helpers::TestApp, payment: &str, refund: &str) {
+    assert_eq!(
+        crate::operator_actions::actions_as(app, ADMIN_TOKEN, "").await,
+        Vec::<serde_json::Value>::new(),
+        "nothing recorded"
+    );
+    assert_eq!(app.payment(payment).await.state, "COMPLETADA");
+    let read = json(
+        app.get_as(API_KEY, &format!("/v1/reembolsos/{refund}"))
+            .await,
+    )
+    .await;
+    assert_eq!(read["estado"], "COMPLETADO", "{read}");
+}
+
+/// The `campo`s of a 422 `validation-failed`, in order.
+fn listed_fields(problem: &serde_json::Value) -> Vec<&str> {
+    assert_eq!(problem["type"], "/problems/validation-failed", "{problem}");
+    crate::helpers::listed(problem, "errores", "campo")
+}
+
+/// JSON that is not the object an on-call endpoint reads. Before, a JSON array was read as
+/// the struct's fields in order (`[null,null]` ran a pass; `["FALLIDA","x",null,false,null]`
+/// was a resolution), and a field of another type was a 422 without `errores`.
+async fn on_call_bodies_of_another_shape_are_422s_listing_every_field_and_do_nothing(
+    backend: Backend,
+) {
+    use serde_json::json;
+    let (app, [reconcile, resolve, resolve_refund], payment, refund) = on_call_app(backend).await;
+    let cases: [(&str, serde_json::Value, &[&str]); 13] = [
+        (&reconcile, json!([null, null]), &["(cuerpo)"]),
+        (&reconcile, json!([]), &["(cuerpo)"]),
+        (&reconcile, json!(null), &["(cuerpo)"]),
+        (&reconcile, json!({"pagoId": 1}), &["pagoId"]),
+        (
+            &reconcile,
+            json!({"pagoId": "no-es-un-id", "otro": 1}),
+            &["otro", "pagoId"],
+        ),
+        (
+            &resolve,
+            json!(["FALLIDA", "x", null, false, null]),
+            &["(cuerpo)"],
+        ),
+        (&resolve, json!({}), &["estado", "motivo"]),
+        (
+            &resolve,
+            json!({"estado": 1, "motivo": "x", "reembolsar": "si"}),
+            &["estado", "reembolsar"],
+        ),
+        (
+            &resolve,
+            json!({"estado": "FALLIDA", "motivo": "x", "reembolso": true}),
+            &["reembolso"],
+        ),
+        (
+            &resolve_refund,
+            json!(["FALLIDO", "x", null, null]),
+            &["(cuerpo)"],
+        ),
+        (&resolve_refund, json!({"estado": "FALLIDO"}), &["motivo"]),
+        (
+            &resolve_refund,
+            json!({"estado": "FALLIDO", "motivo": "x", "gatewayRef": 5}),
+            &["gatewayRef"],
+        ),
+        (
+            &resolve_refund,
+            json!({"estado": "FALLIDO", "motivo": "x", "contraProveedor": ["y"], "reembolsar": true}),
+            &["reembolsar", "contraProveedor"],
+        ),
+    ];
+    for (path, body, fields) in cases {
+        let what = format!("{path} {body}");
+        let problem = problem(app.admin_post(path, &body).await, 422, &what).await;
+        assert_eq!(listed_fields(&problem), fields, "{what}: {problem}");
+    }
+    // A member written twice, as `POST /v1/pagos` refuses it.
+    let twice = app
+        .post_raw(
+            ADMIN_TOKEN,
+            &resolve,
+            &[("content-type", "application/json")],
+            r#"{"estado":"COMPLETADA","estado":"FALLIDA","motivo":"x"}"#,
+        )
+        .await;
+    let problem = problem(twice, 422, "estado written twice").await;
+    assert_eq!(listed_fields(&problem), ["estado"], "{problem}");
+    nothing_done(&app, &payment, &refund).await;
+
+    // No body at all is still `{}`: a pass.
+    let empty = app.post_raw(ADMIN_TOKEN, &reconcile, &[], "").await;
+    assert_eq!(empty.status(), 200, "no body runs a pass");
+}
+
+/// A body that is not JSON is a 400 `malformed-json` (before: a 422), and one that does not
+/// say it is JSON a 415 `unsupported-media-type` (before: read as JSON, and done), as
+/// `POST /v1/pagos` answers them; nothing is done.
+async fn on_call_bodies_not_json_or_not_said_json_are_400_and_415_as_the_merchant_api_answers(
+    backend: Backend,
+) {
+    let (app, paths, payment, refund) = on_call_app(backend).await;
+    for path in &paths {
+        let not_json = app
+            .post_raw(
+                ADMIN_TOKEN,
+                path,
+                &[("content-type", "application/json")],
+                r#"{"estado": "#,
+            )
+            .await;
+        let body = problem(not_json, 400, path).await;
+        assert_eq!(body["type"], "/problems/malformed-json", "{path}: {body}");
+        for headers in [&[("content-type", "text/plain")][..], &[]] {
+            let answer = app
+                .post_raw(
+                    ADMIN_TOKEN,
+                    path,
+                    headers,
+                    r#"{"estado":"FALLIDO","motivo":"visto en el panel"}"#,
+                )
+                .await;
+            let body = problem(answer, 415, path).await;
+            assert_eq!(
+                body["type"], "/problems/unsupported-media-type",
+                "{path} {headers:?}: {body}"
+            );
+        }
+    }
+    let plain = app
+        .post_raw(
+            ADMIN_TOKEN,
+            &paths[0],
+            &[("content-type", "text/plain")],
+            "{}",
+        )
+        .await;
+    problem(plain, 415, "a pass asked in text/plain").await;
+    nothing_done(&app, &payment, &refund).await;
+}
+
+/// What a resolution's own rules refuse (an `estado` it does not know, a blank `motivo`,
+/// `gatewayRef` or `contraProveedor`) is listed in `errores`, every field at once, as the
+/// merchant API lists them (before: the first alone, in `detail`, with no `errores`); the
+/// detail, which the refusal's audit row keeps, still says each.
+async fn fields_a_resolution_refuses_are_all_listed_in_errores(backend: Backend) {
+    use serde_json::json;
+    let (app, [_, resolve, resolve_refund], payment, refund) = on_call_app(backend).await;
+    let cases: [(&str, serde_json::Value, &[&str]); 3] = [
+        (
+            &resolve,
+            json!({"estado": "PAGADA", "motivo": "  ", "gatewayRef": " "}),
+            &["estado", "motivo", "gatewayRef"],
+        ),
+        (
+            &resolve,
+            json!({"estado": "COMPLETADA", "motivo": "x", "reembolsar": true, "contraProveedor": ""}),
+            &["reembolsar", "contraProveedor"],
+        ),
+        (
+            &resolve_refund,
+            json!({"estado": "DEVUELTO", "motivo": "", "contraProveedor": " "}),
+            &["estado", "motivo", "contraProveedor"],
+        ),
+    ];
+    for (path, body, fields) in cases {
+        let what = format!("{path} {body}");
+        let problem = problem(app.admin_post(path, &body).await, 422, &what).await;
+        assert_eq!(listed_fields(&problem), fields, "{what}: {problem}");
+        for campo in fields {
+            assert!(
+                crate::helpers::text_has(&problem, "detail", &format!("{campo} ")),
+                "{what}: the detail says {campo}: {problem}"
+            );
+        }
+    }
+    assert_eq!(app.payment(&payment).await.state, "COMPLETADA");
+    let read = json(
+        app.get_as(API_KEY, &format!("/v1/reembolsos/{refund}"))
+            .await,
+    )
+    .await;
+    assert_eq!(read["estado"], "COMPLETADO", "{read}");
 }

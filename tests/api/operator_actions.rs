@@ -24,6 +24,8 @@ on_both_databases!(
     an_on_call_refund_leaves_a_row_and_its_replay_says_nothing_new_was_refunded,
     resolutions_and_refunds_whose_audit_row_cannot_be_written_are_refused_and_nothing_is_done,
     an_action_a_newer_pagos_recorded_is_listed_by_its_name,
+    the_admin_list_of_payments_takes_its_parameters_in_the_query_and_refuses_unknown_ones,
+    on_calls_view_of_a_payment_shows_what_was_refunded_as_the_merchants_does,
 );
 
 /// On-call's actions, newest first, as `token` reads them with `query`.
@@ -763,4 +765,96 @@ async fn an_action_a_newer_pagos_recorded_is_listed_by_its_name(backend: Backend
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["accion"], "a_newer_action", "{rows:?}");
     assert_eq!(rows[0]["operador"], "admin", "{rows:?}");
+}
+
+/// `GET /admin/pagos` documents `estado` and `limite` as what they are, query parameters
+/// (`estado` required, `limite` not; before, both path parameters, required), and reads
+/// its query as the merchant's list reads its own: a parameter it does not know, given
+/// twice or missing is a 422 naming it (before: `?estado=COMPLETADA&foo=1` was a 200).
+async fn the_admin_list_of_payments_takes_its_parameters_in_the_query_and_refuses_unknown_ones(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let operation = &app.openapi().await["paths"]["/admin/pagos"]["get"];
+    let parameters = operation["parameters"].as_array().expect("parameters");
+    let names: Vec<&str> = parameters
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(names, ["estado", "limite"], "{operation}");
+    for parameter in parameters {
+        assert_eq!(parameter["in"], "query", "{parameter}");
+    }
+    assert_eq!(parameters[0]["required"], true, "estado: {}", parameters[0]);
+    assert_ne!(parameters[1]["required"], true, "limite: {}", parameters[1]);
+
+    for (query, campo) in [
+        ("?estado=COMPLETADA&foo=1", "foo"),
+        ("?limite=5", "estado"),
+        ("?estado=PAGADA", "estado"),
+        ("?estado=COMPLETADA&limite=0", "limite"),
+        ("?estado=COMPLETADA&limite=1001", "limite"),
+        ("?estado=COMPLETADA&estado=FALLIDA", "estado"),
+    ] {
+        let answer = app.admin_get(&format!("/admin/pagos{query}")).await;
+        let problem = crate::helpers::problem(answer, 422, query).await;
+        assert_eq!(problem["type"], "/problems/validation-failed", "{query}");
+        assert_eq!(problem["errores"][0]["campo"], campo, "{query}: {problem}");
+    }
+    let listed = app
+        .admin_get("/admin/pagos?estado=COMPLETADA&limite=1000")
+        .await;
+    assert_eq!(listed.status(), 200);
+}
+
+/// On-call's view of a payment (its detail, the list by state, a resolution's answer)
+/// shows `montoReembolsado` as the merchant's `GET /v1/pagos/{id}` does: the sum of its
+/// refunds `COMPLETADO` (a refund that failed not counted). Before, it was left out.
+async fn on_calls_view_of_a_payment_shows_what_was_refunded_as_the_merchants_does(
+    backend: Backend,
+) {
+    use crate::refunds::{app_with, paid, refund};
+    let (app, fake) = app_with(backend.clone(), &[]).await;
+    let payment = paid(&app, "k-view-1").await;
+    let untouched = paid(&app, "k-view-2").await;
+    for (key, monto) in [("r-1", 1000), ("r-2", 500)] {
+        let answer = refund(&app, &payment, key, &json!({ "monto": monto })).await;
+        assert_eq!(answer.status(), 201, "{key}");
+    }
+    fake.refunding("failed");
+    let failed = refund(&app, &payment, "r-3", &json!({ "monto": 2000 })).await;
+    assert_eq!(failed.status(), 422, "refused by the gateway");
+
+    let merchants = json(
+        app.get_as(crate::helpers::API_KEY, &format!("/v1/pagos/{payment}"))
+            .await,
+    )
+    .await;
+    assert_eq!(merchants["montoReembolsado"], 1500, "{merchants}");
+    let detail = json(app.admin_get(&format!("/admin/pagos/{payment}")).await).await;
+    assert_eq!(detail["pago"]["montoReembolsado"], 1500, "{detail}");
+    let listed = json(app.admin_get("/admin/pagos?estado=COMPLETADA").await).await;
+    let refunded: Vec<(&str, &Value)> = listed["pagos"]
+        .as_array()
+        .expect("pagos")
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap_or_default(), &p["montoReembolsado"]))
+        .collect();
+    assert_eq!(
+        refunded,
+        [
+            (payment.as_str(), &json!(1500)),
+            (untouched.as_str(), &json!(0))
+        ],
+        "{listed}"
+    );
+
+    // A resolution's answer is the same view.
+    let app =
+        crate::helpers::started(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
+    let (under_review, fake) = crate::operators::payment_under_review(&app, "k-view-3").await;
+    fake.settle(&under_review, "succeeded");
+    let body = json!({"estado": "COMPLETADA", "motivo": "visto en el panel"});
+    let done = app.resolved_as(ADMIN_TOKEN, &under_review, &body).await;
+    assert_eq!(done["pago"]["montoReembolsado"], 0, "{done}");
 }

@@ -19,6 +19,8 @@ on_both_databases!(
     a_url_longer_than_2048_characters_once_normalised_is_refused,
     a_merchant_has_at_most_16_endpoints,
     an_endpoints_attempts_are_read_and_removed_by_index,
+    an_endpoint_body_of_another_shape_is_a_422_listing_every_field_and_stores_nothing,
+    a_reactivation_body_of_another_shape_is_a_422_and_changes_nothing,
 );
 
 #[tokio::test]
@@ -229,8 +231,12 @@ async fn bad_endpoints_are_refused_with_a_problem_and_nothing_is_stored(backend:
             422,
             "eventos",
         ),
-        (json!({"eventos": ["pago.completado"]}), 400, ""),
-        (json!({"url": "https://93.184.215.14/", "otro": 1}), 400, ""),
+        (json!({"eventos": ["pago.completado"]}), 422, "url"),
+        (
+            json!({"url": "https://93.184.215.14/", "otro": 1}),
+            422,
+            "otro",
+        ),
     ];
     for (body, status, field) in cases {
         let answer = app.post_as(API_KEY, "/v1/webhook-endpoints", &body).await;
@@ -576,4 +582,129 @@ async fn an_endpoints_attempts_are_read_and_removed_by_index(backend: Backend) {
             "read in order: {plan}"
         );
     }
+}
+
+/// The `campo`s a 422 `validation-failed` lists, in order.
+fn fields_listed(problem: &Value) -> Vec<&str> {
+    assert_eq!(problem["type"], "/problems/validation-failed", "{problem}");
+    crate::helpers::listed(problem, "errores", "campo")
+}
+
+/// A body that is JSON but not the object `POST /v1/webhook-endpoints` reads is answered
+/// as `POST /v1/pagos` answers one: 422 `validation-failed` listing every field at fault
+/// (the body itself, `(cuerpo)`, when it is not an object), never read as a struct's
+/// fields in order (a JSON array) nor a 400 that names none. A body that is not JSON at
+/// all is the 400. Nothing is stored.
+async fn an_endpoint_body_of_another_shape_is_a_422_listing_every_field_and_stores_nothing(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let url = "https://93.184.215.14/hooks";
+    let cases: [(Value, &[&str]); 9] = [
+        // Read as `url` then `eventos` in order, before: registered for every type.
+        (json!([url, null]), &["(cuerpo)"]),
+        (json!([url, ["pago.completado"]]), &["(cuerpo)"]),
+        (json!([]), &["(cuerpo)"]),
+        (json!(url), &["(cuerpo)"]),
+        (json!({"url": 123}), &["url"]),
+        (json!({}), &["url"]),
+        (
+            json!({"url": url, "eventos": "pago.completado"}),
+            &["eventos"],
+        ),
+        (json!({"url": url, "eventos": [1]}), &["eventos"]),
+        // Every fault at once: the unknown member first, then the fields.
+        (
+            json!({"url": 1, "eventos": "pago.completado", "otro": true}),
+            &["otro", "url", "eventos"],
+        ),
+    ];
+    for (body, fields) in cases {
+        let answer = app.post_as(API_KEY, "/v1/webhook-endpoints", &body).await;
+        let problem = crate::helpers::problem(answer, 422, &body.to_string()).await;
+        assert_eq!(fields_listed(&problem), fields, "{body}: {problem}");
+    }
+    let repeated = app
+        .post_raw(
+            API_KEY,
+            "/v1/webhook-endpoints",
+            &[("content-type", "application/json")],
+            r#"{"url":"https://10.0.0.1/","url":"https://93.184.215.14/hooks"}"#,
+        )
+        .await;
+    let problem = crate::helpers::problem(repeated, 422, "url written twice").await;
+    assert_eq!(fields_listed(&problem), ["url"], "{problem}");
+    for not_json in [r#"{"url": "#, r#"["https://93.184.215.14/hooks""#] {
+        let answer = app
+            .post_raw(
+                API_KEY,
+                "/v1/webhook-endpoints",
+                &[("content-type", "application/json")],
+                not_json,
+            )
+            .await;
+        let problem = crate::helpers::problem(answer, 400, not_json).await;
+        assert_eq!(problem["type"], "/problems/malformed-json", "{problem}");
+    }
+    assert_eq!(
+        app.endpoints_of(API_KEY).await,
+        Vec::<Value>::new(),
+        "nothing stored"
+    );
+}
+
+/// `POST /v1/webhook-endpoints/{id}/reactivar` reads its body as the registration does: a
+/// JSON array (before: read as `reenviarDesde`, the endpoint reactivated and every event
+/// since redelivered), a member of another type or unknown, is a 422 listing it, and the
+/// endpoint stays as it was. No body at all is still `{}`.
+async fn a_reactivation_body_of_another_shape_is_a_422_and_changes_nothing(backend: Backend) {
+    use sea_orm::{ActiveModelTrait, ActiveValue::Set};
+    let app = Spawn::new(backend).start().await;
+    let made = app.register_endpoint("https://93.184.215.14/down").await;
+    let id = made["id"].as_str().expect("id").to_owned();
+    let endpoint = pagos::entities::webhook_endpoint::Entity::find_by_id(
+        uuid::Uuid::parse_str(&id).expect("uuid"),
+    )
+    .one(&app.db)
+    .await
+    .expect("read")
+    .expect("the endpoint");
+    let mut down: pagos::entities::webhook_endpoint::ActiveModel = endpoint.into();
+    down.state = Set(pagos::entities::webhook_endpoint::EndpointState::Desactivado);
+    down.disabled_reason = Set(Some("answered 410".to_owned()));
+    down.update(&app.db).await.expect("deactivated");
+    let path = format!("/v1/webhook-endpoints/{id}/reactivar");
+
+    let cases: [(Value, &[&str]); 5] = [
+        (json!(["2026-01-01T00:00:00Z"]), &["(cuerpo)"]),
+        (json!(null), &["(cuerpo)"]),
+        (json!({"reenviarDesde": 1}), &["reenviarDesde"]),
+        (json!({"reenviarDesde": "ayer"}), &["reenviarDesde"]),
+        (json!({"reenviar": "2026-01-01T00:00:00Z"}), &["reenviar"]),
+    ];
+    for (body, fields) in cases {
+        let answer = app.post_as(API_KEY, &path, &body).await;
+        let problem = crate::helpers::problem(answer, 422, &body.to_string()).await;
+        assert_eq!(fields_listed(&problem), fields, "{body}: {problem}");
+        assert_eq!(
+            app.endpoints_of(API_KEY).await[0]["estado"],
+            "DESACTIVADO",
+            "{body}: nothing changed"
+        );
+    }
+    let not_json = app
+        .post_raw(
+            API_KEY,
+            &path,
+            &[("content-type", "application/json")],
+            "[\"2026",
+        )
+        .await;
+    let problem = crate::helpers::problem(not_json, 400, "not JSON").await;
+    assert_eq!(problem["type"], "/problems/malformed-json", "{problem}");
+    assert_eq!(app.endpoints_of(API_KEY).await[0]["estado"], "DESACTIVADO");
+
+    let empty = app.post_raw(API_KEY, &path, &[], "").await;
+    assert_eq!(empty.status(), 200, "no body is `{{}}`");
+    assert_eq!(app.endpoints_of(API_KEY).await[0]["estado"], "ACTIVO");
 }
