@@ -457,23 +457,17 @@ async fn resolve(
 ) -> Result<Json<DetallePago>, ApiError> {
     admin.may_act()?;
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
-    let mut fields = extract::json_object(&headers, body, WhenEmpty::Refused)?;
-    let estado = fields.required::<String>("estado");
-    let motivo = fields.required::<String>("motivo");
-    let gateway_ref = fields.optional::<String>("gatewayRef");
-    let reembolsar = fields.optional::<bool>("reembolsar").unwrap_or(false);
-    let contra_proveedor = fields.optional::<String>("contraProveedor");
-    let (estado, motivo) = fields.finish(estado.zip(motivo))?;
+    let asked = extract::resolution(&headers, body, true)?;
     let p = resolve_by_hand(
         &state,
         &admin,
         id,
         HandResolution {
-            estado: &estado,
-            motivo: &motivo,
-            gateway_ref,
-            reembolsar,
-            contra_proveedor,
+            estado: &asked.estado,
+            motivo: &asked.motivo,
+            gateway_ref: asked.gateway_ref,
+            reembolsar: asked.reembolsar,
+            contra_proveedor: asked.contra_proveedor,
         },
     )
     .await?;

@@ -147,6 +147,41 @@ pub fn json_object(
     }
 }
 
+/// What on-call's resolution of a payment or of a refund says, read from its body the one
+/// way both read it: `estado` and `motivo` required, `gatewayRef` and `contraProveedor`
+/// optional, and `reembolsar` only where `with_refund` (a payment's: refund what was
+/// charged; elsewhere it is an unknown field). Every fault at once, as [`json_object`].
+pub struct Resolution {
+    pub estado: String,
+    pub motivo: String,
+    pub gateway_ref: Option<String>,
+    pub contra_proveedor: Option<String>,
+    /// Absent or null: false.
+    pub reembolsar: bool,
+}
+
+/// Reads a resolution's body (see [`Resolution`]).
+pub fn resolution(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    with_refund: bool,
+) -> Result<Resolution, ApiError> {
+    let mut fields = json_object(headers, body, WhenEmpty::Refused)?;
+    let estado = fields.required::<String>("estado");
+    let motivo = fields.required::<String>("motivo");
+    let gateway_ref = fields.optional::<String>("gatewayRef");
+    let reembolsar = with_refund && fields.optional::<bool>("reembolsar").unwrap_or(false);
+    let contra_proveedor = fields.optional::<String>("contraProveedor");
+    let (estado, motivo) = fields.finish(estado.zip(motivo))?;
+    Ok(Resolution {
+        estado,
+        motivo,
+        gateway_ref,
+        contra_proveedor,
+        reembolsar,
+    })
+}
+
 /// A value a body's member may hold, and what it must be when it holds another.
 pub trait Member: Sized {
     /// How a 422 says what the member must be.

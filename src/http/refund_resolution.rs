@@ -24,7 +24,7 @@ use super::AppState;
 use super::actions;
 use super::admin::{Transicion, resolution_motivo, resolution_reason};
 use super::auth::{Admin, AdminTokenRefused, ReadOnlyRole};
-use super::extract::{self, PathId, WhenEmpty, field_error};
+use super::extract::{self, PathId, field_error};
 use super::problem::{ApiError, BodyTooLarge, MalformedBody, NotJson, Problem, ProblemType};
 use super::provider_check::{self, Choice};
 use crate::entities::refund;
@@ -133,17 +133,12 @@ async fn resolve_refund(
 ) -> Result<Json<DetalleReembolso>, ApiError> {
     admin.may_act()?;
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
-    let mut fields = extract::json_object(&headers, body, WhenEmpty::Refused)?;
-    let estado = fields.required::<String>("estado");
-    let motivo = fields.required::<String>("motivo");
-    let gateway_ref = fields.optional::<String>("gatewayRef");
-    let contra_proveedor = fields.optional::<String>("contraProveedor");
-    let (estado, motivo) = fields.finish(estado.zip(motivo))?;
+    let asked = extract::resolution(&headers, body, false)?;
     let request = ResolucionReembolso {
-        estado,
-        motivo,
-        gateway_ref,
-        contra_proveedor,
+        estado: asked.estado,
+        motivo: asked.motivo,
+        gateway_ref: asked.gateway_ref,
+        contra_proveedor: asked.contra_proveedor,
     };
     Ok(Json(resolve_by_hand(&state, &admin, id, request).await?))
 }
