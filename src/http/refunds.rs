@@ -136,6 +136,33 @@ fn parse(
     Ok(Asked { key, value, refund })
 }
 
+/// Why the configured gateway cannot refund `monto` of the merchant's payment for its
+/// precision (Mercado Pago refunds Colombian pesos in whole pesos only), as a payment's
+/// `monto` is checked: refused before anything is stored, not sent to be refused with a
+/// 400 and answered FALLIDO. The payment is read only where the gateway has such a rule.
+async fn precision_refused(
+    state: &AppState,
+    merchant: Uuid,
+    payment: Uuid,
+    new_refund: &NewRefund,
+) -> Result<Option<String>, ApiError> {
+    let needs = state.settings.gateway.needs();
+    let Some(amount) = new_refund.amount else {
+        return Ok(None);
+    };
+    if !needs.steps_amounts() {
+        return Ok(None);
+    }
+    let Some(p) = crate::saga::store::find_payment(&state.db, payment).await? else {
+        return Ok(None);
+    };
+    if p.merchant_id != merchant {
+        return Ok(None);
+    }
+    Ok(pagos_types::Currency::parse(&p.currency)
+        .and_then(|currency| needs.amount_precision_error(amount, currency)))
+}
+
 /// Registers (or finds) the refund and answers as the contract says.
 async fn begin_and_answer(
     state: &AppState,
@@ -149,6 +176,15 @@ async fn begin_and_answer(
     let fingerprint = idempotency::fingerprint("POST", path, &asked.value);
     let key_hash = idempotency::key_hash(&asked.key);
     let new_refund = match asked.refund {
+        Ok(new_refund) => match precision_refused(state, merchant, payment, &new_refund).await? {
+            None => Ok(new_refund),
+            Some(why) => Err(validation_failed(vec![super::extract::field_error(
+                "monto", why,
+            )])),
+        },
+        Err(refused) => Err(refused),
+    };
+    let new_refund = match new_refund {
         Ok(new_refund) => new_refund,
         // The body is refused; a key already taken still gets what its row says (a retry
         // written otherwise, `100.0` for `100`, or checked by a later version's rules):

@@ -28,6 +28,7 @@ on_both_databases!(
     money_returned_beyond_pagos_refunds_or_charged_back_still_sends_the_payment_to_review,
     a_refund_pagos_never_sent_does_not_cover_money_returned_outside_pagos,
     a_refund_under_review_without_its_mercadopago_id_is_resolved_by_naming_it_or_overruling,
+    centavos_of_colombian_pesos_are_refused_with_422_before_mercadopago_is_asked,
 );
 
 const WEBHOOK_SECRET: &str = "mp_webhook_secret_test";
@@ -883,7 +884,7 @@ async fn a_full_refund_made_through_pagos_keeps_the_payment_completada_without_r
         "the audit trail says why: {detail}"
     );
     // Nothing is left to refund, and that is the answer (not "not refundable").
-    let (status, problem) = refund_through_pagos(&app, &id, "r-more", json!({"monto": 1})).await;
+    let (status, problem) = refund_through_pagos(&app, &id, "r-more", json!({"monto": 100})).await;
     assert_eq!(status, 422, "{problem}");
     assert_eq!(problem["type"], "/problems/refund-exceeds-remaining");
 }
@@ -1141,4 +1142,53 @@ async fn a_refund_under_review_without_its_mercadopago_id_is_resolved_by_naming_
     let pago = merchant_view(&app, &id).await;
     assert_eq!(pago["montoReembolsado"], 100000);
     assert_eq!(fake.refunds_made(), 2, "nothing sent again");
+}
+
+/// Mercado Pago takes Colombian pesos in whole pesos: a `monto` with centavos, of a
+/// payment or of a refund, is the merchant's 422 naming `monto` with nothing stored and
+/// nothing sent — not a charge or refund Mercado Pago refuses with a 400, answered as a
+/// decline (402 FALLIDA, or a FALLIDO refund) with the key used up.
+async fn centavos_of_colombian_pesos_are_refused_with_422_before_mercadopago_is_asked(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.mount(app.gateway()).await;
+    let mut with_centavos = card("2500.50 COP");
+    with_centavos["monto"] = json!(250050);
+    let (status, problem) = app.pay_read("k-centavos", &with_centavos).await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(
+        crate::helpers::listed(&problem, "errores", "campo"),
+        vec!["monto"]
+    );
+    assert!(
+        problem["errores"][0]["detalle"]
+            .as_str()
+            .is_some_and(|d| d.contains("multiple of 100")),
+        "{problem}"
+    );
+    assert_eq!(app.count_rows().await, (0, 0), "a 422 stores nothing");
+    assert!(posts(&app).await.is_empty(), "Mercado Pago was not asked");
+
+    let (id, _) = approved_payment(&app, "k-whole").await;
+    let (status, problem) =
+        refund_through_pagos(&app, &id, "r-centavos", json!({"monto": 50050})).await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(
+        crate::helpers::listed(&problem, "errores", "campo"),
+        vec!["monto"]
+    );
+    assert_eq!(fake.refunds_made(), 0, "no refund sent");
+    let listed = app
+        .get_as(
+            crate::helpers::API_KEY,
+            &format!("/v1/pagos/{id}/reembolsos"),
+        )
+        .await;
+    assert_eq!(json(listed).await["reembolsos"], json!([]), "nor stored");
+    let (status, refund) =
+        refund_through_pagos(&app, &id, "r-centavos", json!({"monto": 50000})).await;
+    assert_eq!(status, 201, "the same key, corrected: {refund}");
+    assert_eq!(fake.refunds_made(), 1);
 }

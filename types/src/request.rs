@@ -218,6 +218,11 @@ impl NewPayment {
                 }
             },
         };
+        if let (Some(amount), Some(currency)) = (amount, currency)
+            && let Some(why) = needs.amount_precision_error(amount, currency)
+        {
+            errors.push(field_error("monto", why));
+        }
         if let Some(method) = &payment_method {
             errors.extend(needs.check(method.as_ref(), currency));
         }
@@ -310,6 +315,38 @@ impl GatewayNeeds {
                 Some(("pagos' Mercado Pago adapter", MERCADOPAGO_MAX_AMOUNT))
             }
         }
+    }
+
+    /// The gateway's name and the step its amounts in `currency` must be a multiple of, in
+    /// minor units, where it takes fewer decimals than the currency has (None: any whole
+    /// number of minor units). Mercado Pago takes Colombian pesos only in whole pesos
+    /// ("Prices in COP currency must be expressed with integer values"): a `monto` of
+    /// 250050 COP (2500.50) would be refused with a 400 once stored and sent, and the
+    /// merchant told the payment failed.
+    pub fn amount_step(self, currency: Currency) -> Option<(&'static str, i64)> {
+        match self {
+            GatewayNeeds::MercadoPago if currency.code() == "COP" => Some(("Mercado Pago", 100)),
+            _ => None,
+        }
+    }
+
+    /// Whether some currency's amounts must be a multiple of a step (`amount_step`).
+    pub fn steps_amounts(self) -> bool {
+        matches!(self, GatewayNeeds::MercadoPago)
+    }
+
+    /// What a merchant is told of an `amount` in `currency` this gateway cannot take for
+    /// its precision (None: it can).
+    pub fn amount_precision_error(self, amount: i64, currency: Currency) -> Option<String> {
+        let (gateway, step) = self.amount_step(currency)?;
+        (amount % step != 0).then(|| {
+            let code = currency.code();
+            format!(
+                "{gateway} takes {code} in whole units only: a multiple of {step} ({} {code}, not {} {code})",
+                major_units(amount - amount % step, currency.exponent()),
+                major_units(amount, currency.exponent()),
+            )
+        })
     }
 
     /// What is missing or misplaced for this gateway (empty: nothing). `method` is the
@@ -939,6 +976,32 @@ mod tests {
         assert_eq!(fields(with_method(json!({}))), vec!["medioPago.id"]);
     }
 
+    #[test]
+    fn mercado_pago_takes_colombian_pesos_in_whole_pesos_only() {
+        let mp = GatewayNeeds::MercadoPago;
+        assert_eq!(
+            amount_error(mp, MAX_SAFE_AMOUNT, json!(250050), "COP").as_deref(),
+            Some(
+                "Mercado Pago takes COP in whole units only: a multiple of 100 (2500.00 COP, not 2500.50 COP)"
+            )
+        );
+        assert_eq!(
+            amount_error(mp, MAX_SAFE_AMOUNT, json!(250000), "COP"),
+            None
+        );
+        // Other currencies, and other gateways, take every minor unit.
+        assert_eq!(
+            amount_error(mp, MAX_SAFE_AMOUNT, json!(250050), "BRL"),
+            None
+        );
+        for needs in [GatewayNeeds::Nothing, GatewayNeeds::Stripe] {
+            assert_eq!(
+                amount_error(needs, MAX_SAFE_AMOUNT, json!(250050), "COP"),
+                None
+            );
+        }
+    }
+
     /// What `monto` is told for `amount` in `moneda` through `needs` under `max_amount`
     /// (None: accepted).
     fn amount_error(
@@ -1059,7 +1122,7 @@ mod tests {
                 GatewayNeeds::MercadoPago,
                 MAX_SAFE_AMOUNT,
                 json!(MERCADOPAGO_MAX_AMOUNT),
-                "COP"
+                "BRL"
             ),
             None
         );
@@ -1068,7 +1131,7 @@ mod tests {
                 GatewayNeeds::MercadoPago,
                 MAX_SAFE_AMOUNT,
                 json!(MERCADOPAGO_MAX_AMOUNT + 1),
-                "COP"
+                "BRL"
             )
             .is_some()
         );
