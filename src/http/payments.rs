@@ -154,6 +154,26 @@ pub(super) fn with_refused<T>(
     }
 }
 
+/// How long a retry of a payment or refund not settled yet (a `202`) should wait: until
+/// pagos looks at it next (asking sooner only gets the same answer), 1 s to an hour. One
+/// under review waits for on-call, not for pagos, which never asks about it again: its
+/// `next_attempt_at` is long past and would say 1 s to every retry until on-call acts.
+pub(super) fn retry_after(
+    next_attempt_at: chrono::DateTime<chrono::Utc>,
+    under_review: bool,
+) -> i64 {
+    if under_review {
+        return UNDER_REVIEW_RETRY_AFTER;
+    }
+    (next_attempt_at - crate::db::now())
+        .num_seconds()
+        .clamp(1, 3600)
+}
+
+/// `Retry-After` of a payment or refund in REVISION_MANUAL: five minutes (the `pago.*` and
+/// `reembolso.*` events say at once when on-call settles it).
+pub(super) const UNDER_REVIEW_RETRY_AFTER: i64 = 300;
+
 pub(super) fn validation_failed(errors: Vec<FieldError>) -> ApiError {
     Problem::new(ProblemType::Validation)
         .detail("Correct the fields listed in `errores` and send the request again; nothing was stored.")
@@ -357,9 +377,10 @@ async fn create_payment(
             tracing::info!(%payment_id, %key_hash, estado = %current.state, "answering the current state");
             let mut response = respond(payment_id, answer(&current), true);
             if response.status() == StatusCode::ACCEPTED {
-                // When pagos looks at it next: asking sooner only gets the same answer.
-                let wait = (current.next_attempt_at - crate::db::now()).num_seconds();
-                let seconds = wait.clamp(1, 3600);
+                let seconds = retry_after(
+                    current.next_attempt_at,
+                    current.state == PaymentState::RevisionManual,
+                );
                 if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
                     response.headers_mut().insert(header::RETRY_AFTER, value);
                 }

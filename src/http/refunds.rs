@@ -328,8 +328,11 @@ async fn answer_current(
     }
     let mut response = respond(id, refund_answer(&current), true);
     if response.status() == StatusCode::ACCEPTED {
-        let wait = (current.next_attempt_at - crate::db::now()).num_seconds();
-        if let Ok(value) = HeaderValue::from_str(&wait.clamp(1, 3600).to_string()) {
+        let seconds = super::payments::retry_after(
+            current.next_attempt_at,
+            current.state == RefundState::RevisionManual,
+        );
+        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
             response.headers_mut().insert(header::RETRY_AFTER, value);
         }
     }

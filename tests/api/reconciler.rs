@@ -99,6 +99,18 @@ async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles
     assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
     let listed = json(app.admin_get("/admin/pagos?estado=REVISION_MANUAL").await).await;
     assert_eq!(listed["pagos"][0]["id"], id.as_str());
+    // A retry meanwhile waits for on-call, not for a look-up pagos will never make: not
+    // told to come back every second.
+    for _ in 0..2 {
+        let retry = app.pay("k-g", &payment_body()).await;
+        assert_eq!(retry.status(), 202);
+        let wait: u64 = retry.headers()["retry-after"]
+            .to_str()
+            .expect("ascii")
+            .parse()
+            .expect("seconds");
+        assert_eq!(wait, 300, "under review, Retry-After is five minutes");
+    }
 
     // The provider answers again, and shows the charge succeeded: on-call resolves by it.
     fake.fail_lookups(false);

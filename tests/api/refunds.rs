@@ -1330,6 +1330,11 @@ async fn a_retry_of_a_refund_its_request_sent_to_review_is_answered_its_state(ba
     let retry = refund(&app, &payment, "ref-1", &json!({"monto": 5000})).await;
     assert_eq!(retry.status(), 202, "answered its state, not 409");
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        retry.headers()["retry-after"],
+        "300",
+        "it waits for on-call, not for a look-up pagos will never make"
+    );
     let again = json(retry).await;
     assert_eq!(again["id"], first["id"]);
     assert_eq!(again["estado"], "REVISION_MANUAL");
