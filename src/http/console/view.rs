@@ -88,9 +88,12 @@ pub fn state_badge(state: PaymentState) -> Markup {
 }
 
 /// An amount in minor units, written in major units with its currency: 250000 COP →
-/// "2,500.00 COP".
+/// "2,500.00 COP". A currency pagos does not support (a provider's charge in another
+/// one, shown to on-call to refund it by hand) is written with that currency's own
+/// decimals, as the adapters read its amounts: ¥5,000 is "5,000 JPY", 5.000 KWD has three.
 pub fn money(amount: i64, currency: &str) -> String {
-    let exponent = u32::from(crate::gateway::amount::iso_exponent(currency, 2));
+    use crate::gateway::amount::{iso_exponent, stripe_exponent};
+    let exponent = u32::from(iso_exponent(currency, stripe_exponent(currency)));
     let negative = amount < 0;
     let units = amount.unsigned_abs();
     let scale = 10u64.pow(exponent);
@@ -189,6 +192,10 @@ mod tests {
         assert_eq!(money(5, "USD"), "0.05 USD");
         assert_eq!(money(123_456_789, "EUR"), "1,234,567.89 EUR");
         assert_eq!(money(100, "MXN"), "1.00 MXN");
+        // Charges in currencies pagos does not take, as providers report them.
+        assert_eq!(money(5_000, "JPY"), "5,000 JPY");
+        assert_eq!(money(5_000, "KWD"), "5.000 KWD");
+        assert_eq!(money(5_000, "CHF"), "50.00 CHF");
     }
 
     #[test]
