@@ -386,8 +386,10 @@ struct EventData {
 }
 
 /// The refund a Stripe event reports, from bytes whose signature was already verified.
-/// Pure. `None`: not a refund event (`REFUND_EVENTS`), or a refund pagos did not make (no
-/// `metadata.pagos_reference`).
+/// `None`: not a refund event (`REFUND_EVENTS`), a refund pagos did not make (no
+/// `metadata.pagos_reference`), or one whose status is null or one pagos does not know
+/// (logged: the event says nothing pagos can act on, and refusing it would only make
+/// Stripe send it again for days; the reconciler asks Stripe about a refund in flight).
 pub fn refund_event(raw: &[u8]) -> Result<Option<RefundEvent>, UnreadableEvent> {
     let envelope: EventEnvelope = serde_json::from_slice(raw)
         .map_err(|e| UnreadableEvent(format!("not a Stripe event: {e}")))?;
@@ -403,6 +405,20 @@ pub fn refund_event(raw: &[u8]) -> Result<Option<RefundEvent>, UnreadableEvent> 
     let refund: StripeRefund = serde_json::from_value(envelope.data.object)
         .map_err(|e| UnreadableEvent(format!("`data.object` is not a Refund: {e}")))?;
     if refund.reference().is_none() {
+        return Ok(None);
+    }
+    if refund
+        .status
+        .as_deref()
+        .and_then(refund_status_of)
+        .is_none()
+    {
+        tracing::warn!(
+            event_id = %envelope.id,
+            refund_id = %refund.id,
+            status = refund.status.as_deref().unwrap_or("(null)"),
+            "Stripe refund event with a status pagos does not know: acknowledged and ignored"
+        );
         return Ok(None);
     }
     let refund = refund
@@ -880,16 +896,22 @@ mod tests {
         foreign["data"]["object"]["metadata"] = serde_json::json!({});
         let raw = serde_json::to_vec(&foreign).expect("json");
         assert_eq!(refund_event(&raw), Ok(None));
-        // A refund event whose object is not a refund, or whose status is unknown, is not
-        // silently taken.
+        // A refund event whose object is not a refund is not silently taken.
         foreign["data"]["object"]["object"] = serde_json::json!("charge");
         assert!(refund_event(&serde_json::to_vec(&foreign).expect("json")).is_err());
+        // One whose status is null (nullable in Stripe's reference) or unknown says nothing
+        // pagos can act on: acknowledged and ignored, not refused for Stripe to resend.
         let mut odd: serde_json::Value = serde_json::from_str(include_str!(
             "../../fixtures/stripe/event_refund_created.json"
         ))
         .expect("json");
-        odd["data"]["object"]["status"] = serde_json::json!("teleported");
-        assert!(refund_event(&serde_json::to_vec(&odd).expect("json")).is_err());
+        for status in [serde_json::json!("teleported"), serde_json::Value::Null] {
+            odd["data"]["object"]["status"] = status;
+            assert_eq!(
+                refund_event(&serde_json::to_vec(&odd).expect("json")),
+                Ok(None)
+            );
+        }
         assert!(refund_event(b"not json").is_err());
     }
 

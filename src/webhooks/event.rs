@@ -92,7 +92,13 @@ impl GatewayEvent {
             let refund: crate::gateway::Refund = serde_json::from_value(envelope.data)
                 .map_err(|e| EventError(format!("`data` is not a refund: {e}")))?;
             bounded("data.id", &refund.id, MAX_ID_LEN)?;
-            bounded("data.reference", &refund.reference, MAX_ID_LEN)?;
+            // An empty or foreign reference is not malformed: a refund made outside pagos
+            // (answered `desconocido`), as a charge's is an orphan.
+            if refund.reference.chars().count() > MAX_ID_LEN {
+                return Err(EventError(format!(
+                    "`data.reference` is over {MAX_ID_LEN} characters"
+                )));
+            }
             bounded("data.currency", &refund.currency, MAX_CURRENCY_LEN)?;
             if let Some(code) = &refund.failure_code {
                 bounded("data.failureCode", code, MAX_DECLINE_CODE_LEN)?;

@@ -75,6 +75,17 @@ impl StripeEvent {
             return Err(EventError("`created` must not be negative".into()));
         }
         let kind: String = envelope.kind.chars().take(64).collect();
+        if crate::gateway::stripe::REFUND_EVENTS.contains(&envelope.kind.as_str()) {
+            // Read by `gateway::stripe::refund_event` first: here only when it had
+            // nothing pagos acts on.
+            return Ok(StripeEvent {
+                id: envelope.id,
+                kind,
+                payload: Payload::Ignored(
+                    "a refund pagos did not make, or in a status pagos does not know",
+                ),
+            });
+        }
         if !ACTED_ON.contains(&envelope.kind.as_str()) {
             return Ok(StripeEvent {
                 id: envelope.id,
@@ -95,10 +106,20 @@ impl StripeEvent {
             });
         }
         if status_of(&pi.status).is_none() {
-            return Err(EventError(format!(
-                "PaymentIntent status {:?} is not one pagos knows",
-                pi.status.chars().take(40).collect::<String>()
-            )));
+            // Signed and Stripe's: refusing it would only make Stripe send it again for
+            // days. It says nothing pagos can act on; the reconciler asks Stripe about a
+            // payment in flight.
+            tracing::warn!(
+                event_id = %envelope.id,
+                payment_intent = %pi.id,
+                status = %pi.status.chars().take(40).collect::<String>(),
+                "PaymentIntent status pagos does not know"
+            );
+            return Ok(StripeEvent {
+                id: envelope.id,
+                kind,
+                payload: Payload::Ignored("a PaymentIntent status pagos does not know"),
+            });
         }
         let charge = pi
             .to_charge(None)
@@ -193,10 +214,14 @@ mod tests {
     #[test]
     fn malformed_events_are_refused() {
         assert!(StripeEvent::parse(b"{}").is_err());
-        assert!(
+        // A status pagos does not know is Stripe's word all the same: acknowledged and
+        // ignored (refused, Stripe would send it again for days to no end).
+        assert!(matches!(
             StripeEvent::parse(&event("payment_intent.succeeded", "teleported", 1, ours()))
-                .is_err()
-        );
+                .expect("read")
+                .payload,
+            Payload::Ignored(_)
+        ));
         assert!(
             StripeEvent::parse(&event("payment_intent.succeeded", "succeeded", -1, ours()))
                 .is_err()

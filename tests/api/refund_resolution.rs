@@ -565,8 +565,16 @@ async fn a_stale_or_repeated_refund_event_never_overwrites_what_the_newest_one_r
     );
     foreign["status"] = json!("pending");
     assert_eq!(
-        deliver_event(&app, "evt_d_1", "refund.updated", 1, foreign).await,
+        deliver_event(&app, "evt_d_1", "refund.updated", 1, foreign.clone()).await,
         "obsoleto"
+    );
+    // One that carries no reference at all is the same: known, not refused as malformed
+    // for the gateway to send again and again.
+    foreign["id"] = json!("re_no_reference");
+    foreign["reference"] = json!("");
+    assert_eq!(
+        deliver_event(&app, "evt_e_1", "refund.updated", 1, foreign).await,
+        "desconocido"
     );
     let kept = reports::Entity::find_by_id(("http".to_owned(), "re_dashboard".to_owned()))
         .one(&app.db)

@@ -516,6 +516,28 @@ async fn events_pagos_does_not_act_on_are_acknowledged_and_unknown_references_ar
     let not_ours = serde_json::to_vec(&not_ours).expect("JSON");
     assert_eq!(deliver(&app, &not_ours).await, "ignorado");
 
+    // Signed by Stripe, in a status pagos does not know (a PaymentIntent's, a Refund's
+    // null): acknowledged, not refused for Stripe to send again for days.
+    let mut odd: Value = serde_json::from_slice(&event(
+        "event_payment_intent_succeeded",
+        "evt_odd_status",
+        &stranger,
+        now(),
+    ))
+    .expect("JSON");
+    odd["data"]["object"]["status"] = json!("teleported");
+    assert_eq!(
+        deliver(&app, &serde_json::to_vec(&odd).expect("JSON")).await,
+        "ignorado"
+    );
+    let mut refund = fixture("event_refund_created");
+    refund["id"] = json!("evt_refund_null_status");
+    refund["data"]["object"]["status"] = Value::Null;
+    assert_eq!(
+        deliver(&app, &serde_json::to_vec(&refund).expect("JSON")).await,
+        "ignorado"
+    );
+
     let orphan = event(
         "event_payment_intent_succeeded",
         "evt_orphan",
