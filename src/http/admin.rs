@@ -443,7 +443,7 @@ pub struct Resolucion {
         MalformedBody,
         RawBodyTooLarge,
         NotJson,
-        (status = 409, description = "Nothing was changed: the payment is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `cargos`: the charges found): `COMPLETADA` with no succeeded charge of the payment's amount, a `gatewayRef` that is not one, `FALLIDA` without `reembolsar` while a charge succeeded, `FALLIDA` (with or without `reembolsar`) while a charge is still pending; or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Nothing was changed: the payment is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `cargos`: the charges found): `COMPLETADA` with no succeeded charge of the payment's amount, a `gatewayRef` that is not one, `FALLIDA` without `reembolsar` while a charge succeeded, `FALLIDA` (with or without `reembolsar`) while a charge is still pending; or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`); or the charge named (or taken) is already another payment's, by pagos' records or the provider's webhooks, overruled or not, the provider asked or not (`charge-belongs-to-another-payment`, with `cargo`, `fuente`, and `pagoId` only when it is the same merchant's payment)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`validation-failed`, every field at fault listed in `errores` (and said in `detail`): a body that is not a JSON object (`(cuerpo)`), a member written twice, unknown or of another type, `estado` or `motivo` missing; bad estado, empty motivo, gatewayRef or contraProveedor, reembolsar with COMPLETADA or with contraProveedor (these recorded as a refusal, `GET /admin/acciones`); COMPLETADA without gatewayRef when neither the provider's answer nor the payment names its charge. Nothing was changed", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Who asked could not be recorded (`GET /admin/acciones`), so nothing was done (Retry-After). With `reembolsar`: the provider could not be asked what it charged; nothing was changed (Retry-After). Without it, a provider that cannot be asked leaves the resolution to on-call, its audit row saying so", body = Problem, content_type = "application/problem+json"),
     )
@@ -904,7 +904,7 @@ async fn resolve_unrecorded(
     }
     let changes = Changes {
         decline_code: (event == Event::ResolveFailed).then(|| RESOLVED_FAILED.to_owned()),
-        gateway_ref: recorded,
+        gateway_ref: recorded.clone(),
         ..Changes::default()
     };
     let mut reason = resolution_reason(&who.name, motivo);
@@ -924,7 +924,24 @@ async fn resolve_unrecorded(
     } else {
         Vec::new()
     };
+    // A charge already another payment's is never recorded on this one, whatever on-call
+    // overrules and whether the provider answered: a refund of this payment would refund
+    // that payment's customer (`charge_of_another`). Pagos' records are read once the
+    // provider was asked, and the provider's reports again in the write transaction.
+    if let Some(charge) = &recorded
+        && let Some(refusal) = charge_of_another(&state.db, &current, charge).await?
+    {
+        tracing::warn!(payment_id = %current.id, operator = %who.name, charge = %charge, "resolution refused: the charge is another payment's");
+        return Err(refusal);
+    }
     let tx = crate::db::begin_write(&state.db).await?;
+    if let Some(charge) = &recorded
+        && let Some(refusal) = charge_reported_for_another(&tx, &current, charge).await?
+    {
+        tx.rollback().await?;
+        tracing::warn!(payment_id = %current.id, operator = %who.name, charge = %charge, "resolution refused: the provider reported the charge for another payment while it was written");
+        return Err(refusal);
+    }
     let resolved =
         match crate::saga::apply(&tx, &current, event, changes, Actor::Admin, &reason).await {
             Ok(Written::Applied(p)) => *p,
@@ -1129,6 +1146,161 @@ pub(crate) async fn reconcile_refund_now(
         what: "reconcile the refund now".to_owned(),
     };
     actions::audited(state, who, asked, work, Report::in_words).await
+}
+
+/// Whose a charge is when it is not the payment's that a resolution would record it on.
+enum ChargeHolder {
+    /// Another payment: pagos recorded the charge as its own (`reported` false), or the
+    /// provider's webhooks reported the charge for it (`reported` true).
+    Payment {
+        payment: Box<payment::Model>,
+        reported: bool,
+    },
+    /// The provider's webhooks reported the charge for this reference, which names no
+    /// payment of pagos.
+    Reference(String),
+}
+
+/// The refusal (409 `charge-belongs-to-another-payment`, nothing written) of recording
+/// `charge` on `current` when it is already another payment's, any merchant's: the
+/// provider's webhooks reported it for another reference (`charge_reported_for_another`:
+/// the gateway's own word on whose it is, which no `contraProveedor` overrules), or pagos
+/// recorded it as another payment's charge (`payments.gateway_ref`). None when it is no
+/// other payment's.
+///
+/// The refusal names the other payment (`pagoId`) only when it is the same merchant's:
+/// the refusal is kept in the audit trail (`GET /admin/acciones`, which every operator
+/// reads, the read-only ones too), shown on the console and pasted into tickets about
+/// this merchant's payment; another merchant's payment id is of no use to settle this one
+/// (the provider's dashboard shows the charge's reference, should on-call need it) and is
+/// not this merchant's to see.
+///
+/// Cost: the payments are read by `gateway_ref`, which has no index: a full scan of the
+/// table (`saga::store::others_with_charge` says what it measured), fine for a resolution
+/// by hand. That is why it is read before the write transaction, not in it: on SQLite the
+/// write transaction holds the database's write lock, and every payment would wait for
+/// the scan.
+///
+/// What that leaves: a payment settled with this very charge after this read and before
+/// the resolution commits is not seen. A webhook's report is (the resolution reads the
+/// reports again in its write transaction, `charge_reported_for_another`); what is left
+/// is a request or the reconciler settling another payment with it from the provider's
+/// answer about that payment, in the milliseconds of the resolution's own write. Closing
+/// that would take a unique index on `payments.gateway_ref`, or a lock every writer of it
+/// takes; neither is kept for it.
+async fn charge_of_another(
+    db: &impl sea_orm::ConnectionTrait,
+    current: &payment::Model,
+    charge: &str,
+) -> Result<Option<ApiError>, ApiError> {
+    if let Some(refusal) = charge_reported_for_another(db, current, charge).await? {
+        return Ok(Some(refusal));
+    }
+    let mut others = store::others_with_charge(db, charge, current.id).await?;
+    let same_merchant = others
+        .iter()
+        .position(|p| p.merchant_id == current.merchant_id);
+    let Some(payment) = (match same_merchant {
+        Some(at) => Some(others.swap_remove(at)),
+        None => others.pop(),
+    }) else {
+        return Ok(None);
+    };
+    Ok(Some(charge_refused(
+        current,
+        charge,
+        ChargeHolder::Payment {
+            payment: Box::new(payment),
+            reported: false,
+        },
+    )))
+}
+
+/// The refusal of recording `charge` on `current` when the provider's webhooks reported it
+/// for another reference (`webhook_charges`), read by its primary key. The resolution
+/// reads it in its write transaction too: a webhook's consumer writes its report in the
+/// transaction that settles the payment it names, so a webhook settling another payment
+/// with this charge while the provider was asked is seen (on SQLite, whose write
+/// transactions take turns, whenever it committed before the resolution's; on PostgreSQL,
+/// when it committed before this read).
+async fn charge_reported_for_another(
+    db: &impl sea_orm::ConnectionTrait,
+    current: &payment::Model,
+    charge: &str,
+) -> Result<Option<ApiError>, ApiError> {
+    use crate::entities::webhook_charge as reported;
+    use crate::webhooks::{SOURCE_HTTP, SOURCE_MERCADOPAGO, SOURCE_STRIPE};
+    // Every source named: the primary key is (source, charge id), and PostgreSQL reads
+    // it by its first column.
+    let reports = reported::Entity::find()
+        .filter(reported::Column::Source.is_in([SOURCE_HTTP, SOURCE_STRIPE, SOURCE_MERCADOPAGO]))
+        .filter(reported::Column::ChargeId.eq(charge))
+        .all(db)
+        .await?;
+    for report in reports {
+        // The payment the report's reference names, even one written after the report
+        // (a payment restored after its charge was reported).
+        let tied = report
+            .payment_id
+            .or_else(|| Uuid::parse_str(report.reference.trim()).ok());
+        if tied == Some(current.id) {
+            continue;
+        }
+        let holder = match tied {
+            Some(other) => match store::find_payment(db, other).await? {
+                Some(payment) => ChargeHolder::Payment {
+                    payment: Box::new(payment),
+                    reported: true,
+                },
+                None => ChargeHolder::Reference(report.reference),
+            },
+            None => ChargeHolder::Reference(report.reference),
+        };
+        return Ok(Some(charge_refused(current, charge, holder)));
+    }
+    Ok(None)
+}
+
+/// The 409 `charge-belongs-to-another-payment` of recording `charge` on `current`, which
+/// `holder` holds: with `cargo`, `fuente` (`pagos`: another payment's recorded charge;
+/// `webhook`: the provider's reports) and, for the same merchant's payment only, `pagoId`.
+fn charge_refused(current: &payment::Model, charge: &str, holder: ChargeHolder) -> ApiError {
+    let (said, fuente, pago) = match &holder {
+        ChargeHolder::Payment { payment, reported } => {
+            let whose = if payment.merchant_id == current.merchant_id {
+                format!(
+                    "payment {} of this merchant ({})",
+                    payment.id, payment.state
+                )
+            } else {
+                "a payment of another merchant".to_owned()
+            };
+            let said = if *reported {
+                format!("The provider's webhooks reported charge {charge} for {whose}")
+            } else {
+                format!("Charge {charge} is already the charge of {whose}")
+            };
+            let pago = (payment.merchant_id == current.merchant_id).then_some(payment.id);
+            (said, if *reported { "webhook" } else { "pagos" }, pago)
+        }
+        ChargeHolder::Reference(reference) => (
+            format!(
+                "The provider's webhooks reported charge {charge} for reference {reference}, which is not this payment"
+            ),
+            "webhook",
+            None,
+        ),
+    };
+    let mut problem = Problem::new(ProblemType::ChargeOfAnotherPayment)
+        .detail(format!(
+            "{said}: it is not this payment's charge, and recorded here a refund of this payment would refund another customer's charge. Nothing was changed: the payment is still REVISION_MANUAL. Check the charge in the provider's dashboard (its reference is the payment it was made for), then resolve naming this payment's own charge, or without gatewayRef."
+        ))
+        .with("cargo", charge)
+        .with("fuente", fuente);
+    if let Some(id) = pago {
+        problem = problem.with("pagoId", id);
+    }
+    problem.into()
 }
 
 /// `charged` (what the provider's search showed) and every charge of `payment` its

@@ -117,7 +117,7 @@ fn not_under_review(detail: impl Into<String>) -> ApiError {
         ReadOnlyRole,
         MalformedBody,
         (status = 404, description = "No such refund", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Nothing was changed: the refund is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `reembolsos`: the provider's refunds found for it): `COMPLETADO` with no succeeded refund of its amount and currency, a `gatewayRef` that is not one (or is the provider's refund of another of the payment's refunds), `FALLIDO` while the provider shows it succeeded or still pending (its search, or its webhooks: `fuente`), or Mercado Pago without the refund's id (name it with `gatewayRef`, or overrule)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Nothing was changed: the refund is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `reembolsos`: the provider's refunds found for it): `COMPLETADO` with no succeeded refund of its amount and currency, a `gatewayRef` that is not one (or is already the provider's refund of another refund, of this payment or another, overruled or not), `FALLIDO` while the provider shows it succeeded or still pending (its search, or its webhooks: `fuente`), or Mercado Pago without the refund's id (name it with `gatewayRef`, or overrule)", body = Problem, content_type = "application/problem+json"),
         BodyTooLarge,
         NotJson,
         (status = 422, description = "`validation-failed`, every field at fault listed in `errores` (and said in `detail`): a body that is not a JSON object (`(cuerpo)`), a member written twice, unknown or of another type, `estado` or `motivo` missing; bad estado, empty motivo, gatewayRef or contraProveedor, or either too long (these recorded as a refusal, `GET /admin/acciones`); COMPLETADO overruling a provider that answers, without gatewayRef. Nothing was changed", body = Problem, content_type = "application/problem+json"),
@@ -281,6 +281,16 @@ async fn resolve_unrecorded(
         overruled: overrule.is_some(),
     };
     let recorded = checked_against(&provider, &current, &asked, &siblings)?;
+    // A provider refund already another refund's, another payment's or merchant's too, is
+    // never this one's, overruled or not (the siblings are refused above, named). Read
+    // before the write transaction: a refund settled with the same provider id in between
+    // is not seen, which would count one provider refund twice but move no money.
+    if let Some(id) = &recorded {
+        let others = store::others_with_gateway_ref(&state.db, id, current.id).await?;
+        if let Some(why) = another_refunds(&current, id, &others) {
+            return Err(provider.disagrees(&why));
+        }
+    }
     let changes = Changes {
         failure_code: (event == Event::ResolveFailed).then(|| refunds::RESOLVED_FAILED.to_owned()),
         gateway_ref: recorded,
@@ -353,6 +363,32 @@ async fn resolve_unrecorded(
             .map(|t| Transicion::of(t.from_state, t.to_state, t.actor, t.reason, t.created_at))
             .collect(),
     })
+}
+
+/// Why the provider refund `id` cannot be `current`'s, when `others` (the refunds whose
+/// provider refund it is) hold it: one provider refund is one pagos refund. Names the
+/// other refund only when it is the same merchant's: the refusal is kept in the audit
+/// trail and pasted into this merchant's tickets, and another merchant's ids are not
+/// theirs to see.
+fn another_refunds(current: &refund::Model, id: &str, others: &[refund::Model]) -> Option<String> {
+    let other = others
+        .iter()
+        .find(|r| r.payment_id == current.payment_id)
+        .or_else(|| others.iter().find(|r| r.merchant_id == current.merchant_id))
+        .or_else(|| others.first())?;
+    let whose = if other.payment_id == current.payment_id {
+        format!("refund {} of this payment ({})", other.id, other.state)
+    } else if other.merchant_id == current.merchant_id {
+        format!(
+            "refund {} of payment {} of this merchant ({})",
+            other.id, other.payment_id, other.state
+        )
+    } else {
+        "a refund of another merchant's payment".to_owned()
+    };
+    Some(format!(
+        "Refund {id} at the provider is already the provider's refund of {whose}: one provider refund is one pagos refund, and recorded here too its money would count twice."
+    ))
 }
 
 /// What on-call asked of the provider's word.

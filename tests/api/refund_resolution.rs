@@ -675,3 +675,79 @@ async fn a_refund_a_webhook_reports_succeeded_while_fallido_is_being_written_ref
     let over = problem(again, 422, "the refund's amount is still held").await;
     assert_eq!(over["restante"], 200000, "{over}");
 }
+
+on_both_databases!(naming_a_provider_refund_of_another_payments_refund_is_refused_even_overruled);
+
+/// A provider refund id that is already another payment's refund's — another merchant's,
+/// or this merchant's — is never this refund's, even overruled or with the provider down:
+/// its money would count twice. Another merchant's refund is never named; this merchant's
+/// is. The refund's own provider refund still settles it.
+async fn naming_a_provider_refund_of_another_payments_refund_is_refused_even_overruled(
+    backend: Backend,
+) {
+    let (app, fake) = app(backend).await;
+    let theirs = {
+        let answer = app
+            .pay_as(
+                crate::helpers::OTHER_API_KEY,
+                "pay-globex",
+                &crate::helpers::payment_body(),
+            )
+            .await;
+        assert_eq!(answer.status(), 201);
+        json(answer).await["id"].as_str().expect("id").to_owned()
+    };
+    let their_refund = crate::refunds::refund_as(
+        &app,
+        crate::helpers::OTHER_API_KEY,
+        &theirs,
+        "ref-globex",
+        &json!({"monto": 50000}),
+    )
+    .await;
+    assert_eq!(their_refund.status(), 201);
+    let their_refund = json(their_refund).await;
+    assert_eq!(their_refund["gatewayRef"], "re_fake_1");
+    let their_refund_id = their_refund["id"].as_str().expect("id").to_owned();
+
+    let sibling_payment = paid(&app, "pay-0").await;
+    let ours = refund(&app, &sibling_payment, "ref-0", &json!({"monto": 50000})).await;
+    assert_eq!(ours.status(), 201);
+    let ours = json(ours).await;
+    assert_eq!(ours["gatewayRef"], "re_fake_2");
+    let ours_id = ours["id"].as_str().expect("id").to_owned();
+
+    let payment = paid(&app, "pay-1").await;
+    let id = pending_under_review(&app, &fake, &payment, "ref-1", 50000).await;
+    fake.settle_all("succeeded");
+
+    let why = "the dashboard shows it for this order";
+    for (named, lookups_fail) in [
+        ("re_fake_1", false),
+        ("re_fake_1", true),
+        ("re_fake_2", true),
+    ] {
+        fake.fail_lookups(lookups_fail);
+        let body = json!({"estado": "COMPLETADO", "motivo": "found it", "gatewayRef": named,
+                          "contraProveedor": why});
+        let problem = disagreed(&app, &id, &body).await;
+        let said = problem["detail"].as_str().unwrap_or_default();
+        assert!(said.contains(named), "{problem}");
+        if named == "re_fake_1" {
+            assert!(said.contains("another merchant"), "{problem}");
+            assert!(!problem.to_string().contains(&their_refund_id), "{problem}");
+            assert!(!problem.to_string().contains(&theirs), "{problem}");
+        } else {
+            assert!(said.contains(&ours_id), "{problem}");
+        }
+    }
+    fake.fail_lookups(false);
+
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADO", "motivo": "found it", "gatewayRef": "re_fake_3"}),
+    )
+    .await;
+    assert_eq!(done["reembolso"]["gatewayRef"], "re_fake_3");
+}

@@ -593,3 +593,245 @@ async fn after_a_resolution_that_refunds_on_calls_row_is_the_last_out_of_review_
         "the resolve and the verify commands select on-call's row"
     );
 }
+
+on_both_databases!(
+    naming_another_merchants_charge_while_the_provider_is_down_is_refused_and_recorded,
+    naming_another_payments_charge_is_refused_even_overruling_a_provider_that_answers,
+    a_charge_the_providers_webhooks_reported_for_another_reference_is_refused,
+    the_console_form_naming_another_merchants_charge_is_refused_on_its_page,
+);
+
+/// On-call's resolution `body` of `id` is refused with `409
+/// charge-belongs-to-another-payment` naming `charge`, and the payment and its audit trail
+/// are as they were, still under review; the problem.
+async fn charge_refused(app: &TestApp, id: &str, body: &Value, charge: &str) -> Value {
+    let before = detail(app, id).await;
+    let answer = app.resolve_as(ADMIN_TOKEN, id, body).await;
+    let problem = problem(answer, 409, &body.to_string()).await;
+    assert_eq!(
+        problem["type"], "/problems/charge-belongs-to-another-payment",
+        "{problem}"
+    );
+    assert_eq!(problem["cargo"], charge, "{problem}");
+    assert!(
+        crate::helpers::text_has(&problem, "detail", charge),
+        "{problem}"
+    );
+    let after = detail(app, id).await;
+    assert_eq!(after["pago"]["estado"], "REVISION_MANUAL", "{body}");
+    assert_eq!(after["pago"], before["pago"], "nothing changed: {body}");
+    assert_eq!(after["transiciones"], before["transiciones"], "{body}");
+    problem
+}
+
+/// The newest `resolve_payment` row of who asked, on payment `id`.
+async fn last_resolution_row(app: &TestApp, id: &str) -> Value {
+    crate::operator_actions::actions_as(app, ADMIN_TOKEN, &format!("?objetivo={id}"))
+        .await
+        .into_iter()
+        .find(|r| r["accion"] == "resolve_payment")
+        .expect("a row of the resolution")
+}
+
+/// A payment of merchant globex, paid at `fake`: its id and its charge.
+async fn globex_paid(app: &TestApp, fake: &FakeGateway, key: &str) -> (String, String) {
+    fake.set_new_status("succeeded");
+    let paid = json(
+        app.pay_as(crate::helpers::OTHER_API_KEY, key, &payment_body())
+            .await,
+    )
+    .await;
+    assert_eq!(paid["estado"], "COMPLETADA", "{paid}");
+    let id = paid["id"].as_str().expect("id").to_owned();
+    (id, paid["gatewayRef"].as_str().expect("charge").to_owned())
+}
+
+/// Merchant B's charge named on merchant A's payment under review while the provider
+/// cannot be asked. Before, on-call's word was taken as it stood: A's payment COMPLETADA
+/// on B's charge, and A's next refund refunded B's customer (B's own refund then found
+/// nothing left). Now it is refused, COMPLETADA or FALLIDA, nothing changed, the refusal
+/// in the audit trail, never naming B's payment; A's own charge still resolves it.
+async fn naming_another_merchants_charge_while_the_provider_is_down_is_refused_and_recorded(
+    backend: Backend,
+) {
+    let app = app(backend).await;
+    let (id, fake) = payment_under_review(&app, "k-res-owner-1").await;
+    let own = fake.charge_ids(&id).remove(0);
+    let (theirs, their_charge) = globex_paid(&app, &fake, "k-res-owner-globex").await;
+    fake.fail_lookups(true);
+
+    for estado in ["COMPLETADA", "FALLIDA"] {
+        let body = json!({"estado": estado, "motivo": "ticket 7: the dashboard shows it", "gatewayRef": their_charge});
+        let problem = charge_refused(&app, &id, &body, &their_charge).await;
+        assert!(problem.get("pagoId").is_none(), "{problem}");
+        assert!(
+            crate::helpers::text_has(&problem, "detail", "another merchant"),
+            "{problem}"
+        );
+        assert!(!problem.to_string().contains(&theirs), "{problem}");
+        let row = last_resolution_row(&app, &id).await;
+        let said = row["detalle"].as_str().unwrap_or_default();
+        assert!(
+            said.contains("refused (409 charge-belongs-to-another-payment)"),
+            "{row}"
+        );
+        assert!(
+            said.contains(estado) && said.contains(&their_charge),
+            "{row}"
+        );
+        assert!(!said.contains(&theirs), "{row}");
+    }
+    assert_eq!(app.payment(&theirs).await.gateway_ref, Some(their_charge));
+
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADA", "motivo": "ticket 7: its own charge", "gatewayRef": own}),
+    )
+    .await;
+    assert_eq!(done["pago"]["gatewayRef"], own.as_str());
+}
+
+/// `contraProveedor` overrules what the provider shows of this payment, never whose a
+/// charge is: another payment's charge (here the same merchant's, which the refusal names)
+/// is refused overruled too, while the provider answers; this payment's own charge, once
+/// it succeeded, is taken.
+async fn naming_another_payments_charge_is_refused_even_overruling_a_provider_that_answers(
+    backend: Backend,
+) {
+    let app = app(backend).await;
+    let (id, fake) = payment_under_review(&app, "k-res-owner-2").await;
+    let own = fake.charge_ids(&id).remove(0);
+    fake.set_new_status("succeeded");
+    let other = json(app.pay("k-res-owner-2b", &payment_body()).await).await;
+    assert_eq!(other["estado"], "COMPLETADA", "{other}");
+    let other_id = other["id"].as_str().expect("id").to_owned();
+    let others_charge = other["gatewayRef"].as_str().expect("charge").to_owned();
+
+    for estado in ["COMPLETADA", "FALLIDA"] {
+        let body = json!({"estado": estado, "motivo": "ticket 8", "gatewayRef": others_charge,
+                          "contraProveedor": "the dashboard shows it captured for this order"});
+        let problem = charge_refused(&app, &id, &body, &others_charge).await;
+        assert_eq!(problem["pagoId"], other_id.as_str(), "{problem}");
+        assert!(
+            crate::helpers::text_has(&problem, "detail", &other_id),
+            "{problem}"
+        );
+        let row = last_resolution_row(&app, &id).await;
+        assert!(
+            crate::helpers::text_has(
+                &row,
+                "detalle",
+                "refused (409 charge-belongs-to-another-payment)"
+            ),
+            "{row}"
+        );
+    }
+
+    fake.settle(&id, "succeeded");
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADA", "motivo": "ticket 8: its own", "gatewayRef": own,
+                "contraProveedor": "checked in the dashboard"}),
+    )
+    .await;
+    assert_eq!(done["pago"]["gatewayRef"], own.as_str());
+}
+
+/// A charge the provider's own webhooks reported for another reference (an orphan charge:
+/// no payment of pagos records it) is not this payment's, whatever on-call says.
+async fn a_charge_the_providers_webhooks_reported_for_another_reference_is_refused(
+    backend: Backend,
+) {
+    let app = crate::helpers::started(
+        backend,
+        &[
+            "--give-up-after",
+            "1s",
+            "--stale-after",
+            "1s",
+            "--webhook-secret",
+            crate::compensation::SECRET,
+        ],
+    )
+    .await;
+    let (id, fake) = payment_under_review(&app, "k-res-owner-3").await;
+    let elsewhere = uuid::Uuid::new_v4().to_string();
+    let reported = json!({"id": "ch_reported_elsewhere", "status": "succeeded", "amount": 250000,
+                          "currency": "COP", "reference": elsewhere, "declineCode": null});
+    let answer =
+        crate::compensation::deliver_event(&app, "evt_elsewhere", "charge.updated", 1, reported)
+            .await;
+    assert_eq!(answer, "huerfano");
+    fake.fail_lookups(true);
+
+    for overrule in [None, Some("the dashboard shows it paid this order")] {
+        let mut body = json!({"estado": "COMPLETADA", "motivo": "ticket 9",
+                              "gatewayRef": "ch_reported_elsewhere"});
+        if let Some(why) = overrule {
+            body["contraProveedor"] = why.into();
+        }
+        let problem = charge_refused(&app, &id, &body, "ch_reported_elsewhere").await;
+        assert_eq!(problem["fuente"], "webhook", "{problem}");
+        assert!(
+            crate::helpers::text_has(&problem, "detail", "webhooks reported"),
+            "{problem}"
+        );
+    }
+}
+
+/// The console's resolve form names a charge too, and reaches the same check: another
+/// merchant's charge, while the provider cannot be asked, is refused on the payment's page
+/// (409), nothing changed.
+async fn the_console_form_naming_another_merchants_charge_is_refused_on_its_page(backend: Backend) {
+    let app = app(backend).await;
+    let (id, fake) = payment_under_review(&app, "k-res-owner-4").await;
+    let (theirs, their_charge) = globex_paid(&app, &fake, "k-res-owner-globex-4").await;
+    fake.fail_lookups(true);
+    let token = crate::operators::operator(&app, "bea", pagos::operators::Role::Operador).await;
+    let cookie = format!(
+        "pagos_consola={}",
+        crate::console::log_in(&app, &token).await
+    );
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let page = client
+        .get(app.url(&format!("/consola/pagos/{id}")))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
+    let at = page.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
+    let csrf = page[at..].split('"').next().expect("csrf").to_owned();
+    let before = detail(&app, &id).await;
+
+    let answer = client
+        .post(app.url(&format!("/consola/pagos/{id}/resolver")))
+        .header("cookie", &cookie)
+        .form(&[
+            ("estado", "COMPLETADA"),
+            ("motivo", "ticket 10: the dashboard shows it"),
+            ("gatewayRef", their_charge.as_str()),
+            ("csrf", csrf.as_str()),
+        ])
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(answer.status(), 409);
+    let html = answer.text().await.expect("html");
+    crate::helpers::assert_contains_all(&html, &[&their_charge, "another merchant"]);
+    assert!(
+        !html.contains(&theirs),
+        "never the other merchant's payment"
+    );
+    let after = detail(&app, &id).await;
+    assert_eq!(after["pago"]["estado"], "REVISION_MANUAL");
+    assert_eq!(after["pago"], before["pago"], "nothing changed");
+    assert_eq!(after["transiciones"], before["transiciones"]);
+}

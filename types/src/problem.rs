@@ -49,10 +49,14 @@ pub enum ProblemType {
     /// On-call's resolution of a payment under review contradicts what the provider shows
     /// for it (`cargos`: the charges found); nothing was changed.
     ProviderDisagrees,
+    /// On-call's resolution of a payment names a charge (`cargo`) that is already another
+    /// payment's, by pagos' records or the provider's own reports: recorded, a refund of
+    /// this payment would refund that payment's customer; nothing was changed.
+    ChargeOfAnotherPayment,
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 24] = [
+    pub const ALL: [ProblemType; 25] = [
         ProblemType::Unauthorized,
         ProblemType::Forbidden,
         ProblemType::TooManyAuthFailures,
@@ -77,6 +81,7 @@ impl ProblemType {
         ProblemType::PaymentNotRefundable,
         ProblemType::RefundExceedsRemaining,
         ProblemType::ProviderDisagrees,
+        ProblemType::ChargeOfAnotherPayment,
     ];
 
     /// The stable last segment of `type`.
@@ -106,6 +111,7 @@ impl ProblemType {
             ProblemType::PaymentNotRefundable => "payment-not-refundable",
             ProblemType::RefundExceedsRemaining => "refund-exceeds-remaining",
             ProblemType::ProviderDisagrees => "provider-disagrees",
+            ProblemType::ChargeOfAnotherPayment => "charge-belongs-to-another-payment",
         }
     }
 
@@ -133,7 +139,9 @@ impl ProblemType {
             ProblemType::Unavailable | ProblemType::Overloaded | ProblemType::RequestTimeout => 503,
             ProblemType::Internal => 500,
             ProblemType::RefundRefused | ProblemType::RefundExceedsRemaining => 422,
-            ProblemType::PaymentNotRefundable | ProblemType::ProviderDisagrees => 409,
+            ProblemType::PaymentNotRefundable
+            | ProblemType::ProviderDisagrees
+            | ProblemType::ChargeOfAnotherPayment => 409,
         }
     }
 
@@ -163,6 +171,7 @@ impl ProblemType {
             ProblemType::PaymentNotRefundable => "The payment cannot be refunded",
             ProblemType::RefundExceedsRemaining => "The refund exceeds what is left of the payment",
             ProblemType::ProviderDisagrees => "The provider's records contradict this resolution",
+            ProblemType::ChargeOfAnotherPayment => "The charge is another payment's",
         }
     }
 }

@@ -84,6 +84,26 @@ pub async fn of_payment(
     .await
 }
 
+/// The refunds other than `except` whose provider refund id (`gateway_ref`) is
+/// `gateway_ref`, any payment's, any merchant's: at most a few. On-call's resolution of a
+/// refund asks it before it records a provider refund on it.
+///
+/// What it costs: `refunds.gateway_ref` has no index, so this reads the whole table (a
+/// sequential scan; refunds are fewer than payments, whose like read is measured at
+/// `saga::store::others_with_charge`). Only a resolution by hand asks it.
+pub async fn others_with_gateway_ref(
+    db: &impl ConnectionTrait,
+    gateway_ref: &str,
+    except: Uuid,
+) -> Result<Vec<refund::Model>, DbErr> {
+    refund::Entity::find()
+        .filter(refund::Column::GatewayRef.eq(gateway_ref))
+        .filter(refund::Column::Id.ne(except))
+        .limit(5)
+        .all(db)
+        .await
+}
+
 /// A payment's refunds of one charge, oldest first.
 pub async fn of_charge(
     db: &impl ConnectionTrait,
