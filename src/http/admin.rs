@@ -474,6 +474,18 @@ async fn resolve(
     Ok(Json(detail(&state, &p).await?))
 }
 
+/// Whether payment `id` was ever FALLIDA: its merchant was told it failed (the key's
+/// frozen answer, a 402 that never changes, and the `pago.fallido` event), so it can
+/// never be COMPLETADA without that answer turning false.
+async fn told_failed(state: &AppState, id: Uuid) -> Result<bool, ApiError> {
+    let failed = transitions::Entity::find()
+        .filter(transitions::Column::PaymentId.eq(id))
+        .filter(transitions::Column::ToState.eq(PaymentState::Fallida))
+        .one(&state.db)
+        .await?;
+    Ok(failed.is_some())
+}
+
 /// What on-call asks of a resolution (the admin API's body, the console's form).
 #[derive(Debug, Default)]
 pub struct HandResolution<'a> {
@@ -867,6 +879,11 @@ async fn resolve_unrecorded(
                 "The payment is {}, not REVISION_MANUAL: only payments under review are resolved by hand.",
                 current.state
             ))
+            .into());
+    }
+    if event == Event::ResolveCompleted && told_failed(state, current.id).await? {
+        return Err(Problem::new(ProblemType::ToldFailed)
+            .detail("The merchant was told this payment failed (FALLIDA: its key answers 402, no money taken, for as long as the key is kept, and pago.fallido was sent): COMPLETADA would make that answer false, and a merchant who charged again with a new key would have charged twice. Resolve FALLIDA with reembolsar to give the charge back, or FALLIDA with contraProveedor if the money already went back outside pagos. Nothing was changed.")
             .into());
     }
     let reembolsar = asked.reembolsar;

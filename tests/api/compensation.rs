@@ -162,6 +162,26 @@ async fn in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_r
         .await;
     assert_eq!(wrong.status(), 422);
 
+    // The merchant was told the payment failed (its key answers 402, "no money taken",
+    // and may already have charged again under a new key): COMPLETADA would make that
+    // answer false for good. Refused, nothing changed, though the provider shows the
+    // charge succeeded.
+    let told = app
+        .resolve_as(
+            ADMIN,
+            &payment,
+            &json!({"estado": "COMPLETADA", "motivo": "the charge stands"}),
+        )
+        .await;
+    assert_eq!(told.status(), 409);
+    let problem = json(told).await;
+    assert_eq!(
+        problem["type"], "/problems/payment-told-failed",
+        "{problem}"
+    );
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+    assert_eq!(app.pay("pay-1", &payment_body()).await.status(), 402);
+
     // On-call asks what the provider charged: the one charge.
     let detail =
         resolve_fallida_refunding(&app, &payment, "ticket 77: the customer was charged").await;

@@ -53,10 +53,13 @@ pub enum ProblemType {
     /// payment's, by pagos' records or the provider's own reports: recorded, a refund of
     /// this payment would refund that payment's customer; nothing was changed.
     ChargeOfAnotherPayment,
+    /// On-call's COMPLETADA for a payment the merchant was told FALLIDA (its key answers
+    /// 402, "no money taken", for as long as it is kept); nothing was changed.
+    ToldFailed,
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 25] = [
+    pub const ALL: [ProblemType; 26] = [
         ProblemType::Unauthorized,
         ProblemType::Forbidden,
         ProblemType::TooManyAuthFailures,
@@ -82,6 +85,7 @@ impl ProblemType {
         ProblemType::RefundExceedsRemaining,
         ProblemType::ProviderDisagrees,
         ProblemType::ChargeOfAnotherPayment,
+        ProblemType::ToldFailed,
     ];
 
     /// The stable last segment of `type`.
@@ -112,6 +116,7 @@ impl ProblemType {
             ProblemType::RefundExceedsRemaining => "refund-exceeds-remaining",
             ProblemType::ProviderDisagrees => "provider-disagrees",
             ProblemType::ChargeOfAnotherPayment => "charge-belongs-to-another-payment",
+            ProblemType::ToldFailed => "payment-told-failed",
         }
     }
 
@@ -141,7 +146,8 @@ impl ProblemType {
             ProblemType::RefundRefused | ProblemType::RefundExceedsRemaining => 422,
             ProblemType::PaymentNotRefundable
             | ProblemType::ProviderDisagrees
-            | ProblemType::ChargeOfAnotherPayment => 409,
+            | ProblemType::ChargeOfAnotherPayment
+            | ProblemType::ToldFailed => 409,
         }
     }
 
@@ -172,6 +178,7 @@ impl ProblemType {
             ProblemType::RefundExceedsRemaining => "The refund exceeds what is left of the payment",
             ProblemType::ProviderDisagrees => "The provider's records contradict this resolution",
             ProblemType::ChargeOfAnotherPayment => "The charge is another payment's",
+            ProblemType::ToldFailed => "The merchant was told this payment failed",
         }
     }
 }
