@@ -13,7 +13,7 @@
 //! store's (`operators::actions`), which `pagos reconcile --once` writes the same way.
 
 use super::AppState;
-use super::auth::{Admin, AdminTokenRefused};
+use super::auth::{Admin, AdminTokenRefused, TooManyFailedAuthentications};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::domain::FieldError;
 use crate::operators::actions::{self, Action, Filter, Row};
@@ -144,6 +144,7 @@ fn in_words(err: &ApiError) -> String {
 pub struct AccionOperador {
     pub id: Uuid,
     /// When it was asked (RFC 3339).
+    #[schema(format = DateTime)]
     pub en: String,
     /// Who asked: the operator's name, `admin` for the break-glass token.
     pub operador: String,
@@ -159,6 +160,7 @@ pub struct AccionOperador {
     pub detalle: String,
     /// When it was over (RFC 3339); null while it runs, or when the process stopped
     /// before it ended.
+    #[schema(format = DateTime)]
     pub terminada_en: Option<String>,
 }
 
@@ -238,13 +240,14 @@ fn parse(query: &str) -> Result<(Filter, u64), ApiError> {
     tag = "admin",
     security(("admin_token" = [])),
     params(
-        ("limite" = Option<u64>, Query, description = "At most this many (1–500, default 50)"),
+        ("limite" = Option<u64>, Query, minimum = 1, maximum = 500, description = "At most this many (1–500, default 50)"),
         ("operador" = Option<String>, Query, description = "Only this operator's (`admin`: the break-glass token's)"),
         ("objetivo" = Option<Uuid>, Query, description = "Only those on this payment, refund or endpoint"),
     ),
     responses(
         (status = 200, description = "Actions, newest first", body = ListaAcciones),
         AdminTokenRefused,
+        TooManyFailedAuthentications,
         (status = 422, description = "A bad, repeated or unknown parameter (`errores` names it)", body = Problem, content_type = "application/problem+json"),
     )
 )]

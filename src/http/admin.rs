@@ -48,10 +48,12 @@ pub struct PagoAdmin {
     pub merchant_id: Uuid,
     pub intentos: i32,
     /// When the reconciler looks at it next (RFC 3339).
+    #[schema(format = DateTime)]
     pub proximo_intento: String,
     /// While a worker (a request, a reconciliation pass, a "reconcile now") holds it:
     /// until when (RFC 3339). Nobody else sends it meanwhile.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
     pub retenido_hasta: Option<String>,
     pub decline_code: Option<String>,
     /// Seconds since it was created.
@@ -69,6 +71,7 @@ pub struct UltimoError {
     /// What the call failed with (at most 500 characters).
     pub mensaje: String,
     /// When (RFC 3339).
+    #[schema(format = DateTime)]
     pub en: String,
 }
 
@@ -116,6 +119,7 @@ pub struct ListQuery {
     /// EN_PROCESO, ENVIADA, COMPLETADA, FALLIDA or REVISION_MANUAL
     estado: PaymentState,
     /// At most this many (default 50, at most 1000)
+    #[param(minimum = 1, maximum = 1000)]
     limite: Option<u64>,
 }
 
@@ -175,6 +179,7 @@ fn list_query(query: &str) -> Result<(PaymentState, u64), ApiError> {
     responses(
         (status = 200, description = "Payments, oldest first, each with `montoReembolsado`", body = ListaPagosAdmin),
         AdminTokenRefused,
+        super::auth::TooManyFailedAuthentications,
         (status = 422, description = "`estado` missing or not a state, `limite` not a whole number from 1 to 1000, a parameter given twice or unknown (`errores` names each)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -209,6 +214,7 @@ pub struct Transicion {
     /// request, reconciler, webhook or admin
     pub quien: String,
     pub motivo: String,
+    #[schema(format = DateTime)]
     pub en: String,
     /// Who of on-call, for a row by `admin`: the operator's name, or `admin` for the
     /// break-glass token.
@@ -299,6 +305,7 @@ fn not_found() -> ApiError {
     responses(
         (status = 200, description = "The payment and its audit trail", body = DetallePago),
         AdminTokenRefused,
+        super::auth::TooManyFailedAuthentications,
         PaymentNotFound,
     )
 )]
@@ -361,11 +368,12 @@ pub struct PedidoReconciliacion {
     path = "/admin/reconciliaciones",
     tag = "admin",
     security(("admin_token" = [])),
-    request_body(content = PedidoReconciliacion, description = "`{}` (or no body, whatever its content type) for every due payment and refund, `{\"pagoId\":\"…\"}` for one payment, `{\"reembolsoId\":\"…\"}` for one refund"),
+    request_body(content = Option<PedidoReconciliacion>, content_type = "application/json", description = "Optional: `{}` (or no body, whatever its content type) for every due payment and refund, `{\"pagoId\":\"…\"}` for one payment, `{\"reembolsoId\":\"…\"}` for one refund"),
     responses(
         (status = 200, description = "The pass's report; who asked, and what came of it, is recorded (`GET /admin/acciones`)", body = Report),
         MalformedBody,
         AdminTokenRefused,
+        super::auth::TooManyFailedAuthentications,
         ReadOnlyRole,
         (status = 404, description = "No payment (refund) with this `pagoId` (`reembolsoId`)", body = Problem, content_type = "application/problem+json"),
         RawBodyTooLarge,
@@ -399,8 +407,11 @@ async fn run_reconciliation(
 #[allow(dead_code)]
 pub struct Resolucion {
     /// COMPLETADA or FALLIDA
+    #[schema(value_type = super::extract::EstadoResolucion)]
     estado: String,
     /// Why (what the provider's dashboard showed, the ticket): kept in the audit trail.
+    /// 1–1000 characters once trimmed, without NUL.
+    #[schema(min_length = 1, max_length = 1000, pattern = r"\S")]
     motivo: String,
     /// The provider's charge id. With `COMPLETADA` it must be a succeeded charge of the
     /// payment's amount and currency that the provider holds for this payment (absent: the
@@ -408,6 +419,7 @@ pub struct Resolucion {
     /// charge the provider holds for this payment. It is the charge a later refund of the
     /// payment refunds.
     #[serde(rename = "gatewayRef")]
+    #[schema(min_length = 1, max_length = 255, pattern = r"\S")]
     gateway_ref: Option<String>,
     /// With `FALLIDA`: refund every charge the provider holds for the payment (asked now,
     /// and those its webhooks reported that its search does not show yet), each for what
@@ -424,6 +436,7 @@ pub struct Resolucion {
     /// it a resolution the provider contradicts is refused (409 `provider-disagrees`).
     /// Not with `reembolsar`.
     #[serde(rename = "contraProveedor")]
+    #[schema(min_length = 1, max_length = 1000, pattern = r"\S")]
     contra_proveedor: Option<String>,
 }
 
@@ -438,6 +451,7 @@ pub struct Resolucion {
     responses(
         (status = 200, description = "Settled; the payment and its audit trail, as they stand once the refunds `reembolsar` made were sent (a refund the provider failed at once sends the payment back to REVISION_MANUAL). Who asked, what, and what came of it (a refusal too) is recorded (`GET /admin/acciones`, `resolve_payment`)", body = DetallePago),
         AdminTokenRefused,
+        super::auth::TooManyFailedAuthentications,
         ReadOnlyRole,
         PaymentNotFound,
         MalformedBody,

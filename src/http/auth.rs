@@ -479,6 +479,21 @@ pub struct PaymentNotFound(Problem);
 #[allow(dead_code)]
 pub struct ApiKeyRefused(Problem);
 
+/// The 429 of every endpoint that takes an API key or an admin token, as its OpenAPI
+/// operation documents it (documentation only: the `Merchant` and `Admin` extractors
+/// answer it, before any credential is looked up).
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 429,
+    description = "Too many failed authentications from this address (`too-many-failed-authentications`: more than `PAGOS_AUTH_FAILURES_PER_MINUTE` a minute); every request from it is refused, valid credentials or not, until Retry-After has passed. Nothing was done",
+    content_type = "application/problem+json",
+    headers(
+        ("Retry-After" = u64, description = "Seconds until requests from this address are looked at again")
+    )
+)]
+#[allow(dead_code)]
+pub struct TooManyFailedAuthentications(Problem);
+
 /// An on-call request: the break-glass admin token (`PAGOS_ADMIN_TOKEN`, recorded as
 /// `admin`) or an operator's token (`op_…`, recorded by the operator's name).
 #[derive(Clone, Debug)]

@@ -8,7 +8,7 @@
 //! `PAGOS_WEBHOOKS_ALLOW_PRIVATE`), is a 422 and nothing is written.
 
 use super::AppState;
-use super::auth::{ApiKeyRefused, Merchant};
+use super::auth::{ApiKeyRefused, Merchant, TooManyFailedAuthentications};
 use super::extract::{self, PathId, WhenEmpty, field_error as field, validation_failed as invalid};
 use super::problem::{ApiError, MalformedBody, NotJson, Problem, ProblemType, RawBodyTooLarge};
 use crate::delivery::guard::{self, SystemResolver};
@@ -54,7 +54,8 @@ pub struct NuevoEndpoint {
     #[schema(example = "https://example.com/webhooks/pagos")]
     url: String,
     /// The event types to deliver (absent or null: every type; at least one when given).
-    eventos: Option<Vec<String>>,
+    #[schema(min_items = 1)]
+    eventos: Option<Vec<EventType>>,
 }
 
 /// The body of `POST /v1/webhook-endpoints/{id}/reactivar` (may be empty; documentation
@@ -65,6 +66,7 @@ pub struct NuevoEndpoint {
 pub struct Reactivacion {
     /// Deliver again every event since then (RFC 3339), delivered before or not.
     #[serde(rename = "reenviarDesde")]
+    #[schema(format = DateTime)]
     reenviar_desde: Option<String>,
 }
 
@@ -128,6 +130,7 @@ struct NoSuchEndpoint(Problem);
          headers(("Location" = String))),
         MalformedBody,
         ApiKeyRefused,
+        TooManyFailedAuthentications,
         NotJson,
         RawBodyTooLarge,
         (status = 422, description = "`validation-failed`, every field at fault listed in `errores`: a body that is not a JSON object (`(cuerpo)`), a member written twice or unknown, `url` missing or not a string, `eventos` not an array of strings, empty, or naming an unknown event type, a bad URL (not https, resolving to a non-public address, longer than 2048 characters as stored); or a merchant that has 16 endpoints already (the most it may have: `limite`). Nothing stored", body = Problem, content_type = "application/problem+json"),
@@ -229,6 +232,7 @@ async fn create_endpoint(
     responses(
         (status = 200, description = "Every endpoint of the merchant, oldest first", body = ListaEndpoints),
         ApiKeyRefused,
+        TooManyFailedAuthentications,
     )
 )]
 async fn list_endpoints(
@@ -251,6 +255,7 @@ async fn list_endpoints(
     responses(
         (status = 204, description = "Removed"),
         ApiKeyRefused,
+        TooManyFailedAuthentications,
         NoSuchEndpoint,
     )
 )]
@@ -280,6 +285,7 @@ async fn delete_endpoint(
     responses(
         (status = 200, description = "The endpoint with its new `secreto` and until when the secret it replaced signs too (`secretoAnteriorHasta`); a secret replaced by an earlier rotation within 24 h keeps signing until 24 h after its own replacement, so deliveries may carry three signatures", body = WebhookEndpoint),
         ApiKeyRefused,
+        TooManyFailedAuthentications,
         NoSuchEndpoint,
     )
 )]
@@ -305,11 +311,12 @@ async fn rotate_secret(
     tag = "webhooks",
     security(("api_key" = [])),
     params(("id" = Uuid, Path, description = "The endpoint id")),
-    request_body(content = Reactivacion, description = "`{}` (or no body, whatever its content type), or `{\"reenviarDesde\":\"<RFC 3339>\"}`"),
+    request_body(content = Option<Reactivacion>, content_type = "application/json", description = "Optional: `{}` (or no body, whatever its content type), or `{\"reenviarDesde\":\"<RFC 3339>\"}`"),
     responses(
         (status = 200, description = "The endpoint, `ACTIVO`", body = WebhookEndpoint),
         MalformedBody,
         ApiKeyRefused,
+        TooManyFailedAuthentications,
         NoSuchEndpoint,
         RawBodyTooLarge,
         NotJson,

@@ -4,7 +4,7 @@
 //! missed.
 
 use super::AppState;
-use super::auth::{ApiKeyRefused, Merchant};
+use super::auth::{ApiKeyRefused, Merchant, TooManyFailedAuthentications};
 use super::extract::PathId;
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::domain::FieldError;
@@ -47,8 +47,11 @@ pub struct Entrega {
     /// was `DESACTIVADO` when the event was written: no attempt).
     estado: String,
     intentos: i32,
-    /// When the next attempt is due, while `PENDIENTE`.
+    /// When the next attempt is due, while `PENDIENTE` (RFC 3339).
+    #[schema(format = DateTime)]
     proximo_intento: Option<String>,
+    /// When it was delivered (RFC 3339).
+    #[schema(format = DateTime)]
     entregada_en: Option<String>,
 }
 
@@ -59,7 +62,8 @@ pub struct Intento {
     endpoint_id: Uuid,
     /// 1 for the first attempt of the delivery.
     numero: i32,
-    /// Its `webhook-timestamp`.
+    /// When it was made (RFC 3339; its `webhook-timestamp` in seconds).
+    #[schema(format = DateTime)]
     en: String,
     /// The answer's status; null when there was no answer.
     estado_http: Option<i32>,
@@ -117,12 +121,13 @@ pub fn is_event_id(text: &str) -> bool {
     security(("api_key" = [])),
     params(
         ("desde" = Option<String>, Query, description = "The `siguiente` of the page before, or the id of the last event a page showed you: the events committed after it. Not the id of an event known only from a webhook or `GET /v1/eventos/{id}`: an event committed just before it may not be listed yet (422 while it is not)"),
-        ("limite" = Option<u64>, Query, description = "At most this many (1–500, default 50)"),
+        ("limite" = Option<u64>, Query, minimum = 1, maximum = 500, description = "At most this many (1–500, default 50)"),
         ("pendientes" = Option<bool>, Query, description = "`true`: only events not yet delivered to every endpoint"),
     ),
     responses(
         (status = 200, description = "A page of events", body = ListaEventos),
         ApiKeyRefused,
+        TooManyFailedAuthentications,
         (status = 422, description = "A bad parameter", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -206,6 +211,7 @@ async fn list_events(
     responses(
         (status = 200, description = "The event with its deliveries and attempts", body = DetalleEvento),
         ApiKeyRefused,
+        TooManyFailedAuthentications,
         (status = 404, description = "No such event for this merchant", body = Problem, content_type = "application/problem+json"),
     )
 )]

@@ -160,6 +160,26 @@ pub struct Resolution {
     pub reembolsar: bool,
 }
 
+/// The `estado` of a payment's resolution, as the OpenAPI document lists it
+/// (documentation only: the resolution checks the text it reads).
+#[derive(utoipa::ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[allow(dead_code)]
+pub enum EstadoResolucion {
+    Completada,
+    Fallida,
+}
+
+/// The `estado` of a refund's resolution, as the OpenAPI document lists it
+/// (documentation only, as `EstadoResolucion`).
+#[derive(utoipa::ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[allow(dead_code)]
+pub enum EstadoResolucionReembolso {
+    Completado,
+    Fallido,
+}
+
 /// Reads a resolution's body (see [`Resolution`]).
 pub fn resolution(
     headers: &HeaderMap,

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi};
+use utoipa::{Modify, OpenApi, PartialSchema};
 use utoipa_axum::router::OpenApiRouter;
 
 /// Everything a request handler shares. Defined here, by the HTTP surface that uses it,
@@ -95,10 +95,13 @@ impl Deref for AppState {
 #[openapi(
     info(
         title = "pagos",
-        description = "Payments through external gateways, safe to retry. Every error is application/problem+json (RFC 9457) with a stable `type`."
+        description = "Payments through external gateways, safe to retry. Every error is application/problem+json (RFC 9457) with a stable `type`. A path asked with a method it does not serve answers 405 `method-not-allowed` with `Allow` (the reusable response `MethodNotAllowed`)."
     ),
     modifiers(&Security),
-    components(schemas(crate::domain::FieldError, webhooks::Acuse))
+    components(
+        schemas(crate::domain::FieldError, webhooks::Acuse),
+        responses(problem::MethodNotAllowed)
+    )
 )]
 struct ApiDoc;
 
@@ -214,10 +217,87 @@ fn light_rooms() -> OpenApiRouter<AppState> {
 
 /// The whole API and its OpenAPI document, from the same route list.
 pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let mut limited = limited_rooms();
+    declare_limits(limited.get_openapi_mut());
     OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .merge(limited_rooms())
+        .merge(limited)
         .merge(light_rooms())
         .split_for_parts()
+}
+
+/// The 503s every limited route may answer (`refused`, and `ApiError::Internal` of any
+/// handler), folded into the 503 each operation of `openapi` declares of its own, or
+/// declared where it has none, each with `Retry-After`. Done here rather than in each
+/// operation's annotation: the doors put the limits on every route of `limited_rooms`, so
+/// the document says so of exactly those.
+fn declare_limits(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder, header::HeaderBuilder};
+    for (path, item) in openapi.paths.paths.iter_mut() {
+        // As `refused` tells them apart: on-call's request cut at the timeout gets no
+        // Retry-After (asking again before reading what it did runs it twice).
+        let on_call = Door::Admin.serves(path);
+        let timeout = if on_call {
+            "`request-timeout`: cut at `PAGOS_REQUEST_TIMEOUT`, what it started goes on; read what it did before asking again (no Retry-After)"
+        } else {
+            "`request-timeout`: cut at `PAGOS_REQUEST_TIMEOUT`, what it started goes on; retry (with the same Idempotency-Key where there is one) after Retry-After"
+        };
+        let limits = format!(
+            "`overloaded`: `PAGOS_MAX_IN_FLIGHT` requests were in progress, this one was not started and nothing was stored; retry after Retry-After. {timeout}. `service-unavailable`: the database failed; retry after Retry-After"
+        );
+        let retry_after = if on_call {
+            "Seconds to wait before retrying; absent on `request-timeout`"
+        } else {
+            "Seconds to wait before retrying"
+        };
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for operation in operations.into_iter().flatten() {
+            let responses = &mut operation.responses.responses;
+            match responses.get_mut("503") {
+                Some(RefOr::T(own)) => {
+                    own.description = format!(
+                        "{}. Also, as on every route under the doors' limits: {limits}",
+                        own.description.trim_end_matches('.')
+                    );
+                    own.headers.entry("Retry-After".into()).or_insert_with(|| {
+                        RefOr::T(
+                            HeaderBuilder::new()
+                                .schema(Some(u64::schema()))
+                                .description(Some(retry_after))
+                                .build(),
+                        )
+                    });
+                }
+                Some(RefOr::Ref(_)) => {}
+                None => {
+                    let declared = ResponseBuilder::new()
+                        .description(format!(
+                            "Refused or cut by the doors' limits, or the database failed: {limits}"
+                        ))
+                        .content(
+                            problem::PROBLEM_JSON,
+                            ContentBuilder::new()
+                                .schema(Some(Ref::from_schema_name("Problem")))
+                                .build(),
+                        )
+                        .header(
+                            "Retry-After",
+                            HeaderBuilder::new()
+                                .schema(Some(u64::schema()))
+                                .description(Some(retry_after))
+                                .build(),
+                        )
+                        .build();
+                    responses.insert("503".into(), RefOr::T(declared));
+                }
+            }
+        }
+    }
 }
 
 /// The whole surface on one door (`PAGOS_ADMIN_BIND` unset).

@@ -48,8 +48,38 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// `GET /healthz`'s answer (documentation only: the handler writes it).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct Vivo {
+    #[schema(inline)]
+    status: VivoStatus,
+}
+
+#[derive(utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum VivoStatus {
+    Ok,
+}
+
+/// `GET /readyz`'s answer when ready (documentation only: the handler writes it).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct Listo {
+    #[schema(inline)]
+    status: ListoStatus,
+}
+
+#[derive(utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum ListoStatus {
+    Ready,
+}
+
 /// The process is alive.
-#[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "Alive")))]
+#[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "Alive", body = Vivo)))]
 async fn healthz() -> Response {
     Json(json!({"status": "ok"})).into_response()
 }
@@ -60,8 +90,9 @@ async fn healthz() -> Response {
     path = "/readyz",
     tag = "ops",
     responses(
-        (status = 200, description = "Ready"),
-        (status = 503, description = "Database unreachable", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "Ready", body = Listo),
+        (status = 503, description = "The database is unreachable, or accepts no writes (a replica, a failover in progress): `service-unavailable`, without Retry-After", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u64, description = "Only on `overloaded`: seconds to wait; absent on this endpoint's own answer and on `request-timeout`"))),
     )
 )]
 async fn readyz(State(state): State<AppState>) -> Response {

@@ -4,7 +4,7 @@
 //! The saga runs in its own task: a client that hangs up never cancels a payment halfway.
 
 use super::AppState;
-use super::auth::{ApiKeyRefused, Merchant};
+use super::auth::{ApiKeyRefused, Merchant, TooManyFailedAuthentications};
 use super::extract::PathId;
 use super::problem::{
     ApiError, BodyTooLarge, NoSuchPayment, NotJson, Problem, ProblemType, RetryWithSameKey,
@@ -42,31 +42,125 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 /// The body of `POST /v1/pagos` (documentation only: the handler parses JSON itself to
-/// report every bad field at once).
+/// report every bad field at once). A member it does not know is refused (422).
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)]
 #[schema(as = PagoRequest)]
+#[serde(deny_unknown_fields)]
 struct PagoRequest {
-    /// The credit this payment pays, 1–64 characters.
-    #[schema(rename = "creditoId", max_length = 64, example = "42")]
+    /// The credit this payment pays: 1–64 characters, not only white space, no control
+    /// characters.
+    #[schema(
+        rename = "creditoId",
+        min_length = 1,
+        max_length = 64,
+        pattern = r"\S",
+        example = "42"
+    )]
     credito_id: String,
     /// Positive whole number of minor units of `moneda`; at most 2^53 − 1, at most
     /// `PAGOS_MAX_MONTO`, and at most the gateway's maximum for the currency (422 listing
     /// `monto` above the lowest of them).
     #[schema(minimum = 1, maximum = 9007199254740991_i64, example = 250000)]
     monto: i64,
-    /// ISO 4217 code: ARS, BRL, CLP, COP, EUR, GBP, MXN, PEN, USD, UYU.
-    #[schema(example = "COP")]
-    moneda: String,
+    moneda: Moneda,
+    /// At most 255 characters, without NUL.
     #[schema(max_length = 255)]
     descripcion: Option<String>,
-    /// How the payer pays; required by the Stripe and Mercado Pago gateways (422 listing
-    /// `medioPago` without it). Stripe: a saved PaymentMethod, `"pm_…"` or
-    /// `{"id":"pm_…","cliente":"cus_…"}`. Mercado Pago: `{"id":"visa","token":"…",
-    /// "cuotas":1,"email":"payer@example.com","documento":{"tipo":"CC","numero":"…"}}`
-    /// (`token`, `cuotas`, `emisor` for cards; `documento` when the method needs it).
-    #[schema(rename = "medioPago", value_type = Object)]
-    medio_pago: Option<serde_json::Value>,
+    /// How the payer pays; absent or null with the sandbox and the reference protocol,
+    /// required by the Stripe and Mercado Pago gateways (422 listing `medioPago` without
+    /// it). Stripe: a saved PaymentMethod, `"pm_…"` or `{"id":"pm_…","cliente":"cus_…"}`.
+    /// Mercado Pago: `{"id":"visa","token":"…","cuotas":1,"email":"payer@example.com",
+    /// "documento":{"tipo":"CC","numero":"…"}}` (`token`, `cuotas`, `emisor` for cards;
+    /// `documento` when the method needs it).
+    #[schema(rename = "medioPago")]
+    medio_pago: Option<MedioPagoRequest>,
+}
+
+/// `moneda` of a payment request: the ISO 4217 code of a currency pagos supports
+/// (`pagos_types::request::CURRENCIES`; documentation only). Mercado Pago charges in
+/// fewer (422 listing `moneda`).
+struct Moneda;
+
+impl utoipa::PartialSchema for Moneda {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(
+                "ISO 4217 code of a currency pagos supports; Mercado Pago charges in ARS, BRL, CLP, COP, MXN, PEN and UYU only",
+            ))
+            .enum_values(Some(crate::domain::CURRENCIES.iter().map(|(code, _)| *code)))
+            .examples(["COP"])
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Moneda {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Moneda".into()
+    }
+}
+
+/// `medioPago` of a payment request: a payment method id (the same as `{"id": …}`), or an
+/// object (documentation only: `pagos_types::request::PaymentMethod` reads it).
+#[derive(utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum MedioPagoRequest {
+    Id(IdMedioPago),
+    Objeto(MedioPagoObjeto),
+}
+
+/// A gateway's payment method id: Stripe's saved PaymentMethod (`pm_…`), Mercado Pago's
+/// `payment_method_id` (`visa`, `master`, `efecty`, `pix`, …). 1–255 ASCII letters,
+/// digits, `_`, `-` or `.`.
+#[derive(utoipa::ToSchema)]
+#[schema(
+    pattern = "^[A-Za-z0-9_.-]{1,255}$",
+    min_length = 1,
+    max_length = 255,
+    example = "pm_1Q0PsIJvEtkwdCNYMSaVuRz6"
+)]
+#[allow(dead_code)]
+struct IdMedioPago(String);
+
+/// `medioPago` as an object: `id`, and what the configured gateway uses (a member it does
+/// not use is a 422; a member pagos does not know too).
+#[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct MedioPagoObjeto {
+    id: IdMedioPago,
+    /// Stripe: the Customer (`cus_…`) the saved method is attached to.
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,255}$")]
+    cliente: Option<String>,
+    /// Mercado Pago: the card token made by Mercado Pago's JS SDK (cards only).
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,255}$")]
+    token: Option<String>,
+    /// Mercado Pago: installments of a card payment (with `token` only).
+    #[schema(minimum = 1, maximum = 48)]
+    cuotas: Option<u32>,
+    /// Mercado Pago: the card issuer, `issuer_id` (with `token` only).
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    emisor: Option<String>,
+    /// Mercado Pago (required there): the payer's e-mail, at most 254 characters.
+    #[schema(max_length = 254, example = "payer@example.com")]
+    email: Option<String>,
+    /// Mercado Pago: the payer's identification document, when the method needs it.
+    documento: Option<DocumentoPagador>,
+}
+
+/// A payer's identification document (`{"tipo":"CC","numero":"1020304050"}`).
+#[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct DocumentoPagador {
+    /// `CC`, `CE`, `NIT` (Colombia), `CPF` (Brazil), `DNI` (Argentina), …
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,20}$", example = "CC")]
+    tipo: String,
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,30}$", example = "1020304050")]
+    numero: String,
 }
 
 pub(super) fn problem(kind: ProblemType, detail: impl Into<String>) -> ApiError {
@@ -272,17 +366,23 @@ async fn begin(
     request_body(content = PagoRequest, content_type = "application/json"),
     responses(
         (status = 201, description = "Charged (COMPLETADA)", body = Pago,
-         headers(("Location" = String), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        (status = 202, description = "Outcome not known yet (ENVIADA): the gateway timed out, kept failing, or answered about another payment's charge; the reconciler settles it", body = Pago,
-         headers(("Location" = String))),
-        (status = 400, description = "Idempotency-Key missing or malformed, or body not JSON", body = Problem, content_type = "application/problem+json"),
+         headers(("Location" = String, description = "`/v1/pagos/{id}`"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 202, description = "Outcome not known yet (ENVIADA, or REVISION_MANUAL on a retry): the gateway timed out, kept failing, or answered about another payment's charge; the reconciler settles it. A retry with the same key answers the payment as it stands", body = Pago,
+         headers(
+             ("Location" = String, description = "`/v1/pagos/{id}`"),
+             ("Idempotent-Replayed" = String, description = "`true` on a retry with the same key"),
+             ("Retry-After" = u64, description = "On a retry with the same key: seconds until pagos looks at the payment again (asking sooner gets the same answer)")
+         )),
+        (status = 400, description = "Idempotency-Key missing (`idempotency-key-missing`) or malformed (`idempotency-key-malformed`), or body not JSON (`malformed-json`)", body = Problem, content_type = "application/problem+json"),
         ApiKeyRefused,
-        (status = 402, description = "Declined (FALLIDA); the payment is under `pago`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The first request with this key is still in progress", body = Problem, content_type = "application/problem+json",
-         headers(("Retry-After" = u64))),
+        (status = 402, description = "Declined (`payment-declined`, or `gateway-rejected` for a charge the gateway refused outright): FALLIDA, the payment under `pago`, the gateway's code in `declineCode`", body = Problem, content_type = "application/problem+json",
+         headers(("Location" = String, description = "`/v1/pagos/{id}`"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 409, description = "The first request with this key is still in progress (`request-in-flight`)", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u64, description = "Seconds to wait before retrying with the same key"))),
         BodyTooLarge,
         NotJson,
-        (status = 422, description = "Validation failed (`validation-failed`) or the key was used with another body (`idempotency-key-reused`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation failed (`validation-failed`, every field at fault in `errores`) or the key was used with another body (`idempotency-key-reused`)", body = Problem, content_type = "application/problem+json"),
+        TooManyFailedAuthentications,
         RetryWithSameKey,
     )
 )]
@@ -418,6 +518,7 @@ async fn create_payment(
         (status = 200, description = "The payment", body = Pago),
         ApiKeyRefused,
         NoSuchPayment,
+        TooManyFailedAuthentications,
     )
 )]
 async fn get_payment(

@@ -79,15 +79,30 @@ pub struct MalformedBody(Problem);
 #[allow(dead_code)]
 pub struct NotJson(Problem);
 
-/// The 503 of a create under an `Idempotency-Key` (documentation only).
+/// The 503 of a create under an `Idempotency-Key` (documentation only). Every 503 of
+/// such a route carries `Retry-After` (`http::declare_limits` adds the doors' own).
 #[derive(utoipa::IntoResponses)]
 #[response(
     status = 503,
-    description = "Temporarily unavailable; retry with the same key",
-    content_type = "application/problem+json"
+    description = "Temporarily unavailable (`service-unavailable`); retry with the same key after Retry-After",
+    content_type = "application/problem+json",
+    headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))
 )]
 #[allow(dead_code)]
 pub struct RetryWithSameKey(Problem);
+
+/// The 405 of a path asked with a method it does not serve (`method-not-allowed`, with
+/// `Allow`), which any path may answer: declared once, among the document's reusable
+/// responses, rather than on operations (an operation is a method a path serves).
+/// Documentation only: the doors' `method_not_allowed_fallback` answers it.
+#[derive(utoipa::ToResponse)]
+#[response(
+    description = "This path does not take this method (`method-not-allowed`); `Allow` lists those it takes. Any path of this document answers it for a method it does not list",
+    content_type = "application/problem+json",
+    headers(("Allow" = String, description = "The methods this path takes"))
+)]
+#[allow(dead_code)]
+pub struct MethodNotAllowed(Problem);
 
 /// The 404 of a merchant's endpoint about one of its payments (documentation only).
 #[derive(utoipa::IntoResponses)]

@@ -61,8 +61,11 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 pub struct ResolucionReembolso {
     /// COMPLETADO (the provider shows the money went back) or FALLIDO (it shows none did)
+    #[schema(value_type = super::extract::EstadoResolucionReembolso)]
     pub(crate) estado: String,
     /// Why (what the provider's dashboard showed, the ticket): kept in the audit trail.
+    /// 1–1000 characters once trimmed, without NUL.
+    #[schema(min_length = 1, max_length = 1000, pattern = r"\S")]
     pub(crate) motivo: String,
     /// The provider's refund id. With `COMPLETADO` it must be a succeeded refund of the
     /// refund's amount and currency that the provider holds for this refund (absent: the
@@ -72,6 +75,7 @@ pub struct ResolucionReembolso {
     /// how pagos finds a refund whose id its answer never gave: the refund named is asked
     /// of Mercado Pago.
     #[serde(rename = "gatewayRef")]
+    #[schema(min_length = 1, max_length = 255, pattern = r"\S")]
     pub(crate) gateway_ref: Option<String>,
     /// On-call overrules what the provider shows (money returned another way, a search that
     /// does not find a refund its dashboard shows), or a provider that cannot be asked (a
@@ -80,6 +84,7 @@ pub struct ResolucionReembolso {
     /// look-up's error. Without it a resolution the provider contradicts is refused (409
     /// `provider-disagrees`), and one it cannot be asked about is a 503.
     #[serde(rename = "contraProveedor")]
+    #[schema(min_length = 1, max_length = 1000, pattern = r"\S")]
     pub(crate) contra_proveedor: Option<String>,
 }
 
@@ -114,6 +119,7 @@ fn not_under_review(detail: impl Into<String>) -> ApiError {
     responses(
         (status = 200, description = "Settled; the refund and its audit trail. Who asked, what, and what came of it (a refusal too) is recorded (`GET /admin/acciones`, `resolve_refund`)", body = DetalleReembolso),
         AdminTokenRefused,
+        super::auth::TooManyFailedAuthentications,
         ReadOnlyRole,
         MalformedBody,
         (status = 404, description = "No such refund", body = Problem, content_type = "application/problem+json"),

@@ -11,6 +11,7 @@
 use super::AppState;
 use super::auth::{
     Admin, AdminTokenRefused, ApiKeyRefused, Merchant, PaymentNotFound, ReadOnlyRole,
+    TooManyFailedAuthentications,
 };
 use super::extract::PathId;
 use super::payments::{
@@ -55,19 +56,42 @@ pub fn router() -> OpenApiRouter<AppState> {
         .layer(DefaultBodyLimit::max(MAX_BODY))
 }
 
-/// The body of a refund request (documentation only: the handler parses JSON itself to
-/// report every bad field at once).
+/// The body of a merchant's refund request (documentation only: the handler parses JSON
+/// itself to report every bad field at once). A member it does not know is refused (422).
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)]
 #[schema(as = ReembolsoRequest)]
+#[serde(deny_unknown_fields)]
 struct ReembolsoRequest {
-    /// Minor units, positive, at most what is left of the payment; absent: everything not
-    /// yet refunded.
-    #[schema(minimum = 1, example = 50000)]
+    /// Minor units, positive, at most what is left of the payment; absent or null:
+    /// everything not yet refunded.
+    #[schema(minimum = 1, maximum = 9007199254740991_i64, example = 50000)]
     monto: Option<i64>,
-    /// Why, at most 255 characters (required on the admin refund).
+    /// Why, at most 255 characters, without NUL.
     #[schema(max_length = 255, example = "solicitud del cliente")]
     motivo: Option<String>,
+}
+
+/// The body of on-call's refund, `POST /admin/pagos/{id}/reembolsos` (documentation only,
+/// as `ReembolsoRequest`): `motivo` is required.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+#[schema(as = ReembolsoAdminRequest)]
+#[serde(deny_unknown_fields)]
+struct ReembolsoAdminRequest {
+    /// Minor units, positive, at most what is left of the payment; absent or null:
+    /// everything not yet refunded.
+    #[schema(minimum = 1, maximum = 9007199254740991_i64, example = 50000)]
+    monto: Option<i64>,
+    /// Why on-call refunds, for the refund's audit trail: required, 1–255 characters, not
+    /// only white space, without NUL (422 `motivo` otherwise).
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = r"\S",
+        example = "cobro duplicado, ticket 4821"
+    )]
+    motivo: String,
 }
 
 /// A payment's refunds, oldest first.
@@ -354,16 +378,26 @@ async fn answer_current(
     request_body(content = ReembolsoRequest, content_type = "application/json"),
     responses(
         (status = 201, description = "Refunded (COMPLETADO)", body = Reembolso,
-         headers(("Location" = String), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        (status = 202, description = "Outcome not known yet (the gateway timed out, kept failing, or answered about another refund) or pending at the gateway (ENVIADO); the reconciler settles it", body = Reembolso,
-         headers(("Location" = String))),
-        (status = 400, description = "Idempotency-Key missing or malformed, or body not JSON", body = Problem, content_type = "application/problem+json"),
+         headers(("Location" = String, description = "`/v1/reembolsos/{id}`"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 202, description = "Outcome not known yet (the gateway timed out, kept failing, or answered about another refund) or pending at the gateway (ENVIADO; REVISION_MANUAL on a retry); the reconciler settles it. A retry with the same key answers the refund as it stands", body = Reembolso,
+         headers(
+             ("Location" = String, description = "`/v1/reembolsos/{id}`"),
+             ("Idempotent-Replayed" = String, description = "`true` on a retry with the same key"),
+             ("Retry-After" = u64, description = "On a retry with the same key: seconds until pagos looks at the refund again")
+         )),
+        (status = 400, description = "Idempotency-Key missing (`idempotency-key-missing`) or malformed (`idempotency-key-malformed`), or body not JSON (`malformed-json`)", body = Problem, content_type = "application/problem+json"),
         ApiKeyRefused,
         NoSuchPayment,
-        (status = 409, description = "The payment is not COMPLETADA (`payment-not-refundable`), or the first request with this key is still in progress (`request-in-flight`, with Retry-After)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The payment is not COMPLETADA (`payment-not-refundable`, its state in `estado`), or the first request with this key is still in progress (`request-in-flight`, with Retry-After)", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u64, description = "`request-in-flight`: seconds to wait before retrying with the same key"))),
         BodyTooLarge,
         NotJson,
-        (status = 422, description = "The gateway refused the refund (`refund-refused`, FALLIDO under `reembolso`), `monto` over what is left (`refund-exceeds-remaining`, with `restante`), validation failed, or the key was used with another body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The gateway refused the refund (`refund-refused`: FALLIDO under `reembolso`, the gateway's code in `failureCode`; with Location, and Idempotent-Replayed on a replay), `monto` over what is left (`refund-exceeds-remaining`, with `restante`), validation failed (`validation-failed`, `errores`), or the key was used with another body (`idempotency-key-reused`)", body = Problem, content_type = "application/problem+json",
+         headers(
+             ("Location" = String, description = "`refund-refused`: `/v1/reembolsos/{id}`"),
+             ("Idempotent-Replayed" = String, description = "`refund-refused`: `true` on a replay")
+         )),
+        TooManyFailedAuthentications,
         RetryWithSameKey,
     )
 )]
@@ -400,6 +434,7 @@ async fn create_refund(
         (status = 200, description = "The refund", body = Reembolso),
         ApiKeyRefused,
         (status = 404, description = "No such refund for this merchant", body = Problem, content_type = "application/problem+json"),
+        TooManyFailedAuthentications,
     )
 )]
 async fn get_refund(
@@ -425,6 +460,7 @@ async fn get_refund(
         (status = 200, description = "The payment's refunds, oldest first", body = ListaReembolsos),
         ApiKeyRefused,
         NoSuchPayment,
+        TooManyFailedAuthentications,
     )
 )]
 async fn list_refunds(
@@ -456,16 +492,32 @@ async fn list_refunds(
         ("id" = Uuid, Path, description = "The payment to refund"),
         ("Idempotency-Key" = String, Header, description = "One key per refund intent; on-call's keys are a key space of their own")
     ),
-    request_body(content = ReembolsoRequest, content_type = "application/json"),
+    request_body(content = ReembolsoAdminRequest, content_type = "application/json"),
     responses(
-        (status = 201, description = "Refunded (COMPLETADO). Who asked, what, and what came of it (a refusal, a replay too) is recorded (`GET /admin/acciones`, `refund_payment`)", body = Reembolso),
-        (status = 202, description = "Outcome not known yet (ENVIADO)", body = Reembolso),
+        (status = 201, description = "Refunded (COMPLETADO). Who asked, what, and what came of it (a refusal, a replay too) is recorded (`GET /admin/acciones`, `refund_payment`)", body = Reembolso,
+         headers(("Location" = String, description = "`/v1/reembolsos/{id}`"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 202, description = "Outcome not known yet (ENVIADO; REVISION_MANUAL on a retry); the reconciler settles it. A retry with the same key answers the refund as it stands", body = Reembolso,
+         headers(
+             ("Location" = String, description = "`/v1/reembolsos/{id}`"),
+             ("Idempotent-Replayed" = String, description = "`true` on a retry with the same key"),
+             ("Retry-After" = u64, description = "On a retry with the same key: seconds until pagos looks at the refund again")
+         )),
+        (status = 400, description = "Idempotency-Key missing (`idempotency-key-missing`) or malformed (`idempotency-key-malformed`), or body not JSON (`malformed-json`); nothing was done", body = Problem, content_type = "application/problem+json"),
         AdminTokenRefused,
         ReadOnlyRole,
         PaymentNotFound,
-        (status = 409, description = "Not COMPLETADA, or the first request with this key is in progress", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Refused by the gateway, over what is left, `motivo` missing, or the key used with another body", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Who asked could not be recorded (`GET /admin/acciones`), so nothing was done (Retry-After): send it again with the same key", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not COMPLETADA (`payment-not-refundable`, its state in `estado`), or the first request with this key is in progress (`request-in-flight`, with Retry-After)", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u64, description = "`request-in-flight`: seconds to wait before retrying with the same key"))),
+        BodyTooLarge,
+        NotJson,
+        (status = 422, description = "Refused by the gateway (`refund-refused`: FALLIDO under `reembolso`, with Location, and Idempotent-Replayed on a replay), over what is left (`refund-exceeds-remaining`, with `restante`), `motivo` missing or another field at fault (`validation-failed`, `errores`), or the key used with another body (`idempotency-key-reused`)", body = Problem, content_type = "application/problem+json",
+         headers(
+             ("Location" = String, description = "`refund-refused`: `/v1/reembolsos/{id}`"),
+             ("Idempotent-Replayed" = String, description = "`refund-refused`: `true` on a replay")
+         )),
+        TooManyFailedAuthentications,
+        (status = 503, description = "Who asked could not be recorded (`GET /admin/acciones`), so nothing was done: send it again with the same key after Retry-After", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u64, description = "Seconds to wait before retrying; absent on `request-timeout`"))),
     )
 )]
 async fn admin_refund(

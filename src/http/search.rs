@@ -2,7 +2,7 @@
 //! newest first, a page at a time (`siguiente` is the next page's `cursor`).
 
 use super::AppState;
-use super::auth::{ApiKeyRefused, Merchant};
+use super::auth::{ApiKeyRefused, Merchant, TooManyFailedAuthentications};
 use super::problem::{ApiError, Problem, ProblemType};
 use crate::domain::FieldError;
 use crate::entities::payment;
@@ -120,16 +120,17 @@ fn parse(query: &str) -> Result<Search, ApiError> {
     tag = "pagos",
     security(("api_key" = [])),
     params(
-        ("creditoId" = Option<String>, Query, description = "Only this credit's payments"),
+        ("creditoId" = Option<String>, Query, min_length = 1, max_length = 64, description = "Only this credit's payments (1–64 characters)"),
         ("estado" = Option<PaymentState>, Query, description = "Only payments in this state"),
-        ("desde" = Option<String>, Query, description = "Created at or after (RFC 3339)"),
-        ("hasta" = Option<String>, Query, description = "Created before (RFC 3339)"),
-        ("limite" = Option<u64>, Query, description = "At most this many (1–500, default 50)"),
+        ("desde" = Option<String>, Query, format = DateTime, description = "Created at or after (RFC 3339)"),
+        ("hasta" = Option<String>, Query, format = DateTime, description = "Created before (RFC 3339)"),
+        ("limite" = Option<u64>, Query, minimum = 1, maximum = 500, description = "At most this many (1–500, default 50)"),
         ("cursor" = Option<String>, Query, description = "The `siguiente` of the page before"),
     ),
     responses(
         (status = 200, description = "A page of payments, newest first", body = ListaPagos),
         ApiKeyRefused,
+        TooManyFailedAuthentications,
         (status = 422, description = "A bad parameter", body = Problem, content_type = "application/problem+json"),
     )
 )]

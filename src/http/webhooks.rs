@@ -9,7 +9,7 @@
 //! and the redelivery starts over from nothing.
 
 use super::AppState;
-use super::auth::{Admin, AdminTokenRefused};
+use super::auth::{Admin, AdminTokenRefused, TooManyFailedAuthentications};
 use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
 use crate::config::exposed;
 use crate::domain::FieldError;
@@ -69,10 +69,38 @@ struct DeliverAgain(Problem);
 /// The answer to an accepted event.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Acuse {
-    /// `aplicado`, `revision_manual`, `sin_cambios`, `duplicado`, `obsoleto`, `huerfano`
-    /// or `ignorado` (a type pagos does not act on).
-    #[schema(example = "aplicado")]
+    /// What applying the event came to.
+    #[schema(value_type = Resultado, example = "aplicado")]
     resultado: &'static str,
+}
+
+/// What an accepted event came to (documentation only: `Acuse::resultado` carries the
+/// word, `webhooks::Consumed::as_str` and `webhooks::refunds::RefundConsumed::as_str`
+/// name it).
+#[derive(utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum Resultado {
+    /// The payment (or refund) moved: settled.
+    Aplicado,
+    /// The payment (or refund) moved to REVISION_MANUAL: on-call decides.
+    RevisionManual,
+    /// Already known: nothing to change.
+    SinCambios,
+    /// This event id was applied before.
+    Duplicado,
+    /// Older than an event already applied for its charge (refund).
+    Obsoleto,
+    /// No payment has this reference: kept as an orphan charge (`GET /admin/cargos-huerfanos`).
+    Huerfano,
+    /// A charge that succeeded for a payment answered FALLIDA: pagos refunds it in full
+    /// (`PAGOS_ORPHAN_CHARGES=refund`); the payment stays FALLIDA.
+    Reembolsando,
+    /// A refund event whose reference names no refund of pagos (one made in the
+    /// provider's dashboard): kept, nothing else changed.
+    Desconocido,
+    /// An event type pagos does not act on.
+    Ignorado,
 }
 
 /// A gateway event (documentation only: the handler verifies the raw bytes first).
@@ -83,14 +111,19 @@ struct EventoPasarela {
     /// Unique per event: a repeated id changes nothing.
     #[schema(example = "evt_1Q2w3E4r")]
     id: String,
-    /// `charge.updated`; other types are acknowledged and ignored.
+    /// `charge.updated` (`data` is a charge) or `refund.updated` (`data` is a refund);
+    /// other types are acknowledged (`ignorado`) and ignored.
     #[schema(rename = "type", example = "charge.updated")]
     kind: String,
-    /// Increases with each change of one charge: an event at or below the last one
-    /// applied for its charge changes nothing.
+    /// Increases with each change of one charge (refund): an event at or below the last
+    /// one applied for its charge (refund) changes nothing.
     #[schema(minimum = 0, example = 2)]
     sequence: i64,
-    /// The charge as it stands after the change (`POST /v1/charges`' answer).
+    /// The charge or the refund as it stands after the change: `charge.updated`, the
+    /// charge as `POST /v1/charges` answers it (`id`, `status`, `amount`, `currency`,
+    /// `reference`: the payment id, `declineCode`); `refund.updated`, the refund as
+    /// `POST /v1/refunds` answers it (`id`, `status`: `succeeded`, `failed` or `pending`,
+    /// `charge`, `amount`, `currency`, `reference`: the refund id, `failureCode`).
     #[schema(value_type = Object)]
     data: serde_json::Value,
 }
@@ -641,6 +674,7 @@ fn signature_failure(err: SignatureError) -> &'static str {
 #[into_params(parameter_in = Query)]
 struct OrphanQuery {
     /// How many, 1–1000 (default 100).
+    #[param(value_type = Option<u64>, minimum = 1, maximum = 1000)]
     limite: Option<String>,
 }
 
@@ -662,8 +696,10 @@ struct CargoHuerfano {
     ultima_secuencia: i64,
     ultimo_evento: String,
     /// RFC 3339.
+    #[schema(format = DateTime)]
     visto_primero_en: String,
     /// RFC 3339.
+    #[schema(format = DateTime)]
     actualizado_en: String,
 }
 
@@ -696,6 +732,7 @@ impl From<webhook_charge::Model> for CargoHuerfano {
     responses(
         (status = 200, description = "Orphan charges, oldest first", body = [CargoHuerfano]),
         AdminTokenRefused,
+        TooManyFailedAuthentications,
         (status = 422, description = "`limite` is not a whole number between 1 and 1000, or is given more than once (`errores` names it)", body = Problem, content_type = "application/problem+json"),
     )
 )]

@@ -22,6 +22,7 @@ mod mercadopago;
 mod merchants;
 mod money_path;
 mod older_processes;
+mod openapi_doc;
 mod operator_actions;
 mod operators;
 mod ops;

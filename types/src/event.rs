@@ -120,6 +120,7 @@ pub struct Evento {
     pub tipo: EventType,
     /// RFC 3339.
     #[serde(rename = "creadoEn")]
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub creado_en: String,
     /// Increases per payment (or refund).
     pub secuencia: u64,
@@ -161,6 +162,7 @@ pub struct WebhookEndpoint {
     pub secreto: Option<String>,
     /// RFC 3339.
     #[serde(rename = "creadoEn")]
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub creado_en: String,
     /// Until when the secret the last rotation replaced also signs (RFC 3339): 24 h after
     /// that rotation. A secret replaced by the rotation before, if that was less than 24 h
@@ -170,6 +172,7 @@ pub struct WebhookEndpoint {
         default,
         skip_serializing_if = "Option::is_none"
     )]
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub secreto_anterior_hasta: Option<String>,
     /// Why it is `DESACTIVADO`.
     #[serde(

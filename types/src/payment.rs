@@ -46,9 +46,11 @@ pub struct Pago {
     pub refunded_amount: Option<i64>,
     /// RFC 3339.
     #[serde(rename = "creadoEn")]
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub created_at: String,
     /// RFC 3339.
     #[serde(rename = "actualizadoEn")]
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub updated_at: String,
 }
 

@@ -183,30 +183,164 @@ impl ProblemType {
     }
 }
 
-/// A problem document. Extension members go in `extensions`.
-// (`errores`, `declineCode`, `pago`, …; the doc comment above is the OpenAPI description.)
+/// A problem document. Its extension members (`extensions`: `errores`, `declineCode`,
+/// `pago`, …) are written at the top level of the body, beside `type` and `title`; the
+/// OpenAPI document names them (`ProblemSchema`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Problem {
     #[serde(rename = "type", default = "about_blank")]
-    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub type_uri: String,
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub title: String,
     // Always set by pagos; a body from elsewhere may lack it (`Problem::read` fills it in
     // from the answer's status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = u16, required = true))]
     pub status: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     #[serde(flatten)]
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub extensions: Map<String, Value>,
     /// Seconds for the `Retry-After` header that goes with it: never part of the body.
     #[serde(skip)]
     pub retry_after: Option<u64>,
+}
+
+/// The OpenAPI schema of [`Problem`]: the body as it is on the wire, every extension
+/// member pagos sends named as an optional property, so a client generated from the
+/// document reads them. Documentation only; the body is written from `Problem`.
+#[cfg(feature = "openapi")]
+mod schema {
+    use crate::payment::Pago;
+    use crate::refund::Reembolso;
+    use crate::request::FieldError;
+    use crate::state::PaymentState;
+    use std::borrow::Cow;
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::Schema;
+
+    /// An RFC 9457 problem document (`application/problem+json`). Extension members are
+    /// top-level members of the body, beside `type`, `title`, `status` and `detail`; those
+    /// pagos sends are listed below, each present only on the problems that carry it.
+    /// Branch on `type`, never on `title`.
+    #[derive(utoipa::ToSchema)]
+    #[schema(as = Problem)]
+    #[serde(rename_all = "camelCase")]
+    #[allow(dead_code)]
+    struct ProblemSchema {
+        /// `/problems/<slug>`, stable: `validation-failed`, `payment-declined`,
+        /// `refund-refused`, `overloaded`, … (`about:blank` only from a proxy).
+        #[serde(rename = "type")]
+        #[schema(example = "/problems/validation-failed")]
+        type_uri: String,
+        /// For a human; may change.
+        title: String,
+        /// The answer's HTTP status.
+        #[schema(minimum = 100, maximum = 599)]
+        status: u16,
+        /// What happened and what to do, for a human.
+        #[schema(required = false)]
+        detail: String,
+        /// 422 `validation-failed`: every field (or query parameter) at fault, each once.
+        #[schema(required = false)]
+        errores: Vec<FieldError>,
+        /// 402 `payment-declined` and `gateway-rejected`: the payment, `FALLIDA`.
+        #[schema(required = false)]
+        pago: Pago,
+        /// 402: why the gateway declined (`insufficient_funds`, `card_declined`, …).
+        #[schema(required = false)]
+        decline_code: String,
+        /// 422 `refund-refused`: the refund, `FALLIDO`.
+        #[schema(required = false)]
+        reembolso: Reembolso,
+        /// 422 `refund-refused`: why the gateway did not refund.
+        #[schema(required = false)]
+        failure_code: String,
+        /// 422 `refund-exceeds-remaining`: what is left to refund, in minor units.
+        #[schema(required = false, minimum = 0)]
+        restante: i64,
+        /// 409 `payment-not-refundable` of a refund request: the payment's state.
+        #[schema(required = false)]
+        estado: PaymentState,
+        /// 409 `payment-not-refundable` of a resolution with `reembolsar`: the provider's
+        /// charge that cannot be refunded now.
+        #[schema(required = false)]
+        cargo: String,
+        /// 409 `payment-not-refundable` of a resolution with `reembolsar`: the refund of
+        /// that charge still in flight or under review, when there is one.
+        #[schema(required = false)]
+        reembolso_id: uuid::Uuid,
+        /// 422 of a webhook endpoint over the most a merchant may have: that most.
+        #[schema(required = false, minimum = 1)]
+        limite: u32,
+        /// 409 `provider-disagrees` of a payment's resolution: the charges the provider
+        /// shows for it.
+        #[schema(required = false)]
+        cargos: Vec<CargoVisto>,
+        /// 409 `provider-disagrees` of a refund's resolution: the provider's refunds
+        /// found for it.
+        #[schema(required = false)]
+        reembolsos: Vec<ReembolsoVisto>,
+    }
+
+    /// Where a refusal saw a provider's charge or refund: `busqueda` (its search, now) or
+    /// `webhook` (its events, which its search does not show yet).
+    #[derive(utoipa::ToSchema)]
+    #[serde(rename_all = "lowercase")]
+    #[allow(dead_code)]
+    enum Fuente {
+        Busqueda,
+        Webhook,
+    }
+
+    /// A provider's charge, as a `provider-disagrees` problem lists it.
+    #[derive(utoipa::ToSchema)]
+    #[serde(rename_all = "camelCase")]
+    #[allow(dead_code)]
+    struct CargoVisto {
+        id: String,
+        /// `succeeded`, `declined` or `pending`.
+        status: String,
+        amount: i64,
+        currency: String,
+        #[schema(required = false)]
+        decline_code: String,
+        #[schema(inline)]
+        fuente: Fuente,
+    }
+
+    /// A provider's refund, as a `provider-disagrees` problem lists it.
+    #[derive(utoipa::ToSchema)]
+    #[serde(rename_all = "camelCase")]
+    #[allow(dead_code)]
+    struct ReembolsoVisto {
+        id: String,
+        /// `succeeded`, `failed` or `pending`.
+        status: String,
+        amount: i64,
+        currency: String,
+        /// The provider's id of the charge refunded.
+        charge: String,
+        #[schema(required = false)]
+        failure_code: String,
+        #[schema(inline)]
+        fuente: Fuente,
+    }
+
+    impl utoipa::PartialSchema for super::Problem {
+        fn schema() -> RefOr<Schema> {
+            <ProblemSchema as utoipa::PartialSchema>::schema()
+        }
+    }
+
+    impl utoipa::ToSchema for super::Problem {
+        fn name() -> Cow<'static, str> {
+            <ProblemSchema as utoipa::ToSchema>::name()
+        }
+
+        fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+            <ProblemSchema as utoipa::ToSchema>::schemas(schemas);
+        }
+    }
 }
 
 fn about_blank() -> String {

@@ -100,9 +100,11 @@ pub struct Reembolso {
     pub gateway_ref: Option<String>,
     /// RFC 3339.
     #[serde(rename = "creadoEn")]
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub created_at: String,
     /// RFC 3339.
     #[serde(rename = "actualizadoEn")]
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub updated_at: String,
 }
 
