@@ -73,7 +73,9 @@ pub struct Model {
     pub claimed_until: Option<ChronoDateTimeUtc>,
     pub created_at: ChronoDateTimeUtc,
     pub updated_at: ChronoDateTimeUtc,
-    /// The highest `sequence` of a gateway refund event applied to it (None: none yet).
+    /// No longer read or written: a gateway refund event's `sequence` is the provider
+    /// refund's, compared in its report (`webhook_refunds.last_sequence`). Older rows keep
+    /// the highest one applied to the refund then.
     pub last_event_sequence: Option<i64>,
     /// As a payment's: the last error of a look-up or a send at the provider, and when.
     pub last_error: Option<String>,

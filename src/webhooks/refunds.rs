@@ -2,15 +2,20 @@
 //! `charge.refund.updated`; Mercado Pago sends none: its notifications name payments),
 //! applied exactly once with the seed's four strategies: the event id deduped in
 //! `processed_messages`, the refund found by its natural key (the reference is the
-//! refund's id), a per-refund sequence (`refunds.last_event_sequence`: an event at or
-//! below it is stale), and the absolute state it reports, moved through the refund
-//! transition function.
+//! refund's id), a sequence per provider refund (the contract gives one per refund at the
+//! provider, kept in its report below: an event at or below it is stale), and the absolute
+//! state it reports, moved through the refund transition function.
 //!
 //! What the event reports is kept in `webhook_refunds` (one row per provider refund,
 //! advanced only by a higher sequence, whatever the refund's state, and for a reference
 //! naming no refund of ours too): a provider's search lags behind its events, and on-call's
 //! resolution of a refund under review weighs what its webhooks reported
-//! (`reported_for_refund`).
+//! (`reported_for_refund`). A second provider refund carrying the refund's reference has a
+//! sequence of its own: one of its events is never stale for the other's.
+//!
+//! A report of a provider refund that is not the refund's own (another charge's, or
+//! another id than the refund's `gatewayRef`: `saga::refund::not_its_own`) never settles
+//! it: a second refund at the provider is on-call's.
 //!
 //! `decide` is the pure table; `consume` applies it in one transaction with the dedupe
 //! row and the report. It never calls a gateway.
@@ -20,8 +25,8 @@ use crate::entities::webhook_refund::{self as reports, ReportedRefundStatus};
 use crate::entities::{payment, refund};
 use crate::gateway::{Refund, RefundStatus};
 use crate::saga::refund::state::{Event, RefundState};
-use crate::saga::refund::store::{self, Changes, Written};
-use crate::saga::refund::{Actor, settlement};
+use crate::saga::refund::store::{Changes, Written};
+use crate::saga::refund::{Actor, not_its_own, other_amount, settlement, status_word};
 use crate::saga::store::SagaRow;
 use crate::webhooks::consumer::{
     ConsumeError, Reported, locked_by_reference, record_message, record_newest,
@@ -77,7 +82,9 @@ pub enum RefundEffect {
     Keep(&'static str),
 }
 
-/// The table, by refund state (rows) and reported status (columns):
+/// The table, by refund state (rows) and reported status (columns), for a report of the
+/// refund's own provider refund (its `gatewayRef`, or any while it has none, of its
+/// charge):
 ///
 /// | refund          | succeeded       | failed          | pending |
 /// | --------------- | --------------- | --------------- | ------- |
@@ -87,18 +94,28 @@ pub enum RefundEffect {
 /// | FALLIDO         | REVISION_MANUAL | keep            | keep    |
 /// | REVISION_MANUAL | keep: on-call   | keep            | keep    |
 ///
-/// A refund for another amount or currency never settles it (`settlement`).
+/// Its own refund reported for another amount or currency never settles it
+/// (`settlement`), and reported succeeded so once the refund is `COMPLETADO` sends it to
+/// review: the gateway contradicts what was recorded.
+///
+/// A report of another provider refund (`not_its_own`: another charge's, or another id
+/// than its `gatewayRef`) never settles it, succeeded or failed: a second refund at the
+/// provider. The refund keeps its own `gatewayRef`:
+///
+/// | refund          | succeeded       | failed          | pending |
+/// | --------------- | --------------- | --------------- | ------- |
+/// | EN_PROCESO      | REVISION_MANUAL | keep            | keep    |
+/// | ENVIADO         | REVISION_MANUAL | REVISION_MANUAL | keep    |
+/// | COMPLETADO      | REVISION_MANUAL | keep (no money moved) | keep |
+/// | FALLIDO         | REVISION_MANUAL | keep            | keep    |
+/// | REVISION_MANUAL | keep: on-call   | keep            | keep    |
 pub fn decide(r: &refund::Model, reported: &Refund, event_id: &str) -> RefundEffect {
     use RefundState::*;
     use RefundStatus::*;
     let said = format!(
         "gateway event {event_id} reports refund {} {}",
         reported.id,
-        match reported.status {
-            Succeeded => "succeeded",
-            Failed => "failed",
-            Pending => "pending",
-        }
+        status_word(reported.status)
     );
     let escalate = |event: Event, reason: String| RefundEffect::Move {
         event,
@@ -108,6 +125,30 @@ pub fn decide(r: &refund::Model, reported: &Refund, event_id: &str) -> RefundEff
         },
         reason,
     };
+    if let Some(why) = not_its_own(r, reported) {
+        let review = |event: Event, reason: String| RefundEffect::Move {
+            event,
+            changes: Changes::default(),
+            reason: format!("gateway event {event_id}: {why}{reason}"),
+        };
+        return match (r.state, reported.status) {
+            (_, Pending) => RefundEffect::Keep("another provider refund, still pending"),
+            (RevisionManual, _) => RefundEffect::Keep("under review: on-call decides"),
+            (EnProceso, Failed) => {
+                RefundEffect::Keep("another provider refund failed before pagos sent this one")
+            }
+            (EnProceso, Succeeded) => {
+                review(Event::Escalate, " (for a refund pagos has not sent)".into())
+            }
+            (Enviado, _) => review(Event::Escalate, String::new()),
+            (Completado | Fallido, Succeeded) => {
+                review(Event::Contradicted, format!("; was {}", r.state))
+            }
+            (Completado | Fallido, Failed) => {
+                RefundEffect::Keep("another provider refund failed: no money moved")
+            }
+        };
+    }
     match (r.state, reported.status) {
         (_, Pending) => RefundEffect::Keep("the refund is still pending"),
         (Enviado, _) => match settlement(r, reported) {
@@ -118,9 +159,14 @@ pub fn decide(r: &refund::Model, reported: &Refund, event_id: &str) -> RefundEff
             },
             None => RefundEffect::Keep("the refund is still pending"),
         },
-        (Completado, Succeeded) | (Fallido, Failed) => {
-            RefundEffect::Keep("the refund already says so")
-        }
+        (Completado, Succeeded) => match other_amount(r, reported) {
+            Some(why) => escalate(
+                Event::Contradicted,
+                format!("{said}: {why}; was {}", r.state),
+            ),
+            None => RefundEffect::Keep("the refund already says so"),
+        },
+        (Fallido, Failed) => RefundEffect::Keep("the refund already says so"),
         (Completado, Failed) | (Fallido, Succeeded) => escalate(
             Event::Contradicted,
             format!("{said}, contradicting {}", r.state),
@@ -190,14 +236,12 @@ async fn consume_in(
             .await?;
     }
     let found = locked_by_reference::<refund::Entity>(tx, &event.refund.reference).await?;
-    if let Some(current) = &found
-        && !store::advance_event_sequence(tx, current.id, event.sequence).await?
-    {
-        return Ok(Some(RefundConsumed::Stale));
-    }
     // What the provider reports, kept whatever the refund's state, before the decision:
     // the resolution of a refund under review weighs it (its search may lag behind this
-    // event). Lock order: payment, refund, then this row.
+    // event). Lock order: payment, refund, then this row. Its sequence is the provider
+    // refund's (the contract's ordering key): an event at or below the last one of the
+    // same provider refund is stale, whatever another provider refund carrying the same
+    // reference reported.
     if !record_report(tx, event, found.as_ref()).await? {
         return Ok(Some(RefundConsumed::Stale));
     }
@@ -210,6 +254,9 @@ async fn consume_in(
         );
         return Ok(Some(RefundConsumed::Unknown));
     };
+    if let Some(why) = not_its_own(&current, event.refund) {
+        tracing::warn!(event_id = event.event_id, refund_id = %current.id, estado = %current.state, provider_refund = event.refund.id, gateway_ref = current.gateway_ref.as_deref().unwrap_or("-"), status = ?event.refund.status, why, "refund event for a provider refund that is not the refund's own (see runbooks/refunds.md)");
+    }
     match decide(&current, event.refund, event.event_id) {
         RefundEffect::Keep(why) => {
             if current.state == RefundState::RevisionManual {
@@ -456,5 +503,80 @@ mod tests {
             "evt",
         );
         assert_eq!(moved_by(effect), Some(Event::Escalate));
+        let completed = decide(
+            &refund_in(RefundState::Completado),
+            &reported(RefundStatus::Succeeded, 99),
+            "evt",
+        );
+        assert_eq!(moved_by(completed), Some(Event::Contradicted));
+    }
+
+    /// What a move records as the refund's `gatewayRef` (None: it keeps its own).
+    fn recorded(effect: &RefundEffect) -> Option<Option<String>> {
+        match effect {
+            RefundEffect::Move { changes, .. } => Some(changes.gateway_ref.clone()),
+            RefundEffect::Keep(_) => None,
+        }
+    }
+
+    #[test]
+    fn another_provider_refund_never_settles_the_refund_and_leaves_its_gateway_ref() {
+        use RefundState::*;
+        use RefundStatus::*;
+        // Another id than the refund's own, or another charge than the refund's.
+        let other_id = |status| Refund {
+            id: "re_2".into(),
+            ..reported(status, 100)
+        };
+        let other_charge = |status| Refund {
+            charge: "ch_someone_else".into(),
+            ..reported(status, 100)
+        };
+        let table = [
+            (EnProceso, Succeeded, Some(Event::Escalate)),
+            (EnProceso, Failed, None),
+            (Enviado, Succeeded, Some(Event::Escalate)),
+            (Enviado, Failed, Some(Event::Escalate)),
+            (Enviado, Pending, None),
+            (Completado, Succeeded, Some(Event::Contradicted)),
+            (Completado, Failed, None),
+            (Fallido, Succeeded, Some(Event::Contradicted)),
+            (Fallido, Failed, None),
+            (RevisionManual, Succeeded, None),
+        ];
+        for (state, status, expected) in table {
+            let mut own = refund_in(state);
+            own.gateway_ref = Some("re_1".into());
+            for (what, report) in [("id", other_id(status)), ("charge", other_charge(status))] {
+                let effect = decide(&own, &report, "evt");
+                if let RefundEffect::Move { reason, .. } = &effect {
+                    assert!(reason.contains(&report.id), "{reason}");
+                }
+                assert_eq!(
+                    recorded(&effect),
+                    expected.map(|_| None),
+                    "{what}: {state} + {status:?}"
+                );
+                assert_eq!(moved_by(effect), expected, "{what}: {state} + {status:?}");
+            }
+        }
+        // Without a `gatewayRef` (its answer was lost), the first report of its charge,
+        // amount and currency is believed; another charge's is not.
+        let unnamed = refund_in(Enviado);
+        let believed = decide(&unnamed, &other_id(Succeeded), "evt");
+        assert_eq!(recorded(&believed), Some(Some("re_2".into())));
+        assert_eq!(moved_by(believed), Some(Event::Refunded));
+        let foreign = decide(&unnamed, &other_charge(Succeeded), "evt");
+        assert_eq!(recorded(&foreign), Some(None));
+        assert_eq!(moved_by(foreign), Some(Event::Escalate));
+        // A report that carries no charge is not refused for that.
+        let chargeless = Refund {
+            charge: String::new(),
+            ..reported(Succeeded, 100)
+        };
+        assert_eq!(
+            moved_by(decide(&unnamed, &chargeless, "evt")),
+            Some(Event::Refunded)
+        );
     }
 }

@@ -1494,3 +1494,244 @@ async fn a_refund_without_a_good_idempotency_key_is_told_one_key_per_refund(back
         "a payment is still told one key per payment"
     );
 }
+
+on_both_databases!(
+    a_sent_refund_reported_succeeded_under_another_provider_refund_goes_to_review,
+    a_completed_refund_reported_with_a_second_provider_refund_goes_to_review,
+    a_report_of_another_charges_refund_never_settles_a_refund_whose_answer_was_lost,
+    the_refunds_own_report_settles_it_whatever_another_provider_refund_reported,
+);
+
+/// An app hearing the reference gateway's signed events, and a refund of 50000 of a paid
+/// payment the gateway answered pending (`ENVIADO`, `gatewayRef` `re_fake_1`): the
+/// refund's id and what the gateway made (its own provider refund, pending).
+async fn sent_refund(backend: Backend) -> (TestApp, FakeRefunds, String, String, Value) {
+    let (app, fake) = app_with(backend, &["--webhook-secret", crate::compensation::SECRET]).await;
+    let payment = paid(&app, "pay-1").await;
+    fake.refunding("pending");
+    let answer = refund(&app, &payment, "ref-1", &json!({"monto": 50000})).await;
+    assert_eq!(answer.status(), 202);
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "ENVIADO", "{body}");
+    assert_eq!(body["gatewayRef"], "re_fake_1", "{body}");
+    let id = body["id"].as_str().expect("id").to_owned();
+    let made = fake.made()[0].clone();
+    (app, fake, payment, id, made)
+}
+
+/// The reasons of refund `id`'s audit trail, oldest first.
+async fn refund_trail(app: &TestApp, id: &str) -> Vec<String> {
+    pagos::saga::refund::store::trail(&app.db, uuid::Uuid::parse_str(id).expect("uuid"))
+        .await
+        .expect("trail")
+        .into_iter()
+        .map(|t| t.reason)
+        .collect()
+}
+
+/// The types of the merchant's refund events, oldest first.
+async fn refund_event_types(app: &TestApp) -> Vec<String> {
+    let page = json(app.get_as(API_KEY, "/v1/eventos?limite=50").await).await;
+    crate::helpers::listed(&page, "eventos", "tipo")
+        .into_iter()
+        .filter(|t| t.starts_with("reembolso."))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `made` (a provider refund) as another one: `id`, `status`.
+fn another(made: &Value, id: &str, status: &str) -> Value {
+    let mut other = made.clone();
+    other["id"] = json!(id);
+    other["status"] = json!(status);
+    other
+}
+
+/// A refund the gateway answered pending as `re_fake_1`, then reported succeeded under
+/// another provider refund id carrying its reference. Before, that report settled it
+/// `COMPLETADO`, overwrote its `gatewayRef` with the other id, and told the merchant
+/// `reembolso.completado`; re_fake_1 succeeding later changed nothing: a second refund at
+/// the provider was never surfaced. Now it goes to `REVISION_MANUAL`, keeps its own
+/// `gatewayRef`, and its audit row names the other provider refund.
+async fn a_sent_refund_reported_succeeded_under_another_provider_refund_goes_to_review(
+    backend: Backend,
+) {
+    use crate::compensation::deliver_event;
+    let (app, _fake, payment, id, made) = sent_refund(backend).await;
+
+    let second = another(&made, "re_second", "succeeded");
+    assert_eq!(
+        deliver_event(&app, "evt_second", "refund.updated", 1, second).await,
+        "revision_manual"
+    );
+    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "REVISION_MANUAL", "{read}");
+    assert_eq!(read["gatewayRef"], "re_fake_1", "{read}");
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 0, "{pago}");
+    assert_eq!(
+        refund_event_types(&app).await,
+        ["reembolso.revision_manual"]
+    );
+    let why = refund_trail(&app, &id).await.pop().expect("a row");
+    for said in ["evt_second", "re_second", "re_fake_1", "2 refunds"] {
+        assert!(why.contains(said), "{said} in {why}");
+    }
+
+    // Its own refund's events have a sequence of their own (the contract's is per
+    // provider refund): not stale for the other's, and kept for on-call's resolution.
+    let mut own = made.clone();
+    own["status"] = json!("succeeded");
+    assert_eq!(
+        deliver_event(&app, "evt_own", "refund.updated", 1, own).await,
+        "sin_cambios",
+        "under review: on-call decides"
+    );
+    let reported = pagos::webhooks::refunds::reported_for_refund(
+        &app.db,
+        uuid::Uuid::parse_str(&id).expect("uuid"),
+    )
+    .await
+    .expect("reports");
+    let mut ids: Vec<&str> = reported
+        .iter()
+        .map(|r| r.provider_refund_id.as_str())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["re_fake_1", "re_second"]);
+    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "REVISION_MANUAL", "{read}");
+}
+
+/// A refund settled `COMPLETADO` by its own provider refund's event, then reported with a
+/// second provider refund that succeeded, its sequence lower than the first's. Before, the
+/// second was `obsoleto` (the sequence was kept per pagos refund) or, with a higher one,
+/// `sin_cambios`: `COMPLETADO` stood whatever the report's id, charge or amount. Now the
+/// second refund at the provider sends it to `REVISION_MANUAL`, and the merchant is told.
+async fn a_completed_refund_reported_with_a_second_provider_refund_goes_to_review(
+    backend: Backend,
+) {
+    use crate::compensation::deliver_event;
+    let (app, _fake, payment, id, made) = sent_refund(backend).await;
+    let mut own = made.clone();
+    own["status"] = json!("succeeded");
+    assert_eq!(
+        deliver_event(&app, "evt_own", "refund.updated", 5, own).await,
+        "aplicado"
+    );
+    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "COMPLETADO", "{read}");
+
+    let second = another(&made, "re_second", "succeeded");
+    assert_eq!(
+        deliver_event(&app, "evt_second", "refund.updated", 1, second).await,
+        "revision_manual"
+    );
+    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "REVISION_MANUAL", "{read}");
+    assert_eq!(read["gatewayRef"], "re_fake_1", "{read}");
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 0, "only COMPLETADO refunds count");
+    assert_eq!(
+        refund_event_types(&app).await,
+        ["reembolso.completado", "reembolso.revision_manual"]
+    );
+    let why = refund_trail(&app, &id).await.pop().expect("a row");
+    for said in ["re_second", "re_fake_1", "was COMPLETADO"] {
+        assert!(why.contains(said), "{said} in {why}");
+    }
+}
+
+/// A refund whose answer was lost (`ENVIADO`, no `gatewayRef`), reported succeeded by a
+/// provider refund of another charge that carries its reference. Before, that report
+/// settled it `COMPLETADO` with the other refund's id. Now it never settles it: it goes to
+/// `REVISION_MANUAL` with no `gatewayRef` of that refund, and the merchant is never told
+/// `reembolso.completado`.
+async fn a_report_of_another_charges_refund_never_settles_a_refund_whose_answer_was_lost(
+    backend: Backend,
+) {
+    use crate::compensation::deliver_event;
+    let (app, fake) = app_with(backend, &["--webhook-secret", crate::compensation::SECRET]).await;
+    let payment = paid(&app, "pay-1").await;
+    // Made at once, answered after the client gave up: its answer is lost.
+    fake.delay(Duration::from_secs(2));
+    let answer = refund(&app, &payment, "ref-1", &json!({"monto": 50000})).await;
+    assert_eq!(answer.status(), 202);
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "ENVIADO", "{body}");
+    assert!(body["gatewayRef"].is_null(), "{body}");
+    let id = body["id"].as_str().expect("id").to_owned();
+    fake.delay(Duration::ZERO);
+    let made = fake.made()[0].clone();
+
+    let mut foreign = another(&made, "re_zzz", "succeeded");
+    foreign["charge"] = json!("ch_someone_else");
+    assert_eq!(
+        deliver_event(&app, "evt_zzz", "refund.updated", 1, foreign).await,
+        "revision_manual"
+    );
+    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "REVISION_MANUAL", "{read}");
+    assert!(read["gatewayRef"].is_null(), "{read}");
+    assert_eq!(
+        refund_event_types(&app).await,
+        ["reembolso.revision_manual"]
+    );
+    let why = refund_trail(&app, &id).await.pop().expect("a row");
+    for said in [
+        "re_zzz",
+        "ch_someone_else",
+        made["charge"].as_str().expect("charge"),
+    ] {
+        assert!(why.contains(said), "{said} in {why}");
+    }
+}
+
+/// The refund's own provider refund still settles it, whatever another provider refund
+/// carrying its reference reported: a pending one with a higher sequence first (before,
+/// the sequence was kept per pagos refund, and the own refund's `succeeded` was
+/// `obsoleto`: the refund stayed `ENVIADO`), and a failed one after (no money moved: the
+/// refund stays `COMPLETADO`; before, it went to review as contradicting it).
+async fn the_refunds_own_report_settles_it_whatever_another_provider_refund_reported(
+    backend: Backend,
+) {
+    use crate::compensation::deliver_event;
+    let (app, _fake, payment, id, made) = sent_refund(backend).await;
+    assert_eq!(
+        deliver_event(
+            &app,
+            "evt_other_1",
+            "refund.updated",
+            7,
+            another(&made, "re_other", "pending")
+        )
+        .await,
+        "sin_cambios"
+    );
+    let mut own = made.clone();
+    own["status"] = json!("succeeded");
+    assert_eq!(
+        deliver_event(&app, "evt_own", "refund.updated", 2, own).await,
+        "aplicado"
+    );
+    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "COMPLETADO", "{read}");
+    assert_eq!(read["gatewayRef"], "re_fake_1", "{read}");
+
+    assert_eq!(
+        deliver_event(
+            &app,
+            "evt_other_2",
+            "refund.updated",
+            8,
+            another(&made, "re_other", "failed")
+        )
+        .await,
+        "sin_cambios"
+    );
+    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "COMPLETADO", "{read}");
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(pago["montoReembolsado"], 50000, "{pago}");
+    assert_eq!(refund_event_types(&app).await, ["reembolso.completado"]);
+}

@@ -147,22 +147,64 @@ pub fn outcome_name(outcome: &RefundOutcome) -> &'static str {
     }
 }
 
+/// Why the provider refund `found` (which carries `r`'s reference) is not `r`'s own, if it
+/// is not: a refund of another charge than `r`'s (when it names its charge: a report that
+/// carries none is not refused for that), or another provider refund than the one the
+/// provider named for `r` before (`gatewayRef`): a second refund at the provider. None when
+/// it may be `r`'s own (the same id, or `r` has no `gatewayRef` yet: its answer was lost).
+pub fn not_its_own(r: &refund::Model, found: &Refund) -> Option<String> {
+    let status = status_word(found.status);
+    if !found.charge.is_empty() && found.charge != r.charge_ref {
+        return Some(format!(
+            "refund {} {status} is of charge {}, but the refund is of charge {}: another charge's refund carrying this refund's reference",
+            found.id, found.charge, r.charge_ref
+        ));
+    }
+    r.gateway_ref
+        .as_deref()
+        .filter(|own| *own != found.id)
+        .map(|own| {
+            format!(
+                "refund {} {status}, but the provider named {own} for this refund before: the provider holds 2 refunds for this one refund ({own}, {})",
+                found.id, found.id
+            )
+        })
+}
+
+/// Why `found` is not what `r` asked for, if it is not: another amount or currency.
+pub fn other_amount(r: &refund::Model, found: &Refund) -> Option<String> {
+    (found.amount != r.amount || !found.currency.eq_ignore_ascii_case(&r.currency)).then(|| {
+        format!(
+            "refund {} is for {} {}, but the refund asked for {} {}",
+            found.id, found.amount, found.currency, r.amount, r.currency
+        )
+    })
+}
+
+/// A refund's status as the audit trail says it.
+pub fn status_word(status: RefundStatus) -> &'static str {
+    match status {
+        RefundStatus::Succeeded => "succeeded",
+        RefundStatus::Failed => "failed",
+        RefundStatus::Pending => "pending",
+    }
+}
+
 /// The event a gateway refund means for `r`, and what to record with it. None: pending.
-/// A refund for another amount or currency never settles it: on-call decides.
+/// A refund that is not `r`'s own (another charge's, or another provider refund than the
+/// one named for `r` before) or is for another amount or currency never settles it,
+/// succeeded or failed: on-call decides, and `r` keeps its own `gatewayRef`.
 pub fn settlement(r: &refund::Model, found: &Refund) -> Option<(Event, Changes, String)> {
+    if let Some(why) = not_its_own(r, found) {
+        // Another provider refund: the refund's own `gatewayRef`, if any, stays.
+        return Some((Event::Escalate, Changes::default(), why));
+    }
     let changes = Changes {
         gateway_ref: Some(found.id.clone()),
         ..Changes::default()
     };
-    if found.amount != r.amount || !found.currency.eq_ignore_ascii_case(&r.currency) {
-        return Some((
-            Event::Escalate,
-            changes,
-            format!(
-                "refund {} is for {} {}, but the refund asked for {} {}",
-                found.id, found.amount, found.currency, r.amount, r.currency
-            ),
-        ));
+    if let Some(why) = other_amount(r, found) {
+        return Some((Event::Escalate, changes, why));
     }
     match found.status {
         RefundStatus::Succeeded => Some((

@@ -18,10 +18,12 @@ crate::saga::state::events! {
         /// The gateway refused the refund, or reports it failed: no money went back.
         Failed,
         /// Nothing can be decided safely (no refund found outside the gateway's key window,
-        /// provider unreachable past the give-up horizon, a refund for another amount).
+        /// provider unreachable past the give-up horizon, a refund for another amount, a
+        /// provider refund that is not the refund's own: another charge's, a second one).
         Escalate,
         /// The provider reports the opposite of a final state held (Stripe: `failed` after
-        /// `succeeded`).
+        /// `succeeded`), or a refund that succeeded beside the one held: a second refund at
+        /// the provider, or its own for another amount.
         Contradicted,
         /// On-call settles a refund under review.
         ResolveCompleted,

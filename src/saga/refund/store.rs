@@ -561,29 +561,6 @@ impl SagaRow for refund::Model {
     }
 }
 
-/// Records `sequence` as the refund's newest event, if it is newer than the last one
-/// applied; false (stale: nothing to do) otherwise. In the event's transaction.
-pub async fn advance_event_sequence<C: ConnectionTrait>(
-    tx: &C,
-    refund: Uuid,
-    sequence: i64,
-) -> Result<bool, DbErr> {
-    let done = refund::Entity::update_many()
-        .col_expr(
-            refund::Column::LastEventSequence,
-            Expr::value(Some(sequence)),
-        )
-        .filter(refund::Column::Id.eq(refund))
-        .filter(
-            sea_orm::Condition::any()
-                .add(refund::Column::LastEventSequence.is_null())
-                .add(refund::Column::LastEventSequence.lt(sequence)),
-        )
-        .exec(tx)
-        .await?;
-    Ok(done.rows_affected == 1)
-}
-
 /// A refund's new schedule or claim (`saga::store::reschedule`, `renew_claim`): its
 /// fenced update alone, with no audit row and no event.
 impl Rewritten for refund::Model {
