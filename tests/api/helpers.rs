@@ -633,6 +633,16 @@ pub async fn charging(backend: Backend, answer: impl Respond + 'static) -> TestA
     app
 }
 
+/// The answer's `Retry-After`, in seconds (it must have one).
+pub fn retry_after_secs(answer: &reqwest::Response) -> u64 {
+    answer
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse().ok())
+        .expect("Retry-After in seconds")
+}
+
 pub async fn json(response: reqwest::Response) -> Value {
     response.json().await.expect("JSON body")
 }

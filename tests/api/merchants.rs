@@ -377,11 +377,7 @@ async fn an_address_past_the_failure_limit_gets_429_before_any_look_up_and_other
     }
     let refused = probe(&app, &app.http, "sk_live_wrong_5").await;
     assert_eq!(refused.status(), 429);
-    let wait: u64 = refused.headers()["retry-after"]
-        .to_str()
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .expect("Retry-After in seconds");
+    let wait = crate::helpers::retry_after_secs(&refused);
     assert!(
         (55..=60).contains(&wait),
         "refused until its whole allowance is back, a minute: {wait}"

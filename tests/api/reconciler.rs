@@ -104,11 +104,7 @@ async fn past_the_give_up_horizon_the_payment_goes_to_review_and_on_call_settles
     for _ in 0..2 {
         let retry = app.pay("k-g", &payment_body()).await;
         assert_eq!(retry.status(), 202);
-        let wait: u64 = retry.headers()["retry-after"]
-            .to_str()
-            .expect("ascii")
-            .parse()
-            .expect("seconds");
+        let wait = crate::helpers::retry_after_secs(&retry);
         assert_eq!(wait, 300, "under review, Retry-After is five minutes");
     }
 

@@ -1547,6 +1547,32 @@ fn another(made: &Value, id: &str, status: &str) -> Value {
     other
 }
 
+/// What the merchant reads of refund `id` sent to review by a report: `REVISION_MANUAL`
+/// with `gateway_ref` (`null` for none), nothing refunded of `payment`, told the refund
+/// events `told`; and the last reason of its audit trail, which names each of `names`.
+async fn reads_in_review(
+    app: &TestApp,
+    payment: &str,
+    id: &str,
+    gateway_ref: Value,
+    told: &[&str],
+    names: &[&str],
+) {
+    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(read["estado"], "REVISION_MANUAL", "{read}");
+    assert_eq!(read["gatewayRef"], gateway_ref, "{read}");
+    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
+    assert_eq!(
+        pago["montoReembolsado"], 0,
+        "only COMPLETADO refunds count: {pago}"
+    );
+    assert_eq!(refund_event_types(app).await, told);
+    let why = refund_trail(app, id).await.pop().expect("a row");
+    for said in names {
+        assert!(why.contains(said), "{said} in {why}");
+    }
+}
+
 /// A refund the gateway answered pending as `re_fake_1`, then reported succeeded under
 /// another provider refund id carrying its reference. Before, that report settled it
 /// `COMPLETADO`, overwrote its `gatewayRef` with the other id, and told the merchant
@@ -1564,19 +1590,15 @@ async fn a_sent_refund_reported_succeeded_under_another_provider_refund_goes_to_
         deliver_event(&app, "evt_second", "refund.updated", 1, second).await,
         "revision_manual"
     );
-    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
-    assert_eq!(read["estado"], "REVISION_MANUAL", "{read}");
-    assert_eq!(read["gatewayRef"], "re_fake_1", "{read}");
-    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
-    assert_eq!(pago["montoReembolsado"], 0, "{pago}");
-    assert_eq!(
-        refund_event_types(&app).await,
-        ["reembolso.revision_manual"]
-    );
-    let why = refund_trail(&app, &id).await.pop().expect("a row");
-    for said in ["evt_second", "re_second", "re_fake_1", "2 refunds"] {
-        assert!(why.contains(said), "{said} in {why}");
-    }
+    reads_in_review(
+        &app,
+        &payment,
+        &id,
+        json!("re_fake_1"),
+        &["reembolso.revision_manual"],
+        &["evt_second", "re_second", "re_fake_1", "2 refunds"],
+    )
+    .await;
 
     // Its own refund's events have a sequence of their own (the contract's is per
     // provider refund): not stale for the other's, and kept for on-call's resolution.
@@ -1627,19 +1649,15 @@ async fn a_completed_refund_reported_with_a_second_provider_refund_goes_to_revie
         deliver_event(&app, "evt_second", "refund.updated", 1, second).await,
         "revision_manual"
     );
-    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
-    assert_eq!(read["estado"], "REVISION_MANUAL", "{read}");
-    assert_eq!(read["gatewayRef"], "re_fake_1", "{read}");
-    let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
-    assert_eq!(pago["montoReembolsado"], 0, "only COMPLETADO refunds count");
-    assert_eq!(
-        refund_event_types(&app).await,
-        ["reembolso.completado", "reembolso.revision_manual"]
-    );
-    let why = refund_trail(&app, &id).await.pop().expect("a row");
-    for said in ["re_second", "re_fake_1", "was COMPLETADO"] {
-        assert!(why.contains(said), "{said} in {why}");
-    }
+    reads_in_review(
+        &app,
+        &payment,
+        &id,
+        json!("re_fake_1"),
+        &["reembolso.completado", "reembolso.revision_manual"],
+        &["re_second", "re_fake_1", "was COMPLETADO"],
+    )
+    .await;
 }
 
 /// A refund whose answer was lost (`ENVIADO`, no `gatewayRef`), reported succeeded by a
@@ -1681,21 +1699,19 @@ async fn a_report_of_another_charges_refund_never_settles_a_refund_whose_answer_
         deliver_event(&app, "evt_zzz", "refund.updated", 1, foreign).await,
         "revision_manual"
     );
-    let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
-    assert_eq!(read["estado"], "REVISION_MANUAL", "{read}");
-    assert!(read["gatewayRef"].is_null(), "{read}");
-    assert_eq!(
-        refund_event_types(&app).await,
-        ["reembolso.revision_manual"]
-    );
-    let why = refund_trail(&app, &id).await.pop().expect("a row");
-    for said in [
-        "re_zzz",
-        "ch_someone_else",
-        made["charge"].as_str().expect("charge"),
-    ] {
-        assert!(why.contains(said), "{said} in {why}");
-    }
+    reads_in_review(
+        &app,
+        &payment,
+        &id,
+        Value::Null,
+        &["reembolso.revision_manual"],
+        &[
+            "re_zzz",
+            "ch_someone_else",
+            made["charge"].as_str().expect("charge"),
+        ],
+    )
+    .await;
 }
 
 /// The refund's own provider refund still settles it, whatever another provider refund

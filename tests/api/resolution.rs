@@ -80,6 +80,14 @@ async fn resolved(app: &TestApp, id: &str, body: &Value) -> Value {
     done
 }
 
+/// On-call resolves payment `id` `COMPLETADA` on its own charge `own`: taken, the payment
+/// on that charge.
+async fn completed_on_its_own_charge(app: &TestApp, id: &str, own: &str, motivo: &str) {
+    let body = json!({"estado": "COMPLETADA", "motivo": motivo, "gatewayRef": own});
+    let done = resolved(app, id, &body).await;
+    assert_eq!(done["pago"]["gatewayRef"], own, "{done}");
+}
+
 /// The payment's charges decline at the provider, and on-call resolves it FALLIDA: taken.
 async fn declined_then_failed(app: &TestApp, fake: &FakeGateway, id: &str) {
     fake.settle(id, "declined");
@@ -162,13 +170,7 @@ async fn completada_naming_a_charge_the_provider_does_not_hold_succeeded_for_thi
         Some(others_charge.as_str())
     );
 
-    let done = resolved(
-        &app,
-        &id,
-        &json!({"estado": "COMPLETADA", "motivo": "found it", "gatewayRef": own}),
-    )
-    .await;
-    assert_eq!(done["pago"]["gatewayRef"], own.as_str());
+    completed_on_its_own_charge(&app, &id, &own, "found it").await;
 }
 
 async fn completada_without_a_gateway_ref_keeps_the_payments_charge_or_takes_the_one_succeeded(
@@ -683,13 +685,7 @@ async fn naming_another_merchants_charge_while_the_provider_is_down_is_refused_a
     }
     assert_eq!(app.payment(&theirs).await.gateway_ref, Some(their_charge));
 
-    let done = resolved(
-        &app,
-        &id,
-        &json!({"estado": "COMPLETADA", "motivo": "ticket 7: its own charge", "gatewayRef": own}),
-    )
-    .await;
-    assert_eq!(done["pago"]["gatewayRef"], own.as_str());
+    completed_on_its_own_charge(&app, &id, &own, "ticket 7: its own charge").await;
 }
 
 /// `contraProveedor` overrules what the provider shows of this payment, never whose a
