@@ -230,6 +230,7 @@ async fn begin_and_answer(
             payment,
             amount: new_refund.amount,
             reason: new_refund.reason.clone(),
+            audit: None,
             requested_by,
             lease: state.settings.lease,
             payment_states: &[PaymentState::Completada],

@@ -4,7 +4,7 @@
 //! the payment goes to on-call, who can resolve it `FALLIDA` with `reembolsar`.
 
 use crate::helpers::{
-    Backend, Charge, TestApp, json, listed, payment_body, post_webhook, resultado,
+    API_KEY, Backend, Charge, TestApp, json, listed, payment_body, post_webhook, resultado,
     timestamped_signature,
 };
 use crate::on_both_databases;
@@ -197,6 +197,44 @@ async fn in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_r
             .iter()
             .any(|m| m.contains("ticket 77") && m.contains("refunded in full")),
         "{trail:?}"
+    );
+
+    // The merchant reads the refund and its event: what it is, never on-call's name or
+    // note (before: its `motivo` was `compensation: resolved by admin (on-call): …
+    // (ticket 77: …)`). On-call's own view of the refund keeps them.
+    let refunds = json(
+        app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
+            .await,
+    )
+    .await;
+    let events = json(app.get_as(API_KEY, "/v1/eventos?limite=50").await).await;
+    let told = events["eventos"]
+        .as_array()
+        .expect("eventos")
+        .iter()
+        .find(|e| e["tipo"] == "reembolso.completado")
+        .expect("reembolso.completado")
+        .clone();
+    for read in [&refunds["reembolsos"][0], &told["datos"]] {
+        let motivo = read["motivo"].as_str().expect("motivo");
+        assert!(motivo.contains(CHARGE_ID), "{read}");
+        for private in ["ticket 77", "resolved by", "on-call"] {
+            assert!(!motivo.contains(private), "{private} in {read}");
+        }
+    }
+    let id = refunds["reembolsos"][0]["id"].as_str().expect("id");
+    let refund_trail: Vec<String> =
+        pagos::saga::refund::store::trail(&app.db, uuid::Uuid::parse_str(id).expect("uuid"))
+            .await
+            .expect("trail")
+            .into_iter()
+            .map(|t| t.reason)
+            .collect();
+    assert!(
+        refund_trail
+            .iter()
+            .any(|m| m.contains("ticket 77") && m.contains("resolved by admin")),
+        "{refund_trail:?}"
     );
 }
 

@@ -1009,6 +1009,7 @@ async fn a_refund_pagos_never_sent_does_not_cover_money_returned_outside_pagos(b
             payment: payment.id,
             amount: None,
             reason: None,
+            audit: None,
             requested_by: "merchant".into(),
             lease: std::time::Duration::from_secs(3600),
             payment_states: &[pagos::saga::state::PaymentState::Completada],

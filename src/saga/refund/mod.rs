@@ -396,7 +396,14 @@ pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
         &format!("/v1/pagos/{}", p.id),
         &serde_json::json!({ "charge": charge.id, "monto": charge.amount }),
     );
-    let reason = format!("compensation: {why}");
+    // The merchant reads the refund's `motivo`: what it is, never who asked or their note
+    // (an on-call resolution's `why` names the operator and carries their words), which
+    // the refund's and the payment's audit trails keep.
+    let reason = format!(
+        "compensation: charge {} is given back (the payment was answered FALLIDA: no money taken)",
+        charge.id
+    );
+    let audit = format!("compensation: {why}");
     let registered = store::register_in(
         tx,
         &store::Registration {
@@ -407,6 +414,7 @@ pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
             payment: p.id,
             amount: Some(left),
             reason: Some(truncate(&reason, pagos_types::refund::MAX_REASON_LEN)),
+            audit: Some(audit),
             requested_by: "pagos".to_owned(),
             lease: std::time::Duration::ZERO,
             payment_states: &[crate::saga::state::PaymentState::Fallida],

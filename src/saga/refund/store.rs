@@ -230,7 +230,12 @@ pub struct Registration<'a> {
     pub payment: Uuid,
     /// None: everything not yet refunded.
     pub amount: Option<i64>,
+    /// The refund's `motivo`: the merchant reads it.
     pub reason: Option<String>,
+    /// What the refund's first audit row says after who asked, when it is not `reason`: a
+    /// compensation's own account (the event that found the charge, the operator and
+    /// their note), which on-call reads and the merchant's `motivo` does not show.
+    pub audit: Option<String>,
     pub requested_by: String,
     /// The request holds the key and the refund this long.
     pub lease: Duration,
@@ -344,8 +349,9 @@ pub async fn register_in<C: ConnectionTrait>(
             "refund of {amount} {} asked by {}{}",
             model.currency,
             reg.requested_by,
-            reg.reason
+            reg.audit
                 .as_deref()
+                .or(reg.reason.as_deref())
                 .map(|r| format!(": {r}"))
                 .unwrap_or_default()
         ),
