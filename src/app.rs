@@ -310,12 +310,21 @@ pub async fn drain(
     grace: std::time::Duration,
 ) -> usize {
     tasks.close();
-    let running = tasks.len();
-    if running > 0 {
-        tracing::info!(sagas = running, grace = %humantime::format_duration(grace), "waiting for the sagas in flight");
+    let at_signal = tasks.len();
+    if at_signal > 0 {
+        tracing::info!(sagas = at_signal, grace = %humantime::format_duration(grace), "waiting for the sagas in flight");
     }
     let both = async {
-        tokio::join!(graceful.shutdown(), tasks.wait());
+        // The requests first: one still registering its payment starts its saga after
+        // the signal, and a closed tracker with nothing in it is done waiting at once. A
+        // handler spawns its saga before its connection ends (a dropped handler spawns
+        // nothing), so once every connection is done every saga is tracked.
+        graceful.shutdown().await;
+        let running = tasks.len();
+        if running > 0 && at_signal == 0 {
+            tracing::info!(sagas = running, grace = %humantime::format_duration(grace), "waiting for the sagas in flight");
+        }
+        tasks.wait().await;
     };
     if tokio::time::timeout(grace, both).await.is_ok() {
         return 0;

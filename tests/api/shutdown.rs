@@ -155,6 +155,62 @@ async fn past_the_grace_a_saga_in_flight_is_left_to_the_reconciler_and_charged_o
     assert_eq!(world.fake.total_charges(), 1, "exactly one charge");
 }
 
+/// A request still registering its payment when SIGTERM arrives starts its saga after the
+/// drain began, and its client gives up while the gateway is charging. Before, the drain's
+/// wait for the sagas had already ended (nothing was tracked when it began), so the
+/// process exited as soon as the connection closed: the saga cut mid-call with 14 s of
+/// grace left, `ENVIADA`, and nothing in the log. Now the sagas are waited for once the
+/// requests that start them are done. (PostgreSQL: a lock on `payments` stalls the
+/// registration across the signal.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_sigterm_a_saga_its_request_starts_after_the_signal_is_waited_for() {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let world = World::new(
+        backend,
+        FakeGateway::charging("succeeded").with_delay(Duration::from_millis(1500)),
+    )
+    .await;
+    let mut server = world.serve_with_grace("15s").await;
+    let stall = world.db.begin().await.expect("transaction");
+    stall
+        .execute_unprepared(r#"LOCK TABLE "payments" IN SHARE MODE"#)
+        .await
+        .expect("the payments table locked");
+    let url = format!("{}/v1/pagos", server.url);
+    let paying = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .bearer_auth(API_KEY)
+            .header("Idempotency-Key", "k-late-saga")
+            .json(&payment_body())
+            .timeout(Duration::from_millis(1500))
+            .send()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.terminate();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stall.rollback().await.expect("the lock let go");
+    world.charge_reached_the_gateway().await;
+    assert!(
+        paying.await.expect("task").is_err(),
+        "the client gave up before the gateway answered"
+    );
+
+    server
+        .exits_cleanly(Duration::from_secs(10), "after the saga")
+        .await;
+    let settled = world.only_payment().await;
+    assert_eq!(settled.state, "COMPLETADA", "{}", server.logs());
+    assert_eq!(world.fake.total_charges(), 1);
+    let logs = server.logs();
+    assert!(logs.contains("waiting for the sagas in flight"), "{logs}");
+    assert!(!logs.contains("left to the reconciler"), "{logs}");
+}
+
 #[test]
 fn a_bad_shutdown_grace_stops_serve_with_one_line_naming_it() {
     let dir = tempfile::tempdir().expect("dir");
