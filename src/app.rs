@@ -77,12 +77,7 @@ fn adapter_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
 /// "settle" every payment in flight without asking the real provider.
 pub async fn pin_gateway(db: &DatabaseConnection, settings: &Settings) -> anyhow::Result<()> {
     use crate::entities::instance_fact as facts;
-    use clap::ValueEnum;
-    let kind = settings
-        .gateway
-        .to_possible_value()
-        .map(|v| v.get_name().to_owned())
-        .unwrap_or_default();
+    let kind = gateway_name(settings);
     facts::Entity::insert(facts::ActiveModel {
         name: Set("gateway".to_owned()),
         value: Set(kind.clone()),
@@ -94,10 +89,39 @@ pub async fn pin_gateway(db: &DatabaseConnection, settings: &Settings) -> anyhow
     let pinned = facts::Entity::find_by_id("gateway".to_owned())
         .one(db)
         .await?
-        .map(|fact| fact.value)
-        .unwrap_or_else(|| kind.clone());
-    if pinned != kind {
-        return Err(crate::config::SettingError {
+        .map(|fact| fact.value);
+    refuse_another_gateway(pinned, &kind)
+}
+
+/// The same refusal before `serve` migrates: a process started with the wrong gateway
+/// must not upgrade the schema the database's processes run on. A schema too old to say
+/// (or a database never used) is checked again by `pin_gateway` once migrated.
+async fn refuse_another_gateway_before_migrating(
+    db: &DatabaseConnection,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    use crate::entities::instance_fact as facts;
+    let pinned = facts::Entity::find_by_id("gateway".to_owned())
+        .one(db)
+        .await
+        .ok()
+        .flatten()
+        .map(|fact| fact.value);
+    refuse_another_gateway(pinned, &gateway_name(settings))
+}
+
+fn gateway_name(settings: &Settings) -> String {
+    use clap::ValueEnum;
+    settings
+        .gateway
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default()
+}
+
+fn refuse_another_gateway(pinned: Option<String>, kind: &str) -> anyhow::Result<()> {
+    match pinned {
+        Some(pinned) if pinned != kind => Err(crate::config::SettingError {
             env: "PAGOS_GATEWAY",
             flag: "gateway",
             message: format!(
@@ -105,9 +129,9 @@ pub async fn pin_gateway(db: &DatabaseConnection, settings: &Settings) -> anyhow
                  settle or move them first (runbooks/gateway-outage.md, \"Changing gateways\")"
             ),
         }
-        .into());
+        .into()),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The Mercado Pago adapter the settings describe (also, built once in `build`, what
@@ -516,8 +540,10 @@ async fn start(
             "PAGOS_ADMIN_TOKEN is shorter than 16 characters: it opens every admin endpoint; make it a long random value (openssl rand -hex 32)"
         );
     }
-    let db = open_and_migrate(&settings.database).await?;
+    let db = crate::db::connect(&settings.database).await?;
     crate::db::check_clock(&db).await?;
+    refuse_another_gateway_before_migrating(&db, settings).await?;
+    crate::db::migrate(&db).await?;
     pin_gateway(&db, settings).await?;
     if settings.gateway == GatewayKind::Sandbox {
         ensure_demo_merchant(&db).await?;

@@ -661,3 +661,69 @@ fn a_bad_log_format_is_refused_naming_pagos_log_format() {
         }
     }
 }
+
+/// `serve` with another gateway than the one a database's payments go through is refused
+/// before it migrates anything: a release started with the wrong `PAGOS_GATEWAY` must not
+/// upgrade the schema that production's processes run on. Before: it applied the pending
+/// migrations, then exited 2.
+#[tokio::test]
+async fn serve_with_another_gateway_than_the_databases_is_refused_before_it_migrates() {
+    use sea_orm::ConnectionTrait;
+    let dir = tempfile::tempdir().expect("dir");
+    let db = format!("sqlite://{}?mode=rwc", dir.path().join("p.db").display());
+    // Its payments go through the reference gateway (a pass pins it, as `serve` does).
+    let pinned = pagos(
+        &[
+            "reconcile",
+            "--once",
+            "--database-url",
+            &db,
+            "--gateway",
+            "http",
+            "--gateway-url",
+            "http://127.0.0.1:9",
+        ],
+        &[],
+    );
+    assert!(
+        pinned.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pinned.stderr)
+    );
+    // An older release's schema: this binary's last migration not applied yet (it runs
+    // again on a schema that has it).
+    let last = "m20261213_000027_events_without_merchant_fk";
+    let conn = sea_orm::Database::connect(db.as_str()).await.expect("open");
+    conn.execute_unprepared(&format!(
+        r#"DELETE FROM "seaql_migrations" WHERE "version" = '{last}'"#
+    ))
+    .await
+    .expect("back to the older release");
+    let applied = || async {
+        conn.query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Sqlite,
+            format!(r#"SELECT COUNT(*) AS n FROM "seaql_migrations" WHERE "version" = '{last}'"#),
+        ))
+        .await
+        .expect("query")
+        .expect("a row")
+        .try_get::<i64>("", "n")
+        .expect("a count")
+    };
+
+    let refused = pagos(
+        &["serve", "--database-url", &db],
+        &[("PAGOS_GATEWAY", "sandbox"), ("PAGOS_BIND", "127.0.0.1:0")],
+    );
+    setting_refused(
+        &refused,
+        "PAGOS_GATEWAY (--gateway)",
+        &["go through the \"http\" gateway"],
+    );
+    assert_eq!(applied().await, 0, "nothing migrated by a refused process");
+
+    // The right gateway migrates it as it starts (`migrate` stands in for `serve`).
+    let migrated = pagos(&["migrate", "--database-url", &db], &[]);
+    assert!(migrated.status.success());
+    assert_eq!(applied().await, 1);
+}
