@@ -306,9 +306,12 @@ async fn left_to_the_next_process(world: &World, before: usize, backlog: usize) 
     use pagos::entities::payment::{self, PaymentState};
     use sea_orm::EntityTrait;
     let after = world.fake.lookups_made();
+    // The rows in the work waiting for a slot at the signal are not taken up either (no
+    // new call to the provider once told to stop; before: they were, `before` + 2). One
+    // more is tolerated: a look-up that began between the count and the signal.
     assert!(
-        after <= before + 4,
-        "no more claims after SIGTERM: {before} look-ups then, {after} in all (the work in hand is at most twice the concurrency)"
+        after <= before + 1,
+        "no new look-up after SIGTERM: {before} look-ups then, {after} in all"
     );
     let all = payment::Entity::find().all(&world.db).await.expect("query");
     let settled = all

@@ -129,10 +129,19 @@ where
         while in_flight.len() < working
             && let Some(row) = in_hand.pop_front()
         {
-            let (deps, calls) = (shared.clone(), calls.clone());
+            let (deps, calls, stop) = (shared.clone(), calls.clone(), stop.cloned());
             // In the caller's span (an on-demand pass's request), as when polled here.
             in_flight.spawn(
-                async move { process(&deps, bounds, Some(&calls), row).await }.in_current_span(),
+                async move {
+                    let permit = calls.acquire().await.ok();
+                    // Told to stop while it waited for a slot: not taken up, left claimed
+                    // as the rows in hand are (no new call to the provider after SIGTERM).
+                    if stop.is_some_and(|stop| *stop.borrow()) {
+                        return Handled::Skipped;
+                    }
+                    process(&deps, bounds, permit, row).await
+                }
+                .in_current_span(),
             );
         }
         if in_hand.is_empty() && more && claiming.is_none() {
@@ -169,21 +178,16 @@ where
 
 /// The work on one claimed row: what it came to, one bucket of a report.
 ///
-/// With `calls`, the row's provider calls — its look-up, and a send if the table decides
-/// one — wait for one of its permits, and the row is taken up only then: a pass holds
-/// `PAGOS_RECONCILE_CONCURRENCY` calls in flight at most, while the writes that settle
-/// rows already looked up go on beside them instead of keeping a permit.
+/// In a pass, the row's provider calls — its look-up, and a send if the table decides
+/// one — hold `permit`, one of the pass's, and the row is taken up only once it has one:
+/// a pass holds `PAGOS_RECONCILE_CONCURRENCY` calls in flight at most, while the writes
+/// that settle rows already looked up go on beside them, the permit given back.
 pub async fn process<R: Reconcilable>(
     deps: &SagaDeps,
     bounds: Bounds,
-    calls: Option<&Semaphore>,
+    permit: Option<SemaphorePermit<'_>>,
     claimed: R,
 ) -> Handled {
-    let permit = match calls {
-        // Never closed: `None` would only mean no limit.
-        Some(calls) => calls.acquire().await.ok(),
-        None => None,
-    };
     let id = claimed.id();
     let claimed = match take_up(deps, bounds, claimed).await {
         Ok(Some(claimed)) => claimed,
