@@ -635,8 +635,12 @@ fn a_refund_failure_rate_outside_0_to_1_stops_the_sandbox_with_one_line_naming_i
     );
 }
 
-#[test]
-fn a_database_used_with_one_gateway_refuses_another() {
+/// Also before it migrates: a release started with the wrong `PAGOS_GATEWAY` must not
+/// upgrade the schema that production's processes run on (before: `serve` applied the
+/// pending migrations, then exited 2).
+#[tokio::test]
+async fn a_database_used_with_one_gateway_refuses_another() {
+    use sea_orm::ConnectionTrait;
     let dir = tempfile::tempdir().expect("dir");
     let db = sqlite_in(&dir, "p.db");
     let with_http = pagos(
@@ -662,7 +666,40 @@ fn a_database_used_with_one_gateway_refuses_another() {
     // The sandbox on a database whose payments went through a real gateway would settle
     // them without asking it.
     assert_refused(&pagos_on(&db, &["reconcile", "--once"]), "PAGOS_GATEWAY");
-    assert_refused(&pagos_on(&db, &["serve"]), "PAGOS_GATEWAY");
+
+    // An older release's schema: this binary's last migration not applied yet (it runs
+    // again on a schema that has it).
+    let last = "m20261213_000027_events_without_merchant_fk";
+    let conn = sea_orm::Database::connect(db.as_str()).await.expect("open");
+    conn.execute_unprepared(&format!(
+        r#"DELETE FROM "seaql_migrations" WHERE "version" = '{last}'"#
+    ))
+    .await
+    .expect("back to the older release");
+    let applied = || async {
+        conn.query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Sqlite,
+            format!(r#"SELECT COUNT(*) AS n FROM "seaql_migrations" WHERE "version" = '{last}'"#),
+        ))
+        .await
+        .expect("query")
+        .expect("a row")
+        .try_get::<i64>("", "n")
+        .expect("a count")
+    };
+    let serve = pagos(
+        &["serve", "--database-url", &db],
+        &[("PAGOS_BIND", "127.0.0.1:0")],
+    );
+    assert_refused(&serve, "PAGOS_GATEWAY");
+    assert!(
+        String::from_utf8_lossy(&serve.stderr).contains("go through the \"http\" gateway"),
+        "{}",
+        String::from_utf8_lossy(&serve.stderr)
+    );
+    assert_eq!(applied().await, 0, "nothing migrated by a refused process");
+    assert!(pagos_on(&db, &["migrate"]).status.success());
+    assert_eq!(applied().await, 1);
 }
 
 #[tokio::test]
