@@ -181,6 +181,12 @@ async fn consume_in(
     // always payment, then charge row: two events of one payment cannot deadlock.
     let payment = locked_by_reference::<payment::Entity>(tx, &event.charge.reference).await?;
 
+    // What the charge was reported before this event (read under the payment's lock).
+    let before = charges::Entity::find_by_id((event.source.to_owned(), event.charge.id.clone()))
+        .one(tx)
+        .await?
+        .map(|row| row.status);
+
     // 2 and 3. Natural upsert of the charge row, advanced only by a higher sequence.
     if !advance_charge(tx, event, payment.as_ref().map(|p| p.id)).await? {
         return Ok(Some(Consumed::Stale));
@@ -188,6 +194,20 @@ async fn consume_in(
     let Some(payment) = payment else {
         return Ok(Some(Consumed::Orphan));
     };
+
+    // A charge reported succeeded again for a payment FALLIDA since: nothing new. Every
+    // succeeded report settles its payment, escalates it or finds it under review, so a
+    // payment FALLIDA after one was made so knowing of the charge: pagos compensated it,
+    // or on-call resolved FALLIDA refunding it or overruling the provider (a charge kept
+    // by agreement, money returned outside pagos). A later update of the charge at the
+    // provider must neither refund it again nor reopen the payment.
+    if payment.state == PaymentState::Fallida
+        && event.charge.status == ChargeStatus::Succeeded
+        && before == Some(ReportedStatus::Succeeded)
+    {
+        tracing::info!(event_id = event.event_id, payment_id = %payment.id, charge = event.charge.id, "charge reported succeeded again for a payment FALLIDA since it was known: nothing new");
+        return Ok(Some(Consumed::Unchanged));
+    }
 
     // A charge that succeeded for a payment answered FALLIDA: money was taken and the
     // merchant was told none was. With PAGOS_ORPHAN_CHARGES=refund it is refunded in full,

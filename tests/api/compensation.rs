@@ -23,6 +23,8 @@ on_both_databases!(
     a_compensation_refund_a_gateway_event_reports_failed_sends_its_payment_to_review,
     after_a_failed_compensation_on_call_resolves_fallida_with_reembolsar_and_the_charge_is_refunded_again,
     a_charge_in_another_currency_is_never_refunded_in_the_payments_and_goes_to_on_call,
+    a_charge_on_call_kept_by_overruling_is_neither_refunded_nor_reviewed_again_by_a_later_report,
+    a_charge_returned_outside_pagos_after_a_failed_compensation_is_not_refunded_again_by_a_later_report,
 );
 
 pub const SECRET: &str = "whsec_test";
@@ -729,4 +731,85 @@ async fn a_compensation_refund_event_locks_its_payment_before_its_refund() {
     );
     assert_eq!(word, "aplicado");
     assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+}
+
+/// On-call settles `payment` (under review, its charge succeeded at the provider) `FALLIDA`
+/// overruling the provider with `why`; then the provider reports that charge succeeded
+/// again (a later update of it): nothing new, nothing done. Before: the report was taken
+/// for a new orphan charge, the payment sent to review again (`review`) or the charge
+/// refunded in full by a compensation (`refund`).
+async fn overruled_then_reported_again(
+    app: &TestApp,
+    fake: &FakeRefunds,
+    payment: &str,
+    why: &str,
+) {
+    Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({"data": [succeeded(payment)]})),
+        )
+        .mount(app.gateway())
+        .await;
+    let made_before = fake.made().len();
+    let done = admin(
+        app,
+        &format!("/admin/pagos/{payment}/resolucion"),
+        Some(json!({"estado": "FALLIDA", "motivo": "INC-9", "contraProveedor": why})),
+    )
+    .await;
+    assert_eq!(done["pago"]["estado"], "FALLIDA", "{done}");
+    let told_before = revision_events(app, payment).await.len();
+
+    assert_eq!(
+        deliver(app, "evt_later", 100, succeeded(payment)).await,
+        "sin_cambios"
+    );
+    assert_eq!(app.payment(payment).await.state, "FALLIDA");
+    assert_eq!(fake.made().len(), made_before, "nothing refunded");
+    assert_eq!(
+        revision_events(app, payment).await.len(),
+        told_before,
+        "no pago.revision_manual again"
+    );
+    assert_eq!(app.pay("pay-1", &payment_body()).await.status(), 402);
+}
+
+/// Case 5b of the runbook: a charge found after a 402, kept by agreement with the merchant
+/// (`FALLIDA` overruling the provider, `COMPLETADA` being refused), in review mode and
+/// after a switch to the default refund mode.
+async fn a_charge_on_call_kept_by_overruling_is_neither_refunded_nor_reviewed_again_by_a_later_report(
+    backend: Backend,
+) {
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "review", "revision_manual").await;
+    overruled_then_reported_again(
+        &app,
+        &fake,
+        &payment,
+        "ticket 9: kept by agreement with the merchant",
+    )
+    .await;
+}
+
+/// Case 9 of the runbook: the compensation refund failed, the money went back by bank
+/// transfer, on-call says so overruling the provider (which still shows the charge
+/// succeeded). A later report of the charge must not refund it a second time.
+async fn a_charge_returned_outside_pagos_after_a_failed_compensation_is_not_refunded_again_by_a_later_report(
+    backend: Backend,
+) {
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "refund", "reembolsando").await;
+    fake.refunding("failed");
+    let report = admin(&app, "/admin/reconciliaciones", Some(json!({}))).await;
+    assert_eq!(report["reembolsos"]["fallidos"], 1, "{report}");
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+    fake.refunding("succeeded");
+    overruled_then_reported_again(
+        &app,
+        &fake,
+        &payment,
+        "returned by bank transfer TR-991; the provider still shows the charge succeeded",
+    )
+    .await;
 }
