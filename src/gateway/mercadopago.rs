@@ -409,8 +409,11 @@ pub fn refund_body(req: &RefundRequest) -> Result<RefundBody, String> {
 }
 
 /// Whether `id` can be a Mercado Pago payment id (a number).
+/// A Mercado Pago payment id as Mercado Pago writes it: digits, no leading zero. Another
+/// spelling of an id (`0123` for `123`) would reach the same payment while pagos, which
+/// matches ids by their bytes (whose charge it is, the reports), took it for another.
 fn is_payment_id(id: &str) -> bool {
-    !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())
+    !id.is_empty() && !id.starts_with('0') && id.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The header that makes a refund still in process answer 201 `in_process` instead of 400.
@@ -629,6 +632,14 @@ mod tests {
             Some(100),
             "fits the column"
         );
+    }
+
+    #[test]
+    fn a_payment_id_is_taken_only_as_mercadopago_writes_it() {
+        assert!(super::is_payment_id("1234567890"));
+        for other in ["", "01234567890", "0", "+123", "12a", " 123"] {
+            assert!(!super::is_payment_id(other), "{other:?}");
+        }
     }
 
     #[test]

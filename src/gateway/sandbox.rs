@@ -209,14 +209,17 @@ impl StoredRefund {
 }
 
 /// The index `id` names (`{prefix}{number:06}{suffix:010x}`), if `suffix_of` the index is
-/// the id's suffix.
+/// the id's suffix. Only the id as the sandbox wrote it: another spelling of it (upper-case
+/// hex, more leading zeros, a sign) names nothing, as a provider's id is matched by its
+/// bytes everywhere in pagos (a resolution's check of whose charge it is, the reports).
 fn index_of(prefix: &str, id: &str, suffix_of: impl Fn(usize) -> Option<u64>) -> Option<usize> {
     let rest = id.strip_prefix(prefix)?;
     let split = rest.len().checked_sub(10)?;
     let (number, suffix) = (rest.get(..split)?, rest.get(split..)?);
     let index = number.parse::<usize>().ok()?.checked_sub(1)?;
     let suffix = u64::from_str_radix(suffix, 16).ok()?;
-    (suffix_of(index)? == suffix && number.len() >= 6).then_some(index)
+    let written = format!("{prefix}{:06}{suffix:010x}", index + 1);
+    (suffix_of(index)? == suffix && written == id).then_some(index)
 }
 
 /// The charges (or refunds) made for one reference, or the refunds of one charge: nearly
@@ -908,6 +911,24 @@ impl Gateway for SandboxGateway {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_id_names_a_charge_only_as_the_sandbox_wrote_it() {
+        let suffix = |i: usize| (i == 0).then_some(0x3627_1a48_71_u64);
+        assert_eq!(
+            super::index_of("ch_", "ch_00000136271a4871", suffix),
+            Some(0)
+        );
+        for other in [
+            "ch_00000136271A4871",
+            "ch_000000136271a4871",
+            "ch_+00001",
+            "ch_+0000136271a4871",
+            "CH_00000136271a4871",
+        ] {
+            assert_eq!(super::index_of("ch_", other, suffix), None, "{other}");
+        }
+    }
+
     use super::*;
 
     /// A sandbox with `outcomes` and the receiver of the changes it reports.
