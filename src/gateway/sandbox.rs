@@ -913,7 +913,7 @@ impl Gateway for SandboxGateway {
 mod tests {
     #[test]
     fn an_id_names_a_charge_only_as_the_sandbox_wrote_it() {
-        let suffix = |i: usize| (i == 0).then_some(0x3627_1a48_71_u64);
+        let suffix = |i: usize| (i == 0).then_some(0x0036_271a_4871_u64);
         assert_eq!(
             super::index_of("ch_", "ch_00000136271a4871", suffix),
             Some(0)
