@@ -495,6 +495,31 @@ mod tests {
         }
     }
 
+    /// The provider's answer to a send: a pending refund under another id than the one it
+    /// named for the refund before is a second refund at the provider (before: it took the
+    /// refund's `gatewayRef`, and the first one's success later looked like the second).
+    #[test]
+    fn a_pending_answer_of_another_provider_refund_goes_to_review() {
+        use crate::gateway::retry::RefundOutcome;
+        use crate::saga::{Saga, Settle};
+        let mut sent = refund_in(RefundState::Enviado);
+        sent.gateway_ref = Some("re_0".into());
+        let pending = reported(RefundStatus::Pending, 100);
+        let moved = |settle: Settle<Event>| match settle {
+            Settle::Move(event, _, why) => Some((event, why)),
+            Settle::Pending(_) | Settle::Unknown(_) => None,
+        };
+        let (event, why) =
+            moved(sent.settle(RefundOutcome::Pending(pending.clone()))).expect("not left pending");
+        assert_eq!(event, Event::Escalate);
+        assert!(why.contains("re_0") && why.contains("re_1"), "{why}");
+        // Its own id, or a refund whose answer was lost: still pending.
+        sent.gateway_ref = Some("re_1".into());
+        assert!(moved(sent.settle(RefundOutcome::Pending(pending.clone()))).is_none());
+        sent.gateway_ref = None;
+        assert!(moved(sent.settle(RefundOutcome::Pending(pending))).is_none());
+    }
+
     #[test]
     fn a_refund_for_another_amount_never_settles_it() {
         let effect = decide(

@@ -100,12 +100,15 @@ impl Saga for refund::Model {
 
     fn settle(&self, outcome: RefundOutcome) -> Settle<Event> {
         match outcome {
-            RefundOutcome::Succeeded(found) | RefundOutcome::Failed(found) => {
-                match settlement(self, &found) {
-                    Some((event, changes, reason)) => Settle::Move(event, changes.into(), reason),
-                    None => Settle::Pending(found.id),
-                }
-            }
+            // A pending answer too: one of another provider refund than the refund's own (a
+            // second refund at the provider, which may yet succeed) or of another amount goes
+            // to review instead of taking the refund's `gatewayRef`.
+            RefundOutcome::Succeeded(found)
+            | RefundOutcome::Failed(found)
+            | RefundOutcome::Pending(found) => match settlement(self, &found) {
+                Some((event, changes, reason)) => Settle::Move(event, changes.into(), reason),
+                None => Settle::Pending(found.id),
+            },
             RefundOutcome::Rejected {
                 status,
                 detail,
@@ -124,7 +127,6 @@ impl Saga for refund::Model {
                     format!("gateway refused the refund with {status}: {detail}"),
                 )
             }
-            RefundOutcome::Pending(found) => Settle::Pending(found.id),
             RefundOutcome::Unknown(why) => {
                 tracing::warn!(refund_id = %self.id, why, "refund outcome unknown; the reconciler will ask the provider");
                 Settle::Unknown(why)
