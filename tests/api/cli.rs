@@ -676,17 +676,6 @@ async fn a_database_used_with_one_gateway_refuses_another() {
     ))
     .await
     .expect("back to the older release");
-    let applied = || async {
-        conn.query_one_raw(sea_orm::Statement::from_string(
-            sea_orm::DbBackend::Sqlite,
-            format!(r#"SELECT COUNT(*) AS n FROM "seaql_migrations" WHERE "version" = '{last}'"#),
-        ))
-        .await
-        .expect("query")
-        .expect("a row")
-        .try_get::<i64>("", "n")
-        .expect("a count")
-    };
     let serve = pagos(
         &["serve", "--database-url", &db],
         &[("PAGOS_BIND", "127.0.0.1:0")],
@@ -697,9 +686,13 @@ async fn a_database_used_with_one_gateway_refuses_another() {
         "{}",
         String::from_utf8_lossy(&serve.stderr)
     );
-    assert_eq!(applied().await, 0, "nothing migrated by a refused process");
+    assert_eq!(
+        applied(&conn, last).await,
+        0,
+        "nothing migrated by a refused process"
+    );
     assert!(pagos_on(&db, &["migrate"]).status.success());
-    assert_eq!(applied().await, 1);
+    assert_eq!(applied(&conn, last).await, 1);
 }
 
 #[tokio::test]
@@ -730,6 +723,20 @@ async fn the_sandbox_finishes_a_charge_whose_caller_hung_up() {
     );
     let stats = crate::binary::get_json(&http, &format!("{base}/sandbox/stats")).await;
     assert_eq!(stats["charges"], 1);
+}
+
+/// Whether migration `version` is recorded applied in SQLite database `conn` (1 or 0).
+async fn applied(conn: &sea_orm::DatabaseConnection, version: &str) -> i64 {
+    use sea_orm::ConnectionTrait;
+    conn.query_one_raw(sea_orm::Statement::from_string(
+        sea_orm::DbBackend::Sqlite,
+        format!(r#"SELECT COUNT(*) AS n FROM "seaql_migrations" WHERE "version" = '{version}'"#),
+    ))
+    .await
+    .expect("query")
+    .expect("a row")
+    .try_get::<i64>("", "n")
+    .expect("a count")
 }
 
 /// A fresh SQLite database in `dir`, migrated by `pagos migrate` (the other commands do
@@ -1321,17 +1328,11 @@ async fn a_new_database_is_set_up_by_any_command_and_an_older_releases_is_migrat
         let output = pagos_on(&older, command);
         assert_refused(&output, "run `pagos migrate` first");
     }
-    let applied = conn
-        .query_one_raw(sea_orm::Statement::from_string(
-            sea_orm::DbBackend::Sqlite,
-            format!(r#"SELECT COUNT(*) AS n FROM "seaql_migrations" WHERE "version" = '{last}'"#),
-        ))
-        .await
-        .expect("query")
-        .expect("a row")
-        .try_get::<i64>("", "n")
-        .expect("a count");
-    assert_eq!(applied, 0, "not migrated by another command");
+    assert_eq!(
+        applied(&conn, last).await,
+        0,
+        "not migrated by another command"
+    );
     on_db(&older, &["migrate"]);
     assert!(!on_db(&older, &["merchants", "list"]).contains("acme"));
 }

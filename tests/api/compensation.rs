@@ -776,8 +776,7 @@ async fn overruled_then_reported_again(
 }
 
 /// Case 5b of the runbook: a charge found after a 402, kept by agreement with the merchant
-/// (`FALLIDA` overruling the provider, `COMPLETADA` being refused), in review mode and
-/// after a switch to the default refund mode.
+/// (`FALLIDA` overruling the provider, `COMPLETADA` being refused), in review mode.
 async fn a_charge_on_call_kept_by_overruling_is_neither_refunded_nor_reviewed_again_by_a_later_report(
     backend: Backend,
 ) {
