@@ -225,13 +225,7 @@ async fn in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_r
         }
     }
     let id = refunds["reembolsos"][0]["id"].as_str().expect("id");
-    let refund_trail: Vec<String> =
-        pagos::saga::refund::store::trail(&app.db, uuid::Uuid::parse_str(id).expect("uuid"))
-            .await
-            .expect("trail")
-            .into_iter()
-            .map(|t| t.reason)
-            .collect();
+    let refund_trail = crate::refund_resolution::trail(&app, id).await;
     assert!(
         refund_trail
             .iter()

@@ -45,7 +45,7 @@ async fn reconcile(app: &TestApp, id: &str) -> Value {
 }
 
 /// The reasons of refund `id`'s audit trail, oldest first.
-async fn trail(app: &TestApp, id: &str) -> Vec<String> {
+pub(crate) async fn trail(app: &TestApp, id: &str) -> Vec<String> {
     pagos::saga::refund::store::trail(&app.db, uuid::Uuid::parse_str(id).expect("uuid"))
         .await
         .expect("trail")
@@ -141,8 +141,8 @@ fn ids_in(problem: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The types of the merchant's refund events.
-async fn refund_events(app: &TestApp) -> Vec<String> {
+/// The types of the merchant's refund events, oldest first.
+pub(crate) async fn refund_events(app: &TestApp) -> Vec<String> {
     let page = json(app.get_as(API_KEY, "/v1/eventos?limite=50").await).await;
     crate::helpers::listed(&page, "eventos", "tipo")
         .into_iter()

@@ -1519,32 +1519,22 @@ async fn sent_refund(backend: Backend) -> (TestApp, FakeRefunds, String, String,
     (app, fake, payment, id, made)
 }
 
-/// The reasons of refund `id`'s audit trail, oldest first.
-async fn refund_trail(app: &TestApp, id: &str) -> Vec<String> {
-    pagos::saga::refund::store::trail(&app.db, uuid::Uuid::parse_str(id).expect("uuid"))
-        .await
-        .expect("trail")
-        .into_iter()
-        .map(|t| t.reason)
-        .collect()
-}
-
-/// The types of the merchant's refund events, oldest first.
-async fn refund_event_types(app: &TestApp) -> Vec<String> {
-    let page = json(app.get_as(API_KEY, "/v1/eventos?limite=50").await).await;
-    crate::helpers::listed(&page, "eventos", "tipo")
-        .into_iter()
-        .filter(|t| t.starts_with("reembolso."))
-        .map(str::to_owned)
-        .collect()
-}
-
 /// `made` (a provider refund) as another one: `id`, `status`.
 fn another(made: &Value, id: &str, status: &str) -> Value {
     let mut other = made.clone();
     other["id"] = json!(id);
     other["status"] = json!(status);
     other
+}
+
+/// The provider reports another refund of `made`'s charge, `re_second`, succeeded under
+/// the same reference (`evt_second`, sequence 1): the refund goes to review.
+async fn second_refund_reported_succeeded(app: &TestApp, made: &Value) {
+    let second = another(made, "re_second", "succeeded");
+    assert_eq!(
+        crate::compensation::deliver_event(app, "evt_second", "refund.updated", 1, second).await,
+        "revision_manual"
+    );
 }
 
 /// What the merchant reads of refund `id` sent to review by a report: `REVISION_MANUAL`
@@ -1566,8 +1556,11 @@ async fn reads_in_review(
         pago["montoReembolsado"], 0,
         "only COMPLETADO refunds count: {pago}"
     );
-    assert_eq!(refund_event_types(app).await, told);
-    let why = refund_trail(app, id).await.pop().expect("a row");
+    assert_eq!(crate::refund_resolution::refund_events(app).await, told);
+    let why = crate::refund_resolution::trail(app, id)
+        .await
+        .pop()
+        .expect("a row");
     for said in names {
         assert!(why.contains(said), "{said} in {why}");
     }
@@ -1585,11 +1578,7 @@ async fn a_sent_refund_reported_succeeded_under_another_provider_refund_goes_to_
     use crate::compensation::deliver_event;
     let (app, _fake, payment, id, made) = sent_refund(backend).await;
 
-    let second = another(&made, "re_second", "succeeded");
-    assert_eq!(
-        deliver_event(&app, "evt_second", "refund.updated", 1, second).await,
-        "revision_manual"
-    );
+    second_refund_reported_succeeded(&app, &made).await;
     reads_in_review(
         &app,
         &payment,
@@ -1644,11 +1633,7 @@ async fn a_completed_refund_reported_with_a_second_provider_refund_goes_to_revie
     let read = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
     assert_eq!(read["estado"], "COMPLETADO", "{read}");
 
-    let second = another(&made, "re_second", "succeeded");
-    assert_eq!(
-        deliver_event(&app, "evt_second", "refund.updated", 1, second).await,
-        "revision_manual"
-    );
+    second_refund_reported_succeeded(&app, &made).await;
     reads_in_review(
         &app,
         &payment,
@@ -1760,5 +1745,8 @@ async fn the_refunds_own_report_settles_it_whatever_another_provider_refund_repo
     assert_eq!(read["estado"], "COMPLETADO", "{read}");
     let pago = json(app.get_as(API_KEY, &format!("/v1/pagos/{payment}")).await).await;
     assert_eq!(pago["montoReembolsado"], 50000, "{pago}");
-    assert_eq!(refund_event_types(&app).await, ["reembolso.completado"]);
+    assert_eq!(
+        crate::refund_resolution::refund_events(&app).await,
+        ["reembolso.completado"]
+    );
 }
