@@ -872,6 +872,16 @@ fn checked<'a>(asked: &'a HandResolution<'_>) -> Result<Checked<'a>, ApiError> {
 }
 
 /// `resolve_by_hand`'s work, once its row is written.
+/// The `source` under which the webhooks of `gateway` report its charges.
+fn webhook_source(gateway: crate::config::GatewayKind) -> &'static str {
+    use crate::config::GatewayKind;
+    match gateway {
+        GatewayKind::Sandbox | GatewayKind::Http => crate::webhooks::SOURCE_HTTP,
+        GatewayKind::Stripe => crate::webhooks::SOURCE_STRIPE,
+        GatewayKind::MercadoPago => crate::webhooks::SOURCE_MERCADOPAGO,
+    }
+}
+
 async fn resolve_unrecorded(
     state: &AppState,
     who: &Admin,
@@ -1011,6 +1021,15 @@ async fn resolve_unrecorded(
                 "The provider's webhooks reported charge {late} succeeded while this resolution was being written: nothing was changed. Read the payment again; FALLIDA with reembolsar refunds it."
             )));
         }
+        // Made FALLIDA knowing of these charges: the provider's later report of one
+        // changes nothing (a second refund of money returned, or the payment reopened).
+        crate::webhooks::consumer::record_known_charges(
+            &tx,
+            webhook_source(state.settings.gateway),
+            current.id,
+            &provider.succeeded,
+        )
+        .await?;
     }
     // The refunds commit with the resolution: a FALLIDA answer is never written without
     // the refunds that make it true. Each charge is refunded (what is left of it), given

@@ -200,7 +200,10 @@ async fn consume_in(
     // payment FALLIDA after one was made so knowing of the charge: pagos compensated it,
     // or on-call resolved FALLIDA refunding it or overruling the provider (a charge kept
     // by agreement, money returned outside pagos). A later update of the charge at the
-    // provider must neither refund it again nor reopen the payment.
+    // provider must neither refund it again nor reopen the payment. A charge on-call's
+    // resolution saw only in the provider's search is recorded so by the resolution
+    // (`record_known_charges`); the reaper keeps these reports while their payment is
+    // kept (`purge_charge_reports`).
     if payment.state == PaymentState::Fallida
         && event.charge.status == ChargeStatus::Succeeded
         && before == Some(ReportedStatus::Succeeded)
@@ -363,6 +366,48 @@ pub(crate) async fn record_message(
     Ok(matches!(inserted, TryInsertResult::Inserted(n) if n > 0))
 }
 
+/// Records each of `known`, succeeded charges of payment `payment_id` that on-call's
+/// resolution `FALLIDA` weighed (the provider's search and its webhooks' reports), as a
+/// `source` report of a succeeded charge where none is kept, in the resolution's
+/// transaction. The payment was made `FALLIDA` knowing of them — refunded (`reembolsar`),
+/// or kept by agreement or returned outside pagos (overruling the provider) — as for a
+/// charge a webhook reported first, so the provider's later report of one changes nothing
+/// (`consume`): it must neither refund it again nor reopen the payment. Only inserts: a
+/// report kept already is the provider's own word. Sequence 0: any event of the charge is
+/// newer.
+pub(crate) async fn record_known_charges(
+    tx: &impl ConnectionTrait,
+    source: &str,
+    payment_id: Uuid,
+    known: &[Charge],
+) -> Result<(), DbErr> {
+    let at = now();
+    for charge in known {
+        charges::Entity::insert(charges::ActiveModel {
+            source: Set(source.to_owned()),
+            charge_id: Set(charge.id.clone()),
+            reference: Set(charge.reference.clone()),
+            payment_id: Set(Some(payment_id)),
+            status: Set(ReportedStatus::Succeeded),
+            amount: Set(charge.amount),
+            currency: Set(charge.currency.clone()),
+            decline_code: Set(None),
+            last_sequence: Set(0),
+            last_event_id: Set(KNOWN_AT_RESOLUTION.to_owned()),
+            first_seen_at: Set(at),
+            updated_at: Set(at),
+        })
+        .on_conflict_do_nothing()
+        .exec_without_returning(tx)
+        .await?;
+    }
+    Ok(())
+}
+
+/// The `last_event_id` of a report `record_known_charges` wrote: no event's, on-call's
+/// resolution's.
+pub const KNOWN_AT_RESOLUTION: &str = "resolution";
+
 /// Records what the event says about its charge if it is the newest word on it; false
 /// when an event of the same or a higher sequence was applied before (stale).
 async fn advance_charge(
@@ -509,7 +554,9 @@ pub async fn purge_processed_messages(
 /// goes when its last event was applied before `older_than` and:
 ///
 /// - its payment is settled (`COMPLETADA`, `FALLIDA`), last moved before `older_than`,
-///   and none of its refunds is unsettled: while a payment is in flight or under review
+///   none of its refunds is unsettled, and it is not a succeeded charge of a `FALLIDA`
+///   payment (kept while the payment is: what makes a later report of that charge
+///   change nothing, `consume`): while a payment is in flight or under review
 ///   its reports are what on-call's resolution weighs (`admin::with_reported_charges`, a
 ///   plain `FALLIDA` refused while one says a charge succeeded), and a refund that is not
 ///   settled may still fail and send its payment there;
@@ -535,11 +582,21 @@ pub async fn purge_charge_reports(
         (charges::Entity, charges::Column::PaymentId),
         false,
     );
+    // A succeeded charge of a FALLIDA payment is money pagos gave back or on-call kept
+    // knowingly: its report is what tells a later report of it apart from a new orphan
+    // charge (`consume`), so it is kept as long as its payment is.
+    let known_charge = Condition::all()
+        .add(charges::Column::Status.eq(ReportedStatus::Succeeded))
+        .add(Expr::exists(super::failed_payment((
+            charges::Entity,
+            charges::Column::PaymentId,
+        ))));
     let not_needed = Condition::any()
         .add(
             Condition::all()
                 .add(Expr::exists(settled_payment))
-                .add(Expr::exists(unsettled_refund).not()),
+                .add(Expr::exists(unsettled_refund).not())
+                .add(known_charge.not()),
         )
         .add(
             Condition::all()

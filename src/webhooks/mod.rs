@@ -41,10 +41,26 @@ fn settled_payment(
         payment::Column::Id,
         outer,
         payment::Column::State,
-        [
+        &[
             PaymentState::Completada.as_str(),
             PaymentState::Fallida.as_str(),
         ],
+        true,
+    )
+}
+
+/// The payment whose id is `outer` if it is `FALLIDA`, for `EXISTS`.
+fn failed_payment(
+    outer: impl sea_orm::sea_query::IntoColumnRef,
+) -> sea_orm::sea_query::SelectStatement {
+    use crate::entities::payment;
+    use crate::saga::state::PaymentState;
+    tied_row(
+        payment::Entity,
+        payment::Column::Id,
+        outer,
+        payment::Column::State,
+        &[PaymentState::Fallida.as_str()],
         true,
     )
 }
@@ -63,7 +79,7 @@ fn refunds_tied(
         key,
         outer,
         refund::Column::State,
-        [
+        &[
             RefundState::Completado.as_str(),
             RefundState::Fallido.as_str(),
         ],
@@ -79,7 +95,7 @@ fn tied_row<E: sea_orm::EntityTrait + Copy>(
     key: E::Column,
     outer: impl sea_orm::sea_query::IntoColumnRef,
     state: E::Column,
-    states: [&'static str; 2],
+    states: &[&'static str],
     within: bool,
 ) -> sea_orm::sea_query::SelectStatement {
     use sea_orm::ColumnTrait;
@@ -89,9 +105,9 @@ fn tied_row<E: sea_orm::EntityTrait + Copy>(
         .from(entity)
         .and_where(Expr::col((entity, key)).equals(outer))
         .and_where(if within {
-            state.is_in(states)
+            state.is_in(states.iter().copied())
         } else {
-            state.is_not_in(states)
+            state.is_not_in(states.iter().copied())
         })
         .to_owned()
 }

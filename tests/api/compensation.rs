@@ -25,6 +25,7 @@ on_both_databases!(
     a_charge_in_another_currency_is_never_refunded_in_the_payments_and_goes_to_on_call,
     a_charge_on_call_kept_by_overruling_is_neither_refunded_nor_reviewed_again_by_a_later_report,
     a_charge_returned_outside_pagos_after_a_failed_compensation_is_not_refunded_again_by_a_later_report,
+    a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_is_not_refunded_by_a_later_report,
 );
 
 pub const SECRET: &str = "whsec_test";
@@ -753,20 +754,79 @@ async fn overruled_then_reported_again(
     )
     .await;
     assert_eq!(done["pago"]["estado"], "FALLIDA", "{done}");
-    let told_before = revision_events(app, payment).await.len();
-
-    assert_eq!(
-        deliver(app, "evt_later", 100, succeeded(payment)).await,
-        "sin_cambios"
-    );
+    reported_again_long_after(app, payment, succeeded(payment), || {
+        fake.made().len() == made_before
+    })
+    .await;
     assert_eq!(app.payment(payment).await.state, "FALLIDA");
-    assert_eq!(fake.made().len(), made_before, "nothing refunded");
+    assert_eq!(app.pay("pay-1", &payment_body()).await.status(), 402);
+}
+
+/// The provider reports `charge`, a succeeded charge of `payment` (which on-call resolved
+/// `FALLIDA` knowing of it), again, past the reports' retention (the reaper's purge runs
+/// first): it changes nothing, neither refunding it (`nothing_refunded` holds) nor
+/// sending the payment to review again.
+async fn reported_again_long_after(
+    app: &TestApp,
+    payment: &str,
+    charge: Value,
+    nothing_refunded: impl Fn() -> bool,
+) {
+    let told_before = revision_events(app, payment).await.len();
+    let a_week_later = pagos::db::now() + chrono::TimeDelta::days(8);
+    pagos::webhooks::purge_charge_reports(&app.db, a_week_later, 1000)
+        .await
+        .expect("purge");
+    assert_eq!(deliver(app, "evt_later", 100, charge).await, "sin_cambios");
+    assert_eq!(app.payment(payment).await.state, "FALLIDA");
+    assert!(nothing_refunded(), "nothing refunded");
     assert_eq!(
         revision_events(app, payment).await.len(),
         told_before,
         "no pago.revision_manual again"
     );
-    assert_eq!(app.pay("pay-1", &payment_body()).await.status(), 402);
+}
+
+/// Case 9 of the runbook for a payment no webhook had reported: given up on while the
+/// provider could not be asked, its charge then seen succeeded only in the provider's
+/// search, the money returned by bank transfer, and on-call saying so overruling the
+/// provider. The provider's later report of the charge must not refund it a second time.
+async fn a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_is_not_refunded_by_a_later_report(
+    backend: Backend,
+) {
+    let app = crate::helpers::started(
+        backend,
+        &[
+            "--webhook-secret",
+            SECRET,
+            "--give-up-after",
+            "1s",
+            "--stale-after",
+            "1s",
+        ],
+    )
+    .await;
+    let refunds = FakeRefunds::default();
+    refunds.mount_refunds(app.gateway()).await;
+    let (payment, fake) = crate::operators::payment_under_review(&app, "k-returned").await;
+    fake.settle(&payment, "succeeded");
+    let charge = fake.charge_ids(&payment).remove(0);
+    let body = json!({"estado": "FALLIDA", "motivo": "INC-12",
+                      "contraProveedor": "returned by bank transfer TR-991"});
+    let done = app
+        .resolved_as(crate::helpers::ADMIN_TOKEN, &payment, &body)
+        .await;
+    assert_eq!(done["pago"]["estado"], "FALLIDA", "{done}");
+
+    let report = json!({"id": charge, "status": "succeeded", "amount": 250000,
+                        "currency": "COP", "reference": payment, "declineCode": null});
+    reported_again_long_after(&app, &payment, report, || refunds.made().is_empty()).await;
+    let listed = json(
+        app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
+            .await,
+    )
+    .await;
+    assert_eq!(listed["reembolsos"], json!([]), "{listed}");
 }
 
 /// Case 5b of the runbook: a charge found after a 402, kept by agreement with the merchant

@@ -854,8 +854,9 @@ fn refund_report(
 /// retention, and never less than the event ids' `PAGOS_MESSAGE_RETENTION`) of payments
 /// and refunds settled that long, and of charges or refunds none of ours that moved no
 /// money. It keeps the reports of a payment under review or with a refund in flight, of a
-/// refund in flight, of a payment resolved recently, an orphan charge that succeeded,
-/// and every report younger than the retention.
+/// refund in flight, of a payment resolved recently, an orphan charge that succeeded, a
+/// succeeded charge of a payment answered FALLIDA, and every report younger than the
+/// retention.
 async fn the_reaper_purges_old_webhook_reports_of_settled_payments_and_refunds_and_keeps_those_still_needed(
     backend: Backend,
 ) {
@@ -903,6 +904,14 @@ async fn the_reaper_purges_old_webhook_reports_of_settled_payments_and_refunds_a
             "ch_declined",
             Some(declined.id),
             ReportedStatus::Declined,
+            month_ago,
+        ),
+        // Money on-call or pagos gave back, or on-call kept, for a payment answered
+        // FALLIDA: what makes a later report of it change nothing.
+        (
+            "ch_failed_but_known",
+            Some(declined.id),
+            ReportedStatus::Succeeded,
             month_ago,
         ),
         (
@@ -1011,6 +1020,7 @@ async fn the_reaper_purges_old_webhook_reports_of_settled_payments_and_refunds_a
     assert_eq!(
         charges_left,
         [
+            "ch_failed_but_known",
             "ch_fresh",
             "ch_orphan_paid",
             "ch_refunding",
