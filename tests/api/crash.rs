@@ -25,8 +25,8 @@ on_both_databases!(
 
 /// Until nobody holds the one payment any more: the request's lease (`World::crash_args`:
 /// 1 s from its registration) or, once it was marked sent, its send's hold (the longest
-/// send, 300 ms, + 5 s from the mark), which a crash leaves in place: nobody can tell that
-/// the dead process's send is over.
+/// send + 5 s from the mark: 5.3 s, or 10 s for `World::killed_in_flight`'s server), which
+/// a crash leaves in place: nobody can tell that the dead process's send is over.
 async fn until_unheld(world: &World) {
     crate::process::until_unheld(world.only_payment().await.claimed_until).await;
 }

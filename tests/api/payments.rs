@@ -44,7 +44,12 @@ async fn same_request_twice_charges_once_and_replays_the_answer_byte_for_byte(ba
 }
 
 async fn twenty_simultaneous_requests_with_one_key_make_one_charge(backend: Backend) {
-    let app = Spawn::new(backend).start().await;
+    // Waiting for the gateway long enough that its slow answer is never a timeout (and a
+    // retry) on a loaded machine.
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-timeout", "5s"])
+        .start()
+        .await;
     // A slow gateway, so the duplicates really overlap the first request.
     app.answer_charges(SlowCharge(Duration::from_millis(300)))
         .await;

@@ -37,12 +37,17 @@ impl<F> World<F> {
     /// The flags of the crash tests' processes: a lease short enough to wait out in a
     /// test, no gateway retries, the reconciler only when a test runs it.
     pub fn crash_args(&self) -> Vec<String> {
+        self.crash_args_waiting("300ms", "1s")
+    }
+
+    /// `crash_args` with the gateway timeout `timeout` and the lease `lease`.
+    fn crash_args_waiting(&self, timeout: &str, lease: &str) -> Vec<String> {
         let url = self.gateway.uri();
         serving_with_lease(
             &self.database.url,
             &url,
-            "300ms",
-            "1s",
+            timeout,
+            lease,
             &["--stale-after", "200ms", "--reconcile-every", "1h"],
         )
         .into_iter()
@@ -57,9 +62,11 @@ impl<F> World<F> {
         Serve::start(&args, env).await
     }
 
-    /// `pagos serve` (`serve`) is asked by `ask` (given its URL, in a task of its own) for
-    /// what the gateway makes at once and answers late; once `made` holds (polled every
-    /// 20 ms, up to 2 s: it must), the server is SIGKILLed, and the client gets no answer.
+    /// `pagos serve` (as `serve`, but waiting 5 s for the gateway: its answer is still
+    /// awaited at the kill, however loaded the machine) is asked by `ask` (given its URL, in
+    /// a task of its own) for what the gateway makes at once and answers late; once `made`
+    /// holds (polled every 20 ms, up to 15 s: it must), the server is SIGKILLed, and the
+    /// client gets no answer.
     pub async fn killed_in_flight<Fut>(
         &self,
         ask: impl FnOnce(String) -> Fut,
@@ -68,9 +75,11 @@ impl<F> World<F> {
     ) where
         Fut: Future<Output = Result<reqwest::Response, reqwest::Error>> + Send + 'static,
     {
-        let mut server = self.serve(&[]).await;
+        let args = self.crash_args_waiting("5s", "6s");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut server = Serve::start(&args, &[]).await;
         let in_flight = tokio::spawn(ask(server.url.clone()));
-        for _ in 0..100 {
+        for _ in 0..750 {
             if made() {
                 break;
             }

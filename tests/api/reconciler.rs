@@ -593,10 +593,14 @@ async fn one_pass_settles_every_due_payment_however_many_claims_it_takes(backend
     assert_eq!(lookups, 10, "each payment looked up once");
 }
 
+/// Two look-ups at once, each waited for long enough that a loaded machine's slow answer
+/// is never a timeout.
+const LOOK_UPS_OF_TWO: &[&str] = &["--reconcile-concurrency", "2", "--gateway-timeout", "5s"];
+
 /// `PAGOS_RECONCILE_CONCURRENCY` bounds the look-ups a pass has in flight at the provider
 /// (contract section 1), however many payments the pass has claimed and is writing.
 async fn a_pass_never_has_more_look_ups_in_flight_than_its_concurrency(backend: Backend) {
-    let app = crate::helpers::started(backend, &["--reconcile-concurrency", "2"]).await;
+    let app = crate::helpers::started(backend, LOOK_UPS_OF_TWO).await;
     let fake = app
         .with_fake(FakeGateway::charging("pending").with_lookup_delay(Duration::from_millis(200)))
         .await;
@@ -627,7 +631,7 @@ async fn a_claim_that_fails_ends_the_pass_only_after_the_payments_in_hand_are_se
 
     // Concurrency 2: claims of 2, up to 4 payments in the work and 2 more in hand, all
     // claimed before the first look-up (200 ms) is answered; then 2 more every 100 ms.
-    let app = crate::helpers::started(backend, &["--reconcile-concurrency", "2"]).await;
+    let app = crate::helpers::started(backend, LOOK_UPS_OF_TWO).await;
     let fake = app
         .with_fake(FakeGateway::charging("pending").with_lookup_delay(Duration::from_millis(200)))
         .await;

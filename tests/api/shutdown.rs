@@ -26,11 +26,13 @@ impl World {
     /// The same, with the reconciler's settings `reconciling`.
     async fn serve_reconciling(&self, grace: &str, reconciling: &[&str]) -> Serve {
         let url = self.gateway.uri();
+        // A gateway timeout with room beyond the fakes' 1.5 s holds, so that a loaded
+        // machine's slow answer is still an answer.
         let mut args = serving_with_lease(
             &self.database.url,
             &url,
-            "2s",
-            "3s",
+            "5s",
+            "6s",
             &["--shutdown-grace", grace],
         );
         args.extend_from_slice(reconciling);
