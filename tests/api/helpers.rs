@@ -1183,6 +1183,19 @@ pub type Mapping<'a> = (&'a str, u16, &'a str, Option<&'a str>);
 
 /// Pays once for each row of `table`, with the body `body` makes of its scenario, and
 /// asserts the answer the row names.
+/// Polls `done` every 20 ms until it holds, for up to 15 s (a loaded machine), else
+/// panics naming `what`.
+pub async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub async fn assert_mapping(app: &TestApp, table: &[Mapping<'_>], body: impl Fn(&str) -> Value) {
     for &(scenario, status, estado, decline) in table {
         let key = format!("k-map-{}", scenario.replace(' ', "-"));

@@ -302,12 +302,15 @@ async fn client_retries_ask_the_provider_at_most_once_per_backoff_step(backend: 
 }
 
 async fn reconcile_now_leaves_a_payment_a_request_is_sending_alone(backend: Backend) {
-    let app = crate::helpers::started(backend, &["--gateway-timeout", "5s"]).await;
+    let app = crate::helpers::started(backend, &["--gateway-timeout", "10s"]).await;
     let fake = app
-        .with_fake(FakeGateway::charging("succeeded").with_delay(Duration::from_millis(1500)))
+        .with_fake(FakeGateway::charging("succeeded").with_delay(Duration::from_secs(4)))
         .await;
     let slow = app.pay_in_background("k-busy");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    crate::helpers::until("the charge reached the gateway", || {
+        fake.total_charges() == 1
+    })
+    .await;
     let id = payment::Entity::find()
         .one(&app.db)
         .await

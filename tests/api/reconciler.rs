@@ -325,7 +325,7 @@ async fn a_slow_requests_send_holds_its_payment_past_a_lease_shorter_than_the_ca
     let app = Spawn::new(backend)
         .flags(&[
             "--gateway-timeout",
-            "5s",
+            "10s",
             "--gateway-retries",
             "0",
             "--lease",
@@ -335,11 +335,16 @@ async fn a_slow_requests_send_holds_its_payment_past_a_lease_shorter_than_the_ca
         .start()
         .await;
     let fake = app
-        .with_fake(FakeGateway::charging("declined").with_delay(Duration::from_millis(1500)))
+        .with_fake(FakeGateway::charging("declined").with_delay(Duration::from_secs(4)))
         .await;
 
     let slow = app.pay_in_background("k-slow");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Marked sent (the charge reached the gateway), and the lease run out since.
+    crate::helpers::until("the charge reached the gateway", || {
+        fake.total_charges() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
     let id = {
         use pagos::entities::payment;
         use sea_orm::EntityTrait;
