@@ -95,18 +95,22 @@ pub async fn pin_gateway(db: &DatabaseConnection, settings: &Settings) -> anyhow
 
 /// The same refusal before `serve` migrates: a process started with the wrong gateway
 /// must not upgrade the schema the database's processes run on. A schema too old to say
-/// (or a database never used) is checked again by `pin_gateway` once migrated.
+/// (or a database never used) is checked again by `pin_gateway` once migrated; a pin
+/// that cannot be read (a database that refuses the read) stops the start, migrating
+/// nothing.
 async fn refuse_another_gateway_before_migrating(
     db: &DatabaseConnection,
     settings: &Settings,
 ) -> anyhow::Result<()> {
     use crate::entities::instance_fact as facts;
-    let pinned = facts::Entity::find_by_id("gateway".to_owned())
-        .one(db)
-        .await
-        .ok()
-        .flatten()
-        .map(|fact| fact.value);
+    let pinned = if crate::db::table_exists(db, "instance_facts").await? {
+        facts::Entity::find_by_id("gateway".to_owned())
+            .one(db)
+            .await?
+            .map(|fact| fact.value)
+    } else {
+        None
+    };
     refuse_another_gateway(pinned, &gateway_name(settings))
 }
 

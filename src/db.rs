@@ -135,23 +135,36 @@ enum Migrations {
     },
 }
 
+/// Whether the database holds table `name` (read, never created).
+pub async fn table_exists(db: &DatabaseConnection, name: &str) -> Result<bool, DbErr> {
+    use sea_orm::{ConnectionTrait, Statement};
+    let backend = db.get_database_backend();
+    let exists = match backend {
+        DbBackend::Postgres => "SELECT to_regclass($1) IS NOT NULL AS found",
+        _ => {
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?) AS found"
+        }
+    };
+    Ok(
+        match db
+            .query_one_raw(Statement::from_sql_and_values(
+                backend,
+                exists,
+                [name.into()],
+            ))
+            .await?
+        {
+            Some(row) => row.try_get::<bool>("", "found")?,
+            None => false,
+        },
+    )
+}
+
 /// Reads `seaql_migrations` without creating it (a missing table: nothing applied).
 async fn migrations_of(db: &DatabaseConnection) -> Result<Migrations, DbErr> {
     use sea_orm::{ConnectionTrait, Statement};
     let backend = db.get_database_backend();
-    let exists = match backend {
-        DbBackend::Postgres => "SELECT to_regclass('seaql_migrations') IS NOT NULL AS found",
-        _ => {
-            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'seaql_migrations') AS found"
-        }
-    };
-    let found = match db
-        .query_one_raw(Statement::from_string(backend, exists))
-        .await?
-    {
-        Some(row) => row.try_get::<bool>("", "found")?,
-        None => false,
-    };
+    let found = table_exists(db, "seaql_migrations").await?;
     let applied: std::collections::BTreeSet<String> = if found {
         db.query_all_raw(Statement::from_string(
             backend,

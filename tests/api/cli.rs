@@ -691,6 +691,27 @@ async fn a_database_used_with_one_gateway_refuses_another() {
         0,
         "nothing migrated by a refused process"
     );
+    // A pin that cannot be read (here bytes that are no text) stops the start as well,
+    // migrating nothing: it might name another gateway.
+    let set_pin = |value: &str| {
+        format!(r#"UPDATE "instance_facts" SET "value" = {value} WHERE "name" = 'gateway'"#)
+    };
+    conn.execute_unprepared(&set_pin("X'FF'"))
+        .await
+        .expect("an unreadable pin");
+    let serve = pagos(
+        &["serve", "--database-url", &db],
+        &[("PAGOS_BIND", "127.0.0.1:0")],
+    );
+    assert!(
+        !serve.status.success(),
+        "{}",
+        String::from_utf8_lossy(&serve.stderr)
+    );
+    assert_eq!(applied(&conn, last).await, 0, "nothing migrated");
+    conn.execute_unprepared(&set_pin("'http'"))
+        .await
+        .expect("the pin back");
     assert!(pagos_on(&db, &["migrate"]).status.success());
     assert_eq!(applied(&conn, last).await, 1);
 }
