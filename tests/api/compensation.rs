@@ -818,6 +818,23 @@ async fn a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_i
         .await;
     assert_eq!(done["pago"]["estado"], "FALLIDA", "{done}");
 
+    // On-call's page of the payment shows the charge as the resolution recorded it.
+    let session = crate::console::log_in(&app, crate::helpers::ADMIN_TOKEN).await;
+    let page = crate::console::get_page(
+        &app,
+        Some(&crate::console::session_cookie(&session)),
+        &format!("/consola/pagos/{payment}"),
+    )
+    .await
+    .text()
+    .await
+    .expect("page");
+    assert!(
+        page.contains(&format!("<code>{charge}</code>"))
+            && page.contains("recorded by on-call's resolution (seen in the provider's search)"),
+        "{page}"
+    );
+
     let report = json!({"id": charge, "status": "succeeded", "amount": 250000,
                         "currency": "COP", "reference": payment, "declineCode": null});
     reported_again_long_after(&app, &payment, report, || refunds.made().is_empty()).await;

@@ -45,7 +45,7 @@ fn value_of(set_cookie: &str) -> String {
 }
 
 /// `GET path` without following redirects, with `cookie` (a `Cookie` header) if given.
-async fn get_page(app: &TestApp, cookie: Option<&str>, path: &str) -> reqwest::Response {
+pub(crate) async fn get_page(app: &TestApp, cookie: Option<&str>, path: &str) -> reqwest::Response {
     let request = client().get(app.url(path));
     send(match cookie {
         Some(cookie) => request.header("cookie", cookie),
@@ -70,7 +70,7 @@ async fn post_page(
 }
 
 /// The `Cookie` header of the console session `session`.
-fn session_cookie(session: &str) -> String {
+pub(crate) fn session_cookie(session: &str) -> String {
     format!("pagos_consola={session}")
 }
 

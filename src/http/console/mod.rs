@@ -1098,7 +1098,12 @@ async fn detail_page(
                     @for r in &reports {
                         li {
                             code { (r.charge_id) } " (" (r.source) "): " strong { (r.status.as_str()) }
-                            ", " (money(r.amount, &r.currency)) ", event " code { (r.last_event_id) }
+                            ", " (money(r.amount, &r.currency))
+                            @if r.last_event_id == crate::webhooks::consumer::KNOWN_AT_RESOLUTION {
+                                ", recorded by on-call's resolution (seen in the provider's search)"
+                            } @else {
+                                ", event " code { (r.last_event_id) }
+                            }
                             " at " (time(r.updated_at))
                         }
                     }
