@@ -297,25 +297,26 @@ fn refund_request(
         )
 }
 
-/// Waits (up to 5 s) until the sandbox gateway at `base` answers.
+/// Waits (up to 30 s) until the sandbox gateway at `base` answers.
 async fn wait_for_sandbox(base: &str) {
     let http = reqwest::Client::new();
-    for _ in 0..100 {
+    for _ in 0..600 {
         if http
             .get(format!("{base}/sandbox/stats"))
             .send()
             .await
             .is_ok()
         {
-            break;
+            return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    panic!("the sandbox gateway at {base} never answered");
 }
 
 #[tokio::test]
 async fn the_standalone_sandbox_gateway_follows_the_reference_protocol() {
-    let (_sandbox, base) = sandbox_gateway("300ms").await;
+    let (_sandbox, base) = sandbox_gateway("1s").await;
     let http = reqwest::Client::new();
     let charge = |key: &'static str, amount: i64| {
         let http = http.clone();
@@ -331,7 +332,8 @@ async fn the_standalone_sandbox_gateway_follows_the_reference_protocol() {
     };
     // A duplicate while the first is in flight: 409.
     let (first, second) = tokio::join!(charge("gk-1", 100), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Well after the first arrived, well before its 1 s is over.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         charge("gk-1", 100).await
     });
     assert_eq!(first.status(), 201);
@@ -377,7 +379,7 @@ async fn sandbox_charge(
 
 #[tokio::test]
 async fn the_standalone_sandbox_refunds_by_the_reference_protocol() {
-    let (_sandbox, base) = sandbox_gateway("300ms").await;
+    let (_sandbox, base) = sandbox_gateway("1s").await;
     let http = reqwest::Client::new();
     let charge = sandbox_charge(&http, &base, "pay-1", 100_000).await;
     let refund = |key: &'static str, charge: String, amount: i64, reference: &'static str| {
@@ -397,7 +399,8 @@ async fn the_standalone_sandbox_refunds_by_the_reference_protocol() {
     };
     // A duplicate while the first is in flight: 409.
     let (first, second) = tokio::join!(refund("rk-1", charge.clone(), 60_000, "ref-r1"), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Well after the first arrived, well before its 1 s is over.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         refund("rk-1", charge.clone(), 60_000, "ref-r1").await
     });
     assert_eq!(first.status(), 201);
@@ -729,7 +732,8 @@ async fn the_sandbox_finishes_a_charge_whose_caller_hung_up() {
         .send()
         .await;
     assert!(impatient.is_err(), "the caller hung up");
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Long after its 500 ms were over, however loaded the machine.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let again = http
         .post(format!("{base}/v1/charges"))
         .header("Idempotency-Key", "gk-hangup")

@@ -159,8 +159,7 @@ async fn a_payment_can_be_read_back_by_its_location(backend: Backend) {
 
 async fn a_client_that_hangs_up_does_not_stop_the_payment(backend: Backend) {
     let app = crate::helpers::started(backend, &["--gateway-timeout", "5s"]).await;
-    app.answer_charges(SlowCharge(Duration::from_millis(400)))
-        .await;
+    app.answer_charges(SlowCharge(Duration::from_secs(2))).await;
 
     // The client hangs up once the gateway holds its charge request (so the saga is
     // certainly mid-call, however slow the machine).
@@ -184,7 +183,7 @@ async fn a_client_that_hangs_up_does_not_stop_the_payment(backend: Backend) {
 
     // The retry finds the request in flight (409) until the saga, still running, ends.
     let mut answer = app.pay("k-hangup", &payment_body()).await;
-    for _ in 0..50 {
+    for _ in 0..150 {
         if answer.status() != 409 {
             break;
         }

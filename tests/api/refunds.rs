@@ -938,14 +938,18 @@ async fn twenty_partial_refunds_at_once(app: &TestApp, fake: &FakeRefunds) {
 }
 
 async fn a_second_request_with_the_key_while_the_first_is_in_flight_is_409(backend: Backend) {
-    let (app, fake) = app_with(backend, &["--gateway-timeout", "3s"]).await;
+    let (app, fake) = app_with(backend, &["--gateway-timeout", "10s"]).await;
     let payment = paid(&app, "pay-1").await;
-    fake.delay(Duration::from_millis(800));
+    fake.delay(Duration::from_secs(3));
 
     let body = json!({"monto": 1000});
     let first = refund(&app, &payment, "ref-1", &body);
+    // Once the first is at the gateway (its key taken), well before its answer.
     let second = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        crate::helpers::until("the first refund at the gateway", || {
+            !fake.made().is_empty()
+        })
+        .await;
         refund(&app, &payment, "ref-1", &body).await
     };
     let (first, second) = tokio::join!(first, second);

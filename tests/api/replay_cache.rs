@@ -178,13 +178,11 @@ async fn with_no_replay_cache_every_replay_reads_the_database(backend: Backend) 
 async fn without_the_cache_a_taken_key_gets_every_answer_from_its_stored_row(backend: Backend) {
     let app = crate::helpers::started(
         backend,
-        &["--replay-cache-mib", "0", "--gateway-timeout", "5s"],
+        &["--replay-cache-mib", "0", "--gateway-timeout", "10s"],
     )
     .await;
     let fake = app
-        .with_fake(
-            FakeGateway::charging("succeeded").with_delay(std::time::Duration::from_millis(800)),
-        )
+        .with_fake(FakeGateway::charging("succeeded").with_delay(std::time::Duration::from_secs(3)))
         .await;
     // The retry comes while the gateway holds the first request's charge.
     let first = app.pay_in_background("k-taken");

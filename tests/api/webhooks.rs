@@ -292,13 +292,13 @@ async fn a_webhook_that_settles_a_payment_while_its_request_waits_on_the_gateway
 ) {
     // The gateway answers within the timeout: one call, and the request writes its own
     // settlement, which the webhook's has fenced.
-    let app = spawn_with(backend, &["--gateway-timeout", "5s"]).await;
-    app.answer_charges(SlowCharge(std::time::Duration::from_millis(1500)))
+    let app = spawn_with(backend, &["--gateway-timeout", "10s"]).await;
+    app.answer_charges(SlowCharge(std::time::Duration::from_secs(4)))
         .await;
     let request = app.pay_in_background("k-wh-race");
     // The request has marked its payment sent and is at the gateway.
     let mut sent = None;
-    for _ in 0..100 {
+    for _ in 0..750 {
         sent = pagos::entities::payment::Entity::find()
             .filter(pagos::entities::payment::Column::IdempotencyKey.eq("k-wh-race"))
             .one(&app.db)
