@@ -26,6 +26,7 @@ on_both_databases!(
     a_charge_on_call_kept_by_overruling_is_neither_refunded_nor_reviewed_again_by_a_later_report,
     a_charge_returned_outside_pagos_after_a_failed_compensation_is_not_refunded_again_by_a_later_report,
     a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_is_not_refunded_by_a_later_report,
+    a_refund_counted_as_giving_back_a_failed_payments_charge_resolved_fallido_sends_the_payment_to_review,
 );
 
 pub const SECRET: &str = "whsec_test";
@@ -361,6 +362,62 @@ async fn a_partly_refunded_payment_resolved_fallida_with_reembolsar_refunds_what
         .await
         .expect("sent");
     assert_eq!(json(merchant_view).await["montoReembolsado"], 250000);
+}
+
+/// A refund counted as giving its charge back when on-call answered the payment FALLIDA
+/// (here the merchant's refund, COMPLETADO), reported failed by the provider since and
+/// resolved FALLIDO by on-call, gives nothing back: the payment, FALLIDA, goes back to
+/// on-call in the same write, told that the customer may still be charged.
+async fn a_refund_counted_as_giving_back_a_failed_payments_charge_resolved_fallido_sends_the_payment_to_review(
+    backend: Backend,
+) {
+    let (app, fake, payment, merchants) =
+        partly_refunded_then_under_review(backend, "succeeded").await;
+    let detail = admin(
+        &app,
+        &format!("/admin/pagos/{payment}/resolucion"),
+        Some(json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 80"})),
+    )
+    .await;
+    assert_eq!(detail["pago"]["estado"], "FALLIDA", "{detail}");
+    let made = fake.made();
+    assert_eq!(made.len(), 2, "the merchant's refund, then what was left");
+
+    let mut failed = made[0].clone();
+    failed["status"] = Value::from("failed");
+    failed["failureCode"] = Value::from("expired_or_canceled_card");
+    let said = deliver_event(&app, "evt_re_back", "refund.updated", 5, failed).await;
+    let id = merchants["id"].as_str().expect("id");
+    let refund = json(app.get_as(API_KEY, &format!("/v1/reembolsos/{id}")).await).await;
+    assert_eq!(refund["estado"], "REVISION_MANUAL", "{said}: {refund}");
+    assert_eq!(app.payment(&payment).await.state, "FALLIDA");
+    let told_before = revision_events(&app, &payment).await.len();
+
+    admin(
+        &app,
+        &format!("/admin/reembolsos/{id}/resolucion"),
+        Some(
+            json!({"estado": "FALLIDO", "motivo": "ticket 80: the card was closed",
+                    "contraProveedor": "its event said failed; its search still says succeeded"}),
+        ),
+    )
+    .await;
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+    assert_eq!(
+        revision_events(&app, &payment).await.len(),
+        told_before + 1,
+        "the merchant is told pago.revision_manual"
+    );
+    let detail = admin(&app, &format!("/admin/pagos/{payment}"), None).await;
+    assert!(
+        listed(&detail, "transiciones", "motivo")
+            .iter()
+            .any(|m| m.contains(id)
+                && m.contains(PAID_CHARGE_ID)
+                && m.contains("may still be charged")),
+        "{detail}"
+    );
+    assert_eq!(fake.made().len(), 2, "nothing refunded by itself");
 }
 
 async fn a_resolution_with_reembolsar_is_refused_and_writes_nothing_while_a_refund_of_the_charge_is_unsettled(

@@ -520,21 +520,34 @@ impl SagaRow for refund::Model {
             // (202), never 409 "still in flight" for what is left of the first lease.
             moved.next.lease_until = None;
         }
-        let to_review = (self.key_scope == KeyScope::Orphan
+        // A compensation refund that fails; or any refund on-call resolves FALLIDO out of
+        // review, which may have been COMPLETADO before (reported failed since): counted
+        // as giving its charge back when the payment was answered FALLIDA
+        // (`compensate_in`), it gives nothing back now. Either way its payment, if it is
+        // FALLIDA, goes to on-call: the customer may still be charged.
+        let compensation = self.key_scope == KeyScope::Orphan;
+        let to_review = ((compensation || moved.from == RefundState::RevisionManual)
             && moved.from != RefundState::Fallido
             && moved.to == RefundState::Fallido)
-            .then(|| PaymentToReview {
-                render: render.payment,
-                refunded: render.payment_refunded,
-                actor,
-                reason: format!(
-                    "the compensation of charge {} failed: refund {} of {} {} ended FALLIDO ({}), so the customer is still charged while the payment's answer says no money was taken; on-call decides",
-                    self.charge_ref,
-                    self.id,
-                    self.amount,
-                    self.currency,
-                    moved.next.failure_code.as_deref().unwrap_or("no code")
-                ),
+            .then(|| {
+                let code = moved.next.failure_code.as_deref().unwrap_or("no code");
+                let reason = if compensation {
+                    format!(
+                        "the compensation of charge {} failed: refund {} of {} {} ended FALLIDO ({code}), so the customer is still charged while the payment's answer says no money was taken; on-call decides",
+                        self.charge_ref, self.id, self.amount, self.currency,
+                    )
+                } else {
+                    format!(
+                        "refund {} of {} {} of charge {} ended FALLIDO ({code}) after the payment was answered FALLIDA: what it gave back, or was to, is not given back, so the customer may still be charged while the payment's answer says no money was taken; on-call decides",
+                        self.id, self.amount, self.currency, self.charge_ref,
+                    )
+                };
+                PaymentToReview {
+                    render: render.payment,
+                    refunded: render.payment_refunded,
+                    actor,
+                    reason,
+                }
             });
         Ok(moved.plan(to_review, render.refund.datos))
     }
@@ -660,7 +673,11 @@ fn log_moved(refund: &refund::Model, payment: Option<&PaymentMove>) {
         to_review: Some(_),
     }) = payment
     {
-        tracing::warn!(payment_id = %current.id, refund_id = %refund.id, charge = refund.charge_ref, "compensation refund failed: the customer is still charged; the payment goes to REVISION_MANUAL");
+        if refund.key_scope == KeyScope::Orphan {
+            tracing::warn!(payment_id = %current.id, refund_id = %refund.id, charge = refund.charge_ref, "compensation refund failed: the customer is still charged; the payment goes to REVISION_MANUAL");
+        } else {
+            tracing::warn!(payment_id = %current.id, refund_id = %refund.id, charge = refund.charge_ref, "a refund of a payment answered FALLIDA was resolved FALLIDO: the customer may still be charged; the payment goes to REVISION_MANUAL");
+        }
     }
 }
 
