@@ -574,9 +574,12 @@ pub async fn purge_charge_reports(
     use crate::entities::refund;
     use sea_orm::ExprTrait;
     use sea_orm::sea_query::{Expr, Order, Query};
-    let settled_payment = super::settled_payment((charges::Entity, charges::Column::PaymentId))
-        .and_where(payment::Column::UpdatedAt.lt(older_than))
-        .to_owned();
+    let settled_payment = super::payment_in(
+        (charges::Entity, charges::Column::PaymentId),
+        super::SETTLED,
+    )
+    .and_where(payment::Column::UpdatedAt.lt(older_than))
+    .to_owned();
     let unsettled_refund = super::refunds_tied(
         refund::Column::PaymentId,
         (charges::Entity, charges::Column::PaymentId),
@@ -587,10 +590,10 @@ pub async fn purge_charge_reports(
     // charge (`consume`), so it is kept as long as its payment is.
     let known_charge = Condition::all()
         .add(charges::Column::Status.eq(ReportedStatus::Succeeded))
-        .add(Expr::exists(super::failed_payment((
-            charges::Entity,
-            charges::Column::PaymentId,
-        ))));
+        .add(Expr::exists(super::payment_in(
+            (charges::Entity, charges::Column::PaymentId),
+            &[PaymentState::Fallida.as_str()],
+        )));
     let not_needed = Condition::any()
         .add(
             Condition::all()

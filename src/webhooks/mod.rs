@@ -30,37 +30,24 @@ pub const SOURCE_STRIPE: &str = "stripe";
 /// The `source` of notifications posted to `/v1/webhooks/mercadopago`.
 pub const SOURCE_MERCADOPAGO: &str = "mercadopago";
 
-/// The payment whose id is `outer` if it is settled (`COMPLETADA`, `FALLIDA`), for `EXISTS`.
-fn settled_payment(
-    outer: impl sea_orm::sea_query::IntoColumnRef,
-) -> sea_orm::sea_query::SelectStatement {
-    use crate::entities::payment;
-    use crate::saga::state::PaymentState;
-    tied_row(
-        payment::Entity,
-        payment::Column::Id,
-        outer,
-        payment::Column::State,
-        &[
-            PaymentState::Completada.as_str(),
-            PaymentState::Fallida.as_str(),
-        ],
-        true,
-    )
-}
+/// The payments settled: `COMPLETADA`, `FALLIDA` (`payment_in`).
+const SETTLED: &[&str] = &[
+    crate::saga::state::PaymentState::Completada.as_str(),
+    crate::saga::state::PaymentState::Fallida.as_str(),
+];
 
-/// The payment whose id is `outer` if it is `FALLIDA`, for `EXISTS`.
-fn failed_payment(
+/// The payment whose id is `outer` if it is in one of `states`, for `EXISTS`.
+fn payment_in(
     outer: impl sea_orm::sea_query::IntoColumnRef,
+    states: &[&'static str],
 ) -> sea_orm::sea_query::SelectStatement {
     use crate::entities::payment;
-    use crate::saga::state::PaymentState;
     tied_row(
         payment::Entity,
         payment::Column::Id,
         outer,
         payment::Column::State,
-        &[PaymentState::Fallida.as_str()],
+        states,
         true,
     )
 }

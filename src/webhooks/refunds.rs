@@ -373,7 +373,8 @@ pub async fn purge_refund_reports(
 ) -> Result<u64, DbErr> {
     use sea_orm::Condition;
     use sea_orm::sea_query::{Expr, Order, Query};
-    let settled_payment = super::settled_payment((refund::Entity, refund::Column::PaymentId));
+    let settled_payment =
+        super::payment_in((refund::Entity, refund::Column::PaymentId), super::SETTLED);
     let settled_refund = super::refunds_tied(
         refund::Column::Id,
         (reports::Entity, reports::Column::RefundId),

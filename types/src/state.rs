@@ -52,7 +52,7 @@ impl PaymentState {
     /// sent or looked up in (the reconciler's).
     pub const IN_FLIGHT: [PaymentState; 2] = [PaymentState::EnProceso, PaymentState::Enviada];
 
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             PaymentState::EnProceso => "EN_PROCESO",
             PaymentState::Enviada => "ENVIADA",
