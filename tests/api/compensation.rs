@@ -111,6 +111,23 @@ async fn charge_found_after_a_decline(
     (app, fake, payment)
 }
 
+/// A payment answered 402 whose charge a webhook then reported succeeded (refund mode,
+/// `charge_found_after_a_decline`), and whose compensation refund the provider refused
+/// on the next pass: the payment went to REVISION_MANUAL (nothing told before). The app,
+/// the refunds fake (refunding again) and the payment.
+async fn compensation_refused(backend: Backend) -> (TestApp, FakeRefunds, String) {
+    let (app, fake, payment) =
+        charge_found_after_a_decline(backend, "refund", "reembolsando").await;
+    assert!(revision_events(&app, &payment).await.is_empty());
+    fake.refunding("failed");
+    let report = admin(&app, "/admin/reconciliaciones", Some(json!({}))).await;
+    assert_eq!(report["reembolsos"]["fallidos"], 1, "{report}");
+    assert_eq!(fake.made().len(), 1);
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+    fake.refunding("succeeded");
+    (app, fake, payment)
+}
+
 async fn a_charge_found_after_a_fallida_answer_is_refunded_in_full_and_the_answer_stays(
     backend: Backend,
 ) {
@@ -508,15 +525,7 @@ pub(crate) async fn revision_events(app: &TestApp, id: &str) -> Vec<Value> {
 async fn a_compensation_refund_that_fails_sends_its_payment_to_review_with_its_event_and_why(
     backend: Backend,
 ) {
-    let (app, fake, payment) =
-        charge_found_after_a_decline(backend, "refund", "reembolsando").await;
-    assert!(revision_events(&app, &payment).await.is_empty());
-    fake.refunding("failed");
-
-    let report = admin(&app, "/admin/reconciliaciones", Some(json!({}))).await;
-    assert_eq!(report["reembolsos"]["fallidos"], 1, "{report}");
-    assert_eq!(fake.made().len(), 1);
-    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+    let (app, _fake, payment) = compensation_refused(backend).await;
 
     let detail = admin(&app, &format!("/admin/pagos/{payment}"), None).await;
     assert_eq!(detail["pago"]["estado"], "REVISION_MANUAL");
@@ -598,13 +607,7 @@ async fn a_compensation_refund_a_gateway_event_reports_failed_sends_its_payment_
 async fn after_a_failed_compensation_on_call_resolves_fallida_with_reembolsar_and_the_charge_is_refunded_again(
     backend: Backend,
 ) {
-    let (app, fake, payment) =
-        charge_found_after_a_decline(backend, "refund", "reembolsando").await;
-    fake.refunding("failed");
-    admin(&app, "/admin/reconciliaciones", Some(json!({}))).await;
-    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
-
-    fake.refunding("succeeded");
+    let (app, fake, payment) = compensation_refused(backend).await;
     let detail =
         resolve_fallida_refunding(&app, &payment, "ticket 81: the provider can refund now").await;
     assert_eq!(detail["pago"]["estado"], "FALLIDA", "{detail}");
@@ -641,9 +644,8 @@ async fn after_a_failed_compensation_on_call_resolves_fallida_with_reembolsar_an
     assert_eq!(fake.made().len(), 2);
 }
 
-/// On-call resolves `payment` FALLIDA with `reembolsar`, the provider showing its one
-/// charge, succeeded; the resolution's answer.
-async fn resolve_fallida_refunding(app: &TestApp, payment: &str, motivo: &str) -> Value {
+/// The provider's search shows `payment`'s one charge, succeeded.
+async fn provider_shows_its_charge(app: &TestApp, payment: &str) {
     Mock::given(wiremock::matchers::method("GET"))
         .and(wiremock::matchers::path("/v1/charges"))
         .respond_with(
@@ -651,6 +653,12 @@ async fn resolve_fallida_refunding(app: &TestApp, payment: &str, motivo: &str) -
         )
         .mount(app.gateway())
         .await;
+}
+
+/// On-call resolves `payment` FALLIDA with `reembolsar`, the provider showing its one
+/// charge, succeeded; the resolution's answer.
+async fn resolve_fallida_refunding(app: &TestApp, payment: &str, motivo: &str) -> Value {
+    provider_shows_its_charge(app, payment).await;
     admin(
         app,
         &format!("/admin/pagos/{payment}/resolucion"),
@@ -796,13 +804,7 @@ async fn overruled_then_reported_again(
     payment: &str,
     why: &str,
 ) {
-    Mock::given(wiremock::matchers::method("GET"))
-        .and(wiremock::matchers::path("/v1/charges"))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(json!({"data": [succeeded(payment)]})),
-        )
-        .mount(app.gateway())
-        .await;
+    provider_shows_its_charge(app, payment).await;
     let made_before = fake.made().len();
     let done = admin(
         app,
@@ -925,13 +927,7 @@ async fn a_charge_on_call_kept_by_overruling_is_neither_refunded_nor_reviewed_ag
 async fn a_charge_returned_outside_pagos_after_a_failed_compensation_is_not_refunded_again_by_a_later_report(
     backend: Backend,
 ) {
-    let (app, fake, payment) =
-        charge_found_after_a_decline(backend, "refund", "reembolsando").await;
-    fake.refunding("failed");
-    let report = admin(&app, "/admin/reconciliaciones", Some(json!({}))).await;
-    assert_eq!(report["reembolsos"]["fallidos"], 1, "{report}");
-    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
-    fake.refunding("succeeded");
+    let (app, fake, payment) = compensation_refused(backend).await;
     overruled_then_reported_again(
         &app,
         &fake,
