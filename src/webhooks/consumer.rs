@@ -200,10 +200,10 @@ async fn consume_in(
     // payment FALLIDA after one was made so knowing of the charge: pagos compensated it,
     // or on-call resolved FALLIDA refunding it or overruling the provider (a charge kept
     // by agreement, money returned outside pagos). A later update of the charge at the
-    // provider must neither refund it again nor reopen the payment. A charge on-call's
-    // resolution saw only in the provider's search is recorded so by the resolution
-    // (`record_known_charges`); the reaper keeps these reports while their payment is
-    // kept (`purge_charge_reports`).
+    // provider must neither refund it again nor reopen the payment. Every charge on-call's
+    // resolution weighed is recorded so by the resolution, and no event moves that report
+    // (`record_known_charges`: such an event is stale, above); the reaper keeps succeeded
+    // reports of a FALLIDA payment while the payment is kept (`purge_charge_reports`).
     if payment.state == PaymentState::Fallida
         && event.charge.status == ChargeStatus::Succeeded
         && before == Some(ReportedStatus::Succeeded)
@@ -366,21 +366,25 @@ pub(crate) async fn record_message(
     Ok(matches!(inserted, TryInsertResult::Inserted(n) if n > 0))
 }
 
-/// Records each of `known`, succeeded charges of payment `payment_id` that on-call's
-/// resolution `FALLIDA` weighed (the provider's search and its webhooks' reports), as a
-/// `source` report of a succeeded charge where none is kept, in the resolution's
-/// transaction. The payment was made `FALLIDA` knowing of them — refunded (`reembolsar`),
-/// or kept by agreement or returned outside pagos (overruling the provider) — as for a
-/// charge a webhook reported first, so the provider's later report of one changes nothing
-/// (`consume`): it must neither refund it again nor reopen the payment. Only inserts: a
-/// report kept already is the provider's own word. Sequence 0: any event of the charge is
-/// newer.
+/// Records every succeeded charge (`known`) of payment `payment_id` that on-call's
+/// resolution `FALLIDA` weighed (the provider's search and its webhooks' reports) as a
+/// `source` report of a succeeded charge, in the resolution's transaction, whatever was
+/// kept of it before. The payment was made `FALLIDA` knowing of them — refunded
+/// (`reembolsar`), or kept by agreement or returned outside pagos (overruling the
+/// provider) — so no later report of one changes anything (`consume`): it must neither
+/// refund it again nor reopen the payment. The report is final (`RESOLVED_SEQUENCE`): an
+/// event of the charge delivered late, or one the provider sends as the charge goes from
+/// pending to succeeded, is older than what pagos knows, and stale. A report kept already
+/// (pending, declined, or succeeded) is written over: kept as it was, a pending one was
+/// moved by the charge's next succeeded event, taken for a new orphan charge.
 pub(crate) async fn record_known_charges(
     tx: &impl ConnectionTrait,
     source: &str,
     payment_id: Uuid,
     known: &[Charge],
 ) -> Result<(), DbErr> {
+    use charges::Column;
+    use sea_orm::sea_query::OnConflict;
     let at = now();
     for charge in known {
         charges::Entity::insert(charges::ActiveModel {
@@ -392,12 +396,23 @@ pub(crate) async fn record_known_charges(
             amount: Set(charge.amount),
             currency: Set(charge.currency.clone()),
             decline_code: Set(None),
-            last_sequence: Set(0),
+            last_sequence: Set(RESOLVED_SEQUENCE),
             last_event_id: Set(KNOWN_AT_RESOLUTION.to_owned()),
             first_seen_at: Set(at),
             updated_at: Set(at),
         })
-        .on_conflict_do_nothing()
+        .on_conflict(
+            OnConflict::columns([Column::Source, Column::ChargeId])
+                .update_columns([
+                    Column::PaymentId,
+                    Column::Status,
+                    Column::DeclineCode,
+                    Column::LastSequence,
+                    Column::LastEventId,
+                    Column::UpdatedAt,
+                ])
+                .to_owned(),
+        )
         .exec_without_returning(tx)
         .await?;
     }
@@ -407,6 +422,10 @@ pub(crate) async fn record_known_charges(
 /// The `last_event_id` of a report `record_known_charges` wrote: no event's, on-call's
 /// resolution's.
 pub const KNOWN_AT_RESOLUTION: &str = "resolution";
+
+/// The `last_sequence` of a report `record_known_charges` wrote: above every event's, so
+/// no event of the charge moves it.
+pub const RESOLVED_SEQUENCE: i64 = i64::MAX;
 
 /// Records what the event says about its charge if it is the newest word on it; false
 /// when an event of the same or a higher sequence was applied before (stale).

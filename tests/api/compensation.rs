@@ -27,6 +27,9 @@ on_both_databases!(
     a_charge_returned_outside_pagos_after_a_failed_compensation_is_not_refunded_again_by_a_later_report,
     a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_is_not_refunded_by_a_later_report,
     a_refund_counted_as_giving_back_a_failed_payments_charge_resolved_fallido_sends_the_payment_to_review,
+    a_charge_reported_pending_when_on_call_overruled_is_not_refunded_by_its_later_events,
+    the_migration_makes_earlier_resolution_records_final,
+    after_a_counted_refund_failed_on_calls_reembolsar_refunds_what_it_had_counted,
 );
 
 pub const SECRET: &str = "whsec_test";
@@ -388,6 +391,53 @@ async fn a_partly_refunded_payment_resolved_fallida_with_reembolsar_refunds_what
 async fn a_refund_counted_as_giving_back_a_failed_payments_charge_resolved_fallido_sends_the_payment_to_review(
     backend: Backend,
 ) {
+    counted_refund_resolved_fallido(backend).await;
+}
+
+/// The payment of `a_refund_counted_as_giving_back_…` back under review: on-call's
+/// `FALLIDA` with `reembolsar` refunds what the failed refund had counted (before: the
+/// compensation that had completed was taken for the charge's whole compensation, nothing
+/// was refunded, the payment was FALLIDA again with the customer still charged 100000 COP,
+/// and no resolution could refund it any more).
+async fn after_a_counted_refund_failed_on_calls_reembolsar_refunds_what_it_had_counted(
+    backend: Backend,
+) {
+    let (app, fake, payment) = counted_refund_resolved_fallido(backend).await;
+    let detail = admin(
+        &app,
+        &format!("/admin/pagos/{payment}/resolucion"),
+        Some(json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "ticket 81"})),
+    )
+    .await;
+    assert_eq!(detail["pago"]["estado"], "FALLIDA", "{detail}");
+    let made = fake.made();
+    assert_eq!(
+        made.len(),
+        3,
+        "the merchant's refund, the rest, then what it had counted"
+    );
+    assert_eq!(made[2]["charge"], PAID_CHARGE_ID);
+    assert_eq!(made[2]["amount"], 100000);
+    let refunds = detail["reembolsos"].as_array().expect("refunds");
+    assert!(
+        refunds
+            .iter()
+            .any(|r| r["monto"] == 100000 && r["estado"] == "COMPLETADO"),
+        "{detail}"
+    );
+    assert!(
+        listed(&detail, "transiciones", "motivo")
+            .iter()
+            .any(|m| m.contains("ticket 81") && m.contains("100000 COP of 250000 COP")),
+        "{detail}"
+    );
+}
+
+/// `partly_refunded_then_under_review`, resolved `FALLIDA` with `reembolsar` (the merchant's
+/// refund counted, the rest refunded), then the merchant's refund reported failed and
+/// resolved `FALLIDO`: the payment is back under review. The app, the refunds fake and
+/// the payment.
+async fn counted_refund_resolved_fallido(backend: Backend) -> (TestApp, FakeRefunds, String) {
     let (app, fake, payment, merchants) =
         partly_refunded_then_under_review(backend, "succeeded").await;
     let detail = admin(
@@ -435,6 +485,7 @@ async fn a_refund_counted_as_giving_back_a_failed_payments_charge_resolved_falli
         "{detail}"
     );
     assert_eq!(fake.made().len(), 2, "nothing refunded by itself");
+    (app, fake, payment)
 }
 
 async fn a_resolution_with_reembolsar_is_refused_and_writes_nothing_while_a_refund_of_the_charge_is_unsettled(
@@ -635,10 +686,11 @@ async fn after_a_failed_compensation_on_call_resolves_fallida_with_reembolsar_an
     );
     assert_eq!(revision_events(&app, &payment).await.len(), 1);
 
-    // The charge reported once more changes nothing: its compensation gave it back.
+    // The charge reported once more changes nothing: its compensation gave it back, and
+    // the resolution's record of it is final (stale).
     assert_eq!(
         deliver(&app, "evt_3", 4, succeeded(&payment)).await,
-        "sin_cambios"
+        "obsoleto"
     );
     assert_eq!(app.payment(&payment).await.state, "FALLIDA");
     assert_eq!(fake.made().len(), 2);
@@ -836,7 +888,8 @@ async fn reported_again_long_after(
     pagos::webhooks::purge_charge_reports(&app.db, a_week_later, 1000)
         .await
         .expect("purge");
-    assert_eq!(deliver(app, "evt_later", 100, charge).await, "sin_cambios");
+    // Stale: the resolution's record of the charge is final.
+    assert_eq!(deliver(app, "evt_later", 100, charge).await, "obsoleto");
     assert_eq!(app.payment(payment).await.state, "FALLIDA");
     assert!(nothing_refunded(), "nothing refunded");
     assert_eq!(
@@ -846,13 +899,14 @@ async fn reported_again_long_after(
     );
 }
 
-/// Case 9 of the runbook for a payment no webhook had reported: given up on while the
-/// provider could not be asked, its charge then seen succeeded only in the provider's
-/// search, the money returned by bank transfer, and on-call saying so overruling the
-/// provider. The provider's later report of the charge must not refund it a second time.
-async fn a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_is_not_refunded_by_a_later_report(
+/// An app in refund mode (`--orphan-charges refund`) that gives a payment up after 1 s,
+/// its refunds fake, and payment `key` under review there (`payment_under_review`), its
+/// charge succeeded at the provider: the app, the refunds fake, the payment and the
+/// charge's report as a reference-protocol event carries it, with `status`.
+async fn given_up_and_charged(
     backend: Backend,
-) {
+    key: &str,
+) -> (TestApp, FakeRefunds, String, impl Fn(&str) -> Value) {
     let app = crate::helpers::started(
         backend,
         &[
@@ -867,17 +921,40 @@ async fn a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_i
     .await;
     let refunds = FakeRefunds::default();
     refunds.mount_refunds(app.gateway()).await;
-    let (payment, fake) = crate::operators::payment_under_review(&app, "k-returned").await;
+    let (payment, fake) = crate::operators::payment_under_review(&app, key).await;
     fake.settle(&payment, "succeeded");
     let charge = fake.charge_ids(&payment).remove(0);
+    let reference = payment.clone();
+    let report = move |status: &str| {
+        json!({"id": charge, "status": status, "amount": 250000, "currency": "COP",
+               "reference": reference, "declineCode": null})
+    };
+    (app, refunds, payment, report)
+}
+
+/// On-call resolves `payment` `FALLIDA` overruling the provider: the money went back by
+/// bank transfer (runbook case 9).
+async fn returned_by_bank_transfer(app: &TestApp, payment: &str) {
     let body = json!({"estado": "FALLIDA", "motivo": "INC-12",
                       "contraProveedor": "returned by bank transfer TR-991"});
     let done = app
-        .resolved_as(crate::helpers::ADMIN_TOKEN, &payment, &body)
+        .resolved_as(crate::helpers::ADMIN_TOKEN, payment, &body)
         .await;
     assert_eq!(done["pago"]["estado"], "FALLIDA", "{done}");
+}
+
+/// Case 9 of the runbook for a payment no webhook had reported: given up on while the
+/// provider could not be asked, its charge then seen succeeded only in the provider's
+/// search, the money returned by bank transfer, and on-call saying so overruling the
+/// provider. The provider's later report of the charge must not refund it a second time.
+async fn a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_is_not_refunded_by_a_later_report(
+    backend: Backend,
+) {
+    let (app, refunds, payment, report) = given_up_and_charged(backend, "k-returned").await;
+    returned_by_bank_transfer(&app, &payment).await;
 
     // On-call's page of the payment shows the charge as the resolution recorded it.
+    let charge = report("succeeded")["id"].as_str().expect("id").to_owned();
     let session = crate::console::log_in(&app, crate::helpers::ADMIN_TOKEN).await;
     let page = crate::console::get_page(
         &app,
@@ -890,19 +967,58 @@ async fn a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_i
     .expect("page");
     assert!(
         page.contains(&format!("<code>{charge}</code>"))
-            && page.contains("recorded by on-call's resolution (seen in the provider's search)"),
+            && page
+                .contains("recorded succeeded by on-call's FALLIDA resolution, which weighed it"),
         "{page}"
     );
 
-    let report = json!({"id": charge, "status": "succeeded", "amount": 250000,
-                        "currency": "COP", "reference": payment, "declineCode": null});
-    reported_again_long_after(&app, &payment, report, || refunds.made().is_empty()).await;
+    reported_again_long_after(&app, &payment, report("succeeded"), || {
+        refunds.made().is_empty()
+    })
+    .await;
     let listed = json(
         app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
             .await,
     )
     .await;
     assert_eq!(listed["reembolsos"], json!([]), "{listed}");
+}
+
+/// Case 9 again, for a charge the provider's webhooks had reported `pending` when on-call
+/// resolved (an asynchronous payment method), whose events then go on: a late `pending`
+/// one, then `succeeded`. The resolution's record is final: neither moves it, nothing is
+/// refunded, the payment is not reopened. Before: the resolution left the `pending`
+/// report as it was (or a late `pending` event overtook its record), and the `succeeded`
+/// event was taken for a new orphan charge and refunded in full — a second refund of
+/// money returned by bank transfer.
+async fn a_charge_reported_pending_when_on_call_overruled_is_not_refunded_by_its_later_events(
+    backend: Backend,
+) {
+    let (app, refunds, payment, report) = given_up_and_charged(backend, "k-async").await;
+    deliver(&app, "evt_pending_1", 1, report("pending")).await;
+    returned_by_bank_transfer(&app, &payment).await;
+    let told_before = revision_events(&app, &payment).await.len();
+
+    let late = deliver(&app, "evt_pending_2", 2, report("pending")).await;
+    let then = deliver(&app, "evt_succeeded", 3, report("succeeded")).await;
+    assert_eq!(
+        app.payment(&payment).await.state,
+        "FALLIDA",
+        "{late}, {then}"
+    );
+    let listed = json(
+        app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
+            .await,
+    )
+    .await;
+    assert_eq!(listed["reembolsos"], json!([]), "{late}, {then}: {listed}");
+    assert!(refunds.made().is_empty(), "nothing refunded");
+    assert_eq!(revision_events(&app, &payment).await.len(), told_before);
+    assert_eq!([late, then], ["obsoleto", "obsoleto"]);
+    reported_again_long_after(&app, &payment, report("succeeded"), || {
+        refunds.made().is_empty()
+    })
+    .await;
 }
 
 /// Case 5b of the runbook: a charge found after a 402, kept by agreement with the merchant
@@ -935,4 +1051,67 @@ async fn a_charge_returned_outside_pagos_after_a_failed_compensation_is_not_refu
         "returned by bank transfer TR-991; the provider still shows the charge succeeded",
     )
     .await;
+}
+
+/// Migration `m20261214_000028`: a charge report an older pagos' resolution recorded (at
+/// sequence 0, which any event overtook) becomes final as pagos writes it now; reports of
+/// events, and one a later event has overtaken already, stay as they are.
+async fn the_migration_makes_earlier_resolution_records_final(backend: Backend) {
+    use migration::{Migrator, MigratorTrait};
+    use pagos::entities::webhook_charge::{self as charges, ReportedStatus};
+    use sea_orm::{ActiveValue::Set, EntityTrait};
+    let database = crate::helpers::TestDatabase::create(&backend).await;
+    let db = sea_orm::Database::connect(database.url.as_str())
+        .await
+        .expect("open");
+    let before = Migrator::migrations()
+        .iter()
+        .position(|m| m.name() == "m20261214_000028_resolution_reports_final")
+        .expect("the migration");
+    Migrator::up(&db, Some(u32::try_from(before).expect("count")))
+        .await
+        .expect("the schema before it");
+    let at = pagos::db::now();
+    let seeded = [
+        ("ch_resolved", ReportedStatus::Succeeded, 0, "resolution"),
+        ("ch_evented", ReportedStatus::Succeeded, 7, "evt_7"),
+        ("ch_overtaken", ReportedStatus::Pending, 3, "evt_3"),
+    ];
+    for (id, status, sequence, event) in seeded {
+        charges::Entity::insert(charges::ActiveModel {
+            source: Set("http".to_owned()),
+            charge_id: Set(id.to_owned()),
+            reference: Set(uuid::Uuid::now_v7().to_string()),
+            payment_id: Set(None),
+            status: Set(status),
+            amount: Set(250000),
+            currency: Set("COP".to_owned()),
+            decline_code: Set(None),
+            last_sequence: Set(sequence),
+            last_event_id: Set(event.to_owned()),
+            first_seen_at: Set(at),
+            updated_at: Set(at),
+        })
+        .exec_without_returning(&db)
+        .await
+        .expect("seeded");
+    }
+    Migrator::up(&db, None).await.expect("migrated");
+    let sequence = |id: &'static str| {
+        let db = db.clone();
+        async move {
+            charges::Entity::find_by_id(("http".to_owned(), id.to_owned()))
+                .one(&db)
+                .await
+                .expect("read")
+                .expect("kept")
+                .last_sequence
+        }
+    };
+    assert_eq!(
+        sequence("ch_resolved").await,
+        pagos::webhooks::consumer::RESOLVED_SEQUENCE
+    );
+    assert_eq!(sequence("ch_evented").await, 7);
+    assert_eq!(sequence("ch_overtaken").await, 3);
 }

@@ -1100,7 +1100,7 @@ async fn detail_page(
                             code { (r.charge_id) } " (" (r.source) "): " strong { (r.status.as_str()) }
                             ", " (money(r.amount, &r.currency))
                             @if r.last_event_id == crate::webhooks::consumer::KNOWN_AT_RESOLUTION {
-                                ", recorded by on-call's resolution (seen in the provider's search)"
+                                ", recorded succeeded by on-call's FALLIDA resolution, which weighed it (no later event changes this)"
                             } @else {
                                 ", event " code { (r.last_event_id) }
                             }

@@ -325,7 +325,8 @@ pub enum AfterFailure {
     /// A new compensation refund of what is left of the charge, with a key of its own:
     /// on-call's resolution `FALLIDA` with `reembolsar`, asked knowing the last one
     /// failed. The failed refund is final and never sent again, so the new one cannot
-    /// meet it at the provider.
+    /// meet it at the provider. Also when the last one completed but no longer gives all
+    /// of the charge back (a refund counted beside it failed since).
     RefundAgain,
 }
 
@@ -334,9 +335,9 @@ pub enum AfterFailure {
 /// refunds of its own charge already) — registered in the caller's transaction, in pagos'
 /// own key space (the key is the charge's id, so the same charge found twice is refunded
 /// once), with an audit row on the payment saying why. The charge's compensation is the
-/// last of pagos' own refunds of it: when that one failed, `after_failure` says whether a
-/// new one is made (its key: the charge's id and its number, `ch_…#2`, so a resolution
-/// retried makes it once). The refund is due at once: the next reconciliation pass sends
+/// last of pagos' own refunds of it: when that one failed, or completed while a refund
+/// counted beside it failed since, `after_failure` says whether a new one is made (its
+/// key: the charge's id and its number, `ch_…#2`, so a resolution retried makes it once). The refund is due at once: the next reconciliation pass sends
 /// it (or on-call's "reconcile now"). The payment must be `FALLIDA`; its row must be
 /// locked by the caller or the database serialized (`lock` as `store::register_in`).
 pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
@@ -366,12 +367,17 @@ pub async fn compensate_in<C: sea_orm::ConnectionTrait>(
             Some(existing) => return Ok(Compensation::Taken(Box::new(existing))),
             None => (charge.id.clone(), None),
         },
+        // On-call asks for the charge to be refunded: whatever the last compensation came
+        // to, what is left of the charge now (below) is refunded. A compensation that
+        // completed may no longer give all of it back: a refund counted with it, reported
+        // failed since, gave nothing back (runbooks/refunds.md, case 10).
         Some(last)
-            if last.state == RefundState::Fallido && after_failure == AfterFailure::RefundAgain =>
+            if after_failure == AfterFailure::RefundAgain
+                && matches!(last.state, RefundState::Fallido | RefundState::Completado) =>
         {
             (
                 format!("{}#{}", charge.id, compensations.len() + 1),
-                Some(*last),
+                (last.state == RefundState::Fallido).then_some(*last),
             )
         }
         Some(last) => return Ok(Compensation::Taken(Box::new((*last).clone()))),
