@@ -1,14 +1,25 @@
-//! Reports of a charge on-call's `FALLIDA` resolution recorded, made final.
+//! Reports of a charge on-call's `FALLIDA` resolution weighed, made final.
 //!
-//! A `FALLIDA` resolution records every succeeded charge it weighed in `webhook_charges`
-//! (`last_event_id` `resolution`), so that the provider's later report of the charge
-//! neither refunds it again nor reopens the payment. They were written at sequence 0,
-//! which any event of the charge overtook: a late `pending` event moved the record, and
-//! the charge's next `succeeded` event was then taken for a new orphan charge. pagos now
-//! writes them above every event's sequence; this does the same to those written before
-//! and not overtaken since. Every statement can run again.
+//! A `FALLIDA` resolution records every succeeded charge it weighed in `webhook_charges`,
+//! so that the provider's later report of the charge neither refunds it again nor reopens
+//! the payment. pagos wrote those records at sequence 0 and only where no report was kept:
+//! a `pending` report kept already stayed `pending`, a late `pending` event overtook the
+//! record, and then the charge's `succeeded` event was taken for a new orphan charge and
+//! refunded in full — for a charge on-call had settled outside pagos (kept by agreement,
+//! money returned another way), a second refund. pagos now writes them above every
+//! event's sequence, marked `resolution-overruled` where the resolution overruled the
+//! provider. This does the same to what was written before:
+//!
+//! 1. every report of a charge that a resolution of its payment overruling the provider
+//!    named (its audit row: `[overruling the provider, which showed ch_… succeeded …]`),
+//!    whatever became of the report since: succeeded, final, `resolution-overruled`;
+//! 2. every other report the resolution recorded and no event moved since: final.
+//!
+//! A resolution with `reembolsar` left a compensation refund of the charge, which a later
+//! report finds, so its records need nothing more. Every statement can run again.
 
 use sea_orm_migration::prelude::*;
+use sea_orm_migration::sea_orm::DbBackend;
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -16,13 +27,28 @@ pub struct Migration;
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .get_connection()
-            .execute_unprepared(&format!(
-                r#"UPDATE "webhook_charges" SET "last_sequence" = {} WHERE "last_event_id" = 'resolution' AND "status" = 'succeeded'"#,
-                i64::MAX
-            ))
-            .await?;
+        let db = manager.get_connection();
+        let position = match manager.get_database_backend() {
+            DbBackend::Sqlite => "instr",
+            _ => "strpos",
+        };
+        let last = i64::MAX;
+        db.execute_unprepared(&format!(
+            r#"UPDATE "webhook_charges"
+SET "status" = 'succeeded', "decline_code" = NULL, "last_sequence" = {last},
+    "last_event_id" = 'resolution-overruled'
+WHERE "payment_id" IS NOT NULL AND EXISTS (
+  SELECT 1 FROM "payment_transitions" AS "t"
+  WHERE "t"."payment_id" = "webhook_charges"."payment_id"
+    AND "t"."actor" = 'admin' AND "t"."to_state" = 'FALLIDA'
+    AND "t"."reason" LIKE '%[overruling the provider, which showed %'
+    AND {position}("t"."reason", "webhook_charges"."charge_id") > 0)"#
+        ))
+        .await?;
+        db.execute_unprepared(&format!(
+            r#"UPDATE "webhook_charges" SET "last_sequence" = {last} WHERE "last_event_id" = 'resolution' AND "status" = 'succeeded'"#
+        ))
+        .await?;
         Ok(())
     }
 

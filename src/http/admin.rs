@@ -427,8 +427,9 @@ pub struct Resolucion {
     /// true. Each refund is a saga of its own (`pagos` asked it; on-call's `motivo` in its
     /// audit trail). A charge whose compensation refund failed is refunded again, by a new
     /// refund (a refund that fails sends the payment back to REVISION_MANUAL). A charge
-    /// that cannot be refunded now (a refund of it in flight or under review) refuses the
-    /// whole resolution: 409, nothing written. Absent or null: false.
+    /// that cannot be refunded now (a refund of it in flight or under review), or that an
+    /// earlier resolution settled outside pagos overruling the provider, refuses the whole
+    /// resolution: 409, nothing written. Absent or null: false.
     reembolsar: Option<bool>,
     /// On-call overrules what the provider shows (money returned outside pagos, a
     /// provider search that does not find a charge its dashboard shows): why, 1–1000
@@ -457,7 +458,7 @@ pub struct Resolucion {
         MalformedBody,
         RawBodyTooLarge,
         NotJson,
-        (status = 409, description = "Nothing was changed: the payment is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `cargos`: the charges found): `COMPLETADA` with no succeeded charge of the payment's amount, a `gatewayRef` that is not one, `FALLIDA` without `reembolsar` while a charge succeeded, `FALLIDA` (with or without `reembolsar`) while a charge is still pending; or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`); or the charge named (or taken) is already another payment's, by pagos' records or the provider's webhooks, overruled or not, the provider asked or not (`charge-belongs-to-another-payment`, with `cargo`, `fuente`, and `pagoId` only when it is the same merchant's payment); or `COMPLETADA` for a payment that was ever FALLIDA, whose merchant was told it failed and whose key replays that 402 (`payment-told-failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Nothing was changed: the payment is not in REVISION_MANUAL (`not-under-review`); or what the provider shows for it contradicts the resolution (`provider-disagrees`, with `cargos`: the charges found): `COMPLETADA` with no succeeded charge of the payment's amount, a `gatewayRef` that is not one, `FALLIDA` without `reembolsar` while a charge succeeded, `FALLIDA` (with or without `reembolsar`) while a charge is still pending; or with `reembolsar` a charge cannot be refunded now (`payment-not-refundable`, with `cargo` and `reembolsoId`), or was settled outside pagos by an earlier resolution overruling the provider (`payment-not-refundable`, with `cargo`); or the charge named (or taken) is already another payment's, by pagos' records or the provider's webhooks, overruled or not, the provider asked or not (`charge-belongs-to-another-payment`, with `cargo`, `fuente`, and `pagoId` only when it is the same merchant's payment); or `COMPLETADA` for a payment that was ever FALLIDA, whose merchant was told it failed and whose key replays that 402 (`payment-told-failed`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`validation-failed`, every field at fault listed in `errores` (and said in `detail`): a body that is not a JSON object (`(cuerpo)`), a member written twice, unknown or of another type, `estado` or `motivo` missing; bad estado, empty motivo, gatewayRef or contraProveedor, reembolsar with COMPLETADA or with contraProveedor (these recorded as a refusal, `GET /admin/acciones`); COMPLETADA without gatewayRef when neither the provider's answer nor the payment names its charge. Nothing was changed", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Who asked could not be recorded (`GET /admin/acciones`), so nothing was done (Retry-After). With `reembolsar`: the provider could not be asked what it charged; nothing was changed (Retry-After). Without it, a provider that cannot be asked leaves the resolution to on-call, its audit row saying so", body = Problem, content_type = "application/problem+json"),
     )
@@ -1021,13 +1022,32 @@ async fn resolve_unrecorded(
                 "The provider's webhooks reported charge {late} succeeded while this resolution was being written: nothing was changed. Read the payment again; FALLIDA with reembolsar refunds it."
             )));
         }
+        let source = webhook_source(state.settings.gateway);
+        // A charge an earlier resolution settled outside pagos, overruling the provider
+        // (kept by agreement, money returned another way), is not refunded now: how much
+        // of it went back is on-call's record, not pagos'; a refund of all that is left of
+        // it could give it back twice.
+        if reembolsar
+            && let Some(settled) =
+                crate::webhooks::consumer::settled_outside_pagos(&tx, source, &charged).await?
+        {
+            tx.rollback().await?;
+            tracing::warn!(payment_id = %current.id, operator = %who.name, charge = %settled, "reembolsar refused: an earlier resolution settled the charge outside pagos");
+            return Err(Problem::new(ProblemType::PaymentNotRefundable)
+                .detail(format!(
+                    "Charge {settled} was settled outside pagos by an earlier FALLIDA resolution that overruled the provider (kept by agreement, or money returned another way: the payment's audit trail says how): pagos does not know how much of it went back, and does not refund it again. Give back what is still owed in the provider's dashboard, then resolve the payment FALLIDA with contraProveedor saying so. Nothing was changed: the payment is still REVISION_MANUAL."
+                ))
+                .with("cargo", &settled)
+                .into());
+        }
         // Made FALLIDA knowing of these charges: the provider's later report of one
         // changes nothing (a second refund of money returned, or the payment reopened).
         crate::webhooks::consumer::record_known_charges(
             &tx,
-            webhook_source(state.settings.gateway),
+            source,
             current.id,
             &provider.succeeded,
+            overrule.is_some(),
         )
         .await?;
     }

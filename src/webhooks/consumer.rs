@@ -377,11 +377,17 @@ pub(crate) async fn record_message(
 /// pending to succeeded, is older than what pagos knows, and stale. A report kept already
 /// (pending, declined, or succeeded) is written over: kept as it was, a pending one was
 /// moved by the charge's next succeeded event, taken for a new orphan charge.
+///
+/// `settled_outside`: the resolution overruled the provider (a charge kept by agreement,
+/// money returned another way) rather than refunding through pagos; the report says so
+/// (`OVERRULED_AT_RESOLUTION`), and a later `reembolsar` is refused for it
+/// (`settled_outside_pagos`): pagos does not know how much of it went back.
 pub(crate) async fn record_known_charges(
     tx: &impl ConnectionTrait,
     source: &str,
     payment_id: Uuid,
     known: &[Charge],
+    settled_outside: bool,
 ) -> Result<(), DbErr> {
     use charges::Column;
     use sea_orm::sea_query::OnConflict;
@@ -397,7 +403,12 @@ pub(crate) async fn record_known_charges(
             currency: Set(charge.currency.clone()),
             decline_code: Set(None),
             last_sequence: Set(RESOLVED_SEQUENCE),
-            last_event_id: Set(KNOWN_AT_RESOLUTION.to_owned()),
+            last_event_id: Set(if settled_outside {
+                OVERRULED_AT_RESOLUTION
+            } else {
+                KNOWN_AT_RESOLUTION
+            }
+            .to_owned()),
             first_seen_at: Set(at),
             updated_at: Set(at),
         })
@@ -422,6 +433,34 @@ pub(crate) async fn record_known_charges(
 /// The `last_event_id` of a report `record_known_charges` wrote: no event's, on-call's
 /// resolution's.
 pub const KNOWN_AT_RESOLUTION: &str = "resolution";
+
+/// The `last_event_id` of a report `record_known_charges` wrote for a resolution that
+/// overruled the provider: the charge was settled outside pagos.
+pub const OVERRULED_AT_RESOLUTION: &str = "resolution-overruled";
+
+/// Whether a report was written by on-call's resolution (`record_known_charges`).
+pub fn recorded_at_resolution(last_event_id: &str) -> bool {
+    last_event_id == KNOWN_AT_RESOLUTION || last_event_id == OVERRULED_AT_RESOLUTION
+}
+
+/// The first of `charges` (`source`'s) an earlier resolution settled outside pagos,
+/// overruling the provider (`record_known_charges`).
+pub(crate) async fn settled_outside_pagos(
+    tx: &impl ConnectionTrait,
+    source: &str,
+    charges: &[Charge],
+) -> Result<Option<String>, DbErr> {
+    if charges.is_empty() {
+        return Ok(None);
+    }
+    Ok(charges::Entity::find()
+        .filter(charges::Column::Source.eq(source))
+        .filter(charges::Column::ChargeId.is_in(charges.iter().map(|c| c.id.clone())))
+        .filter(charges::Column::LastEventId.eq(OVERRULED_AT_RESOLUTION))
+        .one(tx)
+        .await?
+        .map(|row| row.charge_id))
+}
 
 /// The `last_sequence` of a report `record_known_charges` wrote: above every event's, so
 /// no event of the charge moves it.

@@ -29,6 +29,7 @@ on_both_databases!(
     a_refund_counted_as_giving_back_a_failed_payments_charge_resolved_fallido_sends_the_payment_to_review,
     a_charge_reported_pending_when_on_call_overruled_is_not_refunded_by_its_later_events,
     the_migration_makes_earlier_resolution_records_final,
+    reembolsar_is_refused_for_a_charge_an_earlier_resolution_settled_outside_pagos,
     after_a_counted_refund_failed_on_calls_reembolsar_refunds_what_it_had_counted,
 );
 
@@ -899,14 +900,21 @@ async fn reported_again_long_after(
     );
 }
 
-/// An app in refund mode (`--orphan-charges refund`) that gives a payment up after 1 s,
-/// its refunds fake, and payment `key` under review there (`payment_under_review`), its
-/// charge succeeded at the provider: the app, the refunds fake, the payment and the
+/// An app with `--orphan-charges mode` that gives a payment up after 1 s, its refunds
+/// fake, and payment `key` under review there (`payment_under_review`), its charge
+/// succeeded at the provider: the app, the refunds fake, the payment, its gateway and the
 /// charge's report as a reference-protocol event carries it, with `status`.
 async fn given_up_and_charged(
     backend: Backend,
     key: &str,
-) -> (TestApp, FakeRefunds, String, impl Fn(&str) -> Value) {
+    mode: &str,
+) -> (
+    TestApp,
+    FakeRefunds,
+    String,
+    crate::helpers::FakeGateway,
+    impl Fn(&str) -> Value,
+) {
     let app = crate::helpers::started(
         backend,
         &[
@@ -916,6 +924,8 @@ async fn given_up_and_charged(
             "1s",
             "--stale-after",
             "1s",
+            "--orphan-charges",
+            mode,
         ],
     )
     .await;
@@ -929,7 +939,7 @@ async fn given_up_and_charged(
         json!({"id": charge, "status": status, "amount": 250000, "currency": "COP",
                "reference": reference, "declineCode": null})
     };
-    (app, refunds, payment, report)
+    (app, refunds, payment, fake, report)
 }
 
 /// On-call resolves `payment` `FALLIDA` overruling the provider: the money went back by
@@ -950,7 +960,8 @@ async fn returned_by_bank_transfer(app: &TestApp, payment: &str) {
 async fn a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_is_not_refunded_by_a_later_report(
     backend: Backend,
 ) {
-    let (app, refunds, payment, report) = given_up_and_charged(backend, "k-returned").await;
+    let (app, refunds, payment, _, report) =
+        given_up_and_charged(backend, "k-returned", "refund").await;
     returned_by_bank_transfer(&app, &payment).await;
 
     // On-call's page of the payment shows the charge as the resolution recorded it.
@@ -967,8 +978,9 @@ async fn a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_i
     .expect("page");
     assert!(
         page.contains(&format!("<code>{charge}</code>"))
-            && page
-                .contains("recorded succeeded by on-call's FALLIDA resolution, which weighed it"),
+            && page.contains(
+                "recorded succeeded by on-call's FALLIDA resolution, which overruled the provider: settled outside pagos"
+            ),
         "{page}"
     );
 
@@ -994,7 +1006,8 @@ async fn a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_i
 async fn a_charge_reported_pending_when_on_call_overruled_is_not_refunded_by_its_later_events(
     backend: Backend,
 ) {
-    let (app, refunds, payment, report) = given_up_and_charged(backend, "k-async").await;
+    let (app, refunds, payment, _, report) =
+        given_up_and_charged(backend, "k-async", "refund").await;
     deliver(&app, "evt_pending_1", 1, report("pending")).await;
     returned_by_bank_transfer(&app, &payment).await;
     let told_before = revision_events(&app, &payment).await.len();
@@ -1053,37 +1066,36 @@ async fn a_charge_returned_outside_pagos_after_a_failed_compensation_is_not_refu
     .await;
 }
 
-/// Migration `m20261214_000028`: a charge report an older pagos' resolution recorded (at
-/// sequence 0, which any event overtook) becomes final as pagos writes it now; reports of
-/// events, and one a later event has overtaken already, stay as they are.
+/// Migration `m20261214_000028`: what an older pagos left of a resolution that overruled
+/// the provider — its charge's `pending` report kept, then moved by a late `pending`
+/// event — becomes the final record pagos writes now, so the charge's `succeeded` event
+/// changes nothing; a record at sequence 0 of another resolution becomes final; an
+/// event's report stays as it is.
 async fn the_migration_makes_earlier_resolution_records_final(backend: Backend) {
     use migration::{Migrator, MigratorTrait};
     use pagos::entities::webhook_charge::{self as charges, ReportedStatus};
-    use sea_orm::{ActiveValue::Set, EntityTrait};
-    let database = crate::helpers::TestDatabase::create(&backend).await;
-    let db = sea_orm::Database::connect(database.url.as_str())
-        .await
-        .expect("open");
-    let before = Migrator::migrations()
-        .iter()
-        .position(|m| m.name() == "m20261214_000028_resolution_reports_final")
-        .expect("the migration");
-    Migrator::up(&db, Some(u32::try_from(before).expect("count")))
-        .await
-        .expect("the schema before it");
+    use sea_orm::{ActiveValue::Set, ConnectionTrait, EntityTrait};
+    let (app, refunds, payment, _, report) =
+        given_up_and_charged(backend, "k-older", "refund").await;
+    deliver(&app, "evt_pending_1", 1, report("pending")).await;
+    returned_by_bank_transfer(&app, &payment).await;
+
+    // As an older pagos left the database.
+    const MIGRATION: &str = "m20261214_000028_resolution_reports_final";
+    for sql in [
+        r#"UPDATE "webhook_charges" SET "status" = 'pending', "last_sequence" = 2, "last_event_id" = 'evt_pending_2'"#.to_owned(),
+        format!(r#"DELETE FROM "seaql_migrations" WHERE "version" = '{MIGRATION}'"#),
+    ] {
+        app.db.execute_unprepared(&sql).await.expect("older");
+    }
     let at = pagos::db::now();
-    let seeded = [
-        ("ch_resolved", ReportedStatus::Succeeded, 0, "resolution"),
-        ("ch_evented", ReportedStatus::Succeeded, 7, "evt_7"),
-        ("ch_overtaken", ReportedStatus::Pending, 3, "evt_3"),
-    ];
-    for (id, status, sequence, event) in seeded {
+    for (id, sequence, event) in [("ch_resolved", 0, "resolution"), ("ch_evented", 7, "evt_7")] {
         charges::Entity::insert(charges::ActiveModel {
             source: Set("http".to_owned()),
             charge_id: Set(id.to_owned()),
             reference: Set(uuid::Uuid::now_v7().to_string()),
             payment_id: Set(None),
-            status: Set(status),
+            status: Set(ReportedStatus::Succeeded),
             amount: Set(250000),
             currency: Set("COP".to_owned()),
             decline_code: Set(None),
@@ -1092,15 +1104,16 @@ async fn the_migration_makes_earlier_resolution_records_final(backend: Backend) 
             first_seen_at: Set(at),
             updated_at: Set(at),
         })
-        .exec_without_returning(&db)
+        .exec_without_returning(&app.db)
         .await
         .expect("seeded");
     }
-    Migrator::up(&db, None).await.expect("migrated");
-    let sequence = |id: &'static str| {
-        let db = db.clone();
+
+    Migrator::up(&app.db, None).await.expect("migrated");
+    let sequence = |id: String| {
+        let db = app.db.clone();
         async move {
-            charges::Entity::find_by_id(("http".to_owned(), id.to_owned()))
+            charges::Entity::find_by_id(("http".to_owned(), id))
                 .one(&db)
                 .await
                 .expect("read")
@@ -1108,10 +1121,80 @@ async fn the_migration_makes_earlier_resolution_records_final(backend: Backend) 
                 .last_sequence
         }
     };
+    let final_sequence = pagos::webhooks::consumer::RESOLVED_SEQUENCE;
+    assert_eq!(sequence("ch_resolved".into()).await, final_sequence);
+    assert_eq!(sequence("ch_evented".into()).await, 7);
+    let charge = report("succeeded")["id"].as_str().expect("id").to_owned();
+    assert_eq!(sequence(charge).await, final_sequence);
+
     assert_eq!(
-        sequence("ch_resolved").await,
-        pagos::webhooks::consumer::RESOLVED_SEQUENCE
+        deliver(&app, "evt_succeeded", 3, report("succeeded")).await,
+        "obsoleto"
     );
-    assert_eq!(sequence("ch_evented").await, 7);
-    assert_eq!(sequence("ch_overtaken").await, 3);
+    assert_eq!(app.payment(&payment).await.state, "FALLIDA");
+    let listed = json(
+        app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
+            .await,
+    )
+    .await;
+    assert_eq!(listed["reembolsos"], json!([]), "{listed}");
+    assert!(refunds.made().is_empty());
+}
+
+/// A charge an earlier resolution settled outside pagos (overruling the provider: money
+/// returned by bank transfer), its payment back under review for a second charge: on-call's
+/// `FALLIDA` with `reembolsar` is refused (409, naming the first charge), writing nothing,
+/// since pagos does not know how much of that charge went back; `FALLIDA` overruling the
+/// provider again settles it. Before: both charges were refunded in full, the first a
+/// second time.
+async fn reembolsar_is_refused_for_a_charge_an_earlier_resolution_settled_outside_pagos(
+    backend: Backend,
+) {
+    let (app, refunds, payment, fake, report) =
+        given_up_and_charged(backend, "k-twice", "review").await;
+    returned_by_bank_transfer(&app, &payment).await;
+    let first = report("succeeded")["id"].as_str().expect("id").to_owned();
+    let second = fake.preload_for(&payment, "succeeded", 50_000);
+    let charge = json!({"id": second, "status": "succeeded", "amount": 50000, "currency": "COP",
+                        "reference": payment, "declineCode": null});
+    assert_eq!(
+        deliver(&app, "evt_second", 1, charge).await,
+        "revision_manual"
+    );
+
+    let answer = app
+        .resolve_as(
+            crate::helpers::ADMIN_TOKEN,
+            &payment,
+            &json!({"estado": "FALLIDA", "reembolsar": true, "motivo": "INC-13"}),
+        )
+        .await;
+    assert_eq!(answer.status(), 409);
+    let problem = json(answer).await;
+    assert_eq!(problem["cargo"], first.as_str(), "{problem}");
+    assert!(
+        problem["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("payment-not-refundable")),
+        "{problem}"
+    );
+    assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
+    let listed = json(
+        app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
+            .await,
+    )
+    .await;
+    assert_eq!(
+        listed["reembolsos"],
+        json!([]),
+        "nothing registered: {listed}"
+    );
+    assert!(refunds.made().is_empty());
+
+    let body = json!({"estado": "FALLIDA", "motivo": "INC-13",
+                      "contraProveedor": "both returned by bank transfer TR-995"});
+    let done = app
+        .resolved_as(crate::helpers::ADMIN_TOKEN, &payment, &body)
+        .await;
+    assert_eq!(done["pago"]["estado"], "FALLIDA", "{done}");
 }

@@ -1099,7 +1099,9 @@ async fn detail_page(
                         li {
                             code { (r.charge_id) } " (" (r.source) "): " strong { (r.status.as_str()) }
                             ", " (money(r.amount, &r.currency))
-                            @if r.last_event_id == crate::webhooks::consumer::KNOWN_AT_RESOLUTION {
+                            @if r.last_event_id == crate::webhooks::consumer::OVERRULED_AT_RESOLUTION {
+                                ", recorded succeeded by on-call's FALLIDA resolution, which overruled the provider: settled outside pagos (no later event changes this)"
+                            } @else if r.last_event_id == crate::webhooks::consumer::KNOWN_AT_RESOLUTION {
                                 ", recorded succeeded by on-call's FALLIDA resolution, which weighed it (no later event changes this)"
                             } @else {
                                 ", event " code { (r.last_event_id) }
