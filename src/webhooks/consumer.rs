@@ -438,11 +438,6 @@ pub const KNOWN_AT_RESOLUTION: &str = "resolution";
 /// overruled the provider: the charge was settled outside pagos.
 pub const OVERRULED_AT_RESOLUTION: &str = "resolution-overruled";
 
-/// Whether a report was written by on-call's resolution (`record_known_charges`).
-pub fn recorded_at_resolution(last_event_id: &str) -> bool {
-    last_event_id == KNOWN_AT_RESOLUTION || last_event_id == OVERRULED_AT_RESOLUTION
-}
-
 /// The first of `charges` (`source`'s) an earlier resolution settled outside pagos,
 /// overruling the provider (`record_known_charges`).
 pub(crate) async fn settled_outside_pagos(
