@@ -24,6 +24,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::Context;
+
+mod lane;
 use migration::{Migrator, MigratorTrait};
 
 /// Where the database is and how many connections to it: flattened into every command
@@ -332,9 +334,16 @@ async fn connect_for(args: &DatabaseArgs, access: Access) -> Result<DatabaseConn
             "expected sqlite://FILE?mode=rwc or postgres://USER@HOST/DB".into(),
         ));
     }
+    // On PostgreSQL the statements every payment makes have connections of their own,
+    // out of the same number (`lane`).
+    let (lane_size, pool_size) = if is_sqlite {
+        (0, args.pool_size)
+    } else {
+        lane::split(args.pool_size)
+    };
     let mut options = ConnectOptions::new(url);
     options
-        .max_connections(args.pool_size)
+        .max_connections(pool_size)
         .min_connections(1)
         .connect_timeout(Duration::from_secs(5))
         .acquire_timeout(Duration::from_secs(10))
@@ -356,16 +365,7 @@ async fn connect_for(args: &DatabaseArgs, access: Access) -> Result<DatabaseConn
         // statements sent on sqlx's pool directly; not a startup option, which a
         // connection pooler in front of PostgreSQL may refuse.
         .map_sqlx_postgres_pool_opts(|pool| {
-            pool.after_connect(|connection, _| {
-                Box::pin(async move {
-                    sea_orm::sqlx::Executor::execute(
-                        connection,
-                        "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED",
-                    )
-                    .await
-                    .map(|_| ())
-                })
-            })
+            pool.after_connect(|connection, _| Box::pin(session_defaults(connection)))
         })
         // SQLite rolls a transaction back by itself when a write in it fails for want of
         // space or by an I/O error; sqlx still counts it open, and the `ROLLBACK` pagos
@@ -396,7 +396,21 @@ async fn connect_for(args: &DatabaseArgs, access: Access) -> Result<DatabaseConn
                 .busy_timeout(Duration::from_secs(10))
                 .foreign_keys(true)
         });
-    Database::connect(options).await.map_err(OpenError::Pool)
+    let db = Database::connect(options).await.map_err(OpenError::Pool)?;
+    if lane_size > 0 {
+        lane::open_beside(db.get_postgres_connection_pool(), lane_size);
+    }
+    Ok(db)
+}
+
+/// What every PostgreSQL connection of pagos' sets once, as it opens.
+async fn session_defaults(connection: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sea_orm::sqlx::Executor::execute(
+        connection,
+        "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    )
+    .await
+    .map(|_| ())
 }
 
 /// One PostgreSQL connection, alone, within `PROBE_TIMEOUT`; closed at once.
@@ -686,10 +700,20 @@ pub async fn query_one_on_pool(
         err => DbErr::Conn(RuntimeErr::SqlxError(Arc::new(err))),
     };
     let pool = db.get_postgres_connection_pool();
-    let mut connection = pool.acquire().await.map_err(acquire_err)?;
-    query
-        .fetch_optional(&mut *connection)
-        .await
+    let answer = match lane::lend(pool).await {
+        Some((lane, mut lent)) => {
+            let answer = query.fetch_optional(lent.connection()).await;
+            if answer.is_ok() {
+                lane.give_back(lent);
+            }
+            answer
+        }
+        None => {
+            let mut connection = pool.acquire().await.map_err(acquire_err)?;
+            query.fetch_optional(&mut *connection).await
+        }
+    };
+    answer
         .map(|row| row.map(sea_orm::QueryResult::from))
         .map_err(|err| DbErr::Query(RuntimeErr::SqlxError(Arc::new(err))))
 }

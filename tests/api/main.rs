@@ -18,6 +18,7 @@ mod delivery;
 mod doors;
 mod gateway_faults;
 mod gateway_refunds;
+mod lane;
 mod mercadopago;
 mod merchants;
 mod money_path;

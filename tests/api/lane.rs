@@ -1,0 +1,184 @@
+//! The PostgreSQL connections kept for the saga's statements (`db::query_one_on_pool`,
+//! returned without sqlx's ping): never more connections than `PAGOS_DATABASE_POOL_SIZE`,
+//! and a connection the server dropped (a restart, a failover, an administrator's
+//! `pg_terminate_backend`) costs at most the one statement it was running.
+
+use crate::helpers::{Backend, TestDatabase};
+use pagos::db::DatabaseArgs;
+use pagos::db::query_one_on_pool;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use std::time::Duration;
+
+fn sql(text: &str) -> Statement {
+    Statement::from_string(DbBackend::Postgres, text.to_owned())
+}
+
+/// The connections open to `database` now, seen from another session.
+async fn connections_to(watcher: &DatabaseConnection, database: &str) -> i64 {
+    watcher
+        .query_one_raw(sql(&format!(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = '{database}'"
+        )))
+        .await
+        .expect("count")
+        .expect("a row")
+        .try_get::<i64>("", "n")
+        .expect("n")
+}
+
+/// A database of its own, its name, and a connection to the server's default database
+/// to watch it from.
+async fn database() -> Option<(TestDatabase, String, DatabaseConnection)> {
+    let backend = Backend::postgres()?;
+    let Backend::Postgres(server) = &backend else {
+        unreachable!()
+    };
+    let watcher = sea_orm::Database::connect(server.as_str())
+        .await
+        .expect("the server");
+    let database = TestDatabase::create(&backend).await;
+    let name = database
+        .url
+        .rsplit('/')
+        .next()
+        .expect("a database name")
+        .split('?')
+        .next()
+        .expect("a name")
+        .to_owned();
+    Some((database, name, watcher))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_saga_statements_and_the_pool_together_hold_no_more_connections_than_the_pool_size() {
+    let Some((database, name, watcher)) = database().await else {
+        return;
+    };
+    let db = pagos::db::connect(&DatabaseArgs {
+        url: database.url.clone(),
+        pool_size: 4,
+    })
+    .await
+    .expect("open");
+    let mut work = tokio::task::JoinSet::new();
+    for i in 0..12 {
+        let saga = db.clone();
+        work.spawn(async move {
+            let row = query_one_on_pool(&saga, sql(&format!("SELECT {i} AS n, pg_sleep(0.2)")))
+                .await
+                .expect("a saga statement")
+                .expect("a row");
+            assert_eq!(row.try_get::<i32>("", "n").expect("n"), i);
+        });
+        let db = db.clone();
+        work.spawn(async move {
+            db.query_one_raw(sql("SELECT pg_sleep(0.2)"))
+                .await
+                .expect("a statement through the pool");
+        });
+    }
+    let mut most = 0;
+    while !work.is_empty() {
+        most = most.max(connections_to(&watcher, &name).await);
+        tokio::select! {
+            done = work.join_next() => { done.expect("a task").expect("it ran"); }
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    assert!(most <= 4, "{most} connections open with a pool size of 4");
+    assert!(
+        most >= 3,
+        "the statements ran side by side ({most} connections)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_connection_the_server_dropped_costs_at_most_the_statement_it_was_running() {
+    let Some((database, _name, watcher)) = database().await else {
+        return;
+    };
+    let db = pagos::db::connect(&DatabaseArgs {
+        url: database.url.clone(),
+        pool_size: 4,
+    })
+    .await
+    .expect("open");
+    let pid = |db: DatabaseConnection| async move {
+        query_one_on_pool(&db, sql("SELECT pg_backend_pid() AS pid"))
+            .await
+            .map(|row| row.expect("a row").try_get::<i32>("", "pid").expect("pid"))
+    };
+    let first = pid(db.clone()).await.expect("a statement");
+    assert_eq!(
+        pid(db.clone()).await.expect("a statement"),
+        first,
+        "one statement after another: the same connection"
+    );
+    watcher
+        .execute_raw(sql(&format!("SELECT pg_terminate_backend({first})")))
+        .await
+        .expect("terminated");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut failed = 0;
+    let mut answered = Vec::new();
+    for _ in 0..5 {
+        match pid(db.clone()).await {
+            Ok(pid) => answered.push(pid),
+            Err(_) => failed += 1,
+        }
+    }
+    assert!(
+        failed <= 1,
+        "{failed} statements failed after one connection was dropped"
+    );
+    assert!(
+        answered.iter().all(|pid| *pid != first),
+        "the dropped connection was used again: {answered:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_statement_abandoned_half_way_leaves_nothing_to_the_next() {
+    let Some((database, _name, _watcher)) = database().await else {
+        return;
+    };
+    let db = pagos::db::connect(&DatabaseArgs {
+        url: database.url.clone(),
+        pool_size: 4,
+    })
+    .await
+    .expect("open");
+    db.execute_raw(sql("CREATE TABLE marks (n int)"))
+        .await
+        .expect("a table");
+    // A request whose client hung up, or that ran out of time, drops its statement's
+    // future after sending it.
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(100),
+        query_one_on_pool(&db, sql("SELECT 'first' AS which, pg_sleep(0.5)")),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the statement was abandoned");
+    for i in 0..6 {
+        let row = query_one_on_pool(
+            &db,
+            sql(&format!(
+                "WITH m AS (INSERT INTO marks VALUES ({i}) RETURNING n) SELECT 'next' AS which, (SELECT n FROM m) AS n"
+            )),
+        )
+        .await
+        .expect("the next statement")
+        .expect("a row");
+        assert_eq!(row.try_get::<String>("", "which").expect("which"), "next");
+        assert_eq!(row.try_get::<i32>("", "n").expect("n"), i);
+    }
+    let marks = db
+        .query_one_raw(sql("SELECT count(*) AS n FROM marks"))
+        .await
+        .expect("count")
+        .expect("a row")
+        .try_get::<i64>("", "n")
+        .expect("n");
+    assert_eq!(marks, 6, "every statement committed once");
+}
