@@ -942,6 +942,16 @@ async fn given_up_and_charged(
     (app, refunds, payment, fake, report)
 }
 
+/// `payment` has no refund, not even one registered and never sent (`context` says when).
+async fn no_refund_of(app: &TestApp, payment: &str, context: &str) {
+    let listed = json(
+        app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
+            .await,
+    )
+    .await;
+    assert_eq!(listed["reembolsos"], json!([]), "{context}: {listed}");
+}
+
 /// On-call resolves `payment` `FALLIDA` overruling the provider: the money went back by
 /// bank transfer (runbook case 9).
 async fn returned_by_bank_transfer(app: &TestApp, payment: &str) {
@@ -988,12 +998,7 @@ async fn a_charge_seen_only_in_the_providers_search_and_returned_outside_pagos_i
         refunds.made().is_empty()
     })
     .await;
-    let listed = json(
-        app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
-            .await,
-    )
-    .await;
-    assert_eq!(listed["reembolsos"], json!([]), "{listed}");
+    no_refund_of(&app, &payment, "").await;
 }
 
 /// Case 9 again, for a charge the provider's webhooks had reported `pending` when on-call
@@ -1019,12 +1024,7 @@ async fn a_charge_reported_pending_when_on_call_overruled_is_not_refunded_by_its
         "FALLIDA",
         "{late}, {then}"
     );
-    let listed = json(
-        app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
-            .await,
-    )
-    .await;
-    assert_eq!(listed["reembolsos"], json!([]), "{late}, {then}: {listed}");
+    no_refund_of(&app, &payment, &format!("{late}, {then}")).await;
     assert!(refunds.made().is_empty(), "nothing refunded");
     assert_eq!(revision_events(&app, &payment).await.len(), told_before);
     assert_eq!([late, then], ["obsoleto", "obsoleto"]);
@@ -1132,12 +1132,7 @@ async fn the_migration_makes_earlier_resolution_records_final(backend: Backend) 
         "obsoleto"
     );
     assert_eq!(app.payment(&payment).await.state, "FALLIDA");
-    let listed = json(
-        app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
-            .await,
-    )
-    .await;
-    assert_eq!(listed["reembolsos"], json!([]), "{listed}");
+    no_refund_of(&app, &payment, "").await;
     assert!(refunds.made().is_empty());
 }
 
@@ -1179,16 +1174,7 @@ async fn reembolsar_is_refused_for_a_charge_an_earlier_resolution_settled_outsid
         "{problem}"
     );
     assert_eq!(app.payment(&payment).await.state, "REVISION_MANUAL");
-    let listed = json(
-        app.get_as(API_KEY, &format!("/v1/pagos/{payment}/reembolsos"))
-            .await,
-    )
-    .await;
-    assert_eq!(
-        listed["reembolsos"],
-        json!([]),
-        "nothing registered: {listed}"
-    );
+    no_refund_of(&app, &payment, "nothing registered").await;
     assert!(refunds.made().is_empty());
 
     let body = json!({"estado": "FALLIDA", "motivo": "INC-13",

@@ -26,9 +26,10 @@ async fn connections_to(watcher: &DatabaseConnection, database: &str) -> i64 {
         .expect("n")
 }
 
-/// A database of its own, its name, and a connection to the server's default database
-/// to watch it from.
-async fn database() -> Option<(TestDatabase, String, DatabaseConnection)> {
+/// A database of its own opened as pagos opens it with a pool size of 4 (2 connections
+/// kept for the saga's statements, 2 in the pool), its name, and a connection to the
+/// server's default database to watch it from.
+async fn database() -> Option<(TestDatabase, DatabaseConnection, String, DatabaseConnection)> {
     let backend = Backend::postgres()?;
     let Backend::Postgres(server) = &backend else {
         unreachable!()
@@ -46,20 +47,20 @@ async fn database() -> Option<(TestDatabase, String, DatabaseConnection)> {
         .next()
         .expect("a name")
         .to_owned();
-    Some((database, name, watcher))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_saga_statements_and_the_pool_together_hold_no_more_connections_than_the_pool_size() {
-    let Some((database, name, watcher)) = database().await else {
-        return;
-    };
     let db = pagos::db::connect(&DatabaseArgs {
         url: database.url.clone(),
         pool_size: 4,
     })
     .await
     .expect("open");
+    Some((database, db, name, watcher))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_saga_statements_and_the_pool_together_hold_no_more_connections_than_the_pool_size() {
+    let Some((_database, db, name, watcher)) = database().await else {
+        return;
+    };
     let mut work = tokio::task::JoinSet::new();
     for i in 0..12 {
         let saga = db.clone();
@@ -94,15 +95,9 @@ async fn the_saga_statements_and_the_pool_together_hold_no_more_connections_than
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_connection_the_server_dropped_costs_at_most_the_statement_it_was_running() {
-    let Some((database, _name, watcher)) = database().await else {
+    let Some((_database, db, _name, watcher)) = database().await else {
         return;
     };
-    let db = pagos::db::connect(&DatabaseArgs {
-        url: database.url.clone(),
-        pool_size: 4,
-    })
-    .await
-    .expect("open");
     let pid = |db: DatabaseConnection| async move {
         query_one_on_pool(&db, sql("SELECT pg_backend_pid() AS pid"))
             .await
@@ -140,15 +135,9 @@ async fn a_connection_the_server_dropped_costs_at_most_the_statement_it_was_runn
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_statement_abandoned_half_way_leaves_nothing_to_the_next() {
-    let Some((database, _name, _watcher)) = database().await else {
+    let Some((_database, db, _name, _watcher)) = database().await else {
         return;
     };
-    let db = pagos::db::connect(&DatabaseArgs {
-        url: database.url.clone(),
-        pool_size: 4,
-    })
-    .await
-    .expect("open");
     db.execute_raw(sql("CREATE TABLE marks (n int)"))
         .await
         .expect("a table");
