@@ -703,7 +703,7 @@ pub async fn query_one_on_pool(
     let answer = match lane::lend(pool).await {
         Some((lane, mut lent)) => {
             let answer = query.fetch_optional(lent.connection()).await;
-            if answer.is_ok() {
+            if answer.is_ok() && !pool.is_closed() {
                 lane.give_back(lent);
             }
             answer

@@ -11,9 +11,11 @@
 //! comes back only from a statement that completed, its whole answer read (sqlx's
 //! `fetch_optional` reads to the end); one whose statement failed or was dropped is closed,
 //! never reused. A connection idle for 30 s is pinged before its next statement (as the
-//! pool's are: a firewall or a proxy may have dropped it), one older than 30 minutes is
-//! closed on its way back (sqlx's default lifetime), and each starts with the session
-//! defaults of the pool's (`session_defaults`).
+//! pool's are: a firewall or a proxy may have dropped it; the ping bounded by the connect
+//! timeout), one idle for 10 minutes is closed instead (the pool's idle timeout), one
+//! older than 30 minutes is closed on its way back (sqlx's default lifetime), and each
+//! starts with the session defaults of the pool's (`session_defaults`). The lane of a
+//! closed pool lends nothing and takes nothing back.
 //!
 //! The lane holds at most `size` connections, carved out of `PAGOS_DATABASE_POOL_SIZE`
 //! (`split`): the process never holds more connections than the setting says. When every
@@ -28,6 +30,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A connection idle this long is pinged before its next statement.
 const PING_IF_IDLE_FOR: Duration = Duration::from_secs(30);
+/// A connection idle this long is closed instead of lent (the pool's idle timeout).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// A connection this old is closed on its way back.
 const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// How long a statement waits for a lane connection when every one is busy, before it
@@ -99,10 +103,19 @@ impl Lane {
         };
         let kept = self.idle.lock().expect("lane").pop();
         let kept = match kept {
+            // Idle as long as the pool keeps one: closed (a firewall may have dropped it
+            // silently, and a ping of it would wait for TCP to give up), a new one opened.
+            Some(kept) if kept.idle_since.elapsed() >= IDLE_TIMEOUT => {
+                drop(kept);
+                self.open().await?
+            }
             Some(mut kept) if kept.idle_since.elapsed() >= PING_IF_IDLE_FOR => {
-                match kept.connection.ping().await {
-                    Ok(()) => kept,
-                    Err(_) => self.open().await?,
+                match tokio::time::timeout(CONNECT_TIMEOUT, kept.connection.ping()).await {
+                    Ok(Ok(())) => kept,
+                    _ => {
+                        drop(kept);
+                        self.open().await?
+                    }
                 }
             }
             Some(kept) => kept,
@@ -177,10 +190,15 @@ pub fn open_beside(pool: &PgPool, size: u32) {
 /// closed, every lane connection is busy, or a new one could not be opened (the pool
 /// then answers as it would have).
 pub async fn lend(pool: &PgPool) -> Option<(Arc<Lane>, Lent)> {
+    let options = pool.connect_options();
     if pool.is_closed() {
+        // Closed with it: its lane's connections are closed too (dropped).
+        LANES
+            .lock()
+            .expect("lanes")
+            .retain(|(kept, _)| !Arc::ptr_eq(kept, &options));
         return None;
     }
-    let options = pool.connect_options();
     let lane = LANES
         .lock()
         .expect("lanes")
