@@ -100,12 +100,7 @@ async fn a_connection_the_server_dropped_costs_at_most_the_statement_it_was_runn
     let Some((_database, db, _name, watcher)) = database().await else {
         return;
     };
-    let first = backend_pid(&db).await.expect("a statement");
-    assert_eq!(
-        backend_pid(&db).await.expect("a statement"),
-        first,
-        "one statement after another: the same connection"
-    );
+    let first = kept_connection(&db).await;
     watcher
         .execute_raw(sql(&format!("SELECT pg_terminate_backend({first})")))
         .await
@@ -137,17 +132,24 @@ async fn backend_pid(db: &DatabaseConnection) -> Result<i32, sea_orm::DbErr> {
         .map(|row| row.expect("a row").try_get::<i32>("", "pid").expect("pid"))
 }
 
+/// The backend of the kept connection that serves one saga statement after another
+/// (the same one both times: it went back to the lane and was lent again).
+async fn kept_connection(db: &DatabaseConnection) -> i32 {
+    let first = backend_pid(db).await.expect("a statement");
+    assert_eq!(
+        backend_pid(db).await.expect("a statement"),
+        first,
+        "one statement after another: the same kept connection"
+    );
+    first
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_connection_whose_statement_was_abandoned_half_way_is_never_lent_again() {
     let Some((_database, db, _name, _watcher)) = database().await else {
         return;
     };
-    let kept = backend_pid(&db).await.expect("a statement");
-    assert_eq!(
-        backend_pid(&db).await.expect("a statement"),
-        kept,
-        "one statement after another: the same kept connection"
-    );
+    let kept = kept_connection(&db).await;
     // A request whose client hung up, or that ran out of time, drops its statement's
     // future after sending it: the connection may hold its answer, or half a message.
     let abandoned = tokio::time::timeout(
