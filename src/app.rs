@@ -217,6 +217,7 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         tasks: tokio_util::task::TaskTracker::new(),
         console: Default::default(),
         stopping: tokio::sync::watch::Sender::new(false),
+        draining: tokio::sync::watch::Sender::new(false),
     }))
 }
 
@@ -438,35 +439,33 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     // the database, for another process's migrations or migrates itself stops it there
     // (a migration stopped halfway is rolled back, or rebuilt at the next start); once it
     // serves, it is a graceful stop.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let signalled = std::sync::Arc::new(std::sync::OnceLock::new());
-    let signal = crate::signals::shutdown_signal();
-    tokio::spawn({
-        let signalled = signalled.clone();
-        async move {
-            signal.await;
-            let _ = signalled.set(tokio::time::Instant::now());
-            // The workers take no new work from now on, beside the requests' drain: a
-            // reconciliation pass claims nothing more, the delivery worker starts no
-            // attempt, the reaper ends its purge.
-            let _ = stop.send(true);
-        }
+    let mut signals = crate::signals::Signals::install();
+    let (first, mut signalled_once) = tokio::sync::watch::channel(false);
+    let (second, signalled_twice) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        signals.next().await;
+        let _ = first.send(true);
+        signals.next().await;
+        let _ = second.send(true);
     });
-    let until_signalled = {
-        let mut stopped = stopped.clone();
-        async move {
-            let _ = stopped.wait_for(|stop| *stop).await;
-        }
-    };
     let started = tokio::select! {
         started = start(&settings) => started?,
-        () = until_signalled => {
+        _ = signalled_once.wait_for(|s| *s) => {
             tracing::info!("stopped before serving");
             return Ok(());
         }
     };
     let (db, gateway, listener, admin) = started;
     let state = build(db, settings, gateway);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let signalled = std::sync::Arc::new(std::sync::OnceLock::new());
+    tokio::spawn(stop_when_signalled(
+        state.clone(),
+        signalled_once,
+        signalled_twice,
+        stop,
+        signalled.clone(),
+    ));
     // On-call's passes (admin API, console) stop claiming with the workers.
     tokio::spawn({
         let (mut stopped, stopping) = (stopped.clone(), state.stopping.clone());
@@ -522,6 +521,51 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     // The reaper has stopped: the retention's row can go.
     retentions.forget().await;
     served
+}
+
+/// What `serve` does on Ctrl-C or SIGTERM. At the first signal `/readyz` answers 503 and
+/// the process goes on serving for `PAGOS_DRAIN_DELAY`, so that a load balancer sends
+/// new requests elsewhere before the listener closes; then `stop` tells the workers to
+/// take no new work and the doors to drain, and `signalled` holds when (the grace counts
+/// from there). A second signal, at any time, ends the process at once with exit code 1:
+/// what it leaves in flight is left to the reconciler, as after a crash.
+async fn stop_when_signalled(
+    state: AppState,
+    mut first: tokio::sync::watch::Receiver<bool>,
+    mut second: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Sender<bool>,
+    signalled: std::sync::Arc<std::sync::OnceLock<tokio::time::Instant>>,
+) {
+    let _ = first.wait_for(|s| *s).await;
+    state.draining.send_replace(true);
+    let delay = state.settings.drain_delay;
+    let stopped_at_once = async {
+        let _ = second.wait_for(|s| *s).await;
+        let left = state.tasks.len();
+        tracing::warn!(
+            sagas = left,
+            "a second signal: stopping at once; {left} saga(s) in flight are left to the reconciler"
+        );
+        std::process::exit(1);
+    };
+    tokio::pin!(stopped_at_once);
+    if !delay.is_zero() {
+        tracing::info!(
+            delay = %humantime::format_duration(delay),
+            "shutting down: /readyz answers 503 and requests are still served for PAGOS_DRAIN_DELAY; a second signal stops at once"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = &mut stopped_at_once => {}
+        }
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+    let _ = signalled.set(tokio::time::Instant::now());
+    // The workers take no new work from now on, beside the requests' drain: a
+    // reconciliation pass claims nothing more, the delivery worker starts no attempt, the
+    // reaper ends its purge.
+    let _ = stop.send(true);
+    stopped_at_once.await;
 }
 
 /// What `serve` needs before it serves: the database migrated and pinned to this

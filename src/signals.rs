@@ -7,43 +7,59 @@
 /// process saying it listens and its first poll of this future is a graceful stop, never
 /// the default action that kills the process outright. Call it from within the runtime.
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
-    #[cfg(unix)]
-    let (mut interrupt, mut terminate) = {
-        use tokio::signal::unix::{SignalKind, signal};
-        (
-            signal(SignalKind::interrupt()).ok(),
-            signal(SignalKind::terminate()).ok(),
-        )
-    };
+    let mut signals = Signals::install();
     async move {
+        signals.next().await;
+        tracing::info!("shutting down: finishing requests in flight");
+    }
+}
+
+/// Ctrl-C and (on Unix) SIGTERM, one after another: `pagos serve` drains on the first and
+/// stops at once on the second. Installed when made (see `shutdown_signal`); a signal
+/// that arrives while nobody waits in `next` is kept for the next call.
+pub struct Signals {
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Installs the handlers. Call it from within the runtime.
+    pub fn install() -> Signals {
         #[cfg(unix)]
         {
-            let interrupt = async {
-                match interrupt.as_mut() {
+            use tokio::signal::unix::{SignalKind, signal};
+            Signals {
+                interrupt: signal(SignalKind::interrupt()).ok(),
+                terminate: signal(SignalKind::terminate()).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    /// Resolves on the next Ctrl-C or SIGTERM.
+    pub async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn one(signal: &mut Option<tokio::signal::unix::Signal>) {
+                match signal.as_mut() {
                     Some(s) => {
                         s.recv().await;
                     }
                     None => std::future::pending().await,
                 }
-            };
-            let terminate = async {
-                match terminate.as_mut() {
-                    Some(s) => {
-                        s.recv().await;
-                    }
-                    None => std::future::pending().await,
-                }
-            };
+            }
             tokio::select! {
-                () = interrupt => {},
-                () = terminate => {},
+                () = one(&mut self.interrupt) => {},
+                () = one(&mut self.terminate) => {},
             }
         }
         #[cfg(not(unix))]
         {
             let _ = tokio::signal::ctrl_c().await;
         }
-        tracing::info!("shutting down: finishing requests in flight");
     }
 }
 

@@ -71,6 +71,10 @@ pub struct Shared {
     /// True once `serve` was told to stop: a reconciliation pass on-call started through
     /// the admin API or the console then claims nothing more, as the periodic one.
     pub stopping: tokio::sync::watch::Sender<bool>,
+    /// True from the first SIGTERM or Ctrl-C: `/readyz` answers 503, so that a load
+    /// balancer sends new requests elsewhere while this process still serves them
+    /// (`PAGOS_DRAIN_DELAY`).
+    pub draining: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {

@@ -91,11 +91,16 @@ async fn healthz() -> Response {
     tag = "ops",
     responses(
         (status = 200, description = "Ready", body = Listo),
-        (status = 503, description = "The database is unreachable, or accepts no writes (a replica, a failover in progress): `service-unavailable`, without Retry-After", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "The process is shutting down (from SIGTERM or Ctrl-C on; it still serves requests for `PAGOS_DRAIN_DELAY`), or the database is unreachable, or accepts no writes (a replica, a failover in progress): `service-unavailable`, without Retry-After", body = Problem, content_type = "application/problem+json",
          headers(("Retry-After" = u64, description = "Only on `overloaded`: seconds to wait; absent on this endpoint's own answer and on `request-timeout`"))),
     )
 )]
 async fn readyz(State(state): State<AppState>) -> Response {
+    if *state.draining.borrow() {
+        return Problem::new(ProblemType::Unavailable)
+            .detail("The process is shutting down: send new requests to another one.")
+            .into_response();
+    }
     if let Err(err) = state.db.ping().await {
         tracing::warn!(error = %err, "readiness check failed");
         return Problem::new(ProblemType::Unavailable)

@@ -1,6 +1,7 @@
-//! `SIGTERM` with payments in flight: `pagos serve` waits for their sagas up to
-//! `PAGOS_SHUTDOWN_GRACE`, and what it cannot wait for is left to the reconciler, never
-//! half-written and never charged twice.
+//! `SIGTERM` with payments in flight: `pagos serve` goes on serving for
+//! `PAGOS_DRAIN_DELAY` while `/readyz` says 503, waits for their sagas up to
+//! `PAGOS_SHUTDOWN_GRACE`, stops at once on a second signal, and what it cannot wait for
+//! is left to the reconciler, never half-written and never charged twice.
 
 use crate::helpers::{API_KEY, Backend, FakeGateway, payment_body};
 use crate::on_both_databases;
@@ -13,6 +14,8 @@ on_both_databases!(
     on_sigterm_a_reconciliation_pass_claims_nothing_more_and_leaves_the_rest_due,
     on_sigterm_a_refund_whose_client_hung_up_is_waited_for_and_settled,
     on_sigterm_a_pass_on_call_started_claims_nothing_more,
+    during_the_drain_delay_readyz_says_503_and_payments_are_still_served,
+    a_second_signal_stops_at_once_and_leaves_the_saga_to_the_reconciler,
 );
 
 impl World {
@@ -37,6 +40,13 @@ impl World {
         );
         args.extend_from_slice(reconciling);
         Serve::start(&args, &[]).await
+    }
+
+    /// `pagos serve` as `serve_with_grace` does, going on serving for `delay` after the
+    /// first signal.
+    async fn serve_draining(&self, delay: &str) -> Serve {
+        self.serve_reconciling("15s", &["--reconcile-every", "1h", "--drain-delay", delay])
+            .await
     }
 
     /// Waits until the gateway has received the charge: the saga is in flight.
@@ -119,28 +129,48 @@ async fn past_the_grace_a_saga_in_flight_is_left_to_the_reconciler_and_charged_o
     server
         .exits_cleanly(Duration::from_secs(8), "at the grace")
         .await;
+    left_in_flight(
+        asked_to_stop,
+        Duration::from_secs(5),
+        answer,
+        &server,
+        "1 saga(s) still in flight are left to the reconciler",
+    )
+    .await;
+
+    settled_by_the_next_process(&world).await;
+}
+
+/// A process stopped, asked at `asked`, within `within`, without waiting for the slow
+/// gateway: the client got no answer (its retry with the same key gets one), and the log
+/// says the saga was left (`line`).
+async fn left_in_flight(
+    asked: std::time::Instant,
+    within: Duration,
+    answer: Answer,
+    server: &Serve,
+    line: &str,
+) {
     assert!(
-        asked_to_stop.elapsed() < Duration::from_secs(5),
+        asked.elapsed() < within,
         "it did not wait for the slow gateway: {:?}",
-        asked_to_stop.elapsed()
+        asked.elapsed()
     );
     assert!(
         answer.await.expect("task").is_err(),
         "the client got no answer: its retry with the same key gets one"
     );
     let logs = server.logs();
-    assert!(
-        logs.contains("1 saga(s) still in flight are left to the reconciler"),
-        "{logs}"
-    );
+    assert!(logs.contains(line), "{logs}");
+}
 
-    // Maybe sent: the reconciler asks the provider before anything else.
+/// The payment a stopped process left `ENVIADA` in the gateway's hands: maybe sent, so
+/// the reconciler asks the provider before anything else. Held as long as a send could
+/// last, so that nobody sends it again meanwhile; then the next process's reconciler
+/// settles it: the charge the gateway made is found, not made again.
+async fn settled_by_the_next_process(world: &World) {
     let left = world.only_payment().await;
     assert_eq!(left.state, "ENVIADA");
-
-    // Held as long as a send could last, so that nobody sends it again meanwhile; then
-    // the next process's reconciler settles it: the charge the gateway made is found, not
-    // made again.
     let held_until = left.claimed_until.expect("held for its send");
     let wait = (held_until - pagos::db::now()).to_std().unwrap_or_default();
     tokio::time::sleep(wait + Duration::from_millis(200)).await;
@@ -214,22 +244,31 @@ async fn on_sigterm_a_saga_its_request_starts_after_the_signal_is_waited_for() {
 }
 
 #[test]
-fn a_bad_shutdown_grace_stops_serve_with_one_line_naming_it() {
+fn a_bad_shutdown_grace_or_drain_delay_stops_serve_with_one_line_naming_it() {
     let dir = tempfile::tempdir().expect("dir");
     let db = format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display());
-    for value in ["soon", "0s", "-1s"] {
+    let bad = [
+        ("PAGOS_SHUTDOWN_GRACE", "soon"),
+        ("PAGOS_SHUTDOWN_GRACE", "0s"),
+        ("PAGOS_SHUTDOWN_GRACE", "-1s"),
+        ("PAGOS_DRAIN_DELAY", "soon"),
+        ("PAGOS_DRAIN_DELAY", "-1s"),
+        ("PAGOS_DRAIN_DELAY", "30"),
+    ];
+    for (setting, value) in bad {
         let output = std::process::Command::new(crate::process::BIN)
             .args(["serve", "--database-url", &db])
-            .env("PAGOS_SHUTDOWN_GRACE", value)
+            .env(setting, value)
             .output()
             .expect("pagos runs");
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{value}: exit 2: {stderr}");
-        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
-        assert!(
-            stderr.contains("PAGOS_SHUTDOWN_GRACE"),
-            "names it: {stderr}"
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{setting}={value}: exit 2: {stderr}"
         );
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(setting), "names it: {stderr}");
     }
     assert!(
         !dir.path().join("x.db").exists(),
@@ -239,7 +278,143 @@ fn a_bad_shutdown_grace_stops_serve_with_one_line_naming_it() {
         .args(["serve", "--help"])
         .output()
         .expect("pagos runs");
-    assert!(String::from_utf8_lossy(&help.stdout).contains("PAGOS_SHUTDOWN_GRACE"));
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("PAGOS_SHUTDOWN_GRACE"), "{help}");
+    assert!(help.contains("PAGOS_DRAIN_DELAY"), "{help}");
+}
+
+/// `GET /readyz` of `url`: its status and body.
+async fn readiness(url: &str) -> (u16, serde_json::Value) {
+    let answer = reqwest::get(format!("{url}/readyz"))
+        .await
+        .expect("answered");
+    let status = answer.status().as_u16();
+    (status, answer.json().await.unwrap_or_default())
+}
+
+/// A rolling deploy behind a load balancer: on `SIGTERM` the process goes on serving for
+/// `PAGOS_DRAIN_DELAY` while `/readyz` tells the balancer to send new requests elsewhere
+/// (before, the listener closed at once: a request the balancer sent meanwhile was
+/// refused). Then it drains and exits cleanly, and its port is closed.
+async fn during_the_drain_delay_readyz_says_503_and_payments_are_still_served(backend: Backend) {
+    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
+    let mut server = world.serve_draining("4s").await;
+    assert_eq!(
+        readiness(&server.url).await.0,
+        200,
+        "ready before the signal"
+    );
+
+    let asked_to_stop = std::time::Instant::now();
+    server.terminate();
+    let mut ready = readiness(&server.url).await;
+    for _ in 0..40 {
+        if ready.0 == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        ready = readiness(&server.url).await;
+    }
+    assert_eq!(ready.0, 503, "not ready once told to stop: {:?}", ready.1);
+    assert_eq!(
+        ready.1["type"], "/problems/service-unavailable",
+        "{:?}",
+        ready.1
+    );
+
+    let paid = pay(&server.url).await.expect("task").expect("served");
+    assert_eq!(paid.status(), 201, "still served during the delay");
+    assert!(
+        asked_to_stop.elapsed() < Duration::from_secs(4),
+        "the payment was made inside the delay: {:?}",
+        asked_to_stop.elapsed()
+    );
+    assert!(
+        server.exited(Duration::from_millis(200)).await.is_none(),
+        "still running during the delay"
+    );
+    server
+        .exits_cleanly(Duration::from_secs(15), "after the delay")
+        .await;
+    assert!(
+        asked_to_stop.elapsed() >= Duration::from_secs(4),
+        "it waited the delay out: {:?}",
+        asked_to_stop.elapsed()
+    );
+    assert!(
+        reqwest::get(format!("{}/healthz", server.url))
+            .await
+            .is_err(),
+        "the port is closed once it has stopped"
+    );
+    assert_eq!(world.only_payment().await.state, "COMPLETADA");
+    assert_eq!(world.fake.total_charges(), 1);
+    let logs = server.logs();
+    assert!(
+        logs.contains("PAGOS_DRAIN_DELAY"),
+        "says why it goes on: {logs}"
+    );
+}
+
+/// An operator who pressed Ctrl-C twice, or an orchestrator that sends SIGTERM again:
+/// the process stops at once (exit code 1) instead of waiting out the grace for a slow
+/// gateway (before, the second signal was ignored), says how many sagas it leaves, and
+/// the next process's reconciler settles the payment, charged once.
+async fn a_second_signal_stops_at_once_and_leaves_the_saga_to_the_reconciler(backend: Backend) {
+    let world = World::new(
+        backend,
+        FakeGateway::charging("succeeded").with_delay(Duration::from_millis(4000)),
+    )
+    .await;
+    let mut server = world.serve_with_grace("15s").await;
+    let answer = pay(&server.url);
+    world.charge_reached_the_gateway().await;
+
+    server.terminate();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked_again = std::time::Instant::now();
+    server.terminate();
+    let status = server
+        .exited(Duration::from_secs(3))
+        .await
+        .unwrap_or_else(|| panic!("stopped at once:\n{}", server.logs()));
+    assert_eq!(status.code(), Some(1), "{}", server.logs());
+    left_in_flight(
+        asked_again,
+        Duration::from_secs(3),
+        answer,
+        &server,
+        "a second signal: stopping at once; 1 saga(s) in flight are left to the reconciler",
+    )
+    .await;
+    settled_by_the_next_process(&world).await;
+}
+
+/// A second signal during `PAGOS_DRAIN_DELAY` ends the wait too: nothing in flight, so
+/// nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_signal_during_the_drain_delay_stops_at_once() {
+    let world = World::new(Backend::Sqlite, FakeGateway::charging("succeeded")).await;
+    let mut server = world.serve_draining("60s").await;
+    server.terminate();
+    for _ in 0..40 {
+        if readiness(&server.url).await.0 == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        server.exited(Duration::from_millis(300)).await.is_none(),
+        "the first signal starts the delay"
+    );
+    server.terminate();
+    let status = server
+        .exited(Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|| panic!("stopped at once:\n{}", server.logs()));
+    assert_eq!(status.code(), Some(1), "{}", server.logs());
+    let logs = server.logs();
+    assert!(logs.contains("0 saga(s) in flight"), "{logs}");
 }
 
 /// How long the backlog's look-ups take: long beside the time a loaded machine takes
