@@ -24,6 +24,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::HeaderMap;
 use chrono::SecondsFormat;
+use sea_orm::sea_query::Condition;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
@@ -108,6 +109,8 @@ impl PagoAdmin {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ListaPagosAdmin {
     pub pagos: Vec<PagoAdmin>,
+    /// The `cursor` of the next page; null on the last one.
+    pub siguiente: Option<String>,
 }
 
 /// The query of `GET /admin/pagos` (documentation only: the handler reads the query
@@ -121,16 +124,26 @@ pub struct ListQuery {
     /// At most this many (default 50, at most 1000)
     #[param(minimum = 1, maximum = 1000)]
     limite: Option<u64>,
+    /// The `siguiente` of the page before
+    cursor: Option<String>,
 }
 
 const DEFAULT_LIST_LIMIT: u64 = 50;
 const MAX_LIST_LIMIT: u64 = 1000;
 
+/// What `GET /admin/pagos` asks for, parsed.
+struct Listing {
+    estado: PaymentState,
+    limit: u64,
+    cursor: Option<Uuid>,
+}
+
 /// The query of `GET /admin/pagos`, as the merchant's list reads its own: every parameter
 /// once, none unknown, `estado` required; a 422 naming each at fault (`errores`).
-fn list_query(query: &str) -> Result<(PaymentState, u64), ApiError> {
+fn list_query(query: &str) -> Result<Listing, ApiError> {
     let mut estado = None;
     let mut limit = None;
+    let mut cursor = None;
     let mut errors = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
@@ -151,7 +164,11 @@ fn list_query(query: &str) -> Result<(PaymentState, u64), ApiError> {
                 Ok(n) if (1..=MAX_LIST_LIMIT).contains(&n) => limit = Some(n),
                 _ => error(format!("a whole number from 1 to {MAX_LIST_LIMIT}")),
             },
-            _ => error("unknown parameter; known: estado, limite".into()),
+            "cursor" => match Uuid::parse_str(&value) {
+                Ok(id) => cursor = Some(id),
+                Err(_) => error("not a cursor: use the `siguiente` of a page".into()),
+            },
+            _ => error("unknown parameter; known: estado, limite, cursor".into()),
         }
     }
     if estado.is_none() && !seen.contains("estado") {
@@ -164,12 +181,17 @@ fn list_query(query: &str) -> Result<(PaymentState, u64), ApiError> {
         ));
     }
     match estado {
-        Some(estado) if errors.is_empty() => Ok((estado, limit.unwrap_or(DEFAULT_LIST_LIMIT))),
+        Some(estado) if errors.is_empty() => Ok(Listing {
+            estado,
+            limit: limit.unwrap_or(DEFAULT_LIST_LIMIT),
+            cursor,
+        }),
         _ => Err(super::search::invalid(errors)),
     }
 }
 
-/// Payments in a state, oldest first.
+/// Payments in a state, oldest first, a page at a time (`siguiente` is the next page's
+/// `cursor`).
 #[utoipa::path(
     get,
     path = "/admin/pagos",
@@ -177,10 +199,10 @@ fn list_query(query: &str) -> Result<(PaymentState, u64), ApiError> {
     security(("admin_token" = [])),
     params(ListQuery),
     responses(
-        (status = 200, description = "Payments, oldest first, each with `montoReembolsado`", body = ListaPagosAdmin),
+        (status = 200, description = "A page of payments, oldest first, each with `montoReembolsado`; `siguiente` is the next page's `cursor` (null on the last page)", body = ListaPagosAdmin),
         AdminTokenRefused,
         super::auth::TooManyFailedAuthentications,
-        (status = 422, description = "`estado` missing or not a state, `limite` not a whole number from 1 to 1000, a parameter given twice or unknown (`errores` names each)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`estado` missing or not a state, `limite` not a whole number from 1 to 1000, `cursor` not the `siguiente` of a page, a parameter given twice or unknown (`errores` names each)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn list_payments(
@@ -188,13 +210,40 @@ async fn list_payments(
     _admin: Admin,
     RawQuery(query): RawQuery,
 ) -> Result<Json<ListaPagosAdmin>, ApiError> {
-    let (estado, limit) = list_query(&query.unwrap_or_default())?;
-    let rows = payment::Entity::find()
-        .filter(payment::Column::State.eq(estado.as_str()))
+    let Listing {
+        estado,
+        limit,
+        cursor,
+    } = list_query(&query.unwrap_or_default())?;
+    let mut find = payment::Entity::find().filter(payment::Column::State.eq(estado.as_str()));
+    if let Some(cursor) = cursor {
+        // The page goes on after the cursor's payment, in the same order. A payment that
+        // left the state since is still a place in that order.
+        let Some(last) = payment::Entity::find_by_id(cursor).one(&state.db).await? else {
+            return Err(super::search::invalid(vec![field_error(
+                "cursor",
+                "not a cursor: use the `siguiente` of a page",
+            )]));
+        };
+        find = find.filter(
+            Condition::any()
+                .add(payment::Column::CreatedAt.gt(last.created_at))
+                .add(
+                    Condition::all()
+                        .add(payment::Column::CreatedAt.eq(last.created_at))
+                        .add(payment::Column::Id.gt(last.id)),
+                ),
+        );
+    }
+    let rows = find
         .order_by_asc(payment::Column::CreatedAt)
+        .order_by_asc(payment::Column::Id)
         .limit(limit)
         .all(&state.db)
         .await?;
+    let siguiente = (rows.len() as u64 == limit)
+        .then(|| rows.last().map(|p| p.id.to_string()))
+        .flatten();
     // The page's refunds in one query, not one per payment.
     let ids: Vec<Uuid> = rows.iter().map(|p| p.id).collect();
     let refunded = crate::saga::refund::store::refunded_amounts(&state.db, &ids).await?;
@@ -203,6 +252,7 @@ async fn list_payments(
             .iter()
             .map(|p| PagoAdmin::of(p, refunded.get(&p.id).copied().unwrap_or(0)))
             .collect(),
+        siguiente,
     }))
 }
 

@@ -26,6 +26,7 @@ on_both_databases!(
     an_action_a_newer_pagos_recorded_is_listed_by_its_name,
     the_admin_list_of_payments_takes_its_parameters_in_the_query_and_refuses_unknown_ones,
     on_calls_view_of_a_payment_shows_what_was_refunded_as_the_merchants_does,
+    on_calls_list_of_payments_goes_on_page_by_page_with_its_cursor,
 );
 
 /// On-call's actions, newest first, as `token` reads them with `query`.
@@ -781,7 +782,7 @@ async fn the_admin_list_of_payments_takes_its_parameters_in_the_query_and_refuse
         .iter()
         .filter_map(|p| p["name"].as_str())
         .collect();
-    assert_eq!(names, ["estado", "limite"], "{operation}");
+    assert_eq!(names, ["estado", "limite", "cursor"], "{operation}");
     for parameter in parameters {
         assert_eq!(parameter["in"], "query", "{parameter}");
     }
@@ -795,6 +796,11 @@ async fn the_admin_list_of_payments_takes_its_parameters_in_the_query_and_refuse
         ("?estado=COMPLETADA&limite=0", "limite"),
         ("?estado=COMPLETADA&limite=1001", "limite"),
         ("?estado=COMPLETADA&estado=FALLIDA", "estado"),
+        ("?estado=COMPLETADA&cursor=abc", "cursor"),
+        (
+            "?estado=COMPLETADA&cursor=0195f1a2-0000-7000-8000-000000000000",
+            "cursor",
+        ),
     ] {
         let answer = app.admin_get(&format!("/admin/pagos{query}")).await;
         let problem = crate::helpers::problem(answer, 422, query).await;
@@ -857,4 +863,70 @@ async fn on_calls_view_of_a_payment_shows_what_was_refunded_as_the_merchants_doe
     let body = json!({"estado": "COMPLETADA", "motivo": "visto en el panel"});
     let done = app.resolved_as(ADMIN_TOKEN, &under_review, &body).await;
     assert_eq!(done["pago"]["montoReembolsado"], 0, "{done}");
+}
+
+/// After an outage on-call may have more payments under review than a page holds (1000 at
+/// most): `siguiente` is the next page's `cursor`, every payment of the state is on exactly
+/// one page, oldest first, and the last page says there is no next one. Before, the list
+/// stopped at the first 1000 with no way to the rest. A payment that left the state
+/// since its page was read still leads on to the next.
+async fn on_calls_list_of_payments_goes_on_page_by_page_with_its_cursor(backend: Backend) {
+    use crate::refunds::{app_with, paid};
+    let (app, _fake) = app_with(backend, &[]).await;
+    let mut made = Vec::new();
+    for i in 0..5 {
+        made.push(paid(&app, &format!("k-page-{i}")).await);
+        // Created in distinct milliseconds: the order is theirs, not the ids' tie-break.
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let page = |query: String| {
+        let app = &app;
+        async move {
+            let answer = app.admin_get(&format!("/admin/pagos{query}")).await;
+            assert_eq!(answer.status(), 200, "{query}");
+            let body = json(answer).await;
+            let ids: Vec<String> = body["pagos"]
+                .as_array()
+                .expect("pagos")
+                .iter()
+                .map(|p| p["id"].as_str().expect("id").to_owned())
+                .collect();
+            (ids, body["siguiente"].as_str().map(str::to_owned))
+        }
+    };
+    let mut listed = Vec::new();
+    let mut query = "?estado=COMPLETADA&limite=2".to_owned();
+    let mut pages = 0;
+    loop {
+        let (ids, next) = page(query.clone()).await;
+        pages += 1;
+        listed.extend(ids);
+        match next {
+            Some(cursor) => query = format!("?estado=COMPLETADA&limite=2&cursor={cursor}"),
+            None => break,
+        }
+        assert!(pages < 10, "the pages end");
+    }
+    assert_eq!(pages, 3, "2 + 2 + 1");
+    assert_eq!(listed, made, "each payment once, oldest first");
+
+    // The first page's last payment has left COMPLETADA since (moved to review in the
+    // database here): its cursor still leads on to the rest.
+    let (first, next) = page("?estado=COMPLETADA&limite=2".to_owned()).await;
+    assert_eq!(first, made[..2]);
+    let moved = uuid::Uuid::parse_str(&made[1]).expect("id");
+    let mut row: pagos::entities::payment::ActiveModel =
+        pagos::entities::payment::Entity::find_by_id(moved)
+            .one(&app.db)
+            .await
+            .expect("read")
+            .expect("payment")
+            .into();
+    row.state = sea_orm::ActiveValue::Set(pagos::saga::state::PaymentState::RevisionManual);
+    sea_orm::ActiveModelTrait::update(row, &app.db)
+        .await
+        .expect("moved");
+    let next = next.expect("a next page");
+    let (rest, _) = page(format!("?estado=COMPLETADA&limite=10&cursor={next}")).await;
+    assert_eq!(rest, made[2..], "the next page goes on after it");
 }
