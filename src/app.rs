@@ -443,9 +443,15 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let (first, mut signalled_once) = tokio::sync::watch::channel(false);
     let (second, signalled_twice) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        signals.next().await;
+        let _ = signals.next().await;
         let _ = first.send(true);
-        signals.next().await;
+        // Only a human's Ctrl-C cuts the stop short: an orchestrator may send SIGTERM again
+        // (a runtime restarted, a shorter grace asked) and means the drain it asked for.
+        while signals.next().await == crate::signals::Stop::Terminate {
+            tracing::info!(
+                "SIGTERM again: still shutting down as the first signal asked; Ctrl-C stops at once"
+            );
+        }
         let _ = second.send(true);
     });
     let started = tokio::select! {
@@ -527,8 +533,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
 /// the process goes on serving for `PAGOS_DRAIN_DELAY`, so that a load balancer sends
 /// new requests elsewhere before the listener closes; then `stop` tells the workers to
 /// take no new work and the doors to drain, and `signalled` holds when (the grace counts
-/// from there). A second signal, at any time, ends the process at once with exit code 1:
-/// what it leaves in flight is left to the reconciler, as after a crash.
+/// from there). A Ctrl-C after the first signal, at any time, ends the process at once with
+/// exit code 130: what it leaves in flight is left to the reconciler, as after a crash.
 async fn stop_when_signalled(
     state: AppState,
     mut first: tokio::sync::watch::Receiver<bool>,
@@ -543,16 +549,16 @@ async fn stop_when_signalled(
         let _ = second.wait_for(|s| *s).await;
         let left = state.tasks.len();
         tracing::warn!(
-            sagas = left,
-            "a second signal: stopping at once; {left} saga(s) in flight are left to the reconciler"
+            tasks = left,
+            "Ctrl-C again: stopping at once; {left} saga(s) or on-call pass(es) in flight, and what the workers had claimed, are left to the reconciler"
         );
-        std::process::exit(1);
+        std::process::exit(130);
     };
     tokio::pin!(stopped_at_once);
     if !delay.is_zero() {
         tracing::info!(
             delay = %humantime::format_duration(delay),
-            "shutting down: /readyz answers 503 and requests are still served for PAGOS_DRAIN_DELAY; a second signal stops at once"
+            "shutting down: /readyz answers 503 and requests are still served for PAGOS_DRAIN_DELAY; Ctrl-C stops at once"
         );
         tokio::select! {
             () = tokio::time::sleep(delay) => {}

@@ -509,8 +509,8 @@ pub struct Settings {
     pub orphan_charges: crate::saga::refund::OrphanCharges,
     /// On SIGTERM or Ctrl-C, how long the process goes on serving as before while /readyz
     /// answers 503, so that a load balancer sends new requests elsewhere before the
-    /// listener closes (0s: it closes at once); PAGOS_SHUTDOWN_GRACE follows. A second
-    /// signal stops the process at once
+    /// listener closes (0s: it closes at once); PAGOS_SHUTDOWN_GRACE follows. A Ctrl-C
+    /// after the first signal stops the process at once
     #[arg(long, env = "PAGOS_DRAIN_DELAY", default_value = "0s", value_parser = duration, value_name = "DURATION")]
     pub drain_delay: Duration,
     /// On SIGTERM or Ctrl-C, how long requests and the sagas they started may still run;

@@ -9,14 +9,24 @@
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     let mut signals = Signals::install();
     async move {
-        signals.next().await;
+        let _ = signals.next().await;
         tracing::info!("shutting down: finishing requests in flight");
     }
 }
 
+/// Which signal came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Ctrl-C (SIGINT): a human at a terminal.
+    Interrupt,
+    /// SIGTERM: an orchestrator, a process manager, `kill`.
+    Terminate,
+}
+
 /// Ctrl-C and (on Unix) SIGTERM, one after another: `pagos serve` drains on the first and
-/// stops at once on the second. Installed when made (see `shutdown_signal`); a signal
-/// that arrives while nobody waits in `next` is kept for the next call.
+/// stops at once on a Ctrl-C after it. Installed when made (see `shutdown_signal`); a
+/// signal that arrives while nobody waits in `next` is kept for the next call (several of
+/// one kind before that call count as one).
 pub struct Signals {
     #[cfg(unix)]
     interrupt: Option<tokio::signal::unix::Signal>,
@@ -39,8 +49,8 @@ impl Signals {
         Signals {}
     }
 
-    /// Resolves on the next Ctrl-C or SIGTERM.
-    pub async fn next(&mut self) {
+    /// Resolves on the next Ctrl-C or SIGTERM, saying which.
+    pub async fn next(&mut self) -> Stop {
         #[cfg(unix)]
         {
             async fn one(signal: &mut Option<tokio::signal::unix::Signal>) {
@@ -52,13 +62,14 @@ impl Signals {
                 }
             }
             tokio::select! {
-                () = one(&mut self.interrupt) => {},
-                () = one(&mut self.terminate) => {},
+                () = one(&mut self.interrupt) => Stop::Interrupt,
+                () = one(&mut self.terminate) => Stop::Terminate,
             }
         }
         #[cfg(not(unix))]
         {
             let _ = tokio::signal::ctrl_c().await;
+            Stop::Interrupt
         }
     }
 }

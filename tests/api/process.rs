@@ -223,12 +223,21 @@ impl Serve {
 
     /// SIGTERM, as an orchestrator stopping the process would.
     pub fn terminate(&self) {
+        self.signal("TERM");
+    }
+
+    /// SIGINT, as Ctrl-C at a terminal would.
+    pub fn interrupt(&self) {
+        self.signal("INT");
+    }
+
+    fn signal(&self, name: &str) {
         let pid = self.child.id().expect("still running");
         let sent = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
+            .args([&format!("-{name}"), &pid.to_string()])
             .status()
             .expect("kill runs");
-        assert!(sent.success(), "SIGTERM sent");
+        assert!(sent.success(), "SIG{name} sent");
     }
 
     /// Waits up to `within` for the process to exit, and asserts it exited cleanly (exit
