@@ -24,7 +24,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::HeaderMap;
 use chrono::SecondsFormat;
-use sea_orm::sea_query::Condition;
+use sea_orm::Order;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
@@ -225,15 +225,7 @@ async fn list_payments(
                 "not a cursor: use the `siguiente` of a page",
             )]));
         };
-        find = find.filter(
-            Condition::any()
-                .add(payment::Column::CreatedAt.gt(last.created_at))
-                .add(
-                    Condition::all()
-                        .add(payment::Column::CreatedAt.eq(last.created_at))
-                        .add(payment::Column::Id.gt(last.id)),
-                ),
-        );
+        find = find.filter(super::search::after(&last, Order::Asc));
     }
     let rows = find
         .order_by_asc(payment::Column::CreatedAt)

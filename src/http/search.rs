@@ -12,7 +12,7 @@ use axum::extract::{RawQuery, State};
 use chrono::{DateTime, Utc};
 use pagos_types::PaymentState;
 use sea_orm::sea_query::{Condition, Expr};
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{ColumnTrait, EntityTrait, Order, QueryFilter, QueryOrder, QuerySelect};
 use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -113,6 +113,27 @@ fn parse(query: &str) -> Result<Search, ApiError> {
     }
 }
 
+/// The payments after `last` in a list ordered by creation, then id, in `order`: the
+/// page after the one `last` ended (a keyset, so a payment created meanwhile shifts
+/// nothing).
+pub(super) fn after(last: &payment::Model, order: Order) -> Condition {
+    let (created, id) = match order {
+        Order::Desc => (
+            payment::Column::CreatedAt.lt(last.created_at),
+            payment::Column::Id.lt(last.id),
+        ),
+        _ => (
+            payment::Column::CreatedAt.gt(last.created_at),
+            payment::Column::Id.gt(last.id),
+        ),
+    };
+    Condition::any().add(created).add(
+        Condition::all()
+            .add(payment::Column::CreatedAt.eq(last.created_at))
+            .add(id),
+    )
+}
+
 /// The merchant's payments, newest first.
 #[utoipa::path(
     get,
@@ -157,15 +178,7 @@ async fn search_payments(
                 detalle: "not a cursor: use the `siguiente` of a page".into(),
             }]));
         };
-        find = find.filter(
-            Condition::any()
-                .add(payment::Column::CreatedAt.lt(last.created_at))
-                .add(
-                    Condition::all()
-                        .add(payment::Column::CreatedAt.eq(last.created_at))
-                        .add(payment::Column::Id.lt(last.id)),
-                ),
-        );
+        find = find.filter(after(&last, Order::Desc));
     }
     if let Some(credit) = &search.credit_id {
         find = find.filter(payment::Column::CreditId.eq(credit.clone()));

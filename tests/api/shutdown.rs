@@ -374,7 +374,9 @@ async fn during_the_drain_delay_readyz_says_503_and_payments_are_still_served(ba
 /// of waiting out the grace for a slow gateway (before, the second signal was ignored),
 /// says how many sagas it leaves, and the next process's reconciler settles the payment,
 /// charged once. A SIGTERM sent again meanwhile does not.
-async fn ctrl_c_after_sigterm_stops_at_once_and_leaves_the_saga_to_the_reconciler(backend: Backend) {
+async fn ctrl_c_after_sigterm_stops_at_once_and_leaves_the_saga_to_the_reconciler(
+    backend: Backend,
+) {
     let world = World::new(
         backend,
         FakeGateway::charging("succeeded").with_delay(Duration::from_millis(4000)),
