@@ -505,7 +505,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let served = serve_doors(listener, admin, state, until_signalled).await;
     // What the workers have in hand finishes (each write atomic anyway), within the
-    // grace counted from the signal; what is still running then is dropped with the
+    // grace counted from the end of PAGOS_DRAIN_DELAY; what is still running then is dropped with the
     // process, its claims running out as after a crash. (Served to the end without a
     // signal: the listener failed, and the workers are left with the process.)
     let Some(&at) = signalled.get() else {
@@ -550,7 +550,7 @@ async fn stop_when_signalled(
         let left = state.tasks.len();
         tracing::warn!(
             tasks = left,
-            "Ctrl-C again: stopping at once; {left} saga(s) or on-call pass(es) in flight, and what the workers had claimed, are left to the reconciler"
+            "Ctrl-C after the first signal: stopping at once; {left} saga(s) or on-call pass(es) in flight, and what the workers had claimed, are left to the reconciler"
         );
         std::process::exit(130);
     };

@@ -1,7 +1,7 @@
 //! `SIGTERM` with payments in flight: `pagos serve` goes on serving for
 //! `PAGOS_DRAIN_DELAY` while `/readyz` says 503, waits for their sagas up to
-//! `PAGOS_SHUTDOWN_GRACE`, stops at once on a second signal, and what it cannot wait for
-//! is left to the reconciler, never half-written and never charged twice.
+//! `PAGOS_SHUTDOWN_GRACE`, stops at once on a Ctrl-C after the signal, and what it cannot
+//! wait for is left to the reconciler, never half-written and never charged twice.
 
 use crate::helpers::{API_KEY, Backend, FakeGateway, payment_body};
 use crate::on_both_databases;
@@ -402,7 +402,7 @@ async fn ctrl_c_after_sigterm_stops_at_once_and_leaves_the_saga_to_the_reconcile
         Duration::from_secs(3),
         answer,
         &server,
-        "Ctrl-C again: stopping at once; 1 saga(s) or on-call pass(es) in flight",
+        "Ctrl-C after the first signal: stopping at once; 1 saga(s) or on-call pass(es) in flight",
     )
     .await;
     settled_by_the_next_process(&world).await;
