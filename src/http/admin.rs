@@ -233,19 +233,8 @@ async fn list_payments(
         .limit(limit)
         .all(&state.db)
         .await?;
-    let siguiente = (rows.len() as u64 == limit)
-        .then(|| rows.last().map(|p| p.id.to_string()))
-        .flatten();
-    // The page's refunds in one query, not one per payment.
-    let ids: Vec<Uuid> = rows.iter().map(|p| p.id).collect();
-    let refunded = crate::saga::refund::store::refunded_amounts(&state.db, &ids).await?;
-    Ok(Json(ListaPagosAdmin {
-        pagos: rows
-            .iter()
-            .map(|p| PagoAdmin::of(p, refunded.get(&p.id).copied().unwrap_or(0)))
-            .collect(),
-        siguiente,
-    }))
+    let (pagos, siguiente) = super::search::shown(&state, rows, limit, PagoAdmin::of).await?;
+    Ok(Json(ListaPagosAdmin { pagos, siguiente }))
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]

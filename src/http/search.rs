@@ -198,18 +198,28 @@ async fn search_payments(
         .limit(search.limit)
         .all(&state.db)
         .await?;
-    let siguiente = (page.len() as u64 == search.limit)
+    // Each item as `GET /v1/pagos/{id}` shows it, `montoReembolsado` included.
+    let (pagos, siguiente) = shown(&state, page, search.limit, pago_with_refunds).await?;
+    Ok(Json(ListaPagos { pagos, siguiente }))
+}
+
+/// A page of payments as a list shows it: each rendered by `render` with what was refunded
+/// of it (the page's refunds in one query, not one per payment), and the `cursor` of the
+/// next page when this one is full.
+pub(super) async fn shown<T>(
+    state: &AppState,
+    page: Vec<payment::Model>,
+    limit: u64,
+    render: impl Fn(&payment::Model, i64) -> T,
+) -> Result<(Vec<T>, Option<String>), ApiError> {
+    let siguiente = (page.len() as u64 == limit)
         .then(|| page.last().map(|p| p.id.to_string()))
         .flatten();
-    // Each item as `GET /v1/pagos/{id}` shows it, `montoReembolsado` included: the
-    // page's refunds in one query, not one per payment.
     let ids: Vec<Uuid> = page.iter().map(|p| p.id).collect();
     let refunded = crate::saga::refund::store::refunded_amounts(&state.db, &ids).await?;
-    Ok(Json(ListaPagos {
-        pagos: page
-            .iter()
-            .map(|p| pago_with_refunds(p, refunded.get(&p.id).copied().unwrap_or(0)))
-            .collect(),
-        siguiente,
-    }))
+    let shown = page
+        .iter()
+        .map(|p| render(p, refunded.get(&p.id).copied().unwrap_or(0)))
+        .collect();
+    Ok((shown, siguiente))
 }

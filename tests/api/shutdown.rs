@@ -101,6 +101,10 @@ async fn on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer(
     );
 
     server.terminate();
+    // An orchestrator that sends SIGTERM again (its runtime restarted) still gets the
+    // drain it asked for.
+    logged(&server, "shutting down: finishing requests in flight").await;
+    server.terminate();
     let answer = answer.await.expect("task").expect("answered before exit");
     assert_eq!(answer.status(), 201, "the saga finished during the grace");
     server
