@@ -630,8 +630,20 @@ pub async fn run(args: crate::config::SandboxArgs) -> anyhow::Result<()> {
             )
         })?;
     tracing::info!(addr = %listener.local_addr()?, "sandbox gateway listening");
+    // As `pagos serve`: the first signal lets the answers in flight (held by
+    // `--latency`) finish; a Ctrl-C after it stops at once.
+    let mut signals = crate::signals::Signals::install();
+    let stopped = async move {
+        let _ = signals.next().await;
+        tracing::info!("shutting down: finishing requests in flight; Ctrl-C stops at once");
+        tokio::spawn(async move {
+            while signals.next().await == crate::signals::Stop::Terminate {}
+            tracing::warn!("Ctrl-C after the first signal: stopping at once");
+            std::process::exit(130);
+        });
+    };
     axum::serve(listener, server.router())
-        .with_graceful_shutdown(crate::signals::shutdown_signal())
+        .with_graceful_shutdown(stopped)
         .await
         .context("serving the sandbox gateway")
 }

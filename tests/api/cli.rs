@@ -314,6 +314,55 @@ async fn wait_for_sandbox(base: &str) {
     panic!("the sandbox gateway at {base} never answered");
 }
 
+/// `pagos sandbox-gateway` stopped while a charge is held by `--latency`: `SIGTERM` lets
+/// the answer finish, a Ctrl-C after it stops the process at once (exit code 130), as
+/// `pagos serve` does (before, the second signal was swallowed and the process waited for
+/// the held answer).
+#[tokio::test]
+async fn a_ctrl_c_after_sigterm_stops_the_sandbox_gateway_at_once() {
+    let (mut sandbox, base) = sandbox_gateway("30s").await;
+    let held = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("{base}/v1/charges"))
+            .header("Idempotency-Key", "gk-held")
+            .json(&json!({"amount": 100, "currency": "COP", "reference": "ref-held"}))
+            .send()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = sandbox.0.id().to_string();
+    let signal = |name: &str| {
+        let sent = Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "{name} sent");
+    };
+    signal("-TERM");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        sandbox.0.try_wait().expect("wait").is_none(),
+        "the held answer is waited for"
+    );
+    let asked = std::time::Instant::now();
+    signal("-INT");
+    let status = loop {
+        if let Some(status) = sandbox.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "stopped at once after the Ctrl-C"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        held.await.expect("task").is_err(),
+        "the held charge got no answer"
+    );
+}
+
 #[tokio::test]
 async fn the_standalone_sandbox_gateway_follows_the_reference_protocol() {
     let (_sandbox, base) = sandbox_gateway("1s").await;
