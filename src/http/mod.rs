@@ -375,8 +375,29 @@ fn door(door: Door, state: AppState) -> Router {
         ))
     };
     router
+        .layer(axum::middleware::map_response_with_state(
+            state.clone(),
+            close_when_draining,
+        ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// From the first signal on (`PAGOS_DRAIN_DELAY`), every answer says `Connection: close`:
+/// a client that keeps connections to this process (a load balancer's pool, a connection
+/// kube-proxy tracks) opens its next one, which the balancer sends elsewhere, instead of
+/// sending requests here until the listener closes and resets it.
+async fn close_when_draining(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    mut response: Response,
+) -> Response {
+    if *state.draining.borrow() {
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 fn method_not_allowed() -> problem::Problem {

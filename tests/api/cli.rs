@@ -321,15 +321,25 @@ async fn wait_for_sandbox(base: &str) {
 #[tokio::test]
 async fn a_ctrl_c_after_sigterm_stops_the_sandbox_gateway_at_once() {
     let (mut sandbox, base) = sandbox_gateway("30s").await;
-    let held = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(format!("{base}/v1/charges"))
-            .header("Idempotency-Key", "gk-held")
-            .json(&json!({"amount": 100, "currency": "COP", "reference": "ref-held"}))
-            .send()
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let charge = {
+        let base = base.clone();
+        move || {
+            reqwest::Client::new()
+                .post(format!("{base}/v1/charges"))
+                .header("Idempotency-Key", "gk-held")
+                .json(&json!({"amount": 100, "currency": "COP", "reference": "ref-held"}))
+                .send()
+        }
+    };
+    let held = tokio::spawn(charge());
+    // Held: the same key again is a 409 while the first is in flight (asked well after
+    // the first was sent, as the reference protocol's test does).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = tokio::time::timeout(Duration::from_secs(5), charge())
+        .await
+        .expect("a duplicate is answered at once")
+        .expect("answered");
+    assert_eq!(again.status(), 409, "the charge is held by --latency");
     let pid = sandbox.0.id().to_string();
     let signal = |name: &str| {
         let sent = Command::new("kill")
@@ -339,7 +349,18 @@ async fn a_ctrl_c_after_sigterm_stops_the_sandbox_gateway_at_once() {
         assert!(sent.success(), "{name} sent");
     };
     signal("-TERM");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Read: the listener is closed, the held answer still awaited.
+    let address = base.trim_start_matches("http://").to_owned();
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(&address).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        tokio::net::TcpStream::connect(&address).await.is_err(),
+        "the first signal closed the listener"
+    );
     assert!(
         sandbox.0.try_wait().expect("wait").is_none(),
         "the held answer is waited for"

@@ -105,6 +105,7 @@ async fn on_sigterm_a_payment_in_flight_finishes_and_its_client_gets_the_answer(
     // drain it asked for.
     logged(&server, "shutting down: finishing requests in flight").await;
     server.terminate();
+    logged(&server, "SIGTERM again: still shutting down").await;
     let answer = answer.await.expect("task").expect("answered before exit");
     assert_eq!(answer.status(), 201, "the saga finished during the grace");
     server
@@ -327,10 +328,14 @@ async fn logged(server: &Serve, line: &str) {
 async fn during_the_drain_delay_readyz_says_503_and_payments_are_still_served(backend: Backend) {
     let world = World::new(backend, FakeGateway::charging("succeeded")).await;
     let mut server = world.serve_draining("8s").await;
-    assert_eq!(
-        readiness(&server.url).await.0,
-        200,
-        "ready before the signal"
+    let before = reqwest::get(format!("{}/readyz", server.url))
+        .await
+        .expect("answered");
+    assert_eq!(before.status(), 200, "ready before the signal");
+    assert!(
+        before.headers().get("connection").is_none(),
+        "connections kept before the signal: {:?}",
+        before.headers()
     );
 
     let asked_to_stop = std::time::Instant::now();
@@ -342,6 +347,30 @@ async fn during_the_drain_delay_readyz_says_503_and_payments_are_still_served(ba
 
     let paid = pay(&server.url).await.expect("task").expect("served");
     assert_eq!(paid.status(), 201, "still served during the delay");
+    assert_eq!(
+        paid.headers().get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..]),
+        "a kept connection is closed after its answer: the next one goes elsewhere"
+    );
+    let address = server.url.trim_start_matches("http://").to_owned();
+    let closed = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(address).expect("connects");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout set");
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: pagos\r\n\r\n")
+            .expect("sent");
+        let mut answer = String::new();
+        // To the end: pagos closes the connection after its answer (kept alive, this
+        // read would wait out the 5 s timeout and fail).
+        stream.read_to_string(&mut answer).map(|_| answer)
+    })
+    .await
+    .expect("task");
+    let closed = closed.expect("the connection closed after the answer");
+    assert!(closed.starts_with("HTTP/1.1 200"), "{closed}");
     assert!(
         asked_to_stop.elapsed() < Duration::from_secs(8),
         "the payment was made inside the delay: {:?}",
