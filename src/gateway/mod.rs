@@ -251,10 +251,14 @@ pub fn known_refund_status(
 /// The longest decline code pagos stores (`payments.decline_code`, `webhook_charges`).
 pub const MAX_DECLINE_CODE_LEN: usize = 100;
 
-/// A provider's decline code cut to what pagos stores: a provider's string must never
-/// make a write fail, again on every retry.
+/// A provider's decline code cut to what pagos stores, a NUL (which PostgreSQL's text
+/// refuses) kept as U+FFFD: a provider's string must never make a write fail, again on
+/// every retry.
 pub fn decline_code(code: &str) -> String {
-    code.chars().take(MAX_DECLINE_CODE_LEN).collect()
+    code.chars()
+        .take(MAX_DECLINE_CODE_LEN)
+        .map(|c| if c == '\0' { '\u{FFFD}' } else { c })
+        .collect()
 }
 
 impl GatewayError {

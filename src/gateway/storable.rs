@@ -5,8 +5,12 @@
 //! every reconciliation pass: the payment would stay `ENVIADA` for good, with no horizon
 //! to take it to on-call. So, for every adapter, before anything is decided on an answer:
 //! a code is cut to what is stored (it is only a reason), and an id that cannot be stored
-//! (empty or too long) is not believed: an unknown outcome, as an answer about another
-//! payment is (`retry`), which the reconciler's horizons take to `REVISION_MANUAL`.
+//! (empty, too long, or with a NUL) is not believed: an unknown outcome, as an answer about
+//! another payment is (`retry`), which the reconciler's horizons take to `REVISION_MANUAL`.
+//!
+//! PostgreSQL's text refuses NUL (`\u0000` in a JSON answer, or a raw byte in an error
+//! body read as text): a code, and the words of an error that become an audit row's reason
+//! or a payment's `last_error`, keep it as U+FFFD (`words`).
 
 use super::{
     Charge, ChargeRequest, Gateway, GatewayError, Refund, RefundLookup, RefundRequest, decline_code,
@@ -33,6 +37,12 @@ fn storable_id(what: &str, id: &str) -> Result<(), GatewayError> {
             "the gateway answered a {what} with no id: not believed"
         )));
     }
+    if id.contains('\0') {
+        let start: String = words(id.chars().take(40).collect());
+        return Err(GatewayError::Unknown(format!(
+            "the gateway answered a {what} whose id ({start}) holds a NUL, which pagos cannot store: not believed"
+        )));
+    }
     let len = id.chars().count();
     if len > MAX_GATEWAY_REF_LEN {
         let start: String = id.chars().take(40).collect();
@@ -41,6 +51,31 @@ fn storable_id(what: &str, id: &str) -> Result<(), GatewayError> {
         )));
     }
     Ok(())
+}
+
+/// `text` with every NUL as U+FFFD: what PostgreSQL's text stores.
+pub fn words(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
+    }
+}
+
+/// `err` with words pagos can store (`words`).
+fn storable_error(err: GatewayError) -> GatewayError {
+    match err {
+        GatewayError::Unknown(why) => GatewayError::Unknown(words(why)),
+        GatewayError::Rejected {
+            status,
+            detail,
+            reason,
+        } => GatewayError::Rejected {
+            status,
+            detail: words(detail),
+            reason,
+        },
+    }
 }
 
 /// `charge` as pagos stores it, or why it is not believed.
@@ -53,6 +88,10 @@ pub fn charge(mut charge: Charge) -> Result<Charge, GatewayError> {
 /// `refund` as pagos stores it, or why it is not believed.
 pub fn refund(mut refund: Refund) -> Result<Refund, GatewayError> {
     storable_id("refund", &refund.id)?;
+    // Some answers name no charge (the adapter fills in the one asked about).
+    if !refund.charge.is_empty() {
+        storable_id("refund's charge", &refund.charge)?;
+    }
     refund.failure_code = refund.failure_code.as_deref().map(decline_code);
     Ok(refund)
 }
@@ -60,26 +99,28 @@ pub fn refund(mut refund: Refund) -> Result<Refund, GatewayError> {
 #[async_trait]
 impl Gateway for Storable {
     async fn charge(&self, req: &ChargeRequest) -> Result<Charge, GatewayError> {
-        charge(self.0.charge(req).await?)
+        charge(self.0.charge(req).await.map_err(storable_error)?)
     }
 
     async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
         self.0
             .lookup(reference)
-            .await?
+            .await
+            .map_err(storable_error)?
             .into_iter()
             .map(charge)
             .collect()
     }
 
     async fn refund(&self, req: &RefundRequest) -> Result<Refund, GatewayError> {
-        refund(self.0.refund(req).await?)
+        refund(self.0.refund(req).await.map_err(storable_error)?)
     }
 
     async fn lookup_refunds(&self, lookup: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
         self.0
             .lookup_refunds(lookup)
-            .await?
+            .await
+            .map_err(storable_error)?
             .into_iter()
             .map(refund)
             .collect()
@@ -122,5 +163,16 @@ mod tests {
             failure_code: None,
         };
         assert!(refund(r).is_err());
+    }
+
+    #[test]
+    fn a_nul_is_kept_as_u_fffd_in_codes_and_words_and_an_id_with_one_is_not_believed() {
+        let kept = charge(a_charge("ch_1", Some("do_not\0honor"))).expect("believed");
+        assert_eq!(kept.decline_code.as_deref(), Some("do_not\u{FFFD}honor"));
+        let err = charge(a_charge("ch_\01", None)).expect_err("not believed");
+        assert!(err.is_retryable(), "an unknown outcome: {err}");
+        assert!(!err.to_string().contains('\0'), "{err}");
+        let words = storable_error(GatewayError::rejected(400, "bad\0thing")).to_string();
+        assert!(words.ends_with("bad\u{FFFD}thing"), "{words}");
     }
 }

@@ -54,6 +54,18 @@ pub(crate) fn bounded(field: &str, value: &str, max: usize) -> Result<(), EventE
     if value.is_empty() {
         return Err(EventError(format!("`{field}` must not be empty")));
     }
+    storable(field, value, max)
+}
+
+/// A charge's or refund's reference: empty or foreign is not malformed (an orphan charge,
+/// a refund made outside pagos, both stored with it), but one pagos cannot store is.
+pub(crate) fn reference(field: &str, value: &str) -> Result<(), EventError> {
+    storable(field, value, MAX_ID_LEN)
+}
+
+/// At most `max` characters and no control character (a NUL, which PostgreSQL's text
+/// refuses, would fail the event's write at every delivery).
+fn storable(field: &str, value: &str, max: usize) -> Result<(), EventError> {
     if value.chars().count() > max {
         return Err(EventError(format!("`{field}` is over {max} characters")));
     }
@@ -78,11 +90,7 @@ impl GatewayEvent {
                 .map_err(|e| EventError(format!("`data` is not a charge: {e}")))?;
             bounded("data.id", &charge.id, MAX_ID_LEN)?;
             // An empty or foreign reference is not malformed: it is an orphan charge.
-            if charge.reference.chars().count() > MAX_ID_LEN {
-                return Err(EventError(format!(
-                    "`data.reference` is over {MAX_ID_LEN} characters"
-                )));
-            }
+            reference("data.reference", &charge.reference)?;
             bounded("data.currency", &charge.currency, MAX_CURRENCY_LEN)?;
             if let Some(code) = &charge.decline_code {
                 bounded("data.declineCode", code, MAX_DECLINE_CODE_LEN)?;
@@ -94,11 +102,7 @@ impl GatewayEvent {
             bounded("data.id", &refund.id, MAX_ID_LEN)?;
             // An empty or foreign reference is not malformed: a refund made outside pagos
             // (answered `desconocido`), as a charge's is an orphan.
-            if refund.reference.chars().count() > MAX_ID_LEN {
-                return Err(EventError(format!(
-                    "`data.reference` is over {MAX_ID_LEN} characters"
-                )));
-            }
+            reference("data.reference", &refund.reference)?;
             bounded("data.currency", &refund.currency, MAX_CURRENCY_LEN)?;
             if let Some(code) = &refund.failure_code {
                 bounded("data.failureCode", code, MAX_DECLINE_CODE_LEN)?;

@@ -9,7 +9,7 @@
 
 use crate::gateway::stripe::{PaymentIntent, status_of};
 use crate::gateway::{Charge, ChargeStatus};
-use crate::webhooks::event::{EventError, MAX_ID_LEN, bounded};
+use crate::webhooks::event::{EventError, MAX_ID_LEN, bounded, reference};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -124,9 +124,7 @@ impl StripeEvent {
         let charge = pi
             .to_charge(None)
             .map_err(|e| EventError(format!("`data.object`: {e}")))?;
-        if charge.reference.chars().count() > MAX_ID_LEN {
-            return Err(EventError("`metadata.pagos_reference` is too long".into()));
-        }
+        reference("metadata.pagos_reference", &charge.reference)?;
         bounded("data.object.currency", &charge.currency, 16)?;
         if let Some(code) = &charge.decline_code {
             bounded("decline code", code, 100)?;

@@ -23,6 +23,7 @@ on_both_databases!(
     a_refund_answer_about_another_refund_is_not_believed_by_any_provider,
     a_provider_string_longer_than_pagos_stores_never_fails_the_write,
     a_redirect_after_a_charge_is_an_unknown_outcome_never_a_refusal,
+    a_nul_in_what_the_provider_says_never_fails_the_write,
 );
 
 /// A succeeded charge about each request (its reference, amount and currency), changed by
@@ -514,6 +515,91 @@ async fn a_provider_string_longer_than_pagos_stores_never_fails_the_write(backen
     let stored = app.payment(&id).await;
     assert_eq!(stored.state, "ENVIADA");
     assert!(stored.gateway_ref.is_none());
+}
+
+/// A NUL (`\u0000`) in what a provider says: PostgreSQL's text refuses it, so a decision
+/// written with it failed there (a 503 to the merchant, then the same failure at every
+/// retry and reconciliation pass: a charged payment `ENVIADA` for good, a declined one
+/// never told). A code and an error's words keep it as U+FFFD; an id with it is not
+/// believed (what refunds and look-ups name the charge by), as an id too long is.
+async fn a_nul_in_what_the_provider_says_never_fails_the_write(backend: Backend) {
+    let app = crate::helpers::started(backend, &["--gateway-retries", "0"]).await;
+    app.answer_charges(ChargeAbout(|charge| {
+        charge["status"] = "declined".into();
+        charge["declineCode"] = "do_not\u{0}honor".into();
+    }))
+    .await;
+    let declined = app.pay("k-nul-code", &payment_body()).await;
+    assert_eq!(declined.status(), 402, "a decline whose code has a NUL");
+    let problem = json(declined).await;
+    assert_eq!(problem["declineCode"], "do_not\u{FFFD}honor", "{problem}");
+    let id = problem["pago"]["id"].as_str().expect("id").to_owned();
+    assert_eq!(app.payment(&id).await.state, "FALLIDA");
+
+    app.gateway().reset().await;
+    app.answer_charges(ChargeAbout(|charge| charge["id"] = "ch_\u{0}1".into()))
+        .await;
+    let nul_id = app.pay("k-nul-id", &payment_body()).await;
+    let (status, body, id) = answered(nul_id).await;
+    handed_over(status, &body, "ENVIADA", "a charge id with a NUL");
+    let again = app.pay("k-nul-id", &payment_body()).await;
+    assert_eq!(again.status(), 202, "a retry is answered, not a 503");
+    let stored = app.payment(&id).await;
+    assert_eq!(stored.state, "ENVIADA");
+    assert!(stored.gateway_ref.is_none());
+    // The reconciler's look-up finds the charge under the same id: still not believed,
+    // and the pass writes why; a look-up that fails with a NUL in its words too.
+    let charge = serde_json::json!({"data": [{
+        "id": "ch_\u{0}1", "status": "succeeded", "amount": stored.amount,
+        "currency": stored.currency, "reference": id,
+    }]});
+    for (lookup, case) in [
+        (
+            ResponseTemplate::new(200).set_body_json(charge),
+            "a charge id with a NUL",
+        ),
+        (
+            ResponseTemplate::new(503).set_body_json(serde_json::json!({"error": "down\u{0}"})),
+            "a failed look-up whose words have a NUL",
+        ),
+    ] {
+        app.gateway().reset().await;
+        crate::helpers::mount_route(app.gateway(), "GET", "/v1/charges", lookup).await;
+        let report = app.reconcile(&id).await;
+        assert_eq!(report["errores"], 0, "{case}: {report}");
+        assert_eq!(report["pendientes"], 1, "{case}: {report}");
+        let stored = app.payment(&id).await;
+        assert_eq!(stored.state, "ENVIADA", "{case}");
+        assert!(stored.gateway_ref.is_none(), "{case}");
+    }
+
+    app.gateway().reset().await;
+    for (status, case, estado) in [
+        (400, "a refusal", "FALLIDA"),
+        (503, "an unknown outcome", "ENVIADA"),
+    ] {
+        app.gateway().reset().await;
+        app.answer_charges(
+            ResponseTemplate::new(status)
+                .set_body_json(serde_json::json!({"error": "bad\u{0}thing"})),
+        )
+        .await;
+        let key = format!("k-nul-body-{status}");
+        let answer = app.pay(&key, &payment_body()).await;
+        let code = answer.status().as_u16();
+        let body = json(answer).await;
+        let id = body["id"]
+            .as_str()
+            .or(body["pago"]["id"].as_str())
+            .unwrap_or_else(|| panic!("{case} whose body has a NUL: {code} {body}"))
+            .to_owned();
+        assert_eq!(
+            app.payment(&id).await.state,
+            estado,
+            "{case}: {code} {body}"
+        );
+        assert_ne!(code / 100, 5, "{case}: {body}");
+    }
 }
 
 /// An answer's status, body and the `id` it names.

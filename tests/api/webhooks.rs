@@ -451,6 +451,13 @@ async fn a_signed_body_that_is_not_an_event_is_refused_with_400_and_nothing_reco
         event("evt_bad", 2, not_a_charge),
         serde_json::to_vec(&json!({"id":"evt_x","type":"charge.updated","sequence":-1,"data":charge(&id, "succeeded")}))
             .expect("JSON"),
+        // A NUL in a reference pagos would store with an orphan charge (PostgreSQL's text
+        // refuses it: a 503 at every delivery, before).
+        event("evt_nul", 2, {
+            let mut orphan = charge(&id, "succeeded");
+            orphan["reference"] = json!("ref\u{0}1");
+            orphan
+        }),
     ];
     for body in bodies {
         let answer = deliver(&app, &body).await;
