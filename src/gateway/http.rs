@@ -84,8 +84,25 @@ fn client_builder(timeout: Duration) -> reqwest::ClientBuilder {
 
 /// The first 300 characters of an answer's body, for an error's detail.
 pub(super) async fn detail(resp: reqwest::Response) -> String {
-    let text = resp.text().await.unwrap_or_default();
+    excerpt(&resp.text().await.unwrap_or_default())
+}
+
+/// The first 300 characters of `text`.
+pub(super) fn excerpt(text: &str) -> String {
     text.chars().take(300).collect()
+}
+
+/// The whole body of a refusal of a charge or refund: what it says may turn the refusal
+/// into an unknown outcome (the key used with another request: something exists under
+/// it), so a body that breaks off before its end (the connection dropped, a timeout) is
+/// an unknown outcome itself, never a refusal read from its first half.
+pub(super) async fn refusal_body(resp: reqwest::Response) -> Result<String, GatewayError> {
+    let status = resp.status();
+    resp.text().await.map_err(|e| {
+        GatewayError::Unknown(format!(
+            "the {status} answer broke off before its end, so what it said is not known: {e}"
+        ))
+    })
 }
 
 impl HttpGateway {
@@ -170,7 +187,7 @@ async fn created<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, Gate
     } else {
         KeySaid::Nothing
     };
-    let text = detail(resp).await;
+    let text = excerpt(&refusal_body(resp).await?);
     Err(refund_refusal(
         "the gateway",
         status,

@@ -18,7 +18,7 @@
 //! (`MercadoPagoRefund::answers`); any other is an unknown outcome.
 
 use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
-use super::http::{Api, ask, detail, read, search, transport};
+use super::http::{Api, ask, detail, excerpt, read, refusal_body, search, transport};
 use super::{
     Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundLookup,
     RefundRequest, RefundStatus, amount, known_refund_status,
@@ -481,7 +481,7 @@ impl Gateway for MercadoPagoGateway {
                 read(resp, &format!("{status} answer from Mercado Pago")).await?;
             return payment.to_charge();
         }
-        let text = detail(resp).await;
+        let text = excerpt(&refusal_body(resp).await?);
         Err(refusal("Mercado Pago", status, key_said(&text), &text))
     }
 
@@ -535,7 +535,7 @@ impl Gateway for MercadoPagoGateway {
             }
             return Ok(refund);
         }
-        let text = detail(resp).await;
+        let text = excerpt(&refusal_body(resp).await?);
         // Mercado Pago documents no error of its own for a refund over what is left of the
         // payment: its refusals are read as refusals of the request as a whole.
         Err(refund_refusal(

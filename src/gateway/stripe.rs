@@ -15,7 +15,7 @@
 //! `refund.*` / `charge.refund.updated` event (pure, for the webhook consumer).
 
 use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
-use super::http::{Api, search, transport};
+use super::http::{Api, refusal_body, search, transport};
 use super::{
     Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundLookup,
     RefundRequest, RefundStatus, amount, known_refund_status,
@@ -495,7 +495,7 @@ impl StripeGateway {
             return pi.to_charge(None);
         }
         // The whole body: a card error embeds the PaymentIntent, far past any excerpt.
-        let text = resp.text().await.unwrap_or_default();
+        let text = refusal_body(resp).await?;
         let error = serde_json::from_str::<ErrorBody>(&text)
             .map(|b| b.error)
             .ok();
@@ -529,7 +529,7 @@ impl StripeGateway {
             // known to be this refund's, and `retry::refund` does not believe it.
             return made.to_refund();
         }
-        let text = resp.text().await.unwrap_or_default();
+        let text = refusal_body(resp).await?;
         let error = serde_json::from_str::<ErrorBody>(&text)
             .map(|b| b.error)
             .ok();

@@ -24,6 +24,7 @@ on_both_databases!(
     a_provider_string_longer_than_pagos_stores_never_fails_the_write,
     a_redirect_after_a_charge_is_an_unknown_outcome_never_a_refusal,
     a_nul_in_what_the_provider_says_never_fails_the_write,
+    a_refusal_whose_body_breaks_off_is_an_unknown_outcome_for_every_provider,
 );
 
 /// A succeeded charge about each request (its reference, amount and currency), changed by
@@ -599,6 +600,142 @@ async fn a_nul_in_what_the_provider_says_never_fails_the_write(backend: Backend)
             "{case}: {code} {body}"
         );
         assert_ne!(code / 100, 5, "{case}: {body}");
+    }
+}
+
+/// A refusal (4xx) whose body breaks off before its end: what the body said may have
+/// been "this key was used with another request" (Stripe's `idempotency_error`, Mercado
+/// Pago's key error): something may exist under the key. Before, the half body was read
+/// as a plain refusal: the payment `FALLIDA`, 402, for a charge that may exist (the
+/// refund `FALLIDO`). Now it is an unknown outcome, sent again with the same key.
+async fn a_refusal_whose_body_breaks_off_is_an_unknown_outcome_for_every_provider(
+    backend: Backend,
+) {
+    use crate::providers::{FakeProvider, Next};
+    for provider in crate::providers::ALL {
+        let case = format!("{provider:?}");
+        let upstream = wiremock::MockServer::start().await;
+        let fake = FakeProvider::new(provider);
+        fake.mount(&upstream).await;
+        let relay = BreakingRelay::start(upstream.uri()).await;
+        let app = crate::helpers::Spawn::new(backend.clone())
+            .provider(provider.gateway())
+            .gateway_url(relay.url.clone())
+            .flags(&["--gateway-retries", "1"])
+            .start()
+            .await;
+
+        fake.next([Next::Refuse(400)]);
+        let paid = app.pay("k-broken", &provider.payment(250_000)).await;
+        let status = paid.status();
+        let body = json(paid).await;
+        assert_eq!(status, 201, "{case}: {body}");
+        let payment = body["id"].as_str().expect("id").to_owned();
+        assert_eq!(body["estado"], "COMPLETADA", "{case}");
+        assert_eq!(relay.cut(), 1, "{case}: the refusal's body was cut");
+        assert_eq!(fake.charges(), 1, "{case}: charged once");
+        let keys: Vec<String> = fake.creates().iter().map(|m| m.key.clone()).collect();
+        assert!(
+            keys.len() == 2 && keys[0] == keys[1],
+            "{case}: sent again with the same key: {keys:?}"
+        );
+
+        fake.next_refunds([Next::Refuse(400)]);
+        let answer = crate::refunds::refund(
+            &app,
+            &payment,
+            "k-broken-refund",
+            &serde_json::json!({"monto": 50000}),
+        )
+        .await;
+        let status = answer.status();
+        let reembolso = json(answer).await;
+        assert_eq!(status, 201, "{case}: {reembolso}");
+        assert_eq!(reembolso["estado"], "COMPLETADO", "{case}");
+        assert_eq!(relay.cut(), 2, "{case}: the refund refusal's body was cut");
+        assert_eq!(fake.refunds_made(), 1, "{case}: refunded once");
+        let keys = fake.refund_keys();
+        assert!(
+            keys.len() == 2 && keys[0] == keys[1],
+            "{case}: one refund key: {keys:?}"
+        );
+    }
+}
+
+/// A relay in front of a provider's fake that cuts the body of the first 4xx answer to a
+/// create request (a charge, then a refund) to its first half and drops the connection;
+/// every other answer passes whole. wiremock cannot break a body off.
+struct BreakingRelay {
+    url: String,
+    cut: Arc<Mutex<usize>>,
+}
+
+impl BreakingRelay {
+    async fn start(upstream: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let cut = Arc::new(Mutex::new(0));
+        let counted = cut.clone();
+        let client = reqwest::Client::new();
+        tokio::spawn(async move {
+            // The kind of request ("charge" or "refund") whose refusal was cut already.
+            let cut_kinds = Arc::new(Mutex::new(std::collections::HashSet::new()));
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let (upstream, client) = (upstream.clone(), client.clone());
+                let (counted, cut_kinds) = (counted.clone(), cut_kinds.clone());
+                tokio::spawn(async move {
+                    let Some((head, body)) = read_request(&mut socket).await else {
+                        return;
+                    };
+                    let mut lines = head.lines();
+                    let mut start = lines.next().unwrap_or("").split(' ');
+                    let method = start.next().unwrap_or("GET").to_owned();
+                    let path = start.next().unwrap_or("/").to_owned();
+                    let mut request = client
+                        .request(method.parse().expect("method"), format!("{upstream}{path}"));
+                    for line in lines {
+                        if let Some((name, value)) = line.split_once(':') {
+                            let lower = name.trim().to_ascii_lowercase();
+                            if !["host", "content-length", "connection"].contains(&lower.as_str()) {
+                                request = request.header(name.trim(), value.trim());
+                            }
+                        }
+                    }
+                    let answer = request.body(body).send().await.expect("upstream");
+                    let status = answer.status();
+                    let kind = if path.contains("refund") {
+                        "refund"
+                    } else {
+                        "charge"
+                    };
+                    let bytes = answer.bytes().await.expect("upstream body");
+                    let first_refusal = method == "POST"
+                        && status.is_client_error()
+                        && cut_kinds.lock().expect("lock").insert(kind);
+                    let sent = if first_refusal {
+                        *counted.lock().expect("lock") += 1;
+                        &bytes[..bytes.len() / 2]
+                    } else {
+                        &bytes[..]
+                    };
+                    let response = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        bytes.len()
+                    );
+                    let _ = socket.write_all(response.as_bytes()).await;
+                    let _ = socket.write_all(sent).await;
+                    let _ = socket.shutdown().await;
+                });
+            }
+        });
+        BreakingRelay { url, cut }
+    }
+
+    /// How many answers it cut.
+    fn cut(&self) -> usize {
+        *self.cut.lock().expect("lock")
     }
 }
 
