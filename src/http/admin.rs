@@ -1032,6 +1032,23 @@ async fn resolve_unrecorded(
             }
             Err(store::StoreError::Db(e)) => return Err(e.into()),
         };
+    // The charge COMPLETADA stands on, reported by the provider's webhooks as failed
+    // since it succeeded (refunded or charged back in its own dashboard, a reversal),
+    // while its search still shows it succeeded (a search lags behind its events), or
+    // reported while this was written (the consumer locks the payment before it writes
+    // the report, as below): COMPLETADA would tell the merchant money was taken that the
+    // provider says is not, and nothing would look at the payment again.
+    if event == Event::ResolveCompleted
+        && overrule.is_none()
+        && let Some(charge) = resolved.gateway_ref.as_deref()
+        && let Some(code) = reported_failed(&tx, current.id, charge).await?
+    {
+        tx.rollback().await?;
+        tracing::warn!(payment_id = %current.id, operator = %who.name, charge = %charge, "COMPLETADA refused: the provider's webhooks reported the charge failed");
+        return Err(provider.disagrees(&format!(
+            "The provider's webhooks reported charge {charge} failed ({code}) after its search showed it succeeded: refunded or charged back at the provider, or a failure its search does not show yet. COMPLETADA would tell the merchant money was taken that the provider says is not. Check the provider's dashboard: FALLIDA if the money is not taken, or overrule with contraProveedor if the charge stands. Nothing was changed."
+        )));
+    }
     // A charge a webhook reported succeeded since the provider was asked: its consumer
     // locks the payment before it writes the report and keeps a payment under review as
     // it is, so one that committed before this write (which waited for its lock, or on
@@ -1406,6 +1423,24 @@ fn charge_refused(current: &payment::Model, charge: &str, holder: ChargeHolder) 
 
 /// `charged` (what the provider's search showed) and every charge of `payment` its
 /// webhooks reported succeeded that the search did not show.
+/// The code (or `declined`) of `charge` when the provider's webhooks last reported it
+/// failed for `payment`.
+async fn reported_failed(
+    db: &impl sea_orm::ConnectionTrait,
+    payment: uuid::Uuid,
+    charge: &str,
+) -> Result<Option<String>, ApiError> {
+    use crate::entities::webhook_charge::{self as reported, ReportedStatus};
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    let row = reported::Entity::find()
+        .filter(reported::Column::PaymentId.eq(payment))
+        .filter(reported::Column::ChargeId.eq(charge))
+        .filter(reported::Column::Status.eq(ReportedStatus::Declined))
+        .one(db)
+        .await?;
+    Ok(row.map(|r| r.decline_code.unwrap_or_else(|| "declined".to_owned())))
+}
+
 async fn with_reported_charges(
     db: &impl sea_orm::ConnectionTrait,
     payment: uuid::Uuid,

@@ -357,6 +357,32 @@ async fn resolve_unrecorded(
             status_word(late.status)
         )));
     }
+    // The provider refund COMPLETADO stands on, reported failed by the provider's webhooks
+    // while its search still shows it succeeded (a search lags behind its events), or
+    // reported while this was written: COMPLETADO would count as given back money the
+    // provider says never went back, and the customer would be owed it with nothing to say
+    // so.
+    if event == Event::ResolveCompleted
+        && overrule.is_none()
+        && let Some(own) = resolved.gateway_ref.as_deref()
+        && let Some(failed) = reported_for_refund(&tx, current.id)
+            .await?
+            .iter()
+            .map(as_refund)
+            .find(|w| w.id == own && w.status == RefundStatus::Failed)
+    {
+        tx.rollback().await?;
+        tracing::warn!(refund_id = %current.id, operator = %operator, provider_refund = %own, "COMPLETADO refused: the provider's webhooks reported the refund failed");
+        let code = failed
+            .failure_code
+            .clone()
+            .unwrap_or_else(|| "failed".to_owned());
+        let mut provider = provider;
+        provider.reported.push(failed);
+        return Err(provider.disagrees(&format!(
+            "The provider's webhooks reported refund {own} failed ({code}): COMPLETADO would count money as given back that the provider says never went back. Check the provider's dashboard: FALLIDO if the refund failed, or overrule with contraProveedor if the money went back. Nothing was changed."
+        )));
+    }
     // Read in the transaction, before the commit: nothing after it can fail and answer an
     // error that would say nothing changed.
     let trail = store::trail(&tx, resolved.id).await?;

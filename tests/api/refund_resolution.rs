@@ -24,6 +24,7 @@ on_both_databases!(
     fallido_is_refused_while_the_providers_webhook_reported_the_refund_its_search_does_not_show,
     a_stale_or_repeated_refund_event_never_overwrites_what_the_newest_one_reported,
     a_refund_a_webhook_reports_succeeded_while_fallido_is_being_written_refuses_it,
+    completado_is_refused_while_the_providers_webhooks_report_the_refund_failed,
 );
 
 /// The reference gateway keeping refunds, and pagos giving up on a refund after 1 s.
@@ -674,6 +675,58 @@ async fn a_refund_a_webhook_reports_succeeded_while_fallido_is_being_written_ref
     let again = refund(&app, &payment, "ref-2", &json!({"monto": 250000})).await;
     let over = problem(again, 422, "the refund's amount is still held").await;
     assert_eq!(over["restante"], 200000, "{over}");
+}
+
+/// The provider's search still shows the refund succeeded, but its webhooks reported it
+/// failed since (a search lags behind its events). Before, `COMPLETADO` was taken on the
+/// search's word: counted as given back (`montoReembolsado`, what is left to refund) while
+/// the customer got nothing. Now it is refused, nothing changed; on-call who read the
+/// dashboard overrules it by saying why.
+async fn completado_is_refused_while_the_providers_webhooks_report_the_refund_failed(
+    backend: Backend,
+) {
+    use pagos::entities::webhook_refund;
+    use sea_orm::EntityTrait;
+    let (app, fake) = app(backend).await;
+    let payment = paid(&app, "pay-1").await;
+    let id = pending_under_review(&app, &fake, &payment, "ref-1", 50000).await;
+    fake.settle_all("succeeded");
+    let made = fake.made()[0].clone();
+    let provider_refund = made["id"].as_str().expect("id").to_owned();
+    let at = chrono::Utc::now();
+    webhook_refund::Entity::insert(webhook_refund::ActiveModel::from(webhook_refund::Model {
+        source: "http".into(),
+        provider_refund_id: provider_refund.clone(),
+        reference: id.clone(),
+        refund_id: Some(uuid::Uuid::parse_str(&id).expect("uuid")),
+        payment_id: Some(uuid::Uuid::parse_str(&payment).expect("uuid")),
+        charge_id: made["charge"].as_str().expect("charge").into(),
+        status: webhook_refund::ReportedRefundStatus::Failed,
+        amount: 50000,
+        currency: "COP".into(),
+        failure_code: Some("insufficient_funds".into()),
+        last_sequence: 3,
+        last_event_id: "evt_re_failed".into(),
+        first_seen_at: at,
+        updated_at: at,
+    }))
+    .exec(&app.db)
+    .await
+    .expect("the provider's report");
+
+    let completado = json!({"estado": "COMPLETADO", "motivo": "the provider shows it refunded"});
+    let refused = disagreed(&app, &id, &completado).await;
+    assert!(ids_in(&refused).contains(&provider_refund), "{refused}");
+    for said in ["insufficient_funds", "contraProveedor"] {
+        assert!(
+            crate::helpers::text_has(&refused, "detail", said),
+            "{said}: {refused}"
+        );
+    }
+    let overruled = json!({"estado": "COMPLETADO", "motivo": "refunded",
+                           "contraProveedor": "the dashboard shows the refund went back on a retry"});
+    let done = resolved(&app, &id, &overruled).await;
+    assert_eq!(done["reembolso"]["estado"], "COMPLETADO", "{done}");
 }
 
 on_both_databases!(naming_a_provider_refund_of_another_payments_refund_is_refused_even_overruled);

@@ -23,6 +23,7 @@ on_both_databases!(
     completada_names_the_charge_when_neither_the_provider_nor_the_payment_does,
     what_on_call_writes_holding_a_nul_is_422_and_changes_nothing,
     a_charge_a_webhook_reports_succeeded_while_fallida_is_being_written_refuses_it,
+    completada_is_refused_while_the_providers_webhooks_report_its_charge_failed_since,
     after_a_resolution_that_refunds_on_calls_row_is_the_last_out_of_review_as_the_runbook_reads_it,
 );
 
@@ -538,6 +539,59 @@ async fn a_charge_a_webhook_reports_succeeded_while_fallida_is_being_written_ref
         crate::helpers::text_has(&again, "detail", "reembolsar"),
         "{again}"
     );
+}
+
+/// The provider's search still shows the payment's charge succeeded, but its webhooks
+/// reported it failed since (Mercado Pago's `charged_back` or `refunded` done in its own
+/// dashboard; a search lags behind its events). Before, `COMPLETADA` was taken on the
+/// search's word: the merchant told money was taken that the provider says is not, and
+/// nothing looked at the payment again. Now it is refused, nothing changed; on-call who
+/// read the dashboard overrules it by saying why.
+async fn completada_is_refused_while_the_providers_webhooks_report_its_charge_failed_since(
+    backend: Backend,
+) {
+    use pagos::entities::webhook_charge;
+    use sea_orm::EntityTrait;
+    let app = app(backend).await;
+    let (id, fake) = payment_under_review(&app, "k-res-reversed").await;
+    fake.settle(&id, "succeeded");
+    let charge = fake.charge_ids(&id).remove(0);
+    let payment = app.payment(&id).await;
+    let at = chrono::Utc::now();
+    webhook_charge::Entity::insert(webhook_charge::ActiveModel::from(webhook_charge::Model {
+        source: "http".into(),
+        charge_id: charge.clone(),
+        reference: payment.id.to_string(),
+        payment_id: Some(payment.id),
+        status: webhook_charge::ReportedStatus::Declined,
+        amount: payment.amount,
+        currency: payment.currency.clone(),
+        decline_code: Some("charged_back".into()),
+        last_sequence: 3,
+        last_event_id: "evt_reversed".into(),
+        first_seen_at: at,
+        updated_at: at,
+    }))
+    .exec(&app.db)
+    .await
+    .expect("the provider's report");
+
+    let body = json!({"estado": "COMPLETADA", "motivo": "the provider shows it paid", "gatewayRef": charge});
+    let problem = disagreed(&app, &id, &body).await;
+    assert!(ids_in(&problem).contains(&charge), "{problem}");
+    for said in ["charged_back", "contraProveedor"] {
+        assert!(
+            crate::helpers::text_has(&problem, "detail", said),
+            "{said}: {problem}"
+        );
+    }
+    let without_ref = json!({"estado": "COMPLETADA", "motivo": "the provider shows it paid"});
+    disagreed(&app, &id, &without_ref).await;
+
+    let overruled = json!({"estado": "COMPLETADA", "motivo": "the dispute was won",
+                           "contraProveedor": "the dashboard shows the dispute won, money kept"});
+    let done = resolved(&app, &id, &overruled).await;
+    assert_eq!(done["pago"]["gatewayRef"], charge.as_str(), "{done}");
 }
 
 /// After `FALLIDA` with `reembolsar` the last audit rows are the refunds' (`FALLIDA` →
