@@ -12,6 +12,7 @@ use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, Request, Respond, ResponseTemplate};
 
 on_both_databases!(
+    a_rejection_whose_detail_holds_a_nul_is_recorded_not_refused_at_every_delivery,
     the_request_pagos_sends_is_mercadopagos_documented_shape,
     every_status_in_the_mapping_table_maps_as_documented,
     what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_stored,
@@ -161,6 +162,14 @@ impl FakeMercadoPago {
                 *payment = next.clone();
             }
         }
+    }
+
+    /// The payment of `reference` now says `detail` (`status_detail`).
+    fn set_detail(&self, reference: &str, detail: &str) {
+        let mut state = self.lock();
+        let id = mp_id(reference);
+        let payment = state.by_id.get_mut(&id).expect("a payment");
+        payment["status_detail"] = Value::from(detail);
     }
 
     async fn mount(&self, server: &wiremock::MockServer) {
@@ -631,6 +640,27 @@ async fn a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_i
     let signature = x_signature(WEBHOOK_SECRET, "26262399173", REQUEST_ID, now);
     let answer = notify_signed(&app, "26262399173", &other_type, &signature).await;
     assert_eq!(outcome(answer).await, "ignorado");
+}
+
+/// A rejection whose `status_detail` holds a NUL, which PostgreSQL's text refuses: the
+/// charge is held to what pagos stores as every adapter's answers are, the NUL kept as
+/// U+FFFD. Before, on PostgreSQL, its report could not be written: a 503 at every
+/// delivery, the payment left to the reconciler.
+async fn a_rejection_whose_detail_holds_a_nul_is_recorded_not_refused_at_every_delivery(
+    backend: Backend,
+) {
+    let (app, fake, id, data_id) = pending_then(backend, "k-nul", "payment_rejected").await;
+    fake.set_detail(&id, "cc_rejected\u{0}other");
+    assert_eq!(
+        outcome(notify(&app, 7101, &data_id).await).await,
+        "aplicado"
+    );
+    let payment = app.payment(&id).await;
+    assert_eq!(payment.state, "FALLIDA");
+    assert_eq!(
+        payment.decline_code.as_deref(),
+        Some("cc_rejected\u{FFFD}other")
+    );
 }
 
 async fn a_duplicated_notification_applies_once_and_asks_mercadopago_once(backend: Backend) {
