@@ -169,7 +169,7 @@ mod tests {
     fn a_nul_is_kept_as_u_fffd_in_codes_and_words_and_an_id_with_one_is_not_believed() {
         let kept = charge(a_charge("ch_1", Some("do_not\0honor"))).expect("believed");
         assert_eq!(kept.decline_code.as_deref(), Some("do_not\u{FFFD}honor"));
-        let err = charge(a_charge("ch_\01", None)).expect_err("not believed");
+        let err = charge(a_charge("ch_\u{0}1", None)).expect_err("not believed");
         assert!(err.is_retryable(), "an unknown outcome: {err}");
         assert!(!err.to_string().contains('\0'), "{err}");
         let words = storable_error(GatewayError::rejected(400, "bad\0thing")).to_string();
