@@ -187,13 +187,13 @@ async fn created<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, Gate
     } else {
         KeySaid::Nothing
     };
-    let text = excerpt(&refusal_body(resp).await?);
+    let text = refusal_body(resp).await?;
     Err(refund_refusal(
         "the gateway",
         status,
         said,
         amount_said(&text),
-        &text,
+        &excerpt(&text),
     ))
 }
 

@@ -481,8 +481,14 @@ impl Gateway for MercadoPagoGateway {
                 read(resp, &format!("{status} answer from Mercado Pago")).await?;
             return payment.to_charge();
         }
-        let text = excerpt(&refusal_body(resp).await?);
-        Err(refusal("Mercado Pago", status, key_said(&text), &text))
+        // What it says of the key is read in the whole body, never in the excerpt kept.
+        let text = refusal_body(resp).await?;
+        Err(refusal(
+            "Mercado Pago",
+            status,
+            key_said(&text),
+            &excerpt(&text),
+        ))
     }
 
     async fn lookup(&self, reference: Uuid) -> Result<Vec<Charge>, GatewayError> {
@@ -535,7 +541,7 @@ impl Gateway for MercadoPagoGateway {
             }
             return Ok(refund);
         }
-        let text = excerpt(&refusal_body(resp).await?);
+        let text = refusal_body(resp).await?;
         // Mercado Pago documents no error of its own for a refund over what is left of the
         // payment: its refusals are read as refusals of the request as a whole.
         Err(refund_refusal(
@@ -543,7 +549,7 @@ impl Gateway for MercadoPagoGateway {
             status,
             key_said(&text),
             AmountSaid::Nothing,
-            &text,
+            &excerpt(&text),
         ))
     }
 

@@ -82,7 +82,22 @@ fn storable_error(err: GatewayError) -> GatewayError {
 pub fn charge(mut charge: Charge) -> Result<Charge, GatewayError> {
     storable_id("charge", &charge.id)?;
     charge.decline_code = charge.decline_code.as_deref().map(decline_code);
+    // Compared with the payment's, and said in a reason or an error when they differ.
+    charge.reference = words(charge.reference);
+    charge.currency = currency(charge.currency);
     Ok(charge)
+}
+
+/// The longest currency code pagos stores with a provider's report.
+const MAX_CURRENCY_LEN: usize = 16;
+
+/// A currency as pagos stores it with a report (16 characters at most, no NUL): one that
+/// is not the payment's is told as such, never written as the provider sent it.
+fn currency(code: String) -> String {
+    if code.len() <= MAX_CURRENCY_LEN && !code.contains('\0') {
+        return code;
+    }
+    words(code.chars().take(MAX_CURRENCY_LEN).collect())
 }
 
 /// `refund` as pagos stores it, or why it is not believed.
@@ -93,6 +108,8 @@ pub fn refund(mut refund: Refund) -> Result<Refund, GatewayError> {
         storable_id("refund's charge", &refund.charge)?;
     }
     refund.failure_code = refund.failure_code.as_deref().map(decline_code);
+    refund.reference = words(refund.reference);
+    refund.currency = currency(refund.currency);
     Ok(refund)
 }
 

@@ -1038,15 +1038,19 @@ async fn resolve_unrecorded(
     // reported while this was written (the consumer locks the payment before it writes
     // the report, as below): COMPLETADA would tell the merchant money was taken that the
     // provider says is not, and nothing would look at the payment again.
+    // Not on Stripe: a PaymentIntent that succeeded never fails afterwards (a refund or a
+    // dispute is an object of its own, which pagos does not read), so a failure reported
+    // for it is an older attempt's, whose success is still being delivered.
     if event == Event::ResolveCompleted
         && overrule.is_none()
+        && state.settings.gateway != crate::config::GatewayKind::Stripe
         && let Some(charge) = resolved.gateway_ref.as_deref()
         && let Some(code) = reported_failed(&tx, current.id, charge).await?
     {
         tx.rollback().await?;
         tracing::warn!(payment_id = %current.id, operator = %who.name, charge = %charge, "COMPLETADA refused: the provider's webhooks reported the charge failed");
         return Err(provider.disagrees(&format!(
-            "The provider's webhooks reported charge {charge} failed ({code}) after its search showed it succeeded: refunded or charged back at the provider, or a failure its search does not show yet. COMPLETADA would tell the merchant money was taken that the provider says is not. Check the provider's dashboard: FALLIDA if the money is not taken, or overrule with contraProveedor if the charge stands. Nothing was changed."
+            "The provider's webhooks reported charge {charge} failed ({code}) after its search showed it succeeded: refunded or charged back at the provider, or a failure its search does not show yet. COMPLETADA would tell the merchant money was taken that the provider says is not. Check the provider's dashboard: if the money is not taken, FALLIDA with contraProveedor saying so (a plain FALLIDA is refused while the search still shows the charge succeeded); if the charge stands (a dispute won), COMPLETADA with contraProveedor. Nothing was changed."
         )));
     }
     // A charge a webhook reported succeeded since the provider was asked: its consumer
@@ -1421,8 +1425,6 @@ fn charge_refused(current: &payment::Model, charge: &str, holder: ChargeHolder) 
     problem.into()
 }
 
-/// `charged` (what the provider's search showed) and every charge of `payment` its
-/// webhooks reported succeeded that the search did not show.
 /// The code (or `declined`) of `charge` when the provider's webhooks last reported it
 /// failed for `payment`.
 async fn reported_failed(
@@ -1441,6 +1443,8 @@ async fn reported_failed(
     Ok(row.map(|r| r.decline_code.unwrap_or_else(|| "declined".to_owned())))
 }
 
+/// `charged` (what the provider's search showed) and every charge of `payment` its
+/// webhooks reported succeeded that the search did not show.
 async fn with_reported_charges(
     db: &impl sea_orm::ConnectionTrait,
     payment: uuid::Uuid,

@@ -405,7 +405,12 @@ async fn receive_stripe_event(
     let raw = Signed::Stripe.raw_body(&state, &headers, body)?;
     // Refund events (`refund.*`, `charge.refund.updated`) carry a Refund, not a charge.
     match crate::gateway::stripe::refund_event(&raw) {
-        Ok(Some(refund_event)) => {
+        Ok(Some(mut refund_event)) => {
+            let id = refund_event.id.clone();
+            if let Err(err) = webhooks::event::storable_refund(&id, &mut refund_event.refund) {
+                tracing::warn!(error = %err, "signed webhook is a Stripe refund event pagos cannot store");
+                return Err(malformed(&state, err));
+            }
             return apply_refund(
                 &state,
                 webhooks::refunds::RefundEvent {
@@ -612,8 +617,10 @@ async fn receive_mercadopago_notification(
         remember_request(&state, &replay_key).await;
         return Ok(ignored(&state));
     }
+    // Held to what pagos stores, as every adapter's answers are (`gateway::storable`).
     let read = payment
         .to_charge()
+        .and_then(crate::gateway::storable::charge)
         .and_then(|charge| Ok((charge, payment.returned()?)));
     let (charge, returned) = match read {
         Ok(read) => read,

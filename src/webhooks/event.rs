@@ -57,10 +57,42 @@ pub(crate) fn bounded(field: &str, value: &str, max: usize) -> Result<(), EventE
     storable(field, value, max)
 }
 
-/// A charge's or refund's reference: empty or foreign is not malformed (an orphan charge,
-/// a refund made outside pagos, both stored with it), but one pagos cannot store is.
-pub(crate) fn reference(field: &str, value: &str) -> Result<(), EventError> {
-    storable(field, value, MAX_ID_LEN)
+/// A charge's or refund's reference as pagos stores it: empty or foreign is not malformed
+/// (an orphan charge, a refund made outside pagos, both stored with it, the charge listed
+/// for on-call), so a NUL, which PostgreSQL's text refuses, is kept as U+FFFD; only one
+/// too long to store is refused.
+pub(crate) fn reference(field: &str, value: &mut String) -> Result<(), EventError> {
+    if value.contains('\0') {
+        *value = crate::gateway::storable::words(std::mem::take(value));
+    }
+    if value.chars().count() > MAX_ID_LEN {
+        return Err(EventError(format!(
+            "`{field}` is over {MAX_ID_LEN} characters"
+        )));
+    }
+    Ok(())
+}
+
+/// A refund event's words held to what pagos stores (the reference protocol's
+/// `refund.updated`, Stripe's refund events): its id, the refund's id, charge, currency and
+/// failure code refused when they cannot be stored, its reference as `reference` keeps it.
+pub(crate) fn storable_refund(
+    event_id: &str,
+    refund: &mut crate::gateway::Refund,
+) -> Result<(), EventError> {
+    bounded("id", event_id, MAX_ID_LEN)?;
+    bounded("data.id", &refund.id, MAX_ID_LEN)?;
+    // An empty or foreign reference is not malformed: a refund made outside pagos
+    // (answered `desconocido`), as a charge's is an orphan.
+    reference("data.reference", &mut refund.reference)?;
+    if !refund.charge.is_empty() {
+        bounded("data.charge", &refund.charge, MAX_ID_LEN)?;
+    }
+    bounded("data.currency", &refund.currency, MAX_CURRENCY_LEN)?;
+    if let Some(code) = &refund.failure_code {
+        bounded("data.failureCode", code, MAX_DECLINE_CODE_LEN)?;
+    }
+    Ok(())
 }
 
 /// At most `max` characters and no control character (a NUL, which PostgreSQL's text
@@ -86,27 +118,20 @@ impl GatewayEvent {
             return Err(EventError("`sequence` must not be negative".into()));
         }
         let payload = if envelope.kind == CHARGE_UPDATED {
-            let charge: Charge = serde_json::from_value(envelope.data)
+            let mut charge: Charge = serde_json::from_value(envelope.data)
                 .map_err(|e| EventError(format!("`data` is not a charge: {e}")))?;
             bounded("data.id", &charge.id, MAX_ID_LEN)?;
             // An empty or foreign reference is not malformed: it is an orphan charge.
-            reference("data.reference", &charge.reference)?;
+            reference("data.reference", &mut charge.reference)?;
             bounded("data.currency", &charge.currency, MAX_CURRENCY_LEN)?;
             if let Some(code) = &charge.decline_code {
                 bounded("data.declineCode", code, MAX_DECLINE_CODE_LEN)?;
             }
             Payload::ChargeUpdated(charge)
         } else if envelope.kind == REFUND_UPDATED {
-            let refund: crate::gateway::Refund = serde_json::from_value(envelope.data)
+            let mut refund: crate::gateway::Refund = serde_json::from_value(envelope.data)
                 .map_err(|e| EventError(format!("`data` is not a refund: {e}")))?;
-            bounded("data.id", &refund.id, MAX_ID_LEN)?;
-            // An empty or foreign reference is not malformed: a refund made outside pagos
-            // (answered `desconocido`), as a charge's is an orphan.
-            reference("data.reference", &refund.reference)?;
-            bounded("data.currency", &refund.currency, MAX_CURRENCY_LEN)?;
-            if let Some(code) = &refund.failure_code {
-                bounded("data.failureCode", code, MAX_DECLINE_CODE_LEN)?;
-            }
+            storable_refund(&envelope.id, &mut refund)?;
             Payload::RefundUpdated(refund)
         } else {
             Payload::Other(envelope.kind.chars().take(64).collect())

@@ -124,7 +124,8 @@ impl StripeEvent {
         let charge = pi
             .to_charge(None)
             .map_err(|e| EventError(format!("`data.object`: {e}")))?;
-        reference("metadata.pagos_reference", &charge.reference)?;
+        let mut charge = charge;
+        reference("metadata.pagos_reference", &mut charge.reference)?;
         bounded("data.object.currency", &charge.currency, 16)?;
         if let Some(code) = &charge.decline_code {
             bounded("decline code", code, 100)?;

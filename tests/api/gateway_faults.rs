@@ -508,14 +508,26 @@ async fn a_provider_string_longer_than_pagos_stores_never_fails_the_write(backen
     app.gateway().reset().await;
     app.answer_charges(ChargeAbout(|charge| charge["id"] = "c".repeat(256).into()))
         .await;
-    let long_id = app.pay("k-long-id", &payment_body()).await;
-    let (status, body, id) = answered(long_id).await;
-    handed_over(status, &body, "ENVIADA", "a charge id of 256 characters");
-    let again = app.pay("k-long-id", &payment_body()).await;
-    assert_eq!(again.status(), 202, "a retry is answered, not a 500");
+    not_believed(&app, "k-long-id", "a charge id of 256 characters").await;
+}
+
+/// A payment whose charge, answered with an id pagos cannot store, is not believed: 202,
+/// handed over, and so is its retry (never a 500 or 503); it stays `ENVIADA` with no
+/// charge. The payment as stored, and its id.
+async fn not_believed(
+    app: &crate::helpers::TestApp,
+    key: &str,
+    case: &str,
+) -> (pagos::entities::payment::Model, String) {
+    let answer = app.pay(key, &payment_body()).await;
+    let (status, body, id) = answered(answer).await;
+    handed_over(status, &body, "ENVIADA", case);
+    let again = app.pay(key, &payment_body()).await;
+    assert_eq!(again.status(), 202, "{case}: a retry is answered");
     let stored = app.payment(&id).await;
-    assert_eq!(stored.state, "ENVIADA");
-    assert!(stored.gateway_ref.is_none());
+    assert_eq!(stored.state, "ENVIADA", "{case}");
+    assert!(stored.gateway_ref.is_none(), "{case}");
+    (stored, id)
 }
 
 /// A NUL (`\u0000`) in what a provider says: PostgreSQL's text refuses it, so a decision
@@ -540,14 +552,7 @@ async fn a_nul_in_what_the_provider_says_never_fails_the_write(backend: Backend)
     app.gateway().reset().await;
     app.answer_charges(ChargeAbout(|charge| charge["id"] = "ch_\u{0}1".into()))
         .await;
-    let nul_id = app.pay("k-nul-id", &payment_body()).await;
-    let (status, body, id) = answered(nul_id).await;
-    handed_over(status, &body, "ENVIADA", "a charge id with a NUL");
-    let again = app.pay("k-nul-id", &payment_body()).await;
-    assert_eq!(again.status(), 202, "a retry is answered, not a 503");
-    let stored = app.payment(&id).await;
-    assert_eq!(stored.state, "ENVIADA");
-    assert!(stored.gateway_ref.is_none());
+    let (stored, id) = not_believed(&app, "k-nul-id", "a charge id with a NUL").await;
     // The reconciler's look-up finds the charge under the same id: still not believed,
     // and the pass writes why; a look-up that fails with a NUL in its words too.
     let charge = serde_json::json!({"data": [{
@@ -573,6 +578,25 @@ async fn a_nul_in_what_the_provider_says_never_fails_the_write(backend: Backend)
         assert_eq!(stored.state, "ENVIADA", "{case}");
         assert!(stored.gateway_ref.is_none(), "{case}");
     }
+
+    // A currency with a NUL is not the payment's: to review, never a write that fails; a
+    // reference with one names no payment: not believed.
+    app.gateway().reset().await;
+    app.answer_charges(ChargeAbout(|charge| charge["currency"] = "COP\u{0}".into()))
+        .await;
+    let answer = app.pay("k-nul-currency", &payment_body()).await;
+    assert_eq!(answer.status(), 202, "a charge whose currency has a NUL");
+    let body = json(answer).await;
+    assert_eq!(body["estado"], "REVISION_MANUAL", "{body}");
+    app.gateway().reset().await;
+    app.answer_charges(ChargeAbout(|charge| charge["reference"] = "x\u{0}".into()))
+        .await;
+    not_believed(
+        &app,
+        "k-nul-reference",
+        "a charge whose reference has a NUL",
+    )
+    .await;
 
     app.gateway().reset().await;
     for (status, case, estado) in [

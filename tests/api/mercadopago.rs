@@ -13,6 +13,7 @@ use wiremock::{Mock, Request, Respond, ResponseTemplate};
 
 on_both_databases!(
     a_rejection_whose_detail_holds_a_nul_is_recorded_not_refused_at_every_delivery,
+    a_long_refusal_naming_the_key_past_its_first_300_characters_is_an_unknown_outcome,
     the_request_pagos_sends_is_mercadopagos_documented_shape,
     every_status_in_the_mapping_table_maps_as_documented,
     what_mercadopago_cannot_charge_is_refused_with_422_and_nothing_is_stored,
@@ -661,6 +662,29 @@ async fn a_rejection_whose_detail_holds_a_nul_is_recorded_not_refused_at_every_d
         payment.decline_code.as_deref(),
         Some("cc_rejected\u{FFFD}other")
     );
+}
+
+/// A 400 whose body names the idempotency key only past its first 300 characters (a
+/// second `cause`): a payment may exist under the key. Before, the key was looked for in
+/// the 300 characters kept for the error's words, cut into JSON that does not parse: a
+/// plain refusal, 402 FALLIDA. Now the whole body is read: unknown, 202 ENVIADA.
+async fn a_long_refusal_naming_the_key_past_its_first_300_characters_is_an_unknown_outcome(
+    backend: Backend,
+) {
+    let app = spawn(backend, &["--gateway-retries", "0"]).await;
+    let body = json!({"status": 400, "error": "bad_request", "message": "invalid request",
+    "cause": [
+        {"code": "4020", "description": "x".repeat(300), "data": "2026-12-02T11:00:00.000-05:00"},
+        {"code": "401001", "description": "idempotency key already used with another request"},
+    ]});
+    Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/v1/payments"))
+        .respond_with(ResponseTemplate::new(400).set_body_json(body))
+        .mount(app.gateway())
+        .await;
+    let (status, pago) = app.pay_read("k-long-refusal", &card("long refusal")).await;
+    assert_eq!(status, 202, "{pago}");
+    assert_eq!(pago["estado"], "ENVIADA", "{pago}");
 }
 
 async fn a_duplicated_notification_applies_once_and_asks_mercadopago_once(backend: Backend) {
