@@ -1,7 +1,9 @@
 //! Crash points for tests. Built with the `failpoints` feature, `PAGOS_CRASH_AT=<name>`
 //! aborts the process at that step, as a SIGKILL would, and `PAGOS_PANIC_AT=<name>` panics
 //! there, as a bug in that step would: the task that hit it ends, the process goes on.
-//! Without the feature, nothing.
+//! `PAGOS_PAUSE_AT=<name>:<millis>[,<name>:<millis>…]` holds the task that reaches a
+//! `pause` point that long, as a slow statement or a descheduled process would, so a test
+//! can run another writer inside that window. Without the feature, nothing.
 
 #[cfg(feature = "failpoints")]
 pub fn hit(name: &str) {
@@ -21,3 +23,27 @@ pub fn hit(name: &str) {
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}
+
+#[cfg(feature = "failpoints")]
+pub async fn pause(name: &str) {
+    use std::sync::OnceLock;
+    static AT: OnceLock<Vec<(String, u64)>> = OnceLock::new();
+    let at = AT.get_or_init(|| {
+        std::env::var("PAGOS_PAUSE_AT")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|point| {
+                let (name, millis) = point.split_once(':')?;
+                Some((name.to_owned(), millis.parse().ok()?))
+            })
+            .collect()
+    });
+    if let Some((_, millis)) = at.iter().find(|(at, _)| at == name) {
+        eprintln!("pagos: failpoint {name}: pausing {millis} ms");
+        tokio::time::sleep(std::time::Duration::from_millis(*millis)).await;
+    }
+}
+
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub async fn pause(_name: &str) {}

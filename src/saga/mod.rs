@@ -83,9 +83,11 @@ pub async fn apply<C: sea_orm::ConnectionTrait>(
         // A payment that was COMPLETADA, FALLIDA or under review may have refunds: its
         // event says how much went back, as its read does (never a 0 a merchant's ledger
         // would take for true).
-        let refunded = refund::store::refunded_amount(tx, current.id)
+        // Summed under the payment's lock (`refunded_amount_locked` says why).
+        let refunded = refund::store::refunded_amount_locked(tx, current.id)
             .await
             .map_err(StoreError::Db)?;
+        crate::failpoint::pause("after_refunded_sum").await;
         if refunded > 0 {
             plan.retell(&representation::datos_refunded(&plan.next, refunded));
         }

@@ -215,26 +215,27 @@ async fn consume_in(
     tx: &DatabaseTransaction,
     event: RefundEvent<'_>,
 ) -> Result<Option<RefundConsumed>, ConsumeError> {
+    // The refund's payment is locked before anything is written here, the refund after
+    // it, as every writer takes the two: this event and a reconciliation pass's write of
+    // the same refund cannot deadlock (each holding the row the other waits for). A
+    // compensation refund that fails moves its payment too (`FOR UPDATE`); any other
+    // refund may complete, which takes the payment's share lock first
+    // (`refund::store::refunded_amount_locked` says why: taken after this transaction's
+    // first write, its id would come before a payment event that does not sum it).
+    if let Ok(id) = Uuid::parse_str(&event.refund.reference)
+        && let Some(r) = refund::Entity::find_by_id(id).one(tx).await?
+    {
+        let payment = payment::Entity::find_by_id(r.payment_id);
+        if r.key_scope == refund::KeyScope::Orphan {
+            payment.lock_exclusive().one(tx).await?;
+        } else {
+            payment.lock_shared().one(tx).await?;
+        }
+    }
     if !record_message(tx, event.source, event.event_id).await? {
         return Ok(Some(RefundConsumed::Duplicate));
     }
-    // A compensation refund that fails moves its payment too, in the refund's write,
-    // which locks the payment, then the refund. Its payment is locked first here, so that
-    // every writer takes the two in that order: this event and a reconciliation pass's
-    // write of the same refund cannot deadlock (each holding the row the other waits for).
-    let compensation = match Uuid::parse_str(&event.refund.reference) {
-        Ok(id) => refund::Entity::find_by_id(id)
-            .one(tx)
-            .await?
-            .filter(|r| r.key_scope == refund::KeyScope::Orphan),
-        Err(_) => None,
-    };
-    if let Some(r) = &compensation {
-        payment::Entity::find_by_id(r.payment_id)
-            .lock_exclusive()
-            .one(tx)
-            .await?;
-    }
+    crate::failpoint::pause("refund_event_recorded").await;
     let found = locked_by_reference::<refund::Entity>(tx, &event.refund.reference).await?;
     // What the provider reports, kept whatever the refund's state, before the decision:
     // the resolution of a refund under review weighs it (its search may lag behind this

@@ -16,6 +16,7 @@ mod console_browser;
 mod crash;
 mod delivery;
 mod doors;
+mod event_order;
 mod gateway_faults;
 mod gateway_refunds;
 mod lane;

@@ -181,6 +181,30 @@ pub async fn refunded_amount(db: &impl ConnectionTrait, payment: Uuid) -> Result
     sum_in(db, payment, &[RefundState::Completado]).await
 }
 
+/// `refunded_amount` for a `pago.*` event written in `tx`: the payment locked first
+/// (`FOR UPDATE`, PostgreSQL), in a statement of its own, so the sum's snapshot comes
+/// after every refund completing at that moment committed. A refund's move to
+/// `COMPLETADO` locks its payment (`FOR SHARE`) before anything else it writes
+/// (`sql_write`, the refund events' consumer), so either it waits for this transaction and
+/// takes its transaction id after it, or this one waits for it and sums it: in the
+/// merchant's event list (in transaction id order) a payment's `montoReembolsado` is never
+/// less than the completed refunds listed before it. SQLite's writers are one at a time.
+pub async fn refunded_amount_locked(
+    tx: &impl ConnectionTrait,
+    payment: Uuid,
+) -> Result<i64, DbErr> {
+    if tx.get_database_backend() == DbBackend::Postgres {
+        payment::Entity::find_by_id(payment)
+            .select_only()
+            .column(payment::Column::Id)
+            .lock_exclusive()
+            .into_tuple::<Uuid>()
+            .one(tx)
+            .await?;
+    }
+    refunded_amount(tx, payment).await
+}
+
 /// `refunded_amount` of each of `payments`, in one query (a page of a search); a payment
 /// with no `COMPLETADO` refund is absent (0).
 pub async fn refunded_amounts(
@@ -571,12 +595,20 @@ impl SagaRow for refund::Model {
         write_on(tx, current, plan)
     }
 
-    fn write_one_statement<'a>(
-        db: &'a DatabaseConnection,
-        current: &'a Self,
-        plan: &'a Plan,
-    ) -> impl Future<Output = Result<bool, DbErr>> + Send + 'a {
-        sql_write(db, current, plan)
+    /// One statement, but a plan that also moves the payment to review (a compensation
+    /// that failed), which is a transaction: the payment is locked before its
+    /// `montoReembolsado` is summed (`refunded_amount_locked`).
+    async fn write_one_statement(
+        db: &DatabaseConnection,
+        current: &Self,
+        plan: &Plan,
+    ) -> Result<bool, DbErr> {
+        if plan.besides.is_none() {
+            return sql_write(db, current, plan).await;
+        }
+        let tx = begin_write(db).await?;
+        let applied = sql_write(&tx, current, plan).await?;
+        crate::saga::store::kept_if(tx, applied).await
     }
 }
 
@@ -654,8 +686,9 @@ async fn payment_move<C: ConnectionTrait>(
             )
             .map_err(|e| DbErr::Custom(e.to_string()))?;
         // Told with what pagos gave back of it (a compensation that failed may follow
-        // one that did not), as its read shows it.
-        let refunded = refunded_amount(db, current.id).await?;
+        // one that did not), as its read shows it; summed under the payment's lock, in the
+        // transaction `write_one_statement` opens for a payment's move.
+        let refunded = refunded_amount_locked(db, current.id).await?;
         if refunded > 0 {
             planned.retell(&(to_review.refunded)(&planned.next, refunded));
         }
@@ -777,6 +810,19 @@ async fn sql_write<C: ConnectionTrait>(
 "#,
             n - 1,
             n
+        );
+        held = r#" AND EXISTS (SELECT 1 FROM "held")"#;
+    } else if plan.next.state == RefundState::Completado && current.state != RefundState::Completado
+    {
+        // Its payment's share lock, before the refund's own write (`refunded_amount_locked`
+        // says why): a payment event written at the same moment either sums this refund or
+        // is listed before it.
+        values.push(current.payment_id.into());
+        sql += &format!(
+            r#""held" AS (
+  SELECT "id" FROM "payments" WHERE "id" = ${} FOR SHARE),
+"#,
+            values.len()
         );
         held = r#" AND EXISTS (SELECT 1 FROM "held")"#;
     }
