@@ -1038,12 +1038,15 @@ async fn resolve_unrecorded(
     // reported while this was written (the consumer locks the payment before it writes
     // the report, as below): COMPLETADA would tell the merchant money was taken that the
     // provider says is not, and nothing would look at the payment again.
-    // Not on Stripe: a PaymentIntent that succeeded never fails afterwards (a refund or a
-    // dispute is an object of its own, which pagos does not read), so a failure reported
-    // for it is an older attempt's, whose success is still being delivered.
+    // Not on Stripe once it answered: a PaymentIntent its search showed succeeded never
+    // fails afterwards (a refund or a dispute is an object of its own, which pagos does not
+    // read), so a failure reported for it is an older attempt's, whose success is still
+    // being delivered. While Stripe cannot be asked, the report is all there is.
+    let stripe_answered = state.settings.gateway == crate::config::GatewayKind::Stripe
+        && provider.unreachable.is_none();
     if event == Event::ResolveCompleted
         && overrule.is_none()
-        && state.settings.gateway != crate::config::GatewayKind::Stripe
+        && !stripe_answered
         && let Some(charge) = resolved.gateway_ref.as_deref()
         && let Some(code) = reported_failed(&tx, current.id, charge).await?
     {

@@ -16,6 +16,7 @@ on_both_databases!(
     every_status_in_the_mapping_table_maps_as_documented,
     without_medio_pago_the_request_is_refused_with_422_and_nothing_is_stored,
     requires_action_goes_to_manual_review_past_the_give_up_horizon,
+    completada_while_stripe_cannot_be_asked_is_refused_over_a_failure_its_events_reported,
     a_signed_event_settles_a_pending_payment_and_a_wrong_signature_is_refused,
     a_duplicated_event_applies_once,
     a_pending_event_after_the_final_one_changes_nothing,
@@ -364,6 +365,53 @@ async fn requires_action_goes_to_manual_review_past_the_give_up_horizon(backend:
     tokio::time::sleep(Duration::from_millis(1100)).await;
     report_says(&app.reconcile(&id).await, "revisionManual");
     assert_eq!(posts(&app).await.len(), 1);
+}
+
+/// A PaymentIntent under review that Stripe's events reported failed, while Stripe cannot
+/// be asked: the report is all pagos knows of it, so on-call's `COMPLETADA` is refused
+/// (409, nothing changed) unless overruled. (While Stripe answers, its search is believed:
+/// a succeeded PaymentIntent never fails afterwards.)
+async fn completada_while_stripe_cannot_be_asked_is_refused_over_a_failure_its_events_reported(
+    backend: Backend,
+) {
+    let app = spawn(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
+    let fake = FakeStripe::new("payment_intent_requires_action");
+    fake.mount(app.gateway()).await;
+    let (status, pago) = app
+        .pay_read("k-3ds-failed", &body("needs authentication"))
+        .await;
+    assert_eq!(status, 202);
+    let id = pago["id"].as_str().expect("id").to_owned();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    report_says(&app.reconcile(&id).await, "revisionManual");
+    let failed = event(
+        "event_payment_intent_payment_failed",
+        "evt_pi_failed",
+        &id,
+        now(),
+    );
+    let answer = deliver_signed(
+        &app,
+        &failed,
+        &stripe_signature(WEBHOOK_SECRET, now(), &failed),
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+
+    app.gateway().reset().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/payment_intents/search"))
+        .respond_with(ResponseTemplate::new(503))
+        .mount(app.gateway())
+        .await;
+    let asked = json!({"estado": "COMPLETADA", "motivo": "the customer says they paid",
+                       "gatewayRef": intent_id(&id)});
+    let answer = app
+        .resolve_as(crate::helpers::ADMIN_TOKEN, &id, &asked)
+        .await;
+    let problem = crate::helpers::problem(answer, 409, "COMPLETADA over a reported failure").await;
+    assert_eq!(problem["type"], "/problems/provider-disagrees", "{problem}");
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
 }
 
 /// The header Stripe sends, computed here independently of pagos' code.
