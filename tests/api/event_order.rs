@@ -4,7 +4,7 @@
 //! gateway event, on-call's resolution). Real `pagos serve` processes, each holding one
 //! writer inside its window (`PAGOS_PAUSE_AT`) while the other writes.
 
-use crate::helpers::{API_KEY, Backend, json, payment_body, timestamped_signature};
+use crate::helpers::{API_KEY, Backend, json, keyed_read, payment_body, timestamped_signature};
 use crate::on_both_databases;
 use crate::process::{Serve, serving};
 use crate::refunds::FakeRefunds;
@@ -26,16 +26,7 @@ struct Client {
 
 impl Client {
     async fn keyed(&self, path: &str, key: &str, body: &Value) -> (u16, Value) {
-        let answer = self
-            .http
-            .post(format!("{}{path}", self.url))
-            .bearer_auth(API_KEY)
-            .header("Idempotency-Key", key)
-            .json(body)
-            .send()
-            .await
-            .expect("answered");
-        (answer.status().as_u16(), json(answer).await)
+        keyed_read(&self.http, &format!("{}{path}", self.url), key, body).await
     }
 
     /// A reference-protocol gateway event, signed.

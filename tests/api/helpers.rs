@@ -454,14 +454,7 @@ impl TestApp {
         key: &str,
         body: &Value,
     ) -> reqwest::Response {
-        self.http
-            .post(self.url(path))
-            .bearer_auth(api_key)
-            .header("Idempotency-Key", key)
-            .json(body)
-            .send()
-            .await
-            .expect("request sent")
+        keyed(&self.http, &self.url(path), api_key, key, body).await
     }
 
     /// `POST /v1/pagos` as acme with `payment_body()`, in a task of its own: a request
@@ -1390,4 +1383,33 @@ pub async fn allow_claims(db: &DatabaseConnection) {
         _ => "DROP TRIGGER refuse_claims ON payments",
     };
     db.execute_unprepared(allow).await.expect("dropped");
+}
+
+/// `POST url` as merchant `api_key`, with `body` and the `Idempotency-Key` `key` (a
+/// process of its own, or this test's app).
+pub async fn keyed(
+    http: &reqwest::Client,
+    url: &str,
+    api_key: &str,
+    key: &str,
+    body: &Value,
+) -> reqwest::Response {
+    http.post(url)
+        .bearer_auth(api_key)
+        .header("Idempotency-Key", key)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent")
+}
+
+/// `keyed` as acme: the answer's status and body.
+pub async fn keyed_read(
+    http: &reqwest::Client,
+    url: &str,
+    key: &str,
+    body: &Value,
+) -> (u16, Value) {
+    let answer = keyed(http, url, API_KEY, key, body).await;
+    (answer.status().as_u16(), json(answer).await)
 }

@@ -8,7 +8,7 @@
 //! PostgreSQL. The reference protocol runs through the standalone sandbox gateway (a real
 //! `pagos sandbox-gateway` process); Stripe and Mercado Pago through their wiremock fakes.
 
-use crate::helpers::{API_KEY, Backend, TestDatabase, json};
+use crate::helpers::{Backend, TestDatabase, json};
 use crate::on_both_databases;
 use crate::process::{BIN, free_port};
 use crate::providers::{FakeProvider, Provider};
@@ -59,17 +59,7 @@ impl Running {
     }
 
     async fn pay(&self, key: &str, body: &Value) -> (u16, Value) {
-        let answer = self
-            .http
-            .post(format!("{}/v1/pagos", self.url))
-            .bearer_auth(API_KEY)
-            .header("Idempotency-Key", key)
-            .json(body)
-            .send()
-            .await
-            .expect("answered");
-        let status = answer.status().as_u16();
-        (status, json(answer).await)
+        crate::helpers::keyed_read(&self.http, &format!("{}/v1/pagos", self.url), key, body).await
     }
 
     async fn reconcile(&self, id: &str) -> Value {
