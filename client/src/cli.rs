@@ -7,7 +7,8 @@
 //! makes a second one.
 
 use super::{
-    Client, Intent, IntentKey, Journal, Outcome, PayError, PayPolicy, PaymentRequest, PendingIntent,
+    Client, Intent, IntentKey, Journal, Kept, Outcome, PayError, PayPolicy, PaymentRequest,
+    PaymentState, PendingIntent,
 };
 use pagos_types::{Currency, FieldError, PaymentMethod, Problem};
 use secrecy::{ExposeSecret, SecretString};
@@ -127,7 +128,7 @@ pub struct PayArgs {
           value_name = "DURATION")]
     pub retry_max_delay: Duration,
     /// How long the server keeps Idempotency-Keys (its PAGOS_KEY_RETENTION): an intent
-    /// first sent longer ago than this is not sent again without a human; --deadline
+    /// first sent 99 % of this ago or longer is not sent again without a human; --deadline
     /// must be shorter
     #[arg(long, env = "PAGOS_KEY_RETENTION", default_value = "24h", value_parser = positive_duration,
           value_name = "DURATION")]
@@ -347,8 +348,8 @@ async fn same_payment(
     request: PaymentRequest,
     new: bool,
 ) -> anyhow::Result<Result<Intent, Exit>> {
-    let kept = journal.find(&request).await?;
     if new {
+        let kept = journal.find(&request).await?;
         if !kept.is_empty() {
             eprintln!(
                 "pagos: --new: a new payment with a new Idempotency-Key; the {} pending intent(s) for this same payment stay in the journal (`pagos pay --resume` retries them)",
@@ -357,6 +358,16 @@ async fn same_payment(
         }
         return Ok(Ok(Intent::new(request)));
     }
+    // Found, or a new intent written down, at once: the same command run twice together
+    // pays under one key.
+    let fresh = Intent::new(request);
+    let kept = match journal
+        .kept_or_record(&fresh, client.base_url(), api_key)
+        .await?
+    {
+        Kept::Recorded => return Ok(Ok(fresh)),
+        Kept::Found(kept) => kept,
+    };
     let here = kept
         .iter()
         .find(|k| k.base_url == *client.base_url() && k.made_with(api_key));
@@ -370,7 +381,7 @@ async fn same_payment(
         return Ok(Ok(pending.intent.clone()));
     }
     let Some(pending) = kept.first() else {
-        return Ok(Ok(Intent::new(request)));
+        return Ok(Ok(fresh));
     };
     let whose = if pending.made_with(api_key) {
         "this API key"
@@ -493,6 +504,13 @@ async fn report(
                         .unwrap_or_else(|| "the payment is FALLIDA".into());
                     eprintln!("pagos: declined: {why}");
                     Exit::Declined
+                }
+                Outcome::Pending(p) if p.state == PaymentState::RevisionManual => {
+                    eprintln!(
+                        "pagos: payment {} is REVISION_MANUAL: the server could not settle it and waits for its on-call engineers, who decide whether it was paid; `pagos pay --resume` learns their answer once they have given it",
+                        p.id
+                    );
+                    Exit::Pending
                 }
                 Outcome::Pending(p) => {
                     eprintln!(

@@ -266,22 +266,11 @@ impl Journal {
         let base_url = base_url.to_string();
         let hash = api_key_sha256(api_key);
         let now = now();
-        let (made, attempts) = match intent.first_sent() {
-            Some(sent) => (sent.min(now), 1),
-            None => (now, 0),
-        };
+        let (made, attempts) = made_and_sent(intent, now);
         let (made, at) = (stamp(made), stamp(now));
         // One statement: another task or process that recorded it first keeps its row.
-        self.with(move |db| {
-            db.execute(
-                "INSERT INTO pending_intents (idempotency_key, base_url, api_key_sha256, body, \
-                 attempts, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
-                 ON CONFLICT (idempotency_key) DO NOTHING",
-                params![key, base_url, hash, body, attempts, made, at],
-            )?;
-            Ok(())
-        })
-        .await?;
+        self.with(move |db| insert_intent(db, [key, base_url, hash, body, made, at], attempts))
+            .await?;
         match self.get(intent.key()).await? {
             Some(kept) if kept.intent == *intent => Ok(kept),
             _ => Err(JournalError::KeyTaken(intent.key().clone())),
@@ -306,12 +295,43 @@ impl Journal {
 
     /// Every kept intent, oldest first.
     pub async fn pending(&self) -> Result<Vec<PendingIntent>, JournalError> {
-        self.with(|db| {
-            let mut statement = db.prepare(&format!(
-                "SELECT {COLUMNS} FROM pending_intents ORDER BY created_at"
-            ))?;
-            let rows = statement.query_map([], row)?;
-            rows.map(|r| pending(r?)).collect()
+        self.with(kept_intents).await
+    }
+
+    /// The intents kept for `fresh`'s very request (any server, any API key), oldest
+    /// first, or else `fresh` written down as [`record`](Journal::record) does: one
+    /// transaction holding the journal's write lock, so two processes asking for the same
+    /// payment at once (a form sent twice, a command run twice) never both find none and
+    /// pay it under two keys.
+    pub async fn kept_or_record(
+        &self,
+        fresh: &Intent,
+        base_url: &Url,
+        api_key: &str,
+    ) -> Result<Kept<PendingIntent>, JournalError> {
+        let request = fresh.request().clone();
+        let now = now();
+        let (made, attempts) = made_and_sent(fresh, now);
+        let values = [
+            fresh.key().to_string(),
+            base_url.to_string(),
+            api_key_sha256(api_key),
+            request.to_json().to_string(),
+            stamp(made),
+            stamp(now),
+        ];
+        self.with(move |db| {
+            immediate(db, |db| {
+                let kept: Vec<_> = kept_intents(db)?
+                    .into_iter()
+                    .filter(|k| *k.intent.request() == request)
+                    .collect();
+                if !kept.is_empty() {
+                    return Ok(Kept::Found(kept));
+                }
+                insert_intent(db, values, attempts)?;
+                Ok(Kept::Recorded)
+            })
         })
         .await
     }
@@ -392,12 +412,7 @@ impl Journal {
         let (k, p, b) = (key.clone(), payment.clone(), body.clone());
         let kept: Option<(String, String)> = self
             .with(move |db| {
-                db.execute(
-                    "INSERT INTO pending_refunds (idempotency_key, base_url, api_key_sha256, \
-                     payment_id, body, created_at, attempts) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0) \
-                     ON CONFLICT (idempotency_key) DO NOTHING",
-                    params![k, base_url, hash, p, b, at],
-                )?;
+                insert_refund(db, [k.clone(), base_url, hash, p, b, at])?;
                 Ok(db
                     .query_row(
                         "SELECT payment_id, body FROM pending_refunds WHERE idempotency_key = ?1",
@@ -422,37 +437,92 @@ impl Journal {
     ) -> Result<Vec<PendingRefund>, JournalError> {
         let payment = request.payment().to_string();
         let body = request.to_json().to_string();
-        let rows: Vec<(String, String, String, i64, String)> = self
-            .with(move |db| {
-                let mut statement = db.prepare(
-                    "SELECT idempotency_key, base_url, api_key_sha256, attempts, created_at \
-                     FROM pending_refunds WHERE payment_id = ?1 AND body = ?2 \
-                     ORDER BY created_at",
-                )?;
-                let rows = statement.query_map(params![payment, body], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-                })?;
-                Ok(rows.collect::<Result<_, _>>()?)
-            })
+        let rows = self
+            .with(move |db| refund_rows(db, &payment, &body))
             .await?;
-        rows.into_iter()
-            .map(|(key, base_url, hash, attempts, created_at)| {
-                let corrupt = |why: String| JournalError::Corrupt {
-                    key: key.clone(),
-                    why,
-                };
-                let parsed = IntentKey::parse(&key).map_err(|e| corrupt(e.to_string()))?;
-                Ok(PendingRefund {
-                    intent: crate::refund::RefundIntent::with_key(parsed, request.clone()),
-                    base_url: Url::parse(&base_url).map_err(|e| corrupt(e.to_string()))?,
-                    api_key_sha256: hash,
-                    attempts: u32::try_from(attempts).unwrap_or(0),
-                    created_at: read_stamp(&created_at).map_err(corrupt)?,
-                })
-            })
-            .collect()
+        pending_refunds(request, rows)
     }
 
+    /// The refund intents kept for `fresh`'s very request (any server, any API key),
+    /// oldest first, or else `fresh` written down as
+    /// [`record_refund`](Journal::record_refund) does, in one transaction holding the
+    /// journal's write lock: the same refund asked twice at once is never made under two
+    /// keys.
+    pub async fn kept_refunds_or_record(
+        &self,
+        fresh: &crate::refund::RefundIntent,
+        base_url: &Url,
+        api_key: &str,
+    ) -> Result<Kept<PendingRefund>, JournalError> {
+        let request = fresh.request().clone();
+        let payment = request.payment().to_string();
+        let body = request.to_json().to_string();
+        let values = [
+            fresh.key().to_string(),
+            base_url.to_string(),
+            api_key_sha256(api_key),
+            payment.clone(),
+            body.clone(),
+            stamp(now()),
+        ];
+        let rows = self
+            .with(move |db| {
+                immediate(db, |db| {
+                    let rows = refund_rows(db, &payment, &body)?;
+                    if rows.is_empty() {
+                        insert_refund(db, values)?;
+                    }
+                    Ok(rows)
+                })
+            })
+            .await?;
+        if rows.is_empty() {
+            return Ok(Kept::Recorded);
+        }
+        Ok(Kept::Found(pending_refunds(&request, rows)?))
+    }
+}
+
+/// A kept refund's row as [`refund_rows`] reads it: key, server, API key hash, attempts,
+/// when made.
+type RefundRow = (String, String, String, i64, String);
+
+/// The rows of refund intents asking `body` of `payment`, oldest first.
+fn refund_rows(db: &Connection, payment: &str, body: &str) -> Result<Vec<RefundRow>, JournalError> {
+    let mut statement = db.prepare(
+        "SELECT idempotency_key, base_url, api_key_sha256, attempts, created_at \
+         FROM pending_refunds WHERE payment_id = ?1 AND body = ?2 \
+         ORDER BY created_at",
+    )?;
+    let rows = statement.query_map(params![payment, body], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+fn pending_refunds(
+    request: &crate::refund::RefundRequest,
+    rows: Vec<RefundRow>,
+) -> Result<Vec<PendingRefund>, JournalError> {
+    rows.into_iter()
+        .map(|(key, base_url, hash, attempts, created_at)| {
+            let corrupt = |why: String| JournalError::Corrupt {
+                key: key.clone(),
+                why,
+            };
+            let parsed = IntentKey::parse(&key).map_err(|e| corrupt(e.to_string()))?;
+            Ok(PendingRefund {
+                intent: crate::refund::RefundIntent::with_key(parsed, request.clone()),
+                base_url: Url::parse(&base_url).map_err(|e| corrupt(e.to_string()))?,
+                api_key_sha256: hash,
+                attempts: u32::try_from(attempts).unwrap_or(0),
+                created_at: read_stamp(&created_at).map_err(corrupt)?,
+            })
+        })
+        .collect()
+}
+
+impl Journal {
     /// The kept refund intent asking exactly `request` of this server with this API key
     /// (the oldest, if several).
     pub async fn find_refund(
@@ -528,6 +598,83 @@ impl Journal {
     }
 }
 
+/// What [`Journal::kept_or_record`] and [`Journal::kept_refunds_or_record`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kept<T> {
+    /// Intents kept for this same request, whatever their server or API key, oldest
+    /// first; nothing was written.
+    Found(Vec<T>),
+    /// None was kept: the fresh intent is written down now.
+    Recorded,
+}
+
+/// Runs `work` in a transaction that takes the journal's write lock first (`BEGIN
+/// IMMEDIATE`): what it read still holds when it writes, whatever other processes do.
+fn immediate<T>(
+    db: &Connection,
+    work: impl FnOnce(&Connection) -> Result<T, JournalError>,
+) -> Result<T, JournalError> {
+    db.execute_batch("BEGIN IMMEDIATE")?;
+    match work(db) {
+        Ok(done) => {
+            db.execute_batch("COMMIT")?;
+            Ok(done)
+        }
+        Err(e) => {
+            // The error is what went wrong; a failed rollback leaves it to SQLite.
+            let _ = db.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// When an intent counts as made, and the requests counted for it: one, made then, for
+/// an intent the caller says was sent before; none, made `now`, otherwise.
+fn made_and_sent(
+    intent: &Intent,
+    now: chrono::DateTime<chrono::Utc>,
+) -> (chrono::DateTime<chrono::Utc>, i64) {
+    match intent.first_sent() {
+        Some(sent) => (sent.min(now), 1),
+        None => (now, 0),
+    }
+}
+
+/// Writes an intent's row (`values`: key, server, API key hash, body, made, updated)
+/// unless its key is kept already.
+fn insert_intent(db: &Connection, values: [String; 6], attempts: i64) -> Result<(), JournalError> {
+    let [key, base_url, hash, body, made, at] = values;
+    db.execute(
+        "INSERT INTO pending_intents (idempotency_key, base_url, api_key_sha256, body, \
+         attempts, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+         ON CONFLICT (idempotency_key) DO NOTHING",
+        params![key, base_url, hash, body, attempts, made, at],
+    )?;
+    Ok(())
+}
+
+/// Writes a refund intent's row (`values`: key, server, API key hash, payment, body,
+/// made), not sent yet, unless its key is kept already.
+fn insert_refund(db: &Connection, values: [String; 6]) -> Result<(), JournalError> {
+    let [key, base_url, hash, payment, body, at] = values;
+    db.execute(
+        "INSERT INTO pending_refunds (idempotency_key, base_url, api_key_sha256, \
+         payment_id, body, created_at, attempts) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0) \
+         ON CONFLICT (idempotency_key) DO NOTHING",
+        params![key, base_url, hash, payment, body, at],
+    )?;
+    Ok(())
+}
+
+/// Every kept payment intent, oldest first.
+fn kept_intents(db: &Connection) -> Result<Vec<PendingIntent>, JournalError> {
+    let mut statement = db.prepare(&format!(
+        "SELECT {COLUMNS} FROM pending_intents ORDER BY created_at"
+    ))?;
+    let rows = statement.query_map([], row)?;
+    rows.map(|r| pending(r?)).collect()
+}
+
 /// Opens the file (owner-only), in WAL mode with full sync and a busy timeout, and makes
 /// sure the table is there.
 fn connect(path: &Path) -> Result<Connection, Box<dyn std::error::Error + Send + Sync>> {
@@ -586,11 +733,19 @@ fn pending(model: Row) -> Result<PendingIntent, JournalError> {
         .map_err(|e| corrupt(e.to_string()))?;
     let created_at = read_stamp(&model.created_at).map_err(corrupt)?;
     let updated_at = read_stamp(&model.updated_at).map_err(corrupt)?;
+    let attempts = u32::try_from(model.attempts).unwrap_or(0);
+    // An intent sent before carries when: paid from this copy after its row left the
+    // journal (another process settled or forgot it meanwhile), it is still held to the
+    // server's key retention, never re-recorded as never sent.
+    let intent = match attempts {
+        0 => Intent::with_key(key, request),
+        _ => Intent::with_key(key, request).first_sent_at(created_at),
+    };
     Ok(PendingIntent {
-        intent: Intent::with_key(key, request),
+        intent,
         base_url,
         api_key_sha256: model.api_key_sha256,
-        attempts: u32::try_from(model.attempts).unwrap_or(0),
+        attempts,
         payment_id,
         blocked: model.blocked,
         last_error: model.last_error,

@@ -100,7 +100,7 @@ pub mod webhooks;
 
 pub use answer::{MedioPago, Pago, Problem};
 pub use intent::{Intent, IntentKey, InvalidRequest, PaymentRequest};
-pub use journal::{Journal, JournalError, PendingIntent, PendingRefund};
+pub use journal::{Journal, JournalError, Kept, PendingIntent, PendingRefund};
 pub use pagos_types::request::PayerDocument;
 pub use pagos_types::{Currency, FieldError, PaymentMethod, PaymentState, ProblemType};
 pub use pagos_types::{Reembolso, RefundState};
@@ -171,15 +171,16 @@ pub enum PayError {
     /// The server answered outside the protocol.
     #[error("unexpected answer from the server: {0}")]
     Unexpected(String),
-    /// The intent's first request left longer ago than the server keeps keys (as the
-    /// journal or [`Intent::first_sent_at`] tells, or this `pay`'s own first request),
-    /// and the server never named its payment: sent again, it could be taken for a new
-    /// payment and pay twice. Checked before every `POST`, so a retry budget longer than
-    /// the retention ends here too. Nothing more was sent; with a journal, the intent
+    /// The intent's first request left as long ago as the server keeps keys, less the
+    /// hundredth of it the client keeps in hand (as the journal or
+    /// [`Intent::first_sent_at`] tells, or this `pay`'s own first request), and the
+    /// server never named its payment: sent again, it could arrive after the server let
+    /// the key go, be taken for a new payment and pay twice. Checked before every `POST`,
+    /// so a retry budget longer than the retention ends here too. Nothing more was sent; with a journal, the intent
     /// stays there for a human. Look the payment up (`GET /v1/pagos/{id}`, or
     /// `GET /v1/pagos?creditoId=…`) before paying anew.
     #[error(
-        "intent {key} was first sent at {first_sent}, longer ago than the server keeps Idempotency-Keys ({}); sending it again could pay twice, so it was not sent",
+        "intent {key} was first sent at {first_sent}, too long ago for the server's key retention ({}, less the hundredth kept in hand); sending it again could pay twice, so it was not sent",
         humantime::format_duration(*key_retention)
     )]
     Expired {
@@ -426,13 +427,21 @@ impl Client {
     }
 
     /// How long the server keeps idempotency keys (its `PAGOS_KEY_RETENTION`, 24 h by
-    /// default). An intent first sent longer ago than this (by the journal, by
-    /// [`Intent::first_sent_at`], or earlier in the same `pay`), whose payment the server
+    /// default). An intent first sent (by the journal, by [`Intent::first_sent_at`], or
+    /// earlier in the same `pay`) 99 % of this ago or longer, whose payment the server
     /// never named, is not sent again: [`PayError::Expired`], before any `POST`. A
-    /// [`PayPolicy::deadline`] shorter than this never meets it within one `pay`.
+    /// [`PayPolicy::deadline`] shorter than 99 % of this never meets it within one `pay`.
     pub fn with_key_retention(mut self, key_retention: Duration) -> Client {
         self.key_retention = key_retention;
         self
+    }
+
+    /// How old an intent sent before (and never named by the server) may be when a
+    /// `POST` of it leaves: the key retention less a hundredth of it (14 min 24 s of
+    /// 24 h), kept in hand for the request's time in transit, the journal's write before
+    /// it and the gap between this machine's clock and the server's.
+    fn sendable_for(&self) -> Duration {
+        self.key_retention - self.key_retention / 100
     }
 
     /// Keeps every intent in `journal` from before its first request until a terminal
@@ -495,7 +504,7 @@ impl Client {
             let age = (chrono::Utc::now() - first_sent)
                 .to_std()
                 .unwrap_or_default();
-            if age >= self.key_retention {
+            if age >= self.sendable_for() {
                 return Err(PayError::Expired {
                     key: intent.key().clone(),
                     first_sent,
@@ -584,10 +593,38 @@ impl Client {
         Ok(resumed)
     }
 
+    /// The intent to pay `request` with: the one the journal keeps for this very request
+    /// at this client's server with its API key (it may have paid already, so its key is
+    /// the one to send), or else a new one, written down in the same journal transaction,
+    /// so a form sent twice at once, or a job run twice, pays under one key. Without a
+    /// journal, a new intent (keeping it is then the caller's, see [`Intent::with_key`]).
+    ///
+    /// One kept for the same request only under another URL or API key is not given back
+    /// ([`kept_payment`](Client::kept_payment) says the same): a new intent is made beside
+    /// it, as `pagos pay --new` would; [`Journal::find`] lists those.
+    pub async fn intent_for(&self, request: PaymentRequest) -> Result<Intent, PayError> {
+        let fresh = Intent::new(request);
+        let Some(journal) = &self.journal else {
+            return Ok(fresh);
+        };
+        match journal
+            .kept_or_record(&fresh, &self.base_url, &self.api_key)
+            .await?
+        {
+            Kept::Recorded => Ok(fresh),
+            Kept::Found(kept) => Ok(kept
+                .into_iter()
+                .find(|k| k.base_url == self.base_url && k.made_with(&self.api_key))
+                .map_or(fresh, |k| k.intent)),
+        }
+    }
+
     /// The pending intent the journal keeps for this very request, made at this client's
     /// server with its API key (the oldest, if several): paying the same payment again
     /// must send its key, since it may have paid already. `None` without a journal, which
-    /// is then the caller's to keep the intent (see [`Intent::with_key`]).
+    /// is then the caller's to keep the intent (see [`Intent::with_key`]). Looking and then
+    /// making a new intent are two steps: where the same payment may be asked twice at
+    /// once, [`intent_for`](Client::intent_for) does both in one.
     pub async fn kept_payment(
         &self,
         request: &PaymentRequest,
@@ -631,7 +668,7 @@ impl Client {
             Err(Stop::Expired(first_sent)) => {
                 let first_sent = first_sent.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
                 let why = format!(
-                    "first sent at {first_sent}, longer ago than the server keeps Idempotency-Keys; not sent again"
+                    "first sent at {first_sent}, too long ago for the server's Idempotency-Key retention; not sent again"
                 );
                 journal.note(key, &why).await
             }
@@ -803,7 +840,7 @@ impl Settling<'_> {
                 let age = (chrono::Utc::now() - self.first_sent)
                     .to_std()
                     .unwrap_or_default();
-                if age >= client.key_retention {
+                if age >= client.sendable_for() {
                     return Err(Stop::Expired(self.first_sent));
                 }
                 let before = match &client.journal {

@@ -302,6 +302,33 @@ impl Client {
         result
     }
 
+    /// The refund intent to ask `request` with: the one the journal keeps for this very
+    /// request at this client's server with its API key (it may have made the refund, so
+    /// its key is the one to send), or else a new one, written down in the same journal
+    /// transaction, so the same refund asked twice at once is made under one key. Without
+    /// a journal, a new intent. One kept only under another URL or API key is not given
+    /// back: a new intent is made beside it ([`Journal::find_refunds`](crate::Journal::find_refunds)
+    /// lists those; it may have made the refund).
+    pub async fn refund_intent_for(
+        &self,
+        request: RefundRequest,
+    ) -> Result<RefundIntent, PayError> {
+        let fresh = RefundIntent::new(request);
+        let Some(journal) = &self.journal else {
+            return Ok(fresh);
+        };
+        match journal
+            .kept_refunds_or_record(&fresh, &self.base_url, &self.api_key)
+            .await?
+        {
+            crate::Kept::Recorded => Ok(fresh),
+            crate::Kept::Found(kept) => Ok(kept
+                .into_iter()
+                .find(|k| k.base_url == self.base_url && k.made_with(&self.api_key))
+                .map_or(fresh, |k| k.intent)),
+        }
+    }
+
     /// The refund intent the journal keeps for this request at this server with this API
     /// key, if any: its key is the one to send again. One kept under another URL or API
     /// key is not given back ([`Journal::find_refunds`](crate::Journal::find_refunds)

@@ -9,7 +9,8 @@
 
 use super::cli::bad_setting;
 use super::{
-    Client, Journal, PayError, PayPolicy, PendingRefund, RefundIntent, RefundOutcome, RefundRequest,
+    Client, Journal, Kept, PayError, PayPolicy, PendingRefund, RefundIntent, RefundOutcome,
+    RefundRequest,
 };
 use secrecy::{ExposeSecret, SecretString};
 use std::io::Write;
@@ -76,8 +77,8 @@ async fn same_refund(
     request: RefundRequest,
     new: bool,
 ) -> anyhow::Result<Option<RefundIntent>> {
-    let kept = journal.find_refunds(&request).await?;
     if new {
+        let kept = journal.find_refunds(&request).await?;
         if !kept.is_empty() {
             eprintln!(
                 "pagos: --new: a new refund with a new Idempotency-Key; the {} kept intent(s) for this same refund stay in the journal",
@@ -86,6 +87,16 @@ async fn same_refund(
         }
         return Ok(Some(RefundIntent::new(request)));
     }
+    // Found, or a new intent written down, at once: the same command run twice together
+    // refunds under one key.
+    let fresh = RefundIntent::new(request);
+    let kept = match journal
+        .kept_refunds_or_record(&fresh, client.base_url(), api_key)
+        .await?
+    {
+        Kept::Recorded => return Ok(Some(fresh)),
+        Kept::Found(kept) => kept,
+    };
     let here = kept
         .iter()
         .find(|k| k.base_url == *client.base_url() && k.made_with(api_key));
@@ -99,7 +110,7 @@ async fn same_refund(
         return Ok(Some(pending.intent.clone()));
     }
     let Some(pending) = kept.first() else {
-        return Ok(Some(RefundIntent::new(request)));
+        return Ok(Some(fresh));
     };
     let whose = if pending.made_with(api_key) {
         "this API key"

@@ -9,8 +9,8 @@ use helpers::{
     then, unavailable, until,
 };
 use pagos_client::{
-    Client, Intent, Outcome, PayError, PayPolicy, PaymentRequest, PaymentState, ProblemType,
-    RefundIntent, RefundRequest, Waiting,
+    Client, Intent, Journal, Outcome, PayError, PayPolicy, PaymentRequest, PaymentState,
+    ProblemType, RefundIntent, RefundRequest, Waiting,
 };
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -518,6 +518,74 @@ async fn an_unanswered_intent_older_than_the_servers_key_retention_is_not_sent_a
     );
     assert!(err.to_string().contains("could pay twice"), "{err}");
     assert_eq!(journal.pending().await.len(), 1, "kept for a human");
+    server.verify().await;
+}
+
+/// The same payment, and the same refund, asked from several processes at once (a form
+/// sent twice, a job run twice), each with its own handle on one journal file: all of them
+/// get one intent, so they pay (refund) under one key, never a second payment under a key
+/// of its own.
+#[tokio::test]
+async fn the_same_payment_or_refund_asked_at_once_by_several_processes_gets_one_key() {
+    let server = MockServer::start().await;
+    let journal = TestJournal::new().await;
+    let payment = Uuid::new_v4();
+    let mut asks = Vec::new();
+    for _ in 0..8 {
+        let handle = Journal::open(&journal.path).await.expect("journal");
+        let (client, _) = client(&server, &handle, fast_policy());
+        asks.push(tokio::spawn(async move {
+            let intent = client
+                .intent_for(intent().request().clone())
+                .await
+                .expect("intent");
+            let refund = RefundRequest::new(payment, Some(50_000), None).expect("valid");
+            let refund = client.refund_intent_for(refund).await.expect("intent");
+            (intent.key().to_string(), refund.key().to_string())
+        }));
+    }
+    let mut keys = std::collections::BTreeSet::new();
+    let mut refund_keys = std::collections::BTreeSet::new();
+    for ask in asks {
+        let (key, refund_key) = ask.await.expect("joined");
+        keys.insert(key);
+        refund_keys.insert(refund_key);
+    }
+
+    assert_eq!(keys.len(), 1, "payment keys: {keys:?}");
+    assert_eq!(refund_keys.len(), 1, "refund keys: {refund_keys:?}");
+    assert_eq!(journal.pending().await.len(), 1, "one intent kept");
+}
+
+/// A resume pays from the list it read first. An intent sent long ago that another
+/// process settled or forgot meanwhile (its row gone: a resume beside it, or on-call's
+/// `--forget` after finding its payment) is still that old intent: never recorded again as
+/// never sent and posted with a key the server may have let go, a second payment.
+#[tokio::test]
+async fn an_old_intent_that_left_the_journal_while_a_resume_ran_is_not_sent_again() {
+    let server = MockServer::start().await;
+    posts_answer(&server, paid(Uuid::new_v4()), 0).await;
+    let (journal, client, _) = journal_and_client(&server, fast_policy()).await;
+    let url = pagos_client::base_url(&server.uri()).expect("url");
+    journal.record_sent_once(&intent(), &url).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let listed = journal.pending().await;
+    assert_eq!(listed.len(), 1);
+    assert!(
+        journal
+            .journal
+            .remove(listed[0].intent.key())
+            .await
+            .expect("forgot")
+    );
+    let client = client.with_key_retention(Duration::from_millis(20));
+
+    let err = client.pay(&listed[0].intent).await.expect_err("expired");
+
+    assert!(
+        matches!(&err, PayError::Expired { key, .. } if key == listed[0].intent.key()),
+        "{err:?}"
+    );
     server.verify().await;
 }
 

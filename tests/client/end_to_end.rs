@@ -125,6 +125,22 @@ async fn a_declined_payment_exits_3_and_leaves_the_journal() {
     assert!(pagos.journal_pending().await.is_empty());
 }
 
+/// A payment the server sent to `REVISION_MANUAL` is not one "the server settles": the
+/// command says its on-call engineers decide, and exits 4 with the intent kept.
+#[tokio::test]
+async fn a_payment_under_review_exits_4_saying_on_call_decides_it() {
+    let pagos = RealPagos::start(Charge::OtherCurrency, Duration::ZERO).await;
+
+    let out = pagos.pay_usual(&["--deadline", "2s"]).await;
+
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(text(&out.stdout).contains("REVISION_MANUAL"), "{stderr}");
+    assert!(stderr.contains("on-call engineers"), "{stderr}");
+    assert!(!stderr.contains("the server settles it"), "{stderr}");
+    assert_eq!(pagos.journal_pending().await.len(), 1);
+}
+
 #[tokio::test]
 async fn a_payment_still_pending_at_the_deadline_exits_4_and_stays_in_the_journal() {
     let pagos = RealPagos::start(Charge::Pending, Duration::ZERO).await;

@@ -36,6 +36,8 @@ pub enum Charge {
     Succeeded,
     Declined,
     Pending,
+    /// Succeeded, in another currency than asked: the payment goes to `REVISION_MANUAL`.
+    OtherCurrency,
 }
 
 struct ChargeResponder {
@@ -47,14 +49,18 @@ impl Respond for ChargeResponder {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let asked: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
         let (status, decline) = match self.charge {
-            Charge::Succeeded => ("succeeded", Value::Null),
+            Charge::Succeeded | Charge::OtherCurrency => ("succeeded", Value::Null),
             Charge::Declined => ("declined", json!("insufficient_funds")),
             Charge::Pending => ("pending", Value::Null),
+        };
+        let currency = match self.charge {
+            Charge::OtherCurrency => json!("XAF"),
+            _ => asked["currency"].clone(),
         };
         ResponseTemplate::new(201)
             .set_body_json(
                 json!({"id": "ch_1", "status": status, "amount": asked["amount"],
-                                  "currency": asked["currency"], "reference": asked["reference"],
+                                  "currency": currency, "reference": asked["reference"],
                                   "declineCode": decline}),
             )
             .set_delay(self.delay)
