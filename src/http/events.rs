@@ -50,7 +50,8 @@ pub struct Entrega {
     /// When the next attempt is due, while `PENDIENTE` (RFC 3339).
     #[schema(format = DateTime)]
     proximo_intento: Option<String>,
-    /// When it was delivered (RFC 3339).
+    /// When it was delivered (RFC 3339), while `ENTREGADA`: a delivery sent again
+    /// (`reenviarDesde`) is not delivered until its new round is.
     #[schema(format = DateTime)]
     entregada_en: Option<String>,
 }
@@ -241,7 +242,10 @@ async fn get_event(
             intentos: d.attempts,
             proximo_intento: (d.state == crate::entities::webhook_delivery::DeliveryState::Pending)
                 .then(|| rfc3339(d.next_attempt_at)),
-            entregada_en: d.delivered_at.map(rfc3339),
+            entregada_en: d
+                .delivered_at
+                .filter(|_| d.state == crate::entities::webhook_delivery::DeliveryState::Delivered)
+                .map(rfc3339),
         })
         .collect();
     let intentos = detail

@@ -403,6 +403,24 @@ pub async fn record(
     let d = &due.delivery;
     let number = d.attempts + 1;
     let tx = begin_write(db).await?;
+    // The endpoint first, then its delivery: the order of every writer of both (a
+    // deletion, a reactivation), which otherwise held the endpoint and waited for this
+    // delivery while this held the delivery and waited for the endpoint (the attempt's
+    // foreign-key check, the endpoint's update): a deadlock, PostgreSQL aborting one of
+    // them (the merchant's DELETE answered 503, or this attempt lost and sent again).
+    if db.get_database_backend() == DbBackend::Postgres {
+        let endpoint = endpoints::Entity::find_by_id(d.endpoint_id)
+            .select_only()
+            .column(endpoints::Column::Id)
+            .lock(LockType::NoKeyUpdate)
+            .into_tuple::<Uuid>()
+            .one(&tx)
+            .await?;
+        if endpoint.is_none() {
+            tx.rollback().await?;
+            return Ok(Recorded::Raced);
+        }
+    }
     let (state, next, delivered_at) = match after {
         After::Delivered => (DeliveryState::Delivered, d.next_attempt_at, Some(at)),
         After::RetryAt(t) => (DeliveryState::Pending, t, None),

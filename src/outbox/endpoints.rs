@@ -9,7 +9,7 @@ use crate::entities::webhook_delivery::{self as deliveries, DeliveryState};
 use crate::entities::webhook_endpoint::{self as endpoints, EndpointState};
 use chrono::{DateTime, Utc};
 use pagos_types::EventType;
-use sea_orm::sea_query::{Expr, OnConflict, Query};
+use sea_orm::sea_query::{Expr, LockType, OnConflict, Query};
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection,
     DatabaseTransaction, DbErr, EntityTrait, IntoActiveModel, QueryFilter, QueryOrder,
@@ -135,21 +135,29 @@ pub async fn find(
 }
 
 /// A write transaction and the merchant's endpoint `id` read in it, its row locked until
-/// the transaction ends (`FOR UPDATE` on PostgreSQL; SQLite's `BEGIN IMMEDIATE` writers
-/// take turns); `None` (the transaction rolled back) if the merchant has no such endpoint.
+/// the transaction ends (`lock` on PostgreSQL; SQLite's `BEGIN IMMEDIATE` writers take
+/// turns); `None` (the transaction rolled back) if the merchant has no such endpoint.
 /// A change worked out from the row read (a rotation keeps the secret it replaces) is
 /// written over that row: two rotations at once no longer both replace the same secret,
 /// the second writing over the first, whose answer handed out a secret that never signed.
+///
+/// The endpoint is locked before any of its deliveries, as a stored attempt does
+/// ([`super::deliveries::record`]): the two never wait for each other crosswise. A change
+/// that keeps the row takes `FOR NO KEY UPDATE`, which the foreign-key checks of the
+/// fan-out's new deliveries (`FOR KEY SHARE`) do not wait for: a reactivation resending
+/// events never holds the endpoint while waiting for a fan-out that waits for it. Only a
+/// deletion takes `FOR UPDATE`.
 async fn begin_on(
     db: &DatabaseConnection,
     merchant: Uuid,
     id: Uuid,
+    lock: LockType,
 ) -> Result<Option<(DatabaseTransaction, endpoints::Model)>, DbErr> {
     use sea_orm::QuerySelect;
     let tx = begin_write(db).await?;
     let found = endpoints::Entity::find_by_id(id)
         .filter(endpoints::Column::MerchantId.eq(merchant))
-        .lock_exclusive()
+        .lock(lock)
         .one(&tx)
         .await?;
     match found {
@@ -163,9 +171,10 @@ async fn begin_on(
 
 /// Removes the endpoint, its deliveries and their attempts; false if there was none.
 pub async fn delete(db: &DatabaseConnection, merchant: Uuid, id: Uuid) -> Result<bool, DbErr> {
-    let Some((tx, _)) = begin_on(db, merchant, id).await? else {
+    let Some((tx, _)) = begin_on(db, merchant, id, LockType::Update).await? else {
         return Ok(false);
     };
+    crate::failpoint::pause("endpoint_locked").await;
     attempts::Entity::delete_many()
         .filter(attempts::Column::EndpointId.eq(id))
         .exec(&tx)
@@ -188,7 +197,7 @@ pub async fn rotate(
     new_secret: &str,
     overlap_until: DateTime<Utc>,
 ) -> Result<Option<endpoints::Model>, DbErr> {
-    let Some((tx, found)) = begin_on(db, merchant, id).await? else {
+    let Some((tx, found)) = begin_on(db, merchant, id, LockType::NoKeyUpdate).await? else {
         return Ok(None);
     };
     let next = rotated(&found, new_secret, now(), overlap_until);
@@ -242,7 +251,7 @@ pub async fn reactivate(
     resend_since: Option<DateTime<Utc>>,
 ) -> Result<Option<endpoints::Model>, DbErr> {
     let at = now();
-    let Some((tx, found)) = begin_on(db, merchant, id).await? else {
+    let Some((tx, found)) = begin_on(db, merchant, id, LockType::NoKeyUpdate).await? else {
         return Ok(None);
     };
     let mut model = found.clone().into_active_model();

@@ -17,6 +17,7 @@ use std::time::Duration;
 use wiremock::MockServer;
 
 on_both_databases!(
+    an_endpoint_deleted_while_its_attempt_is_stored_is_deleted_and_nothing_deadlocks,
     a_process_killed_after_claiming_a_delivery_loses_nothing,
     a_process_killed_after_sending_before_storing_redelivers_and_the_consumer_applies_once,
 );
@@ -140,6 +141,59 @@ async fn two_processes_share_the_deliveries_without_sending_one_attempt_twice() 
     let sent_by = |serve: &Serve| serve.logs().matches("webhook attempt").count();
     eprintln!("attempts by process: {} and {}", sent_by(&a), sent_by(&b));
     assert_eq!(sent_by(&a) + sent_by(&b), PAYMENTS);
+}
+
+/// A merchant deletes an endpoint while a worker stores an attempt to it. Before, on
+/// PostgreSQL, the deletion locked the endpoint and waited for the delivery's row while the
+/// worker held that row and waited for the endpoint (its attempt's foreign key): a
+/// deadlock, and the merchant's DELETE answered 503, again at every retry while attempts
+/// kept finishing. Here the deletion holds the endpoint (`endpoint_locked`) while the
+/// receiver answers: the DELETE answers 204 and the endpoint is gone.
+async fn an_endpoint_deleted_while_its_attempt_is_stored_is_deleted_and_nothing_deadlocks(
+    backend: Backend,
+) {
+    let world = World::new(backend).await;
+    let serve = world
+        .serve(&[("PAGOS_PAUSE_AT", "endpoint_locked:3000")])
+        .await;
+    let receiver = Receiver::start().await;
+    receiver.flaky(0.0, 1.0, Duration::from_secs(1), 5);
+    let made = send_json(
+        world
+            .http
+            .post(format!("{}/v1/webhook-endpoints", serve.url))
+            .bearer_auth(API_KEY)
+            .json(&json!({ "url": receiver.url("/") })),
+    )
+    .await;
+    let endpoint = made["id"].as_str().expect("id").to_owned();
+    world.pay(&serve, "k-1").await;
+    eventually(
+        Duration::from_secs(10),
+        "the attempt under way",
+        async || !receiver.deliveries().is_empty(),
+    )
+    .await;
+
+    // Holds the endpoint 3 s; the receiver answers after 1 s, and the worker stores.
+    let deleted = world
+        .http
+        .delete(format!("{}/v1/webhook-endpoints/{endpoint}", serve.url))
+        .bearer_auth(API_KEY)
+        .send()
+        .await
+        .expect("answered");
+
+    assert_eq!(deleted.status(), 204, "{}", serve.logs());
+    let left = send_json(
+        world
+            .http
+            .get(format!("{}/v1/webhook-endpoints", serve.url))
+            .bearer_auth(API_KEY),
+    )
+    .await;
+    assert_eq!(left["endpoints"], json!([]), "the endpoint is gone");
+    assert!(!serve.logs().contains("deadlock"), "{}", serve.logs());
 }
 
 async fn a_process_killed_after_claiming_a_delivery_loses_nothing(backend: Backend) {
