@@ -301,8 +301,15 @@ pub fn resolution_motivo(asked: &str) -> Result<&str, FieldError> {
 }
 
 /// The operator a resolution's reason names (`resolution_reason`), also in the reason of a
-/// refund it started; none for rows written before operators existed.
+/// refund it started, or the one who asked for a refund (its first move: `refund of 5000
+/// COP asked by ana: …`); none for rows written before operators existed. Only read in an
+/// `admin` row: a merchant's refund is asked by `merchant`, under its own actor.
 pub fn operator_in(reason: &str) -> Option<&str> {
+    if let Some(asked) = reason.strip_prefix("refund of ") {
+        let (_, who) = asked.split_once(" asked by ")?;
+        // Operator names hold no ':' (nor spaces): the reason's words follow one.
+        return Some(who.split_once(':').map_or(who, |(who, _)| who));
+    }
     // A refund on-call's resolution started: `compensation: resolved by …`.
     let reason = reason.strip_prefix("compensation: ").unwrap_or(reason);
     let rest = reason.strip_prefix("resolved by ")?;

@@ -651,6 +651,10 @@ async fn an_operador_refunds_from_the_console_once_however_often_the_form_is_sen
         "{html}"
     );
     assert!(html.contains(">eva<"), "the refund names who asked: {html}");
+    assert!(
+        html.contains(">eva (admin)<") && !html.contains(">admin<"),
+        "the refund's move in the timeline names her, not the break-glass token: {html}"
+    );
 
     // Over what is left: refused with the reason, nothing sent.
     let (html, csrf) = page_with_csrf(&app, &session, &format!("/consola/pagos/{id}")).await;
@@ -883,6 +887,10 @@ async fn the_console_resolves_failed_refunding_what_the_provider_charged_and_sho
     )
     .await;
     assert_eq!(answer.status(), 303);
+    assert_eq!(
+        answer.headers()["location"],
+        format!("{page}?hecho=resuelto").as_str()
+    );
     assert_eq!(app.payment(&id).await.state, "FALLIDA");
     let made = refunds.made();
     assert_eq!(made.len(), 1, "{made:?}");
@@ -890,6 +898,57 @@ async fn the_console_resolves_failed_refunding_what_the_provider_charged_and_sho
     assert_eq!(made[0]["amount"], 250000);
     let html = html_of(&app, &session, &page).await;
     assert!(html.contains("ticket 5"), "{html}");
+}
+
+on_both_databases!(a_resolution_whose_refund_fails_at_once_is_not_shown_as_resolved);
+
+/// "Failed — refund what the provider charged", and the provider fails the refund at once:
+/// the payment is back in REVISION_MANUAL. Before, the console showed the green
+/// "Resolved" all the same, and on-call closed a ticket whose customer's charge still
+/// waited for them.
+async fn a_resolution_whose_refund_fails_at_once_is_not_shown_as_resolved(backend: Backend) {
+    let args = [
+        "--give-up-after",
+        "1s",
+        "--stale-after",
+        "1s",
+        "--gateway-timeout",
+        "5s",
+    ];
+    let app = crate::helpers::started(backend, &args).await;
+    let refunds = crate::refunds::FakeRefunds::default();
+    refunds.mount_refunds(app.gateway()).await;
+    refunds.refunding("failed");
+    let (id, fake) = payment_under_review(&app, "k-console-refund-fails").await;
+    fake.settle(&id, "succeeded");
+    let bea = operator(&app, "bea", Role::Operador).await;
+    let session = log_in(&app, &bea).await;
+    let page = format!("/consola/pagos/{id}");
+    let (_, csrf) = page_with_csrf(&app, &session, &page).await;
+
+    let answer = post_form(
+        &app,
+        &session,
+        &format!("{page}/resolver"),
+        &[
+            ("estado", "FALLIDA_REEMBOLSAR"),
+            ("motivo", "ticket 6: the order is cancelled"),
+            ("csrf", csrf.as_str()),
+        ],
+    )
+    .await;
+
+    assert_eq!(answer.status(), 303);
+    let to = answer.headers()["location"]
+        .to_str()
+        .expect("text")
+        .to_owned();
+    assert_eq!(to, format!("{page}?hecho=resuelto-en-revision"));
+    assert_eq!(refunds.made().len(), 1, "the refund was sent");
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
+    let html = html_of(&app, &session, &to).await;
+    assert!(html.contains("REVISION_MANUAL again"), "{html}");
+    assert!(!html.contains("Resolved. The audit trail"), "{html}");
 }
 
 on_both_databases!(the_console_reports_what_a_pass_did_with_refunds_beside_payments);

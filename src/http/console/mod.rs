@@ -20,6 +20,7 @@ use super::auth::{self, Admin};
 use super::extract::PathId;
 use super::problem::ApiError;
 use crate::entities::payment::PaymentState;
+use crate::entities::webhook_delivery::DeliveryState;
 use crate::entities::{merchant, payment, payment_transition as transitions, webhook_charge};
 use crate::operators;
 use crate::operators::actions::{self, Action};
@@ -834,9 +835,19 @@ const DONE: &[(&str, &str, &str)] = &[
         "Resolved. The audit trail records your name and reason.",
     ),
     (
+        "resuelto-en-revision",
+        "warn",
+        "Your resolution is recorded, but the payment is REVISION_MANUAL again: a refund it sent did not go through at the provider. It still needs you: see Refunds and the audit trail below.",
+    ),
+    (
         "reconciliado",
         "ok",
         "Reconciled now: see the state and the audit trail below.",
+    ),
+    (
+        "reconciliacion-fallida",
+        "error",
+        "Not reconciled: pagos could not work on it (a database error; the logs say which). Nothing was changed by this attempt: try again, and the reconciler's next pass takes it up too.",
     ),
     (
         "reembolsado",
@@ -1152,7 +1163,7 @@ async fn detail_page(
                                 option value=(FAILED_REFUNDING) { "Failed — refund what the provider charged" }
                             }
                             p.muted {
-                                "pagos asks the provider before it resolves: it refuses \"Paid\" without a succeeded charge, and \"no money was taken\" while a charge succeeded. \"Refund what the provider charged\" settles it failed and refunds each succeeded charge through pagos (never also in the provider's dashboard)."
+                                "pagos asks the provider before it resolves: it refuses \"Paid\" without a succeeded charge, and \"no money was taken\" while a charge succeeded. While the provider cannot be asked (the look-up above failed), pagos takes your word, checked only against what the provider's webhooks reported: read its dashboard first; the audit trail records that it could not be asked. \"Refund what the provider charged\" settles it failed and refunds each succeeded charge through pagos (never also in the provider's dashboard), and waits until the provider answers."
                             }
                             label for="motivo" { "Reason (kept in the audit trail with your name)" }
                             textarea id="motivo" name="motivo" required maxlength="1000"
@@ -1248,7 +1259,7 @@ async fn detail_page(
                                         div {
                                             span.mono { (d.endpoint_id.to_string()[..8]) "…" } ": " (d.state.as_str())
                                             ", " (d.attempts) " attempt(s)"
-                                            @if let Some(at) = d.delivered_at { ", delivered " (time(at)) }
+                                            @if let (Some(at), DeliveryState::Delivered) = (d.delivered_at, d.state) { ", delivered " (time(at)) }
                                         }
                                     }
                                 }
@@ -1353,7 +1364,9 @@ async fn reconcile_payment(
     };
     match admin::reconcile_now(&state, &console.admin(), Some(uuid)).await {
         Ok(report) => {
-            let done = if report.pagos.omitidos > 0 {
+            let done = if report.pagos.errores > 0 {
+                "reconciliacion-fallida"
+            } else if report.pagos.omitidos > 0 {
                 "omitido"
             } else {
                 "reconciliado"
@@ -1399,6 +1412,12 @@ async fn resolve_payment(
         contra_proveedor: None,
     };
     match admin::resolve_by_hand(&state, &console.admin(), uuid, asked).await {
+        // A refund the resolution sent may have failed at once, sending the payment back.
+        Ok(p) if p.state == PaymentState::RevisionManual => Redirect::to(&format!(
+            "/consola/pagos/{}?hecho=resuelto-en-revision",
+            p.id
+        ))
+        .into_response(),
         Ok(p) => Redirect::to(&format!("/consola/pagos/{}?hecho=resuelto", p.id)).into_response(),
         Err(err) => detail_error(&state, &console, &id, err).await,
     }

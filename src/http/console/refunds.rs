@@ -305,6 +305,7 @@ pub(super) async fn reconcile(
         Err(refusal) => return *refusal,
     };
     match admin::reconcile_refund_now(&state, &console.admin(), r.id).await {
+        Ok(report) if report.reembolsos.errores > 0 => back_to(&r, "reconciliacion-fallida"),
         Ok(report) if report.reembolsos.omitidos > 0 => back_to(&r, "reembolso-omitido"),
         Ok(_) => back_to(&r, "reembolso-reconciliado"),
         Err(err) => detail_error(&state, &console, &r.payment_id.to_string(), err).await,
