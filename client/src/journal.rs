@@ -373,6 +373,25 @@ impl Journal {
         self.update(key, "payment_id = ?1", id.to_string()).await
     }
 
+    /// The server no longer has the payment it named: from now on the intent is posted
+    /// again with its key.
+    pub async fn payment_forgotten(&self, key: &IntentKey) -> Result<(), JournalError> {
+        let id = key.to_string();
+        let changed = self
+            .with(move |db| {
+                Ok(db.execute(
+                    "UPDATE pending_intents SET payment_id = NULL, updated_at = ?1 \
+                     WHERE idempotency_key = ?2",
+                    params![stamp(now()), id],
+                )?)
+            })
+            .await?;
+        if changed == 0 {
+            return Err(gone(key));
+        }
+        Ok(())
+    }
+
     /// Notes why the last try did not settle the intent.
     pub async fn note(&self, key: &IntentKey, error: &str) -> Result<(), JournalError> {
         self.update(key, "last_error = ?1", error.to_owned()).await

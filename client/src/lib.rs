@@ -880,6 +880,26 @@ impl Settling<'_> {
             Reading::Transient { why, retry_after } => Err(Stop::Transient { why, retry_after }),
             Reading::InFlight { why, retry_after } => Err(Stop::InFlight { why, retry_after }),
             Reading::KeyReused(problem) => Err(Stop::KeyReused(problem)),
+            // The server named this payment, and now has no such payment: its database
+            // lost it (restored from before it, a replica behind). Its key is what brings
+            // it back: the same key makes the same payment id and the same gateway key, so
+            // the gateway answers the charge it made instead of making another. Posted
+            // again (held to the key retention like any retry), never read forever.
+            Reading::Refused { status: 404, .. } if let Some(id) = known => {
+                *lock(&self.known) = None;
+                if let Some(journal) = &client.journal {
+                    journal
+                        .payment_forgotten(key)
+                        .await
+                        .map_err(Stop::Journal)?;
+                }
+                Err(Stop::Transient {
+                    why: format!(
+                        "the server has no payment {id}, which it named for this intent (its database restored from before it?): sent again with the same key"
+                    ),
+                    retry_after: None,
+                })
+            }
             Reading::Refused { status, problem } => Err(Stop::Refused {
                 status,
                 problem,

@@ -314,6 +314,43 @@ async fn attempts_are_capped_by_the_policy() {
     server.verify().await;
 }
 
+/// The server named the payment (202), then lost it (its database restored from before
+/// it, a replica behind): its look-up answers 404. Before, the client read it for ever
+/// and the intent stayed kept with a 404 at every resume, while the customer may have been
+/// charged; now it posts again with the same key, which makes the same payment and gateway
+/// key on the server, so the gateway answers the charge it made.
+#[tokio::test]
+async fn a_payment_the_server_named_and_then_lost_is_posted_again_with_the_same_key() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    first(
+        posts().respond_with(answer(202, pago(id, "ENVIADA"))),
+        &server,
+    )
+    .await;
+    then(posts().respond_with(paid(id)), &server).await;
+    look_ups(id)
+        .respond_with(answer(404, problem(404, "not-found", "Not Found")))
+        .mount(&server)
+        .await;
+    let (journal, client, _) = journal_and_client(&server, fast_policy()).await;
+    let intent = intent();
+
+    let outcome = client.pay(&intent).await.expect("an outcome");
+
+    assert!(
+        matches!(&outcome, Outcome::Paid(p) if p.id == id),
+        "{outcome:?}"
+    );
+    let keys = keys_sent(&server).await;
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(
+        keys.iter().all(|k| *k == intent.key().to_string()),
+        "{keys:?}"
+    );
+    assert!(journal.pending().await.is_empty(), "settled");
+}
+
 #[tokio::test]
 async fn a_202_is_followed_by_looking_the_payment_up_until_it_settles() {
     let server = MockServer::start().await;
