@@ -7,8 +7,8 @@
 //! makes a second one.
 
 use super::{
-    Client, Intent, IntentKey, Journal, Kept, Outcome, PayError, PayPolicy, PaymentRequest,
-    PaymentState, PendingIntent,
+    Client, Intent, IntentKey, Journal, JournalError, Kept, Outcome, PayError, PayPolicy,
+    PaymentRequest, PaymentState, PendingIntent,
 };
 use pagos_types::{Currency, FieldError, PaymentMethod, Problem};
 use secrecy::{ExposeSecret, SecretString};
@@ -466,9 +466,23 @@ async fn resume(args: &PayArgs, journal: &Journal, api_key: &str) -> anyhow::Res
 }
 
 async fn forget(journal: &Journal, key: &IntentKey) -> anyhow::Result<ExitCode> {
-    let Some(kept) = journal.get(key).await? else {
-        eprintln!("pagos: no intent {key} in {}", journal.path().display());
-        return Ok(Exit::Failed.into());
+    let kept = match journal.get(key).await {
+        Ok(Some(kept)) => kept,
+        Ok(None) => {
+            eprintln!("pagos: no intent {key} in {}", journal.path().display());
+            return Ok(Exit::Failed.into());
+        }
+        // A row this client cannot read (written by another version, or damaged) is
+        // still let go when asked by its key: it would block every command that reads
+        // the journal.
+        Err(JournalError::Corrupt { why, .. }) => {
+            journal.remove(key).await?;
+            eprintln!(
+                "pagos: forgot intent {key}, which this client could not read ({why}); it will not be retried"
+            );
+            return Ok(Exit::Paid.into());
+        }
+        Err(e) => return Err(e.into()),
     };
     journal.remove(key).await?;
     let request = kept.intent.request();
@@ -665,6 +679,40 @@ mod tests {
         assert_eq!(args.deadline, Duration::from_secs(120));
         assert_eq!(args.max_attempts, 10);
         assert!(!args.resume && !args.json);
+    }
+
+    /// A row this client cannot read (another version's, or damaged) blocks every command
+    /// that lists the journal: `--forget` still lets it go by its key.
+    #[tokio::test]
+    async fn forget_lets_go_of_a_row_this_client_cannot_read() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("journal.db");
+        let journal = Journal::open(&path).await.expect("journal");
+        let intent = Intent::new(PaymentRequest::new("42", 250_000, "COP").expect("valid"));
+        let url = url::Url::parse("http://127.0.0.1:8080/").expect("url");
+        journal
+            .record(&intent, &url, "sk_test_acme")
+            .await
+            .expect("recorded");
+        let raw = rusqlite::Connection::open(&path).expect("open");
+        raw.execute(
+            "UPDATE pending_intents SET body = '{\"monto\": \"much\"}'",
+            [],
+        )
+        .expect("damaged");
+        assert!(
+            journal.pending().await.is_err(),
+            "the journal cannot be listed"
+        );
+        let key = intent.key().to_string();
+        let journal_path = path.to_str().expect("utf-8");
+
+        let exit = run(parse(&["--forget", &key, "--journal", journal_path]).expect("parses"))
+            .await
+            .expect("ran");
+
+        assert_eq!(format!("{exit:?}"), format!("{:?}", ExitCode::from(0)));
+        assert!(journal.pending().await.expect("listed again").is_empty());
     }
 
     #[test]
