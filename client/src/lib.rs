@@ -524,10 +524,11 @@ impl Client {
             first_sent: first_sent.unwrap_or(began),
         };
         let mut result = settling.run().await;
-        // The deadline came while a look-up of a payment the server had already shown
-        // pending was unanswered: it is still pending as far as anyone knows, not a failure.
+        // The deadline came, or the attempts ran out, while a look-up of a payment the
+        // server had already shown pending was unanswered: it is still pending as far as
+        // anyone knows, not a failure.
         if matches!(result, Err(Stop::Transient { .. }))
-            && *lock(&settling.exhausted) == Some(Exhausted::Time)
+            && lock(&settling.exhausted).is_some()
             && let Some(p) = lock(&settling.last_pending).take()
         {
             result = Err(Stop::Pending(Box::new(p)));

@@ -463,6 +463,33 @@ async fn a_look_up_unanswered_at_the_deadline_leaves_the_payment_pending_not_fai
     assert_eq!(journal.pending().await.len(), 1);
 }
 
+/// The same when the attempts run out instead: the server showed the payment pending,
+/// and its look-ups then failed (503) until `max_attempts`. Before, "gave up, outcome
+/// unknown" (exit 1) for a payment the server had named and shown pending.
+#[tokio::test]
+async fn look_ups_failing_until_the_attempts_run_out_leave_the_payment_pending_not_failed() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    posts_answer(&server, answer(202, pago(id, "ENVIADA")), 1).await;
+    look_ups(id)
+        .respond_with(unavailable(503, "Unavailable"))
+        .mount(&server)
+        .await;
+    let policy = PayPolicy {
+        max_attempts: 3,
+        ..fast_policy()
+    };
+    let (journal, client, _) = journal_and_client(&server, policy).await;
+
+    let outcome = client.pay(&intent()).await;
+
+    assert!(
+        matches!(&outcome, Ok(Outcome::Pending(p)) if p.id == id && p.state == PaymentState::Enviada),
+        "{outcome:?}"
+    );
+    assert_eq!(journal.pending().await.len(), 1);
+}
+
 #[tokio::test]
 async fn a_decline_is_an_outcome_with_its_code_and_leaves_the_journal() {
     let server = MockServer::start().await;
