@@ -587,6 +587,25 @@ async fn receive_mercadopago_notification(
     };
     let payment = match client.fetch(&payment_id).await {
         Ok(Some(payment)) => payment,
+        // Mercado Pago's reads lag behind its notifications: a payment it notified a
+        // moment ago may not be found yet. Acknowledged, the notification would never
+        // come again, and what it reported (a charge pagos did not record, a charge-back)
+        // would be lost: a recent one is refused, so Mercado Pago delivers it again.
+        Ok(None)
+            if notification
+                .date_created
+                .is_some_and(|at| crate::db::now() - at < mp::READ_LAG) =>
+        {
+            state.metrics.webhook_event("error");
+            tracing::warn!(
+                notification_id = notification.id,
+                payment_id,
+                "notified payment not found at Mercado Pago yet; refused so that it notifies again"
+            );
+            return Err(unavailable(
+                "Mercado Pago does not show the notified payment yet (its reads lag behind its notifications); nothing was recorded. Deliver it again.",
+            ));
+        }
         Ok(None) => {
             tracing::warn!(
                 notification_id = notification.id,

@@ -29,6 +29,10 @@ const RANK_STEP: i64 = 10_000_000_000_000;
 
 /// The only notification type with an effect: payments.
 pub const PAYMENT: &str = "payment";
+/// How long after a notification was made its payment may still be missing from
+/// Mercado Pago's reads: a notification that young whose payment is not found is refused
+/// (503), so that Mercado Pago delivers it again, not acknowledged.
+pub const READ_LAG: chrono::TimeDelta = chrono::TimeDelta::minutes(15);
 
 #[derive(Deserialize)]
 struct Envelope {
@@ -39,6 +43,9 @@ struct Envelope {
     action: Option<String>,
     #[serde(default)]
     data: Option<DataId>,
+    /// Unsigned: only ever used to wait longer for Mercado Pago's reads, never to apply.
+    #[serde(default)]
+    date_created: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -57,6 +64,8 @@ pub struct Notification {
     pub action: Option<String>,
     /// `data.id` of the body (the signed one is in the URL's query).
     pub data_id: Option<String>,
+    /// When Mercado Pago made the notification, if it said so readably (unsigned).
+    pub date_created: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 fn text(value: &Value) -> Option<String> {
@@ -83,6 +92,12 @@ impl Notification {
             kind: envelope.kind.unwrap_or_default().chars().take(64).collect(),
             action: envelope.action.map(|a| a.chars().take(64).collect()),
             data_id,
+            date_created: envelope
+                .date_created
+                .as_ref()
+                .and_then(Value::as_str)
+                .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok())
+                .map(|at| at.to_utc()),
         })
     }
 }

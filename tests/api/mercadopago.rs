@@ -20,6 +20,7 @@ on_both_databases!(
     a_signed_notification_settles_a_pending_payment_and_a_wrong_signature_is_refused,
     a_duplicated_notification_applies_once_and_asks_mercadopago_once,
     a_notification_mercadopago_cannot_be_asked_about_is_refused_with_503_and_nothing_recorded,
+    a_payment_mercadopago_just_notified_but_does_not_show_yet_is_asked_about_again,
     a_refund_of_a_completed_payment_sends_it_to_manual_review,
     a_stale_or_future_timestamp_is_refused_with_401_and_mercadopago_is_not_asked,
     one_signed_notification_delivered_again_is_a_duplicate_and_asks_mercadopago_once,
@@ -99,6 +100,8 @@ struct FakeState {
     by_key: HashMap<String, Value>,
     by_id: HashMap<u64, Value>,
     reads_fail: bool,
+    /// Reads by id answer 404 (Mercado Pago's reads lagging behind its notifications).
+    reads_lag: bool,
     /// Refunds made, by key (a key reused answers the same refund).
     refunds_by_key: HashMap<String, Value>,
     /// Refunds are made, but answered 500 (the answer lost).
@@ -114,6 +117,7 @@ impl FakeMercadoPago {
             by_key: HashMap::new(),
             by_id: HashMap::new(),
             reads_fail: false,
+            reads_lag: false,
             refunds_by_key: HashMap::new(),
             refund_answers_lost: false,
             currency_written: None,
@@ -126,6 +130,10 @@ impl FakeMercadoPago {
 
     fn reads_fail(&self, fail: bool) {
         self.lock().reads_fail = fail;
+    }
+
+    fn reads_lag(&self, lag: bool) {
+        self.lock().reads_lag = lag;
     }
 
     fn refund_answers_lost(&self, lost: bool) {
@@ -341,7 +349,7 @@ impl Respond for FakeRead {
             return ResponseTemplate::new(500).set_body_json(fixture("error_internal"));
         }
         let id = payment_id_of(request);
-        match state.by_id.get(&id) {
+        match state.by_id.get(&id).filter(|_| !state.reads_lag) {
             Some(payment) => ResponseTemplate::new(200).set_body_json(payment.clone()),
             None => ResponseTemplate::new(404).set_body_json(
                 json!({"message": "Payment not found", "error": "not_found", "status": 404, "cause": []}),
@@ -741,6 +749,55 @@ async fn a_notification_mercadopago_cannot_be_asked_about_is_refused_with_503_an
     assert_eq!(
         payment.decline_code.as_deref(),
         Some("cc_rejected_insufficient_amount")
+    );
+}
+
+/// Mercado Pago's reads lag behind its notifications: a payment it notified a moment ago
+/// may answer 404. Before, the notification was acknowledged and never came again, and
+/// what it reported (here a charge-back of a COMPLETADA payment) was lost: the payment
+/// stayed COMPLETADA. Now a young one is refused (503, nothing recorded, not taken for a
+/// duplicate), and its next delivery, once Mercado Pago shows the payment, is applied. An
+/// old one whose payment is still not found is acknowledged, as before.
+async fn a_payment_mercadopago_just_notified_but_does_not_show_yet_is_asked_about_again(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.mount(app.gateway()).await;
+    let (status, pago) = app.pay_read("k-lag", &card("charged back later")).await;
+    assert_eq!(status, 201);
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let data_id = mp_id(&id).to_string();
+    fake.set(&id, "payment_charged_back", "2026-12-03T09:00:00.000-05:00");
+    fake.reads_lag(true);
+    let mut young: Value = serde_json::from_slice(&notification(7201, &data_id)).expect("JSON");
+    young["date_created"] = Value::from(chrono::Utc::now().to_rfc3339());
+    let young = serde_json::to_vec(&young).expect("JSON");
+    let deliver = async || {
+        let signature = x_signature(
+            WEBHOOK_SECRET,
+            &data_id,
+            &request_id(7201),
+            chrono::Utc::now().timestamp(),
+        );
+        notify_signed_as(&app, &data_id, &young, &signature, &request_id(7201)).await
+    };
+
+    let answer = deliver().await;
+    assert_eq!(answer.status(), 503);
+    assert!(answer.headers().contains_key("retry-after"));
+    assert_eq!(app.recorded().await, (0, 0), "nothing recorded");
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+
+    fake.reads_lag(false);
+    assert_eq!(outcome(deliver().await).await, "revision_manual");
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
+
+    fake.reads_lag(true);
+    assert_eq!(
+        outcome(notify(&app, 7203, &data_id).await).await,
+        "ignorado",
+        "made long ago: acknowledged"
     );
 }
 
