@@ -435,13 +435,28 @@ impl Drop for AbortOnDrop {
 pub use crate::merchants::key::DEMO_API_KEY;
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let clock_off = std::sync::Arc::new(std::sync::OnceLock::new());
+    let served = serve_until_stopped(settings, clock_off.clone()).await;
+    // Stopped because its clock went wrong: one line, exit 1, as at start.
+    match clock_off.get() {
+        Some(why) => Err(anyhow::anyhow!("{why}")),
+        None => served,
+    }
+}
+
+async fn serve_until_stopped(
+    settings: Settings,
+    clock_off: std::sync::Arc<std::sync::OnceLock<String>>,
+) -> anyhow::Result<()> {
     // Installed first, and watched from the start: a SIGTERM while the process waits for
     // the database, for another process's migrations or migrates itself stops it there
     // (a migration stopped halfway is rolled back, or rebuilt at the next start); once it
     // serves, it is a graceful stop.
     let mut signals = crate::signals::Signals::install();
     let (first, mut signalled_once) = tokio::sync::watch::channel(false);
+    let first = std::sync::Arc::new(first);
     let (second, signalled_twice) = tokio::sync::watch::channel(false);
+    let stop_for_the_clock = first.clone();
     tokio::spawn(async move {
         let _ = signals.next().await;
         let _ = first.send(true);
@@ -462,6 +477,21 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     };
     let (db, gateway, listener, admin) = started;
+    // A clock that goes wrong while serving stops the process as a SIGTERM would (it
+    // finishes what it has in hand, claims nothing more), and it exits 1 naming the
+    // clock: claims, send holds and a payment's age against the gateway's key window are
+    // read on it, and the start-up check is not made again by itself.
+    tokio::spawn({
+        let db = db.clone();
+        async move {
+            let why = crate::db::clock_goes_off(&db).await;
+            tracing::error!(
+                "{why}: stopping as at SIGTERM, so that nothing is claimed or sent on it"
+            );
+            let _ = clock_off.set(why);
+            stop_for_the_clock.send_replace(true);
+        }
+    });
     let state = build(db, settings, gateway);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let signalled = std::sync::Arc::new(std::sync::OnceLock::new());

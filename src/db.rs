@@ -722,7 +722,7 @@ pub async fn query_one_on_pool(
 /// (SQLite and PostgreSQL keep different sub-second precision).
 pub fn now() -> chrono::DateTime<chrono::Utc> {
     use chrono::DurationRound;
-    let now = chrono::Utc::now();
+    let now = wall();
     now.duration_trunc(chrono::TimeDelta::milliseconds(1))
         .unwrap_or(now)
 }
@@ -734,13 +734,18 @@ pub fn now() -> chrono::DateTime<chrono::Utc> {
 /// flight; one behind would resend past the key window.
 pub const MAX_CLOCK_SKEW: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
 
+/// `span` to the millisecond, for people to read.
+fn whole_millis(span: chrono::TimeDelta) -> std::time::Duration {
+    std::time::Duration::from_millis(u64::try_from(span.num_milliseconds()).unwrap_or(0))
+}
+
 /// Why a process whose clock is `skew` ahead of the database's (behind, if negative) must
 /// not start; None when it may.
 pub fn clock_refusal(skew: chrono::TimeDelta) -> Option<String> {
     if skew.abs() <= MAX_CLOCK_SKEW {
         return None;
     }
-    let by = humantime::format_duration(skew.abs().to_std().unwrap_or_default());
+    let by = humantime::format_duration(whole_millis(skew.abs()));
     let side = if skew > chrono::TimeDelta::zero() {
         "ahead of"
     } else {
@@ -752,13 +757,59 @@ pub fn clock_refusal(skew: chrono::TimeDelta) -> Option<String> {
     ))
 }
 
-/// Refuses to go on when this host's clock is off the database server's by more than
-/// `MAX_CLOCK_SKEW` (PostgreSQL: SQLite is read and written on this host's clock).
-pub async fn check_clock(db: &DatabaseConnection) -> anyhow::Result<()> {
-    if db.get_database_backend() != DbBackend::Postgres {
-        return Ok(());
+/// This host's wall clock (stepped by a test's `PAGOS_CLOCK_STEP`, built with
+/// `failpoints`).
+pub fn wall() -> chrono::DateTime<chrono::Utc> {
+    chrono::Utc::now() + crate::failpoint::clock_step()
+}
+
+/// How often a serving process checks its clock again ([`clock_goes_off`]).
+pub const CLOCK_WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits until this host's clock goes wrong while the process serves, and answers why:
+/// more than `MAX_CLOCK_SKEW` off the database server's (PostgreSQL), or stepped back by
+/// more than that since the last look (SQLite, read and written on this host's clock: a
+/// clock set back makes every payment look younger than it is, and an `EN_PROCESO` one
+/// whose send the records lost could be sent again past the gateway's key window). A
+/// clock that goes forward on SQLite is let be (a machine waking from sleep does that).
+/// A look the database does not answer is no answer: the next one asks again.
+pub async fn clock_goes_off(db: &DatabaseConnection) -> String {
+    let mut last = (wall(), std::time::Instant::now());
+    loop {
+        tokio::time::sleep(CLOCK_WATCH_EVERY).await;
+        if db.get_database_backend() == DbBackend::Postgres {
+            // A slow answer says little of the database's time: only one that came back
+            // within a second is weighed.
+            if let Ok((skew, round_trip)) = skew_from_the_databases(db).await
+                && round_trip <= chrono::TimeDelta::seconds(1)
+                && let Some(why) = clock_refusal(skew)
+            {
+                return why;
+            }
+            continue;
+        }
+        let now = (wall(), std::time::Instant::now());
+        let walked = now.0.signed_duration_since(last.0);
+        let elapsed = chrono::TimeDelta::from_std(now.1.duration_since(last.1))
+            .unwrap_or(chrono::TimeDelta::MAX);
+        let back = elapsed - walked;
+        if back > MAX_CLOCK_SKEW {
+            let by = humantime::format_duration(whole_millis(back));
+            return format!(
+                "this host's clock was set back by {by} while pagos served (at most {}s is safe: a payment's age against the gateway's key window is read on it); set the host's time (NTP) and start again",
+                MAX_CLOCK_SKEW.num_seconds()
+            );
+        }
+        last = now;
     }
-    let before = chrono::Utc::now();
+}
+
+/// How far this host's clock is ahead of the database server's (behind, if negative),
+/// and how long the asking took (PostgreSQL only).
+async fn skew_from_the_databases(
+    db: &DatabaseConnection,
+) -> Result<(chrono::TimeDelta, chrono::TimeDelta), DbErr> {
+    let before = wall();
     use sea_orm::{ConnectionTrait, Statement};
     let row = db
         .query_one_raw(Statement::from_string(
@@ -766,11 +817,21 @@ pub async fn check_clock(db: &DatabaseConnection) -> anyhow::Result<()> {
             "SELECT clock_timestamp() AS at",
         ))
         .await?
-        .ok_or_else(|| anyhow::anyhow!("the database did not say its time"))?;
-    let after = chrono::Utc::now();
+        .ok_or_else(|| DbErr::RecordNotFound("the database did not say its time".into()))?;
+    let after = wall();
     let theirs: chrono::DateTime<chrono::Utc> = row.try_get("", "at")?;
     let ours = before + (after - before) / 2;
-    match clock_refusal(ours.signed_duration_since(theirs)) {
+    Ok((ours.signed_duration_since(theirs), after - before))
+}
+
+/// Refuses to go on when this host's clock is off the database server's by more than
+/// `MAX_CLOCK_SKEW` (PostgreSQL: SQLite is read and written on this host's clock).
+pub async fn check_clock(db: &DatabaseConnection) -> anyhow::Result<()> {
+    if db.get_database_backend() != DbBackend::Postgres {
+        return Ok(());
+    }
+    let (skew, _) = skew_from_the_databases(db).await?;
+    match clock_refusal(skew) {
         Some(why) => anyhow::bail!(why),
         None => Ok(()),
     }

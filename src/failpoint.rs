@@ -3,7 +3,10 @@
 //! there, as a bug in that step would: the task that hit it ends, the process goes on.
 //! `PAGOS_PAUSE_AT=<name>:<millis>[,<name>:<millis>…]` holds the task that reaches a
 //! `pause` point that long, as a slow statement or a descheduled process would, so a test
-//! can run another writer inside that window. Without the feature, nothing.
+//! can run another writer inside that window. `PAGOS_CLOCK_STEP=<millis>:<after millis>`
+//! steps this process's wall clock ([`crate::db::wall`]) by `millis` (negative: back) once
+//! it has run `after millis`, as a host clock set by hand would. Without the feature,
+//! nothing.
 
 #[cfg(feature = "failpoints")]
 pub fn hit(name: &str) {
@@ -47,3 +50,26 @@ pub async fn pause(name: &str) {
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub async fn pause(_name: &str) {}
+
+#[cfg(feature = "failpoints")]
+pub fn clock_step() -> chrono::TimeDelta {
+    use std::sync::OnceLock;
+    use std::time::{Duration, Instant};
+    static STEP: OnceLock<Option<(i64, Instant)>> = OnceLock::new();
+    let step = STEP.get_or_init(|| {
+        let raw = std::env::var("PAGOS_CLOCK_STEP").ok()?;
+        let (millis, after) = raw.split_once(':')?;
+        let after = Duration::from_millis(after.parse().ok()?);
+        Some((millis.parse().ok()?, Instant::now() + after))
+    });
+    match step {
+        Some((millis, from)) if Instant::now() >= *from => chrono::TimeDelta::milliseconds(*millis),
+        _ => chrono::TimeDelta::zero(),
+    }
+}
+
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn clock_step() -> chrono::TimeDelta {
+    chrono::TimeDelta::zero()
+}

@@ -16,7 +16,40 @@ on_both_databases!(
     on_sigterm_a_pass_on_call_started_claims_nothing_more,
     during_the_drain_delay_readyz_says_503_and_payments_are_still_served,
     ctrl_c_after_sigterm_stops_at_once_and_leaves_the_saga_to_the_reconciler,
+    a_clock_set_back_while_serving_stops_the_process_naming_the_clock,
 );
+
+/// The host's clock is set back 10 s while pagos serves: on PostgreSQL it is then off the
+/// database server's, on SQLite it stepped back on the clock everything is written on.
+/// Claims, send holds and a payment's age against the gateway's key window are read on it
+/// (a payment looking younger than it is could be sent again past the key window); before,
+/// only the start-up checked it, and the process went on. Now it stops as at SIGTERM and
+/// exits 1, its last line naming the clock.
+async fn a_clock_set_back_while_serving_stops_the_process_naming_the_clock(backend: Backend) {
+    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
+    let uri = world.gateway.uri();
+    let args = crate::process::serving(&world.database.url, &uri, &["--reconcile-every", "1h"]);
+    let mut server = Serve::start(&args, &[("PAGOS_CLOCK_STEP", "-10000:6000")]).await;
+    let paid = reqwest::Client::new()
+        .post(format!("{}/v1/pagos", server.url))
+        .bearer_auth(API_KEY)
+        .header("Idempotency-Key", "k-before-the-step")
+        .json(&payment_body())
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(paid.status(), 201, "it serves until the clock goes wrong");
+
+    let status = server
+        .exited(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("still serving on a clock set back:\n{}", server.logs()));
+
+    assert_eq!(status.code(), Some(1), "{}", server.logs());
+    let logs = server.logs();
+    let last = logs.trim_end().lines().last().unwrap_or_default();
+    assert!(last.contains("this host's clock"), "{logs}");
+}
 
 impl World {
     /// `pagos serve` over a gateway that may answer slowly (in under 2s), with `grace`,
