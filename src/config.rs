@@ -140,7 +140,7 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct ReconcileArgs {
     /// Run one pass and exit (the only mode; the periodic reconciler runs inside `serve`)
-    #[arg(long, required = true)]
+    #[arg(long, required = true, env = "PAGOS_RECONCILE_ONCE")]
     pub once: bool,
     /// Who runs the pass, as the audit trail of on-call's actions records it: an operator
     /// of `pagos operators list`, not revoked, with the role operador; unset: `cli:` and
@@ -858,7 +858,8 @@ pub struct SandboxArgs {
     /// Deliver charge and refund events to this URL (pagos: http://HOST:PORT/v1/webhooks/http)
     #[arg(long, env = "PAGOS_SANDBOX_WEBHOOK_URL", value_name = "URL")]
     pub webhook_url: Option<url::Url>,
-    /// Secret the events are signed with (pagos' PAGOS_WEBHOOK_SECRET)
+    /// Secret the events are signed with (pagos' PAGOS_WEBHOOK_SECRET; unset: read from
+    /// PAGOS_WEBHOOK_SECRET itself)
     #[arg(
         long,
         env = "PAGOS_SANDBOX_WEBHOOK_SECRET",

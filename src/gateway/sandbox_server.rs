@@ -590,12 +590,21 @@ pub async fn run(args: crate::config::SandboxArgs) -> anyhow::Result<()> {
     };
     let server = match args.webhook_url {
         Some(url) => {
+            // Its own setting, or else pagos' PAGOS_WEBHOOK_SECRET itself: an environment
+            // set for both processes signs what the one sends as the other checks it.
             let secret = crate::config::exposed(&args.webhook_secret)
                 .filter(|s| !s.is_empty())
                 .map(str::to_owned)
-                .context(
-                    "PAGOS_SANDBOX_WEBHOOK_SECRET (--webhook-secret) is required with --webhook-url: events are signed with pagos' PAGOS_WEBHOOK_SECRET",
-                )?;
+                .or_else(|| {
+                    std::env::var("PAGOS_WEBHOOK_SECRET")
+                        .ok()
+                        .filter(|s| !s.is_empty())
+                })
+                .ok_or_else(|| crate::config::SettingError {
+                    env: "PAGOS_SANDBOX_WEBHOOK_SECRET",
+                    flag: "webhook-secret",
+                    message: "is required with --webhook-url (or PAGOS_WEBHOOK_SECRET, pagos' own): the events are signed with pagos' PAGOS_WEBHOOK_SECRET".to_owned(),
+                })?;
             tracing::info!(%url, chaos = args.chaos, "delivering webhooks");
             SandboxServer::with_webhooks(
                 outcomes,

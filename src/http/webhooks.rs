@@ -747,7 +747,7 @@ impl From<webhook_charge::Model> for CargoHuerfano {
     }
 }
 
-/// Orphan charges, oldest first: charges reported by a gateway for a reference no
+/// Orphan charges, newest first: charges reported by a gateway for a reference no
 /// payment has. See `runbooks/webhooks.md`.
 #[utoipa::path(
     get,
@@ -756,7 +756,7 @@ impl From<webhook_charge::Model> for CargoHuerfano {
     security(("admin_token" = [])),
     params(OrphanQuery),
     responses(
-        (status = 200, description = "Orphan charges, oldest first", body = [CargoHuerfano]),
+        (status = 200, description = "Orphan charges, newest first (by when first seen)", body = [CargoHuerfano]),
         AdminTokenRefused,
         TooManyFailedAuthentications,
         (status = 422, description = "`limite` is not a whole number between 1 and 1000, or is given more than once (`errores` names it)", body = Problem, content_type = "application/problem+json"),

@@ -568,7 +568,9 @@ fn log(event: ChargeEvent<'_>, outcome: Consumed) {
     }
 }
 
-/// On-call's list of orphan charges: charges no payment of ours matches, oldest first.
+/// On-call's list of orphan charges: charges no payment of ours matches, newest first
+/// (the ones on-call has not seen yet; those it handled stay listed, and oldest first put
+/// a new one behind them once they filled a page).
 pub async fn orphan_charges(
     db: &impl ConnectionTrait,
     limit: u64,
@@ -576,9 +578,9 @@ pub async fn orphan_charges(
     use sea_orm::QueryOrder;
     charges::Entity::find()
         .filter(charges::Column::PaymentId.is_null())
-        .order_by_asc(charges::Column::FirstSeenAt)
-        .order_by_asc(charges::Column::Source)
-        .order_by_asc(charges::Column::ChargeId)
+        .order_by_desc(charges::Column::FirstSeenAt)
+        .order_by_desc(charges::Column::Source)
+        .order_by_desc(charges::Column::ChargeId)
         .limit(limit)
         .all(db)
         .await

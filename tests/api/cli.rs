@@ -695,6 +695,95 @@ async fn the_standalone_sandbox_refunds_then_drops_the_connection_under_reset_ra
     assert_eq!(found["data"][0]["failureCode"], "declined");
 }
 
+/// The standalone sandbox delivering events signs them with its own secret
+/// (`PAGOS_SANDBOX_WEBHOOK_SECRET`) or, unset, pagos' `PAGOS_WEBHOOK_SECRET`, as an
+/// environment set for both processes has it; with neither, one line naming the setting,
+/// exit 2 (before: exit 1, and pagos' own secret was not read).
+#[tokio::test]
+async fn the_sandbox_signs_its_events_with_pagos_webhook_secret_unless_given_its_own() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let sandbox = |port: u16, hook: &str| {
+        let mut command = Command::new(BIN);
+        command
+            .args(["sandbox-gateway", "--bind", &format!("127.0.0.1:{port}")])
+            .args(["--pending-rate", "1", "--pending-for", "200ms"])
+            .args(["--webhook-url", hook])
+            .env_remove("PAGOS_WEBHOOK_SECRET")
+            .env_remove("PAGOS_SANDBOX_WEBHOOK_SECRET");
+        command
+    };
+    let refused = sandbox(free_port(), "http://127.0.0.1:9/v1/webhooks/http")
+        .output()
+        .expect("runs");
+    assert_refused(&refused, "PAGOS_SANDBOX_WEBHOOK_SECRET");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("PAGOS_WEBHOOK_SECRET"));
+
+    let receiver = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/webhooks/http"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"resultado": "aplicado"})))
+        .mount(&receiver)
+        .await;
+    let port = free_port();
+    let _sandbox = Child(
+        sandbox(port, &format!("{}/v1/webhooks/http", receiver.uri()))
+            .env("PAGOS_WEBHOOK_SECRET", "whsec_shared_by_both")
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("sandbox starts"),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    wait_for_sandbox(&base).await;
+    sandbox_charge(&reqwest::Client::new(), &base, "pay-signed", 50_000).await;
+    let mut delivered = Vec::new();
+    for _ in 0..100 {
+        delivered = receiver.received_requests().await.unwrap_or_default();
+        if !delivered.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let event = delivered.first().expect("an event delivered");
+    let signature = event.headers["gateway-signature"].to_str().expect("text");
+    let t: i64 = signature
+        .strip_prefix("t=")
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|t| t.parse().ok())
+        .expect("t=<seconds>");
+    assert_eq!(
+        signature,
+        crate::helpers::timestamped_signature("whsec_shared_by_both", t, &event.body),
+        "signed with PAGOS_WEBHOOK_SECRET"
+    );
+}
+
+/// `PAGOS_RECONCILE_ONCE=true` is `--once`: every flag also reads an environment variable.
+#[test]
+fn reconcile_once_reads_its_environment_variable() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("p.db").display());
+    let migrated = pagos(&["migrate", "--database-url", &url], &[]);
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+
+    let output = pagos(
+        &["reconcile", "--database-url", &url],
+        &[("PAGOS_RECONCILE_ONCE", "true")],
+    );
+
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).expect("the report as JSON");
+    assert!(report.is_object(), "{report}");
+}
+
 #[test]
 fn a_refund_failure_rate_outside_0_to_1_stops_the_sandbox_with_one_line_naming_it() {
     let output = pagos(&["sandbox-gateway", "--refund-failure-rate", "2"], &[]);

@@ -608,17 +608,19 @@ async fn a_charge_for_an_unknown_reference_is_acknowledged_and_listed_as_orphan(
     let orphans = json(answer).await;
     let orphans = orphans.as_array().expect("a list");
     assert_eq!(orphans.len(), 3, "one row per charge: {orphans:?}");
-    assert_eq!(orphans[2]["referencia"], "order\u{FFFD}78");
-    assert_eq!(orphans[0]["cargoId"], "ch_orphan_1", "oldest first");
-    assert_eq!(orphans[0]["referencia"], unknown.as_str());
-    assert_eq!(orphans[0]["estado"], "succeeded", "its latest state");
-    assert_eq!(orphans[0]["ultimaSecuencia"], 2);
-    assert_eq!(orphans[0]["monto"], 250000);
-    assert_eq!(orphans[0]["moneda"], "COP");
-    assert_eq!(orphans[0]["fuente"], "http");
+    assert_eq!(orphans[0]["referencia"], "order\u{FFFD}78", "newest first");
+    assert_eq!(orphans[2]["cargoId"], "ch_orphan_1");
+    assert_eq!(orphans[2]["referencia"], unknown.as_str());
+    assert_eq!(orphans[2]["estado"], "succeeded", "its latest state");
+    assert_eq!(orphans[2]["ultimaSecuencia"], 2);
+    assert_eq!(orphans[2]["monto"], 250000);
+    assert_eq!(orphans[2]["moneda"], "COP");
+    assert_eq!(orphans[2]["fuente"], "http");
     assert_eq!(orphans[1]["referencia"], "order-77");
+    // A short page still shows the one on-call has not seen: the newest.
     let limited = json(list(Some(ADMIN), "?limite=1").await.expect("sent")).await;
     assert_eq!(limited.as_array().map(Vec::len), Some(1));
+    assert_eq!(limited[0]["cargoId"], "ch_orphan_3");
 
     // A known payment's charge is not an orphan.
     let id = pending_payment(&app, "k-wh-known").await;

@@ -36,8 +36,8 @@ pub struct Pago {
     #[serde(rename = "gatewayRef", default)]
     pub gateway_ref: Option<String>,
     /// Sum of the payment's `COMPLETADO` refunds, in minor units. Shown when the payment is
-    /// read: `GET /v1/pagos/{id}` and every payment of the search, `GET /v1/pagos`. The
-    /// answer frozen when it was made predates any refund and leaves it out.
+    /// read (`GET /v1/pagos/{id}`, every payment of the search `GET /v1/pagos`) and in the
+    /// answer to its `POST`, frozen when it was made: 0 there, whatever was refunded since.
     #[serde(
         rename = "montoReembolsado",
         default,
