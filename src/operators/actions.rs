@@ -95,7 +95,16 @@ pub struct Filter {
 pub async fn list(db: &DatabaseConnection, filter: &Filter, limit: u64) -> Result<Vec<Row>, DbErr> {
     let mut query = Entity::find();
     if let Some(operator) = &filter.operator {
-        query = query.filter(Column::Operator.eq(operator.as_str()));
+        // Two operators never differ by case alone: `ana` finds the rows of `Ana`
+        // (revoked or not) as written; a name no operator has (`admin`, the break-glass
+        // token's) is matched as given.
+        let asked = operator.to_lowercase();
+        let stored = super::store::list(db)
+            .await?
+            .into_iter()
+            .find(|o| o.name.to_lowercase() == asked)
+            .map_or_else(|| operator.clone(), |o| o.name);
+        query = query.filter(Column::Operator.eq(stored));
     }
     if let Some(target) = filter.target {
         query = query.filter(Column::Target.eq(target));

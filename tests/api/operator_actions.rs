@@ -143,6 +143,10 @@ async fn each_reconcile_now_and_each_pass_leaves_a_row_naming_the_operator_and_i
     let by_eva: Vec<Value> = actions_as(&app, ADMIN_TOKEN, "?operador=eva").await;
     let what: Vec<&str> = by_eva.iter().filter_map(|r| r["accion"].as_str()).collect();
     assert_eq!(what, ["reconcile_refund", "reconcile_payment"]);
+    // Names are one operator's whatever their case (before: `EVA` found nothing, which
+    // reads as "she did nothing").
+    let by_eva_in_capitals = actions_as(&app, ADMIN_TOKEN, "?operador=EVA").await;
+    assert_eq!(by_eva_in_capitals, by_eva);
     let on_payment = actions_as(&app, ADMIN_TOKEN, &format!("?objetivo={payment}")).await;
     assert_eq!(on_payment.len(), 1, "{on_payment:?}");
     assert_eq!(on_payment[0]["accion"], "reconcile_payment");
