@@ -815,26 +815,8 @@ on_both_databases!(
 async fn the_console_resolves_failed_refunding_what_the_provider_charged_and_shows_a_refusal_as_a_page(
     backend: Backend,
 ) {
-    // The compensation refund is sent before the answer: a machine under load must not
-    // time it out (it would be left to the reconciler).
-    let args = [
-        "--give-up-after",
-        "1s",
-        "--stale-after",
-        "1s",
-        "--gateway-timeout",
-        "5s",
-    ];
-    let app = crate::helpers::started(backend, &args).await;
-    let refunds = crate::refunds::FakeRefunds::default();
-    refunds.mount_refunds(app.gateway()).await;
-    let (id, fake) = payment_under_review(&app, "k-console-refund").await;
-    fake.settle(&id, "succeeded");
-    let charge = fake.charge_ids(&id).remove(0);
-    let bea = operator(&app, "bea", Role::Operador).await;
-    let session = log_in(&app, &bea).await;
-    let page = format!("/consola/pagos/{id}");
-    let (html, csrf) = page_with_csrf(&app, &session, &page).await;
+    let (app, refunds, id, charge) = charged_under_review(backend, "k-console-refund", None).await;
+    let (session, page, html, csrf) = bea_on_its_page(&app, &id).await;
     crate::helpers::assert_contains_all(
         &html,
         &[
@@ -846,15 +828,13 @@ async fn the_console_resolves_failed_refunding_what_the_provider_charged_and_sho
     );
     let resolver = format!("/consola/pagos/{id}/resolver");
 
-    let refused = post_form(
+    let refused = resolve_as(
         &app,
         &session,
         &resolver,
-        &[
-            ("estado", "FALLIDA"),
-            ("motivo", "no money was taken"),
-            ("csrf", csrf.as_str()),
-        ],
+        "FALLIDA",
+        "no money was taken",
+        &csrf,
     )
     .await;
     assert_eq!(refused.status(), 409);
@@ -872,18 +852,14 @@ async fn the_console_resolves_failed_refunding_what_the_provider_charged_and_sho
     assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
     assert!(refunds.made().is_empty(), "nothing refunded");
 
-    let answer = post_form(
+    let motivo = "ticket 5: charged after all, the order is cancelled";
+    let answer = resolve_as(
         &app,
         &session,
         &resolver,
-        &[
-            ("estado", "FALLIDA_REEMBOLSAR"),
-            (
-                "motivo",
-                "ticket 5: charged after all, the order is cancelled",
-            ),
-            ("csrf", csrf.as_str()),
-        ],
+        "FALLIDA_REEMBOLSAR",
+        motivo,
+        &csrf,
     )
     .await;
     assert_eq!(answer.status(), 303);
@@ -900,13 +876,15 @@ async fn the_console_resolves_failed_refunding_what_the_provider_charged_and_sho
     assert!(html.contains("ticket 5"), "{html}");
 }
 
-on_both_databases!(a_resolution_whose_refund_fails_at_once_is_not_shown_as_resolved);
-
-/// "Failed — refund what the provider charged", and the provider fails the refund at once:
-/// the payment is back in REVISION_MANUAL. Before, the console showed the green
-/// "Resolved" all the same, and on-call closed a ticket whose customer's charge still
-/// waited for them.
-async fn a_resolution_whose_refund_fails_at_once_is_not_shown_as_resolved(backend: Backend) {
+/// A payment (`key`) under review whose charge the provider shows succeeded, refunds
+/// answered `refunding` (else succeeded): the app, the refunds' fake, the payment and its
+/// charge. The compensation refund is sent before the answer: a machine under load must
+/// not time it out (it would be left to the reconciler).
+async fn charged_under_review(
+    backend: Backend,
+    key: &str,
+    refunding: Option<&'static str>,
+) -> (TestApp, crate::refunds::FakeRefunds, String, String) {
     let args = [
         "--give-up-after",
         "1s",
@@ -918,23 +896,59 @@ async fn a_resolution_whose_refund_fails_at_once_is_not_shown_as_resolved(backen
     let app = crate::helpers::started(backend, &args).await;
     let refunds = crate::refunds::FakeRefunds::default();
     refunds.mount_refunds(app.gateway()).await;
-    refunds.refunding("failed");
-    let (id, fake) = payment_under_review(&app, "k-console-refund-fails").await;
+    if let Some(status) = refunding {
+        refunds.refunding(status);
+    }
+    let (id, fake) = payment_under_review(&app, key).await;
     fake.settle(&id, "succeeded");
-    let bea = operator(&app, "bea", Role::Operador).await;
-    let session = log_in(&app, &bea).await;
-    let page = format!("/consola/pagos/{id}");
-    let (_, csrf) = page_with_csrf(&app, &session, &page).await;
+    let charge = fake.charge_ids(&id).remove(0);
+    (app, refunds, id, charge)
+}
 
-    let answer = post_form(
+/// bea, an operador, logged in on payment `id`'s page: her session, the page, its HTML and
+/// CSRF token.
+async fn bea_on_its_page(app: &TestApp, id: &str) -> (String, String, String, String) {
+    let bea = operator(app, "bea", Role::Operador).await;
+    let session = log_in(app, &bea).await;
+    let page = format!("/consola/pagos/{id}");
+    let (html, csrf) = page_with_csrf(app, &session, &page).await;
+    (session, page, html, csrf)
+}
+
+/// The console's resolve form of a payment (`resolver`, its action) sent with `estado` and
+/// `motivo` in `session`, whose page gave `csrf`.
+async fn resolve_as(
+    app: &TestApp,
+    session: &str,
+    resolver: &str,
+    estado: &str,
+    motivo: &str,
+    csrf: &str,
+) -> reqwest::Response {
+    let fields = [("estado", estado), ("motivo", motivo), ("csrf", csrf)];
+    post_form(app, session, resolver, &fields).await
+}
+
+on_both_databases!(a_resolution_whose_refund_fails_at_once_is_not_shown_as_resolved);
+
+/// "Failed — refund what the provider charged", and the provider fails the refund at once:
+/// the payment is back in REVISION_MANUAL. Before, the console showed the green
+/// "Resolved" all the same, and on-call closed a ticket whose customer's charge still
+/// waited for them.
+async fn a_resolution_whose_refund_fails_at_once_is_not_shown_as_resolved(backend: Backend) {
+    let (app, refunds, id, _) =
+        charged_under_review(backend, "k-console-refund-fails", Some("failed")).await;
+    let (session, page, _, csrf) = bea_on_its_page(&app, &id).await;
+
+    let resolver = format!("{page}/resolver");
+    let motivo = "ticket 6: the order is cancelled";
+    let answer = resolve_as(
         &app,
         &session,
-        &format!("{page}/resolver"),
-        &[
-            ("estado", "FALLIDA_REEMBOLSAR"),
-            ("motivo", "ticket 6: the order is cancelled"),
-            ("csrf", csrf.as_str()),
-        ],
+        &resolver,
+        "FALLIDA_REEMBOLSAR",
+        motivo,
+        &csrf,
     )
     .await;
 
