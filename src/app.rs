@@ -482,11 +482,11 @@ async fn serve_until_stopped(
     // clock: claims, send holds and a payment's age against the gateway's key window are
     // read on it, and the start-up check is not made again by itself.
     tokio::spawn({
-        let db = db.clone();
+        let (db, clock_off) = (db.clone(), clock_off.clone());
         async move {
             let why = crate::db::clock_goes_off(&db).await;
             tracing::error!(
-                "{why}: stopping as at SIGTERM, so that nothing is claimed or sent on it"
+                "{why}: stopping now, without PAGOS_DRAIN_DELAY: nothing more is claimed or sent on it, and what is in flight finishes"
             );
             let _ = clock_off.set(why);
             stop_for_the_clock.send_replace(true);
@@ -501,6 +501,7 @@ async fn serve_until_stopped(
         signalled_twice,
         stop,
         signalled.clone(),
+        clock_off,
     ));
     // On-call's passes (admin API, console) stop claiming with the workers.
     tokio::spawn({
@@ -565,16 +566,22 @@ async fn serve_until_stopped(
 /// take no new work and the doors to drain, and `signalled` holds when (the grace counts
 /// from there). A Ctrl-C after the first signal, at any time, ends the process at once with
 /// exit code 130: what it leaves in flight is left to the reconciler, as after a crash.
+/// Stopped for its clock (`clock_off`), it skips `PAGOS_DRAIN_DELAY`.
 async fn stop_when_signalled(
     state: AppState,
     mut first: tokio::sync::watch::Receiver<bool>,
     mut second: tokio::sync::watch::Receiver<bool>,
     stop: tokio::sync::watch::Sender<bool>,
     signalled: std::sync::Arc<std::sync::OnceLock<tokio::time::Instant>>,
+    clock_off: std::sync::Arc<std::sync::OnceLock<String>>,
 ) {
     let _ = first.wait_for(|s| *s).await;
     state.draining.send_replace(true);
-    let delay = state.settings.drain_delay;
+    // Stopped for its clock: not a moment more of serving and claiming on it.
+    let delay = match clock_off.get() {
+        Some(_) => std::time::Duration::ZERO,
+        None => state.settings.drain_delay,
+    };
     let stopped_at_once = async {
         let _ = second.wait_for(|s| *s).await;
         let left = state.tasks.len();

@@ -74,6 +74,16 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Refund(args) => return pagos_client::refund_cli::run(*args).await,
         Command::Operators { action } => return pagos::operators::cli::run(action).await,
         Command::Reconcile(args) => {
+            if !args.once {
+                // `PAGOS_RECONCILE_ONCE=false`: one pass is the only mode.
+                let refused = pagos::config::SettingError {
+                    env: "PAGOS_RECONCILE_ONCE",
+                    flag: "once",
+                    message: "must be true: one pass is the only mode of `pagos reconcile` (the periodic reconciler runs inside `pagos serve`)".to_owned(),
+                };
+                eprintln!("pagos: {refused}");
+                return Ok(ExitCode::from(2));
+            }
             if let Err(err) = args.settings.validate() {
                 eprintln!("pagos: {err}");
                 return Ok(ExitCode::from(2));

@@ -7,7 +7,7 @@
 //! makes a second one.
 
 use super::{
-    Client, Intent, IntentKey, Journal, JournalError, Kept, Outcome, PayError, PayPolicy,
+    Beside, Client, Intent, IntentKey, Journal, JournalError, Kept, Outcome, PayError, PayPolicy,
     PaymentRequest, PaymentState, PendingIntent,
 };
 use pagos_types::{Currency, FieldError, PaymentMethod, Problem};
@@ -129,7 +129,7 @@ pub struct PayArgs {
     pub retry_max_delay: Duration,
     /// How long the server keeps Idempotency-Keys (its PAGOS_KEY_RETENTION): an intent
     /// first sent 99 % of this ago or longer is not sent again without a human; --deadline
-    /// must be shorter
+    /// must be shorter than that
     #[arg(long, env = "PAGOS_KEY_RETENTION", default_value = "24h", value_parser = positive_duration,
           value_name = "DURATION")]
     pub key_retention: Duration,
@@ -263,12 +263,12 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
     }
     // A try cannot start once the key may be gone (`PayError::Expired`): a deadline that
     // long only promises retries that never come.
-    if args.deadline >= args.key_retention {
+    if args.deadline >= args.key_retention - args.key_retention / 100 {
         return Ok(bad_setting(
             "PAGOS_DEADLINE",
             "deadline",
             format!(
-                "must be shorter than PAGOS_KEY_RETENTION (--key-retention, {}): no request is sent once the server may have let its Idempotency-Key go",
+                "must be shorter than 99% of PAGOS_KEY_RETENTION (--key-retention, {}): no request is sent once the server may have let its Idempotency-Key go",
                 humantime::format_duration(args.key_retention)
             ),
         ));
@@ -362,7 +362,7 @@ async fn same_payment(
     // pays under one key.
     let fresh = Intent::new(request);
     let kept = match journal
-        .kept_or_record(&fresh, client.base_url(), api_key)
+        .kept_or_record(&fresh, client.base_url(), api_key, Beside::Nothing)
         .await?
     {
         Kept::Recorded => return Ok(Ok(fresh)),

@@ -302,12 +302,14 @@ impl Journal {
     /// first, or else `fresh` written down as [`record`](Journal::record) does: one
     /// transaction holding the journal's write lock, so two processes asking for the same
     /// payment at once (a form sent twice, a command run twice) never both find none and
-    /// pay it under two keys.
+    /// pay it under two keys. With [`Beside::Others`], `fresh` is also written down when
+    /// the only ones kept were made at another server or with another API key.
     pub async fn kept_or_record(
         &self,
         fresh: &Intent,
         base_url: &Url,
         api_key: &str,
+        beside: Beside,
     ) -> Result<Kept<PendingIntent>, JournalError> {
         let request = fresh.request().clone();
         let now = now();
@@ -326,7 +328,10 @@ impl Journal {
                     .into_iter()
                     .filter(|k| *k.intent.request() == request)
                     .collect();
-                if !kept.is_empty() {
+                let here = kept
+                    .iter()
+                    .any(|k| k.base_url.as_str() == values[1] && k.api_key_sha256 == values[2]);
+                if here || (!kept.is_empty() && beside == Beside::Nothing) {
                     return Ok(Kept::Found(kept));
                 }
                 insert_intent(db, values, attempts)?;
@@ -371,25 +376,6 @@ impl Journal {
     /// The server named the payment: from now on it is looked up, not posted.
     pub async fn payment_known(&self, key: &IntentKey, id: Uuid) -> Result<(), JournalError> {
         self.update(key, "payment_id = ?1", id.to_string()).await
-    }
-
-    /// The server no longer has the payment it named: from now on the intent is posted
-    /// again with its key.
-    pub async fn payment_forgotten(&self, key: &IntentKey) -> Result<(), JournalError> {
-        let id = key.to_string();
-        let changed = self
-            .with(move |db| {
-                Ok(db.execute(
-                    "UPDATE pending_intents SET payment_id = NULL, updated_at = ?1 \
-                     WHERE idempotency_key = ?2",
-                    params![stamp(now()), id],
-                )?)
-            })
-            .await?;
-        if changed == 0 {
-            return Err(gone(key));
-        }
-        Ok(())
     }
 
     /// Notes why the last try did not settle the intent.
@@ -466,12 +452,14 @@ impl Journal {
     /// oldest first, or else `fresh` written down as
     /// [`record_refund`](Journal::record_refund) does, in one transaction holding the
     /// journal's write lock: the same refund asked twice at once is never made under two
-    /// keys.
+    /// keys. With [`Beside::Others`], `fresh` is also written down when the only ones kept
+    /// were made at another server or with another API key.
     pub async fn kept_refunds_or_record(
         &self,
         fresh: &crate::refund::RefundIntent,
         base_url: &Url,
         api_key: &str,
+        beside: Beside,
     ) -> Result<Kept<PendingRefund>, JournalError> {
         let request = fresh.request().clone();
         let payment = request.payment().to_string();
@@ -488,17 +476,21 @@ impl Journal {
             .with(move |db| {
                 immediate(db, |db| {
                     let rows = refund_rows(db, &payment, &body)?;
-                    if rows.is_empty() {
-                        insert_refund(db, values)?;
+                    let here = rows
+                        .iter()
+                        .any(|(_, url, hash, _, _)| *url == values[1] && *hash == values[2]);
+                    if here || (!rows.is_empty() && beside == Beside::Nothing) {
+                        return Ok(Some(rows));
                     }
-                    Ok(rows)
+                    insert_refund(db, values)?;
+                    Ok(None)
                 })
             })
             .await?;
-        if rows.is_empty() {
-            return Ok(Kept::Recorded);
+        match rows {
+            Some(rows) => Ok(Kept::Found(pending_refunds(&request, rows)?)),
+            None => Ok(Kept::Recorded),
         }
-        Ok(Kept::Found(pending_refunds(&request, rows)?))
     }
 }
 
@@ -627,6 +619,17 @@ pub enum Kept<T> {
     Recorded,
 }
 
+/// Whether [`Journal::kept_or_record`] writes a fresh intent down beside kept ones made at
+/// another server or with another API key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Beside {
+    /// No: those are answered ([`Kept::Found`]), nothing written (`pagos pay` refuses to
+    /// make a second payment beside one that may have paid).
+    Nothing,
+    /// Yes: only one kept at this server with this API key is answered.
+    Others,
+}
+
 /// Runs `work` in a transaction that takes the journal's write lock first (`BEGIN
 /// IMMEDIATE`): what it read still holds when it writes, whatever other processes do.
 fn immediate<T>(
@@ -634,17 +637,14 @@ fn immediate<T>(
     work: impl FnOnce(&Connection) -> Result<T, JournalError>,
 ) -> Result<T, JournalError> {
     db.execute_batch("BEGIN IMMEDIATE")?;
-    match work(db) {
-        Ok(done) => {
-            db.execute_batch("COMMIT")?;
-            Ok(done)
-        }
-        Err(e) => {
-            // The error is what went wrong; a failed rollback leaves it to SQLite.
-            let _ = db.execute_batch("ROLLBACK");
-            Err(e)
-        }
+    let done = work(db).and_then(|done| Ok(db.execute_batch("COMMIT").map(|()| done)?));
+    if done.is_err() {
+        // Never left open, holding the write lock for every later call and process (a
+        // failed COMMIT, on a full disk, leaves the transaction open). The error is what
+        // went wrong; a failed rollback leaves it to SQLite.
+        let _ = db.execute_batch("ROLLBACK");
     }
+    done
 }
 
 /// When an intent counts as made, and the requests counted for it: one, made then, for

@@ -100,7 +100,7 @@ pub mod webhooks;
 
 pub use answer::{MedioPago, Pago, Problem};
 pub use intent::{Intent, IntentKey, InvalidRequest, PaymentRequest};
-pub use journal::{Journal, JournalError, Kept, PendingIntent, PendingRefund};
+pub use journal::{Beside, Journal, JournalError, Kept, PendingIntent, PendingRefund};
 pub use pagos_types::request::PayerDocument;
 pub use pagos_types::{Currency, FieldError, PaymentMethod, PaymentState, ProblemType};
 pub use pagos_types::{Reembolso, RefundState};
@@ -286,6 +286,11 @@ pub struct Client {
 
 /// The server's default `PAGOS_KEY_RETENTION`.
 pub const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How long after an intent's first send a payment the server named and then lost (404)
+/// is sent again with its key: well inside the day gateways keep their keys, so the
+/// gateway answers the charge it made. Past it, the 404 is kept for a human.
+pub const LOST_PAYMENT_RESEND: chrono::TimeDelta = chrono::TimeDelta::hours(1);
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -601,15 +606,16 @@ impl Client {
     /// journal, a new intent (keeping it is then the caller's, see [`Intent::with_key`]).
     ///
     /// One kept for the same request only under another URL or API key is not given back
-    /// ([`kept_payment`](Client::kept_payment) says the same): a new intent is made beside
-    /// it, as `pagos pay --new` would; [`Journal::find`] lists those.
+    /// ([`kept_payment`](Client::kept_payment) says the same): a new intent is made and
+    /// written down beside it (in the same transaction), as `pagos pay --new` would;
+    /// [`Journal::find`] lists those.
     pub async fn intent_for(&self, request: PaymentRequest) -> Result<Intent, PayError> {
         let fresh = Intent::new(request);
         let Some(journal) = &self.journal else {
             return Ok(fresh);
         };
         match journal
-            .kept_or_record(&fresh, &self.base_url, &self.api_key)
+            .kept_or_record(&fresh, &self.base_url, &self.api_key, Beside::Others)
             .await?
         {
             Kept::Recorded => Ok(fresh),
@@ -881,19 +887,23 @@ impl Settling<'_> {
             Reading::Transient { why, retry_after } => Err(Stop::Transient { why, retry_after }),
             Reading::InFlight { why, retry_after } => Err(Stop::InFlight { why, retry_after }),
             Reading::KeyReused(problem) => Err(Stop::KeyReused(problem)),
-            // The server named this payment, and now has no such payment: its database
-            // lost it (restored from before it, a replica behind). Its key is what brings
-            // it back: the same key makes the same payment id and the same gateway key, so
-            // the gateway answers the charge it made instead of making another. Posted
-            // again (held to the key retention like any retry), never read forever.
-            Reading::Refused { status: 404, .. } if let Some(id) = known => {
+            // The server named this payment, and now answers it has no such payment (its
+            // own problem, not a proxy's page): its database lost it (restored from before
+            // it, a replica behind). Its key brings it back: the same key makes the same
+            // payment id and gateway key, so the gateway answers the charge it made rather
+            // than make another, as long as the gateway still keeps that key. So only
+            // within `LOST_PAYMENT_RESEND` of the first send (gateways keep keys a day,
+            // some less); past it, a human checks the gateway first. The journal keeps the
+            // id, which a later look-up reads again.
+            Reading::Refused {
+                status: 404,
+                problem,
+            } if problem.kind() == Some(ProblemType::NotFound)
+                && let Some(id) = known
+                && chrono::Utc::now() - self.first_sent < LOST_PAYMENT_RESEND =>
+            {
                 *lock(&self.known) = None;
-                if let Some(journal) = &client.journal {
-                    journal
-                        .payment_forgotten(key)
-                        .await
-                        .map_err(Stop::Journal)?;
-                }
+                *lock(&self.last_pending) = None;
                 Err(Stop::Transient {
                     why: format!(
                         "the server has no payment {id}, which it named for this intent (its database restored from before it?): sent again with the same key"

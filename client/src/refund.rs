@@ -318,7 +318,7 @@ impl Client {
             return Ok(fresh);
         };
         match journal
-            .kept_refunds_or_record(&fresh, &self.base_url, &self.api_key)
+            .kept_refunds_or_record(&fresh, &self.base_url, &self.api_key, crate::Beside::Others)
             .await?
         {
             crate::Kept::Recorded => Ok(fresh),

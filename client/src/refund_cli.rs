@@ -9,7 +9,7 @@
 
 use super::cli::bad_setting;
 use super::{
-    Client, Journal, Kept, PayError, PayPolicy, PendingRefund, RefundIntent, RefundOutcome,
+    Beside, Client, Journal, Kept, PayError, PayPolicy, PendingRefund, RefundIntent, RefundOutcome,
     RefundRequest,
 };
 use secrecy::{ExposeSecret, SecretString};
@@ -91,7 +91,7 @@ async fn same_refund(
     // refunds under one key.
     let fresh = RefundIntent::new(request);
     let kept = match journal
-        .kept_refunds_or_record(&fresh, client.base_url(), api_key)
+        .kept_refunds_or_record(&fresh, client.base_url(), api_key, Beside::Nothing)
         .await?
     {
         Kept::Recorded => return Ok(Some(fresh)),

@@ -14,7 +14,7 @@ use pagos_client::{
 };
 use std::time::{Duration, Instant};
 use uuid::Uuid;
-use wiremock::MockServer;
+use wiremock::{MockServer, ResponseTemplate};
 
 #[tokio::test]
 async fn a_connection_dropped_after_the_commit_is_retried_with_the_same_key_and_pays_once() {
@@ -347,6 +347,53 @@ async fn a_payment_the_server_named_and_then_lost_is_posted_again_with_the_same_
     assert!(journal.pending().await.is_empty(), "settled");
 }
 
+/// But only pagos' own "no such payment", and only within `LOST_PAYMENT_RESEND` of the
+/// first send: a proxy's 404 page says nothing about the payment, and past the hour the
+/// gateway may have let the key go (a resend could charge twice). Both are refused and
+/// kept for a human, with the payment's id, and nothing is posted.
+#[tokio::test]
+async fn a_lost_payment_is_not_posted_again_on_a_proxys_404_or_past_the_hour() {
+    for (age, body) in [
+        (
+            chrono::TimeDelta::minutes(5),
+            ResponseTemplate::new(404).set_body_raw("<h1>Not Found</h1>", "text/html"),
+        ),
+        (
+            chrono::TimeDelta::hours(2),
+            answer(404, problem(404, "not-found", "Not Found")),
+        ),
+    ] {
+        let server = MockServer::start().await;
+        let id = Uuid::new_v4();
+        posts_answer(&server, paid(id), 0).await;
+        look_ups(id).respond_with(body).mount(&server).await;
+        let (journal, client, _) = journal_and_client(&server, fast_policy()).await;
+        let url = pagos_client::base_url(&server.uri()).expect("url");
+        let intent = intent().first_sent_at(chrono::Utc::now() - age);
+        journal
+            .journal
+            .record(&intent, &url, API_KEY)
+            .await
+            .expect("kept");
+        journal
+            .journal
+            .payment_known(intent.key(), id)
+            .await
+            .expect("named");
+
+        let err = client.pay(&intent).await.expect_err("not settled");
+
+        assert!(
+            matches!(err, PayError::Rejected { status: 404, .. }),
+            "{err:?}"
+        );
+        let kept = journal.pending().await;
+        assert_eq!(kept.len(), 1, "kept for a human");
+        assert_eq!(kept[0].payment_id, Some(id), "with the id the server named");
+        server.verify().await;
+    }
+}
+
 #[tokio::test]
 async fn a_202_is_followed_by_looking_the_payment_up_until_it_settles() {
     let server = MockServer::start().await;
@@ -590,6 +637,22 @@ async fn the_same_payment_or_refund_asked_at_once_by_several_processes_gets_one_
     let server = MockServer::start().await;
     let journal = TestJournal::new().await;
     let payment = Uuid::new_v4();
+    // The same payment and refund kept under an API key since rotated: not these asks'
+    // (before, each ask found only those, and made a key of its own).
+    let url = pagos_client::base_url(&server.uri()).expect("url");
+    let old = intent();
+    journal
+        .journal
+        .record(&old, &url, "sk_test_rotated")
+        .await
+        .expect("kept");
+    let old_refund =
+        RefundIntent::new(RefundRequest::new(payment, Some(50_000), None).expect("valid"));
+    journal
+        .journal
+        .record_refund(&old_refund, &url, "sk_test_rotated")
+        .await
+        .expect("kept");
     let mut asks = Vec::new();
     for _ in 0..8 {
         let handle = Journal::open(&journal.path).await.expect("journal");
@@ -614,7 +677,16 @@ async fn the_same_payment_or_refund_asked_at_once_by_several_processes_gets_one_
 
     assert_eq!(keys.len(), 1, "payment keys: {keys:?}");
     assert_eq!(refund_keys.len(), 1, "refund keys: {refund_keys:?}");
-    assert_eq!(journal.pending().await.len(), 1, "one intent kept");
+    assert!(
+        !keys.contains(&old.key().to_string()),
+        "not the other key's"
+    );
+    assert!(!refund_keys.contains(&old_refund.key().to_string()));
+    assert_eq!(
+        journal.pending().await.len(),
+        2,
+        "the old intent and one new"
+    );
 }
 
 /// A resume pays from the list it read first. An intent sent long ago that another

@@ -96,14 +96,16 @@ pub async fn list(db: &DatabaseConnection, filter: &Filter, limit: u64) -> Resul
     let mut query = Entity::find();
     if let Some(operator) = &filter.operator {
         // Two operators never differ by case alone: `ana` finds the rows of `Ana`
-        // (revoked or not) as written; a name no operator has (`admin`, the break-glass
-        // token's) is matched as given.
+        // (revoked or not) as written, `ADMIN` the break-glass token's; another name no
+        // operator has is matched as given.
         let asked = operator.to_lowercase();
         let stored = super::store::list(db)
             .await?
             .into_iter()
             .find(|o| o.name.to_lowercase() == asked)
-            .map_or_else(|| operator.clone(), |o| o.name);
+            .map(|o| o.name)
+            .or_else(|| (asked == super::BREAK_GLASS).then(|| super::BREAK_GLASS.to_owned()))
+            .unwrap_or_else(|| operator.clone());
         query = query.filter(Column::Operator.eq(stored));
     }
     if let Some(target) = filter.target {

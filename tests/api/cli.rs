@@ -782,6 +782,11 @@ fn reconcile_once_reads_its_environment_variable() {
     );
     let report: Value = serde_json::from_slice(&output.stdout).expect("the report as JSON");
     assert!(report.is_object(), "{report}");
+    let not_once = pagos(
+        &["reconcile", "--database-url", &url],
+        &[("PAGOS_RECONCILE_ONCE", "false")],
+    );
+    assert_refused(&not_once, "PAGOS_RECONCILE_ONCE");
 }
 
 #[test]

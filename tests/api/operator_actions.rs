@@ -171,6 +171,11 @@ async fn a_bad_query_of_the_actions_is_a_422_naming_the_parameter_and_changes_no
     let before = actions_as(&app, ADMIN_TOKEN, "").await;
     assert_eq!(before.len(), 1);
     assert_eq!(before[0]["operador"], "admin", "the break-glass token");
+    assert_eq!(
+        actions_as(&app, ADMIN_TOKEN, "?operador=ADMIN").await,
+        before,
+        "the break-glass token's name, whatever its case"
+    );
 
     for (query, campo) in [
         ("?limite=0", "limite"),

@@ -847,7 +847,7 @@ const DONE: &[(&str, &str, &str)] = &[
     (
         "reconciliacion-fallida",
         "error",
-        "Not reconciled: pagos could not work on it (a database error; the logs say which). Nothing was changed by this attempt: try again, and the reconciler's next pass takes it up too.",
+        "Not reconciled: pagos could not finish working on it (the logs say why). Read its state and audit trail below before asking again; the reconciler's next pass takes it up too.",
     ),
     (
         "reembolsado",
