@@ -547,6 +547,7 @@ async fn report(
                 PayError::KeyReused { .. }
                 | PayError::Blocked { .. }
                 | PayError::Expired { .. }
+                | PayError::Lost { .. }
                     if kept =>
                 {
                     eprintln!(

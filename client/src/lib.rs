@@ -78,7 +78,7 @@
 //!         // Unknown outcome: the payment may exist. The journal keeps the intent; the next
 //!         // `resume` (or paying this same intent) finds out, with the same key.
 //!     }
-//!     Err(err @ (PayError::KeyReused { .. } | PayError::Blocked { .. } | PayError::Expired { .. })) => {
+//!     Err(err @ (PayError::KeyReused { .. } | PayError::Blocked { .. } | PayError::Expired { .. } | PayError::Lost { .. })) => {
 //!         // A human checks what the key paid, then `pagos pay --forget KEY`.
 //!         eprintln!("needs a human: {err}");
 //!     }
@@ -188,6 +188,17 @@ pub enum PayError {
         first_sent: chrono::DateTime<chrono::Utc>,
         key_retention: Duration,
     },
+    /// The server named this intent's payment, then answered it has no such payment (its
+    /// database lost it), and the intent was first sent longer than
+    /// [`LOST_PAYMENT_RESEND`] ago: sent again, the server would make it anew and send it
+    /// with a gateway key the gateway may have let go, charging twice. Nothing more was
+    /// sent; with a journal, the intent stays there blocked, with the payment's id. Look
+    /// at the gateway first (the payment id is the charge's reference).
+    #[error(
+        "the server has no payment {payment_id}, which it named for intent {key} (its database restored from before it?), and the intent was first sent more than {} ago: the gateway may have charged it and may no longer know its key, so it was not sent again; check the gateway for a charge of reference {payment_id} before anything",
+        humantime::format_duration(LOST_PAYMENT_RESEND.to_std().unwrap_or_default())
+    )]
+    Lost { key: IntentKey, payment_id: Uuid },
     #[error(transparent)]
     Journal(#[from] JournalError),
     #[error("this client has no journal to resume from")]
@@ -288,9 +299,11 @@ pub struct Client {
 pub const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// How long after an intent's first send a payment the server named and then lost (404)
-/// is sent again with its key: well inside the day gateways keep their keys, so the
-/// gateway answers the charge it made. Past it, the 404 is kept for a human.
-pub const LOST_PAYMENT_RESEND: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+/// is sent again with its key: inside the hour the gateways with the shortest key window
+/// keep their keys (Mercado Pago), with room for the server's own send, so the gateway
+/// answers the charge it made. Checked before every `POST` after the 404; past it, the
+/// intent is blocked for a human ([`PayError::Lost`]).
+pub const LOST_PAYMENT_RESEND: chrono::TimeDelta = chrono::TimeDelta::minutes(45);
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -353,6 +366,8 @@ enum Stop {
     },
     /// The next `POST` would leave once the server may have let the key go.
     Expired(chrono::DateTime<chrono::Utc>),
+    /// The server lost the payment it named, past `LOST_PAYMENT_RESEND`.
+    Lost(Uuid),
     Unexpected(String),
     Journal(JournalError),
 }
@@ -378,6 +393,9 @@ struct Settling<'a> {
     intent: &'a Intent,
     body: serde_json::Value,
     known: Mutex<Option<Uuid>>,
+    /// A payment the server named and then said it has not (404): resent with its key
+    /// only within `LOST_PAYMENT_RESEND` of the first send.
+    lost: Mutex<Option<Uuid>>,
     budget: Mutex<Budget>,
     tries: AtomicU32,
     exhausted: Mutex<Option<Exhausted>>,
@@ -522,6 +540,7 @@ impl Client {
             intent,
             body: intent.request().to_json(),
             known: Mutex::new(known),
+            lost: Mutex::new(None),
             budget: Mutex::new(Budget::new(&self.policy, Instant::now())),
             tries: AtomicU32::new(0),
             exhausted: Mutex::new(None),
@@ -567,6 +586,10 @@ impl Client {
                 key: intent.key().clone(),
                 first_sent,
                 key_retention: self.key_retention,
+            }),
+            Err(Stop::Lost(payment_id)) => Err(PayError::Lost {
+                key: intent.key().clone(),
+                payment_id,
             }),
             Err(Stop::Unexpected(why)) => Err(PayError::Unexpected(why)),
             Err(Stop::Journal(e)) => Err(PayError::Journal(e)),
@@ -671,6 +694,13 @@ impl Client {
                 journal
                     .note(key, &format!("{status} {}", headline(problem)))
                     .await
+            }
+            Err(Stop::Lost(id)) => {
+                let why = format!(
+                    "the server has no payment {id}, which it named; first sent more than {} ago, the gateway may have charged it: check the gateway (reference {id}) before anything; not sent again",
+                    humantime::format_duration(LOST_PAYMENT_RESEND.to_std().unwrap_or_default())
+                );
+                journal.block(key, &why).await
             }
             Err(Stop::Expired(first_sent)) => {
                 let first_sent = first_sent.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -850,6 +880,11 @@ impl Settling<'_> {
                 if age >= client.sendable_for() {
                     return Err(Stop::Expired(self.first_sent));
                 }
+                if let Some(id) = *lock(&self.lost)
+                    && self.past_lost_resend()
+                {
+                    return Err(Stop::Lost(id));
+                }
                 let before = match &client.journal {
                     Some(journal) => journal.count_attempt(key).await.map_err(Stop::Journal)?,
                     // Without a journal: this pay's own tries, and any the caller says
@@ -899,14 +934,17 @@ impl Settling<'_> {
                 status: 404,
                 problem,
             } if problem.kind() == Some(ProblemType::NotFound)
-                && let Some(id) = known
-                && chrono::Utc::now() - self.first_sent < LOST_PAYMENT_RESEND =>
+                && let Some(id) = known =>
             {
+                *lock(&self.lost) = Some(id);
+                if self.past_lost_resend() {
+                    return Err(Stop::Lost(id));
+                }
                 *lock(&self.known) = None;
                 *lock(&self.last_pending) = None;
                 Err(Stop::Transient {
                     why: format!(
-                        "the server has no payment {id}, which it named for this intent (its database restored from before it?): sent again with the same key"
+                        "the server has no payment {id}, which it named for this intent (its database restored from before it?): to be sent again with the same key"
                     ),
                     retry_after: None,
                 })
@@ -918,6 +956,11 @@ impl Settling<'_> {
             }),
             Reading::Unexpected(why) => Err(Stop::Unexpected(why)),
         }
+    }
+
+    /// Whether a payment the server lost is too old to send again (`LOST_PAYMENT_RESEND`).
+    fn past_lost_resend(&self) -> bool {
+        chrono::Utc::now() - self.first_sent >= LOST_PAYMENT_RESEND
     }
 
     /// The server answered about this intent's payment, not another one.

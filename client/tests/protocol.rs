@@ -347,20 +347,24 @@ async fn a_payment_the_server_named_and_then_lost_is_posted_again_with_the_same_
     assert!(journal.pending().await.is_empty(), "settled");
 }
 
-/// But only pagos' own "no such payment", and only within `LOST_PAYMENT_RESEND` of the
-/// first send: a proxy's 404 page says nothing about the payment, and past the hour the
-/// gateway may have let the key go (a resend could charge twice). Both are refused and
-/// kept for a human, with the payment's id, and nothing is posted.
+/// But only pagos' own "no such payment" (a proxy's 404 page says nothing about the
+/// payment: refused, kept with its id), and only within `LOST_PAYMENT_RESEND` of the first
+/// send, checked before every `POST`: past it the gateway may have let the key go and a
+/// resend could charge twice, so the intent is blocked for a human, with its id and what
+/// to check, and nothing is posted.
 #[tokio::test]
-async fn a_lost_payment_is_not_posted_again_on_a_proxys_404_or_past_the_hour() {
-    for (age, body) in [
+async fn a_lost_payment_is_not_posted_again_on_a_proxys_404_or_past_the_resend_limit() {
+    let limit = pagos_client::LOST_PAYMENT_RESEND;
+    for (age, body, lost) in [
         (
             chrono::TimeDelta::minutes(5),
             ResponseTemplate::new(404).set_body_raw("<h1>Not Found</h1>", "text/html"),
+            false,
         ),
         (
-            chrono::TimeDelta::hours(2),
+            limit + chrono::TimeDelta::minutes(1),
             answer(404, problem(404, "not-found", "Not Found")),
+            true,
         ),
     ] {
         let server = MockServer::start().await;
@@ -368,30 +372,75 @@ async fn a_lost_payment_is_not_posted_again_on_a_proxys_404_or_past_the_hour() {
         posts_answer(&server, paid(id), 0).await;
         look_ups(id).respond_with(body).mount(&server).await;
         let (journal, client, _) = journal_and_client(&server, fast_policy()).await;
-        let url = pagos_client::base_url(&server.uri()).expect("url");
-        let intent = intent().first_sent_at(chrono::Utc::now() - age);
-        journal
-            .journal
-            .record(&intent, &url, API_KEY)
-            .await
-            .expect("kept");
-        journal
-            .journal
-            .payment_known(intent.key(), id)
-            .await
-            .expect("named");
+        let intent = named_long_ago(&journal, &server, age, id).await;
 
         let err = client.pay(&intent).await.expect_err("not settled");
 
-        assert!(
-            matches!(err, PayError::Rejected { status: 404, .. }),
-            "{err:?}"
-        );
         let kept = journal.pending().await;
         assert_eq!(kept.len(), 1, "kept for a human");
         assert_eq!(kept[0].payment_id, Some(id), "with the id the server named");
+        if lost {
+            assert!(
+                matches!(&err, PayError::Lost { payment_id, .. } if *payment_id == id),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains("check the gateway"), "{err}");
+            assert!(kept[0].blocked.is_some(), "not retried without a human");
+        } else {
+            assert!(
+                matches!(err, PayError::Rejected { status: 404, .. }),
+                "{err:?}"
+            );
+        }
         server.verify().await;
     }
+}
+
+/// The limit holds for every resend, not only when the 404 is read: one just inside it
+/// whose resend is answered 503 with a `Retry-After` that ends past it is not posted again.
+#[tokio::test]
+async fn a_lost_payment_resent_near_the_limit_is_not_posted_again_past_it() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    posts()
+        .respond_with(unavailable(503, "Unavailable").insert_header("Retry-After", "2"))
+        .expect(1)
+        .mount(&server)
+        .await;
+    look_ups(id)
+        .respond_with(answer(404, problem(404, "not-found", "Not Found")))
+        .mount(&server)
+        .await;
+    let (journal, client, _) = journal_and_client(&server, fast_policy()).await;
+    let age = pagos_client::LOST_PAYMENT_RESEND - chrono::TimeDelta::seconds(1);
+    let intent = named_long_ago(&journal, &server, age, id).await;
+
+    let err = client.pay(&intent).await.expect_err("not settled");
+
+    assert!(matches!(&err, PayError::Lost { .. }), "{err:?}");
+    server.verify().await;
+}
+
+/// `intent()`, first sent `age` ago and named `id` by the server, as its journal keeps it.
+async fn named_long_ago(
+    journal: &TestJournal,
+    server: &MockServer,
+    age: chrono::TimeDelta,
+    id: Uuid,
+) -> Intent {
+    let url = pagos_client::base_url(&server.uri()).expect("url");
+    let intent = intent().first_sent_at(chrono::Utc::now() - age);
+    journal
+        .journal
+        .record(&intent, &url, API_KEY)
+        .await
+        .expect("kept");
+    journal
+        .journal
+        .payment_known(intent.key(), id)
+        .await
+        .expect("named");
+    intent
 }
 
 #[tokio::test]
