@@ -927,9 +927,9 @@ impl Settling<'_> {
             // it, a replica behind). Its key brings it back: the same key makes the same
             // payment id and gateway key, so the gateway answers the charge it made rather
             // than make another, as long as the gateway still keeps that key. So only
-            // within `LOST_PAYMENT_RESEND` of the first send (gateways keep keys a day,
-            // some less); past it, a human checks the gateway first. The journal keeps the
-            // id, which a later look-up reads again.
+            // within `LOST_PAYMENT_RESEND` of the first send (Mercado Pago keeps keys an
+            // hour), checked again before every resend; past it, a human checks the
+            // gateway first. The journal keeps the id, which a later look-up reads again.
             Reading::Refused {
                 status: 404,
                 problem,
