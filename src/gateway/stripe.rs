@@ -108,7 +108,7 @@ struct SearchResult {
 /// | `processing` | pending (asynchronous methods settle later) |
 /// | `requires_action` | pending: the issuer asks for authentication pagos cannot give off-session; past `PAGOS_GIVE_UP_AFTER` the reconciler sends it to REVISION_MANUAL |
 /// | `requires_confirmation`, `requires_capture` | pending (pagos confirms and captures automatically; seen only if someone changed the PaymentIntent) |
-/// | `requires_payment_method` | declined (the confirmation failed: `last_payment_error`) |
+/// | `requires_payment_method` | declined (the confirmation failed: `last_payment_error`); without an error, pending (not confirmed yet: a lagging search's snapshot of its creation) |
 /// | `canceled` | declined (no money moved) |
 ///
 /// None: a status this version does not know; the outcome is unknown.
@@ -147,12 +147,23 @@ impl PaymentIntent {
     /// The PaymentIntent as a charge (amount in pagos' minor units, currency upper case).
     /// `error` is the card error that came with it, if any.
     pub fn to_charge(&self, error: Option<&ApiError>) -> Result<Charge, GatewayError> {
-        let status = status_of(&self.status).ok_or_else(|| {
+        let mut status = status_of(&self.status).ok_or_else(|| {
             GatewayError::Unknown(format!(
                 "PaymentIntent {} has a status pagos does not know: {}",
                 self.id, self.status
             ))
         })?;
+        // `requires_payment_method` with no error is a PaymentIntent not confirmed yet:
+        // the status it is created in, which a search index lagging behind the
+        // confirmation still shows (a charged customer would be answered declined). Only
+        // a failed confirmation (its `last_payment_error`, or the card error it came
+        // with) is a decline.
+        if self.status == "requires_payment_method"
+            && error.is_none()
+            && self.last_payment_error.is_none()
+        {
+            status = ChargeStatus::Pending;
+        }
         let currency = self.currency.to_ascii_uppercase();
         let amount = amount::from_stripe(self.amount, &currency)
             .map_err(|e| GatewayError::Unknown(format!("PaymentIntent {}: amount {e}", self.id)))?;
@@ -664,6 +675,25 @@ mod tests {
             intent("requires_teleportation").to_charge(None),
             Err(GatewayError::Unknown(_))
         ));
+    }
+
+    /// A PaymentIntent as created, before its confirmation (what a lagging search index
+    /// still shows of one confirmed since): pending, never a decline. With the card error
+    /// its confirmation came with, a decline.
+    #[test]
+    fn requires_payment_method_without_an_error_is_not_confirmed_yet_not_declined() {
+        let mut created = intent("requires_payment_method");
+        created.last_payment_error = None;
+        let charge = created.to_charge(None).expect("known status");
+        assert_eq!(charge.status, ChargeStatus::Pending);
+        assert_eq!(charge.decline_code, None);
+        let card_error: ApiError = serde_json::from_value(serde_json::json!(
+            {"type":"card_error","code":"card_declined","decline_code":"do_not_honor"}
+        ))
+        .expect("an error");
+        let declined = created.to_charge(Some(&card_error)).expect("known status");
+        assert_eq!(declined.status, ChargeStatus::Declined);
+        assert_eq!(declined.decline_code.as_deref(), Some("do_not_honor"));
     }
 
     #[test]

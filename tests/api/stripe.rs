@@ -4,6 +4,7 @@
 
 use crate::helpers::{Backend, TestApp, json};
 use crate::on_both_databases;
+use pagos::entities::payment::PaymentState;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,6 +17,7 @@ on_both_databases!(
     every_status_in_the_mapping_table_maps_as_documented,
     without_medio_pago_the_request_is_refused_with_422_and_nothing_is_stored,
     requires_action_goes_to_manual_review_past_the_give_up_horizon,
+    a_lagging_search_showing_the_intent_as_created_is_not_read_as_a_decline,
     completada_while_stripe_cannot_be_asked_is_refused_over_a_failure_its_events_reported,
     a_signed_event_settles_a_pending_payment_and_a_wrong_signature_is_refused,
     a_duplicated_event_applies_once,
@@ -365,6 +367,38 @@ async fn requires_action_goes_to_manual_review_past_the_give_up_horizon(backend:
     tokio::time::sleep(Duration::from_millis(1100)).await;
     report_says(&app.reconcile(&id).await, "revisionManual");
     assert_eq!(posts(&app).await.len(), 1);
+}
+
+/// The create's answer was lost (a timeout: 202, ENVIADA), and Stripe's search, behind
+/// the confirmation, still shows the PaymentIntent as it was created:
+/// `requires_payment_method` with no `last_payment_error`. Before, that was read as a
+/// decline: the payment FALLIDA (402 to the merchant, `pago.fallido`) while the customer
+/// was charged. It is a PaymentIntent not confirmed yet: the payment stays pending, and
+/// the next look, once the index caught up, settles it.
+async fn a_lagging_search_showing_the_intent_as_created_is_not_read_as_a_decline(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeStripe::new("payment_intent_processing");
+    fake.mount(app.gateway()).await;
+    let (status, pago) = app.pay_read("k-lagging-index", &body("cuota 4")).await;
+    assert_eq!(status, 202, "{pago}");
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let snapshot = |status: &str| {
+        let mut state = fake.lock();
+        for pi in state.by_reference.get_mut(&id).expect("the intent") {
+            pi["status"] = Value::from(status);
+            pi["last_payment_error"] = Value::Null;
+        }
+    };
+
+    snapshot("requires_payment_method");
+    report_says(&app.reconcile(&id).await, "pendientes");
+    let read = app.payment(&id).await;
+    assert_eq!(read.state, PaymentState::Enviada, "not declined: {read:?}");
+
+    snapshot("succeeded");
+    report_says(&app.reconcile(&id).await, "completados");
+    assert_eq!(app.payment(&id).await.state, PaymentState::Completada);
+    assert_eq!(posts(&app).await.len(), 1, "one charge asked");
 }
 
 /// A PaymentIntent under review that Stripe's events reported failed, while Stripe cannot
