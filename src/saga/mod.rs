@@ -329,12 +329,15 @@ impl Saga for payment::Model {
 
     fn settle(&self, outcome: ChargeOutcome) -> Settle<Event> {
         match outcome {
-            ChargeOutcome::Succeeded(charge) | ChargeOutcome::Declined(charge) => {
-                match settlement(self, &charge) {
-                    Some((event, changes, reason)) => Settle::Move(event, changes.into(), reason),
-                    None => Settle::Pending(charge.id),
-                }
-            }
+            // A pending answer too: one of another charge than the payment's own (a
+            // second charge, which may yet succeed) or of another amount goes to review
+            // instead of taking the payment's `gatewayRef`.
+            ChargeOutcome::Succeeded(charge)
+            | ChargeOutcome::Declined(charge)
+            | ChargeOutcome::Pending(charge) => match settlement(self, &charge) {
+                Some((event, changes, reason)) => Settle::Move(event, changes.into(), reason),
+                None => Settle::Pending(charge.id),
+            },
             ChargeOutcome::Rejected { status, detail } => Settle::Move(
                 Event::Declined,
                 Step {
@@ -343,7 +346,6 @@ impl Saga for payment::Model {
                 },
                 format!("gateway refused the request with {status}: {detail}"),
             ),
-            ChargeOutcome::Pending(charge) => Settle::Pending(charge.id),
             ChargeOutcome::Unknown(why) => {
                 tracing::warn!(payment_id = %self.id, why, "gateway outcome unknown; the reconciler will ask the provider");
                 Settle::Unknown(why)
@@ -372,14 +374,13 @@ pub fn outcome_name(outcome: &ChargeOutcome) -> &'static str {
 /// the database forgot the payment and the client changed its body), or another charge
 /// than the one the provider named for the payment before (a second charge). On-call
 /// decides, as for the webhook of such a charge: a decline of a request the gateway never
-/// evaluated is not the payment's decline.
+/// evaluated is not the payment's decline. A pending charge that is its own settles
+/// nothing (None); one that is not goes to on-call as well.
 pub fn settlement(p: &payment::Model, charge: &Charge) -> Option<(Event, Changes, String)> {
-    if charge.status == ChargeStatus::Pending {
-        return None;
-    }
     let said = match charge.status {
         ChargeStatus::Succeeded => "charge",
-        _ => "declined charge",
+        ChargeStatus::Pending => "pending charge",
+        ChargeStatus::Declined => "declined charge",
     };
     let not_its_own = if charge.amount != p.amount || charge.currency != p.currency {
         Some(format!(

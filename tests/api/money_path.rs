@@ -23,6 +23,7 @@ on_both_databases!(
     card_token_and_payer_data_are_erased_once_the_payment_is_final,
     a_charge_the_gateway_reports_in_lower_case_currency_is_the_payments_own,
     a_charge_that_is_not_the_payments_own_never_settles_it_declined_or_not,
+    a_resend_answered_pending_with_another_charge_goes_to_review_keeping_the_first,
     a_settlement_the_database_refuses_is_503_then_409_then_the_charges_own_answer,
 );
 
@@ -538,6 +539,77 @@ async fn a_charge_that_is_not_the_payments_own_never_settles_it_declined_or_not(
         Some("ch_named"),
         "the charge the provider named stays recorded"
     );
+}
+
+/// The send is answered pending, `ch_first`; the look-up finds nothing (a provider's
+/// search behind it), so the reconciler resends with the same key, and a gateway that no
+/// longer honours the key answers pending with another charge, `ch_second`. Before, that
+/// answer took the payment's `gatewayRef` (the first charge forgotten on the row) and the
+/// second charge would settle the payment as its own; a pending answer of another amount
+/// was recorded as the payment's too. Now either is a second charge for on-call, the first
+/// charge kept.
+async fn a_resend_answered_pending_with_another_charge_goes_to_review_keeping_the_first(
+    backend: Backend,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-retries", "0"])
+        .start()
+        .await;
+    let sends = std::sync::Arc::new(AtomicUsize::new(0));
+    crate::helpers::mount_route(
+        app.gateway(),
+        "POST",
+        "/v1/charges",
+        move |request: &wiremock::Request| {
+            let body: Value = serde_json::from_slice(&request.body).expect("a charge body");
+            let (id, amount) = match sends.fetch_add(1, Ordering::SeqCst) {
+                0 => ("ch_first", body["amount"].clone()),
+                1 => ("ch_second", body["amount"].clone()),
+                2 => ("ch_third", body["amount"].clone()),
+                _ => ("ch_third", Value::from(990_000)),
+            };
+            wiremock::ResponseTemplate::new(201).set_body_json(serde_json::json!({
+                "id": id, "status": "pending", "amount": amount, "currency": "COP",
+                "reference": body["reference"], "declineCode": null}))
+        },
+    )
+    .await;
+    crate::helpers::mount_route(
+        app.gateway(),
+        "GET",
+        "/v1/charges",
+        |_: &wiremock::Request| {
+            wiremock::ResponseTemplate::new(200).set_body_json(serde_json::json!({ "data": [] }))
+        },
+    )
+    .await;
+
+    // Another charge id.
+    let (status, pago) = app.pay_read("k-second-pending", &payment_body()).await;
+    assert_eq!(status, 202, "{pago}");
+    assert_eq!(pago["gatewayRef"], "ch_first", "{pago}");
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["revisionManual"], 1, "a second charge: {report}");
+    let stored = app.payment(&id).await;
+    assert_eq!(stored.state, "REVISION_MANUAL");
+    assert_eq!(
+        stored.gateway_ref.as_deref(),
+        Some("ch_first"),
+        "the first charge kept"
+    );
+
+    // Another amount, on the request's own send (ch_third, then the same key's earlier
+    // request answered: a charge for 990000).
+    let (status, pago) = app.pay_read("k-other-amount", &payment_body()).await;
+    assert_eq!(status, 202, "{pago}");
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["revisionManual"], 1, "another amount: {report}");
+    let stored = app.payment(&id).await;
+    assert_eq!(stored.state, "REVISION_MANUAL");
+    assert_eq!(stored.gateway_ref.as_deref(), Some("ch_third"));
 }
 
 /// SQLite rolls a transaction back by itself when a write in it fails for want of disk
