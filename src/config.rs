@@ -577,7 +577,7 @@ impl Settings {
 
     /// Checks the settings against each other.
     pub fn validate(&self) -> Result<(), SettingError> {
-        self.validate_admin_token()?;
+        self.validate_secrets()?;
         // A real gateway's URL or secret with the sandbox (the default): a forgotten or
         // misspelt PAGOS_GATEWAY would answer every payment from the in-process sandbox,
         // COMPLETADA with no money moved.
@@ -771,27 +771,55 @@ impl Settings {
 pub const ADMIN_TOKEN_MIN_CHARS: usize = 16;
 
 impl Settings {
-    /// A token with white space or control characters around it (a secret file's
-    /// trailing newline) could never be presented (a bearer token is read trimmed), and a
-    /// short one is guessed: both are refused, never echoed. Empty is unset.
-    fn validate_admin_token(&self) -> Result<(), SettingError> {
-        let Some(token) = exposed(&self.admin_token).filter(|t| !t.is_empty()) else {
-            return Ok(());
-        };
-        let refused = |message: &str| SettingError {
-            env: "PAGOS_ADMIN_TOKEN",
-            flag: "admin-token",
-            message: message.to_owned(),
-        };
-        if token.trim() != token {
-            return Err(refused(
-                "has white space around it (a secret file's trailing newline?): a presented token is read trimmed, so it could never match; remove it",
-            ));
-        }
-        if token.chars().any(char::is_control) {
-            return Err(refused(
-                "holds a control character: no client can send it in an Authorization header",
-            ));
+    /// A secret with white space or control characters around it (a secret file's
+    /// trailing newline, `echo … | base64`) could never work: a presented admin token is
+    /// read trimmed, so it would never match; a gateway secret with a newline cannot be put
+    /// in an `Authorization` header, so every call would fail before it is sent (every
+    /// payment pending); a webhook secret would sign differently from the provider (every
+    /// webhook 401). Each is refused at start, never echoed. Empty is unset.
+    fn validate_secrets(&self) -> Result<(), SettingError> {
+        let secrets = [
+            (&self.admin_token, "PAGOS_ADMIN_TOKEN", "admin-token"),
+            (
+                &self.gateway_secret,
+                "PAGOS_GATEWAY_SECRET",
+                "gateway-secret",
+            ),
+            (
+                &self.webhook_secret,
+                "PAGOS_WEBHOOK_SECRET",
+                "webhook-secret",
+            ),
+            (
+                &self.stripe_webhook_secret,
+                "PAGOS_STRIPE_WEBHOOK_SECRET",
+                "stripe-webhook-secret",
+            ),
+            (
+                &self.mercadopago_webhook_secret,
+                "PAGOS_MERCADOPAGO_WEBHOOK_SECRET",
+                "mercadopago-webhook-secret",
+            ),
+        ];
+        for (secret, env, flag) in secrets {
+            let Some(value) = exposed(secret).filter(|t| !t.is_empty()) else {
+                continue;
+            };
+            let refused = |message: &str| SettingError {
+                env,
+                flag,
+                message: message.to_owned(),
+            };
+            if value.trim() != value {
+                return Err(refused(
+                    "has white space around it (a secret file's trailing newline?): it could never match what is presented or signed; remove it",
+                ));
+            }
+            if value.chars().any(char::is_control) {
+                return Err(refused(
+                    "holds a control character: it cannot be sent in an Authorization header nor match a signature",
+                ));
+            }
         }
         Ok(())
     }

@@ -38,7 +38,7 @@ type BadSetting<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() {
     let dir = tempfile::tempdir().expect("dir");
     let db = format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display());
-    let table: [BadSetting; 22] = [
+    let table: [BadSetting; 26] = [
         (&["--gateway-timeout", "soon"], &[], "PAGOS_GATEWAY_TIMEOUT"),
         // A real gateway's URL or secret, PAGOS_GATEWAY forgotten: not the sandbox.
         (
@@ -104,6 +104,29 @@ fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() 
             "PAGOS_ADMIN_TOKEN",
         ),
         (&["--admin-token", "   "], &[], "PAGOS_ADMIN_TOKEN"),
+        // The same newline in a gateway secret made every call fail before it was sent
+        // (no such Authorization header): every payment answered pending, "connection
+        // failed" in the logs. In a webhook secret: every webhook 401.
+        (
+            &["--gateway", "stripe"],
+            &[("PAGOS_GATEWAY_SECRET", "sk_test_4eC39HqLyjWDarjtT1zdp7dc\n")],
+            "invalid setting PAGOS_GATEWAY_SECRET (--gateway-secret)",
+        ),
+        (
+            &[],
+            &[("PAGOS_WEBHOOK_SECRET", "whsec-of-the-reference-gateway\n")],
+            "invalid setting PAGOS_WEBHOOK_SECRET (--webhook-secret)",
+        ),
+        (
+            &[],
+            &[("PAGOS_STRIPE_WEBHOOK_SECRET", " whsec_abc")],
+            "invalid setting PAGOS_STRIPE_WEBHOOK_SECRET (--stripe-webhook-secret)",
+        ),
+        (
+            &["--gateway", "mercadopago", "--gateway-secret", "s"],
+            &[("PAGOS_MERCADOPAGO_WEBHOOK_SECRET", "mp\u{7f}secret")],
+            "invalid setting PAGOS_MERCADOPAGO_WEBHOOK_SECRET (--mercadopago-webhook-secret)",
+        ),
         // Past the reconciler's longest wait between two looks: it would be cut to it.
         (&[], &[("PAGOS_STALE_AFTER", "2h")], "PAGOS_STALE_AFTER"),
         // On-call paged at the reconciler's first look, with no second look nor resend.
