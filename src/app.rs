@@ -185,6 +185,9 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         })
         .flatten();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(settings.max_in_flight as usize));
+    let unauthenticated = Arc::new(tokio::sync::Semaphore::new(
+        (settings.max_in_flight as usize / 4).max(1),
+    ));
     let gateway = MeteredGateway::wrap(gateway, metrics.clone());
     let saga = SagaDeps {
         db: db.clone(),
@@ -214,6 +217,7 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         metrics,
         mercadopago,
         in_flight,
+        unauthenticated,
         tasks: tokio_util::task::TaskTracker::new(),
         console: Default::default(),
         stopping: tokio::sync::watch::Sender::new(false),

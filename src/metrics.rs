@@ -93,7 +93,8 @@ pub struct PurgedLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabel {
-    /// `max_in_flight` (shed) or `request_timeout` (cut).
+    /// `max_in_flight` or `unauthenticated` (shed), `request_timeout` (cut), `body_timeout`
+    /// (a body read before auth not received in time).
     pub limit: &'static str,
 }
 
@@ -253,7 +254,7 @@ impl Metrics {
         let http_limited = Family::<LimitLabel, Counter>::default();
         registry.register(
             "http_limited",
-            "Requests answered 503 by a limit: shed past PAGOS_MAX_IN_FLIGHT (max_in_flight) or cut at PAGOS_REQUEST_TIMEOUT (request_timeout)",
+            "Requests refused by a limit: shed past PAGOS_MAX_IN_FLIGHT (max_in_flight) or past the slots of unauthenticated requests (unauthenticated), cut at PAGOS_REQUEST_TIMEOUT (request_timeout), or whose body was not received within PAGOS_HEADER_TIMEOUT (body_timeout, 408)",
             http_limited.clone(),
         );
         let http_in_flight = Gauge::default();

@@ -59,6 +59,9 @@ pub struct Shared {
     pub mercadopago: Option<MeteredMercadoPago>,
     /// `PAGOS_MAX_IN_FLIGHT` slots, shared by every door of the process.
     pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// Slots of the requests whose body is read before anyone is known (`unauthenticated`):
+    /// a quarter of `PAGOS_MAX_IN_FLIGHT`, at least one.
+    pub unauthenticated: Arc<tokio::sync::Semaphore>,
     /// On-call's "reconcile now" and a client retry that finds its payment due.
     pub reconciler: Reconciler,
     /// Frozen answers kept in memory (`PAGOS_REPLAY_CACHE_MIB`).
@@ -349,6 +352,11 @@ fn door(door: Door, state: AppState) -> Router {
         .timeout(cut_after);
     let router = limited
         .route_layer(limits)
+        // Outside the limits: a body sent slowly is read before it takes a slot.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            unauthenticated,
+        ))
         .merge(light)
         // A route layer runs after routing, so the route template is known; outside the
         // limits, so their 503s are counted too.
@@ -412,6 +420,97 @@ fn no_such_endpoint() -> problem::Problem {
 /// What a door answers when one of its limits stops a request. Written here rather than
 /// taken from tower-http's timeout layer, whose answer is an empty 408: every pagos error
 /// is problem+json with a stable type, and a 503 + Retry-After tells clients to retry.
+/// Whether a request's body is read before anyone is known: the gateways' webhooks (the
+/// signature is over the body) and the console's login form.
+fn read_before_auth(method: &Method, path: &str) -> bool {
+    *method == Method::POST && (path.starts_with("/v1/webhooks/") || path == "/consola/login")
+}
+
+/// The most a body read before anyone is known may be (the largest such route's limit;
+/// each route still holds its own).
+const UNAUTHENTICATED_BODY_LIMIT: usize = webhooks::MAX_EVENT_BODY;
+
+/// Requests whose body is read before anyone is known (`read_before_auth`): anyone can
+/// send them, and one sent a byte at a time would hold a `PAGOS_MAX_IN_FLIGHT` slot until
+/// `PAGOS_REQUEST_TIMEOUT`, so a few hundred slow clients could stop every payment. Their
+/// body is read whole first, within `PAGOS_HEADER_TIMEOUT` (a 408 problem past it), in
+/// slots of their own (`Shared::unauthenticated`: past them, `503 overloaded` at once,
+/// which a gateway retries), and only then do they take a slot of the limit.
+async fn unauthenticated(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !read_before_auth(request.method(), request.uri().path()) {
+        return next.run(request).await;
+    }
+    let Ok(_slot) = state.unauthenticated.clone().try_acquire_owned() else {
+        state
+            .metrics
+            .http_limited
+            .get_or_create(&LimitLabel {
+                limit: "unauthenticated",
+            })
+            .inc();
+        return problem::Problem::new(problem::ProblemType::Overloaded)
+            .detail("Too many unauthenticated requests (webhooks, console logins) are being read. This one was not started and nothing was stored: send it again after the time in Retry-After.")
+            .retry_after(1)
+            .into_response();
+    };
+    let (parts, body) = request.into_parts();
+    let within = state.settings.header_timeout;
+    let read = tokio::time::timeout(
+        within,
+        axum::body::to_bytes(body, UNAUTHENTICATED_BODY_LIMIT + 1),
+    )
+    .await;
+    let bytes = match read {
+        Ok(Ok(bytes)) if bytes.len() <= UNAUTHENTICATED_BODY_LIMIT => bytes,
+        Ok(Ok(_)) => {
+            return problem::Problem::new(problem::ProblemType::BodyTooLarge)
+                .detail(format!(
+                    "The body is over this endpoint's limit ({UNAUTHENTICATED_BODY_LIMIT} bytes)."
+                ))
+                .into_response();
+        }
+        Ok(Err(err))
+            if std::error::Error::source(&err)
+                .is_some_and(|e| e.is::<http_body_util::LengthLimitError>()) =>
+        {
+            return problem::Problem::new(problem::ProblemType::BodyTooLarge)
+                .detail(format!(
+                    "The body is over this endpoint's limit ({UNAUTHENTICATED_BODY_LIMIT} bytes)."
+                ))
+                .into_response();
+        }
+        Ok(Err(_)) => {
+            return problem::Problem::new(problem::ProblemType::MalformedJson)
+                .detail("The body could not be read.")
+                .into_response();
+        }
+        Err(_) => {
+            state
+                .metrics
+                .http_limited
+                .get_or_create(&LimitLabel {
+                    limit: "body_timeout",
+                })
+                .inc();
+            return problem::Problem::new(problem::ProblemType::BodyTimeout)
+                .detail(format!(
+                    "The body was not received within {}: nothing was read or stored. Send it again, whole.",
+                    humantime::format_duration(within)
+                ))
+                .into_response();
+        }
+    };
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
+}
+
 fn refused(
     metrics: &Metrics,
     cut_after: Duration,

@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 on_both_databases!(
     a_request_longer_than_the_request_timeout_is_answered_503_and_its_payment_still_settles,
     past_max_in_flight_a_request_is_refused_at_once_and_stores_nothing,
+    webhooks_sent_slowly_never_take_the_slots_payments_need,
     a_scrape_reads_memory_only_and_keeps_the_last_gauges_when_the_database_is_gone,
     the_gauges_follow_the_database_at_each_refresh,
 );
@@ -256,6 +257,87 @@ async fn past_max_in_flight_a_request_is_refused_at_once_and_stores_nothing(back
     assert_eq!(again.status(), 201, "the same key works once there is room");
     assert!(again.headers().get("idempotent-replayed").is_none());
     assert_eq!(fake.total_charges(), 3);
+}
+
+/// Anyone can POST a webhook (its signature is over the body) or the console's login
+/// form: before, a body sent a byte at a time held a `PAGOS_MAX_IN_FLIGHT` slot until
+/// `PAGOS_REQUEST_TIMEOUT`, and as many slow clients as slots stopped every payment
+/// (`503 overloaded`). Now such bodies are read first, in slots of their own (a quarter of
+/// the limit: here one), and within `PAGOS_HEADER_TIMEOUT` (408 past it): payments go on.
+async fn webhooks_sent_slowly_never_take_the_slots_payments_need(backend: Backend) {
+    let app = crate::helpers::started(
+        backend,
+        &[
+            "--max-in-flight",
+            "4",
+            "--header-timeout",
+            "2s",
+            "--webhook-secret",
+            "whsec_x",
+        ],
+    )
+    .await;
+    let _fake = app.with_fake(FakeGateway::charging("succeeded")).await;
+    let addr = app.url("").trim_start_matches("http://").to_owned();
+    let mut slow = Vec::new();
+    for path in ["/v1/webhooks/http"; 3]
+        .into_iter()
+        .chain(["/consola/login"; 3])
+    {
+        let mut stream = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connected");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: pagos\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"id\":"
+        );
+        stream
+            .write_all(head.as_bytes())
+            .await
+            .expect("head and a few bytes sent");
+        slow.push(stream);
+    }
+    // Time for every head to be read and routed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let paid = app.pay("k-beside-slow-webhooks", &payment_body()).await;
+    assert_eq!(paid.status(), 201, "payments go on beside slow bodies");
+
+    // One was being read, its slot taken; the others were refused at once. The one read
+    // is answered 408 at the header timeout, not held to the request timeout.
+    let mut answers = Vec::new();
+    for mut stream in slow {
+        let mut buf = Vec::new();
+        let status_line = async {
+            let mut chunk = [0u8; 1024];
+            while !buf.windows(2).any(|w| w == b"\r\n") {
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), status_line).await;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        answers.push(text.lines().next().unwrap_or_default().to_owned());
+    }
+    let timed_out = answers.iter().filter(|a| a.contains(" 408 ")).count();
+    let shed = answers.iter().filter(|a| a.contains(" 503 ")).count();
+    assert_eq!((timed_out, shed), (1, 5), "{answers:?}");
+    let metrics = app.get("/metrics").await.text().await.expect("text");
+    assert!(
+        has_line(
+            &metrics,
+            "pagos_http_limited_total{limit=\"unauthenticated\"} 5"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        has_line(
+            &metrics,
+            "pagos_http_limited_total{limit=\"body_timeout\"} 1"
+        ),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

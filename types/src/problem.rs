@@ -39,6 +39,9 @@ pub enum ProblemType {
     Overloaded,
     /// Cut at `PAGOS_REQUEST_TIMEOUT`: a payment it started goes on.
     RequestTimeout,
+    /// A body read before anyone is known (a webhook, a console login) not received within
+    /// `PAGOS_HEADER_TIMEOUT`: nothing read or stored.
+    BodyTimeout,
     Internal,
     /// The gateway refused a refund (the refund, `FALLIDO`, under `reembolso`).
     RefundRefused,
@@ -59,7 +62,7 @@ pub enum ProblemType {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 26] = [
+    pub const ALL: [ProblemType; 27] = [
         ProblemType::Unauthorized,
         ProblemType::Forbidden,
         ProblemType::TooManyAuthFailures,
@@ -79,6 +82,7 @@ impl ProblemType {
         ProblemType::Unavailable,
         ProblemType::Overloaded,
         ProblemType::RequestTimeout,
+        ProblemType::BodyTimeout,
         ProblemType::Internal,
         ProblemType::RefundRefused,
         ProblemType::PaymentNotRefundable,
@@ -110,6 +114,7 @@ impl ProblemType {
             ProblemType::Unavailable => "service-unavailable",
             ProblemType::Overloaded => "overloaded",
             ProblemType::RequestTimeout => "request-timeout",
+            ProblemType::BodyTimeout => "body-timeout",
             ProblemType::Internal => "internal-error",
             ProblemType::RefundRefused => "refund-refused",
             ProblemType::PaymentNotRefundable => "payment-not-refundable",
@@ -138,6 +143,7 @@ impl ProblemType {
             ProblemType::MissingKey | ProblemType::MalformedKey | ProblemType::MalformedJson => 400,
             ProblemType::Validation | ProblemType::KeyReused => 422,
             ProblemType::BodyTooLarge => 413,
+            ProblemType::BodyTimeout => 408,
             ProblemType::UnsupportedMediaType => 415,
             ProblemType::RequestInFlight | ProblemType::NotUnderReview => 409,
             ProblemType::PaymentDeclined | ProblemType::GatewayRejected => 402,
@@ -172,6 +178,7 @@ impl ProblemType {
             ProblemType::Unavailable => "Service temporarily unavailable",
             ProblemType::Overloaded => "Too many requests in progress",
             ProblemType::RequestTimeout => "The request took too long",
+            ProblemType::BodyTimeout => "The body was not received in time",
             ProblemType::Internal => "Internal error",
             ProblemType::RefundRefused => "Refund refused by the gateway",
             ProblemType::PaymentNotRefundable => "The payment cannot be refunded",
