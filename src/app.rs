@@ -570,7 +570,7 @@ async fn serve_until_stopped(
 /// take no new work and the doors to drain, and `signalled` holds when (the grace counts
 /// from there). A Ctrl-C after the first signal, at any time, ends the process at once with
 /// exit code 130: what it leaves in flight is left to the reconciler, as after a crash.
-/// Stopped for its clock (`clock_off`), it skips `PAGOS_DRAIN_DELAY`.
+/// Stopped for its clock (`clock_off`), it skips `PAGOS_DRAIN_DELAY`, or what is left of it.
 async fn stop_when_signalled(
     state: AppState,
     mut first: tokio::sync::watch::Receiver<bool>,
@@ -601,8 +601,13 @@ async fn stop_when_signalled(
             delay = %humantime::format_duration(delay),
             "shutting down: /readyz answers 503 and requests are still served for PAGOS_DRAIN_DELAY; Ctrl-C stops at once"
         );
+        // The clock watch sends on `first` again when it stops the process: the rest of
+        // the delay is not served on a clock gone wrong.
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
+            Ok(()) = first.changed() => {
+                tracing::info!("the clock went wrong while draining: the rest of PAGOS_DRAIN_DELAY is skipped");
+            }
             () = &mut stopped_at_once => {}
         }
     }

@@ -17,6 +17,7 @@ on_both_databases!(
     during_the_drain_delay_readyz_says_503_and_payments_are_still_served,
     ctrl_c_after_sigterm_stops_at_once_and_leaves_the_saga_to_the_reconciler,
     a_clock_set_back_while_serving_stops_the_process_naming_the_clock,
+    a_clock_set_back_while_draining_stops_the_process_without_the_rest_of_the_drain_delay,
 );
 
 /// The host's clock is set back 10 s while pagos serves: on PostgreSQL it is then off the
@@ -44,6 +45,34 @@ async fn a_clock_set_back_while_serving_stops_the_process_naming_the_clock(backe
         .exited(Duration::from_secs(30))
         .await
         .unwrap_or_else(|| panic!("still serving on a clock set back:\n{}", server.logs()));
+
+    assert_eq!(status.code(), Some(1), "{}", server.logs());
+    let logs = server.logs();
+    let last = logs.trim_end().lines().last().unwrap_or_default();
+    assert!(last.contains("this host's clock"), "{logs}");
+}
+
+/// The same clock step while a SIGTERM's `PAGOS_DRAIN_DELAY` (here 10 minutes) is being
+/// served: before, the rest of the delay was still served on the wrong clock (the
+/// delay was read when the signal came); now the process stops there, exit 1 naming the
+/// clock.
+async fn a_clock_set_back_while_draining_stops_the_process_without_the_rest_of_the_drain_delay(
+    backend: Backend,
+) {
+    let world = World::new(backend, FakeGateway::charging("succeeded")).await;
+    let uri = world.gateway.uri();
+    let args = crate::process::serving(
+        &world.database.url,
+        &uri,
+        &["--reconcile-every", "1h", "--drain-delay", "10m"],
+    );
+    let mut server = Serve::start(&args, &[("PAGOS_CLOCK_STEP", "-10000:3000")]).await;
+    server.terminate();
+
+    let status = server
+        .exited(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|| panic!("still draining on a clock set back:\n{}", server.logs()));
 
     assert_eq!(status.code(), Some(1), "{}", server.logs());
     let logs = server.logs();
