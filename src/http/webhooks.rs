@@ -22,13 +22,13 @@ use crate::webhooks::{self, ChargeEvent, SOURCE_HTTP, SOURCE_MERCADOPAGO, SOURCE
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Query, RawQuery, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use chrono::SecondsFormat;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -696,12 +696,38 @@ fn signature_failure(err: SignatureError) -> &'static str {
     }
 }
 
-#[derive(Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-struct OrphanQuery {
-    /// How many, 1–1000 (default 100).
-    #[param(value_type = Option<u64>, minimum = 1, maximum = 1000)]
-    limite: Option<String>,
+/// `limite` of `GET /admin/cargos-huerfanos`: once at most, 1–1000 (default 100); any
+/// other parameter is refused (a typo such as `limit=5` listed 100 rows), each named in
+/// `errores`.
+fn orphan_limit(query: &str) -> Result<u64, ApiError> {
+    let (mut limit, mut given) = (None, false);
+    let mut errors = Vec::new();
+    for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        let mut error = |detalle: String| {
+            errors.push(FieldError {
+                campo: name.clone().into_owned(),
+                detalle,
+            })
+        };
+        match name.as_ref() {
+            "limite" if given => error("given more than once".into()),
+            "limite" => {
+                given = true;
+                match value.parse::<u64>() {
+                    Ok(n) if (1..=MAX_LIMIT).contains(&n) => limit = Some(n),
+                    _ => error(format!("a whole number between 1 and {MAX_LIMIT}")),
+                }
+            }
+            _ => error("unknown parameter; known: limite".into()),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(Problem::new(ProblemType::Validation)
+            .detail("Correct the parameters listed in `errores`.")
+            .with("errores", errors)
+            .into());
+    }
+    Ok(limit.unwrap_or(DEFAULT_LIMIT))
 }
 
 /// A charge the gateway reported whose reference matches no payment: money may have
@@ -727,11 +753,16 @@ struct CargoHuerfano {
     /// RFC 3339.
     #[schema(format = DateTime)]
     actualizado_en: String,
+    /// The payment the reference names, registered after the charge was reported (the
+    /// database restored from before it, and the client's retry registered it again with
+    /// its key): a payment of ours stands for this charge; do not refund it. Null: none.
+    pago_id: Option<uuid::Uuid>,
 }
 
-impl From<webhook_charge::Model> for CargoHuerfano {
-    fn from(c: webhook_charge::Model) -> Self {
+impl CargoHuerfano {
+    fn of(c: webhook_charge::Model, pago_id: Option<uuid::Uuid>) -> Self {
         CargoHuerfano {
+            pago_id,
             fuente: c.source,
             cargo_id: c.charge_id,
             referencia: c.reference,
@@ -754,52 +785,33 @@ impl From<webhook_charge::Model> for CargoHuerfano {
     path = "/admin/cargos-huerfanos",
     tag = "admin",
     security(("admin_token" = [])),
-    params(OrphanQuery),
+    params(
+        ("limite" = Option<u64>, Query, minimum = 1, maximum = 1000, description = "How many, 1–1000 (default 100)."),
+    ),
     responses(
         (status = 200, description = "Orphan charges, newest first (by when first seen)", body = [CargoHuerfano]),
         AdminTokenRefused,
         TooManyFailedAuthentications,
-        (status = 422, description = "`limite` is not a whole number between 1 and 1000, or is given more than once (`errores` names it)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`limite` is not a whole number between 1 and 1000, or is given more than once, or an unknown parameter is given (`errores` names each)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn list_orphan_charges(
     State(state): State<AppState>,
     _admin: Admin,
-    query: Result<Query<OrphanQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let bad_limit = |detalle: String| -> ApiError {
-        Problem::new(ProblemType::Validation)
-            .detail("Correct the parameters listed in `errores`.")
-            .with(
-                "errores",
-                [FieldError {
-                    campo: "limite".into(),
-                    detalle,
-                }],
-            )
-            .into()
-    };
-    // `limite` is the only parameter read, so a query that does not read is about it
-    // (given twice).
-    let Query(query) = query.map_err(|e| {
-        bad_limit(format!(
-            "{}: give it once, a whole number between 1 and {MAX_LIMIT}",
-            e.body_text()
-        ))
-    })?;
-    let limit = match query.limite.as_deref() {
-        None => DEFAULT_LIMIT,
-        Some(raw) => match raw.parse::<u64>() {
-            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
-            _ => {
-                return Err(bad_limit(format!(
-                    "a whole number between 1 and {MAX_LIMIT}"
-                )));
-            }
-        },
-    };
+    let limit = orphan_limit(query.as_deref().unwrap_or_default())?;
     let orphans = webhooks::orphan_charges(&state.db, limit).await?;
-    let body: Vec<CargoHuerfano> = orphans.into_iter().map(CargoHuerfano::from).collect();
+    let registered = webhooks::registered_since(&state.db, &orphans).await?;
+    let body: Vec<CargoHuerfano> = orphans
+        .into_iter()
+        .map(|c| {
+            let named = uuid::Uuid::parse_str(&c.reference)
+                .ok()
+                .filter(|id| registered.contains(id));
+            CargoHuerfano::of(c, named)
+        })
+        .collect();
     let mut response = Json(body).into_response();
     response.headers_mut().insert(
         header::CACHE_CONTROL,

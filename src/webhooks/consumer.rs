@@ -586,6 +586,30 @@ pub async fn orphan_charges(
         .await
 }
 
+/// Of `orphans`, those whose reference names a payment now: registered after the charge
+/// was reported (the database restored from before it, and the client's retry registered
+/// it again with the same key and reference). A payment of ours stands for the charge.
+pub async fn registered_since(
+    db: &impl ConnectionTrait,
+    orphans: &[charges::Model],
+) -> Result<std::collections::HashSet<Uuid>, DbErr> {
+    let named: Vec<Uuid> = orphans
+        .iter()
+        .filter_map(|c| Uuid::parse_str(&c.reference).ok())
+        .collect();
+    if named.is_empty() {
+        return Ok(Default::default());
+    }
+    let found = payment::Entity::find()
+        .select_only()
+        .column(payment::Column::Id)
+        .filter(payment::Column::Id.is_in(named))
+        .into_tuple::<Uuid>()
+        .all(db)
+        .await?;
+    Ok(found.into_iter().collect())
+}
+
 /// Deletes up to `batch` ids of events received before `older_than`, the oldest first;
 /// returns how many (the reaper calls it until it deletes fewer). An event redelivered
 /// after its id is gone is still caught by its charge's sequence while the charge's report

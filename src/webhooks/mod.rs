@@ -17,7 +17,7 @@ pub mod stripe;
 
 pub use consumer::{
     ChargeEvent, ConsumeError, Consumed, already_processed, consume, orphan_charges,
-    purge_charge_reports, purge_processed_messages, remember_processed,
+    purge_charge_reports, purge_processed_messages, registered_since, remember_processed,
 };
 pub use refunds::purge_refund_reports;
 

@@ -19,7 +19,10 @@ use std::time::Duration;
 on_both_databases!(
     a_retry_after_the_database_forgot_a_payment_gets_the_original_charge,
     a_retry_with_another_body_after_the_database_forgot_goes_to_review_never_to_a_decline,
+    a_charge_reported_while_its_payment_was_forgotten_is_listed_with_the_payment_registered_since,
 );
+
+const WEBHOOK_SECRET: &str = "whsec_restore_test";
 
 /// pagos on a database URL of the test's choosing, in this process, over real HTTP.
 struct Running {
@@ -42,6 +45,7 @@ impl Running {
             "2s",
         ];
         flags.extend_from_slice(&["--admin-token", crate::helpers::ADMIN_TOKEN]);
+        flags.extend_from_slice(&["--webhook-secret", WEBHOOK_SECRET]);
         let settings = crate::helpers::settings(database_url, &flags);
         settings.validate().expect("valid settings");
         let db = pagos::app::open_and_migrate(&settings.database)
@@ -60,6 +64,17 @@ impl Running {
 
     async fn pay(&self, key: &str, body: &Value) -> (u16, Value) {
         crate::helpers::keyed_read(&self.http, &format!("{}/v1/pagos", self.url), key, body).await
+    }
+
+    async fn orphans(&self) -> Value {
+        let answer = self
+            .http
+            .get(format!("{}/admin/cargos-huerfanos", self.url))
+            .bearer_auth(crate::helpers::ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("answered");
+        json(answer).await
     }
 
     async fn reconcile(&self, id: &str) -> Value {
@@ -333,4 +348,56 @@ async fn a_retry_with_another_body_after_the_database_forgot_goes_to_review_neve
         );
         restored.stop().await;
     }
+}
+
+/// The gateway's event for the charge arrives while the restored database has no payment
+/// for it: an orphan charge, on-call's list says "money may have been taken without a
+/// payment". Then the client's retry registers the payment again (same key, same id).
+/// Before, the charge stayed listed as an orphan for ever, and the runbook's "nobody owns
+/// it: refund it" could refund a customer's settled payment; now the entry names the
+/// payment registered since, and the runbook says not to refund it.
+async fn a_charge_reported_while_its_payment_was_forgotten_is_listed_with_the_payment_registered_since(
+    backend: Backend,
+) {
+    let provider = Provider::Reference;
+    let (_gateway, paid, restored, _snapshots) = pay_then_forget(&backend, provider).await;
+    let event = serde_json::json!({
+        "id": "evt_after_restore", "type": "charge.updated", "sequence": 2,
+        "data": {"id": paid["gatewayRef"], "status": "succeeded", "amount": 250000,
+                 "currency": "COP", "reference": paid["id"], "declineCode": null},
+    });
+    let body = serde_json::to_vec(&event).expect("json");
+    let t = chrono::Utc::now().timestamp();
+    let delivered = restored
+        .http
+        .post(format!("{}/v1/webhooks/http", restored.url))
+        .header("Content-Type", "application/json")
+        .header(
+            "Gateway-Signature",
+            crate::helpers::timestamped_signature(WEBHOOK_SECRET, t, &body),
+        )
+        .body(body)
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(delivered.status(), 200);
+    let orphans = restored.orphans().await;
+    assert_eq!(orphans[0]["cargoId"], paid["gatewayRef"], "{orphans}");
+    assert_eq!(
+        orphans[0]["pagoId"],
+        Value::Null,
+        "no payment yet: {orphans}"
+    );
+
+    let (status, retried) = restored
+        .pay("k-forgotten", &provider.payment(250_000))
+        .await;
+    assert_eq!(status, 201, "{retried}");
+
+    let orphans = restored.orphans().await;
+    assert_eq!(
+        orphans[0]["pagoId"], paid["id"],
+        "a payment of ours stands for the charge now: {orphans}"
+    );
+    restored.stop().await;
 }
