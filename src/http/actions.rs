@@ -209,7 +209,8 @@ fn parse(query: &str) -> Result<(Filter, u64), ApiError> {
             },
             "operador" => match value.trim() {
                 name if !name.is_empty()
-                    && name.chars().count() <= crate::operators::MAX_NAME_CHARS =>
+                    && name.chars().count() <= crate::operators::MAX_NAME_CHARS
+                    && !name.chars().any(char::is_control) =>
                 {
                     filter.operator = Some(name.to_owned())
                 }

@@ -140,7 +140,11 @@ async fn list_events(
     let mut after = None;
     let mut limit = DEFAULT_LIMIT;
     let mut pending = false;
+    let mut seen = std::collections::HashSet::new();
     for (name, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if !seen.insert(name.clone().into_owned()) {
+            return Err(invalid(&name, "given more than once"));
+        }
         match name.as_ref() {
             "desde" if is_event_id(&value) => after = Some(value.into_owned()),
             "desde" => {

@@ -65,12 +65,30 @@ fn parse(query: &str) -> Result<Search, ApiError> {
         })
     };
     let time = |text: &str| DateTime::parse_from_rfc3339(text).map(|t| t.with_timezone(&Utc));
+    // A `+` of an offset that was not escaped reads as a space in a query string.
+    let not_a_time = |text: &str, e: chrono::ParseError| match text.contains(' ') {
+        true => format!(
+            "not an RFC 3339 time: {e} (a `+` in a query string reads as a space: send it as %2B)"
+        ),
+        false => format!("not an RFC 3339 time: {e}"),
+    };
+    let mut seen = std::collections::HashSet::new();
     for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        if !seen.insert(name.clone().into_owned()) {
+            error(&name, "given more than once".into());
+            continue;
+        }
         match name.as_ref() {
-            "creditoId" if !value.is_empty() && value.chars().count() <= 64 => {
+            // As a payment's `creditoId` is: no control character (PostgreSQL refuses a
+            // NUL in text: it would be a 503 to retry for ever).
+            "creditoId"
+                if !value.is_empty()
+                    && value.chars().count() <= 64
+                    && !value.chars().any(char::is_control) =>
+            {
                 search.credit_id = Some(value.into_owned())
             }
-            "creditoId" => error("creditoId", "1–64 characters".into()),
+            "creditoId" => error("creditoId", "1–64 characters, no control character".into()),
             "estado" => match PaymentState::ALL.iter().find(|s| s.as_str() == value) {
                 Some(state) => search.state = Some(*state),
                 None => error(
@@ -83,11 +101,11 @@ fn parse(query: &str) -> Result<Search, ApiError> {
             },
             "desde" => match time(&value) {
                 Ok(t) => search.from = Some(t),
-                Err(e) => error("desde", format!("not an RFC 3339 time: {e}")),
+                Err(e) => error("desde", not_a_time(&value, e)),
             },
             "hasta" => match time(&value) {
                 Ok(t) => search.until = Some(t),
-                Err(e) => error("hasta", format!("not an RFC 3339 time: {e}")),
+                Err(e) => error("hasta", not_a_time(&value, e)),
             },
             "limite" => match value.parse::<u64>() {
                 Ok(n) if (1..=MAX_LIMIT).contains(&n) => search.limit = n,

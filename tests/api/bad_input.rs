@@ -3,6 +3,7 @@
 
 use crate::helpers::{ADMIN_TOKEN, API_KEY, Backend, Charge, json, payment_body, problem, send};
 use crate::on_both_databases;
+use serde_json::Value;
 
 on_both_databases!(
     every_bad_request_is_a_problem_that_stores_nothing,
@@ -13,6 +14,7 @@ on_both_databases!(
     on_call_bodies_of_another_shape_are_422s_listing_every_field_and_do_nothing,
     on_call_bodies_not_json_or_not_said_json_are_400_and_415_as_the_merchant_api_answers,
     fields_a_resolution_refuses_are_all_listed_in_errores,
+    a_query_parameter_that_cannot_be_stored_misspelt_or_repeated_is_a_422_naming_it,
 );
 
 /// The limit of the endpoints that read their body whole as raw bytes (axum's default,
@@ -672,4 +674,71 @@ async fn fields_a_resolution_refuses_are_all_listed_in_errores(backend: Backend)
     )
     .await;
     assert_eq!(read["estado"], "COMPLETADO", "{read}");
+}
+
+/// A list's query parameter that no stored value could hold (a NUL: PostgreSQL refused it,
+/// and the merchant got a 503 to retry for ever, on-call a 5xx alert), misspelt (the
+/// orphan list ignored `limit=5` and listed 100), or given twice (the payment and event
+/// lists kept the last one): each a 422 naming it, as the other lists answer.
+async fn a_query_parameter_that_cannot_be_stored_misspelt_or_repeated_is_a_422_naming_it(
+    backend: Backend,
+) {
+    let app = crate::helpers::charging(backend, Charge::succeeded()).await;
+    let paid = app.pay("k-listed", &payment_body()).await;
+    assert_eq!(paid.status(), 201);
+
+    for (token, path, campo) in [
+        (API_KEY, "/v1/pagos?creditoId=%00", "creditoId"),
+        (API_KEY, "/v1/pagos?creditoId=4%002", "creditoId"),
+        (
+            API_KEY,
+            "/v1/pagos?estado=ENVIADA&estado=COMPLETADA",
+            "estado",
+        ),
+        (API_KEY, "/v1/pagos?limite=1&limite=1", "limite"),
+        (API_KEY, "/v1/eventos?limite=1&limite=2", "limite"),
+        (ADMIN_TOKEN, "/admin/acciones?operador=eva%00", "operador"),
+        (ADMIN_TOKEN, "/admin/cargos-huerfanos?limit=5", "limit"),
+        (
+            ADMIN_TOKEN,
+            "/admin/cargos-huerfanos?limite=0&limite=5",
+            "limite",
+        ),
+    ] {
+        let body = problem(app.get_as(token, path).await, 422, path).await;
+        assert_eq!(
+            body["type"], "/problems/validation-failed",
+            "{path}: {body}"
+        );
+        let named: Vec<&Value> = body["errores"]
+            .as_array()
+            .map(|e| e.iter().map(|e| &e["campo"]).collect())
+            .unwrap_or_default();
+        assert!(named.iter().any(|c| *c == campo), "{path}: {body}");
+    }
+
+    // An offset's `+` not escaped reads as a space: the answer says how to send it.
+    let body = problem(
+        app.get_as(API_KEY, "/v1/pagos?desde=2026-01-01T00:00:00+02:00")
+            .await,
+        422,
+        "desde with a bare +",
+    )
+    .await;
+    assert!(
+        body["errores"][0]["detalle"]
+            .as_str()
+            .is_some_and(|d| d.contains("%2B")),
+        "{body}"
+    );
+    let listed = json(
+        app.get_as(API_KEY, "/v1/pagos?desde=2026-01-01T00:00:00%2B02:00")
+            .await,
+    )
+    .await;
+    assert_eq!(
+        listed["pagos"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
 }

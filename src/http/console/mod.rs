@@ -761,7 +761,11 @@ async fn search_page(
     if let Some(estado) = estado {
         filter = filter.add(payment::Column::State.eq(estado.as_str()));
     }
-    if !q.is_empty() {
+    if q.chars().any(char::is_control) {
+        // No payment id, credit id or merchant name holds one: nothing matches (and the
+        // text is not sent: PostgreSQL refuses a NUL in text, shown as an outage).
+        filter = filter.add(payment::Column::Id.is_null());
+    } else if !q.is_empty() {
         let mut any = Condition::any().add(payment::Column::CreditId.eq(q.as_str()));
         if let Ok(id) = Uuid::parse_str(&q) {
             any = any.add(payment::Column::Id.eq(id));
