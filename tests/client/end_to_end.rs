@@ -161,6 +161,67 @@ async fn a_payment_still_pending_at_the_deadline_exits_4_and_stays_in_the_journa
     assert_eq!(pagos.charges().await.len(), 1);
 }
 
+/// The server named the payment (202, pending at the gateway), then its database was
+/// restored from before it: a real `pagos serve` killed, its file copied back, started
+/// again. `pagos pay --resume` reads pagos' own 404 for the payment it was named, posts
+/// the intent again with its key, and the server, deriving the same payment id and gateway
+/// key from it, sends the very same charge request: the gateway answers the charge it made
+/// (settled since), and the customer is charged once and told so.
+#[tokio::test]
+async fn a_payment_the_restored_server_forgot_is_sent_again_with_its_key_and_charged_once() {
+    let mut pagos = RealPagos::start(Charge::Pending, Duration::ZERO).await;
+    let first = pagos.pay_usual(&["--deadline", "1s"]).await;
+    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
+    let named = pagos.payments().await[0].id;
+    assert_eq!(pagos.journal_pending().await[0].payment_id, Some(named));
+
+    pagos.restart_on_a_restored_database().await;
+    assert!(pagos.payments().await.is_empty(), "the database forgot it");
+    pagos.gateway_now(Charge::Succeeded).await;
+
+    let resumed = pagos
+        .pay()
+        .args(["--resume", "--deadline", "30s"])
+        .output()
+        .await
+        .expect("pagos pay --resume");
+
+    let (stdout, stderr) = (text(&resumed.stdout), text(&resumed.stderr));
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("the server has no payment {named}")),
+        "why it is sent again is shown: {stderr}"
+    );
+    assert!(
+        stdout.contains(&named.to_string()),
+        "the same payment: {stdout}"
+    );
+    assert!(stdout.contains("COMPLETADA"), "{stdout}");
+    let payments = pagos.payments().await;
+    assert_eq!(payments.len(), 1);
+    assert_eq!(payments[0].id, named, "the same payment, derived again");
+    let charges = pagos.charges().await;
+    assert_eq!(
+        charges.len(),
+        2,
+        "sent once, then once again after the restore"
+    );
+    assert_eq!(
+        key_of(&charges[0]),
+        key_of(&charges[1]),
+        "the same gateway key"
+    );
+    assert_eq!(
+        charges[0].body, charges[1].body,
+        "the very same request: the gateway replays its charge"
+    );
+    assert!(pagos.journal_pending().await.is_empty(), "settled");
+}
+
 #[tokio::test]
 async fn a_bad_flag_value_is_one_line_naming_it_and_exits_2() {
     let out = pagos_bin()

@@ -73,6 +73,8 @@ pub struct RealPagos {
     pub url: String,
     pub gateway: MockServer,
     pub dir: tempfile::TempDir,
+    port: u16,
+    gateway_flags: Vec<String>,
     _server: crate::binary::Running,
 }
 
@@ -104,32 +106,80 @@ impl RealPagos {
 
     async fn serve(gateway: MockServer, gateway_flags: &[&str]) -> RealPagos {
         let dir = tempfile::tempdir().expect("temp dir");
-        let database_url = format!(
-            "sqlite://{}?mode=rwc",
-            dir.path().join("pagos.db").display()
-        );
-        let log = dir.path().join("serve.log");
-        crate::binary::add_merchant(&database_url, "acme", API_KEY);
+        crate::binary::add_merchant(&database_url(&dir), "acme", API_KEY);
+        // The database as it was before any payment, for `restart_on_a_restored_database`:
+        // its file and, where the merchant's process left one, its write-ahead log.
+        for suffix in ["", "-wal", "-shm"] {
+            let file = dir.path().join(format!("pagos.db{suffix}"));
+            if file.exists() {
+                std::fs::copy(&file, dir.path().join(format!("before.db{suffix}")))
+                    .expect("a copy of the database");
+            }
+        }
         let port = crate::binary::free_port();
-        let server = crate::binary::pagos(&["serve", "--database-url", &database_url], Some(&log))
-            .args(["--bind", &format!("127.0.0.1:{port}")])
-            .args(gateway_flags)
-            .args(["--gateway-url", &gateway.uri()])
-            .args(["--gateway-timeout", "5s", "--gateway-retries", "0"])
-            // The lease bounds the Retry-After of a 409: keep waits short.
-            .args(["--lease", "6s"])
-            .spawn()
-            .expect("pagos serve");
-        let server = crate::binary::Running(server);
-        let url = format!("http://127.0.0.1:{port}");
+        let gateway_flags: Vec<String> = gateway_flags.iter().map(|f| f.to_string()).collect();
+        let server = RealPagos::spawn(&dir, port, &gateway, &gateway_flags);
         let pagos = RealPagos {
-            url,
+            url: format!("http://127.0.0.1:{port}"),
             gateway,
             dir,
+            port,
+            gateway_flags,
             _server: server,
         };
         pagos.wait_until_up().await;
         pagos
+    }
+
+    fn spawn(
+        dir: &tempfile::TempDir,
+        port: u16,
+        gateway: &MockServer,
+        gateway_flags: &[String],
+    ) -> crate::binary::Running {
+        let log = dir.path().join("serve.log");
+        let server =
+            crate::binary::pagos(&["serve", "--database-url", &database_url(dir)], Some(&log))
+                .args(["--bind", &format!("127.0.0.1:{port}")])
+                .args(gateway_flags)
+                .args(["--gateway-url", &gateway.uri()])
+                .args(["--gateway-timeout", "5s", "--gateway-retries", "0"])
+                // The lease bounds the Retry-After of a 409: keep waits short.
+                .args(["--lease", "6s"])
+                .spawn()
+                .expect("pagos serve");
+        crate::binary::Running(server)
+    }
+
+    /// The server killed (SIGKILL), its database restored from the copy taken before any
+    /// payment (a restore from backup, a failover to a replica behind), and started again
+    /// at the same address.
+    pub async fn restart_on_a_restored_database(&mut self) {
+        self._server.0.kill().expect("SIGKILL pagos serve");
+        self._server.0.wait().expect("reaped");
+        for suffix in ["", "-wal", "-shm"] {
+            let file = self.dir.path().join(format!("pagos.db{suffix}"));
+            let _ = std::fs::remove_file(&file);
+            let copy = self.dir.path().join(format!("before.db{suffix}"));
+            if copy.exists() {
+                std::fs::copy(&copy, &file).expect("restore the database");
+            }
+        }
+        self._server = RealPagos::spawn(&self.dir, self.port, &self.gateway, &self.gateway_flags);
+        self.wait_until_up().await;
+    }
+
+    /// From now on the gateway answers charges this way (a pending charge that settled).
+    pub async fn gateway_now(&self, charge: Charge) {
+        Mock::given(method("POST"))
+            .and(path("/v1/charges"))
+            .respond_with(ChargeResponder {
+                charge,
+                delay: Duration::ZERO,
+            })
+            .with_priority(1)
+            .mount(&self.gateway)
+            .await;
     }
 
     async fn wait_until_up(&self) {
@@ -176,11 +226,7 @@ impl RealPagos {
     /// The payments in the server's database.
     pub async fn payments(&self) -> Vec<pagos::entities::payment::Model> {
         use sea_orm::EntityTrait;
-        let url = format!(
-            "sqlite://{}?mode=rw",
-            self.dir.path().join("pagos.db").display()
-        );
-        let db = sea_orm::Database::connect(url.as_str())
+        let db = sea_orm::Database::connect(database_url(&self.dir).as_str())
             .await
             .expect("open the server's database");
         let payments = pagos::entities::payment::Entity::find()
@@ -209,6 +255,13 @@ impl RealPagos {
             .await
             .expect("pagos pay")
     }
+}
+
+fn database_url(dir: &tempfile::TempDir) -> String {
+    format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("pagos.db").display()
+    )
 }
 
 /// The flags of acme's usual payment: 250000 COP of credit 42.
