@@ -36,19 +36,8 @@ async fn a_killed_pagos_pay_resumes_with_the_same_key_and_the_server_charges_onc
     assert_eq!(kept[0].attempts, 1);
     let key = kept[0].intent.key().to_string();
 
-    let resumed = pagos
-        .pay()
-        .args(["--resume", "--deadline", "30s"])
-        .output()
-        .await
-        .expect("pagos pay --resume");
+    let (stdout, stderr) = pagos.resume_until_paid().await;
 
-    let (stdout, stderr) = (text(&resumed.stdout), text(&resumed.stderr));
-    assert_eq!(
-        resumed.status.code(),
-        Some(0),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
     assert!(
         stderr.contains(&format!("resuming intent {key}")),
         "{stderr}"
@@ -179,19 +168,8 @@ async fn a_payment_the_restored_server_forgot_is_sent_again_with_its_key_and_cha
     assert!(pagos.payments().await.is_empty(), "the database forgot it");
     pagos.gateway_now(Charge::Succeeded).await;
 
-    let resumed = pagos
-        .pay()
-        .args(["--resume", "--deadline", "30s"])
-        .output()
-        .await
-        .expect("pagos pay --resume");
+    let (stdout, stderr) = pagos.resume_until_paid().await;
 
-    let (stdout, stderr) = (text(&resumed.stdout), text(&resumed.stderr));
-    assert_eq!(
-        resumed.status.code(),
-        Some(0),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
     assert!(
         stderr.contains(&format!("the server has no payment {named}")),
         "why it is sent again is shown: {stderr}"

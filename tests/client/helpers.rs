@@ -246,6 +246,24 @@ impl RealPagos {
         self.journal().await.pending().await.expect("journal")
     }
 
+    /// `pagos pay --resume` with 30 s to finish, which must end paid (exit 0): its
+    /// stdout and stderr.
+    pub async fn resume_until_paid(&self) -> (String, String) {
+        let resumed = self
+            .pay()
+            .args(["--resume", "--deadline", "30s"])
+            .output()
+            .await
+            .expect("pagos pay --resume");
+        let (stdout, stderr) = (text(&resumed.stdout), text(&resumed.stderr));
+        assert_eq!(
+            resumed.status.code(),
+            Some(0),
+            "stdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+        (stdout, stderr)
+    }
+
     /// `pagos pay` of acme's usual payment: 250000 COP of credit 42.
     pub async fn pay_usual(&self, extra: &[&str]) -> std::process::Output {
         self.pay()
