@@ -7,12 +7,14 @@ use crate::on_both_databases;
 use crate::operators::{operator, payment_under_review};
 use pagos::operators::Role;
 use reqwest::redirect::Policy;
+use std::time::Duration;
 
 on_both_databases!(
     logged_out_every_console_page_redirects_to_login,
     a_login_opens_a_strict_http_only_session_and_a_bad_token_does_not,
     a_console_form_without_its_csrf_token_is_refused_and_changes_nothing,
     an_operador_refunds_from_the_console_once_however_often_the_form_is_sent,
+    a_refund_form_answered_with_an_error_while_its_refund_may_stand_keeps_its_key,
     a_hand_edited_console_url_gets_a_page_never_plain_text,
     a_resolution_from_the_console_leaves_its_row_at_admin_acciones_and_the_timeline_shows_it_once,
 );
@@ -1184,6 +1186,59 @@ on_both_databases!(
 
 /// pagos giving up on a refund after 1 s, the reference gateway keeping refunds, and a
 /// COMPLETADA payment of 250000 COP: the app, the gateway's refunds and the payment.
+/// A refund form sent while the refund it asked is still being sent (a double click, a
+/// reload; the same holds when the database fails after the send) is answered with an
+/// error. Before, the page was drawn again with a new key and said nothing had changed:
+/// sending it again asked a second refund while the first stood (the customer refunded
+/// twice). Now the form keeps its key, amount and reason, and says the refund may stand:
+/// sent again, it is the same refund.
+async fn a_refund_form_answered_with_an_error_while_its_refund_may_stand_keeps_its_key(
+    backend: Backend,
+) {
+    let (app, fake) = crate::refunds::app_with(backend, &[]).await;
+    let id = crate::refunds::paid(&app, "k-console-slow-refund").await;
+    let path = format!("/consola/pagos/{id}/reembolsar");
+    let eva = operator(&app, "eva", Role::Operador).await;
+    let session = log_in(&app, &eva).await;
+    let (html, csrf) = page_with_csrf(&app, &session, &format!("/consola/pagos/{id}")).await;
+    let clave = hidden_in(&html, "clave");
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("clave", clave.as_str()),
+        ("monto", "1000"),
+        ("motivo", "customer asked"),
+    ];
+    fake.delay(Duration::from_secs(2));
+
+    let first = post_form(&app, &session, &path, &form);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let answer = post_form(&app, &session, &path, &form).await;
+        let status = answer.status();
+        (status, answer.text().await.expect("html"))
+    };
+    let (first, (status, html)) = tokio::join!(first, second);
+
+    assert_eq!(first.status(), 303, "the first one refunded");
+    assert_eq!(status, 409, "{html}");
+    assert!(html.contains("may have been registered"), "{html}");
+    assert_eq!(
+        hidden_in(&html, "clave"),
+        clave,
+        "the form keeps its key: sent again, it is the same refund"
+    );
+    assert!(html.contains("value=\"1000\""), "and its amount: {html}");
+    let kept = [
+        ("csrf", csrf.as_str()),
+        ("clave", clave.as_str()),
+        ("monto", "1000"),
+        ("motivo", "customer asked"),
+    ];
+    let again = post_form(&app, &session, &path, &kept).await;
+    assert_eq!(again.status(), 303, "the same refund's answer");
+    assert_eq!(fake.made().len(), 1, "one refund at the provider");
+}
+
 async fn with_paid(backend: Backend) -> (TestApp, crate::refunds::FakeRefunds, String) {
     let (app, fake) =
         crate::refunds::app_with(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;

@@ -18,7 +18,7 @@ use super::AppState;
 use super::admin::{self, Transicion};
 use super::auth::{self, Admin};
 use super::extract::PathId;
-use super::problem::ApiError;
+use super::problem::{ApiError, ProblemType};
 use crate::entities::payment::PaymentState;
 use crate::entities::webhook_delivery::DeliveryState;
 use crate::entities::{merchant, payment, payment_transition as transitions, webhook_charge};
@@ -906,10 +906,30 @@ async fn detail_response(
     status: StatusCode,
     message: Option<(&str, &str)>,
 ) -> Response {
+    detail_response_keeping(state, console, id, status, message, None).await
+}
+
+/// A refund form as it was sent, kept when the refund it asked may have been registered:
+/// the same key asks the very same refund again, where a new one would ask another.
+struct KeptRefund {
+    clave: String,
+    monto: Option<i64>,
+    motivo: String,
+}
+
+/// The same, its refund form keeping `kept` (the key, amount and reason just sent).
+async fn detail_response_keeping(
+    state: &AppState,
+    console: &Console,
+    id: &str,
+    status: StatusCode,
+    message: Option<(&str, &str)>,
+    kept: Option<&KeptRefund>,
+) -> Response {
     let Some(id) = parse_id(id) else {
         return not_found(console);
     };
-    match detail_page(state, console, id, message).await {
+    match detail_page(state, console, id, message, kept).await {
         Ok(Some(markup)) => (status, markup).into_response(),
         Ok(None) => not_found(console),
         Err(err) => error_page(console, err),
@@ -1014,6 +1034,7 @@ async fn detail_page(
     console: &Console,
     id: Uuid,
     message: Option<(&str, &str)>,
+    kept: Option<&KeptRefund>,
 ) -> Result<Option<Markup>, ApiError> {
     let Some(p) = crate::saga::store::find_payment(&state.db, id).await? else {
         return Ok(None);
@@ -1055,8 +1076,13 @@ async fn detail_page(
         .sum();
     let left = (p.amount - held).max(0);
     let refundable = p.state == PaymentState::Completada && left > 0;
-    // One key per rendered form: the same form sent twice is one refund.
-    let refund_key = format!("consola-{}", Uuid::new_v4());
+    // One key per rendered form: the same form sent twice is one refund. A form sent
+    // whose refund may have been registered is drawn again with its key.
+    let refund_key = kept.map_or_else(
+        || format!("consola-{}", Uuid::new_v4()),
+        |k| k.clave.clone(),
+    );
+    let (kept_monto, kept_motivo) = kept.map_or((None, ""), |k| (k.monto, k.motivo.as_str()));
     let under_review = p.state == PaymentState::RevisionManual;
     let in_flight = matches!(p.state, PaymentState::EnProceso | PaymentState::Enviada);
     let provider = if under_review {
@@ -1194,10 +1220,10 @@ async fn detail_page(
                         input type="hidden" name="csrf" value=(csrf);
                         input type="hidden" name="clave" value=(refund_key);
                         label for="monto" { "Amount in minor units of " (p.currency) " (empty: all that is left, " (left) ")" }
-                        input type="number" id="monto" name="monto" min="1" max=(left) step="1";
+                        input type="number" id="monto" name="monto" min="1" max=(left) step="1" value=[kept_monto];
                         label for="motivoReembolso" { "Reason (kept with the refund and your name)" }
                         textarea id="motivoReembolso" name="motivo" required maxlength="255"
-                            placeholder="The customer's request, the ticket…" {}
+                            placeholder="The customer's request, the ticket…" { (kept_motivo) }
                         button type="submit" id="refund" { "Refund" }
                     }
                 } @else {
@@ -1435,6 +1461,23 @@ struct RefundForm {
     motivo: Option<String>,
 }
 
+/// What on-call reads when a refund it asked may stand though the page says it failed.
+const REFUND_MAY_STAND: &str = "The refund may have been registered, and sent to the provider: look for it under Refunds below before anything else. This form keeps its key: sending it again asks the very same refund (never a second one) and shows what became of it.";
+
+/// Whether a refund the console asked may have been registered though it answered an
+/// error: the request with its key still running (409), or a failure of the database or
+/// the provider after the refund may have been written (5xx). Refusals before any write
+/// (a 4xx over the amount, a payment not refundable) registered nothing.
+fn may_be_registered(err: &ApiError) -> bool {
+    match err {
+        ApiError::Internal(_) => true,
+        ApiError::Problem(problem) => {
+            problem.kind() == Some(ProblemType::RequestInFlight)
+                || problem.status.is_some_and(|s| s >= 500)
+        }
+    }
+}
+
 /// On-call refunds a payment: the admin API's refund, with the key the form was rendered
 /// with, so a form sent twice (a double click, a reload) is one refund.
 async fn refund_payment(
@@ -1480,8 +1523,29 @@ async fn refund_payment(
         form.motivo.as_deref().unwrap_or(""),
     )
     .await;
+    let kept = KeptRefund {
+        clave: form.clave.clone().unwrap_or_default(),
+        monto,
+        motivo: form.motivo.clone().unwrap_or_default(),
+    };
     let answer = match answer {
         Ok(answer) => answer,
+        // Still running under this key, or failed after it may have been registered (a
+        // database that went away after the send): the same form again, never a new key
+        // (which would ask a second refund while the first stands).
+        Err(err) if may_be_registered(&err) => {
+            let (status, text) = explain(err);
+            let text = format!("{text} {REFUND_MAY_STAND}");
+            return detail_response_keeping(
+                &state,
+                &console,
+                &id,
+                status,
+                Some(("error", &text)),
+                Some(&kept),
+            )
+            .await;
+        }
         Err(err) => return detail_error(&state, &console, &id, err).await,
     };
     let status = answer.status();
@@ -1501,7 +1565,25 @@ async fn refund_payment(
         .ok()
         .and_then(|v| v["detail"].as_str().map(str::to_owned))
         .unwrap_or_else(|| "The refund was refused.".to_owned());
+    if status == StatusCode::CONFLICT && text_is_in_flight(&body) || status.is_server_error() {
+        let text = format!("{text} {REFUND_MAY_STAND}");
+        return detail_response_keeping(
+            &state,
+            &console,
+            &id,
+            status,
+            Some(("error", &text)),
+            Some(&kept),
+        )
+        .await;
+    }
     detail_response(&state, &console, &id, status, Some(("error", &text))).await
+}
+
+/// Whether a problem body is `request-in-flight`.
+fn text_is_in_flight(body: &[u8]) -> bool {
+    serde_json::from_slice::<pagos_types::Problem>(body)
+        .is_ok_and(|p| p.kind() == Some(ProblemType::RequestInFlight))
 }
 
 // ---------------------------------------------------------------- reconciliation
