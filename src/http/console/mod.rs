@@ -289,7 +289,7 @@ fn explain(err: ApiError) -> (StatusCode, String) {
             tracing::error!(error = format!("{err:#}"), "console request failed");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "The database or the gateway did not answer; nothing was changed by this page. Try again.".to_owned(),
+                "The database or the gateway did not answer. What was asked may have been done, in part or whole: read this page again (reload it) to see where things stand before asking again.".to_owned(),
             )
         }
     }
