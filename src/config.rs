@@ -461,7 +461,8 @@ pub struct Settings {
           value_name = "MINOR_UNITS")]
     pub max_amount: i64,
     /// A connection that has not sent a whole request head within this is closed (also
-    /// the longest a keep-alive connection may stay idle between requests)
+    /// the longest a keep-alive connection may stay idle between requests, and the
+    /// longest a webhook's or console login's body may take to arrive: 408)
     #[arg(long, env = "PAGOS_HEADER_TIMEOUT", default_value = "10s", value_parser = header_timeout, value_name = "DURATION")]
     pub header_timeout: Duration,
     /// No request is held longer than this: it is answered 503 request-timeout, and a

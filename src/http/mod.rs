@@ -3,8 +3,9 @@
 //!
 //! Also the doors' limits every request meets (`PAGOS_MAX_IN_FLIGHT`,
 //! `PAGOS_REQUEST_TIMEOUT`) and which rooms each door serves (`PAGOS_ADMIN_BIND`). The
-//! header timeout is the server's, in `app::serve_doors`. Nothing here reads a request's
-//! body or touches the database.
+//! header timeout is the server's, in `app::serve_doors`. Nothing here touches the
+//! database; the only bodies read here are those read before anyone is known (webhooks,
+//! the console's login: `unauthenticated`), before they take a slot of the limit.
 
 pub mod actions;
 pub mod admin;
@@ -417,9 +418,6 @@ fn no_such_endpoint() -> problem::Problem {
     problem::Problem::new(problem::ProblemType::NotFound).detail("No such endpoint.")
 }
 
-/// What a door answers when one of its limits stops a request. Written here rather than
-/// taken from tower-http's timeout layer, whose answer is an empty 408: every pagos error
-/// is problem+json with a stable type, and a 503 + Retry-After tells clients to retry.
 /// Whether a request's body is read before anyone is known: the gateways' webhooks (the
 /// signature is over the body) and the console's login form.
 fn read_before_auth(method: &Method, path: &str) -> bool {
@@ -434,8 +432,9 @@ const UNAUTHENTICATED_BODY_LIMIT: usize = webhooks::MAX_EVENT_BODY;
 /// send them, and one sent a byte at a time would hold a `PAGOS_MAX_IN_FLIGHT` slot until
 /// `PAGOS_REQUEST_TIMEOUT`, so a few hundred slow clients could stop every payment. Their
 /// body is read whole first, within `PAGOS_HEADER_TIMEOUT` (a 408 problem past it), in
-/// slots of their own (`Shared::unauthenticated`: past them, `503 overloaded` at once,
-/// which a gateway retries), and only then do they take a slot of the limit.
+/// slots of their own held only while it is read (`Shared::unauthenticated`: past them,
+/// `503 overloaded` at once, which a gateway retries); then, read, the request lets its
+/// slot go and takes one of the limit like any other.
 async fn unauthenticated(
     axum::extract::State(state): axum::extract::State<AppState>,
     request: axum::extract::Request,
@@ -444,7 +443,7 @@ async fn unauthenticated(
     if !read_before_auth(request.method(), request.uri().path()) {
         return next.run(request).await;
     }
-    let Ok(_slot) = state.unauthenticated.clone().try_acquire_owned() else {
+    let Ok(slot) = state.unauthenticated.clone().try_acquire_owned() else {
         state
             .metrics
             .http_limited
@@ -453,7 +452,7 @@ async fn unauthenticated(
             })
             .inc();
         return problem::Problem::new(problem::ProblemType::Overloaded)
-            .detail("Too many unauthenticated requests (webhooks, console logins) are being read. This one was not started and nothing was stored: send it again after the time in Retry-After.")
+            .detail("Too many bodies of webhooks or console logins are being received at once. This one was not read and nothing was stored: send it again after the time in Retry-After.")
             .retry_after(1)
             .into_response();
     };
@@ -504,6 +503,9 @@ async fn unauthenticated(
                 .into_response();
         }
     };
+    // Read: the slot was for the read only (a handler waiting on a gateway or the
+    // database is what the limit itself is for).
+    drop(slot);
     next.run(axum::extract::Request::from_parts(
         parts,
         axum::body::Body::from(bytes),
@@ -511,6 +513,9 @@ async fn unauthenticated(
     .await
 }
 
+/// What a door answers when one of its limits stops a request. Written here rather than
+/// taken from tower-http's timeout layer, whose answer is an empty 408: every pagos error
+/// is problem+json with a stable type, and a 503 + Retry-After tells clients to retry.
 fn refused(
     metrics: &Metrics,
     cut_after: Duration,

@@ -44,6 +44,17 @@ impl ProblemResponse for Problem {
 #[allow(dead_code)]
 pub struct BodyTooLarge(Problem);
 
+/// The 408 of a body read before anyone is known (a webhook) not received within
+/// `PAGOS_HEADER_TIMEOUT` (`http::unauthenticated`): nothing read or stored.
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 408,
+    description = "The body was not received within PAGOS_HEADER_TIMEOUT (`/problems/body-timeout`): nothing was read or stored; send it again, whole",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct BodyTimeout(Problem);
+
 /// The 413 of an endpoint that reads its body whole as raw bytes under
 /// `extract::RAW_BODY_LIMIT` (2 MiB: webhook endpoints, their reactivation, on-call's
 /// reconciliation and resolution), as its OpenAPI operation documents it (documentation

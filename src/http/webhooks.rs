@@ -10,7 +10,7 @@
 
 use super::AppState;
 use super::auth::{Admin, AdminTokenRefused, TooManyFailedAuthentications};
-use super::problem::{ApiError, BodyTooLarge, Problem, ProblemType};
+use super::problem::{ApiError, BodyTimeout, BodyTooLarge, Problem, ProblemType};
 use crate::config::exposed;
 use crate::domain::FieldError;
 use crate::entities::webhook_charge;
@@ -165,6 +165,7 @@ fn raw(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
         (status = 400, description = "Signed, but not a gateway event; nothing was recorded", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Signature missing, malformed, wrong or outside the 5-minute tolerance, or webhooks disabled (PAGOS_WEBHOOK_SECRET unset); nothing was recorded", body = Problem, content_type = "application/problem+json"),
         BodyTooLarge,
+        BodyTimeout,
         DeliverAgain,
     )
 )]
@@ -281,8 +282,8 @@ enum Signed {
 
 impl Signed {
     /// The raw body of a request signed by this provider: 401 while its secret is unset
-    /// (before the body is read) or when its signature header does not verify, 413 or 400
-    /// when the body cannot be read.
+    /// or when its signature header does not verify, 413 or 400 when the body cannot be
+    /// read (the doors read it first, within `PAGOS_HEADER_TIMEOUT`: `http::unauthenticated`).
     fn raw_body(
         self,
         state: &AppState,
@@ -394,6 +395,7 @@ fn signature_detail(err: SignatureError) -> String {
         (status = 400, description = "Signed, but not a Stripe event pagos can read; nothing was recorded", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Signature missing, malformed, wrong or outside the 5-minute tolerance, or PAGOS_STRIPE_WEBHOOK_SECRET unset; nothing was recorded", body = Problem, content_type = "application/problem+json"),
         BodyTooLarge,
+        BodyTimeout,
         DeliverAgain,
     )
 )]
@@ -477,6 +479,7 @@ async fn receive_stripe_event(
         (status = 400, description = "Signed, but not a payment notification pagos can read; nothing was recorded", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Signature missing, malformed, wrong or outside the 5-minute tolerance, or PAGOS_MERCADOPAGO_WEBHOOK_SECRET unset; nothing was recorded and Mercado Pago was not asked", body = Problem, content_type = "application/problem+json"),
         BodyTooLarge,
+        BodyTimeout,
         (status = 503, description = "Mercado Pago could not be asked, or the database failed; nothing was recorded. Deliver it again.", body = Problem, content_type = "application/problem+json",
          headers(("Retry-After" = u64))),
     )

@@ -1228,6 +1228,14 @@ async fn a_refund_form_answered_with_an_error_while_its_refund_may_stand_keeps_i
         "the form keeps its key: sent again, it is the same refund"
     );
     assert!(html.contains("value=\"1000\""), "and its amount: {html}");
+    let monto = html
+        .split("<input")
+        .find(|tag| tag.contains("name=\"monto\""))
+        .expect("the amount field");
+    assert!(
+        !monto.contains("max=\""),
+        "no maximum the kept amount (counted as left already) would exceed: {monto}"
+    );
     let kept = [
         ("csrf", csrf.as_str()),
         ("clave", clave.as_str()),

@@ -289,7 +289,7 @@ fn explain(err: ApiError) -> (StatusCode, String) {
             tracing::error!(error = format!("{err:#}"), "console request failed");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "The database or the gateway did not answer. What was asked may have been done, in part or whole: read this page again (reload it) to see where things stand before asking again.".to_owned(),
+                "The database or the gateway did not answer. What was asked may have been done, in part or whole: open the payment's page again (its link, not a reload, which would send the form again) to see where things stand before asking again.".to_owned(),
             )
         }
     }
@@ -1220,7 +1220,9 @@ async fn detail_page(
                         input type="hidden" name="csrf" value=(csrf);
                         input type="hidden" name="clave" value=(refund_key);
                         label for="monto" { "Amount in minor units of " (p.currency) " (empty: all that is left, " (left) ")" }
-                        input type="number" id="monto" name="monto" min="1" max=(left) step="1" value=[kept_monto];
+                        // A kept form's amount may stand already and count against what
+                        // is left: no maximum, or the browser would refuse to send it again.
+                        input type="number" id="monto" name="monto" min="1" max=[kept.is_none().then_some(left)] step="1" value=[kept_monto];
                         label for="motivoReembolso" { "Reason (kept with the refund and your name)" }
                         textarea id="motivoReembolso" name="motivo" required maxlength="255"
                             placeholder="The customer's request, the ticket…" { (kept_motivo) }
@@ -1465,15 +1467,19 @@ struct RefundForm {
 const REFUND_MAY_STAND: &str = "The refund may have been registered, and sent to the provider: look for it under Refunds below before anything else. This form keeps its key: sending it again asks the very same refund (never a second one) and shows what became of it.";
 
 /// Whether a refund the console asked may have been registered though it answered an
-/// error: the request with its key still running (409), or a failure of the database or
+/// error: the request with its key still running (409), the key already asked with
+/// another amount or reason (422, a kept form changed), or a failure of the database or
 /// the provider after the refund may have been written (5xx). Refusals before any write
 /// (a 4xx over the amount, a payment not refundable) registered nothing.
 fn may_be_registered(err: &ApiError) -> bool {
     match err {
         ApiError::Internal(_) => true,
+        // A kept key sent with another amount or reason: the refund it asked first stands.
         ApiError::Problem(problem) => {
-            problem.kind() == Some(ProblemType::RequestInFlight)
-                || problem.status.is_some_and(|s| s >= 500)
+            matches!(
+                problem.kind(),
+                Some(ProblemType::RequestInFlight | ProblemType::KeyReused)
+            ) || problem.status.is_some_and(|s| s >= 500)
         }
     }
 }
@@ -1565,7 +1571,7 @@ async fn refund_payment(
         .ok()
         .and_then(|v| v["detail"].as_str().map(str::to_owned))
         .unwrap_or_else(|| "The refund was refused.".to_owned());
-    if status == StatusCode::CONFLICT && text_is_in_flight(&body) || status.is_server_error() {
+    if status.is_server_error() || says_it_may_stand(&body) {
         let text = format!("{text} {REFUND_MAY_STAND}");
         return detail_response_keeping(
             &state,
@@ -1580,10 +1586,15 @@ async fn refund_payment(
     detail_response(&state, &console, &id, status, Some(("error", &text))).await
 }
 
-/// Whether a problem body is `request-in-flight`.
-fn text_is_in_flight(body: &[u8]) -> bool {
-    serde_json::from_slice::<pagos_types::Problem>(body)
-        .is_ok_and(|p| p.kind() == Some(ProblemType::RequestInFlight))
+/// Whether a problem body says the refund its key asked stands: `request-in-flight` (still
+/// being sent) or `idempotency-key-reused` (asked first with another amount or reason).
+fn says_it_may_stand(body: &[u8]) -> bool {
+    serde_json::from_slice::<pagos_types::Problem>(body).is_ok_and(|p| {
+        matches!(
+            p.kind(),
+            Some(ProblemType::RequestInFlight | ProblemType::KeyReused)
+        )
+    })
 }
 
 // ---------------------------------------------------------------- reconciliation
