@@ -199,6 +199,24 @@ pub enum PayError {
         humantime::format_duration(LOST_PAYMENT_RESEND.to_std().unwrap_or_default())
     )]
     Lost { key: IntentKey, payment_id: Uuid },
+    /// [`intent_for`](Client::intent_for) or
+    /// [`refund_intent_for`](Client::refund_intent_for): the journal keeps an intent for
+    /// this very request made at another server URL (the same server written another way)
+    /// or with another API key (one rotated since), and none made here. It may have paid
+    /// (refunded) already, and only the server knows whether the two keys are one
+    /// merchant's, so no second intent was made: nothing was sent. Pay the kept one
+    /// deliberately ([`Journal::find`], then [`Client::pay`] with its intent, or `pagos pay
+    /// --resume` with the API key it was made with), or make a new payment explicitly
+    /// ([`Intent::new`]).
+    #[error(
+        "the journal keeps intent {key} for this same request, made at {base_url} with {}; it may have paid already, so no second intent was made and nothing was sent: pay it deliberately with its own key, or make a new one explicitly",
+        if *same_api_key { "this API key" } else { "another API key" }
+    )]
+    KeptElsewhere {
+        key: IntentKey,
+        base_url: Url,
+        same_api_key: bool,
+    },
     #[error(transparent)]
     Journal(#[from] JournalError),
     #[error("this client has no journal to resume from")]
@@ -628,25 +646,54 @@ impl Client {
     /// so a form sent twice at once, or a job run twice, pays under one key. Without a
     /// journal, a new intent (keeping it is then the caller's, see [`Intent::with_key`]).
     ///
-    /// One kept for the same request only under another URL or API key is not given back
-    /// ([`kept_payment`](Client::kept_payment) says the same): a new intent is made and
-    /// written down beside it (in the same transaction), as `pagos pay --new` would;
-    /// [`Journal::find`] lists those.
+    /// One kept for the same request only under another URL or API key (a key rotated
+    /// since) may have paid: [`PayError::KeptElsewhere`], and no new intent, as `pagos pay`
+    /// refuses it too ([`Journal::find`] lists those).
     pub async fn intent_for(&self, request: PaymentRequest) -> Result<Intent, PayError> {
         let fresh = Intent::new(request);
         let Some(journal) = &self.journal else {
             return Ok(fresh);
         };
         match journal
-            .kept_or_record(&fresh, &self.base_url, &self.api_key, Beside::Others)
+            .kept_or_record(&fresh, &self.base_url, &self.api_key, Beside::Nothing)
             .await?
         {
             Kept::Recorded => Ok(fresh),
-            Kept::Found(kept) => Ok(kept
-                .into_iter()
-                .find(|k| k.base_url == self.base_url && k.made_with(&self.api_key))
-                .map_or(fresh, |k| k.intent)),
+            Kept::Found(kept) => self.kept_here(kept.into_iter().map(|k| {
+                let same_api_key = k.made_with(&self.api_key);
+                let here = k.base_url == self.base_url && same_api_key;
+                (
+                    here,
+                    k.intent.key().clone(),
+                    k.base_url.clone(),
+                    same_api_key,
+                    k.intent,
+                )
+            })),
         }
+    }
+
+    /// Of the intents kept for one request (whether each was made here, its key, URL,
+    /// whether with this API key, and the intent), the one made here, or else
+    /// [`PayError::KeptElsewhere`] naming the first.
+    pub(crate) fn kept_here<T>(
+        &self,
+        kept: impl IntoIterator<Item = (bool, IntentKey, Url, bool, T)>,
+    ) -> Result<T, PayError> {
+        let mut first = None;
+        for (here, key, base_url, same_api_key, intent) in kept {
+            if here {
+                return Ok(intent);
+            }
+            first.get_or_insert(PayError::KeptElsewhere {
+                key,
+                base_url,
+                same_api_key,
+            });
+        }
+        Err(first.unwrap_or_else(|| {
+            PayError::Unexpected("the journal found a kept intent and then none".into())
+        }))
     }
 
     /// The pending intent the journal keeps for this very request, made at this client's

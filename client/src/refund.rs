@@ -306,9 +306,9 @@ impl Client {
     /// request at this client's server with its API key (it may have made the refund, so
     /// its key is the one to send), or else a new one, written down in the same journal
     /// transaction, so the same refund asked twice at once is made under one key. Without
-    /// a journal, a new intent. One kept only under another URL or API key is not given
-    /// back: a new intent is made beside it ([`Journal::find_refunds`](crate::Journal::find_refunds)
-    /// lists those; it may have made the refund).
+    /// a journal, a new intent. One kept only under another URL or API key (a key rotated
+    /// since) may have made the refund: [`PayError::KeptElsewhere`], and no new intent
+    /// ([`Journal::find_refunds`](crate::Journal::find_refunds) lists those).
     pub async fn refund_intent_for(
         &self,
         request: RefundRequest,
@@ -318,14 +318,26 @@ impl Client {
             return Ok(fresh);
         };
         match journal
-            .kept_refunds_or_record(&fresh, &self.base_url, &self.api_key, crate::Beside::Others)
+            .kept_refunds_or_record(
+                &fresh,
+                &self.base_url,
+                &self.api_key,
+                crate::Beside::Nothing,
+            )
             .await?
         {
             crate::Kept::Recorded => Ok(fresh),
-            crate::Kept::Found(kept) => Ok(kept
-                .into_iter()
-                .find(|k| k.base_url == self.base_url && k.made_with(&self.api_key))
-                .map_or(fresh, |k| k.intent)),
+            crate::Kept::Found(kept) => self.kept_here(kept.into_iter().map(|k| {
+                let same_api_key = k.made_with(&self.api_key);
+                let here = k.base_url == self.base_url && same_api_key;
+                (
+                    here,
+                    k.intent.key().clone(),
+                    k.base_url.clone(),
+                    same_api_key,
+                    k.intent,
+                )
+            })),
         }
     }
 

@@ -691,22 +691,6 @@ async fn the_same_payment_or_refund_asked_at_once_by_several_processes_gets_one_
     let server = MockServer::start().await;
     let journal = TestJournal::new().await;
     let payment = Uuid::new_v4();
-    // The same payment and refund kept under an API key since rotated: not these asks'
-    // (before, each ask found only those, and made a key of its own).
-    let url = pagos_client::base_url(&server.uri()).expect("url");
-    let old = intent();
-    journal
-        .journal
-        .record(&old, &url, "sk_test_rotated")
-        .await
-        .expect("kept");
-    let old_refund =
-        RefundIntent::new(RefundRequest::new(payment, Some(50_000), None).expect("valid"));
-    journal
-        .journal
-        .record_refund(&old_refund, &url, "sk_test_rotated")
-        .await
-        .expect("kept");
     let mut asks = Vec::new();
     for _ in 0..8 {
         let handle = Journal::open(&journal.path).await.expect("journal");
@@ -731,15 +715,60 @@ async fn the_same_payment_or_refund_asked_at_once_by_several_processes_gets_one_
 
     assert_eq!(keys.len(), 1, "payment keys: {keys:?}");
     assert_eq!(refund_keys.len(), 1, "refund keys: {refund_keys:?}");
+    assert_eq!(journal.pending().await.len(), 1, "one payment intent kept");
+}
+
+/// The same payment and refund kept under an API key rotated since: it may have paid
+/// (refunded) already, and the same merchant's new key would get the same payment from
+/// its key. Before, `intent_for` and `refund_intent_for` made a new intent beside it: a
+/// second payment, a second refund. Now they refuse, naming the kept intent, and make
+/// none, as `pagos pay` refuses.
+#[tokio::test]
+async fn an_intent_kept_under_a_rotated_api_key_is_never_asked_again_under_a_new_key() {
+    let server = MockServer::start().await;
+    let (journal, client, _) = journal_and_client(&server, fast_policy()).await;
+    let url = pagos_client::base_url(&server.uri()).expect("url");
+    let payment = Uuid::new_v4();
+    let old = intent();
+    journal
+        .journal
+        .record(&old, &url, "sk_test_rotated")
+        .await
+        .expect("kept");
+    let old_refund =
+        RefundIntent::new(RefundRequest::new(payment, Some(50_000), None).expect("valid"));
+    journal
+        .journal
+        .record_refund(&old_refund, &url, "sk_test_rotated")
+        .await
+        .expect("kept");
+
+    let asked = client.intent_for(intent().request().clone()).await;
+    let refund = RefundRequest::new(payment, Some(50_000), None).expect("valid");
+    let refund_asked = client.refund_intent_for(refund).await;
+
+    for (asked, kept) in [
+        (asked.map(|i| i.key().clone()), old.key()),
+        (refund_asked.map(|i| i.key().clone()), old_refund.key()),
+    ] {
+        match asked {
+            Err(PayError::KeptElsewhere {
+                key, same_api_key, ..
+            }) => {
+                assert_eq!(&key, kept, "names the kept intent");
+                assert!(!same_api_key);
+            }
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+    assert_eq!(journal.pending().await.len(), 1, "no new payment intent");
     assert!(
-        !keys.contains(&old.key().to_string()),
-        "not the other key's"
-    );
-    assert!(!refund_keys.contains(&old_refund.key().to_string()));
-    assert_eq!(
-        journal.pending().await.len(),
-        2,
-        "the old intent and one new"
+        server
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .is_empty(),
+        "nothing sent"
     );
 }
 
