@@ -676,6 +676,10 @@ impl Client {
     /// Of the intents kept for one request (whether each was made here, its key, URL,
     /// whether with this API key, and the intent), the one made here, or else
     /// [`PayError::KeptElsewhere`] naming the first.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the error every Client method answers with, handed on as it is"
+    )]
     pub(crate) fn kept_here<T>(
         &self,
         kept: impl IntoIterator<Item = (bool, IntentKey, Url, bool, T)>,
