@@ -1463,10 +1463,16 @@ LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."k
             .build(DbBackend::Postgres);
         let mut v = Params(picked.values.map(|values| values.0).unwrap_or_default());
         let until = v.add(until);
+        // The entity's columns by name, never `*`: a migration adding a column would change
+        // the result type of this prepared statement under processes already running, and
+        // PostgreSQL refuses a cached plan whose result type changed (0A000) until the
+        // connection is recycled: every claim of an older process failing through a
+        // rolling upgrade.
         let sql = format!(
-            r#"UPDATE "{}" SET "next_attempt_at" = {until}, "claimed_until" = {until}, "version" = "version" + 1 WHERE "id" = ANY(ARRAY({})) RETURNING *"#,
+            r#"UPDATE "{}" SET "next_attempt_at" = {until}, "claimed_until" = {until}, "version" = "version" + 1 WHERE "id" = ANY(ARRAY({})) RETURNING {}"#,
             E::default().table_name(),
-            picked.sql
+            picked.sql,
+            columns::<E>()
         );
         E::find().from_raw_sql(v.statement(&sql)).all(db).await
     }

@@ -17,7 +17,62 @@ use crate::webhooks_out::{delivering, event_of, eventually, pay};
 use sea_orm::ConnectionTrait;
 use std::time::Duration;
 
-on_both_databases!(an_event_written_by_an_older_process_is_queued_and_delivered);
+on_both_databases!(
+    an_event_written_by_an_older_process_is_queued_and_delivered,
+    a_column_a_newer_release_adds_while_a_process_serves_leaves_its_claims_working,
+);
+
+/// A newer release adds a column to `payments` and `refunds` (as `m20261210_000022` did)
+/// while an older process serves: that process's reconciler claims with a statement it
+/// prepared on each connection. Before, the claim returned `*`, whose result type the
+/// column changed, and PostgreSQL refused the cached plan (`cached plan must not change
+/// result type`) on every connection until it was recycled: every pass, every "reconcile
+/// now" and every retry that found its payment due failed through the rolling upgrade.
+async fn a_column_a_newer_release_adds_while_a_process_serves_leaves_its_claims_working(
+    backend: Backend,
+) {
+    let app = crate::helpers::Spawn::new(backend)
+        .flags(&["--database-pool-size", "2"])
+        .start()
+        .await;
+    let _fake = app
+        .with_fake(crate::helpers::FakeGateway::charging("pending"))
+        .await;
+    let (status, pago) = app
+        .pay_read(
+            "k-claimed-across-a-migration",
+            &crate::helpers::payment_body(),
+        )
+        .await;
+    assert_eq!(status, 202, "{pago}");
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let pass = async || {
+        let answer = app
+            .admin_post("/admin/reconciliaciones", &serde_json::json!({}))
+            .await;
+        assert_eq!(answer.status(), 200, "a whole pass");
+        app.reconcile(&id).await
+    };
+    // Every connection of the pool has prepared the claims.
+    for _ in 0..4 {
+        pass().await;
+    }
+
+    for table in ["payments", "refunds"] {
+        app.db
+            .execute_unprepared(&format!(
+                r#"ALTER TABLE "{table}" ADD COLUMN "added_by_a_newer_release" TEXT"#
+            ))
+            .await
+            .expect("the newer release's migration");
+    }
+
+    for _ in 0..4 {
+        let report = pass().await;
+        assert_eq!(report["examinados"], 1, "{report}");
+        assert_eq!(report["errores"], 0, "{report}");
+    }
+}
 
 async fn an_event_written_by_an_older_process_is_queued_and_delivered(backend: Backend) {
     let (app, _fake) = delivering(backend, &[]).await;
