@@ -385,30 +385,24 @@ async fn a_charge_the_gateway_reports_in_lower_case_currency_is_the_payments_own
     let charges: std::sync::Arc<std::sync::Mutex<Vec<Value>>> = Default::default();
     let answering = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let (made, up) = (charges.clone(), answering.clone());
-    crate::helpers::mount_route(
-        app.gateway(),
-        "POST",
-        "/v1/charges",
-        move |request: &wiremock::Request| {
-            let body: Value = serde_json::from_slice(&request.body).expect("a charge body");
-            let mut made = made.lock().expect("charges");
-            let charge = serde_json::json!({
-                "id": format!("ch_lc_{}", made.len() + 1),
-                "status": "succeeded",
-                "amount": body["amount"],
-                "currency": body["currency"].as_str().expect("currency").to_lowercase(),
-                "reference": body["reference"],
-                "declineCode": null,
-            });
-            made.push(charge.clone());
-            if up.load(std::sync::atomic::Ordering::SeqCst) {
-                wiremock::ResponseTemplate::new(201).set_body_json(charge)
-            } else {
-                // Charged, but the answer is lost: the reconciler looks it up.
-                wiremock::ResponseTemplate::new(503)
-            }
-        },
-    )
+    charges_answered(&app, move |body: &Value| {
+        let mut made = made.lock().expect("charges");
+        let charge = serde_json::json!({
+            "id": format!("ch_lc_{}", made.len() + 1),
+            "status": "succeeded",
+            "amount": body["amount"],
+            "currency": body["currency"].as_str().expect("currency").to_lowercase(),
+            "reference": body["reference"],
+            "declineCode": null,
+        });
+        made.push(charge.clone());
+        if up.load(std::sync::atomic::Ordering::SeqCst) {
+            wiremock::ResponseTemplate::new(201).set_body_json(charge)
+        } else {
+            // Charged, but the answer is lost: the reconciler looks it up.
+            wiremock::ResponseTemplate::new(503)
+        }
+    })
     .await;
     let found = charges.clone();
     crate::helpers::mount_route(
@@ -467,22 +461,16 @@ async fn a_charge_that_is_not_the_payments_own_never_settles_it_declined_or_not(
         serde_json::json!({"id": "ch_earlier", "status": "declined", "amount": 250000,
             "currency": "COP", "reference": reference, "declineCode": "card_declined"})
     };
-    crate::helpers::mount_route(
-        app.gateway(),
-        "POST",
-        "/v1/charges",
-        move |request: &wiremock::Request| {
-            let body: Value = serde_json::from_slice(&request.body).expect("a charge body");
-            match made.fetch_add(1, Ordering::SeqCst) {
-                0 => wiremock::ResponseTemplate::new(201)
-                    .set_body_json(declined_earlier(&body["reference"])),
-                1 => wiremock::ResponseTemplate::new(503),
-                _ => wiremock::ResponseTemplate::new(201).set_body_json(serde_json::json!({
+    charges_answered(&app, move |body: &Value| {
+        match made.fetch_add(1, Ordering::SeqCst) {
+            0 => wiremock::ResponseTemplate::new(201)
+                .set_body_json(declined_earlier(&body["reference"])),
+            1 => wiremock::ResponseTemplate::new(503),
+            _ => wiremock::ResponseTemplate::new(201).set_body_json(serde_json::json!({
                     "id": "ch_named", "status": "pending", "amount": body["amount"],
                     "currency": "COP", "reference": body["reference"], "declineCode": null})),
-            }
-        },
-    )
+        }
+    })
     .await;
     crate::helpers::mount_route(
         app.gateway(),
@@ -557,23 +545,17 @@ async fn a_resend_answered_pending_with_another_charge_goes_to_review_keeping_th
         .start()
         .await;
     let sends = std::sync::Arc::new(AtomicUsize::new(0));
-    crate::helpers::mount_route(
-        app.gateway(),
-        "POST",
-        "/v1/charges",
-        move |request: &wiremock::Request| {
-            let body: Value = serde_json::from_slice(&request.body).expect("a charge body");
-            let (id, amount) = match sends.fetch_add(1, Ordering::SeqCst) {
-                0 => ("ch_first", body["amount"].clone()),
-                1 => ("ch_second", body["amount"].clone()),
-                2 => ("ch_third", body["amount"].clone()),
-                _ => ("ch_third", Value::from(990_000)),
-            };
-            wiremock::ResponseTemplate::new(201).set_body_json(serde_json::json!({
+    charges_answered(&app, move |body: &Value| {
+        let (id, amount) = match sends.fetch_add(1, Ordering::SeqCst) {
+            0 => ("ch_first", body["amount"].clone()),
+            1 => ("ch_second", body["amount"].clone()),
+            2 => ("ch_third", body["amount"].clone()),
+            _ => ("ch_third", Value::from(990_000)),
+        };
+        wiremock::ResponseTemplate::new(201).set_body_json(serde_json::json!({
                 "id": id, "status": "pending", "amount": amount, "currency": "COP",
                 "reference": body["reference"], "declineCode": null}))
-        },
-    )
+    })
     .await;
     crate::helpers::mount_route(
         app.gateway(),
@@ -766,4 +748,21 @@ async fn a_settlement_the_database_refuses_is_503_then_409_then_the_charges_own_
     let replayed = app.pay("k-full", &body).await;
     assert_eq!(replayed.status(), 201);
     assert_eq!(json(replayed).await["id"], id);
+}
+
+/// The gateway answers each charge with `answer` of its body.
+async fn charges_answered(
+    app: &TestApp,
+    answer: impl Fn(&Value) -> wiremock::ResponseTemplate + Send + Sync + 'static,
+) {
+    crate::helpers::mount_route(
+        app.gateway(),
+        "POST",
+        "/v1/charges",
+        move |request: &wiremock::Request| {
+            let body: Value = serde_json::from_slice(&request.body).expect("a charge body");
+            answer(&body)
+        },
+    )
+    .await;
 }

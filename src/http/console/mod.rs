@@ -1541,16 +1541,7 @@ async fn refund_payment(
         // (which would ask a second refund while the first stands).
         Err(err) if may_be_registered(&err) => {
             let (status, text) = explain(err);
-            let text = format!("{text} {REFUND_MAY_STAND}");
-            return detail_response_keeping(
-                &state,
-                &console,
-                &id,
-                status,
-                Some(("error", &text)),
-                Some(&kept),
-            )
-            .await;
+            return kept_form_page(&state, &console, &id, status, &text, &kept).await;
         }
         Err(err) => return detail_error(&state, &console, &id, err).await,
     };
@@ -1572,18 +1563,31 @@ async fn refund_payment(
         .and_then(|v| v["detail"].as_str().map(str::to_owned))
         .unwrap_or_else(|| "The refund was refused.".to_owned());
     if status.is_server_error() || says_it_may_stand(&body) {
-        let text = format!("{text} {REFUND_MAY_STAND}");
-        return detail_response_keeping(
-            &state,
-            &console,
-            &id,
-            status,
-            Some(("error", &text)),
-            Some(&kept),
-        )
-        .await;
+        return kept_form_page(&state, &console, &id, status, &text, &kept).await;
     }
     detail_response(&state, &console, &id, status, Some(("error", &text))).await
+}
+
+/// The payment's page after a refund that may stand answered an error (`text`): its form
+/// kept (`kept`), and what on-call reads before sending it again.
+async fn kept_form_page(
+    state: &AppState,
+    console: &Console,
+    id: &str,
+    status: StatusCode,
+    text: &str,
+    kept: &KeptRefund,
+) -> Response {
+    let text = format!("{text} {REFUND_MAY_STAND}");
+    detail_response_keeping(
+        state,
+        console,
+        id,
+        status,
+        Some(("error", &text)),
+        Some(kept),
+    )
+    .await
 }
 
 /// Whether a problem body says the refund its key asked stands: `request-in-flight` (still
