@@ -126,6 +126,48 @@ impl PendingRefund {
     }
 }
 
+/// What the journal keeps of an intent, payment or refund, as `intent_for` and
+/// `refund_intent_for` weigh it: where and with which API key it was made.
+pub(crate) trait KeptIntent: Sized {
+    type Intent;
+    fn base_url(&self) -> &Url;
+    fn api_key_sha256(&self) -> &str;
+    fn key(&self) -> &IntentKey;
+    fn into_intent(self) -> Self::Intent;
+}
+
+impl KeptIntent for PendingIntent {
+    type Intent = Intent;
+    fn base_url(&self) -> &Url {
+        &self.base_url
+    }
+    fn api_key_sha256(&self) -> &str {
+        &self.api_key_sha256
+    }
+    fn key(&self) -> &IntentKey {
+        self.intent.key()
+    }
+    fn into_intent(self) -> Intent {
+        self.intent
+    }
+}
+
+impl KeptIntent for PendingRefund {
+    type Intent = crate::refund::RefundIntent;
+    fn base_url(&self) -> &Url {
+        &self.base_url
+    }
+    fn api_key_sha256(&self) -> &str {
+        &self.api_key_sha256
+    }
+    fn key(&self) -> &IntentKey {
+        self.intent.key()
+    }
+    fn into_intent(self) -> crate::refund::RefundIntent {
+        self.intent
+    }
+}
+
 /// SHA-256 of an API key, hex: how the journal names a merchant without holding its key.
 pub fn api_key_sha256(api_key: &str) -> String {
     hex::encode(Sha256::digest(api_key.as_bytes()))

@@ -659,45 +659,33 @@ impl Client {
             .await?
         {
             Kept::Recorded => Ok(fresh),
-            Kept::Found(kept) => self.kept_here(kept.into_iter().map(|k| {
-                let same_api_key = k.made_with(&self.api_key);
-                let here = k.base_url == self.base_url && same_api_key;
-                (
-                    here,
-                    k.intent.key().clone(),
-                    k.base_url.clone(),
-                    same_api_key,
-                    k.intent,
-                )
-            })),
+            Kept::Found(kept) => self.kept_here(kept),
         }
     }
 
-    /// Of the intents kept for one request (whether each was made here, its key, URL,
-    /// whether with this API key, and the intent), the one made here, or else
-    /// [`PayError::KeptElsewhere`] naming the first.
+    /// Of the intents kept for one request, the one made here (this client's server and
+    /// API key), or else [`PayError::KeptElsewhere`] naming the first.
     #[allow(
         clippy::result_large_err,
         reason = "the error every Client method answers with, handed on as it is"
     )]
-    pub(crate) fn kept_here<T>(
+    pub(crate) fn kept_here<K: journal::KeptIntent>(
         &self,
-        kept: impl IntoIterator<Item = (bool, IntentKey, Url, bool, T)>,
-    ) -> Result<T, PayError> {
-        let mut first = None;
-        for (here, key, base_url, same_api_key, intent) in kept {
-            if here {
-                return Ok(intent);
-            }
-            first.get_or_insert(PayError::KeptElsewhere {
-                key,
-                base_url,
-                same_api_key,
-            });
-        }
-        Err(first.unwrap_or_else(|| {
+        kept: Vec<K>,
+    ) -> Result<K::Intent, PayError> {
+        let hash = journal::api_key_sha256(&self.api_key);
+        let first = kept.first().ok_or_else(|| {
             PayError::Unexpected("the journal found a kept intent and then none".into())
-        }))
+        })?;
+        let elsewhere = PayError::KeptElsewhere {
+            key: first.key().clone(),
+            base_url: first.base_url().clone(),
+            same_api_key: first.api_key_sha256() == hash,
+        };
+        kept.into_iter()
+            .find(|k| *k.base_url() == self.base_url && k.api_key_sha256() == hash)
+            .map(journal::KeptIntent::into_intent)
+            .ok_or(elsewhere)
     }
 
     /// The pending intent the journal keeps for this very request, made at this client's

@@ -327,17 +327,7 @@ impl Client {
             .await?
         {
             crate::Kept::Recorded => Ok(fresh),
-            crate::Kept::Found(kept) => self.kept_here(kept.into_iter().map(|k| {
-                let same_api_key = k.made_with(&self.api_key);
-                let here = k.base_url == self.base_url && same_api_key;
-                (
-                    here,
-                    k.intent.key().clone(),
-                    k.base_url.clone(),
-                    same_api_key,
-                    k.intent,
-                )
-            })),
+            crate::Kept::Found(kept) => self.kept_here(kept),
         }
     }
 
