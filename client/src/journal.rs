@@ -136,37 +136,29 @@ pub(crate) trait KeptIntent: Sized {
     fn into_intent(self) -> Self::Intent;
 }
 
-impl KeptIntent for PendingIntent {
-    type Intent = Intent;
-    fn base_url(&self) -> &Url {
-        &self.base_url
-    }
-    fn api_key_sha256(&self) -> &str {
-        &self.api_key_sha256
-    }
-    fn key(&self) -> &IntentKey {
-        self.intent.key()
-    }
-    fn into_intent(self) -> Intent {
-        self.intent
-    }
+/// The same for a payment's and a refund's kept intent: their fields are alike.
+macro_rules! kept_intent {
+    ($pending:ty, $intent:ty) => {
+        impl KeptIntent for $pending {
+            type Intent = $intent;
+            fn base_url(&self) -> &Url {
+                &self.base_url
+            }
+            fn api_key_sha256(&self) -> &str {
+                &self.api_key_sha256
+            }
+            fn key(&self) -> &IntentKey {
+                self.intent.key()
+            }
+            fn into_intent(self) -> $intent {
+                self.intent
+            }
+        }
+    };
 }
 
-impl KeptIntent for PendingRefund {
-    type Intent = crate::refund::RefundIntent;
-    fn base_url(&self) -> &Url {
-        &self.base_url
-    }
-    fn api_key_sha256(&self) -> &str {
-        &self.api_key_sha256
-    }
-    fn key(&self) -> &IntentKey {
-        self.intent.key()
-    }
-    fn into_intent(self) -> crate::refund::RefundIntent {
-        self.intent
-    }
-}
+kept_intent!(PendingIntent, Intent);
+kept_intent!(PendingRefund, crate::refund::RefundIntent);
 
 /// SHA-256 of an API key, hex: how the journal names a merchant without holding its key.
 pub fn api_key_sha256(api_key: &str) -> String {
