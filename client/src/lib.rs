@@ -204,12 +204,13 @@ pub enum PayError {
     /// this very request made at another server URL (the same server written another way)
     /// or with another API key (one rotated since), and none made here. It may have paid
     /// (refunded) already, and only the server knows whether the two keys are one
-    /// merchant's, so no second intent was made: nothing was sent. Pay the kept one
-    /// deliberately ([`Journal::find`], then [`Client::pay`] with its intent, or `pagos pay
-    /// --resume` with the API key it was made with), or make a new payment explicitly
-    /// ([`Intent::new`]).
+    /// merchant's, so no second intent was made: nothing was sent. Settle the kept one
+    /// where it was made (`pagos pay --resume`, or a client with that URL and API key); with
+    /// this client only when you know the two API keys are one merchant's at one server
+    /// ([`Journal::find`], then [`Client::pay`] with its intent); or make a new payment
+    /// explicitly ([`Intent::new`]) once you know what the kept one did.
     #[error(
-        "the journal keeps intent {key} for this same request, made at {base_url} with {}; it may have paid already, so no second intent was made and nothing was sent: pay it deliberately with its own key, or make a new one explicitly",
+        "the journal keeps intent {key} for this same request, made at {base_url} with {}; it may have paid already, so no second intent was made and nothing was sent: settle it where it was made (pagos pay --resume with its API key), or make a new one explicitly once you know what it did",
         if *same_api_key { "this API key" } else { "another API key" }
     )]
     KeptElsewhere {

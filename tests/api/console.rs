@@ -1245,6 +1245,24 @@ async fn a_refund_form_answered_with_an_error_while_its_refund_may_stand_keeps_i
     let again = post_form(&app, &session, &path, &kept).await;
     assert_eq!(again.status(), 303, "the same refund's answer");
     assert_eq!(fake.made().len(), 1, "one refund at the provider");
+
+    // The kept form sent with another amount: its key's refund stands, and the page says
+    // so above a new form (not the same edited form, which every send would refuse).
+    let edited = [
+        ("csrf", csrf.as_str()),
+        ("clave", clave.as_str()),
+        ("monto", "2000"),
+        ("motivo", "customer asked"),
+    ];
+    let answer = post_form(&app, &session, &path, &edited).await;
+    assert_eq!(answer.status(), 422);
+    let html = answer.text().await.expect("html");
+    assert!(
+        html.contains("already asked with this form's key"),
+        "{html}"
+    );
+    assert_ne!(hidden_in(&html, "clave"), clave, "a new form");
+    assert_eq!(fake.made().len(), 1);
 }
 
 async fn with_paid(backend: Backend) -> (TestApp, crate::refunds::FakeRefunds, String) {

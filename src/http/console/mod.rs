@@ -289,7 +289,7 @@ fn explain(err: ApiError) -> (StatusCode, String) {
             tracing::error!(error = format!("{err:#}"), "console request failed");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "The database or the gateway did not answer. What was asked may have been done, in part or whole: open the payment's page again (its link, not a reload, which would send the form again) to see where things stand before asking again.".to_owned(),
+                "The database or the gateway did not answer. What was asked may have been done, in part or whole: look where things stand (follow a link of the page rather than reload it, which would send the same form again) before asking again.".to_owned(),
             )
         }
     }
@@ -1466,23 +1466,32 @@ struct RefundForm {
 /// What on-call reads when a refund it asked may stand though the page says it failed.
 const REFUND_MAY_STAND: &str = "The refund may have been registered, and sent to the provider: look for it under Refunds below before anything else. This form keeps its key: sending it again asks the very same refund (never a second one) and shows what became of it.";
 
-/// Whether a refund the console asked may have been registered though it answered an
-/// error: the request with its key still running (409), the key already asked with
-/// another amount or reason (422, a kept form changed), or a failure of the database or
-/// the provider after the refund may have been written (5xx). Refusals before any write
-/// (a 4xx over the amount, a payment not refundable) registered nothing.
-fn may_be_registered(err: &ApiError) -> bool {
-    match err {
-        ApiError::Internal(_) => true,
-        // A kept key sent with another amount or reason: the refund it asked first stands.
-        ApiError::Problem(problem) => {
-            matches!(
-                problem.kind(),
-                Some(ProblemType::RequestInFlight | ProblemType::KeyReused)
-            ) || problem.status.is_some_and(|s| s >= 500)
-        }
+/// What a refund the console asked and that answered an error (`kind`, `status`) leaves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RefundLeft {
+    /// A refusal before any write (over what is left, a payment not refundable, the
+    /// provider's refusal of a refund then `FALLIDO`): nothing that holds money.
+    Nothing,
+    /// Its key still being sent (409), or a failure of the database or the provider after
+    /// the refund may have been written (5xx): it may stand. The form is kept: sent again,
+    /// the same key asks the very same refund.
+    MayStand,
+    /// The key already asked a refund with another amount or reason (422, a kept form
+    /// changed): that one stands.
+    StandsAlready,
+}
+
+fn refund_left(kind: Option<ProblemType>, status: StatusCode) -> RefundLeft {
+    match kind {
+        Some(ProblemType::KeyReused) => RefundLeft::StandsAlready,
+        Some(ProblemType::RequestInFlight) => RefundLeft::MayStand,
+        _ if status.is_server_error() => RefundLeft::MayStand,
+        _ => RefundLeft::Nothing,
     }
 }
+
+/// What on-call reads when its form's key already asked another refund.
+const REFUND_STANDS: &str = "A refund was already asked with this form's key, with another amount or reason: it stands (listed under Refunds below, counted against what is left). The form below is a new one: use it only for a refund beside that one.";
 
 /// On-call refunds a payment: the admin API's refund, with the key the form was rendered
 /// with, so a form sent twice (a double click, a reload) is one refund.
@@ -1539,11 +1548,24 @@ async fn refund_payment(
         // Still running under this key, or failed after it may have been registered (a
         // database that went away after the send): the same form again, never a new key
         // (which would ask a second refund while the first stands).
-        Err(err) if may_be_registered(&err) => {
-            let (status, text) = explain(err);
-            return kept_form_page(&state, &console, &id, status, &text, &kept).await;
+        Err(ApiError::Internal(err)) => {
+            tracing::error!(error = format!("{err:#}"), "console refund failed");
+            let cause = "The database or the provider did not answer.";
+            let status = StatusCode::SERVICE_UNAVAILABLE;
+            return refund_error_page(&state, &console, &id, status, None, cause, &kept).await;
         }
-        Err(err) => return detail_error(&state, &console, &id, err).await,
+        Err(ApiError::Problem(problem)) => {
+            let status = problem
+                .status
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
+            let cause = problem
+                .detail
+                .clone()
+                .unwrap_or_else(|| problem.title.clone());
+            return refund_error_page(&state, &console, &id, status, problem.kind(), &cause, &kept)
+                .await;
+        }
     };
     let status = answer.status();
     if status.is_success() {
@@ -1558,47 +1580,33 @@ async fn refund_payment(
     let body = axum::body::to_bytes(answer.into_body(), 64 * 1024)
         .await
         .unwrap_or_default();
-    let text = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["detail"].as_str().map(str::to_owned))
+    let problem = serde_json::from_slice::<pagos_types::Problem>(&body).ok();
+    let text = problem
+        .as_ref()
+        .and_then(|p| p.detail.clone())
         .unwrap_or_else(|| "The refund was refused.".to_owned());
-    if status.is_server_error() || says_it_may_stand(&body) {
-        return kept_form_page(&state, &console, &id, status, &text, &kept).await;
-    }
-    detail_response(&state, &console, &id, status, Some(("error", &text))).await
+    let kind = problem.as_ref().and_then(pagos_types::Problem::kind);
+    refund_error_page(&state, &console, &id, status, kind, &text, &kept).await
 }
 
-/// The payment's page after a refund that may stand answered an error (`text`): its form
-/// kept (`kept`), and what on-call reads before sending it again.
-async fn kept_form_page(
+/// The payment's page after a refund answered an error (`cause`): as `refund_left` says,
+/// its form kept (`kept`) with what on-call reads before sending it again, a new form
+/// saying the key's refund stands, or the refusal's words.
+async fn refund_error_page(
     state: &AppState,
     console: &Console,
     id: &str,
     status: StatusCode,
-    text: &str,
+    kind: Option<ProblemType>,
+    cause: &str,
     kept: &KeptRefund,
 ) -> Response {
-    let text = format!("{text} {REFUND_MAY_STAND}");
-    detail_response_keeping(
-        state,
-        console,
-        id,
-        status,
-        Some(("error", &text)),
-        Some(kept),
-    )
-    .await
-}
-
-/// Whether a problem body says the refund its key asked stands: `request-in-flight` (still
-/// being sent) or `idempotency-key-reused` (asked first with another amount or reason).
-fn says_it_may_stand(body: &[u8]) -> bool {
-    serde_json::from_slice::<pagos_types::Problem>(body).is_ok_and(|p| {
-        matches!(
-            p.kind(),
-            Some(ProblemType::RequestInFlight | ProblemType::KeyReused)
-        )
-    })
+    let (text, kept) = match refund_left(kind, status) {
+        RefundLeft::Nothing => (cause.to_owned(), None),
+        RefundLeft::MayStand => (format!("{cause} {REFUND_MAY_STAND}"), Some(kept)),
+        RefundLeft::StandsAlready => (REFUND_STANDS.to_owned(), None),
+    };
+    detail_response_keeping(state, console, id, status, Some(("error", &text)), kept).await
 }
 
 // ---------------------------------------------------------------- reconciliation
