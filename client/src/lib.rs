@@ -205,12 +205,13 @@ pub enum PayError {
     /// or with another API key (one rotated since), and none made here. It may have paid
     /// (refunded) already, and only the server knows whether the two keys are one
     /// merchant's, so no second intent was made: nothing was sent. Settle the kept one
-    /// where it was made (`pagos pay --resume`, or a client with that URL and API key); with
-    /// this client only when you know the two API keys are one merchant's at one server
-    /// ([`Journal::find`], then [`Client::pay`] with its intent); or make a new payment
-    /// explicitly ([`Intent::new`]) once you know what the kept one did.
+    /// where it was made (`pagos pay --resume`, the same `pagos refund`, or a client with
+    /// that URL and API key); with this client only when you know the two API keys are one
+    /// merchant's at one server ([`Journal::find`], then [`Client::pay`] with its intent);
+    /// or make a new payment explicitly ([`Intent::new`]) once you know what the kept one
+    /// did.
     #[error(
-        "the journal keeps intent {key} for this same request, made at {base_url} with {}; it may have paid already, so no second intent was made and nothing was sent: settle it where it was made (pagos pay --resume with its API key), or make a new one explicitly once you know what it did",
+        "the journal keeps intent {key} for this same request, made at {base_url} with {}; it may have paid already, so no second intent was made and nothing was sent: settle it where it was made (pagos pay --resume for a payment, the same pagos refund for a refund, with its URL and API key), or make a new one explicitly once you know what it did",
         if *same_api_key { "this API key" } else { "another API key" }
     )]
     KeptElsewhere {

@@ -1491,7 +1491,7 @@ fn refund_left(kind: Option<ProblemType>, status: StatusCode) -> RefundLeft {
 }
 
 /// What on-call reads when its form's key already asked another refund.
-const REFUND_STANDS: &str = "A refund was already asked with this form's key, with another amount or reason: it stands (listed under Refunds below, counted against what is left). The form below is a new one: use it only for a refund beside that one.";
+const REFUND_STANDS: &str = "A refund was already asked with this form's key, with another amount or reason: look at its state under Refunds below (unless it is FALLIDO, nothing went back through it, it counts against what is left and may have refunded). The form below is a new one: use it only for a refund beside that one.";
 
 /// On-call refunds a payment: the admin API's refund, with the key the form was rendered
 /// with, so a form sent twice (a double click, a reload) is one refund.
