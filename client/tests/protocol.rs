@@ -535,56 +535,40 @@ async fn a_payment_pending_at_the_deadline_is_kept_and_later_resumed_by_reading_
     server.verify().await;
 }
 
-/// The deadline comes while a look-up of a payment the server already showed pending is
-/// unanswered (the server is slow, or the look-up started with little time left): the
-/// payment is pending as far as anyone knows — never "gave up", which would tell the
-/// merchant something failed.
+/// A payment the server already showed pending whose look-ups then end the budget: the
+/// deadline comes while one is unanswered (the server is slow, or the look-up started with
+/// little time left), or they fail (503) until `max_attempts`. The payment is pending as
+/// far as anyone knows — never "gave up" (exit 1), which would tell the merchant something
+/// failed.
 #[tokio::test]
-async fn a_look_up_unanswered_at_the_deadline_leaves_the_payment_pending_not_failed() {
-    let server = MockServer::start().await;
+async fn look_ups_that_end_the_budget_leave_the_payment_pending_not_failed() {
     let id = Uuid::new_v4();
-    posts_answer(&server, answer(202, pago(id, "ENVIADA")), 1).await;
-    look_ups(id)
-        .respond_with(answer(200, pago(id, "ENVIADA")).set_delay(Duration::from_secs(5)))
-        .mount(&server)
-        .await;
-    let policy = until(Duration::from_millis(600), Duration::from_millis(50));
-    let (journal, client, _) = journal_and_client(&server, policy).await;
+    for (look_up, policy) in [
+        (
+            answer(200, pago(id, "ENVIADA")).set_delay(Duration::from_secs(5)),
+            until(Duration::from_millis(600), Duration::from_millis(50)),
+        ),
+        (
+            unavailable(503, "Unavailable"),
+            PayPolicy {
+                max_attempts: 3,
+                ..fast_policy()
+            },
+        ),
+    ] {
+        let server = MockServer::start().await;
+        posts_answer(&server, answer(202, pago(id, "ENVIADA")), 1).await;
+        look_ups(id).respond_with(look_up).mount(&server).await;
+        let (journal, client, _) = journal_and_client(&server, policy).await;
 
-    let outcome = client.pay(&intent()).await;
+        let outcome = client.pay(&intent()).await;
 
-    assert!(
-        matches!(&outcome, Ok(Outcome::Pending(p)) if p.id == id && p.state == PaymentState::Enviada),
-        "{outcome:?}"
-    );
-    assert_eq!(journal.pending().await.len(), 1);
-}
-
-/// The same when the attempts run out instead: the server showed the payment pending,
-/// and its look-ups then failed (503) until `max_attempts`. Before, "gave up, outcome
-/// unknown" (exit 1) for a payment the server had named and shown pending.
-#[tokio::test]
-async fn look_ups_failing_until_the_attempts_run_out_leave_the_payment_pending_not_failed() {
-    let server = MockServer::start().await;
-    let id = Uuid::new_v4();
-    posts_answer(&server, answer(202, pago(id, "ENVIADA")), 1).await;
-    look_ups(id)
-        .respond_with(unavailable(503, "Unavailable"))
-        .mount(&server)
-        .await;
-    let policy = PayPolicy {
-        max_attempts: 3,
-        ..fast_policy()
-    };
-    let (journal, client, _) = journal_and_client(&server, policy).await;
-
-    let outcome = client.pay(&intent()).await;
-
-    assert!(
-        matches!(&outcome, Ok(Outcome::Pending(p)) if p.id == id && p.state == PaymentState::Enviada),
-        "{outcome:?}"
-    );
-    assert_eq!(journal.pending().await.len(), 1);
+        assert!(
+            matches!(&outcome, Ok(Outcome::Pending(p)) if p.id == id && p.state == PaymentState::Enviada),
+            "{outcome:?}"
+        );
+        assert_eq!(journal.pending().await.len(), 1);
+    }
 }
 
 #[tokio::test]
