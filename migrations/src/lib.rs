@@ -18,6 +18,13 @@
 //! and keeps the schema, and the next upgrade runs them again. Tables, indexes and
 //! columns are made `IF NOT EXISTS` (`columns::add`), constraints dropped `IF EXISTS`, and
 //! data is only rewritten where it is not yet as the migration leaves it.
+//!
+//! On PostgreSQL a migration in a transaction waits at most `LOCK_TIMEOUT` for a lock
+//! (`SET LOCAL lock_timeout`): an `ALTER TABLE` waiting behind a long transaction holds its
+//! place in the table's lock queue, and every payment's statement on the table would wait
+//! behind it for as long. It gives up instead, and `pagos` runs it again after a pause
+//! (`db::migrate`). Nor is it cut by a role's or database's `statement_timeout`
+//! (`SET LOCAL statement_timeout = 0`): cut, it would be run and cut again at every start.
 
 pub use sea_orm_migration::prelude::*;
 
@@ -54,6 +61,22 @@ mod m20261213_000027_events_without_merchant_fk;
 mod m20261214_000028_resolution_reports_final;
 
 pub struct Migrator;
+
+/// How long a migration in a transaction waits for a lock on PostgreSQL before it gives
+/// up, to be run again (module docs).
+pub const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Whether `err` is PostgreSQL giving up a wait for a lock (`LOCK_TIMEOUT`, SQLSTATE
+/// 55P03): nothing of the migration stays, and it can be run again.
+pub fn is_lock_timeout(err: &DbErr) -> bool {
+    use sea_orm_migration::sea_orm::{RuntimeErr, sqlx};
+    match err {
+        DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e)) => {
+            matches!(e.as_ref(), sqlx::Error::Database(d) if d.code().as_deref() == Some("55P03"))
+        }
+        _ => false,
+    }
+}
 
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
@@ -113,6 +136,17 @@ impl MigrationTrait for Whole {
     }
 
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        if manager.get_database_backend() == sea_orm_migration::sea_orm::DbBackend::Postgres
+            && self.use_transaction() == Some(true)
+        {
+            manager
+                .get_connection()
+                .execute_unprepared(&format!(
+                    "SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = 0",
+                    LOCK_TIMEOUT.as_millis()
+                ))
+                .await?;
+        }
         self.0.up(manager).await
     }
 

@@ -275,6 +275,111 @@ async fn two_processes_migrating_a_fresh_postgres_database_at_once_both_start() 
     }
 }
 
+/// A migration whose `ALTER TABLE` must wait for a long transaction on `payments` (a report
+/// left open) gives up its place in the table's lock queue within the lock timeout,
+/// instead of making every payment's statement on the table wait behind it for as long
+/// as the transaction lasts, and runs again until it gets the lock: then it is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_migration_waiting_behind_a_long_transaction_lets_payments_through_and_applies_after_it()
+{
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let (database, db) = crate::helpers::TestDatabase::with_acme(&backend).await;
+    let m22 = "m20261210_000022_last_error";
+    db.execute_unprepared(&format!(
+        r#"DELETE FROM "seaql_migrations" WHERE "version" = '{m22}'"#
+    ))
+    .await
+    .expect("back to before m22 (its columns stay: it adds them IF NOT EXISTS)");
+    let report = sea_orm::Database::connect(database.url.as_str())
+        .await
+        .expect("a reporting connection");
+    let long = report.begin().await.expect("a long transaction");
+    long.execute_unprepared(r#"SELECT count(*) FROM "payments""#)
+        .await
+        .expect("it reads payments, and holds its lock until it ends");
+
+    let settings = crate::helpers::settings(&database.url, &[]);
+    let start = tokio::spawn(async move { pagos::app::open_and_migrate(&settings.database).await });
+    let waiting = r#"SELECT count(*) AS "n" FROM "pg_locks"
+        WHERE NOT "granted" AND "mode" = 'AccessExclusiveLock' AND "relation" = 'payments'::regclass"#;
+    let mut queued = false;
+    for _ in 0..400 {
+        let row = db
+            .query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                waiting,
+            ))
+            .await
+            .expect("pg_locks")
+            .expect("a row");
+        if row.try_get::<i64>("", "n").expect("n") > 0 {
+            queued = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(
+        queued,
+        "the migration's ALTER TABLE waits for the long transaction"
+    );
+
+    // A payment's statement on the table, while the long transaction goes on.
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        db.execute_unprepared(r#"SELECT count(*) FROM "payments""#),
+    )
+    .await;
+    assert!(
+        matches!(read, Ok(Ok(_))),
+        "a payment's statement went through while the migration waited: {read:?}"
+    );
+    assert!(
+        !start.is_finished(),
+        "the migration waits for its lock still"
+    );
+
+    long.commit().await.expect("the long transaction ends");
+    let started = tokio::time::timeout(std::time::Duration::from_secs(60), start)
+        .await
+        .expect("start-up goes on once the lock is free")
+        .expect("task")
+        .expect("the migrations are applied");
+    let recorded = started
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            format!(r#"SELECT count(*) AS "n" FROM "seaql_migrations" WHERE "version" = '{m22}'"#),
+        ))
+        .await
+        .expect("query")
+        .expect("a row")
+        .try_get::<i64>("", "n")
+        .expect("n");
+    assert_eq!(recorded, 1, "m22 applied and recorded once");
+}
+
+/// Processes starting together on one fresh SQLite file (no lock between processes: each
+/// opens its own pool): one applies a migration, the others find it applied and go on
+/// after it; every one starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn processes_migrating_a_fresh_sqlite_file_at_once_all_start() {
+    for _ in 0..5 {
+        let database = crate::helpers::TestDatabase::create(&Backend::Sqlite).await;
+        let settings = crate::helpers::settings(&database.url, &[]);
+        let (first, second, third) = tokio::join!(
+            pagos::app::open_and_migrate(&settings.database),
+            pagos::app::open_and_migrate(&settings.database),
+            pagos::app::open_and_migrate(&settings.database),
+        );
+        for (which, started) in [("first", first), ("second", second), ("third", third)] {
+            let db = started.unwrap_or_else(|e| panic!("the {which} process starts: {e:#}"));
+            let _ = db.close().await;
+        }
+    }
+}
+
 /// `m20261208_000018` builds its index `CONCURRENTLY` (so outside a transaction: PostgreSQL
 /// refuses it inside one), and a build interrupted halfway, which leaves an INVALID index
 /// behind, is built again by the next start rather than taken as done.
