@@ -52,12 +52,16 @@ pub struct Dispatcher {
 }
 
 /// How long after an attempt's timeout its claim still holds.
-pub const CLAIM_MARGIN: Duration = Duration::from_secs(5);
+pub const CLAIM_MARGIN: Duration = Duration::from_secs(STORE_MARGIN.as_secs() + 2);
 
 /// How long before its claim runs out an attempt is over at the latest, to be stored
 /// while the claim holds (less than `CLAIM_MARGIN`: an attempt that begins at once after
-/// its claim gets the whole timeout).
-pub const STORE_MARGIN: Duration = Duration::from_secs(2);
+/// its claim gets the whole timeout). The claim's end is written on the claiming host's
+/// clock and read on the others', each up to `db::MAX_CLOCK_SKEW` off the database: two
+/// hosts may disagree by twice that, which another host may see the claim run out early
+/// by; two seconds are left to store the attempt.
+pub const STORE_MARGIN: Duration =
+    Duration::from_secs(2 * crate::db::MAX_CLOCK_SKEW.num_seconds().unsigned_abs() + 2);
 
 /// Attempts in flight at once to one endpoint, in one process: an endpoint that hangs
 /// (every attempt waits out `PAGOS_WEBHOOKS_TIMEOUT`) holds at most these of the
@@ -192,6 +196,7 @@ async fn top_up(
     let due = deliveries::claim_due(&d.db, now(), free as u64, hold, PER_ENDPOINT, busy).await?;
     if !due.is_empty() {
         failpoint::hit("delivery_claimed");
+        failpoint::pause("delivery_claimed").await;
     }
     Ok((fanned, due))
 }
@@ -450,14 +455,16 @@ mod tests {
             attempt_budget(claimed_for(held - TimeDelta::milliseconds(30)), at, timeout),
             Some(timeout)
         );
-        // One whose reads waited 12 s for a connection has 8 s left: 6 s, then the margin.
+        // One whose reads waited 12 s for a connection has 11 s left: 5 s, then the margin
+        // (6 s: the 4 s two hosts' clocks may be apart, and 2 s to store the attempt).
+        assert_eq!(STORE_MARGIN, Duration::from_secs(6));
         assert_eq!(
-            attempt_budget(claimed_for(TimeDelta::seconds(8)), at, timeout),
-            Some(Duration::from_secs(6))
+            attempt_budget(claimed_for(TimeDelta::seconds(11)), at, timeout),
+            Some(Duration::from_secs(5))
         );
         assert_eq!(
             attempt_budget(
-                claimed_for(TimeDelta::milliseconds(2_500) + TimeDelta::microseconds(7)),
+                claimed_for(TimeDelta::milliseconds(6_500) + TimeDelta::microseconds(7)),
                 at,
                 timeout
             ),
@@ -467,7 +474,7 @@ mod tests {
         // Nothing left but the margin, or less: not sent.
         assert_eq!(attempt_budget(claimed_for(margin), at, timeout), None);
         assert_eq!(
-            attempt_budget(claimed_for(TimeDelta::seconds(1)), at, timeout),
+            attempt_budget(claimed_for(TimeDelta::seconds(5)), at, timeout),
             None
         );
         assert_eq!(

@@ -143,6 +143,92 @@ async fn two_processes_share_the_deliveries_without_sending_one_attempt_twice() 
     assert_eq!(sent_by(&a) + sent_by(&b), PAYMENTS);
 }
 
+/// Two hosts whose clocks are each within what `serve` allows of the database's (2 s), on
+/// either side of it: one writes a delivery's claim on its clock, the other reads it on
+/// its own, 3.8 s ahead, and sees it run out that much early. The claiming process is slow
+/// to begin its attempt (here 4 s after the claim, as a wait for a connection would be),
+/// and the receiver is slower than the timeout. The other process must still not send
+/// the same attempt while the first is in flight: every request the receiver got is an
+/// attempt pagos stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hosts_with_clocks_apart_never_send_one_attempt_twice() {
+    use crate::receiver::Answer;
+    use pagos::entities::webhook_delivery;
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let world = World::new(backend).await;
+    let uri = world.gateway.uri();
+    let args = [
+        "--database-url",
+        &world.database.url,
+        "--gateway",
+        "http",
+        "--gateway-url",
+        &uri,
+        "--webhooks-allow-private",
+        "true",
+        "--webhooks-timeout",
+        "3s",
+        "--webhooks-schedule",
+        "0s,200ms,200ms,200ms,200ms,200ms",
+    ];
+    let behind = Serve::start(
+        &args,
+        &[
+            ("PAGOS_CLOCK_STEP", "-1900:0"),
+            ("PAGOS_PAUSE_AT", "delivery_claimed:4000"),
+        ],
+    )
+    .await;
+    let receiver = Receiver::start().await;
+    receiver.answer_next([Answer::Hang(Duration::from_secs(10))]);
+    let secret = world.register(&behind, &receiver.url("/")).await;
+    receiver.consume(Verifier::new(&secret).expect("verifier"));
+    world.pay(&behind, "k-1").await;
+    eventually(
+        Duration::from_secs(10),
+        "the slow process claims the delivery",
+        async || {
+            webhook_delivery::Entity::find()
+                .all(&world.db)
+                .await
+                .expect("deliveries")
+                .iter()
+                .any(|d| d.claimed_until.is_some())
+        },
+    )
+    .await;
+    let ahead = Serve::start(&args, &[("PAGOS_CLOCK_STEP", "1900:0")]).await;
+
+    eventually(Duration::from_secs(40), "the event delivered", async || {
+        world
+            .attempts()
+            .await
+            .iter()
+            .any(|a| a.outcome == "delivered")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stored = world.attempts().await;
+    let sent = receiver.deliveries();
+    let numbers: BTreeSet<i32> = stored.iter().map(|a| a.number).collect();
+    assert_eq!(
+        numbers.len(),
+        stored.len(),
+        "one stored attempt per number: {stored:?}"
+    );
+    assert_eq!(
+        sent.len(),
+        stored.len(),
+        "every request the receiver got is an attempt pagos stored (one sent twice is not): {} sent, attempts {numbers:?}\nbehind:\n{}\nahead:\n{}",
+        sent.len(),
+        behind.logs(),
+        ahead.logs()
+    );
+    assert_eq!(receiver.applied().len(), 1);
+}
+
 /// A merchant deletes an endpoint while a worker stores an attempt to it. Before, on
 /// PostgreSQL, the deletion locked the endpoint and waited for the delivery's row while the
 /// worker held that row and waited for the endpoint (its attempt's foreign key): a
