@@ -615,15 +615,16 @@ impl ProviderSays {
         })
     }
 
-    /// A 503 that changes nothing, when the provider could not be asked and on-call does
-    /// not overrule it: a look-up that keeps failing (the provider down, an answer pagos
-    /// cannot store) is resolved only with `contraProveedor`.
+    /// A 503 that changes nothing, when the provider could not be asked for a resolution
+    /// with `reembolsar` (which refunds what the provider shows): it waits for the
+    /// provider, never for `contraProveedor`, which records the charges as settled outside
+    /// pagos and so would leave them unrefunded.
     fn unavailable(&self) -> Option<ApiError> {
         self.unreachable.as_ref().map(|e| {
             provider_check::unreachable(
                 "payment",
                 e,
-                "Try again; if it keeps failing, check the provider's dashboard and resolve with contraProveedor saying what it shows.",
+                "reembolsar refunds what the provider shows, so it needs the provider's answer: try again in a few minutes. Do not drop reembolsar to close the payment meanwhile: a FALLIDA without it, overruling the provider, records its charges as settled outside pagos, and pagos never refunds them.",
             )
         })
     }
@@ -735,7 +736,7 @@ fn checked_against(
             && let Some(charged) = provider.succeeded.first()
         {
             return Err(provider.disagrees(&format!(
-                "The provider shows money taken for this payment: charge {} succeeded. FALLIDA would tell the merchant no money was taken while the customer is charged: resolve FALLIDA with reembolsar (the console's \"Failed — refund what the provider charged\") to refund it, or COMPLETADA if the charge stands.",
+                "The provider shows money taken for this payment: charge {} succeeded. FALLIDA would tell the merchant no money was taken while the customer is charged: resolve FALLIDA with reembolsar (the console's \"Failed — refund what the provider charged\") to refund it; or, if the charge stands, COMPLETADA (a payment that was answered FALLIDA is resolved FALLIDA with contraProveedor saying who agreed); or, if the money went back outside pagos (a refund in the provider's dashboard), FALLIDA with contraProveedor naming it, without reembolsar.",
                 charged.id
             )));
         }

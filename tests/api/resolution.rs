@@ -260,7 +260,15 @@ async fn while_the_provider_cannot_be_asked_on_call_resolves_on_its_word_and_the
     // reembolsar refunds what the provider shows: it needs an answer.
     let body = json!({"estado": "FALLIDA", "motivo": "refund it", "reembolsar": true});
     let answer = app.resolve_as(ADMIN_TOKEN, &id, &body).await;
-    crate::helpers::unavailable(answer, &body).await;
+    let refused = crate::helpers::unavailable(answer, &body).await;
+    // Dropping reembolsar for contraProveedor would record the charge as settled outside
+    // pagos, never refunded: the advice is to wait for the provider, not that.
+    let advice = refused["detail"].as_str().unwrap_or_default();
+    assert!(advice.contains("try again"), "{refused}");
+    assert!(
+        !advice.contains("resolve with contraProveedor"),
+        "{refused}"
+    );
     let after = detail(&app, &id).await;
     assert_eq!(after["pago"], before["pago"]);
     assert_eq!(after["transiciones"], before["transiciones"]);
