@@ -24,6 +24,7 @@ on_both_databases!(
     a_charge_the_gateway_reports_in_lower_case_currency_is_the_payments_own,
     a_charge_that_is_not_the_payments_own_never_settles_it_declined_or_not,
     a_resend_answered_pending_with_another_charge_goes_to_review_keeping_the_first,
+    a_look_up_finding_a_pending_charge_that_is_not_the_payments_own_goes_to_review,
     a_settlement_the_database_refuses_is_503_then_409_then_the_charges_own_answer,
 );
 
@@ -592,6 +593,70 @@ async fn a_resend_answered_pending_with_another_charge_goes_to_review_keeping_th
     let stored = app.payment(&id).await;
     assert_eq!(stored.state, "REVISION_MANUAL");
     assert_eq!(stored.gateway_ref.as_deref(), Some("ch_third"));
+}
+
+/// The reconciler's look-up finds one charge, still pending, that is not the payment's
+/// own: another charge than the one the provider named for it, or another amount. As a
+/// send answered so, it goes to review at once, the first charge kept; it is not waited on
+/// (rescheduled until `PAGOS_GIVE_UP_AFTER`, the merchant told 202 meanwhile).
+async fn a_look_up_finding_a_pending_charge_that_is_not_the_payments_own_goes_to_review(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .flags(&["--gateway-retries", "0"])
+        .start()
+        .await;
+    charges_answered(&app, |body: &Value| {
+        wiremock::ResponseTemplate::new(201).set_body_json(serde_json::json!({
+            "id": format!("ch_{}", body["reference"].as_str().unwrap_or_default()),
+            "status": "pending", "amount": body["amount"], "currency": "COP",
+            "reference": body["reference"], "declineCode": null}))
+    })
+    .await;
+    let found = std::sync::Arc::new(std::sync::Mutex::new(Value::Null));
+    let shown = found.clone();
+    crate::helpers::mount_route(
+        app.gateway(),
+        "GET",
+        "/v1/charges",
+        move |_: &wiremock::Request| {
+            let charge = shown.lock().expect("lock").clone();
+            wiremock::ResponseTemplate::new(200)
+                .set_body_json(serde_json::json!({ "data": [charge] }))
+        },
+    )
+    .await;
+    let pending = |id: &str, amount: i64, reference: &str| {
+        serde_json::json!({"id": id, "status": "pending", "amount": amount, "currency": "COP",
+            "reference": reference, "declineCode": null})
+    };
+
+    for (key, other) in [("k-other-charge", true), ("k-other-amount", false)] {
+        let (status, pago) = app.pay_read(key, &payment_body()).await;
+        assert_eq!(status, 202, "{pago}");
+        let id = pago["id"].as_str().expect("id").to_owned();
+        let own = pago["gatewayRef"]
+            .as_str()
+            .expect("the pending charge")
+            .to_owned();
+        let reference = own.trim_start_matches("ch_").to_owned();
+        *found.lock().expect("lock") = if other {
+            pending("ch_another", 250_000, &reference)
+        } else {
+            pending(&own, 990_000, &reference)
+        };
+        let report = app.reconcile(&id).await;
+        assert_eq!(report["revisionManual"], 1, "{key}: {report}");
+        let stored = app.payment(&id).await;
+        assert_eq!(stored.state, "REVISION_MANUAL", "{key}");
+        assert_eq!(
+            stored.gateway_ref.as_deref(),
+            Some(own.as_str()),
+            "{key}: the first charge kept"
+        );
+        let (status, _) = app.pay_read(key, &payment_body()).await;
+        assert_eq!(status, 202, "{key}: the retry is told it is not settled");
+    }
 }
 
 /// SQLite rolls a transaction back by itself when a write in it fails for want of disk

@@ -230,6 +230,27 @@ async fn take_up<R: Reconcilable>(
     })
 }
 
+/// A pending charge (refund) found that is not the row's own (another than the one the
+/// provider named for it before, another amount or currency) is settled as a send's
+/// pending answer is (`saga::settlement`): to review at once, keeping the first, rather
+/// than waited on until `PAGOS_GIVE_UP_AFTER` while the merchant is told 202.
+fn not_its_own_pending<R: Reconcilable>(
+    decision: Decision<HeldBy<R>>,
+    lookup: Option<&Result<Vec<HeldBy<R>>, GatewayError>>,
+    claimed: &R,
+) -> Decision<HeldBy<R>> {
+    use crate::saga::reconcile::decide::Held;
+    match (decision, lookup) {
+        (Decision::Reschedule(why), Some(Ok(found))) => match found.as_slice() {
+            [one] if one.is_pending() && claimed.settlement(one).is_some() => {
+                Decision::Settle(one.clone())
+            }
+            _ => Decision::Reschedule(why),
+        },
+        (decision, _) => decision,
+    }
+}
+
 async fn decide_and_apply<R: Reconcilable>(
     deps: &SagaDeps,
     horizons: &Horizons,
@@ -249,7 +270,7 @@ async fn decide_and_apply<R: Reconcilable>(
         now: crate::db::now(),
         lookup: lookup.as_ref(),
     };
-    let decision = decide(&facts, horizons);
+    let decision = not_its_own_pending(decide(&facts, horizons), lookup.as_ref(), &claimed);
     claimed.log_decision(&decision);
     // What the look-up says of the row's last error, whatever is decided: a failed one is
     // the error from now, one the provider answered clears the error before (it waits on
