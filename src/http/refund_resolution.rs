@@ -285,6 +285,7 @@ async fn resolve_unrecorded(
         event,
         named,
         overruled: overrule.is_some(),
+        blind: current.gateway_ref.is_none() && !state.settings.gateway.refunds_carry_reference(),
     };
     let recorded = checked_against(&provider, &current, &asked, &siblings)?;
     // A provider refund already another refund's, another payment's or merchant's too, is
@@ -430,6 +431,10 @@ struct Asked<'a> {
     named: Option<&'a str>,
     /// On-call overrules the provider (`contraProveedor`).
     overruled: bool,
+    /// The provider's refunds carry no pagos reference and this refund's own id was never
+    /// learned (Mercado Pago, its answer lost): a refund named is told from a sibling's
+    /// only by what on-call read in the provider's panel.
+    blind: bool,
 }
 
 /// A provider's refund as a refusal lists it.
@@ -665,6 +670,27 @@ fn checked_against(
         return Err(provider.disagrees(&format!(
             "gatewayRef {named} is the provider's refund of another refund of this payment ({}, {}): one provider refund is one pagos refund, and its money would count twice.",
             other.id, other.state
+        )));
+    }
+    // Blind, a refund named may be the own of a sibling of the same charge and amount whose
+    // answer has not come yet (sent, no provider id): its resend, with its own key, would
+    // be answered with that very refund and settle the sibling with it too, two pagos
+    // refunds counting one provider refund's money. It waits until the sibling settles or
+    // is under review, where the check above sees its id. Overruled too.
+    if let Some(named) = named
+        && asked.blind
+        && let Some(other) = siblings.iter().find(|r| {
+            r.id != current.id
+                && r.gateway_ref.is_none()
+                && matches!(r.state, RefundState::EnProceso | RefundState::Enviado)
+                && r.charge_ref == current.charge_ref
+                && r.amount == current.amount
+                && r.currency.eq_ignore_ascii_case(&current.currency)
+        })
+    {
+        return Err(provider.disagrees(&format!(
+            "Refund {} of this payment, for the same {} {}, was sent and its answer has not come ({}, no provider id yet): refund {named} may be its own, and its resend would be answered with it. Wait until the reconciler settles it or hands it to review (within the gateway's key window), then resolve this one.",
+            other.id, other.amount, other.currency, other.state
         )));
     }
     if matches!(provider.search, Search::CannotTell) && !overruled {

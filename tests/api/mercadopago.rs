@@ -31,6 +31,7 @@ on_both_databases!(
     money_returned_beyond_pagos_refunds_or_charged_back_still_sends_the_payment_to_review,
     a_refund_pagos_never_sent_does_not_cover_money_returned_outside_pagos,
     a_refund_under_review_without_its_mercadopago_id_is_resolved_by_naming_it_or_overruling,
+    a_refund_named_while_a_sibling_of_the_same_amount_awaits_its_answer_is_refused,
     centavos_of_colombian_pesos_are_refused_with_422_before_mercadopago_is_asked,
 );
 
@@ -1254,6 +1255,80 @@ async fn a_refund_under_review_without_its_mercadopago_id_is_resolved_by_naming_
     let pago = merchant_view(&app, &id).await;
     assert_eq!(pago["montoReembolsado"], 100000);
     assert_eq!(fake.refunds_made(), 2, "nothing sent again");
+}
+
+/// Two refunds of one payment for the same amount, both answers lost. The first is under
+/// review; the second is still being settled (sent, no provider id). In Mercado Pago's
+/// panel on-call sees one approved refund for that amount, but it is the second's: named
+/// for the first, the second's resend would then be answered with it too and settle it,
+/// two pagos refunds (and `montoReembolsado`) on one provider refund's money while the
+/// customer got half. The resolution waits for the sibling to settle or be handed to
+/// review; then the refund is told apart (the second holds it), and the first is resolved
+/// with its own.
+async fn a_refund_named_while_a_sibling_of_the_same_amount_awaits_its_answer_is_refused(
+    backend: Backend,
+) {
+    let app = spawn(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.mount(app.gateway()).await;
+    let (id, _) = approved_payment(&app, "k-siblings").await;
+    fake.refund_answers_lost(true);
+    let mut refunds = Vec::new();
+    for key in ["r-first", "r-second"] {
+        let (status, refund) = refund_through_pagos(&app, &id, key, json!({"monto": 50000})).await;
+        assert_eq!(status, 202, "{refund}");
+        refunds.push(refund["id"].as_str().expect("id").to_owned());
+    }
+    let (first, second) = (&refunds[0], &refunds[1]);
+    // Mercado Pago made 1009042016 for the first, 1009042017 for the second.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let reconcile = |refund: &str| {
+        let body = json!({ "reembolsoId": refund });
+        let app = &app;
+        async move { json(app.admin_post("/admin/reconciliaciones", &body).await).await }
+    };
+    let report = reconcile(first).await;
+    assert_eq!(report["reembolsos"]["revisionManual"], 1, "{report}");
+    let resolve = |refund: &str, body: Value| {
+        let path = format!("/admin/reembolsos/{refund}/resolucion");
+        let app = &app;
+        async move { app.admin_post(&path, &body).await }
+    };
+
+    let seen_in_the_panel =
+        json!({"estado": "COMPLETADO", "motivo": "panel", "gatewayRef": "1009042017"});
+    let answer = resolve(first, seen_in_the_panel.clone()).await;
+    let problem = crate::helpers::problem(answer, 409, "a sibling awaits its answer").await;
+    assert_eq!(problem["type"], "/problems/provider-disagrees", "{problem}");
+    assert!(
+        crate::helpers::text_has(&problem, "detail", second),
+        "names the sibling: {problem}"
+    );
+    let overruled = json!({"estado": "COMPLETADO", "motivo": "panel", "gatewayRef": "1009042017",
+                           "contraProveedor": "the panel shows 1009042017 approved"});
+    let answer = resolve(first, overruled).await;
+    crate::helpers::problem(answer, 409, "overruled too").await;
+
+    // The second is handed to review too; on-call settles it with its own refund, and
+    // then that refund is told apart from the first's.
+    let report = reconcile(second).await;
+    assert_eq!(report["reembolsos"]["revisionManual"], 1, "{report}");
+    let answer = resolve(second, seen_in_the_panel.clone()).await;
+    assert_eq!(answer.status(), 200);
+    let answer = resolve(first, seen_in_the_panel).await;
+    crate::helpers::problem(answer, 409, "now the second's").await;
+    let answer = resolve(
+        first,
+        json!({"estado": "COMPLETADO", "motivo": "panel", "gatewayRef": "1009042016"}),
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let pago = merchant_view(&app, &id).await;
+    assert_eq!(
+        pago["montoReembolsado"], 100000,
+        "each provider refund counted once"
+    );
+    assert_eq!(fake.refunds_made(), 2, "nothing sent twice");
 }
 
 /// Mercado Pago takes Colombian pesos in whole pesos: a `monto` with centavos, of a
