@@ -85,7 +85,18 @@ pub struct Charge {
     pub decline_code: Option<String>,
 }
 
+/// The decline code of a charge taken and then disputed by its payer (Mercado Pago's
+/// `charged_back`, whatever its `status_detail`: the dispute open, won by the seller, or
+/// the money returned).
+pub const CHARGED_BACK: &str = "charged_back";
+
 impl Charge {
+    /// A charge that took the money and was then disputed (`CHARGED_BACK`): declined, but
+    /// not "no money taken". A payment not yet settled goes to review, never `FALLIDA`.
+    pub fn charged_back(&self) -> bool {
+        self.status == ChargeStatus::Declined && self.decline_code.as_deref() == Some(CHARGED_BACK)
+    }
+
     /// Whether the charge names `reference` (a payment id) as its own: the reference
     /// protocol's `reference`, Stripe's `metadata.pagos_reference`, Mercado Pago's
     /// `external_reference`. Empty (the answer carried none) or another is not.

@@ -418,6 +418,17 @@ pub fn settlement(p: &payment::Model, charge: &Charge) -> Option<(Event, Changes
             },
             format!("gateway charged ({})", charge.id),
         )),
+        ChargeStatus::Declined if charge.charged_back() => Some((
+            Event::Escalate,
+            Changes {
+                gateway_ref: p.gateway_ref.is_none().then(|| charge.id.clone()),
+                ..Changes::default()
+            },
+            format!(
+                "charge {} was charged back: it took the money and the payer disputed it, so it is not a decline (no money taken); on-call decides whether the money stands",
+                charge.id
+            ),
+        )),
         ChargeStatus::Declined => {
             let code = charge
                 .decline_code

@@ -9,7 +9,7 @@
 //! | payment         | succeeded                   | declined                 | pending |
 //! | --------------- | --------------------------- | ------------------------ | ------- |
 //! | EN_PROCESO      | REVISION_MANUAL (never sent, yet charged) | keep       | keep    |
-//! | ENVIADA         | COMPLETADA                  | FALLIDA                  | keep    |
+//! | ENVIADA         | COMPLETADA                  | FALLIDA (charged back: REVISION_MANUAL) | keep |
 //! | COMPLETADA      | keep                        | REVISION_MANUAL          | keep    |
 //! | FALLIDA         | REVISION_MANUAL             | keep                     | keep    |
 //! | REVISION_MANUAL | keep: on-call owns it       | keep                     | keep    |
@@ -87,6 +87,13 @@ pub fn decide(p: &payment::Model, charge: &Charge, event_id: &str) -> Effect {
             },
             reason: said,
         },
+        // Taken, then disputed: not "no money taken".
+        (Enviada, Declined) if charge.charged_back() => escalate(
+            Event::Escalate,
+            format!(
+                "{said}: the charge took the money and the payer disputed it; on-call decides whether the money stands"
+            ),
+        ),
         (Enviada, Declined) => {
             let code = charge
                 .decline_code

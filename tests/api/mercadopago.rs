@@ -32,6 +32,7 @@ on_both_databases!(
     a_refund_pagos_never_sent_does_not_cover_money_returned_outside_pagos,
     a_refund_under_review_without_its_mercadopago_id_is_resolved_by_naming_it_or_overruling,
     a_refund_named_while_a_sibling_of_the_same_amount_awaits_its_answer_is_refused,
+    an_unsettled_payment_mercadopago_shows_charged_back_goes_to_review_never_402,
     centavos_of_colombian_pesos_are_refused_with_422_before_mercadopago_is_asked,
 );
 
@@ -456,12 +457,9 @@ async fn every_status_in_the_mapping_table_maps_as_documented(backend: Backend) 
                 Some("cancelled_expired"),
             ),
             ("201 payment_refunded", 402, "FALLIDA", Some("refunded")),
-            (
-                "201 payment_charged_back",
-                402,
-                "FALLIDA",
-                Some("charged_back"),
-            ),
+            // Taken, then disputed (a create's answer replayed long after): not "no money
+            // taken"; on-call decides.
+            ("201 payment_charged_back", 202, "REVISION_MANUAL", None),
             (
                 "400 error_bad_request",
                 402,
@@ -751,6 +749,45 @@ async fn a_notification_mercadopago_cannot_be_asked_about_is_refused_with_503_an
         payment.decline_code.as_deref(),
         Some("cc_rejected_insufficient_amount")
     );
+}
+
+/// A payment pagos never learned was approved (its notifications lost) is read
+/// `charged_back`: it took the money and the payer disputed it, which the seller may win
+/// (`reimbursed`) or still be fighting. Neither a notification nor the reconciler's
+/// look-up answers it `FALLIDA` (402, no money taken): on-call decides.
+async fn an_unsettled_payment_mercadopago_shows_charged_back_goes_to_review_never_402(
+    backend: Backend,
+) {
+    let (app, _fake, id, data_id) =
+        pending_then(backend.clone(), "k-disputed", "payment_charged_back").await;
+    assert_eq!(
+        outcome(notify(&app, 7401, &data_id).await).await,
+        "revision_manual"
+    );
+    let payment = app.payment(&id).await;
+    assert_eq!(payment.state, "REVISION_MANUAL");
+    assert_eq!(payment.decline_code, None, "never told declined");
+
+    // The same read by the reconciler's look-up.
+    let app = spawn(backend, &["--stale-after", "1s"]).await;
+    let fake = FakeMercadoPago::new("payment_pending");
+    fake.mount(app.gateway()).await;
+    let id = pending_payment(&app, "k-disputed-looked-up").await;
+    fake.set(&id, "payment_charged_back", "2026-12-02T11:00:00.000-05:00");
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["revisionManual"], 1, "{report}");
+    let (status, pago) = app
+        .pay_read(
+            "k-disputed-looked-up",
+            &json!({"creditoId": "42", "monto": 250000, "moneda": "COP",
+                    "medioPago": {"id": "efecty", "email": "payer@example.com"}}),
+        )
+        .await;
+    assert_eq!(
+        status, 202,
+        "the retry is not told no money was taken: {pago}"
+    );
+    assert_eq!(pago["estado"], "REVISION_MANUAL");
 }
 
 /// Mercado Pago's reads lag behind its notifications: a payment it notified a moment ago
