@@ -552,8 +552,12 @@ async fn write_endpoint<C: ConnectionTrait>(
             at: failed_at,
             reason,
         } => {
+            // Only the endpoint as it was when the attempt began: one the merchant changed
+            // or reactivated since (told `ACTIVO`, having fixed what was gone) is not
+            // deactivated by an older attempt's answer.
             let done = deactivate(reason)
                 .col_expr(endpoints::Column::FailingSince, failing_since(*failed_at))
+                .filter(endpoints::Column::UpdatedAt.lte(*failed_at))
                 .exec(tx)
                 .await?;
             Ok(done.rows_affected == 1)

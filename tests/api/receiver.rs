@@ -39,6 +39,8 @@ pub enum Answer {
     Redirect(u16, String),
     /// Nothing for this long (then 200).
     Hang(Duration),
+    /// Nothing for this long, then this status.
+    Late(Duration, u16),
 }
 
 /// One delivery as the receiver saw it.
@@ -239,6 +241,10 @@ async fn receive(
         Answer::Hang(d) => {
             tokio::time::sleep(d).await;
             (StatusCode::OK, "late").into_response()
+        }
+        Answer::Late(d, code) => {
+            tokio::time::sleep(d).await;
+            (status(code), "late").into_response()
         }
     }
 }

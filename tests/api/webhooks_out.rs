@@ -33,6 +33,7 @@ on_both_databases!(
     two_rotations_at_once_each_hand_out_a_secret_that_signs,
     a_410_deactivates_the_endpoint_and_reactivation_redelivers,
     a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once,
+    a_410_to_an_attempt_begun_before_a_reactivation_leaves_the_endpoint_active,
     an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_new_round,
     an_endpoint_failing_past_the_horizon_is_deactivated_and_counted,
     redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes,
@@ -568,6 +569,44 @@ async fn a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once(back
     let attempts = detail["intentos"].as_array().expect("attempts");
     assert_eq!(attempts.len(), 1, "{detail}");
     assert_eq!(attempts[0]["estadoHttp"], 200, "{detail}");
+}
+
+/// An attempt begun before the endpoint was reactivated is answered `410 Gone` after it:
+/// the merchant, told `ACTIVO`, fixed what was gone; the old answer does not deactivate the
+/// endpoint again (it did, and the deliveries the reactivation made due were not sent
+/// until someone reactivated it once more). The attempt is tried again in the new round.
+async fn a_410_to_an_attempt_begun_before_a_reactivation_leaves_the_endpoint_active(
+    backend: Backend,
+) {
+    let (app, _fake, receiver, id) = reactivated_later(
+        backend,
+        "10s",
+        FLAGS[5],
+        [
+            Answer::Late(Duration::from_secs(4), 410),
+            Answer::Status(410, "gone".into()),
+        ],
+    )
+    .await;
+
+    let held = event_of(&app, &pay(&app, "k-held").await).await.id;
+    sent(&receiver, 1, "the held delivery sent").await;
+    let gone = event_of(&app, &pay(&app, "k-gone").await).await.id;
+    deactivated_within(&app, Duration::from_secs(10), "410").await;
+
+    reactivated_in_flight(&app, &id, &held, 0, "the held delivery").await;
+
+    eventually(Duration::from_secs(20), "both delivered", async || {
+        deliveries_of(&app, &held).await[0]["estado"] == "ENTREGADA"
+            && deliveries_of(&app, &gone).await[0]["estado"] == "ENTREGADA"
+    })
+    .await;
+    let endpoint = &app.endpoints_of(API_KEY).await[0];
+    assert_eq!(endpoint["estado"], "ACTIVO", "{endpoint}");
+    let detail = json(app.get_as(API_KEY, &format!("/v1/eventos/{held}")).await).await;
+    let attempts = detail["intentos"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 2, "the 410, then the new round's: {detail}");
+    assert_eq!(attempts[0]["estadoHttp"], 410, "{detail}");
 }
 
 /// The endpoint is reactivated while the last attempt its schedule allows is in flight;
