@@ -71,6 +71,7 @@ fn charge(id: &str, status: ChargeStatus) -> Charge {
         currency: "COP".into(),
         reference: uuid::Uuid::nil().to_string(),
         decline_code: None,
+        charged_back: false,
     }
 }
 

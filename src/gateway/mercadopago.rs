@@ -153,6 +153,7 @@ impl Payment {
             currency,
             reference: self.external_reference.clone().unwrap_or_default(),
             decline_code: decline_code.as_deref().map(super::decline_code),
+            charged_back: self.status == "charged_back",
         })
     }
 

@@ -83,18 +83,19 @@ pub struct Charge {
     pub reference: String,
     #[serde(default)]
     pub decline_code: Option<String>,
+    /// Declined because it took the money and its payer disputed it (Mercado Pago's
+    /// `charged_back`, whatever its `status_detail`: the dispute open, won by the seller,
+    /// or the money returned). Only an adapter that reads a dispute says so: never the
+    /// reference protocol's JSON, whose `declineCode` is free text.
+    #[serde(skip)]
+    pub charged_back: bool,
 }
 
-/// The decline code of a charge taken and then disputed by its payer (Mercado Pago's
-/// `charged_back`, whatever its `status_detail`: the dispute open, won by the seller, or
-/// the money returned).
-pub const CHARGED_BACK: &str = "charged_back";
-
 impl Charge {
-    /// A charge that took the money and was then disputed (`CHARGED_BACK`): declined, but
-    /// not "no money taken". A payment not yet settled goes to review, never `FALLIDA`.
+    /// A charge that took the money and was then disputed: declined, but not "no money
+    /// taken". A payment not yet settled goes to review, never `FALLIDA`.
     pub fn charged_back(&self) -> bool {
-        self.status == ChargeStatus::Declined && self.decline_code.as_deref() == Some(CHARGED_BACK)
+        self.status == ChargeStatus::Declined && self.charged_back
     }
 
     /// Whether the charge names `reference` (a payment id) as its own: the reference

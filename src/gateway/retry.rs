@@ -436,6 +436,7 @@ mod tests {
             currency: "COP".into(),
             reference: Uuid::nil().to_string(),
             decline_code: Some("insufficient_funds".into()),
+            charged_back: false,
         };
         let gateway = scripted(vec![Ok(declined)]);
         let outcome = charge(&gateway, &request(), fast(3), true).await;
@@ -451,6 +452,7 @@ mod tests {
             currency: "COP".into(),
             reference,
             decline_code: None,
+            charged_back: false,
         };
         for reference in [Uuid::from_u128(7).to_string(), String::new()] {
             for status in [ChargeStatus::Succeeded, ChargeStatus::Declined] {

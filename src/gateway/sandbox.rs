@@ -166,6 +166,7 @@ impl StoredCharge {
             currency: self.currency.to_string(),
             reference: self.reference.to_string(),
             decline_code: (self.status == ChargeStatus::Declined).then(|| DECLINE_CODE.into()),
+            charged_back: false,
         }
     }
 }

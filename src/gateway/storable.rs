@@ -157,6 +157,7 @@ mod tests {
             currency: "COP".into(),
             reference: Uuid::nil().to_string(),
             decline_code: code.map(Into::into),
+            charged_back: false,
         }
     }
 

@@ -175,6 +175,7 @@ impl PaymentIntent {
             reference: self.reference().unwrap_or_default().to_owned(),
             decline_code: (status == ChargeStatus::Declined)
                 .then(|| super::decline_code(&decline_code(self, error))),
+            charged_back: false,
         })
     }
 }

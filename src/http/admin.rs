@@ -1477,6 +1477,7 @@ async fn with_reported_charges(
                 currency: row.currency,
                 reference: row.reference,
                 decline_code: None,
+                charged_back: false,
             });
         }
     }

@@ -209,6 +209,7 @@ mod tests {
             currency: "COP".into(),
             reference: Uuid::nil().to_string(),
             decline_code: (status == ChargeStatus::Declined).then(|| "card_declined".into()),
+            charged_back: false,
         }
     }
 

@@ -25,6 +25,7 @@ on_both_databases!(
     a_charge_that_is_not_the_payments_own_never_settles_it_declined_or_not,
     a_resend_answered_pending_with_another_charge_goes_to_review_keeping_the_first,
     a_look_up_finding_a_pending_charge_that_is_not_the_payments_own_goes_to_review,
+    a_reference_gateways_decline_code_charged_back_is_a_decline_like_any_other,
     a_settlement_the_database_refuses_is_503_then_409_then_the_charges_own_answer,
 );
 
@@ -657,6 +658,26 @@ async fn a_look_up_finding_a_pending_charge_that_is_not_the_payments_own_goes_to
         let (status, _) = app.pay_read(key, &payment_body()).await;
         assert_eq!(status, 202, "{key}: the retry is told it is not settled");
     }
+}
+
+/// The reference protocol's `declineCode` is the gateway's free text: a decline coded
+/// `charged_back` (say, a card with charge-backs before) is `FALLIDA`, 402, as the contract
+/// has every decline. Only an adapter that reads a dispute (Mercado Pago's
+/// `charged_back` status) sends an unsettled payment to review for it.
+async fn a_reference_gateways_decline_code_charged_back_is_a_decline_like_any_other(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    charges_answered(&app, |body: &Value| {
+        wiremock::ResponseTemplate::new(201).set_body_json(serde_json::json!({
+            "id": "ch_declined", "status": "declined", "amount": body["amount"],
+            "currency": "COP", "reference": body["reference"], "declineCode": "charged_back"}))
+    })
+    .await;
+    let (status, answer) = app.pay_read("k-declined-coded", &payment_body()).await;
+    assert_eq!(status, 402, "{answer}");
+    assert_eq!(answer["pago"]["estado"], "FALLIDA", "{answer}");
+    assert_eq!(answer["declineCode"], "charged_back", "{answer}");
 }
 
 /// SQLite rolls a transaction back by itself when a write in it fails for want of disk

@@ -316,6 +316,7 @@ mod tests {
             currency: "COP".into(),
             reference: "r".into(),
             decline_code: None,
+            charged_back: false,
         }
     }
 
