@@ -179,6 +179,31 @@ impl Metrics {
             "Gateway calls (single tries) by operation and outcome",
             gateway_calls.clone(),
         );
+        // Every process's charge and look-up series start at 0, not at their first call:
+        // Prometheus's `increase` counts no series' first sample, and the alert on payments
+        // the reconciler cannot settle reads "no look-up since" from them. After a deploy,
+        // a payment pending at the provider is looked up again only when its backoff says
+        // (up to 72 minutes): a new process's first look-up must count, and its series
+        // must not be absent meanwhile.
+        for (operation, outcomes) in [
+            (
+                "charge",
+                &["succeeded", "declined", "pending", "unknown", "rejected"][..],
+            ),
+            ("lookup", &["found", "not_found", "unknown", "rejected"][..]),
+            (
+                "refund",
+                &["succeeded", "failed", "pending", "unknown", "rejected"][..],
+            ),
+            (
+                "refund_lookup",
+                &["found", "not_found", "unknown", "rejected"][..],
+            ),
+        ] {
+            for &outcome in outcomes {
+                let _ = gateway_calls.get_or_create(&GatewayLabel { operation, outcome });
+            }
+        }
         let gateway_latency = Family::<OperationLabel, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.005, 2.0, 14))
         });
@@ -742,6 +767,20 @@ impl Gateway for MeteredGateway {
 mod tests {
     use super::*;
     use crate::gateway::sandbox::{Outcomes, SandboxGateway};
+
+    #[test]
+    fn a_new_process_exports_its_charge_and_look_up_series_at_zero_before_any_call() {
+        let metrics = Metrics::new();
+        let text = metrics.render();
+        for line in [
+            r#"pagos_gateway_calls_total{operation="lookup",outcome="found"} 0"#,
+            r#"pagos_gateway_calls_total{operation="lookup",outcome="unknown"} 0"#,
+            r#"pagos_gateway_calls_total{operation="charge",outcome="succeeded"} 0"#,
+            r#"pagos_gateway_calls_total{operation="refund_lookup",outcome="found"} 0"#,
+        ] {
+            assert!(has_line(&text, line), "{line} in\n{text}");
+        }
+    }
 
     fn has_line(text: &str, line: &str) -> bool {
         text.lines().any(|l| l == line)
