@@ -559,7 +559,13 @@ async fn report(
                 ),
                 _ => {}
             }
-            Exit::Failed
+            // A payment the server holds whose state could not be read is pending as far
+            // as anyone knows, as one read pending is: never "failed".
+            if matches!(err, PayError::Unread { .. }) {
+                Exit::Pending
+            } else {
+                Exit::Failed
+            }
         }
     }
 }

@@ -168,6 +168,21 @@ pub enum PayError {
         elapsed: Duration,
         last: String,
     },
+    /// The server named this intent's payment before (the journal keeps its id), and
+    /// attempts or time ran out while its state could not be read (the look-ups failed or
+    /// went unanswered): it is still pending as far as anyone knows, not a failure. The
+    /// intent stays in the journal; `pagos pay --resume` (or [`Client::resume`]) reads it
+    /// later. The command line exits 4, as for a payment seen pending.
+    #[error(
+        "the server holds payment {payment_id} for intent {key}, but its state could not be read in {} ({last}): it is still pending as far as anyone knows; `pagos pay --resume` reads it later",
+        humantime::format_duration(round(*elapsed))
+    )]
+    Unread {
+        key: IntentKey,
+        payment_id: Uuid,
+        elapsed: Duration,
+        last: String,
+    },
     /// The server answered outside the protocol.
     #[error("unexpected answer from the server: {0}")]
     Unexpected(String),
@@ -589,6 +604,19 @@ impl Client {
                     Some(Exhausted::Time) => " (deadline reached)",
                     None => "",
                 };
+                // A payment the server named before (the journal's), whose look-ups ran
+                // out unanswered: pending as far as anyone knows, as one seen pending
+                // in this run is.
+                if lock(&settling.exhausted).is_some()
+                    && let Some(payment_id) = *lock(&settling.known)
+                {
+                    return Err(PayError::Unread {
+                        key: intent.key().clone(),
+                        payment_id,
+                        elapsed,
+                        last: format!("{why}{limit}"),
+                    });
+                }
                 Err(PayError::GaveUp {
                     attempts,
                     elapsed,
@@ -645,8 +673,12 @@ impl Client {
     /// The intent to pay `request` with: the one the journal keeps for this very request
     /// at this client's server with its API key (it may have paid already, so its key is
     /// the one to send), or else a new one, written down in the same journal transaction,
-    /// so a form sent twice at once, or a job run twice, pays under one key. Without a
+    /// so a form sent twice while the first is pending pays under one key. Without a
     /// journal, a new intent (keeping it is then the caller's, see [`Intent::with_key`]).
+    ///
+    /// Only while pending: a paid or declined intent leaves the journal, and the same
+    /// request asked afterwards is a new intent (a second payment). Whether that was meant
+    /// is the application's to know (its own records, or the payments of the credit).
     ///
     /// One kept for the same request only under another URL or API key (a key rotated
     /// since) may have paid: [`PayError::KeptElsewhere`], and no new intent, as `pagos pay`

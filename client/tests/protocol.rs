@@ -571,6 +571,43 @@ async fn look_ups_that_end_the_budget_leave_the_payment_pending_not_failed() {
     }
 }
 
+/// The same, in the next run: the journal keeps the payment's id from a run that ended
+/// pending, and this run's look-ups fail (503) until `max_attempts`. Still pending as far
+/// as anyone knows (`Unread`, exit 4), with its id: not "gave up" (exit 1) after the first
+/// run said pending. Nothing is posted again.
+#[tokio::test]
+async fn a_kept_payment_whose_look_ups_fail_in_the_next_run_is_unread_not_failed() {
+    let id = Uuid::new_v4();
+    let server = MockServer::start().await;
+    posts_answer(&server, answer(202, pago(id, "ENVIADA")), 1).await;
+    let still = look_ups(id)
+        .respond_with(answer(200, pago(id, "ENVIADA")))
+        .mount_as_scoped(&server)
+        .await;
+    let policy = PayPolicy {
+        max_attempts: 3,
+        ..fast_policy()
+    };
+    let (journal, client, _) = journal_and_client(&server, policy).await;
+    let intent = intent();
+    let first = client.pay(&intent).await;
+    assert!(matches!(&first, Ok(Outcome::Pending(_))), "{first:?}");
+    drop(still);
+    look_ups(id)
+        .respond_with(unavailable(503, "Unavailable"))
+        .mount(&server)
+        .await;
+
+    let next = client.pay(&intent).await;
+
+    assert!(
+        matches!(&next, Err(PayError::Unread { payment_id, .. }) if *payment_id == id),
+        "{next:?}"
+    );
+    assert_eq!(journal.pending().await.len(), 1, "kept for --resume");
+    assert_eq!(posts_seen(&server).await.len(), 1, "never posted again");
+}
+
 #[tokio::test]
 async fn a_decline_is_an_outcome_with_its_code_and_leaves_the_journal() {
     let server = MockServer::start().await;

@@ -150,6 +150,36 @@ async fn a_payment_still_pending_at_the_deadline_exits_4_and_stays_in_the_journa
     assert_eq!(pagos.charges().await.len(), 1);
 }
 
+/// A payment `pagos pay` left pending (exit 4) is resumed while the server cannot be
+/// reached (down, or its look-ups failing): its state cannot be read, and the command says
+/// so and exits 4 again, naming the payment, not 1 ("gave up") after it said pending.
+#[tokio::test]
+async fn a_pending_payment_resumed_while_the_server_is_down_is_still_pending_exit_4() {
+    let mut pagos = RealPagos::start(Charge::Pending, Duration::ZERO).await;
+    let first = pagos.pay_usual(&["--deadline", "1s"]).await;
+    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
+    let named = pagos.payments().await[0].id;
+
+    pagos.kill();
+    let resumed = pagos
+        .pay()
+        .args(["--resume", "--deadline", "2s"])
+        .output()
+        .await
+        .expect("pagos pay --resume");
+
+    let stderr = text(&resumed.stderr);
+    assert_eq!(resumed.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains(&named.to_string()), "{stderr}");
+    assert!(stderr.contains("could not be read"), "{stderr}");
+    assert!(!stderr.contains("gave up"), "{stderr}");
+    assert_eq!(
+        pagos.journal_pending().await.len(),
+        1,
+        "kept for the next --resume"
+    );
+}
+
 /// The server named the payment (202, pending at the gateway), then its database was
 /// restored from before it: a real `pagos serve` killed, its file copied back, started
 /// again. `pagos pay --resume` reads pagos' own 404 for the payment it was named, posts

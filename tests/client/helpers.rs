@@ -169,6 +169,12 @@ impl RealPagos {
         self.wait_until_up().await;
     }
 
+    /// The server killed (SIGKILL) and not started again: nothing answers at its address.
+    pub fn kill(&mut self) {
+        self._server.0.kill().expect("SIGKILL pagos serve");
+        self._server.0.wait().expect("reaped");
+    }
+
     /// From now on the gateway answers charges this way (a pending charge that settled).
     pub async fn gateway_now(&self, charge: Charge) {
         Mock::given(method("POST"))
