@@ -329,6 +329,7 @@ pub fn decide(
             next(None),
             EndpointAfter::Deactivate {
                 at: attempt.at,
+                as_read: due.endpoint.updated_at,
                 reason: "the endpoint answered 410 Gone".into(),
             },
         ),

@@ -366,8 +366,14 @@ pub enum EndpointAfter {
         disable_if_failing_since: DateTime<Utc>,
         reason: String,
     },
-    /// `DESACTIVADO` at once (a failure at `at`), for this reason.
-    Deactivate { at: DateTime<Utc>, reason: String },
+    /// `DESACTIVADO` at once (a failure at `at`), for this reason, if the endpoint is as
+    /// the attempt's claim read it (`updated_at` no later than `as_read`): one the
+    /// merchant reactivated or changed since is not deactivated by the older attempt.
+    Deactivate {
+        at: DateTime<Utc>,
+        as_read: DateTime<Utc>,
+        reason: String,
+    },
 }
 
 /// What storing an attempt did.
@@ -550,14 +556,16 @@ async fn write_endpoint<C: ConnectionTrait>(
         }
         EndpointAfter::Deactivate {
             at: failed_at,
+            as_read,
             reason,
         } => {
-            // Only the endpoint as it was when the attempt began: one the merchant changed
-            // or reactivated since (told `ACTIVO`, having fixed what was gone) is not
-            // deactivated by an older attempt's answer.
+            // Only the endpoint as the attempt's claim read it: one the merchant changed or
+            // reactivated since (told `ACTIVO`, having fixed what was gone) is not
+            // deactivated by an older attempt's answer. Compared with the value read, not
+            // with a clock: the attempt's host and the one that reactivated may be apart.
             let done = deactivate(reason)
                 .col_expr(endpoints::Column::FailingSince, failing_since(*failed_at))
-                .filter(endpoints::Column::UpdatedAt.lte(*failed_at))
+                .filter(endpoints::Column::UpdatedAt.lte(*as_read))
                 .exec(tx)
                 .await?;
             Ok(done.rows_affected == 1)
