@@ -245,19 +245,19 @@ async fn migrate_holding_the_lock(db: &DatabaseConnection) -> anyhow::Result<Mig
 const LOCK_WAITS: u32 = 40;
 const LOCK_WAIT_PAUSE: Duration = Duration::from_secs(3);
 
-/// Runs `Migrator::up`, again after a pause where it failed only for want of time:
-/// - on PostgreSQL, a migration that gave up waiting for a lock another session holds on
-///   its tables (a long transaction, a `LOCK TABLE`): it left nothing, and each wait ended
-///   within `migration::LOCK_TIMEOUT`, so that the payments queued behind it go through;
-/// - on SQLite (no lock between processes), a migration another process applied first:
-///   its record, or an index of it, was there already. Run again, it finds it applied.
+/// Runs `Migrator::up`, again after a pause where a migration gave up waiting for a lock
+/// another session holds on its tables (PostgreSQL: a long transaction, a `LOCK TABLE`):
+/// it left nothing, and each wait ended within `migration::LOCK_TIMEOUT`, so that the
+/// payments queued behind it go through.
 async fn apply(db: &DatabaseConnection, pending: &[String]) -> anyhow::Result<()> {
     let mut waits = 0;
     loop {
-        let before = migrations_of(db).await;
         let Err(err) = Migrator::up(db, None).await else {
             return Ok(());
         };
+        if !migration::is_lock_timeout(&err) {
+            return Err(anyhow::Error::new(err).context("applying migrations"));
+        }
         let stuck = match migrations_of(db).await {
             Ok(Migrations::Behind(left)) => left.first().cloned(),
             _ => None,
@@ -266,38 +266,21 @@ async fn apply(db: &DatabaseConnection, pending: &[String]) -> anyhow::Result<()
             .as_deref()
             .or(pending.first().map(String::as_str))
             .unwrap_or("?");
-        if migration::is_lock_timeout(&err) {
-            waits += 1;
-            if waits >= LOCK_WAITS {
-                return Err(anyhow::anyhow!(
-                    "migration {at} waited {LOCK_WAITS} times for a lock another session holds on its tables (a long transaction: see pg_stat_activity and pg_locks); end it and start again"
-                ));
-            }
-            tracing::warn!(
-                migration = at,
-                wait = waits,
-                of = LOCK_WAITS,
-                "a migration gave up waiting {} ms for a lock another session holds on its tables (a long transaction); the statements queued behind it go through, and it runs again in {} s",
-                migration::LOCK_TIMEOUT.as_millis(),
-                LOCK_WAIT_PAUSE.as_secs()
-            );
-            tokio::time::sleep(LOCK_WAIT_PAUSE).await;
-            continue;
+        waits += 1;
+        if waits >= LOCK_WAITS {
+            return Err(anyhow::anyhow!(
+                "migration {at} waited {LOCK_WAITS} times for a lock another session holds on its tables (a long transaction: see pg_stat_activity and pg_locks); end it and start again"
+            ));
         }
-        let applied_meanwhile = match (before, migrations_of(db).await) {
-            (Ok(Migrations::Behind(was)), Ok(Migrations::Current)) => !was.is_empty(),
-            (Ok(Migrations::Behind(was)), Ok(Migrations::Behind(now))) => now.len() < was.len(),
-            _ => false,
-        };
-        if db.get_database_backend() == DbBackend::Sqlite && applied_meanwhile {
-            tracing::info!(
-                migration = at,
-                "another process is applying the same migrations; going on after it"
-            );
-            tokio::time::sleep(MIGRATION_LOCK_RETRY).await;
-            continue;
-        }
-        return Err(anyhow::Error::new(err).context("applying migrations"));
+        tracing::warn!(
+            migration = at,
+            wait = waits,
+            of = LOCK_WAITS,
+            "a migration gave up waiting {} ms for a lock another session holds on its tables (a long transaction); the statements queued behind it go through, and it runs again in {} s",
+            migration::LOCK_TIMEOUT.as_millis(),
+            LOCK_WAIT_PAUSE.as_secs()
+        );
+        tokio::time::sleep(LOCK_WAIT_PAUSE).await;
     }
 }
 

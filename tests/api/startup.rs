@@ -360,26 +360,6 @@ async fn a_migration_waiting_behind_a_long_transaction_lets_payments_through_and
     assert_eq!(recorded, 1, "m22 applied and recorded once");
 }
 
-/// Processes starting together on one fresh SQLite file (no lock between processes: each
-/// opens its own pool): one applies a migration, the others find it applied and go on
-/// after it; every one starts.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn processes_migrating_a_fresh_sqlite_file_at_once_all_start() {
-    for _ in 0..5 {
-        let database = crate::helpers::TestDatabase::create(&Backend::Sqlite).await;
-        let settings = crate::helpers::settings(&database.url, &[]);
-        let (first, second, third) = tokio::join!(
-            pagos::app::open_and_migrate(&settings.database),
-            pagos::app::open_and_migrate(&settings.database),
-            pagos::app::open_and_migrate(&settings.database),
-        );
-        for (which, started) in [("first", first), ("second", second), ("third", third)] {
-            let db = started.unwrap_or_else(|e| panic!("the {which} process starts: {e:#}"));
-            let _ = db.close().await;
-        }
-    }
-}
-
 /// `m20261208_000018` builds its index `CONCURRENTLY` (so outside a transaction: PostgreSQL
 /// refuses it inside one), and a build interrupted halfway, which leaves an INVALID index
 /// behind, is built again by the next start rather than taken as done.
