@@ -74,9 +74,10 @@
 //!             println!("{status}: {:?}", problem.extensions.get("errores"));
 //!         }
 //!     }
-//!     Err(PayError::GaveUp { .. }) => {
-//!         // Unknown outcome: the payment may exist. The journal keeps the intent; the next
-//!         // `resume` (or paying this same intent) finds out, with the same key.
+//!     Err(PayError::GaveUp { .. } | PayError::Unread { .. }) => {
+//!         // Unknown outcome: the payment may exist (Unread: the server named it, its state
+//!         // could not be read). The journal keeps the intent; the next `resume` (or
+//!         // paying this same intent) finds out, with the same key. Never a new intent.
 //!     }
 //!     Err(err @ (PayError::KeyReused { .. } | PayError::Blocked { .. } | PayError::Expired { .. } | PayError::Lost { .. })) => {
 //!         // A human checks what the key paid, then `pagos pay --forget KEY`.

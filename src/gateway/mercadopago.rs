@@ -88,7 +88,7 @@ struct SearchResult {
 /// | `pending`, `in_process`, `authorized` | pending |
 /// | `in_mediation` | pending (a dispute on an approved payment: a final payment keeps its state until it is decided) |
 /// | `rejected`, `cancelled` | declined |
-/// | `refunded`, `charged_back` | declined: the money went back; a COMPLETADA payment told so goes to REVISION_MANUAL, unless it is `refunded` by pagos' own refunds (`Payment::returned`); `charged_back` (code `CHARGED_BACK`) sends an unsettled payment to REVISION_MANUAL too: the money was taken, and the seller may keep it (`reimbursed`) |
+/// | `refunded`, `charged_back` | declined: the money went back; a COMPLETADA payment told so goes to REVISION_MANUAL, unless it is `refunded` by pagos' own refunds (`Payment::returned`); `charged_back` (the charge's `charged_back` flag) sends an unsettled payment to REVISION_MANUAL too: the money was taken, and the seller may keep it (`reimbursed`) |
 ///
 /// None: a status this version does not know; the outcome is unknown.
 pub fn status_of(status: &str) -> Option<ChargeStatus> {

@@ -523,24 +523,21 @@ async fn reactivated_in_flight(app: &TestApp, id: &str, event: &str, intentos: u
     );
 }
 
-/// The receiver holds one delivery's answer (it is in flight) while another delivery to
-/// the same endpoint gets `410`, and the endpoint is reactivated before the held answer
-/// comes: the held event is received once and its attempt stored once; the one that got
-/// the `410` is sent again at once. (Reactivating a `DESACTIVADO` endpoint made every
-/// pending delivery due now, the one in flight included, and a worker sent that attempt a
-/// second time.)
-async fn a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once(backend: Backend) {
+/// One delivery's attempt held in flight by the receiver (answered `held` later) while
+/// another delivery to the same endpoint gets `410` and deactivates it; the endpoint is
+/// reactivated before the held answer comes, and both are delivered in the end. The app,
+/// the receiver, and the held and the gone events' ids.
+async fn held_through_a_reactivation(
+    backend: Backend,
+    held: Answer,
+) -> (TestApp, Receiver, String, String) {
     let (app, _fake, receiver, id) = reactivated_later(
         backend,
         "10s",
         FLAGS[5],
-        [
-            Answer::Hang(Duration::from_secs(6)),
-            Answer::Status(410, "gone".into()),
-        ],
+        [held, Answer::Status(410, "gone".into())],
     )
     .await;
-
     let held = event_of(&app, &pay(&app, "k-held").await).await.id;
     sent(&receiver, 1, "the held delivery sent").await;
     let gone = event_of(&app, &pay(&app, "k-gone").await).await.id;
@@ -553,6 +550,18 @@ async fn a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once(back
             && deliveries_of(&app, &gone).await[0]["estado"] == "ENTREGADA"
     })
     .await;
+    (app, receiver, held, gone)
+}
+
+/// The receiver holds one delivery's answer (it is in flight) while another delivery to
+/// the same endpoint gets `410`, and the endpoint is reactivated before the held answer
+/// comes: the held event is received once and its attempt stored once; the one that got
+/// the `410` is sent again at once. (Reactivating a `DESACTIVADO` endpoint made every
+/// pending delivery due now, the one in flight included, and a worker sent that attempt a
+/// second time.)
+async fn a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once(backend: Backend) {
+    let (app, receiver, held, gone) =
+        held_through_a_reactivation(backend, Answer::Hang(Duration::from_secs(6))).await;
     let mut received: HashMap<String, usize> = HashMap::new();
     for d in receiver.deliveries() {
         *received
@@ -578,29 +587,8 @@ async fn a_delivery_in_flight_when_its_endpoint_is_reactivated_is_sent_once(back
 async fn a_410_to_an_attempt_begun_before_a_reactivation_leaves_the_endpoint_active(
     backend: Backend,
 ) {
-    let (app, _fake, receiver, id) = reactivated_later(
-        backend,
-        "10s",
-        FLAGS[5],
-        [
-            Answer::Late(Duration::from_secs(4), 410),
-            Answer::Status(410, "gone".into()),
-        ],
-    )
-    .await;
-
-    let held = event_of(&app, &pay(&app, "k-held").await).await.id;
-    sent(&receiver, 1, "the held delivery sent").await;
-    let gone = event_of(&app, &pay(&app, "k-gone").await).await.id;
-    deactivated_within(&app, Duration::from_secs(10), "410").await;
-
-    reactivated_in_flight(&app, &id, &held, 0, "the held delivery").await;
-
-    eventually(Duration::from_secs(20), "both delivered", async || {
-        deliveries_of(&app, &held).await[0]["estado"] == "ENTREGADA"
-            && deliveries_of(&app, &gone).await[0]["estado"] == "ENTREGADA"
-    })
-    .await;
+    let (app, _receiver, held, _gone) =
+        held_through_a_reactivation(backend, Answer::Late(Duration::from_secs(4), 410)).await;
     let endpoint = &app.endpoints_of(API_KEY).await[0];
     assert_eq!(endpoint["estado"], "ACTIVO", "{endpoint}");
     let detail = json(app.get_as(API_KEY, &format!("/v1/eventos/{held}")).await).await;

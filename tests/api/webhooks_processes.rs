@@ -43,6 +43,11 @@ impl World {
     }
 
     async fn serve(&self, env: &[(&str, &str)]) -> Serve {
+        self.serve_timing_out_after("1s", env).await
+    }
+
+    /// A process whose attempts time out after `timeout`.
+    async fn serve_timing_out_after(&self, timeout: &str, env: &[(&str, &str)]) -> Serve {
         let uri = self.gateway.uri();
         let args = [
             "--database-url",
@@ -54,7 +59,7 @@ impl World {
             "--webhooks-allow-private",
             "true",
             "--webhooks-timeout",
-            "1s",
+            timeout,
             "--webhooks-schedule",
             "0s,200ms,200ms,200ms,200ms,200ms",
         ];
@@ -158,29 +163,15 @@ async fn two_hosts_with_clocks_apart_never_send_one_attempt_twice() {
         return;
     };
     let world = World::new(backend).await;
-    let uri = world.gateway.uri();
-    let args = [
-        "--database-url",
-        &world.database.url,
-        "--gateway",
-        "http",
-        "--gateway-url",
-        &uri,
-        "--webhooks-allow-private",
-        "true",
-        "--webhooks-timeout",
-        "3s",
-        "--webhooks-schedule",
-        "0s,200ms,200ms,200ms,200ms,200ms",
-    ];
-    let behind = Serve::start(
-        &args,
-        &[
-            ("PAGOS_CLOCK_STEP", "-1900:0"),
-            ("PAGOS_PAUSE_AT", "delivery_claimed:4000"),
-        ],
-    )
-    .await;
+    let behind = world
+        .serve_timing_out_after(
+            "3s",
+            &[
+                ("PAGOS_CLOCK_STEP", "-1900:0"),
+                ("PAGOS_PAUSE_AT", "delivery_claimed:4000"),
+            ],
+        )
+        .await;
     let receiver = Receiver::start().await;
     receiver.answer_next([Answer::Hang(Duration::from_secs(10))]);
     let secret = world.register(&behind, &receiver.url("/")).await;
@@ -199,7 +190,9 @@ async fn two_hosts_with_clocks_apart_never_send_one_attempt_twice() {
         },
     )
     .await;
-    let ahead = Serve::start(&args, &[("PAGOS_CLOCK_STEP", "1900:0")]).await;
+    let ahead = world
+        .serve_timing_out_after("3s", &[("PAGOS_CLOCK_STEP", "1900:0")])
+        .await;
 
     eventually(Duration::from_secs(40), "the event delivered", async || {
         world
