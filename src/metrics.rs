@@ -770,20 +770,27 @@ mod tests {
 
     #[test]
     fn a_new_process_exports_its_charge_and_look_up_series_at_zero_before_any_call() {
-        let metrics = Metrics::new();
-        let text = metrics.render();
-        for line in [
-            r#"pagos_gateway_calls_total{operation="lookup",outcome="found"} 0"#,
-            r#"pagos_gateway_calls_total{operation="lookup",outcome="unknown"} 0"#,
-            r#"pagos_gateway_calls_total{operation="charge",outcome="succeeded"} 0"#,
-            r#"pagos_gateway_calls_total{operation="refund_lookup",outcome="found"} 0"#,
-        ] {
-            assert!(has_line(&text, line), "{line} in\n{text}");
-        }
+        assert_lines(
+            &Metrics::new(),
+            &[
+                r#"pagos_gateway_calls_total{operation="lookup",outcome="found"} 0"#,
+                r#"pagos_gateway_calls_total{operation="lookup",outcome="unknown"} 0"#,
+                r#"pagos_gateway_calls_total{operation="charge",outcome="succeeded"} 0"#,
+                r#"pagos_gateway_calls_total{operation="refund_lookup",outcome="found"} 0"#,
+            ],
+        );
     }
 
     fn has_line(text: &str, line: &str) -> bool {
         text.lines().any(|l| l == line)
+    }
+
+    /// Every one of `lines` is a line of what `metrics` exports.
+    fn assert_lines(metrics: &Metrics, lines: &[&str]) {
+        let text = metrics.render();
+        for line in lines {
+            assert!(has_line(&text, line), "{line} in\n{text}");
+        }
     }
 
     #[test]
@@ -851,16 +858,16 @@ mod tests {
             .await
             .expect("none");
 
-        let text = metrics.render();
-        for line in [
-            r#"pagos_gateway_calls_total{operation="refund",outcome="succeeded"} 1"#,
-            r#"pagos_gateway_calls_total{operation="refund",outcome="rejected"} 1"#,
-            r#"pagos_gateway_calls_total{operation="refund_lookup",outcome="found"} 1"#,
-            r#"pagos_gateway_calls_total{operation="refund_lookup",outcome="not_found"} 1"#,
-            r#"pagos_gateway_call_duration_seconds_count{operation="refund"} 2"#,
-            r#"pagos_gateway_call_duration_seconds_count{operation="refund_lookup"} 2"#,
-        ] {
-            assert!(has_line(&text, line), "{line} in\n{text}");
-        }
+        assert_lines(
+            &metrics,
+            &[
+                r#"pagos_gateway_calls_total{operation="refund",outcome="succeeded"} 1"#,
+                r#"pagos_gateway_calls_total{operation="refund",outcome="rejected"} 1"#,
+                r#"pagos_gateway_calls_total{operation="refund_lookup",outcome="found"} 1"#,
+                r#"pagos_gateway_calls_total{operation="refund_lookup",outcome="not_found"} 1"#,
+                r#"pagos_gateway_call_duration_seconds_count{operation="refund"} 2"#,
+                r#"pagos_gateway_call_duration_seconds_count{operation="refund_lookup"} 2"#,
+            ],
+        );
     }
 }
