@@ -348,6 +348,16 @@ pub trait Scheduled {
         *s.claimed_until = Some(until);
     }
 
+    /// A claim given back untouched (its worker told to stop before taking it up): due
+    /// at `at`, as it was when claimed, and held by nobody (a new version). Nothing
+    /// happened to it: no attempt counted, `updated_at` kept.
+    fn released(&mut self, at: DateTime<Utc>) {
+        let s = self.schedule();
+        *s.version += 1;
+        *s.next_attempt_at = at;
+        *s.claimed_until = None;
+    }
+
     /// Looked at again at `due_at` and held by nobody (a new version); one more attempt
     /// if `count_attempt`. Its last error as `error` says (`LastError`).
     fn due_again(&mut self, due_at: DateTime<Utc>, count_attempt: bool, error: &LastError) {
@@ -1145,6 +1155,16 @@ pub async fn renew_claim<M: Rewritten>(
     until: DateTime<Utc>,
 ) -> Result<Written<M>, DbErr> {
     rewrite(db, current, |next| next.hold(until)).await
+}
+
+/// Gives back a claim its worker never took up (told to stop), due now: another process
+/// takes it at its next pass, not once the claim runs out. Fenced: nothing if someone
+/// wrote the row since (its claim ran out and another took it).
+pub async fn release_claim<M: Rewritten>(
+    db: &DatabaseConnection,
+    current: &M,
+) -> Result<Written<M>, DbErr> {
+    rewrite(db, current, |next| next.released(now())).await
 }
 
 /// The provider had no final answer, or could not be asked: look again at `due_at`, the

@@ -616,6 +616,20 @@ async fn left_to_the_next_process(world: &World, before: usize, backlog: usize) 
         left >= backlog - after,
         "the rest left due for the next process"
     );
+    // Due at once, not held by claims the stopped process never took up: before, each
+    // waited for its claim to run out (about a minute) before another process took it.
+    let now = pagos::db::now();
+    let held: Vec<_> = all
+        .iter()
+        .filter(|p| p.state == PaymentState::Enviada)
+        .filter(|p| p.claimed_until.is_some_and(|until| until > now) || p.next_attempt_at > now)
+        .map(|p| (p.id, p.claimed_until))
+        .collect();
+    assert!(
+        held.is_empty(),
+        "the rest given back, due now: {} of {left} still held {held:?}",
+        held.len()
+    );
     assert_eq!(
         world.fake.total_charges(),
         backlog,

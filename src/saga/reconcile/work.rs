@@ -121,10 +121,13 @@ where
     let mut claim_failed = None;
     loop {
         // Told to stop (SIGTERM): no more claims, and the rows claimed but not taken up
-        // are left, their claims running out as after a crash; those in the work finish.
+        // are given back, due now, for another process's next pass (left claimed, they
+        // waited a whole claim); those in the work finish.
         if stop.is_some_and(|stop| *stop.borrow()) {
             more = false;
-            in_hand.clear();
+            for row in in_hand.drain(..) {
+                give_back(deps, &row).await;
+            }
         }
         while in_flight.len() < working
             && let Some(row) = in_hand.pop_front()
@@ -134,9 +137,10 @@ where
             in_flight.spawn(
                 async move {
                     let permit = calls.acquire().await.ok();
-                    // Told to stop while it waited for a slot: not taken up, left claimed
+                    // Told to stop while it waited for a slot: not taken up, given back
                     // as the rows in hand are (no new call to the provider after SIGTERM).
                     if stop.is_some_and(|stop| *stop.borrow()) {
+                        give_back(&deps, &row).await;
                         return Handled::Skipped;
                     }
                     process(&deps, bounds, permit, row).await
@@ -174,6 +178,14 @@ where
         }
     }
     claim_failed.map_or(Ok(()), Err)
+}
+
+/// Gives back the claim of a row not taken up (`store::release_claim`). A failure only
+/// delays the row until its claim runs out, as after a crash.
+async fn give_back<R: Reconcilable>(deps: &SagaDeps, row: &R) {
+    if let Err(err) = store::release_claim(&deps.db, row).await {
+        tracing::warn!(id = %row.id(), error = %err, "a claim not taken up could not be given back; it runs out");
+    }
 }
 
 /// The work on one claimed row: what it came to, one bucket of a report.
