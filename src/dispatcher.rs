@@ -81,7 +81,8 @@ pub const PER_ENDPOINT: usize = 8;
 /// followed at once by the next (a backlog drains at full speed).
 ///
 /// On `stop`, the attempts in flight are finished and stored before it returns (each is
-/// bounded by the timeout); a crash instead leaves their claims to run out.
+/// bounded by the timeout), and deliveries claimed after the signal are given back, not
+/// begun; a crash instead leaves their claims to run out.
 pub async fn run_periodically(d: Dispatcher, mut stop: tokio::sync::watch::Receiver<bool>) {
     let d = Arc::new(d);
     let slots = usize::try_from(d.batch).unwrap_or(usize::MAX).max(1);
@@ -121,6 +122,15 @@ pub async fn run_periodically(d: Dispatcher, mut stop: tokio::sync::watch::Recei
         }
         let free = slots.saturating_sub(in_flight.len());
         let (fanned, claimed) = match top_up(&d, free, &per_endpoint).await {
+            // Told to stop while claiming: no attempt begins after the signal (a grace
+            // shorter than the timeout would cut it, and another process send it again);
+            // the claims are given back for another process to take at once.
+            Ok((_, due)) if *stop.borrow() => {
+                if let Err(err) = deliveries::release(&d.db, &due).await {
+                    tracing::warn!(error = %err, "claims of webhook attempts not begun could not be given back; they run out");
+                }
+                break;
+            }
             Ok((fanned, due)) => {
                 let claimed = due.len();
                 for due in due {

@@ -482,6 +482,33 @@ pub async fn record(
     })
 }
 
+/// Gives back the claims of deliveries whose attempts were never begun (the worker told to
+/// stop while it claimed them): each due now and held by nobody, for another process's
+/// next top-up rather than once its claim runs out. Only a claim still this one and no
+/// attempt stored since: one that ran out and was taken again is the other worker's.
+pub async fn release(db: &DatabaseConnection, claimed: &[Due]) -> Result<(), DbErr> {
+    let at = now();
+    for due in claimed {
+        let d = &due.delivery;
+        let Some(ours) = d.claimed_until else {
+            continue;
+        };
+        deliveries::Entity::update_many()
+            .col_expr(deliveries::Column::NextAttemptAt, Expr::value(at))
+            .col_expr(
+                deliveries::Column::ClaimedUntil,
+                Expr::value(Option::<DateTime<Utc>>::None),
+            )
+            .filter(deliveries::Column::EventId.eq(d.event_id.clone()))
+            .filter(deliveries::Column::EndpointId.eq(d.endpoint_id))
+            .filter(deliveries::Column::ClaimedUntil.eq(ours))
+            .filter(deliveries::Column::Attempts.eq(d.attempts))
+            .exec(db)
+            .await?;
+    }
+    Ok(())
+}
+
 /// `claimed_until` once the attempt of the claim `ours` is stored: none if the row still
 /// holds that claim, else the row's own (another worker's, or none).
 fn released(ours: Option<DateTime<Utc>>) -> Expr {

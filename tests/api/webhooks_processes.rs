@@ -20,6 +20,7 @@ on_both_databases!(
     an_endpoint_deleted_while_its_attempt_is_stored_is_deleted_and_nothing_deadlocks,
     a_process_killed_after_claiming_a_delivery_loses_nothing,
     a_process_killed_after_sending_before_storing_redelivers_and_the_consumer_applies_once,
+    a_delivery_claimed_as_the_process_is_told_to_stop_is_not_sent_and_is_given_back,
 );
 
 struct World {
@@ -328,4 +329,68 @@ async fn a_process_killed_after_sending_before_storing_redelivers_and_the_consum
         world.attempts().await.len() == 1
     })
     .await;
+}
+
+/// `SIGTERM` arrives while the delivery worker is claiming (here it pauses 3 s after the
+/// claim). Before, the claimed attempt was still begun after the signal: with a grace
+/// shorter than `PAGOS_WEBHOOKS_TIMEOUT` it was cut, and another process sent it again.
+/// Now no attempt begins once the process is told to stop: the receiver gets nothing from
+/// it, and the claim is given back at once (due now, held by nobody), so the next process
+/// delivers the event without waiting for the claim to run out.
+async fn a_delivery_claimed_as_the_process_is_told_to_stop_is_not_sent_and_is_given_back(
+    backend: Backend,
+) {
+    use pagos::entities::webhook_delivery;
+    let world = World::new(backend).await;
+    let receiver = Receiver::start().await;
+    // Attempts of up to 5 s: the claim (13 s) still has time for one after the pause.
+    let mut stopping = world
+        .serve_timing_out_after(
+            "5s",
+            &[
+                ("PAGOS_PAUSE_AT", "delivery_claimed:3000"),
+                ("PAGOS_DRAIN_DELAY", "0s"),
+            ],
+        )
+        .await;
+    let secret = world.register(&stopping, &receiver.url("/")).await;
+    receiver.consume(Verifier::new(&secret).expect("verifier"));
+    world.pay(&stopping, "k-1").await;
+    let deliveries = async || {
+        webhook_delivery::Entity::find()
+            .all(&world.db)
+            .await
+            .expect("deliveries")
+    };
+    eventually(Duration::from_secs(10), "the delivery claimed", async || {
+        deliveries().await.iter().any(|d| d.claimed_until.is_some())
+    })
+    .await;
+    stopping.terminate();
+    stopping
+        .exits_cleanly(Duration::from_secs(20), "told to stop while claiming")
+        .await;
+
+    assert!(
+        receiver.deliveries().is_empty(),
+        "no attempt begun after the signal:\n{}",
+        stopping.logs()
+    );
+    assert!(world.attempts().await.is_empty());
+    let now = pagos::db::now();
+    let left = deliveries().await;
+    assert_eq!(left.len(), 1);
+    assert!(
+        left[0].claimed_until.is_none() && left[0].next_attempt_at <= now,
+        "the claim given back, due now: {:?}",
+        left[0]
+    );
+
+    let next = world.serve(&[]).await;
+    eventually(Duration::from_secs(20), "the next process delivers", async || {
+        receiver.applied().len() == 1
+    })
+    .await;
+    drop(next);
+    assert_eq!(receiver.deliveries().len(), 1);
 }
