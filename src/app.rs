@@ -195,6 +195,7 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         policy: settings.retry_policy(),
         stale_after: settings.stale_after,
         send_hold: settings.send_hold(),
+        send_lasts: settings.send_lasts(),
     };
     let limits = Limits {
         key_window: settings.gateway_key_window,

@@ -573,7 +573,12 @@ impl Settings {
     /// for the database writes around it: a send starts only from a write that holds the
     /// payment this long, so nobody else can take it before the send is over.
     pub fn send_hold(&self) -> Duration {
-        self.retry_policy().worst_case(self.gateway_timeout) + SEND_MARGIN
+        self.send_lasts() + SEND_MARGIN
+    }
+
+    /// How long one send of a payment can take, every try and every backoff.
+    pub fn send_lasts(&self) -> Duration {
+        self.retry_policy().worst_case(self.gateway_timeout)
     }
 
     /// Checks the settings against each other.

@@ -35,6 +35,9 @@ pub struct SagaDeps {
     /// How long a send can take, every try and backoff included, plus a margin: a send
     /// starts only from a write that holds the payment at least this long.
     pub send_hold: Duration,
+    /// How long a send can take, every try and backoff included (`send_hold` without its
+    /// margin): a send begins only with this much left on the hold its write wrote.
+    pub send_lasts: Duration,
 }
 
 impl SagaDeps {
@@ -219,6 +222,7 @@ pub async fn send_reporting<R: Saga>(
         _ => resend,
     };
     let prepared = current.prepare(deps).await?;
+    failpoint::pause("before_mark_sent").await;
     let marked = Step {
         count_attempt: true,
         hold_until,
@@ -230,6 +234,19 @@ pub async fn send_reporting<R: Saga>(
     };
     let [after_mark_sent, after_gateway_response] = R::FAILPOINTS;
     failpoint::hit(after_mark_sent);
+    // The hold was counted before the write, which may have waited (for a connection, for
+    // a lock) past its margin: a send begun now could outlast it, and another process,
+    // seeing it run out, send the same again. Not sent, then: handed to the reconciler,
+    // which looks it up (nothing is there) and sends it with the same key.
+    if let Some(short) = hold_short_of_a_send(deps, &sent) {
+        let why = format!(
+            "not sent: the write that marked it sent came back with {} of its hold left, less than a send may last; the reconciler sends it",
+            humantime::format_duration(short)
+        );
+        tracing::warn!(id = %sent.id(), "{why}");
+        let written = hand_over(deps, &sent, None, LastError::Now(why)).await?;
+        return Ok(Sending::Made(kept(deps, written, &sent).await?));
+    }
 
     let outcome = sent.call(deps, prepared, maybe_sent_before).await;
     failpoint::hit(after_gateway_response);
@@ -237,6 +254,14 @@ pub async fn send_reporting<R: Saga>(
     Ok(Sending::Made(
         record_outcome(deps, sent, outcome, actor).await?,
     ))
+}
+
+/// What is left of the hold `sent` was marked sent with, if less than a send may last
+/// (whole milliseconds).
+fn hold_short_of_a_send<R: Saga>(deps: &SagaDeps, sent: &R) -> Option<Duration> {
+    let until = sent.claimed_until()?;
+    let left = (until - crate::db::now()).to_std().unwrap_or_default();
+    (left < deps.send_lasts).then(|| Duration::from_millis(left.as_millis() as u64))
 }
 
 /// Writes what the gateway said: final states freeze the key's answer; pending and

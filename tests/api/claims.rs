@@ -411,3 +411,49 @@ async fn a_request_whose_registration_stalled_still_holds_its_payment_for_its_se
     assert_eq!(sent, 1, "sent once: {}", serve.logs());
     drop(serve);
 }
+
+/// The write that marks a payment sent came back late (here 10 s after its hold was
+/// counted, as a stalled pool or a lock would make it): a send begun then could outlast
+/// the hold, and another process, seeing the hold run out, send the same charge again
+/// (Mercado Pago documents no `409` for a key still in flight). Before, the request sent it
+/// anyway. Now it is not sent by that request: the merchant is told 202, and the
+/// reconciler looks it up, finds nothing and sends it: one charge, `COMPLETADA`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_whose_mark_sent_write_came_back_late_is_sent_by_the_reconciler_once() {
+    let backend = Backend::Sqlite;
+    let (database, db) = TestDatabase::with_acme(&backend).await;
+    let gateway = MockServer::start().await;
+    let fake = crate::helpers::FakeGateway::charging("succeeded");
+    fake.mount(&gateway).await;
+    let uri = gateway.uri();
+    let args = serving(
+        &database.url,
+        &uri,
+        &["--reconcile-every", "1s", "--stale-after", "1s"],
+    );
+    let server = Serve::start(&args, &[("PAGOS_PAUSE_AT", "before_mark_sent:10000")]).await;
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/pagos", server.url))
+        .bearer_auth(crate::helpers::API_KEY)
+        .header("Idempotency-Key", "k-late-mark")
+        .json(&crate::helpers::payment_body())
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(answer.status(), 202, "{}", server.logs());
+    assert_eq!(fake.total_charges(), 0, "not sent by the request");
+    assert!(
+        server
+            .logs()
+            .contains("not sent: the write that marked it sent came back with"),
+        "{}",
+        server.logs()
+    );
+    wait_for("the reconciler settles it", async || {
+        let all = payment::Entity::find().all(&db).await.expect("payments");
+        all.len() == 1 && all[0].state == payment::PaymentState::Completada
+    })
+    .await;
+    assert_eq!(fake.total_charges(), 1, "one charge");
+    drop(server);
+}
