@@ -44,8 +44,8 @@ impl AddressPolicy {
 /// A URL is no longer than this (a registration is refused beyond it).
 pub const MAX_URL_LEN: usize = 2048;
 
-/// Why a URL is refused. Its text is the problem detail the merchant sees: it names the
-/// host and the address, never the rest of the URL.
+/// Why a URL is refused. Its text names the host and the address, never the rest of the
+/// URL; the merchant is told `for_merchant`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error("the URL cannot be read: {0}")]
@@ -73,12 +73,7 @@ pub enum Refusal {
 }
 
 fn forbidden_text(host: &str, address: &IpAddr, kind: &str) -> String {
-    let literal = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .parse::<IpAddr>()
-        .is_ok();
-    let subject = if literal {
+    let subject = if is_address(host) {
         format!("{address} is")
     } else {
         format!("{host} resolves to {address},")
@@ -93,6 +88,33 @@ impl Refusal {
     pub fn is_about_the_url(&self) -> bool {
         !matches!(self, Refusal::Unresolvable { .. })
     }
+
+    /// What the merchant registering the URL is told. A host name's refusal is one text
+    /// whether it does not resolve or resolves to a non-public address, without the
+    /// address or the resolver's words: the names and addresses of the network pagos runs
+    /// in are not for any merchant to map. (The whole refusal, `Display`, is for on-call:
+    /// the logs, the stored attempts.) A URL that names an address is told why it is
+    /// refused: the merchant wrote it.
+    pub fn for_merchant(&self) -> String {
+        match self {
+            Refusal::Unresolvable { host, .. } | Refusal::Forbidden { host, .. }
+                if !is_address(host) =>
+            {
+                format!(
+                    "{host} does not resolve to a public address (only public addresses are delivered to; a name not resolvable yet may be registered once it is)"
+                )
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
+/// Whether a URL's host is an address (an IPv6 one in brackets), not a name.
+fn is_address(host: &str) -> bool {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .is_ok()
 }
 
 /// A checked URL and the addresses a delivery to it connects to.

@@ -180,7 +180,8 @@ async fn create_endpoint(
     let url = fields.finish(url)?;
     // The addresses now; every delivery checks again.
     if let Err(refusal) = guard::check(&url, policy, &SystemResolver).await {
-        return Err(invalid(vec![field("url", refusal.to_string())]));
+        tracing::info!(merchant_id = %merchant, %refusal, "a webhook endpoint's URL refused");
+        return Err(invalid(vec![field("url", refusal.for_merchant())]));
     }
     let secret = Secret::generate();
     let made = store::create(

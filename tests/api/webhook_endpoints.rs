@@ -21,6 +21,7 @@ on_both_databases!(
     an_endpoints_attempts_are_read_and_removed_by_index,
     an_endpoint_body_of_another_shape_is_a_422_listing_every_field_and_stores_nothing,
     a_reactivation_body_of_another_shape_is_a_422_and_changes_nothing,
+    a_name_refused_for_its_addresses_tells_the_merchant_no_address,
 );
 
 #[tokio::test]
@@ -483,6 +484,33 @@ async fn an_event_is_listed_only_once_every_write_begun_before_it_has_ended() {
 /// The limit of 2048 characters is the stored URL's, as it is normalised: a non-ASCII
 /// character is percent-encoded into three times its bytes. Such a URL is a 422 naming the
 /// field (PostgreSQL's `varchar(2048)` refused it: a 503), and nothing is stored.
+/// A merchant registering a URL whose host name resolves to an internal address, or does
+/// not resolve, is told the same thing, naming neither the address nor the resolver's
+/// words. Before, the 422 said `localhost resolves to 127.0.0.1, not a public address
+/// (loopback)` and passed on the resolver's error: any merchant could map the names and
+/// addresses of the network pagos runs in. Nothing is stored.
+async fn a_name_refused_for_its_addresses_tells_the_merchant_no_address(backend: Backend) {
+    let app = Spawn::new(backend).start().await;
+    let mut told = Vec::new();
+    for host in ["localhost", "no-such-host.invalid"] {
+        let body = json!({ "url": format!("https://{host}/hooks") });
+        let answer = app.post_as(API_KEY, "/v1/webhook-endpoints", &body).await;
+        let problem = crate::helpers::problem(answer, 422, host).await;
+        assert_eq!(problem["errores"][0]["campo"], "url", "{problem}");
+        let detail = problem["errores"][0]["detalle"].as_str().expect("detalle");
+        assert!(
+            detail.starts_with(&format!("{host} does not resolve to a public address")),
+            "{detail}"
+        );
+        for inside in ["127.0.0.1", "::1", "loopback", "lookup", "known"] {
+            assert!(!detail.contains(inside), "{inside} told: {detail}");
+        }
+        told.push(detail.replace(host, "HOST"));
+    }
+    assert_eq!(told[0], told[1], "one text for both");
+    assert!(app.endpoints_of(API_KEY).await.is_empty(), "nothing stored");
+}
+
 async fn a_url_longer_than_2048_characters_once_normalised_is_refused(backend: Backend) {
     let app = Spawn::new(backend).start().await;
     let url = format!("https://93.184.215.14/{}", "\u{e9}".repeat(1000));
