@@ -416,7 +416,7 @@ pub struct PedidoReconciliacion {
         (status = 404, description = "No payment (refund) with this `pagoId` (`reembolsoId`)", body = Problem, content_type = "application/problem+json"),
         RawBodyTooLarge,
         NotJson,
-        (status = 422, description = "`validation-failed`, every field at fault listed in `errores`: a body that is not a JSON object (`(cuerpo)`), a member written twice or unknown, `pagoId` or `reembolsoId` not a UUID. Nothing was done, nor recorded", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`validation-failed`, every field at fault listed in `errores`: a body that is not a JSON object (`(cuerpo)`), a member written twice or unknown, `pagoId` or `reembolsoId` not a UUID (null included), both given. Nothing was done, nor recorded", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Who asked could not be recorded, so nothing was done (Retry-After); or the database failed", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -428,8 +428,16 @@ async fn run_reconciliation(
 ) -> Result<Json<Report>, ApiError> {
     admin.may_act()?;
     let mut fields = extract::json_object(&headers, body, WhenEmpty::Object)?;
-    let pago_id = fields.optional::<Uuid>("pagoId");
-    let reembolso_id = fields.optional::<Uuid>("reembolsoId");
+    // Each narrows the pass to one row: a null (a script's unset variable) is refused, not
+    // run as a pass over everything, and both at once are refused, not one dropped.
+    let pago_id = fields.optional_not_null::<Uuid>("pagoId");
+    let reembolso_id = fields.optional_not_null::<Uuid>("reembolsoId");
+    if pago_id.is_some() && reembolso_id.is_some() {
+        fields.refuse(
+            "reembolsoId",
+            "one of pagoId and reembolsoId, not both: reconcile the payment and the refund one at a time",
+        );
+    }
     fields.finish(Some(()))?;
     if let Some(id) = reembolso_id {
         return Ok(Json(reconcile_refund_now(&state, &admin, id).await?));

@@ -277,6 +277,17 @@ impl Fields {
         }
     }
 
+    /// `name`, absent: None; null or of another type: noted, None (where null must not
+    /// pass for absent: one member leaves the request's scope to another).
+    pub fn optional_not_null<T: Member>(&mut self, name: &'static str) -> Option<T> {
+        if self.members.get(name).is_some_and(Value::is_null) {
+            self.read.push(name);
+            self.refuse(name, format!("{}, or left out (null is not read as left out)", T::MUST_BE));
+            return None;
+        }
+        self.optional(name)
+    }
+
     /// `name`, which must be there: absent or null is noted as `required`.
     pub fn required<T: Member>(&mut self, name: &'static str) -> Option<T> {
         let present = self.members.get(name).is_some_and(|v| !v.is_null());

@@ -520,8 +520,16 @@ async fn on_call_bodies_of_another_shape_are_422s_listing_every_field_and_do_not
 ) {
     use serde_json::json;
     let (app, [reconcile, resolve, resolve_refund], payment, refund) = on_call_app(backend).await;
-    let cases: [(&str, serde_json::Value, &[&str]); 13] = [
+    let cases: [(&str, serde_json::Value, &[&str]); 15] = [
         (&reconcile, json!([null, null]), &["(cuerpo)"]),
+        // A script's unset variable: before, a pass over every due payment and refund.
+        (&reconcile, json!({"pagoId": null}), &["pagoId"]),
+        // Before, the refund reconciled and the payment dropped without a word.
+        (
+            &reconcile,
+            json!({"pagoId": payment, "reembolsoId": refund}),
+            &["reembolsoId"],
+        ),
         (&reconcile, json!([]), &["(cuerpo)"]),
         (&reconcile, json!(null), &["(cuerpo)"]),
         (&reconcile, json!({"pagoId": 1}), &["pagoId"]),
