@@ -761,6 +761,18 @@ impl Gateway for MeteredGateway {
         self.observe("refund_lookup", outcome, started);
         result
     }
+
+    async fn refunds_of_charge(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
+        let started = Instant::now();
+        let result = self.inner.refunds_of_charge(refund).await;
+        let outcome = match &result {
+            Ok(refunds) if refunds.is_empty() => "not_found",
+            Ok(_) => "found",
+            Err(err) => error_outcome(err),
+        };
+        self.observe("refund_lookup", outcome, started);
+        result
+    }
 }
 
 #[cfg(test)]

@@ -560,6 +560,22 @@ impl Gateway for MercadoPagoGateway {
         let Some(known) = refund.gateway_ref.as_deref() else {
             return Ok(Vec::new());
         };
+        self.refund_list(refund, Some(known)).await
+    }
+
+    async fn refunds_of_charge(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
+        self.refund_list(refund, None).await
+    }
+}
+
+impl MercadoPagoGateway {
+    /// The payment's refund list (`GET /v1/payments/{id}/refunds`, read whole), only the
+    /// refund `known` where one is named.
+    async fn refund_list(
+        &self,
+        refund: &RefundLookup,
+        known: Option<&str>,
+    ) -> Result<Vec<Refund>, GatewayError> {
         if !is_payment_id(&refund.charge) {
             return Ok(Vec::new());
         }
@@ -571,7 +587,7 @@ impl Gateway for MercadoPagoGateway {
         let reference = refund.reference.to_string();
         listed
             .iter()
-            .filter(|r| r.id_text() == known)
+            .filter(|r| known.is_none_or(|known| r.id_text() == known))
             .map(|r| {
                 let mut found = r.to_refund(&refund.currency, &reference)?;
                 if found.charge.is_empty() {

@@ -308,6 +308,15 @@ pub trait Gateway: Send + Sync + 'static {
     /// proof that the refund does not exist, only that a resend with the same key is the
     /// way to find out (the provider replays it, or makes the only one).
     async fn lookup_refunds(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError>;
+
+    /// Every refund the provider holds of the refund's charge, whoever asked for it: what
+    /// on-call's resolution of a refund the provider cannot attribute checks (Mercado Pago,
+    /// whose refunds carry no pagos reference). Empty where refunds carry pagos' reference
+    /// (`lookup_refunds` attributes them) and the check never asks.
+    async fn refunds_of_charge(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
+        let _ = refund;
+        Ok(Vec::new())
+    }
 }
 
 /// What the adapters' body tests send: COP 250,000 with the gateway key `gk`, the nil

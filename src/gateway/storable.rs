@@ -142,6 +142,16 @@ impl Gateway for Storable {
             .map(refund)
             .collect()
     }
+
+    async fn refunds_of_charge(&self, lookup: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
+        self.0
+            .refunds_of_charge(lookup)
+            .await
+            .map_err(storable_error)?
+            .into_iter()
+            .map(refund)
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -288,6 +288,9 @@ async fn resolve_unrecorded(
         blind: current.gateway_ref.is_none() && !state.settings.gateway.refunds_carry_reference(),
     };
     let recorded = checked_against(&provider, &current, &asked, &siblings)?;
+    if let Some(why) = money_unheld_of_this_amount(state, &current, &asked, &siblings).await? {
+        return Err(provider.disagrees(&why));
+    }
     // A provider refund already another refund's, another payment's or merchant's too, is
     // never this one's, overruled or not (the siblings are refused above, named). Read
     // before the write transaction: a refund settled with the same provider id in between
@@ -649,6 +652,58 @@ impl ProviderSays {
             ),
         }
     }
+}
+
+/// Blind (`Asked::blind`), a `FALLIDO` naming a refund that gave no money back is checked
+/// against that refund only, yet the one that gave this refund's money back may be beside
+/// it in the charge's refund list: on-call, reading the panel, named another attempt's.
+/// FALLIDO would free the amount, and refunded again the customer would get it twice. So
+/// the whole list is read: a refund succeeded or pending for this refund's amount and
+/// currency, other than the one named and held by no refund of the payment, refuses it
+/// (the text why); `contraProveedor` overrules. The list that cannot be read: a 503.
+async fn money_unheld_of_this_amount(
+    state: &AppState,
+    current: &refund::Model,
+    asked: &Asked<'_>,
+    siblings: &[refund::Model],
+) -> Result<Option<String>, ApiError> {
+    let Some(named) = asked.named else {
+        return Ok(None);
+    };
+    if !asked.blind || asked.overruled || asked.event != Event::ResolveFailed {
+        return Ok(None);
+    }
+    let listed = state
+        .gateway
+        .refunds_of_charge(&lookup_of(current))
+        .await
+        .map_err(|err| {
+            provider_check::unreachable(
+                "refund",
+                &err,
+                "Try again; if it keeps failing, contraProveedor resolves it without the provider (say what its dashboard shows).",
+            )
+        })?;
+    let held = |id: &str| siblings.iter().any(|r| r.gateway_ref.as_deref() == Some(id));
+    Ok(listed
+        .iter()
+        .find(|r| {
+            r.status != RefundStatus::Failed
+                && r.id != named
+                && r.amount == current.amount
+                && r.currency.eq_ignore_ascii_case(&current.currency)
+                && !held(&r.id)
+        })
+        .map(|r| {
+            format!(
+                "Mercado Pago's refunds carry no pagos reference, and beside refund {named} the payment's refund list shows refund {} {} for this refund's {} {}, which no pagos refund holds: it may be this refund's own. FALLIDO would free what is left to refund and tell the merchant reembolso.fallido; refunded again, the customer would get it twice. Resolve COMPLETADO naming {} if it is this refund's; if the panel shows it is not (whose it is, when it was made), overrule with contraProveedor saying so.",
+                r.id,
+                status_word(r.status),
+                current.amount,
+                current.currency,
+                r.id
+            )
+        }))
 }
 
 /// The provider's refund id a resolution records (None: the refund's own stays), or the

@@ -32,6 +32,7 @@ on_both_databases!(
     a_refund_pagos_never_sent_does_not_cover_money_returned_outside_pagos,
     a_refund_under_review_without_its_mercadopago_id_is_resolved_by_naming_it_or_overruling,
     a_refund_named_while_a_sibling_of_the_same_amount_awaits_its_answer_is_refused,
+    a_blind_fallido_naming_a_rejected_refund_while_an_unheld_one_of_the_amount_is_approved_is_refused,
     an_unsettled_payment_mercadopago_shows_charged_back_goes_to_review_never_402,
     centavos_of_colombian_pesos_are_refused_with_422_before_mercadopago_is_asked,
 );
@@ -173,6 +174,22 @@ impl FakeMercadoPago {
                 *payment = next.clone();
             }
         }
+    }
+
+    /// A refund `id` of `amount` (pesos) of the payment of `reference`, made in Mercado
+    /// Pago's panel outside pagos, as the fixture `fixture_name` has it: listed with the
+    /// payment's refunds, made by no key.
+    fn panel_refund(&self, reference: &str, fixture_name: &str, id: u64, amount: f64) {
+        let mut state = self.lock();
+        let payment_id = mp_id(reference);
+        let payment = state.by_id.get_mut(&payment_id).expect("a payment");
+        let mut refund = fixture(fixture_name);
+        refund["id"] = Value::from(id);
+        refund["payment_id"] = Value::from(payment_id);
+        refund["amount"] = Value::from(amount);
+        let mut listed = payment["refunds"].as_array().cloned().unwrap_or_default();
+        listed.push(refund);
+        payment["refunds"] = Value::from(listed);
     }
 
     /// The payment of `reference` now says `detail` (`status_detail`).
@@ -1366,6 +1383,63 @@ async fn a_refund_named_while_a_sibling_of_the_same_amount_awaits_its_answer_is_
         "each provider refund counted once"
     );
     assert_eq!(fake.refunds_made(), 2, "nothing sent twice");
+}
+
+/// A refund's answer was lost, and Mercado Pago made it (1009042016, approved). In the
+/// panel on-call finds a rejected refund of the same amount (1009042099, an attempt made
+/// there) and resolves the pagos refund FALLIDO naming it. Before, that was checked against
+/// the refund named only, and taken: the amount freed and the merchant told
+/// `reembolso.fallido` while the customer had the money, a second refund giving it twice.
+/// Now the payment's whole refund list is read, and the approved refund no pagos refund
+/// holds refuses it (409 naming it); resolved COMPLETADO naming that one, it is counted
+/// once.
+async fn a_blind_fallido_naming_a_rejected_refund_while_an_unheld_one_of_the_amount_is_approved_is_refused(
+    backend: Backend,
+) {
+    let app = spawn(backend, &["--give-up-after", "1s", "--stale-after", "1s"]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.mount(app.gateway()).await;
+    let (id, _) = approved_payment(&app, "k-blind-fallido").await;
+    fake.refund_answers_lost(true);
+    let (status, refund) = refund_through_pagos(&app, &id, "r-lost", json!({"monto": 50000})).await;
+    assert_eq!(status, 202, "{refund}");
+    let refund = refund["id"].as_str().expect("id").to_owned();
+    fake.panel_refund(&id, "refund_rejected", 1_009_042_099, 500.0);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let report = json(
+        app.admin_post("/admin/reconciliaciones", &json!({ "reembolsoId": refund }))
+            .await,
+    )
+    .await;
+    assert_eq!(report["reembolsos"]["revisionManual"], 1, "{report}");
+    let path = format!("/admin/reembolsos/{refund}/resolucion");
+
+    let named_rejected =
+        json!({"estado": "FALLIDO", "motivo": "panel: rechazado", "gatewayRef": "1009042099"});
+    let answer = app.admin_post(&path, &named_rejected).await;
+    let problem = crate::helpers::problem(answer, 409, "an approved refund no one holds").await;
+    assert_eq!(problem["type"], "/problems/provider-disagrees", "{problem}");
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "1009042016"),
+        "names the approved refund: {problem}"
+    );
+    let read = json(
+        app.get_as(crate::helpers::API_KEY, &format!("/v1/reembolsos/{refund}"))
+            .await,
+    )
+    .await;
+    assert_eq!(read["estado"], "REVISION_MANUAL", "nothing changed: {read}");
+
+    let answer = app
+        .admin_post(
+            &path,
+            &json!({"estado": "COMPLETADO", "motivo": "panel", "gatewayRef": "1009042016"}),
+        )
+        .await;
+    assert_eq!(answer.status(), 200);
+    let pago = merchant_view(&app, &id).await;
+    assert_eq!(pago["montoReembolsado"], 50000);
+    assert_eq!(fake.refunds_made(), 1, "nothing sent again");
 }
 
 /// Mercado Pago takes Colombian pesos in whole pesos: a `monto` with centavos, of a
