@@ -543,6 +543,16 @@ impl Client {
             let kept = journal
                 .record(intent, &self.base_url, &self.api_key)
                 .await?;
+            // The same key and request kept for another server or API key (a journal
+            // shared by two merchants' clients, a key the caller made): its payment is not
+            // this client's to read (a 404 taken for a lost payment) nor its key to send.
+            if kept.base_url != self.base_url || !kept.made_with(&self.api_key) {
+                return Err(PayError::KeptElsewhere {
+                    key: intent.key().clone(),
+                    same_api_key: kept.made_with(&self.api_key),
+                    base_url: kept.base_url,
+                });
+            }
             if let Some(why) = kept.blocked {
                 return Err(PayError::Blocked {
                     key: intent.key().clone(),

@@ -793,6 +793,50 @@ async fn an_intent_kept_under_a_rotated_api_key_is_never_asked_again_under_a_new
     );
 }
 
+/// Two merchants' clients share one journal file, and each pays an intent made with the
+/// same caller-chosen key for the same request (`Intent::with_key`). Before, the second
+/// took the first's row for its own: it looked the first merchant's payment up with its
+/// own API key, was answered 404, read that as a payment the server lost, and posted the
+/// intent again. Now its `pay` is refused, naming where the kept intent was made, and
+/// nothing is sent; the other merchant's intent stays kept.
+#[tokio::test]
+async fn an_intent_kept_for_another_api_key_under_the_same_key_is_refused_not_paid() {
+    let server = MockServer::start().await;
+    let (journal, client, _) = journal_and_client(&server, fast_policy()).await;
+    let url = pagos_client::base_url(&server.uri()).expect("url");
+    let mine = intent();
+    let theirs = Intent::with_key(mine.key().clone(), mine.request().clone());
+    journal
+        .journal
+        .record(&theirs, &url, "sk_test_globex")
+        .await
+        .expect("kept");
+    journal
+        .journal
+        .payment_known(theirs.key(), Uuid::new_v4())
+        .await
+        .expect("named");
+
+    match client.pay(&mine).await {
+        Err(PayError::KeptElsewhere {
+            key, same_api_key, ..
+        }) => {
+            assert_eq!(&key, mine.key(), "names the kept intent");
+            assert!(!same_api_key);
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+    assert!(
+        server
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .is_empty(),
+        "nothing sent"
+    );
+    assert_eq!(journal.pending().await.len(), 1, "the other's intent kept");
+}
+
 /// A resume pays from the list it read first. An intent sent long ago that another
 /// process settled or forgot meanwhile (its row gone: a resume beside it, or on-call's
 /// `--forget` after finding its payment) is still that old intent: never recorded again as
