@@ -59,6 +59,7 @@ mod m20261211_000025_webhook_reports_by_age;
 mod m20261212_000026_reported_currency_upper;
 mod m20261213_000027_events_without_merchant_fk;
 mod m20261214_000028_resolution_reports_final;
+mod m20261215_000029_overruled_reports_shown_otherwise;
 
 pub struct Migrator;
 
@@ -110,6 +111,7 @@ impl MigratorTrait for Migrator {
             whole(m20261212_000026_reported_currency_upper::Migration),
             whole(m20261213_000027_events_without_merchant_fk::Migration),
             whole(m20261214_000028_resolution_reports_final::Migration),
+            whole(m20261215_000029_overruled_reports_shown_otherwise::Migration),
         ]
     }
 }

@@ -17,6 +17,12 @@
 //!
 //! A resolution with `reembolsar` left a compensation refund of the charge, which a later
 //! report finds, so its records need nothing more. Every statement can run again.
+//!
+//! The audit row lists every charge the provider showed, in any status (`ch_1 succeeded
+//! for …, ch_2 pending for …`): only a charge listed succeeded is matched. (Its first
+//! version matched the charge's id anywhere in the row, and made final as succeeded a
+//! charge shown pending or declined: the customer's later payment of it was never
+//! refunded. `m20261215_000029` mends what it wrote.)
 
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::DbBackend;
@@ -33,6 +39,7 @@ impl MigrationTrait for Migration {
             _ => "strpos",
         };
         let last = i64::MAX;
+        let shown_succeeded = shown_succeeded(position);
         db.execute_unprepared(&format!(
             r#"UPDATE "webhook_charges"
 SET "status" = 'succeeded', "decline_code" = NULL, "last_sequence" = {last},
@@ -42,7 +49,7 @@ WHERE "payment_id" IS NOT NULL AND EXISTS (
   WHERE "t"."payment_id" = "webhook_charges"."payment_id"
     AND "t"."actor" = 'admin' AND "t"."to_state" = 'FALLIDA'
     AND "t"."reason" LIKE '%[overruling the provider, which showed %'
-    AND {position}("t"."reason", "webhook_charges"."charge_id") > 0)"#
+    AND {shown_succeeded})"#
         ))
         .await?;
         db.execute_unprepared(&format!(
@@ -56,4 +63,16 @@ WHERE "payment_id" IS NOT NULL AND EXISTS (
     async fn down(&self, _manager: &SchemaManager) -> Result<(), DbErr> {
         Ok(())
     }
+}
+
+/// SQL: audit row `"t"."reason"` lists the report's charge as the provider showed it
+/// succeeded (`showed ch_1 succeeded for …` or `…, ch_1 succeeded for …`), with `position`
+/// the backend's `strpos`/`instr`.
+pub(crate) fn shown_succeeded(position: &str) -> String {
+    let listed = |before: &str| {
+        format!(
+            r#"{position}("t"."reason", '{before}' || "webhook_charges"."charge_id" || ' succeeded for ') > 0"#
+        )
+    };
+    format!("({} OR {})", listed("showed "), listed(", "))
 }

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use wiremock::{Mock, ResponseTemplate};
 
 on_both_databases!(
+    a_charge_an_overruling_resolution_saw_pending_is_not_left_final_by_the_migrations,
     a_charge_found_after_a_fallida_answer_is_refunded_in_full_and_the_answer_stays,
     in_review_mode_the_payment_goes_to_on_call_who_resolves_it_failed_and_refunded,
     a_charge_reported_by_a_webhook_that_the_search_does_not_show_yet_is_refunded_by_the_resolution,
@@ -1134,6 +1135,77 @@ async fn the_migration_makes_earlier_resolution_records_final(backend: Backend) 
     assert_eq!(app.payment(&payment).await.state, "FALLIDA");
     no_refund_of(&app, &payment, "").await;
     assert!(refunds.made().is_empty());
+}
+
+/// Migration `m20261214_000028`'s first version matched a charge's id anywhere in an
+/// overruling resolution's audit row, which lists every charge the provider showed: a
+/// charge shown pending (a voucher not paid yet) was made final as succeeded, settled
+/// outside pagos, and once the customer paid it, its `succeeded` event was stale — the
+/// customer charged, the merchant told 402, nothing refunded. Here the database is as that
+/// version left it; the migrations that run now (m28 as it is, m29) give the report back as
+/// the provider showed it, and the charge's `succeeded` event is an orphan charge,
+/// refunded.
+async fn a_charge_an_overruling_resolution_saw_pending_is_not_left_final_by_the_migrations(
+    backend: Backend,
+) {
+    use migration::{Migrator, MigratorTrait};
+    use pagos::entities::webhook_charge::{self as charges, ReportedStatus};
+    use sea_orm::{ConnectionTrait, EntityTrait};
+    let app = crate::helpers::started(
+        backend,
+        &[
+            "--webhook-secret",
+            SECRET,
+            "--give-up-after",
+            "1s",
+            "--stale-after",
+            "1s",
+            "--orphan-charges",
+            "refund",
+        ],
+    )
+    .await;
+    let refunds = FakeRefunds::default();
+    refunds.mount_refunds(app.gateway()).await;
+    let (payment, fake) = crate::operators::payment_under_review(&app, "k-voucher").await;
+    let charge = fake.charge_ids(&payment).remove(0);
+    let report = |status: &str| {
+        json!({"id": charge, "status": status, "amount": 250000, "currency": "COP",
+               "reference": payment, "declineCode": null})
+    };
+    assert_eq!(
+        deliver(&app, "evt_pending", 1, report("pending")).await,
+        "sin_cambios"
+    );
+    // The provider shows the charge pending; on-call overrules it.
+    returned_by_bank_transfer(&app, &payment).await;
+
+    // As the first version of m28 left it.
+    for sql in [
+        format!(
+            r#"UPDATE "webhook_charges" SET "status" = 'succeeded', "last_sequence" = {}, "last_event_id" = 'resolution-overruled' WHERE "charge_id" = '{charge}'"#,
+            i64::MAX
+        ),
+        r#"DELETE FROM "seaql_migrations" WHERE "version" IN ('m20261214_000028_resolution_reports_final', 'm20261215_000029_overruled_reports_shown_otherwise')"#.to_owned(),
+    ] {
+        app.db.execute_unprepared(&sql).await.expect("older");
+    }
+    Migrator::up(&app.db, None).await.expect("migrated");
+    let kept = charges::Entity::find_by_id(("http".to_owned(), charge.clone()))
+        .one(&app.db)
+        .await
+        .expect("read")
+        .expect("kept");
+    assert_eq!(kept.status, ReportedStatus::Pending, "{kept:?}");
+    assert_eq!(kept.last_sequence, 0, "{kept:?}");
+
+    // The customer pays the voucher: an orphan charge of a failed payment, refunded.
+    fake.settle(&payment, "succeeded");
+    assert_eq!(
+        deliver(&app, "evt_paid", 2, report("succeeded")).await,
+        "reembolsando"
+    );
+    assert_eq!(app.payment(&payment).await.state, "FALLIDA");
 }
 
 /// A charge an earlier resolution settled outside pagos (overruling the provider: money
