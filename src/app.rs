@@ -114,6 +114,38 @@ async fn refuse_another_gateway_before_migrating(
     refuse_another_gateway(pinned, &gateway_name(settings))
 }
 
+/// The sandbox on a database that holds live API keys (`sk_live_`, made by `pagos merchants
+/// add` with a real gateway before any process pinned one): a `serve` started without
+/// `PAGOS_GATEWAY` (a configuration that did not mount) would pin the database to the
+/// sandbox and answer the live merchants' payments `COMPLETADA` with no money moved.
+/// Refused before anything is migrated or pinned.
+async fn refuse_the_sandbox_with_live_keys(
+    db: &DatabaseConnection,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    use crate::entities::api_key;
+    use sea_orm::{ColumnTrait, PaginatorTrait, QueryFilter};
+    if settings.gateway != GatewayKind::Sandbox || !crate::db::table_exists(db, "api_keys").await? {
+        return Ok(());
+    }
+    let live = api_key::Entity::find()
+        .filter(api_key::Column::Prefix.starts_with(crate::merchants::key::KeyKind::Live.scheme()))
+        .filter(api_key::Column::RevokedAt.is_null())
+        .count(db)
+        .await?;
+    if live == 0 {
+        return Ok(());
+    }
+    Err(SettingError {
+        env: "PAGOS_GATEWAY",
+        flag: "gateway",
+        message: format!(
+            "is sandbox (the default) but this database holds {live} live API key(s) (sk_live_…), made for a real gateway: the sandbox would answer their payments COMPLETADA and no money would move; set PAGOS_GATEWAY (and its URL and secret) to the gateway they were made for"
+        ),
+    }
+    .into())
+}
+
 fn gateway_name(settings: &Settings) -> String {
     use clap::ValueEnum;
     settings
@@ -644,6 +676,7 @@ async fn start(
     let db = crate::db::connect(&settings.database).await?;
     crate::db::check_clock(&db).await?;
     refuse_another_gateway_before_migrating(&db, settings).await?;
+    refuse_the_sandbox_with_live_keys(&db, settings).await?;
     crate::db::migrate(&db).await?;
     pin_gateway(&db, settings).await?;
     if settings.gateway == GatewayKind::Sandbox {
@@ -729,6 +762,7 @@ pub async fn reconcile_once(
     use crate::operators::actions::{self, Action};
     let db = crate::db::open(&settings.database).await?;
     crate::db::check_clock(&db).await?;
+    refuse_the_sandbox_with_live_keys(&db, &settings).await?;
     pin_gateway(&db, &settings).await?;
     let operator = pass_operator(&db, ran_by).await?;
     let operator = operator.as_str();

@@ -825,6 +825,55 @@ fn a_refund_failure_rate_outside_0_to_1_stops_the_sandbox_with_one_line_naming_i
     );
 }
 
+/// `pagos merchants add --gateway stripe` on a new database makes a live key and pins no
+/// gateway. A `serve` then started without `PAGOS_GATEWAY` (a configuration that did not
+/// mount) ran as the sandbox: it pinned the database to it, and the live merchant's every
+/// payment was answered 201 COMPLETADA with no money moved. Now it refuses to start (one
+/// line naming `PAGOS_GATEWAY`, exit 2) and pins nothing: started with the gateway the key
+/// was made for, it runs.
+#[tokio::test]
+async fn the_sandbox_refuses_a_database_that_holds_live_api_keys() {
+    use sea_orm::EntityTrait;
+    let dir = tempfile::tempdir().expect("dir");
+    let db = sqlite_in(&dir, "live.db");
+    let key = on_db(&db, &["merchants", "add", "acme", "--gateway", "stripe"]);
+    assert!(key.trim().starts_with("sk_live_"), "{key}");
+
+    let serve = pagos(
+        &["serve", "--database-url", &db],
+        &[("PAGOS_BIND", "127.0.0.1:0")],
+    );
+    assert_refused(&serve, "PAGOS_GATEWAY");
+    assert!(
+        String::from_utf8_lossy(&serve.stderr).contains("live API key"),
+        "{}",
+        String::from_utf8_lossy(&serve.stderr)
+    );
+    let conn = sea_orm::Database::connect(db.as_str()).await.expect("open");
+    let pinned = pagos::entities::instance_fact::Entity::find_by_id("gateway".to_owned())
+        .one(&conn)
+        .await
+        .expect("read");
+    assert!(pinned.is_none(), "nothing pinned: {pinned:?}");
+    assert_refused(&pagos_on(&db, &["reconcile", "--once"]), "PAGOS_GATEWAY");
+    let reconcile = pagos_on(
+        &db,
+        &[
+            "reconcile",
+            "--once",
+            "--gateway",
+            "http",
+            "--gateway-url",
+            "http://127.0.0.1:9",
+        ],
+    );
+    assert!(
+        reconcile.status.success(),
+        "with a real gateway it runs: {}",
+        String::from_utf8_lossy(&reconcile.stderr)
+    );
+}
+
 /// Also before it migrates: a release started with the wrong `PAGOS_GATEWAY` must not
 /// upgrade the schema that production's processes run on (before: `serve` applied the
 /// pending migrations, then exited 2).
