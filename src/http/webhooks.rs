@@ -303,6 +303,7 @@ impl Signed {
             ),
         };
         let secret = secret_of(state, exposed(secret), env)?;
+        self.of_this_gateway(state)?;
         let raw = raw(body)?;
         let values = headers.get_all(header).iter().map(|v| v.as_bytes());
         let verified = match self {
@@ -331,6 +332,34 @@ impl Signed {
             });
         }
         Ok(raw)
+    }
+}
+
+impl Signed {
+    /// Refused (401, counted as a refused signature) unless this provider is the one the
+    /// payments go through (checked once its secret is set): a reference-protocol secret left set on a Stripe deployment
+    /// (or a Stripe one on another) let whoever holds it settle payments with events about
+    /// charges the real provider never made — the merchant told paid, and no event of the
+    /// real provider ever correcting it (its reports are kept under another source).
+    fn of_this_gateway(self, state: &AppState) -> Result<(), ApiError> {
+        use crate::config::GatewayKind;
+        let gateway = state.settings.gateway;
+        let (ours, name, path) = match self {
+            Signed::Reference => (
+                matches!(gateway, GatewayKind::Http | GatewayKind::Sandbox),
+                "the reference protocol's",
+                "/v1/webhooks/http",
+            ),
+            Signed::Stripe => (gateway == GatewayKind::Stripe, "Stripe's", "/v1/webhooks/stripe"),
+        };
+        if ours {
+            return Ok(());
+        }
+        tracing::warn!(endpoint = path, gateway = ?gateway, "webhook refused: not this deployment's gateway");
+        state.metrics.webhook_event("refused_signature");
+        Err(unauthorized(format!(
+            "This pagos's payments go through {gateway:?} (PAGOS_GATEWAY): {name} events are not its provider's, and are refused at {path} whatever their signature."
+        )))
     }
 }
 

@@ -19,6 +19,7 @@ on_both_databases!(
     bad_signatures_are_refused_with_401_and_nothing_recorded,
     a_signed_body_that_is_not_an_event_is_refused_with_400_and_nothing_recorded,
     webhooks_answer_401_while_no_secret_is_set,
+    events_of_a_provider_the_payments_do_not_go_through_are_refused_whatever_their_signature,
     a_contradicting_event_sends_a_final_payment_to_manual_review,
     a_payment_under_manual_review_is_left_to_on_call,
     a_charge_for_an_unknown_reference_is_acknowledged_and_listed_as_orphan,
@@ -459,6 +460,39 @@ async fn a_signed_body_that_is_not_an_event_is_refused_with_400_and_nothing_reco
     }
     assert_eq!(app.recorded().await, (0, 0));
     assert_eq!(app.payment(&id).await.state, "ENVIADA");
+}
+
+/// A Stripe deployment with a reference-protocol secret still set (left from a reference
+/// or sandbox setup). Before, an event signed with it was taken: a payment sent to Stripe
+/// and unanswered could be settled `COMPLETADA` with a charge Stripe never made, and no
+/// Stripe event corrected it (its reports are kept under another source). Now it is
+/// refused, 401 naming `PAGOS_GATEWAY`, counted with the refused signatures, and nothing
+/// is recorded.
+async fn events_of_a_provider_the_payments_do_not_go_through_are_refused_whatever_their_signature(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .provider("stripe")
+        .flags(&["--stripe-webhook-secret", "whsec_stripe", "--webhook-secret", SECRET])
+        .start()
+        .await;
+    let reference = uuid::Uuid::now_v7().to_string();
+    let body = event("evt_not_stripe", 1, charge(&reference, "succeeded"));
+    let answer = deliver(&app, &body).await;
+    assert_eq!(answer.status(), 401);
+    let problem = json(answer).await;
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "PAGOS_GATEWAY"),
+        "{problem}"
+    );
+    assert_eq!(app.recorded().await, (0, 0), "nothing recorded");
+    let metrics = app.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "pagos_webhook_events_total{outcome=\"refused_signature\"} 1"),
+        "{metrics}"
+    );
 }
 
 /// A deployment that lost its webhook secret refuses every event, and on-call's alert
