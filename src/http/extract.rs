@@ -282,7 +282,10 @@ impl Fields {
     pub fn optional_not_null<T: Member>(&mut self, name: &'static str) -> Option<T> {
         if self.members.get(name).is_some_and(Value::is_null) {
             self.read.push(name);
-            self.refuse(name, format!("{}, or left out (null is not read as left out)", T::MUST_BE));
+            self.refuse(
+                name,
+                format!("{}, or left out (null is not read as left out)", T::MUST_BE),
+            );
             return None;
         }
         self.optional(name)

@@ -684,7 +684,11 @@ async fn money_unheld_of_this_amount(
                 "Try again; if it keeps failing, contraProveedor resolves it without the provider (say what its dashboard shows).",
             )
         })?;
-    let held = |id: &str| siblings.iter().any(|r| r.gateway_ref.as_deref() == Some(id));
+    let held = |id: &str| {
+        siblings
+            .iter()
+            .any(|r| r.gateway_ref.as_deref() == Some(id))
+    };
     Ok(listed
         .iter()
         .find(|r| {

@@ -350,7 +350,11 @@ impl Signed {
                 "the reference protocol's",
                 "/v1/webhooks/http",
             ),
-            Signed::Stripe => (gateway == GatewayKind::Stripe, "Stripe's", "/v1/webhooks/stripe"),
+            Signed::Stripe => (
+                gateway == GatewayKind::Stripe,
+                "Stripe's",
+                "/v1/webhooks/stripe",
+            ),
         };
         if ours {
             return Ok(());

@@ -632,7 +632,9 @@ async fn an_on_call_refund_leaves_a_row_and_its_replay_says_nothing_new_was_refu
     // A body that is not a refund is refused before anything is recorded: the 422 says
     // nothing was stored, and the trail has no row of it (before, it had one).
     let malformed = json!({"monto": -5});
-    let answer = app.post_keyed(&eva, &path, "oncall-act-3", &malformed).await;
+    let answer = app
+        .post_keyed(&eva, &path, "oncall-act-3", &malformed)
+        .await;
     let problem = crate::helpers::problem(answer, 422, "not a refund").await;
     assert_eq!(problem["type"], "/problems/validation-failed", "{problem}");
 

@@ -473,7 +473,12 @@ async fn events_of_a_provider_the_payments_do_not_go_through_are_refused_whateve
 ) {
     let app = Spawn::new(backend)
         .provider("stripe")
-        .flags(&["--stripe-webhook-secret", "whsec_stripe", "--webhook-secret", SECRET])
+        .flags(&[
+            "--stripe-webhook-secret",
+            "whsec_stripe",
+            "--webhook-secret",
+            SECRET,
+        ])
         .start()
         .await;
     let reference = uuid::Uuid::now_v7().to_string();

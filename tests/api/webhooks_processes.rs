@@ -362,9 +362,11 @@ async fn a_delivery_claimed_as_the_process_is_told_to_stop_is_not_sent_and_is_gi
             .await
             .expect("deliveries")
     };
-    eventually(Duration::from_secs(10), "the delivery claimed", async || {
-        deliveries().await.iter().any(|d| d.claimed_until.is_some())
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the delivery claimed",
+        async || deliveries().await.iter().any(|d| d.claimed_until.is_some()),
+    )
     .await;
     stopping.terminate();
     stopping
@@ -387,9 +389,11 @@ async fn a_delivery_claimed_as_the_process_is_told_to_stop_is_not_sent_and_is_gi
     );
 
     let next = world.serve(&[]).await;
-    eventually(Duration::from_secs(20), "the next process delivers", async || {
-        receiver.applied().len() == 1
-    })
+    eventually(
+        Duration::from_secs(20),
+        "the next process delivers",
+        async || receiver.applied().len() == 1,
+    )
     .await;
     drop(next);
     assert_eq!(receiver.deliveries().len(), 1);
