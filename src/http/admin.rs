@@ -1072,18 +1072,6 @@ async fn resolve_unrecorded(
             "The provider's webhooks reported charge {charge} failed ({code}) after its search showed it succeeded: refunded or charged back at the provider, or a failure its search does not show yet. COMPLETADA would tell the merchant money was taken that the provider says is not. Check the provider's dashboard: if the money is not taken, FALLIDA with contraProveedor saying so (a plain FALLIDA is refused while the search still shows the charge succeeded); if the charge stands (a dispute won), COMPLETADA with contraProveedor. Nothing was changed."
         )));
     }
-    // COMPLETADA overruling what the provider's webhooks reported of the payment's charges
-    // (a charge-back whose dispute the seller won): the same word reported again (a later
-    // notification of the same dispute) must not send the payment back to review; another
-    // word (the money returned) still does (`consumer::overruled_by_completada`).
-    if event == Event::ResolveCompleted && overrule.is_some() {
-        crate::webhooks::consumer::mark_overruled_by_completada(
-            &tx,
-            webhook_source(state.settings.gateway),
-            current.id,
-        )
-        .await?;
-    }
     // A charge a webhook reported succeeded since the provider was asked: its consumer
     // locks the payment before it writes the report and keeps a payment under review as
     // it is, so one that committed before this write (which waited for its lock, or on

@@ -438,48 +438,6 @@ pub const KNOWN_AT_RESOLUTION: &str = "resolution";
 /// overruled the provider: the charge was settled outside pagos.
 pub const OVERRULED_AT_RESOLUTION: &str = "resolution-overruled";
 
-/// The `last_event_id` of a report of a charge whose failure (or pending) on-call's
-/// `COMPLETADA` overruled: the same status reported again is no new word.
-pub const OVERRULED_BY_COMPLETADA: &str = "resolution-completada-overruled";
-
-/// Marks every report of payment `payment_id` (`source`'s) that is not a success as
-/// overruled by on-call's `COMPLETADA` (`OVERRULED_BY_COMPLETADA`), in the resolution's
-/// transaction: the payment is paid, as on-call says against what they reported.
-pub(crate) async fn mark_overruled_by_completada(
-    tx: &impl ConnectionTrait,
-    source: &str,
-    payment_id: Uuid,
-) -> Result<(), DbErr> {
-    charges::Entity::update_many()
-        .col_expr(
-            charges::Column::LastEventId,
-            sea_orm::sea_query::Expr::value(OVERRULED_BY_COMPLETADA),
-        )
-        .filter(charges::Column::Source.eq(source))
-        .filter(charges::Column::PaymentId.eq(payment_id))
-        .filter(charges::Column::Status.ne(ReportedStatus::Succeeded))
-        .exec(tx)
-        .await?;
-    Ok(())
-}
-
-/// Whether `event` repeats what on-call's `COMPLETADA` overruled for its charge (the
-/// report marked `OVERRULED_BY_COMPLETADA` says the same status): a later notification of
-/// a dispute the seller won, dated later, still says charged back, and moved the payment
-/// back to review at each one. Stale, then; another status is a new word, applied.
-async fn overruled_by_completada(
-    tx: &impl ConnectionTrait,
-    event: ChargeEvent<'_>,
-) -> Result<bool, DbErr> {
-    Ok(charges::Entity::find_by_id((event.source.to_owned(), event.charge.id.clone()))
-        .one(tx)
-        .await?
-        .is_some_and(|row| {
-            row.last_event_id == OVERRULED_BY_COMPLETADA
-                && row.status == reported(event.charge.status)
-        }))
-}
-
 /// The first of `charges` (`source`'s) an earlier resolution settled outside pagos,
 /// overruling the provider (`record_known_charges`).
 pub(crate) async fn settled_outside_pagos(
@@ -510,9 +468,6 @@ async fn advance_charge(
     event: ChargeEvent<'_>,
     payment_id: Option<Uuid>,
 ) -> Result<bool, DbErr> {
-    if overruled_by_completada(tx, event).await? {
-        return Ok(false);
-    }
     let charge = event.charge;
     let row = charges::ActiveModel {
         source: Set(event.source.to_owned()),

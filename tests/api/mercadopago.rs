@@ -34,7 +34,6 @@ on_both_databases!(
     a_refund_named_while_a_sibling_of_the_same_amount_awaits_its_answer_is_refused,
     a_blind_fallido_naming_a_rejected_refund_while_an_unheld_one_of_the_amount_is_approved_is_refused,
     an_unsettled_payment_mercadopago_shows_charged_back_goes_to_review_never_402,
-    a_charge_back_resolved_completada_is_not_reopened_by_the_same_word_again,
     centavos_of_colombian_pesos_are_refused_with_422_before_mercadopago_is_asked,
 );
 
@@ -1145,44 +1144,6 @@ async fn money_returned_beyond_pagos_refunds_or_charged_back_still_sends_the_pay
         assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL", "{then}");
         assert_eq!(revision_events(&app, &id).await, 1, "{then}");
     }
-}
-
-/// A paid payment charged back goes to review; the seller wins the dispute, and on-call,
-/// seeing it in Mercado Pago's panel, resolves it `COMPLETADA` overruling the report
-/// (revision-manual.md, case 12). Before, Mercado Pago's next notification of the same
-/// dispute (the payment updated later, still charged back) sent it back to review, and so
-/// did every one after it, the merchant told `pago.revision_manual` each time. Now the
-/// same word again is stale (another status is applied as it would be: the mark holds
-/// only the status on-call overruled).
-async fn a_charge_back_resolved_completada_is_not_reopened_by_the_same_word_again(
-    backend: Backend,
-) {
-    let app = spawn(backend, &[]).await;
-    let fake = FakeMercadoPago::new("payment_approved");
-    fake.mount(app.gateway()).await;
-    let (id, data_id) = approved_payment(&app, "k-dispute-won").await;
-    fake.set(&id, "payment_charged_back", "2026-12-04T09:00:00.000-05:00");
-    assert_eq!(
-        outcome(notify(&app, 8101, &data_id).await).await,
-        "revision_manual"
-    );
-    let resolved = app
-        .admin_post(
-            &format!("/admin/pagos/{id}/resolucion"),
-            &json!({"estado": "COMPLETADA", "motivo": "disputa ganada", "gatewayRef": data_id,
-                    "contraProveedor": "the panel shows the dispute reimbursed to the seller"}),
-        )
-        .await;
-    assert_eq!(resolved.status(), 200, "{}", json(resolved).await);
-    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
-
-    fake.set(&id, "payment_charged_back", "2026-12-05T09:00:00.000-05:00");
-    assert_eq!(
-        outcome(notify(&app, 8102, &data_id).await).await,
-        "obsoleto"
-    );
-    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
-    assert_eq!(revision_events(&app, &id).await, 1, "told once");
 }
 
 /// A full refund registered `EN_PROCESO` whose request died before it marked it sent (a
