@@ -576,24 +576,6 @@ async fn refund_asked_by_on_call(
     let Some(found) = crate::saga::store::find_payment(&state.db, payment).await? else {
         return Err(not_found("payment"));
     };
-    // A body refused with a key not taken is answered before anything is recorded: a
-    // validation 422 stores nothing, an audit row neither (a key taken still answers as
-    // its row says, and that replay is recorded).
-    let asked = match asked.refund {
-        Err(refused)
-            if store::find_key(
-                &state.db,
-                found.merchant_id,
-                KeyScope::Admin,
-                asked.key.as_str(),
-            )
-            .await?
-            .is_none() =>
-        {
-            return Err(refused);
-        }
-        refund => Asked { refund, ..asked },
-    };
     let recorded = super::actions::Asked {
         action: Action::RefundPayment,
         target: Some(payment),
