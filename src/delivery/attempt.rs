@@ -173,12 +173,19 @@ impl Deliverer {
         let checked = tokio::time::timeout_at(deadline, self.check(url)).await;
         let destination = match checked {
             Ok(Ok(destination)) => destination,
+            // The stored attempt is the merchant's to read (`GET /v1/eventos/{id}`): it says
+            // what the registration's 422 says, never the address a name resolved to nor
+            // the resolver's words; the whole refusal is in the log, for on-call.
             Ok(Err(refusal)) if refusal.is_about_the_url() => {
-                return no_answer(attempt, Outcome::Refused, format!("not sent: {refusal}"));
+                tracing::warn!(%refusal, "webhook attempt not sent: the address guard refused its host");
+                let error = format!("not sent: {}", refusal.for_merchant());
+                return no_answer(attempt, Outcome::Refused, error);
             }
             Ok(Err(refusal)) => {
+                tracing::warn!(%refusal, "webhook attempt not sent: its host did not resolve");
                 let failed = Outcome::Failed { not_before: None };
-                return no_answer(attempt, failed, format!("not sent: {refusal}"));
+                let error = format!("not sent: {}", refusal.for_merchant());
+                return no_answer(attempt, failed, error);
             }
             Err(_) => {
                 let failed = Outcome::Failed { not_before: None };
