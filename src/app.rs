@@ -124,15 +124,22 @@ async fn refuse_the_sandbox_with_live_keys(
     settings: &Settings,
 ) -> anyhow::Result<()> {
     use crate::entities::api_key;
-    use sea_orm::{ColumnTrait, PaginatorTrait, QueryFilter};
+    use sea_orm::{ColumnTrait, QueryFilter, QuerySelect};
     if settings.gateway != GatewayKind::Sandbox || !crate::db::table_exists(db, "api_keys").await? {
         return Ok(());
     }
+    // Compared here, not with LIKE (whose `_` matches any character). A key chosen by
+    // hand keeps too short a prefix to tell (at most half of it): generated keys only.
     let live = api_key::Entity::find()
-        .filter(api_key::Column::Prefix.starts_with(crate::merchants::key::KeyKind::Live.scheme()))
+        .select_only()
+        .column(api_key::Column::Prefix)
         .filter(api_key::Column::RevokedAt.is_null())
-        .count(db)
-        .await?;
+        .into_tuple::<String>()
+        .all(db)
+        .await?
+        .iter()
+        .filter(|prefix| prefix.starts_with(crate::merchants::key::KeyKind::Live.scheme()))
+        .count();
     if live == 0 {
         return Ok(());
     }
