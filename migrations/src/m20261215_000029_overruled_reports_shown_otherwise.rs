@@ -13,7 +13,9 @@
 //! or else declined — at sequence 0, so that the charge's next event moves it: a
 //! `succeeded` one is then an orphan charge of a failed payment (refunded, or on-call's,
 //! by `PAGOS_ORPHAN_CHARGES`). Its decline code and event id are not known any more
-//! (`last_event_id` says `resolution-unmarked`). Can run again.
+//! (`last_event_id` says `resolution-unmarked`). A charge paid while the mark stood had
+//! its `succeeded` event taken as stale and gets none again: runbooks/refunds.md lists
+//! these rows for on-call to check at the provider. Can run again.
 
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::DbBackend;
