@@ -657,6 +657,17 @@ impl MeteredGateway {
     fn observe(&self, operation: &'static str, outcome: &'static str, started: Instant) {
         self.metrics.gateway_call(operation, outcome, started);
     }
+
+    /// A refund look-up (by refund, or of a charge's whole list): found, not found, or how
+    /// it failed.
+    fn observe_refund_lookup(&self, result: &Result<Vec<Refund>, GatewayError>, started: Instant) {
+        let outcome = match result {
+            Ok(refunds) if refunds.is_empty() => "not_found",
+            Ok(_) => "found",
+            Err(err) => error_outcome(err),
+        };
+        self.observe("refund_lookup", outcome, started);
+    }
 }
 
 impl Metrics {
@@ -753,24 +764,14 @@ impl Gateway for MeteredGateway {
     async fn lookup_refunds(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
         let started = Instant::now();
         let result = self.inner.lookup_refunds(refund).await;
-        let outcome = match &result {
-            Ok(refunds) if refunds.is_empty() => "not_found",
-            Ok(_) => "found",
-            Err(err) => error_outcome(err),
-        };
-        self.observe("refund_lookup", outcome, started);
+        self.observe_refund_lookup(&result, started);
         result
     }
 
     async fn refunds_of_charge(&self, refund: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
         let started = Instant::now();
         let result = self.inner.refunds_of_charge(refund).await;
-        let outcome = match &result {
-            Ok(refunds) if refunds.is_empty() => "not_found",
-            Ok(_) => "found",
-            Err(err) => error_outcome(err),
-        };
-        self.observe("refund_lookup", outcome, started);
+        self.observe_refund_lookup(&result, started);
         result
     }
 }

@@ -34,10 +34,7 @@ pub struct Migration;
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
-        let position = match manager.get_database_backend() {
-            DbBackend::Sqlite => "instr",
-            _ => "strpos",
-        };
+        let position = position(manager.get_database_backend());
         let last = i64::MAX;
         let shown_succeeded = shown_succeeded(position);
         db.execute_unprepared(&format!(
@@ -62,6 +59,14 @@ WHERE "payment_id" IS NOT NULL AND EXISTS (
     /// Nothing to undo: an older pagos reads the sequence as any other.
     async fn down(&self, _manager: &SchemaManager) -> Result<(), DbErr> {
         Ok(())
+    }
+}
+
+/// The backend's function of where one text stands in another (0: nowhere).
+pub(crate) fn position(backend: DbBackend) -> &'static str {
+    match backend {
+        DbBackend::Sqlite => "instr",
+        _ => "strpos",
     }
 }
 

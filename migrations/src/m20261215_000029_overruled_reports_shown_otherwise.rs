@@ -18,9 +18,8 @@
 //! these rows for on-call to check at the provider. Can run again.
 
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::DbBackend;
 
-use crate::m20261214_000028_resolution_reports_final::shown_succeeded;
+use crate::m20261214_000028_resolution_reports_final::{position, shown_succeeded};
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -29,10 +28,7 @@ pub struct Migration;
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
-        let position = match manager.get_database_backend() {
-            DbBackend::Sqlite => "instr",
-            _ => "strpos",
-        };
+        let position = position(manager.get_database_backend());
         let overruling = r#""t"."payment_id" = "webhook_charges"."payment_id"
     AND "t"."actor" = 'admin' AND "t"."to_state" = 'FALLIDA'
     AND "t"."reason" LIKE '%[overruling the provider, which showed %'"#;

@@ -420,14 +420,14 @@ async fn a_request_whose_registration_stalled_still_holds_its_payment_for_its_se
 /// reconciler looks it up, finds nothing and sends it: one charge, `COMPLETADA`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payment_whose_mark_sent_write_came_back_late_is_sent_by_the_reconciler_once() {
-    let backend = Backend::Sqlite;
-    let (database, db) = TestDatabase::with_acme(&backend).await;
-    let gateway = MockServer::start().await;
-    let fake = crate::helpers::FakeGateway::charging("succeeded");
-    fake.mount(&gateway).await;
-    let uri = gateway.uri();
+    let world = crate::process::World::new(
+        Backend::Sqlite,
+        crate::helpers::FakeGateway::charging("succeeded"),
+    )
+    .await;
+    let uri = world.gateway.uri();
     let args = serving(
-        &database.url,
+        &world.database.url,
         &uri,
         &["--reconcile-every", "1s", "--stale-after", "1s"],
     );
@@ -441,7 +441,7 @@ async fn a_payment_whose_mark_sent_write_came_back_late_is_sent_by_the_reconcile
         .await
         .expect("answered");
     assert_eq!(answer.status(), 202, "{}", server.logs());
-    assert_eq!(fake.total_charges(), 0, "not sent by the request");
+    assert_eq!(world.fake.total_charges(), 0, "not sent by the request");
     assert!(
         server
             .logs()
@@ -450,10 +450,13 @@ async fn a_payment_whose_mark_sent_write_came_back_late_is_sent_by_the_reconcile
         server.logs()
     );
     wait_for("the reconciler settles it", async || {
-        let all = payment::Entity::find().all(&db).await.expect("payments");
+        let all = payment::Entity::find()
+            .all(&world.db)
+            .await
+            .expect("payments");
         all.len() == 1 && all[0].state == payment::PaymentState::Completada
     })
     .await;
-    assert_eq!(fake.total_charges(), 1, "one charge");
+    assert_eq!(world.fake.total_charges(), 1, "one charge");
     drop(server);
 }

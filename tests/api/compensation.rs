@@ -909,13 +909,17 @@ async fn given_up_and_charged(
     backend: Backend,
     key: &str,
     mode: &str,
-) -> (
-    TestApp,
-    FakeRefunds,
-    String,
-    crate::helpers::FakeGateway,
-    impl Fn(&str) -> Value,
-) {
+) -> GivenUp<impl Fn(&str) -> Value> {
+    let given_up = given_up(backend, key, mode).await;
+    given_up.3.settle(&given_up.2, "succeeded");
+    given_up
+}
+
+/// The app, the refunds fake, the payment, its gateway and its charge's report.
+type GivenUp<R> = (TestApp, FakeRefunds, String, crate::helpers::FakeGateway, R);
+
+/// As `given_up_and_charged`, the charge still pending at the provider.
+async fn given_up(backend: Backend, key: &str, mode: &str) -> GivenUp<impl Fn(&str) -> Value> {
     let app = crate::helpers::started(
         backend,
         &[
@@ -933,7 +937,6 @@ async fn given_up_and_charged(
     let refunds = FakeRefunds::default();
     refunds.mount_refunds(app.gateway()).await;
     let (payment, fake) = crate::operators::payment_under_review(&app, key).await;
-    fake.settle(&payment, "succeeded");
     let charge = fake.charge_ids(&payment).remove(0);
     let reference = payment.clone();
     let report = move |status: &str| {
@@ -1151,28 +1154,8 @@ async fn a_charge_an_overruling_resolution_saw_pending_is_not_left_final_by_the_
     use migration::{Migrator, MigratorTrait};
     use pagos::entities::webhook_charge::{self as charges, ReportedStatus};
     use sea_orm::{ConnectionTrait, EntityTrait};
-    let app = crate::helpers::started(
-        backend,
-        &[
-            "--webhook-secret",
-            SECRET,
-            "--give-up-after",
-            "1s",
-            "--stale-after",
-            "1s",
-            "--orphan-charges",
-            "refund",
-        ],
-    )
-    .await;
-    let refunds = FakeRefunds::default();
-    refunds.mount_refunds(app.gateway()).await;
-    let (payment, fake) = crate::operators::payment_under_review(&app, "k-voucher").await;
-    let charge = fake.charge_ids(&payment).remove(0);
-    let report = |status: &str| {
-        json!({"id": charge, "status": status, "amount": 250000, "currency": "COP",
-               "reference": payment, "declineCode": null})
-    };
+    let (app, _refunds, payment, fake, report) = given_up(backend, "k-voucher", "refund").await;
+    let charge = report("pending")["id"].as_str().expect("id").to_owned();
     assert_eq!(
         deliver(&app, "evt_pending", 1, report("pending")).await,
         "sin_cambios"

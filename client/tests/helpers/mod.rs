@@ -67,6 +67,15 @@ pub async fn posts_seen(server: &MockServer) -> Vec<Request> {
         .collect()
 }
 
+/// Whether the server got no request at all.
+pub async fn nothing_sent(server: &MockServer) -> bool {
+    server
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .is_empty()
+}
+
 pub fn key_of(request: &Request) -> String {
     request
         .headers
