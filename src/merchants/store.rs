@@ -369,7 +369,11 @@ pub enum Credential {
 }
 
 /// The look-up behind authentication, by the key's hash. A key that works has its "last
-/// used" moved to now if it was older than a minute (so at most one write a minute per key).
+/// used" moved to now if it was older than a minute (so at most one write a minute per key),
+/// by a task of its own: the answer is what the read saw, and a write held up (a lock, a
+/// pool) must not hold it back. Requests for the same key wait for one look-up and take
+/// its answer as it ends; a look-up that ended seconds after its read would let a key
+/// revoked meanwhile work that much longer than the 5 s the revocation promises.
 pub async fn lookup(db: &DatabaseConnection, hash: &str) -> Result<Credential, DbErr> {
     let found = match api_key::Entity::find_by_id(hash.to_owned()).one(db).await? {
         Some(key) => Some(key),
@@ -386,10 +390,15 @@ pub async fn lookup(db: &DatabaseConnection, hash: &str) -> Result<Credential, D
             if key
                 .last_used_at
                 .is_none_or(|at| now - at >= LAST_USED_PRECISION)
-                && let Err(err) = record_use(db, hash, now).await
             {
-                // Losing one "last used" is better than refusing a good key.
-                tracing::warn!(error = %err, "could not record an API key's last use");
+                let (db, hash) = (db.clone(), hash.to_owned());
+                tokio::spawn(async move {
+                    crate::failpoint::pause("key_used").await;
+                    if let Err(err) = record_use(&db, &hash, now).await {
+                        // Losing one "last used" is better than refusing a good key.
+                        tracing::warn!(error = %err, "could not record an API key's last use");
+                    }
+                });
             }
         }
     }

@@ -64,6 +64,7 @@ async fn a_merchant_cannot_read_another_merchants_payment(backend: Backend) {
 on_both_databases!(
     two_keys_of_one_merchant_both_work_and_see_the_same_payments,
     a_key_revoked_from_the_command_line_is_refused_by_a_running_server_within_5_seconds,
+    a_key_revoked_while_a_look_up_writes_its_last_use_is_refused_within_5_seconds,
     a_key_past_its_expiry_is_refused_with_401,
     unknown_and_revoked_keys_sent_again_and_again_are_looked_up_once,
     an_address_past_the_failure_limit_gets_429_before_any_look_up_and_others_do_not,
@@ -207,6 +208,65 @@ async fn a_key_revoked_from_the_command_line_is_refused_by_a_running_server_with
     assert_eq!(
         key_with_prefix(&keys_of(&app, "acme").await, &key)["state"],
         "revoked"
+    );
+}
+
+/// The look-up of a key writes its last use; a write held up (a lock, a busy pool; here a
+/// pause of 8 s before it) while the key is revoked: every request for the key that
+/// arrived meanwhile from another address waited for that one look-up and took its answer
+/// as it ended, the key accepted 8 s after its revocation. The look-up answers what its read saw, the write
+/// goes on by itself.
+async fn a_key_revoked_while_a_look_up_writes_its_last_use_is_refused_within_5_seconds(
+    backend: Backend,
+) {
+    use crate::process::{Serve, World, serving};
+    let world = World::new(backend, crate::helpers::FakeGateway::charging("succeeded")).await;
+    let uri = world.gateway.uri();
+    let args = serving(&world.database.url, &uri, &[]);
+    let server = Serve::start(&args, &[("PAGOS_PAUSE_AT", "key_used:8000")]).await;
+    let added = pagos_on(&world.database.url, &["merchants", "keys", "add", "acme"]).await;
+    let key = String::from_utf8_lossy(&added.stdout).trim().to_owned();
+    // From two addresses: the look-ups of one address's unknown keys take turns.
+    let probe = |key: String, from: [u8; 4]| {
+        let url = format!("{}/v1/pagos/{}", server.url, uuid::Uuid::nil());
+        async move {
+            reqwest::Client::builder()
+                .local_address(std::net::IpAddr::from(from))
+                .build()
+                .expect("client")
+                .get(url)
+                .bearer_auth(key)
+                .send()
+                .await
+                .expect("sent")
+                .status()
+        }
+    };
+    // Its first use: the look-up's write of its last use is held up 8 s.
+    let first = tokio::spawn(probe(key.clone(), [127, 0, 0, 1]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let revoke = pagos_on(
+        &world.database.url,
+        &["merchants", "keys", "revoke", "acme", &key[..16]],
+    )
+    .await;
+    assert!(
+        revoke.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoke.stderr)
+    );
+    let revoked = Instant::now();
+    tokio::time::sleep_until((revoked + Duration::from_millis(5_200)).into()).await;
+    assert_eq!(
+        probe(key, [127, 0, 0, 2]).await,
+        401,
+        "a revoked key accepted more than 5 s after its revocation: {}",
+        server.logs()
+    );
+    assert_eq!(
+        first.await.expect("answered"),
+        404,
+        "accepted before its revocation"
     );
 }
 
