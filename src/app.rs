@@ -274,6 +274,7 @@ fn reaper_of(state: &AppState) -> Reaper {
         message_retention: state.settings.message_retention,
         batch: state.settings.purge_batch,
         cache: state.replay_cache.clone(),
+        clock: crate::reaper::SteadyClock::start(),
     }
 }
 

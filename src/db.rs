@@ -778,7 +778,7 @@ pub fn now() -> chrono::DateTime<chrono::Utc> {
 pub const MAX_CLOCK_SKEW: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
 
 /// `span` to the millisecond, for people to read.
-fn whole_millis(span: chrono::TimeDelta) -> std::time::Duration {
+pub fn whole_millis(span: chrono::TimeDelta) -> std::time::Duration {
     std::time::Duration::from_millis(u64::try_from(span.num_milliseconds()).unwrap_or(0))
 }
 

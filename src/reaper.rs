@@ -44,6 +44,45 @@ pub struct Reaper {
     /// This process's replay cache: keys are purged only while it says so
     /// (`ReplayCache::may_purge`).
     pub cache: ReplayCache,
+    /// What ages the rows: this host's wall clock, never ahead of the time elapsed since
+    /// the process started.
+    pub clock: SteadyClock,
+}
+
+/// The reaper's clock: this host's wall clock, but never ahead of its reading when the
+/// process started plus the time elapsed since on the monotonic clock. Rows are stamped on
+/// the hosts' wall clocks; one stepped forward (NTP correcting a host that booted a day
+/// behind, a clock set by hand) would make every key look that much older, and a purge
+/// then would forget keys inside their retention: a client's retry with such a key makes
+/// a second payment, charged again. Aged on the elapsed time instead, they are purged as
+/// late as the step, until the process restarts (or another process, whose clock did not
+/// step, purges them). A clock stepped back is the wall clock, read as it is (the clock
+/// watch stops the process).
+#[derive(Clone, Copy, Debug)]
+pub struct SteadyClock {
+    started: Instant,
+    wall: DateTime<Utc>,
+}
+
+impl SteadyClock {
+    /// The clock of a process starting now.
+    pub fn start() -> Self {
+        SteadyClock {
+            started: Instant::now(),
+            wall: crate::db::now(),
+        }
+    }
+
+    /// Now, and how far the wall clock has run ahead of it.
+    pub fn now(&self) -> (DateTime<Utc>, chrono::TimeDelta) {
+        let wall = crate::db::now();
+        let steady = self.wall + chrono_after(self.started.elapsed());
+        if wall > steady {
+            (steady, wall - steady)
+        } else {
+            (wall, chrono::TimeDelta::zero())
+        }
+    }
 }
 
 /// The prefix of the `instance_facts` rows where each process records its retention.
@@ -302,7 +341,13 @@ pub async fn run(reaper: &Reaper, stop: &tokio::sync::watch::Receiver<bool>) -> 
             _ = stopping.wait_for(|stop| *stop) => return Ok(()),
         }
     }
-    let now = crate::db::now();
+    let (now, ahead) = reaper.clock.now();
+    if ahead > crate::db::MAX_CLOCK_SKEW {
+        tracing::warn!(
+            ahead = %humantime::format_duration(crate::db::whole_millis(ahead)),
+            "this host's clock has gone ahead of the time elapsed since pagos started: rows are aged on the elapsed time, and purged that much later until pagos restarts"
+        );
+    }
     let older_than = now - chrono_after(reaper.key_retention);
     // Checked before every batch: a process that can no longer record its retention
     // stops purging keys before the others stop counting it.

@@ -255,6 +255,7 @@ async fn a_key_purged_by_a_process_of_shorter_retention_is_never_replayed_from_m
         message_retention: std::time::Duration::from_secs(7 * 86_400),
         batch: 100,
         cache: b.replay_cache.clone(),
+        clock: pagos::reaper::SteadyClock::start(),
     };
     let (_stopping, stop) = tokio::sync::watch::channel(false);
     let key_left = || async {
@@ -354,4 +355,67 @@ async fn a_pagos_serve_just_started_purges_expired_keys_at_its_reapers_first_run
         "{}",
         second.logs()
     );
+}
+
+/// The host's clock steps forward by three days while pagos serves (NTP correcting a host
+/// that booted behind, a clock set by hand): every key stamped before looks three days old.
+/// Purged then, a key inside its retention (24 h) was forgotten, and the client's retry
+/// with it made a second payment, charged again. The reaper ages rows on the time elapsed
+/// since the process started: the key stays, the retry is replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_stepped_forward_does_not_make_the_reaper_forget_keys_inside_their_retention() {
+    use pagos::entities::idempotency_key as keys;
+    use sea_orm::EntityTrait;
+    let world =
+        crate::process::World::new(Backend::Sqlite, FakeGateway::charging("succeeded")).await;
+    let mut args = world.crash_args();
+    // The reaper's first run waits two and a half refreshes (10 s): after the step.
+    args.extend(["--retention-refresh", "4s"].map(str::to_owned));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server =
+        crate::process::Serve::start(&args, &[("PAGOS_CLOCK_STEP", "259200000:3000")]).await;
+    let pay = || {
+        reqwest::Client::new()
+            .post(format!("{}/v1/pagos", server.url))
+            .bearer_auth(crate::helpers::API_KEY)
+            .header("Idempotency-Key", "k-before-the-step")
+            .json(&payment_body())
+            .send()
+    };
+    let paid = pay().await.expect("sent");
+    assert_eq!(paid.status(), 201);
+    let first: serde_json::Value = paid.json().await.expect("json");
+    let stamped = keys::Entity::find()
+        .one(&world.db)
+        .await
+        .expect("read")
+        .expect("the key")
+        .created_at;
+    assert!(
+        stamped < pagos::db::now() + chrono::TimeDelta::days(1),
+        "paid before the step: {stamped}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(25);
+    while !server.logs().contains("has gone ahead of the time elapsed") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reaper run after the step: {}",
+            server.logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let again = pay().await.expect("sent");
+    assert_eq!(again.status(), 201);
+    assert_eq!(
+        again
+            .headers()
+            .get("idempotent-replayed")
+            .map(|v| v.as_bytes()),
+        Some(&b"true"[..]),
+        "replayed, not paid again: {}",
+        server.logs()
+    );
+    let again: serde_json::Value = again.json().await.expect("json");
+    assert_eq!(again["id"], first["id"]);
+    assert_eq!(world.fake.total_charges(), 1, "one charge");
 }

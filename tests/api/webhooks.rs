@@ -1044,6 +1044,7 @@ async fn the_reaper_purges_old_webhook_reports_of_settled_payments_and_refunds_a
             std::time::Duration::from_secs(86_400),
             std::time::Duration::from_millis(10),
         ),
+        clock: pagos::reaper::SteadyClock::start(),
     };
     let (_stopping, stop) = tokio::sync::watch::channel(false);
     pagos::reaper::run(&reaper, &stop)
