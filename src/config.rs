@@ -41,6 +41,14 @@ fn gateway_url(s: &str) -> Result<url::Url, String> {
     if url.host_str().is_none_or(str::is_empty) {
         return Err(refused("no host"));
     }
+    // Every path is appended to the URL as written: a query or a fragment would send each
+    // call to the gateway's root (`/?tenant=1/v1/charges`), where its 404 reads as a
+    // decline.
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(refused("it has a query or a fragment"));
+    }
+    // A user or password in it is refused by `Settings::validate`: an error here prints
+    // the value.
     Ok(url)
 }
 
@@ -601,6 +609,18 @@ impl Settings {
                     ),
                 });
             }
+        }
+        if self
+            .gateway_url
+            .as_ref()
+            .is_some_and(|url| !url.username().is_empty() || url.password().is_some())
+        {
+            // Not printed: what it carries is a secret.
+            return Err(SettingError {
+                env: "PAGOS_GATEWAY_URL",
+                flag: "gateway-url",
+                message: "has a user or password in it; give the URL without them, and the secret in PAGOS_GATEWAY_SECRET".into(),
+            });
         }
         if self.gateway == GatewayKind::Http && self.gateway_url.is_none() {
             return Err(SettingError {

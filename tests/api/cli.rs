@@ -38,7 +38,7 @@ type BadSetting<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() {
     let dir = tempfile::tempdir().expect("dir");
     let db = format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display());
-    let table: [BadSetting; 26] = [
+    let table: [BadSetting; 29] = [
         (&["--gateway-timeout", "soon"], &[], "PAGOS_GATEWAY_TIMEOUT"),
         // A real gateway's URL or secret, PAGOS_GATEWAY forgotten: not the sandbox.
         (
@@ -54,6 +54,23 @@ fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() 
         (
             &["--gateway", "http"],
             &[("PAGOS_GATEWAY_URL", "gateway:8090")],
+            "PAGOS_GATEWAY_URL",
+        ),
+        // A query or a fragment: every call would go to the gateway's root, whose 404
+        // reads as a decline (every payment answered 402).
+        (
+            &["--gateway", "http"],
+            &[("PAGOS_GATEWAY_URL", "https://gw.example/?tenant=1")],
+            "PAGOS_GATEWAY_URL",
+        ),
+        (
+            &["--gateway", "stripe", "--gateway-secret", "sk_test_x"],
+            &[("PAGOS_GATEWAY_URL", "https://api.stripe.com#live")],
+            "PAGOS_GATEWAY_URL",
+        ),
+        (
+            &["--gateway", "http"],
+            &[("PAGOS_GATEWAY_URL", "https://pagos:hunter2@gw.example")],
             "PAGOS_GATEWAY_URL",
         ),
         (&[], &[("PAGOS_LEASE", "300000y")], "PAGOS_LEASE"),
@@ -158,6 +175,14 @@ fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() 
     assert_refused(
         &pagos(&["serve", "--database-url", "mysql://x"], &[]),
         "PAGOS_DATABASE_URL",
+    );
+    let with_a_password = pagos(
+        &["serve", "--database-url", &db, "--gateway", "http"],
+        &[("PAGOS_GATEWAY_URL", "https://pagos:hunter2@gw.example")],
+    );
+    assert!(
+        !String::from_utf8_lossy(&with_a_password.stderr).contains("hunter2"),
+        "a password in the URL is not printed"
     );
     assert_nothing_created(&dir);
 }
