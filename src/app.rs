@@ -90,7 +90,58 @@ pub async fn pin_gateway(db: &DatabaseConnection, settings: &Settings) -> anyhow
         .one(db)
         .await?
         .map(|fact| fact.value);
-    refuse_another_gateway(pinned, &kind)
+    refuse_another_gateway(pinned, &kind)?;
+    let Some(account) = settings.gateway_account() else {
+        return Ok(());
+    };
+    facts::Entity::insert(facts::ActiveModel {
+        name: Set(account_fact(settings)),
+        value: Set(account),
+        recorded_at: Set(db::now()),
+    })
+    .on_conflict_do_nothing()
+    .exec_without_returning(db)
+    .await?;
+    refuse_another_account(db, settings).await
+}
+
+/// The `instance_facts` row that records the account and mode of the gateway's secret
+/// (`Settings::gateway_account`), where the secret says: one a gateway kind, so that a
+/// database moved to another provider records that provider's account afresh.
+fn account_fact(settings: &Settings) -> String {
+    format!("gateway_account/{}", settings.gateway.as_str())
+}
+
+/// A secret of another account, or another mode, than the one this database's payments
+/// went through: a payment left in flight would be looked up there, found nowhere and
+/// sent again with the same key (a second charge, or a test-mode COMPLETADA for a live
+/// payment). Rotating a key of the same account is not refused. Checked only where both
+/// the recorded and the given secret say (a database first used by an older release, or
+/// a secret of another form, records or is checked against nothing).
+async fn refuse_another_account(
+    db: &DatabaseConnection,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    use crate::entities::instance_fact as facts;
+    let Some(given) = settings.gateway_account() else {
+        return Ok(());
+    };
+    let recorded = facts::Entity::find_by_id(account_fact(settings))
+        .one(db)
+        .await?
+        .map(|fact| fact.value);
+    match recorded {
+        Some(recorded) if recorded != given => Err(crate::config::SettingError {
+            env: "PAGOS_GATEWAY_SECRET",
+            flag: "gateway-secret",
+            message: format!(
+                "names {kind} {given}; this database's payments went through {kind} {recorded}: a payment left in flight would be looked up where it was never made and sent again there; use that account's secret, or settle them first (runbooks/gateway-outage.md, \"Changing accounts\")",
+                kind = settings.gateway.as_str()
+            ),
+        }
+        .into()),
+        _ => Ok(()),
+    }
 }
 
 /// The same refusal before `serve` migrates: a process started with the wrong gateway
@@ -103,7 +154,8 @@ async fn refuse_another_gateway_before_migrating(
     settings: &Settings,
 ) -> anyhow::Result<()> {
     use crate::entities::instance_fact as facts;
-    let pinned = if crate::db::table_exists(db, "instance_facts").await? {
+    let pinned_table = crate::db::table_exists(db, "instance_facts").await?;
+    let pinned = if pinned_table {
         facts::Entity::find_by_id("gateway".to_owned())
             .one(db)
             .await?
@@ -111,7 +163,11 @@ async fn refuse_another_gateway_before_migrating(
     } else {
         None
     };
-    refuse_another_gateway(pinned, &gateway_name(settings))
+    refuse_another_gateway(pinned, &gateway_name(settings))?;
+    if pinned_table {
+        refuse_another_account(db, settings).await?;
+    }
+    Ok(())
 }
 
 /// The sandbox on a database that holds live API keys (`sk_live_`, made by `pagos merchants

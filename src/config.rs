@@ -589,6 +589,45 @@ impl Settings {
         self.retry_policy().worst_case(self.gateway_timeout)
     }
 
+    /// The provider account and mode the gateway secret speaks for, where the secret says:
+    /// a Stripe key names its mode (`sk_live_`/`rk_live_`, `sk_test_`/`rk_test_`), a
+    /// Mercado Pago access token its mode (`APP_USR-`, `TEST-`) and, last, the seller's user
+    /// id. None where it says nothing (the sandbox, the reference protocol, another form).
+    /// Recorded by the first process that uses a database, and checked by every later one:
+    /// a payment left in flight looked up in another account (or mode) is found nowhere
+    /// and sent again there.
+    pub fn gateway_account(&self) -> Option<String> {
+        let secret = self.gateway_secret.as_ref()?.expose_secret();
+        match self.gateway {
+            GatewayKind::Stripe => {
+                let mode = ["sk_", "rk_"]
+                    .iter()
+                    .filter_map(|kind| secret.strip_prefix(kind))
+                    .find_map(|rest| {
+                        ["live", "test"].into_iter().find(|mode| {
+                            rest.strip_prefix(mode).is_some_and(|r| r.starts_with('_'))
+                        })
+                    })?;
+                Some(format!("{mode} mode"))
+            }
+            GatewayKind::MercadoPago => {
+                let (mode, rest) = if let Some(rest) = secret.strip_prefix("APP_USR-") {
+                    ("production", rest)
+                } else {
+                    ("test", secret.strip_prefix("TEST-")?)
+                };
+                let seller = rest.rsplit('-').next().filter(|id| {
+                    rest.contains('-') && !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())
+                });
+                Some(match seller {
+                    Some(id) => format!("{mode} mode, seller {id}"),
+                    None => format!("{mode} mode"),
+                })
+            }
+            GatewayKind::Sandbox | GatewayKind::Http => None,
+        }
+    }
+
     /// Checks the settings against each other.
     pub fn validate(&self) -> Result<(), SettingError> {
         self.validate_secrets()?;
@@ -1075,6 +1114,41 @@ mod tests {
         match parse(&all).map(|cli| cli.command) {
             Ok(Command::Serve(settings)) => *settings,
             other => panic!("not a serve command: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_secret_tells_its_account_and_mode_where_its_form_says() {
+        let account = |gateway: &str, secret: &str| {
+            serve_settings(&["--gateway", gateway, "--gateway-secret", secret]).gateway_account()
+        };
+        let cases = [
+            ("stripe", "sk_live_51Abc", Some("live mode")),
+            ("stripe", "rk_live_51Abc", Some("live mode")),
+            ("stripe", "sk_test_51Abc", Some("test mode")),
+            ("stripe", "sk_livex", None),
+            ("stripe", "gw_secret", None),
+            (
+                "mercadopago",
+                "APP_USR-44-1207-9f1e-180054921",
+                Some("production mode, seller 180054921"),
+            ),
+            (
+                "mercadopago",
+                "TEST-44-1207-9f1e-180054921",
+                Some("test mode, seller 180054921"),
+            ),
+            ("mercadopago", "APP_USR-opaque", Some("production mode")),
+            ("mercadopago", "TEST-44-1207-9f1e-x1", Some("test mode")),
+            ("mercadopago", "s", None),
+            ("http", "sk_live_51Abc", None),
+        ];
+        for (gateway, secret, expected) in cases {
+            assert_eq!(
+                account(gateway, secret).as_deref(),
+                expected,
+                "{gateway} {secret}"
+            );
         }
     }
 

@@ -980,6 +980,66 @@ async fn a_database_used_with_one_gateway_refuses_another() {
     assert_eq!(applied(&conn, last).await, 1);
 }
 
+/// A database whose payments went through one provider account, or mode, refuses a secret
+/// of another at start: a payment left in flight would be looked up where it was never
+/// made, found nowhere, and sent again there with the same key (a second charge, or a
+/// test-mode COMPLETADA for a live payment). A rotated key of the same account starts.
+#[test]
+fn a_database_used_with_one_provider_account_refuses_a_secret_of_another() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cases: [(&str, &str, &str, &[&str]); 2] = [
+        (
+            "stripe",
+            "sk_live_FirstKeyOfTheAccount",
+            "rk_live_RotatedRestrictedKey",
+            &["sk_test_TheSameAccountsTestKey"],
+        ),
+        (
+            "mercadopago",
+            "APP_USR-4417-120700-9f1e0a-180054921",
+            "APP_USR-5523-120800-7c2b1d-180054921",
+            &[
+                "APP_USR-4417-120700-9f1e0a-290011734",
+                "TEST-4417-120700-9f1e0a-180054921",
+            ],
+        ),
+    ];
+    for (kind, first, rotated, others) in cases {
+        let db = sqlite_in(&dir, &format!("{kind}.db"));
+        let with = |command: &str, secret: &str| {
+            let mut args = vec![command];
+            if command == "reconcile" {
+                args.push("--once");
+            }
+            args.extend([
+                "--database-url",
+                &db,
+                "--gateway",
+                kind,
+                "--gateway-url",
+                "http://127.0.0.1:9",
+                "--gateway-secret",
+                secret,
+            ]);
+            pagos(&args, &[("PAGOS_BIND", "127.0.0.1:0")])
+        };
+        succeeded(&with("reconcile", first));
+        succeeded(&with("reconcile", rotated));
+        for other in others {
+            for command in ["reconcile", "serve"] {
+                let refused = with(command, other);
+                assert_refused(&refused, "PAGOS_GATEWAY_SECRET");
+                let stderr = String::from_utf8_lossy(&refused.stderr);
+                assert!(stderr.contains("Changing accounts"), "{stderr}");
+                assert!(
+                    !stderr.contains(other),
+                    "the secret is not printed: {stderr}"
+                );
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_sandbox_finishes_a_charge_whose_caller_hung_up() {
     let (_sandbox, base) = sandbox_gateway("500ms").await;
