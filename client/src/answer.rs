@@ -144,14 +144,15 @@ fn payment(body: &[u8]) -> Result<Pago, String> {
     serde_json::from_slice(body).map_err(|e| e.to_string())
 }
 
-/// `Retry-After` in either form: delta-seconds (`7`) or an HTTP date, counted from `now`.
+/// `Retry-After` in either form: delta-seconds (`7`) or an HTTP date, counted from `now`,
+/// in any of the three forms a recipient must read (RFC 9110 §5.6.7: IMF-fixdate, and the
+/// obsolete RFC 850 and asctime forms an older proxy may still send).
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if let Ok(seconds) = value.parse::<u64>() {
         return Some(Duration::from_secs(seconds));
     }
-    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
-    let at = SystemTime::from(at.with_timezone(&chrono::Utc));
+    let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(now).unwrap_or_default())
 }
 
@@ -304,6 +305,13 @@ mod tests {
             parse_retry_after("Sun, 06 Nov 1994 08:49:30 GMT", now),
             Some(Duration::ZERO)
         );
+        for obsolete in ["Sunday, 06-Nov-94 08:49:47 GMT", "Sun Nov  6 08:49:47 1994"] {
+            assert_eq!(
+                parse_retry_after(obsolete, now),
+                Some(Duration::from_secs(10)),
+                "{obsolete}"
+            );
+        }
         assert_eq!(parse_retry_after("soon", now), None);
     }
 }
