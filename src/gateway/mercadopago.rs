@@ -88,7 +88,8 @@ struct SearchResult {
 /// | `pending`, `in_process`, `authorized` | pending |
 /// | `in_mediation` | pending (a dispute on an approved payment: a final payment keeps its state until it is decided) |
 /// | `rejected`, `cancelled` | declined |
-/// | `refunded`, `charged_back` | declined: the money went back; a COMPLETADA payment told so goes to REVISION_MANUAL, unless it is `refunded` by pagos' own refunds (`Payment::returned`); `charged_back` (the charge's `charged_back` flag) sends an unsettled payment to REVISION_MANUAL too: the money was taken, and the seller may keep it (`reimbursed`) |
+/// | `refunded`, `charged_back` | declined: the money went back; a COMPLETADA payment told so goes to REVISION_MANUAL, unless it is `refunded` by pagos' own refunds (`Payment::returned`); `charged_back` (the charge's `charged_back` flag) sends an unsettled payment to REVISION_MANUAL too: the money was taken, and the dispute is open (`in_process`) or went the payer's way (`settled`) |
+/// | `charged_back` / `reimbursed` | succeeded (`Payment::to_charge`): the dispute was decided for the seller, the money stays; a COMPLETADA payment stays so |
 ///
 /// None: a status this version does not know; the outcome is unknown.
 pub fn status_of(status: &str) -> Option<ChargeStatus> {
@@ -140,6 +141,12 @@ impl Payment {
         let minor = amount::from_decimal(self.transaction_amount, exponent)
             .map_err(|e| GatewayError::Unknown(format!("Mercado Pago payment {id}: amount {e}")))?;
         let detail = self.status_detail.as_deref().filter(|d| !d.is_empty());
+        // A dispute decided for the seller: Mercado Pago leaves the payment `charged_back`
+        // and says `reimbursed` (`settled` when the money went back to the payer). The
+        // money stands, as for `approved`: read as declined, every later notification of
+        // a dispute the seller won sent a paid payment back to review.
+        let won = self.status == "charged_back" && detail == Some("reimbursed");
+        let status = if won { ChargeStatus::Succeeded } else { status };
         let decline_code =
             (status == ChargeStatus::Declined).then(|| match (self.status.as_str(), detail) {
                 ("rejected", Some(detail)) => detail.to_owned(),
@@ -153,7 +160,7 @@ impl Payment {
             currency,
             reference: self.external_reference.clone().unwrap_or_default(),
             decline_code: decline_code.as_deref().map(super::decline_code),
-            charged_back: self.status == "charged_back",
+            charged_back: self.status == "charged_back" && !won,
         })
     }
 
@@ -638,9 +645,16 @@ mod tests {
             ("cancelled", "expired", Declined, Some("cancelled_expired")),
             ("refunded", "refunded", Declined, Some("refunded")),
             ("charged_back", "settled", Declined, Some("charged_back")),
+            ("charged_back", "in_process", Declined, Some("charged_back")),
+            ("charged_back", "reimbursed", Succeeded, None),
         ] {
             let mapped = payment(status, detail).to_charge().expect("known status");
             assert_eq!(mapped.status, charge, "{status}");
+            assert_eq!(
+                mapped.charged_back(),
+                status == "charged_back" && detail != "reimbursed",
+                "{status} {detail}"
+            );
             assert_eq!(mapped.decline_code.as_deref(), code, "{status}");
             assert_eq!(mapped.id, "1234567890");
             assert_eq!(mapped.amount, 250_000, "2500 COP is 250000 cents");

@@ -34,6 +34,7 @@ on_both_databases!(
     a_refund_named_while_a_sibling_of_the_same_amount_awaits_its_answer_is_refused,
     a_blind_fallido_naming_a_rejected_refund_while_an_unheld_one_of_the_amount_is_approved_is_refused,
     an_unsettled_payment_mercadopago_shows_charged_back_goes_to_review_never_402,
+    a_chargeback_the_seller_won_leaves_the_payment_completada,
     centavos_of_colombian_pesos_are_refused_with_422_before_mercadopago_is_asked,
 );
 
@@ -805,6 +806,66 @@ async fn an_unsettled_payment_mercadopago_shows_charged_back_goes_to_review_neve
         "the retry is not told no money was taken: {pago}"
     );
     assert_eq!(pago["estado"], "REVISION_MANUAL");
+}
+
+/// A dispute the seller won: Mercado Pago keeps the payment `charged_back` and says
+/// `reimbursed` (the money stays with the seller; `settled` when it went back to the payer).
+/// The dispute's opening sends a paid payment to review, as before, and on-call resolves it
+/// COMPLETADA; the notification that the seller won leaves it COMPLETADA. Before, read as
+/// declined, it sent the payment back to review and told the merchant
+/// `pago.revision_manual` again, at every notification. An unsettled payment read so is
+/// COMPLETADA: the money stands.
+async fn a_chargeback_the_seller_won_leaves_the_payment_completada(backend: Backend) {
+    let app = spawn(backend.clone(), &[]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.mount(app.gateway()).await;
+    let (id, data_id) = approved_payment(&app, "k-dispute-won").await;
+    fake.set(
+        &id,
+        "payment_charged_back_in_process",
+        "2026-12-03T09:00:00.000-05:00",
+    );
+    assert_eq!(
+        outcome(notify(&app, 7411, &data_id).await).await,
+        "revision_manual"
+    );
+    let resolved = app
+        .resolved_as(
+            crate::helpers::ADMIN_TOKEN,
+            &id,
+            &json!({"estado": "COMPLETADA", "motivo": "ticket 12: dispute documented",
+                    "contraProveedor": "the dispute is open; the documents were sent"}),
+        )
+        .await;
+    assert_eq!(resolved["pago"]["estado"], "COMPLETADA", "{resolved}");
+
+    fake.set(
+        &id,
+        "payment_charged_back_reimbursed",
+        "2026-12-20T09:00:00.000-05:00",
+    );
+    assert_eq!(
+        outcome(notify(&app, 7412, &data_id).await).await,
+        "sin_cambios"
+    );
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+    assert_eq!(
+        revision_events(&app, &id).await,
+        1,
+        "told once, when the dispute opened"
+    );
+
+    let (app, _fake, id, data_id) = pending_then(
+        backend,
+        "k-dispute-won-unsettled",
+        "payment_charged_back_reimbursed",
+    )
+    .await;
+    assert_eq!(
+        outcome(notify(&app, 7413, &data_id).await).await,
+        "aplicado"
+    );
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
 }
 
 /// Mercado Pago's reads lag behind its notifications: a payment it notified a moment ago
