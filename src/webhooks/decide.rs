@@ -25,7 +25,8 @@
 //!
 //! A charge that is not the payment's own (another charge id than the one recorded, or
 //! another amount or currency) never settles it: if it succeeded, money was taken that
-//! does not match, and the payment goes to REVISION_MANUAL; if it is declined or pending,
+//! does not match, and the payment goes to REVISION_MANUAL; so does one charged back (it
+//! took the money before its payer disputed it); if it is otherwise declined, or pending,
 //! no money moved and nothing changes.
 
 use crate::entities::payment;
@@ -56,7 +57,9 @@ pub fn decide(p: &payment::Model, charge: &Charge, event_id: &str) -> Effect {
     let foreign_charge = p.gateway_ref.as_deref().is_some_and(|r| r != charge.id);
     let other_amount = charge.amount != p.amount || charge.currency != p.currency;
     if foreign_charge || other_amount {
-        if charge.status != Succeeded {
+        // A second charge charged back took the money before its payer disputed it: not
+        // "no money moved" (the seller keeps it if the dispute goes its way).
+        if charge.status != Succeeded && !charge.charged_back() {
             return Effect::Keep("a charge that is not this payment's, and no money moved");
         }
         let why = if foreign_charge {
@@ -248,6 +251,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_second_charge_charged_back_took_the_money_and_goes_to_on_call() {
+        use PaymentState::*;
+        let mut second = charge(ChargeStatus::Declined);
+        second.id = "ch_2".into();
+        assert_eq!(
+            lands(Completada, Some("ch_1"), &second),
+            Completada,
+            "declined: no money moved"
+        );
+        second.charged_back = true;
+        for (state, to) in [
+            (Enviada, RevisionManual),
+            (Completada, RevisionManual),
+            (Fallida, RevisionManual),
+            (RevisionManual, RevisionManual),
+        ] {
+            assert_eq!(lands(state, Some("ch_1"), &second), to, "{state}");
+        }
+        let Effect::Move { reason, .. } =
+            decide(&payment(Completada, Some("ch_1")), &second, "evt_3")
+        else {
+            panic!("a move");
+        };
+        assert!(reason.contains("a second charge"), "{reason}");
     }
 
     #[test]
