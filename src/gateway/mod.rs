@@ -98,6 +98,17 @@ impl Charge {
         self.status == ChargeStatus::Declined && self.charged_back
     }
 
+    /// Declined as a duplicate of a recent payment of the same card and amount (Mercado
+    /// Pago's `cc_rejected_duplicated_payment`, Stripe's `duplicate_transaction`): after a
+    /// try that may have reached the gateway, the duplicate may be this payment's own.
+    pub fn declined_as_duplicate(&self) -> bool {
+        self.status == ChargeStatus::Declined
+            && matches!(
+                self.decline_code.as_deref(),
+                Some("cc_rejected_duplicated_payment" | "duplicate_transaction")
+            )
+    }
+
     /// Whether the charge names `reference` (a payment id) as its own: the reference
     /// protocol's `reference`, Stripe's `metadata.pagos_reference`, Mercado Pago's
     /// `external_reference`. Empty (the answer carried none) or another is not.

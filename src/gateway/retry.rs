@@ -82,7 +82,9 @@ pub enum RefundOutcome {
 
 /// How one gateway call ended after its retries, before its answer is read.
 enum Sent<T> {
-    Answered(T),
+    /// The answer, and whether a try before it (or an earlier send) may have reached the
+    /// gateway.
+    Answered(T, bool),
     /// A refusal that proves nothing was made: no try before it may have reached the gateway.
     Rejected {
         status: u16,
@@ -120,7 +122,7 @@ where
         })
         .await;
     match result {
-        Ok(answer) => Sent::Answered(answer),
+        Ok(answer) => Sent::Answered(answer, uncertain.load(Ordering::Relaxed)),
         // A refusal proves nothing was made only if no earlier try may have made it.
         Err(GatewayError::Rejected { status, detail, .. }) if uncertain.load(Ordering::Relaxed) => {
             Sent::Unknown(format!(
@@ -171,7 +173,22 @@ pub async fn charge(
     )
     .await;
     match sent {
-        Sent::Answered(charge) => match charge.status {
+        // Declined as a duplicate of a recent payment of the same card and amount, after
+        // a try that may have reached the gateway: the duplicate may be this payment's own
+        // first charge, made under a key the gateway has since forgotten. Not "no money
+        // taken": the reconciler asks the provider by reference.
+        Sent::Answered(charge, after_doubt)
+            if after_doubt
+                && charge.status == ChargeStatus::Declined
+                && charge.declined_as_duplicate() =>
+        {
+            ChargeOutcome::Unknown(format!(
+                "charge {} declined as a duplicate ({}) after an earlier try may have reached the gateway: that try's charge may be this payment's",
+                charge.id,
+                charge.decline_code.as_deref().unwrap_or("-")
+            ))
+        }
+        Sent::Answered(charge, _) => match charge.status {
             ChargeStatus::Succeeded => ChargeOutcome::Succeeded(charge),
             ChargeStatus::Declined => ChargeOutcome::Declined(charge),
             ChargeStatus::Pending => ChargeOutcome::Pending(charge),
@@ -235,7 +252,7 @@ pub async fn refund(
     )
     .await;
     match sent {
-        Sent::Answered(refund) => match refund.status {
+        Sent::Answered(refund, _) => match refund.status {
             RefundStatus::Succeeded => RefundOutcome::Succeeded(refund),
             RefundStatus::Failed => RefundOutcome::Failed(refund),
             RefundStatus::Pending => RefundOutcome::Pending(refund),
@@ -441,6 +458,42 @@ mod tests {
         let gateway = scripted(vec![Ok(declined)]);
         let outcome = charge(&gateway, &request(), fast(3), true).await;
         assert!(matches!(outcome, ChargeOutcome::Declined(_)), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn a_decline_as_a_duplicate_after_a_try_that_may_have_charged_is_unknown() {
+        let duplicate = |code: &str| Charge {
+            id: "ch_2".into(),
+            status: ChargeStatus::Declined,
+            amount: 1,
+            currency: "COP".into(),
+            reference: Uuid::nil().to_string(),
+            decline_code: Some(code.into()),
+            charged_back: false,
+        };
+        for code in ["cc_rejected_duplicated_payment", "duplicate_transaction"] {
+            // A resend (the payment was ENVIADA), or a retry after a timeout.
+            let gateway = scripted(vec![Ok(duplicate(code))]);
+            let outcome = charge(&gateway, &request(), fast(3), true).await;
+            assert!(
+                matches!(&outcome, ChargeOutcome::Unknown(why) if why.contains(code)),
+                "{code}: {outcome:?}"
+            );
+            let timed_out = Err(GatewayError::Unknown("timed out".into()));
+            let gateway = scripted(vec![timed_out, Ok(duplicate(code))]);
+            let outcome = charge(&gateway, &request(), fast(3), false).await;
+            assert!(
+                matches!(outcome, ChargeOutcome::Unknown(_)),
+                "{code}: {outcome:?}"
+            );
+            // The first try of a payment: a decline like any other.
+            let gateway = scripted(vec![Ok(duplicate(code))]);
+            let outcome = charge(&gateway, &request(), fast(3), false).await;
+            assert!(
+                matches!(outcome, ChargeOutcome::Declined(_)),
+                "{code}: {outcome:?}"
+            );
+        }
     }
 
     #[tokio::test]
