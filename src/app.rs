@@ -237,11 +237,10 @@ fn refuse_another_gateway(pinned: Option<String>, kind: &str) -> anyhow::Result<
 /// notifications ask for a notified payment's state).
 pub fn mercadopago_from(settings: &Settings) -> anyhow::Result<MercadoPagoGateway> {
     let (url, secret) = provider_settings(settings)?;
-    Ok(MercadoPagoGateway::new(
-        url,
-        secret,
-        settings.gateway_timeout,
-    )?)
+    Ok(
+        MercadoPagoGateway::new(url, secret, settings.gateway_timeout)?
+            .charging_in(settings.mercadopago_moneda.clone()),
+    )
 }
 
 /// A provider's base URL (its production API unless PAGOS_GATEWAY_URL says otherwise)

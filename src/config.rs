@@ -52,6 +52,19 @@ fn gateway_url(s: &str) -> Result<url::Url, String> {
     Ok(url)
 }
 
+/// `PAGOS_MERCADOPAGO_MONEDA`: one of the currencies Mercado Pago charges in.
+fn mercadopago_currency(s: &str) -> Result<String, String> {
+    let currencies = pagos_types::request::MERCADOPAGO_CURRENCIES;
+    if currencies.contains(&s) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a currency Mercado Pago charges in; expected one of {}",
+            currencies.join(", ")
+        ))
+    }
+}
+
 /// A header timeout: positive, and at most an hour (a longer one protects nothing, and
 /// hyper adds it to the clock of every connection).
 fn header_timeout(s: &str) -> Result<Duration, String> {
@@ -432,6 +445,12 @@ pub struct Settings {
         value_parser = secret
     )]
     pub mercadopago_webhook_secret: Option<SecretString>,
+    /// The currency Mercado Pago charges the account in (ARS, BRL, CLP, COP, MXN, PEN or
+    /// UYU: its country's); unset, pagos asks Mercado Pago once (GET /users/me). Payments
+    /// in another currency are refused (422): Mercado Pago would charge their amount in
+    /// the account's currency
+    #[arg(long, env = "PAGOS_MERCADOPAGO_MONEDA", value_parser = mercadopago_currency, value_name = "CURRENCY")]
+    pub mercadopago_moneda: Option<String>,
     /// Period of the background reconciler
     #[arg(long, env = "PAGOS_RECONCILE_EVERY", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
     pub reconcile_every: Duration,
@@ -687,6 +706,13 @@ impl Settings {
                         "the access token"
                     }
                 ),
+            });
+        }
+        if self.mercadopago_moneda.is_some() && self.gateway != GatewayKind::MercadoPago {
+            return Err(SettingError {
+                env: "PAGOS_MERCADOPAGO_MONEDA",
+                flag: "mercadopago-moneda",
+                message: "needs PAGOS_GATEWAY=mercadopago: it is the currency of the Mercado Pago account".into(),
             });
         }
         if self.mercadopago_webhook_secret.is_some() && self.gateway != GatewayKind::MercadoPago {

@@ -774,6 +774,10 @@ impl Gateway for MeteredGateway {
         self.observe_refund_lookup(&result, started);
         result
     }
+
+    async fn account_currency(&self) -> Result<Option<String>, GatewayError> {
+        self.inner.account_currency().await
+    }
 }
 
 #[cfg(test)]

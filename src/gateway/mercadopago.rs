@@ -40,6 +40,28 @@ pub const KEY_WINDOW: Duration = Duration::from_secs(60 * 60);
 
 pub struct MercadoPagoGateway {
     api: Api,
+    /// The currency the account charges in: `PAGOS_MERCADOPAGO_MONEDA`, else asked once.
+    currency: tokio::sync::OnceCell<String>,
+}
+
+/// The currency of a Mercado Pago site (`site_id`: the account's country).
+fn site_currency(site: &str) -> Option<&'static str> {
+    Some(match site {
+        "MLA" => "ARS",
+        "MLB" => "BRL",
+        "MLC" => "CLP",
+        "MCO" => "COP",
+        "MLM" => "MXN",
+        "MPE" => "PEN",
+        "MLU" => "UYU",
+        _ => return None,
+    })
+}
+
+/// What `GET /users/me` says of the account, trimmed to what pagos reads.
+#[derive(Deserialize)]
+struct Account {
+    site_id: String,
 }
 
 /// A Mercado Pago payment, trimmed to what pagos reads.
@@ -431,7 +453,42 @@ impl MercadoPagoGateway {
     pub fn new(base: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
         Ok(MercadoPagoGateway {
             api: Api::new(base, secret, timeout)?,
+            currency: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The same, charging in `currency` (`PAGOS_MERCADOPAGO_MONEDA`) without asking.
+    pub fn charging_in(mut self, currency: Option<String>) -> Self {
+        if let Some(currency) = currency {
+            self.currency = tokio::sync::OnceCell::new_with(Some(currency));
+        }
+        self
+    }
+
+    /// `GET /users/me`: the currency of the account's site.
+    async fn ask_currency(&self) -> Result<String, GatewayError> {
+        let resp = self
+            .api
+            .get("/users/me")
+            .send()
+            .await
+            .map_err(|e| transport(&e))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(GatewayError::Unknown(format!(
+                "Mercado Pago answered {status} when asked its account's currency (GET /users/me; set PAGOS_MERCADOPAGO_MONEDA not to ask): {}",
+                detail(resp).await
+            )));
+        }
+        let account: Account = read(resp, "Mercado Pago account (GET /users/me)").await?;
+        site_currency(&account.site_id)
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                GatewayError::Unknown(format!(
+                    "the Mercado Pago account's site is {:?}, whose currency pagos does not charge in",
+                    account.site_id
+                ))
+            })
     }
 
     /// Sends a create `request` (authenticated: `Api::post`) with `body`, under `key`.
@@ -477,6 +534,14 @@ impl MercadoPagoGateway {
 
 #[async_trait]
 impl Gateway for MercadoPagoGateway {
+    async fn account_currency(&self) -> Result<Option<String>, GatewayError> {
+        let currency = self
+            .currency
+            .get_or_try_init(|| self.ask_currency())
+            .await?;
+        Ok(Some(currency.clone()))
+    }
+
     async fn charge(&self, req: &ChargeRequest) -> Result<Charge, GatewayError> {
         let body = payment_body(req).map_err(|why| {
             GatewayError::rejected(422, format!("not sent to Mercado Pago: {why}"))

@@ -328,6 +328,13 @@ pub trait Gateway: Send + Sync + 'static {
         let _ = refund;
         Ok(Vec::new())
     }
+
+    /// The one currency the account charges in, whatever a request says (Mercado Pago,
+    /// whose payments carry no currency: it charges the amount in its account's). None
+    /// where each request names its currency.
+    async fn account_currency(&self) -> Result<Option<String>, GatewayError> {
+        Ok(None)
+    }
 }
 
 /// What the adapters' body tests send: COP 250,000 with the gateway key `gk`, the nil

@@ -143,6 +143,10 @@ impl Gateway for Storable {
             .collect()
     }
 
+    async fn account_currency(&self) -> Result<Option<String>, GatewayError> {
+        self.0.account_currency().await
+    }
+
     async fn refunds_of_charge(&self, lookup: &RefundLookup) -> Result<Vec<Refund>, GatewayError> {
         self.0
             .refunds_of_charge(lookup)

@@ -324,6 +324,27 @@ async fn begin(
         state.settings.gateway.needs(),
         state.settings.max_amount,
     );
+    let parsed = match parsed {
+        Ok(new_payment) => match in_the_accounts_currency(state, &new_payment).await {
+            Ok(None) => Ok(new_payment),
+            Ok(Some(refused)) => Err(vec![refused]),
+            // Not known now: a key already taken still answers as its row says.
+            Err(why) => {
+                if let Some(begun) =
+                    saga::registry::taken(&state.db, &state.replay_cache, merchant, key, &request)
+                        .await?
+                {
+                    return Ok(begun);
+                }
+                tracing::warn!(%merchant, error = %why, "the gateway's account currency is not known: payment refused with 503");
+                return Err(Problem::new(ProblemType::Unavailable)
+                    .detail("The gateway did not say which currency its account charges in; nothing was stored. Send the request again.")
+                    .retry_after(5)
+                    .into());
+            }
+        },
+        Err(errors) => Err(errors),
+    };
     match with_refused(parsed, refused) {
         Ok(new_payment) => Ok(saga::registry::begin(
             &state.db,
@@ -351,6 +372,26 @@ async fn begin(
             }
         }
     }
+}
+
+/// The field error of a payment in another currency than the gateway's account charges
+/// in (Mercado Pago: the amount would be charged in the account's currency, 250000 CLP as
+/// 250000 COP); None when it is the account's, or each request names its own. Err: the
+/// gateway could not say.
+async fn in_the_accounts_currency(
+    state: &AppState,
+    payment: &NewPayment,
+) -> Result<Option<FieldError>, crate::gateway::GatewayError> {
+    let Some(account) = state.gateway.account_currency().await? else {
+        return Ok(None);
+    };
+    let asked = payment.currency.code();
+    Ok((asked != account).then(|| FieldError {
+        campo: "moneda".into(),
+        detalle: format!(
+            "this Mercado Pago account charges in {account}; a payment in {asked} would be charged its amount in {account}"
+        ),
+    }))
 }
 
 /// Make a payment, safe to retry with the same `Idempotency-Key`.

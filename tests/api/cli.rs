@@ -38,7 +38,7 @@ type BadSetting<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() {
     let dir = tempfile::tempdir().expect("dir");
     let db = format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display());
-    let table: [BadSetting; 29] = [
+    let table: [BadSetting; 31] = [
         (&["--gateway-timeout", "soon"], &[], "PAGOS_GATEWAY_TIMEOUT"),
         // A real gateway's URL or secret, PAGOS_GATEWAY forgotten: not the sandbox.
         (
@@ -55,6 +55,17 @@ fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() 
             &["--gateway", "http"],
             &[("PAGOS_GATEWAY_URL", "gateway:8090")],
             "PAGOS_GATEWAY_URL",
+        ),
+        // A currency Mercado Pago does not charge in, or the setting on another gateway.
+        (
+            &["--gateway", "mercadopago", "--gateway-secret", "s"],
+            &[("PAGOS_MERCADOPAGO_MONEDA", "USD")],
+            "PAGOS_MERCADOPAGO_MONEDA",
+        ),
+        (
+            &["--gateway", "http", "--gateway-url", "http://127.0.0.1:9"],
+            &[("PAGOS_MERCADOPAGO_MONEDA", "COP")],
+            "PAGOS_MERCADOPAGO_MONEDA",
         ),
         // A query or a fragment: every call would go to the gateway's root, whose 404
         // reads as a decline (every payment answered 402).

@@ -292,6 +292,18 @@ impl<'a> Spawn<'a> {
         } else {
             Some(MockServer::start().await)
         };
+        // Mercado Pago says which currency the account charges in (a Colombian one, COP),
+        // unless a test mounts its own answer first (priority 1 wins).
+        if let Some(server) = gateway.as_ref().filter(|_| self.provider == "mercadopago") {
+            Mock::given(wiremock::matchers::method("GET"))
+                .and(wiremock::matchers::path("/users/me"))
+                .respond_with(
+                    ResponseTemplate::new(200).set_body_json(fixture("mercadopago", "users_me")),
+                )
+                .with_priority(10)
+                .mount(server)
+                .await;
+        }
         let uri = gateway
             .as_ref()
             .map(|g| g.uri())

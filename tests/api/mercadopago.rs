@@ -35,6 +35,7 @@ on_both_databases!(
     a_blind_fallido_naming_a_rejected_refund_while_an_unheld_one_of_the_amount_is_approved_is_refused,
     an_unsettled_payment_mercadopago_shows_charged_back_goes_to_review_never_402,
     a_chargeback_the_seller_won_leaves_the_payment_completada,
+    a_payment_in_another_currency_than_the_accounts_is_refused_before_anything_is_sent,
     centavos_of_colombian_pesos_are_refused_with_422_before_mercadopago_is_asked,
 );
 
@@ -868,6 +869,88 @@ async fn a_chargeback_the_seller_won_leaves_the_payment_completada(backend: Back
     assert_eq!(app.payment(&id).await.state, "COMPLETADA");
 }
 
+/// How often `app` asked Mercado Pago its account (`GET /users/me`), and how many
+/// payments it sent.
+async fn asked(app: &TestApp) -> (usize, usize) {
+    let requests = app.gateway().received_requests().await.expect("recorded");
+    let me = requests
+        .iter()
+        .filter(|r| r.url.path() == "/users/me")
+        .count();
+    let paid = requests
+        .iter()
+        .filter(|r| r.url.path() == "/v1/payments" && r.method.as_str() == "POST")
+        .count();
+    (me, paid)
+}
+
+/// `GET /users/me` says the account is of `site` (`MLC`: Chile, CLP), before any payment.
+async fn account_in(server: &wiremock::MockServer, site: &str) {
+    let mut account = fixture("users_me");
+    account["site_id"] = Value::from(site);
+    Mock::given(method("GET"))
+        .and(path("/users/me"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(account))
+        .with_priority(1)
+        .mount(server)
+        .await;
+}
+
+/// Mercado Pago's payments carry no currency: it charges the amount in its account's
+/// (here a Colombian one, COP). A payment in Chilean pesos was sent and charged 250,000
+/// COP for 250,000 CLP, and went to review when the answer said COP. Now it is refused
+/// (422 naming `moneda`), nothing stored, nothing sent; the account's currency is asked
+/// once (`GET /users/me`), or given (`PAGOS_MERCADOPAGO_MONEDA`, which asks nothing). When
+/// Mercado Pago cannot say, a new payment is 503, nothing stored.
+async fn a_payment_in_another_currency_than_the_accounts_is_refused_before_anything_is_sent(
+    backend: Backend,
+) {
+    let app = spawn(backend.clone(), &[]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.mount(app.gateway()).await;
+    let mut pesos = card("in Chilean pesos");
+    pesos["moneda"] = json!("CLP");
+    for key in ["k-clp-on-cop", "k-clp-on-cop-again"] {
+        let (status, problem) = app.pay_read(key, &pesos).await;
+        assert_eq!(status, 422, "{problem}");
+        assert_eq!(problem["type"], "/problems/validation-failed", "{problem}");
+        assert_eq!(problem["errores"][0]["campo"], "moneda", "{problem}");
+        let detail = problem["errores"][0]["detalle"].as_str().expect("detalle");
+        assert!(detail.contains("charges in COP"), "{detail}");
+    }
+    assert_eq!(app.count_rows().await, (0, 0), "nothing stored");
+    let (status, pago) = app.pay_read("k-cop", &card("in COP")).await;
+    assert_eq!(status, 201, "{pago}");
+    assert_eq!(asked(&app).await, (1, 1), "asked once; one payment sent");
+
+    // Given, not asked.
+    let chilean = spawn(backend.clone(), &["--mercadopago-moneda", "CLP"]).await;
+    let fake = FakeMercadoPago::new("payment_approved");
+    fake.writes_currency("CLP");
+    fake.mount(chilean.gateway()).await;
+    let (status, pago) = chilean.pay_read("k-clp", &pesos).await;
+    assert_eq!(status, 201, "{pago}");
+    let (status, problem) = chilean.pay_read("k-cop-on-clp", &card("in COP")).await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(asked(&chilean).await, (0, 1));
+
+    // Mercado Pago cannot say.
+    let unsaid = spawn(backend, &[]).await;
+    Mock::given(method("GET"))
+        .and(path("/users/me"))
+        .respond_with(ResponseTemplate::new(500).set_body_json(fixture("error_internal")))
+        .with_priority(1)
+        .mount(unsaid.gateway())
+        .await;
+    FakeMercadoPago::new("payment_approved")
+        .mount(unsaid.gateway())
+        .await;
+    let answer = unsaid.pay("k-unsaid", &card("currency unknown")).await;
+    assert_eq!(answer.status(), 503);
+    assert!(answer.headers().contains_key("retry-after"));
+    assert_eq!(unsaid.count_rows().await, (0, 0), "nothing stored");
+}
+
 /// Mercado Pago's reads lag behind its notifications: a payment it notified a moment ago
 /// may answer 404. Before, the notification was acknowledged and never came again, and
 /// what it reported (here a charge-back of a COMPLETADA payment) was lost: the payment
@@ -1128,6 +1211,7 @@ async fn a_full_refund_of_a_payment_mercadopago_reports_in_lower_case_clp_keeps_
     let fake = FakeMercadoPago::new("payment_approved");
     fake.writes_currency("clp");
     fake.mount(app.gateway()).await;
+    account_in(app.gateway(), "MLC").await;
     let mut pesos = card("refunded later");
     pesos["moneda"] = json!("CLP");
     pesos["monto"] = json!(25000);
