@@ -9,7 +9,7 @@
 //! | payment         | succeeded                   | declined                 | pending |
 //! | --------------- | --------------------------- | ------------------------ | ------- |
 //! | EN_PROCESO      | REVISION_MANUAL (never sent, yet charged) | keep       | keep    |
-//! | ENVIADA         | COMPLETADA                  | FALLIDA (charged back: REVISION_MANUAL) | keep |
+//! | ENVIADA         | COMPLETADA                  | FALLIDA (charged back: REVISION_MANUAL; declined as a duplicate: keep) | keep |
 //! | COMPLETADA      | keep                        | REVISION_MANUAL          | keep    |
 //! | FALLIDA         | REVISION_MANUAL             | keep                     | keep    |
 //! | REVISION_MANUAL | keep: on-call owns it       | keep                     | keep    |
@@ -90,6 +90,12 @@ pub fn decide(p: &payment::Model, charge: &Charge, event_id: &str) -> Effect {
             },
             reason: said,
         },
+        // Declined as a duplicate of a recent payment: the one it duplicates may be this
+        // payment's own first charge, made by a send whose answer was lost under a key the
+        // gateway has since forgotten. Not "no money taken": the reconciler looks it up.
+        (Enviada, Declined) if charge.declined_as_duplicate() => Effect::Keep(
+            "declined as a duplicate: the payment it duplicates may be this one's; the reconciler looks it up",
+        ),
         // Taken, then disputed: not "no money taken".
         (Enviada, Declined) if charge.charged_back() => escalate(
             Event::Escalate,
@@ -250,6 +256,16 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_decline_as_a_duplicate_never_answers_a_sent_payment_failed() {
+        use PaymentState::*;
+        for code in ["cc_rejected_duplicated_payment", "duplicate_transaction"] {
+            let mut duplicate = charge(ChargeStatus::Declined);
+            duplicate.decline_code = Some(code.into());
+            assert_eq!(lands(Enviada, None, &duplicate), Enviada, "{code}");
         }
     }
 

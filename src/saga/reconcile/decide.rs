@@ -119,6 +119,17 @@ pub trait Held: Clone {
     fn id(&self) -> &str;
     /// Not final yet at the provider.
     fn is_pending(&self) -> bool;
+    /// Final, and moved no money (a charge declined and not charged back): beside one that
+    /// did, or may yet, it says nothing of the row.
+    fn moved_nothing(&self) -> bool {
+        false
+    }
+    /// Final, but what it says of the row cannot be told (a charge declined as a duplicate
+    /// of a recent payment: the payment it duplicates may be the row's own, made by a send
+    /// whose answer was lost): waited on like a pending one.
+    fn says_nothing_alone(&self) -> bool {
+        false
+    }
 }
 
 impl Held for Charge {
@@ -128,6 +139,14 @@ impl Held for Charge {
 
     fn is_pending(&self) -> bool {
         self.status == ChargeStatus::Pending
+    }
+
+    fn moved_nothing(&self) -> bool {
+        self.status == ChargeStatus::Declined && !self.charged_back()
+    }
+
+    fn says_nothing_alone(&self) -> bool {
+        self.declined_as_duplicate()
     }
 }
 
@@ -234,6 +253,18 @@ fn decide_on_found<T: Held>(
     words: Words,
 ) -> Decision<T> {
     let held = words.held;
+    // Declines beside a charge that took, or may take, the money (a first try's charge
+    // approved, a resend declined as its duplicate): the payment is that charge's.
+    let standing: Vec<T> = found
+        .iter()
+        .filter(|h| !h.moved_nothing())
+        .cloned()
+        .collect();
+    let found = if standing.is_empty() || standing.len() == found.len() {
+        found
+    } else {
+        standing.as_slice()
+    };
     if found.len() > 1 {
         let ids: Vec<&str> = found.iter().map(Held::id).collect();
         return Decision::Escalate(format!(
@@ -262,6 +293,20 @@ fn decide_on_found<T: Held>(
             ))
         };
     };
+    if one.says_nothing_alone() {
+        return if age > horizons.give_up_after {
+            Decision::Escalate(format!(
+                "the provider shows only {held} {}, declined as a duplicate of a recent payment, after {}: the payment it duplicates may be this one's own, made by a send whose answer was lost (its search may not show it yet); on-call decides",
+                one.id(),
+                human(age)
+            ))
+        } else {
+            Decision::Reschedule(format!(
+                "{held} {} was declined as a duplicate of a recent payment: the one it duplicates may be this one's, not shown yet",
+                one.id()
+            ))
+        };
+    }
     if !one.is_pending() {
         Decision::Settle(one.clone())
     } else if age > horizons.give_up_after {
@@ -469,6 +514,62 @@ mod tests {
         ]));
         assert!(matches!(
             decide_at(PaymentState::Enviada, TimeDelta::minutes(1), two),
+            Decision::Escalate(_)
+        ));
+    }
+
+    #[test]
+    fn a_decline_beside_a_charge_that_took_the_money_says_nothing_of_the_payment() {
+        let with_id = |id: &str, status, code: Option<&str>| {
+            let mut c = charge(status);
+            c.id = id.into();
+            c.decline_code = code.map(str::to_owned);
+            c
+        };
+        let approved = with_id("ch_1", ChargeStatus::Succeeded, None);
+        let duplicate = with_id(
+            "ch_2",
+            ChargeStatus::Declined,
+            Some("cc_rejected_duplicated_payment"),
+        );
+        // The first try's charge approved, its resend declined as its duplicate.
+        assert_eq!(
+            decide_at(
+                PaymentState::Enviada,
+                TimeDelta::minutes(5),
+                Some(Ok(vec![approved.clone(), duplicate.clone()]))
+            ),
+            Decision::Settle(approved.clone())
+        );
+        // The duplicate alone: the one it duplicates may not show yet. Waited on, then
+        // on-call's; never settled FALLIDA.
+        let alone = || Some(Ok(vec![duplicate.clone()]));
+        assert!(matches!(
+            decide_at(PaymentState::Enviada, TimeDelta::minutes(5), alone()),
+            Decision::Reschedule(_)
+        ));
+        assert!(matches!(
+            decide_at(PaymentState::Enviada, TimeDelta::hours(25), alone()),
+            Decision::Escalate(ref why) if why.contains("duplicate")
+        ));
+        // Two declines: as before, on-call's; a charged-back one beside an approved one too.
+        let declined = with_id("ch_3", ChargeStatus::Declined, Some("card_declined"));
+        assert!(matches!(
+            decide_at(
+                PaymentState::Enviada,
+                TimeDelta::minutes(5),
+                Some(Ok(vec![declined.clone(), duplicate.clone()]))
+            ),
+            Decision::Escalate(_)
+        ));
+        let mut disputed = declined;
+        disputed.charged_back = true;
+        assert!(matches!(
+            decide_at(
+                PaymentState::Enviada,
+                TimeDelta::minutes(5),
+                Some(Ok(vec![approved, disputed]))
+            ),
             Decision::Escalate(_)
         ));
     }
