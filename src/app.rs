@@ -748,6 +748,16 @@ async fn start(
         revoke_demo_key(&db).await?;
     }
     let gateway = gateway_from(settings)?;
+    // Mercado Pago's account currency, asked now rather than at the first payment; a
+    // refusal (a token that may not read the account) is on-call's to see at start.
+    tokio::spawn({
+        let gateway = gateway.clone();
+        async move {
+            if let Err(err) = gateway.account_currency().await {
+                tracing::error!(error = %err, "the gateway did not say which currency its account charges in: new payments are answered 503 until it does; set PAGOS_MERCADOPAGO_MONEDA to the account's currency not to ask");
+            }
+        }
+    });
     let listener = tokio::net::TcpListener::bind(settings.bind)
         .await
         .map_err(|err| SettingError::cannot_listen("PAGOS_BIND", "bind", settings.bind, &err))?;

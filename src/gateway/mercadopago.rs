@@ -42,7 +42,14 @@ pub struct MercadoPagoGateway {
     api: Api,
     /// The currency the account charges in: `PAGOS_MERCADOPAGO_MONEDA`, else asked once.
     currency: tokio::sync::OnceCell<String>,
+    /// Held while Mercado Pago is asked (one ask at a time: the requests meanwhile wait
+    /// for its answer), with when the last ask failed and why: those that waited on it
+    /// fail with it, rather than each ask again in turn.
+    asking: tokio::sync::Mutex<Option<(std::time::Instant, String)>>,
 }
+
+/// How long a failed ask of the account's currency answers for the requests after it.
+const FAILED_ASK_HOLDS: Duration = Duration::from_secs(1);
 
 /// The currency of a Mercado Pago site (`site_id`: the account's country).
 fn site_currency(site: &str) -> Option<&'static str> {
@@ -454,6 +461,7 @@ impl MercadoPagoGateway {
         Ok(MercadoPagoGateway {
             api: Api::new(base, secret, timeout)?,
             currency: tokio::sync::OnceCell::new(),
+            asking: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -535,11 +543,32 @@ impl MercadoPagoGateway {
 #[async_trait]
 impl Gateway for MercadoPagoGateway {
     async fn account_currency(&self) -> Result<Option<String>, GatewayError> {
-        let currency = self
-            .currency
-            .get_or_try_init(|| self.ask_currency())
-            .await?;
-        Ok(Some(currency.clone()))
+        if let Some(currency) = self.currency.get() {
+            return Ok(Some(currency.clone()));
+        }
+        let mut last_failure = self.asking.lock().await;
+        if let Some(currency) = self.currency.get() {
+            return Ok(Some(currency.clone()));
+        }
+        if let Some((at, why)) = last_failure.as_ref()
+            && at.elapsed() < FAILED_ASK_HOLDS
+        {
+            return Err(GatewayError::Unknown(why.clone()));
+        }
+        match self.ask_currency().await {
+            Ok(currency) => {
+                let _ = self.currency.set(currency.clone());
+                Ok(Some(currency))
+            }
+            Err(err) => {
+                let why = match &err {
+                    GatewayError::Unknown(why) => why.clone(),
+                    other => other.to_string(),
+                };
+                *last_failure = Some((std::time::Instant::now(), why));
+                Err(err)
+            }
+        }
     }
 
     async fn charge(&self, req: &ChargeRequest) -> Result<Charge, GatewayError> {

@@ -509,6 +509,18 @@ impl FakeProvider {
             .respond_with(ListRefunds(self.clone()))
             .mount(server)
             .await;
+        if self.provider == Provider::MercadoPago {
+            // The account's currency (a Colombian account, COP), asked once per process.
+            Mock::given(method("GET"))
+                .and(path("/users/me"))
+                .respond_with(
+                    ResponseTemplate::new(200)
+                        .set_body_json(crate::helpers::fixture("mercadopago", "users_me")),
+                )
+                .with_priority(10)
+                .mount(server)
+                .await;
+        }
     }
 }
 
