@@ -35,6 +35,11 @@ fn gateway_url(s: &str) -> Result<url::Url, String> {
         )
     };
     let url = url::Url::parse(s).map_err(|e| refused(&e.to_string()))?;
+    // A user or password in it: refused by `Settings::validate`, which does not print it
+    // (an error here is printed with the value).
+    if !url.username().is_empty() || url.password().is_some() {
+        return Ok(url);
+    }
     if !matches!(url.scheme(), "http" | "https") {
         return Err(refused(&format!("its scheme is {}", url.scheme())));
     }
@@ -47,8 +52,6 @@ fn gateway_url(s: &str) -> Result<url::Url, String> {
     if url.query().is_some() || url.fragment().is_some() {
         return Err(refused("it has a query or a fragment"));
     }
-    // A user or password in it is refused by `Settings::validate`: an error here prints
-    // the value.
     Ok(url)
 }
 

@@ -187,14 +187,21 @@ fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() 
         &pagos(&["serve", "--database-url", "mysql://x"], &[]),
         "PAGOS_DATABASE_URL",
     );
-    let with_a_password = pagos(
-        &["serve", "--database-url", &db, "--gateway", "http"],
-        &[("PAGOS_GATEWAY_URL", "https://pagos:hunter2@gw.example")],
-    );
-    assert!(
-        !String::from_utf8_lossy(&with_a_password.stderr).contains("hunter2"),
-        "a password in the URL is not printed"
-    );
+    for url in [
+        "https://pagos:hunter2@gw.example",
+        "https://pagos:hunter2@gw.example/?tenant=1",
+        "ftp://pagos:hunter2@gw.example",
+    ] {
+        let with_a_password = pagos(
+            &["serve", "--database-url", &db, "--gateway", "http"],
+            &[("PAGOS_GATEWAY_URL", url)],
+        );
+        assert_refused(&with_a_password, "PAGOS_GATEWAY_URL");
+        assert!(
+            !String::from_utf8_lossy(&with_a_password.stderr).contains("hunter2"),
+            "a password in the URL is not printed: {url}"
+        );
+    }
     assert_nothing_created(&dir);
 }
 
