@@ -152,7 +152,13 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     if let Ok(seconds) = value.parse::<u64>() {
         return Some(Duration::from_secs(seconds));
     }
-    let at = httpdate::parse_http_date(value).ok()?;
+    // A date with a numeric zone (`+0000`) is no HTTP date, but a server that sends one
+    // still means it.
+    let at = httpdate::parse_http_date(value).ok().or_else(|| {
+        chrono::DateTime::parse_from_rfc2822(value)
+            .ok()
+            .map(|at| SystemTime::from(at.with_timezone(&chrono::Utc)))
+    })?;
     Some(at.duration_since(now).unwrap_or_default())
 }
 
@@ -305,7 +311,11 @@ mod tests {
             parse_retry_after("Sun, 06 Nov 1994 08:49:30 GMT", now),
             Some(Duration::ZERO)
         );
-        for obsolete in ["Sunday, 06-Nov-94 08:49:47 GMT", "Sun Nov  6 08:49:47 1994"] {
+        for obsolete in [
+            "Sunday, 06-Nov-94 08:49:47 GMT",
+            "Sun Nov  6 08:49:47 1994",
+            "Sun, 06 Nov 1994 08:49:47 +0000",
+        ] {
             assert_eq!(
                 parse_retry_after(obsolete, now),
                 Some(Duration::from_secs(10)),
