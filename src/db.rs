@@ -449,8 +449,18 @@ async fn connect_for(args: &DatabaseArgs, access: Access) -> Result<DatabaseConn
 /// What every PostgreSQL connection of pagos' sets once, as it opens.
 async fn session_defaults(connection: &mut PgConnection) -> Result<(), sqlx::Error> {
     sea_orm::sqlx::Executor::execute(
-        connection,
+        &mut *connection,
         "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    )
+    .await?;
+    // A commit pagos answers a merchant for is on disk before the answer: with
+    // `synchronous_commit = off` (a role's or database's default, set for speed) a 201
+    // could be lost in a crash of the database server, the customer charged and the
+    // payment forgotten. `off` is raised to `local` (the WAL flushed on this server);
+    // any other value, replication's included, is kept.
+    sea_orm::sqlx::Executor::execute(
+        connection,
+        "SELECT set_config('synchronous_commit', 'local', false) WHERE current_setting('synchronous_commit') = 'off'",
     )
     .await
     .map(|_| ())

@@ -189,3 +189,45 @@ async fn the_saga_statements_run_read_committed_whatever_the_databases_default()
         "read committed"
     );
 }
+
+/// A database (or role) whose default is `synchronous_commit = off`, set for speed: a
+/// payment answered 201 could be lost in a crash of the database server. pagos' sessions
+/// commit to disk whatever the default (`local`), pool and lane alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_saga_statements_commit_to_disk_whatever_the_databases_default() {
+    let Some((database, _opened_before, name, watcher)) = database().await else {
+        return;
+    };
+    watcher
+        .execute_raw(sql(&format!(
+            "ALTER DATABASE \"{name}\" SET synchronous_commit = 'off'"
+        )))
+        .await
+        .expect("the database's default");
+    // Opened after it, as a process started then opens its connections.
+    let db = pagos::db::connect(&DatabaseArgs {
+        url: database.url.clone(),
+        pool_size: 4,
+    })
+    .await
+    .expect("open");
+    let row = query_one_on_pool(&db, sql("SHOW synchronous_commit"))
+        .await
+        .expect("a saga statement")
+        .expect("a row");
+    assert_eq!(
+        row.try_get::<String>("", "synchronous_commit")
+            .expect("the setting"),
+        "local"
+    );
+    let row = db
+        .query_one_raw(sql("SHOW synchronous_commit"))
+        .await
+        .expect("a pooled statement")
+        .expect("a row");
+    assert_eq!(
+        row.try_get::<String>("", "synchronous_commit")
+            .expect("the setting"),
+        "local"
+    );
+}
