@@ -167,27 +167,44 @@ async fn a_connection_whose_statement_was_abandoned_half_way_is_never_lent_again
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_saga_statements_run_read_committed_whatever_the_databases_default() {
-    let Some((_database, db, name, watcher)) = database().await else {
-        return;
-    };
-    // The kept connections open on first use, after this.
+/// What a saga statement (a lane connection) and a pooled one show of `setting`, on a
+/// database whose default for it is `value`, opened after the default was set (as a
+/// process started then opens its connections); None without PostgreSQL.
+async fn shown_under_the_databases_default(setting: &str, value: &str) -> Option<[String; 2]> {
+    let (database, _opened_before, name, watcher) = database().await?;
     watcher
         .execute_raw(sql(&format!(
-            "ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'repeatable read'"
+            "ALTER DATABASE \"{name}\" SET {setting} = '{value}'"
         )))
         .await
         .expect("the database's default");
-    let row = query_one_on_pool(&db, sql("SHOW transaction_isolation"))
+    let db = pagos::db::connect(&DatabaseArgs {
+        url: database.url.clone(),
+        pool_size: 4,
+    })
+    .await
+    .expect("open");
+    let show = sql(&format!("SHOW {setting}"));
+    let on_lane = query_one_on_pool(&db, show.clone())
         .await
         .expect("a saga statement")
         .expect("a row");
-    assert_eq!(
-        row.try_get::<String>("", "transaction_isolation")
-            .expect("the level"),
-        "read committed"
-    );
+    let pooled = db
+        .query_one_raw(show)
+        .await
+        .expect("a pooled statement")
+        .expect("a row");
+    Some([on_lane, pooled].map(|row| row.try_get::<String>("", setting).expect("the setting")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_saga_statements_run_read_committed_whatever_the_databases_default() {
+    let Some(shown) =
+        shown_under_the_databases_default("default_transaction_isolation", "repeatable read").await
+    else {
+        return;
+    };
+    assert_eq!(shown, ["read committed", "read committed"]);
 }
 
 /// A database (or role) whose default is `synchronous_commit = off`, set for speed: a
@@ -195,39 +212,8 @@ async fn the_saga_statements_run_read_committed_whatever_the_databases_default()
 /// commit to disk whatever the default (`local`), pool and lane alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_saga_statements_commit_to_disk_whatever_the_databases_default() {
-    let Some((database, _opened_before, name, watcher)) = database().await else {
+    let Some(shown) = shown_under_the_databases_default("synchronous_commit", "off").await else {
         return;
     };
-    watcher
-        .execute_raw(sql(&format!(
-            "ALTER DATABASE \"{name}\" SET synchronous_commit = 'off'"
-        )))
-        .await
-        .expect("the database's default");
-    // Opened after it, as a process started then opens its connections.
-    let db = pagos::db::connect(&DatabaseArgs {
-        url: database.url.clone(),
-        pool_size: 4,
-    })
-    .await
-    .expect("open");
-    let row = query_one_on_pool(&db, sql("SHOW synchronous_commit"))
-        .await
-        .expect("a saga statement")
-        .expect("a row");
-    assert_eq!(
-        row.try_get::<String>("", "synchronous_commit")
-            .expect("the setting"),
-        "local"
-    );
-    let row = db
-        .query_one_raw(sql("SHOW synchronous_commit"))
-        .await
-        .expect("a pooled statement")
-        .expect("a row");
-    assert_eq!(
-        row.try_get::<String>("", "synchronous_commit")
-            .expect("the setting"),
-        "local"
-    );
+    assert_eq!(shown, ["local", "local"]);
 }
