@@ -27,7 +27,44 @@ on_both_databases!(
     a_look_up_finding_a_pending_charge_that_is_not_the_payments_own_goes_to_review,
     a_reference_gateways_decline_code_charged_back_is_a_decline_like_any_other,
     a_settlement_the_database_refuses_is_503_then_409_then_the_charges_own_answer,
+    a_retry_declined_as_a_duplicate_of_the_first_tries_charge_is_settled_by_that_charge,
 );
+
+/// The first try charges but its answer is lost to the timeout; the provider forgets the
+/// key, and declines the retry as a duplicate of that very charge (Mercado Pago's
+/// `cc_rejected_duplicated_payment`, Stripe's `duplicate_transaction`). Before, the
+/// payment was answered 402 `FALLIDA`, the customer charged. Now it is not known yet (202),
+/// and the reconciler, finding the charge beside its duplicate's decline, settles it
+/// COMPLETADA by that charge: one charge, never a second.
+async fn a_retry_declined_as_a_duplicate_of_the_first_tries_charge_is_settled_by_that_charge(
+    backend: Backend,
+) {
+    for provider in ALL {
+        let (app, fake) = provider
+            .spawn(
+                backend.clone(),
+                &["--gateway-timeout", "200ms", "--gateway-retries", "1"],
+            )
+            .await;
+        fake.next([
+            Next::AnswerLate(Duration::from_secs(2)),
+            Next::DeclineAsDuplicate,
+        ]);
+        let (status, pago) = app.pay_read("k-dup", &provider.payment(250_000)).await;
+        assert_eq!(status, 202, "{provider:?}: never told declined: {pago}");
+        let id = pago["id"].as_str().expect("id").to_owned();
+        let report = app.reconcile(&id).await;
+        assert_eq!(report["completados"], 1, "{provider:?}: {report}");
+        let payment = app.payment(&id).await;
+        assert_eq!(payment.state, "COMPLETADA", "{provider:?}");
+        assert_eq!(
+            payment.gateway_ref.as_deref(),
+            Some(provider.charge_id(1).as_str()),
+            "{provider:?}: the first try's charge"
+        );
+        assert_eq!(fake.charges(), 1, "{provider:?}: one charge");
+    }
+}
 
 async fn a_refused_resend_leaves_a_payment_that_may_be_charged_unknown_until_a_lookup_reads_it(
     backend: Backend,

@@ -169,6 +169,35 @@ impl Provider {
         }
     }
 
+    /// A charge numbered `n` about `reference`, declined as a duplicate of a recent
+    /// payment of the same card and amount (what a provider that forgot a key answers
+    /// its resend when the first try's charge was made).
+    fn declined_as_duplicate(self, n: usize, reference: &str, amount: &Value) -> Value {
+        let mut charge = self.charge(n, reference, amount);
+        match self {
+            Provider::Reference => {
+                charge["status"] = Value::from("declined");
+                charge["declineCode"] = Value::from("duplicate_transaction");
+            }
+            Provider::Stripe => {
+                let mut pi: Value = serde_json::from_str(include_str!(
+                    "../../fixtures/stripe/payment_intent_requires_payment_method.json"
+                ))
+                .expect("fixture");
+                for field in ["id", "amount", "currency", "metadata"] {
+                    pi[field] = charge[field].clone();
+                }
+                pi["last_payment_error"]["decline_code"] = Value::from("duplicate_transaction");
+                charge = pi;
+            }
+            Provider::MercadoPago => {
+                charge["status"] = Value::from("rejected");
+                charge["status_detail"] = Value::from("cc_rejected_duplicated_payment");
+            }
+        }
+        charge
+    }
+
     /// `charge` naming `reference` as its payment, or none (its reference left out).
     fn naming(self, mut charge: Value, reference: Option<&str>) -> Value {
         let (holder, field) = match self {
@@ -409,6 +438,9 @@ pub enum Next {
     /// replaying another request's answer. For a refund: refund, but answer with another
     /// refund (`Provider::another_refund`).
     AnswerNaming(Option<String>),
+    /// Forget the key (as a provider past its key memory does) and decline the request
+    /// as a duplicate of a recent payment: a new declined charge under the reference.
+    DeclineAsDuplicate,
 }
 
 #[derive(Clone)]
@@ -553,6 +585,9 @@ impl Respond for MakeRefund {
             Some(Next::Refuse(status)) => return provider.refusal(status),
             Some(Next::AnswerLate(delay)) => (delay, None),
             Some(Next::AnswerNaming(other)) => (Duration::ZERO, Some(other)),
+            Some(Next::DeclineAsDuplicate) => {
+                unreachable!("a refund is never declined as a duplicate here")
+            }
             None => (Duration::ZERO, None),
         };
         if let Some((body, refund)) = state.refunds_by_key.get(&key) {
@@ -621,6 +656,24 @@ impl Respond for Create {
             Some(Next::Refuse(status)) => return provider.refusal(status),
             Some(Next::AnswerLate(delay)) => (delay, None),
             Some(Next::AnswerNaming(other)) => (Duration::ZERO, Some(other)),
+            Some(Next::DeclineAsDuplicate) => {
+                let declined =
+                    provider.declined_as_duplicate(2000 + state.creates.len(), &reference, &amount);
+                state
+                    .by_key
+                    .insert(key, (request.body.clone(), declined.clone()));
+                state
+                    .by_reference
+                    .entry(reference)
+                    .or_default()
+                    .push(declined.clone());
+                let status = if provider == Provider::Stripe {
+                    200
+                } else {
+                    201
+                };
+                return ResponseTemplate::new(status).set_body_json(declined);
+            }
             None => (Duration::ZERO, None),
         };
         if let Some((body, charge)) = state.by_key.get(&key) {
