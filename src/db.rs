@@ -459,12 +459,26 @@ async fn session_defaults(connection: &mut PgConnection) -> Result<(), sqlx::Err
     // payment forgotten. `off` is raised to `local` (the WAL flushed on this server);
     // any other value, replication's included, is kept.
     sea_orm::sqlx::Executor::execute(
-        connection,
+        &mut *connection,
         "SELECT set_config('synchronous_commit', 'local', false) WHERE current_setting('synchronous_commit') = 'off'",
     )
-    .await
-    .map(|_| ())
+    .await?;
+    // pagos never waits on anything but its own next statement inside a transaction (no
+    // gateway call, no merchant's webhook): a transaction idle for long is one whose host
+    // died, froze or was cut off, and it holds its payment's lock until the server hears
+    // of it — hours, behind a silent network partition, every request for that payment
+    // and every claim on it waiting. With no limit of the database's or role's (the
+    // server's default, 0), the server ends such a session after 30 s of it and
+    // rolls its transaction back (nothing half-written: the transaction was never
+    // committed). A limit already set is kept.
+    sea_orm::sqlx::Executor::execute(connection, IDLE_IN_TRANSACTION_LIMIT)
+        .await
+        .map(|_| ())
 }
+
+/// How long a pagos transaction may sit idle before the server ends it (see
+/// `session_defaults`): far beyond any pause of a live process between two statements.
+const IDLE_IN_TRANSACTION_LIMIT: &str = "SELECT set_config('idle_in_transaction_session_timeout', '30s', false) WHERE current_setting('idle_in_transaction_session_timeout') IN ('0', '0ms')";
 
 /// One PostgreSQL connection, alone, within `PROBE_TIMEOUT`; closed at once.
 async fn probe_postgres(url: &str) -> Result<(), OpenError> {

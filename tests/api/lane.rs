@@ -217,3 +217,57 @@ async fn the_saga_statements_commit_to_disk_whatever_the_databases_default() {
     };
     assert_eq!(shown, ["local", "local"]);
 }
+
+/// A host that dies, freezes or is cut off inside a transaction holds its payment's lock
+/// until the server hears of it: behind a silent partition, hours of requests for that
+/// payment waiting. With the server's default (no limit), pagos' sessions end a
+/// transaction left idle for 30 s, pool and lane alike; a limit the database sets is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_left_idle_by_a_lost_host_is_ended_by_the_server() {
+    let Some(shown) =
+        shown_under_the_databases_default("idle_in_transaction_session_timeout", "0").await
+    else {
+        return;
+    };
+    assert_eq!(shown, ["30s", "30s"]);
+    let Some(kept) =
+        shown_under_the_databases_default("idle_in_transaction_session_timeout", "5s").await
+    else {
+        return;
+    };
+    assert_eq!(kept, ["5s", "5s"]);
+
+    // What it buys: a row locked by a transaction its host stopped tending is free again.
+    let Some((database, db, _name, _watcher)) = database().await else {
+        return;
+    };
+    db.execute_raw(sql("CREATE TABLE held (id int PRIMARY KEY)"))
+        .await
+        .expect("a table");
+    db.execute_raw(sql("INSERT INTO held VALUES (1)"))
+        .await
+        .expect("a row");
+    let lost = sea_orm::TransactionTrait::begin(&db).await.expect("begin");
+    lost.query_one_raw(sql("SELECT id FROM held WHERE id = 1 FOR UPDATE"))
+        .await
+        .expect("the lock")
+        .expect("a row");
+    // Another session, with no limit of its own, waits for the lock; the lost one never
+    // says another word.
+    let other = sea_orm::Database::connect(database.url.as_str())
+        .await
+        .expect("another session");
+    let waited = tokio::time::timeout(
+        Duration::from_secs(120),
+        other.execute_raw(sql("UPDATE held SET id = 1 WHERE id = 1")),
+    )
+    .await;
+    assert!(
+        matches!(waited, Ok(Ok(_))),
+        "the row is still locked by a transaction idle for two minutes: {waited:?}"
+    );
+    assert!(
+        lost.commit().await.is_err(),
+        "the idle transaction was rolled back by the server, not committed"
+    );
+}
