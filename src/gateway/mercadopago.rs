@@ -40,8 +40,12 @@ pub const KEY_WINDOW: Duration = Duration::from_secs(60 * 60);
 
 pub struct MercadoPagoGateway {
     api: Api,
-    /// The currency the account charges in: `PAGOS_MERCADOPAGO_MONEDA`, else asked once.
+    /// The currency the account charges in, once known: what Mercado Pago said, or
+    /// `PAGOS_MERCADOPAGO_MONEDA` when it could not say.
     currency: tokio::sync::OnceCell<String>,
+    /// `PAGOS_MERCADOPAGO_MONEDA`: checked against the account once, used when Mercado
+    /// Pago cannot say.
+    configured: Option<String>,
     /// Held while Mercado Pago is asked (one ask at a time: the requests meanwhile wait
     /// for its answer), with when the last ask failed and why: those that waited on it
     /// fail with it, rather than each ask again in turn.
@@ -461,15 +465,18 @@ impl MercadoPagoGateway {
         Ok(MercadoPagoGateway {
             api: Api::new(base, secret, timeout)?,
             currency: tokio::sync::OnceCell::new(),
+            configured: None,
             asking: tokio::sync::Mutex::new(None),
         })
     }
 
-    /// The same, charging in `currency` (`PAGOS_MERCADOPAGO_MONEDA`) without asking.
+    /// The same, told the account charges in `currency` (`PAGOS_MERCADOPAGO_MONEDA`).
+    /// Mercado Pago is still asked, once: its word is the one that says what a payment
+    /// is charged in, so a setting that names another currency gives way to it (an ERROR
+    /// says so); the setting is used only when Mercado Pago cannot say (a token that may
+    /// not read `/users/me`, an outage), and then without asking again.
     pub fn charging_in(mut self, currency: Option<String>) -> Self {
-        if let Some(currency) = currency {
-            self.currency = tokio::sync::OnceCell::new_with(Some(currency));
-        }
+        self.configured = currency;
         self
     }
 
@@ -555,12 +562,25 @@ impl Gateway for MercadoPagoGateway {
         {
             return Err(GatewayError::Unknown(why.clone()));
         }
-        match self.ask_currency().await {
-            Ok(currency) => {
+        match (self.ask_currency().await, &self.configured) {
+            (Ok(currency), configured) => {
+                if let Some(configured) = configured.as_ref().filter(|c| **c != currency) {
+                    tracing::error!(
+                        "PAGOS_MERCADOPAGO_MONEDA says {configured}, but the Mercado Pago account charges in {currency} (GET /users/me): payments are taken in {currency} only, those in {configured} refused 422; correct the setting"
+                    );
+                }
                 let _ = self.currency.set(currency.clone());
                 Ok(Some(currency))
             }
-            Err(err) => {
+            (Err(err), Some(configured)) => {
+                tracing::warn!(
+                    error = %err,
+                    "Mercado Pago did not say which currency its account charges in: charging in PAGOS_MERCADOPAGO_MONEDA's {configured}, as set, without asking again"
+                );
+                let _ = self.currency.set(configured.clone());
+                Ok(Some(configured.clone()))
+            }
+            (Err(err), None) => {
                 let why = match &err {
                     GatewayError::Unknown(why) => why.clone(),
                     other => other.to_string(),

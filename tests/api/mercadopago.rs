@@ -900,8 +900,9 @@ async fn account_in(server: &wiremock::MockServer, site: &str) {
 /// (here a Colombian one, COP). A payment in Chilean pesos was sent and charged 250,000
 /// COP for 250,000 CLP, and went to review when the answer said COP. Now it is refused
 /// (422 naming `moneda`), nothing stored, nothing sent; the account's currency is asked
-/// once (`GET /users/me`), or given (`PAGOS_MERCADOPAGO_MONEDA`, which asks nothing). When
-/// Mercado Pago cannot say, a new payment is 503, nothing stored.
+/// once (`GET /users/me`); `PAGOS_MERCADOPAGO_MONEDA` gives way to it, and is used when
+/// Mercado Pago cannot say. When it cannot say and nothing is set, a new payment is 503,
+/// nothing stored.
 async fn a_payment_in_another_currency_than_the_accounts_is_refused_before_anything_is_sent(
     backend: Backend,
 ) {
@@ -923,8 +924,29 @@ async fn a_payment_in_another_currency_than_the_accounts_is_refused_before_anyth
     assert_eq!(status, 201, "{pago}");
     assert_eq!(asked(&app).await, (1, 1), "asked once; one payment sent");
 
-    // Given, not asked.
+    // Given: still asked once, and the account's word wins over a setting that names
+    // another currency (a Chilean setting on this Colombian account would bring back the
+    // 250,000 COP charge for 250,000 CLP).
+    let mistaken = spawn(backend.clone(), &["--mercadopago-moneda", "CLP"]).await;
+    FakeMercadoPago::new("payment_approved")
+        .mount(mistaken.gateway())
+        .await;
+    let (status, problem) = mistaken.pay_read("k-clp-set", &pesos).await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(problem["errores"][0]["campo"], "moneda", "{problem}");
+    let (status, pago) = mistaken.pay_read("k-cop-set", &card("in COP")).await;
+    assert_eq!(status, 201, "{pago}");
+    assert_eq!(asked(&mistaken).await, (1, 1));
+
+    // Given, and Mercado Pago cannot say (a token that may not read the account): the
+    // setting is used, and not asked again.
     let chilean = spawn(backend.clone(), &["--mercadopago-moneda", "CLP"]).await;
+    Mock::given(method("GET"))
+        .and(path("/users/me"))
+        .respond_with(ResponseTemplate::new(403).set_body_json(fixture("error_internal")))
+        .with_priority(1)
+        .mount(chilean.gateway())
+        .await;
     let fake = FakeMercadoPago::new("payment_approved");
     fake.writes_currency("CLP");
     fake.mount(chilean.gateway()).await;
@@ -932,7 +954,9 @@ async fn a_payment_in_another_currency_than_the_accounts_is_refused_before_anyth
     assert_eq!(status, 201, "{pago}");
     let (status, problem) = chilean.pay_read("k-cop-on-clp", &card("in COP")).await;
     assert_eq!(status, 422, "{problem}");
-    assert_eq!(asked(&chilean).await, (0, 1));
+    let (status, pago) = chilean.pay_read("k-clp-2", &pesos).await;
+    assert_eq!(status, 201, "{pago}");
+    assert_eq!(asked(&chilean).await, (1, 2));
 
     // Mercado Pago cannot say.
     let unsaid = spawn(backend, &[]).await;
