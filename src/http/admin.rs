@@ -699,6 +699,20 @@ impl ProviderSays {
     }
 }
 
+/// The refusal of a COMPLETADA while more than one charge of the payment took the money
+/// (the provider's search, or its webhooks): a COMPLETADA payment is not looked at again,
+/// so the others would stay with the customer charged twice, nobody told. On-call refunds
+/// them first; a provider that still shows them succeeded (Stripe keeps a refunded
+/// PaymentIntent `succeeded`) is overruled, naming the refunds.
+fn several_charged(provider: &ProviderSays) -> ApiError {
+    let ids: Vec<&str> = provider.succeeded.iter().map(|c| c.id.as_str()).collect();
+    provider.disagrees(&format!(
+        "The provider holds {} succeeded charges for this payment ({}): the customer is charged more than once, and a COMPLETADA payment is not looked at again. Refund all but one in the provider's dashboard, then resolve COMPLETADA naming the one that stays with gatewayRef and, while the provider still shows the others succeeded, contraProveedor naming their refunds; or resolve FALLIDA with reembolsar to refund them all.",
+        ids.len(),
+        ids.join(", ")
+    ))
+}
+
 /// The charge a resolution records, or the refusal of what on-call asked because the
 /// provider contradicts it (`provider` shows otherwise), unless on-call overrules it.
 fn checked_against(
@@ -758,6 +772,9 @@ fn checked_against(
         .collect();
     let own = current.gateway_ref.as_deref();
     match provider_check::choose(&fitting, gateway_ref, own, overruled) {
+        Choice::Record(_) | Choice::KeepOwn if !overruled && provider.succeeded.len() > 1 => {
+            Err(several_charged(provider))
+        }
         Choice::Record(id) => Ok(Some(id.to_owned())),
         Choice::KeepOwn => Ok(None),
         Choice::NamedUnfit(named) => {
@@ -977,6 +994,24 @@ async fn resolve_unrecorded(
                     "The provider's webhooks reported charge {} succeeded for this payment: resolve FALLIDA with reembolsar once the provider answers, or overrule with contraProveedor.",
                     charged.id
                 )));
+            }
+            gateway_ref.map(str::to_owned)
+        }
+        // What its webhooks reported still counts: the charge kept must be of the
+        // payment's amount, and a second charge that succeeded is a customer charged twice.
+        Some(_) if event == Event::ResolveCompleted && overrule.is_none() => {
+            let kept = gateway_ref.or(current.gateway_ref.as_deref());
+            if let Some(other) = provider.succeeded.iter().find(|c| {
+                Some(c.id.as_str()) == kept
+                    && (c.amount != current.amount || c.currency != current.currency)
+            }) {
+                return Err(provider.disagrees(&format!(
+                    "The provider's webhooks reported charge {} succeeded for {} {}, but the payment is for {} {}: it is not this payment's charge (a later refund of the payment would refund it). Name the payment's own charge with gatewayRef, or overrule with contraProveedor.",
+                    other.id, other.amount, other.currency, current.amount, current.currency
+                )));
+            }
+            if provider.succeeded.len() > 1 {
+                return Err(several_charged(&provider));
             }
             gateway_ref.map(str::to_owned)
         }

@@ -24,6 +24,7 @@ on_both_databases!(
     what_on_call_writes_holding_a_nul_is_422_and_changes_nothing,
     a_charge_a_webhook_reports_succeeded_while_fallida_is_being_written_refuses_it,
     completada_is_refused_while_the_providers_webhooks_report_its_charge_failed_since,
+    while_the_provider_cannot_be_asked_completada_still_weighs_what_its_webhooks_reported,
     after_a_resolution_that_refunds_on_calls_row_is_the_last_out_of_review_as_the_runbook_reads_it,
 );
 
@@ -171,7 +172,18 @@ async fn completada_naming_a_charge_the_provider_does_not_hold_succeeded_for_thi
         Some(others_charge.as_str())
     );
 
-    completed_on_its_own_charge(&app, &id, &own, "found it").await;
+    // Its own charge fits, but the one of 100 took money too: refunded first, then said.
+    let own_alone = json!({"estado": "COMPLETADA", "motivo": "found it", "gatewayRef": own});
+    let problem = disagreed(&app, &id, &own_alone).await;
+    assert!(ids_in(&problem).contains(&wrong_amount), "{problem}");
+    let done = resolved(
+        &app,
+        &id,
+        &json!({"estado": "COMPLETADA", "motivo": "found it", "gatewayRef": own,
+                "contraProveedor": format!("{wrong_amount} refunded in the dashboard")}),
+    )
+    .await;
+    assert_eq!(done["pago"]["gatewayRef"], own.as_str(), "{done}");
 }
 
 async fn completada_without_a_gateway_ref_keeps_the_payments_charge_or_takes_the_one_succeeded(
@@ -199,12 +211,35 @@ async fn completada_without_a_gateway_ref_keeps_the_payments_charge_or_takes_the
     assert_eq!(answer.status(), 200);
     assert_eq!(json(answer).await["pago"]["gatewayRef"], taken.as_str());
 
-    // Its own charge succeeded, and a second one too: its own stays its charge.
+    // Its own charge succeeded, and a second one too: the customer is charged twice, and
+    // a COMPLETADA payment is not looked at again. Refused, naming both, until on-call
+    // says the second went back (here overruling a provider that still shows it
+    // succeeded, as Stripe shows a refunded PaymentIntent); its own stays its charge.
     let second = under_review(&app, &fake, "k-res-3b").await;
     fake.settle(&second, "succeeded");
     let own = fake.charge_ids(&second).remove(0);
-    fake.preload_for(&second, "succeeded", 250_000);
-    let answer = resolve(second.clone()).await;
+    let twice = fake.preload_for(&second, "succeeded", 250_000);
+    for named in [None, Some(own.as_str())] {
+        let mut body = json!({"estado": "COMPLETADA", "motivo": "the provider shows it paid"});
+        if let Some(named) = named {
+            body["gatewayRef"] = json!(named);
+        }
+        let problem = disagreed(&app, &second, &body).await;
+        let found = ids_in(&problem);
+        assert!(found.contains(&own) && found.contains(&twice), "{problem}");
+        assert!(
+            crate::helpers::text_has(&problem, "detail", "charged more than once"),
+            "{problem}"
+        );
+    }
+    let answer = app
+        .resolve_as(
+            ADMIN_TOKEN,
+            &second,
+            &json!({"estado": "COMPLETADA", "motivo": "paid once; the second charge refunded",
+                    "contraProveedor": format!("{twice} refunded in the dashboard, re_77")}),
+        )
+        .await;
     assert_eq!(answer.status(), 200);
     assert_eq!(json(answer).await["pago"]["gatewayRef"], own.as_str());
 
@@ -291,6 +326,64 @@ async fn while_the_provider_cannot_be_asked_on_call_resolves_on_its_word_and_the
         .to_owned();
     assert!(last.contains("ticket 31"), "{last}");
     assert!(last.contains("could not be asked"), "{last}");
+}
+
+/// While the provider's search cannot be asked, what its webhooks reported still counts
+/// against a COMPLETADA: a charge of another amount is not the payment's (a later refund
+/// of the payment would refund it), and two charges that succeeded are a customer charged
+/// twice. Before, both were taken on on-call's word. Overruled, saying why, it is taken.
+async fn while_the_provider_cannot_be_asked_completada_still_weighs_what_its_webhooks_reported(
+    backend: Backend,
+) {
+    use pagos::entities::webhook_charge;
+    use sea_orm::EntityTrait;
+    let app = app(backend).await;
+    let (id, fake) = payment_under_review(&app, "k-res-reported").await;
+    fake.fail_lookups(true);
+    let payment = app.payment(&id).await;
+    let reported = |charge: &str, amount: i64| {
+        let at = chrono::Utc::now();
+        webhook_charge::ActiveModel::from(webhook_charge::Model {
+            source: "http".into(),
+            charge_id: charge.into(),
+            reference: payment.id.to_string(),
+            payment_id: Some(payment.id),
+            status: webhook_charge::ReportedStatus::Succeeded,
+            amount,
+            currency: payment.currency.clone(),
+            decline_code: None,
+            last_sequence: 1,
+            last_event_id: format!("evt_{charge}"),
+            first_seen_at: at,
+            updated_at: at,
+        })
+    };
+    webhook_charge::Entity::insert(reported("ch_small", 1_000))
+        .exec(&app.db)
+        .await
+        .expect("a report");
+    let small = json!({"estado": "COMPLETADA", "motivo": "dashboard", "gatewayRef": "ch_small"});
+    let problem = disagreed(&app, &id, &small).await;
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "not this payment's charge"),
+        "{problem}"
+    );
+
+    webhook_charge::Entity::insert(reported("ch_full", payment.amount))
+        .exec(&app.db)
+        .await
+        .expect("a report");
+    let full = json!({"estado": "COMPLETADA", "motivo": "dashboard", "gatewayRef": "ch_full"});
+    let problem = disagreed(&app, &id, &full).await;
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "charged more than once"),
+        "{problem}"
+    );
+
+    let overruled = json!({"estado": "COMPLETADA", "motivo": "dashboard", "gatewayRef": "ch_full",
+                           "contraProveedor": "ch_small refunded in the dashboard, re_9"});
+    let done = resolved(&app, &id, &overruled).await;
+    assert_eq!(done["pago"]["gatewayRef"], "ch_full", "{done}");
 }
 
 /// Money went back outside pagos (a bank transfer), the provider still shows the charge
