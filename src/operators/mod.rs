@@ -99,6 +99,19 @@ impl OperatorName {
     /// Existing operators keep theirs (they can still be revoked by it).
     pub fn parse_new(raw: &str) -> Result<OperatorName, String> {
         let name = OperatorName::parse(raw)?;
+        // Letters of other alphabets that look like Latin ones (Cyrillic `а` in `аdmin`),
+        // or a dotless `ı`, would let a name pass, in the audit trail and the console, for
+        // a reserved one or another operator's. Latin-1's accented letters (José, João,
+        // Núñez) stay: each shows its accent.
+        if !name
+            .0
+            .chars()
+            .all(|c| c.is_ascii() || ('\u{c0}'..='\u{ff}').contains(&c))
+        {
+            return Err(
+                "a new operator's name holds only letters of the Latin alphabet (accented ones included: á, ñ, ç…), digits, '.', '_', '-' and '@': a letter of another alphabet can look like another name's".to_owned(),
+            );
+        }
         if let Some(reserved) = RESERVED_NAMES
             .iter()
             .find(|r| name.0.eq_ignore_ascii_case(r))
@@ -168,5 +181,20 @@ mod tests {
             "an existing one is named"
         );
         assert!(OperatorName::parse_new("merchant.ops").is_ok());
+    }
+
+    #[test]
+    fn a_new_operator_name_cannot_pass_for_another_with_letters_of_another_alphabet() {
+        for look_alike in ["\u{430}dmin", "\u{391}na", "adm\u{131}n", "p\u{430}gos"] {
+            let refused = OperatorName::parse_new(look_alike).expect_err(look_alike);
+            assert!(refused.contains("another alphabet"), "{refused}");
+            assert!(
+                OperatorName::parse(look_alike).is_ok(),
+                "one already added is still named"
+            );
+        }
+        for name in ["José", "João.núñez", "françois"] {
+            assert!(OperatorName::parse_new(name).is_ok(), "{name}");
+        }
     }
 }
