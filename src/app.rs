@@ -290,6 +290,7 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         stale_after: settings.stale_after,
         send_hold: settings.send_hold(),
         send_lasts: settings.send_lasts(),
+        key_window: settings.gateway_key_window,
     };
     let limits = Limits {
         key_window: settings.gateway_key_window,

@@ -38,6 +38,9 @@ pub struct SagaDeps {
     /// How long a send can take, every try and backoff included (`send_hold` without its
     /// margin): a send begins only with this much left on the hold its write wrote.
     pub send_lasts: Duration,
+    /// How long the gateway remembers a send's key (`PAGOS_GATEWAY_KEY_WINDOW`), counted
+    /// from the row's creation: a send begins only if it ends inside it.
+    pub key_window: Duration,
 }
 
 impl SagaDeps {
@@ -247,6 +250,24 @@ pub async fn send_reporting<R: Saga>(
         let written = hand_over(deps, &sent, None, LastError::Now(why)).await?;
         return Ok(Sending::Made(kept(deps, written, &sent).await?));
     }
+    // The reconciler chose to send inside the gateway's key window, but its write may
+    // have waited since: a send that could end past the window might reach a gateway that
+    // has forgotten the key, and charge a second time beside a first send it cannot see.
+    // Not sent: handed to the reconciler, which, past the window, gives it to on-call.
+    if let Some(age) = past_the_key_window(
+        crate::db::now() - sent.created_at(),
+        deps.send_lasts,
+        deps.key_window,
+    ) {
+        let why = format!(
+            "not sent: registered {} ago, a send now could end past the gateway's key window ({}); the reconciler decides",
+            humantime::format_duration(age),
+            humantime::format_duration(deps.key_window)
+        );
+        tracing::warn!(id = %sent.id(), "{why}");
+        let written = hand_over(deps, &sent, None, LastError::Now(why)).await?;
+        return Ok(Sending::Made(kept(deps, written, &sent).await?));
+    }
 
     let outcome = sent.call(deps, prepared, maybe_sent_before).await;
     failpoint::hit(after_gateway_response);
@@ -254,6 +275,17 @@ pub async fn send_reporting<R: Saga>(
     Ok(Sending::Made(
         record_outcome(deps, sent, outcome, actor).await?,
     ))
+}
+
+/// The row's age (whole seconds) when a send begun at that `age`, lasting up to
+/// `send_lasts`, could end past the gateway's `key_window`.
+fn past_the_key_window(
+    age: chrono::TimeDelta,
+    send_lasts: Duration,
+    key_window: Duration,
+) -> Option<Duration> {
+    let age = age.to_std().unwrap_or_default();
+    (age + send_lasts >= key_window).then(|| Duration::from_secs(age.as_secs()))
 }
 
 /// What is left of the hold `sent` was marked sent with, if less than a send may last
@@ -470,5 +502,45 @@ pub fn settlement(p: &payment::Model, charge: &Charge) -> Option<(Event, Changes
             ))
         }
         ChargeStatus::Pending => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::past_the_key_window;
+    use chrono::TimeDelta;
+    use std::time::Duration;
+
+    /// A send begins only if it ends inside the gateway's key window, whatever the
+    /// reconciler saw when it chose to send: its write may have waited since.
+    #[test]
+    fn a_send_that_could_end_past_the_key_window_is_not_begun() {
+        let hour = Duration::from_secs(3600);
+        let lasts = Duration::from_secs(52);
+        assert_eq!(
+            past_the_key_window(TimeDelta::seconds(3), lasts, hour),
+            None,
+            "a request's own send"
+        );
+        assert_eq!(
+            past_the_key_window(TimeDelta::seconds(3600 - 53), lasts, hour),
+            None,
+            "ends a second inside"
+        );
+        assert_eq!(
+            past_the_key_window(TimeDelta::seconds(3600 - 52), lasts, hour),
+            Some(Duration::from_secs(3548)),
+            "would end at the window's edge"
+        );
+        assert_eq!(
+            past_the_key_window(TimeDelta::minutes(62), lasts, hour),
+            Some(Duration::from_secs(62 * 60)),
+            "chosen at 58 min, its write waited 4"
+        );
+        assert_eq!(
+            past_the_key_window(TimeDelta::seconds(-5), lasts, hour),
+            None,
+            "a clock a little behind the row's"
+        );
     }
 }

@@ -15,6 +15,7 @@ on_both_databases!(
     a_look_up_answering_another_payments_charge_is_not_believed,
     no_charge_outside_the_key_window_goes_to_review_without_a_resend,
     never_sent_past_the_key_window_goes_to_review_without_a_send,
+    a_resend_whose_write_waited_past_the_key_window_is_not_sent,
     a_slow_requests_send_holds_its_payment_past_a_lease_shorter_than_the_call,
     admin_endpoints_refuse_a_missing_or_wrong_token,
     the_admin_list_shows_payments_in_a_state_oldest_first,
@@ -313,6 +314,91 @@ async fn never_sent_past_the_key_window_goes_to_review_without_a_send(backend: B
             .is_some_and(|r| r.contains("key window") && r.contains("restored")),
         "{reason}"
     );
+}
+
+/// The reconciler chooses to resend inside the gateway's key window, but the write that
+/// marks the payment sent waits (a lock held by another session, a busy pool) until the
+/// window has passed: a send then could reach a gateway that has forgotten the key, and
+/// charge a second time beside a first charge its search does not show yet. Before, the
+/// send went out all the same; now it is handed back unsent, and the next look gives it
+/// to on-call.
+async fn a_resend_whose_write_waited_past_the_key_window_is_not_sent(backend: Backend) {
+    use sea_orm::ConnectionTrait;
+    // A window of 4 s, which the start-up checks refuse: it stands for an hour's.
+    let app = Spawn::new(backend.clone())
+        .flags(&[
+            "--gateway-timeout",
+            "1s",
+            "--gateway-retries",
+            "0",
+            "--gateway-key-window",
+            "4s",
+        ])
+        .unvalidated()
+        .start()
+        .await;
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(wiremock::ResponseTemplate::new(503))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(app.gateway())
+        .await;
+    // The search shows nothing (its index behind), after a moment.
+    wiremock::Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(
+            wiremock::ResponseTemplate::new(200)
+                .set_body_json(json!({"data": []}))
+                .set_delay(Duration::from_millis(500)),
+        )
+        .with_priority(1)
+        .mount(app.gateway())
+        .await;
+    let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
+    let id = {
+        let answer = app.pay("k-late-write", &payment_body()).await;
+        assert_eq!(answer.status(), 202);
+        json(answer).await["id"].as_str().expect("id").to_owned()
+    };
+
+    // Once the reconciler has claimed the payment and is asking the provider, another
+    // session takes the payment's row and keeps it past the window.
+    let hold_the_row = async {
+        while crate::helpers::received(app.gateway(), "GET", |p| p == "/v1/charges")
+            .await
+            .is_empty()
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let holder = sea_orm::TransactionTrait::begin(&app.db)
+            .await
+            .expect("begin");
+        let id = match backend {
+            Backend::Sqlite => format!("'{id}'"),
+            Backend::Postgres(_) => format!("'{id}'::uuid"),
+        };
+        holder
+            .execute_unprepared(&format!(
+                "UPDATE payments SET attempts = attempts WHERE id = {id}"
+            ))
+            .await
+            .expect("the payment's row, held");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        holder.commit().await.expect("let go");
+    };
+    tokio::join!(app.reconcile(&id), hold_the_row);
+
+    assert_eq!(app.charges_seen().await.len(), 1, "the first try only");
+    assert_eq!(fake.charges_for(&id), 0);
+    let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
+    assert_eq!(detail["pago"]["estado"], "ENVIADA", "{detail}");
+    assert!(
+        crate::helpers::text_has(&detail["pago"]["ultimoError"], "mensaje", "key window"),
+        "{detail}"
+    );
+    report(1, "revisionManual")(&app.reconcile(&id).await);
+    assert_eq!(app.charges_seen().await.len(), 1, "never resent");
 }
 
 async fn a_slow_requests_send_holds_its_payment_past_a_lease_shorter_than_the_call(
