@@ -757,18 +757,28 @@ impl SagaRow for payment::Model {
         // Under review (REVISION_MANUAL): nobody works on it until on-call decides, so a
         // retry is answered its state (202), never 409 "still in flight" for what is left
         // of the first request's lease.
-        let release_lease = answer.is_none() && !PaymentState::IN_FLIGHT.contains(&moved.to);
-        let key = KeyWrite {
-            answer,
-            release_lease,
+        let lease = if answer.is_none() && !PaymentState::IN_FLIGHT.contains(&moved.to) {
+            Lease::Set(None)
+        } else if actor == Actor::Request
+            && moved.to == PaymentState::Enviada
+            && moved.next.claimed_until > self.claimed_until
+        {
+            // A request marks its send with a hold beyond its lease on the key (its write
+            // waited, or the lease is shorter than a send): the key is leased as long, so
+            // that a retry meanwhile is told 409 (the first request still in flight), not
+            // the payment's state as if nobody were sending it.
+            Lease::Set(moved.next.claimed_until)
+        } else {
+            Lease::Kept
         };
+        let key = KeyWrite { answer, lease };
         Ok(moved.plan(key, render.datos))
     }
 
     fn handed_over(next: Self) -> Plan {
         let key = KeyWrite {
             answer: None,
-            release_lease: true,
+            lease: Lease::Set(None),
         };
         Plan {
             next,
@@ -823,8 +833,16 @@ impl From<Changes> for Step {
 pub struct KeyWrite {
     /// The key's frozen answer, when the payment becomes final.
     answer: Option<FrozenAnswer>,
-    /// The request gives up its lease on the key without an answer (a hand-over).
-    release_lease: bool,
+    /// What becomes of the request's lease on the key.
+    lease: Lease,
+}
+
+/// A request's lease on its payment's key, as a decision leaves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lease {
+    Kept,
+    /// Given up (`None`: a hand-over, no answer frozen) or held until then.
+    Set(Option<DateTime<Utc>>),
 }
 
 /// A stored `medioPago` with only what identifies the method (`id`, Stripe's `cliente`,
@@ -865,8 +883,8 @@ async fn write_plan<C: ConnectionTrait>(
     if let Some(answer) = &plan.besides.answer {
         freeze_answer(tx, &plan.next, answer).await?;
     }
-    if plan.besides.release_lease {
-        release_lease(tx, current).await?;
+    if let Lease::Set(until) = plan.besides.lease {
+        set_lease(tx, current, until).await?;
     }
     if let Some(event) = &plan.event {
         outbox::record(tx, event).await?;
@@ -996,12 +1014,14 @@ pub async fn find_row<E: Claimable>(
     E::find().filter(E::ID.eq(id)).one(db).await
 }
 
-/// Ends a request's lease on the payment's key (no answer is frozen).
-pub async fn release_lease<C: ConnectionTrait>(tx: &C, p: &payment::Model) -> Result<(), DbErr> {
-    let update = keys::Entity::update_many().col_expr(
-        keys::Column::LeaseUntil,
-        Expr::value(Option::<DateTime<Utc>>::None),
-    );
+/// Ends a request's lease on the payment's key (`None`; no answer is frozen), or holds it
+/// until `until`.
+async fn set_lease<C: ConnectionTrait>(
+    tx: &C,
+    p: &payment::Model,
+    until: Option<DateTime<Utc>>,
+) -> Result<(), DbErr> {
+    let update = keys::Entity::update_many().col_expr(keys::Column::LeaseUntil, Expr::value(until));
     update_key_in_progress(tx, p, update).await
 }
 
@@ -1386,13 +1406,16 @@ LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."k
             ];
             (set, its_key(&mut v))
         });
-        let released = plan.besides.release_lease.then(|| its_key(&mut v));
+        let leased = match plan.besides.lease {
+            super::Lease::Kept => None,
+            super::Lease::Set(until) => Some((v.add(until), its_key(&mut v))),
+        };
         let told = plan.event.as_ref().map(|e| bind_row(&mut v, e));
         let shape = usize::from(audit.is_some())
             | usize::from(answer.is_some()) << 1
-            | usize::from(released.is_some()) << 2
+            | usize::from(leased.is_some()) << 2
             | usize::from(told.is_some()) << 3;
-        let sql = SQL[shape].get_or_init(|| write_plan_sql(moved, audit, answer, released, told));
+        let sql = SQL[shape].get_or_init(|| write_plan_sql(moved, audit, answer, leased, told));
         let row = crate::db::query_one_on_pool(db, v.statement(sql))
             .await?
             .ok_or_else(|| DbErr::Custom("the fenced write returned no row".into()))?;
@@ -1403,7 +1426,7 @@ LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."k
         moved: [Placeholder; 13],
         audit: Option<[Placeholder; 6]>,
         answer: Option<([Placeholder; 4], [Placeholder; 4])>,
-        released: Option<[Placeholder; 4]>,
+        leased: Option<(Placeholder, [Placeholder; 4])>,
         told: Option<(Placeholder, Placeholder)>,
     ) -> String {
         let [
@@ -1446,9 +1469,9 @@ LEFT JOIN "idempotency_keys" AS "k" ON "k"."merchant_id" = {merchant} AND "k"."k
                 its_key(key)
             );
         }
-        if let Some(key) = released {
+        if let Some((until, key)) = leased {
             sql += &format!(
-                ",\n\"released\" AS (\n  UPDATE \"idempotency_keys\" SET \"lease_until\" = NULL\n  {})",
+                ",\n\"leased\" AS (\n  UPDATE \"idempotency_keys\" SET \"lease_until\" = {until}\n  {})",
                 its_key(key)
             );
         }
@@ -1594,7 +1617,7 @@ mod tests {
                 std::array::from_fn(|i| p(i + 30)),
                 std::array::from_fn(|i| p(i + 40)),
             )),
-            Some(std::array::from_fn(|i| p(i + 50))),
+            Some((p(49), std::array::from_fn(|i| p(i + 50)))),
             Some((p(60), p(60 + all_columns::<event::Entity>().len() - 1))),
         );
 

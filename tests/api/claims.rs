@@ -460,3 +460,54 @@ async fn a_payment_whose_mark_sent_write_came_back_late_is_sent_by_the_reconcile
     assert_eq!(world.fake.total_charges(), 1, "one charge");
     drop(server);
 }
+
+crate::on_both_databases!(a_retry_while_a_late_marked_send_is_in_flight_is_told_409);
+
+/// A request whose mark-sent write came back late, with enough of its hold left to send:
+/// its hold outlasts its lease on the key. A retry after the key's lease and before the
+/// send's answer is told 409 (the first request still in flight), as the contract says;
+/// before, it was answered the payment's state, 202 `ENVIADA`, as if nobody were sending
+/// it. Then the first request's answer, and the retry replays it.
+async fn a_retry_while_a_late_marked_send_is_in_flight_is_told_409(backend: Backend) {
+    let world = crate::process::World::new(
+        backend,
+        crate::helpers::FakeGateway::charging("succeeded").with_delay(Duration::from_millis(4500)),
+    )
+    .await;
+    let uri = world.gateway.uri();
+    let args = serving_with_lease(&world.database.url, &uri, "5s", "6s", &[]);
+    let server = Serve::start(&args, &[("PAGOS_PAUSE_AT", "before_mark_sent:4000")]).await;
+    let pay = || {
+        reqwest::Client::new()
+            .post(format!("{}/v1/pagos", server.url))
+            .bearer_auth(crate::helpers::API_KEY)
+            .header("Idempotency-Key", "k-late-mark-retry")
+            .json(&crate::helpers::payment_body())
+            .send()
+    };
+    let started = Instant::now();
+    let first = tokio::spawn(pay());
+    // Past the key's lease (6 s from the registration), inside the send (4 s to 8.5 s).
+    tokio::time::sleep(Duration::from_secs(7).saturating_sub(started.elapsed())).await;
+    let retry = pay().await.expect("answered");
+    let status = retry.status();
+    let retry_after = retry.headers().get("retry-after").cloned();
+    let body: Value = retry.json().await.expect("JSON");
+    assert_eq!(status, 409, "{body}\n{}", server.logs());
+    assert_eq!(body["type"], "/problems/request-in-flight", "{body}");
+    assert!(retry_after.is_some(), "{body}");
+
+    let first = first.await.expect("task").expect("answered");
+    assert_eq!(first.status(), 201, "{}", server.logs());
+    let again = pay().await.expect("answered");
+    assert_eq!(again.status(), 201);
+    assert_eq!(
+        again
+            .headers()
+            .get("idempotent-replayed")
+            .and_then(|v| v.to_str().ok()),
+        Some("true")
+    );
+    assert_eq!(world.fake.total_charges(), 1, "one charge");
+    drop(server);
+}
