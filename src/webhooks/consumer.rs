@@ -628,6 +628,9 @@ pub async fn purge_processed_messages(
     crate::db::delete_picked(db, "processed_messages", expired).await
 }
 
+/// The `last_event_id` of a report migration m29 gave back from a resolution's mark.
+const UNMARKED_BY_M29: &str = "resolution-unmarked";
+
 /// Deletes up to `batch` reports of charges (`webhook_charges`) no longer needed, the
 /// oldest first; returns how many (the reaper calls it until it deletes fewer). A report
 /// goes when its last event was applied before `older_than` and:
@@ -644,7 +647,10 @@ pub async fn purge_processed_messages(
 ///   (`orphan_charges`) whatever its age: it may be money taken with no payment of ours.
 ///
 /// A report is also what stops a late event about its charge (a lower sequence); the
-/// reaper keeps it at least as long as event ids (`PAGOS_MESSAGE_RETENTION`).
+/// reaper keeps it at least as long as event ids (`PAGOS_MESSAGE_RETENTION`). One that
+/// migration m29 gave back (`UNMARKED_BY_M29`) stays until its charge's next event: it is
+/// on on-call's list to check by hand (runbooks/refunds.md), and its dates are an old
+/// resolution's, long past the retention.
 pub async fn purge_charge_reports(
     db: &DatabaseConnection,
     older_than: chrono::DateTime<chrono::Utc>,
@@ -678,7 +684,8 @@ pub async fn purge_charge_reports(
             Condition::all()
                 .add(Expr::exists(settled_payment))
                 .add(Expr::exists(unsettled_refund).not())
-                .add(known_charge.not()),
+                .add(known_charge.not())
+                .add(charges::Column::LastEventId.ne(UNMARKED_BY_M29)),
         )
         .add(
             Condition::all()
