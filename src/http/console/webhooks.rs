@@ -216,10 +216,15 @@ pub(super) async fn reactivate(
         None => "no such endpoint any more: nothing done".to_owned(),
     };
     match audited(&state, &console.admin(), asked, work, done).await {
-        Ok(_) => {
+        Ok(Some(_)) => {
             tracing::info!(operator = %console.session.name, endpoint = %id, redeliver_since = ?since, "webhook endpoint reactivated from the console");
             Redirect::to("/consola/webhooks?hecho=reactivado").into_response()
         }
+        // Deleted by its merchant since the page was read: nothing was reactivated.
+        Ok(None) => refused(
+            Some(&console),
+            "No such endpoint any more: its merchant deleted it. Nothing was done.",
+        ),
         Err(err) => error_page(&console, err),
     }
 }
