@@ -41,12 +41,24 @@ fn escalated<S: Reconciled>(
     horizons: Horizons,
     lookup: Option<Result<Vec<S::Held>, GatewayError>>,
 ) -> String {
+    escalated_named(state, age, horizons, lookup, None)
+}
+
+/// The same, for something the provider named `named` before.
+fn escalated_named<S: Reconciled>(
+    state: S,
+    age: TimeDelta,
+    horizons: Horizons,
+    lookup: Option<Result<Vec<S::Held>, GatewayError>>,
+    named: Option<&str>,
+) -> String {
     let now = Utc::now();
     let facts = Facts {
         state,
         created_at: now - age,
         now,
         lookup: lookup.as_ref(),
+        named,
     };
     match decide(&facts, &horizons) {
         Decision::Escalate(why) => why,
@@ -148,6 +160,18 @@ fn reasons<S: Reconciled>(
                 Some(Ok(vec![held(ids[0].0, false), held(ids[1].0, false)])),
             ),
             &[ids[0], ids[1], (" 2 ", " N ")],
+        ),
+        // Named by the provider before, its search showing nothing, past the give-up
+        // horizon.
+        templated(
+            &escalated_named(
+                sent,
+                age,
+                horizons(48, 24),
+                Some(Ok(vec![])),
+                Some(ids[0].0),
+            ),
+            &[AGE, ids[0]],
         ),
         // Still pending, past the give-up horizon.
         templated(
@@ -293,6 +317,7 @@ fn rescheduled(err: GatewayError) -> String {
         created_at: now - TimeDelta::minutes(20),
         now,
         lookup: lookup.as_ref(),
+        named: None,
     };
     match decide(&facts, &horizons(24, 24)) {
         Decision::Reschedule(why) => why,

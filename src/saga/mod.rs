@@ -195,7 +195,7 @@ pub async fn apply_now<R: Saga>(
 /// else left it, if they moved it first (fencing).
 pub async fn send<R: Saga>(deps: &SagaDeps, current: R, actor: Actor) -> Result<R, R::Error> {
     Ok(match send_reporting(deps, current, actor).await? {
-        Sending::Made(after) | Sending::Fenced(after) => after,
+        Sending::Made(after) | Sending::NotSent(after) | Sending::Fenced(after) => after,
     })
 }
 
@@ -203,6 +203,9 @@ pub async fn send<R: Saga>(deps: &SagaDeps, current: R, actor: Actor) -> Result<
 /// they moved it before it was marked sent (nothing was sent).
 pub enum Sending<R> {
     Made(R),
+    /// Marked sent, but handed back to the reconciler without a call (its hold, or the
+    /// gateway's key window, too short for a send).
+    NotSent(R),
     Fenced(R),
 }
 
@@ -248,7 +251,7 @@ pub async fn send_reporting<R: Saga>(
         );
         tracing::warn!(id = %sent.id(), "{why}");
         let written = hand_over(deps, &sent, None, LastError::Now(why)).await?;
-        return Ok(Sending::Made(kept(deps, written, &sent).await?));
+        return Ok(Sending::NotSent(kept(deps, written, &sent).await?));
     }
     // The reconciler chose to send inside the gateway's key window, but its write may
     // have waited since: a send that could end past the window might reach a gateway that
@@ -266,7 +269,7 @@ pub async fn send_reporting<R: Saga>(
         );
         tracing::warn!(id = %sent.id(), "{why}");
         let written = hand_over(deps, &sent, None, LastError::Now(why)).await?;
-        return Ok(Sending::Made(kept(deps, written, &sent).await?));
+        return Ok(Sending::NotSent(kept(deps, written, &sent).await?));
     }
 
     let outcome = sent.call(deps, prepared, maybe_sent_before).await;

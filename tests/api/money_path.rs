@@ -23,7 +23,7 @@ on_both_databases!(
     card_token_and_payer_data_are_erased_once_the_payment_is_final,
     a_charge_the_gateway_reports_in_lower_case_currency_is_the_payments_own,
     a_charge_that_is_not_the_payments_own_never_settles_it_declined_or_not,
-    a_resend_answered_pending_with_another_charge_goes_to_review_keeping_the_first,
+    a_pending_charge_its_search_does_not_show_is_never_resent_and_goes_to_review_keeping_it,
     a_look_up_finding_a_pending_charge_that_is_not_the_payments_own_goes_to_review,
     a_reference_gateways_decline_code_charged_back_is_a_decline_like_any_other,
     a_settlement_the_database_refuses_is_503_then_409_then_the_charges_own_answer,
@@ -569,30 +569,31 @@ async fn a_charge_that_is_not_the_payments_own_never_settles_it_declined_or_not(
 }
 
 /// The send is answered pending, `ch_first`; the look-up finds nothing (a provider's
-/// search behind it), so the reconciler resends with the same key, and a gateway that no
-/// longer honours the key answers pending with another charge, `ch_second`. Before, that
-/// answer took the payment's `gatewayRef` (the first charge forgotten on the row) and the
-/// second charge would settle the payment as its own; a pending answer of another amount
-/// was recorded as the payment's too. Now either is a second charge for on-call, the first
-/// charge kept.
-async fn a_resend_answered_pending_with_another_charge_goes_to_review_keeping_the_first(
+/// search behind it). Before, the reconciler resent with the same key, and a gateway that
+/// no longer honoured the key made a second charge, `ch_second`. Now a charge the provider
+/// named is never sent again: the payment waits for the search, and past
+/// `PAGOS_GIVE_UP_AFTER` goes to on-call with the first charge kept, one send in all.
+async fn a_pending_charge_its_search_does_not_show_is_never_resent_and_goes_to_review_keeping_it(
     backend: Backend,
 ) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let app = Spawn::new(backend)
-        .flags(&["--gateway-retries", "0"])
+        .flags(&[
+            "--gateway-retries",
+            "0",
+            "--give-up-after",
+            "2s",
+            "--stale-after",
+            "1s",
+        ])
         .start()
         .await;
+    // A gateway that has forgotten the key: each send is a new charge.
     let sends = std::sync::Arc::new(AtomicUsize::new(0));
     charges_answered(&app, move |body: &Value| {
-        let (id, amount) = match sends.fetch_add(1, Ordering::SeqCst) {
-            0 => ("ch_first", body["amount"].clone()),
-            1 => ("ch_second", body["amount"].clone()),
-            2 => ("ch_third", body["amount"].clone()),
-            _ => ("ch_third", Value::from(990_000)),
-        };
+        let id = ["ch_first", "ch_second"][sends.fetch_add(1, Ordering::SeqCst).min(1)];
         wiremock::ResponseTemplate::new(201).set_body_json(serde_json::json!({
-                "id": id, "status": "pending", "amount": amount, "currency": "COP",
+                "id": id, "status": "pending", "amount": body["amount"], "currency": "COP",
                 "reference": body["reference"], "declineCode": null}))
     })
     .await;
@@ -606,13 +607,17 @@ async fn a_resend_answered_pending_with_another_charge_goes_to_review_keeping_th
     )
     .await;
 
-    // Another charge id.
     let (status, pago) = app.pay_read("k-second-pending", &payment_body()).await;
     assert_eq!(status, 202, "{pago}");
     assert_eq!(pago["gatewayRef"], "ch_first", "{pago}");
     let id = pago["id"].as_str().expect("id").to_owned();
     let report = app.reconcile(&id).await;
-    assert_eq!(report["revisionManual"], 1, "a second charge: {report}");
+    assert_eq!(report["pendientes"], 1, "waited on: {report}");
+    assert_eq!(app.charges_seen().await.len(), 1, "not sent again");
+
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    let report = app.reconcile(&id).await;
+    assert_eq!(report["revisionManual"], 1, "past the horizon: {report}");
     let stored = app.payment(&id).await;
     assert_eq!(stored.state, "REVISION_MANUAL");
     assert_eq!(
@@ -620,17 +625,16 @@ async fn a_resend_answered_pending_with_another_charge_goes_to_review_keeping_th
         Some("ch_first"),
         "the first charge kept"
     );
-
-    // Another amount, on the request's own send (ch_third, then the same key's earlier
-    // request answered: a charge for 990000).
-    let (status, pago) = app.pay_read("k-other-amount", &payment_body()).await;
-    assert_eq!(status, 202, "{pago}");
-    let id = pago["id"].as_str().expect("id").to_owned();
-    let report = app.reconcile(&id).await;
-    assert_eq!(report["revisionManual"], 1, "another amount: {report}");
-    let stored = app.payment(&id).await;
-    assert_eq!(stored.state, "REVISION_MANUAL");
-    assert_eq!(stored.gateway_ref.as_deref(), Some("ch_third"));
+    assert_eq!(app.charges_seen().await.len(), 1, "one send in all");
+    let detail = json(app.admin_get(&format!("/admin/pagos/{id}")).await).await;
+    assert!(
+        crate::helpers::text_has(
+            &crate::helpers::last_transition(&detail),
+            "motivo",
+            "the provider named charge ch_first"
+        ),
+        "{detail}"
+    );
 }
 
 /// The reconciler's look-up finds one charge, still pending, that is not the payment's

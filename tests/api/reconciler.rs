@@ -16,6 +16,7 @@ on_both_databases!(
     no_charge_outside_the_key_window_goes_to_review_without_a_resend,
     never_sent_past_the_key_window_goes_to_review_without_a_send,
     a_resend_whose_write_waited_past_the_key_window_is_not_sent,
+    a_charge_the_provider_named_is_not_resent_while_its_search_does_not_show_it,
     a_slow_requests_send_holds_its_payment_past_a_lease_shorter_than_the_call,
     admin_endpoints_refuse_a_missing_or_wrong_token,
     the_admin_list_shows_payments_in_a_state_oldest_first,
@@ -316,6 +317,33 @@ async fn never_sent_past_the_key_window_goes_to_review_without_a_send(backend: B
     );
 }
 
+/// The provider answered the send with a pending charge (its id recorded), and its search
+/// does not show that charge yet (its index behind). Before, the reconciler read "no
+/// charge" and sent the payment again with its key: a provider that had forgotten the key
+/// (Mercado Pago's memory of keys is undocumented) would make a second charge. Now it waits
+/// for the search, and nothing is sent.
+async fn a_charge_the_provider_named_is_not_resent_while_its_search_does_not_show_it(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend).start().await;
+    let fake = app.with_fake(FakeGateway::charging("pending")).await;
+    let id = pending_payment(&app, "k-named").await;
+    let named = app.payment(&id).await.gateway_ref.expect("the charge's id");
+    wiremock::Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/charges"))
+        .respond_with(wiremock::ResponseTemplate::new(200).set_body_json(json!({"data": []})))
+        .with_priority(1)
+        .mount(app.gateway())
+        .await;
+
+    report(1, "pendientes")(&app.reconcile(&id).await);
+    assert_eq!(app.charges_seen().await.len(), 1, "never sent again");
+    assert_eq!(fake.charges_for(&id), 1);
+    let pago = app.payment(&id).await;
+    assert_eq!(pago.state, "ENVIADA");
+    assert_eq!(pago.gateway_ref.as_deref(), Some(named.as_str()));
+}
+
 /// The reconciler chooses to resend inside the gateway's key window, but the write that
 /// marks the payment sent waits (a lock held by another session, a busy pool) until the
 /// window has passed: a send then could reach a gateway that has forgotten the key, and
@@ -387,7 +415,8 @@ async fn a_resend_whose_write_waited_past_the_key_window_is_not_sent(backend: Ba
         tokio::time::sleep(Duration::from_secs(5)).await;
         holder.commit().await.expect("let go");
     };
-    tokio::join!(app.reconcile(&id), hold_the_row);
+    let (first, ()) = tokio::join!(app.reconcile(&id), hold_the_row);
+    report(1, "pendientes")(&first);
 
     assert_eq!(app.charges_seen().await.len(), 1, "the first try only");
     assert_eq!(fake.charges_for(&id), 0);

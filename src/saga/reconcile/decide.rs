@@ -17,6 +17,9 @@ pub struct Facts<'a, S: Reconciled = PaymentState> {
     pub now: DateTime<Utc>,
     /// The provider's answer to "what happened to this reference?" (None: not asked).
     pub lookup: Option<&'a Result<Vec<S::Held>, GatewayError>>,
+    /// The provider's id for it that an answer gave before (a pending answer, a send
+    /// handed over): the provider made it, whatever its search shows now.
+    pub named: Option<&'a str>,
 }
 
 /// What a pass did with one payment or refund: one bucket of its report (and, for a
@@ -240,7 +243,7 @@ pub fn decide<S: Reconciled>(facts: &Facts<'_, S>, horizons: &Horizons) -> Decis
                 human(age)
             )),
             Some(Err(err)) => Decision::Reschedule(format!("provider lookup failed: {err}")),
-            Some(Ok(found)) => decide_on_found(found, age, horizons, words),
+            Some(Ok(found)) => decide_on_found(found, age, horizons, words, facts.named),
         },
         Stage::Left => Decision::Skip,
     }
@@ -251,6 +254,7 @@ fn decide_on_found<T: Held>(
     age: TimeDelta,
     horizons: &Horizons,
     words: Words,
+    named: Option<&str>,
 ) -> Decision<T> {
     let held = words.held;
     // Declines beside a charge that took, or may take, the money (a first try's charge
@@ -277,6 +281,22 @@ fn decide_on_found<T: Held>(
         ));
     }
     let Some(one) = found.first() else {
+        // The provider named it before: it was made, and a search that does not show it
+        // is behind (a search index). A resend would be answered from the key's memory,
+        // or, by a provider that forgot the key, made a second time: never sent again.
+        if let Some(named) = named {
+            return if age > horizons.give_up_after {
+                Decision::Escalate(format!(
+                    "the provider named {held} {named} for this {} before, and its search still does not show it after {}: on-call decides",
+                    words.reconciled,
+                    human(age)
+                ))
+            } else {
+                Decision::Reschedule(format!(
+                    "the provider named {held} {named} before, and its search does not show it yet: not sent again"
+                ))
+            };
+        }
         return if age > horizons.give_up_after {
             // Resending with the same key could go on until the key window ends (days, for
             // a gateway that keeps keys that long): unresolved this long is on-call's.
@@ -340,6 +360,7 @@ pub(crate) fn decide_at<S: Reconciled>(
             created_at: now - age,
             now,
             lookup: lookup.as_ref(),
+            named: None,
         },
         &Horizons {
             key_window: TimeDelta::hours(24),
@@ -394,6 +415,7 @@ mod tests {
                     created_at: now - age,
                     now,
                     lookup: None,
+                    named: None,
                 },
                 &horizons,
             )
@@ -441,6 +463,39 @@ mod tests {
         );
     }
 
+    /// A charge the provider named before (its pending answer) that its search does not
+    /// show is a search behind, not a charge never made: a resend would be made a second
+    /// time by a provider that forgot the key. Waited on, then on-call.
+    #[test]
+    fn a_charge_the_provider_named_before_is_never_resent_when_its_search_shows_nothing() {
+        let now = Utc::now();
+        let none = Ok(vec![]);
+        let at = |age: TimeDelta| {
+            decide(
+                &Facts {
+                    state: PaymentState::Enviada,
+                    created_at: now - age,
+                    now,
+                    lookup: Some(&none),
+                    named: Some("ch_named"),
+                },
+                &Horizons {
+                    key_window: TimeDelta::hours(24),
+                    resend_margin: TimeDelta::minutes(1),
+                    give_up_after: TimeDelta::hours(24),
+                },
+            )
+        };
+        assert!(
+            matches!(at(TimeDelta::hours(2)), Decision::Reschedule(why) if why.contains("ch_named")),
+            "inside the key window: waited on, not sent"
+        );
+        assert!(
+            matches!(at(TimeDelta::hours(25)), Decision::Escalate(why) if why.contains("ch_named")),
+            "past the give-up horizon: on-call"
+        );
+    }
+
     #[test]
     fn no_charge_outside_the_key_window_is_never_resent() {
         let decided = decide_at(
@@ -481,6 +536,7 @@ mod tests {
                     created_at: now - age,
                     now,
                     lookup: Some(&none),
+                    named: None,
                 },
                 &horizons,
             )

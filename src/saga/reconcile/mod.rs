@@ -253,6 +253,10 @@ impl Reconcilable for payment::Model {
         deps.gateway.lookup(self.id)
     }
 
+    fn named(&self) -> Option<&str> {
+        self.gateway_ref.as_deref()
+    }
+
     fn settlement(&self, charge: &Charge) -> Option<(Event, Changes, String)> {
         saga::settlement(self, charge)
     }

@@ -37,6 +37,9 @@ pub trait Reconcilable: Saga<State: Reconciled + Into<Handled>> + Rewritten {
         deps: &SagaDeps,
     ) -> impl Future<Output = Result<Vec<HeldBy<Self>>, GatewayError>> + Send;
 
+    /// Its id at the provider, from an answer before (a pending one), if any.
+    fn named(&self) -> Option<&str>;
+
     /// What a final answer of the provider's means for it; None: not final yet.
     fn settlement(&self, held: &HeldBy<Self>) -> Option<(Self::Event, Self::Changes, String)>;
 
@@ -281,6 +284,7 @@ async fn decide_and_apply<R: Reconcilable>(
         created_at: claimed.created_at(),
         now: crate::db::now(),
         lookup: lookup.as_ref(),
+        named: claimed.named(),
     };
     let decision = not_its_own_pending(decide(&facts, horizons), lookup.as_ref(), &claimed);
     claimed.log_decision(&decision);
@@ -300,6 +304,8 @@ async fn decide_and_apply<R: Reconcilable>(
         Decision::Send => Ok(
             match saga::send_reporting(deps, claimed, Actor::Reconciler).await? {
                 saga::Sending::Made(after) => after.state().into(),
+                // Handed back unsent: looked at again, not resent.
+                saga::Sending::NotSent(_) => Handled::Rescheduled,
                 // Someone else moved it first (a webhook, a request's retry): nothing was
                 // sent, and what it came to is theirs.
                 saga::Sending::Fenced(_) => Handled::Skipped,

@@ -143,6 +143,10 @@ impl Reconcilable for refund::Model {
         deps.gateway.lookup_refunds(&lookup_of(self)).await
     }
 
+    fn named(&self) -> Option<&str> {
+        self.gateway_ref.as_deref()
+    }
+
     fn settlement(&self, found: &Refund) -> Option<(Event, Changes, String)> {
         steps::settlement(self, found)
     }
