@@ -36,14 +36,21 @@ pub fn overrule(asked: Option<&str>) -> Result<Option<String>, FieldError> {
 }
 
 /// `gatewayRef` as on-call sent it: none, or the provider's id trimmed; the field at fault
-/// when it is blank or longer than 255 bytes.
+/// when, trimmed, it is blank or longer than the 255 characters pagos stores (as the
+/// provider's own ids are held, `gateway::storable`).
 pub fn gateway_ref(asked: Option<&str>) -> Result<Option<&str>, FieldError> {
-    match asked {
-        Some(r) if r.trim().is_empty() || r.len() > 255 || r.contains('\0') => Err(field_error(
-            "gatewayRef",
-            "must be 1–255 characters, without NUL (\\u0000)",
-        )),
-        asked => Ok(asked.map(str::trim)),
+    match asked.map(str::trim) {
+        Some(r)
+            if r.is_empty()
+                || r.chars().count() > crate::gateway::storable::MAX_GATEWAY_REF_LEN
+                || r.contains('\0') =>
+        {
+            Err(field_error(
+                "gatewayRef",
+                "must be 1–255 characters, without NUL (\\u0000)",
+            ))
+        }
+        asked => Ok(asked),
     }
 }
 
@@ -166,6 +173,19 @@ mod tests {
             Choice::NamedUnfit("x")
         );
         assert_eq!(choose(&[], Some("x"), None, true), Choice::Record("x"));
+    }
+
+    #[test]
+    fn a_gateway_ref_is_measured_in_characters_once_trimmed() {
+        use super::gateway_ref;
+        let accented = "é".repeat(255);
+        assert_eq!(gateway_ref(Some(&accented)), Ok(Some(accented.as_str())));
+        let padded = format!("  {}  ", "c".repeat(255));
+        assert_eq!(gateway_ref(Some(&padded)), Ok(Some(padded.trim())));
+        for bad in ["c".repeat(256), "   ".to_owned(), "ch\0x".to_owned()] {
+            assert!(gateway_ref(Some(&bad)).is_err(), "{bad:?}");
+        }
+        assert_eq!(gateway_ref(None), Ok(None));
     }
 
     #[test]
