@@ -205,15 +205,47 @@ async fn migrations_of(db: &DatabaseConnection) -> Result<Migrations, DbErr> {
 /// database already. On PostgreSQL under a session advisory lock, so that processes
 /// starting together migrate one after the other (the next finds nothing to do).
 pub async fn migrate(db: &DatabaseConnection) -> anyhow::Result<Migrated> {
-    let lock = match db.get_database_backend() {
-        DbBackend::Postgres => Some(MigrationLock::take(db).await?),
-        _ => None,
-    };
-    let migrated = migrate_holding_the_lock(db).await;
-    if let Some(lock) = lock {
-        lock.release().await;
+    if db.get_database_backend() != DbBackend::Postgres {
+        return migrate_holding_the_lock(db).await;
     }
+    let lock = MigrationLock::take(db).await?;
+    let migrated = match migration_connections(db).await {
+        Ok(migrating) => {
+            let migrated = migrate_holding_the_lock(&migrating).await;
+            let _ = migrating.close().await;
+            migrated
+        }
+        Err(err) => Err(anyhow::Error::new(err).context("connections for the migrations")),
+    };
+    lock.release().await;
     migrated
+}
+
+/// Connections of their own for the migrations (PostgreSQL), as the pool's but with no
+/// `statement_timeout`: a role's or database's limit (set for the payments' statements)
+/// would cut an index built `CONCURRENTLY` on a large table, outside any transaction
+/// where `SET LOCAL` could lift it, and the build, cut again at every start, would keep
+/// every new release from starting. Two: a migration's transaction and a statement beside
+/// it never wait for each other.
+async fn migration_connections(db: &DatabaseConnection) -> Result<DatabaseConnection, sqlx::Error> {
+    let options = db.get_postgres_connection_pool().connect_options();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(10))
+        .after_connect(|connection, _| {
+            Box::pin(async move {
+                session_defaults(connection).await?;
+                sea_orm::sqlx::Executor::execute(&mut *connection, "SET statement_timeout = 0")
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect_with((*options).clone())
+        .await?;
+    Ok(sea_orm::SqlxPostgresConnector::from_sqlx_postgres_pool(
+        pool,
+    ))
 }
 
 async fn migrate_holding_the_lock(db: &DatabaseConnection) -> anyhow::Result<Migrated> {

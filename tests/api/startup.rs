@@ -427,6 +427,65 @@ async fn an_invalid_index_left_by_an_interrupted_concurrent_build_is_built_again
     assert!(old, "the old index is dropped");
 }
 
+/// A role's or database's `statement_timeout` (set for the payments' statements) cut an
+/// index built `CONCURRENTLY` on a large table: outside a transaction, `SET LOCAL` could
+/// not lift it, and every start of the new release failed, cut again. The migrations now
+/// run on connections of their own without the limit; here m25's index over a million
+/// reports, under a database default of 100 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_statement_timeout_of_the_database_does_not_cut_an_index_built_concurrently() {
+    use sea_orm::ConnectionTrait;
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let (database, db) = crate::helpers::TestDatabase::with_acme(&backend).await;
+    let name = database
+        .url
+        .rsplit('/')
+        .next()
+        .and_then(|rest| rest.split('?').next())
+        .expect("a database name")
+        .to_owned();
+    for sql in [
+        r#"DELETE FROM "seaql_migrations" WHERE "version" = 'm20261211_000025_webhook_reports_by_age'"#.to_owned(),
+        r#"DROP INDEX "webhook_charges_updated_idx""#.to_owned(),
+        r#"INSERT INTO "webhook_charges" ("source", "charge_id", "reference", "status", "amount", "currency", "last_sequence", "last_event_id", "first_seen_at", "updated_at")
+             SELECT 'http', 'ch_' || n, 'ref_' || n, 'declined', 1000, 'COP', 1, 'evt_' || n, now(), now() - (n || ' seconds')::interval
+             FROM generate_series(1, 1000000) AS n"#.to_owned(),
+        format!(r#"ALTER DATABASE "{name}" SET statement_timeout = '100ms'"#),
+    ] {
+        db.execute_unprepared(&sql).await.expect(&sql);
+    }
+    let _ = db.close().await;
+
+    let db = database.migrated().await;
+    let valid = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            r#"SELECT "indisvalid" AS "valid" FROM "pg_index" WHERE "indexrelid" = to_regclass('webhook_charges_updated_idx')"#,
+        ))
+        .await
+        .expect("query")
+        .expect("the index exists")
+        .try_get::<bool>("", "valid")
+        .expect("valid");
+    assert!(valid, "built, valid");
+    let limit = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SHOW statement_timeout",
+        ))
+        .await
+        .expect("query")
+        .expect("a row")
+        .try_get::<String>("", "statement_timeout")
+        .expect("the setting");
+    assert_eq!(
+        limit, "100ms",
+        "the payments' statements keep the database's limit"
+    );
+}
+
 /// The webhook indexes built `CONCURRENTLY` (m19, m20, m25) are built again when a build was
 /// interrupted and left them INVALID (here: marked so in the catalog), not taken as done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
