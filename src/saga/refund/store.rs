@@ -544,6 +544,16 @@ impl SagaRow for refund::Model {
             // (202), never 409 "still in flight" for what is left of the first lease.
             moved.next.lease_until = None;
         }
+        // A request marks its send with a hold beyond its lease (its write waited, or the
+        // lease is shorter than a send): leased as long, so a retry meanwhile is told 409,
+        // the first request still in flight (as a payment's key: `payment::Model::plan`).
+        if matches!(actor, Actor::Request | Actor::Admin)
+            && moved.to == RefundState::Enviado
+            && self.lease_until.is_some()
+            && moved.next.claimed_until > self.lease_until
+        {
+            moved.next.lease_until = moved.next.claimed_until;
+        }
         // A compensation refund that fails; or any refund on-call resolves FALLIDO out of
         // review, which may have been COMPLETADO before (reported failed since): counted
         // as giving its charge back when the payment was answered FALLIDA
