@@ -511,3 +511,56 @@ async fn a_retry_while_a_late_marked_send_is_in_flight_is_told_409(backend: Back
     assert_eq!(world.fake.total_charges(), 1, "one charge");
     drop(server);
 }
+
+crate::on_both_databases!(a_retry_of_a_refund_while_its_late_marked_send_is_in_flight_is_told_409);
+
+/// The same for a refund: its request's mark-sent write came back late, the send goes on
+/// past the request's lease, and a retry meanwhile is told 409, not 202 `ENVIADO`.
+async fn a_retry_of_a_refund_while_its_late_marked_send_is_in_flight_is_told_409(backend: Backend) {
+    let fake = crate::refunds::FakeRefunds::default();
+    let world = crate::process::World::unmounted(backend, fake.clone()).await;
+    fake.mount(&world.gateway).await;
+    let uri = world.gateway.uri();
+    let args = serving_with_lease(&world.database.url, &uri, "5s", "6s", &[]);
+    let server = Serve::start(&args, &[("PAGOS_PAUSE_AT", "before_mark_sent:4000")]).await;
+    let client = reqwest::Client::new();
+    let paid = client
+        .post(format!("{}/v1/pagos", server.url))
+        .bearer_auth(crate::helpers::API_KEY)
+        .header("Idempotency-Key", "k-to-refund")
+        .json(&crate::helpers::payment_body())
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(paid.status(), 201, "{}", server.logs());
+    let payment: Value = paid.json().await.expect("JSON");
+    let refunds = format!(
+        "{}/v1/pagos/{}/reembolsos",
+        server.url,
+        payment["id"].as_str().expect("id")
+    );
+    fake.delay(Duration::from_millis(4500));
+    let refund = || {
+        client
+            .post(&refunds)
+            .bearer_auth(crate::helpers::API_KEY)
+            .header("Idempotency-Key", "r-late-mark-retry")
+            .json(&json!({"monto": 50000}))
+            .send()
+    };
+    let started = Instant::now();
+    let first = tokio::spawn(refund());
+    tokio::time::sleep(Duration::from_secs(7).saturating_sub(started.elapsed())).await;
+    let retry = refund().await.expect("answered");
+    let status = retry.status();
+    let body: Value = retry.json().await.expect("JSON");
+    assert_eq!(status, 409, "{body}\n{}", server.logs());
+    assert_eq!(body["type"], "/problems/request-in-flight", "{body}");
+
+    let first = first.await.expect("task").expect("answered");
+    assert_eq!(first.status(), 201, "{}", server.logs());
+    let again = refund().await.expect("answered");
+    assert_eq!(again.status(), 201);
+    assert_eq!(fake.made().len(), 1, "one refund");
+    drop(server);
+}
