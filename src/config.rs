@@ -31,7 +31,8 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
 fn gateway_url(s: &str) -> Result<url::Url, String> {
     let refused = |why: &str| {
         format!(
-            "{s:?} is not an http:// or https:// URL with a host ({why}); expected https://host[:port]"
+            "{:?} is not an http:// or https:// URL with a host ({why}); expected https://host[:port]",
+            shown_url(s)
         )
     };
     let url = url::Url::parse(s).map_err(|e| refused(&e.to_string()))?;
@@ -53,6 +54,27 @@ fn gateway_url(s: &str) -> Result<url::Url, String> {
         return Err(refused("it has a query or a fragment"));
     }
     Ok(url)
+}
+
+/// A URL as a refusal may print it, whether or not it parses: a user and password (before
+/// the last `@` of its authority) as `***`, its query and fragment as `?…`: a password or
+/// a token there must not reach the logs with the refusal.
+pub fn shown_url(raw: &str) -> String {
+    let (rest, cut) = match raw.find(['?', '#']) {
+        Some(at) => (&raw[..at], "?…"),
+        None => (raw, ""),
+    };
+    let (scheme, after) = match rest.find("://") {
+        Some(at) => (&rest[..at + 3], &rest[at + 3..]),
+        None => ("", rest),
+    };
+    let authority_end = after.find('/').unwrap_or(after.len());
+    let (authority, path) = after.split_at(authority_end);
+    let host = match authority.rfind('@') {
+        Some(at) => format!("***@{}", &authority[at + 1..]),
+        None => authority.to_owned(),
+    };
+    format!("{scheme}{host}{path}{cut}")
 }
 
 /// `PAGOS_MERCADOPAGO_MONEDA`: one of the currencies Mercado Pago charges in.
@@ -1059,6 +1081,13 @@ pub fn one_line_error_in(err: &clap::Error, args: impl IntoIterator<Item = Strin
     // subcommands when it parses, not in the command the factory builds.
     let env = flag_in(&first)
         .and_then(|flag| env_of_flag(command, &flag).or_else(|| env_of_flag(&root, &flag)));
+    // clap repeats the value it refused: a URL's password or token masked (`shown_url`).
+    if env.as_deref() == Some("PAGOS_GATEWAY_URL")
+        && let Some(clap::error::ContextValue::String(raw)) =
+            err.get(clap::error::ContextKind::InvalidValue)
+    {
+        first = first.replace(raw.as_str(), &shown_url(raw));
+    }
     match env {
         Some(env) => format!("pagos: invalid setting {env}: {first}"),
         None => format!("pagos: {first}"),
@@ -1351,6 +1380,29 @@ mod tests {
         let line = one_line_error_in(&err, ["serve".to_owned()]);
         assert!(line.contains("PAGOS_STALE_AFTER"), "{line}");
         assert!(line.contains("at most 1h"), "{line}");
+    }
+
+    #[test]
+    fn a_url_shown_in_a_refusal_hides_its_password_and_its_query() {
+        for (raw, shown) in [
+            (
+                "https://gw.example:8090/base",
+                "https://gw.example:8090/base",
+            ),
+            ("https://pagos:hunter2@gw.example", "https://***@gw.example"),
+            (
+                "https://pagos:p@ss@gw.example:99999/x",
+                "https://***@gw.example:99999/x",
+            ),
+            (
+                "https://gw.example/v1?access_token=hunter2",
+                "https://gw.example/v1?…",
+            ),
+            ("https://gw.example#hunter2", "https://gw.example?…"),
+            ("pagos:hunter2@gw example", "***@gw example"),
+        ] {
+            assert_eq!(shown_url(raw), shown, "{raw}");
+        }
     }
 
     #[test]

@@ -191,6 +191,11 @@ fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() 
         "https://pagos:hunter2@gw.example",
         "https://pagos:hunter2@gw.example/?tenant=1",
         "ftp://pagos:hunter2@gw.example",
+        // Not even a URL (a port out of range, a space in the host): refused by the
+        // parser, whose line clap prints with the value.
+        "https://pagos:hunter2@gw.example:99999",
+        "https://pagos:hunter2@gw example",
+        "https://gw.example/v1?access_token=hunter2",
     ] {
         let with_a_password = pagos(
             &["serve", "--database-url", &db, "--gateway", "http"],
@@ -199,7 +204,8 @@ fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() 
         assert_refused(&with_a_password, "PAGOS_GATEWAY_URL");
         assert!(
             !String::from_utf8_lossy(&with_a_password.stderr).contains("hunter2"),
-            "a password in the URL is not printed: {url}"
+            "a password or token in the URL is not printed: {url}: {}",
+            String::from_utf8_lossy(&with_a_password.stderr)
         );
     }
     assert_nothing_created(&dir);
