@@ -76,6 +76,17 @@ fn cases() -> Vec<Case> {
             key: Some("clavé".as_bytes().to_vec()),
             ..case("non-ASCII key", &good, 400, "idempotency-key-malformed")
         },
+        // The quoted form with a parameter: taken as a key of its own, it was another key
+        // than the same key resent without it ("k1"), another payment.
+        Case {
+            key: Some(br#""k1";a=1"#.to_vec()),
+            ..case(
+                "quoted key with a parameter",
+                &good,
+                400,
+                "idempotency-key-malformed",
+            )
+        },
         case("not JSON", "{\"creditoId\": ", 400, "malformed-json"),
         case("JSON array", "[1,2,3]", 422, "validation-failed"),
         case(

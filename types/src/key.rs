@@ -1,7 +1,10 @@
 //! The client's `Idempotency-Key`, parsed once at the edge.
 //!
 //! Holding an `IdempotencyKey` means it is valid: 1–255 visible ASCII characters. The
-//! quoted sf-string form of the IETF draft (`"abc"`) is the same key as `abc`.
+//! quoted sf-string form of the IETF draft (`"abc"`) is the same key as `abc`. A value that
+//! begins with `"` is that form or nothing: one with parameters (`"abc";a=1`) or broken
+//! quoting is refused, never taken as a key of its own, which a client resending it
+//! re-serialized (`"abc"`) would find to be another key, another payment.
 
 use std::fmt;
 
@@ -29,7 +32,7 @@ pub enum KeyError {
 impl IdempotencyKey {
     /// Parses the header's raw bytes.
     pub fn parse(raw: &[u8]) -> Result<Self, KeyError> {
-        if raw.len() >= 2 && raw[0] == b'"' && raw[raw.len() - 1] == b'"' {
+        if raw.first() == Some(&b'"') {
             // An sf-string item (RFC 9651), without parameters.
             let item: sfv::Item = sfv::Parser::new(raw)
                 .parse()
@@ -119,6 +122,28 @@ mod tests {
         assert_eq!(
             IdempotencyKey::parse(b"a\tb"),
             Err(KeyError::NotVisibleAscii)
+        );
+    }
+
+    #[test]
+    fn a_quoted_key_with_parameters_is_refused_whatever_it_ends_with() {
+        for raw in [
+            &br#""k1";a=1"#[..],
+            br#""k1";a="1""#,
+            br#""k1";a"#,
+            br#""k1"abc"#,
+            br#""k1"#,
+        ] {
+            assert_eq!(
+                IdempotencyKey::parse(raw),
+                Err(KeyError::BadQuoting),
+                "{}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+        assert!(
+            IdempotencyKey::parse(br#"k1";a=1"#).is_ok(),
+            "a quote inside"
         );
     }
 
