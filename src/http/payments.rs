@@ -325,6 +325,9 @@ async fn begin(
         state.settings.max_amount,
     );
     let parsed = match parsed {
+        // A body refused for its own faults (a member written twice) is answered so: no
+        // need of the account's currency, nor of a 503 while it is not known.
+        Ok(new_payment) if !refused.is_empty() => Ok(new_payment),
         Ok(new_payment) => match in_the_accounts_currency(state, &new_payment).await {
             Ok(None) => Ok(new_payment),
             Ok(Some(refused)) => Err(vec![refused]),

@@ -973,6 +973,28 @@ async fn a_payment_in_another_currency_than_the_accounts_is_refused_before_anyth
     assert_eq!(answer.status(), 503);
     assert!(answer.headers().contains_key("retry-after"));
     assert_eq!(unsaid.count_rows().await, (0, 0), "nothing stored");
+    // A body refused for its own faults is told so meanwhile, not to send it again.
+    let twice = card("monto written twice").to_string().replacen(
+        r#""monto":250000"#,
+        r#""monto":1000,"monto":250000"#,
+        1,
+    );
+    assert!(twice.contains(r#""monto":1000"#), "{twice}");
+    let answer = unsaid
+        .http
+        .post(unsaid.url("/v1/pagos"))
+        .bearer_auth(crate::helpers::API_KEY)
+        .header("Idempotency-Key", "k-unsaid-twice")
+        .header("Content-Type", "application/json")
+        .body(twice)
+        .send()
+        .await
+        .expect("answered");
+    let status = answer.status();
+    let problem: Value = answer.json().await.expect("JSON");
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(problem["errores"][0]["campo"], "monto", "{problem}");
+    assert_eq!(unsaid.count_rows().await, (0, 0), "nothing stored");
 }
 
 /// Mercado Pago's reads lag behind its notifications: a payment it notified a moment ago
