@@ -405,7 +405,7 @@ async fn in_the_accounts_currency(
     security(("api_key" = [])),
     params(
         ("Idempotency-Key" = String, Header,
-         description = "One key per payment intent (a UUID v4 is best), sent again on every retry. 1–255 visible ASCII characters; the quoted sf-string form is accepted.")
+         description = "One key per payment intent (a UUID v4 is best), sent again on every retry. 1–255 visible ASCII characters; the quoted sf-string form (without parameters) is the same key, and a value beginning with a quote that is not that form is refused (400).")
     ),
     request_body(content = PagoRequest, content_type = "application/json"),
     responses(
