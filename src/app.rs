@@ -737,6 +737,20 @@ async fn start(
             "PAGOS_ADMIN_TOKEN is shorter than 16 characters: it opens every admin endpoint; make it a long random value (openssl rand -hex 32)"
         );
     }
+    // What can be refused without the database is, before anything is written to it: an
+    // address that cannot be listened on found after the migrations and the gateway's pin
+    // would have upgraded the schema the running processes use, and pinned a database
+    // to settings that then never served. Bound now, nothing is accepted until `serve`.
+    let listener = tokio::net::TcpListener::bind(settings.bind)
+        .await
+        .map_err(|err| SettingError::cannot_listen("PAGOS_BIND", "bind", settings.bind, &err))?;
+    let admin = match settings.admin_bind {
+        Some(admin_bind) => Some(tokio::net::TcpListener::bind(admin_bind).await.map_err(
+            |err| SettingError::cannot_listen("PAGOS_ADMIN_BIND", "admin-bind", admin_bind, &err),
+        )?),
+        None => None,
+    };
+    let gateway = gateway_from(settings)?;
     let db = crate::db::connect(&settings.database).await?;
     crate::db::check_clock(&db).await?;
     refuse_another_gateway_before_migrating(&db, settings).await?;
@@ -748,7 +762,6 @@ async fn start(
     } else {
         revoke_demo_key(&db).await?;
     }
-    let gateway = gateway_from(settings)?;
     // Mercado Pago's account currency, asked now rather than at the first payment; a
     // refusal (a token that may not read the account) is on-call's to see at start.
     tokio::spawn({
@@ -759,16 +772,7 @@ async fn start(
             }
         }
     });
-    let listener = tokio::net::TcpListener::bind(settings.bind)
-        .await
-        .map_err(|err| SettingError::cannot_listen("PAGOS_BIND", "bind", settings.bind, &err))?;
     let addr = listener.local_addr()?;
-    let admin = match settings.admin_bind {
-        Some(admin_bind) => Some(tokio::net::TcpListener::bind(admin_bind).await.map_err(
-            |err| SettingError::cannot_listen("PAGOS_ADMIN_BIND", "admin-bind", admin_bind, &err),
-        )?),
-        None => None,
-    };
     match &admin {
         Some(admin) => {
             let admin_addr = admin.local_addr()?;
@@ -834,13 +838,15 @@ pub async fn reconcile_once(
     ran_by: RanBy,
 ) -> anyhow::Result<std::process::ExitCode> {
     use crate::operators::actions::{self, Action};
+    let gateway = gateway_from(&settings)?;
     let db = crate::db::open(&settings.database).await?;
     crate::db::check_clock(&db).await?;
     refuse_the_sandbox_with_live_keys(&db, &settings).await?;
-    pin_gateway(&db, &settings).await?;
+    // Who runs it is checked before the gateway's pin is written: a mistyped operator
+    // must not pin a first-used database to whatever PAGOS_GATEWAY the shell had.
     let operator = pass_operator(&db, ran_by).await?;
     let operator = operator.as_str();
-    let gateway = gateway_from(&settings)?;
+    pin_gateway(&db, &settings).await?;
     let state = build(db, settings, gateway);
     let row = actions::begin(&state.db, operator, Action::ReconcilePass, None, PASS_BY_CLI)
         .await

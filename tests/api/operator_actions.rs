@@ -350,6 +350,24 @@ async fn a_pass_run_by_pagos_reconcile_once_leaves_a_row_naming_its_operator_and
         assert!(stderr.contains("PAGOS_OPERATOR"), "{stderr}");
         assert!(output.stdout.is_empty());
     }
+
+    // On a database no process has pinned yet, a refused operator pins nothing: before,
+    // the gateway of the shell's settings was recorded first, and the next start with the
+    // intended one refused as "another gateway".
+    use sea_orm::{ColumnTrait, ConnectionTrait, PaginatorTrait, QueryFilter};
+    world
+        .db
+        .execute_unprepared("DELETE FROM instance_facts WHERE name LIKE 'gateway%'")
+        .await
+        .expect("unpinned");
+    let output = reconcile_by_hand(&world, &["--operador", "nobody"], &[]).await;
+    assert_eq!(output.status.code(), Some(2));
+    let pinned = pagos::entities::instance_fact::Entity::find()
+        .filter(pagos::entities::instance_fact::Column::Name.like("gateway%"))
+        .count(&world.db)
+        .await
+        .expect("count");
+    assert_eq!(pinned, 0, "nothing pinned");
 }
 
 /// Like the admin API's: a pass whose audit row cannot be written is not run. One line

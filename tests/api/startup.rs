@@ -777,6 +777,13 @@ fn an_address_that_cannot_be_listened_on_stops_serve_naming_it_with_exit_2() {
             &[&format!("cannot listen on {admin}")],
         );
     }
+    // Refused before the database is touched: before, the new release's migrations had
+    // run and the database was pinned to these settings by then. Here not even created.
+    assert!(
+        !dir.path().join("p.db").exists(),
+        "the database was not opened: {:?}",
+        std::fs::read_dir(dir.path()).map(|d| d.count())
+    );
     // The standalone sandbox gateway's own address too.
     setting_refused(
         &pagos(&["sandbox-gateway"], &[("PAGOS_SANDBOX_BIND", &taken)]),
