@@ -937,6 +937,28 @@ impl Settings {
                 ));
             }
         }
+        // Stripe's two secrets say what they are: swapped (a paste into the wrong
+        // variable), every call was refused 401, every payment answered 202 and, a day
+        // later, sent to on-call. Neither is printed.
+        if self.gateway == GatewayKind::Stripe
+            && let Some(key) = exposed(&self.gateway_secret).filter(|t| !t.is_empty())
+            && !(key.starts_with("sk_") || key.starts_with("rk_"))
+        {
+            return Err(SettingError {
+                env: "PAGOS_GATEWAY_SECRET",
+                flag: "gateway-secret",
+                message: "is not a Stripe secret key (sk_… or a restricted rk_…); a webhook signing secret, whsec_…, goes in PAGOS_STRIPE_WEBHOOK_SECRET".into(),
+            });
+        }
+        if let Some(signing) = exposed(&self.stripe_webhook_secret).filter(|t| !t.is_empty())
+            && !signing.starts_with("whsec_")
+        {
+            return Err(SettingError {
+                env: "PAGOS_STRIPE_WEBHOOK_SECRET",
+                flag: "stripe-webhook-secret",
+                message: "is not a Stripe webhook signing secret (whsec_…, the endpoint's in the Stripe Dashboard); the secret key, sk_…, goes in PAGOS_GATEWAY_SECRET".into(),
+            });
+        }
         Ok(())
     }
 
@@ -1330,7 +1352,7 @@ mod tests {
     /// before the reconciler could look at it twice, and those that leave room.
     #[test]
     fn the_reconcilers_horizons_must_leave_it_two_looks_before_on_call() {
-        let mp = ["--gateway", "mercadopago", "--gateway-secret", "s"];
+        let mp = ["--gateway", "mercadopago", "--gateway-secret", "sk_test_s"];
         let with = |extra: &[&str]| {
             let mut args = mp.to_vec();
             args.extend_from_slice(extra);
@@ -1411,7 +1433,7 @@ mod tests {
             ("stripe", "https://api.stripe.com/", 24 * 3600),
             ("mercadopago", "https://api.mercadopago.com/", 3600),
         ] {
-            let s = serve_settings(&["--gateway", kind, "--gateway-secret", "s"]);
+            let s = serve_settings(&["--gateway", kind, "--gateway-secret", "sk_test_s"]);
             assert_eq!(s.gateway.as_str(), kind);
             assert_eq!(s.gateway_url.as_ref().map(url::Url::as_str), Some(url));
             assert_eq!(s.gateway_key_window, Duration::from_secs(window), "{kind}");
@@ -1459,7 +1481,7 @@ mod tests {
             "--gateway",
             "stripe",
             "--gateway-secret",
-            "s",
+            "sk_test_s",
             "--key-retention",
             "12h",
         ]);
@@ -1485,7 +1507,7 @@ mod tests {
                 "--gateway",
                 kind,
                 "--gateway-secret",
-                "s",
+                "sk_test_s",
                 "--gateway-key-window",
                 window,
                 "--key-retention",
@@ -1628,7 +1650,7 @@ mod tests {
     fn a_gateway_url_or_secret_with_the_sandbox_is_refused_naming_pagos_gateway() {
         for flags in [
             &["--gateway-url", "https://gw.example"][..],
-            &["--gateway-secret", "s"][..],
+            &["--gateway-secret", "sk_test_s"][..],
             &[
                 "--gateway",
                 "sandbox",

@@ -38,7 +38,7 @@ type BadSetting<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() {
     let dir = tempfile::tempdir().expect("dir");
     let db = format!("sqlite://{}?mode=rwc", dir.path().join("x.db").display());
-    let table: [BadSetting; 31] = [
+    let table: [BadSetting; 33] = [
         (&["--gateway-timeout", "soon"], &[], "PAGOS_GATEWAY_TIMEOUT"),
         // A real gateway's URL or secret, PAGOS_GATEWAY forgotten: not the sandbox.
         (
@@ -83,6 +83,17 @@ fn a_bad_setting_stops_serve_and_reconcile_with_one_line_naming_it_and_exit_2() 
             &["--gateway", "http"],
             &[("PAGOS_GATEWAY_URL", "https://pagos:hunter2@gw.example")],
             "PAGOS_GATEWAY_URL",
+        ),
+        // Stripe's two secrets swapped: every call refused 401, every payment 202.
+        (
+            &["--gateway", "stripe"],
+            &[("PAGOS_GATEWAY_SECRET", "whsec_swapped")],
+            "PAGOS_GATEWAY_SECRET",
+        ),
+        (
+            &["--gateway", "stripe", "--gateway-secret", "sk_test_x"],
+            &[("PAGOS_STRIPE_WEBHOOK_SECRET", "sk_live_swapped")],
+            "PAGOS_STRIPE_WEBHOOK_SECRET",
         ),
         (&[], &[("PAGOS_LEASE", "300000y")], "PAGOS_LEASE"),
         (

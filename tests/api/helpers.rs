@@ -325,7 +325,7 @@ impl<'a> Spawn<'a> {
                 "--gateway-url",
                 uri,
                 "--gateway-secret",
-                "gw_secret",
+                gateway_secret(self.provider),
             ]);
         }
         flags.extend_from_slice(&self.flags);
@@ -1167,6 +1167,15 @@ pub fn left_payment(
 
 /// pagos speaking `provider`'s API (`stripe`, `mercadopago`) to the wiremock gateway, with
 /// `--<provider>-webhook-secret secret` and `flags`.
+/// The gateway secret the test apps start with: Stripe's must look like a secret key.
+pub fn gateway_secret(provider: &str) -> &'static str {
+    if provider == "stripe" {
+        "sk_test_gw_secret"
+    } else {
+        "gw_secret"
+    }
+}
+
 pub async fn provider_app(
     backend: Backend,
     provider: &str,

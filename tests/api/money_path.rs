@@ -164,7 +164,7 @@ async fn preload(
             "--gateway-url",
             &app.gateway().uri(),
             "--gateway-secret",
-            "gw_secret",
+            crate::helpers::gateway_secret(fake.provider.gateway()),
         ],
     );
     let gateway = pagos::app::gateway_from(&settings).expect("gateway");

@@ -40,7 +40,7 @@ impl Running {
             "--gateway-url",
             &gateway.url,
             "--gateway-secret",
-            "gw_secret",
+            crate::helpers::gateway_secret(gateway.provider.gateway()),
             "--gateway-timeout",
             "2s",
         ];

@@ -220,7 +220,7 @@ async fn the_request_pagos_sends_is_stripes_documented_shape(backend: Backend) {
     let request = &sent[0];
     assert_eq!(request.method.as_str(), "POST");
     assert_eq!(request.url.path(), "/v1/payment_intents");
-    assert_eq!(request.headers["authorization"], "Bearer gw_secret");
+    assert_eq!(request.headers["authorization"], "Bearer sk_test_gw_secret");
     assert_eq!(
         request.headers["content-type"],
         "application/x-www-form-urlencoded"
