@@ -1107,6 +1107,19 @@ async fn resolve_unrecorded(
             "The provider's webhooks reported charge {charge} failed ({code}) after its search showed it succeeded: refunded or charged back at the provider, or a failure its search does not show yet. COMPLETADA would tell the merchant money was taken that the provider says is not. Check the provider's dashboard: if the money is not taken, FALLIDA with contraProveedor saying so (a plain FALLIDA is refused while the search still shows the charge succeeded); if the charge stands (a dispute won), COMPLETADA with contraProveedor. Nothing was changed."
         )));
     }
+    // A second charge a webhook reported succeeded since the provider was asked (read as
+    // below): COMPLETADA would leave it with the customer, and nothing looks at a
+    // COMPLETADA payment again (`several_charged`).
+    if event == Event::ResolveCompleted && overrule.is_none() {
+        let now = with_reported_charges(&tx, current.id, provider.succeeded.clone()).await?;
+        if now.len() > 1 && now.len() > provider.succeeded.len() {
+            tx.rollback().await?;
+            let mut provider = provider;
+            provider.succeeded = now;
+            tracing::warn!(payment_id = %current.id, operator = %who.name, "COMPLETADA refused: a second charge was reported succeeded while it was written");
+            return Err(several_charged(&provider));
+        }
+    }
     // A charge a webhook reported succeeded since the provider was asked: its consumer
     // locks the payment before it writes the report and keeps a payment under review as
     // it is, so one that committed before this write (which waited for its lock, or on

@@ -23,6 +23,7 @@ on_both_databases!(
     completada_names_the_charge_when_neither_the_provider_nor_the_payment_does,
     what_on_call_writes_holding_a_nul_is_422_and_changes_nothing,
     a_charge_a_webhook_reports_succeeded_while_fallida_is_being_written_refuses_it,
+    a_second_charge_a_webhook_reports_while_completada_is_being_written_refuses_it,
     completada_is_refused_while_the_providers_webhooks_report_its_charge_failed_since,
     while_the_provider_cannot_be_asked_completada_still_weighs_what_its_webhooks_reported,
     after_a_resolution_that_refunds_on_calls_row_is_the_last_out_of_review_as_the_runbook_reads_it,
@@ -569,17 +570,56 @@ async fn what_on_call_writes_holding_a_nul_is_422_and_changes_nothing(backend: B
 async fn a_charge_a_webhook_reports_succeeded_while_fallida_is_being_written_refuses_it(
     backend: Backend,
 ) {
-    use pagos::entities::webhook_charge;
-    use sea_orm::{ConnectionTrait, EntityTrait, TransactionTrait};
-    let postgres = matches!(backend, Backend::Postgres(_));
-    let app = app(backend).await;
+    let app = app(backend.clone()).await;
     let (id, fake) = payment_under_review(&app, "k-res-race").await;
     fake.settle(&id, "declined");
-    let payment = app.payment(&id).await;
     let charge = "ch_reported_late";
+    let body = json!({"estado": "FALLIDA", "motivo": "declined at the provider"});
+    refused_while_a_report_commits(&app, &backend, &id, charge, &body).await;
 
+    // Asked again, the resolution sees the charge and says the way.
+    let again = disagreed(&app, &id, &body).await;
+    assert!(ids_in(&again).contains(&charge.to_owned()), "{again}");
+    assert!(
+        crate::helpers::text_has(&again, "detail", "reembolsar"),
+        "{again}"
+    );
+}
+
+/// The same for `COMPLETADA` on the payment's own charge: a second charge reported
+/// succeeded while the resolution is written would stay with the customer, nothing
+/// looking at a COMPLETADA payment again. Refused, both charges listed.
+async fn a_second_charge_a_webhook_reports_while_completada_is_being_written_refuses_it(
+    backend: Backend,
+) {
+    let app = app(backend.clone()).await;
+    let (id, fake) = payment_under_review(&app, "k-res-race-2").await;
+    fake.settle(&id, "succeeded");
+    let own = fake.charge_ids(&id).remove(0);
+    let body = json!({"estado": "COMPLETADA", "motivo": "paid", "gatewayRef": own});
+    let problem = refused_while_a_report_commits(&app, &backend, &id, "ch_second", &body).await;
+    assert!(ids_in(&problem).contains(&own), "{problem}");
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "charged more than once"),
+        "{problem}"
+    );
+}
+
+/// On-call's resolution `body` of `id` while a webhook's report of `charge` succeeded is
+/// being written (its transaction holding the payment, as the consumer's does) and commits
+/// 1.5 s later: refused (409 `provider-disagrees`, the charge listed), nothing changed.
+async fn refused_while_a_report_commits(
+    app: &TestApp,
+    backend: &Backend,
+    id: &str,
+    charge: &str,
+    body: &Value,
+) -> Value {
+    use pagos::entities::webhook_charge;
+    use sea_orm::{ConnectionTrait, EntityTrait, TransactionTrait};
+    let payment = app.payment(id).await;
     let webhook = app.db.begin().await.expect("begin");
-    if postgres {
+    if matches!(backend, Backend::Postgres(_)) {
         webhook
             .execute_unprepared(&format!(
                 "SELECT 1 FROM payments WHERE id = '{}' FOR UPDATE",
@@ -607,14 +647,13 @@ async fn a_charge_a_webhook_reports_succeeded_while_fallida_is_being_written_ref
     .await
     .expect("the report, not committed yet");
 
-    let body = json!({"estado": "FALLIDA", "motivo": "declined at the provider"});
-    let before = detail(&app, &id).await;
+    let before = detail(app, id).await;
     let resolving = {
         let request = app
             .http
             .post(app.url(&format!("/admin/pagos/{id}/resolucion")))
             .bearer_auth(ADMIN_TOKEN)
-            .json(&body);
+            .json(body);
         tokio::spawn(async move { request.send().await.expect("sent") })
     };
     tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
@@ -623,23 +662,16 @@ async fn a_charge_a_webhook_reports_succeeded_while_fallida_is_being_written_ref
         .await
         .expect("the webhook's transaction commits");
     let answer = resolving.await.expect("answered");
-    let problem = problem(answer, 409, "FALLIDA over a charge taken").await;
+    let problem = problem(answer, 409, &body.to_string()).await;
     assert_eq!(problem["type"], "/problems/provider-disagrees", "{problem}");
     assert!(ids_in(&problem).contains(&charge.to_owned()), "{problem}");
-    let after = detail(&app, &id).await;
+    let after = detail(app, id).await;
     assert_eq!(after["pago"]["estado"], "REVISION_MANUAL", "{after}");
     assert_eq!(
         after["transiciones"], before["transiciones"],
         "nothing changed"
     );
-
-    // Asked again, the resolution sees the charge and says the way.
-    let again = disagreed(&app, &id, &body).await;
-    assert!(ids_in(&again).contains(&charge.to_owned()), "{again}");
-    assert!(
-        crate::helpers::text_has(&again, "detail", "reembolsar"),
-        "{again}"
-    );
+    problem
 }
 
 /// The provider's search still shows the payment's charge succeeded, but its webhooks
