@@ -738,15 +738,17 @@ async fn start(
         );
     }
     // What can be refused without the database is, before anything is written to it: an
-    // address that cannot be listened on found after the migrations and the gateway's pin
-    // would have upgraded the schema the running processes use, and pinned a database
-    // to settings that then never served. Bound now, nothing is accepted until `serve`.
-    let listener = tokio::net::TcpListener::bind(settings.bind)
-        .await
-        .map_err(|err| SettingError::cannot_listen("PAGOS_BIND", "bind", settings.bind, &err))?;
-    let admin = match settings.admin_bind {
-        Some(admin_bind) => Some(tokio::net::TcpListener::bind(admin_bind).await.map_err(
-            |err| SettingError::cannot_listen("PAGOS_ADMIN_BIND", "admin-bind", admin_bind, &err),
+    // address that cannot be had found after the migrations and the gateway's pin would
+    // have upgraded the schema the running processes use, and pinned a database to
+    // settings that then never served. Bound now, listened on once the database is ready:
+    // until then a connection is refused, as before the process started, not left
+    // waiting in a backlog a balancer would take for a process that is up.
+    let main_address = Address::taken(settings.bind, "PAGOS_BIND", "bind")?;
+    let admin_address = match settings.admin_bind {
+        Some(admin_bind) => Some(Address::taken(
+            admin_bind,
+            "PAGOS_ADMIN_BIND",
+            "admin-bind",
         )?),
         None => None,
     };
@@ -772,6 +774,8 @@ async fn start(
             }
         }
     });
+    let listener = main_address.listened()?;
+    let admin = admin_address.map(Address::listened).transpose()?;
     let addr = listener.local_addr()?;
     match &admin {
         Some(admin) => {
@@ -781,6 +785,51 @@ async fn start(
         None => tracing::info!(%addr, gateway = ?settings.gateway, "pagos listening"),
     }
     Ok((db, gateway, listener, admin))
+}
+
+/// An address `serve` has bound and will listen on, with the setting that named it.
+struct Address {
+    socket: tokio::net::TcpSocket,
+    at: std::net::SocketAddr,
+    env: &'static str,
+    flag: &'static str,
+}
+
+impl Address {
+    /// `at` bound (as `TcpListener::bind` binds: the address reused after a restart), not
+    /// listened on yet; refused as the setting `env` when it cannot be had.
+    fn taken(
+        at: std::net::SocketAddr,
+        env: &'static str,
+        flag: &'static str,
+    ) -> Result<Address, SettingError> {
+        let bound = (|| {
+            let socket = if at.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()?
+            } else {
+                tokio::net::TcpSocket::new_v6()?
+            };
+            socket.set_reuseaddr(true)?;
+            socket.bind(at)?;
+            Ok::<_, std::io::Error>(socket)
+        })();
+        match bound {
+            Ok(socket) => Ok(Address {
+                socket,
+                at,
+                env,
+                flag,
+            }),
+            Err(err) => Err(SettingError::cannot_listen(env, flag, at, &err)),
+        }
+    }
+
+    /// Listening from now on.
+    fn listened(self) -> Result<tokio::net::TcpListener, SettingError> {
+        self.socket
+            .listen(1024)
+            .map_err(|err| SettingError::cannot_listen(self.env, self.flag, self.at, &err))
+    }
 }
 
 /// The sandbox's merchant `demo` on a database that has no merchant yet. Two processes
