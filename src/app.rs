@@ -770,7 +770,7 @@ async fn start(
         let gateway = gateway.clone();
         async move {
             if let Err(err) = gateway.account_currency().await {
-                tracing::error!(error = %err, "the gateway did not say which currency its account charges in: new payments are answered 503 until it does; set PAGOS_MERCADOPAGO_MONEDA to the account's currency not to ask");
+                tracing::error!(error = %err, "the gateway did not say which currency its account charges in: new payments are answered 503 until it does; set PAGOS_MERCADOPAGO_MONEDA to the account's currency to charge in it while Mercado Pago cannot say");
             }
         }
     });

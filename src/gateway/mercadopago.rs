@@ -55,6 +55,10 @@ pub struct MercadoPagoGateway {
 /// How long a failed ask of the account's currency answers for the requests after it.
 const FAILED_ASK_HOLDS: Duration = Duration::from_secs(1);
 
+/// How long after a failed ask (not a refusal of the token) the account's currency is
+/// asked again while `PAGOS_MERCADOPAGO_MONEDA` stands in for it.
+const CONFIGURED_ASKED_AGAIN: Duration = Duration::from_secs(60);
+
 /// The currency of a Mercado Pago site (`site_id`: the account's country).
 fn site_currency(site: &str) -> Option<&'static str> {
     Some(match site {
@@ -480,29 +484,87 @@ impl MercadoPagoGateway {
         self
     }
 
-    /// `GET /users/me`: the currency of the account's site.
-    async fn ask_currency(&self) -> Result<String, GatewayError> {
+    /// The currency to charge in when `PAGOS_MERCADOPAGO_MONEDA` says `configured`: what
+    /// Mercado Pago says, which wins (an ERROR when they differ); `configured` while it
+    /// cannot say. A token refused the read (401, 403) keeps `configured` for good; another
+    /// failure (a timeout, a 5xx) is asked again `CONFIGURED_ASKED_AGAIN` later, so that a
+    /// wrong setting is not kept for the process's life by one failed ask at start. Never
+    /// waits on an ask another request is making.
+    async fn configured_checked(&self, configured: &str) -> String {
+        let Ok(mut last_failure) = self.asking.try_lock() else {
+            return configured.to_owned();
+        };
+        if let Some(currency) = self.currency.get() {
+            return currency.clone();
+        }
+        if last_failure
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < CONFIGURED_ASKED_AGAIN)
+        {
+            return configured.to_owned();
+        }
+        match self.ask_currency().await {
+            Ok(currency) => {
+                if currency != configured {
+                    tracing::error!(
+                        "PAGOS_MERCADOPAGO_MONEDA says {configured}, but the Mercado Pago account charges in {currency} (GET /users/me): payments are taken in {currency} only, those in {configured} refused 422; correct the setting"
+                    );
+                }
+                let _ = self.currency.set(currency.clone());
+                currency
+            }
+            Err((err, refused)) => {
+                if refused {
+                    tracing::warn!(
+                        error = %err,
+                        "Mercado Pago does not let this token read its account: charging in PAGOS_MERCADOPAGO_MONEDA's {configured}, as set, without asking again"
+                    );
+                    let _ = self.currency.set(configured.to_owned());
+                } else {
+                    tracing::warn!(
+                        error = %err,
+                        "Mercado Pago did not say which currency its account charges in: charging in PAGOS_MERCADOPAGO_MONEDA's {configured} meanwhile; asked again in a minute"
+                    );
+                    *last_failure = Some((std::time::Instant::now(), err.to_string()));
+                }
+                configured.to_owned()
+            }
+        }
+    }
+
+    /// `GET /users/me`: the currency of the account's site. The error says whether
+    /// Mercado Pago refused the token this read (401, 403: it will not say, asked again).
+    async fn ask_currency(&self) -> Result<String, (GatewayError, bool)> {
         let resp = self
             .api
             .get("/users/me")
             .send()
             .await
-            .map_err(|e| transport(&e))?;
+            .map_err(|e| (transport(&e), false))?;
         let status = resp.status();
         if !status.is_success() {
-            return Err(GatewayError::Unknown(format!(
-                "Mercado Pago answered {status} when asked its account's currency (GET /users/me; set PAGOS_MERCADOPAGO_MONEDA not to ask): {}",
-                detail(resp).await
-            )));
+            let refused = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
+            return Err((
+                GatewayError::Unknown(format!(
+                    "Mercado Pago answered {status} when asked its account's currency (GET /users/me; PAGOS_MERCADOPAGO_MONEDA is used when it cannot say): {}",
+                    detail(resp).await
+                )),
+                refused,
+            ));
         }
-        let account: Account = read(resp, "Mercado Pago account (GET /users/me)").await?;
+        let account: Account = read(resp, "Mercado Pago account (GET /users/me)")
+            .await
+            .map_err(|e| (e, false))?;
         site_currency(&account.site_id)
             .map(str::to_owned)
             .ok_or_else(|| {
-                GatewayError::Unknown(format!(
-                    "the Mercado Pago account's site is {:?}, whose currency pagos does not charge in",
-                    account.site_id
-                ))
+                (
+                    GatewayError::Unknown(format!(
+                        "the Mercado Pago account's site is {:?}, whose currency pagos does not charge in",
+                        account.site_id
+                    )),
+                    true,
+                )
             })
     }
 
@@ -553,6 +615,9 @@ impl Gateway for MercadoPagoGateway {
         if let Some(currency) = self.currency.get() {
             return Ok(Some(currency.clone()));
         }
+        if let Some(configured) = &self.configured {
+            return Ok(Some(self.configured_checked(configured).await));
+        }
         let mut last_failure = self.asking.lock().await;
         if let Some(currency) = self.currency.get() {
             return Ok(Some(currency.clone()));
@@ -562,25 +627,12 @@ impl Gateway for MercadoPagoGateway {
         {
             return Err(GatewayError::Unknown(why.clone()));
         }
-        match (self.ask_currency().await, &self.configured) {
-            (Ok(currency), configured) => {
-                if let Some(configured) = configured.as_ref().filter(|c| **c != currency) {
-                    tracing::error!(
-                        "PAGOS_MERCADOPAGO_MONEDA says {configured}, but the Mercado Pago account charges in {currency} (GET /users/me): payments are taken in {currency} only, those in {configured} refused 422; correct the setting"
-                    );
-                }
+        match self.ask_currency().await {
+            Ok(currency) => {
                 let _ = self.currency.set(currency.clone());
                 Ok(Some(currency))
             }
-            (Err(err), Some(configured)) => {
-                tracing::warn!(
-                    error = %err,
-                    "Mercado Pago did not say which currency its account charges in: charging in PAGOS_MERCADOPAGO_MONEDA's {configured}, as set, without asking again"
-                );
-                let _ = self.currency.set(configured.clone());
-                Ok(Some(configured.clone()))
-            }
-            (Err(err), None) => {
+            Err((err, _)) => {
                 let why = match &err {
                     GatewayError::Unknown(why) => why.clone(),
                     other => other.to_string(),
