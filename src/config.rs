@@ -950,7 +950,8 @@ impl Settings {
                 message: "is not a Stripe secret key (sk_… or a restricted rk_…); a webhook signing secret, whsec_…, goes in PAGOS_STRIPE_WEBHOOK_SECRET".into(),
             });
         }
-        if let Some(signing) = exposed(&self.stripe_webhook_secret).filter(|t| !t.is_empty())
+        if self.gateway == GatewayKind::Stripe
+            && let Some(signing) = exposed(&self.stripe_webhook_secret).filter(|t| !t.is_empty())
             && !signing.starts_with("whsec_")
         {
             return Err(SettingError {
