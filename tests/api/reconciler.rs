@@ -227,21 +227,27 @@ async fn a_look_up_answering_another_payments_charge_is_not_believed(backend: Ba
     assert_ne!(pago["gatewayRef"], "ch_someone_else", "{pago}");
 }
 
-async fn no_charge_outside_the_key_window_goes_to_review_without_a_resend(backend: Backend) {
-    // A key window shorter than a look at the reconciler's pace, which the start-up checks
-    // refuse: here it stands for a window that has passed.
-    let app = Spawn::new(backend)
+/// An app whose gateway calls time out after `timeout`, without retries, with a key window
+/// of `window`, shorter than the start-up checks allow: it stands for a longer one.
+async fn with_a_key_window(backend: Backend, timeout: &str, window: &str) -> TestApp {
+    Spawn::new(backend)
         .flags(&[
             "--gateway-timeout",
-            "200ms",
+            timeout,
             "--gateway-retries",
             "0",
             "--gateway-key-window",
-            "1s",
+            window,
         ])
         .unvalidated()
         .start()
-        .await;
+        .await
+}
+
+async fn no_charge_outside_the_key_window_goes_to_review_without_a_resend(backend: Backend) {
+    // A key window shorter than a look at the reconciler's pace, which the start-up checks
+    // refuse: here it stands for a window that has passed.
+    let app = with_a_key_window(backend, "200ms", "1s").await;
     wiremock::Mock::given(wiremock::matchers::method("POST"))
         .and(wiremock::matchers::path("/v1/charges"))
         .respond_with(wiremock::ResponseTemplate::new(503))
@@ -353,18 +359,7 @@ async fn a_charge_the_provider_named_is_not_resent_while_its_search_does_not_sho
 async fn a_resend_whose_write_waited_past_the_key_window_is_not_sent(backend: Backend) {
     use sea_orm::ConnectionTrait;
     // A window of 4 s, which the start-up checks refuse: it stands for an hour's.
-    let app = Spawn::new(backend.clone())
-        .flags(&[
-            "--gateway-timeout",
-            "1s",
-            "--gateway-retries",
-            "0",
-            "--gateway-key-window",
-            "4s",
-        ])
-        .unvalidated()
-        .start()
-        .await;
+    let app = with_a_key_window(backend.clone(), "1s", "4s").await;
     wiremock::Mock::given(wiremock::matchers::method("POST"))
         .and(wiremock::matchers::path("/v1/charges"))
         .respond_with(wiremock::ResponseTemplate::new(503))

@@ -353,6 +353,17 @@ pub(crate) fn decide_at<S: Reconciled>(
     age: TimeDelta,
     lookup: Option<Result<Vec<S::Held>, GatewayError>>,
 ) -> Decision<S::Held> {
+    decide_named_at(state, age, lookup, None)
+}
+
+/// The same, for something the provider named `named` before.
+#[cfg(test)]
+pub(crate) fn decide_named_at<S: Reconciled>(
+    state: S,
+    age: TimeDelta,
+    lookup: Option<Result<Vec<S::Held>, GatewayError>>,
+    named: Option<&str>,
+) -> Decision<S::Held> {
     let now = Utc::now();
     decide(
         &Facts {
@@ -360,7 +371,7 @@ pub(crate) fn decide_at<S: Reconciled>(
             created_at: now - age,
             now,
             lookup: lookup.as_ref(),
-            named: None,
+            named,
         },
         &Horizons {
             key_window: TimeDelta::hours(24),
@@ -468,22 +479,12 @@ mod tests {
     /// time by a provider that forgot the key. Waited on, then on-call.
     #[test]
     fn a_charge_the_provider_named_before_is_never_resent_when_its_search_shows_nothing() {
-        let now = Utc::now();
-        let none = Ok(vec![]);
         let at = |age: TimeDelta| {
-            decide(
-                &Facts {
-                    state: PaymentState::Enviada,
-                    created_at: now - age,
-                    now,
-                    lookup: Some(&none),
-                    named: Some("ch_named"),
-                },
-                &Horizons {
-                    key_window: TimeDelta::hours(24),
-                    resend_margin: TimeDelta::minutes(1),
-                    give_up_after: TimeDelta::hours(24),
-                },
+            decide_named_at(
+                PaymentState::Enviada,
+                age,
+                Some(Ok(vec![])),
+                Some("ch_named"),
             )
         };
         assert!(
