@@ -140,6 +140,12 @@ async fn first_try_never_charged(backend: Backend) -> TestApp {
         &["--gateway-timeout", "200ms", "--gateway-retries", "0"],
     )
     .await;
+    first_charge_answered_503(&app).await;
+    app
+}
+
+/// The gateway answers `app`'s first charge 503 without charging it.
+async fn first_charge_answered_503(app: &TestApp) {
     wiremock::Mock::given(wiremock::matchers::method("POST"))
         .and(wiremock::matchers::path("/v1/charges"))
         .respond_with(wiremock::ResponseTemplate::new(503))
@@ -147,7 +153,6 @@ async fn first_try_never_charged(backend: Backend) -> TestApp {
         .with_priority(1)
         .mount(app.gateway())
         .await;
-    app
 }
 
 async fn no_charge_inside_the_key_window_is_resent_with_the_same_key(backend: Backend) {
@@ -360,13 +365,7 @@ async fn a_resend_whose_write_waited_past_the_key_window_is_not_sent(backend: Ba
     use sea_orm::ConnectionTrait;
     // A window of 4 s, which the start-up checks refuse: it stands for an hour's.
     let app = with_a_key_window(backend.clone(), "1s", "4s").await;
-    wiremock::Mock::given(wiremock::matchers::method("POST"))
-        .and(wiremock::matchers::path("/v1/charges"))
-        .respond_with(wiremock::ResponseTemplate::new(503))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(app.gateway())
-        .await;
+    first_charge_answered_503(&app).await;
     // The search shows nothing (its index behind), after a moment.
     wiremock::Mock::given(wiremock::matchers::method("GET"))
         .and(wiremock::matchers::path("/v1/charges"))
