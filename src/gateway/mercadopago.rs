@@ -50,6 +50,9 @@ pub struct MercadoPagoGateway {
     /// for its answer), with when the last ask failed and why: those that waited on it
     /// fail with it, rather than each ask again in turn.
     asking: tokio::sync::Mutex<Option<(std::time::Instant, String)>>,
+    /// Whether an ask of the account's currency has ended, told or not
+    /// (`configured_checked`).
+    first_ask_ended: std::sync::atomic::AtomicBool,
 }
 
 /// How long a failed ask of the account's currency answers for the requests after it.
@@ -471,6 +474,7 @@ impl MercadoPagoGateway {
             currency: tokio::sync::OnceCell::new(),
             configured: None,
             asking: tokio::sync::Mutex::new(None),
+            first_ask_ended: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -491,8 +495,18 @@ impl MercadoPagoGateway {
     /// wrong setting is not kept for the process's life by one failed ask at start. Never
     /// waits on an ask another request is making.
     async fn configured_checked(&self, configured: &str) -> String {
-        let Ok(mut last_failure) = self.asking.try_lock() else {
-            return configured.to_owned();
+        // Until the first ask has ended, a payment waits for it (a wrong setting must not
+        // charge the first payments after a start); after a failed one, never.
+        let mut last_failure = if self
+            .first_ask_ended
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            match self.asking.try_lock() {
+                Ok(held) => held,
+                Err(_) => return configured.to_owned(),
+            }
+        } else {
+            self.asking.lock().await
         };
         if let Some(currency) = self.currency.get() {
             return currency.clone();
@@ -503,7 +517,10 @@ impl MercadoPagoGateway {
         {
             return configured.to_owned();
         }
-        match self.ask_currency().await {
+        let asked = self.ask_currency().await;
+        self.first_ask_ended
+            .store(true, std::sync::atomic::Ordering::Release);
+        match asked {
             Ok(currency) => {
                 if currency != configured {
                     tracing::error!(
