@@ -10,7 +10,7 @@
 //! Refunds: `POST /v1/payments/{id}/refunds` with the refund's own key in
 //! `X-Idempotency-Key` and `X-Render-In-Process-Refunds: true` (so a refund still in
 //! process is a 201 `in_process`, not a 400), body `{"amount": <decimal>}` or `{}` for the
-//! whole payment. A Mercado Pago refund carries nothing of pagos' (its request takes only
+//! whole payment when the charge is of its amount (`charged_exactly`). A Mercado Pago refund carries nothing of pagos' (its request takes only
 //! the amount), so a look-up finds a refund only by the id an earlier answer gave
 //! (`GET /v1/payments/{id}/refunds`); without one it finds nothing, and a resend with the
 //! same key is the way to learn what became of the refund. For the same reason a refund's
@@ -532,9 +532,11 @@ impl MercadoPagoGateway {
             }
             Err((err, refused)) => {
                 if refused {
+                    // The token refused (401/403), or an account site pagos has no
+                    // currency for: asking again would say the same. The error says which.
                     tracing::warn!(
                         error = %err,
-                        "Mercado Pago does not let this token read its account: charging in PAGOS_MERCADOPAGO_MONEDA's {configured}, as set, without asking again"
+                        "Mercado Pago's account could not tell pagos its currency, and asking again would say the same: charging in PAGOS_MERCADOPAGO_MONEDA's {configured}, as set, without asking again"
                     );
                     let _ = self.currency.set(configured.to_owned());
                 } else {
@@ -598,6 +600,28 @@ impl MercadoPagoGateway {
             .send()
             .await
             .map_err(|e| transport(&e))
+    }
+
+    /// Whether the charge `req` refunds is of `req`'s amount and currency: only then is
+    /// the whole payment's refund sent as Mercado Pago's total refund (`{}`), which gives
+    /// back the whole charge. A payment on-call kept on a charge of another amount (an
+    /// overrule) is refunded its own amount, never the charge's. `transaction_amount`
+    /// never changes, so every send of one refund carries the same body. Asked before
+    /// anything is sent: when Mercado Pago cannot say, or has no such payment, nothing is
+    /// sent (an unknown outcome: asked again, with the same key, until on-call is given
+    /// the refund).
+    async fn charged_exactly(&self, req: &RefundRequest) -> Result<bool, GatewayError> {
+        let Some(charge) = self.fetch(&req.charge).await? else {
+            return Err(GatewayError::Unknown(format!(
+                "Mercado Pago has no payment {} to refund: nothing was sent",
+                req.charge
+            )));
+        };
+        let currency = charge.currency();
+        let exponent = amount::iso_exponent(&currency, 2);
+        Ok(currency.eq_ignore_ascii_case(&req.currency)
+            && amount::from_decimal(charge.transaction_amount, exponent)
+                .is_ok_and(|charged| charged == req.amount))
     }
 
     /// `GET /v1/payments/{id}`: the payment as Mercado Pago holds it now; None when
@@ -708,7 +732,14 @@ impl Gateway for MercadoPagoGateway {
                 req.charge.chars().take(40).collect::<String>()
             )));
         }
-        let body = refund_body(req).map_err(not_sent)?;
+        let mut body = refund_body(req).map_err(not_sent)?;
+        if body.amount.is_none() && !self.charged_exactly(req).await? {
+            body = refund_body(&RefundRequest {
+                whole: false,
+                ..req.clone()
+            })
+            .map_err(not_sent)?;
+        }
         let request = self
             .api
             .post(&format!("/v1/payments/{}/refunds", req.charge))

@@ -485,21 +485,43 @@ async fn the_mercadopago_refund_names_the_payment_renders_refunds_in_process_and
         whole: true,
         ..req.clone()
     };
+    // Mercado Pago has no such payment: the whole payment's refund is not sent.
+    let unknown = gateway.refund(&whole).await.expect_err("not sent");
+    assert!(matches!(unknown, GatewayError::Unknown(_)), "{unknown:?}");
+    assert_eq!(created(&server, Adapter::MercadoPago).await.len(), 1);
+    // The charge is of the payment's amount: Mercado Pago's total refund, `{}`.
+    let mut charge = fixture(include_str!(
+        "../../fixtures/mercadopago/payment_approved.json"
+    ));
+    charge["transaction_amount"] = json!(500);
+    let fetched = Mock::given(method("GET"))
+        .and(path(format!("/v1/payments/{MP_PAYMENT}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(charge.clone()))
+        .mount_as_scoped(&server)
+        .await;
+    gateway.refund(&whole).await.expect("answered");
+    drop(fetched);
+    // On-call kept the payment on a charge of another amount (2,500 COP for a payment of
+    // 500): its whole refund gives back the payment's 500, never the charge's 2,500.
+    charge["transaction_amount"] = json!(2500);
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/payments/{MP_PAYMENT}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(charge))
+        .mount(&server)
+        .await;
     gateway.refund(&whole).await.expect("answered");
     let sent = created(&server, Adapter::MercadoPago).await;
     let bodies: Vec<Value> = sent
         .iter()
         .map(|r| serde_json::from_slice(&r.body).expect("JSON"))
         .collect();
+    let partial = fixture(include_str!(
+        "../../fixtures/mercadopago/refund_request.json"
+    ));
     assert_eq!(
         bodies,
-        vec![
-            fixture(include_str!(
-                "../../fixtures/mercadopago/refund_request.json"
-            )),
-            json!({})
-        ],
-        "500.0 COP for 50000 cents; an empty body for the whole payment"
+        vec![partial.clone(), json!({}), partial],
+        "500.0 COP for 50000 cents; an empty body for the whole payment only when the charge is of its amount"
     );
 
     // An id that cannot be Mercado Pago's is never sent.
@@ -512,7 +534,7 @@ async fn the_mercadopago_refund_names_the_payment_renders_refunds_in_process_and
         matches!(refused, GatewayError::Rejected { status: 422, .. }),
         "{refused:?}"
     );
-    assert_eq!(created(&server, Adapter::MercadoPago).await.len(), 2);
+    assert_eq!(created(&server, Adapter::MercadoPago).await.len(), 3);
 }
 
 #[tokio::test]
