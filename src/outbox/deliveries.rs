@@ -228,11 +228,22 @@ pub async fn claim_due(
     }
     let backend = db.get_database_backend();
     // Nothing due anywhere (an idle process's every top-up): one probe of the due index,
-    // not one per endpoint, and no write transaction (SQLite's one write lock).
+    // not one per endpoint, and no write transaction (SQLite's one write lock). Only an
+    // active endpoint's: a deactivated endpoint's delivery stays due, never claimed, and
+    // would open the write transaction at every top-up.
     let any_due = deliveries::Entity::find()
         .filter(deliveries::Column::State.eq(DeliveryState::Pending))
         .filter(deliveries::Column::NextAttemptAt.lte(due_by))
         .filter(unclaimed(due_by))
+        .filter(
+            deliveries::Column::EndpointId.in_subquery(
+                sea_orm::sea_query::Query::select()
+                    .column(endpoints::Column::Id)
+                    .from(endpoints::Entity)
+                    .and_where(endpoints::Column::State.eq(EndpointState::Activo))
+                    .to_owned(),
+            ),
+        )
         .one(db)
         .await?;
     if any_due.is_none() {
@@ -427,6 +438,7 @@ pub async fn record(
             return Ok(Recorded::Raced);
         }
     }
+    let gave_up = matches!(after, After::GiveUp);
     let (state, next, delivered_at) = match after {
         After::Delivered => (DeliveryState::Delivered, d.next_attempt_at, Some(at)),
         After::RetryAt(t) => (DeliveryState::Pending, t, None),
@@ -474,6 +486,9 @@ pub async fn record(
     .exec_without_returning(&tx)
     .await?;
     let deactivated = write_endpoint(&tx, d.endpoint_id, &endpoint, at).await?;
+    if gave_up && !deactivated {
+        quiet_unless_pending(&tx, d.endpoint_id).await?;
+    }
     tx.commit().await?;
     Ok(if deactivated {
         Recorded::StoredAndDeactivated
@@ -519,6 +534,32 @@ fn released(ours: Option<DateTime<Utc>>) -> Expr {
             .into(),
         None => Expr::col(deliveries::Column::ClaimedUntil),
     }
+}
+
+/// A delivery of endpoint `id` was given up: if none is left pending, nothing will be tried
+/// until its next event, which may be days away, so it is failing no more. Its next
+/// failure counts from then: a quiet stretch in which nothing was tried is not "every
+/// delivery failed", and one passing error after it must not deactivate an endpoint that
+/// answered a retry of nothing. An endpoint down for good fails again from its next
+/// event, and is deactivated if its events keep it failing for the horizon.
+async fn quiet_unless_pending<C: ConnectionTrait>(tx: &C, id: Uuid) -> Result<(), DbErr> {
+    let pending = deliveries::Entity::find()
+        .filter(deliveries::Column::EndpointId.eq(id))
+        .filter(deliveries::Column::State.eq(DeliveryState::Pending))
+        .one(tx)
+        .await?;
+    if pending.is_none() {
+        endpoints::Entity::update_many()
+            .col_expr(
+                endpoints::Column::FailingSince,
+                Expr::value(Option::<DateTime<Utc>>::None),
+            )
+            .filter(endpoints::Column::Id.eq(id))
+            .filter(endpoints::Column::FailingSince.is_not_null())
+            .exec(tx)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Writes what the attempt means for endpoint `id`; whether it became `DESACTIVADO`.
