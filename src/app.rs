@@ -14,7 +14,7 @@ use crate::gateway::stripe::StripeGateway;
 use crate::http::auth::Authenticator;
 use crate::http::{self, AppState, Shared};
 use crate::idempotency::cache::ReplayCache;
-use crate::metrics::{MeteredGateway, MeteredMercadoPago, Metrics};
+use crate::metrics::{MeteredGateway, MeteredMercadoPago, MeteredStripe, Metrics};
 use crate::reaper::{self, Reaper, Retentions};
 use crate::reconciler;
 // Webhooks to merchants: the delivery worker.
@@ -64,10 +64,7 @@ fn adapter_from(settings: &Settings) -> anyhow::Result<Arc<dyn Gateway>> {
                 settings.gateway_timeout,
             )?)
         }
-        GatewayKind::Stripe => {
-            let (url, secret) = provider_settings(settings)?;
-            Arc::new(StripeGateway::new(url, secret, settings.gateway_timeout)?)
-        }
+        GatewayKind::Stripe => Arc::new(stripe_from(settings)?),
         GatewayKind::MercadoPago => Arc::new(mercadopago_from(settings)?),
     })
 }
@@ -243,6 +240,13 @@ pub fn mercadopago_from(settings: &Settings) -> anyhow::Result<MercadoPagoGatewa
     )
 }
 
+/// The Stripe adapter the settings describe (also, built once in `build`, what a dispute
+/// event asks for its PaymentIntent).
+pub fn stripe_from(settings: &Settings) -> anyhow::Result<StripeGateway> {
+    let (url, secret) = provider_settings(settings)?;
+    Ok(StripeGateway::new(url, secret, settings.gateway_timeout)?)
+}
+
 /// A provider's base URL (its production API unless PAGOS_GATEWAY_URL says otherwise)
 /// and secret (required: `Settings::validate` refuses to start without it).
 fn provider_settings(settings: &Settings) -> anyhow::Result<(&str, &str)> {
@@ -274,6 +278,17 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
                 // The same settings built the charging adapter: only a broken TLS setup
                 // gets here. Notifications then answer 503 and the reconciler settles.
                 tracing::error!(error = %err, "cannot build the Mercado Pago client for notifications");
+                None
+            }
+        })
+        .flatten();
+    let stripe = (settings.gateway == GatewayKind::Stripe)
+        .then(|| match stripe_from(&settings) {
+            Ok(adapter) => Some(MeteredStripe::new(adapter, metrics.clone())),
+            Err(err) => {
+                // As Mercado Pago's: only a broken TLS setup gets here. Dispute events
+                // then answer 503, and Stripe delivers them again.
+                tracing::error!(error = %err, "cannot build the Stripe client for dispute events");
                 None
             }
         })
@@ -312,6 +327,7 @@ pub fn build(db: DatabaseConnection, settings: Settings, gateway: Arc<dyn Gatewa
         settings,
         metrics,
         mercadopago,
+        stripe,
         in_flight,
         unauthenticated,
         tasks: tokio_util::task::TaskTracker::new(),

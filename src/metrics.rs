@@ -7,6 +7,7 @@
 //! Labels never carry ids, keys or secrets.
 
 use crate::gateway::mercadopago::{MercadoPagoGateway, Payment};
+use crate::gateway::stripe::{PaymentIntent, StripeGateway};
 use crate::gateway::{
     Charge, ChargeRequest, Gateway, GatewayError, Refund, RefundLookup, RefundRequest, RefundStatus,
 };
@@ -700,6 +701,33 @@ impl MeteredMercadoPago {
     pub async fn fetch(&self, id: &str) -> Result<Option<Payment>, GatewayError> {
         let started = Instant::now();
         let result = self.inner.fetch(id).await;
+        let outcome = match &result {
+            Ok(Some(_)) => "found",
+            Ok(None) => "not_found",
+            Err(err) => error_outcome(err),
+        };
+        self.metrics.gateway_call("fetch", outcome, started);
+        result
+    }
+}
+
+/// The Stripe client the webhook handler asks for a disputed charge's PaymentIntent
+/// (`GET /v1/payment_intents/{id}`: a Dispute carries no pagos reference): one per
+/// process, metered as operation `fetch` like every other gateway call.
+pub struct MeteredStripe {
+    inner: StripeGateway,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredStripe {
+    pub fn new(inner: StripeGateway, metrics: Arc<Metrics>) -> Self {
+        MeteredStripe { inner, metrics }
+    }
+
+    /// The PaymentIntent as Stripe holds it now; None when it has no such PaymentIntent.
+    pub async fn fetch_intent(&self, id: &str) -> Result<Option<PaymentIntent>, GatewayError> {
+        let started = Instant::now();
+        let result = self.inner.fetch_intent(id).await;
         let outcome = match &result {
             Ok(Some(_)) => "found",
             Ok(None) => "not_found",

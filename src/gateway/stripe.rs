@@ -15,7 +15,7 @@
 //! `refund.*` / `charge.refund.updated` event (pure, for the webhook consumer).
 
 use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
-use super::http::{Api, refusal_body, search, transport};
+use super::http::{Api, detail, read, refusal_body, search, transport};
 use super::{
     Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundLookup,
     RefundRequest, RefundStatus, amount, known_refund_status,
@@ -465,6 +465,35 @@ impl StripeGateway {
                 )]),
             )?,
         })
+    }
+
+    /// `GET /v1/payment_intents/{id}`: the PaymentIntent as Stripe holds it now; None
+    /// when Stripe has no such PaymentIntent, or `id` cannot be one (`pi_` and letters,
+    /// digits or `_`: nothing else reaches the URL's path).
+    pub async fn fetch_intent(&self, id: &str) -> Result<Option<PaymentIntent>, GatewayError> {
+        let is_intent = id.len() > 3
+            && id.starts_with("pi_")
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !is_intent {
+            return Ok(None);
+        }
+        let resp = self
+            .api
+            .get(&format!("/v1/payment_intents/{id}"))
+            .send()
+            .await
+            .map_err(|e| transport(&e))?;
+        let status = resp.status();
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(GatewayError::Unknown(format!(
+                "Stripe answered {status} for PaymentIntent {id}: {}",
+                detail(resp).await
+            )));
+        }
+        read(resp, "Stripe PaymentIntent").await.map(Some)
     }
 
     /// `POST {path}` with a form `body`, authenticated and under `key`.

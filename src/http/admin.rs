@@ -1089,17 +1089,19 @@ async fn resolve_unrecorded(
     // reported while this was written (the consumer locks the payment before it writes
     // the report, as below): COMPLETADA would tell the merchant money was taken that the
     // provider says is not, and nothing would look at the payment again.
-    // Not on Stripe once it answered: a PaymentIntent its search showed succeeded never
-    // fails afterwards (a refund or a dispute is an object of its own, which pagos does not
-    // read), so a failure reported for it is an older attempt's, whose success is still
-    // being delivered. While Stripe cannot be asked, the report is all there is.
+    // On Stripe once it answered, only a dispute's report: a PaymentIntent its search
+    // showed succeeded never fails afterwards (a refund or a dispute is an object of its
+    // own; Stripe keeps the PaymentIntent `succeeded`), so another failure reported for it
+    // is an older attempt's, whose success is still being delivered. A dispute's report
+    // (`dispute_<status>`) is the money withdrawn, which the search never shows. While
+    // Stripe cannot be asked, every report is all there is.
     let stripe_answered = state.settings.gateway == crate::config::GatewayKind::Stripe
         && provider.unreachable.is_none();
     if event == Event::ResolveCompleted
         && overrule.is_none()
-        && !stripe_answered
         && let Some(charge) = resolved.gateway_ref.as_deref()
         && let Some(code) = reported_failed(&tx, current.id, charge).await?
+        && (!stripe_answered || code.starts_with(crate::webhooks::stripe::DISPUTED))
     {
         tx.rollback().await?;
         tracing::warn!(payment_id = %current.id, operator = %who.name, charge = %charge, "COMPLETADA refused: the provider's webhooks reported the charge failed");

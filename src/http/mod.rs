@@ -27,7 +27,7 @@ pub mod search;
 use crate::config::Settings;
 use crate::gateway::Gateway;
 use crate::idempotency::cache::ReplayCache;
-use crate::metrics::{LimitLabel, MeteredMercadoPago, Metrics};
+use crate::metrics::{LimitLabel, MeteredMercadoPago, MeteredStripe, Metrics};
 use crate::saga::SagaDeps;
 use crate::saga::reconcile::Reconciler;
 use auth::Authenticator;
@@ -58,6 +58,9 @@ pub struct Shared {
     /// With `PAGOS_GATEWAY=mercadopago`: the client notifications ask for a payment's
     /// state, built once (its connections are reused) and metered.
     pub mercadopago: Option<MeteredMercadoPago>,
+    /// With `PAGOS_GATEWAY=stripe`: the client a dispute event asks for its PaymentIntent
+    /// (a Dispute names no pagos payment), built once and metered.
+    pub stripe: Option<MeteredStripe>,
     /// `PAGOS_MAX_IN_FLIGHT` slots, shared by every door of the process.
     pub in_flight: Arc<tokio::sync::Semaphore>,
     /// Slots of the requests whose body is read before anyone is known (`unauthenticated`):

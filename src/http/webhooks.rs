@@ -422,7 +422,7 @@ fn signature_detail(err: SignatureError) -> String {
          description = "`t=<unix seconds>,v1=<hex HMAC-SHA256(PAGOS_STRIPE_WEBHOOK_SECRET, \"<t>.<raw body>\")>`; other schemes (`v0`) ignored; `t` within 5 minutes of now.")
     ),
     request_body(content = Object, content_type = "application/json",
-                 description = "A Stripe event (the endpoint on API version 2024-10-28.acacia). `payment_intent.succeeded`, `.payment_failed`, `.processing`, `.requires_action` and `.canceled` of PaymentIntents, and `refund.created`, `refund.updated`, `refund.failed` and `charge.refund.updated` of Refunds, with `metadata.pagos_reference`, are applied; anything else is acknowledged and ignored."),
+                 description = "A Stripe event (the endpoint on API version 2024-10-28.acacia). `payment_intent.succeeded`, `.payment_failed`, `.processing`, `.requires_action` and `.canceled` of PaymentIntents, and `refund.created`, `refund.updated`, `refund.failed` and `charge.refund.updated` of Refunds, with `metadata.pagos_reference`, are applied; so are `charge.dispute.created`, `.updated`, `.closed`, `.funds_withdrawn` and `.funds_reinstated` of Disputes, whose PaymentIntent is asked from Stripe; anything else is acknowledged and ignored."),
     responses(
         Accepted,
         (status = 400, description = "Signed, but not a Stripe event pagos can read; nothing was recorded", body = Problem, content_type = "application/problem+json"),
@@ -477,6 +477,37 @@ async fn receive_stripe_event(
             );
             Ok(ignored(&state))
         }
+        stripe_event::Payload::Dispute {
+            dispute,
+            payment_intent,
+            status,
+            withdrawn,
+            created,
+        } => {
+            let charge = disputed(
+                &state,
+                &event.id,
+                dispute,
+                payment_intent,
+                status,
+                *withdrawn,
+            )
+            .await?;
+            let Some(charge) = charge else {
+                return Ok(ignored(&state));
+            };
+            apply(
+                &state,
+                ChargeEvent {
+                    source: SOURCE_STRIPE,
+                    event_id: &event.id,
+                    sequence: stripe_event::sequence(charge.status, *created),
+                    charge: &charge,
+                    returned: None,
+                },
+            )
+            .await
+        }
         stripe_event::Payload::Charge { charge, sequence } => {
             apply(
                 &state,
@@ -489,6 +520,77 @@ async fn receive_stripe_event(
                 },
             )
             .await
+        }
+    }
+}
+
+/// The charge a Stripe dispute event reports, its PaymentIntent asked from Stripe (a
+/// Dispute carries no pagos reference). None: not a PaymentIntent of pagos' (logged; the
+/// event is acknowledged). Stripe could not be asked, or its answer cannot be read: 503,
+/// nothing recorded, Stripe delivers the event again (for three days).
+async fn disputed(
+    state: &AppState,
+    event_id: &str,
+    dispute: &str,
+    payment_intent: &str,
+    status: &str,
+    withdrawn: bool,
+) -> Result<Option<crate::gateway::Charge>, ApiError> {
+    let Some(client) = state.stripe.as_ref() else {
+        tracing::error!(
+            event_id,
+            dispute,
+            "a Stripe dispute event, but no Stripe client (PAGOS_GATEWAY is not stripe, or the client failed at start)"
+        );
+        return Err(unavailable(
+            "Stripe could not be asked about the disputed payment now; nothing was recorded. Deliver it again.",
+        ));
+    };
+    let pi = match client.fetch_intent(payment_intent).await {
+        Ok(Some(pi)) if pi.reference().is_some() => pi,
+        Ok(_) => {
+            tracing::info!(
+                event_id,
+                dispute,
+                payment_intent,
+                "a dispute of a PaymentIntent pagos did not make; ignored"
+            );
+            return Ok(None);
+        }
+        Err(err) => {
+            state.metrics.webhook_event("error");
+            tracing::warn!(event_id, dispute, payment_intent, error = %err, "could not ask Stripe about a disputed PaymentIntent; it will deliver the event again");
+            return Err(unavailable(
+                "Stripe could not be asked about the disputed payment now; nothing was recorded. Deliver it again.",
+            ));
+        }
+    };
+    let read = stripe_event::disputed_charge(&pi, status, withdrawn)
+        .and_then(crate::gateway::storable::charge)
+        .map_err(|err| err.to_string())
+        .and_then(|mut charge| {
+            webhooks::event::reference("metadata.pagos_reference", &mut charge.reference)
+                .map(|()| charge)
+                .map_err(|err| err.to_string())
+        });
+    match read {
+        Ok(charge) => {
+            tracing::warn!(
+                event_id,
+                dispute,
+                payment_intent,
+                status,
+                withdrawn,
+                "Stripe dispute of a pagos payment"
+            );
+            Ok(Some(charge))
+        }
+        Err(err) => {
+            state.metrics.webhook_event("error");
+            tracing::error!(event_id, dispute, payment_intent, error = %err, "disputed PaymentIntent pagos cannot read");
+            Err(unavailable(
+                "The disputed payment's state could not be read; nothing was recorded. Deliver it again.",
+            ))
         }
     }
 }

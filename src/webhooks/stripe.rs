@@ -23,6 +23,49 @@ pub const ACTED_ON: [&str; 5] = [
     "payment_intent.canceled",
 ];
 
+/// The dispute events: a card dispute opened, changed or closed on a charge of a
+/// PaymentIntent. A Dispute carries no pagos reference, only its PaymentIntent's id, so
+/// the handler asks Stripe for that PaymentIntent (`Payload::Dispute`).
+pub const DISPUTE_EVENTS: [&str; 5] = [
+    "charge.dispute.created",
+    "charge.dispute.updated",
+    "charge.dispute.closed",
+    "charge.dispute.funds_withdrawn",
+    "charge.dispute.funds_reinstated",
+];
+
+/// The decline code of a charge reported by a dispute: `dispute_<status>`.
+pub const DISPUTED: &str = "dispute_";
+
+/// A Stripe Dispute, trimmed to what pagos reads.
+#[derive(Deserialize)]
+struct Dispute {
+    id: String,
+    /// Null for a charge made without a PaymentIntent (never pagos').
+    #[serde(default)]
+    payment_intent: Option<String>,
+    status: String,
+}
+
+/// What a dispute's status says of the money its charge took:
+///
+/// | status | the money |
+/// | --- | --- |
+/// | `needs_response`, `under_review` | withdrawn from the account while the dispute is open |
+/// | `lost` | gone back to the payer |
+/// | `won` | reinstated: the charge stands |
+/// | `warning_needs_response`, `warning_under_review`, `warning_closed` | an inquiry: nothing withdrawn (an inquiry that turns into a chargeback is reported `needs_response`) |
+/// | `prevented` | the dispute was stopped before it was filed: nothing withdrawn |
+///
+/// Any other status is read as withdrawn: on-call reads it in the dashboard, rather than
+/// a charge that may be gone being taken for one that stands.
+pub fn disputed_money_withdrawn(status: &str) -> bool {
+    !matches!(
+        status,
+        "won" | "warning_needs_response" | "warning_under_review" | "warning_closed" | "prevented"
+    )
+}
+
 /// `created` is in seconds: below 10^10 until the year 2286.
 const RANK_STEP: i64 = 10_000_000_000;
 
@@ -52,6 +95,19 @@ pub struct StripeEvent {
 pub enum Payload {
     /// A PaymentIntent of pagos' (it carries `metadata.pagos_reference`).
     Charge { charge: Charge, sequence: i64 },
+    /// A dispute of the charge of PaymentIntent `payment_intent`, whose reference (and
+    /// whether it is pagos' at all) only Stripe can say: the PaymentIntent is asked for,
+    /// and reported as a charge declined as charged back while `withdrawn`, as it stands
+    /// otherwise. `sequence` orders the report with the PaymentIntent's own events: a
+    /// later dispute event outranks the `succeeded` one before it, and a dispute won
+    /// after it was opened outranks the opening.
+    Dispute {
+        dispute: String,
+        payment_intent: String,
+        status: String,
+        withdrawn: bool,
+        created: i64,
+    },
     /// Nothing for pagos to do, and why (for the logs).
     Ignored(&'static str),
 }
@@ -64,6 +120,24 @@ pub fn sequence(status: ChargeStatus, created: i64) -> i64 {
         ChargeStatus::Succeeded | ChargeStatus::Declined => 2,
     };
     rank * RANK_STEP + created.clamp(0, RANK_STEP - 1)
+}
+
+/// The charge a dispute reports, from its PaymentIntent as Stripe holds it now (Stripe
+/// keeps a disputed PaymentIntent `succeeded`): declined as charged back, code
+/// `dispute_<status>`, while the money is `withdrawn`; otherwise as the PaymentIntent
+/// stands (a dispute won: succeeded again, outranking the opening's report).
+pub fn disputed_charge(
+    pi: &PaymentIntent,
+    status: &str,
+    withdrawn: bool,
+) -> Result<Charge, crate::gateway::GatewayError> {
+    let mut charge = pi.to_charge(None)?;
+    if withdrawn && charge.status == ChargeStatus::Succeeded {
+        charge.status = ChargeStatus::Declined;
+        charge.charged_back = true;
+        charge.decline_code = Some(crate::gateway::decline_code(&format!("{DISPUTED}{status}")));
+    }
+    Ok(charge)
 }
 
 impl StripeEvent {
@@ -84,6 +158,42 @@ impl StripeEvent {
                 payload: Payload::Ignored(
                     "a refund pagos did not make, or in a status pagos does not know",
                 ),
+            });
+        }
+        if DISPUTE_EVENTS.contains(&envelope.kind.as_str()) {
+            if envelope.data.object["object"]
+                .as_str()
+                .is_some_and(|object| object != "dispute")
+            {
+                return Err(EventError(format!(
+                    "a {} event whose `data.object` is not a dispute",
+                    envelope.kind
+                )));
+            }
+            let dispute: Dispute = serde_json::from_value(envelope.data.object)
+                .map_err(|e| EventError(format!("`data.object` is not a Dispute: {e}")))?;
+            bounded("data.object.id", &dispute.id, MAX_ID_LEN)?;
+            let Some(payment_intent) = dispute.payment_intent else {
+                return Ok(StripeEvent {
+                    id: envelope.id,
+                    kind,
+                    payload: Payload::Ignored(
+                        "a dispute of a charge without a PaymentIntent (never pagos')",
+                    ),
+                });
+            };
+            bounded("data.object.payment_intent", &payment_intent, MAX_ID_LEN)?;
+            let status: String = dispute.status.chars().take(40).collect();
+            return Ok(StripeEvent {
+                id: envelope.id,
+                kind,
+                payload: Payload::Dispute {
+                    dispute: dispute.id,
+                    payment_intent,
+                    withdrawn: disputed_money_withdrawn(&status),
+                    status,
+                    created: envelope.created,
+                },
             });
         }
         if !ACTED_ON.contains(&envelope.kind.as_str()) {
@@ -208,6 +318,75 @@ mod tests {
                 Payload::Ignored(_)
             ));
         }
+    }
+
+    fn dispute(status: &str, payment_intent: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "id": "evt_1QdsPvJvEtkwdCNY0Y8pD2kq", "object": "event",
+            "type": "charge.dispute.created", "created": 1_764_766_860,
+            "data": {"object": {
+                "id": "dp_1QdsPuJvEtkwdCNYr9Tq4X3m", "object": "dispute", "amount": 250000,
+                "currency": "cop", "charge": "ch_3MtwBwLkdIwHu7ix2gE3ukLd",
+                "payment_intent": payment_intent, "status": status,
+            }},
+        }))
+        .expect("json")
+    }
+
+    #[test]
+    fn a_dispute_names_its_payment_intent_and_whether_the_money_was_withdrawn() {
+        for (status, withdrawn) in [
+            ("needs_response", true),
+            ("under_review", true),
+            ("lost", true),
+            ("a_status_stripe_adds_later", true),
+            ("won", false),
+            ("warning_needs_response", false),
+            ("warning_closed", false),
+            ("prevented", false),
+        ] {
+            let parsed = StripeEvent::parse(&dispute(status, json!("pi_3MtwBwLkdIwHu7ix28a3tqPa")))
+                .expect("valid");
+            match parsed.payload {
+                Payload::Dispute {
+                    payment_intent,
+                    withdrawn: said,
+                    created,
+                    ..
+                } => {
+                    assert_eq!(payment_intent, "pi_3MtwBwLkdIwHu7ix28a3tqPa");
+                    assert_eq!(said, withdrawn, "{status}");
+                    assert_eq!(created, 1_764_766_860);
+                }
+                other => panic!("{status}: not a dispute: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            StripeEvent::parse(&dispute("lost", Value::Null))
+                .expect("valid")
+                .payload,
+            Payload::Ignored(_)
+        ));
+    }
+
+    #[test]
+    fn a_dispute_with_the_money_withdrawn_reports_the_succeeded_charge_declined_as_charged_back() {
+        let pi: PaymentIntent = serde_json::from_value(json!({
+            "id": "pi_3MtwBwLkdIwHu7ix28a3tqPa", "status": "succeeded", "amount": 250000,
+            "currency": "cop", "metadata": ours(),
+        }))
+        .expect("intent");
+        let lost = disputed_charge(&pi, "lost", true).expect("read");
+        assert_eq!(lost.status, ChargeStatus::Declined);
+        assert!(lost.charged_back());
+        assert_eq!(lost.decline_code.as_deref(), Some("dispute_lost"));
+        let won = disputed_charge(&pi, "won", false).expect("read");
+        assert_eq!(won.status, ChargeStatus::Succeeded);
+        assert!(!won.charged_back());
+        assert!(
+            sequence(won.status, 2) > sequence(lost.status, 1),
+            "won later outranks"
+        );
     }
 
     #[test]

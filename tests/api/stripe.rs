@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use wiremock::matchers::{method, path};
+use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, Request, Respond, ResponseTemplate};
 
 on_both_databases!(
@@ -24,6 +24,8 @@ on_both_databases!(
     a_pending_event_after_the_final_one_changes_nothing,
     events_pagos_does_not_act_on_are_acknowledged_and_unknown_references_are_orphans,
     every_request_to_stripe_pins_the_api_version_the_adapter_reads,
+    a_dispute_sends_a_completada_payment_to_review_and_one_won_or_an_inquiry_leaves_it,
+    a_dispute_whose_payment_intent_stripe_cannot_show_now_is_refused_for_stripe_to_send_again,
 );
 
 const WEBHOOK_SECRET: &str = "whsec_test_stripe";
@@ -131,6 +133,30 @@ impl FakeStripe {
             .respond_with(FakeSearch(self.clone()))
             .mount(server)
             .await;
+        Mock::given(method("GET"))
+            .and(path_regex(r"^/v1/payment_intents/pi_[A-Za-z0-9_]+$"))
+            .respond_with(FakeFetch(self.clone()))
+            .mount(server)
+            .await;
+    }
+}
+
+/// `GET /v1/payment_intents/{id}`: the PaymentIntent as made, or Stripe's 404.
+struct FakeFetch(FakeStripe);
+
+impl Respond for FakeFetch {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let id = request
+            .url
+            .path()
+            .trim_start_matches("/v1/payment_intents/");
+        let state = self.0.lock();
+        match state.by_key.values().find(|pi| pi["id"] == id) {
+            Some(pi) => ResponseTemplate::new(200).set_body_json(pi.clone()),
+            None => ResponseTemplate::new(404).set_body_json(json!({"error": {
+                "type": "invalid_request_error", "code": "resource_missing",
+                "message": format!("No such payment_intent: '{id}'"), "param": "intent"}})),
+        }
     }
 }
 
@@ -632,6 +658,136 @@ async fn events_pagos_does_not_act_on_are_acknowledged_and_unknown_references_ar
     assert_eq!(orphans[0]["referencia"], stranger.as_str());
     assert_eq!(orphans[0]["monto"], 250000);
     assert_eq!(orphans[0]["moneda"], "COP");
+}
+
+/// A dispute event about payment `id`'s PaymentIntent, in `status`, created at `created`.
+fn dispute(event_id: &str, id: &str, status: &str, created: i64) -> Vec<u8> {
+    let mut event = fixture("event_charge_dispute_created");
+    event["id"] = Value::from(event_id);
+    event["created"] = Value::from(created);
+    if status != "needs_response" {
+        event["type"] = Value::from("charge.dispute.closed");
+    }
+    event["data"]["object"]["payment_intent"] = Value::from(intent_id(id));
+    event["data"]["object"]["status"] = Value::from(status);
+    serde_json::to_vec(&event).expect("JSON")
+}
+
+/// Stripe keeps a disputed PaymentIntent `succeeded`: only the dispute says the money was
+/// withdrawn. A `COMPLETADA` payment whose charge is disputed goes to on-call, the
+/// merchant told `pago.revision_manual`; an earlier `succeeded` event delivered late
+/// does not settle it back. A dispute won, or an inquiry (no money withdrawn), leaves a
+/// `COMPLETADA` payment so; a dispute of a PaymentIntent pagos did not make is ignored.
+async fn a_dispute_sends_a_completada_payment_to_review_and_one_won_or_an_inquiry_leaves_it(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeStripe::new("payment_intent_succeeded");
+    fake.mount(app.gateway()).await;
+    let paid = async |key: &str| {
+        let (status, pago) = app.pay_read(key, &body("card")).await;
+        assert_eq!(status, 201, "{pago}");
+        pago["id"].as_str().expect("id").to_owned()
+    };
+    let t = now();
+
+    let kept = paid("k-dispute-won").await;
+    for (event_id, status) in [
+        ("evt_inquiry", "warning_needs_response"),
+        ("evt_won", "won"),
+    ] {
+        let answer = deliver(&app, &dispute(event_id, &kept, status, t)).await;
+        assert_ne!(answer, "ignorado", "{status}: a dispute of pagos' payment");
+        assert_eq!(app.payment(&kept).await.state, "COMPLETADA", "{status}");
+    }
+
+    let disputed = paid("k-dispute-lost").await;
+    assert_eq!(
+        deliver(&app, &dispute("evt_opened", &disputed, "needs_response", t)).await,
+        "revision_manual"
+    );
+    let payment = app.payment(&disputed).await;
+    assert_eq!(payment.state, "REVISION_MANUAL");
+    let detail = json(app.admin_get(&format!("/admin/pagos/{disputed}")).await).await;
+    let last = crate::helpers::last_transition(&detail);
+    for said in ["dispute_needs_response", "contradicting COMPLETADA"] {
+        assert!(
+            crate::helpers::text_has(&last, "motivo", said),
+            "{said} in {last}"
+        );
+    }
+    let told = crate::outbox::events_of(&app, &disputed).await;
+    assert_eq!(
+        told.last().map(|e| e.event_type),
+        Some(pagos_types::EventType::PagoRevisionManual),
+        "the merchant is told"
+    );
+    let late = event(
+        "event_payment_intent_succeeded",
+        "evt_late_ok",
+        &disputed,
+        t - 60,
+    );
+    assert_eq!(deliver(&app, &late).await, "obsoleto");
+    assert_eq!(app.payment(&disputed).await.state, "REVISION_MANUAL");
+
+    // On-call: Stripe's search still shows the PaymentIntent succeeded, yet COMPLETADA is
+    // refused over the dispute; a dispute won in the dashboard is said with contraProveedor.
+    let asked = json!({"estado": "COMPLETADA", "motivo": "ticket 12",
+                       "gatewayRef": intent_id(&disputed)});
+    let answer = app
+        .resolve_as(crate::helpers::ADMIN_TOKEN, &disputed, &asked)
+        .await;
+    let problem = crate::helpers::problem(answer, 409, "COMPLETADA over a dispute").await;
+    assert_eq!(problem["type"], "/problems/provider-disagrees", "{problem}");
+    assert!(
+        crate::helpers::text_has(&problem, "detail", "dispute_needs_response"),
+        "{problem}"
+    );
+    let mut overruled = asked.clone();
+    overruled["contraProveedor"] = json!("dispute dp_1QdsPuJvEtkwdCNYr9Tq4X3m won (dashboard)");
+    let answer = app
+        .resolve_as(crate::helpers::ADMIN_TOKEN, &disputed, &overruled)
+        .await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(app.payment(&disputed).await.state, "COMPLETADA");
+
+    let stranger = dispute("evt_stranger", &uuid::Uuid::now_v7().to_string(), "lost", t);
+    assert_eq!(deliver(&app, &stranger).await, "ignorado");
+}
+
+/// A dispute names only its PaymentIntent: while Stripe cannot show it, nothing is
+/// recorded and the event is refused 503, so that Stripe delivers it again.
+async fn a_dispute_whose_payment_intent_stripe_cannot_show_now_is_refused_for_stripe_to_send_again(
+    backend: Backend,
+) {
+    let app = spawn(backend, &[]).await;
+    let fake = FakeStripe::new("payment_intent_succeeded");
+    fake.mount(app.gateway()).await;
+    let (status, pago) = app.pay_read("k-dispute-503", &body("card")).await;
+    assert_eq!(status, 201, "{pago}");
+    let id = pago["id"].as_str().expect("id").to_owned();
+    let before = app.recorded().await;
+    // Once: a scoped mock with a priority cannot be taken back (wiremock sorts its mocks
+    // by priority, and a guard then takes back another one).
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/payment_intents/{}", intent_id(&id))))
+        .respond_with(ResponseTemplate::new(500).set_body_json(fixture("error_api")))
+        .with_priority(1)
+        .up_to_n_times(1)
+        .mount(app.gateway())
+        .await;
+    let body = dispute("evt_while_down", &id, "needs_response", now());
+    let answer = deliver_signed(&app, &body, &stripe_signature(WEBHOOK_SECRET, now(), &body)).await;
+    assert_eq!(answer.status(), 503);
+    assert_eq!(app.recorded().await, before, "nothing recorded");
+    assert_eq!(app.payment(&id).await.state, "COMPLETADA");
+    assert_eq!(
+        deliver(&app, &body).await,
+        "revision_manual",
+        "delivered again"
+    );
+    assert_eq!(app.payment(&id).await.state, "REVISION_MANUAL");
 }
 
 /// Stripe answers in the account's default API version unless a request names one: an
