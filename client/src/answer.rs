@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 pub use pagos_types::payment::{MedioPago, Pago};
 pub use pagos_types::problem::{Problem, ProblemType};
 
-fn reason(status: u16) -> &'static str {
+pub(crate) fn reason(status: u16) -> &'static str {
     reqwest::StatusCode::from_u16(status)
         .ok()
         .and_then(|s| s.canonical_reason())
@@ -23,6 +23,8 @@ fn reason(status: u16) -> &'static str {
 pub struct Head {
     pub status: u16,
     pub retry_after: Option<Duration>,
+    /// `Location`, read for a redirect.
+    pub location: Option<String>,
 }
 
 /// What one answer (or a failure to get one) means for the intent.
@@ -32,8 +34,9 @@ pub enum Reading {
     Paid(Pago),
     /// FALLIDA: declined or refused by the gateway; no money moved. Final.
     Declined(Pago, Option<Problem>),
-    /// The server has the payment but not its outcome yet (202, or a pending state).
-    Pending(Pago),
+    /// The server has the payment but not its outcome yet (202, or a pending state), and
+    /// when to look again (`Retry-After`: five minutes for one in REVISION_MANUAL).
+    Pending(Pago, Option<Duration>),
     /// The outcome is unknown or the server is busy: the same request may be sent again.
     Transient {
         why: String,
@@ -49,6 +52,13 @@ pub enum Reading {
     KeyReused(Problem),
     /// The server refused the request itself: sending it again cannot help.
     Refused { status: u16, problem: Problem },
+    /// A 3xx, to `location`: not pagos' answer (pagos never redirects) but something in
+    /// front of it (a load balancer sending http to https, a moved host), so the request
+    /// never reached pagos. Not followed: a redirected POST could become a GET elsewhere.
+    Redirected {
+        status: u16,
+        location: Option<String>,
+    },
     /// Not the protocol: a human must look.
     Unexpected(String),
 }
@@ -62,7 +72,7 @@ pub fn read_post(head: &Head, body: &[u8]) -> Reading {
             Err(why) => Reading::Unexpected(format!("201 without a payment: {why}")),
         },
         202 => match payment(body) {
-            Ok(p) => Reading::Pending(p),
+            Ok(p) => Reading::Pending(p, head.retry_after),
             Err(why) => Reading::Unexpected(format!("202 without a payment: {why}")),
         },
         402 => {
@@ -86,7 +96,10 @@ pub fn read_post(head: &Head, body: &[u8]) -> Reading {
 pub fn read_get(head: &Head, body: &[u8]) -> Reading {
     match head.status {
         200 => match payment(body) {
-            Ok(p) => settled_or_pending(p),
+            Ok(p) => match settled_or_pending(p) {
+                Reading::Pending(p, _) => Reading::Pending(p, head.retry_after),
+                settled => settled,
+            },
             Err(why) => Reading::Unexpected(format!("200 without a payment: {why}")),
         },
         _ => read_other(head, body),
@@ -99,7 +112,7 @@ pub fn settled_or_pending(p: Pago) -> Reading {
         PaymentState::Completada => Reading::Paid(p),
         PaymentState::Fallida => Reading::Declined(p, None),
         PaymentState::EnProceso | PaymentState::Enviada | PaymentState::RevisionManual => {
-            Reading::Pending(p)
+            Reading::Pending(p, None)
         }
     }
 }
@@ -136,6 +149,10 @@ pub(crate) fn read_other(head: &Head, body: &[u8]) -> Reading {
                 Reading::Refused { status, problem }
             }
         }
+        300..=399 => Reading::Redirected {
+            status,
+            location: head.location.clone(),
+        },
         _ => Reading::Unexpected(format!("unexpected status {status} {}", reason(status))),
     }
 }
@@ -196,7 +213,16 @@ mod tests {
         ));
         assert!(matches!(
             read_post(&head(202), &bytes(&pago("ENVIADA"))),
-            Reading::Pending(p) if p.state == PaymentState::Enviada
+            Reading::Pending(p, None) if p.state == PaymentState::Enviada
+        ));
+        let under_review = Head {
+            status: 202,
+            retry_after: Some(Duration::from_secs(300)),
+            ..Head::default()
+        };
+        assert!(matches!(
+            read_post(&under_review, &bytes(&pago("REVISION_MANUAL"))),
+            Reading::Pending(_, Some(ra)) if ra == Duration::from_secs(300)
         ));
         let declined = json!({"type": "/problems/payment-declined", "title": "Pago declined",
                               "status": 402, "declineCode": "insufficient_funds", "pago": pago("FALLIDA")});
@@ -215,6 +241,7 @@ mod tests {
             let h = Head {
                 status,
                 retry_after: Some(Duration::from_secs(2)),
+                ..Head::default()
             };
             match read_post(&h, &problem(status, "request-in-flight", "Busy")) {
                 Reading::Transient { why, retry_after }
@@ -273,8 +300,23 @@ mod tests {
     }
 
     #[test]
-    fn redirects_and_broken_bodies_are_unexpected_not_refusals() {
-        assert!(matches!(read_post(&head(301), b""), Reading::Unexpected(_)));
+    fn redirects_are_their_own_reading_and_broken_bodies_are_unexpected() {
+        let moved = Head {
+            status: 301,
+            location: Some("https://pagos.example/v1/pagos".into()),
+            ..Head::default()
+        };
+        assert!(matches!(
+            read_post(&moved, b""),
+            Reading::Redirected { status: 301, location: Some(l) } if l == "https://pagos.example/v1/pagos"
+        ));
+        assert!(matches!(
+            read_get(&head(307), b""),
+            Reading::Redirected {
+                status: 307,
+                location: None
+            }
+        ));
         assert!(matches!(
             read_post(&head(201), b"{}"),
             Reading::Unexpected(_)
@@ -291,7 +333,7 @@ mod tests {
         assert!(matches!(read("COMPLETADA"), Reading::Paid(_)));
         assert!(matches!(read("FALLIDA"), Reading::Declined(_, None)));
         for estado in ["EN_PROCESO", "ENVIADA", "REVISION_MANUAL"] {
-            assert!(matches!(read(estado), Reading::Pending(_)), "{estado}");
+            assert!(matches!(read(estado), Reading::Pending(..)), "{estado}");
         }
         assert!(matches!(
             read_get(&head(404), &problem(404, "not-found", "Not found")),

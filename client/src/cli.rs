@@ -554,6 +554,12 @@ async fn report(
                         "pagos: intent {key} stays in the journal and is not retried; once you know what it paid, `pagos pay --forget {key}`"
                     );
                 }
+                // An earlier request may have reached pagos before the URL began to
+                // redirect; `--resume` sends to the URL the intent was made at, which
+                // redirects until someone fixes it.
+                PayError::Redirected { .. } if kept => eprintln!(
+                    "pagos: intent {key} stays in the journal: an earlier request of it may have reached pagos; `pagos pay --resume` retries it with the same key once its URL reaches pagos again, or, once you know what it paid, `pagos pay --forget {key}`"
+                ),
                 _ if kept => eprintln!(
                     "pagos: intent {key} stays in the journal; `pagos pay --resume` retries it with the same key"
                 ),

@@ -9,6 +9,7 @@ use pagos_types::key::{IdempotencyKey, KeyError};
 use pagos_types::request::{Currency, FieldError, NewPayment, PaymentMethod};
 use serde_json::{Map, Value};
 use std::fmt;
+use std::sync::{Arc, Mutex};
 use uuid::Uuid;
 
 /// The `Idempotency-Key` of one intent: valid by the server's own rules (1–255 visible
@@ -174,6 +175,14 @@ impl PaymentRequest {
 
 /// One intention to pay: a request and the key that every attempt at it carries.
 ///
+/// It remembers when its first request left (a moment before, never after), and so do
+/// its clones: `pay` notes it before sending, so paying the same value again a day later
+/// is measured from that first send ([`PayError::Expired`](crate::PayError::Expired) once
+/// the server may have let the key go), with or without a journal. Only in memory: an
+/// intent rebuilt from a kept key knows it from [`first_sent_at`](Intent::first_sent_at)
+/// (or from the journal, which keeps when the intent was written, just before its first
+/// request). `Intent` has no serialized form; keep the key and that time.
+///
 /// ```
 /// use pagos_client::{Intent, PaymentRequest};
 ///
@@ -185,7 +194,31 @@ impl PaymentRequest {
 pub struct Intent {
     key: IntentKey,
     request: PaymentRequest,
-    first_sent: Option<DateTime<Utc>>,
+    first_sent: FirstSent,
+}
+
+/// When an intent's first request left, shared by the intent and its clones: a `pay` of a
+/// clone (a copy kept by the caller, a spawned task's) still tells the next `pay` of the
+/// original how old its key is. It only ever moves earlier, so an intent's age errs long:
+/// stopping early asks a human, stopping late may pay twice.
+#[derive(Clone, Default)]
+struct FirstSent(Arc<Mutex<Option<DateTime<Utc>>>>);
+
+impl FirstSent {
+    fn get(&self) -> Option<DateTime<Utc>> {
+        *crate::lock(&self.0)
+    }
+
+    fn no_later_than(&self, at: DateTime<Utc>) {
+        let mut sent = crate::lock(&self.0);
+        *sent = Some(sent.map_or(at, |sent| sent.min(at)));
+    }
+}
+
+impl fmt::Debug for FirstSent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.get(), f)
+    }
 }
 
 /// One intent is its key and its request; when it was first sent is what is known about
@@ -205,7 +238,7 @@ impl Intent {
         Intent {
             key: IntentKey::generate(),
             request,
-            first_sent: None,
+            first_sent: FirstSent::default(),
         }
     }
 
@@ -217,7 +250,7 @@ impl Intent {
         Intent {
             key,
             request,
-            first_sent: None,
+            first_sent: FirstSent::default(),
         }
     }
 
@@ -226,7 +259,9 @@ impl Intent {
     /// `PAGOS_KEY_RETENTION` after its first request, and once it let the key go, the same
     /// key makes a **new** payment; so `pay` sends nothing for an intent first sent longer
     /// ago than that ([`PayError::Expired`](crate::PayError::Expired)): look its payment up
-    /// first. A journal keeps the date from then on.
+    /// first. A journal keeps the date from then on. An intent already known to be sent
+    /// earlier (by a `pay` of it or of a clone) keeps the earlier time, and its clones see
+    /// this one.
     ///
     /// ```
     /// use pagos_client::{Intent, IntentKey, PaymentRequest};
@@ -237,8 +272,8 @@ impl Intent {
     /// let retry = Intent::with_key(kept, request).first_sent_at(sent);
     /// assert_eq!(retry.first_sent(), Some(sent));
     /// ```
-    pub fn first_sent_at(mut self, at: DateTime<Utc>) -> Intent {
-        self.first_sent = Some(at);
+    pub fn first_sent_at(self, at: DateTime<Utc>) -> Intent {
+        self.first_sent.no_later_than(at);
         self
     }
 
@@ -250,9 +285,16 @@ impl Intent {
         &self.request
     }
 
-    /// When its first request left, as the caller said ([`Intent::first_sent_at`]).
+    /// When its first request left (or a moment before), as the caller said
+    /// ([`Intent::first_sent_at`]) or as a `pay` of this intent or a clone of it noted
+    /// before sending it; `None` while neither did.
     pub fn first_sent(&self) -> Option<DateTime<Utc>> {
-        self.first_sent
+        self.first_sent.get()
+    }
+
+    /// A request of it is about to leave; its first left no later than `at`.
+    pub(crate) fn sending(&self, at: DateTime<Utc>) {
+        self.first_sent.no_later_than(at);
     }
 }
 

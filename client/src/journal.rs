@@ -72,6 +72,14 @@ pub enum JournalError {
     Db(#[from] rusqlite::Error),
     #[error("journal entry {key} is unreadable: {why}")]
     Corrupt { key: String, why: String },
+    /// The intent is no longer kept: while this process was paying it, another one (a
+    /// second run of the same payment, a resume beside it) got its terminal answer and let
+    /// it go, or a human forgot it (`pagos pay --forget`). Not damage: its key still asks
+    /// the server, which answers what that key made.
+    #[error(
+        "intent {0} left the journal while being paid: another process settled it, or it was forgotten"
+    )]
+    Gone(IntentKey),
     #[error(
         "the journal already holds key {0} for another payment; an intent's key must be its own"
     )]
@@ -228,10 +236,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
 }
 
 fn gone(key: &IntentKey) -> JournalError {
-    JournalError::Corrupt {
-        key: key.to_string(),
-        why: "it left the journal while being paid".into(),
-    }
+    JournalError::Gone(key.clone())
 }
 
 impl Journal {
@@ -389,6 +394,8 @@ impl Journal {
 
     /// Counts a request about to be sent; answers how many were sent before it. One
     /// statement, so two processes resuming the same intent never both see "none before".
+    /// [`JournalError::Gone`] when the intent is no longer kept (another process settled
+    /// it, or it was forgotten): nothing is written, and nothing is written back.
     pub async fn count_attempt(&self, key: &IntentKey) -> Result<u32, JournalError> {
         let id = key.clone();
         let after: Option<i64> = self
@@ -408,6 +415,8 @@ impl Journal {
     }
 
     /// The server named the payment: from now on it is looked up, not posted.
+    /// [`JournalError::Gone`] when the intent is no longer kept, as for
+    /// [`note`](Journal::note) and [`block`](Journal::block).
     pub async fn payment_known(&self, key: &IntentKey, id: Uuid) -> Result<(), JournalError> {
         self.update(key, "payment_id = ?1", id.to_string()).await
     }
@@ -586,7 +595,7 @@ impl Journal {
 
     /// Counts a refund request about to be sent; answers how many were sent before it.
     /// One statement, so two processes asking the same refund never both see "none
-    /// before".
+    /// before". [`JournalError::Gone`] when the refund intent is no longer kept.
     pub async fn count_refund_attempt(&self, key: &IntentKey) -> Result<u32, JournalError> {
         let id = key.to_string();
         let after: Option<i64> = self

@@ -110,7 +110,7 @@ pub use retry::PayPolicy;
 
 use answer::{Head, Reading};
 use backon::Retryable;
-use reqwest::header::{AUTHORIZATION, HeaderValue, RETRY_AFTER};
+use reqwest::header::{AUTHORIZATION, HeaderValue, LOCATION, RETRY_AFTER};
 use retry::{Budget, Exhausted, Unsettled};
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -184,13 +184,30 @@ pub enum PayError {
         elapsed: Duration,
         last: String,
     },
+    /// The server URL answered a redirect (3xx): something in front of pagos (a load
+    /// balancer sending `http://` to `https://`, a moved host), since pagos never redirects.
+    /// The request did not reach pagos, and redirects are never followed (a redirected
+    /// `POST` could become a `GET` elsewhere): use the URL it leads to, if it is pagos', as
+    /// the client's base URL. On the intent's first request ever, nothing can have been
+    /// paid and a journal lets the intent go, as for a refusal; after an earlier request
+    /// whose outcome is unknown, it keeps it.
+    #[error(
+        "the server URL answered {status} {}, redirecting to {}: pagos never redirects, so the request did not reach it; if that is pagos' address, use it as the server URL (--url)",
+        answer::reason(*status),
+        location.as_deref().unwrap_or("nowhere (no Location header)")
+    )]
+    Redirected {
+        status: u16,
+        location: Option<String>,
+    },
     /// The server answered outside the protocol.
     #[error("unexpected answer from the server: {0}")]
     Unexpected(String),
     /// The intent's first request left as long ago as the server keeps keys, less the
     /// hundredth of it the client keeps in hand (as the journal or
-    /// [`Intent::first_sent_at`] tells, or this `pay`'s own first request), and the
-    /// server never named its payment: sent again, it could arrive after the server let
+    /// [`Intent::first_sent_at`] tells, or an earlier `pay` of the same intent or a clone
+    /// of it, or this `pay`'s own first request), and the server never named its
+    /// payment: sent again, it could arrive after the server let
     /// the key go, be taken for a new payment and pay twice. Checked before every `POST`,
     /// so a retry budget longer than the retention ends here too. Nothing more was sent; with a journal, the intent
     /// stays there for a human. Look the payment up (`GET /v1/pagos/{id}`, or
@@ -383,7 +400,8 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Why one try did not give an outcome (backon's error type).
 #[derive(Debug)]
 enum Stop {
-    Pending(Box<Pago>),
+    /// With the answer's `Retry-After`: not looked at again sooner.
+    Pending(Box<Pago>, Option<Duration>),
     Transient {
         why: String,
         retry_after: Option<Duration>,
@@ -400,6 +418,13 @@ enum Stop {
         /// No earlier request of this intent may have reached the server.
         first_contact: bool,
     },
+    /// A 3xx: the request never reached pagos.
+    Redirected {
+        status: u16,
+        location: Option<String>,
+        /// No earlier request of this intent may have reached the server.
+        first_contact: bool,
+    },
     /// The next `POST` would leave once the server may have let the key go.
     Expired(chrono::DateTime<chrono::Utc>),
     /// The server lost the payment it named, past `LOST_PAYMENT_RESEND`.
@@ -411,7 +436,9 @@ enum Stop {
 impl Stop {
     fn unsettled(&self) -> Option<Unsettled> {
         match self {
-            Stop::Pending(_) => Some(Unsettled::Pending),
+            Stop::Pending(_, retry_after) => Some(Unsettled::Pending {
+                retry_after: *retry_after,
+            }),
             Stop::Transient { retry_after, .. } => Some(Unsettled::Failed {
                 retry_after: *retry_after,
             }),
@@ -439,9 +466,10 @@ struct Settling<'a> {
     /// told if the deadline comes in the middle of a later look-up.
     last_pending: Mutex<Option<Pago>>,
     /// When the intent's first request left, or a moment before it (never after, so its
-    /// age errs long): as kept (journal, [`Intent::first_sent_at`]), or else when this
-    /// `pay` began (any request of it, this one's or a concurrent one's, left after). No
-    /// `POST` leaves once this is `key_retention` old.
+    /// age errs long): as kept (journal, [`Intent::first_sent_at`], an earlier `pay` of
+    /// this intent or a clone), or else when this `pay` began (any request of it, this
+    /// one's or a concurrent one's, left after). No `POST` leaves once this is
+    /// `key_retention` old.
     first_sent: chrono::DateTime<chrono::Utc>,
 }
 
@@ -529,10 +557,18 @@ impl Client {
     }
 
     /// Pays `intent`: sends it with its key, retries what may be retried, and, when the
-    /// server answers 202, looks the payment up until it settles or the deadline comes.
+    /// server answers 202, looks the payment up until it settles or the deadline comes
+    /// (not before the 202's `Retry-After`: one past the deadline ends the `pay` at once,
+    /// pending).
     ///
     /// With a journal, the intent is written down before the first request and let go
-    /// only on a terminal answer (`docs/client.md` lists the cases).
+    /// only on a terminal answer (`docs/client.md` lists the cases). One let go by another
+    /// process while this one pays it (the same payment run twice at once) is still sent
+    /// with its key, uncounted: the server answers what that key made; without a terminal
+    /// answer, it is written back under that key.
+    ///
+    /// The intent remembers its first send (so do its clones): paying the same value
+    /// again later is held to the server's key retention from then, journal or not.
     pub async fn pay(&self, intent: &Intent) -> Result<Outcome, PayError> {
         // Before the journal is read: a request another process counts after that read
         // leaves after this.
@@ -601,14 +637,15 @@ impl Client {
             && lock(&settling.exhausted).is_some()
             && let Some(p) = lock(&settling.last_pending).take()
         {
-            result = Err(Stop::Pending(Box::new(p)));
+            result = Err(Stop::Pending(Box::new(p), None));
         }
-        self.file(intent, &result).await;
+        let named = *lock(&settling.known);
+        self.file(intent, &result, named).await;
         let elapsed = lock(&settling.budget).elapsed(Instant::now());
         let attempts = settling.tries.load(Ordering::SeqCst);
         match result {
             Ok(outcome) => Ok(outcome),
-            Err(Stop::Pending(p)) => Ok(Outcome::Pending(*p)),
+            Err(Stop::Pending(p, _)) => Ok(Outcome::Pending(*p)),
             Err(Stop::Transient { why, .. } | Stop::InFlight { why, .. }) => {
                 let limit = match *lock(&settling.exhausted) {
                     Some(Exhausted::Attempts) => " (attempts used up)",
@@ -650,6 +687,9 @@ impl Client {
                 key: intent.key().clone(),
                 payment_id,
             }),
+            Err(Stop::Redirected {
+                status, location, ..
+            }) => Err(PayError::Redirected { status, location }),
             Err(Stop::Unexpected(why)) => Err(PayError::Unexpected(why)),
             Err(Stop::Journal(e)) => Err(PayError::Journal(e)),
         }
@@ -755,19 +795,72 @@ impl Client {
 
     /// Writes down in the journal what the last try taught. A failure here never hides
     /// the outcome: at worst the intent is kept, and paying it again replays the answer.
-    async fn file(&self, intent: &Intent, result: &Result<Outcome, Stop>) {
+    /// `named`: the payment the server named for it, if any.
+    async fn file(&self, intent: &Intent, result: &Result<Outcome, Stop>, named: Option<Uuid>) {
         let Some(journal) = &self.journal else {
             return;
         };
         let key = intent.key();
-        let filed = match result {
+        let mut filed = self.file_once(journal, intent, result).await;
+        if let Err(JournalError::Gone(_)) = filed {
+            // Another process let it go (or a human forgot it) while this one paid it, and
+            // this pay ends without a terminal answer (gave up, pending, …): written back
+            // with its key, as sent, so the command run again resumes it. Left out, the
+            // next run would find nothing and pay under a new key.
+            tracing::info!(key = %key, "the intent left the journal while being paid; written back");
+            filed = match self.write_back(journal, intent, named).await {
+                Ok(()) => self.file_once(journal, intent, result).await,
+                Err(err) => Err(err),
+            };
+        }
+        if let Err(err) = filed {
+            tracing::warn!(key = %key, error = %err, "could not update the journal");
+        }
+    }
+
+    /// The intent written down again, as sent (its first send is what it remembers, so
+    /// its age is kept), with the payment the server named for it.
+    async fn write_back(
+        &self,
+        journal: &Journal,
+        intent: &Intent,
+        named: Option<Uuid>,
+    ) -> Result<(), JournalError> {
+        journal
+            .record(intent, &self.base_url, &self.api_key)
+            .await?;
+        match named {
+            Some(id) => journal.payment_known(intent.key(), id).await,
+            None => Ok(()),
+        }
+    }
+
+    /// [`file`](Client::file), once: [`JournalError::Gone`] when the intent to keep is no
+    /// longer there.
+    async fn file_once(
+        &self,
+        journal: &Journal,
+        intent: &Intent,
+        result: &Result<Outcome, Stop>,
+    ) -> Result<(), JournalError> {
+        let key = intent.key();
+        match result {
+            // A redirect of the first request ever is a refusal by whatever stands in
+            // front of pagos: nothing reached pagos, and the intent kept would hold its
+            // payment to this URL (`pagos pay --url` corrected would refuse to make it).
             Ok(Outcome::Paid(_) | Outcome::Declined { .. })
-            | Err(Stop::Refused {
-                first_contact: true,
-                ..
-            }) => journal.remove(key).await.map(drop),
+            | Err(
+                Stop::Refused {
+                    first_contact: true,
+                    ..
+                }
+                | Stop::Redirected {
+                    first_contact: true,
+                    ..
+                },
+            ) => journal.remove(key).await.map(drop),
             Ok(Outcome::Pending(p)) => journal.note(key, &still(p)).await,
-            Err(Stop::Pending(p)) => journal.note(key, &still(p)).await,
+            Err(Stop::Pending(p, _)) => journal.note(key, &still(p)).await,
             Err(Stop::Transient { why, .. } | Stop::InFlight { why, .. }) => {
                 journal.note(key, why).await
             }
@@ -793,11 +886,18 @@ impl Client {
                 );
                 journal.note(key, &why).await
             }
+            Err(Stop::Redirected {
+                status, location, ..
+            }) => {
+                let to = location
+                    .as_deref()
+                    .unwrap_or("nowhere (no Location header)");
+                journal
+                    .note(key, &format!("{status} redirecting to {to}"))
+                    .await
+            }
             Err(Stop::Unexpected(why)) => journal.note(key, why).await,
             Err(Stop::Journal(_)) => Ok(()),
-        };
-        if let Err(err) = filed {
-            tracing::warn!(key = %key, error = %err, "could not update the journal");
         }
     }
 
@@ -863,11 +963,20 @@ async fn read(
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| answer::parse_retry_after(v, SystemTime::now())),
+        location: location(&response),
     };
     match response.bytes().await {
         Ok(body) => reader(&head, &body),
         Err(err) => network(&err),
     }
+}
+
+/// An answer's `Location`, as sent: where a redirect leads.
+pub(crate) fn location(response: &reqwest::Response) -> Option<String> {
+    response
+        .headers()
+        .get(LOCATION)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
 }
 
 /// A request that got no (whole) answer: the outcome is unknown, so it may be sent again.
@@ -925,7 +1034,7 @@ impl Settling<'_> {
 
     fn notify(&self, stop: &Stop, wait: Duration) {
         let waiting = match stop {
-            Stop::Pending(p) => Waiting::Pending {
+            Stop::Pending(p, _) => Waiting::Pending {
                 payment_id: p.id,
                 state: p.state,
             },
@@ -970,14 +1079,29 @@ impl Settling<'_> {
                     return Err(Stop::Lost(id));
                 }
                 let before = match &client.journal {
-                    Some(journal) => journal.count_attempt(key).await.map_err(Stop::Journal)?,
-                    // Without a journal: this pay's own tries, and any the caller says
-                    // were sent before (`Intent::first_sent_at`).
+                    Some(journal) => match journal.count_attempt(key).await {
+                        Ok(before) => before,
+                        // Another process settled the intent and let it go while this one
+                        // waited (the same payment run twice at once: its 201 came during
+                        // our 409's Retry-After), or a human forgot it. Not damage: the same
+                        // key, sent uncounted, gets the server's answer for that key (its
+                        // stored answer replayed, or 409 while its request runs). Stopping
+                        // here instead would leave nothing pending, and the run asked again
+                        // would pay under a new key. Counted as sent before: it was.
+                        Err(JournalError::Gone(_)) => 1,
+                        Err(err) => return Err(Stop::Journal(err)),
+                    },
+                    // Without a journal: this pay's own tries, and any sent before by the
+                    // caller (`Intent::first_sent_at`) or an earlier pay of this intent.
                     None => {
                         self.tries.load(Ordering::SeqCst).saturating_sub(1)
                             + u32::from(self.intent.first_sent().is_some())
                     }
                 };
+                // The intent (and every clone of it) remembers its first send, so a later
+                // `pay` of the same value, journal or not, is held to the key retention
+                // from then, not from its own start.
+                self.intent.sending(self.first_sent);
                 (
                     client.post(self.intent, &self.body, timeout).await,
                     before == 0,
@@ -989,19 +1113,21 @@ impl Settling<'_> {
             Reading::Declined(p, problem) => self
                 .ours(p)
                 .map(|payment| Outcome::Declined { payment, problem }),
-            Reading::Pending(p) => {
+            Reading::Pending(p, retry_after) => {
                 let p = self.ours(p)?;
                 if known.is_none() {
                     *lock(&self.known) = Some(p.id);
                     if let Some(journal) = &client.journal {
-                        journal
-                            .payment_known(key, p.id)
-                            .await
-                            .map_err(Stop::Journal)?;
+                        match journal.payment_known(key, p.id).await {
+                            // Let go meanwhile by another process (or a human): the payment
+                            // is read by its id all the same, which is safe at any age.
+                            Ok(()) | Err(JournalError::Gone(_)) => {}
+                            Err(err) => return Err(Stop::Journal(err)),
+                        }
                     }
                 }
                 *lock(&self.last_pending) = Some(p.clone());
-                Err(Stop::Pending(Box::new(p)))
+                Err(Stop::Pending(Box::new(p), retry_after))
             }
             Reading::Transient { why, retry_after } => Err(Stop::Transient { why, retry_after }),
             Reading::InFlight { why, retry_after } => Err(Stop::InFlight { why, retry_after }),
@@ -1036,6 +1162,11 @@ impl Settling<'_> {
             Reading::Refused { status, problem } => Err(Stop::Refused {
                 status,
                 problem,
+                first_contact,
+            }),
+            Reading::Redirected { status, location } => Err(Stop::Redirected {
+                status,
+                location,
                 first_contact,
             }),
             Reading::Unexpected(why) => Err(Stop::Unexpected(why)),

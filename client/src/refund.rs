@@ -12,7 +12,7 @@
 use crate::answer::{Head, Problem, ProblemType};
 use crate::intent::IntentKey;
 use crate::retry::{Budget, Unsettled};
-use crate::{Client, PayError, lock};
+use crate::{Client, JournalError, PayError, lock};
 use pagos_types::{FieldError, NewRefund, Reembolso, RefundState};
 use reqwest::header::{AUTHORIZATION, RETRY_AFTER};
 use serde_json::{Value, json};
@@ -108,7 +108,8 @@ pub enum RefundOutcome {
 /// What one answer means for a refund intent.
 enum Read {
     Done(RefundOutcome),
-    Pending(Reembolso),
+    /// With the answer's `Retry-After`: not asked again sooner.
+    Pending(Reembolso, Option<std::time::Duration>),
     Transient {
         why: String,
         retry_after: Option<std::time::Duration>,
@@ -123,6 +124,11 @@ enum Read {
         status: u16,
         problem: Problem,
     },
+    /// A 3xx: the request never reached pagos.
+    Redirected {
+        status: u16,
+        location: Option<String>,
+    },
     Unexpected(String),
 }
 
@@ -135,7 +141,7 @@ fn read_answer(head: &Head, body: &[u8]) -> Read {
             Err(why) => Read::Unexpected(format!("201 without a refund: {why}")),
         },
         202 => match refund(body) {
-            Ok(r) => Read::Pending(r),
+            Ok(r) => Read::Pending(r, head.retry_after),
             Err(why) => Read::Unexpected(format!("202 without a refund: {why}")),
         },
         422 => {
@@ -165,6 +171,7 @@ fn into_read(reading: crate::answer::Reading) -> Read {
         Reading::InFlight { why, retry_after } => Read::InFlight { why, retry_after },
         Reading::KeyReused(problem) => Read::KeyReused(problem),
         Reading::Refused { status, problem } => Read::Refused { status, problem },
+        Reading::Redirected { status, location } => Read::Redirected { status, location },
         Reading::Unexpected(why) => Read::Unexpected(why),
         other => Read::Unexpected(format!("not a refund answer: {other:?}")),
     }
@@ -173,13 +180,16 @@ fn into_read(reading: crate::answer::Reading) -> Read {
 impl Client {
     /// Refunds `intent`: sends it with its key, retries what may be retried (the same
     /// key, the same body), and while the server answers 202 asks again (the server
-    /// settles a refund that is due when its retry comes) until the deadline.
+    /// settles a refund that is due when its retry comes) until the deadline, not before
+    /// the 202's `Retry-After` (one past the deadline ends it at once, pending).
     ///
     /// With a journal, the intent is written down before the first request, each request
     /// is counted there before it leaves, and the intent is let go only on a terminal
-    /// answer: refunded, refused by the gateway, or a refusal of its first request ever
-    /// (by any process: a refusal after an earlier request whose outcome is unknown keeps
-    /// it, since that request may have made the refund).
+    /// answer: refunded, refused by the gateway, or a refusal or redirect of its first
+    /// request ever (by any process: a refusal after an earlier request whose outcome is
+    /// unknown keeps it, since that request may have made the refund). One let go by
+    /// another process meanwhile is still sent with its key, uncounted, and written back
+    /// under that key without a terminal answer.
     pub async fn refund(&self, intent: &RefundIntent) -> Result<RefundOutcome, PayError> {
         if let Some(journal) = &self.journal {
             journal
@@ -197,12 +207,23 @@ impl Client {
         let mut last_pending = None;
         // No request of this intent was sent before the last one, by any process.
         let mut first_contact = false;
+        // The intent left the journal while this process asked it (another one settled
+        // it, or a human forgot it).
+        let mut left = false;
         let result = loop {
             attempts += 1;
             // Counted before it leaves: a process that dies now leaves it counted.
             let before = match &self.journal {
                 Some(journal) => match journal.count_refund_attempt(&intent.key).await {
                     Ok(before) => before,
+                    // Another process got its terminal answer and let it go while this one
+                    // waited, or a human forgot it: the same key, sent uncounted, gets the
+                    // server's answer for that key. Stopping would leave nothing kept, and
+                    // the refund asked again would be made under a new key.
+                    Err(JournalError::Gone(_)) => {
+                        left = true;
+                        1
+                    }
                     Err(err) => break Err(err.into()),
                 },
                 None => attempts - 1,
@@ -234,6 +255,7 @@ impl Client {
                             .get(RETRY_AFTER)
                             .and_then(|v| v.to_str().ok())
                             .and_then(|v| crate::answer::parse_retry_after(v, SystemTime::now())),
+                        location: crate::location(&response),
                     };
                     match response.bytes().await {
                         Ok(bytes) => read_answer(&head, &bytes),
@@ -243,9 +265,9 @@ impl Client {
             };
             let unsettled = match read {
                 Read::Done(outcome) => break Ok(outcome),
-                Read::Pending(r) => {
+                Read::Pending(r, retry_after) => {
                     last_pending = Some(r);
-                    Unsettled::Pending
+                    Unsettled::Pending { retry_after }
                 }
                 Read::Transient { why, retry_after } => {
                     tracing::warn!(key = %intent.key, attempt = attempts, why, "refund attempt failed; retrying with the same key");
@@ -263,6 +285,9 @@ impl Client {
                 }
                 Read::Refused { status, problem } => {
                     break Err(PayError::Rejected { status, problem });
+                }
+                Read::Redirected { status, location } => {
+                    break Err(PayError::Redirected { status, location });
                 }
                 Read::Unexpected(why) => break Err(PayError::Unexpected(why)),
             };
@@ -287,11 +312,24 @@ impl Client {
                 Ok(RefundOutcome::Refunded(_) | RefundOutcome::Refused { .. }) => {
                     journal.remove_refund(&intent.key).await.map(drop)
                 }
-                // A refusal of the intent's first request ever, by any process: nothing
+                // A refusal of the intent's first request ever, by any process, or a
+                // redirect of it (pagos never redirects: it never reached pagos): nothing
                 // was registered. After an earlier request (this process's, or another's
                 // that timed out), that request may have made the refund: kept.
-                Err(PayError::Rejected { .. }) if first_contact => {
+                Err(PayError::Rejected { .. } | PayError::Redirected { .. }) if first_contact => {
                     journal.remove_refund(&intent.key).await.map(drop)
+                }
+                // Let go by another process (or a human) while this one asked it, and no
+                // terminal answer here: written back with its key, counted as sent, so the
+                // same command run again asks it with that key, not a new one.
+                _ if left => {
+                    match journal
+                        .record_refund(intent, &self.base_url, &self.api_key)
+                        .await
+                    {
+                        Ok(()) => journal.count_refund_attempt(&intent.key).await.map(drop),
+                        Err(err) => Err(err),
+                    }
                 }
                 _ => Ok(()),
             };

@@ -100,7 +100,9 @@ pub enum Unsettled {
     /// attempt; only the deadline bounds it.
     InFlight { retry_after: Option<Duration> },
     /// The server has the payment and no outcome yet; looking again is not a failure.
-    Pending,
+    /// Not before its `Retry-After` (a 202's: when the server next works on the payment,
+    /// five minutes for one in REVISION_MANUAL): looking sooner only reads the same state.
+    Pending { retry_after: Option<Duration> },
 }
 
 /// What one `pay` may still spend: attempts and time. Time is counted as durations since
@@ -135,10 +137,10 @@ impl Budget {
     }
 
     /// The wait before the next try, or why there is none. `jittered` is the backoff's
-    /// proposal; a `Retry-After` longer than it wins, and a pending payment is not looked
-    /// up again sooner than `min_delay`. A wait that would end at or past the deadline is
-    /// none: no try could start in time (a `Retry-After` longer than what is left means
-    /// "not before the deadline").
+    /// proposal; a `Retry-After` longer than it wins (a pending payment's too), and a
+    /// pending payment is not looked up again sooner than `min_delay`. A wait that would
+    /// end at or past the deadline is none: no try could start in time (a `Retry-After`
+    /// longer than what is left means "not before the deadline").
     pub fn next_wait(
         &mut self,
         why: Unsettled,
@@ -154,7 +156,9 @@ impl Budget {
                 jittered.max(retry_after.unwrap_or_default())
             }
             Unsettled::InFlight { retry_after } => jittered.max(retry_after.unwrap_or_default()),
-            Unsettled::Pending => jittered.max(self.min_delay),
+            Unsettled::Pending { retry_after } => jittered
+                .max(self.min_delay)
+                .max(retry_after.unwrap_or_default()),
         };
         if wait >= self.remaining(now) {
             return Err(Exhausted::Time);
@@ -185,6 +189,8 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const PENDING: Unsettled = Unsettled::Pending { retry_after: None };
 
     fn policy(seed: u64) -> PayPolicy {
         PayPolicy {
@@ -261,6 +267,30 @@ mod tests {
         assert_eq!(wait, Ok(Duration::from_millis(40)));
     }
 
+    /// A payment under review is answered 202 with `Retry-After: 300`: the next look waits
+    /// for it, and one past the deadline ends the wait at once.
+    #[test]
+    fn a_pending_payments_retry_after_is_honoured_and_one_past_the_deadline_ends_it() {
+        let now = Instant::now();
+        let p = PayPolicy {
+            deadline: Duration::from_secs(600),
+            ..policy(1)
+        };
+        let mut budget = Budget::new(&p, now);
+        let small = Duration::from_millis(1);
+        let under_review = Unsettled::Pending {
+            retry_after: Some(Duration::from_secs(300)),
+        };
+        assert_eq!(
+            budget.next_wait(under_review, small, now),
+            Ok(Duration::from_secs(300))
+        );
+        assert_eq!(
+            budget.next_wait(under_review, small, now + Duration::from_secs(400)),
+            Err(Exhausted::Time)
+        );
+    }
+
     #[test]
     fn failures_stop_at_max_attempts_but_pending_lookups_do_not_count() {
         let now = Instant::now();
@@ -272,7 +302,7 @@ mod tests {
         let failed = Unsettled::Failed { retry_after: None };
         let small = Duration::from_millis(1);
         for _ in 0..50 {
-            assert!(budget.next_wait(Unsettled::Pending, small, now).is_ok());
+            assert!(budget.next_wait(PENDING, small, now).is_ok());
         }
         assert!(budget.next_wait(failed, small, now).is_ok(), "after try 1");
         assert!(budget.next_wait(failed, small, now).is_ok(), "after try 2");
@@ -337,7 +367,7 @@ mod tests {
         };
         assert_eq!(budget.next_wait(far, second, now), Err(Exhausted::Time));
         assert_eq!(
-            budget.next_wait(Unsettled::Pending, second, now + Duration::from_secs(4)),
+            budget.next_wait(PENDING, second, now + Duration::from_secs(4)),
             Err(Exhausted::Time)
         );
     }
@@ -357,7 +387,7 @@ mod tests {
         );
         let small = Duration::from_millis(1);
         assert_eq!(
-            budget.next_wait(Unsettled::Pending, small, now),
+            budget.next_wait(PENDING, small, now),
             Ok(policy(1).min_delay)
         );
         // A misbehaving proxy's `Retry-After: 18446744073709551615`, under a deadline: no

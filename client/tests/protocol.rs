@@ -3,15 +3,18 @@
 
 mod helpers;
 
+use futures::StreamExt;
 use helpers::{
-    API_KEY, TestJournal, answer, client, fast_policy, first, intent, journal_and_client, key_of,
-    keys_sent, look_ups, nothing_sent, pago, paid, paid_replay, posts, posts_answer, posts_seen,
-    problem, reset, then, unavailable, until,
+    API_KEY, TestJournal, answer, client, fast_policy, first, in_flight, intent,
+    journal_and_client, key_of, keys_sent, look_ups, nothing_sent, pago, pagos_pay, pagos_refund,
+    paid, paid_replay, posts, posts_answer, posts_seen, problem, reembolso, refunds, reset, tell,
+    then, unavailable, until,
 };
 use pagos_client::{
     Client, Intent, Journal, Outcome, PayError, PayPolicy, PaymentRequest, PaymentState,
-    ProblemType, RefundIntent, RefundRequest, Waiting,
+    ProblemType, RefundIntent, RefundOutcome, RefundRequest, RefundState, Waiting,
 };
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 use wiremock::{MockServer, ResponseTemplate};
@@ -1189,4 +1192,425 @@ async fn a_kept_key_first_sent_longer_ago_than_the_key_retention_is_not_sent_aga
     let resumed = with_journal.resume().await.expect("resume");
     assert!(matches!(resumed[0].result, Err(PayError::Expired { .. })));
     server.verify().await;
+}
+
+/// The flags of `intent()`'s payment on `pagos pay`'s command line.
+const PAYMENT: [&str; 6] = ["--credito", "42", "--monto", "250000", "--moneda", "COP"];
+
+/// The same payment run twice at once (a job started twice, the command in two
+/// terminals): run A's request is in flight when run B sends the same intent, answered 409
+/// `request-in-flight`, `Retry-After: 1`. While B waits, A gets its 201 and lets the intent
+/// go. Before, B's retry found no row to count, took the journal for damaged ("journal
+/// entry K is unreadable") and exited 1 with nothing left pending: run again, it paid
+/// under a new key, charging the customer twice. Now B sends the same key uncounted, the
+/// server replays A's 201, and B exits 0: one key, nothing written back.
+#[tokio::test]
+async fn a_payment_settled_by_another_run_while_this_one_waits_is_paid_with_its_key() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    let (in_flight, mut heard) = tell(in_flight());
+    first(posts().respond_with(in_flight), &server).await;
+    then(posts().respond_with(paid_replay(id)), &server).await;
+    let journal = TestJournal::new().await;
+    let url = pagos_client::base_url(&server.uri()).expect("url");
+    // Run A wrote the intent down and sent it; its request still runs on the server.
+    let intent = intent();
+    journal.record_sent_once(&intent, &url).await;
+
+    let run_b = pagos_pay(&server, &journal.path, &PAYMENT);
+    let run_a_settles = async {
+        heard.next().await.expect("B's first request");
+        // A's 201 came: it lets the intent go, as `pay` does.
+        let removed = journal.journal.remove(intent.key()).await.expect("journal");
+        assert!(removed, "A let it go while B waited");
+    };
+    let (exit, ()) = tokio::join!(run_b, run_a_settles);
+
+    assert_eq!(exit, ExitCode::from(0), "B reports the payment");
+    let key = intent.key().as_str();
+    assert_eq!(
+        keys_sent(&server).await,
+        [key, key],
+        "one key, never a new one"
+    );
+    assert!(journal.pending().await.is_empty(), "nothing written back");
+}
+
+/// The same for a refund: `pagos refund` run twice at once, the first run's refund
+/// settled (and let go) while the second waits out a 409: the second exits 0 with the
+/// refund, its key the only one sent.
+#[tokio::test]
+async fn a_refund_settled_by_another_run_while_this_one_waits_is_refunded_with_its_key() {
+    let server = MockServer::start().await;
+    let payment = Uuid::new_v4();
+    let (in_flight, mut heard) = tell(in_flight());
+    first(refunds(payment).respond_with(in_flight), &server).await;
+    let refunded = answer(201, reembolso(Uuid::new_v4(), payment, "COMPLETADO"))
+        .insert_header("Idempotent-Replayed", "true");
+    then(refunds(payment).respond_with(refunded), &server).await;
+    let journal = TestJournal::new().await;
+    let url = pagos_client::base_url(&server.uri()).expect("url");
+    let request = RefundRequest::new(payment, Some(1_000), None).expect("valid");
+    let intent = RefundIntent::new(request.clone());
+    journal
+        .journal
+        .record_refund(&intent, &url, API_KEY)
+        .await
+        .expect("recorded");
+    journal
+        .journal
+        .count_refund_attempt(intent.key())
+        .await
+        .expect("counted");
+
+    let payment_id = payment.to_string();
+    let flags = ["--pago", &payment_id, "--monto", "1000"];
+    let run_b = pagos_refund(&server, &journal.path, &flags);
+    let run_a_settles = async {
+        heard.next().await.expect("B's first request");
+        let removed = journal.journal.remove_refund(intent.key()).await;
+        assert!(removed.expect("journal"), "A let it go while B waited");
+    };
+    let (exit, ()) = tokio::join!(run_b, run_a_settles);
+
+    assert_eq!(exit, ExitCode::from(0), "B reports the refund");
+    let sent: Vec<String> = server
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(key_of)
+        .collect();
+    assert_eq!(sent, [intent.key().to_string(), intent.key().to_string()]);
+    let kept = journal
+        .journal
+        .find_refunds(&request)
+        .await
+        .expect("journal");
+    assert!(kept.is_empty(), "nothing written back: {kept:?}");
+}
+
+/// The intent leaves the journal while its first request is in flight (on-call's
+/// `--forget`, or another process's answer), and that request is answered 202. Before,
+/// writing the payment's id down found no row and the pay ended with a journal error
+/// (exit 1, nothing pending: asked again, a new key). Now the payment is read by its id
+/// all the same, and its outcome told.
+#[tokio::test]
+async fn a_payment_named_after_its_intent_left_the_journal_is_read_and_told() {
+    let server = MockServer::start().await;
+    let id = Uuid::new_v4();
+    let (named, mut heard) =
+        tell(answer(202, pago(id, "ENVIADA")).set_delay(Duration::from_millis(500)));
+    posts().respond_with(named).expect(1).mount(&server).await;
+    look_ups(id)
+        .respond_with(answer(200, pago(id, "COMPLETADA")))
+        .mount(&server)
+        .await;
+    let (journal, client, _) = journal_and_client(&server, fast_policy()).await;
+    let intent = intent();
+
+    let paying = client.pay(&intent);
+    let forgotten = async {
+        heard.next().await.expect("the request");
+        let removed = journal.journal.remove(intent.key()).await.expect("journal");
+        assert!(removed, "forgotten while its request ran");
+    };
+    let (outcome, ()) = tokio::join!(paying, forgotten);
+
+    assert!(
+        matches!(&outcome, Ok(Outcome::Paid(p)) if p.id == id),
+        "{outcome:?}"
+    );
+    assert!(journal.pending().await.is_empty(), "nothing written back");
+    server.verify().await;
+}
+
+/// Without a journal the caller keeps the `Intent` value itself and pays it again later
+/// (a retry job the next day). Its first request left longer ago than the server keeps
+/// keys, so the same key could make a second payment. Before, the later `pay` counted the
+/// key's age from its own start and sent it; now the intent, and every clone of it,
+/// remembers its first send, and the later `pay` is refused `Expired` with nothing sent.
+#[tokio::test]
+async fn the_same_intent_paid_again_past_the_key_retention_without_a_journal_is_not_sent() {
+    let server = MockServer::start().await;
+    posts_answer(&server, unavailable(503, "Unavailable"), 1).await;
+    let retention = Duration::from_millis(500);
+    let client = Client::new(&server.uri(), API_KEY)
+        .expect("client")
+        .with_policy(PayPolicy {
+            max_attempts: 1,
+            ..fast_policy()
+        })
+        .with_key_retention(retention);
+    let intent = intent();
+    let before = chrono::Utc::now();
+    let first = client.pay(&intent).await;
+    let after = chrono::Utc::now();
+    assert!(matches!(first, Err(PayError::GaveUp { .. })), "{first:?}");
+    tokio::time::sleep(retention).await;
+
+    let err = client.pay(&intent.clone()).await.expect_err("expired");
+
+    assert!(
+        matches!(&err, PayError::Expired { key, first_sent, .. }
+            if key == intent.key() && *first_sent >= before && *first_sent <= after),
+        "{err:?}"
+    );
+    server.verify().await;
+}
+
+/// The server URL answers the first request with a redirect (a load balancer sending
+/// `http://` to `https://`). pagos never redirects, so the request never reached it: the
+/// intent is let go, as after a refusal of its first request, and the error names where
+/// the redirect leads. Before, the intent was kept (an unexpected answer): the corrected
+/// client was refused because the payment was kept at the old URL, and every resume met
+/// the same redirect. Now the client at that URL pays it. The same for a refund.
+#[tokio::test]
+async fn a_redirect_of_the_first_request_lets_the_intent_go_and_names_where_it_leads() {
+    let old = MockServer::start().await;
+    let new = MockServer::start().await;
+    let (id, payment) = (Uuid::new_v4(), Uuid::new_v4());
+    let pay_path = "/v1/pagos".to_owned();
+    let refund_path = format!("/v1/pagos/{payment}/reembolsos");
+    let moved = |path: &str| {
+        ResponseTemplate::new(301).insert_header("Location", format!("{}{path}", new.uri()))
+    };
+    posts_answer(&old, moved(&pay_path), 1).await;
+    refunds(payment)
+        .respond_with(moved(&refund_path))
+        .expect(1)
+        .mount(&old)
+        .await;
+    posts_answer(&new, paid(id), 1).await;
+    refunds(payment)
+        .respond_with(answer(
+            201,
+            reembolso(Uuid::new_v4(), payment, "COMPLETADO"),
+        ))
+        .expect(1)
+        .mount(&new)
+        .await;
+    let journal = TestJournal::new().await;
+    let (at_old, _) = client(&old, &journal.journal, fast_policy());
+    let (at_new, _) = client(&new, &journal.journal, fast_policy());
+    let request = intent().request().clone();
+    let refund = RefundRequest::new(payment, Some(1_000), None).expect("valid");
+
+    let intent = at_old.intent_for(request.clone()).await.expect("intent");
+    let paid_err = at_old.pay(&intent).await.expect_err("redirected");
+    let refund_intent = at_old
+        .refund_intent_for(refund.clone())
+        .await
+        .expect("intent");
+    let refund_err = at_old.refund(&refund_intent).await.expect_err("redirected");
+
+    for (err, path) in [(paid_err, pay_path), (refund_err, refund_path)] {
+        let to = format!("{}{path}", new.uri());
+        assert!(
+            matches!(&err, PayError::Redirected { status: 301, location: Some(l) } if *l == to),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains(&to), "{err}");
+    }
+    assert!(journal.pending().await.is_empty(), "nothing reached pagos");
+    let kept = journal
+        .journal
+        .find_refunds(&refund)
+        .await
+        .expect("journal");
+    assert!(kept.is_empty(), "{kept:?}");
+
+    let corrected = at_new
+        .intent_for(request)
+        .await
+        .expect("not kept elsewhere");
+    let paid = at_new.pay(&corrected).await;
+    assert!(
+        matches!(&paid, Ok(Outcome::Paid(p)) if p.id == id),
+        "{paid:?}"
+    );
+    let corrected = at_new.refund_intent_for(refund).await.expect("not kept");
+    let refunded = at_new.refund(&corrected).await;
+    assert!(
+        matches!(refunded, Ok(RefundOutcome::Refunded(_))),
+        "{refunded:?}"
+    );
+    old.verify().await;
+    new.verify().await;
+}
+
+/// The same on the command line: `pagos pay --url http://…` redirected exits 1 keeping
+/// nothing, and the corrected command pays (exit 0) instead of being refused because the
+/// intent was made at the old URL.
+#[tokio::test]
+async fn pagos_pay_redirected_on_its_first_request_pays_when_run_again_at_the_new_url() {
+    let old = MockServer::start().await;
+    let new = MockServer::start().await;
+    let moved = ResponseTemplate::new(301).insert_header("Location", new.uri());
+    posts_answer(&old, moved, 1).await;
+    posts_answer(&new, paid(Uuid::new_v4()), 1).await;
+    let journal = TestJournal::new().await;
+
+    let redirected = pagos_pay(&old, &journal.path, &PAYMENT).await;
+    assert_eq!(redirected, ExitCode::from(1));
+    assert!(journal.pending().await.is_empty(), "nothing reached pagos");
+    let corrected = pagos_pay(&new, &journal.path, &PAYMENT).await;
+
+    assert_eq!(corrected, ExitCode::from(0), "paid at the corrected URL");
+    assert!(journal.pending().await.is_empty());
+    old.verify().await;
+    new.verify().await;
+}
+
+/// A payment (or refund) under review: the server answers 202 REVISION_MANUAL with
+/// `Retry-After: 300` (on-call decides; nothing changes sooner). Before, the client looked
+/// it up again every few hundred milliseconds until its deadline (a dozen requests in the
+/// two minutes of `pagos pay`). Now the next look would be past the deadline, so the pay
+/// ends at once, after its one request, pending, as at any deadline.
+#[tokio::test]
+async fn a_202_whose_retry_after_is_past_the_deadline_ends_at_once_pending() {
+    let server = MockServer::start().await;
+    let (id, payment) = (Uuid::new_v4(), Uuid::new_v4());
+    let later = |body| answer(202, body).insert_header("Retry-After", "300");
+    posts_answer(&server, later(pago(id, "REVISION_MANUAL")), 1).await;
+    look_ups(id)
+        .respond_with(answer(200, pago(id, "REVISION_MANUAL")))
+        .expect(0)
+        .mount(&server)
+        .await;
+    refunds(payment)
+        .respond_with(later(reembolso(Uuid::new_v4(), payment, "REVISION_MANUAL")))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let (journal, client, notices) = journal_and_client(&server, fast_policy()).await;
+    let refund = RefundIntent::new(RefundRequest::new(payment, Some(1_000), None).expect("valid"));
+
+    let started = Instant::now();
+    let outcome = client.pay(&intent()).await;
+    let refunded = client.refund(&refund).await;
+    let took = started.elapsed();
+
+    assert!(
+        matches!(&outcome, Ok(Outcome::Pending(p)) if p.id == id && p.state == PaymentState::RevisionManual),
+        "{outcome:?}"
+    );
+    assert!(
+        matches!(&refunded, Ok(RefundOutcome::Pending(r)) if r.state == RefundState::RevisionManual),
+        "{refunded:?}"
+    );
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(notices.all().is_empty(), "no wait was started");
+    assert_eq!(
+        journal.pending().await[0].payment_id,
+        Some(id),
+        "kept, with its id"
+    );
+    server.verify().await;
+}
+
+/// As above, but B's uncounted retry gets no answer either (503, and B's one attempt is
+/// used up): B exits 1, the outcome unknown to it. Left out of the journal, the command
+/// run again would pay under a new key; B writes the intent back with its key, so the run
+/// again resumes it and the server replays A's answer.
+#[tokio::test]
+async fn a_payment_let_go_by_another_run_is_written_back_when_this_run_learns_nothing() {
+    let server = MockServer::start().await;
+    let (in_flight, mut heard) = tell(in_flight());
+    first(posts().respond_with(in_flight), &server).await;
+    then(
+        posts().respond_with(unavailable(503, "Unavailable")),
+        &server,
+    )
+    .await;
+    let journal = TestJournal::new().await;
+    let url = pagos_client::base_url(&server.uri()).expect("url");
+    let intent = intent();
+    journal.record_sent_once(&intent, &url).await;
+    let flags = [&PAYMENT[..], &["--max-attempts", "1"]].concat();
+
+    let run_b = pagos_pay(&server, &journal.path, &flags);
+    let run_a_settles = async {
+        heard.next().await.expect("B's first request");
+        let removed = journal.journal.remove(intent.key()).await.expect("journal");
+        assert!(removed, "A let it go while B waited");
+    };
+    let (exit, ()) = tokio::join!(run_b, run_a_settles);
+    assert_eq!(exit, ExitCode::from(1), "B gave up");
+    let kept = journal.pending().await;
+    assert_eq!(kept.len(), 1, "written back");
+    assert_eq!(kept[0].intent, intent);
+    assert!(kept[0].attempts > 0, "as sent: {}", kept[0].attempts);
+
+    server.reset().await;
+    posts_answer(&server, paid_replay(Uuid::new_v4()), 1).await;
+    let again = pagos_pay(&server, &journal.path, &PAYMENT).await;
+
+    assert_eq!(again, ExitCode::from(0));
+    assert_eq!(keys_sent(&server).await, [intent.key().as_str()]);
+    assert!(journal.pending().await.is_empty());
+}
+
+/// The same for a refund: written back with its key, and asked again with it.
+#[tokio::test]
+async fn a_refund_let_go_by_another_run_is_written_back_when_this_run_learns_nothing() {
+    let server = MockServer::start().await;
+    let payment = Uuid::new_v4();
+    let (in_flight, mut heard) = tell(in_flight());
+    first(refunds(payment).respond_with(in_flight), &server).await;
+    then(
+        refunds(payment).respond_with(unavailable(503, "Unavailable")),
+        &server,
+    )
+    .await;
+    let journal = TestJournal::new().await;
+    let url = pagos_client::base_url(&server.uri()).expect("url");
+    let request = RefundRequest::new(payment, Some(1_000), None).expect("valid");
+    let intent = RefundIntent::new(request.clone());
+    journal
+        .journal
+        .record_refund(&intent, &url, API_KEY)
+        .await
+        .expect("recorded");
+    let payment_id = payment.to_string();
+    let flags = ["--pago", &payment_id, "--monto", "1000"];
+    let once = [&flags[..], &["--max-attempts", "1"]].concat();
+
+    let run_b = pagos_refund(&server, &journal.path, &once);
+    let run_a_settles = async {
+        heard.next().await.expect("B's first request");
+        let removed = journal.journal.remove_refund(intent.key()).await;
+        assert!(removed.expect("journal"), "A let it go while B waited");
+    };
+    let (exit, ()) = tokio::join!(run_b, run_a_settles);
+    assert_eq!(exit, ExitCode::from(1), "B gave up");
+    let kept = journal
+        .journal
+        .find_refunds(&request)
+        .await
+        .expect("journal");
+    assert_eq!(kept.len(), 1, "written back");
+    assert_eq!(kept[0].intent, intent);
+    assert!(kept[0].attempts > 0, "as sent: {}", kept[0].attempts);
+
+    server.reset().await;
+    refunds(payment)
+        .respond_with(answer(
+            201,
+            reembolso(Uuid::new_v4(), payment, "COMPLETADO"),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let again = pagos_refund(&server, &journal.path, &flags).await;
+
+    assert_eq!(again, ExitCode::from(0));
+    let sent: Vec<String> = server
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(key_of)
+        .collect();
+    assert_eq!(sent, [intent.key().to_string()]);
 }

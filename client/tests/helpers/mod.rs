@@ -208,3 +208,106 @@ pub fn reset(why: &'static str) -> impl Fn(&Request) -> std::io::Error {
 pub async fn keys_sent(server: &MockServer) -> Vec<String> {
     posts_seen(server).await.iter().map(key_of).collect()
 }
+
+/// `POST /v1/pagos/{payment}/reembolsos`.
+pub fn refunds(payment: Uuid) -> wiremock::MockBuilder {
+    Mock::given(method("POST")).and(path(format!("/v1/pagos/{payment}/reembolsos")))
+}
+
+/// A refund of 1000 of `payment` as pagos shows it.
+pub fn reembolso(id: Uuid, payment: Uuid, estado: &str) -> Value {
+    json!({"id": id, "pagoId": payment, "monto": 1000, "moneda": "COP", "estado": estado,
+           "gatewayRef": "re_1", "creadoEn": "2026-01-01T00:00:00.000Z",
+           "actualizadoEn": "2026-01-01T00:00:01.000Z"})
+}
+
+/// 409 `request-in-flight`, `Retry-After: 1`: the first request with this key still runs.
+pub fn in_flight() -> ResponseTemplate {
+    answer(
+        409,
+        problem(
+            409,
+            "request-in-flight",
+            "A request with this Idempotency-Key is in progress",
+        ),
+    )
+    .insert_header("Retry-After", "1")
+}
+
+/// Answers `answer`, and tells the receiver [`tell`] gave that a request came, the moment
+/// it comes (before any delay of `answer`).
+pub struct Tell {
+    arrived: futures::channel::mpsc::UnboundedSender<()>,
+    answer: ResponseTemplate,
+}
+
+/// `answer`, told as it is asked: the responder, and what hears of each request.
+pub fn tell(answer: ResponseTemplate) -> (Tell, futures::channel::mpsc::UnboundedReceiver<()>) {
+    let (arrived, heard) = futures::channel::mpsc::unbounded();
+    (Tell { arrived, answer }, heard)
+}
+
+impl wiremock::Respond for Tell {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        // Nobody listening any more is no reason to fail the answer.
+        let _ = self.arrived.unbounded_send(());
+        self.answer.clone()
+    }
+}
+
+/// `pagos pay` as a merchant runs it, at `server`, with `journal` and the test's API key,
+/// and `flags`: its exit code.
+pub async fn pagos_pay(
+    server: &MockServer,
+    journal: &std::path::Path,
+    flags: &[&str],
+) -> std::process::ExitCode {
+    #[derive(clap::Parser)]
+    struct Pay {
+        #[command(flatten)]
+        args: pagos_client::cli::PayArgs,
+    }
+    let args = <Pay as clap::Parser>::try_parse_from(command("pay", server, journal, flags))
+        .expect("flags")
+        .args;
+    pagos_client::cli::run(args).await.expect("ran")
+}
+
+/// `pagos refund` as a merchant runs it, as [`pagos_pay`] runs `pagos pay`.
+pub async fn pagos_refund(
+    server: &MockServer,
+    journal: &std::path::Path,
+    flags: &[&str],
+) -> std::process::ExitCode {
+    #[derive(clap::Parser)]
+    struct Refund {
+        #[command(flatten)]
+        args: pagos_client::refund_cli::RefundArgs,
+    }
+    let args = <Refund as clap::Parser>::try_parse_from(command("refund", server, journal, flags))
+        .expect("flags")
+        .args;
+    pagos_client::refund_cli::run(args).await.expect("ran")
+}
+
+fn command(
+    name: &str,
+    server: &MockServer,
+    journal: &std::path::Path,
+    flags: &[&str],
+) -> Vec<String> {
+    let journal = journal.to_str().expect("a UTF-8 path");
+    [
+        name,
+        "--url",
+        &server.uri(),
+        "--api-key",
+        API_KEY,
+        "--journal",
+        journal,
+    ]
+    .into_iter()
+    .chain(flags.iter().copied())
+    .map(str::to_owned)
+    .collect()
+}
