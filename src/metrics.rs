@@ -699,15 +699,7 @@ impl MeteredMercadoPago {
 
     /// The payment as Mercado Pago holds it now; None when it has no such payment.
     pub async fn fetch(&self, id: &str) -> Result<Option<Payment>, GatewayError> {
-        let started = Instant::now();
-        let result = self.inner.fetch(id).await;
-        let outcome = match &result {
-            Ok(Some(_)) => "found",
-            Ok(None) => "not_found",
-            Err(err) => error_outcome(err),
-        };
-        self.metrics.gateway_call("fetch", outcome, started);
-        result
+        metered_fetch(&self.metrics, self.inner.fetch(id)).await
     }
 }
 
@@ -726,16 +718,25 @@ impl MeteredStripe {
 
     /// The PaymentIntent as Stripe holds it now; None when it has no such PaymentIntent.
     pub async fn fetch_intent(&self, id: &str) -> Result<Option<PaymentIntent>, GatewayError> {
-        let started = Instant::now();
-        let result = self.inner.fetch_intent(id).await;
-        let outcome = match &result {
-            Ok(Some(_)) => "found",
-            Ok(None) => "not_found",
-            Err(err) => error_outcome(err),
-        };
-        self.metrics.gateway_call("fetch", outcome, started);
-        result
+        metered_fetch(&self.metrics, self.inner.fetch_intent(id)).await
     }
+}
+
+/// A provider's read of one object, counted as operation `fetch`: `found`, `not_found`,
+/// or the error's outcome.
+async fn metered_fetch<T>(
+    metrics: &Metrics,
+    read: impl std::future::Future<Output = Result<Option<T>, GatewayError>>,
+) -> Result<Option<T>, GatewayError> {
+    let started = Instant::now();
+    let result = read.await;
+    let outcome = match &result {
+        Ok(Some(_)) => "found",
+        Ok(None) => "not_found",
+        Err(err) => error_outcome(err),
+    };
+    metrics.gateway_call("fetch", outcome, started);
+    result
 }
 
 fn error_outcome(err: &GatewayError) -> &'static str {

@@ -64,21 +64,7 @@ async fn a_connection_dropped_after_the_commit_is_retried_with_the_same_key_and_
 async fn a_409_with_retry_after_is_waited_out_and_the_replay_pays_with_the_same_key() {
     let server = MockServer::start().await;
     let id = Uuid::new_v4();
-    first(
-        posts().respond_with(
-            answer(
-                409,
-                problem(
-                    409,
-                    "request-in-flight",
-                    "A request with this Idempotency-Key is in progress",
-                ),
-            )
-            .insert_header("Retry-After", "1"),
-        ),
-        &server,
-    )
-    .await;
+    first(posts().respond_with(in_flight()), &server).await;
     then(posts().respond_with(paid_replay(id)), &server).await;
     let (_journal, client, notices) = journal_and_client(&server, fast_policy()).await;
     let intent = intent();
@@ -1197,6 +1183,59 @@ async fn a_kept_key_first_sent_longer_ago_than_the_key_retention_is_not_sent_aga
 /// The flags of `intent()`'s payment on `pagos pay`'s command line.
 const PAYMENT: [&str; 6] = ["--credito", "42", "--monto", "250000", "--moneda", "COP"];
 
+/// Runs `run_b` (a second run of one intent, whose first request is answered 409 in
+/// flight) while run A, once B's first request is heard, gets its answer and lets the
+/// intent go (`let_go`, which says whether it was kept): B's exit code.
+async fn while_another_run_lets_it_go(
+    run_b: impl std::future::Future<Output = ExitCode>,
+    mut heard: futures::channel::mpsc::UnboundedReceiver<()>,
+    let_go: impl std::future::Future<Output = bool>,
+) -> ExitCode {
+    let run_a_settles = async {
+        heard.next().await.expect("B's first request");
+        assert!(let_go.await, "A let it go while B waited");
+    };
+    let (exit, ()) = tokio::join!(run_b, run_a_settles);
+    exit
+}
+
+/// A refund of 1,000 of `payment` written down in `journal` for `server`, as run A left
+/// it (`sent`: its request counted); the request and the intent.
+async fn refund_recorded(
+    journal: &TestJournal,
+    server: &MockServer,
+    payment: Uuid,
+    sent: bool,
+) -> (RefundRequest, RefundIntent) {
+    let url = pagos_client::base_url(&server.uri()).expect("url");
+    let request = RefundRequest::new(payment, Some(1_000), None).expect("valid");
+    let intent = RefundIntent::new(request.clone());
+    journal
+        .journal
+        .record_refund(&intent, &url, API_KEY)
+        .await
+        .expect("recorded");
+    if sent {
+        journal
+            .journal
+            .count_refund_attempt(intent.key())
+            .await
+            .expect("counted");
+    }
+    (request, intent)
+}
+
+/// The keys of every request `server` received.
+async fn every_key_sent(server: &MockServer) -> Vec<String> {
+    server
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(key_of)
+        .collect()
+}
+
 /// The same payment run twice at once (a job started twice, the command in two
 /// terminals): run A's request is in flight when run B sends the same intent, answered 409
 /// `request-in-flight`, `Retry-After: 1`. While B waits, A gets its 201 and lets the intent
@@ -1208,7 +1247,7 @@ const PAYMENT: [&str; 6] = ["--credito", "42", "--monto", "250000", "--moneda", 
 async fn a_payment_settled_by_another_run_while_this_one_waits_is_paid_with_its_key() {
     let server = MockServer::start().await;
     let id = Uuid::new_v4();
-    let (in_flight, mut heard) = tell(in_flight());
+    let (in_flight, heard) = tell(in_flight());
     first(posts().respond_with(in_flight), &server).await;
     then(posts().respond_with(paid_replay(id)), &server).await;
     let journal = TestJournal::new().await;
@@ -1217,14 +1256,12 @@ async fn a_payment_settled_by_another_run_while_this_one_waits_is_paid_with_its_
     let intent = intent();
     journal.record_sent_once(&intent, &url).await;
 
-    let run_b = pagos_pay(&server, &journal.path, &PAYMENT);
-    let run_a_settles = async {
-        heard.next().await.expect("B's first request");
-        // A's 201 came: it lets the intent go, as `pay` does.
-        let removed = journal.journal.remove(intent.key()).await.expect("journal");
-        assert!(removed, "A let it go while B waited");
-    };
-    let (exit, ()) = tokio::join!(run_b, run_a_settles);
+    // A's 201 comes while B waits: it lets the intent go, as `pay` does.
+    let exit =
+        while_another_run_lets_it_go(pagos_pay(&server, &journal.path, &PAYMENT), heard, async {
+            journal.journal.remove(intent.key()).await.expect("journal")
+        })
+        .await;
 
     assert_eq!(exit, ExitCode::from(0), "B reports the payment");
     let key = intent.key().as_str();
@@ -1243,45 +1280,28 @@ async fn a_payment_settled_by_another_run_while_this_one_waits_is_paid_with_its_
 async fn a_refund_settled_by_another_run_while_this_one_waits_is_refunded_with_its_key() {
     let server = MockServer::start().await;
     let payment = Uuid::new_v4();
-    let (in_flight, mut heard) = tell(in_flight());
+    let (in_flight, heard) = tell(in_flight());
     first(refunds(payment).respond_with(in_flight), &server).await;
     let refunded = answer(201, reembolso(Uuid::new_v4(), payment, "COMPLETADO"))
         .insert_header("Idempotent-Replayed", "true");
     then(refunds(payment).respond_with(refunded), &server).await;
     let journal = TestJournal::new().await;
-    let url = pagos_client::base_url(&server.uri()).expect("url");
-    let request = RefundRequest::new(payment, Some(1_000), None).expect("valid");
-    let intent = RefundIntent::new(request.clone());
-    journal
-        .journal
-        .record_refund(&intent, &url, API_KEY)
-        .await
-        .expect("recorded");
-    journal
-        .journal
-        .count_refund_attempt(intent.key())
-        .await
-        .expect("counted");
+    let (request, intent) = refund_recorded(&journal, &server, payment, true).await;
 
     let payment_id = payment.to_string();
     let flags = ["--pago", &payment_id, "--monto", "1000"];
-    let run_b = pagos_refund(&server, &journal.path, &flags);
-    let run_a_settles = async {
-        heard.next().await.expect("B's first request");
-        let removed = journal.journal.remove_refund(intent.key()).await;
-        assert!(removed.expect("journal"), "A let it go while B waited");
-    };
-    let (exit, ()) = tokio::join!(run_b, run_a_settles);
+    let exit =
+        while_another_run_lets_it_go(pagos_refund(&server, &journal.path, &flags), heard, async {
+            let removed = journal.journal.remove_refund(intent.key()).await;
+            removed.expect("journal")
+        })
+        .await;
 
     assert_eq!(exit, ExitCode::from(0), "B reports the refund");
-    let sent: Vec<String> = server
-        .received_requests()
-        .await
-        .unwrap_or_default()
-        .iter()
-        .map(key_of)
-        .collect();
-    assert_eq!(sent, [intent.key().to_string(), intent.key().to_string()]);
+    assert_eq!(
+        every_key_sent(&server).await,
+        [intent.key().to_string(), intent.key().to_string()]
+    );
     let kept = journal
         .journal
         .find_refunds(&request)
@@ -1516,7 +1536,7 @@ async fn a_202_whose_retry_after_is_past_the_deadline_ends_at_once_pending() {
 #[tokio::test]
 async fn a_payment_let_go_by_another_run_is_written_back_when_this_run_learns_nothing() {
     let server = MockServer::start().await;
-    let (in_flight, mut heard) = tell(in_flight());
+    let (in_flight, heard) = tell(in_flight());
     first(posts().respond_with(in_flight), &server).await;
     then(
         posts().respond_with(unavailable(503, "Unavailable")),
@@ -1529,13 +1549,11 @@ async fn a_payment_let_go_by_another_run_is_written_back_when_this_run_learns_no
     journal.record_sent_once(&intent, &url).await;
     let flags = [&PAYMENT[..], &["--max-attempts", "1"]].concat();
 
-    let run_b = pagos_pay(&server, &journal.path, &flags);
-    let run_a_settles = async {
-        heard.next().await.expect("B's first request");
-        let removed = journal.journal.remove(intent.key()).await.expect("journal");
-        assert!(removed, "A let it go while B waited");
-    };
-    let (exit, ()) = tokio::join!(run_b, run_a_settles);
+    let exit =
+        while_another_run_lets_it_go(pagos_pay(&server, &journal.path, &flags), heard, async {
+            journal.journal.remove(intent.key()).await.expect("journal")
+        })
+        .await;
     assert_eq!(exit, ExitCode::from(1), "B gave up");
     let kept = journal.pending().await;
     assert_eq!(kept.len(), 1, "written back");
@@ -1556,7 +1574,7 @@ async fn a_payment_let_go_by_another_run_is_written_back_when_this_run_learns_no
 async fn a_refund_let_go_by_another_run_is_written_back_when_this_run_learns_nothing() {
     let server = MockServer::start().await;
     let payment = Uuid::new_v4();
-    let (in_flight, mut heard) = tell(in_flight());
+    let (in_flight, heard) = tell(in_flight());
     first(refunds(payment).respond_with(in_flight), &server).await;
     then(
         refunds(payment).respond_with(unavailable(503, "Unavailable")),
@@ -1564,25 +1582,17 @@ async fn a_refund_let_go_by_another_run_is_written_back_when_this_run_learns_not
     )
     .await;
     let journal = TestJournal::new().await;
-    let url = pagos_client::base_url(&server.uri()).expect("url");
-    let request = RefundRequest::new(payment, Some(1_000), None).expect("valid");
-    let intent = RefundIntent::new(request.clone());
-    journal
-        .journal
-        .record_refund(&intent, &url, API_KEY)
-        .await
-        .expect("recorded");
+    let (request, intent) = refund_recorded(&journal, &server, payment, false).await;
     let payment_id = payment.to_string();
     let flags = ["--pago", &payment_id, "--monto", "1000"];
     let once = [&flags[..], &["--max-attempts", "1"]].concat();
 
-    let run_b = pagos_refund(&server, &journal.path, &once);
-    let run_a_settles = async {
-        heard.next().await.expect("B's first request");
-        let removed = journal.journal.remove_refund(intent.key()).await;
-        assert!(removed.expect("journal"), "A let it go while B waited");
-    };
-    let (exit, ()) = tokio::join!(run_b, run_a_settles);
+    let exit =
+        while_another_run_lets_it_go(pagos_refund(&server, &journal.path, &once), heard, async {
+            let removed = journal.journal.remove_refund(intent.key()).await;
+            removed.expect("journal")
+        })
+        .await;
     assert_eq!(exit, ExitCode::from(1), "B gave up");
     let kept = journal
         .journal
@@ -1605,12 +1615,5 @@ async fn a_refund_let_go_by_another_run_is_written_back_when_this_run_learns_not
     let again = pagos_refund(&server, &journal.path, &flags).await;
 
     assert_eq!(again, ExitCode::from(0));
-    let sent: Vec<String> = server
-        .received_requests()
-        .await
-        .unwrap_or_default()
-        .iter()
-        .map(key_of)
-        .collect();
-    assert_eq!(sent, [intent.key().to_string()]);
+    assert_eq!(every_key_sent(&server).await, [intent.key().to_string()]);
 }

@@ -162,6 +162,28 @@ pub(super) async fn ask<T: DeserializeOwned>(
     read(resp, &format!("{what} answer")).await
 }
 
+/// `GET {base}{path}`, one object of a provider's (`what` names it in errors): None when
+/// the provider has no such object (404); `Unknown` for any other answer but a readable
+/// success.
+pub(super) async fn fetch_one<T: DeserializeOwned>(
+    api: &Api,
+    path: &str,
+    what: &str,
+) -> Result<Option<T>, GatewayError> {
+    let resp = api.get(path).send().await.map_err(|e| transport(&e))?;
+    let status = resp.status();
+    if status == StatusCode::NOT_FOUND {
+        return Ok(None);
+    }
+    if !status.is_success() {
+        return Err(GatewayError::Unknown(format!(
+            "{what} answered {status}: {}",
+            detail(resp).await
+        )));
+    }
+    read(resp, what).await.map(Some)
+}
+
 /// The body of `resp` as a `T`; `Unknown` when it cannot be read (`what` names it).
 pub(super) async fn read<T: DeserializeOwned>(
     resp: reqwest::Response,

@@ -18,7 +18,7 @@
 //! (`MercadoPagoRefund::answers`); any other is an unknown outcome.
 
 use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
-use super::http::{Api, ask, detail, excerpt, read, refusal_body, search, transport};
+use super::http::{Api, ask, detail, excerpt, fetch_one, read, refusal_body, search, transport};
 use super::{
     Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundLookup,
     RefundRequest, RefundStatus, amount, known_refund_status,
@@ -630,23 +630,12 @@ impl MercadoPagoGateway {
         if !is_payment_id(id) {
             return Ok(None);
         }
-        let resp = self
-            .api
-            .get(&format!("/v1/payments/{id}"))
-            .send()
-            .await
-            .map_err(|e| transport(&e))?;
-        let status = resp.status();
-        if status == StatusCode::NOT_FOUND {
-            return Ok(None);
-        }
-        if !status.is_success() {
-            return Err(GatewayError::Unknown(format!(
-                "Mercado Pago answered {status} for payment {id}: {}",
-                detail(resp).await
-            )));
-        }
-        read(resp, "Mercado Pago payment").await.map(Some)
+        fetch_one(
+            &self.api,
+            &format!("/v1/payments/{id}"),
+            &format!("Mercado Pago payment {id}"),
+        )
+        .await
     }
 }
 

@@ -15,7 +15,7 @@
 //! `refund.*` / `charge.refund.updated` event (pure, for the webhook consumer).
 
 use super::classify::{AmountSaid, KeySaid, refund_refusal, refusal};
-use super::http::{Api, detail, read, refusal_body, search, transport};
+use super::http::{Api, fetch_one, refusal_body, search, transport};
 use super::{
     Charge, ChargeRequest, ChargeStatus, Gateway, GatewayError, Refund, RefundLookup,
     RefundRequest, RefundStatus, amount, known_refund_status,
@@ -477,23 +477,12 @@ impl StripeGateway {
         if !is_intent {
             return Ok(None);
         }
-        let resp = self
-            .api
-            .get(&format!("/v1/payment_intents/{id}"))
-            .send()
-            .await
-            .map_err(|e| transport(&e))?;
-        let status = resp.status();
-        if status == StatusCode::NOT_FOUND {
-            return Ok(None);
-        }
-        if !status.is_success() {
-            return Err(GatewayError::Unknown(format!(
-                "Stripe answered {status} for PaymentIntent {id}: {}",
-                detail(resp).await
-            )));
-        }
-        read(resp, "Stripe PaymentIntent").await.map(Some)
+        fetch_one(
+            &self.api,
+            &format!("/v1/payment_intents/{id}"),
+            &format!("Stripe PaymentIntent {id}"),
+        )
+        .await
     }
 
     /// `POST {path}` with a form `body`, authenticated and under `key`.
