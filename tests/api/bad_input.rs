@@ -129,6 +129,16 @@ fn cases() -> Vec<Case> {
                 "validation-failed",
             )
         },
+        // A credit id shown as another's (`42` and a zero-width space) in the console.
+        Case {
+            listed: Some("creditoId"),
+            ..case(
+                "creditoId holding a zero-width space",
+                r#"{"creditoId":"42\u200b","monto":1,"moneda":"COP"}"#,
+                422,
+                "validation-failed",
+            )
+        },
         // One body, two amounts: refused rather than charge the last one.
         Case {
             listed: Some("monto"),

@@ -680,9 +680,31 @@ fn parse_credit_id(object: &Map<String, Value>) -> Result<String, FieldError> {
             "creditoId",
             "must not contain control characters",
         )),
+        Some(Value::String(s)) if s.chars().any(invisible) => Err(field_error(
+            "creditoId",
+            "must not contain invisible or direction-changing characters (zero-width, bidi controls, U+FEFF)",
+        )),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(_) => Err(field_error("creditoId", "must be a string")),
     }
+}
+
+/// A character that shows nothing, or reorders what is shown around it: a `creditoId`
+/// holding one reads, in the console and in on-call's search, as another credit's
+/// (`42\u{200B}` shown `42`, `\u{202E}24` shown `42`), while pagos keeps them apart.
+/// Unicode's zero-width and bidirectional formatting characters, and the byte order mark.
+fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{061C}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{FEFF}'
+    )
 }
 
 fn parse_amount(object: &Map<String, Value>, ceiling: &Ceiling) -> Result<i64, FieldError> {
@@ -765,6 +787,22 @@ mod tests {
             Ok(_) => vec![],
             Err(errors) => errors.into_iter().map(|e| e.campo).collect(),
         }
+    }
+
+    #[test]
+    fn a_credit_id_that_would_show_as_another_is_refused() {
+        for hidden in [
+            "42\u{200B}",
+            "\u{202E}24",
+            "4\u{2066}2",
+            "\u{FEFF}42",
+            "4\u{00AD}2",
+        ] {
+            let body = json!({"creditoId": hidden, "monto": 1, "moneda": "COP"});
+            assert_eq!(fields(body), vec!["creditoId"], "{hidden:?}");
+        }
+        let accented = json!({"creditoId": "crédito-42 ñ", "monto": 1, "moneda": "COP"});
+        assert!(NewPayment::from_json(&accented).is_ok());
     }
 
     #[test]
