@@ -53,6 +53,13 @@ pub struct MercadoPagoGateway {
     /// Whether an ask of the account's currency has ended, told or not
     /// (`configured_checked`).
     first_ask_ended: std::sync::atomic::AtomicBool,
+    /// `PAGOS_GATEWAY_TIMEOUT`: what one try of a request may take, all its requests
+    /// together (a whole refund reads its charge first).
+    timeout: Duration,
+    /// Whether a charge is of a whole refund's amount (`charged_exactly`), by charge,
+    /// currency and amount: a Mercado Pago payment's `transaction_amount` never changes,
+    /// so a retry of the refund, or its resend, does not read the charge again.
+    exact: moka::sync::Cache<(String, String, i64), bool>,
 }
 
 /// How long a failed ask of the account's currency answers for the requests after it.
@@ -475,6 +482,8 @@ impl MercadoPagoGateway {
             configured: None,
             asking: tokio::sync::Mutex::new(None),
             first_ask_ended: std::sync::atomic::AtomicBool::new(false),
+            timeout,
+            exact: moka::sync::Cache::new(10_000),
         })
     }
 
@@ -611,6 +620,10 @@ impl MercadoPagoGateway {
     /// sent (an unknown outcome: asked again, with the same key, until on-call is given
     /// the refund).
     async fn charged_exactly(&self, req: &RefundRequest) -> Result<bool, GatewayError> {
+        let asked = (req.charge.clone(), req.currency.clone(), req.amount);
+        if let Some(exact) = self.exact.get(&asked) {
+            return Ok(exact);
+        }
         let Some(charge) = self.fetch(&req.charge).await? else {
             return Err(GatewayError::Unknown(format!(
                 "Mercado Pago has no payment {} to refund: nothing was sent",
@@ -619,9 +632,11 @@ impl MercadoPagoGateway {
         };
         let currency = charge.currency();
         let exponent = amount::iso_exponent(&currency, 2);
-        Ok(currency.eq_ignore_ascii_case(&req.currency)
+        let exact = currency.eq_ignore_ascii_case(&req.currency)
             && amount::from_decimal(charge.transaction_amount, exponent)
-                .is_ok_and(|charged| charged == req.amount))
+                .is_ok_and(|charged| charged == req.amount);
+        self.exact.insert(asked, exact);
+        Ok(exact)
     }
 
     /// `GET /v1/payments/{id}`: the payment as Mercado Pago holds it now; None when
@@ -721,6 +736,7 @@ impl Gateway for MercadoPagoGateway {
                 req.charge.chars().take(40).collect::<String>()
             )));
         }
+        let started = std::time::Instant::now();
         let mut body = refund_body(req).map_err(not_sent)?;
         if body.amount.is_none() && !self.charged_exactly(req).await? {
             body = refund_body(&RefundRequest {
@@ -729,10 +745,22 @@ impl Gateway for MercadoPagoGateway {
             })
             .map_err(not_sent)?;
         }
+        // The charge's read and the refund's send together take no longer than one
+        // request may: the retries', the hold's and the lease's arithmetic
+        // (`retry::worst_case`) count one request a try. Too little left to send: tried
+        // again, nothing sent (its read is not made again).
+        let left = self.timeout.saturating_sub(started.elapsed());
+        if left < self.timeout / 4 {
+            return Err(GatewayError::Unknown(format!(
+                "reading charge {} took most of this try's PAGOS_GATEWAY_TIMEOUT: the refund was not sent",
+                req.charge
+            )));
+        }
         let request = self
             .api
             .post(&format!("/v1/payments/{}/refunds", req.charge))
-            .header(RENDER_IN_PROCESS, "true");
+            .header(RENDER_IN_PROCESS, "true")
+            .timeout(left);
         let resp = self.send(request, &req.gateway_key, &body).await?;
         let status = resp.status();
         if status.is_success() {

@@ -461,6 +461,54 @@ async fn the_stripe_refund_is_form_encoded_with_the_payment_intent_and_the_refer
     );
 }
 
+/// A whole refund reads its charge before it is sent: the read and the send of one try
+/// take no longer than one request may (`PAGOS_GATEWAY_TIMEOUT`), which the retries'
+/// and the hold's arithmetic count on. A read that took most of it sends nothing: an
+/// unknown outcome, tried again, the charge not read again.
+#[tokio::test]
+async fn a_whole_mercadopago_refund_whose_charge_read_took_its_time_is_not_sent_in_that_try() {
+    let server = MockServer::start().await;
+    mount(
+        &server,
+        Adapter::MercadoPago,
+        ResponseTemplate::new(201).set_body_json(fixture(include_str!(
+            "../../fixtures/mercadopago/refund_in_process.json"
+        ))),
+    )
+    .await;
+    let mut charge = fixture(include_str!(
+        "../../fixtures/mercadopago/payment_approved.json"
+    ));
+    charge["transaction_amount"] = json!(500);
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/payments/{MP_PAYMENT}")))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(charge)
+                .set_delay(Duration::from_millis(850)),
+        )
+        .mount(&server)
+        .await;
+    let gateway = Adapter::MercadoPago.gateway(&server.uri(), Duration::from_secs(1));
+    let whole = RefundRequest {
+        whole: true,
+        ..Adapter::MercadoPago.request()
+    };
+    let late = gateway.refund(&whole).await.expect_err("not sent");
+    assert!(matches!(late, GatewayError::Unknown(_)), "{late:?}");
+    assert!(created(&server, Adapter::MercadoPago).await.is_empty());
+    gateway
+        .refund(&whole)
+        .await
+        .expect("sent, the charge known");
+    let sent = created(&server, Adapter::MercadoPago).await;
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&sent[0].body).expect("JSON"),
+        json!({})
+    );
+}
+
 #[tokio::test]
 async fn the_mercadopago_refund_names_the_payment_renders_refunds_in_process_and_sends_exact_decimals()
  {
@@ -502,14 +550,23 @@ async fn the_mercadopago_refund_names_the_payment_renders_refunds_in_process_and
     gateway.refund(&whole).await.expect("answered");
     drop(fetched);
     // On-call kept the payment on a charge of another amount (2,500 COP for a payment of
-    // 500): its whole refund gives back the payment's 500, never the charge's 2,500.
+    // 500): its whole refund gives back the payment's 500, never the charge's 2,500. (A
+    // charge's amount never changes, and an adapter reads it once: another adapter.)
     charge["transaction_amount"] = json!(2500);
     Mock::given(method("GET"))
         .and(path(format!("/v1/payments/{MP_PAYMENT}")))
         .respond_with(ResponseTemplate::new(200).set_body_json(charge))
         .mount(&server)
         .await;
-    gateway.refund(&whole).await.expect("answered");
+    let another = Adapter::MercadoPago.gateway(&server.uri(), Duration::from_secs(5));
+    another.refund(&whole).await.expect("answered");
+    another.refund(&whole).await.expect("sent again");
+    let read = crate::helpers::received(&server, "GET", |p| p.ends_with(MP_PAYMENT)).await;
+    assert_eq!(
+        read.len(),
+        3,
+        "the charge is read once an adapter, and not for a partial refund"
+    );
     let sent = created(&server, Adapter::MercadoPago).await;
     let bodies: Vec<Value> = sent
         .iter()
@@ -520,7 +577,7 @@ async fn the_mercadopago_refund_names_the_payment_renders_refunds_in_process_and
     ));
     assert_eq!(
         bodies,
-        vec![partial.clone(), json!({}), partial],
+        vec![partial.clone(), json!({}), partial.clone(), partial],
         "500.0 COP for 50000 cents; an empty body for the whole payment only when the charge is of its amount"
     );
 
@@ -534,7 +591,7 @@ async fn the_mercadopago_refund_names_the_payment_renders_refunds_in_process_and
         matches!(refused, GatewayError::Rejected { status: 422, .. }),
         "{refused:?}"
     );
-    assert_eq!(created(&server, Adapter::MercadoPago).await.len(), 3);
+    assert_eq!(created(&server, Adapter::MercadoPago).await.len(), 4);
 }
 
 #[tokio::test]
