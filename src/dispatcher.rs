@@ -274,13 +274,13 @@ async fn deliver_one(d: &Dispatcher, due: &Due) -> Result<(), DbErr> {
     // attempt was in flight started a new one, and the old round's last step would give
     // the delivery up.
     let mut due = std::borrow::Cow::Borrowed(due);
-    let (endpoint, recorded) = loop {
+    let (endpoint, recorded, after) = loop {
         let (after, endpoint) = decide(&d.retries, &due, &attempt, rand::random());
         match deliveries::record(&d.db, &due, &attempt, after, endpoint.clone()).await? {
             Recorded::RoundMoved { round_start } => {
                 due.to_mut().delivery.round_start = round_start;
             }
-            recorded => break (endpoint, recorded),
+            recorded => break (endpoint, recorded, after),
         }
     };
     let due = due.as_ref();
@@ -294,6 +294,10 @@ async fn deliver_one(d: &Dispatcher, due: &Due) -> Result<(), DbErr> {
             outcome: attempt.outcome.as_str(),
         })
         .inc();
+    if after == deliveries::After::GiveUp {
+        d.metrics.webhook_deliveries_given_up.inc();
+        tracing::warn!(event_id = %due.event.id, endpoint_id = %due.endpoint.id, "webhook delivery given up: its schedule ran out; sent again only if the merchant reactivates the endpoint with reenviarDesde");
+    }
     tracing::info!(
         event_id = %due.event.id,
         endpoint_id = %due.endpoint.id,

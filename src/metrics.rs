@@ -121,6 +121,10 @@ pub struct Metrics {
     /// Answers by route and status code.
     pub http_responses: Family<RouteLabel, Counter>,
     pub oldest_unsettled_age: Gauge<f64, AtomicU64>,
+    /// Seconds since the newest payment (`operation="payment"`) or refund (`"refund"`)
+    /// under review moved there (its row's `updated_at`); absent while none is under
+    /// review. What pages for a new one while older ones wait on the provider.
+    pub newest_manual_review_age: Family<OperationLabel, Gauge<f64, AtomicU64>>,
     /// Requests answered 503 by a limit of the doors.
     pub http_limited: Family<LimitLabel, Counter>,
     /// Requests being served under `PAGOS_MAX_IN_FLIGHT`, set when scraped.
@@ -129,6 +133,9 @@ pub struct Metrics {
     pub refunds: Family<StateLabel, Gauge>,
     /// Webhook attempts to merchants' endpoints by outcome (delivered, failed, gone, refused).
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
+    /// Deliveries given up (`ABANDONADA`: their schedule ran out): pagos sends them no
+    /// more, unless the merchant asks for them again (`reenviarDesde`).
+    pub webhook_deliveries_given_up: Counter,
     /// Seconds since the oldest event not yet delivered to every `ACTIVO` endpoint that
     /// wants it was written (a `DESACTIVADO` endpoint's are in `webhook_endpoints_disabled`).
     pub oldest_undelivered_event_age: Gauge<f64, AtomicU64>,
@@ -263,6 +270,14 @@ impl Metrics {
             ),
             oldest_unsettled_age.clone(),
         );
+        let newest_manual_review_age = Family::<OperationLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "newest_manual_review_age_seconds",
+            format!(
+                "Seconds since the newest payment (operation=payment) or refund (operation=refund) in REVISION_MANUAL moved there (absent when none; read from the database every {every})"
+            ),
+            newest_manual_review_age.clone(),
+        );
         let database_up = Gauge::default();
         registry.register(
             "database_up",
@@ -295,11 +310,17 @@ impl Metrics {
             "Webhook attempts to merchants' endpoints by outcome (delivered, failed, gone, refused)",
             webhook_deliveries.clone(),
         );
+        let webhook_deliveries_given_up = Counter::default();
+        registry.register(
+            "webhook_deliveries_given_up",
+            "Deliveries to merchants' endpoints given up (ABANDONADA: PAGOS_WEBHOOKS_SCHEDULE ran out); pagos sends them no more unless the merchant reactivates its endpoint with reenviarDesde",
+            webhook_deliveries_given_up.clone(),
+        );
         let oldest_undelivered_event_age = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "oldest_undelivered_event_age_seconds",
             format!(
-                "Age of the oldest event not yet delivered to every ACTIVO endpoint that wants it (0 when none; endpoints DESACTIVADO are left out, counted by pagos_webhook_endpoints_disabled; read from the database every {every})"
+                "Age of the oldest event pagos is still delivering to an ACTIVO endpoint, or has not fanned out yet (0 when none; deliveries given up are left out, counted by pagos_webhook_deliveries_given_up_total, and so are endpoints DESACTIVADO, counted by pagos_webhook_endpoints_disabled; read from the database every {every})"
             ),
             oldest_undelivered_event_age.clone(),
         );
@@ -335,6 +356,7 @@ impl Metrics {
         );
         Metrics {
             webhook_deliveries,
+            webhook_deliveries_given_up,
             oldest_undelivered_event_age,
             webhook_endpoints_disabled,
             registry,
@@ -356,6 +378,7 @@ impl Metrics {
             webhook_records_purged,
             payments,
             oldest_unsettled_age,
+            newest_manual_review_age,
             refunds,
         }
     }
@@ -510,6 +533,20 @@ async fn refresh_gauges_with(
             metrics
                 .oldest_unsettled_age
                 .set(gauges.oldest_unsettled_age);
+            for (operation, age) in gauges.newest_manual_review_age {
+                let label = OperationLabel { operation };
+                match age {
+                    Some(age) => {
+                        metrics
+                            .newest_manual_review_age
+                            .get_or_create(&label)
+                            .set(age);
+                    }
+                    None => {
+                        metrics.newest_manual_review_age.remove(&label);
+                    }
+                }
+            }
             metrics
                 .oldest_undelivered_event_age
                 .set(gauges.oldest_undelivered_event_age);
@@ -525,6 +562,7 @@ async fn refresh_gauges_with(
             metrics.payments.clear();
             metrics.refunds.clear();
             metrics.oldest_unsettled_age.set(f64::NAN);
+            metrics.newest_manual_review_age.clear();
             metrics.oldest_undelivered_event_age.set(f64::NAN);
         }
     }
@@ -533,6 +571,7 @@ async fn refresh_gauges_with(
 struct StoredGauges {
     payments: Vec<(&'static str, i64)>,
     oldest_unsettled_age: f64,
+    newest_manual_review_age: [(&'static str, Option<f64>); 2],
     refunds: Vec<(&'static str, i64)>,
     oldest_undelivered_event_age: f64,
     webhook_endpoints_disabled: i64,
@@ -631,6 +670,30 @@ async fn read_gauges(
         .flatten();
     let oldest_unsettled_age =
         oldest.map_or(0.0, |t| (crate::db::now() - t).as_seconds_f64().max(0.0));
+    // Few rows are under review: the state's index finds them.
+    let newest_payment: Option<chrono::DateTime<chrono::Utc>> = payment::Entity::find()
+        .select_only()
+        .column_as(payment::Column::UpdatedAt.max(), "newest")
+        .filter(payment::Column::State.eq(PaymentState::RevisionManual.as_str()))
+        .into_tuple::<Option<chrono::DateTime<chrono::Utc>>>()
+        .one(db)
+        .await?
+        .flatten();
+    let newest_refund: Option<chrono::DateTime<chrono::Utc>> = refund::Entity::find()
+        .select_only()
+        .column_as(refund::Column::UpdatedAt.max(), "newest")
+        .filter(refund::Column::State.eq(RefundState::RevisionManual.as_str()))
+        .into_tuple::<Option<chrono::DateTime<chrono::Utc>>>()
+        .one(db)
+        .await?
+        .flatten();
+    let age = |newest: Option<chrono::DateTime<chrono::Utc>>| {
+        newest.map(|t| (crate::db::now() - t).as_seconds_f64().max(0.0))
+    };
+    let newest_manual_review_age = [
+        ("payment", age(newest_payment)),
+        ("refund", age(newest_refund)),
+    ];
     let oldest_undelivered_event_age = crate::outbox::events::oldest_undelivered(db)
         .await?
         .map_or(0.0, |t| (crate::db::now() - t).as_seconds_f64().max(0.0));
@@ -638,6 +701,7 @@ async fn read_gauges(
     Ok(StoredGauges {
         payments,
         oldest_unsettled_age,
+        newest_manual_review_age,
         oldest_undelivered_event_age,
         webhook_endpoints_disabled,
         refunds,

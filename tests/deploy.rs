@@ -59,6 +59,12 @@ fn exported() -> BTreeSet<String> {
         .get_or_create(&StateLabel { estado: "ENVIADO" })
         .set(1);
     metrics
+        .newest_manual_review_age
+        .get_or_create(&pagos::metrics::OperationLabel {
+            operation: "payment",
+        })
+        .set(60.0);
+    metrics
         .http_responses
         .get_or_create(&RouteLabel {
             method: "GET",

@@ -219,9 +219,14 @@ pub async fn find(
     }))
 }
 
-/// When the oldest event not yet delivered to every `ACTIVO` endpoint that wants it was
-/// written (or not fanned out yet). Two indexed look-ups (events not fanned out;
-/// deliveries to active endpoints not delivered), never a scan of every event.
+/// When the oldest event pagos is still delivering to an `ACTIVO` endpoint (a delivery
+/// `PENDIENTE`) was written, or one not fanned out yet. Two indexed look-ups, never a scan
+/// of every event.
+///
+/// A delivery given up (`ABANDONADA`) is left out: pagos sends it no more, so its age
+/// would only grow, and the alert on it would stay up with nothing on-call can do (the
+/// merchant asks for it again with `reenviarDesde`). Each one is counted once, when it is
+/// given up (`pagos_webhook_deliveries_given_up_total`).
 ///
 /// An endpoint that is `DESACTIVADO` gets nothing until it is reactivated: what it did not
 /// get is left out here (it would hold the age, and the alert on it, up for as long as
@@ -244,7 +249,7 @@ pub async fn oldest_undelivered(
     .await?
     .flatten();
     let not_delivered = oldest(Expr::cust(
-        r#""events"."id" IN (SELECT "d"."event_id" FROM "webhook_endpoints" AS "e" JOIN "webhook_deliveries" AS "d" ON "d"."endpoint_id" = "e"."id" WHERE "e"."state" = 'ACTIVO' AND "d"."state" IN ('PENDIENTE', 'ABANDONADA'))"#,
+        r#""events"."id" IN (SELECT "d"."event_id" FROM "webhook_endpoints" AS "e" JOIN "webhook_deliveries" AS "d" ON "d"."endpoint_id" = "e"."id" WHERE "e"."state" = 'ACTIVO' AND "d"."state" = 'PENDIENTE')"#,
     ))
     .await?
     .flatten();

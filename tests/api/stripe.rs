@@ -681,7 +681,7 @@ fn dispute(event_id: &str, id: &str, status: &str, created: i64) -> Vec<u8> {
 async fn a_dispute_sends_a_completada_payment_to_review_and_one_won_or_an_inquiry_leaves_it(
     backend: Backend,
 ) {
-    let app = spawn(backend, &[]).await;
+    let app = spawn(backend, &["--metrics-refresh", "100ms"]).await;
     let fake = FakeStripe::new("payment_intent_succeeded");
     fake.mount(app.gateway()).await;
     let paid = async |key: &str| {
@@ -702,6 +702,13 @@ async fn a_dispute_sends_a_completada_payment_to_review_and_one_won_or_an_inquir
     }
 
     let disputed = paid("k-dispute-lost").await;
+    let newest_review = "pagos_newest_manual_review_age_seconds{operation=\"payment\"}";
+    let text = app
+        .scrape_until("the gauges read", |text| {
+            crate::helpers::has_line(text, "pagos_database_up 1")
+        })
+        .await;
+    assert!(!text.contains(newest_review), "none under review yet");
     assert_eq!(
         deliver(&app, &dispute("evt_opened", &disputed, "needs_response", t)).await,
         "revision_manual"
@@ -716,6 +723,10 @@ async fn a_dispute_sends_a_completada_payment_to_review_and_one_won_or_an_inquir
             "{said} in {last}"
         );
     }
+    app.scrape_until("a payment new in review", |text| {
+        text.lines().any(|line| line.starts_with(newest_review))
+    })
+    .await;
     let told = crate::outbox::events_of(&app, &disputed).await;
     assert_eq!(
         told.last().map(|e| e.event_type),

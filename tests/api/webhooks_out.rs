@@ -36,6 +36,7 @@ on_both_databases!(
     a_410_to_an_attempt_begun_before_a_reactivation_leaves_the_endpoint_active,
     an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_new_round,
     an_endpoint_failing_past_the_horizon_is_deactivated_and_counted,
+    a_delivery_given_up_is_counted_once_and_leaves_the_age_of_what_is_still_tried,
     redelivery_sends_events_already_delivered_again_with_the_same_id_and_bytes,
     a_dead_endpoint_does_not_slow_payments,
     a_refund_is_delivered_as_a_payment_is,
@@ -629,6 +630,56 @@ async fn an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_
     assert_eq!(detail["entregas"][0]["estado"], "ENTREGADA", "{detail}");
     assert_eq!(detail["entregas"][0]["intentos"], 3, "{detail}");
     assert_eq!(receiver.deliveries().len(), 3, "each attempt sent once");
+}
+
+/// A delivery whose schedule ran out is sent no more: it is counted once, given up, and
+/// no longer held in the age of what pagos still delivers (the alert on that age would
+/// stand until the merchant asked for the event again, with nothing on-call could do).
+async fn a_delivery_given_up_is_counted_once_and_leaves_the_age_of_what_is_still_tried(
+    backend: Backend,
+) {
+    let app = Spawn::new(backend)
+        .flags(&[
+            "--webhooks-allow-private",
+            "true",
+            "--webhooks-timeout",
+            "1s",
+            "--webhooks-schedule",
+            "0s,100ms",
+            "--metrics-refresh",
+            "100ms",
+        ])
+        .delivering()
+        .start()
+        .await;
+    let _fake = app.with_fake(FakeGateway::charging("succeeded")).await;
+    let receiver = Receiver::start().await;
+    receiver.flaky(1.0, 0.0, Duration::ZERO, 1);
+    app.register_endpoint(&receiver.url("/")).await;
+    let pago = pay(&app, "k-given-up").await;
+    let event = crate::outbox::events_of(&app, &pago).await[0].id.clone();
+    eventually(
+        Duration::from_secs(15),
+        "the delivery given up",
+        async || {
+            deliveries_of(&app, &event)
+                .await
+                .first()
+                .is_some_and(|d| d["estado"] == "ABANDONADA")
+        },
+    )
+    .await;
+    assert_eq!(
+        receiver.deliveries().len(),
+        2,
+        "both attempts of the schedule"
+    );
+    app.scrape_until("one given up, nothing still tried", |text| {
+        crate::helpers::has_line(text, "pagos_webhook_deliveries_given_up_total 1")
+            && crate::helpers::has_line(text, "pagos_oldest_undelivered_event_age_seconds 0.0")
+            && crate::helpers::has_line(text, "pagos_webhook_endpoints_disabled 0")
+    })
+    .await;
 }
 
 async fn an_endpoint_failing_past_the_horizon_is_deactivated_and_counted(backend: Backend) {
