@@ -105,7 +105,7 @@ fn stale_after(s: &str) -> Result<Duration, String> {
     let longest = crate::saga::backoff::LONGEST;
     match positive_duration(s)? {
         d if d > longest => Err(format!(
-            "must be at most {}: the reconciler never waits longer than that between two looks at a payment, so a longer value would be cut to it",
+            "must be at most {}: the reconciler's wait between two looks at a payment is capped there (then ±20 %), so a longer value would be cut to it",
             humantime::format_duration(longest)
         )),
         d => Ok(d),
