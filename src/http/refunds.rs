@@ -31,11 +31,9 @@ use crate::saga::refund::store::{self, Registered, Registration};
 use crate::saga::refund::{self as refunds, Actor};
 use crate::saga::state::PaymentState;
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
-use axum::extract::FromRequest;
 use axum::extract::State;
-use axum::extract::rejection::{BytesRejection, JsonRejection};
+use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use pagos_types::body::Read;
@@ -145,24 +143,6 @@ struct Asked {
     key: IdempotencyKey,
     value: Value,
     refund: Result<NewRefund, ApiError>,
-}
-
-/// A refund's body as `Json` reads it, except that a body of nothing (or only white
-/// space) is `{}`, whatever its content type: every member of a refund is optional, and
-/// a `POST` of no body asks for everything left to be refunded (its key's fingerprint is
-/// `{}`'s). Over the limit, or a body that is not JSON, answers as a payment's does.
-async fn optional_json(
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Box<RawValue>>, JsonRejection> {
-    let bytes = body?;
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        let empty = RawValue::from_string("{}".to_owned()).expect("`{}` is JSON");
-        return Ok(Json(empty));
-    }
-    let mut request = axum::http::Request::new(axum::body::Body::from(bytes));
-    *request.headers_mut() = headers.clone();
-    Json::from_request(request, &()).await
 }
 
 fn parse(
@@ -396,8 +376,7 @@ async fn answer_current(
         ("Idempotency-Key" = String, Header,
          description = "One key per refund intent, sent again on every retry. Refund keys are a key space of their own: the key of a payment names nothing here.")
     ),
-    request_body(content = ReembolsoRequest, content_type = "application/json",
-                 description = "Every member optional: no body at all (or only white space, whatever its content type) is `{}`, a refund of everything not yet refunded."),
+    request_body(content = ReembolsoRequest, content_type = "application/json"),
     responses(
         (status = 201, description = "Refunded (COMPLETADO)", body = Reembolso,
          headers(("Location" = String, description = "`/v1/reembolsos/{id}`"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
@@ -428,9 +407,8 @@ async fn create_refund(
     Merchant(merchant): Merchant,
     PathId(id): PathId,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    json: Result<Json<Box<RawValue>>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let json = optional_json(&headers, body).await;
     let asked = parse(&headers, json, false)?;
     let payment = Uuid::parse_str(&id).map_err(|_| not_found("payment"))?;
     let path = format!("/v1/pagos/{payment}/reembolsos");
@@ -548,10 +526,9 @@ async fn admin_refund(
     admin: Admin,
     PathId(id): PathId,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    json: Result<Json<Box<RawValue>>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     admin.may_act()?;
-    let json = optional_json(&headers, body).await;
     let asked = parse(&headers, json, true)?;
     let payment = Uuid::parse_str(&id).map_err(|_| not_found("payment"))?;
     refund_asked_by_on_call(&state, &admin, payment, asked).await

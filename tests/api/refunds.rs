@@ -15,7 +15,6 @@ use wiremock::{MockServer, Request, Respond, ResponseTemplate};
 
 on_both_databases!(
     a_full_refund_returns_the_whole_payment_and_shows_it_refunded,
-    a_refund_sent_without_a_body_refunds_everything_left_and_is_the_same_request_as_braces,
     partial_refunds_add_up_and_the_last_one_takes_what_is_left,
     the_same_refund_twice_refunds_once_and_replays_the_answer_byte_for_byte,
     a_refund_key_reused_with_another_body_is_422_and_a_payments_key_is_not_a_refunds,
@@ -278,54 +277,6 @@ async fn a_full_refund_returns_the_whole_payment_and_shows_it_refunded(backend: 
     let problem = json(more).await;
     assert_eq!(problem["type"], "/problems/refund-exceeds-remaining");
     assert_eq!(problem["restante"], 0);
-    assert_eq!(fake.made().len(), 1);
-}
-
-/// Every member of a refund is optional: a `POST` with no body at all (no content type
-/// either), or only white space, asks for everything left, as `{}` does; its retry with
-/// `{}` is the same request (replayed), with another body it is another (422).
-async fn a_refund_sent_without_a_body_refunds_everything_left_and_is_the_same_request_as_braces(
-    backend: Backend,
-) {
-    let (app, fake) = app_with(backend, &[]).await;
-    let payment = paid(&app, "pay-bodiless").await;
-    let bare = |key: &'static str, body: &'static str, json: bool| {
-        let mut request = app
-            .http
-            .post(app.url(&format!("/v1/pagos/{payment}/reembolsos")))
-            .bearer_auth(API_KEY)
-            .header("Idempotency-Key", key)
-            .body(body);
-        if json {
-            request = request.header("Content-Type", "application/json");
-        }
-        request.send()
-    };
-
-    let answer = bare("ref-bare", "", false).await.expect("answered");
-    assert_eq!(answer.status(), 201);
-    let first = json(answer).await;
-    assert_eq!(first["estado"], "COMPLETADO");
-    assert_eq!(first["monto"], 250000, "everything left");
-    let braces = refund(&app, &payment, "ref-bare", &json!({})).await;
-    assert_eq!(braces.status(), 201);
-    assert_eq!(
-        braces.headers()["idempotent-replayed"],
-        "true",
-        "the same request"
-    );
-    assert_eq!(json(braces).await, first);
-    let other = refund(&app, &payment, "ref-bare", &json!({"monto": 100})).await;
-    assert_eq!(other.status(), 422);
-    assert_eq!(fake.made().len(), 1);
-
-    // Only white space, sent as JSON: the same, on a payment with nothing left a 422.
-    let spaces = bare("ref-spaces", "  \n", true).await.expect("answered");
-    let problem = json(spaces).await;
-    assert_eq!(
-        problem["type"], "/problems/refund-exceeds-remaining",
-        "{problem}"
-    );
     assert_eq!(fake.made().len(), 1);
 }
 
