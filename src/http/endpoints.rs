@@ -144,13 +144,9 @@ async fn create_endpoint(
 ) -> Result<Response, ApiError> {
     let mut fields = extract::json_object(&headers, body, WhenEmpty::Refused)?;
     let policy = state.settings.webhooks.policy();
-    // Kept as the merchant wrote it (trimmed): what it is answered, listed and shown is
-    // its own URL, not its normalized form (`https://Hooks.example.com` read back as
-    // `https://hooks.example.com/`); every delivery parses it again, to the same URL.
     let url = fields.required::<String>("url").and_then(|asked| {
-        let asked = asked.trim().to_owned();
-        match guard::parse(&asked, policy) {
-            Ok(url) => Some((url, asked)),
+        match guard::parse(asked.trim(), policy) {
+            Ok(url) => Some(url),
             Err(refusal) => {
                 fields.refuse("url", refusal.to_string());
                 None
@@ -181,7 +177,7 @@ async fn create_endpoint(
         }
         types = Some(wanted);
     }
-    let (url, as_written) = fields.finish(url)?;
+    let url = fields.finish(url)?;
     // The addresses now; every delivery checks again.
     if let Err(refusal) = guard::check(&url, policy, &SystemResolver).await {
         tracing::info!(merchant_id = %merchant, %refusal, "a webhook endpoint's URL refused");
@@ -192,7 +188,7 @@ async fn create_endpoint(
         &state.db,
         NewEndpoint {
             merchant,
-            url: &as_written,
+            url: url.as_str(),
             types: types.as_deref(),
             secret: secret.expose(),
         },

@@ -123,20 +123,6 @@ async fn a_registered_endpoint_shows_its_secret_once_and_is_listed_without_it(ba
         .register_endpoint("https://93.184.215.14/everything")
         .await;
     assert_eq!(all_types["eventos"].as_array().expect("types").len(), 6);
-    // A URL is answered and listed as the merchant wrote it, not normalized.
-    let bare = app.register_endpoint("https://93.184.215.14:443").await;
-    assert_eq!(bare["url"], "https://93.184.215.14:443");
-    assert!(
-        app.endpoints_of(API_KEY)
-            .await
-            .iter()
-            .any(|e| e["url"] == "https://93.184.215.14:443")
-    );
-    assert_eq!(
-        app.delete_endpoint(API_KEY, bare["id"].as_str().expect("id"))
-            .await,
-        204
-    );
 
     assert_eq!(app.delete_endpoint(API_KEY, id).await, 204);
     assert_eq!(app.delete_endpoint(API_KEY, id).await, 404, "deleted twice");
