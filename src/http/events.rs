@@ -145,10 +145,6 @@ async fn list_events(
         if !seen.insert(name.clone().into_owned()) {
             return Err(invalid(&name, "given more than once"));
         }
-        // A known parameter left empty is not given (`?desde=&limite=100`).
-        if value.is_empty() && ["desde", "limite", "pendientes"].contains(&name.as_ref()) {
-            continue;
-        }
         match name.as_ref() {
             "desde" if is_event_id(&value) => after = Some(value.into_owned()),
             "desde" => {

@@ -21,9 +21,6 @@ use uuid::Uuid;
 pub const DEFAULT_LIMIT: u64 = 50;
 pub const MAX_LIMIT: u64 = 500;
 
-/// The parameters of a search.
-const KNOWN: [&str; 6] = ["creditoId", "estado", "desde", "hasta", "limite", "cursor"];
-
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(search_payments))
 }
@@ -81,11 +78,6 @@ fn parse(query: &str) -> Result<Search, ApiError> {
             error(&name, "given more than once".into());
             continue;
         }
-        // A known parameter left empty (`?creditoId=&estado=COMPLETADA`, a form or a
-        // template filled in part) is not given.
-        if value.is_empty() && KNOWN.contains(&name.as_ref()) {
-            continue;
-        }
         match name.as_ref() {
             // As a payment's `creditoId` is: no control character (PostgreSQL refuses a
             // NUL in text: it would be a 503 to retry for ever).
@@ -128,7 +120,7 @@ fn parse(query: &str) -> Result<Search, ApiError> {
             },
             other => error(
                 other,
-                format!("unknown parameter; known: {}", KNOWN.join(", ")),
+                "unknown parameter; known: creditoId, estado, desde, hasta, limite, cursor".into(),
             ),
         }
     }

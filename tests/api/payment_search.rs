@@ -157,22 +157,12 @@ async fn bad_search_parameters_are_refused_with_a_problem(backend: Backend) {
         "/v1/pagos?desde=ayer",
         "/v1/pagos?hasta=2026-13-01",
         "/v1/pagos?cursor=abc",
+        "/v1/pagos?creditoId=",
         "/v1/pagos?orden=asc",
-        "/v1/pagos?orden=",
     ] {
         let problem = crate::helpers::problem(app.get_as(API_KEY, bad).await, 422, bad).await;
         assert!(problem["errores"][0]["campo"].is_string(), "{problem}");
     }
-    let too_long = format!("/v1/pagos?creditoId={}", "4".repeat(65));
-    crate::helpers::problem(app.get_as(API_KEY, &too_long).await, 422, "65 characters").await;
-    // A known parameter left empty (a template filled in part) is not given.
-    let all = app
-        .get_as(
-            API_KEY,
-            "/v1/pagos?creditoId=&estado=&desde=&hasta=&limite=&cursor=",
-        )
-        .await;
-    assert_eq!(all.status(), 200);
     let unauthenticated = app.get("/v1/pagos").await;
     assert_eq!(unauthenticated.status(), 401);
 }
