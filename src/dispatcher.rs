@@ -347,17 +347,24 @@ pub fn decide(
                 reason: "the endpoint answered 410 Gone".into(),
             },
         ),
-        Outcome::Failed { not_before } => (next(*not_before), failed(retries, attempt.at)),
-        Outcome::Refused => (next(None), failed(retries, attempt.at)),
+        Outcome::Failed { not_before } => {
+            (next(*not_before), failed(retries, attempt.at, in_round > 1))
+        }
+        Outcome::Refused => (next(None), failed(retries, attempt.at, in_round > 1)),
     }
 }
 
 /// A failure at `at`: the endpoint is deactivated if, when this is stored, it has been
-/// failing for `PAGOS_WEBHOOKS_DISABLE_AFTER`.
-fn failed(retries: &Retries, at: DateTime<Utc>) -> EndpointAfter {
+/// failing for `PAGOS_WEBHOOKS_DISABLE_AFTER`, and this is not its delivery's first
+/// attempt (`retried`). Every delivery since the endpoint's first failure may have
+/// failed days ago and been given up, with nothing tried since: one passing error of the
+/// next event's first attempt, a week later, is not the endpoint down for days. Its
+/// retry failing too is: an endpoint down for good is deactivated at its next event's
+/// second attempt, however few events it gets.
+fn failed(retries: &Retries, at: DateTime<Utc>, retried: bool) -> EndpointAfter {
     EndpointAfter::Failed {
         at,
-        disable_if_failing_since: retries.disable_if_failing_since(at),
+        disable_if_failing_since: retried.then(|| retries.disable_if_failing_since(at)),
         reason: format!(
             "every delivery failed for {} (PAGOS_WEBHOOKS_DISABLE_AFTER)",
             humantime::format_duration(retries.disable_after)
@@ -550,12 +557,24 @@ mod tests {
         let failed = attempt(Outcome::Refused);
         let horizon = failed.at - TimeDelta::seconds(3600);
         for failing_since in [None, Some(now() - TimeDelta::seconds(7200))] {
-            let (_, endpoint) = decide(&retries(), &due(0, failing_since), &failed, 0.5);
+            // A delivery's first attempt never deactivates its endpoint; its retry may.
+            let (_, first) = decide(&retries(), &due(0, failing_since), &failed, 0.5);
+            assert!(
+                matches!(
+                    first,
+                    EndpointAfter::Failed {
+                        disable_if_failing_since: None,
+                        ..
+                    }
+                ),
+                "{first:?}"
+            );
+            let (_, endpoint) = decide(&retries(), &due(1, failing_since), &failed, 0.5);
             assert_eq!(
                 endpoint,
                 EndpointAfter::Failed {
                     at: failed.at,
-                    disable_if_failing_since: horizon,
+                    disable_if_failing_since: Some(horizon),
                     reason: "every delivery failed for 1h (PAGOS_WEBHOOKS_DISABLE_AFTER)".into(),
                 },
                 "{failing_since:?}"

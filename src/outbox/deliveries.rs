@@ -371,10 +371,11 @@ pub enum EndpointAfter {
     Succeeded,
     /// A failure at `at`: failing since its first failure after its last success (this
     /// one, if the row says none); `DESACTIVADO`, for `reason`, if the row says it has
-    /// been failing since `disable_if_failing_since` or earlier.
+    /// been failing since `disable_if_failing_since` or earlier (never, when None: a
+    /// delivery's first attempt, `dispatcher::decide`).
     Failed {
         at: DateTime<Utc>,
-        disable_if_failing_since: DateTime<Utc>,
+        disable_if_failing_since: Option<DateTime<Utc>>,
         reason: String,
     },
     /// `DESACTIVADO` at once (a failure at `at`), for this reason, if the endpoint is as
@@ -438,7 +439,6 @@ pub async fn record(
             return Ok(Recorded::Raced);
         }
     }
-    let gave_up = matches!(after, After::GiveUp);
     let (state, next, delivered_at) = match after {
         After::Delivered => (DeliveryState::Delivered, d.next_attempt_at, Some(at)),
         After::RetryAt(t) => (DeliveryState::Pending, t, None),
@@ -486,9 +486,6 @@ pub async fn record(
     .exec_without_returning(&tx)
     .await?;
     let deactivated = write_endpoint(&tx, d.endpoint_id, &endpoint, at).await?;
-    if gave_up && !deactivated {
-        quiet_unless_pending(&tx, d.endpoint_id).await?;
-    }
     tx.commit().await?;
     Ok(if deactivated {
         Recorded::StoredAndDeactivated
@@ -534,32 +531,6 @@ fn released(ours: Option<DateTime<Utc>>) -> Expr {
             .into(),
         None => Expr::col(deliveries::Column::ClaimedUntil),
     }
-}
-
-/// A delivery of endpoint `id` was given up: if none is left pending, nothing will be tried
-/// until its next event, which may be days away, so it is failing no more. Its next
-/// failure counts from then: a quiet stretch in which nothing was tried is not "every
-/// delivery failed", and one passing error after it must not deactivate an endpoint that
-/// answered a retry of nothing. An endpoint down for good fails again from its next
-/// event, and is deactivated if its events keep it failing for the horizon.
-async fn quiet_unless_pending<C: ConnectionTrait>(tx: &C, id: Uuid) -> Result<(), DbErr> {
-    let pending = deliveries::Entity::find()
-        .filter(deliveries::Column::EndpointId.eq(id))
-        .filter(deliveries::Column::State.eq(DeliveryState::Pending))
-        .one(tx)
-        .await?;
-    if pending.is_none() {
-        endpoints::Entity::update_many()
-            .col_expr(
-                endpoints::Column::FailingSince,
-                Expr::value(Option::<DateTime<Utc>>::None),
-            )
-            .filter(endpoints::Column::Id.eq(id))
-            .filter(endpoints::Column::FailingSince.is_not_null())
-            .exec(tx)
-            .await?;
-    }
-    Ok(())
 }
 
 /// Writes what the attempt means for endpoint `id`; whether it became `DESACTIVADO`.
@@ -614,10 +585,13 @@ async fn write_endpoint<C: ConnectionTrait>(
                 .col_expr(endpoints::Column::FailingSince, failing_since(*failed_at))
                 .exec(tx)
                 .await?;
+            let Some(horizon) = disable_if_failing_since else {
+                return Ok(false);
+            };
             // Fenced on the value just written: failing since before the horizon, with no
             // success in between.
             let done = deactivate(reason)
-                .filter(endpoints::Column::FailingSince.lte(*disable_if_failing_since))
+                .filter(endpoints::Column::FailingSince.lte(*horizon))
                 .exec(tx)
                 .await?;
             Ok(done.rows_affected == 1)

@@ -42,7 +42,7 @@ on_both_databases!(
     a_refund_is_delivered_as_a_payment_is,
     a_full_fan_out_round_to_many_endpoints_makes_every_delivery,
     a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_the_endpoint,
-    a_failure_after_a_quiet_stretch_counts_from_itself_not_from_a_delivery_given_up_before,
+    one_passing_error_after_a_quiet_stretch_does_not_deactivate_an_endpoint_but_its_failed_retry_does,
     a_claim_holds_its_delivery_until_its_attempt_is_stored_whatever_reschedules_it,
     reactivating_with_redelivery_makes_exactly_the_wanted_events_since_then_pending_again,
     an_endpoint_that_hangs_holds_up_no_other_endpoints_deliveries,
@@ -996,32 +996,24 @@ async fn a_failure_stored_after_a_success_of_the_same_batch_does_not_deactivate_
     }
 }
 
-/// An endpoint's only delivery failed two hours ago and was given up (a one-hour
-/// horizon, a one-attempt schedule): nothing was tried since. The endpoint's next event
-/// fails once, now: a passing error after a quiet stretch, not two hours of failures, so
-/// the endpoint stays `ACTIVO`, failing since now. A delivery given up while another is
-/// still pending leaves the endpoint failing: its failures go on.
-async fn a_failure_after_a_quiet_stretch_counts_from_itself_not_from_a_delivery_given_up_before(
+/// An endpoint's deliveries failed two hours ago and were given up (a one-hour horizon,
+/// a one-attempt schedule): nothing was tried since, and it still counts as failing since
+/// then. Its next event's first attempt fails once: a passing error after a quiet
+/// stretch, so the endpoint stays `ACTIVO`. That delivery's retry failing too is the
+/// endpoint down for the horizon: `DESACTIVADO`, however few events it gets.
+async fn one_passing_error_after_a_quiet_stretch_does_not_deactivate_an_endpoint_but_its_failed_retry_does(
     backend: Backend,
 ) {
     let app = Spawn::new(backend).start().await;
     let made = app.register_endpoint("https://93.184.215.14/hooks").await;
     let id = Uuid::parse_str(made["id"].as_str().expect("id")).expect("uuid");
-    let retries = Retries {
+    let once = Retries {
         schedule: Schedule::parse("0s").expect("schedule"),
         disable_after: Duration::from_secs(3600),
     };
-    let failing_since = async || {
-        webhook_endpoint::Entity::find_by_id(id)
-            .one(&app.db)
-            .await
-            .expect("query")
-            .expect("the endpoint")
-            .failing_since
-    };
-    // The database keeps microseconds.
-    let near = |t: Option<DateTime<Utc>>, to: DateTime<Utc>| {
-        t.is_some_and(|t| (t - to).num_milliseconds().abs() < 1)
+    let keeps_trying = Retries {
+        schedule: Schedule::parse("0s,1h,1h").expect("schedule"),
+        ..once.clone()
     };
     let claim = async || {
         pagos::outbox::deliveries::fan_out(&app.db, 500, |t| t)
@@ -1049,40 +1041,60 @@ async fn a_failure_after_a_quiet_stretch_counts_from_itself_not_from_a_delivery_
                 .await
                 .expect("the failure stored");
         };
+    let estado = async || app.endpoints_of(API_KEY).await[0]["estado"].clone();
     let two_hours_ago = pagos::db::now() - TimeDelta::hours(2);
 
-    // Two events fail two hours ago, each given up at its first failure.
     write_events(&app, 2, EventType::PagoCompletado, two_hours_ago).await;
     let batch = claim().await;
     assert_eq!(batch.len(), 2);
-    fail_at(&batch[0], two_hours_ago, &retries).await;
-    assert!(
-        near(failing_since().await, two_hours_ago),
-        "one given up, the other still to try: failing since the first failure"
-    );
-    fail_at(&batch[1], two_hours_ago, &retries).await;
-    assert_eq!(
-        failing_since().await,
-        None,
-        "nothing is left to try: the endpoint is failing no more"
-    );
+    for due in &batch {
+        fail_at(due, two_hours_ago, &once).await;
+    }
+    for due in &batch {
+        assert_eq!(
+            deliveries_of(&app, &due.event.id).await[0]["estado"],
+            "ABANDONADA"
+        );
+    }
 
-    // Its next event, two hours later, fails once and is to be tried again.
+    // Its next event, two hours later: the first attempt fails.
     write_events(&app, 1, EventType::PagoCompletado, pagos::db::now()).await;
     let batch = claim().await;
     assert_eq!(batch.len(), 1);
-    let now = pagos::db::now();
-    let keeps_trying = Retries {
-        schedule: Schedule::parse("0s,1h").expect("schedule"),
-        ..retries.clone()
-    };
-    fail_at(&batch[0], now, &keeps_trying).await;
-    let listed = &app.endpoints_of(API_KEY).await[0];
+    fail_at(&batch[0], pagos::db::now(), &keeps_trying).await;
     assert_eq!(
-        listed["estado"], "ACTIVO",
-        "one passing error after a quiet stretch: {listed}"
+        estado().await,
+        "ACTIVO",
+        "one passing error after a quiet stretch"
     );
-    assert!(near(failing_since().await, now));
+
+    // Its retry fails too.
+    webhook_delivery::Entity::update_many()
+        .col_expr(
+            webhook_delivery::Column::NextAttemptAt,
+            Expr::value(pagos::db::now() - TimeDelta::seconds(1)),
+        )
+        .filter(webhook_delivery::Column::State.eq(DeliveryState::Pending))
+        .exec(&app.db)
+        .await
+        .expect("the retry due now");
+    let batch = claim().await;
+    assert_eq!(batch.len(), 1);
+    fail_at(&batch[0], pagos::db::now(), &keeps_trying).await;
+    assert_eq!(
+        estado().await,
+        "DESACTIVADO",
+        "failing for two hours, retried"
+    );
+    let row = webhook_endpoint::Entity::find_by_id(id)
+        .one(&app.db)
+        .await
+        .expect("query")
+        .expect("the endpoint");
+    assert!(
+        row.disabled_reason
+            .is_some_and(|r| r.contains("PAGOS_WEBHOOKS_DISABLE_AFTER"))
+    );
 }
 
 /// Two workers and one delivery: A's claim runs out before A stores its attempt, B claims
