@@ -238,6 +238,12 @@ impl Metrics {
             "Gateway webhook deliveries by outcome (aplicado, duplicado, obsoleto, huerfano, refused_signature, refused_timestamp, secret_unset, …)",
             webhook_events.clone(),
         );
+        // At 0 from the start, as the gateway's calls: an alert on `increase` sees a
+        // series' first sample as nothing, and the first orphan charge a process meets
+        // would page nobody.
+        let _ = webhook_events.get_or_create(&OutcomeLabel {
+            outcome: "huerfano",
+        });
         let keys_purged = Counter::default();
         registry.register(
             "idempotency_keys_purged",

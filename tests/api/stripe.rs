@@ -604,6 +604,13 @@ async fn events_pagos_does_not_act_on_are_acknowledged_and_unknown_references_ar
     backend: Backend,
 ) {
     let app = spawn(backend, &[]).await;
+    // Counted from 0 at the start: an alert on its increase sees the first one.
+    let orphans = "pagos_webhook_events_total{outcome=\"huerfano\"}";
+    let text = app.metrics().await;
+    assert!(
+        crate::helpers::has_line(&text, &format!("{orphans} 0")),
+        "{text}"
+    );
     let stranger = uuid::Uuid::now_v7().to_string();
     let created = event(
         "event_payment_intent_created",
@@ -653,6 +660,11 @@ async fn events_pagos_does_not_act_on_are_acknowledged_and_unknown_references_ar
         now(),
     );
     assert_eq!(deliver(&app, &orphan).await, "huerfano");
+    let text = app.metrics().await;
+    assert!(
+        crate::helpers::has_line(&text, &format!("{orphans} 1")),
+        "{text}"
+    );
     let orphans = json(app.admin_get("/admin/cargos-huerfanos").await).await;
     assert_eq!(orphans[0]["fuente"], "stripe", "{orphans}");
     assert_eq!(orphans[0]["referencia"], stranger.as_str());
