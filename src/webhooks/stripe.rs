@@ -55,14 +55,14 @@ struct Dispute {
 /// | `lost` | gone back to the payer |
 /// | `won` | reinstated: the charge stands |
 /// | `warning_needs_response`, `warning_under_review`, `warning_closed` | an inquiry: nothing withdrawn (an inquiry that turns into a chargeback is reported `needs_response`) |
-/// | `prevented` | the dispute was stopped before it was filed: nothing withdrawn |
+/// | `prevented` | read as withdrawn: a dispute prevented by an automatic refund (Visa's Rapid Dispute Resolution) gave the money back, by a refund that names no pagos refund |
 ///
 /// Any other status is read as withdrawn: on-call reads it in the dashboard, rather than
 /// a charge that may be gone being taken for one that stands.
 pub fn disputed_money_withdrawn(status: &str) -> bool {
     !matches!(
         status,
-        "won" | "warning_needs_response" | "warning_under_review" | "warning_closed" | "prevented"
+        "won" | "warning_needs_response" | "warning_under_review" | "warning_closed"
     )
 }
 
@@ -343,7 +343,7 @@ mod tests {
             ("won", false),
             ("warning_needs_response", false),
             ("warning_closed", false),
-            ("prevented", false),
+            ("prevented", true),
         ] {
             let parsed = StripeEvent::parse(&dispute(status, json!("pi_3MtwBwLkdIwHu7ix28a3tqPa")))
                 .expect("valid");
