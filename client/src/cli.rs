@@ -554,11 +554,11 @@ async fn report(
                         "pagos: intent {key} stays in the journal and is not retried; once you know what it paid, `pagos pay --forget {key}`"
                     );
                 }
-                // An earlier request may have reached pagos before the URL began to
-                // redirect; `--resume` sends to the URL the intent was made at, which
-                // redirects until someone fixes it.
+                // The request may have reached pagos (a proxy that answers its own
+                // timeout with a redirect); `--resume` sends to the URL the intent was
+                // made at, which redirects until someone fixes it.
                 PayError::Redirected { .. } if kept => eprintln!(
-                    "pagos: intent {key} stays in the journal: an earlier request of it may have reached pagos; `pagos pay --resume` retries it with the same key once its URL reaches pagos again, or, once you know what it paid, `pagos pay --forget {key}`"
+                    "pagos: intent {key} stays in the journal: the request may have reached pagos; `pagos pay --resume` retries it with the same key once its URL reaches pagos again; or look the payment up (`GET /v1/pagos?creditoId=`) and, once you know it was not made, `pagos pay --forget {key}` and pay at the URL pagos answers at"
                 ),
                 _ if kept => eprintln!(
                     "pagos: intent {key} stays in the journal; `pagos pay --resume` retries it with the same key"

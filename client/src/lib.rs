@@ -185,14 +185,15 @@ pub enum PayError {
         last: String,
     },
     /// The server URL answered a redirect (3xx): something in front of pagos (a load
-    /// balancer sending `http://` to `https://`, a moved host), since pagos never redirects.
-    /// The request did not reach pagos, and redirects are never followed (a redirected
-    /// `POST` could become a `GET` elsewhere): use the URL it leads to, if it is pagos', as
-    /// the client's base URL. On the intent's first request ever, nothing can have been
-    /// paid and a journal lets the intent go, as for a refusal; after an earlier request
-    /// whose outcome is unknown, it keeps it.
+    /// balancer sending `http://` to `https://`, a moved host, or a proxy that answers its
+    /// own timeout with a redirect to an error page), since pagos never redirects.
+    /// Redirects are never followed (a redirected `POST` could become a `GET` elsewhere).
+    /// Whether the request reached pagos is not known: a proxy may have forwarded it and
+    /// redirected only once pagos was slow to answer. A journal keeps the intent; once
+    /// the payment is known not to exist (`GET /v1/pagos?creditoId=`), let it go
+    /// (`pagos pay --forget`) and pay at the URL it leads to, if it is pagos'.
     #[error(
-        "the server URL answered {status} {}, redirecting to {}: pagos never redirects, so the request did not reach it; if that is pagos' address, use it as the server URL (--url)",
+        "the server URL answered {status} {}, redirecting to {}: pagos never redirects, so something in front of it answered, and whether the request reached pagos is not known",
         answer::reason(*status),
         location.as_deref().unwrap_or("nowhere (no Location header)")
     )]
@@ -418,12 +419,10 @@ enum Stop {
         /// No earlier request of this intent may have reached the server.
         first_contact: bool,
     },
-    /// A 3xx: the request never reached pagos.
+    /// A 3xx: something in front of pagos answered; the request may have reached it.
     Redirected {
         status: u16,
         location: Option<String>,
-        /// No earlier request of this intent may have reached the server.
-        first_contact: bool,
     },
     /// The next `POST` would leave once the server may have let the key go.
     Expired(chrono::DateTime<chrono::Utc>),
@@ -845,20 +844,14 @@ impl Client {
     ) -> Result<(), JournalError> {
         let key = intent.key();
         match result {
-            // A redirect of the first request ever is a refusal by whatever stands in
-            // front of pagos: nothing reached pagos, and the intent kept would hold its
-            // payment to this URL (`pagos pay --url` corrected would refuse to make it).
+            // A redirect, even of the first request ever, is kept: a proxy in front of
+            // pagos may have forwarded the request and answered its own timeout with a
+            // redirect (an error page's), after pagos took the payment.
             Ok(Outcome::Paid(_) | Outcome::Declined { .. })
-            | Err(
-                Stop::Refused {
-                    first_contact: true,
-                    ..
-                }
-                | Stop::Redirected {
-                    first_contact: true,
-                    ..
-                },
-            ) => journal.remove(key).await.map(drop),
+            | Err(Stop::Refused {
+                first_contact: true,
+                ..
+            }) => journal.remove(key).await.map(drop),
             Ok(Outcome::Pending(p)) => journal.note(key, &still(p)).await,
             Err(Stop::Pending(p, _)) => journal.note(key, &still(p)).await,
             Err(Stop::Transient { why, .. } | Stop::InFlight { why, .. }) => {
@@ -1164,11 +1157,7 @@ impl Settling<'_> {
                 problem,
                 first_contact,
             }),
-            Reading::Redirected { status, location } => Err(Stop::Redirected {
-                status,
-                location,
-                first_contact,
-            }),
+            Reading::Redirected { status, location } => Err(Stop::Redirected { status, location }),
             Reading::Unexpected(why) => Err(Stop::Unexpected(why)),
         }
     }

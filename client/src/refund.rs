@@ -312,11 +312,12 @@ impl Client {
                 Ok(RefundOutcome::Refunded(_) | RefundOutcome::Refused { .. }) => {
                     journal.remove_refund(&intent.key).await.map(drop)
                 }
-                // A refusal of the intent's first request ever, by any process, or a
-                // redirect of it (pagos never redirects: it never reached pagos): nothing
+                // A refusal of the intent's first request ever, by any process: nothing
                 // was registered. After an earlier request (this process's, or another's
-                // that timed out), that request may have made the refund: kept.
-                Err(PayError::Rejected { .. } | PayError::Redirected { .. }) if first_contact => {
+                // that timed out), that request may have made the refund: kept. So is a
+                // redirect, of any request: a proxy may have forwarded it to pagos and
+                // answered its own timeout with a redirect.
+                Err(PayError::Rejected { .. }) if first_contact => {
                     journal.remove_refund(&intent.key).await.map(drop)
                 }
                 // Let go by another process (or a human) while this one asked it, and no
