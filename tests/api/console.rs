@@ -735,32 +735,25 @@ on_both_databases!(
 async fn reactivating_with_every_event_since_it_started_failing_resends_the_event_that_started_it(
     backend: Backend,
 ) {
-    use crate::receiver::{Answer, Receiver};
+    use crate::receiver::Answer;
     use pagos::entities::webhook_delivery::{self as deliveries, DeliveryState};
     use sea_orm::EntityTrait;
-    let app = Spawn::new(backend)
-        .flags(&[
-            "--webhooks-allow-private",
-            "true",
+    let (app, _fake, receiver, made) = crate::webhooks_out::delivering_to_a_receiver(
+        backend,
+        &[
             "--webhooks-timeout",
             "1s",
             "--webhooks-schedule",
             "0s,1s",
             "--webhooks-disable-after",
             "500ms",
-        ])
-        .delivering()
-        .start()
-        .await;
-    let _fake = app
-        .with_fake(crate::helpers::FakeGateway::charging("succeeded"))
-        .await;
-    let receiver = Receiver::start().await;
+        ],
+    )
+    .await;
     receiver.answer_next([
         Answer::Status(500, "down".into()),
         Answer::Status(500, "down".into()),
     ]);
-    let made = app.register_endpoint(&receiver.url("/")).await;
     let endpoint = made["id"].as_str().expect("id").to_owned();
     let answer = app.pay("k-fallo", &crate::helpers::payment_body()).await;
     assert_eq!(answer.status(), 201);

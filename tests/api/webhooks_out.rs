@@ -70,6 +70,22 @@ pub async fn delivering(backend: Backend, extra: &[&'static str]) -> (TestApp, F
     (app, fake)
 }
 
+/// A delivering app whose payments succeed, with `flags` and a local receiver allowed,
+/// and a local receiver registered as the first merchant's endpoint: the app, its
+/// gateway, the receiver and the endpoint as registered.
+pub async fn delivering_to_a_receiver(
+    backend: Backend,
+    flags: &[&'static str],
+) -> (TestApp, FakeGateway, Receiver, Value) {
+    let mut all = vec!["--webhooks-allow-private", "true"];
+    all.extend_from_slice(flags);
+    let app = Spawn::new(backend).flags(&all).delivering().start().await;
+    let fake = app.with_fake(FakeGateway::charging("succeeded")).await;
+    let receiver = Receiver::start().await;
+    let endpoint = app.register_endpoint(&receiver.url("/")).await;
+    (app, fake, receiver, endpoint)
+}
+
 /// Waits until `done` holds, up to `within`.
 pub async fn eventually(within: Duration, what: &str, mut done: impl AsyncFnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + within;
@@ -638,24 +654,19 @@ async fn an_attempt_in_flight_that_fails_after_a_reactivation_is_retried_in_the_
 async fn a_delivery_given_up_is_counted_once_and_leaves_the_age_of_what_is_still_tried(
     backend: Backend,
 ) {
-    let app = Spawn::new(backend)
-        .flags(&[
-            "--webhooks-allow-private",
-            "true",
+    let (app, _fake, receiver, _) = delivering_to_a_receiver(
+        backend,
+        &[
             "--webhooks-timeout",
             "1s",
             "--webhooks-schedule",
             "0s,100ms",
             "--metrics-refresh",
             "100ms",
-        ])
-        .delivering()
-        .start()
-        .await;
-    let _fake = app.with_fake(FakeGateway::charging("succeeded")).await;
-    let receiver = Receiver::start().await;
+        ],
+    )
+    .await;
     receiver.flaky(1.0, 0.0, Duration::ZERO, 1);
-    app.register_endpoint(&receiver.url("/")).await;
     let pago = pay(&app, "k-given-up").await;
     let event = crate::outbox::events_of(&app, &pago).await[0].id.clone();
     eventually(
@@ -756,20 +767,9 @@ async fn redelivery_sends_events_already_delivered_again_with_the_same_id_and_by
 /// answer, no timeout yet), every payment is still answered, each with its event queued
 /// behind the one that hangs.
 async fn a_dead_endpoint_does_not_slow_payments(backend: Backend) {
-    let app = Spawn::new(backend)
-        .flags(&[
-            "--webhooks-allow-private",
-            "true",
-            "--webhooks-timeout",
-            "60s",
-        ])
-        .delivering()
-        .start()
-        .await;
-    let _fake = app.with_fake(FakeGateway::charging("succeeded")).await;
-    let receiver = Receiver::start().await;
+    let (app, _fake, receiver, _) =
+        delivering_to_a_receiver(backend, &["--webhooks-timeout", "60s"]).await;
     receiver.flaky(0.0, 1.0, Duration::from_secs(120), 3);
-    app.register_endpoint(&receiver.url("/")).await;
     pay(&app, "k-slow-0").await;
     eventually(
         Duration::from_secs(10),
