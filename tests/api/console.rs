@@ -672,6 +672,36 @@ async fn an_operador_refunds_from_the_console_once_however_often_the_form_is_sen
     assert_eq!(answer.status(), 422);
     assert_eq!(fake.made().len(), 1);
 
+    // An amount left empty refunds nothing: everything left is asked for in so many
+    // words, and not with an amount beside it.
+    let (html, csrf) = page_with_csrf(&app, &session, &format!("/consola/pagos/{id}")).await;
+    let clave = hidden_in(&html, "clave");
+    for (monto, todo) in [("", None), ("1000", Some("si"))] {
+        let mut asked = vec![
+            ("csrf", csrf.as_str()),
+            ("clave", clave.as_str()),
+            ("monto", monto),
+            ("motivo", "the customer asked"),
+        ];
+        asked.extend(todo.map(|t| ("todo", t)));
+        let answer = post_form(&app, &session, &path, &asked).await;
+        assert_eq!(answer.status(), 422, "{monto:?} {todo:?}");
+        let text = answer.text().await.expect("page");
+        assert!(text.contains("nothing was refunded"), "{text}");
+    }
+    assert_eq!(fake.made().len(), 1);
+    let everything = [
+        ("csrf", csrf.as_str()),
+        ("clave", clave.as_str()),
+        ("monto", ""),
+        ("todo", "si"),
+        ("motivo", "the customer asked"),
+    ];
+    let answer = post_form(&app, &session, &path, &everything).await;
+    assert_eq!(answer.status(), 303);
+    assert_eq!(fake.made().len(), 2);
+    assert_eq!(fake.made()[1]["amount"], 249_000, "everything left");
+
     // A refund under review is in the attention queue, linked to its payment.
     app.db
         .execute_unprepared("UPDATE refunds SET state = 'REVISION_MANUAL'")

@@ -685,7 +685,7 @@ async fn queue_page(state: &AppState, console: &Console, page_no: u64) -> Result
             p.muted { "No payment needs you right now." }
         } @else {
             (payment_table(&rows, &names, &last, now))
-            (view::pager("/consola/", page_no, has_next))
+            (view::pager("/consola/", page_no, has_next, view::Order::OldestFirst))
         }
         @if page_no == 1 && !refunds.is_empty() {
             h2 { "Refunds" }
@@ -813,7 +813,7 @@ async fn search_page(
             (notice("info", "No payment matches."))
         } @else {
             (payment_table(&rows, &names, &last, now))
-            (view::pager(&base, page_no, has_next))
+            (view::pager(&base, page_no, has_next, view::Order::NewestFirst))
         }
     };
     Ok(page("Payments", Some(&console.who()), body))
@@ -862,6 +862,11 @@ const DONE: &[(&str, &str, &str)] = &[
         "reembolso-enviado",
         "info",
         "Refund sent; the provider has not confirmed it yet. The reconciler settles it: see Refunds below.",
+    ),
+    (
+        "reembolso-en-revision",
+        "error",
+        "Refund sent, and under review: the provider's answer did not match it. Nothing settles it by itself: read its card under Refunds below and resolve it (runbooks/refunds.md).",
     ),
     (
         "omitido",
@@ -1132,6 +1137,14 @@ async fn detail_page(
                 dt { "Gateway key" } dd.mono { (p.gateway_key) }
                 dt { "Charge (gatewayRef)" } dd.mono { (p.gateway_ref.as_deref().unwrap_or("—")) }
                 dt { "Decline code" } dd.mono { (p.decline_code.as_deref().unwrap_or("—")) }
+                @if let Some(error) = &p.last_error {
+                    dt { "Last error" } dd {
+                        span.mono { (error) }
+                        @if let Some(at) = p.last_error_at {
+                            " (" (time(at)) ", " (age(now - at)) " ago)"
+                        }
+                    }
+                }
             }
             @if !reports.is_empty() {
                 h3 { "What the provider's webhooks reported" }
@@ -1219,10 +1232,14 @@ async fn detail_page(
                     form.stack method="post" action={ "/consola/pagos/" (p.id) "/reembolsar" } {
                         input type="hidden" name="csrf" value=(csrf);
                         input type="hidden" name="clave" value=(refund_key);
-                        label for="monto" { "Amount in minor units of " (p.currency) " (empty: all that is left, " (left) ")" }
+                        label for="monto" { "Amount in minor units of " (p.currency) }
                         // A kept form's amount may stand already and count against what
                         // is left: no maximum, or the browser would refuse to send it again.
                         input type="number" id="monto" name="monto" min="1" max=[kept.is_none().then_some(left)] step="1" value=[kept_monto];
+                        label.check {
+                            input type="checkbox" id="todo" name="todo" value="si";
+                            " Or everything left: " (money(left, &p.currency)) " (" (left) ")"
+                        }
                         label for="motivoReembolso" { "Reason (kept with the refund and your name)" }
                         textarea id="motivoReembolso" name="motivo" required maxlength="255"
                             placeholder="The customer's request, the ticket…" { (kept_motivo) }
@@ -1460,6 +1477,8 @@ struct RefundForm {
     csrf: Option<String>,
     clave: Option<String>,
     monto: Option<String>,
+    /// `si`: everything left, asked for in so many words (an empty amount is refused).
+    todo: Option<String>,
     motivo: Option<String>,
 }
 
@@ -1505,13 +1524,42 @@ async fn refund_payment(
         Ok(acting) => acting,
         Err(refusal) => return *refusal,
     };
+    let everything = form.todo.as_deref() == Some("si");
     let monto = match form
         .monto
         .as_deref()
         .map(str::trim)
         .filter(|m| !m.is_empty())
     {
-        None => None,
+        // Everything left only when asked for in so many words: an amount left empty
+        // by mistake (typed into another box, cleared) must not refund the whole payment.
+        None if everything => None,
+        None => {
+            return detail_response(
+                &state,
+                &console,
+                &id,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some((
+                    "error",
+                    "Enter the amount to refund, or tick \"everything left\"; nothing was refunded.",
+                )),
+            )
+            .await;
+        }
+        Some(_) if everything => {
+            return detail_response(
+                &state,
+                &console,
+                &id,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some((
+                    "error",
+                    "Both an amount and \"everything left\" were given: choose one; nothing was refunded.",
+                )),
+            )
+            .await;
+        }
         Some(text) => match text.parse::<i64>() {
             Ok(n) => Some(n),
             Err(_) => {
@@ -1569,8 +1617,19 @@ async fn refund_payment(
     };
     let status = answer.status();
     if status.is_success() {
+        // A 202 is a refund in flight, or one its first send sent to review (the
+        // provider answered another refund): the reconciler settles only the first.
+        let under_review = status == StatusCode::ACCEPTED && {
+            let body = axum::body::to_bytes(answer.into_body(), 64 * 1024)
+                .await
+                .unwrap_or_default();
+            serde_json::from_slice::<serde_json::Value>(&body)
+                .is_ok_and(|r| r["estado"] == "REVISION_MANUAL")
+        };
         let done = if status == StatusCode::CREATED {
             "reembolsado"
+        } else if under_review {
+            "reembolso-en-revision"
         } else {
             "reembolso-enviado"
         };

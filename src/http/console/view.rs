@@ -159,19 +159,32 @@ pub fn notice(kind: &str, text: &str) -> Markup {
 }
 
 /// Links to the previous and next page, keeping the other query parameters.
-pub fn pager(base: &str, page: u64, has_next: bool) -> Markup {
+pub fn pager(base: &str, page: u64, has_next: bool, order: Order) -> Markup {
     let sep = if base.contains('?') { '&' } else { '?' };
+    let (back, on) = match order {
+        Order::NewestFirst => ("← Newer", "Older →"),
+        Order::OldestFirst => ("← Older", "Newer →"),
+    };
     html! {
         nav.pager {
             @if page > 1 {
-                a href={ (base) (sep) "pagina=" (page - 1) } { "← Newer" }
+                a href={ (base) (sep) "pagina=" (page - 1) } { (back) }
             }
             span { "Page " (page) }
             @if has_next {
-                a href={ (base) (sep) "pagina=" (page + 1) } { "Older →" }
+                a href={ (base) (sep) "pagina=" (page + 1) } { (on) }
             }
         }
     }
+}
+
+/// How a paged list is sorted: what its pager's links lead to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// The search: newest first, the next page older.
+    NewestFirst,
+    /// The attention queue: oldest first, the next page newer.
+    OldestFirst,
 }
 
 /// What a form without a valid CSRF token gets.
@@ -185,6 +198,20 @@ pub const SCRIPT: &str = include_str!("assets/hora.js");
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pager_names_where_its_links_lead_in_the_lists_order() {
+        let queue = pager("/consola/", 2, true, Order::OldestFirst).into_string();
+        assert!(
+            queue.contains("← Older") && queue.contains("Newer →"),
+            "{queue}"
+        );
+        let search = pager("/consola/pagos?q=4", 2, true, Order::NewestFirst).into_string();
+        assert!(
+            search.contains("← Newer") && search.contains("Older →"),
+            "{search}"
+        );
+    }
 
     #[test]
     fn amounts_are_in_major_units_with_their_currency() {
