@@ -1057,13 +1057,18 @@ async fn one_passing_error_after_a_quiet_stretch_does_not_deactivate_an_endpoint
         );
     }
 
+    // The one delivery due fails now; the endpoint's state after it.
+    let fail_the_one_due = async || {
+        let batch = claim().await;
+        assert_eq!(batch.len(), 1);
+        fail_at(&batch[0], pagos::db::now(), &keeps_trying).await;
+        estado().await
+    };
+
     // Its next event, two hours later: the first attempt fails.
     write_events(&app, 1, EventType::PagoCompletado, pagos::db::now()).await;
-    let batch = claim().await;
-    assert_eq!(batch.len(), 1);
-    fail_at(&batch[0], pagos::db::now(), &keeps_trying).await;
     assert_eq!(
-        estado().await,
+        fail_the_one_due().await,
         "ACTIVO",
         "one passing error after a quiet stretch"
     );
@@ -1078,11 +1083,8 @@ async fn one_passing_error_after_a_quiet_stretch_does_not_deactivate_an_endpoint
         .exec(&app.db)
         .await
         .expect("the retry due now");
-    let batch = claim().await;
-    assert_eq!(batch.len(), 1);
-    fail_at(&batch[0], pagos::db::now(), &keeps_trying).await;
     assert_eq!(
-        estado().await,
+        fail_the_one_due().await,
         "DESACTIVADO",
         "failing for two hours, retried"
     );

@@ -1525,57 +1525,42 @@ async fn refund_payment(
         Err(refusal) => return *refusal,
     };
     let everything = form.todo.as_deref() == Some("si");
-    let monto = match form
-        .monto
-        .as_deref()
-        .map(str::trim)
-        .filter(|m| !m.is_empty())
-    {
-        // Everything left only when asked for in so many words: an amount left empty
-        // by mistake (typed into another box, cleared) must not refund the whole payment.
-        None if everything => None,
-        None => {
+    // Everything left only when asked for in so many words: an amount left empty by
+    // mistake (typed into another box, cleared) must not refund the whole payment.
+    let monto = match (
+        form.monto
+            .as_deref()
+            .map(str::trim)
+            .filter(|m| !m.is_empty()),
+        everything,
+    ) {
+        (None, true) => Ok(None),
+        (None, false) => Err(
+            "Enter the amount to refund, or tick \"everything left\"; nothing was refunded."
+                .to_owned(),
+        ),
+        (Some(_), true) => Err(
+            "Both an amount and \"everything left\" were given: choose one; nothing was refunded."
+                .to_owned(),
+        ),
+        (Some(text), false) => text.parse::<i64>().map(Some).map_err(|_| {
+            format!(
+                "The amount must be a whole number of minor units, not {text:?}; nothing was refunded."
+            )
+        }),
+    };
+    let monto = match monto {
+        Ok(monto) => monto,
+        Err(text) => {
             return detail_response(
                 &state,
                 &console,
                 &id,
                 StatusCode::UNPROCESSABLE_ENTITY,
-                Some((
-                    "error",
-                    "Enter the amount to refund, or tick \"everything left\"; nothing was refunded.",
-                )),
+                Some(("error", &text)),
             )
             .await;
         }
-        Some(_) if everything => {
-            return detail_response(
-                &state,
-                &console,
-                &id,
-                StatusCode::UNPROCESSABLE_ENTITY,
-                Some((
-                    "error",
-                    "Both an amount and \"everything left\" were given: choose one; nothing was refunded.",
-                )),
-            )
-            .await;
-        }
-        Some(text) => match text.parse::<i64>() {
-            Ok(n) => Some(n),
-            Err(_) => {
-                let text = format!(
-                    "The amount must be a whole number of minor units, not {text:?}; nothing was refunded."
-                );
-                return detail_response(
-                    &state,
-                    &console,
-                    &id,
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    Some(("error", &text)),
-                )
-                .await;
-            }
-        },
     };
     let answer = super::refunds::refund_by_hand(
         &state,
